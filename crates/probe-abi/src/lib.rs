@@ -1,0 +1,50 @@
+//! The contract between the probe guest (`guest/`, no_std) and the host side of exitless: the
+//! test device's registers, the command-line parameters and the exit statuses.
+#![no_std]
+
+/// Exit statuses the probe writes to the isa-debug-exit port. exitless turns a write of `V` into
+/// process status `V`; QEMU reports `(V << 1) | 1`.
+pub mod status {
+    pub const OK: u8 = 0;
+    /// The workload ran and found something wrong (e.g. a verification mismatch).
+    pub const FAILED: u8 = 1;
+    /// A parameter on the command line was missing or malformed.
+    pub const BAD_CMDLINE: u8 = 2;
+    /// An unexpected exception or a panic in the probe.
+    pub const CRASH: u8 = 3;
+}
+
+/// Command-line parameters.
+pub mod param {
+    /// Which workload to run (`hello`, `exitcost`, ...).
+    pub const WORKLOAD: &str = "probe.workload";
+    /// TSC frequency in kHz, given by the runner so the probe can report nanoseconds.
+    pub const TSC_KHZ: &str = "probe.tsc_khz";
+    /// Physical address of the exitless test device; absent under other VMMs.
+    pub const TESTDEV: &str = "exitless.testdev";
+}
+
+/// exitless's test device: one page of MMIO registers that the `exitcost` workload uses to
+/// measure exits and that lets the probe mark phases for exact exit accounting.
+pub mod testdev {
+    /// Where exitless maps it, in the 3-4 GiB hole (unassigned in QEMU's microvm map, so writes
+    /// there exit to QEMU's user space too).
+    pub const DEFAULT_BASE: u64 = 0xfe00_0000;
+    pub const SIZE: u64 = 0x1000;
+    /// Write: a plain exit to the VMM's user space, otherwise ignored.
+    pub const USER_EXIT: u64 = 0x00;
+    /// Write: an ioeventfd doorbell, completed inside KVM.
+    pub const DOORBELL: u64 = 0x08;
+    /// Write (64-bit): guest-physical address of a [`PingPong`] area; the VMM starts a host
+    /// thread that answers every request there through shared memory.
+    pub const PINGPONG: u64 = 0x10;
+    /// Write (32-bit): a label; the VMM records a snapshot of the vCPU's exit statistics.
+    pub const MARK: u64 = 0x18;
+
+    /// Byte offsets in the ping-pong area: the guest writes a sequence number to `REQUEST`, the
+    /// host copies it to `ACK` (each on its own cache line). [`STOP`] ends the host thread.
+    pub const PINGPONG_REQUEST: u64 = 0;
+    pub const PINGPONG_ACK: u64 = 64;
+    pub const PINGPONG_LEN: u64 = 128;
+    pub const STOP: u32 = u32::MAX;
+}

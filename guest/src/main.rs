@@ -1,0 +1,76 @@
+//! The exitless probe guest: a tiny PVH kernel that every VMM under test boots, so every
+//! comparison runs the very same guest code. Ring 0 only sets up; workloads run in ring 3.
+//! Results are JSON lines on COM1; the exit status goes out through the isa-debug-exit port.
+#![no_std]
+#![no_main]
+
+mod boot;
+mod cmdline;
+mod json;
+mod serial;
+mod start_info;
+mod workloads;
+mod x86;
+
+use probe_abi::{param, status};
+
+/// What every workload gets.
+pub struct Env {
+    pub cmdline: &'static str,
+    pub ram_bytes: u64,
+    /// TSC frequency from `probe.tsc_khz=` (0 when not given: results are then in cycles).
+    pub tsc_khz: u64,
+}
+
+impl Env {
+    /// Picoseconds per operation for `cycles` spent on `ops` operations (0 without a TSC rate).
+    pub fn ps_per_op(&self, cycles: u64, ops: u64) -> u64 {
+        if self.tsc_khz == 0 || ops == 0 {
+            return 0;
+        }
+        (cycles as u128 * 1_000_000_000 / self.tsc_khz as u128 / ops as u128) as u64
+    }
+}
+
+/// Ring-3 entry, from `boot.rs`, with the physical address of `hvm_start_info`.
+#[no_mangle]
+extern "C" fn probe_main(start_info_addr: u64) -> ! {
+    boot::install_exception_handlers();
+    let Some(info) = start_info::read(start_info_addr) else {
+        println!("{{\"probe\":\"error\",\"error\":\"no PVH start info\"}}");
+        x86::exit(status::BAD_CMDLINE)
+    };
+    let tsc_khz = match cmdline::get_u64(info.cmdline, param::TSC_KHZ, 0) {
+        Ok(v) => v,
+        Err(key) => bad_parameter(key),
+    };
+    let env = Env { cmdline: info.cmdline, ram_bytes: info.ram_bytes, tsc_khz };
+    let workload = cmdline::get(info.cmdline, param::WORKLOAD).unwrap_or("hello");
+    let status = match workload {
+        "hello" => workloads::hello::run(&env),
+        "exitcost" => workloads::exitcost::run(&env),
+        "triplefault" => x86::triple_fault(),
+        "exception" => workloads::faults::invalid_opcode(),
+        "spin" => workloads::faults::spin_forever(),
+        other => {
+            println!(
+                "{{\"probe\":\"error\",\"error\":\"unknown workload\",\"workload\":{}}}",
+                json::Str(other)
+            );
+            status::BAD_CMDLINE
+        }
+    };
+    x86::exit(status)
+}
+
+/// Report a malformed `key=value` parameter and stop.
+pub fn bad_parameter(key: &str) -> ! {
+    println!("{{\"probe\":\"error\",\"error\":\"bad parameter\",\"parameter\":{}}}", json::Str(key));
+    x86::exit(status::BAD_CMDLINE)
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    println!("{{\"probe\":\"panic\",\"message\":\"{}\"}}", info.message());
+    x86::exit(status::CRASH)
+}

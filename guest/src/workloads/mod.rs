@@ -1,0 +1,3 @@
+pub mod exitcost;
+pub mod faults;
+pub mod hello;
