@@ -1,1 +1,47 @@
-fn main(){}
+//! `exitless`: a KVM VMM whose guests do I/O without VM exits, and the benchmarks that show it.
+
+mod bench;
+mod cli;
+mod probe;
+mod qemu;
+mod run;
+mod size;
+
+use clap::Parser;
+
+/// Exit statuses of `exitless` itself (a guest's debug-exit value passes through unchanged).
+pub mod status {
+    pub const USAGE: i32 = 2;
+    pub const GUEST_STOPPED: i32 = 123;
+    pub const TIMEOUT: i32 = 124;
+    pub const FAILED: i32 = 125;
+}
+
+fn main() {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // One line, as for every other error; `--help` has the rest.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("exitless: {} (see `exitless --help`)", first.trim_start_matches("error: ").trim());
+            std::process::exit(status::USAGE);
+        }
+    };
+    let code = match cli.command {
+        cli::Command::Run(args) => run::main(args),
+        cli::Command::Probe(cli::ProbeCommand::Export { file }) => match probe::export(&file) {
+            Ok(()) => 0,
+            Err(e) => fail(format_args!("cannot write {}: {e}", file.display())),
+        },
+        cli::Command::Bench(args) => bench::main(args),
+    };
+    std::process::exit(code);
+}
+
+/// Report an error on one line and return the failure status.
+pub fn fail(message: impl std::fmt::Display) -> i32 {
+    eprintln!("exitless: error: {message}");
+    status::FAILED
+}

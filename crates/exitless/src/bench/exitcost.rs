@@ -1,0 +1,253 @@
+//! `exitless bench exitcost`: what each kind of exit costs a ring-3 guest, timed by the probe
+//! with the TSC, with exits counted by KVM between two marks the probe sets around the loop.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use vmm::{ConsoleMode, Counters, Ending, Kernel, RunOutcome, Vm, VmConfig};
+
+use super::machine::{self, Machine};
+use super::{command_line, progress};
+use crate::cli::{ExitcostArgs, Peer};
+use crate::qemu::Qemu;
+use crate::{fail, probe};
+
+/// The exit kinds, in report order: (probe op, what it is).
+const OPS: [(&str, &str); 4] = [
+    ("mmio", "MMIO write, exit to VMM user space"),
+    ("ioeventfd", "MMIO write to an ioeventfd (in-kernel exit)"),
+    ("cpuid", "cpuid instruction"),
+    ("pingpong", "shared-memory round trip with a host thread"),
+];
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+/// Counters that say what caused the exits, shown per operation.
+const CAUSES: [&str; 6] = ["mmio_exits", "io_exits", "halt_exits", "irq_exits", "insn_emulation", "irq_injections"];
+
+#[derive(Serialize)]
+struct Row {
+    vmm: &'static str,
+    op: &'static str,
+    n: u64,
+    ns_per_op: Option<f64>,
+    exits_per_op: Option<f64>,
+    exits_by_cause: serde_json::Map<String, Value>,
+    note: Option<String>,
+}
+
+pub fn main(args: ExitcostArgs) -> i32 {
+    let tsc_khz = match vmm::tsc_khz() {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    let mut rows = Vec::new();
+    for (op, _) in OPS {
+        let n = if op == "pingpong" { args.pingpong_n } else { args.n };
+        progress(format_args!("exitless: {op} x {n}"));
+        match run_exitless(op, n, &args, tsc_khz) {
+            Ok(row) => rows.push(row),
+            Err(e) => return fail(format_args!("exitless {op}: {e}")),
+        }
+    }
+    let mut qemu_version = None;
+    let mut qemu_command = None;
+    if args.peers.contains(&Peer::Qemu) {
+        match Qemu::find() {
+            None => return fail("--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)"),
+            Some(qemu) => {
+                progress(format_args!("QEMU-KVM: all kinds in one boot"));
+                match run_qemu(&qemu, &args, tsc_khz) {
+                    Ok((qemu_rows, command)) => {
+                        rows.extend(qemu_rows);
+                        qemu_command = Some(command);
+                    }
+                    Err(e) => return fail(format_args!("QEMU: {e}")),
+                }
+                qemu_version = Some(qemu.version);
+            }
+        }
+    }
+    let report = Report {
+        bench: "exitcost",
+        date: machine::today(),
+        command: command_line(),
+        machine: Machine::detect(),
+        tsc_khz,
+        qemu_version,
+        qemu_command,
+        results: rows,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("report serializes"));
+    } else {
+        print!("{}", report.table(args.markdown));
+    }
+    0
+}
+
+fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> Result<Row, String> {
+    let cmdline = format!(
+        "probe.workload=exitcost probe.ops={op} probe.n={} probe.pingpong_n={} probe.tsc_khz={tsc_khz}",
+        args.n, args.pingpong_n
+    );
+    let config = VmConfig { cmdline, console: ConsoleMode::Capture, timeout: Some(RUN_TIMEOUT), ..Default::default() };
+    let outcome = Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run).map_err(|e| e.to_string())?;
+    if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {
+        return Err(format!("{}; console: {}", outcome.ending, String::from_utf8_lossy(&outcome.console)));
+    }
+    let line = result_line(&String::from_utf8_lossy(&outcome.console), op)
+        .ok_or_else(|| format!("no result line for {op} in the console output"))?;
+    let counters = loop_counters(&outcome).ok_or("the probe set no exit marks")?;
+    let per_op = |v: u64| v as f64 / n as f64;
+    let mut causes = serde_json::Map::new();
+    for cause in CAUSES {
+        let value = counters.get(cause);
+        if value > 0 {
+            causes.insert(cause.to_string(), per_op(value).into());
+        }
+    }
+    Ok(Row {
+        vmm: "exitless",
+        op,
+        n,
+        ns_per_op: line["ns_per_op"].as_f64(),
+        exits_per_op: Some(per_op(counters.get("exits"))),
+        exits_by_cause: causes,
+        note: None,
+    })
+}
+
+/// Exits between the probe's two marks around the timed loop, less the closing mark's own
+/// MMIO exit (the opening mark's snapshot is taken after its exit was counted).
+fn loop_counters(outcome: &RunOutcome) -> Option<Counters> {
+    let marks = &outcome.vcpus.first()?.marks;
+    let start = marks.iter().find(|m| m.label == 0)?;
+    let end = marks.iter().find(|m| m.label == 1)?;
+    let mut counters = end.snapshot.since(&start.snapshot);
+    for (name, value) in counters.0.iter_mut() {
+        if name == "exits" || name == "mmio_exits" {
+            *value = value.saturating_sub(1);
+        }
+    }
+    Some(counters)
+}
+
+fn result_line(console: &str, op: &str) -> Option<Value> {
+    console
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["probe"] == "exitcost" && v["op"] == op)
+}
+
+fn run_qemu(qemu: &Qemu, args: &ExitcostArgs, tsc_khz: u32) -> Result<(Vec<Row>, String), String> {
+    let dir = std::env::temp_dir().join(format!("exitless-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let elf = dir.join("exitless-probe.elf");
+    probe::export(&elf).map_err(|e| e.to_string())?;
+    let cmdline = format!(
+        "probe.workload=exitcost probe.n={} probe.pingpong_n={} probe.tsc_khz={tsc_khz}",
+        args.n, args.pingpong_n
+    );
+    let run = qemu.run_probe(&elf, &cmdline, RUN_TIMEOUT);
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = run.map_err(|e| e.to_string())?;
+    if run.guest_status != probe_abi::status::OK {
+        return Err(format!("the probe exited with status {}: {}", run.guest_status, run.stdout));
+    }
+    let rows = OPS
+        .iter()
+        .map(|&(op, _)| {
+            let line = result_line(&run.stdout, op);
+            let skipped = line.as_ref().and_then(|l| l["skipped"].as_str()).map(str::to_string);
+            Row {
+                vmm: "qemu",
+                op,
+                n: line.as_ref().and_then(|l| l["n"].as_u64()).unwrap_or(0),
+                ns_per_op: line.as_ref().and_then(|l| l["ns_per_op"].as_f64()),
+                exits_per_op: None,
+                exits_by_cause: serde_json::Map::new(),
+                note: skipped.or_else(|| Some("exit counts need QMP query-stats (not yet)".into())),
+            }
+        })
+        .collect();
+    Ok((rows, run.command_line))
+}
+
+#[derive(Serialize)]
+struct Report {
+    bench: &'static str,
+    date: String,
+    command: String,
+    machine: Machine,
+    tsc_khz: u32,
+    qemu_version: Option<String>,
+    qemu_command: Option<String>,
+    results: Vec<Row>,
+}
+
+impl Report {
+    fn table(&self, markdown: bool) -> String {
+        let has_qemu = self.qemu_version.is_some();
+        let mut header = vec!["exit kind", "what", "exitless ns/op", "exits/op", "exit causes per op"];
+        if has_qemu {
+            header.push("QEMU-KVM ns/op");
+        }
+        let mut lines = Vec::new();
+        for (op, what) in OPS {
+            let ours = self.results.iter().find(|r| r.vmm == "exitless" && r.op == op);
+            let theirs = self.results.iter().find(|r| r.vmm == "qemu" && r.op == op);
+            let fmt_ns = |r: Option<&Row>| r.and_then(|r| r.ns_per_op).map_or("n/a".into(), |v| format!("{v:.1}"));
+            let causes = ours.map_or(String::new(), |r| {
+                r.exits_by_cause.iter().map(|(k, v)| format!("{k} {:.2}", v.as_f64().unwrap_or(0.0))).collect::<Vec<_>>().join(", ")
+            });
+            let mut row = vec![
+                op.to_string(),
+                what.to_string(),
+                fmt_ns(ours),
+                ours.and_then(|r| r.exits_per_op).map_or("n/a".into(), |v| format!("{v:.2}")),
+                if causes.is_empty() { "-".into() } else { causes },
+            ];
+            if has_qemu {
+                row.push(fmt_ns(theirs));
+            }
+            lines.push(row);
+        }
+        let title = format!(
+            "exitcost: one exit of each kind from the probe guest in ring 3 (n={}, ping-pong n={})",
+            self.results.iter().find(|r| r.op == "mmio").map_or(0, |r| r.n),
+            self.results.iter().find(|r| r.op == "pingpong").map_or(0, |r| r.n),
+        );
+        let mut out = String::new();
+        if markdown {
+            out += &format!("### {title}\n\n");
+            out += &format!("- date: {}\n- command: `{}`\n- machine: {}\n", self.date, self.command, self.machine.describe());
+            if let Some(v) = &self.qemu_version {
+                out += &format!("- peer: {v}\n");
+            }
+            if let Some(c) = &self.qemu_command {
+                out += &format!("- QEMU command: `{c}`\n");
+            }
+            out += "\n";
+            out += &format!("| {} |\n", header.join(" | "));
+            out += &format!("|{}\n", header.iter().map(|_| "---|").collect::<String>());
+            for row in &lines {
+                out += &format!("| {} |\n", row.join(" | "));
+            }
+        } else {
+            out += &format!("{title}\n{}\n", self.machine.describe());
+            if let Some(v) = &self.qemu_version {
+                out += &format!("peer: {v}\n");
+            }
+            let widths: Vec<usize> =
+                (0..header.len()).map(|i| lines.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0)).collect();
+            let render = |cells: Vec<&str>| {
+                cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+            };
+            out += &format!("{}\n", render(header.clone()));
+            for row in &lines {
+                out += &format!("{}\n", render(row.iter().map(String::as_str).collect()));
+            }
+        }
+        out
+    }
+}

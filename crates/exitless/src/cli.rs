@@ -1,0 +1,132 @@
+//! Command-line interface.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "exitless", version, about = "A KVM VMM whose guests do I/O without VM exits", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Boot a PVH kernel (or the built-in probe guest) and run it to its end.
+    #[command(after_help = RUN_EXIT_STATUS)]
+    Run(RunArgs),
+    /// The built-in probe guest.
+    #[command(subcommand)]
+    Probe(ProbeCommand),
+    /// Measure: `exitcost` times every kind of exit from the probe guest.
+    Bench(BenchArgs),
+}
+
+const RUN_EXIT_STATUS: &str = "\
+Exit status:
+  V    the guest wrote V to the isa-debug-exit port 0xf4 (the probe: 0 ok, 1 failed, 2 bad
+       parameter, 3 crashed)
+  2    invalid command line
+  123  the guest shut down, triple-faulted, reset or crashed
+  124  --timeout passed
+  125  exitless failed (bad kernel file, KVM error, ...)
+
+The guest's serial console (COM1) goes to standard output, messages to standard error.
+exitless appends `exitless.testdev=<address>` to the command line (the probe's test device)
+and, with --probe, `probe.tsc_khz=<kHz>` so the probe can report nanoseconds.";
+
+#[derive(Args)]
+#[command(group = clap::ArgGroup::new("kernel-source").required(true))]
+pub struct RunArgs {
+    /// PVH ELF kernel to boot (a kernel with a XEN_ELFNOTE_PHYS32_ENTRY note).
+    #[arg(long, value_name = "FILE", group = "kernel-source")]
+    pub kernel: Option<PathBuf>,
+    /// Boot the built-in probe guest.
+    #[arg(long, group = "kernel-source")]
+    pub probe: bool,
+    /// Kernel command line (the probe's default: probe.workload=hello).
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
+    /// Guest memory, e.g. 256M or 2G.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::size::parse)]
+    pub mem: u64,
+    /// Number of vCPUs.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub vcpus: u8,
+    /// Back guest memory with 2 MiB huge pages (the host must have enough reserved).
+    #[arg(long)]
+    pub hugepages: bool,
+    /// Pin vCPU threads to host CPUs: the first CPU for vCPU 0, the next for vCPU 1, ...
+    #[arg(long, value_name = "CPU", value_delimiter = ',')]
+    pub pin_vcpu: Vec<usize>,
+    /// Let the guest execute these without a VM exit (KVM_CAP_X86_DISABLE_EXITS).
+    #[arg(long, value_name = "EXITS", value_delimiter = ',')]
+    pub disable_exits: Vec<ExitKind>,
+    /// Print the KVM exit statistics of the whole run, per vCPU (to standard error).
+    #[arg(long)]
+    pub stats: bool,
+    /// With --stats: print them as one JSON line on standard output, after the console output.
+    #[arg(long, requires = "stats")]
+    pub json: bool,
+    /// Stop the guest after this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    pub timeout: Option<f64>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ExitKind {
+    Hlt,
+    Pause,
+}
+
+#[derive(Subcommand)]
+pub enum ProbeCommand {
+    /// Write the probe guest's PVH ELF to FILE, to boot it in QEMU, Firecracker or Cloud Hypervisor.
+    Export { file: PathBuf },
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub scenario: BenchScenario,
+}
+
+#[derive(Subcommand)]
+pub enum BenchScenario {
+    /// Cost of each kind of exit from a ring-3 guest: user-space MMIO, ioeventfd, cpuid, and a
+    /// shared-memory ping-pong with a host thread (no exit), in exitless and in QEMU-KVM.
+    Exitcost(ExitcostArgs),
+}
+
+#[derive(Args)]
+pub struct ExitcostArgs {
+    /// Operations per exit kind.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub n: u64,
+    /// Ping-pong round trips.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub pingpong_n: u64,
+    /// Peer VMMs to run the same guest in (`qemu`), or `none`.
+    #[arg(long, value_delimiter = ',', default_value = "qemu")]
+    pub peers: Vec<Peer>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the table as Markdown, with date, command and machine (for BENCHMARKS.md).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    Qemu,
+    None,
+}
+
+fn parse_timeout(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(s),
+        _ => Err(format!("`{text}` is not a positive number of seconds")),
+    }
+}

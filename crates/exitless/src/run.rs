@@ -1,0 +1,90 @@
+//! `exitless run`.
+
+use std::time::Duration;
+
+use serde_json::json;
+use vmm::{ConsoleMode, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig};
+
+use crate::cli::{ExitKind, RunArgs};
+use crate::{fail, probe, status};
+
+pub fn main(args: RunArgs) -> i32 {
+    let config = match config(&args) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let kernel = match &args.kernel {
+        Some(path) => Kernel::File(path.clone()),
+        None => Kernel::Image(probe::PROBE_ELF),
+    };
+    let outcome = match Vm::new(&config, kernel).and_then(Vm::run) {
+        Ok(outcome) => outcome,
+        Err(e) => return fail(e),
+    };
+    if args.stats {
+        report_stats(&outcome, args.json);
+    }
+    exit_status(&outcome.ending)
+}
+
+fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
+    let mut cmdline = args.cmdline.clone().unwrap_or_default();
+    if args.probe {
+        if args.cmdline.is_none() {
+            cmdline = probe::DEFAULT_CMDLINE.to_string();
+        }
+        cmdline = probe::with_tsc_khz(&cmdline, vmm::tsc_khz()?);
+    }
+    Ok(VmConfig {
+        mem_bytes: args.mem,
+        vcpus: args.vcpus,
+        hugepages: args.hugepages,
+        pin_vcpus: args.pin_vcpu.clone(),
+        disable_exits: DisableExits {
+            hlt: args.disable_exits.iter().any(|e| matches!(e, ExitKind::Hlt)),
+            pause: args.disable_exits.iter().any(|e| matches!(e, ExitKind::Pause)),
+        },
+        cmdline,
+        console: ConsoleMode::Stdout,
+        timeout: args.timeout.map(Duration::from_secs_f64),
+    })
+}
+
+/// The process status for how the VM ended; says why on standard error unless the guest simply
+/// exited.
+pub fn exit_status(ending: &Ending) -> i32 {
+    match ending {
+        Ending::GuestExit(v) => *v as i32,
+        Ending::Timeout(_) => {
+            eprintln!("exitless: {ending}");
+            status::TIMEOUT
+        }
+        Ending::Shutdown { .. } | Ending::Reset { .. } | Ending::GuestCrash { .. } | Ending::Halted { .. } => {
+            eprintln!("exitless: {ending}");
+            status::GUEST_STOPPED
+        }
+        _ => fail(ending),
+    }
+}
+
+fn report_stats(outcome: &RunOutcome, json: bool) {
+    if json {
+        let vcpus: Vec<_> =
+            outcome.vcpus.iter().map(|v| json!({ "vcpu": v.index, "counters": v.counters })).collect();
+        let summary = json!({
+            "exitless": "run",
+            "ending": outcome.ending.to_string(),
+            "guest_status": match outcome.ending { Ending::GuestExit(v) => Some(v), _ => None },
+            "wall_time_s": outcome.wall_time.as_secs_f64(),
+            "vcpus": vcpus,
+        });
+        println!("{summary}");
+        return;
+    }
+    eprintln!("exitless: KVM exit statistics over the run ({:.3} s):", outcome.wall_time.as_secs_f64());
+    for vcpu in &outcome.vcpus {
+        let counters: Vec<String> =
+            vcpu.counters.notable().iter().map(|(name, value)| format!("{name}={value}")).collect();
+        eprintln!("  vcpu{}: {}", vcpu.index, counters.join(" "));
+    }
+}

@@ -1,0 +1,34 @@
+//! Sizes on the command line: `256M`, `1G`, `512MiB`, `4096`.
+
+/// Parse a byte size with an optional K/M/G/T suffix (binary units; `B`, `iB` accepted).
+pub fn parse(text: &str) -> Result<u64, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let digits_end = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
+    let (digits, suffix) = lower.split_at(digits_end);
+    let number: u64 = digits.parse().map_err(|_| format!("`{text}` is not a size like 256M or 1G"))?;
+    let shift = match suffix.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("`{text}` has an unknown unit; use K, M, G or T")),
+    };
+    number.checked_mul(1 << shift).ok_or_else(|| format!("`{text}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse("4096"), Ok(4096));
+        assert_eq!(parse("256M"), Ok(256 << 20));
+        assert_eq!(parse("1GiB"), Ok(1 << 30));
+        assert_eq!(parse("2g"), Ok(2 << 30));
+        assert!(parse("12Q").is_err());
+        assert!(parse("M").is_err());
+        assert!(parse("99999999999T").is_err());
+    }
+}

@@ -1,0 +1,126 @@
+//! The exitless test device (see `probe_abi::testdev`): a page of MMIO registers that the probe
+//! guest uses to measure exit costs and to mark phases for exact exit accounting.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use probe_abi::testdev as regs;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::Action;
+
+pub struct TestDevice {
+    base: u64,
+    mem: GuestMemoryMmap,
+    doorbell: EventFd,
+    /// Set when the VM stops: ends a responder the guest never stopped.
+    vm_stopped: Arc<AtomicBool>,
+    responder: Mutex<Option<JoinHandle<()>>>,
+    responder_running: Arc<AtomicBool>,
+}
+
+impl TestDevice {
+    pub fn new(base: u64, mem: GuestMemoryMmap, vm_stopped: Arc<AtomicBool>) -> std::io::Result<Self> {
+        Ok(TestDevice {
+            base,
+            mem,
+            doorbell: EventFd::new(libc::EFD_NONBLOCK)?,
+            vm_stopped,
+            responder: Mutex::new(None),
+            responder_running: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Let KVM complete doorbell writes in the kernel (an exit, but none to user space).
+    pub fn register_doorbell(&self, vm: &VmFd) -> Result<(), kvm_ioctls::Error> {
+        vm.register_ioevent(&self.doorbell, &IoEventAddress::Mmio(self.base + regs::DOORBELL), NoDatamatch)
+    }
+
+    pub fn owns(&self, addr: u64) -> bool {
+        addr >= self.base && addr - self.base < regs::SIZE
+    }
+
+    pub fn write(&self, addr: u64, data: &[u8]) -> Action {
+        let mut bytes = [0u8; 8];
+        let len = data.len().min(8);
+        bytes[..len].copy_from_slice(&data[..len]);
+        let value = u64::from_le_bytes(bytes);
+        match addr - self.base {
+            regs::MARK => Action::Mark(value as u32),
+            regs::PINGPONG => {
+                self.start_responder(value);
+                Action::Continue
+            }
+            _ => Action::Continue,
+        }
+    }
+
+    /// Start a host thread that answers the guest's ping-pong requests at `gpa`. The address is
+    /// guest input: it must be cache-line aligned and the whole area inside one RAM region. One
+    /// responder at a time; further requests are ignored until it ends.
+    fn start_responder(&self, gpa: u64) {
+        if gpa % 64 != 0 || self.mem.get_slice(GuestAddress(gpa), regs::PINGPONG_LEN as usize).is_err() {
+            return;
+        }
+        if self.responder_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mem = self.mem.clone();
+        let vm_stopped = self.vm_stopped.clone();
+        let running = self.responder_running.clone();
+        let spawned = std::thread::Builder::new().name("testdev-pingpong".into()).spawn(move || {
+            respond(&mem, gpa, &vm_stopped);
+            running.store(false, Ordering::Release);
+        });
+        match spawned {
+            Ok(handle) => {
+                let previous = super::lock(&self.responder).replace(handle);
+                if let Some(previous) = previous {
+                    let _ = previous.join();
+                }
+            }
+            Err(_) => self.responder_running.store(false, Ordering::Release),
+        }
+    }
+
+    /// Wait for the responder thread, once the VM has stopped.
+    pub fn join(&self) {
+        if let Some(handle) = super::lock(&self.responder).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Copy every new request sequence number to the acknowledgement word until the guest sends
+/// `STOP` or the VM stops. Pure shared-memory polling: no exit on either side.
+fn respond(mem: &GuestMemoryMmap, gpa: u64, vm_stopped: &AtomicBool) {
+    let Ok(area) = mem.get_slice(GuestAddress(gpa), regs::PINGPONG_LEN as usize) else { return };
+    let (Ok(request), Ok(ack)) = (
+        area.get_atomic_ref::<AtomicU32>(regs::PINGPONG_REQUEST as usize),
+        area.get_atomic_ref::<AtomicU32>(regs::PINGPONG_ACK as usize),
+    ) else {
+        return;
+    };
+    // Answer whatever differs from the last acknowledgement: the guest's first request may
+    // land before this thread first looks.
+    let mut last = ack.load(Ordering::Acquire);
+    while !vm_stopped.load(Ordering::Relaxed) {
+        let seq = request.load(Ordering::Acquire);
+        if seq == last {
+            std::hint::spin_loop();
+            continue;
+        }
+        ack.store(seq, Ordering::Release);
+        last = seq;
+        if seq == regs::STOP {
+            break;
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Guest RAM: anonymous memory (optionally 2 MiB huge pages) laid out around the 3-4 GiB hole
+//! where device MMIO, the IOAPIC and the LAPIC live.
+
+use std::io;
+
+use thiserror::Error;
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+/// Start of the MMIO hole below 4 GiB; RAM above this size continues at 4 GiB.
+pub const MMIO_HOLE_START: u64 = 3 << 30;
+pub const MMIO_HOLE_END: u64 = 4 << 30;
+/// The smallest VM we build: room for the boot structures and a small kernel.
+pub const MIN_MEM_BYTES: u64 = 4 << 20;
+/// Upper bound on guest RAM, a guard against typos like `--mem 64T`.
+pub const MAX_MEM_BYTES: u64 = 1 << 40;
+const HUGE_PAGE_BYTES: u64 = 2 << 20;
+
+#[derive(Debug, Error)]
+pub enum MemoryError {
+    #[error("guest memory of {0} bytes is too small: at least {MIN_MEM_BYTES} bytes (4M) are needed")]
+    TooSmall(u64),
+    #[error("guest memory of {0} bytes is larger than the {MAX_MEM_BYTES}-byte limit")]
+    TooLarge(u64),
+    #[error("--hugepages needs the memory size to be a multiple of 2 MiB, got {0} bytes")]
+    HugePageAlignment(u64),
+    #[error(
+        "--hugepages needs {needed} free 2 MiB huge pages but the host has {free}; reserve them \
+         with `echo {needed} > /proc/sys/vm/nr_hugepages` (as root) or run without --hugepages"
+    )]
+    NotEnoughHugePages { needed: u64, free: u64 },
+    #[error("cannot map {size} bytes of guest memory{}: {source}", if *.hugepages { " from huge pages" } else { "" })]
+    Map { size: u64, hugepages: bool, source: vm_memory::mmap::MmapRegionError },
+    #[error("cannot assemble guest memory regions: {0}")]
+    Regions(#[from] vm_memory::GuestRegionCollectionError),
+}
+
+/// The guest-physical RAM ranges for `size` bytes of RAM.
+pub fn ram_ranges(size: u64) -> Vec<(GuestAddress, u64)> {
+    if size <= MMIO_HOLE_START {
+        vec![(GuestAddress(0), size)]
+    } else {
+        vec![(GuestAddress(0), MMIO_HOLE_START), (GuestAddress(MMIO_HOLE_END), size - MMIO_HOLE_START)]
+    }
+}
+
+/// Allocate `size` bytes of guest RAM.
+pub fn create(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, MemoryError> {
+    if size < MIN_MEM_BYTES {
+        return Err(MemoryError::TooSmall(size));
+    }
+    if size > MAX_MEM_BYTES {
+        return Err(MemoryError::TooLarge(size));
+    }
+    if hugepages {
+        if size % HUGE_PAGE_BYTES != 0 {
+            return Err(MemoryError::HugePageAlignment(size));
+        }
+        let needed = size / HUGE_PAGE_BYTES;
+        let free = free_huge_pages().unwrap_or(0);
+        if free < needed {
+            return Err(MemoryError::NotEnoughHugePages { needed, free });
+        }
+    }
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // Without huge pages, reserve lazily; with them, fail now rather than SIGBUS later.
+    flags |= if hugepages { libc::MAP_HUGETLB } else { libc::MAP_NORESERVE };
+    let regions = ram_ranges(size)
+        .into_iter()
+        .map(|(base, len)| {
+            let mapping = MmapRegionBuilder::new(len as usize)
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+                .with_mmap_flags(flags)
+                .with_hugetlbfs(hugepages)
+                .build()
+                .map_err(|source| MemoryError::Map { size: len, hugepages, source })?;
+            // The ranges end below 2^41, so the region cannot overflow the address space.
+            Ok(GuestRegionMmap::new(mapping, base).expect("RAM range within the address space"))
+        })
+        .collect::<Result<Vec<_>, MemoryError>>()?;
+    Ok(GuestMemoryMmap::from_regions(regions)?)
+}
+
+/// `HugePages_Free` from /proc/meminfo (2 MiB pages on x86_64).
+fn free_huge_pages() -> io::Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    Ok(meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryBackend;
+
+    #[test]
+    fn ram_skips_the_mmio_hole() {
+        assert_eq!(ram_ranges(256 << 20), vec![(GuestAddress(0), 256 << 20)]);
+        assert_eq!(
+            ram_ranges(5 << 30),
+            vec![(GuestAddress(0), 3 << 30), (GuestAddress(4 << 30), 2 << 30)]
+        );
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        assert!(matches!(create(1 << 20, false), Err(MemoryError::TooSmall(_))));
+        assert!(matches!(create(1 << 50, false), Err(MemoryError::TooLarge(_))));
+        assert!(matches!(create((8 << 20) + 4096, true), Err(MemoryError::HugePageAlignment(_))));
+        let mem = create(8 << 20, false).unwrap();
+        assert_eq!(mem.num_regions(), 1);
+    }
+}

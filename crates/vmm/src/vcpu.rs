@@ -1,0 +1,157 @@
+//! A vCPU thread: runs KVM_RUN, sends port I/O and MMIO exits to the device bus, and reports
+//! how the VM ended.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+
+use crate::devices::{Action, Bus};
+use crate::stats::{Counters, Snapshot, VcpuStats};
+use crate::vm::Ending;
+
+/// The most phase marks one vCPU keeps; a guest that asks for more gets no more.
+pub const MAX_MARKS: usize = 4096;
+
+const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
+const KVM_SYSTEM_EVENT_RESET: u32 = 2;
+const KVM_SYSTEM_EVENT_CRASH: u32 = 3;
+
+/// Shared by the VM's threads: who ends the run first, and the flag that stops the others.
+#[derive(Default)]
+pub struct RunControl {
+    pub stop: Arc<AtomicBool>,
+    ending: Mutex<Option<Ending>>,
+    ended: Condvar,
+}
+
+impl RunControl {
+    /// Record how the VM ended; the first ending wins.
+    pub fn end(&self, ending: Ending) {
+        let mut slot = self.ending.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(ending);
+        }
+        self.stop.store(true, Ordering::Release);
+        self.ended.notify_all();
+    }
+
+    /// Wait for an ending, or `timeout`; returns the ending if one came.
+    pub fn wait(&self, timeout: Option<std::time::Duration>) -> Option<Ending> {
+        let slot = self.ending.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match timeout {
+            Some(t) => self.ended.wait_timeout_while(slot, t, |e| e.is_none()).unwrap_or_else(|p| p.into_inner()).0,
+            None => self.ended.wait_while(slot, |e| e.is_none()).unwrap_or_else(|p| p.into_inner()),
+        };
+        slot.clone()
+    }
+}
+
+/// A statistics snapshot the guest asked for (test device MARK register).
+#[derive(Debug, Clone)]
+pub struct Mark {
+    pub label: u32,
+    pub snapshot: Snapshot,
+}
+
+/// What one vCPU did during the run.
+#[derive(Debug, Clone)]
+pub struct VcpuReport {
+    pub index: u8,
+    /// Counter growth from just before the vCPU first ran to after it stopped.
+    pub counters: Counters,
+    pub marks: Vec<Mark>,
+}
+
+pub struct Vcpu {
+    pub index: u8,
+    pub fd: VcpuFd,
+    pub stats: VcpuStats,
+    pub pin_cpu: Option<usize>,
+}
+
+impl Vcpu {
+    /// The vCPU thread's body.
+    pub fn run(mut self, bus: &Bus, control: &RunControl, start: Snapshot) -> VcpuReport {
+        if let Some(cpu) = self.pin_cpu {
+            if let Err(e) = pin_current_thread(cpu) {
+                control.end(Ending::HostError(format!("cannot pin vCPU {} to CPU {cpu}: {e}", self.index)));
+            }
+        }
+        let mut marks = Vec::new();
+        while !control.stop.load(Ordering::Acquire) {
+            if let Some(ending) = self.run_once(bus, &mut marks) {
+                control.end(ending);
+            }
+        }
+        let counters = match self.stats.snapshot() {
+            Ok(end) => end.since(&start),
+            Err(_) => Counters::default(),
+        };
+        VcpuReport { index: self.index, counters, marks }
+    }
+
+    /// One KVM_RUN; `Some` when the VM should end.
+    fn run_once(&mut self, bus: &Bus, marks: &mut Vec<Mark>) -> Option<Ending> {
+        let index = self.index;
+        let action = match self.fd.run() {
+            Ok(VcpuExit::IoOut(port, data)) => bus.pio_write(port, data),
+            Ok(VcpuExit::IoIn(port, data)) => {
+                bus.pio_read(port, data);
+                Action::Continue
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => bus.mmio_write(addr, data),
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                bus.mmio_read(addr, data);
+                Action::Continue
+            }
+            Ok(VcpuExit::Shutdown) => return Some(Ending::Shutdown { vcpu: index }),
+            Ok(VcpuExit::Hlt) => return Some(Ending::Halted { vcpu: index }),
+            Ok(VcpuExit::SystemEvent(kind, _)) => {
+                return Some(match kind {
+                    KVM_SYSTEM_EVENT_SHUTDOWN => Ending::Shutdown { vcpu: index },
+                    KVM_SYSTEM_EVENT_RESET => Ending::Reset { vcpu: index },
+                    KVM_SYSTEM_EVENT_CRASH => Ending::GuestCrash { vcpu: index },
+                    other => Ending::UnexpectedExit { vcpu: index, exit: format!("system event {other}") },
+                })
+            }
+            Ok(VcpuExit::FailEntry(reason, _)) => return Some(Ending::FailEntry { vcpu: index, reason }),
+            Ok(VcpuExit::InternalError) => return Some(self.internal_error()),
+            Ok(other) => return Some(Ending::UnexpectedExit { vcpu: index, exit: format!("{other:?}") }),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Action::Continue,
+            Err(e) => return Some(Ending::HostError(format!("KVM_RUN failed on vCPU {index}: {e}"))),
+        };
+        match action {
+            Action::Continue => None,
+            Action::GuestExit(status) => Some(Ending::GuestExit(status)),
+            Action::Mark(label) => {
+                if marks.len() < MAX_MARKS {
+                    if let Ok(snapshot) = self.stats.snapshot() {
+                        marks.push(Mark { label, snapshot });
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    fn internal_error(&mut self) -> Ending {
+        // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal` member of the exit union is valid.
+        let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+        let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
+        Ending::InternalError { vcpu: self.index, suberror, rip }
+    }
+}
+
+fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only touch
+    // that local set, and `cpu` was checked against the host's CPU count by the caller.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
