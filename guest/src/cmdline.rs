@@ -4,10 +4,11 @@
 pub fn get<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
     cmdline
         .split_ascii_whitespace()
+        .rev()
         .filter_map(|word| word.split_once('='))
         .filter(|(k, _)| *k == key)
         .map(|(_, v)| v)
-        .last()
+        .next()
 }
 
 /// A number in decimal or `0x` hex, with an optional K/M/G (binary) suffix.

@@ -70,7 +70,7 @@ pub struct RunArgs {
     #[arg(long, requires = "stats")]
     pub json: bool,
     /// Stop the guest after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Option<f64>,
 }
 

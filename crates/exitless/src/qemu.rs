@@ -34,7 +34,8 @@ pub struct QemuRun {
 impl Qemu {
     /// `$EXITLESS_QEMU` or `qemu-system-x86_64` from PATH, if it runs.
     pub fn find() -> Option<Qemu> {
-        let binary = std::env::var_os("EXITLESS_QEMU").map_or_else(|| "qemu-system-x86_64".into(), PathBuf::from);
+        let binary =
+            std::env::var_os("EXITLESS_QEMU").map_or_else(|| "qemu-system-x86_64".into(), PathBuf::from);
         let output = Command::new(&binary).arg("--version").output().ok()?;
         let version = String::from_utf8_lossy(&output.stdout).lines().next()?.trim().to_string();
         output.status.success().then_some(Qemu { binary, version })
@@ -44,10 +45,25 @@ impl Qemu {
     /// the isa-debug-exit port.
     pub fn probe_args(kernel: &Path, cmdline: &str, mem_mib: u64) -> Vec<String> {
         [
-            "-M", "microvm", "-accel", "kvm", "-cpu", "host", "-m",
-            &format!("{mem_mib}M"), "-smp", "1", "-nographic", "-nodefaults", "-no-reboot",
-            "-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=1",
-            "-kernel", &kernel.display().to_string(), "-append", cmdline,
+            "-M",
+            "microvm",
+            "-accel",
+            "kvm",
+            "-m",
+            &format!("{mem_mib}M"),
+            "-smp",
+            "1",
+            "-nographic",
+            "-nodefaults",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=1",
+            "-kernel",
+            &kernel.display().to_string(),
+            "-append",
+            cmdline,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -80,7 +96,9 @@ impl Qemu {
         });
         let started = Instant::now();
         let status = loop {
-            if let Some(status) = child.try_wait().map_err(|source| QemuError::Spawn { binary: self.binary.clone(), source })? {
+            if let Some(status) =
+                child.try_wait().map_err(|source| QemuError::Spawn { binary: self.binary.clone(), source })?
+            {
                 break status;
             }
             if started.elapsed() > timeout {

@@ -59,7 +59,10 @@ pub fn exit_status(ending: &Ending) -> i32 {
             eprintln!("exitless: {ending}");
             status::TIMEOUT
         }
-        Ending::Shutdown { .. } | Ending::Reset { .. } | Ending::GuestCrash { .. } | Ending::Halted { .. } => {
+        Ending::Shutdown { .. }
+        | Ending::Reset { .. }
+        | Ending::GuestCrash { .. }
+        | Ending::Halted { .. } => {
             eprintln!("exitless: {ending}");
             status::GUEST_STOPPED
         }

@@ -53,7 +53,7 @@ pub fn create(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, MemoryError
         return Err(MemoryError::TooLarge(size));
     }
     if hugepages {
-        if size % HUGE_PAGE_BYTES != 0 {
+        if !size.is_multiple_of(HUGE_PAGE_BYTES) {
             return Err(MemoryError::HugePageAlignment(size));
         }
         let needed = size / HUGE_PAGE_BYTES;
@@ -99,10 +99,7 @@ mod tests {
     #[test]
     fn ram_skips_the_mmio_hole() {
         assert_eq!(ram_ranges(256 << 20), vec![(GuestAddress(0), 256 << 20)]);
-        assert_eq!(
-            ram_ranges(5 << 30),
-            vec![(GuestAddress(0), 3 << 30), (GuestAddress(4 << 30), 2 << 30)]
-        );
+        assert_eq!(ram_ranges(5 << 30), vec![(GuestAddress(0), 3 << 30), (GuestAddress(4 << 30), 2 << 30)]);
     }
 
     #[test]

@@ -40,7 +40,9 @@ impl RunControl {
     pub fn wait(&self, timeout: Option<std::time::Duration>) -> Option<Ending> {
         let slot = self.ending.lock().unwrap_or_else(|p| p.into_inner());
         let slot = match timeout {
-            Some(t) => self.ended.wait_timeout_while(slot, t, |e| e.is_none()).unwrap_or_else(|p| p.into_inner()).0,
+            Some(t) => {
+                self.ended.wait_timeout_while(slot, t, |e| e.is_none()).unwrap_or_else(|p| p.into_inner()).0
+            }
             None => self.ended.wait_while(slot, |e| e.is_none()).unwrap_or_else(|p| p.into_inner()),
         };
         slot.clone()

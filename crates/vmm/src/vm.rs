@@ -111,14 +111,32 @@ pub enum Ending {
     /// The guest wrote this value to the debug-exit port.
     GuestExit(u8),
     /// KVM_EXIT_SHUTDOWN: a triple fault, or a shutdown request.
-    Shutdown { vcpu: u8 },
-    Reset { vcpu: u8 },
-    GuestCrash { vcpu: u8 },
+    Shutdown {
+        vcpu: u8,
+    },
+    Reset {
+        vcpu: u8,
+    },
+    GuestCrash {
+        vcpu: u8,
+    },
     /// HLT reached user space (only without an in-kernel irqchip).
-    Halted { vcpu: u8 },
-    InternalError { vcpu: u8, suberror: u32, rip: u64 },
-    FailEntry { vcpu: u8, reason: u64 },
-    UnexpectedExit { vcpu: u8, exit: String },
+    Halted {
+        vcpu: u8,
+    },
+    InternalError {
+        vcpu: u8,
+        suberror: u32,
+        rip: u64,
+    },
+    FailEntry {
+        vcpu: u8,
+        reason: u64,
+    },
+    UnexpectedExit {
+        vcpu: u8,
+        exit: String,
+    },
     Timeout(Duration),
     HostError(String),
 }
@@ -145,7 +163,10 @@ impl fmt::Display for Ending {
                     "KVM internal error on vCPU {vcpu}: {what} (suberror {suberror}) at guest RIP {rip:#x}"
                 )?;
                 if *suberror == 1 {
-                    write!(f, "; this host's KVM emulates guest ring-0 code and cannot emulate every instruction")?;
+                    write!(
+                        f,
+                        "; this host's KVM emulates guest ring-0 code and cannot emulate every instruction"
+                    )?;
                 }
                 Ok(())
             }
@@ -153,7 +174,9 @@ impl fmt::Display for Ending {
                 write!(f, "KVM could not enter the guest on vCPU {vcpu} (hardware entry failure reason {reason:#x})")
             }
             Ending::UnexpectedExit { vcpu, exit } => write!(f, "unexpected exit on vCPU {vcpu}: {exit}"),
-            Ending::Timeout(t) => write!(f, "the guest was stopped at the timeout of {:.1} s", t.as_secs_f64()),
+            Ending::Timeout(t) => {
+                write!(f, "the guest was stopped at the timeout of {:.1} s", t.as_secs_f64())
+            }
             Ending::HostError(e) => write!(f, "{e}"),
         }
     }
@@ -261,7 +284,8 @@ impl Vm {
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for index in 0..config.vcpus {
             let fd = vm.create_vcpu(index as u64).map_err(kvm_err("create a vCPU"))?;
-            fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, index, config.vcpus)).map_err(kvm_err("set CPUID"))?;
+            fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, index, config.vcpus))
+                .map_err(kvm_err("set CPUID"))?;
             if index == 0 {
                 let sregs = fd.get_sregs().map_err(kvm_err("read special registers"))?;
                 fd.set_sregs(&regs::pvh_sregs(sregs)).map_err(kvm_err("set special registers"))?;
@@ -303,7 +327,8 @@ impl Vm {
             let bus = self.bus.clone();
             let control = self.control.clone();
             let name = format!("vcpu{}", vcpu.index);
-            threads.push(std::thread::Builder::new().name(name).spawn(move || vcpu.run(&bus, &control, start))?);
+            threads
+                .push(std::thread::Builder::new().name(name).spawn(move || vcpu.run(&bus, &control, start))?);
         }
 
         let ending = match self.control.wait(self.timeout) {
@@ -345,9 +370,11 @@ fn host_ranges(mem: &GuestMemoryMmap) -> Vec<(u64, u64, u64)> {
 /// output reaches LINT0 as ExtINT, and on this host that makes a guest with device interrupts
 /// triple-fault.
 fn route_gsis_to_ioapic(vm: &VmFd) -> Result<(), VmError> {
-    let mut routing = KvmIrqRouting::new(0).map_err(|_| VmError::Io(std::io::Error::other("GSI routing table")))?;
+    let mut routing =
+        KvmIrqRouting::new(0).map_err(|_| VmError::Io(std::io::Error::other("GSI routing table")))?;
     for pin in 0..IOAPIC_PINS {
-        let mut entry = kvm_irq_routing_entry { gsi: pin, type_: KVM_IRQ_ROUTING_IRQCHIP, ..Default::default() };
+        let mut entry =
+            kvm_irq_routing_entry { gsi: pin, type_: KVM_IRQ_ROUTING_IRQCHIP, ..Default::default() };
         entry.u.irqchip.irqchip = KVM_IRQCHIP_IOAPIC;
         entry.u.irqchip.pin = pin;
         routing.push(entry).map_err(|_| VmError::Io(std::io::Error::other("GSI routing table")))?;

@@ -27,13 +27,11 @@ static PINGPONG_AREA: PingPongArea =
     PingPongArea { request: AtomicU32::new(0), _pad: [0; 60], ack: AtomicU32::new(0) };
 
 pub fn run(env: &Env) -> u8 {
-    let testdev = match cmdline::get(env.cmdline, param::TESTDEV) {
-        None => None,
-        Some(v) => Some(cmdline::parse_u64(v).unwrap_or_else(|| bad_parameter(param::TESTDEV))),
-    };
+    let testdev = cmdline::get(env.cmdline, param::TESTDEV)
+        .map(|v| cmdline::parse_u64(v).unwrap_or_else(|| bad_parameter(param::TESTDEV)));
     let n = cmdline::get_u64(env.cmdline, "probe.n", 10_000).unwrap_or_else(|k| bad_parameter(k));
-    let pingpong_n = cmdline::get_u64(env.cmdline, "probe.pingpong_n", 100_000)
-        .unwrap_or_else(|k| bad_parameter(k));
+    let pingpong_n =
+        cmdline::get_u64(env.cmdline, "probe.pingpong_n", 100_000).unwrap_or_else(|k| bad_parameter(k));
     if pingpong_n >= (testdev::STOP - PINGPONG_WARMUP) as u64 {
         bad_parameter("probe.pingpong_n");
     }
@@ -109,7 +107,7 @@ fn pingpong(env: &Env, base: u64, n: u32, mark: &dyn Fn(u32)) -> Option<u64> {
         while area.ack.load(Ordering::Acquire) != seq {
             core::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && x86::rdtsc() - start > timeout {
+            if spins.is_multiple_of(1024) && x86::rdtsc() - start > timeout {
                 return false;
             }
         }

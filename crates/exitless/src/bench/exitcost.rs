@@ -22,7 +22,8 @@ const OPS: [(&str, &str); 4] = [
 ];
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Counters that say what caused the exits, shown per operation.
-const CAUSES: [&str; 6] = ["mmio_exits", "io_exits", "halt_exits", "irq_exits", "insn_emulation", "irq_injections"];
+const CAUSES: [&str; 6] =
+    ["mmio_exits", "io_exits", "halt_exits", "irq_exits", "insn_emulation", "irq_injections"];
 
 #[derive(Serialize)]
 struct Row {
@@ -53,7 +54,9 @@ pub fn main(args: ExitcostArgs) -> i32 {
     let mut qemu_command = None;
     if args.peers.contains(&Peer::Qemu) {
         match Qemu::find() {
-            None => return fail("--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)"),
+            None => return fail(
+                "--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)",
+            ),
             Some(qemu) => {
                 progress(format_args!("QEMU-KVM: all kinds in one boot"));
                 match run_qemu(&qemu, &args, tsc_khz) {
@@ -90,8 +93,10 @@ fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> 
         "probe.workload=exitcost probe.ops={op} probe.n={} probe.pingpong_n={} probe.tsc_khz={tsc_khz}",
         args.n, args.pingpong_n
     );
-    let config = VmConfig { cmdline, console: ConsoleMode::Capture, timeout: Some(RUN_TIMEOUT), ..Default::default() };
-    let outcome = Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run).map_err(|e| e.to_string())?;
+    let config =
+        VmConfig { cmdline, console: ConsoleMode::Capture, timeout: Some(RUN_TIMEOUT), ..Default::default() };
+    let outcome =
+        Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run).map_err(|e| e.to_string())?;
     if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {
         return Err(format!("{}; console: {}", outcome.ending, String::from_utf8_lossy(&outcome.console)));
     }
@@ -101,9 +106,10 @@ fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> 
     let per_op = |v: u64| v as f64 / n as f64;
     let mut causes = serde_json::Map::new();
     for cause in CAUSES {
-        let value = counters.get(cause);
-        if value > 0 {
-            causes.insert(cause.to_string(), per_op(value).into());
+        // Causes below 0.005 per operation are background noise (timer interrupts and the like).
+        let value = per_op(counters.get(cause));
+        if value >= 0.005 {
+            causes.insert(cause.to_string(), value.into());
         }
     }
     Ok(Row {
@@ -196,9 +202,14 @@ impl Report {
         for (op, what) in OPS {
             let ours = self.results.iter().find(|r| r.vmm == "exitless" && r.op == op);
             let theirs = self.results.iter().find(|r| r.vmm == "qemu" && r.op == op);
-            let fmt_ns = |r: Option<&Row>| r.and_then(|r| r.ns_per_op).map_or("n/a".into(), |v| format!("{v:.1}"));
+            let fmt_ns =
+                |r: Option<&Row>| r.and_then(|r| r.ns_per_op).map_or("n/a".into(), |v| format!("{v:.1}"));
             let causes = ours.map_or(String::new(), |r| {
-                r.exits_by_cause.iter().map(|(k, v)| format!("{k} {:.2}", v.as_f64().unwrap_or(0.0))).collect::<Vec<_>>().join(", ")
+                r.exits_by_cause
+                    .iter()
+                    .map(|(k, v)| format!("{k} {:.2}", v.as_f64().unwrap_or(0.0)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             });
             let mut row = vec![
                 op.to_string(),
@@ -220,7 +231,12 @@ impl Report {
         let mut out = String::new();
         if markdown {
             out += &format!("### {title}\n\n");
-            out += &format!("- date: {}\n- command: `{}`\n- machine: {}\n", self.date, self.command, self.machine.describe());
+            out += &format!(
+                "- date: {}\n- command: `{}`\n- machine: {}\n",
+                self.date,
+                self.command,
+                self.machine.describe()
+            );
             if let Some(v) = &self.qemu_version {
                 out += &format!("- peer: {v}\n");
             }
@@ -238,10 +254,18 @@ impl Report {
             if let Some(v) = &self.qemu_version {
                 out += &format!("peer: {v}\n");
             }
-            let widths: Vec<usize> =
-                (0..header.len()).map(|i| lines.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0)).collect();
+            let widths: Vec<usize> = (0..header.len())
+                .map(|i| lines.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
+                .collect();
             let render = |cells: Vec<&str>| {
-                cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+                cells
+                    .iter()
+                    .zip(&widths)
+                    .map(|(c, w)| format!("{c:<w$}"))
+                    .collect::<Vec<_>>()
+                    .join("  ")
+                    .trim_end()
+                    .to_string()
             };
             out += &format!("{}\n", render(header.clone()));
             for row in &lines {

@@ -19,13 +19,19 @@ impl Machine {
             .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim()))
             .unwrap_or("unknown")
             .to_string();
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+        let kernel =
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
         let kvm_backend = ["kvm_pvm", "kvm_intel", "kvm_amd"]
             .iter()
             .find(|m| std::path::Path::new(&format!("/sys/module/{m}")).exists())
             .unwrap_or(&"unknown")
             .to_string();
-        Machine { cpu, cpus: std::thread::available_parallelism().map_or(1, |n| n.get()), kernel, kvm_backend }
+        Machine {
+            cpu,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel,
+            kvm_backend,
+        }
     }
 
     pub fn describe(&self) -> String {

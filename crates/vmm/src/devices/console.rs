@@ -27,8 +27,8 @@ pub struct ConsoleWriter {
 
 impl ConsoleWriter {
     pub fn new(mode: ConsoleMode) -> Self {
-        let capture = matches!(mode, ConsoleMode::Capture | ConsoleMode::Tee)
-            .then(|| Arc::new(Mutex::new(Vec::new())));
+        let capture =
+            matches!(mode, ConsoleMode::Capture | ConsoleMode::Tee).then(|| Arc::new(Mutex::new(Vec::new())));
         ConsoleWriter { to_stdout: mode != ConsoleMode::Capture, capture }
     }
 

@@ -66,7 +66,9 @@ impl TestDevice {
     /// guest input: it must be cache-line aligned and the whole area inside one RAM region. One
     /// responder at a time; further requests are ignored until it ends.
     fn start_responder(&self, gpa: u64) {
-        if gpa % 64 != 0 || self.mem.get_slice(GuestAddress(gpa), regs::PINGPONG_LEN as usize).is_err() {
+        if !gpa.is_multiple_of(64)
+            || self.mem.get_slice(GuestAddress(gpa), regs::PINGPONG_LEN as usize).is_err()
+        {
             return;
         }
         if self.responder_running.swap(true, Ordering::AcqRel) {

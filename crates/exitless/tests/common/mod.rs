@@ -1,0 +1,77 @@
+//! Helpers for the tests that run the `exitless` binary against real KVM (and QEMU).
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub fn exitless(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exitless")).args(args).output().expect("run exitless")
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The JSON lines on standard output.
+pub fn json_lines(output: &Output) -> Vec<Value> {
+    stdout(output).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// The first JSON line whose `key` is `value`.
+pub fn line_with(output: &Output, key: &str, value: &str) -> Value {
+    json_lines(output).into_iter().find(|l| l[key] == value).unwrap_or_else(|| {
+        panic!("no line with {key}={value}; stdout: {}; stderr: {}", stdout(output), stderr(output))
+    })
+}
+
+/// A minimal ELF64 executable with the given loadable segments (physical address, file bytes,
+/// memory bytes) and, optionally, a PVH entry note.
+pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
+    let phnum = segments.len() + usize::from(pvh_entry.is_some());
+    let headers_end = 64 + 56 * phnum as u64;
+    let mut image = vec![0u8; headers_end as usize];
+    image[..4].copy_from_slice(b"\x7fELF");
+    image[4] = 2; // 64-bit
+    image[5] = 1; // little endian
+    image[6] = 1;
+    image[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    image[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64
+    image[20..24].copy_from_slice(&1u32.to_le_bytes());
+    image[24..32].copy_from_slice(&segments.first().map_or(0x10_0000, |s| s.0).to_le_bytes());
+    image[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+    image[52..54].copy_from_slice(&64u16.to_le_bytes());
+    image[54..56].copy_from_slice(&56u16.to_le_bytes());
+    image[56..58].copy_from_slice(&(phnum as u16).to_le_bytes());
+    let mut phdrs = Vec::new();
+    for &(paddr, filesz, memsz) in segments {
+        let offset = image.len() as u64;
+        image.resize(image.len() + filesz as usize, 0xf4); // hlt
+        phdrs.push((1u32, offset, paddr, filesz, memsz));
+    }
+    if let Some(entry) = pvh_entry {
+        let offset = image.len() as u64;
+        for word in [4u32, 4, 18] {
+            image.extend_from_slice(&word.to_le_bytes());
+        }
+        image.extend_from_slice(b"Xen\0");
+        image.extend_from_slice(&entry.to_le_bytes());
+        phdrs.push((4u32, offset, 0, 20, 20));
+    }
+    for (i, (kind, offset, paddr, filesz, memsz)) in phdrs.into_iter().enumerate() {
+        let at = 64 + 56 * i;
+        image[at..at + 4].copy_from_slice(&kind.to_le_bytes());
+        image[at + 4..at + 8].copy_from_slice(&5u32.to_le_bytes());
+        image[at + 8..at + 16].copy_from_slice(&offset.to_le_bytes());
+        image[at + 16..at + 24].copy_from_slice(&paddr.to_le_bytes());
+        image[at + 24..at + 32].copy_from_slice(&paddr.to_le_bytes());
+        image[at + 32..at + 40].copy_from_slice(&filesz.to_le_bytes());
+        image[at + 40..at + 48].copy_from_slice(&memsz.to_le_bytes());
+        image[at + 48..at + 56].copy_from_slice(&4096u64.to_le_bytes());
+    }
+    image
+}

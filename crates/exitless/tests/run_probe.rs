@@ -1,0 +1,134 @@
+//! `exitless run` boots the probe guest on real KVM: output, exit statuses, exit accounting.
+
+mod common;
+
+use common::{exitless, json_lines, line_with, stderr};
+use serde_json::Value;
+
+#[test]
+fn hello_boots_and_reports_what_it_found() {
+    let out = exitless(&["run", "--probe", "--mem", "128M"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    let hello = line_with(&out, "probe", "hello");
+    assert_eq!(hello["cpl"], 3, "the workload runs in ring 3");
+    assert_eq!(hello["hypervisor"], "KVMKVMKVM");
+    assert!(hello["kvm_features"].as_u64().unwrap() != 0, "the KVM paravirtual leaf reaches the guest");
+    // Conventional RAM below the EBDA (0x9fc00) plus everything from 1 MiB: the PVH memory map.
+    assert_eq!(hello["ram_bytes"], 0x9fc00 + (128 << 20) - (1 << 20));
+    let cmdline = hello["cmdline"].as_str().unwrap();
+    assert!(cmdline.contains("probe.workload=hello"), "{cmdline}");
+    assert!(cmdline.contains("exitless.testdev=0xfe000000"), "{cmdline}");
+    assert!(hello["tsc_khz"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn user_cmdline_reaches_the_guest_and_exit_status_passes_through() {
+    let out = exitless(&["run", "--probe", "--cmdline", "probe.workload=nonsense"]);
+    assert_eq!(out.status.code(), Some(probe_status::BAD_CMDLINE as i32));
+    let error = line_with(&out, "probe", "error");
+    assert_eq!(error["workload"], "nonsense");
+}
+
+/// User-space MMIO exits are counted exactly: N writes give N exits plus the probe's two phase
+/// marks (also MMIO writes). Serial output is port I/O and does not count here.
+#[test]
+fn mmio_exits_match_the_writes_the_guest_made() {
+    const SLACK: u64 = 8;
+    let mut counted = Vec::new();
+    for n in [2000u64, 5000] {
+        let cmdline = format!("probe.workload=exitcost probe.ops=mmio probe.n={n}");
+        let out = exitless(&["run", "--probe", "--cmdline", &cmdline, "--stats", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+        let summary = line_with(&out, "exitless", "run");
+        let counters = &summary["vcpus"][0]["counters"];
+        let mmio_exits = counters["mmio_exits"].as_u64().unwrap();
+        assert!((n..=n + SLACK).contains(&mmio_exits), "{n} writes gave {mmio_exits} mmio_exits");
+        assert!(counters["exits"].as_u64().unwrap() >= mmio_exits);
+        counted.push(mmio_exits);
+    }
+    assert_eq!(counted[1] - counted[0], 3000, "exit counts are deterministic");
+}
+
+#[test]
+fn exitcost_measures_every_kind_of_exit() {
+    let out = exitless(&[
+        "run",
+        "--probe",
+        "--cmdline",
+        "probe.workload=exitcost probe.n=500 probe.pingpong_n=5000",
+        "--stats",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    let lines = json_lines(&out);
+    for op in ["mmio", "ioeventfd", "cpuid", "pingpong"] {
+        let line = lines.iter().find(|l| l["probe"] == "exitcost" && l["op"] == op).expect(op);
+        assert!(line["ns_per_op"].as_f64().unwrap() > 0.0, "{op}: {line}");
+    }
+}
+
+#[test]
+fn stats_text_goes_to_stderr() {
+    let out = exitless(&["run", "--probe", "--stats"]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("vcpu0: exits="), "{err}");
+    assert!(err.contains("mmio_exits="), "{err}");
+}
+
+#[test]
+fn a_triple_fault_ends_the_run_with_a_message() {
+    let out = exitless(&["run", "--probe", "--cmdline", "probe.workload=triplefault", "--timeout", "30"]);
+    assert_eq!(out.status.code(), Some(123), "stderr: {}", stderr(&out));
+    assert!(stderr(&out).contains("triple-faulted"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_guest_that_never_exits_is_stopped_at_the_timeout() {
+    let out =
+        exitless(&["run", "--probe", "--cmdline", "probe.workload=spin", "--vcpus", "2", "--timeout", "1"]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(stderr(&out).contains("timeout of 1.0 s"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_exception_in_the_guest_is_reported_by_the_probe() {
+    let out = exitless(&["run", "--probe", "--cmdline", "probe.workload=exception"]);
+    assert_eq!(out.status.code(), Some(probe_status::CRASH as i32));
+    let report: Value = line_with(&out, "probe", "exception");
+    assert_eq!(report["vector"], 6, "#UD");
+    assert_eq!(report["cs"], "0x1b", "raised in ring 3");
+}
+
+#[test]
+fn pinned_vcpus_with_hlt_and_pause_exits_disabled() {
+    let out =
+        exitless(&["run", "--probe", "--vcpus", "2", "--pin-vcpu", "0,1", "--disable-exits", "hlt,pause"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    line_with(&out, "probe", "hello");
+}
+
+/// Huge pages: the run works when the host has enough reserved, and otherwise says how to get
+/// them. (CI reserves some, so both paths get exercised across machines.)
+#[test]
+fn hugepages_work_or_say_what_is_missing() {
+    let free: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let out = exitless(&["run", "--probe", "--mem", "32M", "--hugepages"]);
+    if free >= 16 {
+        assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+        line_with(&out, "probe", "hello");
+    } else {
+        assert_eq!(out.status.code(), Some(125));
+        assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));
+    }
+}
+
+mod probe_status {
+    pub const BAD_CMDLINE: u8 = 2;
+    pub const CRASH: u8 = 3;
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what exitless needs on a fresh Debian machine; safe to run again.
+#   - Debian packages: QEMU (peer VMM for tests and benchmarks)
+#   - the x86_64-unknown-none Rust target (the probe guest)
+# and checks that /dev/kvm is usable.
+set -euo pipefail
+
+packages=(qemu-system-x86)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null || ! command -v rustup >/dev/null; then
+    echo "setup: exitless needs Rust through rustup (cargo and rustup on PATH)" >&2
+    exit 1
+fi
+rustup target list --installed | grep -qx x86_64-unknown-none || rustup target add x86_64-unknown-none
+
+if [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then
+    echo "setup: /dev/kvm is missing or not accessible to $(id -un); exitless needs KVM" >&2
+    exit 1
+fi
