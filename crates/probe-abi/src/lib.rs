@@ -48,3 +48,22 @@ pub mod testdev {
     pub const PINGPONG_LEN: u64 = 128;
     pub const STOP: u32 = u32::MAX;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::testdev::*;
+
+    #[test]
+    fn test_device_registers_fit_and_do_not_overlap() {
+        let registers = [USER_EXIT, DOORBELL, PINGPONG, MARK];
+        for (i, a) in registers.iter().enumerate() {
+            assert!(a + 8 <= SIZE);
+            for b in &registers[i + 1..] {
+                assert!(a.abs_diff(*b) >= 8, "registers {a:#x} and {b:#x} overlap");
+            }
+        }
+        // Request and acknowledgement on separate cache lines, both inside the area.
+        assert!(PINGPONG_ACK - PINGPONG_REQUEST >= 64);
+        assert!(PINGPONG_ACK + 4 <= PINGPONG_LEN);
+    }
+}

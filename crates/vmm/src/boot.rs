@@ -94,12 +94,9 @@ fn check_segments<F: Read + Seek>(mem: &GuestMemoryMmap, image: &mut F) -> Resul
             return Err(BootError::BadElf("segment file size exceeds its memory size"));
         }
         let end = start.checked_add(memsz).ok_or(BootError::BadElf("segment wraps around"))?;
+        // One RAM region must hold the whole segment.
         let in_ram = memsz == 0
-            || (start >= KERNEL_MIN_ADDR
-                && mem.address_in_range(GuestAddress(start))
-                && mem.address_in_range(GuestAddress(end - 1))
-                && mem.to_region_addr(GuestAddress(start)).map(|(r, _)| r.start_addr())
-                    == mem.to_region_addr(GuestAddress(end - 1)).map(|(r, _)| r.start_addr()));
+            || (start >= KERNEL_MIN_ADDR && mem.get_slice(GuestAddress(start), memsz as usize).is_ok());
         if !in_ram {
             return Err(BootError::SegmentOutsideRam { start, end, ram_bytes });
         }

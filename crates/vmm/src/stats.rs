@@ -164,15 +164,6 @@ impl Counters {
         shown
     }
 
-    /// Element-wise sum, for totals over vCPUs.
-    pub fn add(&mut self, other: &Counters) {
-        for (name, value) in &other.0 {
-            match self.0.iter_mut().find(|(n, _)| n == name) {
-                Some((_, v)) => *v += value,
-                None => self.0.push((name.clone(), *value)),
-            }
-        }
-    }
 }
 
 impl Serialize for Counters {

@@ -4,7 +4,6 @@ use std::fmt;
 use std::fs::File;
 use std::io::Cursor;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ use crate::devices::serial::{Com1, COM1_IRQ};
 use crate::devices::testdev::TestDevice;
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
-use crate::stats::{Counters, StatsError, VcpuStats};
+use crate::stats::{StatsError, VcpuStats};
 use crate::vcpu::{RunControl, Vcpu, VcpuReport};
 use crate::{cpuid, regs};
 
@@ -192,21 +191,11 @@ pub struct RunOutcome {
     pub wall_time: Duration,
 }
 
-impl RunOutcome {
-    /// Exit counters summed over all vCPUs.
-    pub fn total_counters(&self) -> Counters {
-        let mut total = Counters::default();
-        for vcpu in &self.vcpus {
-            total.add(&vcpu.counters);
-        }
-        total
-    }
-}
-
 pub struct Vm {
+    // Held for ownership only. Fields drop in order: the VM fd goes before the RAM it maps.
     _kvm: Kvm,
-    vm: VmFd,
-    mem: GuestMemoryMmap,
+    _vm: VmFd,
+    _mem: GuestMemoryMmap,
     vcpus: Vec<Vcpu>,
     bus: Arc<Bus>,
     console: ConsoleWriter,
@@ -298,8 +287,8 @@ impl Vm {
 
         Ok(Vm {
             _kvm: kvm,
-            vm,
-            mem,
+            _vm: vm,
+            _mem: mem,
             vcpus,
             bus,
             console,
@@ -307,14 +296,6 @@ impl Vm {
             timeout: config.timeout,
             _serial_irq: serial_irq,
         })
-    }
-
-    pub fn memory(&self) -> &GuestMemoryMmap {
-        &self.mem
-    }
-
-    pub fn vm_fd(&self) -> &VmFd {
-        &self.vm
     }
 
     /// Run the VM until the guest exits, crashes, or the timeout passes.
@@ -352,7 +333,6 @@ impl Vm {
             .into_iter()
             .map(|t| t.join().map_err(|_| VmError::Io(std::io::Error::other("a vCPU thread panicked"))))
             .collect::<Result<Vec<_>, _>>()?;
-        self.control.stop.store(true, Ordering::Release);
         self.bus.testdev.join();
         let mut console = self.console;
         let _ = std::io::Write::flush(&mut console);
