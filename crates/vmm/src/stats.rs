@@ -163,7 +163,6 @@ impl Counters {
         );
         shown
     }
-
 }
 
 impl Serialize for Counters {
