@@ -47,6 +47,9 @@ pub mod testdev {
     pub const PINGPONG_ACK: u64 = 64;
     pub const PINGPONG_LEN: u64 = 128;
     pub const STOP: u32 = u32::MAX;
+
+    // Request and acknowledgement on separate cache lines, both inside the area.
+    const _: () = assert!(PINGPONG_ACK - PINGPONG_REQUEST >= 64 && PINGPONG_ACK + 4 <= PINGPONG_LEN);
 }
 
 #[cfg(test)]
@@ -62,8 +65,5 @@ mod tests {
                 assert!(a.abs_diff(*b) >= 8, "registers {a:#x} and {b:#x} overlap");
             }
         }
-        // Request and acknowledgement on separate cache lines, both inside the area.
-        assert!(PINGPONG_ACK - PINGPONG_REQUEST >= 64);
-        assert!(PINGPONG_ACK + 4 <= PINGPONG_LEN);
     }
 }
