@@ -4,6 +4,7 @@
 #![no_std]
 #![no_main]
 
+mod apic;
 mod boot;
 mod cmdline;
 mod json;

@@ -94,8 +94,9 @@ pub struct BenchArgs {
 
 #[derive(Subcommand)]
 pub enum BenchScenario {
-    /// Cost of each kind of exit from a ring-3 guest: user-space MMIO, ioeventfd, cpuid, and a
-    /// shared-memory ping-pong with a host thread (no exit), in exitless and in QEMU-KVM.
+    /// Cost of each kind of exit from a ring-3 guest: user-space MMIO, ioeventfd, cpuid, a
+    /// shared-memory ping-pong with a host thread (no exit) and an interrupt round trip, in
+    /// exitless and in QEMU-KVM.
     Exitcost(ExitcostArgs),
 }
 

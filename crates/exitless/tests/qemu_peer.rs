@@ -61,4 +61,5 @@ fn exitcost_runs_in_qemu_and_skips_what_needs_our_test_device() {
     assert!(op("cpuid")["ns_per_op"].as_f64().unwrap() > 0.0);
     assert!(op("ioeventfd")["skipped"].is_string());
     assert!(op("pingpong")["skipped"].is_string());
+    assert!(op("irq")["skipped"].is_string());
 }

@@ -61,10 +61,13 @@ fn exitcost_measures_every_kind_of_exit() {
     ]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     let lines = json_lines(&out);
-    for op in ["mmio", "ioeventfd", "cpuid", "pingpong"] {
+    for op in ["mmio", "ioeventfd", "cpuid", "pingpong", "irq"] {
         let line = lines.iter().find(|l| l["probe"] == "exitcost" && l["op"] == op).expect(op);
         assert!(line["ns_per_op"].as_f64().unwrap() > 0.0, "{op}: {line}");
     }
+    // Every interrupt the host raised reached the guest (500 measured plus 1000 warm-up).
+    let summary = line_with(&out, "exitless", "run");
+    assert!(summary["vcpus"][0]["counters"]["irq_injections"].as_u64().unwrap() >= 1500, "{summary}");
 }
 
 #[test]

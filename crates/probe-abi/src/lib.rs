@@ -40,9 +40,15 @@ pub mod testdev {
     pub const PINGPONG: u64 = 0x10;
     /// Write (32-bit): a label; the VMM records a snapshot of the vCPU's exit statistics.
     pub const MARK: u64 = 0x18;
+    /// Write (64-bit): like [`PINGPONG`], but the host thread answers each request with an
+    /// interrupt on IOAPIC pin [`IRQ_PIN`] (through an irqfd) instead of an acknowledgement.
+    pub const PINGPONG_IRQ: u64 = 0x20;
+    /// The IOAPIC input the test device's interrupt arrives on.
+    pub const IRQ_PIN: u32 = 5;
 
     /// Byte offsets in the ping-pong area: the guest writes a sequence number to `REQUEST`, the
-    /// host copies it to `ACK` (each on its own cache line). [`STOP`] ends the host thread.
+    /// host copies it to `ACK` (each on its own cache line) or raises an interrupt. [`STOP`],
+    /// always acknowledged in `ACK`, ends the host thread.
     pub const PINGPONG_REQUEST: u64 = 0;
     pub const PINGPONG_ACK: u64 = 64;
     pub const PINGPONG_LEN: u64 = 128;
@@ -58,7 +64,7 @@ mod tests {
 
     #[test]
     fn test_device_registers_fit_and_do_not_overlap() {
-        let registers = [USER_EXIT, DOORBELL, PINGPONG, MARK];
+        let registers = [USER_EXIT, DOORBELL, PINGPONG, MARK, PINGPONG_IRQ];
         for (i, a) in registers.iter().enumerate() {
             assert!(a + 8 <= SIZE);
             for b in &registers[i + 1..] {

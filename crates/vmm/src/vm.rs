@@ -258,7 +258,7 @@ impl Vm {
 
         let control = Arc::new(RunControl::default());
         let testdev = TestDevice::new(probe_abi::testdev::DEFAULT_BASE, mem.clone(), control.stop.clone())?;
-        testdev.register_doorbell(&vm).map_err(kvm_err("register the test device doorbell"))?;
+        testdev.register(&vm).map_err(kvm_err("register the test device doorbell and interrupt"))?;
         let cmdline = format!("{} {}={:#x}", config.cmdline, probe_abi::param::TESTDEV, testdev.base());
         boot::write_boot_info(&mem, cmdline.trim())?;
         regs::write_gdt(&mem)?;

@@ -66,6 +66,9 @@ pub fn run(env: &Env) -> u8 {
             first = false;
         }
     }
-    println!("],\"tsc_khz\":{}}}", env.tsc_khz);
+    let rflags: u64;
+    // SAFETY: pushfq/pop only reads the flags register through the stack.
+    unsafe { core::arch::asm!("pushfq", "pop {0}", out(reg) rflags) };
+    println!("],\"tsc_khz\":{},\"rflags\":{}}}", env.tsc_khz, rflags);
     status::OK
 }

@@ -14,11 +14,12 @@ use crate::qemu::Qemu;
 use crate::{fail, probe};
 
 /// The exit kinds, in report order: (probe op, what it is).
-const OPS: [(&str, &str); 4] = [
+const OPS: [(&str, &str); 5] = [
     ("mmio", "MMIO write, exit to VMM user space"),
     ("ioeventfd", "MMIO write to an ioeventfd (in-kernel exit)"),
     ("cpuid", "cpuid instruction"),
     ("pingpong", "shared-memory round trip with a host thread"),
+    ("irq", "round trip answered by an interrupt (irqfd, IOAPIC, ring-0 handler, EOI)"),
 ];
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Counters that say what caused the exits, shown per operation.

@@ -16,6 +16,8 @@ pub struct TestDevice {
     base: u64,
     mem: GuestMemoryMmap,
     doorbell: EventFd,
+    /// Raises IOAPIC pin `IRQ_PIN` (an irqfd).
+    irq: EventFd,
     /// Set when the VM stops: ends a responder the guest never stopped.
     vm_stopped: Arc<AtomicBool>,
     responder: Mutex<Option<JoinHandle<()>>>,
@@ -28,6 +30,7 @@ impl TestDevice {
             base,
             mem,
             doorbell: EventFd::new(libc::EFD_NONBLOCK)?,
+            irq: EventFd::new(libc::EFD_NONBLOCK)?,
             vm_stopped,
             responder: Mutex::new(None),
             responder_running: Arc::new(AtomicBool::new(false)),
@@ -38,9 +41,11 @@ impl TestDevice {
         self.base
     }
 
-    /// Let KVM complete doorbell writes in the kernel (an exit, but none to user space).
-    pub fn register_doorbell(&self, vm: &VmFd) -> Result<(), kvm_ioctls::Error> {
-        vm.register_ioevent(&self.doorbell, &IoEventAddress::Mmio(self.base + regs::DOORBELL), NoDatamatch)
+    /// Let KVM complete doorbell writes in the kernel (an exit, but none to user space), and
+    /// deliver the device's interrupt without a trip through user space.
+    pub fn register(&self, vm: &VmFd) -> Result<(), kvm_ioctls::Error> {
+        vm.register_ioevent(&self.doorbell, &IoEventAddress::Mmio(self.base + regs::DOORBELL), NoDatamatch)?;
+        vm.register_irqfd(&self.irq, regs::IRQ_PIN)
     }
 
     pub fn owns(&self, addr: u64) -> bool {
@@ -55,7 +60,13 @@ impl TestDevice {
         match addr - self.base {
             regs::MARK => Action::Mark(value as u32),
             regs::PINGPONG => {
-                self.start_responder(value);
+                self.start_responder(value, Answer::Ack);
+                Action::Continue
+            }
+            regs::PINGPONG_IRQ => {
+                if let Ok(irq) = self.irq.try_clone() {
+                    self.start_responder(value, Answer::Interrupt(irq));
+                }
                 Action::Continue
             }
             _ => Action::Continue,
@@ -65,7 +76,7 @@ impl TestDevice {
     /// Start a host thread that answers the guest's ping-pong requests at `gpa`. The address is
     /// guest input: it must be cache-line aligned and the whole area inside one RAM region. One
     /// responder at a time; further requests are ignored until it ends.
-    fn start_responder(&self, gpa: u64) {
+    fn start_responder(&self, gpa: u64, answer: Answer) {
         if !gpa.is_multiple_of(64)
             || self.mem.get_slice(GuestAddress(gpa), regs::PINGPONG_LEN as usize).is_err()
         {
@@ -78,7 +89,7 @@ impl TestDevice {
         let vm_stopped = self.vm_stopped.clone();
         let running = self.responder_running.clone();
         let spawned = std::thread::Builder::new().name("testdev-pingpong".into()).spawn(move || {
-            respond(&mem, gpa, &vm_stopped);
+            respond(&mem, gpa, &answer, &vm_stopped);
             running.store(false, Ordering::Release);
         });
         match spawned {
@@ -100,9 +111,16 @@ impl TestDevice {
     }
 }
 
-/// Copy every new request sequence number to the acknowledgement word until the guest sends
-/// `STOP` or the VM stops. Pure shared-memory polling: no exit on either side.
-fn respond(mem: &GuestMemoryMmap, gpa: u64, vm_stopped: &AtomicBool) {
+/// How the responder answers a request.
+enum Answer {
+    /// Copy the sequence number to the acknowledgement word: no exit on either side.
+    Ack,
+    /// Raise the device interrupt.
+    Interrupt(EventFd),
+}
+
+/// Answer every new request until the guest sends `STOP` or the VM stops.
+fn respond(mem: &GuestMemoryMmap, gpa: u64, answer: &Answer, vm_stopped: &AtomicBool) {
     let Ok(area) = mem.get_slice(GuestAddress(gpa), regs::PINGPONG_LEN as usize) else { return };
     let (Ok(request), Ok(ack)) = (
         area.get_atomic_ref::<AtomicU32>(regs::PINGPONG_REQUEST as usize),
@@ -119,10 +137,16 @@ fn respond(mem: &GuestMemoryMmap, gpa: u64, vm_stopped: &AtomicBool) {
             std::hint::spin_loop();
             continue;
         }
-        ack.store(seq, Ordering::Release);
         last = seq;
-        if seq == regs::STOP {
-            break;
+        match answer {
+            _ if seq == regs::STOP => {
+                ack.store(seq, Ordering::Release);
+                break;
+            }
+            Answer::Ack => ack.store(seq, Ordering::Release),
+            Answer::Interrupt(irq) => {
+                let _ = irq.write(1);
+            }
         }
     }
 }
