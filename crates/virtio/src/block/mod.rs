@@ -1,0 +1,16 @@
+//! virtio-blk: the device model (features, configuration space) and its data path.
+
+pub mod request;
+pub mod worker;
+
+pub use worker::{BlockCounters, BlockWorker, DiskInfo};
+
+pub const VIRTIO_ID_BLOCK: u32 = 2;
+pub const VIRTIO_BLK_F_SIZE_MAX: u32 = 1;
+pub const VIRTIO_BLK_F_SEG_MAX: u32 = 2;
+pub const VIRTIO_BLK_F_RO: u32 = 5;
+pub const VIRTIO_BLK_F_BLK_SIZE: u32 = 6;
+pub const VIRTIO_BLK_F_FLUSH: u32 = 9;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,193 @@
+//! Parsing a virtio-blk request (virtio 1.x §5.2.6) out of an untrusted descriptor chain.
+//!
+//! Layout: a device-readable 16-byte header {type, reserved, sector}, data descriptors
+//! (device-writable for IN and GET_ID, device-readable for OUT), and a device-writable status
+//! byte last. Every address and length is checked against guest RAM here, before any byte moves.
+
+use storage::{Segment, MAX_SEGMENTS, SECTOR_SIZE};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::queue::{Descriptor, Queue, QueueError};
+
+pub const VIRTIO_BLK_T_IN: u32 = 0;
+pub const VIRTIO_BLK_T_OUT: u32 = 1;
+pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
+pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
+pub const VIRTIO_BLK_S_OK: u8 = 0;
+pub const VIRTIO_BLK_S_IOERR: u8 = 1;
+pub const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+pub const HEADER_LEN: u32 = 16;
+/// GET_ID answers with at most this many bytes.
+pub const ID_LEN: usize = 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    Read,
+    Write,
+    Flush,
+    GetId,
+}
+
+/// A request ready for the backend.
+pub struct Request {
+    pub head: u16,
+    pub kind: RequestKind,
+    /// Byte offset on the disk.
+    pub offset: u64,
+    pub segments: [Segment; MAX_SEGMENTS],
+    pub segment_count: usize,
+    pub data_len: u64,
+    pub status: StatusByte,
+}
+
+/// Why a request cannot run; what the guest is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// Answer this status (IOERR or UNSUPP) through the request's status byte.
+    Status { status: StatusByte, code: u8 },
+    /// No usable status descriptor: complete the chain with nothing written.
+    Unanswerable,
+}
+
+/// The outcome of parsing one chain.
+pub enum Parsed {
+    Ready,
+    Rejected(Rejection),
+}
+
+const NULL_SEGMENT: Segment = Segment { addr: std::ptr::null_mut(), len: 0 };
+
+impl Request {
+    pub fn empty() -> Request {
+        Request {
+            head: 0,
+            kind: RequestKind::Read,
+            offset: 0,
+            segments: [NULL_SEGMENT; MAX_SEGMENTS],
+            segment_count: 0,
+            data_len: 0,
+            status: StatusByte(std::ptr::null_mut()),
+        }
+    }
+
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments[..self.segment_count]
+    }
+
+    /// Parse the chain at `head` into `self` (reused: no allocation). A `QueueError` means the
+    /// queue itself is broken (the device needs a reset); a rejection fails just this request.
+    pub fn parse(
+        &mut self,
+        queue: &Queue,
+        mem: &GuestMemoryMmap,
+        head: u16,
+        capacity: u64,
+        read_only: bool,
+    ) -> Result<Parsed, QueueError> {
+        // Header, data descriptors and status, at most MAX_SEGMENTS + 2.
+        let mut chain = [Descriptor { addr: 0, len: 0, flags: 0, next: 0 }; MAX_SEGMENTS + 2];
+        let mut count = 0;
+        let mut too_long = false;
+        queue.walk_chain(head, |d| {
+            if count == chain.len() {
+                too_long = true;
+                return false;
+            }
+            chain[count] = d;
+            count += 1;
+            true
+        })?;
+        self.head = head;
+        self.segment_count = 0;
+        self.data_len = 0;
+
+        let status_descriptor = chain[count - 1];
+        let Some(status) = host_status(mem, &status_descriptor).filter(|_| count >= 2) else {
+            return Ok(Parsed::Rejected(Rejection::Unanswerable));
+        };
+        self.status = status;
+        let reject = |code| Ok(Parsed::Rejected(Rejection::Status { status, code }));
+        if too_long {
+            return reject(VIRTIO_BLK_S_IOERR);
+        }
+        let header = chain[0];
+        if header.is_write_only() || header.len < HEADER_LEN {
+            return reject(VIRTIO_BLK_S_IOERR);
+        }
+        let Some((kind_code, sector)) = read_header(mem, header.addr) else {
+            return reject(VIRTIO_BLK_S_IOERR);
+        };
+        self.kind = match kind_code {
+            VIRTIO_BLK_T_IN => RequestKind::Read,
+            VIRTIO_BLK_T_OUT => RequestKind::Write,
+            VIRTIO_BLK_T_FLUSH => RequestKind::Flush,
+            VIRTIO_BLK_T_GET_ID => RequestKind::GetId,
+            _ => return reject(VIRTIO_BLK_S_UNSUPP),
+        };
+        let device_writes = matches!(self.kind, RequestKind::Read | RequestKind::GetId);
+        for data in &chain[1..count - 1] {
+            if data.is_write_only() != device_writes || data.len == 0 {
+                return reject(VIRTIO_BLK_S_IOERR);
+            }
+            let Ok(slice) = mem.get_slice(GuestAddress(data.addr), data.len as usize) else {
+                return reject(VIRTIO_BLK_S_IOERR);
+            };
+            self.segments[self.segment_count] =
+                Segment { addr: slice.ptr_guard_mut().as_ptr(), len: data.len };
+            self.segment_count += 1;
+            self.data_len += data.len as u64;
+        }
+        match self.kind {
+            RequestKind::Read | RequestKind::Write => {
+                if self.kind == RequestKind::Write && read_only {
+                    return reject(VIRTIO_BLK_S_IOERR);
+                }
+                let in_range = sector
+                    .checked_mul(SECTOR_SIZE)
+                    .and_then(|offset| offset.checked_add(self.data_len).map(|end| (offset, end)));
+                match in_range {
+                    Some((offset, end)) if end <= capacity && self.data_len.is_multiple_of(SECTOR_SIZE) => {
+                        self.offset = offset;
+                    }
+                    _ => return reject(VIRTIO_BLK_S_IOERR),
+                }
+            }
+            RequestKind::Flush => self.offset = 0,
+            RequestKind::GetId if self.segment_count == 0 => return reject(VIRTIO_BLK_S_IOERR),
+            RequestKind::GetId => {}
+        }
+        Ok(Parsed::Ready)
+    }
+}
+
+/// The status byte's host address, if its descriptor is device-writable and inside RAM.
+fn host_status(mem: &GuestMemoryMmap, descriptor: &Descriptor) -> Option<StatusByte> {
+    if !descriptor.is_write_only() || descriptor.len == 0 {
+        return None;
+    }
+    // The status is the last byte of the last descriptor.
+    let last = descriptor.addr.checked_add(descriptor.len as u64 - 1)?;
+    mem.get_slice(GuestAddress(last), 1).ok().map(|s| StatusByte(s.ptr_guard_mut().as_ptr()))
+}
+
+fn read_header(mem: &GuestMemoryMmap, addr: u64) -> Option<(u32, u64)> {
+    use vm_memory::Bytes;
+    let mut header = [0u8; HEADER_LEN as usize];
+    mem.read_slice(&mut header, GuestAddress(addr)).ok()?;
+    Some((
+        u32::from_le_bytes(header[0..4].try_into().unwrap()),
+        u64::from_le_bytes(header[8..16].try_into().unwrap()),
+    ))
+}
+
+/// A request's status byte in guest RAM. Only `parse` makes one, from a checked address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusByte(*mut u8);
+
+impl StatusByte {
+    pub fn write(self, code: u8) {
+        // SAFETY: the address came from `host_status`: a device-writable byte inside guest RAM,
+        // which outlives every request.
+        unsafe { self.0.write_volatile(code) }
+    }
+}

@@ -1,0 +1,243 @@
+//! A split virtqueue, device side (virtio 1.x §2.7), over untrusted guest memory.
+//!
+//! The rings are validated once, when the driver makes the queue ready: each must lie inside one
+//! guest RAM region, so every later ring access is an index masked by the queue size into memory
+//! known to exist. Descriptors are checked one by one as chains are walked: a chain longer than
+//! the queue, an index out of range, or an indirect descriptor is an error the caller turns into
+//! DEVICE_NEEDS_RESET. Nothing here allocates or locks.
+
+use std::sync::atomic::{fence, AtomicU16, Ordering};
+
+use thiserror::Error;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+pub const MAX_QUEUE_SIZE: u16 = 256;
+pub const VIRTQ_DESC_F_NEXT: u16 = 1;
+pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+pub const VIRTQ_DESC_F_INDIRECT: u16 = 4;
+pub const VRING_USED_F_NO_NOTIFY: u16 = 1;
+pub const VRING_AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// What the driver configured through the transport.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueConfig {
+    pub size: u16,
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum QueueError {
+    #[error("queue size {0} is not a power of two in 1..={MAX_QUEUE_SIZE}")]
+    BadSize(u16),
+    #[error("the {0} ring is misaligned or not inside guest RAM")]
+    BadRing(&'static str),
+    #[error("the avail index moved by {0}, more than the queue size")]
+    AvailIndexJump(u16),
+    #[error("descriptor index {0} is out of range")]
+    BadDescriptorIndex(u16),
+    #[error("descriptor chain is longer than the queue (a loop)")]
+    ChainTooLong,
+    #[error("indirect descriptors were not negotiated")]
+    UnexpectedIndirect,
+}
+
+/// One descriptor as the device reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptor {
+    pub addr: u64,
+    pub len: u32,
+    pub flags: u16,
+    pub next: u16,
+}
+
+impl Descriptor {
+    pub fn is_write_only(&self) -> bool {
+        self.flags & VIRTQ_DESC_F_WRITE != 0
+    }
+}
+
+/// A ready queue: host addresses of its three rings, and the device's place in them.
+pub struct Queue {
+    size: u16,
+    desc: *mut u8,
+    avail: *mut u8,
+    used: *mut u8,
+    next_avail: u16,
+    next_used: u16,
+    event_idx: bool,
+    /// `next_used` when the driver was last signalled (for EVENT_IDX suppression).
+    signalled_used: Option<u16>,
+}
+
+// SAFETY: the ring pointers point into guest RAM, which outlives the queue; a queue is owned and
+// used by one thread at a time (the device's worker).
+unsafe impl Send for Queue {}
+
+fn ring_ptr(
+    mem: &GuestMemoryMmap,
+    addr: u64,
+    len: usize,
+    align: u64,
+    what: &'static str,
+) -> Result<*mut u8, QueueError> {
+    if !addr.is_multiple_of(align) {
+        return Err(QueueError::BadRing(what));
+    }
+    let slice = mem.get_slice(GuestAddress(addr), len).map_err(|_| QueueError::BadRing(what))?;
+    Ok(slice.ptr_guard_mut().as_ptr())
+}
+
+impl Queue {
+    /// Validate `config` against guest memory and make a queue of it.
+    pub fn new(mem: &GuestMemoryMmap, config: QueueConfig, event_idx: bool) -> Result<Queue, QueueError> {
+        let size = config.size;
+        if size == 0 || size > MAX_QUEUE_SIZE || !size.is_power_of_two() {
+            return Err(QueueError::BadSize(size));
+        }
+        let n = size as usize;
+        // Sizes include the event words at the end of the avail and used rings (EVENT_IDX).
+        let desc = ring_ptr(mem, config.desc, 16 * n, 16, "descriptor")?;
+        let avail = ring_ptr(mem, config.avail, 6 + 2 * n, 2, "available")?;
+        let used = ring_ptr(mem, config.used, 6 + 8 * n, 4, "used")?;
+        Ok(Queue { size, desc, avail, used, next_avail: 0, next_used: 0, event_idx, signalled_used: None })
+    }
+
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    fn u16_at(base: *mut u8, offset: usize) -> &'static AtomicU16 {
+        // SAFETY: callers pass offsets inside a ring validated in `new` (indices are masked by
+        // the queue size); the rings are 2-byte aligned; guest RAM outlives the queue.
+        unsafe { AtomicU16::from_ptr(base.add(offset).cast()) }
+    }
+
+    fn avail_idx(&self) -> u16 {
+        Self::u16_at(self.avail, 2).load(Ordering::Acquire)
+    }
+
+    fn avail_flags(&self) -> u16 {
+        Self::u16_at(self.avail, 0).load(Ordering::Acquire)
+    }
+
+    /// `used_event`, the word after the avail ring (EVENT_IDX).
+    fn used_event(&self) -> u16 {
+        Self::u16_at(self.avail, 4 + 2 * self.size as usize).load(Ordering::Acquire)
+    }
+
+    /// Are there requests the device has not taken yet?
+    pub fn has_avail(&self) -> Result<bool, QueueError> {
+        let pending = self.avail_idx().wrapping_sub(self.next_avail);
+        if pending > self.size {
+            return Err(QueueError::AvailIndexJump(pending));
+        }
+        Ok(pending != 0)
+    }
+
+    /// Take the head of the next available chain.
+    pub fn pop_avail(&mut self) -> Result<Option<u16>, QueueError> {
+        if !self.has_avail()? {
+            return Ok(None);
+        }
+        let slot = (self.next_avail % self.size) as usize;
+        let head = Self::u16_at(self.avail, 4 + 2 * slot).load(Ordering::Acquire);
+        if head >= self.size {
+            return Err(QueueError::BadDescriptorIndex(head));
+        }
+        self.next_avail = self.next_avail.wrapping_add(1);
+        Ok(Some(head))
+    }
+
+    /// Read descriptor `index`.
+    pub fn descriptor(&self, index: u16) -> Result<Descriptor, QueueError> {
+        if index >= self.size {
+            return Err(QueueError::BadDescriptorIndex(index));
+        }
+        let mut raw = [0u8; 16];
+        // SAFETY: `index < size`, so the 16 bytes lie inside the descriptor table validated in
+        // `new`. A volatile copy: the guest may change them concurrently, and we only use the copy.
+        unsafe {
+            let src = self.desc.add(16 * index as usize);
+            for (i, byte) in raw.iter_mut().enumerate() {
+                *byte = src.add(i).read_volatile();
+            }
+        }
+        let descriptor = Descriptor {
+            addr: u64::from_le_bytes(raw[0..8].try_into().unwrap()),
+            len: u32::from_le_bytes(raw[8..12].try_into().unwrap()),
+            flags: u16::from_le_bytes(raw[12..14].try_into().unwrap()),
+            next: u16::from_le_bytes(raw[14..16].try_into().unwrap()),
+        };
+        if descriptor.flags & VIRTQ_DESC_F_INDIRECT != 0 {
+            return Err(QueueError::UnexpectedIndirect);
+        }
+        Ok(descriptor)
+    }
+
+    /// Walk the chain starting at `head`, calling `visit` for each descriptor; a chain longer
+    /// than the queue is a loop.
+    pub fn walk_chain(&self, head: u16, mut visit: impl FnMut(Descriptor) -> bool) -> Result<(), QueueError> {
+        let mut index = head;
+        for _ in 0..self.size {
+            let descriptor = self.descriptor(index)?;
+            if !visit(descriptor) || descriptor.flags & VIRTQ_DESC_F_NEXT == 0 {
+                return Ok(());
+            }
+            index = descriptor.next;
+        }
+        Err(QueueError::ChainTooLong)
+    }
+
+    /// Put a finished chain in the used ring (not yet visible: see `publish_used`).
+    pub fn add_used(&mut self, head: u16, written: u32) {
+        let slot = (self.next_used % self.size) as usize;
+        // SAFETY: the element lies inside the used ring validated in `new`; 4-byte aligned.
+        unsafe {
+            let elem = self.used.add(4 + 8 * slot);
+            elem.cast::<u32>().write_volatile((head as u32).to_le());
+            elem.add(4).cast::<u32>().write_volatile(written.to_le());
+        }
+        self.next_used = self.next_used.wrapping_add(1);
+    }
+
+    /// Make the used elements added so far visible to the driver.
+    pub fn publish_used(&mut self) {
+        fence(Ordering::Release);
+        Self::u16_at(self.used, 2).store(self.next_used, Ordering::Release);
+    }
+
+    /// After `publish_used`: should the driver be interrupted?
+    pub fn needs_interrupt(&mut self) -> bool {
+        fence(Ordering::SeqCst);
+        let new = self.next_used;
+        let old = self.signalled_used.replace(new);
+        if self.event_idx {
+            match old {
+                None => true,
+                Some(old) => vring_need_event(self.used_event(), new, old),
+            }
+        } else {
+            self.avail_flags() & VRING_AVAIL_F_NO_INTERRUPT == 0
+        }
+    }
+
+    /// Ask the driver not to notify (the device polls), or to notify again.
+    pub fn set_notifications(&mut self, enabled: bool) {
+        if self.event_idx {
+            // avail_event, after the used ring: the driver notifies once avail passes it.
+            let event = if enabled { self.next_avail } else { self.next_avail.wrapping_sub(1) };
+            Self::u16_at(self.used, 4 + 8 * self.size as usize).store(event, Ordering::Release);
+        }
+        let flags = if enabled { 0 } else { VRING_USED_F_NO_NOTIFY };
+        Self::u16_at(self.used, 0).store(flags, Ordering::Release);
+        // Make the change visible before the caller re-checks the avail ring.
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// virtio's `vring_need_event`: has `new` passed `event` since `old`?
+pub fn vring_need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
