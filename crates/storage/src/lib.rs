@@ -4,9 +4,15 @@
 //! already bounds-checked) and completes them, possibly later. The hot path (submit, poll)
 //! allocates nothing, takes no lock and, for the RAM disk, makes no system call.
 
+mod completions;
+pub mod file;
 pub mod ram;
+mod validate;
 
 use thiserror::Error;
+
+pub use file::{FileDisk, FileDiskOptions};
+pub use ram::RamDisk;
 
 /// What a request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,10 +58,21 @@ pub enum IoError {
     Short,
 }
 
+/// Why a backend could not be set up (never raised on the request path).
 #[derive(Debug, Error)]
 pub enum BackendError {
-    #[error("cannot open {path}: {source}")]
+    #[error("cannot open {path}: {source} (check that it exists and that we may read/write it)")]
     Open { path: String, source: std::io::Error },
+    #[error("disk size {size} bytes is not a non-zero multiple of 512: choose a size in whole sectors")]
+    BadSize { size: u64 },
+    #[error("{path} is smaller than one 512-byte sector: give a disk image of at least 512 bytes")]
+    TooSmall { path: String },
+    #[error("cannot map {path} into memory: {source} (is there enough address space / memory?)")]
+    Map { path: String, source: std::io::Error },
+    #[error("cannot set up io_uring: {source} (needs Linux 5.6 or later with io_uring enabled)")]
+    Ring { source: std::io::Error },
+    #[error("max_in_flight {requested} is out of range: choose 1 to {limit}")]
+    BadQueueDepth { requested: usize, limit: usize },
     #[error("{0}")]
     Other(String),
 }
@@ -82,3 +99,5 @@ pub trait Backend: Send {
 /// The most segments one request may have (the device's `seg_max`).
 pub const MAX_SEGMENTS: usize = 128;
 pub const SECTOR_SIZE: u64 = 512;
+/// Requests in flight per backend unless configured otherwise (the largest virtqueue is 256).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;

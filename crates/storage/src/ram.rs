@@ -1,36 +1,39 @@
 //! A RAM disk: a file in /dev/shm mapped into the VMM, so host tools (fio) can read the very
 //! same bytes. Requests are memory copies: no system call, allocation or lock per request.
+//!
+//! /dev/shm is memory, so nothing here is durable across a host reboot and Flush has nothing to
+//! do. The file must not be shrunk while the disk is open: touching a page past the new end of a
+//! shared mapping raises SIGBUS.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::ptr::NonNull;
 
-use crate::{Backend, BackendError, Completion, IoError, Op, Segment, MAX_SEGMENTS, SECTOR_SIZE};
-
-/// Requests in flight at once (completions waiting for `poll`).
-const MAX_IN_FLIGHT: usize = 256;
+use crate::completions::CompletionRing;
+use crate::validate::validate;
+use crate::{Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE};
 
 pub struct RamDisk {
-    base: *mut u8,
+    base: NonNull<u8>,
     capacity: u64,
     read_only: bool,
+    /// Kept open for the life of the mapping (and so the file's identity is clear in /proc).
     _file: File,
-    /// Finished requests waiting for `poll`: a fixed ring, allocated once.
-    done: Box<[Completion; MAX_IN_FLIGHT]>,
-    done_head: usize,
-    done_len: usize,
+    /// Finished requests waiting for `poll`.
+    done: CompletionRing,
 }
 
-// SAFETY: the mapping is owned by the RamDisk and moves with it; it is used by one thread at a time.
+// SAFETY: the mapping is owned by the RamDisk and moves with it; the RamDisk is used by one
+// thread at a time (`&mut self` for every access to the mapping).
 unsafe impl Send for RamDisk {}
 
 impl RamDisk {
-    /// Create (or truncate) `path` with `size` bytes and map it.
-    pub fn create(path: &Path, size: u64) -> Result<RamDisk, BackendError> {
+    /// Create (or truncate) `path` with `size` bytes, a non-zero multiple of 512, and map it.
+    pub fn create(path: impl AsRef<Path>, size: u64) -> Result<RamDisk, BackendError> {
+        let path = path.as_ref();
         if size == 0 || !size.is_multiple_of(SECTOR_SIZE) {
-            return Err(BackendError::Other(format!(
-                "RAM disk size {size} is not a non-zero multiple of 512"
-            )));
+            return Err(BackendError::BadSize { size });
         }
         let open_error = |source| BackendError::Open { path: path.display().to_string(), source };
         let file = OpenOptions::new()
@@ -41,75 +44,67 @@ impl RamDisk {
             .open(path)
             .map_err(open_error)?;
         file.set_len(size).map_err(open_error)?;
-        Self::map(file, size, false)
+        Self::map(path, file, size, false)
     }
 
-    /// Map an existing RAM disk file.
-    pub fn open(path: &Path, read_only: bool) -> Result<RamDisk, BackendError> {
+    /// Map an existing RAM disk file; its size is rounded down to whole sectors.
+    pub fn open(path: impl AsRef<Path>, read_only: bool) -> Result<RamDisk, BackendError> {
+        let path = path.as_ref();
         let open_error = |source| BackendError::Open { path: path.display().to_string(), source };
         let file = OpenOptions::new().read(true).write(!read_only).open(path).map_err(open_error)?;
         let size = file.metadata().map_err(open_error)?.len() / SECTOR_SIZE * SECTOR_SIZE;
         if size == 0 {
-            return Err(BackendError::Other(format!("{} is smaller than one sector", path.display())));
+            return Err(BackendError::TooSmall { path: path.display().to_string() });
         }
-        Self::map(file, size, read_only)
+        Self::map(path, file, size, read_only)
     }
 
-    fn map(file: File, size: u64, read_only: bool) -> Result<RamDisk, BackendError> {
+    fn map(path: &Path, file: File, size: u64, read_only: bool) -> Result<RamDisk, BackendError> {
+        let map_error = |source| BackendError::Map { path: path.display().to_string(), source };
+        let length =
+            usize::try_from(size).map_err(|_| map_error(std::io::Error::from_raw_os_error(libc::ENOMEM)))?;
         let prot = if read_only { libc::PROT_READ } else { libc::PROT_READ | libc::PROT_WRITE };
-        // SAFETY: a fresh shared mapping of `size` bytes of a file we hold open; the result is
-        // checked before use and unmapped in Drop.
-        let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), size as usize, prot, libc::MAP_SHARED, file.as_raw_fd(), 0)
-        };
+        // SAFETY: a fresh shared mapping of `length` bytes of a file we hold open, at an address
+        // the kernel chooses (so it replaces nothing); the result is checked before use and
+        // unmapped once, in Drop.
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), length, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         if base == libc::MAP_FAILED {
-            return Err(BackendError::Other(format!(
-                "cannot map the RAM disk: {}",
-                std::io::Error::last_os_error()
-            )));
+            return Err(map_error(std::io::Error::last_os_error()));
         }
-        let idle = Completion { tag: 0, result: Ok(0) };
+        let base = NonNull::new(base.cast()).ok_or_else(|| map_error(std::io::ErrorKind::Other.into()))?;
         Ok(RamDisk {
-            base: base.cast(),
+            base,
             capacity: size,
             read_only,
             _file: file,
-            done: Box::new([idle; MAX_IN_FLIGHT]),
-            done_head: 0,
-            done_len: 0,
+            done: CompletionRing::new(DEFAULT_MAX_IN_FLIGHT),
         })
     }
 
     fn transfer(&mut self, op: Op, offset: u64, segments: &[Segment]) -> Result<u32, IoError> {
+        let total = validate(op, offset, segments, self.capacity, self.read_only)?;
         if op == Op::Flush {
-            // /dev/shm is memory: nothing is more durable than it already is.
             return Ok(0);
         }
-        if op == Op::Write && self.read_only {
-            return Err(IoError::ReadOnly);
-        }
-        if segments.len() > MAX_SEGMENTS {
-            return Err(IoError::OutOfRange);
-        }
-        let total: u64 = segments.iter().map(|s| s.len as u64).sum();
-        match offset.checked_add(total) {
-            Some(end) if end <= self.capacity && total <= u32::MAX as u64 => {}
-            _ => return Err(IoError::OutOfRange),
-        }
+        // `offset + total <= capacity`, which fits in usize (the mapping exists).
         let mut at = offset as usize;
-        for segment in segments {
-            // SAFETY: `at + len <= capacity` was checked above, so the disk side is inside the
-            // mapping; the segment is a bounds-checked range of guest RAM (the caller's contract).
+        for segment in segments.iter().filter(|segment| segment.len > 0) {
+            let len = segment.len as usize;
+            // SAFETY: `at + len <= offset + total <= capacity`, so the disk side lies inside the
+            // mapping; the segment is a non-empty, bounds-checked range of guest RAM that nothing
+            // else uses while the request runs (the caller's contract on `Segment`), and guest RAM
+            // is a different mapping from the disk, so the two ranges do not overlap.
             unsafe {
-                let disk = self.base.add(at);
+                let disk = self.base.as_ptr().add(at);
                 match op {
-                    Op::Read => std::ptr::copy_nonoverlapping(disk, segment.addr, segment.len as usize),
-                    _ => std::ptr::copy_nonoverlapping(segment.addr, disk, segment.len as usize),
+                    Op::Read => std::ptr::copy_nonoverlapping(disk, segment.addr, len),
+                    _ => std::ptr::copy_nonoverlapping(segment.addr, disk, len),
                 }
             }
-            at += segment.len as usize;
+            at += len;
         }
-        Ok(total as u32)
+        Ok(total)
     }
 }
 
@@ -123,40 +118,34 @@ impl Backend for RamDisk {
     }
 
     fn max_in_flight(&self) -> usize {
-        MAX_IN_FLIGHT
+        DEFAULT_MAX_IN_FLIGHT
     }
 
     fn submit(&mut self, tag: u32, op: Op, offset: u64, segments: &[Segment]) -> bool {
-        if self.done_len == MAX_IN_FLIGHT {
+        if self.done.is_full() {
             return false;
         }
         let result = self.transfer(op, offset, segments);
-        self.done[(self.done_head + self.done_len) % MAX_IN_FLIGHT] = Completion { tag, result };
-        self.done_len += 1;
-        true
+        self.done.push(Completion { tag, result })
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
-        let n = self.done_len;
-        for _ in 0..n {
-            done(self.done[self.done_head]);
-            self.done_head = (self.done_head + 1) % MAX_IN_FLIGHT;
-        }
-        self.done_len = 0;
-        n
+        self.done.drain(done)
     }
 }
 
 impl Drop for RamDisk {
     fn drop(&mut self) {
-        // SAFETY: `base` is the mapping of `capacity` bytes made in `map`, unmapped once here.
-        unsafe { libc::munmap(self.base.cast(), self.capacity as usize) };
+        // SAFETY: `base` is the mapping of `capacity` bytes made in `map`, unmapped once here;
+        // no reference into it outlives the RamDisk.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.capacity as usize) };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_SEGMENTS;
 
     fn segment(buf: &mut [u8]) -> Segment {
         Segment { addr: buf.as_mut_ptr(), len: buf.len() as u32 }
@@ -168,38 +157,109 @@ mod tests {
         all
     }
 
-    #[test]
-    fn writes_reach_the_file_and_read_back() {
-        let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
-        let mut disk = RamDisk::create(&path, 64 << 10).unwrap();
-        let (mut a, mut b) = ([1u8; 512], [2u8; 1024]);
-        assert!(disk.submit(7, Op::Write, 4096, &[segment(&mut a), segment(&mut b)]));
-        assert_eq!(completions(&mut disk), vec![Completion { tag: 7, result: Ok(1536) }]);
-        let file = std::fs::read(&path).unwrap();
-        assert!(file[4096..4608].iter().all(|&x| x == 1) && file[4608..5632].iter().all(|&x| x == 2));
-        let mut back = [0u8; 1536];
-        assert!(disk.submit(8, Op::Read, 4096, &[segment(&mut back)]));
-        assert_eq!(completions(&mut disk)[0].result, Ok(1536));
-        assert_eq!(&back[..512], &a[..]);
+    /// A unique path in /dev/shm, removed when the guard drops.
+    fn shm_path() -> tempfile::TempPath {
+        tempfile::Builder::new().prefix("exitless-ram-test").tempfile_in("/dev/shm").unwrap().into_temp_path()
     }
 
     #[test]
-    fn out_of_range_read_only_and_full() {
-        let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    fn writes_reach_the_file_and_read_back_across_segments() {
+        let path = shm_path();
+        let mut disk = RamDisk::create(&path, 64 << 10).unwrap();
+        assert_eq!((disk.capacity(), disk.read_only()), (64 << 10, false));
+        let (mut a, mut b, mut c) = ([1u8; 512], [2u8; 1024], [3u8; 4096]);
+        let written = [segment(&mut a), segment(&mut b), segment(&mut c)];
+        assert!(disk.submit(7, Op::Write, 4096, &written));
+        assert_eq!(completions(&mut disk), vec![Completion { tag: 7, result: Ok(5632) }]);
+
+        let file = std::fs::read(&path).unwrap();
+        assert!(file[..4096].iter().all(|&x| x == 0));
+        assert!(file[4096..4608].iter().all(|&x| x == 1));
+        assert!(file[4608..5632].iter().all(|&x| x == 2));
+        assert!(file[5632..9728].iter().all(|&x| x == 3));
+        assert!(file[9728..].iter().all(|&x| x == 0));
+
+        // Read back with a different split, including an empty segment with no buffer.
+        let (mut x, mut y) = ([0u8; 1000], [0u8; 4632]);
+        let empty = Segment { addr: std::ptr::null_mut(), len: 0 };
+        assert!(disk.submit(8, Op::Read, 4096, &[segment(&mut x), empty, segment(&mut y)]));
+        assert_eq!(completions(&mut disk), vec![Completion { tag: 8, result: Ok(5632) }]);
+        let mut back = x.to_vec();
+        back.extend_from_slice(&y);
+        assert_eq!(&back[..], &file[4096..9728]);
+    }
+
+    #[test]
+    fn a_reopened_disk_sees_the_same_bytes() {
+        let path = shm_path();
+        let mut disk = RamDisk::create(&path, 8192).unwrap();
+        let mut data = [0x5au8; 512];
+        assert!(disk.submit(1, Op::Write, 7680, &[segment(&mut data)]));
+        assert_eq!(completions(&mut disk)[0].result, Ok(512));
+        let mut again = RamDisk::open(&path, true).unwrap();
+        let mut back = [0u8; 512];
+        assert!(again.submit(2, Op::Read, 7680, &[segment(&mut back)]));
+        assert_eq!(completions(&mut again)[0].result, Ok(512));
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn out_of_range_requests_fail_without_touching_memory() {
+        let path = shm_path();
         let mut disk = RamDisk::create(&path, 4096).unwrap();
         let mut buf = [0u8; 512];
-        for offset in [4096, 3800, u64::MAX - 10] {
+        for offset in [4096, 3800, u64::MAX - 10, u64::MAX] {
             assert!(disk.submit(1, Op::Read, offset, &[segment(&mut buf)]));
             assert_eq!(completions(&mut disk)[0].result, Err(IoError::OutOfRange), "offset {offset}");
         }
-        for tag in 0..MAX_IN_FLIGHT as u32 {
+        // A length the guest claims but that has no memory behind it is never copied.
+        let lie = Segment { addr: std::ptr::null_mut(), len: u32::MAX };
+        assert!(disk.submit(2, Op::Write, 0, &[lie, lie]));
+        assert_eq!(completions(&mut disk)[0].result, Err(IoError::OutOfRange));
+        let many = vec![segment(&mut buf[..1]); MAX_SEGMENTS + 1];
+        assert!(disk.submit(3, Op::Read, 0, &many));
+        assert_eq!(completions(&mut disk)[0].result, Err(IoError::OutOfRange));
+    }
+
+    #[test]
+    fn read_only_disk_rejects_writes_but_flushes() {
+        let path = shm_path();
+        drop(RamDisk::create(&path, 4096).unwrap());
+        let mut disk = RamDisk::open(&path, true).unwrap();
+        assert!(disk.read_only());
+        let mut buf = [9u8; 512];
+        assert!(disk.submit(1, Op::Write, 0, &[segment(&mut buf)]));
+        assert!(disk.submit(2, Op::Flush, 0, &[]));
+        let expected =
+            vec![Completion { tag: 1, result: Err(IoError::ReadOnly) }, Completion { tag: 2, result: Ok(0) }];
+        assert_eq!(completions(&mut disk), expected);
+        assert!(std::fs::read(&path).unwrap().iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn submit_refuses_when_completions_are_not_polled() {
+        let path = shm_path();
+        let mut disk = RamDisk::create(&path, 4096).unwrap();
+        for tag in 0..disk.max_in_flight() as u32 {
             assert!(disk.submit(tag, Op::Flush, 0, &[]));
         }
         assert!(!disk.submit(999, Op::Flush, 0, &[]), "full until polled");
-        assert_eq!(completions(&mut disk).len(), MAX_IN_FLIGHT);
-        let mut ro = RamDisk::open(&path, true).unwrap();
-        assert!(ro.submit(1, Op::Write, 0, &[segment(&mut buf)]));
-        assert_eq!(completions(&mut ro)[0].result, Err(IoError::ReadOnly));
-        assert!(RamDisk::create(&path, 1000).is_err());
+        let tags: Vec<u32> = completions(&mut disk).iter().map(|c| c.tag).collect();
+        assert_eq!(tags, (0..disk.max_in_flight() as u32).collect::<Vec<_>>());
+        assert!(disk.submit(1000, Op::Flush, 0, &[]));
+    }
+
+    #[test]
+    fn bad_sizes_and_missing_files_are_clear_errors() {
+        let path = shm_path();
+        assert!(matches!(RamDisk::create(&path, 1000), Err(BackendError::BadSize { size: 1000 })));
+        assert!(matches!(RamDisk::create(&path, 0), Err(BackendError::BadSize { size: 0 })));
+        std::fs::write(&path, [0u8; 100]).unwrap();
+        assert!(matches!(RamDisk::open(&path, false), Err(BackendError::TooSmall { .. })));
+        let missing = RamDisk::open("/dev/shm/exitless-no-such-disk", false);
+        assert!(matches!(missing, Err(BackendError::Open { .. })));
+        // A size that is not whole sectors is rounded down.
+        std::fs::write(&path, [0u8; 1500]).unwrap();
+        assert_eq!(RamDisk::open(&path, false).unwrap().capacity(), 1024);
     }
 }

@@ -1,0 +1,270 @@
+//! A raw disk image (or block device) driven through io_uring.
+//!
+//! `submit` only writes a submission queue entry (no system call); `kick` hands the whole batch
+//! to the kernel in one `io_uring_enter`; `poll` reaps finished entries from the completion
+//! queue without blocking. Every request owns one slot of a table allocated at open: its tag,
+//! its expected length and its iovecs, which stay put until the kernel reports the request done.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use crate::completions::CompletionRing;
+use crate::validate::validate;
+use crate::{
+    Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, MAX_SEGMENTS, SECTOR_SIZE,
+};
+
+/// The deepest queue `FileDiskOptions::max_in_flight` accepts (the iovec table is
+/// `max_in_flight * MAX_SEGMENTS * 16` bytes: 8 MiB here).
+pub const MAX_QUEUE_DEPTH: usize = 4096;
+
+/// How to open a `FileDisk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileDiskOptions {
+    pub read_only: bool,
+    /// Ask for O_DIRECT (bypass the host page cache); falls back to buffered I/O where the file
+    /// system refuses it. With O_DIRECT, buffers and offsets must suit the device's logical block
+    /// size, or the request fails with `IoError::Errno(EINVAL)`.
+    pub direct: bool,
+    /// Requests in flight at once (1 to `MAX_QUEUE_DEPTH`).
+    pub max_in_flight: usize,
+    /// Let a kernel thread poll the submission queue (IORING_SETUP_SQPOLL), idling after this
+    /// many milliseconds. Burns a host CPU; off by default.
+    pub sqpoll_idle_ms: Option<u32>,
+}
+
+impl Default for FileDiskOptions {
+    fn default() -> FileDiskOptions {
+        FileDiskOptions {
+            read_only: false,
+            direct: false,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            sqpoll_idle_ms: None,
+        }
+    }
+}
+
+/// The request that owns a slot, while the kernel works on it.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    tag: u32,
+    /// Bytes a complete transfer moves (0 for Flush).
+    expected: u32,
+    busy: bool,
+}
+
+pub struct FileDisk {
+    ring: IoUring,
+    file: File,
+    capacity: u64,
+    read_only: bool,
+    direct: bool,
+    slots: Box<[Slot]>,
+    /// `MAX_SEGMENTS` iovecs per slot, read by the kernel until the slot's request completes.
+    iovecs: Box<[libc::iovec]>,
+    /// Indices of idle slots; allocated with room for all of them, so pushes never allocate.
+    free_slots: Vec<u32>,
+    /// Requests finished without reaching the kernel (range, read-only and empty requests).
+    immediate: CompletionRing,
+    /// Entries are queued that the last `kick` could not hand to the kernel.
+    kick_failed: bool,
+}
+
+// SAFETY: the raw pointers in `iovecs` point into guest RAM, which outlives every request, and
+// are only used by the kernel on behalf of this FileDisk; the FileDisk (ring, file and tables)
+// is used by one thread at a time through `&mut self`.
+unsafe impl Send for FileDisk {}
+
+impl FileDisk {
+    /// Open `path` with default options, optionally read-only and with O_DIRECT.
+    pub fn open(path: impl AsRef<Path>, read_only: bool, direct: bool) -> Result<FileDisk, BackendError> {
+        Self::open_with(path, FileDiskOptions { read_only, direct, ..FileDiskOptions::default() })
+    }
+
+    pub fn open_with(path: impl AsRef<Path>, options: FileDiskOptions) -> Result<FileDisk, BackendError> {
+        let path = path.as_ref();
+        let depth = options.max_in_flight;
+        if depth == 0 || depth > MAX_QUEUE_DEPTH {
+            return Err(BackendError::BadQueueDepth { requested: depth, limit: MAX_QUEUE_DEPTH });
+        }
+        let open_error = |source| BackendError::Open { path: path.display().to_string(), source };
+        let (mut file, direct) = open_file(path, options.read_only, options.direct).map_err(open_error)?;
+        // Seeking to the end sizes block devices too, whose metadata length is 0.
+        let size = file.seek(SeekFrom::End(0)).map_err(open_error)?;
+        let capacity = size / SECTOR_SIZE * SECTOR_SIZE;
+        if capacity == 0 {
+            return Err(BackendError::TooSmall { path: path.display().to_string() });
+        }
+
+        let mut builder = IoUring::builder();
+        if let Some(idle) = options.sqpoll_idle_ms {
+            builder.setup_sqpoll(idle);
+        }
+        // The submission queue holds every request in flight, so a push never finds it full;
+        // the completion queue is twice as large, so it never overflows.
+        let ring = builder.build(depth as u32).map_err(|source| BackendError::Ring { source })?;
+
+        let idle_slot = Slot { tag: 0, expected: 0, busy: false };
+        let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        Ok(FileDisk {
+            ring,
+            file,
+            capacity,
+            read_only: options.read_only,
+            direct,
+            slots: vec![idle_slot; depth].into_boxed_slice(),
+            iovecs: vec![idle_iovec; depth * MAX_SEGMENTS].into_boxed_slice(),
+            free_slots: (0..depth as u32).rev().collect(),
+            immediate: CompletionRing::new(depth),
+            kick_failed: false,
+        })
+    }
+
+    /// Whether the file is really open with O_DIRECT (false after a fallback to buffered I/O).
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.len() - self.free_slots.len() + self.immediate.len()
+    }
+
+    /// The submission queue entry for `op` in `slot`, its iovecs written into the slot's table.
+    fn prepare(&mut self, slot: usize, op: Op, offset: u64, segments: &[Segment]) -> squeue::Entry {
+        let fd = types::Fd(self.file.as_raw_fd());
+        let entry = match op {
+            Op::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+            Op::Read | Op::Write => {
+                let table = &mut self.iovecs[slot * MAX_SEGMENTS..(slot + 1) * MAX_SEGMENTS];
+                let mut count = 0;
+                // `validate` allowed at most MAX_SEGMENTS segments: they fit the table.
+                for (iovec, segment) in table.iter_mut().zip(segments.iter().filter(|s| s.len > 0)) {
+                    *iovec = libc::iovec { iov_base: segment.addr.cast(), iov_len: segment.len as usize };
+                    count += 1;
+                }
+                let iovecs = table.as_ptr();
+                match op {
+                    Op::Read => opcode::Readv::new(fd, iovecs, count).offset(offset).build(),
+                    _ => opcode::Writev::new(fd, iovecs, count).offset(offset).build(),
+                }
+            }
+        };
+        entry.user_data(slot as u64)
+    }
+
+    /// Take every completion the kernel has posted; returns how many were handed to `done`.
+    fn reap(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
+        let mut count = 0;
+        for entry in self.ring.completion() {
+            let index = entry.user_data() as usize;
+            let Some(slot) = self.slots.get_mut(index).filter(|slot| slot.busy) else {
+                continue; // Not ours: cannot happen, and must not free a slot twice.
+            };
+            slot.busy = false;
+            self.free_slots.push(index as u32);
+            let result = match entry.result() {
+                error if error < 0 => Err(IoError::Errno(-error)),
+                moved if (moved as u32) < slot.expected => Err(IoError::Short),
+                _ => Ok(slot.expected),
+            };
+            done(Completion { tag: slot.tag, result });
+            count += 1;
+        }
+        count
+    }
+}
+
+/// Open the file, with O_DIRECT if asked and the file system takes it; returns whether it did.
+fn open_file(path: &Path, read_only: bool, direct: bool) -> std::io::Result<(File, bool)> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(!read_only);
+    if direct {
+        match options.clone().custom_flags(libc::O_DIRECT).open(path) {
+            Ok(file) => return Ok((file, true)),
+            // EINVAL: this file system has no O_DIRECT; buffered I/O still works.
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok((options.open(path)?, false))
+}
+
+impl Backend for FileDisk {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn submit(&mut self, tag: u32, op: Op, offset: u64, segments: &[Segment]) -> bool {
+        if self.in_flight() >= self.slots.len() {
+            return false;
+        }
+        let expected = match validate(op, offset, segments, self.capacity, self.read_only) {
+            Err(error) => return self.immediate.push(Completion { tag, result: Err(error) }),
+            Ok(0) if op != Op::Flush => return self.immediate.push(Completion { tag, result: Ok(0) }),
+            Ok(expected) => expected,
+        };
+        let Some(index) = self.free_slots.pop() else {
+            return false; // Cannot happen: fewer than max_in_flight are in flight.
+        };
+        let slot = index as usize;
+        let entry = self.prepare(slot, op, offset, segments);
+        self.slots[slot] = Slot { tag, expected, busy: true };
+        // SAFETY: the entry's iovecs live in this slot's part of `iovecs`, which is neither
+        // freed nor rewritten until the slot is freed by its completion (or Drop waits for it);
+        // the buffers they name are guest RAM the caller keeps valid until the completion.
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            // The submission queue holds max_in_flight entries: full means a broken invariant,
+            // so refuse the request rather than lose it.
+            self.slots[slot].busy = false;
+            self.free_slots.push(index);
+            return false;
+        }
+        true
+    }
+
+    fn kick(&mut self) {
+        if self.ring.submission().is_empty() {
+            return;
+        }
+        // An error (EINTR, EAGAIN, EBUSY) leaves the entries queued: `poll` tries again.
+        self.kick_failed = self.ring.submit().is_err();
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
+        if self.kick_failed {
+            self.kick();
+        }
+        self.immediate.drain(done) + self.reap(done)
+    }
+}
+
+impl Drop for FileDisk {
+    /// Wait for the kernel to finish with every slot, since it may still read the iovecs and
+    /// write the buffers. Completions still owed are dropped (this is a device reset).
+    fn drop(&mut self) {
+        while self.free_slots.len() < self.slots.len() {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
+                Err(_) => break, // The ring is broken; closing it cancels what is left.
+            }
+            self.reap(&mut |_| {});
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

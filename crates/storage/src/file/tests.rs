@@ -1,0 +1,301 @@
+//! FileDisk against real files and a real io_uring: /tmp is ext4 here (O_DIRECT works), /dev/shm
+//! is tmpfs.
+
+use std::alloc::Layout;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// A zeroed heap buffer with the alignment O_DIRECT needs.
+struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl AlignedBuffer {
+    fn new(len: usize, align: usize) -> AlignedBuffer {
+        let layout = Layout::from_size_align(len, align).unwrap();
+        // SAFETY: `layout` has a non-zero size (every test asks for at least one sector).
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).expect("out of memory");
+        AlignedBuffer { ptr, layout }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is a live allocation of `layout.size()` initialised (zeroed) bytes, and
+        // `&mut self` makes this the only reference to them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this very layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+fn segment(buf: &mut [u8]) -> Segment {
+    Segment { addr: buf.as_mut_ptr(), len: buf.len() as u32 }
+}
+
+/// A disk image of `size` zero bytes in `dir`, removed when dropped.
+fn image(dir: &str, size: u64) -> tempfile::TempPath {
+    let file = tempfile::Builder::new().prefix("exitless-file-test").tempfile_in(dir).unwrap();
+    file.as_file().set_len(size).unwrap();
+    file.into_temp_path()
+}
+
+/// Kick, then poll until `count` completions arrived (failing after 10 s rather than hanging).
+fn wait_for(disk: &mut FileDisk, count: usize) -> Vec<Completion> {
+    disk.kick();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut all = Vec::new();
+    while all.len() < count {
+        disk.poll(&mut |c| all.push(c));
+        assert!(Instant::now() < deadline, "only {} of {count} completions arrived", all.len());
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    assert_eq!(all.len(), count, "more completions than requests");
+    all
+}
+
+fn round_trip(path: &Path, disk: &mut FileDisk, buffers: &mut [AlignedBuffer], offset: u64) {
+    let total: usize = buffers.iter().map(|b| b.layout.size()).sum();
+    for (i, buffer) in buffers.iter_mut().enumerate() {
+        buffer.bytes().fill(0x10 + i as u8);
+    }
+    let written: Vec<Segment> = buffers.iter_mut().map(|b| segment(b.bytes())).collect();
+    assert!(disk.submit(1, Op::Write, offset, &written));
+    assert_eq!(wait_for(disk, 1), vec![Completion { tag: 1, result: Ok(total as u32) }]);
+
+    let file = std::fs::read(path).unwrap();
+    let mut at = offset as usize;
+    for (i, buffer) in buffers.iter().enumerate() {
+        let end = at + buffer.layout.size();
+        assert!(file[at..end].iter().all(|&x| x == 0x10 + i as u8), "segment {i} not in the file");
+        at = end;
+    }
+
+    for buffer in buffers.iter_mut() {
+        buffer.bytes().fill(0);
+    }
+    let read: Vec<Segment> = buffers.iter_mut().map(|b| segment(b.bytes())).collect();
+    assert!(disk.submit(2, Op::Read, offset, &read));
+    assert_eq!(wait_for(disk, 1), vec![Completion { tag: 2, result: Ok(total as u32) }]);
+    for (i, buffer) in buffers.iter_mut().enumerate() {
+        assert!(buffer.bytes().iter().all(|&x| x == 0x10 + i as u8), "segment {i} read back wrong");
+    }
+}
+
+#[test]
+fn buffered_round_trip_with_segments_of_different_sizes() {
+    let path = image("/tmp", 1 << 20);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    assert_eq!((disk.capacity(), disk.read_only(), disk.direct()), (1 << 20, false, false));
+    let mut buffers = [AlignedBuffer::new(512, 8), AlignedBuffer::new(1536, 8), AlignedBuffer::new(4096, 8)];
+    round_trip(&path, &mut disk, &mut buffers, 8192 + 512);
+}
+
+#[test]
+fn direct_io_on_ext4_with_aligned_buffers() {
+    let path = image("/tmp", 1 << 20);
+    let mut disk = FileDisk::open(&path, false, true).unwrap();
+    assert!(disk.direct(), "ext4 supports O_DIRECT");
+    let mut buffers = [AlignedBuffer::new(4096, 4096), AlignedBuffer::new(8192, 4096)];
+    round_trip(&path, &mut disk, &mut buffers, 64 << 10);
+    assert!(disk.submit(3, Op::Flush, 0, &[]));
+    assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 3, result: Ok(0) }]);
+}
+
+#[test]
+fn direct_io_on_dev_shm_works_either_way() {
+    // tmpfs refused O_DIRECT before Linux 6.6 (we fall back) and accepts it since.
+    let path = image("/dev/shm", 1 << 20);
+    let mut disk = FileDisk::open(&path, false, true).unwrap();
+    let mut buffers = [AlignedBuffer::new(4096, 4096), AlignedBuffer::new(4096, 4096)];
+    round_trip(&path, &mut disk, &mut buffers, 4096);
+}
+
+#[test]
+fn falls_back_to_buffered_io_where_o_direct_is_refused() {
+    // sysfs attributes are regular files of 4096 bytes whose file system has no O_DIRECT.
+    let candidates = ["/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/uevent_seqnum"];
+    let Some(path) = candidates.iter().find(|p| Path::new(p).exists()) else {
+        eprintln!("no sysfs attribute to test the O_DIRECT fallback with; skipped");
+        return;
+    };
+    let mut disk = FileDisk::open(path, true, true).unwrap();
+    assert!(!disk.direct(), "{path} accepted O_DIRECT");
+    let mut buf = [0u8; 512];
+    assert!(disk.submit(5, Op::Read, 0, &[segment(&mut buf)]));
+    // The attribute's text is shorter than a sector: the read is short, but it completes.
+    let done = wait_for(&mut disk, 1);
+    assert_eq!(done[0].tag, 5);
+    assert!(matches!(done[0].result, Err(IoError::Short) | Ok(512)), "{:?}", done[0].result);
+}
+
+#[test]
+fn flush_completes() {
+    let path = image("/tmp", 4096);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    let mut data = [0xa5u8; 512];
+    assert!(disk.submit(1, Op::Write, 0, &[segment(&mut data)]));
+    assert!(disk.submit(2, Op::Flush, 0, &[]));
+    let mut done = wait_for(&mut disk, 2);
+    done.sort_by_key(|c| c.tag);
+    let expected = vec![Completion { tag: 1, result: Ok(512) }, Completion { tag: 2, result: Ok(0) }];
+    assert_eq!(done, expected);
+}
+
+#[test]
+fn out_of_range_and_malformed_requests_fail_through_completions() {
+    let path = image("/tmp", 4096);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    let mut buf = [0u8; 512];
+    let lie = Segment { addr: std::ptr::null_mut(), len: u32::MAX };
+    let many = vec![segment(&mut buf[..1]); MAX_SEGMENTS + 1];
+    let requests: [(u64, &[Segment]); 6] = [
+        (4096, &[segment(&mut buf)]),
+        (3800, &[segment(&mut buf)]),
+        (u64::MAX - 10, &[segment(&mut buf)]),
+        (u64::MAX, &[segment(&mut buf)]),
+        (0, &[lie, lie]),
+        (0, &many),
+    ];
+    for (tag, (offset, segments)) in requests.iter().enumerate() {
+        assert!(disk.submit(tag as u32, Op::Read, *offset, segments));
+    }
+    let done = wait_for(&mut disk, requests.len());
+    for (tag, completion) in done.iter().enumerate() {
+        assert_eq!(*completion, Completion { tag: tag as u32, result: Err(IoError::OutOfRange) });
+    }
+    // Empty requests complete without the kernel; empty segments are skipped.
+    let empty = Segment { addr: std::ptr::null_mut(), len: 0 };
+    assert!(disk.submit(10, Op::Read, 4096, &[]));
+    assert!(disk.submit(11, Op::Write, 0, &[empty, segment(&mut buf), empty]));
+    let mut done = wait_for(&mut disk, 2);
+    done.sort_by_key(|c| c.tag);
+    assert_eq!(done, vec![Completion { tag: 10, result: Ok(0) }, Completion { tag: 11, result: Ok(512) }]);
+}
+
+#[test]
+fn read_only_disk_rejects_writes() {
+    let path = image("/tmp", 4096);
+    std::fs::write(&path, [7u8; 4096]).unwrap();
+    let mut disk = FileDisk::open(&path, true, false).unwrap();
+    assert!(disk.read_only());
+    let mut buf = [0u8; 1024];
+    assert!(disk.submit(1, Op::Write, 0, &[segment(&mut buf)]));
+    assert!(disk.submit(2, Op::Read, 1024, &[segment(&mut buf)]));
+    let mut done = wait_for(&mut disk, 2);
+    done.sort_by_key(|c| c.tag);
+    let expected =
+        vec![Completion { tag: 1, result: Err(IoError::ReadOnly) }, Completion { tag: 2, result: Ok(1024) }];
+    assert_eq!(done, expected);
+    assert!(buf.iter().all(|&x| x == 7));
+    assert!(std::fs::read(&path).unwrap().iter().all(|&x| x == 7));
+}
+
+#[test]
+fn many_requests_in_flight_complete_with_their_tags() {
+    const COUNT: usize = 64;
+    let path = image("/tmp", (COUNT * 4096) as u64);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    let mut buffers: Vec<Vec<u8>> = (0..COUNT).map(|i| vec![i as u8; 4096]).collect();
+    for (i, buffer) in buffers.iter_mut().enumerate() {
+        assert!(disk.submit(1000 + i as u32, Op::Write, (i * 4096) as u64, &[segment(buffer)]));
+    }
+    let done = wait_for(&mut disk, COUNT);
+    assert!(done.iter().all(|c| c.result == Ok(4096)), "{done:?}");
+    let tags: BTreeSet<u32> = done.iter().map(|c| c.tag).collect();
+    assert_eq!(tags, (1000..1000 + COUNT as u32).collect());
+    let file = std::fs::read(&path).unwrap();
+    for (i, block) in file.chunks(4096).enumerate() {
+        assert!(block.iter().all(|&x| x == i as u8), "block {i}");
+    }
+}
+
+#[test]
+fn submit_refuses_beyond_max_in_flight() {
+    let path = image("/tmp", 64 << 10);
+    let options = FileDiskOptions { max_in_flight: 4, ..FileDiskOptions::default() };
+    let mut disk = FileDisk::open_with(&path, options).unwrap();
+    assert_eq!(disk.max_in_flight(), 4);
+    let mut buffers = vec![[0u8; 512]; 5];
+    // Kernel requests and immediately failed ones count alike.
+    for (i, buffer) in buffers.iter_mut().take(3).enumerate() {
+        assert!(disk.submit(i as u32, Op::Read, (i * 512) as u64, &[segment(buffer)]));
+    }
+    assert!(disk.submit(3, Op::Read, 1 << 40, &[segment(&mut buffers[3])]));
+    assert!(!disk.submit(4, Op::Read, 0, &[segment(&mut buffers[4])]), "full");
+    disk.kick();
+    assert!(!disk.submit(4, Op::Read, 0, &[segment(&mut buffers[4])]), "still full until polled");
+    let mut done = wait_for(&mut disk, 4);
+    done.sort_by_key(|c| c.tag);
+    assert_eq!(done[3], Completion { tag: 3, result: Err(IoError::OutOfRange) });
+    assert!(done[..3].iter().all(|c| c.result == Ok(512)));
+    assert!(disk.submit(4, Op::Read, 0, &[segment(&mut buffers[4])]));
+    assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 4, result: Ok(512) }]);
+}
+
+#[test]
+fn io_on_a_file_truncated_underneath_fails_cleanly() {
+    let path = image("/tmp", 64 << 10);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(32 << 10).unwrap();
+    let (mut past, mut across) = ([0u8; 4096], [0u8; 4096]);
+    assert!(disk.submit(1, Op::Read, 60 << 10, &[segment(&mut past)]));
+    assert!(disk.submit(2, Op::Read, (32 << 10) - 1024, &[segment(&mut across)]));
+    let mut done = wait_for(&mut disk, 2);
+    done.sort_by_key(|c| c.tag);
+    for completion in done {
+        assert!(matches!(completion.result, Err(IoError::Short) | Err(IoError::Errno(_))), "{completion:?}");
+    }
+}
+
+#[test]
+fn sqpoll_option_round_trips() {
+    let path = image("/tmp", 1 << 20);
+    let options = FileDiskOptions { sqpoll_idle_ms: Some(10), ..FileDiskOptions::default() };
+    let mut disk = FileDisk::open_with(&path, options).unwrap();
+    let mut buffers = [AlignedBuffer::new(512, 8), AlignedBuffer::new(2048, 8)];
+    round_trip(&path, &mut disk, &mut buffers, 4096);
+}
+
+#[test]
+fn dropping_with_requests_in_flight_waits_for_them() {
+    let path = image("/tmp", 1 << 20);
+    let mut buffers: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 65536]).collect();
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    for (i, buffer) in buffers.iter_mut().enumerate() {
+        assert!(disk.submit(i as u32, Op::Read, (i * 65536) as u64, &[segment(buffer)]));
+    }
+    disk.kick();
+    drop(disk); // Must neither hang nor leave the kernel writing into freed buffers.
+    drop(buffers);
+}
+
+#[test]
+fn bad_files_and_options_are_clear_errors() {
+    let missing = FileDisk::open("/tmp/exitless-no-such-disk-image", false, false);
+    assert!(matches!(missing, Err(BackendError::Open { .. })));
+    let path = image("/tmp", 0);
+    assert!(matches!(FileDisk::open(&path, false, false), Err(BackendError::TooSmall { .. })));
+    std::fs::write(&path, [0u8; 1500]).unwrap();
+    assert_eq!(FileDisk::open(&path, false, false).unwrap().capacity(), 1024);
+    for depth in [0, MAX_QUEUE_DEPTH + 1] {
+        let options = FileDiskOptions { max_in_flight: depth, ..FileDiskOptions::default() };
+        let error = FileDisk::open_with(&path, options).err().unwrap();
+        assert!(matches!(error, BackendError::BadQueueDepth { .. }), "{error}");
+    }
+}
+
+#[test]
+fn backends_are_send() {
+    fn assert_send<T: Send>() {}
+    assert_send::<FileDisk>();
+    assert_send::<crate::RamDisk>();
+}
