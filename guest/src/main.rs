@@ -7,9 +7,12 @@
 mod apic;
 mod boot;
 mod cmdline;
+mod deadline;
+mod histogram;
 mod json;
 mod serial;
 mod start_info;
+mod virtio;
 mod workloads;
 mod x86;
 
@@ -50,6 +53,8 @@ extern "C" fn probe_main(start_info_addr: u64) -> ! {
     let status = match workload {
         "hello" => workloads::hello::run(&env),
         "exitcost" => workloads::exitcost::run(&env),
+        "blk" => workloads::blk::run(&env),
+        "blk-hostile" => workloads::blk_hostile::run(&env),
         "triplefault" => x86::triple_fault(),
         "exception" => workloads::faults::invalid_opcode(),
         "spin" => workloads::faults::spin_forever(),

@@ -1,3 +1,7 @@
+pub mod blk;
+pub mod blk_hostile;
+pub mod blkdev;
 pub mod exitcost;
 pub mod faults;
 pub mod hello;
+pub mod pipeline;

@@ -1,0 +1,422 @@
+//! virtio-blk (virtio 1.x §5.2) over one virtio-mmio transport and its one request queue.
+//!
+//! Every request slot (up to `MAX_IN_FLIGHT`) owns a fixed run of descriptors (header, data
+//! segments, status), a static header, a static status byte and a static data buffer, so
+//! submitting is a few stores and completing is a few loads: nothing is allocated or searched.
+
+use core::ptr::addr_of_mut;
+
+use super::mmio::Transport;
+use super::queue::{Descriptor, SplitQueue, DESC_F_NEXT, DESC_F_WRITE, MAX_QUEUE_SIZE};
+use super::{device_status, phys, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1};
+use crate::deadline::Deadline;
+use crate::{apic, boot};
+
+pub const DEVICE_ID: u32 = 2;
+pub const T_IN: u32 = 0;
+pub const T_OUT: u32 = 1;
+pub const T_FLUSH: u32 = 4;
+pub const T_GET_ID: u32 = 8;
+pub const S_OK: u8 = 0;
+pub const S_IOERR: u8 = 1;
+pub const S_UNSUPP: u8 = 2;
+/// What the status byte holds until the device writes it.
+pub const STATUS_UNWRITTEN: u8 = 0xff;
+pub const SECTOR_SIZE: u64 = 512;
+/// GET_ID answers with at most this many bytes.
+pub const ID_LEN: u32 = 20;
+pub const HEADER_LEN: u32 = 16;
+/// Requests in flight at most (and slots).
+pub const MAX_IN_FLIGHT: usize = 64;
+/// The largest request payload; each slot has a buffer this big.
+pub const MAX_REQUEST_BYTES: u32 = 128 * 1024;
+
+const F_SIZE_MAX: u64 = 1 << 1;
+const F_SEG_MAX: u64 = 1 << 2;
+const F_RO: u64 = 1 << 5;
+const F_BLK_SIZE: u64 = 1 << 6;
+const F_FLUSH: u64 = 1 << 9;
+const CONFIG_CAPACITY: u64 = 0;
+const CONFIG_SIZE_MAX: u64 = 8;
+const CONFIG_SEG_MAX: u64 = 12;
+const CONFIG_BLK_SIZE: u64 = 20;
+const REQUEST_QUEUE: u32 = 0;
+/// The interrupt vector the device's IOAPIC pin is routed to (exitcost's test device uses 0x40).
+const VECTOR: u8 = 0x41;
+/// Pins of the one IOAPIC the probe programs.
+const IOAPIC_PINS: u32 = 24;
+/// How often a spinning wait looks at the clock.
+const SPINS_PER_CLOCK_CHECK: u32 = 64;
+
+#[repr(C)]
+struct RequestHeader {
+    kind: u32,
+    reserved: u32,
+    sector: u64,
+}
+
+#[repr(C, align(4096))]
+struct RequestArea {
+    headers: [RequestHeader; MAX_IN_FLIGHT],
+    status: [u8; MAX_IN_FLIGHT],
+}
+
+#[repr(C, align(4096))]
+struct DataBuffers([[u8; MAX_REQUEST_BYTES as usize]; MAX_IN_FLIGHT]);
+
+const EMPTY_HEADER: RequestHeader = RequestHeader { kind: 0, reserved: 0, sector: 0 };
+static REQUESTS: DmaStatic<RequestArea> =
+    DmaStatic::new(RequestArea { headers: [EMPTY_HEADER; MAX_IN_FLIGHT], status: [0; MAX_IN_FLIGHT] });
+static DATA: DmaStatic<DataBuffers> =
+    DmaStatic::new(DataBuffers([[0; MAX_REQUEST_BYTES as usize]; MAX_IN_FLIGHT]));
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Interrupts suppressed; the driver spins on the used index.
+    Poll,
+    /// The device interrupts; the driver waits for the interrupt counter, then acknowledges.
+    Interrupt,
+}
+
+impl Completion {
+    pub fn name(self) -> &'static str {
+        match self {
+            Completion::Poll => "poll",
+            Completion::Interrupt => "interrupt",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub completion: Completion,
+    /// Accept VIRTIO_F_EVENT_IDX when offered.
+    pub event_idx: bool,
+    /// The largest request payload the caller will submit.
+    pub max_request_bytes: u32,
+    /// Requests in flight at most (1..=MAX_IN_FLIGHT).
+    pub queue_depth: usize,
+}
+
+/// The disk as the device describes it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiskInfo {
+    pub capacity_sectors: u64,
+    pub read_only: bool,
+    pub flush: bool,
+    pub event_idx: bool,
+    /// Logical block size (BLK_SIZE), 512 when not offered.
+    pub blk_size: u32,
+}
+
+impl DiskInfo {
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_sectors.saturating_mul(SECTOR_SIZE)
+    }
+}
+
+/// Interrupts and notifications, for exit accounting.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    pub notifies: u64,
+    pub interrupts: u64,
+}
+
+pub struct BlockDevice {
+    transport: Transport,
+    queue: SplitQueue,
+    options: Options,
+    pub disk: DiskInfo,
+    pub counters: Counters,
+    /// Descriptors per slot: header, data segments, status.
+    descs_per_slot: u16,
+    /// Bytes per data descriptor at most (SIZE_MAX).
+    segment_bytes: u32,
+    /// Bit `s` set while slot `s` is with the device.
+    in_flight: u64,
+    /// The interrupt count when the device's interrupt status was last acknowledged.
+    irqs_acked: u32,
+}
+
+impl BlockDevice {
+    /// Initialise the virtio-blk device behind `transport` (§3.1.1) for requests up to
+    /// `options.max_request_bytes` at up to `options.queue_depth` in flight.
+    pub fn open(transport: Transport, options: Options, deadline: Deadline) -> Result<BlockDevice, Error> {
+        if transport.device_id()? != DEVICE_ID {
+            return Err(Error::NoDevice);
+        }
+        if options.completion == Completion::Interrupt && transport.irq >= IOAPIC_PINS {
+            return Err(Error::IrqOutOfRange);
+        }
+        let queue = SplitQueue::claim(MAX_QUEUE_SIZE, false).ok_or(Error::Busy)?;
+        let mut device = BlockDevice {
+            transport,
+            queue,
+            options,
+            disk: DiskInfo::default(),
+            counters: Counters::default(),
+            descs_per_slot: 0,
+            segment_bytes: 0,
+            in_flight: 0,
+            irqs_acked: 0,
+        };
+        device.start(deadline)?;
+        Ok(device)
+    }
+
+    /// Reset the device and set it up again from scratch (after DEVICE_NEEDS_RESET).
+    pub fn restart(&mut self, deadline: Deadline) -> Result<(), Error> {
+        self.start(deadline)
+    }
+
+    fn start(&mut self, deadline: Deadline) -> Result<(), Error> {
+        let t = self.transport;
+        t.reset(deadline)?;
+        self.in_flight = 0;
+        let mut wanted = F_VERSION_1 | F_RO | F_FLUSH | F_SEG_MAX | F_SIZE_MAX | F_BLK_SIZE;
+        if self.options.event_idx {
+            wanted |= F_EVENT_IDX;
+        }
+        let features = t.negotiate(wanted)?;
+        let has = |bit: u64| features & bit != 0;
+        self.disk = DiskInfo {
+            capacity_sectors: t.config64(CONFIG_CAPACITY),
+            read_only: has(F_RO),
+            flush: has(F_FLUSH),
+            event_idx: has(F_EVENT_IDX),
+            blk_size: if has(F_BLK_SIZE) { t.config32(CONFIG_BLK_SIZE) } else { SECTOR_SIZE as u32 },
+        };
+        let size_max = if has(F_SIZE_MAX) { t.config32(CONFIG_SIZE_MAX) } else { 0 };
+        let seg_max = if has(F_SEG_MAX) { t.config32(CONFIG_SEG_MAX) } else { u32::MAX };
+        self.segment_bytes = match size_max {
+            0 => MAX_REQUEST_BYTES,
+            n => n.min(MAX_REQUEST_BYTES),
+        };
+        // Split queue sizes are powers of two (§2.7).
+        let max = t.queue_max(REQUEST_QUEUE)?.min(MAX_QUEUE_SIZE as u32);
+        let size = 1u16 << (31 - max.leading_zeros());
+        let segments = self.options.max_request_bytes.div_ceil(self.segment_bytes).max(1);
+        if segments > seg_max || segments + 2 > size as u32 {
+            return self.fail(Error::TooManySegments);
+        }
+        self.descs_per_slot = segments as u16 + 2;
+        let depth = self.options.queue_depth;
+        if depth == 0 || depth > MAX_IN_FLIGHT || depth * self.descs_per_slot as usize > size as usize {
+            return self.fail(Error::QueueTooSmall);
+        }
+        self.queue.reset(size, self.disk.event_idx);
+        let (desc, driver, device) = self.queue.addresses();
+        t.setup_queue(REQUEST_QUEUE, size, desc, driver, device);
+        if self.options.completion == Completion::Interrupt {
+            boot::set_interrupt_gate(VECTOR, boot::irq_count_handler_address());
+            apic::enable_lapic();
+            apic::route_ioapic_pin(t.irq, VECTOR);
+            self.queue.request_interrupt();
+        }
+        t.driver_ok();
+        // Anything pending from before is stale; the line must be low so the next interrupt
+        // is an edge.
+        self.irqs_acked = boot::irq_count();
+        t.ack_interrupt();
+        Ok(())
+    }
+
+    fn fail<T>(&self, error: Error) -> Result<T, Error> {
+        self.transport.write_status(self.transport.status() | device_status::FAILED);
+        Err(error)
+    }
+
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    pub fn queue_mut(&mut self) -> &mut SplitQueue {
+        &mut self.queue
+    }
+
+    pub fn queue_depth(&self) -> usize {
+        self.options.queue_depth
+    }
+
+    fn head(&self, slot: usize) -> u16 {
+        slot as u16 * self.descs_per_slot
+    }
+
+    /// Physical address of slot `slot`'s request header.
+    pub fn header_addr(&self, slot: usize) -> u64 {
+        // SAFETY: only an address is computed; `slot` is bounds-checked by the indexing.
+        phys(unsafe { addr_of_mut!((*REQUESTS.get()).headers[slot]) })
+    }
+
+    /// Physical address of slot `slot`'s status byte.
+    pub fn status_addr(&self, slot: usize) -> u64 {
+        // SAFETY: as in `header_addr`.
+        phys(unsafe { addr_of_mut!((*REQUESTS.get()).status[slot]) })
+    }
+
+    /// Physical address of slot `slot`'s data buffer (`MAX_REQUEST_BYTES` long).
+    pub fn buffer_addr(&self, slot: usize) -> u64 {
+        // SAFETY: as in `header_addr`.
+        phys(unsafe { addr_of_mut!((*DATA.get()).0[slot]) })
+    }
+
+    /// Slot `slot`'s data buffer. The slot must not be in flight: the device owns it then.
+    pub fn buffer(&mut self, slot: usize) -> &mut [u8] {
+        debug_assert!(self.in_flight & (1 << slot) == 0);
+        // SAFETY: the buffer is static; `&mut self` and the slot not being in flight mean
+        // neither the device nor other Rust code touches it while the slice lives.
+        unsafe {
+            core::slice::from_raw_parts_mut(
+                addr_of_mut!((*DATA.get()).0[slot]).cast::<u8>(),
+                MAX_REQUEST_BYTES as usize,
+            )
+        }
+    }
+
+    /// Write slot `slot`'s header and mark its status byte unwritten.
+    pub fn write_header(&mut self, slot: usize, kind: u32, sector: u64) {
+        // SAFETY: the slot is not in flight, so the device does not read its header or status.
+        unsafe {
+            addr_of_mut!((*REQUESTS.get()).headers[slot]).write_volatile(RequestHeader {
+                kind,
+                reserved: 0,
+                sector,
+            });
+            addr_of_mut!((*REQUESTS.get()).status[slot]).write_volatile(STATUS_UNWRITTEN);
+        }
+    }
+
+    /// Slot `slot`'s status byte as the device left it.
+    pub fn status_byte(&self, slot: usize) -> u8 {
+        // SAFETY: a volatile read of a static byte the device may have written.
+        unsafe { addr_of_mut!((*REQUESTS.get()).status[slot]).read_volatile() }
+    }
+
+    /// Queue request `kind` at `sector` for `len` bytes of slot `slot`'s buffer (0 for FLUSH).
+    /// The device sees it after `kick`.
+    pub fn submit(&mut self, slot: usize, kind: u32, sector: u64, len: u32) {
+        debug_assert!(slot < self.options.queue_depth && self.in_flight & (1 << slot) == 0);
+        debug_assert!(len <= self.options.max_request_bytes);
+        self.write_header(slot, kind, sector);
+        let head = self.head(slot);
+        let data_flags = if matches!(kind, T_IN | T_GET_ID) { DESC_F_WRITE } else { 0 };
+        let mut index = head;
+        let header =
+            Descriptor { addr: self.header_addr(slot), len: HEADER_LEN, flags: DESC_F_NEXT, next: index + 1 };
+        self.queue.set_descriptor(index, header);
+        let buffer = self.buffer_addr(slot);
+        let mut offset = 0;
+        while offset < len {
+            index += 1;
+            let chunk = (len - offset).min(self.segment_bytes);
+            let data = Descriptor {
+                addr: buffer + offset as u64,
+                len: chunk,
+                flags: DESC_F_NEXT | data_flags,
+                next: index + 1,
+            };
+            self.queue.set_descriptor(index, data);
+            offset += chunk;
+        }
+        let status = Descriptor { addr: self.status_addr(slot), len: 1, flags: DESC_F_WRITE, next: 0 };
+        self.queue.set_descriptor(index + 1, status);
+        self.queue.push(head);
+        self.in_flight |= 1 << slot;
+    }
+
+    /// Publish submitted requests and notify the device if it asked to be.
+    pub fn kick(&mut self) {
+        if self.queue.publish() {
+            self.notify();
+        }
+    }
+
+    /// Notify the device, whatever it asked.
+    pub fn notify(&mut self) {
+        self.counters.notifies += 1;
+        self.transport.notify(REQUEST_QUEUE);
+    }
+
+    /// Hand every completed request to `done(slot, status)`; returns how many there were.
+    pub fn reap(&mut self, mut done: impl FnMut(usize, u8)) -> Result<usize, Error> {
+        let mut count = 0;
+        while let Some((id, _written)) = self.queue.pop_used() {
+            let slot = id as usize / self.descs_per_slot.max(1) as usize;
+            let aligned = id.is_multiple_of(self.descs_per_slot as u32);
+            if !aligned || slot >= MAX_IN_FLIGHT || self.in_flight & (1 << slot) == 0 {
+                return Err(Error::BadUsedId(id));
+            }
+            self.in_flight &= !(1 << slot);
+            done(slot, self.status_byte(slot));
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Wait for at least one completion (by polling or by interrupt), then reap as `reap`.
+    pub fn wait(&mut self, deadline: Deadline, mut done: impl FnMut(usize, u8)) -> Result<usize, Error> {
+        let interrupts = self.options.completion == Completion::Interrupt;
+        let mut spins = 0u32;
+        loop {
+            if interrupts {
+                self.acknowledge_interrupts();
+            }
+            let count = self.reap(&mut done)?;
+            if count > 0 {
+                return Ok(count);
+            }
+            if interrupts {
+                self.queue.request_interrupt();
+                if self.queue.has_used() {
+                    continue;
+                }
+                while boot::irq_count() == self.irqs_acked {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && deadline.passed() {
+                        return Err(self.stall_error());
+                    }
+                    core::hint::spin_loop();
+                }
+            } else {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && deadline.passed() {
+                    return Err(self.stall_error());
+                }
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    /// If interrupts came since the last acknowledgement, acknowledge the device's interrupt
+    /// status, so its (level-triggered) line drops and the next completion raises a new edge.
+    fn acknowledge_interrupts(&mut self) {
+        let count = boot::irq_count();
+        if count != self.irqs_acked {
+            self.counters.interrupts += count.wrapping_sub(self.irqs_acked) as u64;
+            self.irqs_acked = count;
+            self.transport.ack_interrupt();
+        }
+    }
+
+    /// Why a wait ended without a completion.
+    fn stall_error(&self) -> Error {
+        if self.transport.status() & device_status::NEEDS_RESET != 0 {
+            Error::NeedsReset
+        } else {
+            Error::Timeout
+        }
+    }
+
+    /// Requests still with the device.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.count_ones()
+    }
+}
+
+impl Drop for BlockDevice {
+    fn drop(&mut self) {
+        // Stop the device before its queue memory is released; a device that does not finish
+        // its reset in time is left as it is.
+        let _ = self.transport.reset(Deadline::after_ms(0, 100));
+    }
+}

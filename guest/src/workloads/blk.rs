@@ -1,0 +1,312 @@
+//! `probe.workload=blk`: block I/O through the virtio-blk driver, timed per request.
+//!
+//! Parameters: `probe.rw=randread|randwrite|read|write|verify` (default randread), `probe.bs=`
+//! bytes (a multiple of 512 up to 128K, default 4096), `probe.qd=` (1..=64, default 1),
+//! `probe.ops=` measured requests (default 10000) or `probe.duration_ms=` (needs
+//! `probe.tsc_khz=`), `probe.warmup=` unmeasured requests first (default 1000), and those of
+//! every block workload (`blkdev::Common`): `probe.completion=poll|interrupt`, `probe.dev=`,
+//! `probe.seed=`, `probe.event_idx=on|off`, `probe.timeout_ms=` (default 5000).
+//!
+//! `verify` writes a pattern derived from (seed, sector, byte offset) over `probe.ops` blocks
+//! (or the whole disk if smaller), flushes if the device can, reads everything back and
+//! compares; it also asks for the device ID.
+
+use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
+use super::pipeline::{self, Job, Limit, Stats};
+use crate::histogram::Histogram;
+use crate::json::{Nanos, Str};
+use crate::virtio::blk::{
+    BlockDevice, Counters, DiskInfo, ID_LEN, MAX_REQUEST_BYTES, SECTOR_SIZE, S_OK, T_FLUSH, T_GET_ID, T_IN,
+    T_OUT,
+};
+use crate::virtio::Error;
+use crate::{bad_parameter, cmdline, print, println, x86, Env};
+use probe_abi::status;
+
+const PROBE: &str = "blk";
+const MAX_QUEUE_DEPTH: u64 = 64;
+/// Default bound on any one wait for the device.
+const TIMEOUT_MS: u64 = 5000;
+/// What a read buffer holds before the device fills it, so a read that writes nothing cannot
+/// pass verification with stale data.
+const POISON: u8 = 0x5a;
+
+/// Reads or writes of whole blocks, at random or in order.
+struct IoJob {
+    kind: u32,
+    random: bool,
+    rng: XorShift,
+    next_block: u64,
+    blocks: u64,
+    sectors_per_block: u64,
+    bs: u32,
+}
+
+impl Job for IoJob {
+    fn prepare(&mut self, _index: u64, _buffer: &mut [u8]) -> (u32, u64, u32) {
+        let block = if self.random {
+            self.rng.below(self.blocks)
+        } else {
+            let block = self.next_block;
+            self.next_block = (block + 1) % self.blocks;
+            block
+        };
+        (self.kind, block * self.sectors_per_block, self.bs)
+    }
+
+    fn complete(&mut self, _index: u64, _status: u8, _buffer: &[u8]) {}
+}
+
+/// Request `index` writes the pattern of block `index`.
+struct PatternWrite {
+    seed: u64,
+    sectors_per_block: u64,
+    bs: u32,
+}
+
+impl Job for PatternWrite {
+    fn prepare(&mut self, index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
+        let sector = index * self.sectors_per_block;
+        fill_pattern(self.seed, sector, &mut buffer[..self.bs as usize]);
+        (T_OUT, sector, self.bs)
+    }
+
+    fn complete(&mut self, _index: u64, _status: u8, _buffer: &[u8]) {}
+}
+
+/// Request `index` reads block `index` back and checks its pattern.
+struct PatternCheck {
+    seed: u64,
+    sectors_per_block: u64,
+    bs: u32,
+    mismatches: u64,
+    first_mismatch: Option<u64>,
+}
+
+impl Job for PatternCheck {
+    fn prepare(&mut self, index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
+        buffer[..self.bs as usize].fill(POISON);
+        (T_IN, index * self.sectors_per_block, self.bs)
+    }
+
+    fn complete(&mut self, index: u64, status: u8, buffer: &[u8]) {
+        let sector = index * self.sectors_per_block;
+        if status == S_OK && !check_pattern(self.seed, sector, &buffer[..self.bs as usize]) {
+            self.mismatches += 1;
+            self.first_mismatch.get_or_insert(sector);
+        }
+    }
+}
+
+/// One request, for FLUSH and GET_ID.
+struct Single {
+    kind: u32,
+    len: u32,
+    status: u8,
+    answer: [u8; ID_LEN as usize],
+}
+
+impl Job for Single {
+    fn prepare(&mut self, _index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
+        buffer[..self.len as usize].fill(0);
+        (self.kind, 0, self.len)
+    }
+
+    fn complete(&mut self, _index: u64, status: u8, buffer: &[u8]) {
+        self.status = status;
+        let n = self.answer.len().min(self.len as usize);
+        self.answer[..n].copy_from_slice(&buffer[..n]);
+    }
+}
+
+struct Params {
+    rw: &'static str,
+    bs: u32,
+    qd: usize,
+    ops: u64,
+    warmup: u64,
+    duration_ms: Option<u64>,
+}
+
+fn params(env: &Env) -> Params {
+    let number =
+        |key, default| cmdline::get_u64(env.cmdline, key, default).unwrap_or_else(|k| bad_parameter(k));
+    let rw = cmdline::get(env.cmdline, "probe.rw").unwrap_or("randread");
+    if !matches!(rw, "randread" | "randwrite" | "read" | "write" | "verify") {
+        bad_parameter("probe.rw");
+    }
+    let bs = number("probe.bs", 4096);
+    if bs == 0 || !bs.is_multiple_of(SECTOR_SIZE) || bs > MAX_REQUEST_BYTES as u64 {
+        bad_parameter("probe.bs");
+    }
+    let qd = number("probe.qd", 1);
+    if !(1..=MAX_QUEUE_DEPTH).contains(&qd) {
+        bad_parameter("probe.qd");
+    }
+    let duration_ms = cmdline::get(env.cmdline, "probe.duration_ms").map(|v| match cmdline::parse_u64(v) {
+        Some(ms) if ms > 0 && env.tsc_khz > 0 => ms,
+        _ => bad_parameter("probe.duration_ms"),
+    });
+    Params {
+        rw,
+        bs: bs as u32,
+        qd: qd as usize,
+        ops: number("probe.ops", 10_000),
+        warmup: number("probe.warmup", 1000),
+        duration_ms,
+    }
+}
+
+pub fn run(env: &Env) -> u8 {
+    let common = blkdev::common_params(env, TIMEOUT_MS);
+    let p = params(env);
+    let mut dev = blkdev::open(env, PROBE, &common, p.bs, p.qd);
+    let sectors_per_block = p.bs as u64 / SECTOR_SIZE;
+    let blocks = dev.disk.capacity_sectors / sectors_per_block;
+    if blocks == 0 {
+        println!(
+            "{{\"probe\":\"blk\",\"error\":\"the disk is smaller than one block\",\"capacity_bytes\":{}}}",
+            dev.disk.capacity_bytes()
+        );
+        return status::FAILED;
+    }
+    let fail = |dev: &BlockDevice, error: Error| -> ! { blkdev::fail(PROBE, error, Some(dev.transport())) };
+    if p.rw == "verify" {
+        return verify(env, &common, &p, &mut dev, blocks.min(p.ops)).unwrap_or_else(|e| fail(&dev, e));
+    }
+
+    let mut job = IoJob {
+        kind: if p.rw.ends_with("read") { T_IN } else { T_OUT },
+        random: p.rw.starts_with("rand"),
+        rng: XorShift::new(common.seed),
+        next_block: 0,
+        blocks,
+        sectors_per_block,
+        bs: p.bs,
+    };
+    let run = |dev: &mut BlockDevice, job: &mut IoJob, limit, histogram| {
+        pipeline::run(dev, job, limit, histogram, env.tsc_khz, common.timeout_ms)
+    };
+    if p.warmup > 0 {
+        run(&mut dev, &mut job, Limit::Requests(p.warmup), None).unwrap_or_else(|e| fail(&dev, e));
+    }
+    let mut latencies = Histogram::new();
+    let limit = match p.duration_ms {
+        Some(ms) => Limit::UntilTsc(x86::rdtsc() + ms * env.tsc_khz),
+        None => Limit::Requests(p.ops),
+    };
+    dev.counters = Counters::default();
+    common.mark(0);
+    let result = run(&mut dev, &mut job, limit, Some(&mut latencies));
+    common.mark(1);
+    let stats = result.unwrap_or_else(|e| fail(&dev, e));
+    print_result(env, &common, &p, &dev.disk, dev.counters, &stats, &latencies);
+    println!("}}");
+    if stats.errors > 0 {
+        status::FAILED
+    } else {
+        status::OK
+    }
+}
+
+fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks: u64) -> Result<u8, Error> {
+    let sectors_per_block = p.bs as u64 / SECTOR_SIZE;
+    let mut latencies = Histogram::new();
+    let mut write = PatternWrite { seed: common.seed, sectors_per_block, bs: p.bs };
+    let mut check =
+        PatternCheck { seed: common.seed, sectors_per_block, bs: p.bs, mismatches: 0, first_mismatch: None };
+    let mut flush = Single { kind: T_FLUSH, len: 0, status: 0, answer: [0; ID_LEN as usize] };
+    let mut get_id = Single { kind: T_GET_ID, len: ID_LEN, status: 0, answer: [0; ID_LEN as usize] };
+    let (tsc_khz, timeout_ms) = (env.tsc_khz, common.timeout_ms);
+
+    dev.counters = Counters::default();
+    common.mark(0);
+    let written =
+        pipeline::run(dev, &mut write, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
+    let flushed = if dev.disk.flush {
+        pipeline::run(dev, &mut flush, Limit::Requests(1), None, tsc_khz, timeout_ms)?;
+        true
+    } else {
+        false
+    };
+    let read =
+        pipeline::run(dev, &mut check, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
+    common.mark(1);
+    let counters = dev.counters;
+    pipeline::run(dev, &mut get_id, Limit::Requests(1), None, tsc_khz, timeout_ms)?;
+
+    let flush_errors = u64::from(flushed && flush.status != S_OK);
+    let stats = Stats {
+        ops: written.ops + read.ops,
+        errors: written.errors + read.errors + flush_errors,
+        cycles: written.cycles + read.cycles,
+    };
+    print_result(env, common, p, &dev.disk, counters, &stats, &latencies);
+    print!(",\"blocks\":{},\"mismatches\":{},\"flush\":{}", blocks, check.mismatches, flushed);
+    if let Some(sector) = check.first_mismatch {
+        print!(",\"first_mismatch_sector\":{}", sector);
+    }
+    let mut id = [0u8; ID_LEN as usize];
+    if get_id.status == S_OK {
+        let printable =
+            get_id.answer.iter().take_while(|&&b| b != 0).filter(|b| b.is_ascii_graphic() || **b == b' ');
+        let mut len = 0;
+        for &b in printable {
+            id[len] = b;
+            len += 1;
+        }
+        print!(",\"id\":{}", Str(core::str::from_utf8(&id[..len]).unwrap_or("")));
+    } else {
+        print!(",\"id\":null,\"id_status\":{}", get_id.status);
+    }
+    println!("}}");
+    Ok(if stats.errors > 0 || check.mismatches > 0 { status::FAILED } else { status::OK })
+}
+
+/// The result line up to (not including) its closing brace.
+fn print_result(
+    env: &Env,
+    common: &Common,
+    p: &Params,
+    disk: &DiskInfo,
+    counters: Counters,
+    stats: &Stats,
+    latencies: &Histogram,
+) {
+    let ps = |cycles: u64| env.ps_per_op(cycles, 1);
+    let iops = if env.tsc_khz == 0 || stats.cycles == 0 {
+        0
+    } else {
+        (stats.ops as u128 * env.tsc_khz as u128 * 1000 / stats.cycles as u128) as u64
+    };
+    let (p50, p99, p999, max) =
+        (latencies.percentile(500), latencies.percentile(990), latencies.percentile(999), latencies.max());
+    print!(
+        "{{\"probe\":\"blk\",\"rw\":{},\"bs\":{},\"qd\":{},\"completion\":{},\"ops\":{},\"errors\":{},\"cycles\":{},\"iops\":{}",
+        Str(p.rw),
+        p.bs,
+        p.qd,
+        Str(common.completion.name()),
+        stats.ops,
+        stats.errors,
+        stats.cycles,
+        iops
+    );
+    print!(
+        ",\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"max_ns\":{}",
+        Nanos(ps(p50)),
+        Nanos(ps(p99)),
+        Nanos(ps(p999)),
+        Nanos(ps(max))
+    );
+    print!(",\"p50_cycles\":{},\"p99_cycles\":{},\"p999_cycles\":{},\"max_cycles\":{}", p50, p99, p999, max);
+    print!(
+        ",\"capacity_bytes\":{},\"blk_size\":{},\"read_only\":{},\"event_idx\":{},\"notifies\":{},\"interrupts\":{}",
+        disk.capacity_bytes(),
+        disk.blk_size,
+        disk.read_only,
+        disk.event_idx,
+        counters.notifies,
+        counters.interrupts
+    );
+}

@@ -1,0 +1,184 @@
+//! What the block workloads share: their common parameters, finding and opening the device,
+//! error lines, the test device's marks, the PRNG and the verification pattern.
+
+use crate::deadline::Deadline;
+use crate::json::Str;
+use crate::virtio::blk::{BlockDevice, Completion, Options, DEVICE_ID, SECTOR_SIZE};
+use crate::virtio::{mmio, Error};
+use crate::{bad_parameter, cmdline, println, x86, Env};
+use probe_abi::{param, status, testdev};
+
+/// Parameters every block workload takes.
+pub struct Common {
+    pub completion: Completion,
+    /// Accept EVENT_IDX when offered (`probe.event_idx=on|off`, default on).
+    pub event_idx: bool,
+    /// How long any one wait on the device may take (`probe.timeout_ms=`).
+    pub timeout_ms: u64,
+    /// Which virtio-blk device, counting in command-line order (`probe.dev=`, default 0).
+    pub dev: u64,
+    pub seed: u64,
+    /// The exitless test device, when present, for MARK writes.
+    pub testdev: Option<u64>,
+}
+
+/// `default_timeout_ms` is the workload's default for `probe.timeout_ms=`.
+pub fn common_params(env: &Env, default_timeout_ms: u64) -> Common {
+    let completion = match cmdline::get(env.cmdline, "probe.completion").unwrap_or("poll") {
+        "poll" => Completion::Poll,
+        "interrupt" => Completion::Interrupt,
+        _ => bad_parameter("probe.completion"),
+    };
+    let event_idx = match cmdline::get(env.cmdline, "probe.event_idx").unwrap_or("on") {
+        "on" | "1" => true,
+        "off" | "0" => false,
+        _ => bad_parameter("probe.event_idx"),
+    };
+    let number =
+        |key, default| cmdline::get_u64(env.cmdline, key, default).unwrap_or_else(|k| bad_parameter(k));
+    let testdev = cmdline::get(env.cmdline, param::TESTDEV)
+        .map(|v| cmdline::parse_u64(v).unwrap_or_else(|| bad_parameter(param::TESTDEV)));
+    Common {
+        completion,
+        event_idx,
+        timeout_ms: number("probe.timeout_ms", default_timeout_ms),
+        dev: number("probe.dev", 0),
+        seed: number("probe.seed", 1),
+        testdev,
+    }
+}
+
+impl Common {
+    pub fn deadline(&self, env: &Env) -> Deadline {
+        Deadline::after_ms(env.tsc_khz, self.timeout_ms)
+    }
+
+    /// Label a phase for the VMM's exit accounting (only with the exitless test device).
+    pub fn mark(&self, label: u32) {
+        if let Some(base) = self.testdev {
+            x86::mmio_write32(base + testdev::MARK, label);
+        }
+    }
+}
+
+/// Open the `common.dev`-th virtio-blk device on the command line, or report why not and stop.
+pub fn open(
+    env: &Env,
+    probe: &str,
+    common: &Common,
+    max_request_bytes: u32,
+    queue_depth: usize,
+) -> BlockDevice {
+    let mut transports = 0;
+    let mut block_devices = 0;
+    let mut legacy = 0;
+    for entry in mmio::entries(env.cmdline) {
+        let transport = entry.unwrap_or_else(|_| bad_parameter("virtio_mmio.device"));
+        transports += 1;
+        match transport.device_id() {
+            Ok(DEVICE_ID) => {}
+            Err(Error::UnsupportedVersion(1)) => {
+                legacy += 1;
+                continue;
+            }
+            _ => continue, // empty transports (QEMU microvm lists them), other devices, bad magic
+        }
+        block_devices += 1;
+        if block_devices - 1 != common.dev {
+            continue;
+        }
+        let options = Options {
+            completion: common.completion,
+            event_idx: common.event_idx,
+            max_request_bytes,
+            queue_depth,
+        };
+        match BlockDevice::open(transport, options, common.deadline(env)) {
+            Ok(device) => return device,
+            Err(error) => fail(probe, error, Some(&transport)),
+        }
+    }
+    // QEMU microvm lists its transports on the command line only with acpi=off, and offers
+    // the version 2 register layout only with -global virtio-mmio.force-legacy=false.
+    println!(
+        "{{\"probe\":{},\"error\":\"no virtio-blk device with this index\",\"dev\":{},\"transports\":{},\"block_devices\":{},\"legacy_transports\":{}}}",
+        Str(probe),
+        common.dev,
+        transports,
+        block_devices,
+        legacy
+    );
+    x86::exit(status::FAILED)
+}
+
+/// Report a driver error and stop with FAILED.
+pub fn fail(probe: &str, error: Error, transport: Option<&mmio::Transport>) -> ! {
+    let device_status = transport.map_or(0, |t| t.status());
+    let detail = match error {
+        Error::UnsupportedVersion(v) => v,
+        Error::BadUsedId(id) => id,
+        _ => 0,
+    };
+    println!(
+        "{{\"probe\":{},\"error\":{},\"detail\":{},\"device_status\":{}}}",
+        Str(probe),
+        Str(error.message()),
+        detail,
+        device_status
+    );
+    x86::exit(status::FAILED)
+}
+
+/// xorshift64*: small, fast, good enough to spread offsets.
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(splitmix64(seed) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+const WORDS_PER_SECTOR: u64 = SECTOR_SIZE / 8;
+
+/// The verification pattern: byte `o` of sector `s` is byte `o % 8` (little-endian) of
+/// `splitmix64(seed * 0x9e3779b97f4a7c15 ^ (s * 64 + o / 8))`.
+fn pattern_word(seed: u64, sector: u64, word: u64) -> u64 {
+    splitmix64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (sector.wrapping_mul(WORDS_PER_SECTOR) + word))
+}
+
+/// Fill `buffer` (whole sectors) with the pattern of the sectors starting at `first_sector`.
+pub fn fill_pattern(seed: u64, first_sector: u64, buffer: &mut [u8]) {
+    for (i, chunk) in buffer.chunks_exact_mut(8).enumerate() {
+        let i = i as u64;
+        let word = pattern_word(seed, first_sector + i / WORDS_PER_SECTOR, i % WORDS_PER_SECTOR);
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+}
+
+/// Does `buffer` hold the pattern of the sectors starting at `first_sector`?
+pub fn check_pattern(seed: u64, first_sector: u64, buffer: &[u8]) -> bool {
+    buffer.chunks_exact(8).enumerate().all(|(i, chunk)| {
+        let i = i as u64;
+        let word = pattern_word(seed, first_sector + i / WORDS_PER_SECTOR, i % WORDS_PER_SECTOR);
+        chunk == word.to_le_bytes()
+    })
+}
