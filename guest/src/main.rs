@@ -24,9 +24,18 @@ pub struct Env {
     pub ram_bytes: u64,
     /// TSC frequency from `probe.tsc_khz=` (0 when not given: results are then in cycles).
     pub tsc_khz: u64,
+    /// Address of exitless's test device (`exitless.testdev=`); `None` under other VMMs.
+    pub testdev: Option<u64>,
 }
 
 impl Env {
+    /// Label a phase for the VMM's exact exit accounting (a no-op without the test device).
+    pub fn mark(&self, label: u32) {
+        if let Some(base) = self.testdev {
+            x86::mmio_write32(base + probe_abi::testdev::MARK, label);
+        }
+    }
+
     /// Picoseconds per operation for `cycles` spent on `ops` operations (0 without a TSC rate).
     pub fn ps_per_op(&self, cycles: u64, ops: u64) -> u64 {
         if self.tsc_khz == 0 || ops == 0 {
@@ -48,7 +57,9 @@ extern "C" fn probe_main(start_info_addr: u64) -> ! {
         Ok(v) => v,
         Err(key) => bad_parameter(key),
     };
-    let env = Env { cmdline: info.cmdline, ram_bytes: info.ram_bytes, tsc_khz };
+    let testdev = cmdline::get(info.cmdline, param::TESTDEV)
+        .map(|v| cmdline::parse_u64(v).unwrap_or_else(|| bad_parameter(param::TESTDEV)));
+    let env = Env { cmdline: info.cmdline, ram_bytes: info.ram_bytes, tsc_khz, testdev };
     let workload = cmdline::get(info.cmdline, param::WORKLOAD).unwrap_or("hello");
     let status = match workload {
         "hello" => workloads::hello::run(&env),

@@ -196,9 +196,9 @@ pub fn run(env: &Env) -> u8 {
         None => Limit::Requests(p.ops),
     };
     dev.counters = Counters::default();
-    common.mark(0);
+    env.mark(0);
     let result = run(&mut dev, &mut job, limit, Some(&mut latencies));
-    common.mark(1);
+    env.mark(1);
     let stats = result.unwrap_or_else(|e| fail(&dev, e));
     print_result(env, &common, &p, &dev.disk, dev.counters, &stats, &latencies);
     println!("}}");
@@ -220,7 +220,7 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
     let (tsc_khz, timeout_ms) = (env.tsc_khz, common.timeout_ms);
 
     dev.counters = Counters::default();
-    common.mark(0);
+    env.mark(0);
     let written =
         pipeline::run(dev, &mut write, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
     let flushed = if dev.disk.flush {
@@ -231,7 +231,7 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
     };
     let read =
         pipeline::run(dev, &mut check, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
-    common.mark(1);
+    env.mark(1);
     let counters = dev.counters;
     pipeline::run(dev, &mut get_id, Limit::Requests(1), None, tsc_khz, timeout_ms)?;
 

@@ -6,7 +6,7 @@ use crate::json::Str;
 use crate::virtio::blk::{BlockDevice, Completion, Options, DEVICE_ID, SECTOR_SIZE};
 use crate::virtio::{mmio, Error};
 use crate::{bad_parameter, cmdline, println, x86, Env};
-use probe_abi::{param, status, testdev};
+use probe_abi::status;
 
 /// Parameters every block workload takes.
 pub struct Common {
@@ -18,8 +18,6 @@ pub struct Common {
     /// Which virtio-blk device, counting in command-line order (`probe.dev=`, default 0).
     pub dev: u64,
     pub seed: u64,
-    /// The exitless test device, when present, for MARK writes.
-    pub testdev: Option<u64>,
 }
 
 /// `default_timeout_ms` is the workload's default for `probe.timeout_ms=`.
@@ -36,28 +34,18 @@ pub fn common_params(env: &Env, default_timeout_ms: u64) -> Common {
     };
     let number =
         |key, default| cmdline::get_u64(env.cmdline, key, default).unwrap_or_else(|k| bad_parameter(k));
-    let testdev = cmdline::get(env.cmdline, param::TESTDEV)
-        .map(|v| cmdline::parse_u64(v).unwrap_or_else(|| bad_parameter(param::TESTDEV)));
     Common {
         completion,
         event_idx,
         timeout_ms: number("probe.timeout_ms", default_timeout_ms),
         dev: number("probe.dev", 0),
         seed: number("probe.seed", 1),
-        testdev,
     }
 }
 
 impl Common {
     pub fn deadline(&self, env: &Env) -> Deadline {
         Deadline::after_ms(env.tsc_khz, self.timeout_ms)
-    }
-
-    /// Label a phase for the VMM's exit accounting (only with the exitless test device).
-    pub fn mark(&self, label: u32) {
-        if let Some(base) = self.testdev {
-            x86::mmio_write32(base + testdev::MARK, label);
-        }
     }
 }
 

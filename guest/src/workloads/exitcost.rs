@@ -12,7 +12,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::json::{Nanos, Str};
 use crate::{apic, bad_parameter, boot, cmdline, println, x86, Env};
-use probe_abi::{param, status, testdev};
+use probe_abi::{status, testdev};
 
 const DEFAULT_OPS: &str = "mmio,ioeventfd,cpuid,pingpong,irq";
 /// The vector the test device's interrupt is routed to.
@@ -32,8 +32,7 @@ static PINGPONG_AREA: PingPongArea =
     PingPongArea { request: AtomicU32::new(0), _pad: [0; 60], ack: AtomicU32::new(0) };
 
 pub fn run(env: &Env) -> u8 {
-    let testdev = cmdline::get(env.cmdline, param::TESTDEV)
-        .map(|v| cmdline::parse_u64(v).unwrap_or_else(|| bad_parameter(param::TESTDEV)));
+    let testdev = env.testdev;
     let n = cmdline::get_u64(env.cmdline, "probe.n", 10_000).unwrap_or_else(|k| bad_parameter(k));
     let pingpong_n =
         cmdline::get_u64(env.cmdline, "probe.pingpong_n", 100_000).unwrap_or_else(|k| bad_parameter(k));
@@ -45,11 +44,7 @@ pub fn run(env: &Env) -> u8 {
 
     let mut result = status::OK;
     for (index, op) in ops.split(',').enumerate() {
-        let mark = |phase: u32| {
-            if let Some(base) = testdev {
-                x86::mmio_write32(base + testdev::MARK, index as u32 * 2 + phase);
-            }
-        };
+        let mark = |phase: u32| env.mark(index as u32 * 2 + phase);
         let needs_testdev = matches!(op, "ioeventfd" | "pingpong" | "irq");
         if needs_testdev && testdev.is_none() {
             println!(

@@ -171,10 +171,9 @@ impl BlockWorker {
     fn finish(&mut self, completion: Completion) {
         let head = completion.tag as u16;
         // A tag the backend made up, or one already finished, is ignored.
-        let Some(status) = self.in_flight.get_mut(head as usize).and_then(|s| s.status.take()) else {
-            return;
-        };
-        let slot_written = self.in_flight[head as usize].written;
+        let Some(slot) = self.in_flight.get_mut(head as usize) else { return };
+        let Some(status) = slot.status.take() else { return };
+        let slot_written = slot.written;
         let written = match completion.result {
             Ok(_) => {
                 status.write(VIRTIO_BLK_S_OK);
