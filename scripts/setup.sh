@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs what exitless needs on a fresh Debian machine; safe to run again.
-#   - Debian packages: QEMU (peer VMM for tests and benchmarks)
+#   - Debian packages: QEMU (peer VMM for tests and benchmarks), fio (the bare-metal baseline)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
-packages=(qemu-system-x86)
+packages=(qemu-system-x86 fio)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -33,8 +33,14 @@ Exit status:
   125  exitless failed (bad kernel file, KVM error, ...)
 
 The guest's serial console (COM1) goes to standard output, messages to standard error.
-exitless appends `exitless.testdev=<address>` to the command line (the probe's test device)
-and, with --probe, `probe.tsc_khz=<kHz>` so the probe can report nanoseconds.";
+exitless appends `exitless.testdev=<address>` to the command line (the probe's test device),
+`virtio_mmio.device=4K@<address>:<irq>` for each --disk and, with --probe, `probe.tsc_khz=<kHz>`
+so the probe can report nanoseconds, and the guest half of --io-mode (`probe.completion=` and
+`probe.pv_eoi=`) unless the command line sets them. For another kernel, the guest half of a mode
+(polled or interrupt completion) is that kernel's driver's choice.
+
+Example: exitless run --probe --disk ram=1G --io-mode exitless \
+             --cmdline 'probe.workload=blk probe.rw=randread probe.qd=32'";
 
 #[derive(Args)]
 #[command(group = clap::ArgGroup::new("kernel-source").required(true))]
@@ -72,6 +78,53 @@ pub struct RunArgs {
     /// Stop the guest after this many seconds.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Option<f64>,
+    #[command(flatten)]
+    pub io: IoArgs,
+}
+
+/// Disks and how their I/O is served.
+#[derive(Args, Clone)]
+pub struct IoArgs {
+    /// A virtio-blk disk (repeat for more): `path=FILE[,readonly][,direct]` (raw file through
+    /// io_uring), `ram=SIZE` (a new RAM disk), or `ram,path=FILE[,readonly]` (an existing
+    /// /dev/shm file, shared with the host).
+    #[arg(long = "disk", value_name = "SPEC", value_parser = crate::disk::parse)]
+    pub disks: Vec<vmm::DiskBackend>,
+    /// How disk I/O is served: trap (MMIO exit to user space), eventfd (ioeventfd + I/O thread +
+    /// irqfd), pv-eoi (eventfd with paravirtual EOI), sidecore (IOCore polls the rings: no
+    /// notification exits), exitless (sidecore, and the guest polls: no exit per I/O), adaptive
+    /// (polls under load, sleeps on notifications when idle).
+    #[arg(long, value_name = "MODE", default_value = "exitless")]
+    pub io_mode: IoModeArg,
+    /// Pin the IOCore (polling or I/O thread) to this host CPU.
+    #[arg(long, value_name = "CPU")]
+    pub iocore_cpu: Option<usize>,
+    /// adaptive: microseconds the IOCore spins without a request before it sleeps.
+    #[arg(long, value_name = "US", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub idle_budget_us: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IoModeArg {
+    Trap,
+    Eventfd,
+    PvEoi,
+    Sidecore,
+    Exitless,
+    Adaptive,
+}
+
+impl From<IoModeArg> for vmm::IoMode {
+    fn from(mode: IoModeArg) -> vmm::IoMode {
+        match mode {
+            IoModeArg::Trap => vmm::IoMode::Trap,
+            IoModeArg::Eventfd => vmm::IoMode::Eventfd,
+            IoModeArg::PvEoi => vmm::IoMode::PvEoi,
+            IoModeArg::Sidecore => vmm::IoMode::Sidecore,
+            IoModeArg::Exitless => vmm::IoMode::Exitless,
+            IoModeArg::Adaptive => vmm::IoMode::Adaptive,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod disk;
 mod probe;
 mod qemu;
 mod run;

@@ -34,6 +34,7 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
             cmdline = probe::DEFAULT_CMDLINE.to_string();
         }
         cmdline = probe::with_tsc_khz(&cmdline, vmm::tsc_khz()?);
+        cmdline = probe::with_io_mode(&cmdline, args.io.io_mode.into());
     }
     Ok(VmConfig {
         mem_bytes: args.mem,
@@ -47,6 +48,10 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
         cmdline,
         console: ConsoleMode::Stdout,
         timeout: args.timeout.map(Duration::from_secs_f64),
+        disks: args.io.disks.clone(),
+        io_mode: args.io.io_mode.into(),
+        iocore_cpu: args.io.iocore_cpu,
+        idle_budget: Duration::from_micros(args.io.idle_budget_us),
     })
 }
 

@@ -1,9 +1,15 @@
-//! virtio for exitless: split virtqueues over untrusted guest memory, and the virtio-blk device
-//! model. The device models do not know which I/O mode drives them.
+//! virtio for exitless: split virtqueues over untrusted guest memory, the virtio-mmio transport,
+//! and the virtio-blk device model. Device models do not know which I/O mode drives them: a
+//! [`QueueWorker`] is polled by whoever owns it (the vCPU thread in `trap` mode, an IOCore
+//! thread otherwise).
 
 pub mod block;
+pub mod device;
 pub mod interrupt;
+pub mod mmio;
 pub mod queue;
+
+pub use device::{ActivateError, DeviceSignals, QueueWorker, VirtioDevice, WorkerHost};
 
 pub const VIRTIO_F_EVENT_IDX: u32 = 29;
 pub const VIRTIO_F_VERSION_1: u32 = 32;

@@ -12,6 +12,14 @@ pub fn supported(kvm: &Kvm) -> Result<CpuId, kvm_ioctls::Error> {
     kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
 }
 
+/// KVM_FEATURE_PV_EOI: CPUID 0x4000_0001 EAX bit 6.
+const KVM_FEATURE_PV_EOI: u32 = 1 << 6;
+
+/// Does KVM offer guests its paravirtual EOI?
+pub fn has_pv_eoi(cpuid: &CpuId) -> bool {
+    cpuid.as_slice().iter().any(|e| e.function == 0x4000_0001 && e.eax & KVM_FEATURE_PV_EOI != 0)
+}
+
 /// `base` specialised for vCPU `index` of `count`.
 pub fn for_vcpu(base: &CpuId, index: u8, count: u8) -> CpuId {
     let mut cpuid = base.clone();

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
@@ -54,6 +55,12 @@ impl RunControl {
 pub struct Mark {
     pub label: u32,
     pub snapshot: Snapshot,
+    /// When the mark was taken.
+    pub at: std::time::Instant,
+    /// CPU time of this vCPU's thread so far (guest and host side of the vCPU).
+    pub vcpu_cpu: Duration,
+    /// CPU time of the IOCore thread so far, if the VM has one.
+    pub iocore_cpu: Option<Duration>,
 }
 
 /// What one vCPU did during the run.
@@ -129,7 +136,9 @@ impl Vcpu {
             Action::Mark(label) => {
                 if marks.len() < MAX_MARKS {
                     if let Ok(snapshot) = self.stats.snapshot() {
-                        marks.push(Mark { label, snapshot });
+                        let iocore_cpu = bus.virtio.iocore.as_ref().and_then(|io| io.cpu_time());
+                        let at = std::time::Instant::now();
+                        marks.push(Mark { label, snapshot, at, vcpu_cpu: thread_cpu_time(), iocore_cpu });
                     }
                 }
                 None
@@ -143,6 +152,14 @@ impl Vcpu {
         let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
         Ending::InternalError { vcpu: self.index, suberror, rip }
     }
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn pin_current_thread(cpu: usize) -> std::io::Result<()> {

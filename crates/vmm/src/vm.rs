@@ -21,6 +21,7 @@ use crate::boot::{self, BootError};
 use crate::devices::console::{ConsoleMode, ConsoleWriter};
 use crate::devices::serial::{Com1, COM1_IRQ};
 use crate::devices::testdev::TestDevice;
+use crate::devices::virtio::{DeviceError, DiskBackend, IoMode, VirtioDevices};
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
 use crate::stats::{StatsError, VcpuStats};
@@ -53,6 +54,13 @@ pub struct VmConfig {
     pub cmdline: String,
     pub console: ConsoleMode,
     pub timeout: Option<Duration>,
+    /// virtio-blk disks, in the order the guest sees them.
+    pub disks: Vec<DiskBackend>,
+    pub io_mode: IoMode,
+    /// The host CPU for the IOCore thread.
+    pub iocore_cpu: Option<usize>,
+    /// `adaptive`: how long the IOCore spins without a request before it sleeps.
+    pub idle_budget: Duration,
 }
 
 impl Default for VmConfig {
@@ -66,6 +74,10 @@ impl Default for VmConfig {
             cmdline: String::new(),
             console: ConsoleMode::Stdout,
             timeout: None,
+            disks: Vec::new(),
+            io_mode: IoMode::Eventfd,
+            iocore_cpu: None,
+            idle_budget: iocore::DEFAULT_IDLE_BUDGET,
         }
     }
 }
@@ -78,6 +90,10 @@ pub enum Kernel<'a> {
 
 #[derive(Debug, Error)]
 pub enum VmError {
+    #[error("{0}")]
+    Devices(#[from] DeviceError),
+    #[error("--io-mode {0} needs KVM's paravirtual EOI, which this host's KVM does not offer (CPUID 0x40000001 bit 6); use another mode")]
+    PvEoiUnavailable(IoMode),
     #[error("cannot open /dev/kvm: {0} (is KVM available, and may this user open it?)")]
     OpenKvm(#[source] kvm_ioctls::Error),
     #[error("KVM refused to {what}: {source}")]
@@ -189,6 +205,8 @@ pub struct RunOutcome {
     /// The console output, when the console mode captures it.
     pub console: Vec<u8>,
     pub wall_time: Duration,
+    /// What the IOCore did, if the VM had one.
+    pub iocore: Option<iocore::IoCoreStats>,
 }
 
 pub struct Vm {
@@ -259,7 +277,23 @@ impl Vm {
         let control = Arc::new(RunControl::default());
         let testdev = TestDevice::new(probe_abi::testdev::DEFAULT_BASE, mem.clone(), control.stop.clone())?;
         testdev.register(&vm).map_err(kvm_err("register the test device doorbell and interrupt"))?;
-        let cmdline = format!("{} {}={:#x}", config.cmdline, probe_abi::param::TESTDEV, testdev.base());
+        let base_cpuid = cpuid::supported(&kvm).map_err(kvm_err("report supported CPUID"))?;
+        if config.io_mode.uses_pv_eoi() && !config.disks.is_empty() && !cpuid::has_pv_eoi(&base_cpuid) {
+            return Err(VmError::PvEoiUnavailable(config.io_mode));
+        }
+        let virtio = VirtioDevices::create(
+            &vm,
+            &mem,
+            &config.disks,
+            config.io_mode,
+            config.idle_budget,
+            config.iocore_cpu,
+        )?;
+        let mut cmdline = config.cmdline.clone();
+        for slot in &virtio.slots {
+            cmdline = format!("{cmdline} {}", slot.cmdline_entry());
+        }
+        let cmdline = format!("{cmdline} {}={:#x}", probe_abi::param::TESTDEV, testdev.base());
         boot::write_boot_info(&mem, cmdline.trim())?;
         regs::write_gdt(&mem)?;
 
@@ -267,9 +301,8 @@ impl Vm {
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
         vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(kvm_err("register the serial irqfd"))?;
         let serial = Com1::new(serial_irq.try_clone()?, console.clone());
-        let bus = Arc::new(Bus { serial: Mutex::new(serial), testdev });
+        let bus = Arc::new(Bus { serial: Mutex::new(serial), testdev, virtio });
 
-        let base_cpuid = cpuid::supported(&kvm).map_err(kvm_err("report supported CPUID"))?;
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for index in 0..config.vcpus {
             let fd = vm.create_vcpu(index as u64).map_err(kvm_err("create a vCPU"))?;
@@ -334,9 +367,10 @@ impl Vm {
             .map(|t| t.join().map_err(|_| VmError::Io(std::io::Error::other("a vCPU thread panicked"))))
             .collect::<Result<Vec<_>, _>>()?;
         self.bus.testdev.join();
+        let iocore = self.bus.virtio.shutdown();
         let mut console = self.console;
         let _ = std::io::Write::flush(&mut console);
-        Ok(RunOutcome { ending, vcpus, console: console.captured(), wall_time: started.elapsed() })
+        Ok(RunOutcome { ending, vcpus, console: console.captured(), wall_time: started.elapsed(), iocore })
     }
 }
 

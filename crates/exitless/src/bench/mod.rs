@@ -1,5 +1,6 @@
 //! `exitless bench`: scenarios, the machine they ran on, and report formats.
 
+mod baseline;
 mod exitcost;
 mod machine;
 

@@ -1,8 +1,10 @@
 //! virtio-blk: the device model (features, configuration space) and its data path.
 
+pub mod device;
 pub mod request;
 pub mod worker;
 
+pub use device::Block;
 pub use worker::{BlockCounters, BlockWorker, DiskInfo};
 
 pub const VIRTIO_ID_BLOCK: u32 = 2;

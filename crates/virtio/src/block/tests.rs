@@ -1,7 +1,7 @@
 //! The virtio-blk data path against a hostile driver, without a VM: rings laid out by hand in
 //! real guest memory (vm-memory), served by a real RAM disk in /dev/shm.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use storage::ram::RamDisk;
@@ -9,6 +9,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::request::*;
 use super::{BlockWorker, DiskInfo};
+use crate::device::DeviceSignals;
 use crate::interrupt::InterruptLine;
 use crate::queue::*;
 
@@ -44,7 +45,8 @@ fn rig(read_only: bool) -> Rig {
     }
     let info = DiskInfo { capacity: DISK, read_only, id: *b"exitless-test-disk\0\0" };
     let interrupt = InterruptLine::new(Arc::new(AtomicU32::new(0)), None);
-    let worker = BlockWorker::new(queue, mem.clone(), Box::new(disk), info, interrupt);
+    let signals = DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false)));
+    let worker = BlockWorker::new(queue, mem.clone(), Box::new(disk), info, signals);
     Rig { mem, worker, avail_idx: 0, _disk: path }
 }
 
@@ -287,7 +289,13 @@ fn interrupts_follow_the_drivers_wishes() {
         let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
         let disk = RamDisk::create(&path, DISK).unwrap();
         let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
-        BlockWorker::new(queue, mem, Box::new(disk), info, InterruptLine::new(status.clone(), None))
+        BlockWorker::new(
+            queue,
+            mem,
+            Box::new(disk),
+            info,
+            DeviceSignals::new(InterruptLine::new(status.clone(), None), Arc::new(AtomicBool::new(false))),
+        )
     };
     rig.request(VIRTIO_BLK_T_IN, 0, 512);
     rig.submit(0);

@@ -2,14 +2,19 @@
 //! completions in the used ring. It does not know which I/O mode drives it: the vCPU thread
 //! (trap), an I/O thread woken by an eventfd, or a polling IOCore call the same two methods.
 
+use std::time::{Duration, Instant};
+
 use storage::{Backend, Completion, Op};
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
 };
-use crate::interrupt::InterruptLine;
+use crate::device::{DeviceSignals, QueueWorker};
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 use vm_memory::GuestMemoryMmap;
+
+/// How long a reset waits for requests still with the backend.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the device tells the guest about the disk.
 #[derive(Debug, Clone)]
@@ -42,10 +47,16 @@ pub struct BlockWorker {
     mem: GuestMemoryMmap,
     backend: Box<dyn Backend>,
     disk: DiskInfo,
-    interrupt: InterruptLine,
+    signals: DeviceSignals,
     request: Request,
     in_flight: [InFlight; MAX_QUEUE_SIZE as usize],
+    /// Requests with the backend.
+    outstanding: usize,
     used_since_publish: usize,
+    /// The owner polls the queue (notifications suppressed) rather than waiting for them.
+    polling: bool,
+    /// The driver broke the queue; nothing is served until the device is reset.
+    broken: bool,
     pub counters: BlockCounters,
 }
 
@@ -59,7 +70,7 @@ impl BlockWorker {
         mem: GuestMemoryMmap,
         backend: Box<dyn Backend>,
         disk: DiskInfo,
-        interrupt: InterruptLine,
+        signals: DeviceSignals,
     ) -> BlockWorker {
         let idle = InFlight { status: None, written: 0 };
         BlockWorker {
@@ -67,16 +78,26 @@ impl BlockWorker {
             mem,
             backend,
             disk,
-            interrupt,
+            signals,
             request: Request::empty(),
             in_flight: [idle; MAX_QUEUE_SIZE as usize],
+            outstanding: 0,
             used_since_publish: 0,
+            polling: false,
+            broken: false,
             counters: BlockCounters::default(),
         }
     }
 
-    /// Give the backend back (device reset).
-    pub fn into_backend(self) -> Box<dyn Backend> {
+    /// Give the backend back (device reset). Requests still with the backend write into guest
+    /// RAM and carry this worker's tags, so they are let finish first (for a bounded time).
+    pub fn into_backend(mut self) -> Box<dyn Backend> {
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        while self.outstanding > 0 && Instant::now() < deadline {
+            if self.complete() == 0 {
+                std::hint::spin_loop();
+            }
+        }
         self.backend
     }
 
@@ -87,6 +108,30 @@ impl BlockWorker {
     /// Take every available request and start it. An error means the guest broke the queue
     /// itself: the device must stop and ask for a reset.
     pub fn process_queue(&mut self) -> Result<usize, QueueError> {
+        let mut started = self.take_available()?;
+        if self.polling {
+            // Keep the driver's notification threshold behind us (EVENT_IDX), so it never fires.
+            if started > 0 {
+                self.queue.set_notifications(false);
+            }
+        } else {
+            // Ask for the next notification, then look again: a request made before the driver
+            // saw the request for a notification would otherwise wait for the next one.
+            loop {
+                self.queue.set_notifications(true);
+                if !self.queue.has_avail()? {
+                    break;
+                }
+                started += self.take_available()?;
+            }
+        }
+        if started > 0 {
+            self.backend.kick();
+        }
+        Ok(started)
+    }
+
+    fn take_available(&mut self) -> Result<usize, QueueError> {
         let mut started = 0;
         while let Some(head) = self.queue.pop_avail()? {
             started += 1;
@@ -104,9 +149,6 @@ impl BlockWorker {
                     self.add_used(head, 0);
                 }
             }
-        }
-        if started > 0 {
-            self.backend.kick();
         }
         Ok(started)
     }
@@ -135,7 +177,10 @@ impl BlockWorker {
         };
         let written = if op == Op::Read { request.data_len as u32 + 1 } else { 1 };
         self.in_flight[head as usize] = InFlight { status: Some(request.status), written };
+        self.outstanding += 1;
         if !self.backend.submit(head as u32, op, request.offset, request.segments()) {
+            self.in_flight[head as usize].status = None;
+            self.outstanding -= 1;
             // The backend holds at least a queue's worth of requests, so this is a backend fault.
             request.status.write(VIRTIO_BLK_S_IOERR);
             self.counters.io_errors += 1;
@@ -174,6 +219,7 @@ impl BlockWorker {
         let Some(slot) = self.in_flight.get_mut(head as usize) else { return };
         let Some(status) = slot.status.take() else { return };
         let slot_written = slot.written;
+        self.outstanding -= 1;
         let written = match completion.result {
             Ok(_) => {
                 status.write(VIRTIO_BLK_S_OK);
@@ -203,7 +249,44 @@ impl BlockWorker {
         self.queue.publish_used();
         if self.queue.needs_interrupt() {
             self.counters.interrupts += 1;
-            self.interrupt.signal_used_buffer();
+            self.signals.interrupt.signal_used_buffer();
         }
+    }
+}
+
+impl QueueWorker for BlockWorker {
+    fn poll(&mut self) -> usize {
+        if self.broken {
+            return 0;
+        }
+        let started = match self.process_queue() {
+            Ok(n) => n,
+            Err(e) => {
+                self.broken = true;
+                self.signals.queue_broken(e);
+                0
+            }
+        };
+        // Requests started before the queue broke still finish: their buffers are valid.
+        started + self.complete()
+    }
+
+    fn set_polling(&mut self, polling: bool) {
+        self.polling = polling;
+        if !self.broken {
+            self.queue.set_notifications(!polling);
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.outstanding
+    }
+
+    fn has_pending(&self) -> bool {
+        !self.broken && self.queue.has_avail().unwrap_or(true)
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
     }
 }

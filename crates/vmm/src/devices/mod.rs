@@ -3,11 +3,13 @@
 pub mod console;
 pub mod serial;
 pub mod testdev;
+pub mod virtio;
 
 use std::sync::Mutex;
 
 use serial::Com1;
 use testdev::TestDevice;
+use virtio::VirtioDevices;
 
 /// QEMU's isa-debug-exit port: a write of V ends the VM with status V.
 pub const DEBUG_EXIT_PORT: u16 = 0xf4;
@@ -26,6 +28,7 @@ pub enum Action {
 pub struct Bus {
     pub serial: Mutex<Com1>,
     pub testdev: TestDevice,
+    pub virtio: VirtioDevices,
 }
 
 impl Bus {
@@ -56,11 +59,17 @@ impl Bus {
         if self.testdev.owns(addr) {
             return self.testdev.write(addr, data);
         }
+        if let Some(slot) = self.virtio.slots.iter().find(|s| s.owns(addr)) {
+            lock(&slot.transport).write(addr - slot.base, data);
+        }
         Action::Continue
     }
 
-    pub fn mmio_read(&self, _addr: u64, data: &mut [u8]) {
-        data.fill(0);
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        match self.virtio.slots.iter().find(|s| s.owns(addr)) {
+            Some(slot) => lock(&slot.transport).read(addr - slot.base, data),
+            None => data.fill(0),
+        }
     }
 }
 

@@ -1,0 +1,426 @@
+//! The bare-metal baseline of the block benchmarks: the guest's workload run on the host by fio,
+//! against the same backing file, with O_DIRECT, one job pinned to one core, once with the `psync`
+//! engine (queue depth 1) and once with `io_uring` (the requested queue depth); the better IOPS
+//! counts (DESIGN.md, "Benchmarks").
+//!
+//! Cores: fio's job thread is pinned to [`FioJob::cpu`]. With `io_uring`, I/O the kernel cannot
+//! complete without blocking is handed to an `iou-wrk` worker thread, which inherits the job's
+//! pinning, so the baseline stays on one core. Not used: `--sqthread_poll` (a kernel thread polling
+//! the submission queue, a second core), `--hipri` (polled completions: only block devices with poll
+//! queues, files answer EOPNOTSUPP), `--fixedbufs`/`--registerfiles` (about 1% on tmpfs here, within
+//! noise, and fixed buffers can hit RLIMIT_MEMLOCK on older kernels).
+//!
+//! Latency is fio's *total* latency (`lat_ns`, submission to completion, i.e. slat + clat), asked
+//! for with `--lat_percentiles=1`: what a guest sees from posting a request to seeing it done. For
+//! `psync` submission latency is 0, so it equals completion latency.
+
+#![allow(dead_code)] // used by the block bench (being wired)
+
+use std::io::ErrorKind;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use thiserror::Error;
+
+/// One baseline workload: what fio runs, on which file and core.
+#[derive(Clone, Debug)]
+pub struct FioJob {
+    /// The backing file (or block device). It must exist and, if a regular file, hold at least
+    /// `size` bytes: fio is told not to create or extend it. Write workloads overwrite its data.
+    pub path: PathBuf,
+    /// fio's `--rw`: `randread`, `randwrite`, `read` or `write`.
+    pub rw: &'static str,
+    /// Bytes per I/O.
+    pub block_size: u32,
+    /// The queue depth for `io_uring` (`psync` always runs at depth 1).
+    pub queue_depth: u32,
+    /// How long each engine runs (at least 1 ms; fio's granularity is milliseconds here).
+    pub runtime: Duration,
+    /// The host CPU the job is pinned to.
+    pub cpu: usize,
+    /// Bytes of the file the workload spans, from offset 0.
+    pub size: u64,
+}
+
+/// A fio I/O engine the baseline tries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// `pread`/`pwrite`, one I/O at a time.
+    Psync,
+    /// `io_uring` at the job's queue depth.
+    IoUring,
+}
+
+impl Engine {
+    /// Every engine, in the order [`best`] runs them.
+    pub const ALL: [Engine; 2] = [Engine::Psync, Engine::IoUring];
+
+    /// fio's name for it (`--ioengine=`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Psync => "psync",
+            Engine::IoUring => "io_uring",
+        }
+    }
+
+    fn queue_depth(self, job: &FioJob) -> u32 {
+        match self {
+            Engine::Psync => 1,
+            Engine::IoUring => job.queue_depth,
+        }
+    }
+}
+
+/// What one fio run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct FioResult {
+    /// fio's engine name (`psync`, `io_uring`).
+    pub engine: &'static str,
+    pub iops: f64,
+    /// Median total latency (submission to completion), microseconds.
+    pub p50_us: f64,
+    /// 99th-percentile total latency, microseconds.
+    pub p99_us: f64,
+    /// The queue depth fio ran at (1 for `psync`).
+    pub queue_depth: u32,
+    /// The fio command line, shell-quoted, to reproduce the run.
+    pub command: String,
+}
+
+#[derive(Debug, Error)]
+pub enum BaselineError {
+    #[error("fio is not installed: install fio (scripts/setup.sh does)")]
+    NotInstalled,
+    #[error("cannot start fio: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("bad baseline job: {0}")]
+    InvalidJob(String),
+    #[error("backing file {path}: {reason}")]
+    BackingFile { path: String, reason: String },
+    #[error("fio failed ({status}): {message}; to see all of it, run: {command}")]
+    Failed { status: String, message: String, command: String },
+    #[error("cannot read fio's output ({reason}); to see it, run: {command}")]
+    Unparsable { reason: String, command: String },
+}
+
+/// Runs `job` once with `engine` and returns what fio measured.
+pub fn run(job: &FioJob, engine: Engine) -> Result<FioResult, BaselineError> {
+    check(job)?;
+    let args = fio_args(job, engine)?;
+    let command = std::iter::once("fio".to_string())
+        .chain(args.iter().cloned())
+        .map(|w| shell_quote(&w))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let output = Command::new("fio").args(&args).stdin(Stdio::null()).output().map_err(|e| {
+        if e.kind() == ErrorKind::NotFound {
+            BaselineError::NotInstalled
+        } else {
+            BaselineError::Spawn(e)
+        }
+    })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let message = last_line(&stderr).or_else(|| last_line(&stdout)).unwrap_or("no message").to_string();
+        return Err(BaselineError::Failed { status: output.status.to_string(), message, command });
+    }
+    let measured = parse(&stdout, job.rw).map_err(|e| match e {
+        ParseError::JobError(code) => BaselineError::Failed {
+            status: format!("job error {code}"),
+            message: last_line(&String::from_utf8_lossy(&output.stderr)).unwrap_or("no message").to_string(),
+            command: command.clone(),
+        },
+        ParseError::Bad(reason) => BaselineError::Unparsable { reason, command: command.clone() },
+    })?;
+    Ok(FioResult {
+        engine: engine.name(),
+        iops: measured.iops,
+        p50_us: measured.p50_us,
+        p99_us: measured.p99_us,
+        queue_depth: engine.queue_depth(job),
+        command,
+    })
+}
+
+/// Runs `job` with `psync` (depth 1) and then `io_uring` (the job's depth); returns the run with
+/// more IOPS (`psync` on a tie) and both runs, in that order.
+pub fn best(job: &FioJob) -> Result<(FioResult, Vec<FioResult>), BaselineError> {
+    let psync = run(job, Engine::Psync)?;
+    let io_uring = run(job, Engine::IoUring)?;
+    let best = if io_uring.iops > psync.iops { io_uring.clone() } else { psync.clone() };
+    Ok((best, vec![psync, io_uring]))
+}
+
+/// fio's version as it prints it (e.g. `fio-3.33`), or `None` if fio cannot be run.
+pub fn fio_version() -> Option<String> {
+    let output = Command::new("fio").arg("--version").stdin(Stdio::null()).output().ok()?;
+    let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    (output.status.success() && !version.is_empty()).then_some(version)
+}
+
+const RW: [&str; 4] = ["randread", "randwrite", "read", "write"];
+
+fn check(job: &FioJob) -> Result<(), BaselineError> {
+    let invalid = |m: String| Err(BaselineError::InvalidJob(m));
+    if !RW.contains(&job.rw) {
+        return invalid(format!("rw {:?} is none of {}", job.rw, RW.join(", ")));
+    }
+    if job.block_size == 0 || job.queue_depth == 0 {
+        return invalid("block size and queue depth must be at least 1".into());
+    }
+    if job.runtime < Duration::from_millis(1) {
+        return invalid("runtime must be at least 1 ms (fio's 0 means forever)".into());
+    }
+    if job.size < u64::from(job.block_size) {
+        return invalid(format!("size {} is smaller than one block ({} bytes)", job.size, job.block_size));
+    }
+    let path = job.path.display().to_string();
+    let meta = std::fs::metadata(&job.path).map_err(|e| BaselineError::BackingFile {
+        path: path.clone(),
+        reason: format!("{e} (create it first: fio is not allowed to)"),
+    })?;
+    if meta.is_file() && meta.len() < job.size {
+        return Err(BaselineError::BackingFile {
+            path,
+            reason: format!(
+                "{} bytes, smaller than the {} the job spans (grow it first: fio would write it out)",
+                meta.len(),
+                job.size
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> {
+    let path = job.path.to_str().ok_or_else(|| {
+        BaselineError::InvalidJob(format!(
+            "path {} is not UTF-8, which fio's command line needs",
+            job.path.display()
+        ))
+    })?;
+    // fio splits --filename on ':' unless escaped.
+    let filename = path.replace(':', "\\:");
+    Ok(vec![
+        "--output-format=json".into(),
+        "--name=exitless-baseline".into(),
+        format!("--filename={filename}"),
+        "--allow_file_create=0".into(),
+        "--direct=1".into(),
+        format!("--ioengine={}", engine.name()),
+        format!("--iodepth={}", engine.queue_depth(job)),
+        format!("--rw={}", job.rw),
+        format!("--bs={}", job.block_size),
+        format!("--size={}", job.size),
+        format!("--runtime={}ms", job.runtime.as_millis()),
+        "--time_based".into(),
+        format!("--cpus_allowed={}", job.cpu),
+        "--numjobs=1".into(),
+        "--thread".into(),
+        "--group_reporting".into(),
+        // No map of blocks already hit (less work per I/O), and a fresh random seed per run.
+        "--norandommap".into(),
+        "--randrepeat=0".into(),
+        "--lat_percentiles=1".into(),
+        "--percentile_list=50:99".into(),
+    ])
+}
+
+#[derive(Debug, PartialEq)]
+struct Measured {
+    iops: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+#[derive(Debug)]
+enum ParseError {
+    /// fio's JSON says the job failed (its `error` field).
+    JobError(i64),
+    /// Anything else that is not what fio prints.
+    Bad(String),
+}
+
+/// Reads fio's `--output-format=json` output (which may follow notes fio prints on standard output
+/// first) for a job with `--rw=rw`.
+fn parse(stdout: &str, rw: &str) -> Result<Measured, ParseError> {
+    let bad = |m: &str| ParseError::Bad(m.to_string());
+    let start = if stdout.starts_with('{') {
+        0
+    } else {
+        stdout.find("\n{").map(|i| i + 1).ok_or_else(|| bad("no JSON document"))?
+    };
+    let doc: Value = serde_json::Deserializer::from_str(&stdout[start..])
+        .into_iter()
+        .next()
+        .ok_or_else(|| bad("no JSON document"))?
+        .map_err(|e| ParseError::Bad(format!("invalid JSON: {e}")))?;
+    let job = doc.get("jobs").and_then(|j| j.get(0)).ok_or_else(|| bad("no jobs[0]"))?;
+    match job.get("error").and_then(Value::as_i64) {
+        Some(0) | None => {}
+        Some(code) => return Err(ParseError::JobError(code)),
+    }
+    let direction = if rw.contains("read") { "read" } else { "write" };
+    let stats = job.get(direction).ok_or_else(|| ParseError::Bad(format!("no jobs[0].{direction}")))?;
+    let iops = stats
+        .get("iops")
+        .and_then(Value::as_f64)
+        .filter(|i| i.is_finite() && *i >= 0.0)
+        .ok_or_else(|| ParseError::Bad(format!("no jobs[0].{direction}.iops")))?;
+    let percentile_us = |key: &str| {
+        stats
+            .get("lat_ns")
+            .and_then(|l| l.get("percentile"))
+            .and_then(|p| p.get(key))
+            .and_then(Value::as_f64)
+            .filter(|ns| ns.is_finite() && *ns >= 0.0)
+            .map(|ns| ns / 1000.0)
+            .ok_or_else(|| {
+                ParseError::Bad(format!(
+                    "no jobs[0].{direction}.lat_ns.percentile[\"{key}\"] (did the job do any {direction}s? \
+                     does this fio know --lat_percentiles?)"
+                ))
+            })
+    };
+    Ok(Measured { iops, p50_us: percentile_us("50.000000")?, p99_us: percentile_us("99.000000")? })
+}
+
+fn last_line(text: &str) -> Option<&str> {
+    text.lines().map(str::trim).rfind(|l| !l.is_empty())
+}
+
+/// `word` as a POSIX shell reads it back: bare if it is plain, else in single quotes.
+fn shell_quote(word: &str) -> String {
+    let plain =
+        !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Trimmed from a real run: `fio-3.33 ... --ioengine=psync --rw=randread --bs=4096
+    /// --lat_percentiles=1 --percentile_list=50:99` on a tmpfs file, with the note fio prints on
+    /// standard output before the JSON when a sync engine is given a queue depth.
+    const SAMPLE: &str = r#"note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1
+{
+  "fio version" : "fio-3.33",
+  "jobs" : [
+    {
+      "jobname" : "exitless-baseline",
+      "groupid" : 0,
+      "error" : 0,
+      "read" : {
+        "io_bytes" : 2788904960,
+        "iops" : 1361770.000000,
+        "runtime" : 500,
+        "total_ios" : 680885,
+        "slat_ns" : { "min" : 0, "max" : 0, "mean" : 0.000000, "stddev" : 0.000000, "N" : 0 },
+        "clat_ns" : {
+          "min" : 520, "max" : 52368, "mean" : 564.866045, "stddev" : 281.326103, "N" : 680885,
+          "percentile" : { "50.000000" : 564, "99.000000" : 588 }
+        },
+        "lat_ns" : {
+          "min" : 550, "max" : 52398, "mean" : 592.140200, "stddev" : 286.272869, "N" : 680885,
+          "percentile" : { "50.000000" : 588, "99.000000" : 612 }
+        }
+      },
+      "write" : {
+        "io_bytes" : 0,
+        "iops" : 0.000000,
+        "runtime" : 0,
+        "total_ios" : 0,
+        "slat_ns" : { "min" : 0, "max" : 0, "mean" : 0.000000, "stddev" : 0.000000, "N" : 0 },
+        "clat_ns" : { "min" : 0, "max" : 0, "mean" : 0.000000, "stddev" : 0.000000, "N" : 0 },
+        "lat_ns" : { "min" : 0, "max" : 0, "mean" : 0.000000, "stddev" : 0.000000, "N" : 0 }
+      }
+    }
+  ]
+}
+"#;
+
+    #[test]
+    fn parses_captured_output() {
+        let m = parse(SAMPLE, "randread").unwrap();
+        assert_eq!(m, Measured { iops: 1361770.0, p50_us: 0.588, p99_us: 0.612 });
+        // The write side did nothing, so it has no percentiles: an error, not zeros.
+        assert!(matches!(parse(SAMPLE, "randwrite"), Err(ParseError::Bad(_))));
+        let failed = SAMPLE.replace(r#""error" : 0"#, r#""error" : 5"#);
+        assert!(matches!(parse(&failed, "randread"), Err(ParseError::JobError(5))));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        for garbage in ["", "fio: something broke\n", "{", "{\"jobs\": 3}", "[1, 2]", "\n{\"jobs\": [{}]}"] {
+            assert!(matches!(parse(garbage, "read"), Err(ParseError::Bad(_))), "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn quotes_for_the_shell() {
+        assert_eq!(shell_quote("--filename=/dev/shm/a"), "--filename=/dev/shm/a");
+        assert_eq!(shell_quote("it's here"), r"'it'\''s here'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    fn job(path: PathBuf) -> FioJob {
+        FioJob {
+            path,
+            rw: "randread",
+            block_size: 4096,
+            queue_depth: 8,
+            runtime: Duration::from_millis(500),
+            cpu: 0,
+            size: 64 << 20,
+        }
+    }
+
+    /// Real fio on a tmpfs file (tmpfs takes O_DIRECT since Linux 6.6), both engines.
+    #[test]
+    fn runs_fio_with_both_engines() {
+        let file = tempfile::Builder::new().prefix("exitless-baseline").tempfile_in("/dev/shm").unwrap();
+        file.as_file().set_len(64 << 20).unwrap();
+        let (best, all) = best(&job(file.path().to_path_buf())).unwrap();
+        assert_eq!(
+            all.iter().map(|r| (r.engine, r.queue_depth)).collect::<Vec<_>>(),
+            [("psync", 1), ("io_uring", 8)]
+        );
+        for r in &all {
+            assert!(r.iops > 0.0 && r.p50_us > 0.0 && r.p50_us <= r.p99_us, "{r:?}");
+            assert!(r.command.starts_with("fio --output-format=json") && r.command.contains("--direct=1"));
+        }
+        let max = all.iter().map(|r| r.iops).fold(0.0, f64::max);
+        assert_eq!(best.iops, max);
+        assert!(all.iter().any(|r| r.engine == best.engine && r.iops == max));
+    }
+
+    #[test]
+    fn errors_say_what_went_wrong() {
+        let file = tempfile::Builder::new().prefix("exitless-baseline").tempfile_in("/dev/shm").unwrap();
+        file.as_file().set_len(64 << 20).unwrap();
+        // A CPU that does not exist: fio refuses, and its message comes through.
+        let mut bad_cpu = job(file.path().to_path_buf());
+        bad_cpu.cpu = 1 << 20;
+        let err = run(&bad_cpu, Engine::Psync).unwrap_err();
+        assert!(
+            matches!(err, BaselineError::Failed { .. }) && err.to_string().contains("cpus_allowed"),
+            "{err}"
+        );
+        // A file too small, or missing: refused before fio could write it out.
+        let mut too_big = job(file.path().to_path_buf());
+        too_big.size = 128 << 20;
+        assert!(matches!(run(&too_big, Engine::Psync), Err(BaselineError::BackingFile { .. })));
+        let missing = job(file.path().with_extension("missing"));
+        assert!(matches!(run(&missing, Engine::Psync), Err(BaselineError::BackingFile { .. })));
+        assert!(fio_version().is_some_and(|v| v.starts_with("fio-")));
+    }
+}

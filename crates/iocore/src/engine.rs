@@ -1,0 +1,223 @@
+//! The IOCore thread's loop.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use virtio::QueueWorker;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::{Command, IoCoreStats, Policy, Shared};
+
+/// Idle spins between two looks at the clock (adaptive policy).
+const SPINS_PER_CLOCK_CHECK: u32 = 64;
+/// The epoll token of the wake-up eventfd; queues use their index.
+const WAKE_TOKEN: u64 = u64::MAX;
+const MAX_EVENTS: usize = 64;
+
+struct Entry {
+    id: u64,
+    worker: Box<dyn QueueWorker>,
+    notify: Option<Arc<EventFd>>,
+}
+
+pub(crate) struct Engine {
+    policy: Policy,
+    shared: Arc<Shared>,
+    entries: Vec<Entry>,
+    epoll: Epoll,
+    events: [EpollEvent; MAX_EVENTS],
+    stats: IoCoreStats,
+}
+
+impl Engine {
+    pub(crate) fn new(policy: Policy, shared: Arc<Shared>) -> std::io::Result<Engine> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(
+            ControlOperation::Add,
+            shared.wake.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, WAKE_TOKEN),
+        )?;
+        Ok(Engine {
+            policy,
+            shared,
+            entries: Vec::new(),
+            epoll,
+            events: [EpollEvent::default(); MAX_EVENTS],
+            stats: IoCoreStats::default(),
+        })
+    }
+
+    /// The thread body: reports its CPU clock (or why it could not pin), then serves until
+    /// told to stop.
+    pub(crate) fn run(
+        mut self,
+        cpu: Option<usize>,
+        started: SyncSender<std::io::Result<libc::clockid_t>>,
+    ) -> IoCoreStats {
+        if let Some(cpu) = cpu {
+            if let Err(e) = pin_current_thread(cpu) {
+                let _ = started.send(Err(e));
+                return self.stats;
+            }
+        }
+        let _ = started.send(current_thread_clock());
+        drop(started);
+
+        let mut idle_since: Option<Instant> = None;
+        let mut idle_spins = 0u32;
+        loop {
+            if self.shared.pending.load(Ordering::Acquire) && !self.commands() {
+                return self.stats;
+            }
+            let work = self.poll_all();
+            match self.policy {
+                Policy::Polling => {
+                    if work == 0 {
+                        std::hint::spin_loop();
+                    }
+                }
+                Policy::Notified => {
+                    if work == 0 && !self.in_flight() {
+                        self.sleep();
+                    }
+                }
+                Policy::Adaptive { idle } => {
+                    if work > 0 || self.in_flight() {
+                        idle_since = None;
+                        continue;
+                    }
+                    idle_spins = idle_spins.wrapping_add(1);
+                    if !idle_spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    let now = Instant::now();
+                    let since = *idle_since.get_or_insert(now);
+                    if now.duration_since(since) >= idle {
+                        // Ask for notifications, then look once more: a request the driver made
+                        // before it saw that would otherwise wait for the next one.
+                        self.set_polling(false);
+                        if !self.pending() {
+                            self.sleep();
+                        }
+                        self.set_polling(true);
+                        idle_since = None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn poll_all(&mut self) -> usize {
+        let mut work = 0;
+        for entry in &mut self.entries {
+            work += entry.worker.poll();
+        }
+        self.stats.work += work as u64;
+        work
+    }
+
+    fn in_flight(&self) -> bool {
+        self.entries.iter().any(|e| e.worker.in_flight() > 0)
+    }
+
+    fn pending(&self) -> bool {
+        self.entries.iter().any(|e| e.worker.has_pending())
+    }
+
+    fn set_polling(&mut self, polling: bool) {
+        for entry in &mut self.entries {
+            entry.worker.set_polling(polling);
+        }
+    }
+
+    /// Wait in epoll for a notification or a command, then clear what fired.
+    fn sleep(&mut self) {
+        self.stats.sleeps += 1;
+        let Ok(n) = self.epoll.wait(-1, &mut self.events) else { return };
+        for event in &self.events[..n] {
+            let fd = match event.data() {
+                WAKE_TOKEN => Some(&self.shared.wake),
+                index => self.entries.get(index as usize).and_then(|e| e.notify.as_deref()),
+            };
+            if let Some(fd) = fd {
+                // Non-blocking: empties the counter so the next epoll_wait sleeps.
+                let _ = fd.read();
+            }
+        }
+    }
+
+    /// Carry out attach/detach commands; `false` when the IOCore should stop.
+    fn commands(&mut self) -> bool {
+        self.shared.pending.store(false, Ordering::Release);
+        let commands = std::mem::take(&mut *self.shared.commands.lock().unwrap_or_else(|p| p.into_inner()));
+        for command in commands {
+            match command {
+                Command::Attach { id, mut worker, notify } => {
+                    worker.set_polling(self.policy != Policy::Notified);
+                    self.entries.push(Entry { id, worker, notify });
+                }
+                Command::Detach { id, reply } => {
+                    let entry = self
+                        .entries
+                        .iter()
+                        .position(|e| e.id == id)
+                        .map(|index| self.entries.swap_remove(index));
+                    let worker = entry.map(|entry| {
+                        if let Some(fd) = &entry.notify {
+                            let unused = EpollEvent::default();
+                            let _ = self.epoll.ctl(ControlOperation::Delete, fd.as_raw_fd(), unused);
+                        }
+                        entry.worker
+                    });
+                    let _ = reply.send(worker);
+                }
+            }
+        }
+        self.register_notifiers();
+        !self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// Re-register every queue's ioeventfd under its current index.
+    fn register_notifiers(&mut self) {
+        for (index, entry) in self.entries.iter().enumerate() {
+            if let Some(fd) = &entry.notify {
+                let event = EpollEvent::new(EventSet::IN, index as u64);
+                let fd = fd.as_raw_fd();
+                if self.epoll.ctl(ControlOperation::Modify, fd, event).is_err() {
+                    let _ = self.epoll.ctl(ControlOperation::Add, fd, event);
+                }
+            }
+        }
+    }
+}
+
+fn current_thread_clock() -> std::io::Result<libc::clockid_t> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: pthread_self() is the calling thread; `clock` is a valid out-pointer.
+    let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(clock)
+}
+
+fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (cpu checked
+    // above) and sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

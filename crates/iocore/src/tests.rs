@@ -1,0 +1,150 @@
+//! The IOCore serving a real virtio-blk worker over guest memory and a RAM disk in /dev/shm,
+//! under each policy.
+
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use storage::ram::RamDisk;
+use virtio::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
+use virtio::block::{BlockWorker, DiskInfo};
+use virtio::interrupt::InterruptLine;
+use virtio::queue::{Queue, QueueConfig, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use virtio::DeviceSignals;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::*;
+
+const DESC: u64 = 0x1000;
+const AVAIL: u64 = 0x2000;
+const USED: u64 = 0x3000;
+const HEADER: u64 = 0x4000;
+const STATUS: u64 = 0x4100;
+const DATA: u64 = 0x5000;
+const SIZE: u16 = 16;
+
+struct Guest {
+    mem: GuestMemoryMmap,
+    avail_idx: u16,
+    _disk: tempfile::TempPath,
+}
+
+fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let disk = RamDisk::create(&path, 1 << 20).unwrap();
+    let queue =
+        Queue::new(&mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, true).unwrap();
+    let signals = DeviceSignals::new(
+        InterruptLine::new(Arc::new(AtomicU32::new(0)), None),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20] };
+    let worker = BlockWorker::new(queue, mem.clone(), Box::new(disk), info, signals);
+    (Guest { mem, avail_idx: 0, _disk: path }, Box::new(worker))
+}
+
+impl Guest {
+    /// Make a 4 KiB read available (no notification).
+    fn submit_read(&mut self) {
+        self.mem.write_obj(VIRTIO_BLK_T_IN, GuestAddress(HEADER)).unwrap();
+        self.mem.write_obj(0u64, GuestAddress(HEADER + 8)).unwrap();
+        self.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+        let chain = [
+            (HEADER, 16u32, VIRTQ_DESC_F_NEXT),
+            (DATA, 4096, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT),
+            (STATUS, 1, VIRTQ_DESC_F_WRITE),
+        ];
+        for (i, (addr, len, flags)) in chain.into_iter().enumerate() {
+            let at = DESC + 16 * i as u64;
+            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
+            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+            self.mem.write_obj(i as u16 + 1, GuestAddress(at + 14)).unwrap();
+        }
+        self.mem.write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * (self.avail_idx % SIZE) as u64)).unwrap();
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.mem.write_obj(self.avail_idx, GuestAddress(AVAIL + 2)).unwrap();
+    }
+
+    fn used_idx(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+    }
+
+    /// The device's avail_event (EVENT_IDX): where the driver's next notification triggers.
+    fn avail_event(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(USED + 4 + 8 * SIZE as u64)).unwrap()
+    }
+
+    fn wait_served(&self, count: u16) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.used_idx() == count {
+                return self.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap() == VIRTIO_BLK_S_OK;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        false
+    }
+}
+
+#[test]
+fn polling_serves_without_notifications_and_hands_the_worker_back() {
+    let (mut guest, worker) = guest_and_worker();
+    let iocore = IoCore::spawn(Policy::Polling, None).unwrap();
+    iocore.attach(7, worker, None);
+    for n in 1..=3 {
+        guest.submit_read();
+        assert!(guest.wait_served(n), "request {n} served by polling");
+    }
+    assert!(iocore.detach(7).is_some());
+    assert!(iocore.detach(7).is_none(), "detached already");
+    assert!(iocore.cpu_time().is_some());
+    let stats = iocore.stop().unwrap();
+    assert_eq!(stats.sleeps, 0, "a polling IOCore never sleeps");
+    assert!(stats.work >= 6, "three requests started and finished");
+}
+
+#[test]
+fn notified_serves_when_the_eventfd_fires() {
+    let (mut guest, worker) = guest_and_worker();
+    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
+    iocore.attach(1, worker, Some(notify.clone()));
+    for n in 1..=3 {
+        guest.submit_read();
+        notify.write(1).unwrap();
+        assert!(guest.wait_served(n));
+        // The device asks to be notified about the very next request (EVENT_IDX).
+        assert_eq!(guest.avail_event(), guest.avail_idx);
+    }
+    let stats = iocore.stop().unwrap();
+    assert!(stats.sleeps >= 3);
+}
+
+#[test]
+fn adaptive_sleeps_when_idle_and_wakes_on_a_notification() {
+    let (mut guest, worker) = guest_and_worker();
+    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    let iocore = IoCore::spawn(Policy::Adaptive { idle: Duration::from_micros(50) }, None).unwrap();
+    iocore.attach(1, worker, Some(notify.clone()));
+    guest.submit_read();
+    assert!(guest.wait_served(1), "served while polling");
+    // Idle: notifications are asked for again and the thread stops spinning.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(guest.avail_event(), guest.avail_idx, "notifications re-enabled when idle");
+    let busy = iocore.cpu_time().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let idle_cpu = iocore.cpu_time().unwrap() - busy;
+    assert!(idle_cpu < Duration::from_millis(15), "{idle_cpu:?} of CPU in 300 ms idle");
+    guest.submit_read();
+    notify.write(1).unwrap();
+    assert!(guest.wait_served(2), "woken by the notification");
+    let stats = iocore.stop().unwrap();
+    assert!(stats.sleeps >= 1);
+}
+
+#[test]
+fn pinning_to_a_cpu_that_does_not_exist_fails_cleanly() {
+    assert!(matches!(IoCore::spawn(Policy::Polling, Some(100_000)), Err(IoCoreError::Pin { .. })));
+}

@@ -1,0 +1,323 @@
+//! The virtio-mmio transport, device side, register layout version 2 (virtio 1.x §4.2.2).
+//!
+//! Register accesses are guest input: unknown offsets read as 0 and are ignored on write,
+//! registers take 32-bit accesses only, and queue set-up is validated against guest RAM when the
+//! driver sets DRIVER_OK. A queue the driver breaks later sets DEVICE_NEEDS_RESET (through the
+//! worker's [`DeviceSignals`]); the device then waits for a reset.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device::{DeviceSignals, QueueWorker, VirtioDevice, WorkerHost};
+use crate::interrupt::InterruptLine;
+use crate::queue::{Queue, QueueConfig};
+use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+
+/// The size of one transport's MMIO window.
+pub const MMIO_SIZE: u64 = 0x1000;
+
+const MAGIC_VALUE: u64 = 0x000;
+const VERSION: u64 = 0x004;
+const DEVICE_ID: u64 = 0x008;
+const VENDOR_ID: u64 = 0x00c;
+const DEVICE_FEATURES: u64 = 0x010;
+const DEVICE_FEATURES_SEL: u64 = 0x014;
+const DRIVER_FEATURES: u64 = 0x020;
+const DRIVER_FEATURES_SEL: u64 = 0x024;
+const QUEUE_SEL: u64 = 0x030;
+const QUEUE_NUM_MAX: u64 = 0x034;
+const QUEUE_NUM: u64 = 0x038;
+const QUEUE_READY: u64 = 0x044;
+pub const QUEUE_NOTIFY: u64 = 0x050;
+const INTERRUPT_STATUS: u64 = 0x060;
+const INTERRUPT_ACK: u64 = 0x064;
+const STATUS: u64 = 0x070;
+const QUEUE_DESC_LOW: u64 = 0x080;
+const QUEUE_DESC_HIGH: u64 = 0x084;
+const QUEUE_DRIVER_LOW: u64 = 0x090;
+const QUEUE_DRIVER_HIGH: u64 = 0x094;
+const QUEUE_DEVICE_LOW: u64 = 0x0a0;
+const QUEUE_DEVICE_HIGH: u64 = 0x0a4;
+const CONFIG_GENERATION: u64 = 0x0fc;
+const CONFIG: u64 = 0x100;
+
+const MAGIC: u32 = 0x7472_6976; // "virt"
+/// "EXLS": any value will do; drivers match on the device ID.
+const VENDOR: u32 = 0x534c_5845;
+
+pub mod status {
+    pub const ACKNOWLEDGE: u32 = 1;
+    pub const DRIVER: u32 = 2;
+    pub const DRIVER_OK: u32 = 4;
+    pub const FEATURES_OK: u32 = 8;
+    pub const NEEDS_RESET: u32 = 64;
+    pub const FAILED: u32 = 128;
+}
+
+/// In `trap` mode a notification is served on the vCPU thread, synchronously: this long at most
+/// for a backend's in-flight requests (a file on a slow disk) before the vCPU goes back.
+const TRAP_COMPLETION_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, Default)]
+struct QueueState {
+    config: QueueConfig,
+    ready: bool,
+}
+
+/// Who runs the device's worker once the driver is ready.
+pub enum Runner {
+    /// The transport itself, on every QueueNotify write (trap-and-emulate).
+    OnNotify,
+    /// An IOCore (or I/O thread); `notify` is the ioeventfd on QueueNotify.
+    Host { host: Arc<dyn WorkerHost>, id: u64, notify: Option<Arc<EventFd>> },
+}
+
+pub struct MmioTransport {
+    device: Box<dyn VirtioDevice>,
+    mem: GuestMemoryMmap,
+    runner: Runner,
+    interrupt: InterruptLine,
+    interrupt_status: Arc<AtomicU32>,
+    needs_reset: Arc<AtomicBool>,
+    status: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    queues: Vec<QueueState>,
+    /// The worker, while the transport runs it (`Runner::OnNotify`).
+    local_worker: Option<Box<dyn QueueWorker>>,
+    /// Set while a worker is out (here or with the host).
+    active: bool,
+}
+
+impl MmioTransport {
+    /// `irq` raises the transport's interrupt line (an irqfd); `None` only in tests.
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        runner: Runner,
+        irq: Option<Arc<EventFd>>,
+    ) -> MmioTransport {
+        let interrupt_status = Arc::new(AtomicU32::new(0));
+        let queues = vec![QueueState::default(); device.queue_max_sizes().len()];
+        MmioTransport {
+            device,
+            mem,
+            runner,
+            interrupt: InterruptLine::new(interrupt_status.clone(), irq),
+            interrupt_status,
+            needs_reset: Arc::new(AtomicBool::new(false)),
+            status: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            queue_sel: 0,
+            queues,
+            local_worker: None,
+            active: false,
+        }
+    }
+
+    pub fn read(&self, offset: u64, data: &mut [u8]) {
+        if offset >= CONFIG {
+            self.device.read_config(offset - CONFIG, data);
+            return;
+        }
+        let value = if data.len() == 4 && offset.is_multiple_of(4) { self.register(offset) } else { 0 };
+        let bytes = value.to_le_bytes();
+        let n = data.len().min(4);
+        data[..n].copy_from_slice(&bytes[..n]);
+        data[n..].fill(0);
+    }
+
+    fn register(&self, offset: u64) -> u32 {
+        let queue = self.queues.get(self.queue_sel as usize);
+        match offset {
+            MAGIC_VALUE => MAGIC,
+            VERSION => 2,
+            DEVICE_ID => self.device.device_id(),
+            VENDOR_ID => VENDOR,
+            DEVICE_FEATURES => match self.device_features_sel {
+                0 => self.device.features() as u32,
+                1 => (self.device.features() >> 32) as u32,
+                _ => 0,
+            },
+            QUEUE_NUM_MAX => {
+                self.device.queue_max_sizes().get(self.queue_sel as usize).copied().unwrap_or(0) as u32
+            }
+            QUEUE_READY => queue.is_some_and(|q| q.ready) as u32,
+            INTERRUPT_STATUS => self.interrupt_status.load(Ordering::Acquire),
+            STATUS => {
+                let needs_reset = self.needs_reset.load(Ordering::Acquire);
+                self.status | if needs_reset { status::NEEDS_RESET } else { 0 }
+            }
+            CONFIG_GENERATION => 0,
+            _ => 0,
+        }
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset >= CONFIG {
+            return; // virtio-blk's configuration space is read-only for what we offer
+        }
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else { return };
+        if !offset.is_multiple_of(4) {
+            return;
+        }
+        let value = u32::from_le_bytes(bytes);
+        let setting_up = self.status & status::DRIVER_OK == 0;
+        match offset {
+            DEVICE_FEATURES_SEL => self.device_features_sel = value,
+            DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            DRIVER_FEATURES if self.status & status::FEATURES_OK == 0 => match self.driver_features_sel {
+                0 => self.driver_features = (self.driver_features & !0xffff_ffff) | value as u64,
+                1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (value as u64) << 32,
+                _ => {}
+            },
+            QUEUE_SEL => self.queue_sel = value,
+            QUEUE_NUM | QUEUE_READY | QUEUE_DESC_LOW | QUEUE_DESC_HIGH | QUEUE_DRIVER_LOW
+            | QUEUE_DRIVER_HIGH | QUEUE_DEVICE_LOW | QUEUE_DEVICE_HIGH
+                if setting_up =>
+            {
+                self.write_queue_register(offset, value)
+            }
+            QUEUE_NOTIFY => self.notified(),
+            INTERRUPT_ACK => {
+                self.interrupt_status.fetch_and(!value, Ordering::AcqRel);
+            }
+            STATUS => self.write_status(value),
+            _ => {}
+        }
+    }
+
+    fn write_queue_register(&mut self, offset: u64, value: u32) {
+        let Some(queue) = self.queues.get_mut(self.queue_sel as usize) else { return };
+        let set_low = |field: &mut u64| *field = (*field & !0xffff_ffff) | value as u64;
+        let set_high = |field: &mut u64| *field = (*field & 0xffff_ffff) | (value as u64) << 32;
+        let config = &mut queue.config;
+        match offset {
+            QUEUE_NUM => config.size = value.min(u16::MAX as u32) as u16,
+            QUEUE_READY => queue.ready = value == 1,
+            QUEUE_DESC_LOW => set_low(&mut config.desc),
+            QUEUE_DESC_HIGH => set_high(&mut config.desc),
+            QUEUE_DRIVER_LOW => set_low(&mut config.avail),
+            QUEUE_DRIVER_HIGH => set_high(&mut config.avail),
+            QUEUE_DEVICE_LOW => set_low(&mut config.used),
+            QUEUE_DEVICE_HIGH => set_high(&mut config.used),
+            _ => {}
+        }
+    }
+
+    fn write_status(&mut self, value: u32) {
+        if value == 0 {
+            self.reset();
+            return;
+        }
+        // The driver only adds bits (§3.1.1); anything else is ignored.
+        if value & self.status != self.status {
+            return;
+        }
+        let mut value = value & !status::NEEDS_RESET;
+        if value & status::FEATURES_OK != 0 && self.status & status::FEATURES_OK == 0 {
+            let offered = self.device.features();
+            let acceptable =
+                self.driver_features & !offered == 0 && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0;
+            if !acceptable {
+                value &= !status::FEATURES_OK;
+            }
+        }
+        let newly_ok = value & status::DRIVER_OK != 0 && self.status & status::DRIVER_OK == 0;
+        self.status = value;
+        if newly_ok {
+            if self.status & status::FEATURES_OK == 0 {
+                self.needs_reset.store(true, Ordering::Release);
+                return;
+            }
+            self.activate();
+        }
+    }
+
+    fn activate(&mut self) {
+        let event_idx = self.driver_features & (1 << VIRTIO_F_EVENT_IDX) != 0;
+        let mut queues = Vec::with_capacity(self.queues.len());
+        for state in &self.queues {
+            match state.ready.then(|| Queue::new(&self.mem, state.config, event_idx)) {
+                Some(Ok(queue)) => queues.push(queue),
+                // A queue not made ready, or one outside guest RAM: the driver must start over.
+                _ => {
+                    self.needs_reset.store(true, Ordering::Release);
+                    return;
+                }
+            }
+        }
+        let signals = DeviceSignals::new(self.interrupt.clone(), self.needs_reset.clone());
+        let mut worker = match self.device.activate(&self.mem, queues, self.driver_features, signals) {
+            Ok(worker) => worker,
+            Err(_) => {
+                self.needs_reset.store(true, Ordering::Release);
+                return;
+            }
+        };
+        self.active = true;
+        match &self.runner {
+            Runner::OnNotify => {
+                worker.set_polling(false);
+                self.local_worker = Some(worker);
+            }
+            Runner::Host { host, id, notify } => host.attach(*id, worker, notify.clone()),
+        }
+    }
+
+    /// QueueNotify reached the transport: serve the queue here (trap mode). With a host the
+    /// notification goes to its ioeventfd and never exits to user space; if it does anyway
+    /// (no ioeventfd), the host polls or wakes on its own.
+    fn notified(&mut self) {
+        let Some(worker) = self.local_worker.as_mut() else {
+            if let Runner::Host { notify: Some(fd), .. } = &self.runner {
+                let _ = fd.write(1);
+            }
+            return;
+        };
+        worker.poll();
+        let started = Instant::now();
+        while worker.in_flight() > 0 && started.elapsed() < TRAP_COMPLETION_WAIT {
+            if worker.poll() == 0 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        if self.active {
+            let worker = match &self.runner {
+                Runner::OnNotify => self.local_worker.take(),
+                Runner::Host { host, id, .. } => host.detach(*id),
+            };
+            if let Some(worker) = worker {
+                self.device.deactivate(worker);
+            }
+            self.active = false;
+        }
+        self.status = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.driver_features = 0;
+        self.queue_sel = 0;
+        self.queues.iter_mut().for_each(|q| *q = QueueState::default());
+        self.interrupt_status.store(0, Ordering::Release);
+        self.needs_reset.store(false, Ordering::Release);
+    }
+
+    /// Stop the data path (the VM is going away): take the worker back from its host.
+    pub fn shutdown(&mut self) {
+        self.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,212 @@
+//! The transport's register state machine driven as a hostile or a correct driver would,
+//! over real guest memory and a real RAM disk in /dev/shm.
+
+use std::sync::atomic::Ordering;
+
+use storage::ram::RamDisk;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::*;
+use crate::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
+use crate::block::Block;
+use crate::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+
+const MEM: usize = 1 << 20;
+const DESC: u64 = 0x1000;
+const AVAIL: u64 = 0x2000;
+const USED: u64 = 0x3000;
+const HEADER: u64 = 0x4000;
+const STATUS_BYTE: u64 = 0x4100;
+const DATA: u64 = 0x5000;
+const DISK: u64 = 1 << 20;
+
+struct Rig {
+    mem: GuestMemoryMmap,
+    transport: MmioTransport,
+    avail_idx: u16,
+    _disk: tempfile::TempPath,
+}
+
+fn rig() -> Rig {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let disk = RamDisk::create(&path, DISK).unwrap();
+    let device = Block::new(Box::new(disk), "mmio-test");
+    let transport = MmioTransport::new(Box::new(device), mem.clone(), Runner::OnNotify, None);
+    Rig { mem, transport, avail_idx: 0, _disk: path }
+}
+
+impl Rig {
+    fn read(&self, offset: u64) -> u32 {
+        let mut data = [0u8; 4];
+        self.transport.read(offset, &mut data);
+        u32::from_le_bytes(data)
+    }
+
+    fn write(&mut self, offset: u64, value: u32) {
+        self.transport.write(offset, &value.to_le_bytes());
+    }
+
+    fn features(&mut self) -> u64 {
+        self.write(DEVICE_FEATURES_SEL, 0);
+        let low = self.read(DEVICE_FEATURES) as u64;
+        self.write(DEVICE_FEATURES_SEL, 1);
+        low | (self.read(DEVICE_FEATURES) as u64) << 32
+    }
+
+    /// The driver's side of §3.1.1 with queue 0 at the given rings.
+    fn set_up(&mut self, driver_features: u64, desc: u64) {
+        self.write(STATUS, 0);
+        self.write(STATUS, status::ACKNOWLEDGE);
+        self.write(STATUS, status::ACKNOWLEDGE | status::DRIVER);
+        self.write(DRIVER_FEATURES_SEL, 0);
+        self.write(DRIVER_FEATURES, driver_features as u32);
+        self.write(DRIVER_FEATURES_SEL, 1);
+        self.write(DRIVER_FEATURES, (driver_features >> 32) as u32);
+        self.write(STATUS, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
+        self.write(QUEUE_SEL, 0);
+        self.write(QUEUE_NUM, 16);
+        for (low, value) in [(QUEUE_DESC_LOW, desc), (QUEUE_DRIVER_LOW, AVAIL), (QUEUE_DEVICE_LOW, USED)] {
+            self.write(low, value as u32);
+            self.write(low + 4, (value >> 32) as u32);
+        }
+        self.write(QUEUE_READY, 1);
+        let ok = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK;
+        self.write(STATUS, ok);
+        self.avail_idx = 0;
+    }
+
+    /// Queue a 4 KiB request on descriptors 0-2 and notify.
+    fn request(&mut self, kind: u32, sector: u64) {
+        self.mem.write_obj(kind, GuestAddress(HEADER)).unwrap();
+        self.mem.write_obj(sector, GuestAddress(HEADER + 8)).unwrap();
+        self.mem.write_obj(0xffu8, GuestAddress(STATUS_BYTE)).unwrap();
+        let data_flags = if kind == VIRTIO_BLK_T_OUT { 0 } else { VIRTQ_DESC_F_WRITE };
+        let descriptors = [
+            (HEADER, 16u32, VIRTQ_DESC_F_NEXT),
+            (DATA, 4096, data_flags | VIRTQ_DESC_F_NEXT),
+            (STATUS_BYTE, 1, VIRTQ_DESC_F_WRITE),
+        ];
+        for (i, (addr, len, flags)) in descriptors.into_iter().enumerate() {
+            let at = DESC + 16 * i as u64;
+            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
+            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+            self.mem.write_obj(i as u16 + 1, GuestAddress(at + 14)).unwrap();
+        }
+        self.mem.write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * (self.avail_idx % 16) as u64)).unwrap();
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.mem.write_obj(self.avail_idx, GuestAddress(AVAIL + 2)).unwrap();
+        self.write(QUEUE_NOTIFY, 0);
+    }
+
+    fn used_idx(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+    }
+
+    fn status_byte(&self) -> u8 {
+        self.mem.read_obj(GuestAddress(STATUS_BYTE)).unwrap()
+    }
+}
+
+const VERSION_1: u64 = 1 << crate::VIRTIO_F_VERSION_1;
+
+#[test]
+fn identifies_as_a_modern_block_device_with_its_capacity() {
+    let mut rig = rig();
+    assert_eq!(rig.read(MAGIC_VALUE), MAGIC);
+    assert_eq!(rig.read(VERSION), 2);
+    assert_eq!(rig.read(DEVICE_ID), 2);
+    assert_ne!(rig.features() & VERSION_1, 0);
+    assert_eq!(rig.read(QUEUE_NUM_MAX), 256);
+    let mut capacity = [0u8; 8];
+    rig.transport.read(CONFIG, &mut capacity);
+    assert_eq!(u64::from_le_bytes(capacity), DISK / 512);
+}
+
+#[test]
+fn serves_a_write_and_a_read_on_notify() {
+    let mut rig = rig();
+    let features = rig.features();
+    rig.set_up(features, DESC);
+    assert_eq!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+    rig.mem.write_slice(&[0xa5; 4096], GuestAddress(DATA)).unwrap();
+    rig.request(VIRTIO_BLK_T_OUT, 16);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (1, VIRTIO_BLK_S_OK));
+    rig.mem.write_slice(&[0; 4096], GuestAddress(DATA)).unwrap();
+    rig.request(VIRTIO_BLK_T_IN, 16);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (2, VIRTIO_BLK_S_OK));
+    let mut back = [0u8; 4096];
+    rig.mem.read_slice(&mut back, GuestAddress(DATA)).unwrap();
+    assert!(back.iter().all(|&b| b == 0xa5));
+    assert_eq!(rig.read(INTERRUPT_STATUS) & 1, 1, "used-buffer interrupt");
+    rig.write(INTERRUPT_ACK, 1);
+    assert_eq!(rig.read(INTERRUPT_STATUS), 0);
+}
+
+#[test]
+fn features_not_offered_or_without_version_1_are_refused() {
+    let mut rig = rig();
+    rig.set_up(1 << 60, DESC);
+    assert_eq!(rig.read(STATUS) & status::FEATURES_OK, 0);
+    assert_ne!(rig.read(STATUS) & status::NEEDS_RESET, 0, "DRIVER_OK without FEATURES_OK");
+    rig.set_up(0, DESC);
+    assert_eq!(rig.read(STATUS) & status::FEATURES_OK, 0, "a legacy driver");
+}
+
+#[test]
+fn rings_outside_guest_memory_need_a_reset_and_a_reset_recovers() {
+    let mut rig = rig();
+    let features = rig.features();
+    rig.set_up(features, MEM as u64 - 8);
+    assert_ne!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+    rig.request(VIRTIO_BLK_T_IN, 0);
+    assert_eq!(rig.used_idx(), 0, "an inactive device serves nothing");
+    rig.set_up(features, DESC);
+    assert_eq!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+    rig.request(VIRTIO_BLK_T_IN, 0);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (1, VIRTIO_BLK_S_OK));
+}
+
+#[test]
+fn a_broken_queue_sets_needs_reset_with_a_config_interrupt() {
+    let mut rig = rig();
+    let features = rig.features();
+    rig.set_up(features, DESC);
+    rig.mem.write_obj(1000u16, GuestAddress(AVAIL + 2)).unwrap();
+    rig.write(QUEUE_NOTIFY, 0);
+    assert_ne!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+    assert_eq!(rig.read(INTERRUPT_STATUS) & 2, 2, "configuration-change interrupt");
+    rig.set_up(features, DESC);
+    rig.request(VIRTIO_BLK_T_IN, 0);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (1, VIRTIO_BLK_S_OK));
+}
+
+#[test]
+fn odd_accesses_are_ignored() {
+    let mut rig = rig();
+    let mut wide = [0xffu8; 8];
+    rig.transport.read(MAGIC_VALUE, &mut wide);
+    assert_eq!(wide, [0; 8], "registers take 32-bit accesses only");
+    let mut byte = [0xffu8; 1];
+    rig.transport.read(MAGIC_VALUE + 1, &mut byte);
+    assert_eq!(byte, [0]);
+    rig.transport.write(STATUS, &[1, 0]);
+    assert_eq!(rig.read(STATUS), 0);
+    assert_eq!(rig.read(0x0f0), 0, "an unknown register");
+    let mut beyond = [0xffu8; 4];
+    rig.transport.read(CONFIG + 0xe00, &mut beyond);
+    assert_eq!(beyond, [0; 4]);
+    rig.write(QUEUE_SEL, 7);
+    assert_eq!(rig.read(QUEUE_NUM_MAX), 0, "no queue 7");
+    rig.write(QUEUE_NUM, 64);
+    rig.write(QUEUE_READY, 1);
+    // A queue-size write after DRIVER_OK does not move the running queue.
+    let features = rig.features();
+    rig.set_up(features, DESC);
+    rig.write(QUEUE_SEL, 0);
+    rig.write(QUEUE_NUM, 0);
+    rig.request(VIRTIO_BLK_T_IN, 0);
+    assert_eq!(rig.used_idx(), 1);
+    assert_eq!(rig.transport.interrupt_status.load(Ordering::Acquire) & 1, 1);
+}
