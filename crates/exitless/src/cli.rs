@@ -19,7 +19,7 @@ pub enum Command {
     /// The built-in probe guest.
     #[command(subcommand)]
     Probe(ProbeCommand),
-    /// Measure: `exitcost` times every kind of exit from the probe guest.
+    /// Measure. Without a scenario: the block I/O ladder (every --io-mode) against bare metal.
     Bench(BenchArgs),
 }
 
@@ -140,9 +140,89 @@ pub enum ProbeCommand {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, after_help = BENCH_HELP)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub scenario: BenchScenario,
+    pub scenario: Option<BenchScenario>,
+    #[command(flatten)]
+    pub blk: BlkBenchArgs,
+}
+
+const BENCH_HELP: &str = "\
+Without a scenario, `exitless bench` runs the probe guest's block workload on a virtio-blk disk
+in every I/O mode of the ladder (trap, eventfd, pv-eoi, sidecore, exitless, adaptive), and the
+same workload on the host with fio (O_DIRECT, psync and io_uring, one job pinned to one core;
+the better counts) against the very same file. Per row: IOPS, p50/p99 latency, exits per I/O by
+cause (KVM's statistics between two marks around the measured phase), cores used (vCPU plus
+IOCore CPU time over wall time) and the ratio to bare metal. Progress goes to standard error.";
+
+/// The block ladder.
+#[derive(Args)]
+pub struct BlkBenchArgs {
+    /// Access patterns.
+    #[arg(long, value_delimiter = ',', default_value = "randread")]
+    pub rw: Vec<RwArg>,
+    /// Block sizes in bytes (multiples of 512, at most 128K).
+    #[arg(long, value_delimiter = ',', default_value = "4096", value_parser = parse_block_size)]
+    pub bs: Vec<u32>,
+    /// Queue depths (1 to 64).
+    #[arg(long, value_delimiter = ',', default_value = "1,32", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub qd: Vec<u32>,
+    /// I/O modes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
+    pub modes: Vec<IoModeArg>,
+    /// The disk: `ram=SIZE` (a RAM disk in /dev/shm, filled with data first, shared with fio)
+    /// or `path=FILE[,direct]` (an existing file through io_uring; write workloads overwrite it).
+    #[arg(long, value_name = "SPEC", default_value = "ram=1G", value_parser = crate::disk::parse)]
+    pub disk: vmm::DiskBackend,
+    /// How long each measured run lasts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub duration_ms: u64,
+    /// Unmeasured requests before each run.
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub warmup: u64,
+    /// Host CPU for the vCPU (and for fio's job).
+    #[arg(long, value_name = "CPU", default_value_t = 0)]
+    pub vcpu_cpu: usize,
+    /// Host CPU for the IOCore.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub iocore_cpu: usize,
+    /// Skip the bare-metal baseline (fio).
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Print one JSON document instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the tables as Markdown, with date, command and machine (for BENCHMARKS.md).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RwArg {
+    Randread,
+    Randwrite,
+    Read,
+    Write,
+}
+
+impl RwArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            RwArg::Randread => "randread",
+            RwArg::Randwrite => "randwrite",
+            RwArg::Read => "read",
+            RwArg::Write => "write",
+        }
+    }
+}
+
+fn parse_block_size(text: &str) -> Result<u32, String> {
+    let size = crate::size::parse(text)?;
+    if size == 0 || size % 512 != 0 || size > 128 * 1024 {
+        return Err(format!("block size `{text}` must be a multiple of 512 up to 128K"));
+    }
+    Ok(size as u32)
 }
 
 #[derive(Subcommand)]

@@ -14,8 +14,6 @@
 //! for with `--lat_percentiles=1`: what a guest sees from posting a request to seeing it done. For
 //! `psync` submission latency is 0, so it equals completion latency.
 
-#![allow(dead_code)] // used by the block bench (being wired)
-
 use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -55,9 +53,6 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// Every engine, in the order [`best`] runs them.
-    pub const ALL: [Engine; 2] = [Engine::Psync, Engine::IoUring];
-
     /// fio's name for it (`--ioengine=`).
     pub fn name(self) -> &'static str {
         match self {

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
-use vmm::{ConsoleMode, Counters, Ending, Kernel, RunOutcome, Vm, VmConfig};
+use vmm::{ConsoleMode, Ending, Kernel, Vm, VmConfig};
 
 use super::machine::{self, Machine};
-use super::{command_line, progress};
+use super::table::Table;
+use super::{command_line, marked_counters, progress};
 use crate::cli::{ExitcostArgs, Peer};
 use crate::qemu::Qemu;
 use crate::{fail, probe};
@@ -22,9 +23,6 @@ const OPS: [(&str, &str); 5] = [
     ("irq", "round trip answered by an interrupt (irqfd, IOAPIC, ring-0 handler, EOI)"),
 ];
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
-/// Counters that say what caused the exits, shown per operation.
-const CAUSES: [&str; 6] =
-    ["mmio_exits", "io_exits", "halt_exits", "irq_exits", "insn_emulation", "irq_injections"];
 
 #[derive(Serialize)]
 struct Row {
@@ -103,16 +101,9 @@ fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> 
     }
     let line = result_line(&String::from_utf8_lossy(&outcome.console), op)
         .ok_or_else(|| format!("no result line for {op} in the console output"))?;
-    let counters = loop_counters(&outcome).ok_or("the probe set no exit marks")?;
+    let counters = marked_counters(&outcome, 0, 1).ok_or("the probe set no exit marks")?;
     let per_op = |v: u64| v as f64 / n as f64;
-    let mut causes = serde_json::Map::new();
-    for cause in CAUSES {
-        // Causes below 0.005 per operation are background noise (timer interrupts and the like).
-        let value = per_op(counters.get(cause));
-        if value >= 0.005 {
-            causes.insert(cause.to_string(), value.into());
-        }
-    }
+    let causes = super::causes_per(&counters, n);
     Ok(Row {
         vmm: "exitless",
         op,
@@ -122,21 +113,6 @@ fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> 
         exits_by_cause: causes,
         note: None,
     })
-}
-
-/// Exits between the probe's two marks around the timed loop, less the closing mark's own
-/// MMIO exit (the opening mark's snapshot is taken after its exit was counted).
-fn loop_counters(outcome: &RunOutcome) -> Option<Counters> {
-    let marks = &outcome.vcpus.first()?.marks;
-    let start = marks.iter().find(|m| m.label == 0)?;
-    let end = marks.iter().find(|m| m.label == 1)?;
-    let mut counters = end.snapshot.since(&start.snapshot);
-    for (name, value) in counters.0.iter_mut() {
-        if name == "exits" || name == "mmio_exits" {
-            *value = value.saturating_sub(1);
-        }
-    }
-    Some(counters)
 }
 
 fn result_line(console: &str, op: &str) -> Option<Value> {
@@ -199,80 +175,43 @@ impl Report {
         if has_qemu {
             header.push("QEMU-KVM ns/op");
         }
-        let mut lines = Vec::new();
+        let mut rows = Vec::new();
         for (op, what) in OPS {
             let ours = self.results.iter().find(|r| r.vmm == "exitless" && r.op == op);
             let theirs = self.results.iter().find(|r| r.vmm == "qemu" && r.op == op);
             let fmt_ns =
                 |r: Option<&Row>| r.and_then(|r| r.ns_per_op).map_or("n/a".into(), |v| format!("{v:.1}"));
-            let causes = ours.map_or(String::new(), |r| {
-                r.exits_by_cause
-                    .iter()
-                    .map(|(k, v)| format!("{k} {:.2}", v.as_f64().unwrap_or(0.0)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            });
             let mut row = vec![
                 op.to_string(),
                 what.to_string(),
                 fmt_ns(ours),
                 ours.and_then(|r| r.exits_per_op).map_or("n/a".into(), |v| format!("{v:.2}")),
-                if causes.is_empty() { "-".into() } else { causes },
+                ours.map_or("-".into(), |r| super::format_causes(&r.exits_by_cause)),
             ];
             if has_qemu {
                 row.push(fmt_ns(theirs));
             }
-            lines.push(row);
+            rows.push(row);
         }
         let title = format!(
             "exitcost: one exit of each kind from the probe guest in ring 3 (n={}, ping-pong n={})",
             self.results.iter().find(|r| r.op == "mmio").map_or(0, |r| r.n),
             self.results.iter().find(|r| r.op == "pingpong").map_or(0, |r| r.n),
         );
-        let mut out = String::new();
-        if markdown {
-            out += &format!("### {title}\n\n");
-            out += &format!(
-                "- date: {}\n- command: `{}`\n- machine: {}\n",
-                self.date,
-                self.command,
-                self.machine.describe()
-            );
-            if let Some(v) = &self.qemu_version {
-                out += &format!("- peer: {v}\n");
-            }
-            if let Some(c) = &self.qemu_command {
-                out += &format!("- QEMU command: `{c}`\n");
-            }
-            out += "\n";
-            out += &format!("| {} |\n", header.join(" | "));
-            out += &format!("|{}\n", header.iter().map(|_| "---|").collect::<String>());
-            for row in &lines {
-                out += &format!("| {} |\n", row.join(" | "));
-            }
-        } else {
-            out += &format!("{title}\n{}\n", self.machine.describe());
-            if let Some(v) = &self.qemu_version {
-                out += &format!("peer: {v}\n");
-            }
-            let widths: Vec<usize> = (0..header.len())
-                .map(|i| lines.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
-                .collect();
-            let render = |cells: Vec<&str>| {
-                cells
-                    .iter()
-                    .zip(&widths)
-                    .map(|(c, w)| format!("{c:<w$}"))
-                    .collect::<Vec<_>>()
-                    .join("  ")
-                    .trim_end()
-                    .to_string()
-            };
-            out += &format!("{}\n", render(header.clone()));
-            for row in &lines {
-                out += &format!("{}\n", render(row.iter().map(String::as_str).collect()));
-            }
+        let mut context = vec![
+            ("date".to_string(), self.date.clone()),
+            ("command".to_string(), format!("`{}`", self.command)),
+            ("machine".to_string(), self.machine.describe()),
+        ];
+        if let Some(v) = &self.qemu_version {
+            context.push(("peer".into(), v.clone()));
         }
-        out
+        if let Some(c) = &self.qemu_command {
+            context.push(("QEMU command".into(), format!("`{c}`")));
+        }
+        if !markdown {
+            context.retain(|(k, _)| k == "machine" || k == "peer");
+        }
+        Table { title, context, header, rows, notes: Vec::new() }.render(markdown)
     }
 }

@@ -1,0 +1,384 @@
+//! `exitless bench` (the default scenario): the block I/O ladder. The probe guest runs the same
+//! block workload on a virtio-blk disk in each I/O mode, and fio runs it on the host against
+//! the very same file: the bare-metal baseline.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use vmm::{ConsoleMode, DiskBackend, Ending, IoMode, Kernel, RunOutcome, Vm, VmConfig, VmError};
+
+use super::baseline::{self, FioJob, FioResult};
+use super::machine::{self, Machine};
+use super::table::Table;
+use super::{causes_per, command_line, format_causes, marked_counters, progress};
+use crate::cli::BlkBenchArgs;
+use crate::{fail, probe};
+
+/// Time a VM gets beyond its measured run (boot, warm-up, teardown) before it is stopped.
+const RUN_SLACK: Duration = Duration::from_secs(120);
+
+#[derive(Serialize, Clone)]
+struct Row {
+    device: &'static str,
+    vmm: &'static str,
+    mode: String,
+    workload: &'static str,
+    block_size: u32,
+    queue_depth: u32,
+    iops: Option<f64>,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    /// Requests measured.
+    ops: u64,
+    exits_per_io: Option<f64>,
+    exits_by_cause: Map<String, Value>,
+    bare_metal_iops: Option<f64>,
+    ratio_to_bare_metal: Option<f64>,
+    cpu_cores_used: Option<f64>,
+    note: Option<String>,
+}
+
+/// One workload shape.
+#[derive(Clone, Copy)]
+struct Scenario {
+    rw: &'static str,
+    bs: u32,
+    qd: u32,
+}
+
+#[derive(Serialize)]
+struct Report {
+    bench: &'static str,
+    date: String,
+    command: String,
+    machine: Machine,
+    tsc_khz: u32,
+    disk: String,
+    fio_version: Option<String>,
+    baseline_commands: Vec<String>,
+    results: Vec<Row>,
+}
+
+pub fn main(args: BlkBenchArgs) -> i32 {
+    match run(&args) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report).expect("report serializes"));
+            } else {
+                print!("{}", report.tables(args.markdown));
+            }
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn run(args: &BlkBenchArgs) -> Result<Report, String> {
+    let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
+    let disk = BenchDisk::prepare(&args.disk)?;
+    let mut results = Vec::new();
+    let mut baseline_commands = Vec::new();
+    for &rw in &args.rw {
+        for &bs in &args.bs {
+            for &qd in &args.qd {
+                let scenario = Scenario { rw: rw.name(), bs, qd };
+                let bare_metal = if args.no_baseline {
+                    None
+                } else {
+                    progress(format_args!("bare metal (fio): {} {bs} B, queue depth {qd}", scenario.rw));
+                    let (best, all) =
+                        baseline::best(&disk.fio_job(scenario, args)).map_err(|e| e.to_string())?;
+                    baseline_commands.extend(all.iter().map(|r| r.command.clone()));
+                    results.push(host_row(scenario, &best, &all));
+                    Some(best.iops)
+                };
+                for &mode in &args.modes {
+                    let mode = IoMode::from(mode);
+                    progress(format_args!("exitless {mode}: {} {bs} B, queue depth {qd}", scenario.rw));
+                    let mut row = run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
+                        .map_err(|e| format!("{mode}, {} {bs} B, queue depth {qd}: {e}", scenario.rw))?;
+                    row.bare_metal_iops = bare_metal;
+                    row.ratio_to_bare_metal = row.iops.zip(bare_metal).map(|(ours, host)| ours / host);
+                    results.push(row);
+                }
+            }
+        }
+    }
+    Ok(Report {
+        bench: "blk",
+        date: machine::today(),
+        command: command_line(),
+        machine: Machine::detect(),
+        tsc_khz,
+        disk: disk.describe.clone(),
+        fio_version: (!args.no_baseline).then(baseline::fio_version).flatten(),
+        baseline_commands,
+        results,
+    })
+}
+
+/// The backing file both the VM and fio use.
+struct BenchDisk {
+    vm_backend: DiskBackend,
+    fio_path: PathBuf,
+    size: u64,
+    describe: String,
+    /// A RAM disk file this run made, removed at the end.
+    made: Option<PathBuf>,
+}
+
+impl BenchDisk {
+    fn prepare(spec: &DiskBackend) -> Result<BenchDisk, String> {
+        let file_size = |path: &Path| {
+            std::fs::metadata(path).map(|m| m.len()).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        Ok(match spec {
+            DiskBackend::Ram { size } => {
+                let path = PathBuf::from(format!("/dev/shm/exitless-bench-{}.img", std::process::id()));
+                progress(format_args!("filling a {} MiB RAM disk at {}", size >> 20, path.display()));
+                fill(&path, *size)
+                    .map_err(|e| format!("cannot make the RAM disk {}: {e}", path.display()))?;
+                BenchDisk {
+                    vm_backend: DiskBackend::RamFile { path: path.clone(), read_only: false },
+                    fio_path: path.clone(),
+                    size: *size,
+                    describe: format!("RAM disk, {} MiB file in /dev/shm (filled with data)", size >> 20),
+                    made: Some(path),
+                }
+            }
+            DiskBackend::RamFile { path, .. } => BenchDisk {
+                vm_backend: spec.clone(),
+                fio_path: path.clone(),
+                size: file_size(path)?,
+                describe: format!("RAM disk, {}", path.display()),
+                made: None,
+            },
+            DiskBackend::File { path, direct, .. } => BenchDisk {
+                vm_backend: spec.clone(),
+                fio_path: path.clone(),
+                size: file_size(path)?,
+                describe: format!(
+                    "file {} through io_uring{}",
+                    path.display(),
+                    if *direct { " with O_DIRECT" } else { "" }
+                ),
+                made: None,
+            },
+        })
+    }
+
+    fn fio_job(&self, scenario: Scenario, args: &BlkBenchArgs) -> FioJob {
+        FioJob {
+            path: self.fio_path.clone(),
+            rw: scenario.rw,
+            block_size: scenario.bs,
+            queue_depth: scenario.qd,
+            runtime: Duration::from_millis(args.duration_ms),
+            cpu: args.vcpu_cpu,
+            size: self.size / scenario.bs as u64 * scenario.bs as u64,
+        }
+    }
+}
+
+impl Drop for BenchDisk {
+    fn drop(&mut self) {
+        if let Some(path) = &self.made {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Write `size` bytes of non-zero data: reads of never-written tmpfs pages are cheaper than
+/// reads of real data, which would flatter both sides.
+fn fill(path: &Path, size: u64) -> std::io::Result<()> {
+    let mut file = std::fs::File::create(path)?;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for byte in chunk.iter_mut() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        *byte = state as u8 | 1;
+    }
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        file.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    file.sync_all()
+}
+
+fn host_row(scenario: Scenario, best: &FioResult, all: &[FioResult]) -> Row {
+    let tried: Vec<String> =
+        all.iter().map(|r| format!("{} qd {}: {:.0} IOPS", r.engine, r.queue_depth, r.iops)).collect();
+    Row {
+        device: "host file",
+        vmm: "host",
+        mode: format!("bare metal (fio {})", best.engine),
+        workload: scenario.rw,
+        block_size: scenario.bs,
+        queue_depth: scenario.qd,
+        iops: Some(best.iops),
+        p50_us: Some(best.p50_us),
+        p99_us: Some(best.p99_us),
+        ops: 0,
+        exits_per_io: Some(0.0),
+        exits_by_cause: Map::new(),
+        bare_metal_iops: Some(best.iops),
+        ratio_to_bare_metal: Some(1.0),
+        cpu_cores_used: Some(1.0),
+        note: Some(tried.join("; ")),
+    }
+}
+
+fn run_mode(
+    mode: IoMode,
+    scenario: Scenario,
+    args: &BlkBenchArgs,
+    tsc_khz: u32,
+    disk: &DiskBackend,
+) -> Result<Row, String> {
+    let Scenario { rw, bs, qd } = scenario;
+    let cmdline = format!(
+        "probe.workload=blk probe.rw={rw} probe.bs={bs} probe.qd={qd} probe.duration_ms={} probe.warmup={} \
+         probe.tsc_khz={tsc_khz}",
+        args.duration_ms, args.warmup
+    );
+    let config = VmConfig {
+        cmdline: probe::with_io_mode(&cmdline, mode),
+        console: ConsoleMode::Capture,
+        timeout: Some(Duration::from_millis(args.duration_ms) + RUN_SLACK),
+        pin_vcpus: vec![args.vcpu_cpu],
+        disks: vec![disk.clone()],
+        io_mode: mode,
+        iocore_cpu: Some(args.iocore_cpu),
+        ..Default::default()
+    };
+    let mut row = Row {
+        device: "virtio-blk",
+        vmm: "exitless",
+        mode: mode.name().to_string(),
+        workload: rw,
+        block_size: bs,
+        queue_depth: qd,
+        iops: None,
+        p50_us: None,
+        p99_us: None,
+        ops: 0,
+        exits_per_io: None,
+        exits_by_cause: Map::new(),
+        bare_metal_iops: None,
+        ratio_to_bare_metal: None,
+        cpu_cores_used: None,
+        note: None,
+    };
+    let outcome = match Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run) {
+        Ok(outcome) => outcome,
+        Err(e @ VmError::PvEoiUnavailable(_)) => {
+            row.note = Some(format!("not measured: {e}"));
+            return Ok(row);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let console = String::from_utf8_lossy(&outcome.console);
+    let line = console
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["probe"] == "blk")
+        .ok_or_else(|| format!("{}; the probe printed no result: {console}", outcome.ending))?;
+    if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {
+        return Err(format!("{}; result: {line}", outcome.ending));
+    }
+    let ops = line["ops"].as_u64().unwrap_or(0);
+    let counters = marked_counters(&outcome, 0, 1).ok_or("the probe set no exit marks")?;
+    row.ops = ops;
+    row.iops = line["iops"].as_f64();
+    row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+    row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+    row.exits_per_io = Some(counters.get("exits") as f64 / ops.max(1) as f64);
+    row.exits_by_cause = causes_per(&counters, ops);
+    row.cpu_cores_used = cores_used(&outcome, 0, 1);
+    Ok(row)
+}
+
+/// (vCPU + IOCore CPU time) / wall time between two marks.
+fn cores_used(outcome: &RunOutcome, from: u32, to: u32) -> Option<f64> {
+    let marks = &outcome.vcpus.first()?.marks;
+    let start = marks.iter().find(|m| m.label == from)?;
+    let end = marks.iter().find(|m| m.label == to)?;
+    let wall = end.at.duration_since(start.at).as_secs_f64();
+    let vcpu = end.vcpu_cpu.saturating_sub(start.vcpu_cpu).as_secs_f64();
+    let iocore = match (start.iocore_cpu, end.iocore_cpu) {
+        (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64(),
+        _ => 0.0,
+    };
+    (wall > 0.0).then(|| (vcpu + iocore) / wall)
+}
+
+impl Report {
+    fn tables(&self, markdown: bool) -> String {
+        let mut out = String::new();
+        let mut scenarios: Vec<(&str, u32, u32)> = Vec::new();
+        for row in &self.results {
+            let key = (row.workload, row.block_size, row.queue_depth);
+            if !scenarios.contains(&key) {
+                scenarios.push(key);
+            }
+        }
+        let header = vec![
+            "mode",
+            "IOPS",
+            "p50 µs",
+            "p99 µs",
+            "exits/IO",
+            "exit causes per IO",
+            "% of bare metal",
+            "cores",
+        ];
+        let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
+        for (rw, bs, qd) in scenarios {
+            let rows: Vec<&Row> = self
+                .results
+                .iter()
+                .filter(|r| (r.workload, r.block_size, r.queue_depth) == (rw, bs, qd))
+                .collect();
+            let cells = rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.mode.clone(),
+                        number(r.iops, 0),
+                        number(r.p50_us, 1),
+                        number(r.p99_us, 1),
+                        number(r.exits_per_io, 3),
+                        format_causes(&r.exits_by_cause),
+                        number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
+                        number(r.cpu_cores_used, 2),
+                    ]
+                })
+                .collect();
+            let mut context = vec![
+                ("date".to_string(), self.date.clone()),
+                ("command".to_string(), format!("`{}`", self.command)),
+                ("machine".to_string(), self.machine.describe()),
+                ("disk".to_string(), self.disk.clone()),
+            ];
+            if let Some(v) = &self.fio_version {
+                context.push(("baseline".into(), format!("{v}, O_DIRECT, one job pinned to one core")));
+            }
+            if !markdown {
+                context.retain(|(k, _)| k == "machine" || k == "disk");
+            }
+            let notes =
+                rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+            let title =
+                format!("blk: {rw} {bs} B, queue depth {qd}, exitless's I/O modes against bare metal");
+            out += &Table { title, context, header: header.clone(), rows: cells, notes }.render(markdown);
+        }
+        out
+    }
+}
