@@ -3,9 +3,12 @@
 //! On this host KVM emulates guest ring-0 code one instruction at a time (~1.5 µs each), so the
 //! ring-0 path is kept to a few dozen instructions: the page tables and the GDT are built by the
 //! assembler, the IDT is filled in by ring 3 (all memory is user-accessible), and the workload
-//! runs in ring 3 with IOPL 3 so it can do port I/O and `cli`/`sti` itself.
+//! runs in ring 3 (port I/O through the TSS bitmap; no `cli`/`sti`). Ring 3 enters ring 0 only
+//! through exceptions and interrupts: this host's KVM turns `int n` from ring 3 into #UD, so the
+//! one ring-0 service, [`wrmsr`], is reached through a `ud2` (see there).
 
 use core::arch::global_asm;
+use core::sync::atomic::{AtomicU32, Ordering};
 
 /// The kernel code selector of the GDT below, for interrupt gates.
 const KERNEL_CODE_SELECTOR: u16 = 0x08;
@@ -100,6 +103,33 @@ irq_count_handler:
     popq %rax
     iretq
 
+    /* The same with KVM's paravirtual EOI on (MSR_KVM_PV_EOI_EN points at pv_eoi_flag). When
+       KVM injected the interrupt with bit 0 of the flag set, clearing the bit is the EOI: KVM
+       completes the interrupt itself at its next exit. Four instructions, no LAPIC access.
+       Otherwise the LAPIC EOI as above, counted in pv_eoi_lapic_eois (always, on this host's
+       kvm_pvm: see pv_eoi.rs). A plain btr, as Linux's kvm_guest_apic_eoi_write: KVM writes the
+       flag only for and from this vCPU. */
+    .global irq_pv_eoi_handler
+irq_pv_eoi_handler:
+    incl irq_counter
+    btrl $0, pv_eoi_flag
+    jnc 1f
+    iretq
+1:  incl pv_eoi_lapic_eois
+    pushq %rax
+    movl $0xfee000b0, %eax
+    movl $0, (%rax)
+    popq %rax
+    iretq
+
+    /* #UD handler while `wrmsr()` runs: wrmsr with ECX = MSR, EDX:EAX = value, then resume
+       after the ud2 that raised it. Three ring-0 instructions. */
+    .global wrmsr_service
+wrmsr_service:
+    wrmsr
+    addq $2, (%rsp)
+    iretq
+
     .section .data
     .balign 16
 gdt:
@@ -158,6 +188,13 @@ pd:
     .global irq_counter
 irq_counter:
     .long 0
+    .balign 64
+    .global pv_eoi_flag
+pv_eoi_flag:                        /* KVM's PV EOI word: bit 0 set = KVM will do the EOI */
+    .long 0
+    .global pv_eoi_lapic_eois
+pv_eoi_lapic_eois:                  /* interrupts irq_pv_eoi_handler ended at the LAPIC */
+    .long 0
     .balign 4096
     .global idt
 idt:
@@ -171,22 +208,74 @@ user_stack_top:
     options(att_syntax)
 );
 
+/// Invalid opcode, the exception [`wrmsr`] enters ring 0 by.
+const UD_VECTOR: u8 = 6;
+/// Bytes between two entry stubs of `exception_stubs`.
+const STUB_SIZE: u64 = 16;
+
 extern "C" {
     static exception_stubs: u8;
     static mut idt: [u64; 512];
     static irq_count_handler: u8;
-    static irq_counter: core::sync::atomic::AtomicU32;
+    static irq_pv_eoi_handler: u8;
+    static wrmsr_service: u8;
+    static irq_counter: AtomicU32;
+    static pv_eoi_flag: AtomicU32;
+    static pv_eoi_lapic_eois: AtomicU32;
 }
 
-/// Interrupts taken by [`irq_count_handler_address`] so far.
+/// Interrupts taken by [`irq_handler_address`] so far.
 pub fn irq_count() -> u32 {
     // SAFETY: `irq_counter` is a 4-byte-aligned word in .bss, only ever accessed atomically.
-    unsafe { irq_counter.load(core::sync::atomic::Ordering::Acquire) }
+    unsafe { irq_counter.load(Ordering::Acquire) }
 }
 
-/// The ring-0 handler that counts interrupts and writes the LAPIC EOI.
-pub fn irq_count_handler_address() -> u64 {
-    core::ptr::addr_of!(irq_count_handler) as u64
+/// Interrupts the PV EOI handler had to end with a LAPIC EOI write (KVM had not set the flag).
+pub fn pv_eoi_fallbacks() -> u32 {
+    // SAFETY: as in `irq_count`.
+    unsafe { pv_eoi_lapic_eois.load(Ordering::Acquire) }
+}
+
+/// Guest-physical address of the PV EOI flag word (4-byte aligned, as KVM requires).
+pub fn pv_eoi_flag_address() -> u64 {
+    core::ptr::addr_of!(pv_eoi_flag) as u64
+}
+
+/// The ring-0 interrupt handler the device drivers install: it counts the interrupt and ends
+/// it, with KVM's paravirtual EOI when [`crate::pv_eoi::enabled`], else at the LAPIC.
+pub fn irq_handler_address() -> u64 {
+    if crate::pv_eoi::enabled() {
+        core::ptr::addr_of!(irq_pv_eoi_handler) as u64
+    } else {
+        core::ptr::addr_of!(irq_count_handler) as u64
+    }
+}
+
+/// Write `value` to `msr` from ring 3, which cannot run wrmsr: point the #UD gate at the
+/// ring-0 `wrmsr_service`, raise #UD with `ud2`, and put the gate back. (A DPL-3 `int $0x80`
+/// gate would be the usual way, but this host's KVM turns any `int n` from ring 3 into #UD.)
+/// An MSR the hypervisor refuses raises #GP in ring 0, which the exception handler reports
+/// (status CRASH).
+pub fn wrmsr(msr: u32, value: u64) {
+    set_interrupt_gate(UD_VECTOR, core::ptr::addr_of!(wrmsr_service) as u64);
+    // SAFETY: the `ud2` enters `wrmsr_service` in ring 0, which writes the MSR and returns
+    // after the `ud2` with every register as it was; the frame goes on the kernel stack from
+    // the TSS, not on ours.
+    unsafe {
+        core::arch::asm!(
+            "ud2",
+            in("ecx") msr,
+            in("eax") value as u32,
+            in("edx") (value >> 32) as u32,
+            options(nostack)
+        )
+    }
+    set_interrupt_gate(UD_VECTOR, exception_stub(UD_VECTOR));
+}
+
+/// The entry stub that reports exception `vector`.
+fn exception_stub(vector: u8) -> u64 {
+    core::ptr::addr_of!(exception_stubs) as u64 + vector as u64 * STUB_SIZE
 }
 
 /// What the CPU and the entry stub pushed for an exception.
@@ -224,9 +313,8 @@ pub fn set_interrupt_gate(vector: u8, handler: u64) {
 
 /// Install the 32 exception handlers.
 pub fn install_exception_handlers() {
-    let stubs = core::ptr::addr_of!(exception_stubs) as u64;
     for vector in 0..32u8 {
-        set_interrupt_gate(vector, stubs + vector as u64 * 16);
+        set_interrupt_gate(vector, exception_stub(vector));
     }
 }
 

@@ -10,6 +10,7 @@ mod cmdline;
 mod deadline;
 mod histogram;
 mod json;
+mod pv_eoi;
 mod serial;
 mod start_info;
 mod virtio;

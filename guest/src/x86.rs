@@ -19,6 +19,16 @@ pub fn cpuid(leaf: u32, subleaf: u32) -> core::arch::x86_64::CpuidResult {
     core::arch::x86_64::__cpuid_count(leaf, subleaf)
 }
 
+/// KVM's paravirtual feature bits (CPUID 0x4000_0001 EAX); 0 when the hypervisor is not KVM.
+pub fn kvm_features() -> u32 {
+    let hv = cpuid(0x4000_0000, 0);
+    // "KVMKVMKVM\0\0\0" in EBX, ECX, EDX.
+    if [hv.ebx, hv.ecx, hv.edx] != [0x4b4d_564b, 0x564b_4d56, 0x4d] {
+        return 0;
+    }
+    cpuid(0x4000_0001, 0).eax
+}
+
 /// Volatile MMIO write of a 32-bit value.
 pub fn mmio_write32(addr: u64, value: u32) {
     // SAFETY: the caller passes a device address from the command line or the probe's own map;

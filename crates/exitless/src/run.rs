@@ -75,10 +75,33 @@ pub fn exit_status(ending: &Ending) -> i32 {
     }
 }
 
+/// What happened between consecutive marks the guest set: exits, wall time, and the CPU time of
+/// the vCPU and of the IOCore.
+fn phases(marks: &[vmm::Mark]) -> Vec<serde_json::Value> {
+    marks
+        .windows(2)
+        .map(|pair| {
+            let (start, end) = (&pair[0], &pair[1]);
+            let iocore = start.iocore_cpu.zip(end.iocore_cpu).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
+            json!({
+                "from": start.label,
+                "to": end.label,
+                "wall_s": end.at.duration_since(start.at).as_secs_f64(),
+                "vcpu_cpu_s": end.vcpu_cpu.saturating_sub(start.vcpu_cpu).as_secs_f64(),
+                "iocore_cpu_s": iocore,
+                "counters": end.snapshot.since(&start.snapshot),
+            })
+        })
+        .collect()
+}
+
 fn report_stats(outcome: &RunOutcome, json: bool) {
     if json {
-        let vcpus: Vec<_> =
-            outcome.vcpus.iter().map(|v| json!({ "vcpu": v.index, "counters": v.counters })).collect();
+        let vcpus: Vec<_> = outcome
+            .vcpus
+            .iter()
+            .map(|v| json!({ "vcpu": v.index, "counters": v.counters, "phases": phases(&v.marks) }))
+            .collect();
         let summary = json!({
             "exitless": "run",
             "ending": outcome.ending.to_string(),

@@ -58,6 +58,43 @@ pub mod testdev {
     const _: () = assert!(PINGPONG_ACK - PINGPONG_REQUEST >= 64 && PINGPONG_ACK + 4 <= PINGPONG_LEN);
 }
 
+/// The data the block workloads write and verify: the host checks a disk with the same function.
+pub mod pattern {
+    pub const SECTOR_SIZE: u64 = 512;
+    const WORDS_PER_SECTOR: u64 = SECTOR_SIZE / 8;
+
+    pub fn splitmix64(x: u64) -> u64 {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Word `word` (0..64) of sector `sector`: `splitmix64(seed * 0x9e3779b97f4a7c15 ^ (sector * 64
+    /// + word))`, stored little-endian.
+    pub fn word(seed: u64, sector: u64, word: u64) -> u64 {
+        splitmix64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (sector.wrapping_mul(WORDS_PER_SECTOR) + word))
+    }
+
+    /// Fill `buffer` (whole sectors) with the pattern of the sectors starting at `first_sector`.
+    pub fn fill(seed: u64, first_sector: u64, buffer: &mut [u8]) {
+        for (i, chunk) in buffer.chunks_exact_mut(8).enumerate() {
+            let i = i as u64;
+            chunk.copy_from_slice(
+                &word(seed, first_sector + i / WORDS_PER_SECTOR, i % WORDS_PER_SECTOR).to_le_bytes(),
+            );
+        }
+    }
+
+    /// Does `buffer` hold the pattern of the sectors starting at `first_sector`?
+    pub fn check(seed: u64, first_sector: u64, buffer: &[u8]) -> bool {
+        buffer.chunks_exact(8).enumerate().all(|(i, chunk)| {
+            let i = i as u64;
+            chunk == word(seed, first_sector + i / WORDS_PER_SECTOR, i % WORDS_PER_SECTOR).to_le_bytes()
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::testdev::*;

@@ -208,7 +208,7 @@ impl BlockDevice {
         let (desc, driver, device) = self.queue.addresses();
         t.setup_queue(REQUEST_QUEUE, size, desc, driver, device);
         if self.options.completion == Completion::Interrupt {
-            boot::set_interrupt_gate(VECTOR, boot::irq_count_handler_address());
+            boot::set_interrupt_gate(VECTOR, boot::irq_handler_address());
             apic::enable_lapic();
             apic::route_ioapic_pin(t.irq, VECTOR);
             self.queue.request_interrupt();
@@ -363,6 +363,11 @@ impl BlockDevice {
             }
             let count = self.reap(&mut done)?;
             if count > 0 {
+                if interrupts {
+                    // Interrupt-driven, as Linux's driver is: every completion raises an
+                    // interrupt, so keep asking for the next one (EVENT_IDX's used_event).
+                    self.queue.request_interrupt();
+                }
                 return Ok(count);
             }
             if interrupts {

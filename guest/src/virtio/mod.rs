@@ -75,8 +75,9 @@ impl Error {
 /// behind the compiler's back, so Rust only ever sees it through raw pointers.
 pub struct DmaStatic<T>(UnsafeCell<T>);
 
-// SAFETY: the probe is single-threaded (ring 3; the ring-0 interrupt handler touches only its
-// counter), and all access goes through raw pointers whose users follow the device protocol.
+// SAFETY: the probe is single-threaded (ring 3; the ring-0 interrupt handlers touch only their
+// counters and the PV EOI flag), and all access goes through raw pointers whose users follow
+// the device protocol.
 unsafe impl<T> Sync for DmaStatic<T> {}
 
 impl<T> DmaStatic<T> {

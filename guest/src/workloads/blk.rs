@@ -3,9 +3,26 @@
 //! Parameters: `probe.rw=randread|randwrite|read|write|verify` (default randread), `probe.bs=`
 //! bytes (a multiple of 512 up to 128K, default 4096), `probe.qd=` (1..=64, default 1),
 //! `probe.ops=` measured requests (default 10000) or `probe.duration_ms=` (needs
-//! `probe.tsc_khz=`), `probe.warmup=` unmeasured requests first (default 1000), and those of
-//! every block workload (`blkdev::Common`): `probe.completion=poll|interrupt`, `probe.dev=`,
-//! `probe.seed=`, `probe.event_idx=on|off`, `probe.timeout_ms=` (default 5000).
+//! `probe.tsc_khz=`), `probe.warmup=` unmeasured requests first (default 1000),
+//! `probe.pv_eoi=on|off` (default off), `probe.idle_ms=` (default 0), and those of every block
+//! workload (`blkdev::Common`): `probe.completion=poll|interrupt`, `probe.dev=`, `probe.seed=`,
+//! `probe.event_idx=on|off`, `probe.timeout_ms=` (default 5000).
+//!
+//! Marks for the VMM's exit accounting: 0 and 1 around the measured phase. With
+//! `probe.idle_ms=N` (N > 0; needs `probe.tsc_khz=`; not with `verify`), the probe then writes
+//! mark 2, spins N ms on the TSC without touching the device, writes mark 3, runs another
+//! `probe.ops` requests of the same kind (the post-idle phase: not in the latency histogram
+//! nor in `ops`, `notifies`, `interrupts`) and writes mark 4. The result line then has
+//! `"idle_ms"`, `"post_idle_ops"`, `"post_idle_errors"` (always present, 0 without idling),
+//! `"post_idle_first_ns"` (how long the first request after the idle period took, alone, before
+//! the others) and, if a post-idle wait failed, `"post_idle_error"`; any post-idle error makes
+//! the status FAILED. The host can thus see what its polling costs while the guest is idle and
+//! that the first request after it is served.
+//!
+//! `probe.pv_eoi=on` enables KVM's paravirtual EOI before the device is set up (it matters
+//! with `probe.completion=interrupt`); when KVM does not offer it, the probe prints an error
+//! line with `"pv_eoi":"unavailable"` and stops with status FAILED (1). The result line says
+//! `"pv_eoi":true|false` and `"pv_eois"`: measured-phase interrupts KVM completed itself.
 //!
 //! `verify` writes a pattern derived from (seed, sector, byte offset) over `probe.ops` blocks
 //! (or the whole disk if smaller), flushes if the device can, reads everything back and
@@ -13,8 +30,10 @@
 
 use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
 use super::pipeline::{self, Job, Limit, Stats};
+use crate::deadline::Deadline;
 use crate::histogram::Histogram;
 use crate::json::{Nanos, Str};
+use crate::pv_eoi::{self, Tally};
 use crate::virtio::blk::{
     BlockDevice, Counters, DiskInfo, ID_LEN, MAX_REQUEST_BYTES, SECTOR_SIZE, S_OK, T_FLUSH, T_GET_ID, T_IN,
     T_OUT,
@@ -126,6 +145,26 @@ struct Params {
     ops: u64,
     warmup: u64,
     duration_ms: Option<u64>,
+    /// Idle time after the measured phase before the post-idle phase; 0: none.
+    idle_ms: u64,
+}
+
+/// What the measured phase counted besides the pipeline's statistics.
+#[derive(Clone, Copy)]
+struct Counts {
+    device: Counters,
+    /// Interrupts KVM completed by PV EOI.
+    pv_eois: u64,
+}
+
+/// The requests after the idle period.
+#[derive(Default)]
+struct PostIdle {
+    ops: u64,
+    errors: u64,
+    /// TSC cycles of the first request (submitted alone).
+    first_cycles: Option<u64>,
+    error: Option<Error>,
 }
 
 fn params(env: &Env) -> Params {
@@ -147,6 +186,10 @@ fn params(env: &Env) -> Params {
         Some(ms) if ms > 0 && env.tsc_khz > 0 => ms,
         _ => bad_parameter("probe.duration_ms"),
     });
+    let idle_ms = number("probe.idle_ms", 0);
+    if idle_ms > 0 && (env.tsc_khz == 0 || rw == "verify") {
+        bad_parameter("probe.idle_ms");
+    }
     Params {
         rw,
         bs: bs as u32,
@@ -154,12 +197,14 @@ fn params(env: &Env) -> Params {
         ops: number("probe.ops", 10_000),
         warmup: number("probe.warmup", 1000),
         duration_ms,
+        idle_ms,
     }
 }
 
 pub fn run(env: &Env) -> u8 {
     let common = blkdev::common_params(env, TIMEOUT_MS);
     let p = params(env);
+    pv_eoi::from_cmdline(env, PROBE);
     let mut dev = blkdev::open(env, PROBE, &common, p.bs, p.qd);
     let sectors_per_block = p.bs as u64 / SECTOR_SIZE;
     let blocks = dev.disk.capacity_sectors / sectors_per_block;
@@ -197,12 +242,47 @@ pub fn run(env: &Env) -> u8 {
     };
     dev.counters = Counters::default();
     env.mark(0);
+    let tally = Tally::now();
     let result = run(&mut dev, &mut job, limit, Some(&mut latencies));
+    let counts = Counts { device: dev.counters, pv_eois: tally.pv_eois_since() };
     env.mark(1);
     let stats = result.unwrap_or_else(|e| fail(&dev, e));
-    print_result(env, &common, &p, &dev.disk, dev.counters, &stats, &latencies);
+
+    let mut post = PostIdle::default();
+    if p.idle_ms > 0 {
+        env.mark(2);
+        let idle = Deadline::after_ms(env.tsc_khz, p.idle_ms);
+        while !idle.passed() {
+            core::hint::spin_loop();
+        }
+        env.mark(3);
+        let mut post_phase = || -> Result<(), Error> {
+            if p.ops == 0 {
+                return Ok(());
+            }
+            let first = run(&mut dev, &mut job, Limit::Requests(1), None)?;
+            post.ops += first.ops;
+            post.errors += first.errors;
+            post.first_cycles = Some(first.cycles);
+            let rest = run(&mut dev, &mut job, Limit::Requests(p.ops - 1), None)?;
+            post.ops += rest.ops;
+            post.errors += rest.errors;
+            Ok(())
+        };
+        post.error = post_phase().err();
+        env.mark(4);
+    }
+
+    print_result(env, &common, &p, &dev.disk, counts, &stats, &latencies);
+    print!(",\"idle_ms\":{},\"post_idle_ops\":{},\"post_idle_errors\":{}", p.idle_ms, post.ops, post.errors);
+    if let Some(cycles) = post.first_cycles {
+        print!(",\"post_idle_first_ns\":{}", Nanos(env.ps_per_op(cycles, 1)));
+    }
+    if let Some(error) = post.error {
+        print!(",\"post_idle_error\":{}", Str(error.message()));
+    }
     println!("}}");
-    if stats.errors > 0 {
+    if stats.errors > 0 || post.errors > 0 || post.error.is_some() {
         status::FAILED
     } else {
         status::OK
@@ -221,6 +301,7 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
 
     dev.counters = Counters::default();
     env.mark(0);
+    let tally = Tally::now();
     let written =
         pipeline::run(dev, &mut write, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
     let flushed = if dev.disk.flush {
@@ -231,8 +312,8 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
     };
     let read =
         pipeline::run(dev, &mut check, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
+    let counts = Counts { device: dev.counters, pv_eois: tally.pv_eois_since() };
     env.mark(1);
-    let counters = dev.counters;
     pipeline::run(dev, &mut get_id, Limit::Requests(1), None, tsc_khz, timeout_ms)?;
 
     let flush_errors = u64::from(flushed && flush.status != S_OK);
@@ -241,7 +322,7 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
         errors: written.errors + read.errors + flush_errors,
         cycles: written.cycles + read.cycles,
     };
-    print_result(env, common, p, &dev.disk, counters, &stats, &latencies);
+    print_result(env, common, p, &dev.disk, counts, &stats, &latencies);
     print!(",\"blocks\":{},\"mismatches\":{},\"flush\":{}", blocks, check.mismatches, flushed);
     if let Some(sector) = check.first_mismatch {
         print!(",\"first_mismatch_sector\":{}", sector);
@@ -269,7 +350,7 @@ fn print_result(
     common: &Common,
     p: &Params,
     disk: &DiskInfo,
-    counters: Counters,
+    counts: Counts,
     stats: &Stats,
     latencies: &Histogram,
 ) {
@@ -306,7 +387,8 @@ fn print_result(
         disk.blk_size,
         disk.read_only,
         disk.event_idx,
-        counters.notifies,
-        counters.interrupts
+        counts.device.notifies,
+        counts.device.interrupts
     );
+    print!(",\"pv_eoi\":{},\"pv_eois\":{}", pv_eoi::enabled(), counts.pv_eois);
 }

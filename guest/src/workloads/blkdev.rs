@@ -3,7 +3,7 @@
 
 use crate::deadline::Deadline;
 use crate::json::Str;
-use crate::virtio::blk::{BlockDevice, Completion, Options, DEVICE_ID, SECTOR_SIZE};
+use crate::virtio::blk::{BlockDevice, Completion, Options, DEVICE_ID};
 use crate::virtio::{mmio, Error};
 use crate::{bad_parameter, cmdline, println, x86, Env};
 use probe_abi::status;
@@ -138,35 +138,15 @@ impl XorShift {
     }
 }
 
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use probe_abi::pattern::splitmix64;
 
-const WORDS_PER_SECTOR: u64 = SECTOR_SIZE / 8;
-
-/// The verification pattern: byte `o` of sector `s` is byte `o % 8` (little-endian) of
-/// `splitmix64(seed * 0x9e3779b97f4a7c15 ^ (s * 64 + o / 8))`.
-fn pattern_word(seed: u64, sector: u64, word: u64) -> u64 {
-    splitmix64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (sector.wrapping_mul(WORDS_PER_SECTOR) + word))
-}
-
-/// Fill `buffer` (whole sectors) with the pattern of the sectors starting at `first_sector`.
+/// Fill `buffer` (whole sectors) with the pattern of the sectors starting at `first_sector`
+/// (`probe_abi::pattern`, which the host's tests check disks with).
 pub fn fill_pattern(seed: u64, first_sector: u64, buffer: &mut [u8]) {
-    for (i, chunk) in buffer.chunks_exact_mut(8).enumerate() {
-        let i = i as u64;
-        let word = pattern_word(seed, first_sector + i / WORDS_PER_SECTOR, i % WORDS_PER_SECTOR);
-        chunk.copy_from_slice(&word.to_le_bytes());
-    }
+    probe_abi::pattern::fill(seed, first_sector, buffer)
 }
 
 /// Does `buffer` hold the pattern of the sectors starting at `first_sector`?
 pub fn check_pattern(seed: u64, first_sector: u64, buffer: &[u8]) -> bool {
-    buffer.chunks_exact(8).enumerate().all(|(i, chunk)| {
-        let i = i as u64;
-        let word = pattern_word(seed, first_sector + i / WORDS_PER_SECTOR, i % WORDS_PER_SECTOR);
-        chunk == word.to_le_bytes()
-    })
+    probe_abi::pattern::check(seed, first_sector, buffer)
 }

@@ -45,7 +45,7 @@ pub fn run(env: &Env) -> u8 {
     let hv = x86::cpuid(0x4000_0000, 0);
     let hv_signature = signature([hv.ebx, hv.ecx, hv.edx]);
     let hv_name = ascii(&hv_signature);
-    let kvm_features = if hv_name == "KVMKVMKVM" { x86::cpuid(0x4000_0001, 0).eax } else { 0 };
+    let kvm_features = x86::kvm_features();
     let cs: u16;
     // SAFETY: reading the code segment register has no side effects.
     unsafe { core::arch::asm!("mov {0:x}, cs", out(reg) cs, options(nomem, nostack)) };

@@ -317,3 +317,29 @@ fn event_idx_arithmetic() {
     assert!(vring_need_event(5, 7, 4));
     assert!(vring_need_event(u16::MAX, 0, u16::MAX - 1), "wraps around");
 }
+
+#[test]
+fn backend_io_error_answers_ioerr_when_the_file_shrank() {
+    let mut rig = rig(false);
+    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    std::fs::write(&path, vec![0u8; DISK as usize]).unwrap();
+    let disk = storage::FileDisk::open(&path, false, false).unwrap();
+    rig.worker = {
+        let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+            .unwrap();
+        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+        let signals = DeviceSignals::new(InterruptLine::new(Arc::new(AtomicU32::new(0)), None), Arc::default());
+        BlockWorker::new(queue, rig.mem.clone(), Box::new(disk), info, signals)
+    };
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
+    rig.request(VIRTIO_BLK_T_IN, 64, 4096);
+    rig.submit(0);
+    rig.run().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while rig.used_idx() == 0 && std::time::Instant::now() < deadline {
+        rig.worker.complete();
+    }
+    assert_eq!(rig.used_idx(), 1);
+    assert_eq!(rig.status(), VIRTIO_BLK_S_IOERR, "a read past the shrunken end fails");
+    assert_eq!(rig.worker.counters.io_errors, 1);
+}
