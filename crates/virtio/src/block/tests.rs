@@ -325,10 +325,12 @@ fn backend_io_error_answers_ioerr_when_the_file_shrank() {
     std::fs::write(&path, vec![0u8; DISK as usize]).unwrap();
     let disk = storage::FileDisk::open(&path, false, false).unwrap();
     rig.worker = {
-        let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
-            .unwrap();
+        let queue =
+            Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+                .unwrap();
         let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
-        let signals = DeviceSignals::new(InterruptLine::new(Arc::new(AtomicU32::new(0)), None), Arc::default());
+        let signals =
+            DeviceSignals::new(InterruptLine::new(Arc::new(AtomicU32::new(0)), None), Arc::default());
         BlockWorker::new(queue, rig.mem.clone(), Box::new(disk), info, signals)
     };
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
