@@ -96,7 +96,8 @@ fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
     // Trap mode at queue depth 1: the notify exit, the interrupt's EOI and the driver's two
     // interrupt-status accesses. At depth 32 one notification and one interrupt serve a batch
     // of requests (EVENT_IDX), so the batch shares those exits.
-    let expectations: [(u32, &str, fn(f64) -> bool); 4] = [
+    type Check = fn(f64) -> bool;
+    let expectations: [(u32, &str, Check); 4] = [
         (1, "exitless", |e| e < 0.01),
         (1, "trap", |e| e >= 2.0),
         (32, "exitless", |e| e < 0.01),
