@@ -9,6 +9,7 @@ mod boot;
 mod cmdline;
 mod deadline;
 mod histogram;
+mod inet;
 mod json;
 mod pv_eoi;
 mod serial;
@@ -27,13 +28,24 @@ pub struct Env {
     pub tsc_khz: u64,
     /// Address of exitless's test device (`exitless.testdev=`); `None` under other VMMs.
     pub testdev: Option<u64>,
+    /// `probe.mark_linger_ms=`: see [`Env::mark`] (needs `probe.tsc_khz=`).
+    pub mark_linger_ms: u64,
 }
 
 impl Env {
-    /// Label a phase for the VMM's exact exit accounting (a no-op without the test device).
+    /// Label a phase for the VMM's exact exit accounting. Without exitless's test device, and
+    /// with `probe.mark_linger_ms=N`, print `{"mark":LABEL}` on a line of its own and spin N ms,
+    /// so a runner reading the console can sample the VMM's exit counters (QEMU's QMP
+    /// `query-stats`) while the guest does nothing; printing costs one exit per byte.
     pub fn mark(&self, label: u32) {
         if let Some(base) = self.testdev {
             x86::mmio_write32(base + probe_abi::testdev::MARK, label);
+        } else if self.mark_linger_ms > 0 {
+            println!("{{\"mark\":{}}}", label);
+            let until = x86::rdtsc() + self.mark_linger_ms * self.tsc_khz;
+            while x86::rdtsc() < until {
+                core::hint::spin_loop();
+            }
         }
     }
 
@@ -60,13 +72,19 @@ extern "C" fn probe_main(start_info_addr: u64) -> ! {
     };
     let testdev = cmdline::get(info.cmdline, param::TESTDEV)
         .map(|v| cmdline::parse_u64(v).unwrap_or_else(|| bad_parameter(param::TESTDEV)));
-    let env = Env { cmdline: info.cmdline, ram_bytes: info.ram_bytes, tsc_khz, testdev };
+    let mark_linger_ms = match cmdline::get_u64(info.cmdline, "probe.mark_linger_ms", 0) {
+        Ok(ms) if ms == 0 || tsc_khz > 0 => ms,
+        _ => bad_parameter("probe.mark_linger_ms"),
+    };
+    let env = Env { cmdline: info.cmdline, ram_bytes: info.ram_bytes, tsc_khz, testdev, mark_linger_ms };
     let workload = cmdline::get(info.cmdline, param::WORKLOAD).unwrap_or("hello");
     let status = match workload {
         "hello" => workloads::hello::run(&env),
         "exitcost" => workloads::exitcost::run(&env),
         "blk" => workloads::blk::run(&env),
         "blk-hostile" => workloads::blk_hostile::run(&env),
+        "udp-rr" => workloads::udp_rr::run(&env),
+        "net-hostile" => workloads::net_hostile::run(&env),
         "triplefault" => x86::triple_fault(),
         "exception" => workloads::faults::invalid_opcode(),
         "spin" => workloads::faults::spin_forever(),

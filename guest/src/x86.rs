@@ -42,6 +42,12 @@ pub fn mmio_read32(addr: u64) -> u32 {
     unsafe { (addr as *const u32).read_volatile() }
 }
 
+/// Volatile MMIO read of one byte.
+pub fn mmio_read8(addr: u64) -> u8 {
+    // SAFETY: as in `mmio_write32`: a page-table-valid load from a device address.
+    unsafe { (addr as *const u8).read_volatile() }
+}
+
 /// Volatile MMIO write of a 64-bit value.
 pub fn mmio_write64(addr: u64, value: u64) {
     // SAFETY: as in `mmio_write32`.

@@ -21,6 +21,14 @@ pub enum Command {
     Probe(ProbeCommand),
     /// Measure. Without a scenario: the block I/O ladder (every --io-mode) against bare metal.
     Bench(BenchArgs),
+    /// A UDP echo responder: answers every datagram with itself (the network benchmark's
+    /// server, for the guest and for the bare-metal baseline alike).
+    UdpEcho(UdpEchoArgs),
+    /// A UDP request-response client (like netperf UDP_RR): one datagram out, wait for its
+    /// echo, repeat; prints one JSON line with transactions per second and latency.
+    UdpRr(UdpRrArgs),
+    /// Serve a virtio-blk disk over vhost-user (to QEMU's vhost-user-blk and other frontends).
+    VhostUserBlk(crate::vhost_user::VhostUserBlkArgs),
 }
 
 const RUN_EXIT_STATUS: &str = "\
@@ -90,7 +98,12 @@ pub struct IoArgs {
     /// /dev/shm file, shared with the host).
     #[arg(long = "disk", value_name = "SPEC", value_parser = crate::disk::parse)]
     pub disks: Vec<vmm::DiskBackend>,
-    /// How disk I/O is served: trap (MMIO exit to user space), eventfd (ioeventfd + I/O thread +
+    /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.
+    /// The tap is opened if it exists, created (and brought up) otherwise, in network namespace
+    /// NAME (`ip netns add NAME`) or in ours. Frames are at most 1518 bytes (no offloads).
+    #[arg(long = "net", value_name = "SPEC", value_parser = crate::net::parse)]
+    pub nets: Vec<crate::net::NetArg>,
+    /// How disk and network I/O is served: trap (MMIO exit to user space), eventfd (ioeventfd + I/O thread +
     /// irqfd), pv-eoi (eventfd with paravirtual EOI), sidecore (IOCore polls the rings: no
     /// notification exits), exitless (sidecore, and the guest polls: no exit per I/O), adaptive
     /// (polls under load, sleeps on notifications when idle).
@@ -190,6 +203,10 @@ pub struct BlkBenchArgs {
     /// Skip the bare-metal baseline (fio).
     #[arg(long)]
     pub no_baseline: bool,
+    /// Peer VMMs to run the same guest and workload in (`qemu`: its own virtio-blk with
+    /// interrupt and polled completion, and with exitless's vhost-user-blk backend), or `none`.
+    #[arg(long, value_delimiter = ',', default_value = "qemu")]
+    pub peers: Vec<Peer>,
     /// Print one JSON document instead of the tables.
     #[arg(long)]
     pub json: bool,
@@ -231,6 +248,43 @@ pub enum BenchScenario {
     /// shared-memory ping-pong with a host thread (no exit) and an interrupt round trip, in
     /// exitless and in QEMU-KVM.
     Exitcost(ExitcostArgs),
+    /// UDP request-response latency through virtio-net and a tap in each I/O mode, against
+    /// the same request-response between two network namespaces over veth (bare metal).
+    Net(NetBenchArgs),
+}
+
+#[derive(Args)]
+pub struct NetBenchArgs {
+    /// I/O modes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
+    pub modes: Vec<IoModeArg>,
+    /// UDP payload bytes per request (and answer).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1472))]
+    pub size: u64,
+    /// How long each measured run lasts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub duration_ms: u64,
+    /// Unmeasured transactions before each run.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub warmup: u64,
+    /// Host CPU for the vCPU (and the bare-metal client).
+    #[arg(long, value_name = "CPU", default_value_t = 0)]
+    pub vcpu_cpu: usize,
+    /// Host CPU for the IOCore.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub iocore_cpu: usize,
+    /// Host CPU for the echo responder (default: wherever the scheduler puts it).
+    #[arg(long, value_name = "CPU")]
+    pub responder_cpu: Option<usize>,
+    /// Skip the bare-metal baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the table as Markdown, with date, command and machine (for BENCHMARKS.md).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
 }
 
 #[derive(Args)]
@@ -263,4 +317,49 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
         Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(s),
         _ => Err(format!("`{text}` is not a positive number of seconds")),
     }
+}
+
+#[derive(Args)]
+pub struct UdpEchoArgs {
+    /// Address and port to answer on.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub bind: std::net::SocketAddr,
+    /// Stop after answering this many datagrams.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Stop after this many seconds without a datagram.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    pub idle_exit_s: Option<f64>,
+    /// Pin to this host CPU.
+    #[arg(long, value_name = "CPU")]
+    pub cpu: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct UdpRrArgs {
+    /// The echo responder.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub to: std::net::SocketAddr,
+    /// Datagram payload bytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_507))]
+    pub size: u64,
+    /// Measured time, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub duration_ms: u64,
+    /// Unmeasured transactions first.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub warmup: u64,
+    /// How long to wait for an answer before sending the next request.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub timeout_ms: u64,
+    /// Give up after this many unanswered requests.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub max_timeouts: u64,
+    /// Spin on a non-blocking socket instead of sleeping in recv (a polling client, like the
+    /// exitless guest).
+    #[arg(long)]
+    pub busy_poll: bool,
+    /// Pin to this host CPU.
+    #[arg(long, value_name = "CPU")]
+    pub cpu: Option<usize>,
 }

@@ -3,10 +3,13 @@
 mod bench;
 mod cli;
 mod disk;
+mod net;
 mod probe;
 mod qemu;
 mod run;
 mod size;
+mod udp;
+mod vhost_user;
 
 use clap::Parser;
 
@@ -37,6 +40,9 @@ fn main() {
             Err(e) => fail(format_args!("cannot write {}: {e}", file.display())),
         },
         cli::Command::Bench(args) => bench::main(args),
+        cli::Command::UdpEcho(args) => udp::echo(args),
+        cli::Command::UdpRr(args) => udp::rr(args),
+        cli::Command::VhostUserBlk(args) => vhost_user::main(args),
     };
     std::process::exit(code);
 }

@@ -49,6 +49,7 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
         console: ConsoleMode::Stdout,
         timeout: args.timeout.map(Duration::from_secs_f64),
         disks: args.io.disks.clone(),
+        nets: args.io.nets.iter().enumerate().map(|(i, net)| net.config(args.io.disks.len() + i)).collect(),
         io_mode: args.io.io_mode.into(),
         iocore_cpu: args.io.iocore_cpu,
         idle_budget: Duration::from_micros(args.io.idle_budget_us),

@@ -10,6 +10,14 @@ use probe_abi::pattern;
 use serde_json::Value;
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
+
+/// One VM at a time: polling modes need both cores, and exit counts and idle CPU time are
+/// only clean then.
+static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_vm() -> std::sync::MutexGuard<'static, ()> {
+    ONE_VM.lock().unwrap_or_else(|p| p.into_inner())
+}
 const DISK_BYTES: u64 = 8 << 20;
 
 fn disk_file(dir: &str) -> tempfile::TempPath {
@@ -69,6 +77,7 @@ fn counter(phase: &Value, name: &str) -> f64 {
 
 #[test]
 fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_guest_wrote() {
+    let _one = one_vm();
     for (i, mode) in MODES.iter().enumerate() {
         let seed = 100 + i as u64;
         let cmdline =
@@ -91,6 +100,7 @@ fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_gues
 
 #[test]
 fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
+    let _one = one_vm();
     let disk = disk_file("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     // Trap mode at queue depth 1: the notify exit, the interrupt's EOI and the driver's two
@@ -116,6 +126,7 @@ fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
 
 #[test]
 fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
+    let _one = one_vm();
     let disk = disk_file("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=20000 probe.idle_ms=1200";
@@ -134,6 +145,7 @@ fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
 
 #[test]
 fn hostile_driver_gets_errors_and_the_device_keeps_serving() {
+    let _one = one_vm();
     for mode in ["trap", "eventfd", "exitless", "adaptive"] {
         let disk = disk_file("/dev/shm");
         let disk = format!("ram,path={}", disk.display());

@@ -14,8 +14,10 @@ use crate::{Command, IoCoreStats, Policy, Shared};
 
 /// Idle spins between two looks at the clock (adaptive policy).
 const SPINS_PER_CLOCK_CHECK: u32 = 64;
-/// The epoll token of the wake-up eventfd; queues use their index.
+/// The epoll token of the wake-up eventfd; queues use their index, and their backends' fds their
+/// index with this bit set.
 const WAKE_TOKEN: u64 = u64::MAX;
+const BACKEND_TOKEN: u64 = 1 << 32;
 const MAX_EVENTS: usize = 64;
 
 struct Entry {
@@ -142,6 +144,8 @@ impl Engine {
         for event in &self.events[..n] {
             let fd = match event.data() {
                 WAKE_TOKEN => Some(&self.shared.wake),
+                // The worker's `poll` empties its backend; nothing to clear here.
+                token if token & BACKEND_TOKEN != 0 => None,
                 index => self.entries.get(index as usize).and_then(|e| e.notify.as_deref()),
             };
             if let Some(fd) = fd {
@@ -168,9 +172,9 @@ impl Engine {
                         .position(|e| e.id == id)
                         .map(|index| self.entries.swap_remove(index));
                     let worker = entry.map(|entry| {
-                        if let Some(fd) = &entry.notify {
-                            let unused = EpollEvent::default();
-                            let _ = self.epoll.ctl(ControlOperation::Delete, fd.as_raw_fd(), unused);
+                        let fds = entry.notify.as_ref().map(|fd| fd.as_raw_fd()).into_iter();
+                        for fd in fds.chain(entry.worker.backend_fd()) {
+                            let _ = self.epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default());
                         }
                         entry.worker
                     });
@@ -182,12 +186,13 @@ impl Engine {
         !self.shared.stop.load(Ordering::Acquire)
     }
 
-    /// Re-register every queue's ioeventfd under its current index.
+    /// Re-register every queue's ioeventfd and backend fd under its current index.
     fn register_notifiers(&mut self) {
         for (index, entry) in self.entries.iter().enumerate() {
-            if let Some(fd) = &entry.notify {
-                let event = EpollEvent::new(EventSet::IN, index as u64);
-                let fd = fd.as_raw_fd();
+            let notify = entry.notify.as_ref().map(|fd| (fd.as_raw_fd(), index as u64));
+            let backend = entry.worker.backend_fd().map(|fd| (fd, index as u64 | BACKEND_TOKEN));
+            for (fd, token) in notify.into_iter().chain(backend) {
+                let event = EpollEvent::new(EventSet::IN, token);
                 if self.epoll.ctl(ControlOperation::Modify, fd, event).is_err() {
                     let _ = self.epoll.ctl(ControlOperation::Add, fd, event);
                 }

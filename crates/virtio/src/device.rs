@@ -24,6 +24,11 @@ pub trait QueueWorker: Send {
     fn in_flight(&self) -> usize;
     /// Has the driver made requests available that `poll` has not taken?
     fn has_pending(&self) -> bool;
+    /// A file descriptor that becomes readable when the backend has work for `poll` (a tap
+    /// with frames waiting): an idle owner waits on it besides the queue notifications.
+    fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
     /// Give the device model its resources back (downcast by the model that made the worker).
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
@@ -41,18 +46,40 @@ pub trait WorkerHost: Send + Sync {
 pub struct DeviceSignals {
     pub interrupt: InterruptLine,
     needs_reset: Arc<AtomicBool>,
+    /// Where a broken queue is reported instead of a config-change interrupt (vhost-user's
+    /// vring error eventfd).
+    error: Option<Arc<EventFd>>,
 }
 
 impl DeviceSignals {
     pub fn new(interrupt: InterruptLine, needs_reset: Arc<AtomicBool>) -> Self {
-        DeviceSignals { interrupt, needs_reset }
+        DeviceSignals { interrupt, needs_reset, error: None }
     }
 
-    /// The driver broke the queue: set DEVICE_NEEDS_RESET and tell it (config-change interrupt).
+    /// Report a broken queue by writing `error` (vhost-user's SET_VRING_ERR eventfd) rather than
+    /// by a config-change interrupt, which only a virtio transport can give meaning to.
+    pub fn with_error_notifier(mut self, error: Arc<EventFd>) -> Self {
+        self.error = Some(error);
+        self
+    }
+
+    /// The driver broke the queue: set DEVICE_NEEDS_RESET and tell it (config-change interrupt,
+    /// or the error notifier).
     pub fn queue_broken(&self, _why: QueueError) {
         if !self.needs_reset.swap(true, Ordering::AcqRel) {
-            self.interrupt.signal_config_change();
+            match &self.error {
+                // Fails only if the counter would overflow, when the error is pending anyway.
+                Some(error) => {
+                    let _ = error.write(1);
+                }
+                None => self.interrupt.signal_config_change(),
+            }
         }
+    }
+
+    /// Has a queue broken since the device was set up?
+    pub fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::Acquire)
     }
 }
 
@@ -62,6 +89,10 @@ pub enum ActivateError {
     Queue { index: usize, source: QueueError },
     #[error("the device's backend is gone (an earlier reset could not take it back)")]
     NoBackend,
+    #[error("queue {index} does not exist or is already running")]
+    NoSuchQueue { index: usize },
+    #[error("this transport runs one worker per device; a {queues}-queue device is started per queue")]
+    MultiQueue { queues: usize },
 }
 
 /// A virtio device model as its transport sees it.

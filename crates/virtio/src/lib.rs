@@ -7,6 +7,7 @@ pub mod block;
 pub mod device;
 pub mod interrupt;
 pub mod mmio;
+pub mod net;
 pub mod queue;
 
 pub use device::{ActivateError, DeviceSignals, QueueWorker, VirtioDevice, WorkerHost};

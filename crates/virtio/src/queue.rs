@@ -108,6 +108,22 @@ impl Queue {
         self.size
     }
 
+    /// The index in the avail ring of the next request the device will take (vhost-user's
+    /// "vring base", returned to the frontend when a ring stops).
+    pub fn next_avail(&self) -> u16 {
+        self.next_avail
+    }
+
+    /// Resume a ring another device implementation (or an earlier connection) served: take
+    /// requests from avail index `next_avail` on, and continue the used ring where its `idx` in
+    /// guest memory says. A new queue starts at 0 for both, which is right for a ring the driver
+    /// has just set up.
+    pub fn resume(&mut self, next_avail: u16) {
+        self.next_avail = next_avail;
+        self.next_used = Self::u16_at(self.used, 2).load(Ordering::Acquire);
+        self.signalled_used = None;
+    }
+
     fn u16_at(base: *mut u8, offset: usize) -> &'static AtomicU16 {
         // SAFETY: callers pass offsets inside a ring validated in `new` (indices are masked by
         // the queue size); the rings are 2-byte aligned; guest RAM outlives the queue.

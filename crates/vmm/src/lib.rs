@@ -11,7 +11,7 @@ pub mod vcpu;
 pub mod vm;
 
 pub use devices::console::ConsoleMode;
-pub use devices::virtio::{DiskBackend, IoMode};
+pub use devices::virtio::{DiskBackend, IoMode, NetConfig};
 pub use stats::Counters;
 pub use vcpu::{Mark, VcpuReport};
 pub use vm::{tsc_khz, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};

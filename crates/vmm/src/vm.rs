@@ -21,7 +21,7 @@ use crate::boot::{self, BootError};
 use crate::devices::console::{ConsoleMode, ConsoleWriter};
 use crate::devices::serial::{Com1, COM1_IRQ};
 use crate::devices::testdev::TestDevice;
-use crate::devices::virtio::{DeviceError, DiskBackend, IoMode, VirtioDevices};
+use crate::devices::virtio::{DeviceError, DiskBackend, IoMode, NetConfig, VirtioDevices};
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
 use crate::stats::{StatsError, VcpuStats};
@@ -56,6 +56,8 @@ pub struct VmConfig {
     pub timeout: Option<Duration>,
     /// virtio-blk disks, in the order the guest sees them.
     pub disks: Vec<DiskBackend>,
+    /// virtio-net devices on taps, after the disks.
+    pub nets: Vec<NetConfig>,
     pub io_mode: IoMode,
     /// The host CPU for the IOCore thread.
     pub iocore_cpu: Option<usize>,
@@ -75,6 +77,7 @@ impl Default for VmConfig {
             console: ConsoleMode::Stdout,
             timeout: None,
             disks: Vec::new(),
+            nets: Vec::new(),
             io_mode: IoMode::Eventfd,
             iocore_cpu: None,
             idle_budget: iocore::DEFAULT_IDLE_BUDGET,
@@ -278,13 +281,15 @@ impl Vm {
         let testdev = TestDevice::new(probe_abi::testdev::DEFAULT_BASE, mem.clone(), control.stop.clone())?;
         testdev.register(&vm).map_err(kvm_err("register the test device doorbell and interrupt"))?;
         let base_cpuid = cpuid::supported(&kvm).map_err(kvm_err("report supported CPUID"))?;
-        if config.io_mode.uses_pv_eoi() && !config.disks.is_empty() && !cpuid::has_pv_eoi(&base_cpuid) {
+        let has_devices = !config.disks.is_empty() || !config.nets.is_empty();
+        if config.io_mode.uses_pv_eoi() && has_devices && !cpuid::has_pv_eoi(&base_cpuid) {
             return Err(VmError::PvEoiUnavailable(config.io_mode));
         }
         let virtio = VirtioDevices::create(
             &vm,
             &mem,
             &config.disks,
+            &config.nets,
             config.io_mode,
             config.idle_budget,
             config.iocore_cpu,

@@ -8,7 +8,10 @@ use core::ptr::addr_of_mut;
 
 use super::mmio::Transport;
 use super::queue::{Descriptor, SplitQueue, DESC_F_NEXT, DESC_F_WRITE, MAX_QUEUE_SIZE};
-use super::{device_status, phys, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1};
+pub use super::Completion;
+use super::{
+    device_status, phys, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1, IOAPIC_PINS, SPINS_PER_CLOCK_CHECK,
+};
 use crate::deadline::Deadline;
 use crate::{apic, boot};
 
@@ -43,10 +46,6 @@ const CONFIG_BLK_SIZE: u64 = 20;
 const REQUEST_QUEUE: u32 = 0;
 /// The interrupt vector the device's IOAPIC pin is routed to (exitcost's test device uses 0x40).
 const VECTOR: u8 = 0x41;
-/// Pins of the one IOAPIC the probe programs.
-const IOAPIC_PINS: u32 = 24;
-/// How often a spinning wait looks at the clock.
-const SPINS_PER_CLOCK_CHECK: u32 = 64;
 
 #[repr(C)]
 struct RequestHeader {
@@ -69,23 +68,6 @@ static REQUESTS: DmaStatic<RequestArea> =
     DmaStatic::new(RequestArea { headers: [EMPTY_HEADER; MAX_IN_FLIGHT], status: [0; MAX_IN_FLIGHT] });
 static DATA: DmaStatic<DataBuffers> =
     DmaStatic::new(DataBuffers([[0; MAX_REQUEST_BYTES as usize]; MAX_IN_FLIGHT]));
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Completion {
-    /// Interrupts suppressed; the driver spins on the used index.
-    Poll,
-    /// The device interrupts; the driver waits for the interrupt counter, then acknowledges.
-    Interrupt,
-}
-
-impl Completion {
-    pub fn name(self) -> &'static str {
-        match self {
-            Completion::Poll => "poll",
-            Completion::Interrupt => "interrupt",
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 pub struct Options {

@@ -9,7 +9,7 @@
 use super::{device_status as ds, Error, F_VERSION_1};
 use crate::cmdline;
 use crate::deadline::Deadline;
-use crate::x86::{mmio_read32, mmio_write32};
+use crate::x86::{mmio_read32, mmio_read8, mmio_write32};
 
 const MAGIC_VALUE: u64 = 0x000;
 const VERSION: u64 = 0x004;
@@ -194,6 +194,22 @@ impl Transport {
     /// A 32-bit field of the device configuration space.
     pub fn config32(&self, offset: u64) -> u32 {
         self.read(CONFIG + offset)
+    }
+
+    /// Bytes `offset..offset + out.len()` of the device configuration space, read one byte at a
+    /// time (as §4.2.2.2 asks for 8-bit fields such as a MAC address), retried while
+    /// ConfigGeneration shows that the device changed them in between (a bounded number of
+    /// times).
+    pub fn config_bytes(&self, offset: u64, out: &mut [u8]) {
+        for _ in 0..CONFIG_RETRIES {
+            let generation = self.read(CONFIG_GENERATION);
+            for (i, byte) in out.iter_mut().enumerate() {
+                *byte = mmio_read8(self.base + CONFIG + offset + i as u64);
+            }
+            if self.read(CONFIG_GENERATION) == generation {
+                break;
+            }
+        }
     }
 
     /// A 64-bit configuration field, read as two halves and retried while ConfigGeneration

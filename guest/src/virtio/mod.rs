@@ -1,10 +1,11 @@
-//! virtio 1.x drivers for the probe: the virtio-mmio transport, split virtqueues and the block
-//! device. They run in ring 3, poll or take interrupts, and never allocate: every ring and
-//! buffer the device touches is static memory, whose physical address is its address (the
-//! probe identity-maps the low 4 GiB).
+//! virtio 1.x drivers for the probe: the virtio-mmio transport, split virtqueues, the block
+//! device and the network device. They run in ring 3, poll or take interrupts, and never
+//! allocate: every ring and buffer the device touches is static memory, whose physical address
+//! is its address (the probe identity-maps the low 4 GiB).
 
 pub mod blk;
 pub mod mmio;
+pub mod net;
 pub mod queue;
 
 use core::cell::UnsafeCell;
@@ -22,6 +23,29 @@ pub mod device_status {
 /// Transport feature bits (virtio 1.x §6).
 pub const F_EVENT_IDX: u64 = 1 << 29;
 pub const F_VERSION_1: u64 = 1 << 32;
+
+/// Pins of the one IOAPIC the probe programs.
+pub const IOAPIC_PINS: u32 = 24;
+/// How often a spinning wait looks at the clock.
+pub const SPINS_PER_CLOCK_CHECK: u32 = 64;
+
+/// How a driver learns that the device used a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Interrupts suppressed; the driver spins on the used index.
+    Poll,
+    /// The device interrupts; the driver waits for the interrupt counter, then acknowledges.
+    Interrupt,
+}
+
+impl Completion {
+    pub fn name(self) -> &'static str {
+        match self {
+            Completion::Poll => "poll",
+            Completion::Interrupt => "interrupt",
+        }
+    }
+}
 
 /// Why a device could not be driven; the message goes into the probe's JSON error line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +69,7 @@ pub enum Error {
     BadUsedId(u32),
     /// Interrupt completion needs the device's line on the IOAPIC the probe programs.
     IrqOutOfRange,
-    /// Another block device already holds the probe's static queue memory.
+    /// Other queues already hold all of the probe's static ring areas.
     Busy,
 }
 
@@ -57,8 +81,8 @@ impl Error {
             Error::NoDevice => "the transport has no device (device ID 0)",
             Error::NoVersion1 => "the device does not offer VIRTIO_F_VERSION_1",
             Error::FeaturesRejected => "the device did not accept the features (FEATURES_OK did not stick)",
-            Error::QueueUnavailable => "queue 0 is not available (QueueNumMax is 0)",
-            Error::QueueInUse => "queue 0 is already ready before setup",
+            Error::QueueUnavailable => "a queue the driver needs is not available (QueueNumMax is 0)",
+            Error::QueueInUse => "a queue is already ready before setup",
             Error::QueueTooSmall => "the queue has too few descriptors for this queue depth and block size",
             Error::TooManySegments => "the block size needs more segments than the device's seg_max",
             Error::ResetTimeout => "the device did not finish its reset (Status did not read 0)",
@@ -66,7 +90,7 @@ impl Error {
             Error::NeedsReset => "the device set DEVICE_NEEDS_RESET",
             Error::BadUsedId(_) => "the device returned a used id that is not in flight",
             Error::IrqOutOfRange => "the device's irq is beyond the first IOAPIC's 24 pins",
-            Error::Busy => "the block driver is already in use",
+            Error::Busy => "no free static ring area for the device's queues (too many devices open)",
         }
     }
 }

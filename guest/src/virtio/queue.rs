@@ -41,15 +41,25 @@ struct Rings {
 
 const EMPTY_DESCRIPTOR: Descriptor = Descriptor { addr: 0, len: 0, flags: 0, next: 0 };
 
-static RINGS: DmaStatic<Rings> = DmaStatic::new(Rings {
-    desc: [EMPTY_DESCRIPTOR; MAX_QUEUE_SIZE as usize],
-    avail: Page([0; 4096]),
-    used: Page([0; 4096]),
-});
-static RINGS_TAKEN: AtomicBool = AtomicBool::new(false);
+/// How many queues can be live at once: a block device's one, a network device's two, and
+/// one to spare.
+pub const QUEUE_POOL: usize = 4;
 
-/// The driver's view of the one static queue.
+/// The static ring areas, one per live queue; `RINGS_TAKEN[i]` says whether `RINGS[i]` is
+/// claimed.
+static RINGS: [DmaStatic<Rings>; QUEUE_POOL] = [const {
+    DmaStatic::new(Rings {
+        desc: [EMPTY_DESCRIPTOR; MAX_QUEUE_SIZE as usize],
+        avail: Page([0; 4096]),
+        used: Page([0; 4096]),
+    })
+}; QUEUE_POOL];
+static RINGS_TAKEN: [AtomicBool; QUEUE_POOL] = [const { AtomicBool::new(false) }; QUEUE_POOL];
+
+/// The driver's view of one queue, in one of the static ring areas.
 pub struct SplitQueue {
+    /// Which of `RINGS` this queue owns.
+    area: usize,
     size: u16,
     event_idx: bool,
     /// Avail index including entries pushed but not yet published.
@@ -63,13 +73,12 @@ pub struct SplitQueue {
 }
 
 impl SplitQueue {
-    /// Take the static rings for a queue of `size` (a power of two up to 256) entries, zeroed.
-    /// `None` if another queue holds them.
+    /// Take a free static ring area for a queue of `size` (a power of two up to 256) entries,
+    /// zeroed. `None` if all `QUEUE_POOL` areas are held by other queues.
     pub fn claim(size: u16, event_idx: bool) -> Option<SplitQueue> {
-        if RINGS_TAKEN.swap(true, Ordering::AcqRel) {
-            return None;
-        }
+        let area = RINGS_TAKEN.iter().position(|taken| !taken.swap(true, Ordering::AcqRel))?;
         let mut queue = SplitQueue {
+            area,
             size: 0,
             event_idx: false,
             avail_idx: 0,
@@ -84,11 +93,17 @@ impl SplitQueue {
     /// Start over with empty rings (after a device reset, before the queue is set up again).
     pub fn reset(&mut self, size: u16, event_idx: bool) {
         debug_assert!(size.is_power_of_two() && size <= MAX_QUEUE_SIZE);
-        // SAFETY: this queue owns the static rings (claimed in `claim`), and the device is reset,
-        // so nothing else reads or writes them.
-        unsafe { RINGS.get().write_bytes(0, 1) };
-        *self =
-            SplitQueue { size, event_idx, avail_idx: 0, published_idx: 0, last_used: 0, interrupts: false };
+        // SAFETY: this queue owns its ring area (claimed in `claim`), and the device is reset,
+        // so nothing else reads or writes it.
+        unsafe { self.rings().write_bytes(0, 1) };
+        // Field by field: assigning a whole new `SplitQueue` would drop the old one, and with it
+        // the claim on the ring area.
+        self.size = size;
+        self.event_idx = event_idx;
+        self.avail_idx = 0;
+        self.published_idx = 0;
+        self.last_used = 0;
+        self.interrupts = false;
         self.suppress_interrupts();
     }
 
@@ -96,10 +111,15 @@ impl SplitQueue {
         self.size
     }
 
+    /// This queue's ring area.
+    fn rings(&self) -> *mut Rings {
+        RINGS[self.area].get()
+    }
+
     /// Physical addresses of the descriptor table, the avail (driver) ring and the used
     /// (device) ring.
     pub fn addresses(&self) -> (u64, u64, u64) {
-        let rings = RINGS.get();
+        let rings = self.rings();
         // SAFETY: only field addresses are computed; nothing is read.
         unsafe {
             (
@@ -117,7 +137,7 @@ impl SplitQueue {
         // accessed only atomically while the queue is live.
         unsafe {
             AtomicU16::from_ptr(
-                core::ptr::addr_of_mut!((*RINGS.get()).avail.0).cast::<u8>().add(offset).cast(),
+                core::ptr::addr_of_mut!((*self.rings()).avail.0).cast::<u8>().add(offset).cast(),
             )
         }
     }
@@ -128,7 +148,7 @@ impl SplitQueue {
         // SAFETY: as in `avail_u16`, for the used page.
         unsafe {
             AtomicU16::from_ptr(
-                core::ptr::addr_of_mut!((*RINGS.get()).used.0).cast::<u8>().add(offset).cast(),
+                core::ptr::addr_of_mut!((*self.rings()).used.0).cast::<u8>().add(offset).cast(),
             )
         }
     }
@@ -138,7 +158,7 @@ impl SplitQueue {
         // SAFETY: as in `avail_u16`; the used ring's elements are 4-byte aligned in the page.
         unsafe {
             AtomicU32::from_ptr(
-                core::ptr::addr_of_mut!((*RINGS.get()).used.0).cast::<u8>().add(offset).cast(),
+                core::ptr::addr_of_mut!((*self.rings()).used.0).cast::<u8>().add(offset).cast(),
             )
         }
     }
@@ -159,7 +179,7 @@ impl SplitQueue {
         let index = (index % MAX_QUEUE_SIZE) as usize;
         // SAFETY: `index` is inside the static table; the write is volatile because the device
         // reads the table by physical address once the chain is published.
-        unsafe { core::ptr::addr_of_mut!((*RINGS.get()).desc[index]).write_volatile(descriptor) }
+        unsafe { core::ptr::addr_of_mut!((*self.rings()).desc[index]).write_volatile(descriptor) }
     }
 
     /// Put chain `head` in the next avail slot; the device sees it after `publish`.
@@ -239,7 +259,7 @@ impl SplitQueue {
 
 impl Drop for SplitQueue {
     fn drop(&mut self) {
-        RINGS_TAKEN.store(false, Ordering::Release);
+        RINGS_TAKEN[self.area].store(false, Ordering::Release);
     }
 }
 

@@ -4,4 +4,7 @@ pub mod blkdev;
 pub mod exitcost;
 pub mod faults;
 pub mod hello;
+pub mod net_hostile;
+pub mod netdev;
 pub mod pipeline;
+pub mod udp_rr;

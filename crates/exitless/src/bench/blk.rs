@@ -8,45 +8,74 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
-use vmm::{ConsoleMode, DiskBackend, Ending, IoMode, Kernel, RunOutcome, Vm, VmConfig, VmError};
+use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
 
 use super::baseline::{self, FioJob, FioResult};
+use super::blk_qemu::QemuPeer;
 use super::machine::{self, Machine};
 use super::table::Table;
-use super::{causes_per, command_line, format_causes, marked_counters, progress};
-use crate::cli::BlkBenchArgs;
+use super::{causes_per, command_line, format_causes, progress};
+use crate::cli::{BlkBenchArgs, Peer};
+use crate::qemu::Qemu;
 use crate::{fail, probe};
 
 /// Time a VM gets beyond its measured run (boot, warm-up, teardown) before it is stopped.
 const RUN_SLACK: Duration = Duration::from_secs(120);
 
 #[derive(Serialize, Clone)]
-struct Row {
-    device: &'static str,
-    vmm: &'static str,
-    mode: String,
-    workload: &'static str,
-    block_size: u32,
-    queue_depth: u32,
-    iops: Option<f64>,
-    p50_us: Option<f64>,
-    p99_us: Option<f64>,
+pub struct Row {
+    pub device: &'static str,
+    pub vmm: &'static str,
+    pub mode: String,
+    pub workload: &'static str,
+    pub block_size: u32,
+    pub queue_depth: u32,
+    pub iops: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
     /// Requests measured.
-    ops: u64,
-    exits_per_io: Option<f64>,
-    exits_by_cause: Map<String, Value>,
-    bare_metal_iops: Option<f64>,
-    ratio_to_bare_metal: Option<f64>,
-    cpu_cores_used: Option<f64>,
-    note: Option<String>,
+    pub ops: u64,
+    pub exits_per_io: Option<f64>,
+    pub exits_by_cause: Map<String, Value>,
+    pub bare_metal_iops: Option<f64>,
+    pub ratio_to_bare_metal: Option<f64>,
+    /// IOPS over the best of QEMU's own virtio-blk configurations in the same run.
+    pub ratio_to_qemu: Option<f64>,
+    pub cpu_cores_used: Option<f64>,
+    pub note: Option<String>,
+}
+
+impl Row {
+    /// A row with nothing measured yet.
+    pub fn new(vmm: &'static str, mode: String, scenario: Scenario) -> Row {
+        Row {
+            device: "virtio-blk",
+            vmm,
+            mode,
+            workload: scenario.rw,
+            block_size: scenario.bs,
+            queue_depth: scenario.qd,
+            iops: None,
+            p50_us: None,
+            p99_us: None,
+            ops: 0,
+            exits_per_io: None,
+            exits_by_cause: Map::new(),
+            bare_metal_iops: None,
+            ratio_to_bare_metal: None,
+            ratio_to_qemu: None,
+            cpu_cores_used: None,
+            note: None,
+        }
+    }
 }
 
 /// One workload shape.
 #[derive(Clone, Copy)]
-struct Scenario {
-    rw: &'static str,
-    bs: u32,
-    qd: u32,
+pub struct Scenario {
+    pub rw: &'static str,
+    pub bs: u32,
+    pub qd: u32,
 }
 
 #[derive(Serialize)]
@@ -59,6 +88,8 @@ struct Report {
     disk: String,
     fio_version: Option<String>,
     baseline_commands: Vec<String>,
+    qemu_version: Option<String>,
+    qemu_commands: Vec<String>,
     results: Vec<Row>,
 }
 
@@ -79,6 +110,15 @@ pub fn main(args: BlkBenchArgs) -> i32 {
 fn run(args: &BlkBenchArgs) -> Result<Report, String> {
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
     let disk = BenchDisk::prepare(&args.disk)?;
+    let mut qemu = match args.peers.contains(&Peer::Qemu) {
+        false => None,
+        true => {
+            let found = Qemu::find().ok_or(
+                "--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)",
+            )?;
+            Some(QemuPeer::new(found)?)
+        }
+    };
     let mut results = Vec::new();
     let mut baseline_commands = Vec::new();
     for &rw in &args.rw {
@@ -104,6 +144,25 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
                     row.ratio_to_bare_metal = row.iops.zip(bare_metal).map(|(ours, host)| ours / host);
                     results.push(row);
                 }
+                if let Some(peer) = qemu.as_mut() {
+                    let first = results.len();
+                    results.extend(peer.rows(scenario, args, (&disk.fio_path, &disk.spec), tsc_khz));
+                    let qemu_best = results[first..]
+                        .iter()
+                        .filter(|r| !r.mode.contains("vhost-user"))
+                        .filter_map(|r| r.iops)
+                        .fold(None, |best: Option<f64>, v| Some(best.map_or(v, |b| b.max(v))));
+                    for row in results
+                        .iter_mut()
+                        .filter(|r| (r.workload, r.block_size, r.queue_depth) == (scenario.rw, bs, qd))
+                    {
+                        row.ratio_to_qemu = row.iops.zip(qemu_best).map(|(ours, theirs)| ours / theirs);
+                        if row.vmm == "qemu" {
+                            row.bare_metal_iops = bare_metal;
+                            row.ratio_to_bare_metal = row.iops.zip(bare_metal).map(|(r, host)| r / host);
+                        }
+                    }
+                }
             }
         }
     }
@@ -116,6 +175,8 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
         disk: disk.describe.clone(),
         fio_version: (!args.no_baseline).then(baseline::fio_version).flatten(),
         baseline_commands,
+        qemu_version: qemu.as_ref().map(|q| q.version().to_string()),
+        qemu_commands: qemu.map(|q| q.commands.clone()).unwrap_or_default(),
         results,
     })
 }
@@ -123,6 +184,8 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
 /// The backing file both the VM and fio use.
 struct BenchDisk {
     vm_backend: DiskBackend,
+    /// The same disk as a `--disk` spec, for `exitless vhost-user-blk`.
+    spec: String,
     fio_path: PathBuf,
     size: u64,
     describe: String,
@@ -143,6 +206,7 @@ impl BenchDisk {
                     .map_err(|e| format!("cannot make the RAM disk {}: {e}", path.display()))?;
                 BenchDisk {
                     vm_backend: DiskBackend::RamFile { path: path.clone(), read_only: false },
+                    spec: format!("ram,path={}", path.display()),
                     fio_path: path.clone(),
                     size: *size,
                     describe: format!("RAM disk, {} MiB file in /dev/shm (filled with data)", size >> 20),
@@ -151,6 +215,7 @@ impl BenchDisk {
             }
             DiskBackend::RamFile { path, .. } => BenchDisk {
                 vm_backend: spec.clone(),
+                spec: format!("ram,path={}", path.display()),
                 fio_path: path.clone(),
                 size: file_size(path)?,
                 describe: format!("RAM disk, {}", path.display()),
@@ -158,6 +223,7 @@ impl BenchDisk {
             },
             DiskBackend::File { path, direct, .. } => BenchDisk {
                 vm_backend: spec.clone(),
+                spec: format!("path={}{}", path.display(), if *direct { ",direct" } else { "" }),
                 fio_path: path.clone(),
                 size: file_size(path)?,
                 describe: format!(
@@ -217,21 +283,15 @@ fn host_row(scenario: Scenario, best: &FioResult, all: &[FioResult]) -> Row {
         all.iter().map(|r| format!("{} qd {}: {:.0} IOPS", r.engine, r.queue_depth, r.iops)).collect();
     Row {
         device: "host file",
-        vmm: "host",
-        mode: format!("bare metal (fio {})", best.engine),
-        workload: scenario.rw,
-        block_size: scenario.bs,
-        queue_depth: scenario.qd,
         iops: Some(best.iops),
         p50_us: Some(best.p50_us),
         p99_us: Some(best.p99_us),
-        ops: 0,
         exits_per_io: Some(0.0),
-        exits_by_cause: Map::new(),
         bare_metal_iops: Some(best.iops),
         ratio_to_bare_metal: Some(1.0),
         cpu_cores_used: Some(1.0),
         note: Some(tried.join("; ")),
+        ..Row::new("host", format!("bare metal (fio {})", best.engine), scenario)
     }
 }
 
@@ -258,50 +318,24 @@ fn run_mode(
         iocore_cpu: Some(args.iocore_cpu),
         ..Default::default()
     };
-    let mut row = Row {
-        device: "virtio-blk",
-        vmm: "exitless",
-        mode: mode.name().to_string(),
-        workload: rw,
-        block_size: bs,
-        queue_depth: qd,
-        iops: None,
-        p50_us: None,
-        p99_us: None,
-        ops: 0,
-        exits_per_io: None,
-        exits_by_cause: Map::new(),
-        bare_metal_iops: None,
-        ratio_to_bare_metal: None,
-        cpu_cores_used: None,
-        note: None,
-    };
-    let outcome = match Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run) {
-        Ok(outcome) => outcome,
-        Err(e @ VmError::PvEoiUnavailable(_)) => {
+    let mut row = Row::new("exitless", mode.name().to_string(), scenario);
+    let run = match super::run_guest(&config, "blk") {
+        Ok(run) => run,
+        Err(super::GuestRunError::Vm(e @ VmError::PvEoiUnavailable(_))) => {
             row.note = Some(format!("not measured: {e}"));
             return Ok(row);
         }
         Err(e) => return Err(e.to_string()),
     };
-    let console = String::from_utf8_lossy(&outcome.console);
-    let line = console
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["probe"] == "blk")
-        .ok_or_else(|| format!("{}; the probe printed no result: {console}", outcome.ending))?;
-    if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {
-        return Err(format!("{}; result: {line}", outcome.ending));
-    }
+    let line = run.line;
     let ops = line["ops"].as_u64().unwrap_or(0);
-    let counters = marked_counters(&outcome, 0, 1).ok_or("the probe set no exit marks")?;
     row.ops = ops;
     row.iops = line["iops"].as_f64();
     row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
     row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
-    row.exits_per_io = Some(counters.get("exits") as f64 / ops.max(1) as f64);
-    row.exits_by_cause = causes_per(&counters, ops);
-    row.cpu_cores_used = cores_used(&outcome, 0, 1);
+    row.exits_per_io = Some(run.counters.get("exits") as f64 / ops.max(1) as f64);
+    row.exits_by_cause = causes_per(&run.counters, ops);
+    row.cpu_cores_used = run.cores_used;
     row.note = pv_eoi_note(mode, &line);
     Ok(row)
 }
@@ -322,20 +356,6 @@ fn pv_eoi_note(mode: IoMode, line: &Value) -> Option<String> {
     })
 }
 
-/// (vCPU + IOCore CPU time) / wall time between two marks.
-fn cores_used(outcome: &RunOutcome, from: u32, to: u32) -> Option<f64> {
-    let marks = &outcome.vcpus.first()?.marks;
-    let start = marks.iter().find(|m| m.label == from)?;
-    let end = marks.iter().find(|m| m.label == to)?;
-    let wall = end.at.duration_since(start.at).as_secs_f64();
-    let vcpu = end.vcpu_cpu.saturating_sub(start.vcpu_cpu).as_secs_f64();
-    let iocore = match (start.iocore_cpu, end.iocore_cpu) {
-        (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64(),
-        _ => 0.0,
-    };
-    (wall > 0.0).then(|| (vcpu + iocore) / wall)
-}
-
 impl Report {
     fn tables(&self, markdown: bool) -> String {
         let mut out = String::new();
@@ -347,6 +367,7 @@ impl Report {
             }
         }
         let header = vec![
+            "vmm",
             "mode",
             "IOPS",
             "p50 µs",
@@ -354,6 +375,7 @@ impl Report {
             "exits/IO",
             "exit causes per IO",
             "% of bare metal",
+            "x QEMU",
             "cores",
         ];
         let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
@@ -367,6 +389,7 @@ impl Report {
                 .iter()
                 .map(|r| {
                     vec![
+                        r.vmm.to_string(),
                         r.mode.clone(),
                         number(r.iops, 0),
                         number(r.p50_us, 1),
@@ -374,6 +397,7 @@ impl Report {
                         number(r.exits_per_io, 3),
                         format_causes(&r.exits_by_cause),
                         number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
+                        number(r.ratio_to_qemu, 2),
                         number(r.cpu_cores_used, 2),
                     ]
                 })
@@ -386,6 +410,10 @@ impl Report {
             ];
             if let Some(v) = &self.fio_version {
                 context.push(("baseline".into(), format!("{v}, O_DIRECT, one job pinned to one core")));
+            }
+            if let Some(v) = &self.qemu_version {
+                context
+                    .push(("peer".into(), format!("{v}; exits from QMP query-stats at the probe's marks")));
             }
             if !markdown {
                 context.retain(|(k, _)| k == "machine" || k == "disk");

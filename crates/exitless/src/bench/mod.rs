@@ -2,18 +2,22 @@
 
 mod baseline;
 mod blk;
+mod blk_qemu;
 mod exitcost;
 mod machine;
+mod net;
 mod table;
 
 use serde_json::{Map, Value};
-use vmm::{Counters, RunOutcome};
+use thiserror::Error;
+use vmm::{Counters, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};
 
 use crate::cli::{BenchArgs, BenchScenario};
 
 pub fn main(args: BenchArgs) -> i32 {
     match args.scenario {
         Some(BenchScenario::Exitcost(args)) => exitcost::main(args),
+        Some(BenchScenario::Net(args)) => net::main(args),
         None => blk::main(args.blk),
     }
 }
@@ -67,4 +71,55 @@ pub fn command_line() -> String {
 /// Progress for long runs, on standard error.
 pub fn progress(message: std::fmt::Arguments) {
     eprintln!("exitless bench: {message}");
+}
+
+#[derive(Debug, Error)]
+pub enum GuestRunError {
+    #[error("{0}")]
+    Vm(#[from] VmError),
+    #[error("{ending}; the probe printed no `{probe}` result: {console}")]
+    NoResult { ending: Ending, probe: &'static str, console: String },
+    #[error("{ending}; result: {line}")]
+    Failed { ending: Ending, line: Value },
+    #[error("the probe set no exit marks around its measured phase")]
+    NoMarks,
+}
+
+/// What one probe run measured between its marks 0 and 1.
+pub struct GuestRun {
+    /// The probe's JSON result line.
+    pub line: Value,
+    pub counters: Counters,
+    pub cores_used: Option<f64>,
+}
+
+/// Boot the probe with `config` (console captured), and take its `probe` result line and the
+/// exits and CPU time of its measured phase.
+pub fn run_guest(config: &VmConfig, probe: &'static str) -> Result<GuestRun, GuestRunError> {
+    let outcome = Vm::new(config, Kernel::Image(crate::probe::PROBE_ELF)).and_then(Vm::run)?;
+    let console = String::from_utf8_lossy(&outcome.console);
+    let Some(line) =
+        console.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|v| v["probe"] == probe)
+    else {
+        return Err(GuestRunError::NoResult { ending: outcome.ending, probe, console: console.into_owned() });
+    };
+    if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {
+        return Err(GuestRunError::Failed { ending: outcome.ending, line });
+    }
+    let counters = marked_counters(&outcome, 0, 1).ok_or(GuestRunError::NoMarks)?;
+    Ok(GuestRun { line, counters, cores_used: cores_used(&outcome, 0, 1) })
+}
+
+/// (vCPU + IOCore CPU time) / wall time between two marks.
+fn cores_used(outcome: &RunOutcome, from: u32, to: u32) -> Option<f64> {
+    let marks = &outcome.vcpus.first()?.marks;
+    let start = marks.iter().find(|m| m.label == from)?;
+    let end = marks.iter().find(|m| m.label == to)?;
+    let wall = end.at.duration_since(start.at).as_secs_f64();
+    let vcpu = end.vcpu_cpu.saturating_sub(start.vcpu_cpu).as_secs_f64();
+    let iocore = match (start.iocore_cpu, end.iocore_cpu) {
+        (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64(),
+        _ => 0.0,
+    };
+    (wall > 0.0).then(|| (vcpu + iocore) / wall)
 }

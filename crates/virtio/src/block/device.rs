@@ -7,8 +7,8 @@ use vm_memory::GuestMemoryMmap;
 use super::request::ID_LEN;
 use super::worker::{BlockWorker, DiskInfo};
 use super::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
-    VIRTIO_ID_BLOCK,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+    VIRTIO_BLK_F_SIZE_MAX, VIRTIO_ID_BLOCK,
 };
 use crate::device::{ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
@@ -16,22 +16,44 @@ use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// The largest data descriptor the driver may use (`size_max`).
 pub const SIZE_MAX: u32 = 1 << 20;
-/// Configuration space: capacity (u64, sectors), size_max, seg_max, geometry, blk_size.
-const CONFIG_LEN: usize = 24;
+/// The most queues a device offers (VIRTIO_BLK_F_MQ); each has its own backend.
+pub const MAX_QUEUES: usize = 16;
+/// Configuration space: capacity (u64, sectors), size_max, seg_max, geometry, blk_size,
+/// topology, writeback, num_queues (virtio 1.x §5.2.4; the fields after it stay 0).
+const CONFIG_LEN: usize = 36;
+const CONFIG_NUM_QUEUES: usize = 34;
 
 pub struct Block {
-    /// `None` while a worker has it.
-    backend: Option<Box<dyn Backend>>,
+    /// One per queue: the queue's worker owns it while the queue runs (`None` then).
+    backends: Vec<Option<Box<dyn Backend>>>,
+    queue_sizes: Vec<u16>,
     disk: DiskInfo,
     features: u64,
     config: [u8; CONFIG_LEN],
 }
 
 impl Block {
-    /// A device over `backend`; `id` is the GET_ID answer (truncated to 20 bytes).
+    /// A one-queue device over `backend`; `id` is the GET_ID answer (truncated to 20 bytes).
     pub fn new(backend: Box<dyn Backend>, id: &str) -> Block {
-        let capacity = backend.capacity();
-        let read_only = backend.read_only();
+        Self::build(vec![backend], id)
+    }
+
+    /// A device with one queue per backend (1 to `MAX_QUEUES`), offering VIRTIO_BLK_F_MQ when
+    /// there is more than one. The backends must be the same disk (same capacity and
+    /// read-only flag: the first one's are reported), each opened on its own, since a queue's
+    /// worker owns its backend. Its queues are started one by one (`start_queue`); `None` if
+    /// the count or the backends do not fit.
+    pub fn with_queues(backends: Vec<Box<dyn Backend>>, id: &str) -> Option<Block> {
+        let first = backends.first()?;
+        let same_disk =
+            backends.iter().all(|b| b.capacity() == first.capacity() && b.read_only() == first.read_only());
+        (backends.len() <= MAX_QUEUES && same_disk).then(|| Self::build(backends, id))
+    }
+
+    fn build(backends: Vec<Box<dyn Backend>>, id: &str) -> Block {
+        let capacity = backends[0].capacity();
+        let read_only = backends[0].read_only();
+        let queues = backends.len();
         let mut id_bytes = [0u8; ID_LEN];
         let n = id.len().min(ID_LEN);
         id_bytes[..n].copy_from_slice(&id.as_bytes()[..n]);
@@ -44,16 +66,46 @@ impl Block {
         if read_only {
             features |= 1 << VIRTIO_BLK_F_RO;
         }
+        if queues > 1 {
+            features |= 1 << VIRTIO_BLK_F_MQ;
+        }
         let mut config = [0u8; CONFIG_LEN];
         config[0..8].copy_from_slice(&(capacity / SECTOR_SIZE).to_le_bytes());
         config[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
         config[12..16].copy_from_slice(&(MAX_SEGMENTS as u32).to_le_bytes());
         config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
+        config[CONFIG_NUM_QUEUES..CONFIG_NUM_QUEUES + 2].copy_from_slice(&(queues as u16).to_le_bytes());
         Block {
-            backend: Some(backend),
+            backends: backends.into_iter().map(Some).collect(),
+            queue_sizes: vec![MAX_QUEUE_SIZE; queues],
             disk: DiskInfo { capacity, read_only, id: id_bytes },
             features,
             config,
+        }
+    }
+
+    pub fn num_queues(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// Start serving queue `index` (already validated against `mem`): a worker that owns the
+    /// queue's backend until `stop_queue` takes it back.
+    pub fn start_queue(
+        &mut self,
+        index: usize,
+        queue: Queue,
+        mem: &GuestMemoryMmap,
+        signals: DeviceSignals,
+    ) -> Result<BlockWorker, ActivateError> {
+        let slot = self.backends.get_mut(index).ok_or(ActivateError::NoSuchQueue { index })?;
+        let backend = slot.take().ok_or(ActivateError::NoBackend)?;
+        Ok(BlockWorker::new(queue, mem.clone(), backend, self.disk.clone(), signals))
+    }
+
+    /// Take queue `index`'s backend back from its worker (requests in flight finish first).
+    pub fn stop_queue(&mut self, index: usize, worker: BlockWorker) {
+        if let Some(slot) = self.backends.get_mut(index) {
+            *slot = Some(worker.into_backend());
         }
     }
 }
@@ -68,7 +120,7 @@ impl VirtioDevice for Block {
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
-        &[MAX_QUEUE_SIZE]
+        &self.queue_sizes
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -88,14 +140,16 @@ impl VirtioDevice for Block {
         _features: u64,
         signals: DeviceSignals,
     ) -> Result<Box<dyn QueueWorker>, ActivateError> {
+        if self.backends.len() != 1 {
+            return Err(ActivateError::MultiQueue { queues: self.backends.len() });
+        }
         let queue = queues.into_iter().next().ok_or(ActivateError::NoBackend)?;
-        let backend = self.backend.take().ok_or(ActivateError::NoBackend)?;
-        Ok(Box::new(BlockWorker::new(queue, mem.clone(), backend, self.disk.clone(), signals)))
+        Ok(Box::new(self.start_queue(0, queue, mem, signals)?))
     }
 
     fn deactivate(&mut self, worker: Box<dyn QueueWorker>) {
         if let Ok(worker) = worker.into_any().downcast::<BlockWorker>() {
-            self.backend = Some(worker.into_backend());
+            self.stop_queue(0, *worker);
         }
     }
 }

@@ -345,3 +345,61 @@ fn backend_io_error_answers_ioerr_when_the_file_shrank() {
     assert_eq!(rig.status(), VIRTIO_BLK_S_IOERR, "a read past the shrunken end fails");
     assert_eq!(rig.worker.counters.io_errors, 1);
 }
+
+#[test]
+fn a_resumed_queue_continues_from_the_given_avail_index_and_the_rings_used_index() {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+    let config = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
+    // The driver has made 7 requests available, of which the device used 5 before it stopped.
+    mem.write_obj(7u16, GuestAddress(AVAIL + 2)).unwrap();
+    mem.write_obj(5u16, GuestAddress(USED + 2)).unwrap();
+    let mut queue = Queue::new(&mem, config, false).unwrap();
+    queue.resume(5);
+    assert_eq!(queue.next_avail(), 5);
+    assert_eq!(queue.pop_avail(), Ok(Some(0)));
+    assert_eq!(queue.next_avail(), 6);
+    queue.add_used(3, 1);
+    queue.publish_used();
+    assert_eq!(mem.read_obj::<u16>(GuestAddress(USED + 2)).unwrap(), 6, "used continues at 5");
+    assert_eq!(mem.read_obj::<u32>(GuestAddress(USED + 4 + 8 * 5)).unwrap(), 3);
+}
+
+#[test]
+fn a_multi_queue_device_offers_mq_and_one_backend_per_queue() {
+    use super::{Block, VIRTIO_BLK_F_MQ};
+    use crate::device::{ActivateError, VirtioDevice};
+    let path =
+        tempfile::Builder::new().prefix("exitless-mq-test").tempfile_in("/dev/shm").unwrap().into_temp_path();
+    drop(RamDisk::create(&path, DISK).unwrap());
+    let open = || Box::new(RamDisk::open(&path, false).unwrap()) as Box<dyn storage::Backend>;
+    let one = Block::new(open(), "one");
+    assert_eq!(one.features() & 1 << VIRTIO_BLK_F_MQ, 0);
+    let mut two = Block::with_queues(vec![open(), open()], "two").unwrap();
+    assert_ne!(two.features() & 1 << VIRTIO_BLK_F_MQ, 0);
+    assert_eq!(two.queue_max_sizes().len(), 2);
+    let mut num_queues = [0u8; 2];
+    two.read_config(34, &mut num_queues);
+    assert_eq!(u16::from_le_bytes(num_queues), 2);
+    assert!(Block::with_queues(Vec::new(), "none").is_none());
+    assert!(Block::with_queues((0..17).map(|_| open()).collect(), "too many").is_none());
+
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+    let config = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
+    let signals = || {
+        DeviceSignals::new(
+            InterruptLine::new(Arc::new(AtomicU32::new(0)), None),
+            Arc::new(AtomicBool::new(false)),
+        )
+    };
+    let queue = || Queue::new(&mem, config, false).unwrap();
+    // The virtio-mmio path starts one worker per device: not for a multi-queue device.
+    assert!(matches!(two.activate(&mem, vec![queue()], 0, signals()), Err(ActivateError::MultiQueue { .. })));
+    let worker = two.start_queue(1, queue(), &mem, signals()).unwrap();
+    assert!(matches!(two.start_queue(1, queue(), &mem, signals()), Err(ActivateError::NoBackend)));
+    assert!(matches!(
+        two.start_queue(2, queue(), &mem, signals()),
+        Err(ActivateError::NoSuchQueue { index: 2 })
+    ));
+    two.stop_queue(1, worker);
+    assert!(two.start_queue(1, queue(), &mem, signals()).is_ok(), "the backend came back");
+}

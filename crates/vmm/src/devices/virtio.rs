@@ -12,7 +12,8 @@ use storage::{Backend, BackendError, FileDisk, RamDisk};
 use thiserror::Error;
 use virtio::block::Block;
 use virtio::mmio::{MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
-use virtio::WorkerHost;
+use virtio::net::Net;
+use virtio::{VirtioDevice, WorkerHost};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -95,12 +96,32 @@ pub enum DiskBackend {
     RamFile { path: PathBuf, read_only: bool },
 }
 
+/// A virtio-net device on a tap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetConfig {
+    /// The tap's name; opened if it exists, created otherwise.
+    pub tap: String,
+    /// The network namespace the tap lives in (`/run/netns/NAME`); ours if `None`.
+    pub netns: Option<String>,
+    pub mac: [u8; 6],
+}
+
+impl NetConfig {
+    /// The MAC address exitless gives network device `index` unless told otherwise (locally
+    /// administered, unicast).
+    pub fn default_mac(index: usize) -> [u8; 6] {
+        [0x52, 0x54, 0x00, 0x45, 0x58, index as u8]
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum DeviceError {
     #[error("too many virtio devices: at most {MAX_VIRTIO_DEVICES}")]
     TooMany,
     #[error("disk {index}: {source}")]
     Backend { index: usize, source: BackendError },
+    #[error("network device {index}: {source}")]
+    Tap { index: usize, source: tap::TapError },
     #[error("cannot start the IOCore: {0}")]
     IoCore(#[from] iocore::IoCoreError),
     #[error("cannot register virtio device {index}'s {what} with KVM: {source}")]
@@ -137,42 +158,66 @@ pub struct VirtioDevices {
 }
 
 impl VirtioDevices {
+    /// Disks first, then network devices, in the order given.
     pub fn create(
         vm: &VmFd,
         mem: &GuestMemoryMmap,
         disks: &[DiskBackend],
+        nets: &[NetConfig],
         mode: IoMode,
         idle_budget: Duration,
         iocore_cpu: Option<usize>,
     ) -> Result<VirtioDevices, DeviceError> {
-        if disks.len() > MAX_VIRTIO_DEVICES {
+        let count = disks.len() + nets.len();
+        if count > MAX_VIRTIO_DEVICES {
             return Err(DeviceError::TooMany);
         }
-        let iocore = match mode.policy(idle_budget) {
-            Some(policy) if !disks.is_empty() => Some(Arc::new(IoCore::spawn(policy, iocore_cpu)?)),
+        // In trap mode a network device still needs a thread that waits for frames from its tap
+        // (as QEMU's main loop does); its queue notifications exit to user space all the same.
+        let policy = match mode.policy(idle_budget) {
+            None if !nets.is_empty() => Some(Policy::Notified),
+            policy => policy,
+        };
+        let iocore = match policy {
+            Some(policy) if count > 0 => Some(Arc::new(IoCore::spawn(policy, iocore_cpu)?)),
             _ => None,
         };
-        let mut slots = Vec::with_capacity(disks.len());
+        let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::with_capacity(count);
         for (index, disk) in disks.iter().enumerate() {
-            let kvm = |what| move |source| DeviceError::Kvm { index, what, source };
             let backend = open_backend(disk).map_err(|source| DeviceError::Backend { index, source })?;
+            devices.push(Box::new(Block::new(backend, &format!("exitless-disk{index}"))));
+        }
+        for (index, net) in nets.iter().enumerate() {
+            let tap = tap::Tap::open(&net.tap, net.netns.as_deref())
+                .map_err(|source| DeviceError::Tap { index, source })?;
+            devices.push(Box::new(Net::new(Box::new(tap), net.mac)));
+        }
+        let mut slots = Vec::with_capacity(count);
+        for (index, device) in devices.into_iter().enumerate() {
+            let kvm = |what| move |source| DeviceError::Kvm { index, what, source };
             let base = VIRTIO_MMIO_BASE + index as u64 * MMIO_SIZE;
             let irq = VIRTIO_FIRST_IRQ + index as u32;
             let irq_fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
             vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
+            let is_disk = index < disks.len();
             let (runner, notify_fd) = match &iocore {
+                // Trap mode: the vCPU serves a disk's queue inside the notification's exit.
+                _ if mode == IoMode::Trap && is_disk => (Runner::OnNotify, None),
                 None => (Runner::OnNotify, None),
                 Some(iocore) => {
                     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
-                    let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
-                    vm.register_ioevent(&notify, &address, NoDatamatch)
-                        .map_err(kvm("queue notify (ioeventfd)"))?;
+                    // Trap mode: no ioeventfd, so the notification exits to user space, where the
+                    // transport passes it on to the I/O thread through this eventfd.
+                    if mode != IoMode::Trap {
+                        let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
+                        vm.register_ioevent(&notify, &address, NoDatamatch)
+                            .map_err(kvm("queue notify (ioeventfd)"))?;
+                    }
                     let host: Arc<dyn WorkerHost> = iocore.clone();
                     (Runner::Host { host, id: index as u64, notify: Some(notify.clone()) }, Some(notify))
                 }
             };
-            let device = Block::new(backend, &format!("exitless-disk{index}"));
-            let transport = MmioTransport::new(Box::new(device), mem.clone(), runner, Some(irq_fd.clone()));
+            let transport = MmioTransport::new(device, mem.clone(), runner, Some(irq_fd.clone()));
             slots.push(VirtioSlot {
                 base,
                 irq,
@@ -193,7 +238,8 @@ impl VirtioDevices {
     }
 }
 
-fn open_backend(disk: &DiskBackend) -> Result<Box<dyn Backend>, BackendError> {
+/// Open `disk` for one queue's worker.
+pub fn open_backend(disk: &DiskBackend) -> Result<Box<dyn Backend>, BackendError> {
     Ok(match disk {
         DiskBackend::File { path, read_only, direct } => Box::new(FileDisk::open(path, *read_only, *direct)?),
         DiskBackend::RamFile { path, read_only } => Box::new(RamDisk::open(path, *read_only)?),
@@ -205,6 +251,35 @@ fn open_backend(disk: &DiskBackend) -> Result<Box<dyn Backend>, BackendError> {
             Box::new(disk?)
         }
     })
+}
+
+/// Open `disk` `count` times (at least once), one backend per queue of a multi-queue device:
+/// a queue's worker owns its backend, so each is opened on its own (its own io_uring for a file,
+/// its own mapping of one shared RAM disk file).
+pub fn open_backends(disk: &DiskBackend, count: usize) -> Result<Vec<Box<dyn Backend>>, BackendError> {
+    let count = count.max(1);
+    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(count);
+    match disk {
+        DiskBackend::Ram { size } => {
+            // One file, mapped once per queue; the name goes once every mapping is made.
+            let path = temporary_ram_path();
+            let result = (|| {
+                backends.push(Box::new(RamDisk::create(&path, *size)?));
+                for _ in 1..count {
+                    backends.push(Box::new(RamDisk::open(&path, false)?));
+                }
+                Ok(())
+            })();
+            let _ = std::fs::remove_file(&path);
+            result?;
+        }
+        _ => {
+            for _ in 0..count {
+                backends.push(open_backend(disk)?);
+            }
+        }
+    }
+    Ok(backends)
 }
 
 fn temporary_ram_path() -> PathBuf {

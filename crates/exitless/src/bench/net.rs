@@ -1,0 +1,360 @@
+//! `exitless bench net`: UDP request-response latency through virtio-net and a tap, in each I/O
+//! mode, against the same request-response between two host network namespaces over a veth
+//! pair. The echo responder is the same program (`exitless udp-echo`) in both cases.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use vmm::{ConsoleMode, IoMode, NetConfig, VmConfig, VmError};
+
+use super::machine::{self, Machine};
+use super::table::Table;
+use super::{causes_per, command_line, format_causes, progress, GuestRunError};
+use crate::cli::NetBenchArgs;
+use crate::{fail, probe};
+
+const RUN_SLACK: Duration = Duration::from_secs(120);
+const TAP: &str = "exltap0";
+const SERVER_TAP_IP: &str = "10.99.0.1";
+const GUEST_IP: &str = "10.99.0.2";
+const SERVER_VETH_IP: &str = "10.98.0.1";
+const CLIENT_VETH_IP: &str = "10.98.0.2";
+const PORT: u16 = 7;
+
+#[derive(Serialize, Clone)]
+struct Row {
+    device: &'static str,
+    vmm: &'static str,
+    mode: String,
+    workload: &'static str,
+    size: u64,
+    transactions_per_s: Option<f64>,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    transactions: u64,
+    exits_per_transaction: Option<f64>,
+    exits_by_cause: Map<String, Value>,
+    bare_metal_transactions_per_s: Option<f64>,
+    /// Guest transactions per second over bare metal's (1.0: equal).
+    ratio_to_bare_metal: Option<f64>,
+    /// Guest p50 latency over bare metal's (1.0: equal; the papers' latency comparison).
+    p50_ratio_to_bare_metal: Option<f64>,
+    cpu_cores_used: Option<f64>,
+    note: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    bench: &'static str,
+    date: String,
+    command: String,
+    machine: Machine,
+    network: String,
+    results: Vec<Row>,
+}
+
+pub fn main(args: NetBenchArgs) -> i32 {
+    match run(&args) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report).expect("report serializes"));
+            } else {
+                print!("{}", report.table(args.markdown));
+            }
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn run(args: &NetBenchArgs) -> Result<Report, String> {
+    let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
+    progress(format_args!("setting up namespaces, a tap, a veth pair and the echo responder"));
+    let lab = Lab::new(args)?;
+    let mut results = Vec::new();
+    let bare_metal = if args.no_baseline {
+        None
+    } else {
+        // A client that sleeps in recv (netperf's way) and one that polls (the guest's way):
+        // the faster one is the baseline.
+        let mut best: Option<Row> = None;
+        for busy_poll in [false, true] {
+            progress(format_args!(
+                "bare metal: UDP request-response over veth, {} B, busy poll {busy_poll}",
+                args.size
+            ));
+            let row = lab.baseline(args, busy_poll)?;
+            if best.as_ref().is_none_or(|b| row.p50_us < b.p50_us) {
+                best = Some(row.clone());
+            }
+            results.push(row);
+        }
+        for row in results.iter_mut() {
+            row.ratio_to_bare_metal =
+                best.as_ref().and_then(|b| Some(row.transactions_per_s? / b.transactions_per_s?));
+            row.p50_ratio_to_bare_metal = best.as_ref().and_then(|b| Some(row.p50_us? / b.p50_us?));
+        }
+        best
+    };
+    for &mode in &args.modes {
+        let mode = IoMode::from(mode);
+        progress(format_args!("exitless {mode}: UDP request-response through the tap, {} B", args.size));
+        let mut row = lab.guest(mode, args, tsc_khz).map_err(|e| format!("{mode}: {e}"))?;
+        if let Some(host) = &bare_metal {
+            // Ratios are against the better of the two bare-metal clients (lower p50).
+            row.bare_metal_transactions_per_s = host.transactions_per_s;
+            row.ratio_to_bare_metal = row.transactions_per_s.zip(host.transactions_per_s).map(|(g, h)| g / h);
+            row.p50_ratio_to_bare_metal = row.p50_us.zip(host.p50_us).map(|(g, h)| g / h);
+        }
+        results.push(row);
+    }
+    Ok(Report {
+        bench: "net",
+        date: machine::today(),
+        command: command_line(),
+        machine: Machine::detect(),
+        network: format!(
+            "guest {GUEST_IP} -> tap {TAP} -> {SERVER_TAP_IP}:{PORT}; bare metal {CLIENT_VETH_IP} -> veth -> \
+             {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own network namespace"
+        ),
+        results,
+    })
+}
+
+/// Two network namespaces of our own: the server's, with a tap for the guest and one end of a
+/// veth pair, and the bare-metal client's, with the other end. Removed when dropped.
+struct Lab {
+    server: String,
+    client: String,
+    responder: Option<Child>,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let output =
+        Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+impl Lab {
+    fn new(args: &NetBenchArgs) -> Result<Lab, String> {
+        let id = std::process::id();
+        let mut lab =
+            Lab { server: format!("exl-srv-{id}"), client: format!("exl-cli-{id}"), responder: None };
+        let (server, client) = (lab.server.clone(), lab.client.clone());
+        ip(&["netns", "add", &server])?;
+        ip(&["netns", "add", &client])?;
+        for ns in [&server, &client] {
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        ip(&["-n", &server, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
+        ip(&["-n", &server, "addr", "add", &format!("{SERVER_TAP_IP}/24"), "dev", TAP])?;
+        ip(&["-n", &server, "link", "set", TAP, "up"])?;
+        ip(&[
+            "link", "add", "exlv0", "netns", &server, "type", "veth", "peer", "name", "exlv1", "netns",
+            &client,
+        ])?;
+        ip(&["-n", &server, "addr", "add", &format!("{SERVER_VETH_IP}/24"), "dev", "exlv0"])?;
+        ip(&["-n", &client, "addr", "add", &format!("{CLIENT_VETH_IP}/24"), "dev", "exlv1"])?;
+        ip(&["-n", &server, "link", "set", "exlv0", "up"])?;
+        ip(&["-n", &client, "link", "set", "exlv1", "up"])?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut responder = Command::new("ip");
+        responder.args(["netns", "exec", &server]).arg(&exe).args([
+            "udp-echo",
+            "--bind",
+            &format!("0.0.0.0:{PORT}"),
+        ]);
+        if let Some(cpu) = args.responder_cpu {
+            responder.args(["--cpu", &cpu.to_string()]);
+        }
+        lab.responder = Some(
+            responder
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("echo responder: {e}"))?,
+        );
+        lab.wait_for_responder()?;
+        Ok(lab)
+    }
+
+    /// Wait until the responder's socket is bound (it shows in the namespace's /proc/net/udp).
+    fn wait_for_responder(&self) -> Result<(), String> {
+        let port = format!(":{PORT:04X} ");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let output =
+                Command::new("ip").args(["netns", "exec", &self.server, "cat", "/proc/net/udp"]).output();
+            if output.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.contains(&port))) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err("the echo responder did not start".into())
+    }
+
+    fn baseline(&self, args: &NetBenchArgs, busy_poll: bool) -> Result<Row, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let output = Command::new("ip")
+            .args(["netns", "exec", &self.client])
+            .arg(&exe)
+            .args(["udp-rr", "--to", &format!("{SERVER_VETH_IP}:{PORT}"), "--size", &args.size.to_string()])
+            .args(["--duration-ms", &args.duration_ms.to_string(), "--cpu", &args.vcpu_cpu.to_string()])
+            .args(busy_poll.then_some("--busy-poll"))
+            .output()
+            .map_err(|e| format!("udp-rr: {e}"))?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let line: Value = stdout.lines().find_map(|l| serde_json::from_str(l).ok()).ok_or_else(|| {
+            format!("udp-rr printed no result: {}", String::from_utf8_lossy(&output.stderr).trim())
+        })?;
+        let tps = line["tps"].as_f64();
+        Ok(Row {
+            device: "veth",
+            vmm: "host",
+            mode: format!(
+                "bare metal (veth, {})",
+                if busy_poll { "busy-poll client" } else { "blocking client" }
+            ),
+            workload: "udp-rr",
+            size: args.size,
+            transactions_per_s: tps,
+            p50_us: line["p50_ns"].as_f64().map(|ns| ns / 1000.0),
+            p99_us: line["p99_ns"].as_f64().map(|ns| ns / 1000.0),
+            transactions: line["ops"].as_u64().unwrap_or(0),
+            exits_per_transaction: Some(0.0),
+            exits_by_cause: Map::new(),
+            bare_metal_transactions_per_s: tps,
+            ratio_to_bare_metal: None,
+            p50_ratio_to_bare_metal: None,
+            cpu_cores_used: None,
+            note: Some("client pinned to the vCPU's core; the responder as in the guest runs".into()),
+        })
+    }
+
+    fn guest(&self, mode: IoMode, args: &NetBenchArgs, tsc_khz: u32) -> Result<Row, String> {
+        let cmdline = format!(
+            "probe.workload=udp-rr probe.ip={GUEST_IP} probe.dst={SERVER_TAP_IP} probe.port={PORT} probe.size={} \
+             probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz}",
+            args.size, args.duration_ms, args.warmup
+        );
+        let config = VmConfig {
+            cmdline: probe::with_io_mode(&cmdline, mode),
+            console: ConsoleMode::Capture,
+            timeout: Some(Duration::from_millis(args.duration_ms) + RUN_SLACK),
+            pin_vcpus: vec![args.vcpu_cpu],
+            nets: vec![NetConfig {
+                tap: TAP.into(),
+                netns: Some(self.server.clone()),
+                mac: NetConfig::default_mac(0),
+            }],
+            io_mode: mode,
+            iocore_cpu: Some(args.iocore_cpu),
+            ..Default::default()
+        };
+        let mut row = Row {
+            device: "virtio-net",
+            vmm: "exitless",
+            mode: mode.name().into(),
+            workload: "udp-rr",
+            size: args.size,
+            transactions_per_s: None,
+            p50_us: None,
+            p99_us: None,
+            transactions: 0,
+            exits_per_transaction: None,
+            exits_by_cause: Map::new(),
+            bare_metal_transactions_per_s: None,
+            ratio_to_bare_metal: None,
+            p50_ratio_to_bare_metal: None,
+            cpu_cores_used: None,
+            note: None,
+        };
+        let run = match super::run_guest(&config, "udp-rr") {
+            Ok(run) => run,
+            Err(GuestRunError::Vm(e @ VmError::PvEoiUnavailable(_))) => {
+                row.note = Some(format!("not measured: {e}"));
+                return Ok(row);
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let ops = run.line["ops"].as_u64().unwrap_or(0);
+        row.transactions = ops;
+        row.transactions_per_s = run.line["tps"].as_f64();
+        row.p50_us = run.line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+        row.p99_us = run.line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+        row.exits_per_transaction = Some(run.counters.get("exits") as f64 / ops.max(1) as f64);
+        row.exits_by_cause = causes_per(&run.counters, ops);
+        row.cpu_cores_used = run.cores_used;
+        Ok(row)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut responder) = self.responder.take() {
+            let _ = responder.kill();
+            let _ = responder.wait();
+        }
+        for ns in [&self.server, &self.client] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+impl Report {
+    fn table(&self, markdown: bool) -> String {
+        let header = vec![
+            "mode",
+            "transactions/s",
+            "p50 µs",
+            "p99 µs",
+            "exits/transaction",
+            "exit causes per transaction",
+            "% of bare-metal rate",
+            "p50 / bare metal",
+            "cores",
+        ];
+        let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
+        let rows = self
+            .results
+            .iter()
+            .map(|r| {
+                vec![
+                    r.mode.clone(),
+                    number(r.transactions_per_s, 0),
+                    number(r.p50_us, 1),
+                    number(r.p99_us, 1),
+                    number(r.exits_per_transaction, 3),
+                    format_causes(&r.exits_by_cause),
+                    number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
+                    number(r.p50_ratio_to_bare_metal, 2),
+                    number(r.cpu_cores_used, 2),
+                ]
+            })
+            .collect();
+        let mut context = vec![
+            ("date".to_string(), self.date.clone()),
+            ("command".to_string(), format!("`{}`", self.command)),
+            ("machine".to_string(), self.machine.describe()),
+            ("network".to_string(), self.network.clone()),
+        ];
+        if !markdown {
+            context.retain(|(k, _)| k == "machine");
+        }
+        let notes =
+            self.results.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+        let size = self.results.first().map_or(0, |r| r.size);
+        let title =
+            format!("net: UDP request-response, {size} B, exitless's I/O modes against bare metal (veth)");
+        Table { title, context, header, rows, notes }.render(markdown)
+    }
+}

@@ -1,0 +1,83 @@
+//! `--net` on the command line: `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.
+//!
+//! The tap is opened if it exists and created otherwise (then it lives as long as the VM), in
+//! network namespace `netns` (made with `ip netns add NAME`) or in ours.
+
+/// A parsed `--net`; the MAC is exitless's default for the device's position if not given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetArg {
+    pub tap: String,
+    pub netns: Option<String>,
+    pub mac: Option<[u8; 6]>,
+}
+
+impl NetArg {
+    pub fn config(&self, index: usize) -> vmm::NetConfig {
+        vmm::NetConfig {
+            tap: self.tap.clone(),
+            netns: self.netns.clone(),
+            mac: self.mac.unwrap_or_else(|| vmm::NetConfig::default_mac(index)),
+        }
+    }
+}
+
+pub fn parse(text: &str) -> Result<NetArg, String> {
+    let (mut tap, mut netns, mut mac) = (None, None, None);
+    for option in text.split(',') {
+        match option.split_once('=') {
+            Some(("tap", name)) if !name.is_empty() => tap = Some(name.to_string()),
+            Some(("netns", name)) if !name.is_empty() => netns = Some(name.to_string()),
+            Some(("mac", value)) => mac = Some(parse_mac(value)?),
+            _ => return Err(format!("unknown network option `{option}`; see `exitless run --help`")),
+        }
+    }
+    let tap = tap.ok_or("a network device needs `tap=NAME`")?;
+    Ok(NetArg { tap, netns, mac })
+}
+
+fn parse_mac(text: &str) -> Result<[u8; 6], String> {
+    let bad = || format!("`{text}` is not a MAC address like 52:54:00:12:34:56");
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in mac.iter_mut() {
+        let part = parts.next().filter(|p| p.len() == 2).ok_or_else(bad)?;
+        *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!("{text} is a multicast address; a device needs a unicast MAC"));
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_documented_forms() {
+        let net = parse("tap=tap0,mac=52:54:00:12:34:56,netns=blue").unwrap();
+        assert_eq!(net.tap, "tap0");
+        assert_eq!(net.netns.as_deref(), Some("blue"));
+        assert_eq!(net.mac, Some([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
+        assert_eq!(parse("tap=t").unwrap().config(3).mac, vmm::NetConfig::default_mac(3));
+    }
+
+    #[test]
+    fn refuses_what_makes_no_sense() {
+        for bad in [
+            "",
+            "tap=",
+            "netns=x",
+            "tap=t,mac=52:54:00:12:34",
+            "tap=t,mac=01:00:00:00:00:00",
+            "tap=t,x=1",
+            "tap=t,mac=zz:54:00:12:34:56",
+            "tap=t,mac=52:54:00:12:34:56:78",
+        ] {
+            assert!(parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

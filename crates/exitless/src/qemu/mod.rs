@@ -1,0 +1,250 @@
+//! QEMU-KVM as a peer VMM: boots the same probe guest with `-M microvm`.
+
+pub mod qmp;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum QemuError {
+    #[error("cannot start {binary}: {source}")]
+    Spawn { binary: PathBuf, source: std::io::Error },
+    #[error("QEMU did not finish within {0:?}")]
+    Timeout(Duration),
+    #[error("QEMU failed (status {status:?}): {stderr}")]
+    Failed { status: Option<i32>, stderr: String },
+    #[error("QMP: {0}")]
+    Qmp(String),
+}
+
+/// A mark the guest printed (`probe.mark_linger_ms`), with QEMU's vCPU exit counters and the
+/// CPU time of QEMU (and any helper processes) sampled while the guest lingered.
+pub struct PeerMark {
+    pub label: u32,
+    pub at: Instant,
+    pub stats: Vec<(String, u64)>,
+    pub cpu: Duration,
+    /// Bytes of the mark's console line: each one cost an exit (the probe writes COM1 directly).
+    pub line_bytes: u64,
+}
+
+pub struct Qemu {
+    pub binary: PathBuf,
+    /// First line of `--version`.
+    pub version: String,
+}
+
+/// One finished QEMU run.
+pub struct QemuRun {
+    pub stdout: String,
+    /// The value the guest wrote to isa-debug-exit (QEMU exits with `(V << 1) | 1`).
+    pub guest_status: u8,
+    pub command_line: String,
+}
+
+impl Qemu {
+    /// `$EXITLESS_QEMU` or `qemu-system-x86_64` from PATH, if it runs.
+    pub fn find() -> Option<Qemu> {
+        let binary =
+            std::env::var_os("EXITLESS_QEMU").map_or_else(|| "qemu-system-x86_64".into(), PathBuf::from);
+        let output = Command::new(&binary).arg("--version").output().ok()?;
+        let version = String::from_utf8_lossy(&output.stdout).lines().next()?.trim().to_string();
+        output.status.success().then_some(Qemu { binary, version })
+    }
+
+    /// The arguments that boot `kernel` the way exitless does: microvm, KVM, COM1 on stdio and
+    /// the isa-debug-exit port.
+    pub fn probe_args(kernel: &Path, cmdline: &str, mem_mib: u64) -> Vec<String> {
+        [
+            "-M",
+            "microvm",
+            "-accel",
+            "kvm",
+            "-m",
+            &format!("{mem_mib}M"),
+            "-smp",
+            "1",
+            "-nographic",
+            "-nodefaults",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=1",
+            "-kernel",
+            &kernel.display().to_string(),
+            "-append",
+            cmdline,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// Boot the probe ELF at `kernel` with `cmdline` and wait for it to exit.
+    pub fn run_probe(&self, kernel: &Path, cmdline: &str, timeout: Duration) -> Result<QemuRun, QemuError> {
+        let args = Self::probe_args(kernel, cmdline, 256);
+        let command_line = format!("{} {}", self.binary.display(), shell_words(&args));
+        let mut child = Command::new(&self.binary)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| QemuError::Spawn { binary: self.binary.clone(), source })?;
+        // Drain both pipes on their own threads so a chatty guest cannot block QEMU.
+        let mut stdout = child.stdout.take().expect("piped stdout");
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout.read_to_string(&mut s);
+            s
+        });
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) =
+                child.try_wait().map_err(|source| QemuError::Spawn { binary: self.binary.clone(), source })?
+            {
+                break status;
+            }
+            if started.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(QemuError::Timeout(timeout));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let stdout = out.join().unwrap_or_default();
+        let stderr = err.join().unwrap_or_default();
+        match status.code() {
+            Some(code) if code & 1 == 1 && !stdout.is_empty() => {
+                Ok(QemuRun { stdout, guest_status: (code >> 1) as u8, command_line })
+            }
+            code => Err(QemuError::Failed { status: code, stderr: stderr.trim().to_string() }),
+        }
+    }
+}
+
+impl Qemu {
+    /// Boot with `args` plus a QMP socket at `qmp`, reading the console as it comes; at every
+    /// mark line the guest prints, sample QEMU's exit counters and the CPU time of QEMU and of
+    /// `helpers` (e.g. a vhost-user backend).
+    pub fn run_marked(
+        &self,
+        args: &[String],
+        qmp: &Path,
+        helpers: &[u32],
+        timeout: Duration,
+    ) -> Result<(QemuRun, Vec<PeerMark>), QemuError> {
+        let mut args = args.to_vec();
+        args.extend(["-qmp".to_string(), format!("unix:{},server=on,wait=off", qmp.display())]);
+        let command_line = format!("{} {}", self.binary.display(), shell_words(&args));
+        let spawn_error = |source| QemuError::Spawn { binary: self.binary.clone(), source };
+        let mut child = Command::new(&self.binary)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_error)?;
+        let pid = child.id();
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watchdog = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    if started.elapsed() > timeout {
+                        // SAFETY: signalling a child we spawned and have not yet reaped.
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                false
+            })
+        };
+        let mut stdout = String::new();
+        let mut marks = Vec::new();
+        let mut qmp_client = None;
+        let mut sample_error = None;
+        for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
+            let Ok(line) = line else { break };
+            if let Some(label) = mark_label(&line) {
+                let at = Instant::now();
+                let sample = (|| {
+                    if qmp_client.is_none() {
+                        qmp_client = Some(qmp::Qmp::connect(qmp)?);
+                    }
+                    qmp_client.as_mut().expect("connected above").vcpu_stats()
+                })();
+                match sample {
+                    Ok(stats) => {
+                        let cpu =
+                            std::iter::once(pid).chain(helpers.iter().copied()).map(process_cpu_time).sum();
+                        marks.push(PeerMark { label, at, stats, cpu, line_bytes: line.len() as u64 + 1 });
+                    }
+                    Err(e) => sample_error = Some(e),
+                }
+            }
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+        let status = child.wait().map_err(spawn_error)?;
+        done.store(true, std::sync::atomic::Ordering::Release);
+        if watchdog.join().unwrap_or(false) {
+            return Err(QemuError::Timeout(timeout));
+        }
+        let stderr = err.join().unwrap_or_default();
+        if let Some(e) = sample_error {
+            return Err(e);
+        }
+        match status.code() {
+            Some(code) if code & 1 == 1 && !stdout.is_empty() => {
+                Ok((QemuRun { stdout, guest_status: (code >> 1) as u8, command_line }, marks))
+            }
+            code => Err(QemuError::Failed { status: code, stderr: stderr.trim().to_string() }),
+        }
+    }
+}
+
+/// `{"mark":N}` → N.
+fn mark_label(line: &str) -> Option<u32> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    value.as_object().filter(|o| o.len() == 1)?.get("mark")?.as_u64()?.try_into().ok()
+}
+
+/// User plus system CPU time of process `pid` (all its threads); zero if it is gone.
+pub fn process_cpu_time(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
+    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return Duration::ZERO };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11..13).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks * 1_000_000_000 / per_second)
+}
+
+/// Arguments joined for display, quoted where they hold spaces.
+pub fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| if a.contains(' ') || a.is_empty() { format!("'{a}'") } else { a.clone() })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,156 @@
+//! `exitless udp-echo` and `exitless udp-rr`: the host side of the network benchmark, and its
+//! bare-metal baseline. The echo responder answers every datagram with itself; the
+//! request-response client sends one datagram, waits for its echo, and repeats, like netperf's
+//! UDP_RR. The same responder serves the guest (through a tap) and the baseline's client
+//! (through a veth pair).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::cli::{UdpEchoArgs, UdpRrArgs};
+use crate::fail;
+
+/// Largest datagram either tool handles.
+const MAX_DATAGRAM: usize = 65_536;
+
+pub fn echo(args: UdpEchoArgs) -> i32 {
+    let socket = match UdpSocket::bind(args.bind) {
+        Ok(s) => s,
+        Err(e) => return fail(format_args!("cannot bind {}: {e}", args.bind)),
+    };
+    if let Some(cpu) = args.cpu {
+        if let Err(e) = pin(cpu) {
+            return fail(format_args!("cannot pin to CPU {cpu}: {e}"));
+        }
+    }
+    let _ = socket.set_read_timeout(args.idle_exit_s.map(Duration::from_secs_f64));
+    let mut buffer = vec![0u8; MAX_DATAGRAM];
+    let mut answered = 0u64;
+    loop {
+        match socket.recv_from(&mut buffer) {
+            Ok((n, from)) => {
+                if socket.send_to(&buffer[..n], from).is_ok() {
+                    answered += 1;
+                }
+            }
+            // The idle timeout: nobody asked for a while.
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                break
+            }
+            Err(e) => return fail(format_args!("udp-echo: {e}")),
+        }
+        if args.count.is_some_and(|count| answered >= count) {
+            break;
+        }
+    }
+    eprintln!("exitless udp-echo: answered {answered} datagrams");
+    0
+}
+
+pub fn rr(args: UdpRrArgs) -> i32 {
+    match run_rr(&args) {
+        Ok(line) => {
+            println!("{line}");
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, String> {
+    if let Some(cpu) = args.cpu {
+        pin(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+    }
+    let local: SocketAddr = if args.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let socket = UdpSocket::bind(local).map_err(|e| e.to_string())?;
+    socket.connect(args.to).map_err(|e| format!("cannot reach {}: {e}", args.to))?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    if args.busy_poll {
+        socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+    } else {
+        socket.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    }
+    let mut request = vec![0u8; args.size as usize];
+    let mut answer = vec![0u8; MAX_DATAGRAM];
+    let mut latencies = Vec::with_capacity(1 << 20);
+    let (mut timeouts, mut mismatches, mut sequence) = (0u64, 0u64, 0u64);
+    let busy_poll = args.busy_poll;
+    let mut transaction = |latencies: Option<&mut Vec<u64>>| -> Result<(), String> {
+        sequence += 1;
+        for (i, byte) in request.iter_mut().enumerate() {
+            *byte = (sequence as usize + i) as u8;
+        }
+        let started = Instant::now();
+        socket.send(&request).map_err(|e| format!("send: {e}"))?;
+        loop {
+            match socket.recv(&mut answer) {
+                Ok(n) if n == request.len() && answer[..n] == request[..] => break,
+                Ok(_) => mismatches += 1, // a late answer to an earlier request, or garbage
+                // Busy polling: spin on the non-blocking socket until the timeout.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && busy_poll
+                        && started.elapsed() < timeout =>
+                {
+                    std::hint::spin_loop()
+                }
+                Err(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
+                    timeouts += 1;
+                    if timeouts > args.max_timeouts {
+                        return Err(format!("{timeouts} requests to {} went unanswered", args.to));
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(format!("recv: {e}")),
+            }
+        }
+        if let Some(latencies) = latencies {
+            latencies.push(started.elapsed().as_nanos() as u64);
+        }
+        Ok(())
+    };
+    for _ in 0..args.warmup {
+        transaction(None)?;
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(args.duration_ms);
+    while Instant::now() < deadline {
+        transaction(Some(&mut latencies))?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let percentile = |p: f64| {
+        latencies.get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+    };
+    Ok(json!({
+        "probe": "udp-rr-host",
+        "ops": latencies.len(),
+        "tps": latencies.len() as f64 / elapsed,
+        "p50_ns": percentile(0.50),
+        "p99_ns": percentile(0.99),
+        "max_ns": latencies.last(),
+        "size": args.size,
+        "timeouts": timeouts,
+        "mismatches": mismatches,
+        "busy_poll": args.busy_poll,
+    }))
+}
+
+fn pin(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (checked above).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

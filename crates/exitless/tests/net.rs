@@ -1,0 +1,153 @@
+//! virtio-net end to end: the probe guest's ring-3 driver and UDP stack, exitless's device and
+//! IOCore, a real tap in a network namespace of the test's own, and `exitless udp-echo` there.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{exitless, json_lines, line_with, stderr, stdout};
+
+const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
+const TAP: &str = "exltest0";
+
+/// One VM at a time: polling modes need both cores, and exit counts are only clean then.
+static ONE_VM: Mutex<()> = Mutex::new(());
+
+struct Lab {
+    netns: String,
+    responder: Child,
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().expect("ip (iproute2)");
+    assert!(status.success(), "ip {args:?}");
+}
+
+impl Lab {
+    fn new(tag: &str) -> Lab {
+        let netns = format!("exl-test-{tag}-{}", std::process::id());
+        ip(&["netns", "add", &netns]);
+        ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        ip(&["-n", &netns, "tuntap", "add", "dev", TAP, "mode", "tap"]);
+        ip(&["-n", &netns, "addr", "add", "10.0.0.1/24", "dev", TAP]);
+        ip(&["-n", &netns, "link", "set", TAP, "up"]);
+        let responder = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &netns,
+                env!("CARGO_BIN_EXE_exitless"),
+                "udp-echo",
+                "--bind",
+                "0.0.0.0:7",
+            ])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let udp =
+                Command::new("ip").args(["netns", "exec", &netns, "cat", "/proc/net/udp"]).output().unwrap();
+            if String::from_utf8_lossy(&udp.stdout).contains(":0007 ") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the echo responder did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Lab { netns, responder }
+    }
+
+    fn run(&self, mode: &str, cmdline: &str) -> std::process::Output {
+        let net = format!("tap={TAP},netns={}", self.netns);
+        exitless(&[
+            "run",
+            "--probe",
+            "--net",
+            &net,
+            "--io-mode",
+            mode,
+            "--cmdline",
+            cmdline,
+            "--timeout",
+            "120",
+            "--stats",
+            "--json",
+        ])
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.responder.kill();
+        let _ = self.responder.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
+    }
+}
+
+#[test]
+fn udp_echo_with_payload_check_in_every_mode() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let lab = Lab::new("echo");
+    for mode in MODES {
+        let out = lab.run(mode, "probe.workload=udp-rr probe.ops=300 probe.size=200");
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}\n{}", stdout(&out), stderr(&out));
+        let result = line_with(&out, "probe", "udp-rr");
+        assert_eq!(result["ops"], 300, "{mode}: {result}");
+        assert_eq!(result["mismatches"], 0, "{mode}: {result}");
+        assert_eq!(result["errors"], 0, "{mode}: {result}");
+    }
+}
+
+#[test]
+fn exitless_mode_makes_no_exit_per_transaction() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let lab = Lab::new("exits");
+    let out = lab.run("exitless", "probe.workload=udp-rr probe.ops=10000");
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    assert_eq!(line_with(&out, "probe", "udp-rr")["ops"], 10_000);
+    let stats = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
+    let phases = stats["vcpus"][0]["phases"].as_array().unwrap();
+    let phase = phases.iter().find(|p| p["from"] == 0 && p["to"] == 1).expect("marks 0 and 1");
+    // The closing mark is itself one MMIO exit. Host interrupts (the host's timer tick, about
+    // 300 a second here, and rescheduling IPIs) interrupt a bare-metal thread just as often;
+    // in a VM each is an `irq_exit`. The I/O path itself must cause none.
+    let counters = &phase["counters"];
+    let count = |name: &str| counters[name].as_f64().unwrap_or(0.0);
+    let caused_by_io = (count("exits") - 1.0 - count("irq_exits")) / 10_000.0;
+    let all = (count("exits") - 1.0) / 10_000.0;
+    assert!(caused_by_io < 0.01, "{caused_by_io} exits per transaction besides host interrupts: {counters}");
+    assert!(all < 0.05, "{all} exits per transaction: {counters}");
+}
+
+#[test]
+fn hostile_driver_gets_its_chains_back_and_the_device_keeps_working() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let lab = Lab::new("hostile");
+    for mode in ["trap", "eventfd", "exitless", "adaptive"] {
+        let out = lab.run(mode, "probe.workload=net-hostile");
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}\n{}", stdout(&out), stderr(&out));
+        let result = line_with(&out, "probe", "net-hostile");
+        assert_eq!(result["ok"], true, "{mode}: {result}");
+        let cases = result["cases"].as_array().unwrap();
+        assert!(cases.len() >= 7, "{result}");
+        let jump = cases.iter().find(|c| c["case"] == "avail_index_jump").unwrap();
+        assert_eq!(jump["result"], "needs_reset", "{mode}: {jump}");
+    }
+}
+
+#[test]
+fn bad_network_options_are_one_line_errors() {
+    for (spec, code) in [
+        ("tap=", 2),
+        ("netns=x", 2),
+        ("tap=t,mac=01:02:03:04:05:06", 2),
+        ("tap=t,netns=exitless-missing", 125),
+    ] {
+        let out = exitless(&["run", "--probe", "--net", spec]);
+        assert_eq!(out.status.code(), Some(code), "{spec}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{spec}: {}", stderr(&out));
+    }
+}

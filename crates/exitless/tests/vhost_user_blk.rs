@@ -1,0 +1,642 @@
+//! `exitless vhost-user-blk` with a driver we did not write: QEMU (TCG: Linux cannot run under
+//! this host's KVM) boots Debian's cloud kernel with a busybox initramfs built here, its
+//! virtio-blk driver talks to our backend through `vhost-user-blk-pci`, and the guest writes,
+//! reads back and checks a pattern with O_DIRECT, flushes, and powers off; the test then checks
+//! the backing file on the host. Needs what scripts/setup.sh installs (qemu-system-x86,
+//! linux-image-cloud-amd64, busybox-static) and a C compiler for the polled-I/O helper.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const QEMU_TIMEOUT: Duration = Duration::from_secs(180);
+const PATTERN_LEN: usize = 64 * 1024;
+/// Where the guest writes the pattern on the disk (4 KiB blocks).
+const PATTERN_BLOCK: usize = 256;
+
+/// The guest's /init. Steps come from the kernel command line (`vu.write=1` ...); every step
+/// prints a VU-... line, a failed one `VU-FAIL <step>`, and the guest powers off either way.
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+fail() { echo "VU-FAIL $1"; poweroff -f; }
+opts=""
+for w in $(cat /proc/cmdline); do
+    case $w in
+        virtio_blk.*) opts="$opts ${w#virtio_blk.}" ;;
+        vu.write=1) write=1 ;;
+        vu.waitgo=1) waitgo=1 ;;
+        vu.read=1) read=1 ;;
+        vu.rocheck=1) rocheck=1 ;;
+        vu.iopoll=1) iopoll=1 ;;
+    esac
+done
+# busybox insmod does not read module options from the command line (modprobe would).
+for m in $(cat /modules); do
+    if [ "$m" = virtio_blk.ko ]; then insmod /lib/modules/$m $opts || fail insmod-$m
+    else insmod /lib/modules/$m || fail insmod-$m; fi
+done
+i=0
+while [ ! -b /dev/vda ]; do sleep 0.1; i=$((i + 1)); [ $i -gt 100 ] && fail no-vda; done
+echo "VU-DISK size=$(blockdev --getsize64 /dev/vda) ro=$(blockdev --getro /dev/vda) cache=$(cat /sys/block/vda/queue/write_cache | tr ' ' -) poll=$(cat /sys/block/vda/queue/io_poll)"
+dmesg | grep 'poll queues' | sed 's/^.*virtio_blk/VU-QUEUES virtio_blk/'
+if [ -n "$write" ]; then
+    dd if=/pattern of=/dev/vda bs=4096 seek=256 count=16 oflag=direct conv=fsync 2>/dev/null || fail write
+    echo VU-WRITE-OK
+    blockdev --flushbufs /dev/vda || fail flush
+    echo VU-FLUSH-OK
+fi
+if [ -n "$waitgo" ]; then
+    # The host writes GO-AHEAD into sector 16 of the backing file while no backend runs; every
+    # poll reads the disk through whichever backend serves it.
+    echo VU-WAITING
+    i=0
+    until dd if=/dev/vda bs=512 skip=16 count=1 iflag=direct 2>/dev/null | grep -q GO-AHEAD; do
+        sleep 0.2; i=$((i + 1)); [ $i -gt 300 ] && fail waitgo
+    done
+    echo VU-GO
+fi
+if [ -n "$read" ]; then
+    dd if=/dev/vda of=/readback bs=4096 skip=256 count=16 iflag=direct 2>/dev/null || fail read
+    cmp /pattern /readback || fail verify
+    echo VU-VERIFY-OK
+fi
+if [ -n "$rocheck" ]; then
+    [ "$(blockdev --getro /dev/vda)" = 1 ] || fail not-read-only
+    dd if=/pattern of=/dev/vda bs=4096 count=1 oflag=direct 2>/dev/null && fail read-only-write-accepted
+    echo VU-RO-OK
+fi
+if [ -n "$iopoll" ]; then
+    /iopoll /dev/vda 2097152 64 || fail iopoll
+fi
+echo VU-DONE
+poweroff -f
+"#;
+
+/// Polled I/O from user space: O_DIRECT writes and reads through an io_uring set up with
+/// IORING_SETUP_IOPOLL, which the kernel sends to a poll queue and completes by polling it (no
+/// interrupt). Busybox cannot do this, and on Linux 6.1 plain `preadv2(RWF_HIPRI)` no longer
+/// polls (its requests go to the interrupt-driven queue), hence raw io_uring.
+const IOPOLL_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/io_uring.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int ring_fd;
+static unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+static struct io_uring_sqe *sqes;
+static struct io_uring_cqe *cqes;
+
+static int setup(void) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    p.flags = IORING_SETUP_IOPOLL;
+    ring_fd = syscall(__NR_io_uring_setup, 4, &p);
+    if (ring_fd < 0) { perror("io_uring_setup"); return -1; }
+    size_t sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    size_t cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+    size_t len = sq_len > cq_len ? sq_len : cq_len;
+    char *sq = mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring_fd, IORING_OFF_SQ_RING);
+    char *cq = (p.features & IORING_FEAT_SINGLE_MMAP) ? sq
+        : mmap(0, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring_fd, IORING_OFF_CQ_RING);
+    sqes = mmap(0, p.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                ring_fd, IORING_OFF_SQES);
+    if (sq == MAP_FAILED || cq == MAP_FAILED || sqes == MAP_FAILED) { perror("mmap"); return -1; }
+    sq_tail = (unsigned *)(sq + p.sq_off.tail);
+    sq_mask = (unsigned *)(sq + p.sq_off.ring_mask);
+    sq_array = (unsigned *)(sq + p.sq_off.array);
+    cq_head = (unsigned *)(cq + p.cq_off.head);
+    cq_tail = (unsigned *)(cq + p.cq_off.tail);
+    cq_mask = (unsigned *)(cq + p.cq_off.ring_mask);
+    cqes = (struct io_uring_cqe *)(cq + p.cq_off.cqes);
+    return 0;
+}
+
+/* One request, completed by polling (io_uring_enter with GETEVENTS polls an IOPOLL ring). */
+static int rw(int op, int fd, void *buf, unsigned len, unsigned long long off) {
+    unsigned tail = *sq_tail, index = tail & *sq_mask;
+    struct io_uring_sqe *sqe = &sqes[index];
+    memset(sqe, 0, sizeof *sqe);
+    sqe->opcode = op;
+    sqe->fd = fd;
+    sqe->addr = (unsigned long)buf;
+    sqe->len = len;
+    sqe->off = off;
+    sq_array[index] = index;
+    __atomic_store_n(sq_tail, tail + 1, __ATOMIC_RELEASE);
+    if (syscall(__NR_io_uring_enter, ring_fd, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) < 0) {
+        perror("io_uring_enter");
+        return -1;
+    }
+    unsigned head = *cq_head;
+    while (head == __atomic_load_n(cq_tail, __ATOMIC_ACQUIRE))
+        syscall(__NR_io_uring_enter, ring_fd, 0, 1, IORING_ENTER_GETEVENTS, NULL, 0);
+    int res = cqes[head & *cq_mask].res;
+    __atomic_store_n(cq_head, head + 1, __ATOMIC_RELEASE);
+    return res;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    int fd = open(argv[1], O_RDWR | O_DIRECT);
+    if (fd < 0) { perror("open"); return 1; }
+    unsigned long long base = strtoull(argv[2], 0, 0);
+    int n = atoi(argv[3]);
+    void *w, *r;
+    if (posix_memalign(&w, 4096, 4096) || posix_memalign(&r, 4096, 4096) || setup()) return 1;
+    for (int i = 0; i < n; i++) {
+        memset(w, 'A' + i % 26, 4096);
+        int wrote = rw(IORING_OP_WRITE, fd, w, 4096, base + 4096ULL * i);
+        int read = rw(IORING_OP_READ, fd, r, 4096, base + 4096ULL * i);
+        if (wrote != 4096 || read != 4096) { printf("VU-FAIL iopoll write %d read %d\n", wrote, read); return 1; }
+        if (memcmp(w, r, 4096)) { printf("VU-FAIL iopoll-mismatch %d\n", i); return 1; }
+    }
+    printf("VU-IOPOLL-OK %d\n", n);
+    return 0;
+}
+"#;
+
+fn pattern() -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..PATTERN_LEN)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The cloud kernel and the modules its virtio-blk driver needs, in load order (none if it is
+/// built in).
+struct Kernel {
+    image: PathBuf,
+    modules: Vec<PathBuf>,
+}
+
+fn kernel() -> Kernel {
+    let mut images: Vec<PathBuf> = std::fs::read_dir("/boot")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vmlinuz-")))
+        .collect();
+    images.sort();
+    let image = images.pop().unwrap_or_else(|| {
+        panic!("no /boot/vmlinuz-*: run scripts/setup.sh (it installs Debian's linux-image-cloud-amd64)")
+    });
+    let version = image.file_name().unwrap().to_str().unwrap().trim_start_matches("vmlinuz-").to_owned();
+    let dir = PathBuf::from("/lib/modules").join(&version);
+    let builtin = std::fs::read_to_string(dir.join("modules.builtin")).unwrap_or_default();
+    let deps = std::fs::read_to_string(dir.join("modules.dep")).unwrap_or_else(|e| {
+        panic!("cannot read {}/modules.dep ({e}): are the kernel's modules installed?", dir.display())
+    });
+    let mut modules: Vec<PathBuf> = Vec::new();
+    for wanted in ["virtio_pci", "virtio_blk"] {
+        let name = format!("/{wanted}.ko");
+        if builtin.lines().any(|l| l.ends_with(&name)) {
+            continue;
+        }
+        let line = deps
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|m| m.ends_with(&name)))
+            .unwrap_or_else(|| panic!("{wanted} is neither built into {version} nor a module"));
+        let (module, needs) = line.split_once(':').unwrap();
+        // modules.dep lists a module's dependencies last-loaded first.
+        for path in needs.split_whitespace().rev().chain([module]) {
+            let path = dir.join(path);
+            assert!(
+                path.extension().is_some_and(|e| e == "ko"),
+                "{}: compressed modules are not supported by busybox insmod here",
+                path.display()
+            );
+            if !modules.contains(&path) {
+                modules.push(path);
+            }
+        }
+    }
+    Kernel { image, modules }
+}
+
+/// A cpio "newc" archive (what the kernel unpacks as initramfs).
+#[derive(Default)]
+struct Cpio(Vec<u8>);
+
+impl Cpio {
+    fn entry(&mut self, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
+        let ino = self.0.len() as u32 + 1;
+        let fields =
+            [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, rdev.0, rdev.1, name.len() as u32 + 1, 0];
+        self.0.extend_from_slice(b"070701");
+        for field in fields {
+            self.0.extend_from_slice(format!("{field:08x}").as_bytes());
+        }
+        self.0.extend_from_slice(name.as_bytes());
+        self.0.push(0);
+        self.pad();
+        self.0.extend_from_slice(data);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.0.len().is_multiple_of(4) {
+            self.0.push(0);
+        }
+    }
+
+    fn dir(&mut self, name: &str) {
+        self.entry(name, 0o040755, &[], (0, 0));
+    }
+
+    fn file(&mut self, name: &str, mode: u32, data: &[u8]) {
+        self.entry(name, 0o100000 | mode, data, (0, 0));
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.entry("TRAILER!!!", 0, &[], (0, 0));
+        while !self.0.len().is_multiple_of(512) {
+            self.0.push(0);
+        }
+        self.0
+    }
+}
+
+/// The initramfs: static busybox, /init, the modules, the pattern and (if a C compiler is
+/// there) the polled-I/O helper. Returns whether the helper is in.
+fn initramfs(kernel: &Kernel, dir: &Path) -> (PathBuf, bool) {
+    let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox: run scripts/setup.sh (busybox-static)");
+    assert!(
+        !has_interpreter(&busybox),
+        "/bin/busybox is dynamically linked: install busybox-static (scripts/setup.sh)"
+    );
+    let mut cpio = Cpio::default();
+    for d in ["bin", "dev", "lib", "lib/modules"] {
+        cpio.dir(d);
+    }
+    cpio.entry("dev/console", 0o020600, &[], (5, 1));
+    cpio.file("bin/busybox", 0o755, &busybox);
+    cpio.file("init", 0o755, INIT.as_bytes());
+    cpio.file("pattern", 0o644, &pattern());
+    let mut names = String::new();
+    for module in &kernel.modules {
+        let name = module.file_name().unwrap().to_str().unwrap();
+        cpio.file(&format!("lib/modules/{name}"), 0o644, &std::fs::read(module).unwrap());
+        names.push_str(name);
+        names.push('\n');
+    }
+    cpio.file("modules", 0o644, names.as_bytes());
+    let iopoll = iopoll_helper(dir);
+    if let Some(binary) = &iopoll {
+        cpio.file("iopoll", 0o755, &std::fs::read(binary).unwrap());
+    }
+    let path = dir.join("initramfs.cpio");
+    std::fs::write(&path, cpio.finish()).unwrap();
+    (path, iopoll.is_some())
+}
+
+/// Does this ELF executable name a dynamic loader (PT_INTERP)?
+fn has_interpreter(elf: &[u8]) -> bool {
+    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[32..40].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    (0..phnum).any(|i| elf[phoff + i * phentsize..][..4] == 3u32.to_le_bytes())
+}
+
+/// Build the polled-I/O helper statically; `None` (reported) without a C compiler.
+fn iopoll_helper(dir: &Path) -> Option<PathBuf> {
+    let source = dir.join("iopoll.c");
+    std::fs::write(&source, IOPOLL_C).unwrap();
+    let binary = dir.join("iopoll");
+    let built = Command::new("cc").args(["-static", "-O2", "-o"]).arg(&binary).arg(&source).output();
+    match built {
+        Ok(out) if out.status.success() => Some(binary),
+        Ok(out) => {
+            eprintln!("no polled-I/O helper: cc -static failed: {}", String::from_utf8_lossy(&out.stderr));
+            None
+        }
+        Err(e) => {
+            eprintln!("no polled-I/O helper: no C compiler ({e})");
+            None
+        }
+    }
+}
+
+/// `exitless vhost-user-blk` running in the background; stopped with SIGTERM.
+struct Backend {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Backend {
+    fn start(socket: &Path, args: &[&str], log: PathBuf) -> Backend {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .arg("vhost-user-blk")
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("run exitless");
+        let mut backend = Backend { child, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            if let Some(status) = backend.child.try_wait().unwrap() {
+                panic!("the backend exited ({status}) before listening: {}", backend.log());
+            }
+            assert!(Instant::now() < deadline, "the backend did not listen within 20 s: {}", backend.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        backend
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, and the exit status must be 0.
+    fn stop(mut self) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        let log = self.log();
+        assert_eq!(status.code(), Some(0), "the backend's exit status; its log: {log}");
+        log
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Guest<'a> {
+    kernel: &'a Kernel,
+    initramfs: &'a Path,
+    socket: &'a Path,
+    dir: &'a Path,
+}
+
+struct Running {
+    qemu: Child,
+    console: PathBuf,
+    started: Instant,
+    what: String,
+}
+
+impl Guest<'_> {
+    /// Boot, run the steps in `cmdline` and return the console output.
+    fn run(&self, cmdline: &str, vcpus: u32, queues: u32) -> String {
+        self.spawn(cmdline, vcpus, queues, false).finish()
+    }
+
+    /// Boot in the background; `reconnect`: QEMU reconnects to a backend that went away.
+    fn spawn(&self, cmdline: &str, vcpus: u32, queues: u32, reconnect: bool) -> Running {
+        let console = self.dir.join("console.log");
+        let reconnect = if reconnect { ",reconnect=1" } else { "" };
+        let qemu = Command::new("qemu-system-x86_64")
+            .args(["-accel", "tcg", "-m", "256M", "-smp", &vcpus.to_string()])
+            .args([
+                "-object",
+                "memory-backend-memfd,id=mem,size=256M,share=on",
+                "-machine",
+                "pc,memory-backend=mem",
+            ])
+            .args(["-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&self.kernel.image)
+            .arg("-initrd")
+            .arg(self.initramfs)
+            .args(["-append", &format!("console=ttyS0 panic=-1 quiet {cmdline}")])
+            .arg("-chardev")
+            .arg(format!("socket,id=vu,path={}{reconnect}", self.socket.display()))
+            .args(["-device", &format!("vhost-user-blk-pci,chardev=vu,num-queues={queues}")])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&console).unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("qemu-system-x86_64 must be installed (scripts/setup.sh installs it)");
+        let what = format!("{cmdline}, {vcpus} vCPUs, {queues} queues");
+        Running { qemu, console, started: Instant::now(), what }
+    }
+}
+
+impl Running {
+    fn console(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).into_owned()
+    }
+
+    /// Wait until the console shows `marker`.
+    fn wait_for(&mut self, marker: &str) {
+        while !has(&self.console(), marker) {
+            if let Some(status) = self.qemu.try_wait().unwrap() {
+                panic!("QEMU ended ({status}) before {marker}: {}", self.console());
+            }
+            self.check_timeout();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn check_timeout(&mut self) {
+        if self.started.elapsed() > QEMU_TIMEOUT {
+            let _ = self.qemu.kill();
+            let _ = self.qemu.wait();
+            panic!("QEMU did not finish within {QEMU_TIMEOUT:?}: {}", self.console());
+        }
+    }
+
+    /// Wait for the guest to power off; the console output, checked for success.
+    fn finish(mut self) -> String {
+        let status = loop {
+            if let Some(status) = self.qemu.try_wait().unwrap() {
+                break status;
+            }
+            self.check_timeout();
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut self.qemu.stderr.take().unwrap(), &mut stderr).unwrap();
+        let output = self.console();
+        eprintln!("QEMU ({}): {:.1} s", self.what, self.started.elapsed().as_secs_f64());
+        assert!(status.success(), "QEMU failed ({status}): {stderr}\nconsole: {output}");
+        assert!(!output.contains("VU-FAIL"), "the guest failed a step: {output}");
+        assert!(output.contains("VU-DONE"), "the guest did not finish: {output}\nQEMU: {stderr}");
+        output
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.qemu.kill();
+        let _ = self.qemu.wait();
+    }
+}
+
+/// The line that holds `prefix`, from `prefix` on (the firmware's escape codes may precede it).
+fn line<'a>(console: &'a str, prefix: &str) -> &'a str {
+    console
+        .lines()
+        .find_map(|l| l.find(prefix).map(|at| l[at..].trim_end()))
+        .unwrap_or_else(|| panic!("no {prefix} line in: {console}"))
+}
+
+fn has(console: &str, marker: &str) -> bool {
+    console.lines().any(|l| l.trim_end().ends_with(marker))
+}
+
+#[test]
+fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts() {
+    let kernel = kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let (initramfs, _) = initramfs(&kernel, dir.path());
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
+    let disk_arg = format!("path={}", disk.display());
+
+    // 1. Write, read back, check, flush, with the IOCore sleeping on the kick eventfd.
+    let backend =
+        Backend::start(&socket, &["--disk", &disk_arg, "--io-mode", "eventfd"], dir.path().join("b1.log"));
+    let console = guest.run("vu.write=1 vu.read=1", 1, 1);
+    assert_eq!(
+        line(&console, "VU-DISK"),
+        "VU-DISK size=67108864 ro=0 cache=write-back poll=0",
+        "capacity, writable, FLUSH offered (write-back cache)"
+    );
+    for marker in ["VU-WRITE-OK", "VU-FLUSH-OK", "VU-VERIFY-OK"] {
+        assert!(has(&console, marker), "{marker} missing: {console}");
+    }
+    let on_host = std::fs::read(&disk).unwrap();
+    let at = PATTERN_BLOCK * 4096;
+    assert!(on_host[at..at + PATTERN_LEN] == pattern()[..], "the backing file holds the guest's pattern");
+
+    // 2. QEMU restarts (a new frontend on the same backend): the data is there.
+    let console = guest.run("vu.read=1", 1, 1);
+    assert!(has(&console, "VU-VERIFY-OK"), "{console}");
+    let log = backend.stop();
+    assert!(log.lines().filter(|l| l.contains("frontend connected")).count() == 2, "{log}");
+    assert!(log.contains("requests completed, 0 I/O errors, 0 refused"), "{log}");
+    assert!(!Path::new(&socket).exists(), "the backend removes its socket when stopped");
+
+    // 3. The backend restarts (read-only now, and polling): the data is still there, and the
+    //    guest sees a read-only disk.
+    let ro_arg = format!("{disk_arg},readonly");
+    let backend =
+        Backend::start(&socket, &["--disk", &ro_arg, "--io-mode", "sidecore"], dir.path().join("b3.log"));
+    let console = guest.run("vu.read=1 vu.rocheck=1", 1, 1);
+    assert!(has(&console, "VU-VERIFY-OK") && has(&console, "VU-RO-OK"), "{console}");
+    assert!(line(&console, "VU-DISK").contains(" ro=1 "), "{console}");
+    backend.stop();
+    assert!(std::fs::read(&disk).unwrap() == on_host, "nothing changed the read-only disk");
+}
+
+#[test]
+fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
+    let kernel = kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let (initramfs, _) = initramfs(&kernel, dir.path());
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
+    let disk_arg = format!("path={}", disk.display());
+    let args = ["--disk", disk_arg.as_str(), "--io-mode", "adaptive"];
+
+    let first = Backend::start(&socket, &args, dir.path().join("b1.log"));
+    // QEMU stays up; it reconnects to the socket when the backend comes back.
+    let mut running = guest.spawn("vu.write=1 vu.waitgo=1 vu.read=1", 1, 1, true);
+    running.wait_for("VU-WAITING");
+    first.stop();
+    let mut file = std::fs::OpenOptions::new().write(true).open(&disk).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(16 * 512)).unwrap();
+    file.write_all(b"GO-AHEAD").unwrap();
+    drop(file);
+    let second = Backend::start(&socket, &args, dir.path().join("b2.log"));
+    let console = running.finish();
+    assert!(has(&console, "VU-GO") && has(&console, "VU-VERIFY-OK"), "{console}");
+    let log = second.stop();
+    assert!(log.contains("frontend connected"), "QEMU reconnected: {log}");
+}
+
+#[test]
+fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
+    let kernel = kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let (initramfs, iopoll) = initramfs(&kernel, dir.path());
+    let socket = dir.path().join("vhost.sock");
+    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
+    let backend = Backend::start(
+        &socket,
+        &["--disk", "ram=64M", "--queues", "2", "--io-mode", "adaptive"],
+        dir.path().join("b.log"),
+    );
+    // virtio_blk gives at most one queue per CPU, and keeps one for interrupt-driven I/O.
+    let steps = if iopoll { "vu.write=1 vu.read=1 vu.iopoll=1" } else { "vu.write=1 vu.read=1" };
+    let console = guest.run(&format!("virtio_blk.poll_queues=1 {steps}"), 2, 2);
+    let log = backend.stop();
+    assert!(line(&console, "VU-QUEUES").ends_with("1/0/1 default/read/poll queues"), "{console}");
+    assert!(line(&console, "VU-DISK").ends_with(" poll=1"), "{console}");
+    assert!(has(&console, "VU-VERIFY-OK"), "{console}");
+    if !iopoll {
+        eprintln!("skipped polled I/O: no static C compiler for the helper");
+        return;
+    }
+    assert!(console.contains("VU-IOPOLL-OK 64"), "{console}");
+    // The polled requests went to the poll queue (vring 1): 64 writes and 64 reads.
+    let served: u64 = log
+        .lines()
+        .filter_map(|l| {
+            l.split_once("vring 1 stopped at avail index ")?.1.split_once(": ")?.1.split(' ').next()
+        })
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    assert!(served >= 128, "vring 1 served {served} requests: {log}");
+    std::io::stderr().write_all(log.as_bytes()).unwrap();
+}
+
+#[test]
+fn bad_command_lines_and_socket_paths_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, b"keep me").unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_exitless")).arg("vhost-user-blk").args(args).output().unwrap()
+    };
+    let out = run(&["--socket", file.to_str().unwrap(), "--disk", "ram=1M"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"), "{out:?}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    let socket = dir.path().join("s");
+    let socket = socket.to_str().unwrap();
+    for bad in [
+        &["--socket", socket, "--disk", "ram=1M", "--queues", "0"][..],
+        &["--socket", socket, "--disk", "ram=1M", "--queues", "17"],
+        &["--socket", socket, "--disk", "ram=1M", "--io-mode", "trap"],
+        &["--socket", socket, "--disk", "size=1M"],
+        &["--socket", socket],
+        &["--disk", "ram=1M"],
+    ] {
+        assert_eq!(run(bad).status.code(), Some(2), "{bad:?}");
+    }
+    let missing = dir.path().join("missing.img");
+    let out = run(&["--socket", socket, "--disk", &format!("path={}", missing.display())]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the disk"), "{out:?}");
+}

@@ -1,0 +1,425 @@
+//! The vhost-user block backend: the virtio-blk device model (`virtio::block::Block`) and its
+//! queue workers, driven by a frontend's messages instead of a virtio transport's registers.
+//!
+//! [`VhostUserBlk`] outlives connections: it owns the device model and, between connections,
+//! every queue's storage backend. A [`Session`] is one connection's state: negotiated features,
+//! the memory table, and per vring its size, addresses, base, eventfds and whether it runs. A
+//! ring runs (its `BlockWorker` attached to the IOCore, waiting on the kick eventfd and raising
+//! the call eventfd) once it is started (SET_VRING_KICK), enabled, set up and memory is mapped;
+//! GET_VRING_BASE, disabling it, a new kick descriptor, a new memory table or the end of the
+//! session stop it: the worker is detached, its in-flight requests finish, and the backend goes
+//! back to the device model, so the next connection finds every acknowledged write in it.
+
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use virtio::block::{Block, BlockWorker};
+use virtio::interrupt::InterruptLine;
+use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
+use virtio::{DeviceSignals, VirtioDevice, WorkerHost, VIRTIO_F_EVENT_IDX};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::error::Error;
+use crate::memory::GuestMemoryTable;
+use crate::message::{Message, Request, VringAddr, MAX_CONFIG_SIZE, VRING_F_LOG};
+
+/// The feature bit that says the backend speaks protocol features (not a virtio feature).
+pub const VHOST_USER_F_PROTOCOL_FEATURES: u32 = 30;
+
+/// Protocol feature bits.
+pub mod protocol {
+    pub const MQ: u32 = 0;
+    pub const REPLY_ACK: u32 = 3;
+    pub const CONFIG: u32 = 9;
+}
+
+/// The protocol features this backend offers.
+pub const OFFERED_PROTOCOL_FEATURES: u64 =
+    1 << protocol::MQ | 1 << protocol::REPLY_ACK | 1 << protocol::CONFIG;
+
+/// Worker ids on the IOCore: this, plus 2^16 per device, plus the queue index, so devices can
+/// share an IOCore (each serves one frontend at a time).
+const WORKER_ID_BASE: u64 = 0x7668_0000_0000;
+
+/// The block device served over vhost-user, across connections.
+pub struct VhostUserBlk {
+    block: Block,
+    host: Arc<dyn WorkerHost>,
+    worker_ids: u64,
+}
+
+impl VhostUserBlk {
+    /// Serve `block` (one storage backend per queue), with queue workers run by `host`.
+    pub fn new(block: Block, host: Arc<dyn WorkerHost>) -> VhostUserBlk {
+        static DEVICES: AtomicU64 = AtomicU64::new(0);
+        let worker_ids = WORKER_ID_BASE + (DEVICES.fetch_add(1, Ordering::Relaxed) << 16);
+        VhostUserBlk { block, host, worker_ids }
+    }
+
+    /// The virtio features offered: the device model's, and protocol features.
+    pub fn features(&self) -> u64 {
+        self.block.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES
+    }
+
+    pub fn num_queues(&self) -> usize {
+        self.block.num_queues()
+    }
+
+    /// Start a connection's state.
+    pub fn session(&mut self) -> Session<'_> {
+        let queues = self.block.num_queues();
+        Session {
+            device: self,
+            protocol_features: 0,
+            features: None,
+            memory: None,
+            vrings: (0..queues).map(|_| Vring::default()).collect(),
+        }
+    }
+}
+
+/// One vring's state in a session.
+#[derive(Default)]
+struct Vring {
+    /// 0 until SET_VRING_NUM.
+    size: u16,
+    addr: Option<VringAddr>,
+    /// The next avail index to serve: set by SET_VRING_BASE, updated when the ring stops.
+    base: u16,
+    /// Set by SET_VRING_KICK (`Some(None)`: no descriptor, the IOCore must poll); `None` while
+    /// the ring is stopped.
+    kick: Option<Option<Arc<EventFd>>>,
+    /// The call and error eventfds the worker writes. Their descriptor numbers stay fixed for
+    /// the session; a new SET_VRING_CALL/ERR duplicates the frontend's descriptor onto them
+    /// (dup3 replaces it atomically), so a running worker follows the change with no
+    /// synchronisation on its path.
+    call: Option<Arc<EventFd>>,
+    err: Option<Arc<EventFd>>,
+    /// SET_VRING_ENABLE's last word; before it, the protocol's default applies.
+    enabled: Option<bool>,
+    /// The worker is with the IOCore.
+    running: bool,
+}
+
+/// One connection's protocol state. Dropping it stops every running ring.
+pub struct Session<'a> {
+    device: &'a mut VhostUserBlk,
+    protocol_features: u64,
+    /// Acked virtio features (SET_FEATURES).
+    features: Option<u64>,
+    memory: Option<GuestMemoryTable>,
+    vrings: Vec<Vring>,
+}
+
+/// Replace the descriptor behind `slot` with `fd` (or a fresh eventfd nobody reads, for "no
+/// descriptor"), creating the slot on first use.
+fn install_fd(slot: &mut Option<Arc<EventFd>>, fd: Option<OwnedFd>) -> Result<(), Error> {
+    let fd = match fd {
+        Some(fd) => fd,
+        None => {
+            let event = EventFd::new(libc::EFD_NONBLOCK).map_err(Error::EventFd)?;
+            // SAFETY: `into_raw_fd` hands over the open descriptor the EventFd owned.
+            unsafe { OwnedFd::from_raw_fd(event.into_raw_fd()) }
+        }
+    };
+    match slot {
+        None => {
+            // SAFETY: `fd` is an open descriptor we own; the EventFd takes over its ownership.
+            let event = unsafe { EventFd::from_raw_fd(fd.into_raw_fd()) };
+            *slot = Some(Arc::new(event));
+        }
+        Some(event) => {
+            // SAFETY: both descriptors are open; dup3 atomically makes `event`'s number refer
+            // to `fd`'s file (closing the old one), and `fd` is closed when dropped below.
+            let rc = unsafe { libc::dup3(fd.as_raw_fd(), event.as_raw_fd(), libc::O_CLOEXEC) };
+            if rc < 0 {
+                return Err(Error::EventFd(std::io::Error::last_os_error()));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Session<'_> {
+    pub fn protocol_features(&self) -> u64 {
+        self.protocol_features
+    }
+
+    /// Did the frontend negotiate REPLY_ACK?
+    pub fn reply_ack(&self) -> bool {
+        self.protocol_features & 1 << protocol::REPLY_ACK != 0
+    }
+
+    /// Is vring `index` being served?
+    pub fn running(&self, index: usize) -> bool {
+        self.vrings.get(index).is_some_and(|v| v.running)
+    }
+
+    fn vring_index(&self, index: u64) -> Result<usize, Error> {
+        match usize::try_from(index) {
+            Ok(i) if i < self.vrings.len() => Ok(i),
+            _ => Err(Error::BadVringIndex { index, queues: self.vrings.len() }),
+        }
+    }
+
+    /// Handle one message; `Some(payload)` is the reply to send.
+    pub fn handle(&mut self, message: Message) -> Result<Option<Vec<u8>>, Error> {
+        let u64_reply = |v: u64| Ok(Some(v.to_le_bytes().to_vec()));
+        match message.request {
+            Request::GetFeatures => u64_reply(self.device.features()),
+            Request::SetFeatures(features) => {
+                let offered = self.device.features();
+                if features & !offered != 0 {
+                    return Err(Error::FeaturesNotOffered { requested: features, offered });
+                }
+                self.features = Some(features);
+                Ok(None)
+            }
+            Request::GetProtocolFeatures => u64_reply(OFFERED_PROTOCOL_FEATURES),
+            Request::SetProtocolFeatures(features) => {
+                if features & !OFFERED_PROTOCOL_FEATURES != 0 {
+                    return Err(Error::ProtocolFeaturesNotOffered {
+                        requested: features,
+                        offered: OFFERED_PROTOCOL_FEATURES,
+                    });
+                }
+                self.protocol_features = features;
+                Ok(None)
+            }
+            Request::SetOwner => Ok(None),
+            Request::ResetOwner => {
+                self.stop_all()?;
+                self.features = None;
+                self.protocol_features = 0;
+                self.memory = None;
+                self.vrings.iter_mut().for_each(|v| *v = Vring::default());
+                Ok(None)
+            }
+            Request::GetQueueNum => u64_reply(self.vrings.len() as u64),
+            Request::SetMemTable(table) => {
+                let memory = GuestMemoryTable::map(table)?;
+                // Running rings move to the new mapping: stop them, then start them again
+                // where they were.
+                let running: Vec<usize> =
+                    (0..self.vrings.len()).filter(|&i| self.vrings[i].running).collect();
+                for &index in &running {
+                    self.stop(index)?;
+                }
+                self.memory = Some(memory);
+                for index in running {
+                    self.try_start(index)?;
+                }
+                Ok(None)
+            }
+            Request::SetVringNum { index, num } => {
+                let index = self.vring_index(index as u64)?;
+                let valid = num > 0 && num <= MAX_QUEUE_SIZE as u32 && num.is_power_of_two();
+                if !valid {
+                    return Err(Error::BadRingSize { index, size: num, max: MAX_QUEUE_SIZE });
+                }
+                let vring = &mut self.vrings[index];
+                if vring.running && vring.size as u32 != num {
+                    return Err(Error::RingRunning(index));
+                }
+                vring.size = num as u16;
+                Ok(None)
+            }
+            Request::SetVringAddr(addr) => {
+                let index = self.vring_index(addr.index as u64)?;
+                if addr.flags & VRING_F_LOG != 0 {
+                    return Err(Error::LogNotOffered { index });
+                }
+                let vring = &mut self.vrings[index];
+                let same_rings =
+                    |old: &VringAddr| (old.desc, old.avail, old.used) == (addr.desc, addr.avail, addr.used);
+                if vring.running && !vring.addr.as_ref().is_some_and(same_rings) {
+                    return Err(Error::RingRunning(index));
+                }
+                vring.addr = Some(addr);
+                Ok(None)
+            }
+            Request::SetVringBase { index, num } => {
+                let index = self.vring_index(index as u64)?;
+                let base = u16::try_from(num).map_err(|_| Error::BadRingBase { index, base: num })?;
+                let vring = &mut self.vrings[index];
+                if vring.running {
+                    return Err(Error::RingRunning(index));
+                }
+                vring.base = base;
+                Ok(None)
+            }
+            Request::GetVringBase { index } => {
+                let index = self.vring_index(index as u64)?;
+                self.stop(index)?;
+                let vring = &mut self.vrings[index];
+                vring.kick = None;
+                let mut reply = Vec::with_capacity(8);
+                reply.extend_from_slice(&(index as u32).to_le_bytes());
+                reply.extend_from_slice(&(vring.base as u32).to_le_bytes());
+                Ok(Some(reply))
+            }
+            Request::SetVringKick { index, fd } => {
+                let index = self.vring_index(index)?;
+                let kick = match fd {
+                    Some(fd) => {
+                        // The IOCore drains the counter after each wake-up: never block there.
+                        // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+                        unsafe {
+                            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+                            if flags >= 0 {
+                                libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+                            }
+                        }
+                        // SAFETY: `fd` is an open descriptor we own; the EventFd takes it over.
+                        let event = unsafe { EventFd::from_raw_fd(fd.into_raw_fd()) };
+                        Some(Arc::new(event))
+                    }
+                    None => None,
+                };
+                // A running ring takes the new descriptor by being attached again.
+                self.stop(index)?;
+                self.vrings[index].kick = Some(kick);
+                self.try_start(index)?;
+                Ok(None)
+            }
+            Request::SetVringCall { index, fd } => {
+                let index = self.vring_index(index)?;
+                install_fd(&mut self.vrings[index].call, fd)?;
+                Ok(None)
+            }
+            Request::SetVringErr { index, fd } => {
+                let index = self.vring_index(index)?;
+                install_fd(&mut self.vrings[index].err, fd)?;
+                Ok(None)
+            }
+            Request::SetVringEnable { index, num } => {
+                let index = self.vring_index(index as u64)?;
+                let enable = match num {
+                    0 => false,
+                    1 => true,
+                    value => return Err(Error::BadEnable { index, value }),
+                };
+                self.vrings[index].enabled = Some(enable);
+                if enable {
+                    self.try_start(index)?;
+                } else {
+                    self.stop(index)?;
+                }
+                Ok(None)
+            }
+            Request::GetConfig { offset, size, flags } => {
+                if offset.checked_add(size).is_none_or(|end| end > MAX_CONFIG_SIZE) {
+                    return Err(Error::ConfigRange { offset, size });
+                }
+                let mut reply = vec![0u8; 12 + size as usize];
+                reply[0..4].copy_from_slice(&offset.to_le_bytes());
+                reply[4..8].copy_from_slice(&size.to_le_bytes());
+                reply[8..12].copy_from_slice(&flags.to_le_bytes());
+                self.device.block.read_config(offset as u64, &mut reply[12..]);
+                Ok(Some(reply))
+            }
+        }
+    }
+
+    /// Is the ring enabled? Without protocol features rings start enabled; with them, disabled
+    /// until SET_VRING_ENABLE.
+    fn enabled(&self, index: usize) -> bool {
+        let protocol = self.features.is_some_and(|f| f & 1 << VHOST_USER_F_PROTOCOL_FEATURES != 0);
+        self.vrings[index].enabled.unwrap_or(!protocol)
+    }
+
+    /// Start serving ring `index` if everything it needs is there.
+    fn try_start(&mut self, index: usize) -> Result<(), Error> {
+        let enabled = self.enabled(index);
+        let vring = &self.vrings[index];
+        let (Some(memory), Some(addr), Some(kick)) = (&self.memory, vring.addr, &vring.kick) else {
+            return Ok(());
+        };
+        if vring.running || !enabled || vring.size == 0 {
+            return Ok(());
+        }
+        let size = vring.size as u64;
+        let translate = |what, addr: u64, len: u64| {
+            memory.translate(addr, len).ok_or(Error::Unmapped { index, what, addr })
+        };
+        let config = QueueConfig {
+            size: vring.size,
+            desc: translate("descriptor", addr.desc, 16 * size)?,
+            avail: translate("available", addr.avail, 6 + 2 * size)?,
+            used: translate("used", addr.used, 6 + 8 * size)?,
+        };
+        let event_idx = self.features.is_some_and(|f| f & 1 << VIRTIO_F_EVENT_IDX != 0);
+        let mem = memory.memory();
+        let mut queue =
+            Queue::new(mem, config, event_idx).map_err(|source| Error::BadQueue { index, source })?;
+        queue.resume(vring.base);
+        let kick = kick.clone();
+        // A ring may start before the frontend gave a call or error descriptor: the worker
+        // then signals an eventfd nobody reads, until SET_VRING_CALL replaces it.
+        let vring = &mut self.vrings[index];
+        install_missing(&mut vring.call)?;
+        install_missing(&mut vring.err)?;
+        let (Some(call), Some(err)) = (vring.call.clone(), vring.err.clone()) else {
+            return Ok(());
+        };
+        let interrupt = InterruptLine::new(Arc::new(AtomicU32::new(0)), Some(call));
+        let signals =
+            DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false))).with_error_notifier(err);
+        let worker = self
+            .device
+            .block
+            .start_queue(index, queue, mem, signals)
+            .map_err(|source| Error::Start { index, source })?;
+        self.device.host.attach(self.device.worker_ids + index as u64, Box::new(worker), kick);
+        self.vrings[index].running = true;
+        Ok(())
+    }
+
+    /// Stop serving ring `index`: take the worker back (its in-flight requests finish), note
+    /// where it stopped, and return the backend to the device model.
+    fn stop(&mut self, index: usize) -> Result<(), Error> {
+        let vring = &mut self.vrings[index];
+        if !vring.running {
+            return Ok(());
+        }
+        vring.running = false;
+        let worker =
+            self.device.host.detach(self.device.worker_ids + index as u64).ok_or(Error::Detach(index))?;
+        let mut worker = worker.into_any().downcast::<BlockWorker>().map_err(|_| Error::Detach(index))?;
+        vring.base = worker.queue_mut().next_avail();
+        let c = worker.counters;
+        self.device.block.stop_queue(index, *worker);
+        crate::log(format_args!(
+            "vring {index} stopped at avail index {}: {} requests completed, {} I/O errors, {} refused, {} interrupts",
+            vring.base, c.completed, c.io_errors, c.rejected, c.interrupts
+        ));
+        Ok(())
+    }
+
+    fn stop_all(&mut self) -> Result<(), Error> {
+        let mut result = Ok(());
+        for index in 0..self.vrings.len() {
+            if let Err(e) = self.stop(index) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
+fn install_missing(slot: &mut Option<Arc<EventFd>>) -> Result<(), Error> {
+    if slot.is_none() {
+        install_fd(slot, None)?;
+    }
+    Ok(())
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        // A worker the IOCore does not give back keeps its backend; nothing more can be done.
+        if let Err(e) = self.stop_all() {
+            crate::log(format_args!("{e}"));
+        }
+    }
+}

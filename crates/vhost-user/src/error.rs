@@ -1,0 +1,98 @@
+//! Why a vhost-user message or connection was refused. Every one of these closes the connection
+//! it happened on (after a failure reply where the frontend asked for one); the server goes on
+//! accepting new frontends.
+
+use std::io;
+
+use thiserror::Error;
+use virtio::queue::QueueError;
+use virtio::ActivateError;
+
+use crate::message::{MAX_CONFIG_SIZE, MAX_FDS, MAX_PAYLOAD, MAX_REGIONS};
+
+#[derive(Debug, Error)]
+pub enum Error {
+    // The wire.
+    #[error("cannot read from the frontend: {0}")]
+    Read(#[source] io::Error),
+    #[error("cannot send to the frontend: {0}")]
+    Write(#[source] io::Error),
+    #[error("the frontend closed the connection in the middle of a message")]
+    Truncated,
+    #[error("the frontend sent part of a message, then nothing for {0} s")]
+    Stalled(u64),
+    #[error("header flags {0:#x}: expected protocol version 1, no reply bit and no reserved bits")]
+    BadFlags(u32),
+    #[error("unknown request code {0} (is the peer a vhost-user frontend?)")]
+    UnknownRequest(u32),
+    #[error("{0} is not supported: its feature was not offered")]
+    Unsupported(&'static str),
+    #[error("payload of {0} bytes is longer than any request's ({MAX_PAYLOAD})")]
+    TooLarge(u32),
+    #[error("{request}: payload of {got} bytes, expected {expected}")]
+    BadSize { request: &'static str, got: usize, expected: usize },
+    #[error("{request}: {got} file descriptors, expected {expected}")]
+    BadFdCount { request: &'static str, got: usize, expected: usize },
+    #[error("{request}: {value:#x} has bits besides the vring index (0-7) and the no-fd flag (8)")]
+    BadVringFile { request: &'static str, value: u64 },
+    #[error("more than {MAX_FDS} file descriptors in one message")]
+    TooManyFds,
+
+    // The memory table.
+    #[error("memory table with {0} regions: give 1 to {MAX_REGIONS}")]
+    RegionCount(u32),
+    #[error("memory region {0} has size 0")]
+    EmptyRegion(usize),
+    #[error("memory region {0} wraps around the end of an address space or its file offset")]
+    RegionOverflow(usize),
+    #[error("memory regions {0} and {1} overlap (in guest-physical or frontend address space)")]
+    RegionsOverlap(usize, usize),
+    #[error("memory region {0}: mmap offset {1:#x} is not a multiple of the page size")]
+    UnalignedOffset(usize, u64),
+    #[error("memory region {index}: {why}")]
+    BadRegionFd { index: usize, why: String },
+    #[error("memory region {index}: cannot map it: {why}")]
+    Map { index: usize, why: String },
+
+    // Rings.
+    #[error("vring index {index}: this device has {queues} queues")]
+    BadVringIndex { index: u64, queues: usize },
+    #[error("vring {index}: size {size} is not a power of two in 1..={max}")]
+    BadRingSize { index: usize, size: u32, max: u16 },
+    #[error("vring {index}: base {base} is not a 16-bit ring index (split rings only)")]
+    BadRingBase { index: usize, base: u32 },
+    #[error("vring {0}: cannot change a running ring; stop it with GET_VRING_BASE first")]
+    RingRunning(usize),
+    #[error("vring {index}: SET_VRING_ENABLE with {value}: expected 0 or 1")]
+    BadEnable { index: usize, value: u32 },
+    #[error("vring {index}: the {what} ring at frontend address {addr:#x} is not inside one memory region")]
+    Unmapped { index: usize, what: &'static str, addr: u64 },
+    #[error("vring {index}: {source}")]
+    BadQueue { index: usize, source: QueueError },
+    #[error("vring {index}: the frontend asked for logging (VHOST_VRING_F_LOG), which was not offered")]
+    LogNotOffered { index: usize },
+    #[error("vring {index}: cannot start it: {source}")]
+    Start { index: usize, source: ActivateError },
+    #[error("vring {0}: the IOCore did not hand its worker back; the queue's backend is lost")]
+    Detach(usize),
+    #[error("cannot create an eventfd or duplicate the frontend's: {0}")]
+    EventFd(#[source] io::Error),
+
+    // Negotiation.
+    #[error("features {requested:#x} include bits not offered ({offered:#x})")]
+    FeaturesNotOffered { requested: u64, offered: u64 },
+    #[error("protocol features {requested:#x} include bits not offered ({offered:#x})")]
+    ProtocolFeaturesNotOffered { requested: u64, offered: u64 },
+    #[error(
+        "GET_CONFIG of {size} bytes at offset {offset}: the configuration space is {MAX_CONFIG_SIZE} bytes"
+    )]
+    ConfigRange { offset: u32, size: u32 },
+
+    // The server.
+    #[error("{path} exists and is not a socket: remove it or choose another --socket path")]
+    NotASocket { path: String },
+    #[error("{path} is in use by a running server: stop it or choose another --socket path")]
+    SocketInUse { path: String },
+    #[error("cannot listen on {path}: {source}")]
+    Listen { path: String, source: io::Error },
+}

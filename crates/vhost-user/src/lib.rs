@@ -1,0 +1,28 @@
+//! vhost-user for exitless: the virtio-blk device model and the IOCore served to guests of
+//! other VMMs (QEMU, Cloud Hypervisor, ...) over the vhost-user protocol.
+//!
+//! The frontend (the other VMM) shares its guest's memory as file descriptors, tells us where
+//! each virtqueue lies and hands us a kick and a call eventfd per queue; from then on requests
+//! flow guest ring → IOCore → storage backend → IOCore → guest ring exactly as for exitless's
+//! own virtio-mmio device, through the same `BlockWorker`. Only set-up goes over the socket.
+//!
+//! - [`message`]: the wire format, with strict validation.
+//! - [`memory`]: the memory table, mapped as one `GuestMemoryMmap`.
+//! - [`backend`]: the device across connections, and the per-connection state machine.
+//! - [`server`]: the listening socket, one frontend at a time.
+
+pub mod backend;
+pub mod error;
+pub mod memory;
+pub mod message;
+pub mod server;
+
+pub use backend::{Session, VhostUserBlk};
+pub use error::Error;
+pub use server::{serve_connection, Ending, Server};
+
+/// Log one line on standard error (never panics: a closed stderr loses the line).
+pub fn log(message: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "exitless vhost-user-blk: {message}");
+}

@@ -1,0 +1,669 @@
+//! The vhost-user wire format (front-end to back-end requests, as QEMU 7.2 sends them).
+//!
+//! A message is a 12-byte header {request u32, flags u32, size u32} (native endian, which on
+//! the hosts vhost-user runs on is little endian), `size` payload bytes and, attached to it as
+//! SCM_RIGHTS ancillary data, the file descriptors some requests carry. Everything here is
+//! untrusted input: a payload must have exactly the size its request has, a request must carry
+//! exactly the descriptors it needs, unknown request codes and requests for features this
+//! backend does not offer are refused. Received descriptors are owned (`OwnedFd`) from the
+//! moment they arrive, so a refused message leaks none.
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use crate::error::Error;
+
+pub const HEADER_LEN: usize = 12;
+/// Protocol version in flags bits 0-1.
+pub const VERSION: u32 = 1;
+const VERSION_MASK: u32 = 3;
+/// Set in replies.
+pub const FLAG_REPLY: u32 = 1 << 2;
+/// The frontend wants an acknowledgement (with VHOST_USER_PROTOCOL_F_REPLY_ACK).
+pub const FLAG_NEED_REPLY: u32 = 1 << 3;
+/// The most descriptors one message carries (QEMU's VHOST_MEMORY_BASELINE_NREGIONS).
+pub const MAX_FDS: usize = 8;
+/// The most memory regions in SET_MEM_TABLE (one descriptor each).
+pub const MAX_REGIONS: usize = 8;
+/// The largest configuration space GET_CONFIG may ask for (QEMU's VHOST_USER_MAX_CONFIG_SIZE).
+pub const MAX_CONFIG_SIZE: u32 = 256;
+/// The longest payload of any request: GET_CONFIG's 12-byte header and its data.
+pub const MAX_PAYLOAD: usize = 12 + MAX_CONFIG_SIZE as usize;
+/// In SET_VRING_KICK/CALL/ERR: no descriptor comes with the message.
+pub const VRING_NOFD: u64 = 1 << 8;
+const VRING_INDEX_MASK: u64 = 0xff;
+/// VHOST_VRING_F_LOG in SET_VRING_ADDR's flags.
+pub const VRING_F_LOG: u32 = 1;
+/// One memory region on the wire: guest_phys_addr, memory_size, userspace_addr, mmap_offset.
+const REGION_LEN: usize = 32;
+
+/// Request codes (vhost-user specification, "Front-end message types").
+pub mod code {
+    pub const GET_FEATURES: u32 = 1;
+    pub const SET_FEATURES: u32 = 2;
+    pub const SET_OWNER: u32 = 3;
+    pub const RESET_OWNER: u32 = 4;
+    pub const SET_MEM_TABLE: u32 = 5;
+    pub const SET_LOG_BASE: u32 = 6;
+    pub const SET_LOG_FD: u32 = 7;
+    pub const SET_VRING_NUM: u32 = 8;
+    pub const SET_VRING_ADDR: u32 = 9;
+    pub const SET_VRING_BASE: u32 = 10;
+    pub const GET_VRING_BASE: u32 = 11;
+    pub const SET_VRING_KICK: u32 = 12;
+    pub const SET_VRING_CALL: u32 = 13;
+    pub const SET_VRING_ERR: u32 = 14;
+    pub const GET_PROTOCOL_FEATURES: u32 = 15;
+    pub const SET_PROTOCOL_FEATURES: u32 = 16;
+    pub const GET_QUEUE_NUM: u32 = 17;
+    pub const SET_VRING_ENABLE: u32 = 18;
+    pub const SEND_RARP: u32 = 19;
+    pub const NET_SET_MTU: u32 = 20;
+    pub const SET_BACKEND_REQ_FD: u32 = 21;
+    pub const IOTLB_MSG: u32 = 22;
+    pub const SET_VRING_ENDIAN: u32 = 23;
+    pub const GET_CONFIG: u32 = 24;
+    pub const SET_CONFIG: u32 = 25;
+    pub const CREATE_CRYPTO_SESSION: u32 = 26;
+    pub const CLOSE_CRYPTO_SESSION: u32 = 27;
+    pub const POSTCOPY_ADVISE: u32 = 28;
+    pub const POSTCOPY_LISTEN: u32 = 29;
+    pub const POSTCOPY_END: u32 = 30;
+    pub const GET_INFLIGHT_FD: u32 = 31;
+    pub const SET_INFLIGHT_FD: u32 = 32;
+    pub const GPU_SET_SOCKET: u32 = 33;
+    pub const RESET_DEVICE: u32 = 34;
+    pub const VRING_KICK: u32 = 35;
+    pub const GET_MAX_MEM_SLOTS: u32 = 36;
+    pub const ADD_MEM_REG: u32 = 37;
+    pub const REM_MEM_REG: u32 = 38;
+    pub const SET_STATUS: u32 = 39;
+    pub const GET_STATUS: u32 = 40;
+}
+
+/// The request's name, for messages; `None` for a code the specification does not define.
+pub fn request_name(request: u32) -> Option<&'static str> {
+    const NAMES: [&str; 40] = [
+        "GET_FEATURES",
+        "SET_FEATURES",
+        "SET_OWNER",
+        "RESET_OWNER",
+        "SET_MEM_TABLE",
+        "SET_LOG_BASE",
+        "SET_LOG_FD",
+        "SET_VRING_NUM",
+        "SET_VRING_ADDR",
+        "SET_VRING_BASE",
+        "GET_VRING_BASE",
+        "SET_VRING_KICK",
+        "SET_VRING_CALL",
+        "SET_VRING_ERR",
+        "GET_PROTOCOL_FEATURES",
+        "SET_PROTOCOL_FEATURES",
+        "GET_QUEUE_NUM",
+        "SET_VRING_ENABLE",
+        "SEND_RARP",
+        "NET_SET_MTU",
+        "SET_BACKEND_REQ_FD",
+        "IOTLB_MSG",
+        "SET_VRING_ENDIAN",
+        "GET_CONFIG",
+        "SET_CONFIG",
+        "CREATE_CRYPTO_SESSION",
+        "CLOSE_CRYPTO_SESSION",
+        "POSTCOPY_ADVISE",
+        "POSTCOPY_LISTEN",
+        "POSTCOPY_END",
+        "GET_INFLIGHT_FD",
+        "SET_INFLIGHT_FD",
+        "GPU_SET_SOCKET",
+        "RESET_DEVICE",
+        "VRING_KICK",
+        "GET_MAX_MEM_SLOTS",
+        "ADD_MEM_REG",
+        "REM_MEM_REG",
+        "SET_STATUS",
+        "GET_STATUS",
+    ];
+    let index = usize::try_from(request).ok()?.checked_sub(1)?;
+    NAMES.get(index).copied()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub request: u32,
+    pub flags: u32,
+    pub size: u32,
+}
+
+impl Header {
+    pub fn to_bytes(self) -> [u8; HEADER_LEN] {
+        let mut bytes = [0u8; HEADER_LEN];
+        bytes[0..4].copy_from_slice(&self.request.to_le_bytes());
+        bytes[4..8].copy_from_slice(&self.flags.to_le_bytes());
+        bytes[8..12].copy_from_slice(&self.size.to_le_bytes());
+        bytes
+    }
+
+    pub fn from_bytes(bytes: &[u8; HEADER_LEN]) -> Header {
+        Header { request: u32_at(bytes, 0), flags: u32_at(bytes, 4), size: u32_at(bytes, 8) }
+    }
+}
+
+/// One region of the frontend's memory table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryRegion {
+    pub guest_phys_addr: u64,
+    pub memory_size: u64,
+    /// Where the frontend has it mapped: ring addresses are given in this address space.
+    pub userspace_addr: u64,
+    /// Where the region starts in the file its descriptor refers to.
+    pub mmap_offset: u64,
+}
+
+impl MemoryRegion {
+    pub fn to_bytes(self) -> [u8; REGION_LEN] {
+        let mut bytes = [0u8; REGION_LEN];
+        for (i, v) in [self.guest_phys_addr, self.memory_size, self.userspace_addr, self.mmap_offset]
+            .into_iter()
+            .enumerate()
+        {
+            bytes[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        bytes
+    }
+}
+
+/// SET_VRING_ADDR's payload: the rings in the frontend's address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VringAddr {
+    pub index: u32,
+    pub flags: u32,
+    pub desc: u64,
+    pub used: u64,
+    pub avail: u64,
+    pub log: u64,
+}
+
+impl VringAddr {
+    pub fn to_bytes(self) -> [u8; 40] {
+        let mut bytes = [0u8; 40];
+        bytes[0..4].copy_from_slice(&self.index.to_le_bytes());
+        bytes[4..8].copy_from_slice(&self.flags.to_le_bytes());
+        for (i, v) in [self.desc, self.used, self.avail, self.log].into_iter().enumerate() {
+            bytes[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        bytes
+    }
+}
+
+/// A request, parsed and checked for shape (not yet for meaning: that is the backend's job).
+#[derive(Debug)]
+pub enum Request {
+    GetFeatures,
+    SetFeatures(u64),
+    SetOwner,
+    ResetOwner,
+    SetMemTable(Vec<(MemoryRegion, OwnedFd)>),
+    SetVringNum {
+        index: u32,
+        num: u32,
+    },
+    SetVringAddr(VringAddr),
+    SetVringBase {
+        index: u32,
+        num: u32,
+    },
+    GetVringBase {
+        index: u32,
+    },
+    /// `fd: None` with VRING_NOFD (the frontend will not notify through a descriptor).
+    SetVringKick {
+        index: u64,
+        fd: Option<OwnedFd>,
+    },
+    SetVringCall {
+        index: u64,
+        fd: Option<OwnedFd>,
+    },
+    SetVringErr {
+        index: u64,
+        fd: Option<OwnedFd>,
+    },
+    GetProtocolFeatures,
+    SetProtocolFeatures(u64),
+    GetQueueNum,
+    SetVringEnable {
+        index: u32,
+        num: u32,
+    },
+    GetConfig {
+        offset: u32,
+        size: u32,
+        flags: u32,
+    },
+}
+
+impl Request {
+    /// Does the request have a reply of its own (rather than REPLY_ACK's)?
+    pub fn has_reply(&self) -> bool {
+        matches!(
+            self,
+            Request::GetFeatures
+                | Request::GetVringBase { .. }
+                | Request::GetProtocolFeatures
+                | Request::GetQueueNum
+                | Request::GetConfig { .. }
+        )
+    }
+}
+
+/// A request with the header it came in.
+#[derive(Debug)]
+pub struct Message {
+    pub header: Header,
+    pub request: Request,
+}
+
+impl Message {
+    /// Check a received message's shape and parse it.
+    pub fn parse(header: Header, payload: &[u8], mut fds: Vec<OwnedFd>) -> Result<Message, Error> {
+        if header.flags & VERSION_MASK != VERSION || header.flags & !(VERSION_MASK | FLAG_NEED_REPLY) != 0 {
+            return Err(Error::BadFlags(header.flags));
+        }
+        let name = request_name(header.request).ok_or(Error::UnknownRequest(header.request))?;
+        if payload.len() != header.size as usize {
+            return Err(Error::BadSize { request: name, got: payload.len(), expected: header.size as usize });
+        }
+        let size = |expected: usize| {
+            if payload.len() == expected {
+                Ok(())
+            } else {
+                Err(Error::BadSize { request: name, got: payload.len(), expected })
+            }
+        };
+        let fd_count = |fds: &Vec<OwnedFd>, expected: usize| {
+            if fds.len() == expected {
+                Ok(())
+            } else {
+                Err(Error::BadFdCount { request: name, got: fds.len(), expected })
+            }
+        };
+        use code::*;
+        // Requests with a fixed payload and no descriptors.
+        let fixed = match header.request {
+            GET_FEATURES | SET_OWNER | RESET_OWNER | GET_PROTOCOL_FEATURES | GET_QUEUE_NUM => Some(0),
+            SET_FEATURES | SET_PROTOCOL_FEATURES => Some(8),
+            SET_VRING_NUM | SET_VRING_BASE | GET_VRING_BASE | SET_VRING_ENABLE => Some(8),
+            SET_VRING_ADDR => Some(40),
+            _ => None,
+        };
+        if let Some(expected) = fixed {
+            size(expected)?;
+            fd_count(&fds, 0)?;
+        }
+        let state = || (u32_at(payload, 0), u32_at(payload, 4));
+        let request = match header.request {
+            GET_FEATURES => Request::GetFeatures,
+            SET_FEATURES => Request::SetFeatures(u64_at(payload, 0)),
+            SET_OWNER => Request::SetOwner,
+            RESET_OWNER => Request::ResetOwner,
+            GET_PROTOCOL_FEATURES => Request::GetProtocolFeatures,
+            SET_PROTOCOL_FEATURES => Request::SetProtocolFeatures(u64_at(payload, 0)),
+            GET_QUEUE_NUM => Request::GetQueueNum,
+            SET_VRING_NUM => {
+                let (index, num) = state();
+                Request::SetVringNum { index, num }
+            }
+            SET_VRING_BASE => {
+                let (index, num) = state();
+                Request::SetVringBase { index, num }
+            }
+            GET_VRING_BASE => Request::GetVringBase { index: state().0 },
+            SET_VRING_ENABLE => {
+                let (index, num) = state();
+                Request::SetVringEnable { index, num }
+            }
+            SET_VRING_ADDR => Request::SetVringAddr(VringAddr {
+                index: u32_at(payload, 0),
+                flags: u32_at(payload, 4),
+                desc: u64_at(payload, 8),
+                used: u64_at(payload, 16),
+                avail: u64_at(payload, 24),
+                log: u64_at(payload, 32),
+            }),
+            SET_VRING_KICK | SET_VRING_CALL | SET_VRING_ERR => {
+                size(8)?;
+                let value = u64_at(payload, 0);
+                if value & !(VRING_INDEX_MASK | VRING_NOFD) != 0 {
+                    return Err(Error::BadVringFile { request: name, value });
+                }
+                let with_fd = value & VRING_NOFD == 0;
+                fd_count(&fds, with_fd as usize)?;
+                let index = value & VRING_INDEX_MASK;
+                let fd = fds.pop();
+                match header.request {
+                    SET_VRING_KICK => Request::SetVringKick { index, fd },
+                    SET_VRING_CALL => Request::SetVringCall { index, fd },
+                    _ => Request::SetVringErr { index, fd },
+                }
+            }
+            SET_MEM_TABLE => {
+                if payload.len() < 8 {
+                    return Err(Error::BadSize { request: name, got: payload.len(), expected: 8 });
+                }
+                // {nregions u32, padding u32, regions[nregions]}
+                let count = u32_at(payload, 0);
+                if count == 0 || count as usize > MAX_REGIONS {
+                    return Err(Error::RegionCount(count));
+                }
+                let count = count as usize;
+                size(8 + REGION_LEN * count)?;
+                fd_count(&fds, count)?;
+                let regions = (0..count).map(|i| {
+                    let at = 8 + REGION_LEN * i;
+                    MemoryRegion {
+                        guest_phys_addr: u64_at(payload, at),
+                        memory_size: u64_at(payload, at + 8),
+                        userspace_addr: u64_at(payload, at + 16),
+                        mmap_offset: u64_at(payload, at + 24),
+                    }
+                });
+                Request::SetMemTable(regions.zip(fds).collect())
+            }
+            GET_CONFIG => {
+                // {offset u32, size u32, flags u32, data[size]}: the frontend sends the data
+                // area too (zeros), so the payload is exactly 12 + size.
+                if payload.len() < 12 {
+                    return Err(Error::BadSize { request: name, got: payload.len(), expected: 12 });
+                }
+                fd_count(&fds, 0)?;
+                let (offset, config_size, flags) =
+                    (u32_at(payload, 0), u32_at(payload, 4), u32_at(payload, 8));
+                if config_size > MAX_CONFIG_SIZE {
+                    return Err(Error::ConfigRange { offset, size: config_size });
+                }
+                size(12 + config_size as usize)?;
+                Request::GetConfig { offset, size: config_size, flags }
+            }
+            // Known requests for features this backend does not offer (logging, IOTLB, RARP,
+            // MTU, backend requests, cross-endian, writable config, crypto, postcopy, in-flight
+            // tracking, GPU, reset, in-band kicks, memory slots, status).
+            _ => return Err(Error::Unsupported(name)),
+        };
+        Ok(Message { header, request })
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(word)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// A control buffer for `MAX_FDS` descriptors, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct ControlBuffer([u8; 64]);
+
+// CMSG_SPACE(4 * MAX_FDS) is 16 + 32 = 48 on 64-bit Linux.
+const _: () = assert!(size_of::<libc::cmsghdr>() + 4 * MAX_FDS <= 64);
+
+/// `recvmsg` into `buf`, appending received descriptors to `fds`. Returns the bytes read (0 at
+/// end of file).
+fn recv_with_fds(fd: BorrowedFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize, Error> {
+    let mut control = ControlBuffer([0; 64]);
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE((4 * MAX_FDS) as u32) } as usize;
+    let n = loop {
+        // SAFETY: `msg` points at `iov` (into `buf`) and `control`, both live and writable for
+        // the lengths given.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(Error::Read(error));
+        }
+    };
+    // Take ownership of every descriptor received before looking at anything else, so none leaks.
+    // SAFETY: the kernel filled `msg_control` with `msg_controllen` bytes of well-formed cmsgs;
+    // CMSG_FIRSTHDR/NXTHDR stay inside it, and the data of an SCM_RIGHTS cmsg is an array of
+    // ints (read unaligned) that are descriptors now owned by this process.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg);
+                let len = ((*cmsg).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                for i in 0..len / 4 {
+                    let raw: RawFd = data.add(4 * i).cast::<RawFd>().read_unaligned();
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > MAX_FDS {
+        return Err(Error::TooManyFds);
+    }
+    Ok(n)
+}
+
+/// Wait until `fd` is readable, for at most `timeout`. `false` on timeout.
+fn wait_readable(fd: BorrowedFd, timeout: Duration) -> Result<bool, Error> {
+    let mut pollfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    loop {
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pollfd, 1, ms) };
+        if n >= 0 {
+            return Ok(n > 0);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(Error::Read(error));
+        }
+    }
+}
+
+/// Fill `buf` completely; the first bytes may already be there (`filled`). Once a message has
+/// begun, the rest must come within `stall` each time.
+fn recv_exact(
+    fd: BorrowedFd,
+    buf: &mut [u8],
+    mut filled: usize,
+    fds: &mut Vec<OwnedFd>,
+    stall: Duration,
+) -> Result<(), Error> {
+    while filled < buf.len() {
+        if !wait_readable(fd, stall)? {
+            return Err(Error::Stalled(stall.as_secs()));
+        }
+        match recv_with_fds(fd, &mut buf[filled..], fds)? {
+            0 => return Err(Error::Truncated),
+            n => filled += n,
+        }
+    }
+    Ok(())
+}
+
+/// A received message before parsing: header, payload, descriptors.
+pub type RawMessage = (Header, Vec<u8>, Vec<OwnedFd>);
+
+/// Receive one message's parts: header, payload and descriptors. Blocks until a message begins;
+/// `Ok(None)` when the peer closed the connection between messages.
+pub fn recv_raw(stream: &UnixStream, stall: Duration) -> Result<Option<RawMessage>, Error> {
+    let fd = std::os::fd::AsFd::as_fd(stream);
+    let mut fds = Vec::new();
+    let mut header = [0u8; HEADER_LEN];
+    let first = recv_with_fds(fd, &mut header, &mut fds)?;
+    if first == 0 {
+        return Ok(None);
+    }
+    recv_exact(fd, &mut header, first, &mut fds, stall)?;
+    let header = Header::from_bytes(&header);
+    if header.size as usize > MAX_PAYLOAD {
+        return Err(Error::TooLarge(header.size));
+    }
+    let mut payload = vec![0u8; header.size as usize];
+    recv_exact(fd, &mut payload, 0, &mut fds, stall)?;
+    Ok(Some((header, payload, fds)))
+}
+
+/// Send a message: header, payload and (attached to its first byte) descriptors.
+pub fn send_raw(stream: &UnixStream, header: Header, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
+    bytes.extend_from_slice(&header.to_bytes());
+    bytes.extend_from_slice(payload);
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let mut control = ControlBuffer([0; 64]);
+        let mut iov =
+            libc::iovec { iov_base: bytes[sent..].as_mut_ptr().cast(), iov_len: bytes.len() - sent };
+        // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if sent == 0 && !fds.is_empty() {
+            let data_len = (4 * fds.len()) as u32;
+            msg.msg_control = control.0.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE/CMSG_LEN only compute sizes; the cmsg header and its data fit
+            // in `control` (checked at compile time for MAX_FDS), which is 8-byte aligned.
+            unsafe {
+                msg.msg_controllen = libc::CMSG_SPACE(data_len) as usize;
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as usize;
+                let data = libc::CMSG_DATA(cmsg);
+                for (i, fd) in fds.iter().enumerate() {
+                    data.add(4 * i).cast::<RawFd>().write_unaligned(*fd);
+                }
+            }
+        }
+        // SAFETY: `msg` points at live buffers of the given lengths; MSG_NOSIGNAL: a closed peer
+        // is an error, not SIGPIPE.
+        let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        sent += n as usize;
+    }
+    Ok(())
+}
+
+/// Reply to `request` with `payload`.
+pub fn send_reply(stream: &UnixStream, request: u32, payload: &[u8]) -> Result<(), Error> {
+    let header = Header { request, flags: VERSION | FLAG_REPLY, size: payload.len() as u32 };
+    send_raw(stream, header, payload, &[]).map_err(Error::Write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(request: u32, flags: u32, payload: &[u8], fds: usize) -> Result<Message, Error> {
+        let fds = (0..fds)
+            .map(|_| {
+                let event = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+                // SAFETY: `into_raw_fd` hands over the open descriptor the EventFd owned.
+                unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(event)) }
+            })
+            .collect::<Vec<_>>();
+        Message::parse(Header { request, flags, size: payload.len() as u32 }, payload, fds)
+    }
+
+    #[test]
+    fn sizes_flags_codes_and_descriptor_counts_are_checked() {
+        use code::*;
+        assert!(matches!(parse(GET_FEATURES, 1, &[], 0), Ok(Message { request: Request::GetFeatures, .. })));
+        assert!(parse(GET_FEATURES, 1 | FLAG_NEED_REPLY, &[], 0).is_ok());
+        assert!(matches!(parse(GET_FEATURES, 1, &[0; 8], 0), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(GET_FEATURES, 1, &[], 1), Err(Error::BadFdCount { .. })));
+        assert!(matches!(parse(GET_FEATURES, 2, &[], 0), Err(Error::BadFlags(2))));
+        assert!(matches!(parse(GET_FEATURES, 1 | FLAG_REPLY, &[], 0), Err(Error::BadFlags(_))));
+        assert!(matches!(parse(GET_FEATURES, 1 | 1 << 9, &[], 0), Err(Error::BadFlags(_))));
+        assert!(matches!(parse(SET_FEATURES, 1, &[0; 4], 0), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(SET_VRING_ADDR, 1, &[0; 32], 0), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(0, 1, &[], 0), Err(Error::UnknownRequest(0))));
+        assert!(matches!(parse(41, 1, &[], 0), Err(Error::UnknownRequest(41))));
+        assert!(matches!(parse(u32::MAX, 1, &[], 0), Err(Error::UnknownRequest(_))));
+        assert!(matches!(parse(SET_LOG_BASE, 1, &[0; 16], 1), Err(Error::Unsupported("SET_LOG_BASE"))));
+        // Kick with and without a descriptor.
+        let kick = |value: u64, fds| parse(SET_VRING_KICK, 1, &value.to_le_bytes(), fds);
+        assert!(matches!(
+            kick(0, 1),
+            Ok(Message { request: Request::SetVringKick { index: 0, fd: Some(_) }, .. })
+        ));
+        assert!(matches!(
+            kick(VRING_NOFD | 1, 0),
+            Ok(Message { request: Request::SetVringKick { fd: None, .. }, .. })
+        ));
+        assert!(matches!(kick(0, 0), Err(Error::BadFdCount { .. })));
+        assert!(matches!(kick(VRING_NOFD, 1), Err(Error::BadFdCount { .. })));
+        assert!(matches!(kick(1 << 20, 1), Err(Error::BadVringFile { .. })));
+        // Memory tables.
+        let region =
+            MemoryRegion { guest_phys_addr: 0, memory_size: 4096, userspace_addr: 0, mmap_offset: 0 };
+        let table = |n: u32, regions: usize| {
+            let mut payload = vec![];
+            payload.extend_from_slice(&n.to_le_bytes());
+            payload.extend_from_slice(&[0; 4]);
+            for _ in 0..regions {
+                payload.extend_from_slice(&region.to_bytes());
+            }
+            payload
+        };
+        assert!(parse(SET_MEM_TABLE, 1, &table(1, 1), 1).is_ok());
+        assert!(matches!(parse(SET_MEM_TABLE, 1, &table(1, 1), 0), Err(Error::BadFdCount { .. })));
+        assert!(matches!(parse(SET_MEM_TABLE, 1, &table(2, 1), 2), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(SET_MEM_TABLE, 1, &table(0, 0), 0), Err(Error::RegionCount(0))));
+        assert!(matches!(parse(SET_MEM_TABLE, 1, &table(9, 9), 8), Err(Error::RegionCount(9))));
+        assert!(matches!(parse(SET_MEM_TABLE, 1, &[1, 0, 0], 0), Err(Error::BadSize { .. })));
+        // Config reads.
+        let config = |offset: u32, size: u32, data: usize| {
+            let mut payload = vec![];
+            for v in [offset, size, 0] {
+                payload.extend_from_slice(&v.to_le_bytes());
+            }
+            payload.resize(12 + data, 0);
+            parse(GET_CONFIG, 1, &payload, 0)
+        };
+        assert!(config(0, 60, 60).is_ok());
+        assert!(matches!(config(0, 60, 59), Err(Error::BadSize { .. })));
+        assert!(matches!(config(0, 257, 257), Err(Error::ConfigRange { .. })));
+    }
+
+    #[test]
+    fn every_defined_code_has_a_name() {
+        for request in 1..=40 {
+            assert!(request_name(request).is_some());
+        }
+        assert_eq!(request_name(code::GET_STATUS), Some("GET_STATUS"));
+        assert_eq!(request_name(0), None);
+        assert_eq!(request_name(41), None);
+    }
+}

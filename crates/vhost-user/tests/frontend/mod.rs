@@ -1,0 +1,384 @@
+//! A vhost-user frontend for tests: real messages over a Unix socket, "guest memory" in a memfd
+//! shared as two regions, one split virtqueue laid out by hand, and kick/call/error eventfds.
+//! It plays the part QEMU plays (set-up) and the guest driver's (requests in the ring).
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{fence, AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use vhost_user::message::{
+    code, recv_raw, send_raw, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
+};
+use vmm_sys_util::eventfd::EventFd;
+
+pub const MIB: u64 = 1 << 20;
+/// Guest memory: 2 MiB of memfd, shared as region A (guest 0, file offset 0) and region B
+/// (guest 1 GiB, file offset 1 MiB), so translation and offsets both matter.
+pub const MEM_SIZE: u64 = 2 * MIB;
+pub const REGION_B_GPA: u64 = 1 << 30;
+pub const QUEUE_SIZE: u16 = 16;
+/// Rings in region B, one page apart per queue.
+pub const DESC: u64 = REGION_B_GPA;
+pub const AVAIL: u64 = REGION_B_GPA + 0x1000;
+pub const USED: u64 = REGION_B_GPA + 0x2000;
+pub const QUEUE_STRIDE: u64 = 0x4000;
+/// Request buffers in region A.
+pub const HEADER: u64 = 0x1000;
+pub const DATA: u64 = 0x2000;
+pub const STATUS: u64 = 0x8000;
+
+pub const F_VERSION_1: u64 = 1 << 32;
+pub const F_EVENT_IDX: u64 = 1 << 29;
+pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+pub const F_BLK_MQ: u64 = 1 << 12;
+pub const F_BLK_FLUSH: u64 = 1 << 9;
+pub const F_BLK_RO: u64 = 1 << 5;
+pub const P_MQ: u64 = 1;
+pub const P_REPLY_ACK: u64 = 1 << 3;
+pub const P_CONFIG: u64 = 1 << 9;
+
+pub const T_IN: u32 = 0;
+pub const T_OUT: u32 = 1;
+pub const T_FLUSH: u32 = 4;
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct GuestMemory {
+    pub file: OwnedFd,
+    base: *mut u8,
+}
+
+impl GuestMemory {
+    pub fn new() -> GuestMemory {
+        // SAFETY: memfd_create with a static name; the result is checked and then owned.
+        let fd = unsafe { libc::memfd_create(c"vhost-user-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: `fd` was just created and is ours.
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our memfd; mmap of its whole length, shared, at an address the
+        // kernel chooses; checked.
+        let base = unsafe {
+            assert_eq!(libc::ftruncate(fd, MEM_SIZE as i64), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                MEM_SIZE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            p.cast::<u8>()
+        };
+        GuestMemory { file, base }
+    }
+
+    /// The frontend's (our) address of guest address `gpa`.
+    pub fn uva(&self, gpa: u64) -> u64 {
+        let offset = if gpa >= REGION_B_GPA { gpa - REGION_B_GPA + MIB } else { gpa };
+        assert!(offset < MEM_SIZE);
+        self.base as u64 + offset
+    }
+
+    fn ptr(&self, gpa: u64) -> *mut u8 {
+        self.uva(gpa) as *mut u8
+    }
+
+    pub fn write(&self, gpa: u64, bytes: &[u8]) {
+        // SAFETY: `ptr` checks that `gpa` is inside the mapping; the test keeps writes short.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr(gpa), bytes.len()) }
+    }
+
+    pub fn read(&self, gpa: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        // SAFETY: as `write`.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(gpa), out.as_mut_ptr(), len) }
+        out
+    }
+
+    pub fn u16(&self, gpa: u64) -> &AtomicU16 {
+        // SAFETY: 2-byte aligned addresses inside the mapping, which lives as long as `self`.
+        unsafe { AtomicU16::from_ptr(self.ptr(gpa).cast()) }
+    }
+
+    /// The two regions of the memory table.
+    pub fn regions(&self) -> [MemoryRegion; 2] {
+        [
+            MemoryRegion {
+                guest_phys_addr: 0,
+                memory_size: MIB,
+                userspace_addr: self.uva(0),
+                mmap_offset: 0,
+            },
+            MemoryRegion {
+                guest_phys_addr: REGION_B_GPA,
+                memory_size: MIB,
+                userspace_addr: self.uva(REGION_B_GPA),
+                mmap_offset: MIB,
+            },
+        ]
+    }
+}
+
+impl Drop for GuestMemory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), MEM_SIZE as usize) };
+    }
+}
+
+pub fn table_payload(regions: &[MemoryRegion]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&0u32.to_le_bytes());
+    for region in regions {
+        payload.extend_from_slice(&region.to_bytes());
+    }
+    payload
+}
+
+pub fn state(index: u32, num: u32) -> Vec<u8> {
+    let mut payload = index.to_le_bytes().to_vec();
+    payload.extend_from_slice(&num.to_le_bytes());
+    payload
+}
+
+/// Wait until `fd` is readable; `false` on timeout.
+pub fn readable(fd: RawFd, timeout: Duration) -> bool {
+    let mut pollfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut pollfd, 1, timeout.as_millis() as i32) > 0 }
+}
+
+pub struct Vring {
+    pub kick: EventFd,
+    pub call: EventFd,
+    pub err: EventFd,
+    /// Next avail index the driver (we) will publish; the used index we have seen.
+    pub avail_idx: u16,
+    pub used_seen: u16,
+}
+
+pub struct Frontend {
+    pub stream: UnixStream,
+    pub mem: GuestMemory,
+    pub vrings: Vec<Vring>,
+    pub reply_ack: bool,
+}
+
+impl Frontend {
+    pub fn connect(path: &Path) -> Frontend {
+        let stream = UnixStream::connect(path).expect("connect to the backend");
+        stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+        Frontend { stream, mem: GuestMemory::new(), vrings: Vec::new(), reply_ack: false }
+    }
+
+    pub fn send(&self, request: u32, payload: &[u8], fds: &[RawFd]) {
+        let flags = VERSION | if self.reply_ack { FLAG_NEED_REPLY } else { 0 };
+        self.send_flags(request, flags, payload, fds);
+    }
+
+    pub fn send_flags(&self, request: u32, flags: u32, payload: &[u8], fds: &[RawFd]) {
+        let header = Header { request, flags, size: payload.len() as u32 };
+        send_raw(&self.stream, header, payload, fds).expect("send to the backend");
+    }
+
+    /// Receive a reply to `request`; panics on anything else.
+    pub fn reply(&self, request: u32) -> Vec<u8> {
+        let (header, payload, fds) = recv_raw(&self.stream, TIMEOUT)
+            .expect("a reply")
+            .unwrap_or_else(|| panic!("the backend closed the connection instead of answering {request}"));
+        assert_eq!(header.request, request);
+        assert_eq!(header.flags, VERSION | FLAG_REPLY);
+        assert!(fds.is_empty());
+        payload
+    }
+
+    /// Send a request that has no reply of its own (acknowledged if REPLY_ACK is on).
+    pub fn set(&self, request: u32, payload: &[u8], fds: &[RawFd]) {
+        self.send(request, payload, fds);
+        if self.reply_ack {
+            assert_eq!(self.reply(request), 0u64.to_le_bytes(), "acknowledgement of request {request}");
+        }
+    }
+
+    pub fn get_u64(&self, request: u32) -> u64 {
+        self.send_flags(request, VERSION, &[], &[]);
+        u64::from_le_bytes(self.reply(request).try_into().unwrap())
+    }
+
+    /// The connection is closed by the backend (after an optional failure acknowledgement);
+    /// returns the acknowledgement if there was one.
+    pub fn expect_closed(&mut self) -> Option<u64> {
+        let mut ack = None;
+        let mut bytes = Vec::new();
+        // Reads to end of file; a reset connection counts as closed too.
+        let _ = (&self.stream).read_to_end(&mut bytes);
+        if bytes.len() == 12 + 8 {
+            ack = Some(u64::from_le_bytes(bytes[12..20].try_into().unwrap()));
+        } else {
+            assert!(bytes.is_empty(), "unexpected bytes from the backend before it closed: {bytes:?}");
+        }
+        ack
+    }
+
+    /// The handshake QEMU does on connecting: features, protocol features, queue count, config.
+    pub fn negotiate(&mut self, features: u64) -> u64 {
+        let offered = self.get_u64(code::GET_FEATURES);
+        assert_ne!(offered & F_PROTOCOL_FEATURES, 0);
+        self.set(code::SET_OWNER, &[], &[]);
+        let protocol = self.get_u64(code::GET_PROTOCOL_FEATURES);
+        assert_eq!(protocol & (P_MQ | P_REPLY_ACK | P_CONFIG), P_MQ | P_REPLY_ACK | P_CONFIG);
+        self.set(code::SET_PROTOCOL_FEATURES, &(P_MQ | P_REPLY_ACK | P_CONFIG).to_le_bytes(), &[]);
+        self.reply_ack = true;
+        self.set(code::SET_FEATURES, &(features & offered).to_le_bytes(), &[]);
+        offered
+    }
+
+    pub fn config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let mut payload = Vec::new();
+        for v in [offset, size, 0] {
+            payload.extend_from_slice(&v.to_le_bytes());
+        }
+        payload.resize(12 + size as usize, 0);
+        self.send_flags(code::GET_CONFIG, VERSION, &payload, &[]);
+        let reply = self.reply(code::GET_CONFIG);
+        assert_eq!(reply.len(), 12 + size as usize);
+        assert_eq!(&reply[..8], &payload[..8]);
+        reply[12..].to_vec()
+    }
+
+    pub fn set_mem_table(&self) {
+        let regions = self.mem.regions();
+        let fd = self.mem.file.as_raw_fd();
+        self.set(code::SET_MEM_TABLE, &table_payload(&regions), &[fd, fd]);
+    }
+
+    fn ring(&self, queue: u16) -> (u64, u64, u64) {
+        let offset = queue as u64 * QUEUE_STRIDE;
+        (DESC + offset, AVAIL + offset, USED + offset)
+    }
+
+    /// Set up and start vring `queue` from avail index `base` (rings as the guest left them).
+    pub fn start_vring(&mut self, queue: u16, base: u16) {
+        let (desc, avail, used) = self.ring(queue);
+        let index = queue as u32;
+        self.set(code::SET_VRING_NUM, &state(index, QUEUE_SIZE as u32), &[]);
+        self.set(code::SET_VRING_BASE, &state(index, base as u32), &[]);
+        let addr = VringAddr {
+            index,
+            flags: 0,
+            desc: self.mem.uva(desc),
+            used: self.mem.uva(used),
+            avail: self.mem.uva(avail),
+            log: 0,
+        };
+        self.set(code::SET_VRING_ADDR, &addr.to_bytes(), &[]);
+        let vring = Vring {
+            kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            call: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            err: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            avail_idx: self.mem.u16(avail + 2).load(Ordering::Acquire),
+            used_seen: self.mem.u16(used + 2).load(Ordering::Acquire),
+        };
+        self.set(code::SET_VRING_CALL, &(index as u64).to_le_bytes(), &[vring.call.as_raw_fd()]);
+        self.set(code::SET_VRING_ERR, &(index as u64).to_le_bytes(), &[vring.err.as_raw_fd()]);
+        self.set(code::SET_VRING_KICK, &(index as u64).to_le_bytes(), &[vring.kick.as_raw_fd()]);
+        while self.vrings.len() <= queue as usize {
+            self.vrings.push(Vring {
+                kick: EventFd::new(0).unwrap(),
+                call: EventFd::new(0).unwrap(),
+                err: EventFd::new(0).unwrap(),
+                avail_idx: 0,
+                used_seen: 0,
+            });
+        }
+        self.vrings[queue as usize] = vring;
+        self.set(code::SET_VRING_ENABLE, &state(index, 1), &[]);
+    }
+
+    /// Stop vring `queue`; returns the backend's next avail index.
+    pub fn stop_vring(&self, queue: u16) -> u16 {
+        self.set(code::SET_VRING_ENABLE, &state(queue as u32, 0), &[]);
+        self.send_flags(code::GET_VRING_BASE, VERSION, &state(queue as u32, 0), &[]);
+        let reply = self.reply(code::GET_VRING_BASE);
+        assert_eq!(reply[..4], (queue as u32).to_le_bytes());
+        u32::from_le_bytes(reply[4..8].try_into().unwrap()) as u16
+    }
+
+    /// Put a chain of (guest address, length, device-writable) buffers in the ring and kick.
+    pub fn submit(&mut self, queue: u16, chain: &[(u64, u32, bool)]) {
+        let (desc, avail, _) = self.ring(queue);
+        // One request at a time: the chain always starts at descriptor 0.
+        for (i, &(addr, len, writable)) in chain.iter().enumerate() {
+            let mut flags = if writable { DESC_F_WRITE } else { 0 };
+            if i + 1 < chain.len() {
+                flags |= DESC_F_NEXT;
+            }
+            let mut bytes = [0u8; 16];
+            bytes[0..8].copy_from_slice(&addr.to_le_bytes());
+            bytes[8..12].copy_from_slice(&len.to_le_bytes());
+            bytes[12..14].copy_from_slice(&flags.to_le_bytes());
+            bytes[14..16].copy_from_slice(&(i as u16 + 1).to_le_bytes());
+            self.mem.write(desc + 16 * i as u64, &bytes);
+        }
+        let vring = &mut self.vrings[queue as usize];
+        let slot = vring.avail_idx % QUEUE_SIZE;
+        self.mem.u16(avail + 4 + 2 * slot as u64).store(0, Ordering::Release);
+        vring.avail_idx = vring.avail_idx.wrapping_add(1);
+        // used_event: interrupt us on every completion (EVENT_IDX).
+        self.mem.u16(avail + 4 + 2 * QUEUE_SIZE as u64).store(vring.used_seen, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.mem.u16(avail + 2).store(vring.avail_idx, Ordering::Release);
+        fence(Ordering::SeqCst);
+        vring.kick.write(1).unwrap();
+    }
+
+    /// Wait for the next used element: (head, bytes written).
+    pub fn wait_used(&mut self, queue: u16) -> (u32, u32) {
+        let (_, _, used) = self.ring(queue);
+        let vring = &mut self.vrings[queue as usize];
+        let deadline = Instant::now() + TIMEOUT;
+        while self.mem.u16(used + 2).load(Ordering::Acquire) == vring.used_seen {
+            assert!(Instant::now() < deadline, "no completion on queue {queue} within {TIMEOUT:?}");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let slot = (vring.used_seen % QUEUE_SIZE) as u64;
+        vring.used_seen = vring.used_seen.wrapping_add(1);
+        let elem = self.mem.read(used + 4 + 8 * slot, 8);
+        (
+            u32::from_le_bytes(elem[0..4].try_into().unwrap()),
+            u32::from_le_bytes(elem[4..8].try_into().unwrap()),
+        )
+    }
+
+    /// One virtio-blk request of type `kind` at `sector` with `len` data bytes at DATA; returns
+    /// the status byte.
+    pub fn blk(&mut self, queue: u16, kind: u32, sector: u64, len: u32) -> u8 {
+        let mut header = [0u8; 16];
+        header[0..4].copy_from_slice(&kind.to_le_bytes());
+        header[8..16].copy_from_slice(&sector.to_le_bytes());
+        self.mem.write(HEADER, &header);
+        self.mem.write(STATUS, &[0xff]);
+        let mut chain = vec![(HEADER, 16, false)];
+        if len > 0 {
+            chain.push((DATA, len, kind == T_IN));
+        }
+        chain.push((STATUS, 1, true));
+        self.submit(queue, &chain);
+        let (head, written) = self.wait_used(queue);
+        assert_eq!(head, 0);
+        let status = self.mem.read(STATUS, 1)[0];
+        if status == 0 && kind == T_IN {
+            assert_eq!(written, len + 1);
+        }
+        status
+    }
+}

@@ -1,0 +1,432 @@
+//! The vhost-user backend against a test frontend over a real Unix socket: memfd guest memory,
+//! a hand-made virtqueue, eventfds, real IOCore threads and RAM disk backends. No VM.
+
+mod frontend;
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use frontend::*;
+use iocore::{IoCore, Policy};
+use storage::{Backend, RamDisk};
+use vhost_user::message::{code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION};
+use vhost_user::{Error, Server, VhostUserBlk};
+use virtio::block::Block;
+use vmm_sys_util::eventfd::EventFd;
+
+const DISK_SIZE: u64 = MIB;
+const FEATURES: u64 = F_VERSION_1 | F_EVENT_IDX | F_PROTOCOL_FEATURES | F_BLK_FLUSH | F_BLK_MQ | F_BLK_RO;
+
+/// A backend serving on a socket in its own thread, over a RAM disk file.
+struct TestBackend {
+    socket: PathBuf,
+    disk: PathBuf,
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestBackend {
+    fn start(policy: Policy, queues: usize, read_only: bool) -> TestBackend {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let disk = dir.path().join("disk");
+        drop(RamDisk::create(&disk, DISK_SIZE).unwrap());
+        let backends: Vec<Box<dyn Backend>> = (0..queues)
+            .map(|_| Box::new(RamDisk::open(&disk, read_only).unwrap()) as Box<dyn Backend>)
+            .collect();
+        let block = Block::with_queues(backends, "vhost-user-test").unwrap();
+        let iocore = Arc::new(IoCore::spawn(policy, None).unwrap());
+        let mut device = VhostUserBlk::new(block, iocore.clone());
+        let socket = dir.path().join("sock");
+        let server = Server::bind(&socket).unwrap();
+        let stop = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let stop_fd = stop.try_clone().unwrap();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: `stop_fd` lives in this closure until `serve` returns.
+            let stop = unsafe { BorrowedFd::borrow_raw(stop_fd.as_raw_fd()) };
+            server.serve(&mut device, Some(stop)).unwrap();
+            drop(device);
+            iocore.stop();
+        });
+        TestBackend { socket, disk, stop, thread: Some(thread), _dir: dir }
+    }
+
+    fn disk_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
+        std::fs::read(&self.disk).unwrap()[offset..offset + len].to_vec()
+    }
+}
+
+impl Drop for TestBackend {
+    fn drop(&mut self) {
+        self.stop.write(1).unwrap();
+        if let Some(thread) = self.thread.take() {
+            let result = thread.join();
+            if !std::thread::panicking() {
+                result.expect("the server thread panicked");
+            }
+        }
+    }
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..4096u32).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Connect, negotiate, map memory, start vring 0 from `base`.
+fn ready(backend: &TestBackend, base: u16) -> Frontend {
+    let mut frontend = Frontend::connect(&backend.socket);
+    frontend.negotiate(FEATURES);
+    frontend.set_mem_table();
+    frontend.start_vring(0, base);
+    frontend
+}
+
+fn write_read_flush(frontend: &mut Frontend, queue: u16, sector: u64, data: &[u8]) {
+    frontend.mem.write(DATA, data);
+    assert_eq!(frontend.blk(queue, T_OUT, sector, 4096), 0, "write status");
+    frontend.mem.write(DATA, &[0u8; 4096]);
+    assert_eq!(frontend.blk(queue, T_IN, sector, 4096), 0, "read status");
+    assert_eq!(frontend.mem.read(DATA, 4096), data, "read back what was written");
+    assert_eq!(frontend.blk(queue, T_FLUSH, 0, 0), 0, "flush status");
+}
+
+#[test]
+fn a_4k_write_and_read_through_the_ring_in_every_io_mode_and_across_reconnection() {
+    let policies = [Policy::Notified, Policy::Adaptive { idle: Duration::from_micros(50) }, Policy::Polling];
+    for (seed, policy) in policies.into_iter().enumerate() {
+        let backend = TestBackend::start(policy, 1, false);
+        let mut frontend = Frontend::connect(&backend.socket);
+        let offered = frontend.negotiate(FEATURES);
+        assert_eq!(
+            offered & (F_VERSION_1 | F_EVENT_IDX | F_BLK_FLUSH),
+            F_VERSION_1 | F_EVENT_IDX | F_BLK_FLUSH
+        );
+        assert_eq!(offered & (F_BLK_MQ | F_BLK_RO), 0, "one writable queue");
+        assert_eq!(frontend.get_u64(code::GET_QUEUE_NUM), 1);
+        // QEMU 7.2 reads the whole virtio_blk_config (60 bytes).
+        let config = frontend.config(0, 60);
+        assert_eq!(u64::from_le_bytes(config[0..8].try_into().unwrap()), DISK_SIZE / 512, "capacity");
+        assert_eq!(u32::from_le_bytes(config[12..16].try_into().unwrap()), 128, "seg_max");
+        assert_eq!(u32::from_le_bytes(config[20..24].try_into().unwrap()), 512, "blk_size");
+        assert_eq!(u16::from_le_bytes(config[34..36].try_into().unwrap()), 1, "num_queues");
+        assert_eq!(frontend.config(20, 4), 512u32.to_le_bytes(), "a read at an offset");
+        frontend.set_mem_table();
+        frontend.start_vring(0, 0);
+
+        let data = pattern(seed as u8);
+        write_read_flush(&mut frontend, 0, 8, &data);
+        assert!(readable(frontend.vrings[0].call.as_raw_fd(), TIMEOUT), "the call eventfd was signalled");
+        assert!(!readable(frontend.vrings[0].err.as_raw_fd(), Duration::ZERO), "no vring error");
+        assert_eq!(frontend.stop_vring(0), 3, "three requests taken");
+        assert_eq!(backend.disk_bytes(4096, 4096), data, "{policy:?}: the write is in the backend");
+
+        // The ring restarts where it stopped on the same connection (as QEMU does when the
+        // guest's device is stopped and started again).
+        frontend.start_vring(0, 3);
+        write_read_flush(&mut frontend, 0, 16, &pattern(seed as u8 + 100));
+        drop(frontend);
+
+        // A new frontend (a restarted QEMU: new memory, fresh rings) finds both writes.
+        let mut frontend = ready(&backend, 0);
+        frontend.mem.write(DATA, &[0u8; 4096]);
+        assert_eq!(frontend.blk(0, T_IN, 8, 4096), 0);
+        assert_eq!(frontend.mem.read(DATA, 4096), data, "{policy:?}: data survives the reconnection");
+        assert_eq!(frontend.blk(0, T_IN, 16, 4096), 0);
+        assert_eq!(frontend.mem.read(DATA, 4096), pattern(seed as u8 + 100));
+    }
+}
+
+#[test]
+fn several_queues_each_with_its_own_backend_on_one_disk() {
+    let backend = TestBackend::start(Policy::Notified, 2, false);
+    let mut frontend = Frontend::connect(&backend.socket);
+    let offered = frontend.negotiate(FEATURES);
+    assert_ne!(offered & F_BLK_MQ, 0);
+    assert_eq!(frontend.get_u64(code::GET_QUEUE_NUM), 2);
+    assert_eq!(u16::from_le_bytes(frontend.config(34, 2).try_into().unwrap()), 2, "num_queues");
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    frontend.start_vring(1, 0);
+    let data = pattern(7);
+    frontend.mem.write(DATA, &data);
+    assert_eq!(frontend.blk(1, T_OUT, 40, 4096), 0);
+    frontend.mem.write(DATA, &[0u8; 4096]);
+    assert_eq!(frontend.blk(0, T_IN, 40, 4096), 0);
+    assert_eq!(frontend.mem.read(DATA, 4096), data, "queue 0 reads what queue 1 wrote");
+    // A new memory table moves running rings to it; they go on where they were.
+    frontend.set_mem_table();
+    write_read_flush(&mut frontend, 1, 48, &pattern(8));
+    assert_eq!(frontend.stop_vring(1), 4);
+    assert_eq!(frontend.stop_vring(0), 1);
+}
+
+#[test]
+fn new_call_and_kick_descriptors_take_effect_on_a_running_ring() {
+    // Notified: the IOCore sleeps on the kick eventfd, so a kick it did not switch to would
+    // never be seen. QEMU replaces the call descriptor whenever the guest masks the vector.
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    let mut frontend = ready(&backend, 0);
+    write_read_flush(&mut frontend, 0, 0, &pattern(4));
+    let call = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
+    let kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    frontend.set(code::SET_VRING_KICK, &0u64.to_le_bytes(), &[kick.as_raw_fd()]);
+    let old_call = std::mem::replace(&mut frontend.vrings[0].call, call);
+    let _old_kick = std::mem::replace(&mut frontend.vrings[0].kick, kick);
+    while old_call.read().is_ok() {}
+    write_read_flush(&mut frontend, 0, 8, &pattern(5));
+    assert!(readable(frontend.vrings[0].call.as_raw_fd(), TIMEOUT), "the new call eventfd was signalled");
+    assert!(old_call.read().is_err(), "the old call eventfd was not");
+    assert_eq!(frontend.stop_vring(0), 6);
+}
+
+#[test]
+fn a_read_only_disk_is_offered_read_only_and_refuses_writes() {
+    let backend = TestBackend::start(Policy::Notified, 1, true);
+    let mut frontend = Frontend::connect(&backend.socket);
+    assert_ne!(frontend.negotiate(FEATURES) & F_BLK_RO, 0);
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    frontend.mem.write(DATA, &pattern(1));
+    assert_eq!(frontend.blk(0, T_OUT, 0, 4096), 1, "VIRTIO_BLK_S_IOERR");
+    assert_eq!(frontend.blk(0, T_IN, 0, 4096), 0);
+    assert_eq!(frontend.mem.read(DATA, 4096), vec![0u8; 4096]);
+    assert_eq!(backend.disk_bytes(0, 4096), vec![0u8; 4096]);
+}
+
+#[test]
+fn a_broken_ring_is_reported_through_the_error_eventfd() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    let mut frontend = ready(&backend, 0);
+    // An avail entry naming descriptor 200 of a 16-entry queue.
+    frontend.mem.u16(AVAIL + 4).store(200, std::sync::atomic::Ordering::Release);
+    frontend.mem.u16(AVAIL + 2).store(1, std::sync::atomic::Ordering::Release);
+    frontend.vrings[0].kick.write(1).unwrap();
+    assert!(readable(frontend.vrings[0].err.as_raw_fd(), TIMEOUT), "the error eventfd was signalled");
+    // The connection itself is fine: the ring stops and restarts on request.
+    assert_eq!(frontend.stop_vring(0), 0, "the bad entry was not taken");
+    frontend.mem.u16(AVAIL + 2).store(0, std::sync::atomic::Ordering::Release);
+    frontend.mem.u16(USED + 2).store(0, std::sync::atomic::Ordering::Release);
+    frontend.start_vring(0, 0);
+    write_read_flush(&mut frontend, 0, 0, &pattern(3));
+}
+
+/// `sendmsg` of `bytes` with any number of descriptors (the library's sender caps them).
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) {
+    let mut control = vec![0u64; 64];
+    let data_len = (4 * fds.len()) as u32;
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+    // SAFETY: a zeroed msghdr filled in below; the control buffer (512 bytes, 8-aligned) holds
+    // one SCM_RIGHTS cmsg of up to 100 descriptors; all buffers outlive the call.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(data_len) as usize;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as usize;
+        for (i, fd) in fds.iter().enumerate() {
+            libc::CMSG_DATA(cmsg).add(4 * i).cast::<RawFd>().write_unaligned(*fd);
+        }
+        assert_eq!(libc::sendmsg(stream.as_raw_fd(), &msg, 0), bytes.len() as isize);
+    }
+}
+
+fn raw(request: u32, flags: u32, size: u32, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Header { request, flags, size }.to_bytes().to_vec();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// What is wrong, whether a well-framed request with REPLY_ACK gets a failure acknowledgement
+/// before the connection closes, and how to send it.
+type Case = (&'static str, bool, fn(&mut Frontend));
+
+fn region(gpa: u64, size: u64, uva: u64, offset: u64) -> MemoryRegion {
+    MemoryRegion { guest_phys_addr: gpa, memory_size: size, userspace_addr: uva, mmap_offset: offset }
+}
+
+fn bad_table(f: &mut Frontend, regions: &[MemoryRegion]) {
+    f.negotiate(FEATURES);
+    let fd = f.mem.file.as_raw_fd();
+    f.send(code::SET_MEM_TABLE, &table_payload(regions), &vec![fd; regions.len()]);
+}
+
+/// Malformed messages; each must close the connection (after a failure acknowledgement where
+/// REPLY_ACK was negotiated and the message was well-framed).
+const CASES: &[Case] = &[
+    ("wrong payload size", true, |f| f.send_flags(code::GET_FEATURES, VERSION, &[0; 4], &[])),
+    ("wrong size for a fixed-size request", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SET_VRING_ADDR, &[0; 32], &[]);
+    }),
+    ("unknown request code", true, |f| f.send_flags(77, VERSION, &[], &[])),
+    ("request code 0", true, |f| f.send_flags(0, VERSION, &[], &[])),
+    ("reply flag in a request", true, |f| f.send_flags(code::GET_FEATURES, VERSION | FLAG_REPLY, &[], &[])),
+    ("protocol version 2", true, |f| f.send_flags(code::GET_FEATURES, 2, &[], &[])),
+    ("request not offered (logging)", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SET_LOG_BASE, &[0; 16], &[f.mem.file.as_raw_fd()]);
+    }),
+    ("virtio features not offered", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SET_FEATURES, &(1u64 << 63).to_le_bytes(), &[]);
+    }),
+    ("protocol features not offered", true, |f| {
+        f.send(code::SET_PROTOCOL_FEATURES, &(1u64 << 16).to_le_bytes(), &[])
+    }),
+    ("payload longer than any request's", false, |f| {
+        (&f.stream).write_all(&raw(code::SET_MEM_TABLE, VERSION, 1 << 20, &[])).unwrap();
+    }),
+    ("message cut short", false, |f| {
+        (&f.stream).write_all(&raw(code::SET_FEATURES, VERSION, 8, &[0; 4])).unwrap();
+        f.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    }),
+    ("garbage", false, |f| (&f.stream).write_all(&[0xa5; 64]).unwrap()),
+    ("descriptors on a request that takes none", true, |f| {
+        f.send_flags(code::GET_FEATURES, VERSION, &[], &[f.mem.file.as_raw_fd()]);
+    }),
+    ("more descriptors than any message carries", false, |f| {
+        let fd = f.mem.file.as_raw_fd();
+        send_with_fds(&f.stream, &raw(code::SET_VRING_CALL, VERSION, 8, &[0; 8]), &[fd; 12]);
+    }),
+    ("kick without its descriptor", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SET_VRING_KICK, &0u64.to_le_bytes(), &[]);
+    }),
+    ("memory regions that overlap in guest-physical space", true, |f| {
+        let uva = f.mem.uva(0);
+        bad_table(f, &[region(0, MIB, uva, 0), region(MIB / 2, MIB, uva + 4 * MIB, MIB)]);
+    }),
+    ("memory regions that overlap in the frontend's address space", true, |f| {
+        let uva = f.mem.uva(0);
+        bad_table(f, &[region(0, MIB, uva, 0), region(4 * MIB, MIB, uva + MIB / 2, MIB)]);
+    }),
+    ("a memory region past the end of its file", true, |f| {
+        let uva = f.mem.uva(0);
+        bad_table(f, &[region(0, 64 * MIB, uva, 0)]);
+    }),
+    ("a memory region at an offset past the end of its file", true, |f| {
+        let uva = f.mem.uva(0);
+        bad_table(f, &[region(0, MIB, uva, 1 << 40)]);
+    }),
+    ("a memory region of size 0", true, |f| {
+        let uva = f.mem.uva(0);
+        bad_table(f, &[region(0, 0, uva, 0)]);
+    }),
+    ("a memory region that wraps around", true, |f| {
+        let uva = f.mem.uva(0);
+        bad_table(f, &[region(u64::MAX - 0xfff, 0x2000, uva, 0)]);
+    }),
+    ("a memory region at an unaligned file offset", true, |f| {
+        let uva = f.mem.uva(0);
+        bad_table(f, &[region(0, 0x1000, uva, 0x10)]);
+    }),
+    ("a memory region whose descriptor is not memory", true, |f| {
+        f.negotiate(FEATURES);
+        let event = EventFd::new(0).unwrap();
+        let table = table_payload(&[region(0, MIB, f.mem.uva(0), 0)]);
+        f.send(code::SET_MEM_TABLE, &table, &[event.as_raw_fd()]);
+    }),
+    ("a memory region that cannot be mapped writable", true, |f| {
+        f.negotiate(FEATURES);
+        // A file opened read-only: a shared writable mapping of it fails.
+        let path = format!("/dev/shm/vhost-user-test-ro-{}", std::process::id());
+        std::fs::File::create(&path).unwrap().set_len(MIB).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let table = table_payload(&[region(0, MIB, f.mem.uva(0), 0)]);
+        f.send(code::SET_MEM_TABLE, &table, &[file.as_raw_fd()]);
+    }),
+    ("fewer descriptors than memory regions", true, |f| {
+        f.negotiate(FEATURES);
+        let table = table_payload(&f.mem.regions());
+        f.send(code::SET_MEM_TABLE, &table, &[f.mem.file.as_raw_fd()]);
+    }),
+    ("nine memory regions", false, |f| {
+        f.negotiate(FEATURES);
+        let regions: Vec<_> = (0..9).map(|i| region(i * MIB, 4096, f.mem.uva(0) + i * MIB, 0)).collect();
+        f.send(code::SET_MEM_TABLE, &table_payload(&regions), &[f.mem.file.as_raw_fd(); 8]);
+    }),
+    ("a vring index beyond the queues", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SET_VRING_NUM, &state(5, 16), &[]);
+    }),
+    ("a ring size that is not a power of two", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SET_VRING_NUM, &state(0, 3), &[]);
+    }),
+    ("a ring outside the memory table", true, |f| {
+        f.negotiate(FEATURES);
+        f.set_mem_table();
+        f.set(code::SET_VRING_NUM, &state(0, 16), &[]);
+        let addr = VringAddr { index: 0, flags: 0, desc: 0x1000, used: 0x2000, avail: 0x3000, log: 0 };
+        f.set(code::SET_VRING_ADDR, &addr.to_bytes(), &[]);
+        f.set(code::SET_VRING_ENABLE, &state(0, 1), &[]);
+        let kick = EventFd::new(0).unwrap();
+        f.send(code::SET_VRING_KICK, &0u64.to_le_bytes(), &[kick.as_raw_fd()]);
+    }),
+    ("a config read beyond the configuration space", true, |f| {
+        let mut payload = vec![0u8; 12];
+        payload[0..4].copy_from_slice(&250u32.to_le_bytes());
+        payload[4..8].copy_from_slice(&10u32.to_le_bytes());
+        payload.resize(22, 0);
+        f.send_flags(code::GET_CONFIG, VERSION, &payload, &[]);
+    }),
+];
+
+#[test]
+fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    for (what, acked, send) in CASES {
+        let mut frontend = Frontend::connect(&backend.socket);
+        send(&mut frontend);
+        let ack = frontend.expect_closed();
+        if frontend.reply_ack && *acked {
+            assert!(ack.is_some_and(|a| a != 0), "{what}: a failure acknowledgement, got {ack:?}");
+        } else {
+            assert_eq!(ack, None, "{what}");
+        }
+        eprintln!("refused as expected: {what}");
+    }
+    // Still serving, with the backend intact.
+    let mut frontend = ready(&backend, 0);
+    write_read_flush(&mut frontend, 0, 100, &pattern(9));
+    assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
+}
+
+#[test]
+fn a_frontend_that_stalls_inside_a_message_is_dropped() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    let frontend = Frontend::connect(&backend.socket);
+    (&frontend.stream).write_all(&raw(code::SET_FEATURES, VERSION | FLAG_NEED_REPLY, 8, &[0; 2])).unwrap();
+    let started = std::time::Instant::now();
+    let mut frontend = frontend;
+    assert_eq!(frontend.expect_closed(), None);
+    assert!(started.elapsed() >= Duration::from_secs(4), "dropped after the stall timeout");
+}
+
+#[test]
+fn the_socket_path_is_replaced_only_when_it_is_a_stale_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"not a socket").unwrap();
+    assert!(matches!(Server::bind(&file), Err(Error::NotASocket { .. })));
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a socket");
+
+    let stale = dir.path().join("stale");
+    drop(UnixListener::bind(&stale).unwrap());
+    assert!(Path::new(&stale).exists());
+    let server = Server::bind(&stale).expect("a stale socket is replaced");
+    assert!(matches!(Server::bind(&stale), Err(Error::SocketInUse { .. })), "a live one is not");
+    drop(server);
+    assert!(!Path::new(&stale).exists(), "the server removes its socket");
+}

@@ -1,0 +1,72 @@
+//! The virtio-net device model as the transport sees it.
+
+use vm_memory::GuestMemoryMmap;
+
+use super::backend::NetBackend;
+use super::worker::NetWorker;
+use super::{VIRTIO_ID_NET, VIRTIO_NET_F_MAC};
+use crate::device::{ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
+use crate::queue::{Queue, MAX_QUEUE_SIZE};
+use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+
+/// Configuration space: the MAC address and the (unoffered) status word.
+const CONFIG_LEN: usize = 8;
+
+pub struct Net {
+    /// `None` while a worker has it.
+    backend: Option<Box<dyn NetBackend>>,
+    config: [u8; CONFIG_LEN],
+}
+
+impl Net {
+    pub fn new(backend: Box<dyn NetBackend>, mac: [u8; 6]) -> Net {
+        let mut config = [0u8; CONFIG_LEN];
+        config[..6].copy_from_slice(&mac);
+        Net { backend: Some(backend), config }
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_id(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_F_EVENT_IDX | 1 << VIRTIO_NET_F_MAC
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[MAX_QUEUE_SIZE, MAX_QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        let Ok(start) = usize::try_from(offset) else { return };
+        if start >= CONFIG_LEN {
+            return;
+        }
+        let n = data.len().min(CONFIG_LEN - start);
+        data[..n].copy_from_slice(&self.config[start..start + n]);
+    }
+
+    fn activate(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        queues: Vec<Queue>,
+        _features: u64,
+        signals: DeviceSignals,
+    ) -> Result<Box<dyn QueueWorker>, ActivateError> {
+        let mut queues = queues.into_iter();
+        let (Some(rx), Some(tx)) = (queues.next(), queues.next()) else {
+            return Err(ActivateError::NoSuchQueue { index: 1 });
+        };
+        let backend = self.backend.take().ok_or(ActivateError::NoBackend)?;
+        Ok(Box::new(NetWorker::new(rx, tx, mem.clone(), backend, signals)))
+    }
+
+    fn deactivate(&mut self, worker: Box<dyn QueueWorker>) {
+        if let Ok(worker) = worker.into_any().downcast::<NetWorker>() {
+            self.backend = Some(worker.into_backend());
+        }
+    }
+}
