@@ -207,12 +207,8 @@ pub struct BlkBenchArgs {
     /// interrupt and polled completion, and with exitless's vhost-user-blk backend), or `none`.
     #[arg(long, value_delimiter = ',', default_value = "qemu")]
     pub peers: Vec<Peer>,
-    /// Print one JSON document instead of the tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Print the tables as Markdown, with date, command and machine (for BENCHMARKS.md).
-    #[arg(long, conflicts_with = "json")]
-    pub markdown: bool,
+    #[command(flatten)]
+    pub output: ReportFormat,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -273,18 +269,15 @@ pub struct NetBenchArgs {
     /// Host CPU for the IOCore.
     #[arg(long, value_name = "CPU", default_value_t = 1)]
     pub iocore_cpu: usize,
-    /// Host CPU for the echo responder (default: wherever the scheduler puts it).
+    /// Host CPU for the echo responder (default: the IOCore's, so that waking it preempts the
+    /// IOCore rather than the vCPU, whose every preemption is a VM exit).
     #[arg(long, value_name = "CPU")]
     pub responder_cpu: Option<usize>,
     /// Skip the bare-metal baseline.
     #[arg(long)]
     pub no_baseline: bool,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Print the table as Markdown, with date, command and machine (for BENCHMARKS.md).
-    #[arg(long, conflicts_with = "json")]
-    pub markdown: bool,
+    #[command(flatten)]
+    pub output: ReportFormat,
 }
 
 #[derive(Args)]
@@ -298,12 +291,8 @@ pub struct ExitcostArgs {
     /// Peer VMMs to run the same guest in (`qemu`), or `none`.
     #[arg(long, value_delimiter = ',', default_value = "qemu")]
     pub peers: Vec<Peer>,
-    /// Print one JSON document instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Print the table as Markdown, with date, command and machine (for BENCHMARKS.md).
-    #[arg(long, conflicts_with = "json")]
-    pub markdown: bool,
+    #[command(flatten)]
+    pub output: ReportFormat,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -362,4 +351,15 @@ pub struct UdpRrArgs {
     /// Pin to this host CPU.
     #[arg(long, value_name = "CPU")]
     pub cpu: Option<usize>,
+}
+
+/// How a benchmark prints its report.
+#[derive(Args, Clone, Copy)]
+pub struct ReportFormat {
+    /// Print one JSON document instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the tables as Markdown, with date, command and machine (for BENCHMARKS.md).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
 }

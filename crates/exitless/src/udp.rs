@@ -21,7 +21,7 @@ pub fn echo(args: UdpEchoArgs) -> i32 {
         Err(e) => return fail(format_args!("cannot bind {}: {e}", args.bind)),
     };
     if let Some(cpu) = args.cpu {
-        if let Err(e) = pin(cpu) {
+        if let Err(e) = vmm::pin_current_thread(cpu) {
             return fail(format_args!("cannot pin to CPU {cpu}: {e}"));
         }
     }
@@ -61,7 +61,7 @@ pub fn rr(args: UdpRrArgs) -> i32 {
 
 fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, String> {
     if let Some(cpu) = args.cpu {
-        pin(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+        vmm::pin_current_thread(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
     }
     let local: SocketAddr = if args.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
     let socket = UdpSocket::bind(local).map_err(|e| e.to_string())?;
@@ -138,19 +138,4 @@ fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, String> {
         "mismatches": mismatches,
         "busy_poll": args.busy_poll,
     }))
-}
-
-fn pin(cpu: usize) -> std::io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (checked above).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }

@@ -42,6 +42,9 @@ impl Lab {
                 "udp-echo",
                 "--bind",
                 "0.0.0.0:7",
+                // With the IOCore, away from the vCPU, whose every preemption is an exit.
+                "--cpu",
+                "1",
             ])
             .stdin(Stdio::null())
             .stderr(Stdio::null())
@@ -69,6 +72,10 @@ impl Lab {
             &net,
             "--io-mode",
             mode,
+            "--pin-vcpu",
+            "0",
+            "--iocore-cpu",
+            "1",
             "--cmdline",
             cmdline,
             "--timeout",

@@ -61,7 +61,7 @@ impl Engine {
         started: SyncSender<std::io::Result<libc::clockid_t>>,
     ) -> IoCoreStats {
         if let Some(cpu) = cpu {
-            if let Err(e) = pin_current_thread(cpu) {
+            if let Err(e) = crate::pin_current_thread(cpu) {
                 let _ = started.send(Err(e));
                 return self.stats;
             }
@@ -209,20 +209,4 @@ fn current_thread_clock() -> std::io::Result<libc::clockid_t> {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
     Ok(clock)
-}
-
-fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (cpu checked
-    // above) and sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }

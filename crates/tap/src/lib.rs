@@ -1,5 +1,5 @@
 //! A Linux tap interface as a network backend: Ethernet frames in and out through a
-//! non-blocking file descriptor, one frame per read or write.
+//! non-blocking file descriptor ([`AsRawFd`]), one frame per read or write.
 //!
 //! The tap is opened (or created, if no interface has the name) through /dev/net/tun, in the
 //! caller's network namespace or in a named one (`ip netns add NAME` makes
@@ -67,31 +67,6 @@ impl Tap {
 
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Read one frame into `buffer`; `Ok(None)` when none is waiting. A frame longer than
-    /// `buffer` is truncated by the kernel: the caller sees `buffer.len()` bytes.
-    pub fn read_frame(&self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-        // SAFETY: `buffer` is valid for writes of its length; the fd is an open tap.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let error = io::Error::last_os_error();
-        match error.raw_os_error() {
-            Some(libc::EAGAIN) => Ok(None),
-            _ => Err(error),
-        }
-    }
-
-    /// Send one frame made of `parts`, gathered (one system call).
-    pub fn write_frame(&self, parts: &[libc::iovec]) -> io::Result<usize> {
-        // SAFETY: the iovecs describe readable memory the caller owns for the call's duration.
-        let n = unsafe { libc::writev(self.fd.as_raw_fd(), parts.as_ptr(), parts.len() as libc::c_int) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
     }
 }
 

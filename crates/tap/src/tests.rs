@@ -48,21 +48,24 @@ fn frames_go_both_ways_through_a_tap_in_a_namespace() {
     assert_eq!(tap.name(), "exltap0");
     netns.ip(&["addr", "add", "10.77.0.1/24", "dev", "exltap0"]);
     let request = arp_request([10, 77, 0, 2], [10, 77, 0, 1]);
-    let parts = [libc::iovec { iov_base: request.as_ptr() as *mut _, iov_len: request.len() }];
-    assert_eq!(tap.write_frame(&parts).unwrap(), request.len());
+    // SAFETY: writes `request`, which outlives the call, to the tap's open fd.
+    let written = unsafe { libc::write(tap.as_raw_fd(), request.as_ptr().cast(), request.len()) };
+    assert_eq!(written, request.len() as isize);
     let mut buffer = [0u8; 2048];
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         assert!(Instant::now() < deadline, "no ARP reply from the namespace's stack");
-        match tap.read_frame(&mut buffer).unwrap() {
+        // SAFETY: reads into `buffer`, which outlives the call, from the tap's open fd.
+        let n = unsafe { libc::read(tap.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };
+        match n {
             // An ARP reply (opcode 2) to our MAC, for 10.77.0.1.
-            Some(n) if n >= 42 && buffer[12..14] == [8, 6] && buffer[20..22] == [0, 2] => {
+            42.. if buffer[12..14] == [8, 6] && buffer[20..22] == [0, 2] => {
                 assert_eq!(&buffer[0..6], &OUR_MAC);
                 assert_eq!(&buffer[28..32], &[10, 77, 0, 1]);
                 break;
             }
-            Some(_) => {} // IPv6 neighbour discovery and the like
-            None => std::thread::sleep(Duration::from_millis(1)),
+            0.. => {} // IPv6 neighbour discovery and the like
+            _ => std::thread::sleep(Duration::from_millis(1)), // EAGAIN: nothing yet
         }
     }
 }

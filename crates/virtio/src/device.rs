@@ -95,6 +95,14 @@ pub enum ActivateError {
     MultiQueue { queues: usize },
 }
 
+/// Copy `config[offset..]` into `data`; bytes beyond the configuration space read as 0.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Some(start) = usize::try_from(offset).ok().filter(|&start| start < config.len()) else { return };
+    let n = data.len().min(config.len() - start);
+    data[..n].copy_from_slice(&config[start..start + n]);
+}
+
 /// A virtio device model as its transport sees it.
 pub trait VirtioDevice: Send {
     fn device_id(&self) -> u32;

@@ -83,7 +83,7 @@ impl Vcpu {
     /// The vCPU thread's body.
     pub fn run(mut self, bus: &Bus, control: &RunControl, start: Snapshot) -> VcpuReport {
         if let Some(cpu) = self.pin_cpu {
-            if let Err(e) = pin_current_thread(cpu) {
+            if let Err(e) = iocore::pin_current_thread(cpu) {
                 control.end(Ending::HostError(format!("cannot pin vCPU {} to CPU {cpu}: {e}", self.index)));
             }
         }
@@ -160,17 +160,4 @@ fn thread_cpu_time() -> Duration {
     // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only touch
-    // that local set, and `cpu` was checked against the host's CPU count by the caller.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }

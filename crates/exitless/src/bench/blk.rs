@@ -95,14 +95,7 @@ struct Report {
 
 pub fn main(args: BlkBenchArgs) -> i32 {
     match run(&args) {
-        Ok(report) => {
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report).expect("report serializes"));
-            } else {
-                print!("{}", report.tables(args.markdown));
-            }
-            0
-        }
+        Ok(report) => super::print_report(&report, args.output, |markdown| report.tables(markdown)),
         Err(e) => fail(e),
     }
 }

@@ -130,7 +130,7 @@ impl QemuPeer {
         let _ = std::fs::remove_file(&qmp);
         let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
         let (run, marks) =
-            self.qemu.run_marked(&qemu_args, &qmp, &helpers, timeout).map_err(|e| e.to_string())?;
+            self.qemu.run_marked(&qemu_args, Some(&qmp), &helpers, timeout).map_err(|e| e.to_string())?;
         self.commands.push(run.command_line.clone());
         drop(backend);
         let line = run

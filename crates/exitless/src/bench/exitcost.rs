@@ -79,12 +79,7 @@ pub fn main(args: ExitcostArgs) -> i32 {
         qemu_command,
         results: rows,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("report serializes"));
-    } else {
-        print!("{}", report.table(args.markdown));
-    }
-    0
+    super::print_report(&report, args.output, |markdown| report.table(markdown))
 }
 
 fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> Result<Row, String> {

@@ -68,6 +68,24 @@ pub fn command_line() -> String {
     format!("exitless {}", crate::qemu::shell_words(&args))
 }
 
+/// Print `report` as JSON, or as the tables `tables` renders (Markdown or plain); returns the
+/// process status.
+pub fn print_report(
+    report: &impl serde::Serialize,
+    format: crate::cli::ReportFormat,
+    tables: impl Fn(bool) -> String,
+) -> i32 {
+    if format.json {
+        match serde_json::to_string_pretty(report) {
+            Ok(json) => println!("{json}"),
+            Err(e) => return crate::fail(format_args!("cannot write the report as JSON: {e}")),
+        }
+    } else {
+        print!("{}", tables(format.markdown));
+    }
+    0
+}
+
 /// Progress for long runs, on standard error.
 pub fn progress(message: std::fmt::Arguments) {
     eprintln!("exitless bench: {message}");

@@ -57,14 +57,7 @@ struct Report {
 
 pub fn main(args: NetBenchArgs) -> i32 {
     match run(&args) {
-        Ok(report) => {
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report).expect("report serializes"));
-            } else {
-                print!("{}", report.table(args.markdown));
-            }
-            0
-        }
+        Ok(report) => super::print_report(&report, args.output, |markdown| report.table(markdown)),
         Err(e) => fail(e),
     }
 }
@@ -173,9 +166,7 @@ impl Lab {
             "--bind",
             &format!("0.0.0.0:{PORT}"),
         ]);
-        if let Some(cpu) = args.responder_cpu {
-            responder.args(["--cpu", &cpu.to_string()]);
-        }
+        responder.args(["--cpu", &args.responder_cpu.unwrap_or(args.iocore_cpu).to_string()]);
         lab.responder = Some(
             responder
                 .stdin(Stdio::null())

@@ -87,66 +87,25 @@ impl Qemu {
 
     /// Boot the probe ELF at `kernel` with `cmdline` and wait for it to exit.
     pub fn run_probe(&self, kernel: &Path, cmdline: &str, timeout: Duration) -> Result<QemuRun, QemuError> {
-        let args = Self::probe_args(kernel, cmdline, 256);
-        let command_line = format!("{} {}", self.binary.display(), shell_words(&args));
-        let mut child = Command::new(&self.binary)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| QemuError::Spawn { binary: self.binary.clone(), source })?;
-        // Drain both pipes on their own threads so a chatty guest cannot block QEMU.
-        let mut stdout = child.stdout.take().expect("piped stdout");
-        let mut stderr = child.stderr.take().expect("piped stderr");
-        let out = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stdout.read_to_string(&mut s);
-            s
-        });
-        let err = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        });
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) =
-                child.try_wait().map_err(|source| QemuError::Spawn { binary: self.binary.clone(), source })?
-            {
-                break status;
-            }
-            if started.elapsed() > timeout {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(QemuError::Timeout(timeout));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let stdout = out.join().unwrap_or_default();
-        let stderr = err.join().unwrap_or_default();
-        match status.code() {
-            Some(code) if code & 1 == 1 && !stdout.is_empty() => {
-                Ok(QemuRun { stdout, guest_status: (code >> 1) as u8, command_line })
-            }
-            code => Err(QemuError::Failed { status: code, stderr: stderr.trim().to_string() }),
-        }
+        self.run_marked(&Self::probe_args(kernel, cmdline, 256), None, &[], timeout).map(|(run, _)| run)
     }
 }
 
 impl Qemu {
-    /// Boot with `args` plus a QMP socket at `qmp`, reading the console as it comes; at every
-    /// mark line the guest prints, sample QEMU's exit counters and the CPU time of QEMU and of
-    /// `helpers` (e.g. a vhost-user backend).
+    /// Boot with `args`, reading the console as it comes, and wait for the guest to exit. With a
+    /// QMP socket path `qmp`: at every mark line the guest prints, sample QEMU's exit counters
+    /// and the CPU time of QEMU and of `helpers` (e.g. a vhost-user backend).
     pub fn run_marked(
         &self,
         args: &[String],
-        qmp: &Path,
+        qmp: Option<&Path>,
         helpers: &[u32],
         timeout: Duration,
     ) -> Result<(QemuRun, Vec<PeerMark>), QemuError> {
         let mut args = args.to_vec();
-        args.extend(["-qmp".to_string(), format!("unix:{},server=on,wait=off", qmp.display())]);
+        if let Some(qmp) = qmp {
+            args.extend(["-qmp".to_string(), format!("unix:{},server=on,wait=off", qmp.display())]);
+        }
         let command_line = format!("{} {}", self.binary.display(), shell_words(&args));
         let spawn_error = |source| QemuError::Spawn { binary: self.binary.clone(), source };
         let mut child = Command::new(&self.binary)
@@ -185,7 +144,7 @@ impl Qemu {
         let mut sample_error = None;
         for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
             let Ok(line) = line else { break };
-            if let Some(label) = mark_label(&line) {
+            if let Some((label, qmp)) = mark_label(&line).zip(qmp) {
                 let at = Instant::now();
                 let sample = (|| {
                     if qmp_client.is_none() {

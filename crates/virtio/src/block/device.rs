@@ -10,7 +10,7 @@ use super::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
     VIRTIO_BLK_F_SIZE_MAX, VIRTIO_ID_BLOCK,
 };
-use crate::device::{ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
+use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
@@ -124,13 +124,7 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else { return };
-        if start >= CONFIG_LEN {
-            return;
-        }
-        let n = data.len().min(CONFIG_LEN - start);
-        data[..n].copy_from_slice(&self.config[start..start + n]);
+        read_config_bytes(&self.config, offset, data)
     }
 
     fn activate(

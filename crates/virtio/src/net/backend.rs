@@ -1,5 +1,5 @@
-//! Where a virtio-net device's frames go: anything that moves one Ethernet frame per read or
-//! write on a non-blocking file descriptor (a tap; in tests, a datagram socket).
+//! Where a virtio-net device's frames go: a non-blocking file descriptor that moves one
+//! Ethernet frame per read or write (a tap; in tests, a datagram socket).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -8,50 +8,31 @@ use std::os::unix::net::UnixDatagram;
 pub trait NetBackend: Send + AsRawFd {
     /// Read one waiting frame, scattered over `parts`; `Ok(None)` if none is waiting. A frame
     /// longer than `parts` is cut short: the count says how much of `parts` it filled.
-    fn read_frame(&mut self, parts: &mut [libc::iovec]) -> io::Result<Option<usize>>;
-    /// Send one frame gathered from `parts`.
-    fn write_frame(&mut self, parts: &[libc::iovec]) -> io::Result<usize>;
-}
-
-fn readv(fd: &impl AsRawFd, parts: &mut [libc::iovec]) -> io::Result<Option<usize>> {
-    // SAFETY: the caller's iovecs describe writable memory it owns for the call's duration.
-    let n = unsafe { libc::readv(fd.as_raw_fd(), parts.as_ptr(), parts.len() as libc::c_int) };
-    if n >= 0 {
-        return Ok(Some(n as usize));
-    }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EAGAIN) => Ok(None),
-        _ => Err(error),
-    }
-}
-
-fn writev(fd: &impl AsRawFd, parts: &[libc::iovec]) -> io::Result<usize> {
-    // SAFETY: the caller's iovecs describe readable memory it owns for the call's duration.
-    let n = unsafe { libc::writev(fd.as_raw_fd(), parts.as_ptr(), parts.len() as libc::c_int) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
-}
-
-impl NetBackend for tap::Tap {
     fn read_frame(&mut self, parts: &mut [libc::iovec]) -> io::Result<Option<usize>> {
-        readv(self, parts)
+        // SAFETY: the caller's iovecs describe writable memory it owns for the call's duration.
+        let n = unsafe { libc::readv(self.as_raw_fd(), parts.as_ptr(), parts.len() as libc::c_int) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(None),
+            _ => Err(error),
+        }
     }
 
+    /// Send one frame gathered from `parts`.
     fn write_frame(&mut self, parts: &[libc::iovec]) -> io::Result<usize> {
-        writev(self, parts)
+        // SAFETY: the caller's iovecs describe readable memory it owns for the call's duration.
+        let n = unsafe { libc::writev(self.as_raw_fd(), parts.as_ptr(), parts.len() as libc::c_int) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
     }
 }
+
+impl NetBackend for tap::Tap {}
 
 /// A datagram socket carries one frame per datagram, like a tap (set it non-blocking).
-impl NetBackend for UnixDatagram {
-    fn read_frame(&mut self, parts: &mut [libc::iovec]) -> io::Result<Option<usize>> {
-        readv(self, parts)
-    }
-
-    fn write_frame(&mut self, parts: &[libc::iovec]) -> io::Result<usize> {
-        writev(self, parts)
-    }
-}
+impl NetBackend for UnixDatagram {}

@@ -5,7 +5,7 @@ use vm_memory::GuestMemoryMmap;
 use super::backend::NetBackend;
 use super::worker::NetWorker;
 use super::{VIRTIO_ID_NET, VIRTIO_NET_F_MAC};
-use crate::device::{ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
+use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
@@ -40,13 +40,7 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else { return };
-        if start >= CONFIG_LEN {
-            return;
-        }
-        let n = data.len().min(CONFIG_LEN - start);
-        data[..n].copy_from_slice(&self.config[start..start + n]);
+        read_config_bytes(&self.config, offset, data)
     }
 
     fn activate(
