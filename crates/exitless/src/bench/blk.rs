@@ -12,9 +12,9 @@ use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
 
 use super::baseline::{self, FioJob, FioResult};
 use super::blk_qemu::QemuPeer;
-use super::machine::{self, Machine};
+use super::machine::About;
 use super::table::Table;
-use super::{causes_per, command_line, format_causes, progress};
+use super::{causes_per, format_causes, progress};
 use crate::cli::{BlkBenchArgs, Peer};
 use crate::qemu::Qemu;
 use crate::{fail, probe};
@@ -80,10 +80,8 @@ pub struct Scenario {
 
 #[derive(Serialize)]
 struct Report {
-    bench: &'static str,
-    date: String,
-    command: String,
-    machine: Machine,
+    #[serde(flatten)]
+    about: About,
     tsc_khz: u32,
     disk: String,
     fio_version: Option<String>,
@@ -160,10 +158,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
         }
     }
     Ok(Report {
-        bench: "blk",
-        date: machine::today(),
-        command: command_line(),
-        machine: Machine::detect(),
+        about: About::now("blk"),
         tsc_khz,
         disk: disk.describe.clone(),
         fio_version: (!args.no_baseline).then(baseline::fio_version).flatten(),
@@ -395,12 +390,8 @@ impl Report {
                     ]
                 })
                 .collect();
-            let mut context = vec![
-                ("date".to_string(), self.date.clone()),
-                ("command".to_string(), format!("`{}`", self.command)),
-                ("machine".to_string(), self.machine.describe()),
-                ("disk".to_string(), self.disk.clone()),
-            ];
+            let mut context = self.about.context();
+            context.push(("disk".to_string(), self.disk.clone()));
             if let Some(v) = &self.fio_version {
                 context.push(("baseline".into(), format!("{v}, O_DIRECT, one job pinned to one core")));
             }

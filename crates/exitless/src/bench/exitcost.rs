@@ -7,9 +7,9 @@ use serde::Serialize;
 use serde_json::Value;
 use vmm::{ConsoleMode, Ending, Kernel, Vm, VmConfig};
 
-use super::machine::{self, Machine};
+use super::machine::About;
 use super::table::Table;
-use super::{command_line, marked_counters, progress};
+use super::{marked_counters, progress};
 use crate::cli::{ExitcostArgs, Peer};
 use crate::qemu::Qemu;
 use crate::{fail, probe};
@@ -69,16 +69,7 @@ pub fn main(args: ExitcostArgs) -> i32 {
             }
         }
     }
-    let report = Report {
-        bench: "exitcost",
-        date: machine::today(),
-        command: command_line(),
-        machine: Machine::detect(),
-        tsc_khz,
-        qemu_version,
-        qemu_command,
-        results: rows,
-    };
+    let report = Report { about: About::now("exitcost"), tsc_khz, qemu_version, qemu_command, results: rows };
     super::print_report(&report, args.output, |markdown| report.table(markdown))
 }
 
@@ -153,10 +144,8 @@ fn run_qemu(qemu: &Qemu, args: &ExitcostArgs, tsc_khz: u32) -> Result<(Vec<Row>,
 
 #[derive(Serialize)]
 struct Report {
-    bench: &'static str,
-    date: String,
-    command: String,
-    machine: Machine,
+    #[serde(flatten)]
+    about: About,
     tsc_khz: u32,
     qemu_version: Option<String>,
     qemu_command: Option<String>,
@@ -193,11 +182,7 @@ impl Report {
             self.results.iter().find(|r| r.op == "mmio").map_or(0, |r| r.n),
             self.results.iter().find(|r| r.op == "pingpong").map_or(0, |r| r.n),
         );
-        let mut context = vec![
-            ("date".to_string(), self.date.clone()),
-            ("command".to_string(), format!("`{}`", self.command)),
-            ("machine".to_string(), self.machine.describe()),
-        ];
+        let mut context = self.about.context();
         if let Some(v) = &self.qemu_version {
             context.push(("peer".into(), v.clone()));
         }

@@ -39,6 +39,30 @@ impl Machine {
     }
 }
 
+/// What every report starts with: which benchmark, when, the command, and the machine.
+#[derive(Serialize)]
+pub struct About {
+    pub bench: &'static str,
+    pub date: String,
+    pub command: String,
+    pub machine: Machine,
+}
+
+impl About {
+    pub fn now(bench: &'static str) -> About {
+        About { bench, date: today(), command: super::command_line(), machine: Machine::detect() }
+    }
+
+    /// `key: value` lines for a table's heading.
+    pub fn context(&self) -> Vec<(String, String)> {
+        vec![
+            ("date".to_string(), self.date.clone()),
+            ("command".to_string(), format!("`{}`", self.command)),
+            ("machine".to_string(), self.machine.describe()),
+        ]
+    }
+}
+
 /// Today's date (UTC) as YYYY-MM-DD.
 pub fn today() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());

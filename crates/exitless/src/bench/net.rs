@@ -9,9 +9,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use vmm::{ConsoleMode, IoMode, NetConfig, VmConfig, VmError};
 
-use super::machine::{self, Machine};
+use super::machine::About;
 use super::table::Table;
-use super::{causes_per, command_line, format_causes, progress, GuestRunError};
+use super::{causes_per, format_causes, progress, GuestRunError};
 use crate::cli::NetBenchArgs;
 use crate::{fail, probe};
 
@@ -47,10 +47,8 @@ struct Row {
 
 #[derive(Serialize)]
 struct Report {
-    bench: &'static str,
-    date: String,
-    command: String,
-    machine: Machine,
+    #[serde(flatten)]
+    about: About,
     network: String,
     results: Vec<Row>,
 }
@@ -104,10 +102,7 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
         results.push(row);
     }
     Ok(Report {
-        bench: "net",
-        date: machine::today(),
-        command: command_line(),
-        machine: Machine::detect(),
+        about: About::now("net"),
         network: format!(
             "guest {GUEST_IP} -> tap {TAP} -> {SERVER_TAP_IP}:{PORT}; bare metal {CLIENT_VETH_IP} -> veth -> \
              {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own network namespace"
@@ -332,12 +327,8 @@ impl Report {
                 ]
             })
             .collect();
-        let mut context = vec![
-            ("date".to_string(), self.date.clone()),
-            ("command".to_string(), format!("`{}`", self.command)),
-            ("machine".to_string(), self.machine.describe()),
-            ("network".to_string(), self.network.clone()),
-        ];
+        let mut context = self.about.context();
+        context.push(("network".to_string(), self.network.clone()));
         if !markdown {
             context.retain(|(k, _)| k == "machine");
         }
