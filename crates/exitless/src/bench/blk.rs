@@ -42,6 +42,9 @@ pub struct Row {
     /// IOPS over the best of QEMU's own virtio-blk configurations in the same run.
     pub ratio_to_qemu: Option<f64>,
     pub cpu_cores_used: Option<f64>,
+    /// The command that ran the row (fio, QEMU); exitless's own rows ran in this process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
     pub note: Option<String>,
 }
 
@@ -65,6 +68,7 @@ impl Row {
             ratio_to_bare_metal: None,
             ratio_to_qemu: None,
             cpu_cores_used: None,
+            command: None,
             note: None,
         }
     }
@@ -85,9 +89,7 @@ struct Report {
     tsc_khz: u32,
     disk: String,
     fio_version: Option<String>,
-    baseline_commands: Vec<String>,
     qemu_version: Option<String>,
-    qemu_commands: Vec<String>,
     results: Vec<Row>,
 }
 
@@ -111,7 +113,6 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
         }
     };
     let mut results = Vec::new();
-    let mut baseline_commands = Vec::new();
     for &rw in &args.rw {
         for &bs in &args.bs {
             for &qd in &args.qd {
@@ -122,7 +123,6 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
                     progress(format_args!("bare metal (fio): {} {bs} B, queue depth {qd}", scenario.rw));
                     let (best, all) =
                         baseline::best(&disk.fio_job(scenario, args)).map_err(|e| e.to_string())?;
-                    baseline_commands.extend(all.iter().map(|r| r.command.clone()));
                     results.push(host_row(scenario, &best, &all));
                     Some(best.iops)
                 };
@@ -162,9 +162,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
         tsc_khz,
         disk: disk.describe.clone(),
         fio_version: (!args.no_baseline).then(baseline::fio_version).flatten(),
-        baseline_commands,
         qemu_version: qemu.as_ref().map(|q| q.version().to_string()),
-        qemu_commands: qemu.map(|q| q.commands.clone()).unwrap_or_default(),
         results,
     })
 }
@@ -278,6 +276,7 @@ fn host_row(scenario: Scenario, best: &FioResult, all: &[FioResult]) -> Row {
         bare_metal_iops: Some(best.iops),
         ratio_to_bare_metal: Some(1.0),
         cpu_cores_used: Some(1.0),
+        command: Some(best.command.clone()),
         note: Some(tried.join("; ")),
         ..Row::new("host", format!("bare metal (fio {})", best.engine), scenario)
     }
@@ -402,8 +401,13 @@ impl Report {
             if !markdown {
                 context.retain(|(k, _)| k == "machine" || k == "disk");
             }
-            let notes =
+            let mut notes: Vec<String> =
                 rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+            if markdown {
+                notes.extend(
+                    rows.iter().filter_map(|r| r.command.as_ref().map(|c| format!("{}: `{c}`", r.mode))),
+                );
+            }
             let title =
                 format!("blk: {rw} {bs} B, queue depth {qd}, exitless's I/O modes against bare metal");
             out += &Table { title, context, header: header.clone(), rows: cells, notes }.render(markdown);

@@ -30,7 +30,6 @@ pub struct QemuPeer {
     qemu: Qemu,
     dir: PathBuf,
     elf: PathBuf,
-    pub commands: Vec<String>,
 }
 
 impl QemuPeer {
@@ -39,7 +38,7 @@ impl QemuPeer {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let elf = dir.join("exitless-probe.elf");
         crate::probe::export(&elf).map_err(|e| e.to_string())?;
-        Ok(QemuPeer { qemu, dir, elf, commands: Vec::new() })
+        Ok(QemuPeer { qemu, dir, elf })
     }
 
     pub fn version(&self) -> &str {
@@ -131,7 +130,7 @@ impl QemuPeer {
         let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
         let (run, marks) =
             self.qemu.run_marked(&qemu_args, Some(&qmp), &helpers, timeout).map_err(|e| e.to_string())?;
-        self.commands.push(run.command_line.clone());
+        row.command = Some(run.command_line.clone());
         drop(backend);
         let line = run
             .stdout
