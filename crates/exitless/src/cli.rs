@@ -165,9 +165,15 @@ const BENCH_HELP: &str = "\
 Without a scenario, `exitless bench` runs the probe guest's block workload on a virtio-blk disk
 in every I/O mode of the ladder (trap, eventfd, pv-eoi, sidecore, exitless, adaptive), and the
 same workload on the host with fio (O_DIRECT, psync and io_uring, one job pinned to one core;
-the better counts) against the very same file. Per row: IOPS, p50/p99 latency, exits per I/O by
-cause (KVM's statistics between two marks around the measured phase), cores used (vCPU plus
-IOCore CPU time over wall time) and the ratio to bare metal. Progress goes to standard error.";
+the better counts) against the very same file, and in QEMU-KVM (--peers qemu, the default): its
+own virtio-blk on an iothread with interrupt and with polled completion, and with exitless's
+vhost-user-blk backend. Per row: IOPS, p50/p99 latency, exits per I/O by cause (KVM's
+statistics between two marks around the measured phase; QEMU's through QMP query-stats), cores
+used (vCPU plus IOCore CPU time over wall time), the ratio to bare metal and to QEMU's best.
+Progress goes to standard error.
+
+`exitless bench net` measures the network ladder, `exitless bench exitcost` what each kind of
+exit costs.";
 
 /// The block ladder.
 #[derive(Args)]
@@ -184,8 +190,9 @@ pub struct BlkBenchArgs {
     /// I/O modes to measure.
     #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
     pub modes: Vec<IoModeArg>,
-    /// The disk: `ram=SIZE` (a RAM disk in /dev/shm, filled with data first, shared with fio)
-    /// or `path=FILE[,direct]` (an existing file through io_uring; write workloads overwrite it).
+    /// The disk: `ram=SIZE` (a new RAM disk in /dev/shm, filled with data first, shared with
+    /// fio), `ram,path=FILE` (an existing /dev/shm file) or `path=FILE[,direct]` (an existing file
+    /// through io_uring). Write workloads overwrite what is there.
     #[arg(long, value_name = "SPEC", default_value = "ram=1G", value_parser = crate::disk::parse)]
     pub disk: vmm::DiskBackend,
     /// How long each measured run lasts, in milliseconds.
