@@ -157,6 +157,7 @@ fn hostile_driver_gets_errors_and_the_device_keeps_serving() {
 
 #[test]
 fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
+    let _one = one_vm();
     let path = disk_file("/dev/shm");
     let disk = format!("ram,path={},readonly", path.display());
     let out = exitless(&[
