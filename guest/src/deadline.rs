@@ -23,3 +23,29 @@ impl Deadline {
         x86::rdtsc() >= self.end
     }
 }
+
+/// How often a [`Spinner`] looks at the clock.
+const SPINS_PER_CLOCK_CHECK: u32 = 64;
+
+/// A busy wait bounded by a deadline that reads the TSC only every
+/// `SPINS_PER_CLOCK_CHECK` spins.
+pub struct Spinner {
+    deadline: Deadline,
+    spins: u32,
+}
+
+impl Spinner {
+    pub fn new(deadline: Deadline) -> Spinner {
+        Spinner { deadline, spins: 0 }
+    }
+
+    /// Spin once; `false` (without spinning) once the deadline has passed.
+    pub fn spin(&mut self) -> bool {
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && self.deadline.passed() {
+            return false;
+        }
+        core::hint::spin_loop();
+        true
+    }
+}

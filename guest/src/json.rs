@@ -28,3 +28,15 @@ impl fmt::Display for Nanos {
         write!(f, "{}.{}", self.0 / 1000, (self.0 % 1000) / 100)
     }
 }
+
+/// A value, or `null` for `None`.
+pub struct OrNull<T>(pub Option<T>);
+
+impl<T: fmt::Display> fmt::Display for OrNull<T> {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match &self.0 {
+            Some(value) => write!(f, "{}", value),
+            None => f.write_str("null"),
+        }
+    }
+}

@@ -56,6 +56,14 @@ impl Env {
         }
         (cycles as u128 * 1_000_000_000 / self.tsc_khz as u128 / ops as u128) as u64
     }
+
+    /// Operations per second for `ops` operations in `cycles` (0 without a TSC rate).
+    pub fn ops_per_second(&self, ops: u64, cycles: u64) -> u64 {
+        if self.tsc_khz == 0 || cycles == 0 {
+            return 0;
+        }
+        (ops as u128 * self.tsc_khz as u128 * 1000 / cycles as u128) as u64
+    }
 }
 
 /// Ring-3 entry, from `boot.rs`, with the physical address of `hvm_start_info`.

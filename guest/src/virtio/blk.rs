@@ -6,14 +6,12 @@
 
 use core::ptr::addr_of_mut;
 
+use super::interrupts::Interrupts;
 use super::mmio::Transport;
 use super::queue::{Descriptor, SplitQueue, DESC_F_NEXT, DESC_F_WRITE, MAX_QUEUE_SIZE};
 pub use super::Completion;
-use super::{
-    device_status, phys, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1, IOAPIC_PINS, SPINS_PER_CLOCK_CHECK,
-};
+use super::{device_status, phys, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1};
 use crate::deadline::Deadline;
-use crate::{apic, boot};
 
 pub const DEVICE_ID: u32 = 2;
 pub const T_IN: u32 = 0;
@@ -116,21 +114,16 @@ pub struct BlockDevice {
     segment_bytes: u32,
     /// Bit `s` set while slot `s` is with the device.
     in_flight: u64,
-    /// The interrupt count when the device's interrupt status was last acknowledged.
-    irqs_acked: u32,
+    interrupts: Interrupts,
 }
 
 impl BlockDevice {
     /// Initialise the virtio-blk device behind `transport` (§3.1.1) for requests up to
     /// `options.max_request_bytes` at up to `options.queue_depth` in flight.
     pub fn open(transport: Transport, options: Options, deadline: Deadline) -> Result<BlockDevice, Error> {
-        if transport.device_id()? != DEVICE_ID {
-            return Err(Error::NoDevice);
-        }
-        if options.completion == Completion::Interrupt && transport.irq >= IOAPIC_PINS {
-            return Err(Error::IrqOutOfRange);
-        }
-        let queue = SplitQueue::claim(MAX_QUEUE_SIZE, false).ok_or(Error::Busy)?;
+        transport.expect_device(DEVICE_ID)?;
+        let interrupts = Interrupts::new(&transport, options.completion)?;
+        let queue = SplitQueue::claim(MAX_QUEUE_SIZE, false)?;
         let mut device = BlockDevice {
             transport,
             queue,
@@ -140,7 +133,7 @@ impl BlockDevice {
             descs_per_slot: 0,
             segment_bytes: 0,
             in_flight: 0,
-            irqs_acked: 0,
+            interrupts,
         };
         device.start(deadline)?;
         Ok(device)
@@ -174,9 +167,7 @@ impl BlockDevice {
             0 => MAX_REQUEST_BYTES,
             n => n.min(MAX_REQUEST_BYTES),
         };
-        // Split queue sizes are powers of two (§2.7).
-        let max = t.queue_max(REQUEST_QUEUE)?.min(MAX_QUEUE_SIZE as u32);
-        let size = 1u16 << (31 - max.leading_zeros());
+        let size = SplitQueue::size_for(t.queue_max(REQUEST_QUEUE)?);
         let segments = self.options.max_request_bytes.div_ceil(self.segment_bytes).max(1);
         if segments > seg_max || segments + 2 > size as u32 {
             return self.fail(Error::TooManySegments);
@@ -189,17 +180,12 @@ impl BlockDevice {
         self.queue.reset(size, self.disk.event_idx);
         let (desc, driver, device) = self.queue.addresses();
         t.setup_queue(REQUEST_QUEUE, size, desc, driver, device);
-        if self.options.completion == Completion::Interrupt {
-            boot::set_interrupt_gate(VECTOR, boot::irq_handler_address());
-            apic::enable_lapic();
-            apic::route_ioapic_pin(t.irq, VECTOR);
+        if self.interrupts.enabled() {
+            self.interrupts.route(&t, VECTOR);
             self.queue.request_interrupt();
         }
         t.driver_ok();
-        // Anything pending from before is stale; the line must be low so the next interrupt
-        // is an edge.
-        self.irqs_acked = boot::irq_count();
-        t.ack_interrupt();
+        self.interrupts.forget_pending(&t);
         Ok(())
     }
 
@@ -336,62 +322,18 @@ impl BlockDevice {
     }
 
     /// Wait for at least one completion (by polling or by interrupt), then reap as `reap`.
-    pub fn wait(&mut self, deadline: Deadline, mut done: impl FnMut(usize, u8)) -> Result<usize, Error> {
-        let interrupts = self.options.completion == Completion::Interrupt;
-        let mut spins = 0u32;
-        loop {
-            if interrupts {
-                self.acknowledge_interrupts();
-            }
-            let count = self.reap(&mut done)?;
-            if count > 0 {
-                if interrupts {
-                    // Interrupt-driven, as Linux's driver is: every completion raises an
-                    // interrupt, so keep asking for the next one (EVENT_IDX's used_event).
-                    self.queue.request_interrupt();
-                }
-                return Ok(count);
-            }
-            if interrupts {
-                self.queue.request_interrupt();
-                if self.queue.has_used() {
-                    continue;
-                }
-                while boot::irq_count() == self.irqs_acked {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && deadline.passed() {
-                        return Err(self.stall_error());
-                    }
-                    core::hint::spin_loop();
-                }
-            } else {
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && deadline.passed() {
-                    return Err(self.stall_error());
-                }
-                core::hint::spin_loop();
-            }
+    pub fn wait(&mut self, deadline: Deadline, done: impl FnMut(usize, u8)) -> Result<usize, Error> {
+        let counted = &mut self.counters.interrupts;
+        if !self.interrupts.wait_for_used(&self.transport, &mut self.queue, counted, deadline) {
+            return Err(self.transport.stall_error());
         }
-    }
-
-    /// If interrupts came since the last acknowledgement, acknowledge the device's interrupt
-    /// status, so its (level-triggered) line drops and the next completion raises a new edge.
-    fn acknowledge_interrupts(&mut self) {
-        let count = boot::irq_count();
-        if count != self.irqs_acked {
-            self.counters.interrupts += count.wrapping_sub(self.irqs_acked) as u64;
-            self.irqs_acked = count;
-            self.transport.ack_interrupt();
+        let count = self.reap(done)?;
+        if self.interrupts.enabled() {
+            // Interrupt-driven, as Linux's driver is: every completion raises an interrupt, so
+            // keep asking for the next one (EVENT_IDX's used_event).
+            self.queue.request_interrupt();
         }
-    }
-
-    /// Why a wait ended without a completion.
-    fn stall_error(&self) -> Error {
-        if self.transport.status() & device_status::NEEDS_RESET != 0 {
-            Error::NeedsReset
-        } else {
-            Error::Timeout
-        }
+        Ok(count)
     }
 
     /// Requests still with the device.

@@ -92,8 +92,26 @@ impl Transport {
         }
     }
 
+    /// `NoDevice` unless the transport holds a device of type `device_id` (checked as by
+    /// [`Transport::device_id`]).
+    pub fn expect_device(&self, device_id: u32) -> Result<(), Error> {
+        match self.device_id()? {
+            id if id == device_id => Ok(()),
+            _ => Err(Error::NoDevice),
+        }
+    }
+
     pub fn status(&self) -> u32 {
         self.read(STATUS)
+    }
+
+    /// Why a wait on the device ended without a completion.
+    pub fn stall_error(&self) -> Error {
+        if self.status() & ds::NEEDS_RESET != 0 {
+            Error::NeedsReset
+        } else {
+            Error::Timeout
+        }
     }
 
     pub fn write_status(&self, value: u32) {

@@ -4,6 +4,7 @@
 //! is its address (the probe identity-maps the low 4 GiB).
 
 pub mod blk;
+pub mod interrupts;
 pub mod mmio;
 pub mod net;
 pub mod queue;
@@ -23,11 +24,6 @@ pub mod device_status {
 /// Transport feature bits (virtio 1.x §6).
 pub const F_EVENT_IDX: u64 = 1 << 29;
 pub const F_VERSION_1: u64 = 1 << 32;
-
-/// Pins of the one IOAPIC the probe programs.
-pub const IOAPIC_PINS: u32 = 24;
-/// How often a spinning wait looks at the clock.
-pub const SPINS_PER_CLOCK_CHECK: u32 = 64;
 
 /// How a driver learns that the device used a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

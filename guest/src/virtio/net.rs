@@ -28,14 +28,11 @@
 
 use core::ptr::addr_of_mut;
 
+use super::interrupts::Interrupts;
 use super::mmio::Transport;
 use super::queue::{Descriptor, SplitQueue, DESC_F_WRITE, MAX_QUEUE_SIZE};
-use super::{
-    device_status, phys, Completion, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1, IOAPIC_PINS,
-    SPINS_PER_CLOCK_CHECK,
-};
-use crate::deadline::Deadline;
-use crate::{apic, boot};
+use super::{phys, Completion, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1};
+use crate::deadline::{Deadline, Spinner};
 
 pub const DEVICE_ID: u32 = 1;
 /// VIRTIO_NET_F_MAC: the device has a MAC address in its configuration space.
@@ -119,22 +116,17 @@ pub struct NetDevice {
     tx_slots: usize,
     /// Bit `s` set while transmit buffer `s` is with the device.
     tx_busy: u32,
-    /// The interrupt count when the device's interrupt status was last acknowledged.
-    irqs_acked: u32,
+    interrupts: Interrupts,
 }
 
 impl NetDevice {
     /// Initialise the virtio-net device behind `transport` (§3.1.1, §5.1.5) and post its
     /// receive buffers.
     pub fn open(transport: Transport, options: Options, deadline: Deadline) -> Result<NetDevice, Error> {
-        if transport.device_id()? != DEVICE_ID {
-            return Err(Error::NoDevice);
-        }
-        if options.completion == Completion::Interrupt && transport.irq >= IOAPIC_PINS {
-            return Err(Error::IrqOutOfRange);
-        }
-        let rx = SplitQueue::claim(MAX_QUEUE_SIZE, false).ok_or(Error::Busy)?;
-        let tx = SplitQueue::claim(MAX_QUEUE_SIZE, false).ok_or(Error::Busy)?;
+        transport.expect_device(DEVICE_ID)?;
+        let interrupts = Interrupts::new(&transport, options.completion)?;
+        let rx = SplitQueue::claim(MAX_QUEUE_SIZE, false)?;
+        let tx = SplitQueue::claim(MAX_QUEUE_SIZE, false)?;
         let mut device = NetDevice {
             transport,
             rx,
@@ -148,7 +140,7 @@ impl NetDevice {
             rx_posted: 0,
             tx_slots: 0,
             tx_busy: 0,
-            irqs_acked: 0,
+            interrupts,
         };
         device.start(deadline)?;
         Ok(device)
@@ -176,10 +168,8 @@ impl NetDevice {
         if self.device_mac {
             t.config_bytes(CONFIG_MAC, &mut self.mac);
         }
-        // Split queue sizes are powers of two (§2.7).
-        let size = |max: u32| 1u16 << (31 - max.min(MAX_QUEUE_SIZE as u32).leading_zeros());
-        let rx_size = size(t.queue_max(RX_QUEUE)?);
-        let tx_size = size(t.queue_max(TX_QUEUE)?);
+        let rx_size = SplitQueue::size_for(t.queue_max(RX_QUEUE)?);
+        let tx_size = SplitQueue::size_for(t.queue_max(TX_QUEUE)?);
         self.rx_slots = RX_SLOTS.min(rx_size as usize);
         self.tx_slots = TX_SLOTS.min(tx_size as usize);
         let event_idx = self.event_idx;
@@ -188,10 +178,8 @@ impl NetDevice {
             let (desc, driver, device) = queue.addresses();
             t.setup_queue(index, size, desc, driver, device);
         }
-        if self.options.completion == Completion::Interrupt {
-            boot::set_interrupt_gate(VECTOR, boot::irq_handler_address());
-            apic::enable_lapic();
-            apic::route_ioapic_pin(t.irq, VECTOR);
+        if self.interrupts.enabled() {
+            self.interrupts.route(&t, VECTOR);
         }
         // Touch every buffer now, so that the measured phase takes no first-touch page fault
         // (each one an exit) on buffers the warm-up did not reach.
@@ -209,10 +197,7 @@ impl NetDevice {
         if wants_notify {
             self.notify(RX_QUEUE);
         }
-        // Anything pending from before is stale; the line must be low so the next interrupt
-        // is an edge.
-        self.irqs_acked = boot::irq_count();
-        t.ack_interrupt();
+        self.interrupts.forget_pending(&t);
         Ok(())
     }
 
@@ -359,24 +344,22 @@ impl NetDevice {
 
     /// Wait until the device has returned every transmit buffer.
     pub fn tx_drain(&mut self, deadline: Deadline) -> Result<(), Error> {
-        let mut spins = 0u32;
+        let mut spinner = Spinner::new(deadline);
         loop {
             self.tx_reap()?;
             if self.tx_busy == 0 {
                 return Ok(());
             }
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && deadline.passed() {
-                return Err(self.stall_error());
+            if !spinner.spin() {
+                return Err(self.transport.stall_error());
             }
-            core::hint::spin_loop();
         }
     }
 
     /// One spin of a wait for the transmit queue, with the deadline checked.
     fn spin_until(&self, deadline: Deadline) -> Result<(), Error> {
         if deadline.passed() {
-            return Err(self.stall_error());
+            return Err(self.transport.stall_error());
         }
         core::hint::spin_loop();
         Ok(())
@@ -385,66 +368,15 @@ impl NetDevice {
     /// Wait until the device has used a receive buffer (by polling or by interrupt): `Ok(true)`,
     /// or `Ok(false)` at `deadline`. A device that set DEVICE_NEEDS_RESET is an error then.
     pub fn rx_wait(&mut self, deadline: Deadline) -> Result<bool, Error> {
-        let interrupts = self.options.completion == Completion::Interrupt;
-        let mut spins = 0u32;
-        loop {
-            if interrupts {
-                self.acknowledge_interrupts();
-            }
-            if self.rx.has_used() {
-                return Ok(true);
-            }
-            if interrupts {
-                // Ask for an interrupt at the next used buffer, then look once more: a buffer
-                // used before the device saw the request raises none.
-                self.rx.request_interrupt();
-                if self.rx.has_used() {
-                    continue;
-                }
-                while boot::irq_count() == self.irqs_acked {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && deadline.passed() {
-                        return self.timed_out();
-                    }
-                    core::hint::spin_loop();
-                }
-            } else {
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && deadline.passed() {
-                    return self.timed_out();
-                }
-                core::hint::spin_loop();
-            }
-        }
-    }
-
-    fn timed_out(&mut self) -> Result<bool, Error> {
-        if self.rx.has_used() {
+        let counted = &mut self.counters.interrupts;
+        let used = self.interrupts.wait_for_used(&self.transport, &mut self.rx, counted, deadline);
+        // A buffer used just as the deadline passed still counts.
+        if used || self.rx.has_used() {
             return Ok(true);
         }
-        match self.stall_error() {
+        match self.transport.stall_error() {
             Error::NeedsReset => Err(Error::NeedsReset),
             _ => Ok(false),
-        }
-    }
-
-    /// If interrupts came since the last acknowledgement, acknowledge the device's interrupt
-    /// status, so its (level-triggered) line drops and the next completion raises a new edge.
-    fn acknowledge_interrupts(&mut self) {
-        let count = boot::irq_count();
-        if count != self.irqs_acked {
-            self.counters.interrupts += count.wrapping_sub(self.irqs_acked) as u64;
-            self.irqs_acked = count;
-            self.transport.ack_interrupt();
-        }
-    }
-
-    /// Why a wait ended without a completion.
-    pub fn stall_error(&self) -> Error {
-        if self.transport.status() & device_status::NEEDS_RESET != 0 {
-            Error::NeedsReset
-        } else {
-            Error::Timeout
         }
     }
 }

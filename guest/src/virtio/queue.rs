@@ -7,7 +7,7 @@
 
 use core::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, Ordering};
 
-use super::{phys, DmaStatic};
+use super::{phys, DmaStatic, Error};
 
 pub const MAX_QUEUE_SIZE: u16 = 256;
 pub const DESC_F_NEXT: u16 = 1;
@@ -74,9 +74,10 @@ pub struct SplitQueue {
 
 impl SplitQueue {
     /// Take a free static ring area for a queue of `size` (a power of two up to 256) entries,
-    /// zeroed. `None` if all `QUEUE_POOL` areas are held by other queues.
-    pub fn claim(size: u16, event_idx: bool) -> Option<SplitQueue> {
-        let area = RINGS_TAKEN.iter().position(|taken| !taken.swap(true, Ordering::AcqRel))?;
+    /// zeroed. `Busy` if all `QUEUE_POOL` areas are held by other queues.
+    pub fn claim(size: u16, event_idx: bool) -> Result<SplitQueue, Error> {
+        let area =
+            RINGS_TAKEN.iter().position(|taken| !taken.swap(true, Ordering::AcqRel)).ok_or(Error::Busy)?;
         let mut queue = SplitQueue {
             area,
             size: 0,
@@ -87,7 +88,13 @@ impl SplitQueue {
             interrupts: false,
         };
         queue.reset(size, event_idx);
-        Some(queue)
+        Ok(queue)
+    }
+
+    /// The size to give a queue whose device allows at most `max` entries: the largest power
+    /// of two (§2.7) up to `MAX_QUEUE_SIZE`.
+    pub fn size_for(max: u32) -> u16 {
+        1 << (31 - max.min(MAX_QUEUE_SIZE as u32).leading_zeros())
     }
 
     /// Start over with empty rings (after a device reset, before the queue is set up again).

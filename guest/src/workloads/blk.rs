@@ -29,6 +29,7 @@
 //! compares; it also asks for the device ID.
 
 use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
+use super::latency::Percentiles;
 use super::pipeline::{self, Job, Limit, Stats};
 use crate::deadline::Deadline;
 use crate::histogram::Histogram;
@@ -215,7 +216,7 @@ pub fn run(env: &Env) -> u8 {
         );
         return status::FAILED;
     }
-    let fail = |dev: &BlockDevice, error: Error| -> ! { blkdev::fail(PROBE, error, Some(dev.transport())) };
+    let fail = |dev: &BlockDevice, error: Error| -> ! { blkdev::fail(PROBE, error, dev) };
     if p.rw == "verify" {
         return verify(env, &common, &p, &mut dev, blocks.min(p.ops)).unwrap_or_else(|e| fail(&dev, e));
     }
@@ -354,14 +355,6 @@ fn print_result(
     stats: &Stats,
     latencies: &Histogram,
 ) {
-    let ps = |cycles: u64| env.ps_per_op(cycles, 1);
-    let iops = if env.tsc_khz == 0 || stats.cycles == 0 {
-        0
-    } else {
-        (stats.ops as u128 * env.tsc_khz as u128 * 1000 / stats.cycles as u128) as u64
-    };
-    let (p50, p99, p999, max) =
-        (latencies.percentile(500), latencies.percentile(990), latencies.percentile(999), latencies.max());
     print!(
         "{{\"probe\":\"blk\",\"rw\":{},\"bs\":{},\"qd\":{},\"completion\":{},\"ops\":{},\"errors\":{},\"cycles\":{},\"iops\":{}",
         Str(p.rw),
@@ -371,16 +364,11 @@ fn print_result(
         stats.ops,
         stats.errors,
         stats.cycles,
-        iops
+        env.ops_per_second(stats.ops, stats.cycles)
     );
-    print!(
-        ",\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"max_ns\":{}",
-        Nanos(ps(p50)),
-        Nanos(ps(p99)),
-        Nanos(ps(p999)),
-        Nanos(ps(max))
-    );
-    print!(",\"p50_cycles\":{},\"p99_cycles\":{},\"p999_cycles\":{},\"max_cycles\":{}", p50, p99, p999, max);
+    let percentiles = Percentiles::of(latencies);
+    percentiles.print_ns(env);
+    percentiles.print_cycles();
     print!(
         ",\"capacity_bytes\":{},\"blk_size\":{},\"read_only\":{},\"event_idx\":{},\"notifies\":{},\"interrupts\":{}",
         disk.capacity_bytes(),

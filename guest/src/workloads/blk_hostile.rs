@@ -11,15 +11,15 @@
 //! each case (default 2000).
 
 use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
+use super::hostile::{self, Observed, Target, OUTSIDE_RAM, WRAPPING};
 use super::pipeline::{self, Job, Limit};
-use crate::deadline::Deadline;
-use crate::json::Str;
+use crate::json::{OrNull, Str};
 use crate::virtio::blk::{
     BlockDevice, HEADER_LEN, SECTOR_SIZE, STATUS_UNWRITTEN, S_IOERR, S_OK, S_UNSUPP, T_IN, T_OUT,
 };
-use crate::virtio::device_status::NEEDS_RESET;
-use crate::virtio::queue::{Descriptor, DESC_F_NEXT, DESC_F_WRITE};
-use crate::{print, println, Env};
+use crate::virtio::mmio::Transport;
+use crate::virtio::queue::{Descriptor, SplitQueue, DESC_F_NEXT, DESC_F_WRITE};
+use crate::{println, Env};
 use probe_abi::status;
 
 const PROBE: &str = "blk-hostile";
@@ -28,15 +28,7 @@ const BLOCK: u32 = 4096;
 const VALID_REQUESTS: u64 = 100;
 /// The one slot the cases use.
 const SLOT: usize = 0;
-/// Far above any guest RAM, but a sane 48-bit physical address.
-const OUTSIDE_RAM: u64 = 0xffff_f000_0000;
-/// With a length of 0x2000, this address wraps past 2^64.
-const WRAPPING: u64 = 0xffff_ffff_ffff_f000;
 const UNKNOWN_TYPE: u32 = 0x1234;
-/// How many polls of the used ring per read of the Status register (each read is an exit).
-const POLLS_PER_STATUS_READ: u32 = 64;
-/// How long to keep watching after a case's first completion.
-const SETTLE_MS: u64 = 50;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Case {
@@ -79,35 +71,33 @@ impl Case {
     }
 }
 
-/// What the device did with one case.
-struct Observed {
-    /// (used id, bytes written) of the first completion, if any.
-    used: Option<(u32, u32)>,
-    /// Completions seen in all: more than one means the device took chains that were never
-    /// offered (after an avail index jump).
-    used_count: u32,
-    status_byte: u8,
-    device_status: u32,
-}
-
-impl Observed {
-    fn outcome(&self) -> &'static str {
-        if self.device_status & NEEDS_RESET != 0 {
-            return "needs_reset";
-        }
-        match (self.used, self.status_byte) {
-            (None, _) => "no_response",
-            (Some(_), S_OK) => "ok",
-            (Some(_), S_IOERR) => "ioerr",
-            (Some(_), S_UNSUPP) => "unsupp",
-            (Some(_), STATUS_UNWRITTEN) => "no_status",
-            (Some(_), _) => "bad_status",
-        }
+/// The cases go on the request queue.
+impl Target for BlockDevice {
+    fn queue(&mut self) -> &mut SplitQueue {
+        self.queue_mut()
     }
 
-    /// Can the queue go on as it is? Only after the one chain came back and nothing else did.
-    fn queue_intact(&self) -> bool {
-        self.device_status & NEEDS_RESET == 0 && matches!(self.used, Some((0, _))) && self.used_count == 1
+    fn transport(&self) -> &Transport {
+        BlockDevice::transport(self)
+    }
+
+    fn notify(&mut self) {
+        BlockDevice::notify(self);
+    }
+}
+
+/// What the device did with the case, given the status byte it left at the first completion.
+fn outcome(observed: &Observed, status_byte: u8) -> &'static str {
+    if observed.needs_reset() {
+        return "needs_reset";
+    }
+    match (observed.used, status_byte) {
+        (None, _) => "no_response",
+        (Some(_), S_OK) => "ok",
+        (Some(_), S_IOERR) => "ioerr",
+        (Some(_), S_UNSUPP) => "unsupp",
+        (Some(_), STATUS_UNWRITTEN) => "no_status",
+        (Some(_), _) => "bad_status",
     }
 }
 
@@ -155,59 +145,31 @@ fn submit_case(dev: &mut BlockDevice, case: Case) {
             write_chain(dev, &[header_d, read_into(buffer, BLOCK), status_d])
         }
     }
-    let queue = dev.queue_mut();
-    if case == Case::AvailIndexJump {
-        let size = queue.size();
-        queue.publish_raw_avail_idx(queue.avail_idx().wrapping_add(size).wrapping_add(5));
-    } else {
-        queue.push(0);
-        queue.publish();
-    }
-    // Always notify: the point is that the device looks.
-    dev.notify();
+    hostile::publish(dev, case == Case::AvailIndexJump);
 }
 
-/// Wait for a completion, DEVICE_NEEDS_RESET, or the deadline; after the first completion,
-/// keep watching for `SETTLE_MS` for more completions or a late DEVICE_NEEDS_RESET.
-fn observe(dev: &mut BlockDevice, mut deadline: Deadline, tsc_khz: u64) -> Observed {
-    let mut polls = 0u32;
-    let mut used = None;
-    let mut used_count = 0;
+/// Watch the case as `hostile::observe` does; returns also the status byte at the first
+/// completion (a device that reruns the chain may rewrite it later).
+fn observe(dev: &mut BlockDevice, env: &Env, common: &Common) -> (Observed, u8) {
     let mut status_byte = STATUS_UNWRITTEN;
-    loop {
-        while let Some(entry) = dev.queue_mut().pop_used() {
-            if used.is_none() {
-                used = Some(entry);
-                // Read now: a device that reruns the chain may rewrite it later.
-                status_byte = dev.status_byte(SLOT);
-                deadline = Deadline::after_ms(tsc_khz, SETTLE_MS);
-            }
-            used_count += 1;
-        }
-        polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(POLLS_PER_STATUS_READ)
-            && (dev.transport().status() & NEEDS_RESET != 0 || deadline.passed())
-        {
-            break;
-        }
-        core::hint::spin_loop();
-    }
-    Observed { used, used_count, status_byte, device_status: dev.transport().status() }
+    let observed =
+        hostile::observe(dev, common.deadline(env), env.tsc_khz, |dev| status_byte = dev.status_byte(SLOT));
+    (observed, status_byte)
 }
 
-fn report(case: Case, observed: &Observed, reset: bool) {
-    print!("{{\"probe\":\"blk-hostile\",\"case\":{},\"status\":", Str(case.name()));
-    match observed.used {
-        Some(_) if observed.status_byte != STATUS_UNWRITTEN => print!("{}", observed.status_byte),
-        _ => print!("null"),
-    }
-    print!(",\"device_status\":{},\"outcome\":{}", observed.device_status, Str(observed.outcome()));
-    match observed.used {
-        Some((id, len)) => print!(",\"used_id\":{},\"used_len\":{}", id, len),
-        None => print!(",\"used_id\":null,\"used_len\":null"),
-    }
-    print!(",\"used_count\":{}", observed.used_count);
-    println!(",\"reset\":{}}}", reset);
+fn report(case: Case, observed: &Observed, status_byte: u8, reset: bool) {
+    let status = Some(status_byte).filter(|&s| observed.used.is_some() && s != STATUS_UNWRITTEN);
+    println!(
+        "{{\"probe\":\"blk-hostile\",\"case\":{},\"status\":{},\"device_status\":{},\"outcome\":{},\"used_id\":{},\"used_len\":{},\"used_count\":{},\"reset\":{}}}",
+        Str(case.name()),
+        OrNull(status),
+        observed.device_status,
+        Str(outcome(observed, status_byte)),
+        OrNull(observed.used_id()),
+        OrNull(observed.used_len()),
+        observed.used_count,
+        reset
+    );
 }
 
 /// Valid traffic after the abuse: each write is read back and checked (reads only on a
@@ -258,13 +220,13 @@ pub fn run(env: &Env) -> u8 {
             continue;
         }
         submit_case(&mut dev, case);
-        let observed = observe(&mut dev, common.deadline(env), env.tsc_khz);
-        let reset = !observed.queue_intact() || case == Case::AvailIndexJump;
-        report(case, &observed, reset);
+        let (observed, status_byte) = observe(&mut dev, env, &common);
+        let reset = observed.reset_needed(case == Case::AvailIndexJump);
+        report(case, &observed, status_byte, reset);
         if reset {
             resets += 1;
             if let Err(error) = dev.restart(common.deadline(env)) {
-                blkdev::fail(PROBE, error, Some(dev.transport()));
+                blkdev::fail(PROBE, error, &dev);
             }
         }
     }
@@ -287,7 +249,7 @@ fn valid_after(env: &Env, common: &Common, dev: &mut BlockDevice, resets: u32) -
     };
     let result =
         pipeline::run(dev, &mut job, Limit::Requests(VALID_REQUESTS), None, env.tsc_khz, common.timeout_ms);
-    let stats = result.unwrap_or_else(|error| blkdev::fail(PROBE, error, Some(dev.transport())));
+    let stats = result.unwrap_or_else(|error| blkdev::fail(PROBE, error, dev));
     let ok = stats.ops == VALID_REQUESTS && stats.errors == 0 && job.mismatches == 0;
     println!(
         "{{\"probe\":\"blk-hostile\",\"case\":\"valid_after\",\"completion\":{},\"ops\":{},\"errors\":{},\"mismatches\":{},\"resets\":{},\"outcome\":{}}}",

@@ -1,12 +1,11 @@
-//! What the block workloads share: their common parameters, finding and opening the device,
-//! error lines, the test device's marks, the PRNG and the verification pattern.
+//! What the block workloads share: their common parameters, opening the device, the PRNG and
+//! the verification pattern.
 
+use super::device::{self, Kind};
 use crate::deadline::Deadline;
-use crate::json::Str;
 use crate::virtio::blk::{BlockDevice, Completion, Options, DEVICE_ID};
-use crate::virtio::{mmio, Error};
-use crate::{bad_parameter, cmdline, println, x86, Env};
-use probe_abi::status;
+use crate::virtio::Error;
+use crate::{bad_parameter, cmdline, Env};
 
 /// Parameters every block workload takes.
 pub struct Common {
@@ -57,64 +56,21 @@ pub fn open(
     max_request_bytes: u32,
     queue_depth: usize,
 ) -> BlockDevice {
-    let mut transports = 0;
-    let mut block_devices = 0;
-    let mut legacy = 0;
-    for entry in mmio::entries(env.cmdline) {
-        let transport = entry.unwrap_or_else(|_| bad_parameter("virtio_mmio.device"));
-        transports += 1;
-        match transport.device_id() {
-            Ok(DEVICE_ID) => {}
-            Err(Error::UnsupportedVersion(1)) => {
-                legacy += 1;
-                continue;
-            }
-            _ => continue, // empty transports (QEMU microvm lists them), other devices, bad magic
-        }
-        block_devices += 1;
-        if block_devices - 1 != common.dev {
-            continue;
-        }
-        let options = Options {
-            completion: common.completion,
-            event_idx: common.event_idx,
-            max_request_bytes,
-            queue_depth,
-        };
-        match BlockDevice::open(transport, options, common.deadline(env)) {
-            Ok(device) => return device,
-            Err(error) => fail(probe, error, Some(&transport)),
-        }
-    }
-    // QEMU microvm lists its transports on the command line only with acpi=off, and offers
-    // the version 2 register layout only with -global virtio-mmio.force-legacy=false.
-    println!(
-        "{{\"probe\":{},\"error\":\"no virtio-blk device with this index\",\"dev\":{},\"transports\":{},\"block_devices\":{},\"legacy_transports\":{}}}",
-        Str(probe),
-        common.dev,
-        transports,
-        block_devices,
-        legacy
-    );
-    x86::exit(status::FAILED)
+    let kind = Kind { device_id: DEVICE_ID, name: "virtio-blk", count_field: "block_devices" };
+    let transport = device::find(env, probe, &kind, common.dev);
+    let options = Options {
+        completion: common.completion,
+        event_idx: common.event_idx,
+        max_request_bytes,
+        queue_depth,
+    };
+    BlockDevice::open(transport, options, common.deadline(env))
+        .unwrap_or_else(|error| device::fail(probe, error, &transport))
 }
 
 /// Report a driver error and stop with FAILED.
-pub fn fail(probe: &str, error: Error, transport: Option<&mmio::Transport>) -> ! {
-    let device_status = transport.map_or(0, |t| t.status());
-    let detail = match error {
-        Error::UnsupportedVersion(v) => v,
-        Error::BadUsedId(id) => id,
-        _ => 0,
-    };
-    println!(
-        "{{\"probe\":{},\"error\":{},\"detail\":{},\"device_status\":{}}}",
-        Str(probe),
-        Str(error.message()),
-        detail,
-        device_status
-    );
-    x86::exit(status::FAILED)
+pub fn fail(probe: &str, error: Error, dev: &BlockDevice) -> ! {
+    device::fail(probe, error, dev.transport())
 }
 
 /// xorshift64*: small, fast, good enough to spread offsets.

@@ -1,9 +1,12 @@
 pub mod blk;
 pub mod blk_hostile;
 pub mod blkdev;
+pub mod device;
 pub mod exitcost;
 pub mod faults;
 pub mod hello;
+pub mod hostile;
+pub mod latency;
 pub mod net_hostile;
 pub mod netdev;
 pub mod pipeline;

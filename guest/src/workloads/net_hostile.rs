@@ -21,13 +21,14 @@
 //! Parameters: those of every network workload (`netdev::Common`); `probe.timeout_ms=` bounds
 //! each wait (default 2000).
 
+use super::hostile::{self, Observed, Target, OUTSIDE_RAM, WRAPPING};
 use super::netdev::{self, Station};
 use crate::deadline::Deadline;
 use crate::inet::{self, MacText, ETHERTYPE_EXPERIMENTAL};
-use crate::json::Str;
-use crate::virtio::device_status::NEEDS_RESET;
+use crate::json::{OrNull, Str};
+use crate::virtio::mmio::Transport;
 use crate::virtio::net::{NetDevice, HDR_LEN, MAX_FRAME, TX_QUEUE};
-use crate::virtio::queue::{Descriptor, DESC_F_NEXT, DESC_F_WRITE};
+use crate::virtio::queue::{Descriptor, SplitQueue, DESC_F_NEXT, DESC_F_WRITE};
 use crate::{print, println, Env};
 use probe_abi::status;
 
@@ -35,10 +36,6 @@ const PROBE: &str = "net-hostile";
 const TIMEOUT_MS: u64 = 2000;
 /// How long to wait for an ARP reply after each case.
 pub const ARP_REPLY_WAIT_MS: u64 = 200;
-/// Far above any guest RAM, but a sane 48-bit physical address.
-const OUTSIDE_RAM: u64 = 0xffff_f000_0000;
-/// With a length of 0x2000, this address wraps past 2^64.
-const WRAPPING: u64 = 0xffff_ffff_ffff_f000;
 /// A small frame: an Ethernet header and some payload.
 const SMALL_FRAME: usize = 60;
 /// How far the oversized frame exceeds [`MAX_FRAME`]: beyond a VLAN-tagged (1518) or
@@ -46,10 +43,6 @@ const SMALL_FRAME: usize = 60;
 const OVERSIZE: usize = 64;
 /// The transmit buffer the cases point into.
 const SLOT: usize = 0;
-/// How many polls of the used ring per read of the Status register (each read is an exit).
-const POLLS_PER_STATUS_READ: u32 = 64;
-/// How long to keep watching after a case's first completion.
-const SETTLE_MS: u64 = 50;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Case {
@@ -86,32 +79,32 @@ impl Case {
     }
 }
 
-/// What the device did with one case.
-struct Observed {
-    /// (used id, length) of the first completion, if any.
-    used: Option<(u32, u32)>,
-    /// Completions seen in all: more than one means the device took chains that were never
-    /// offered.
-    used_count: u32,
-    device_status: u32,
-}
-
-impl Observed {
-    fn result(&self) -> &'static str {
-        if self.device_status & NEEDS_RESET != 0 {
-            "needs_reset"
-        } else if self.used.is_none() {
-            "no_response"
-        } else if self.queue_intact() {
-            "used"
-        } else {
-            "bad_used"
-        }
+/// The cases go on the transmit queue.
+impl Target for NetDevice {
+    fn queue(&mut self) -> &mut SplitQueue {
+        self.tx_queue_mut()
     }
 
-    /// Can the queue go on as it is? Only after the one chain came back and nothing else did.
-    fn queue_intact(&self) -> bool {
-        self.device_status & NEEDS_RESET == 0 && matches!(self.used, Some((0, _))) && self.used_count == 1
+    fn transport(&self) -> &Transport {
+        NetDevice::transport(self)
+    }
+
+    fn notify(&mut self) {
+        NetDevice::notify(self, TX_QUEUE);
+    }
+}
+
+/// What the device did with the case: `needs_reset`, `no_response`, `used` (the one chain came
+/// back), or `bad_used`.
+fn result(observed: &Observed) -> &'static str {
+    if observed.needs_reset() {
+        "needs_reset"
+    } else if observed.used.is_none() {
+        "no_response"
+    } else if observed.queue_intact() {
+        "used"
+    } else {
+        "bad_used"
     }
 }
 
@@ -150,41 +143,7 @@ fn submit_case(dev: &mut NetDevice, case: Case) {
         Case::DeviceWritable => queue.set_descriptor(0, d(buffer, small, DESC_F_WRITE)),
         Case::AvailIndexJump => queue.set_descriptor(0, d(buffer, small, 0)),
     }
-    let queue = dev.tx_queue_mut();
-    if case == Case::AvailIndexJump {
-        let size = queue.size();
-        queue.publish_raw_avail_idx(queue.avail_idx().wrapping_add(size).wrapping_add(5));
-    } else {
-        queue.push(0);
-        queue.publish();
-    }
-    // Always notify: the point is that the device looks.
-    dev.notify(TX_QUEUE);
-}
-
-/// Wait for a completion, DEVICE_NEEDS_RESET, or the deadline; after the first completion,
-/// keep watching for `SETTLE_MS` for more completions or a late DEVICE_NEEDS_RESET.
-fn observe(dev: &mut NetDevice, mut deadline: Deadline, tsc_khz: u64) -> Observed {
-    let mut polls = 0u32;
-    let mut used = None;
-    let mut used_count = 0;
-    loop {
-        while let Some(entry) = dev.tx_queue_mut().pop_used() {
-            if used.is_none() {
-                used = Some(entry);
-                deadline = Deadline::after_ms(tsc_khz, SETTLE_MS);
-            }
-            used_count += 1;
-        }
-        polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(POLLS_PER_STATUS_READ)
-            && (dev.transport().status() & NEEDS_RESET != 0 || deadline.passed())
-        {
-            break;
-        }
-        core::hint::spin_loop();
-    }
-    Observed { used, used_count, device_status: dev.transport().status() }
+    hostile::publish(dev, case == Case::AvailIndexJump);
 }
 
 /// After a case: does a valid frame still go out (its buffer comes back)? And did an ARP
@@ -227,27 +186,24 @@ pub fn run(env: &Env) -> u8 {
             }
         }
         submit_case(&mut station.dev, case);
-        let observed = observe(&mut station.dev, common.deadline(env), env.tsc_khz);
-        let reset = !observed.queue_intact() || case == Case::AvailIndexJump;
+        let observed = hostile::observe(&mut station.dev, common.deadline(env), env.tsc_khz, |_| {});
+        let reset = observed.reset_needed(case == Case::AvailIndexJump);
         let restarted = !reset || station.dev.restart(common.deadline(env)).is_ok();
         resets += u32::from(reset);
         let (works, arp_reply) =
             if restarted { check_works(&mut station, env, common.deadline(env)) } else { (false, false) };
         ok &= works;
         print!(
-            "{}{{\"case\":{},\"result\":{},\"device_status\":{},\"used_len\":",
+            "{}{{\"case\":{},\"result\":{},\"device_status\":{},\"used_len\":{},\"used_count\":{},\"reset\":{},\"works_after\":{},\"arp_reply\":{}}}",
             if i == 0 { "" } else { "," },
             Str(case.name()),
-            Str(observed.result()),
-            observed.device_status
-        );
-        match observed.used {
-            Some((_, len)) => print!("{}", len),
-            None => print!("null"),
-        }
-        print!(
-            ",\"used_count\":{},\"reset\":{},\"works_after\":{},\"arp_reply\":{}}}",
-            observed.used_count, reset, works, arp_reply
+            Str(result(&observed)),
+            observed.device_status,
+            OrNull(observed.used_len()),
+            observed.used_count,
+            reset,
+            works,
+            arp_reply
         );
         if !restarted {
             break;

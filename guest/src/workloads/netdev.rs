@@ -8,13 +8,12 @@
 //! `probe.timeout_ms=`.
 
 use super::blkdev;
+use super::device::{self, Kind};
 use crate::deadline::Deadline;
 use crate::inet::{self, Arp, Ip, IpText, Mac, Packet, Udp, UdpAddrs, ARP_REPLY, ARP_REQUEST, BROADCAST};
-use crate::json::Str;
 use crate::virtio::net::{NetDevice, Options, DEVICE_ID};
-use crate::virtio::{mmio, Completion, Error};
-use crate::{bad_parameter, cmdline, println, x86, Env};
-use probe_abi::status;
+use crate::virtio::{Completion, Error};
+use crate::{bad_parameter, cmdline, Env};
 
 pub const DEFAULT_IP: Ip = [10, 0, 0, 2];
 pub const DEFAULT_DST: Ip = [10, 0, 0, 1];
@@ -55,46 +54,16 @@ impl Common {
 
 /// Open the `common.dev`-th virtio-net device on the command line, or report why not and stop.
 pub fn open(env: &Env, probe: &str, common: &Common) -> NetDevice {
-    let mut transports = 0;
-    let mut net_devices = 0;
-    let mut legacy = 0;
-    for entry in mmio::entries(env.cmdline) {
-        let transport = entry.unwrap_or_else(|_| bad_parameter("virtio_mmio.device"));
-        transports += 1;
-        match transport.device_id() {
-            Ok(DEVICE_ID) => {}
-            Err(Error::UnsupportedVersion(1)) => {
-                legacy += 1;
-                continue;
-            }
-            _ => continue, // empty transports (QEMU microvm lists them), other devices, bad magic
-        }
-        net_devices += 1;
-        if net_devices - 1 != common.dev {
-            continue;
-        }
-        let options = Options { completion: common.completion, event_idx: common.event_idx };
-        match NetDevice::open(transport, options, common.deadline(env)) {
-            Ok(device) => return device,
-            Err(error) => blkdev::fail(probe, error, Some(&transport)),
-        }
-    }
-    // QEMU microvm lists its transports on the command line only with acpi=off, and offers
-    // the version 2 register layout only with -global virtio-mmio.force-legacy=false.
-    println!(
-        "{{\"probe\":{},\"error\":\"no virtio-net device with this index\",\"dev\":{},\"transports\":{},\"net_devices\":{},\"legacy_transports\":{}}}",
-        Str(probe),
-        common.dev,
-        transports,
-        net_devices,
-        legacy
-    );
-    x86::exit(status::FAILED)
+    let kind = Kind { device_id: DEVICE_ID, name: "virtio-net", count_field: "net_devices" };
+    let transport = device::find(env, probe, &kind, common.dev);
+    let options = Options { completion: common.completion, event_idx: common.event_idx };
+    NetDevice::open(transport, options, common.deadline(env))
+        .unwrap_or_else(|error| device::fail(probe, error, &transport))
 }
 
 /// Report a driver error and stop with FAILED.
 pub fn fail(probe: &str, error: Error, dev: &NetDevice) -> ! {
-    blkdev::fail(probe, error, Some(dev.transport()))
+    device::fail(probe, error, dev.transport())
 }
 
 /// Frames the station received and did not use.

@@ -31,11 +31,12 @@
 //! latter with the phase, `ops`, `late`, `rx_frames`, `tx_frames`, `rx_ignored`, `notifies`
 //! and `interrupts` so far) and status FAILED.
 
+use super::latency::Percentiles;
 use super::netdev::{self, Addresses, Common, Station};
 use crate::deadline::Deadline;
 use crate::histogram::Histogram;
 use crate::inet::{MacText, MAX_UDP_PAYLOAD};
-use crate::json::{Nanos, Str};
+use crate::json::Str;
 use crate::pv_eoi::{self, Tally};
 use crate::virtio::Error;
 use crate::{bad_parameter, cmdline, print, println, x86, Env};
@@ -290,28 +291,15 @@ pub fn run(env: &Env) -> u8 {
     }
 
     let dev = &rr.station.dev;
-    let ps = |cycles: u64| env.ps_per_op(cycles, 1);
-    let tps = if env.tsc_khz == 0 || stats.cycles == 0 {
-        0
-    } else {
-        (stats.ops as u128 * env.tsc_khz as u128 * 1000 / stats.cycles as u128) as u64
-    };
-    let (p50, p99, p999, max) =
-        (latencies.percentile(500), latencies.percentile(990), latencies.percentile(999), latencies.max());
+    let percentiles = Percentiles::of(&latencies);
     print!(
         "{{\"probe\":\"udp-rr\",\"ops\":{},\"errors\":{},\"mismatches\":{},\"tps\":{}",
         stats.ops,
         stats.timeouts + stats.mismatches,
         stats.mismatches,
-        tps
+        env.ops_per_second(stats.ops, stats.cycles)
     );
-    print!(
-        ",\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"max_ns\":{}",
-        Nanos(ps(p50)),
-        Nanos(ps(p99)),
-        Nanos(ps(p999)),
-        Nanos(ps(max))
-    );
+    percentiles.print_ns(env);
     print!(
         ",\"completion\":{},\"notifies\":{},\"interrupts\":{},\"timeouts\":{},\"mac\":{},\"rx_dropped\":{}",
         Str(common.completion.name()),
@@ -330,10 +318,8 @@ pub fn run(env: &Env) -> u8 {
         MacText(rr.station.peer_mac.unwrap_or_default()),
         dev.event_idx
     );
-    print!(
-        ",\"cycles\":{},\"p50_cycles\":{},\"p99_cycles\":{},\"p999_cycles\":{},\"max_cycles\":{}",
-        stats.cycles, p50, p99, p999, max
-    );
+    print!(",\"cycles\":{}", stats.cycles);
+    percentiles.print_cycles();
     println!(
         ",\"late\":{},\"rx_ignored\":{},\"arp_answered\":{},\"warmup_timeouts\":{},\"pv_eoi\":{},\"pv_eois\":{}}}",
         stats.late,
