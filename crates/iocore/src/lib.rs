@@ -75,7 +75,6 @@ pub struct IoCore {
     thread: Mutex<Option<JoinHandle<IoCoreStats>>>,
     /// The thread's CPU-time clock, to measure how much of a core it used.
     clock: libc::clockid_t,
-    policy: Policy,
 }
 
 impl IoCore {
@@ -104,11 +103,7 @@ impl IoCore {
                 return Err(IoCoreError::Spawn(std::io::Error::other("the IOCore thread died at start")));
             }
         };
-        Ok(IoCore { shared, thread: Mutex::new(Some(thread)), clock, policy })
-    }
-
-    pub fn policy(&self) -> Policy {
-        self.policy
+        Ok(IoCore { shared, thread: Mutex::new(Some(thread)), clock })
     }
 
     /// CPU time the IOCore thread has used so far; `None` once it has stopped.

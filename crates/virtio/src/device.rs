@@ -76,11 +76,6 @@ impl DeviceSignals {
             }
         }
     }
-
-    /// Has a queue broken since the device was set up?
-    pub fn needs_reset(&self) -> bool {
-        self.needs_reset.load(Ordering::Acquire)
-    }
 }
 
 #[derive(Debug, Error)]

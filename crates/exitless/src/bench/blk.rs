@@ -117,6 +117,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
         for &bs in &args.bs {
             for &qd in &args.qd {
                 let scenario = Scenario { rw: rw.name(), bs, qd };
+                let first = results.len();
                 let bare_metal = if args.no_baseline {
                     None
                 } else {
@@ -129,31 +130,14 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
                 for &mode in &args.modes {
                     let mode = IoMode::from(mode);
                     progress(format_args!("exitless {mode}: {} {bs} B, queue depth {qd}", scenario.rw));
-                    let mut row = run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
+                    let row = run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
                         .map_err(|e| format!("{mode}, {} {bs} B, queue depth {qd}: {e}", scenario.rw))?;
-                    row.bare_metal_iops = bare_metal;
-                    row.ratio_to_bare_metal = row.iops.zip(bare_metal).map(|(ours, host)| ours / host);
                     results.push(row);
                 }
                 if let Some(peer) = qemu.as_mut() {
-                    let first = results.len();
                     results.extend(peer.rows(scenario, args, (&disk.fio_path, &disk.spec), tsc_khz));
-                    let qemu_best = results[first..]
-                        .iter()
-                        .filter(|r| !r.mode.contains("vhost-user"))
-                        .filter_map(|r| r.iops)
-                        .fold(None, |best: Option<f64>, v| Some(best.map_or(v, |b| b.max(v))));
-                    for row in results
-                        .iter_mut()
-                        .filter(|r| (r.workload, r.block_size, r.queue_depth) == (scenario.rw, bs, qd))
-                    {
-                        row.ratio_to_qemu = row.iops.zip(qemu_best).map(|(ours, theirs)| ours / theirs);
-                        if row.vmm == "qemu" {
-                            row.bare_metal_iops = bare_metal;
-                            row.ratio_to_bare_metal = row.iops.zip(bare_metal).map(|(r, host)| r / host);
-                        }
-                    }
                 }
+                compare(&mut results[first..], bare_metal);
             }
         }
     }
@@ -165,6 +149,23 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
         qemu_version: qemu.as_ref().map(|q| q.version().to_string()),
         results,
     })
+}
+
+/// Fill in one scenario's ratios: to bare metal (the baseline's IOPS) and to the best of
+/// QEMU's own virtio-blk configurations.
+fn compare(rows: &mut [Row], bare_metal: Option<f64>) {
+    let qemu_best = rows
+        .iter()
+        .filter(|r| r.vmm == "qemu" && r.device == "virtio-blk")
+        .filter_map(|r| r.iops)
+        .fold(None, |best: Option<f64>, v| Some(best.map_or(v, |b| b.max(v))));
+    for row in rows {
+        row.ratio_to_qemu = row.iops.zip(qemu_best).map(|(ours, theirs)| ours / theirs);
+        if row.vmm != "host" {
+            row.bare_metal_iops = bare_metal;
+            row.ratio_to_bare_metal = row.iops.zip(bare_metal).map(|(ours, host)| ours / host);
+        }
+    }
 }
 
 /// The backing file both the VM and fio use.

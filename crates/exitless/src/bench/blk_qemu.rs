@@ -62,6 +62,9 @@ impl QemuPeer {
                     scenario.rw, scenario.bs, scenario.qd
                 ));
                 let mut row = Row::new("qemu", name.to_string(), scenario);
+                if vhost_user {
+                    row.device = "vhost-user-blk";
+                }
                 if let Err(e) = self.measure(&mut row, scenario, args, disk, tsc_khz, completion, vhost_user)
                 {
                     row.note = Some(format!("not measured: {e}"));

@@ -44,9 +44,6 @@ pub enum IoMode {
 }
 
 impl IoMode {
-    pub const ALL: [IoMode; 6] =
-        [IoMode::Trap, IoMode::Eventfd, IoMode::PvEoi, IoMode::Sidecore, IoMode::Exitless, IoMode::Adaptive];
-
     pub fn name(self) -> &'static str {
         match self {
             IoMode::Trap => "trap",
@@ -240,17 +237,8 @@ impl VirtioDevices {
 
 /// Open `disk` for one queue's worker.
 pub fn open_backend(disk: &DiskBackend) -> Result<Box<dyn Backend>, BackendError> {
-    Ok(match disk {
-        DiskBackend::File { path, read_only, direct } => Box::new(FileDisk::open(path, *read_only, *direct)?),
-        DiskBackend::RamFile { path, read_only } => Box::new(RamDisk::open(path, *read_only)?),
-        DiskBackend::Ram { size } => {
-            let path = temporary_ram_path();
-            let disk = RamDisk::create(&path, *size);
-            // The mapping keeps the bytes; the name is not needed once mapped.
-            let _ = std::fs::remove_file(&path);
-            Box::new(disk?)
-        }
-    })
+    let mut backends = open_backends(disk, 1)?;
+    Ok(backends.remove(0))
 }
 
 /// Open `disk` `count` times (at least once), one backend per queue of a multi-queue device:
@@ -261,7 +249,8 @@ pub fn open_backends(disk: &DiskBackend, count: usize) -> Result<Vec<Box<dyn Bac
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(count);
     match disk {
         DiskBackend::Ram { size } => {
-            // One file, mapped once per queue; the name goes once every mapping is made.
+            // One file, mapped once per queue; the name goes once every mapping is made (the
+            // mappings keep the bytes).
             let path = temporary_ram_path();
             let result = (|| {
                 backends.push(Box::new(RamDisk::create(&path, *size)?));
@@ -273,9 +262,14 @@ pub fn open_backends(disk: &DiskBackend, count: usize) -> Result<Vec<Box<dyn Bac
             let _ = std::fs::remove_file(&path);
             result?;
         }
-        _ => {
+        DiskBackend::File { path, read_only, direct } => {
             for _ in 0..count {
-                backends.push(open_backend(disk)?);
+                backends.push(Box::new(FileDisk::open(path, *read_only, *direct)?));
+            }
+        }
+        DiskBackend::RamFile { path, read_only } => {
+            for _ in 0..count {
+                backends.push(Box::new(RamDisk::open(path, *read_only)?));
             }
         }
     }
