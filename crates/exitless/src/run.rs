@@ -109,6 +109,7 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
             "guest_status": match outcome.ending { Ending::GuestExit(v) => Some(v), _ => None },
             "wall_time_s": outcome.wall_time.as_secs_f64(),
             "vcpus": vcpus,
+            "devices": outcome.devices.iter().map(device_json).collect::<Vec<_>>(),
         });
         println!("{summary}");
         return;
@@ -119,4 +120,34 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
             vcpu.counters.notable().iter().map(|(name, value)| format!("{name}={value}")).collect();
         eprintln!("  vcpu{}: {}", vcpu.index, counters.join(" "));
     }
+    for device in &outcome.devices {
+        let (requests, stats) = (&device.stats.requests, &device.stats);
+        let reason =
+            stats.first_reset_reason.as_deref().map(|why| format!(" (first: {why})")).unwrap_or_default();
+        eprintln!(
+            "  {} {}: completed={} io_errors={} rejected={} interrupts={} needs_reset={}{reason}",
+            device.kind,
+            device.index,
+            requests.completed,
+            requests.io_errors,
+            requests.rejected,
+            requests.interrupts,
+            stats.needs_reset
+        );
+    }
+}
+
+/// A device's counts in `--stats --json`.
+fn device_json(device: &vmm::DeviceReport) -> serde_json::Value {
+    let requests = &device.stats.requests;
+    json!({
+        "device": device.kind,
+        "index": device.index,
+        "completed": requests.completed,
+        "io_errors": requests.io_errors,
+        "rejected": requests.rejected,
+        "interrupts": requests.interrupts,
+        "needs_reset": device.stats.needs_reset,
+        "needs_reset_reason": device.stats.first_reset_reason,
+    })
 }

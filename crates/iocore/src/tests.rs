@@ -40,7 +40,7 @@ fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
         Arc::new(AtomicBool::new(false)),
     );
     let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20] };
-    let worker = BlockWorker::new(queue, mem.clone(), Box::new(disk), info, signals);
+    let worker = BlockWorker::new(queue, Box::new(disk), info, signals);
     (Guest { mem, avail_idx: 0, _disk: path }, Box::new(worker))
 }
 

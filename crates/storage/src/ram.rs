@@ -10,6 +10,8 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
 
+use vm_memory::VolatileSlice;
+
 use crate::completions::CompletionRing;
 use crate::validate::validate;
 use crate::{Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE};
@@ -92,15 +94,16 @@ impl RamDisk {
         for segment in segments.iter().filter(|segment| segment.len > 0) {
             let len = segment.len as usize;
             // SAFETY: `at + len <= offset + total <= capacity`, so the disk side lies inside the
-            // mapping; the segment is a non-empty, bounds-checked range of guest RAM that nothing
-            // else uses while the request runs (the caller's contract on `Segment`), and guest RAM
-            // is a different mapping from the disk, so the two ranges do not overlap.
-            unsafe {
-                let disk = self.base.as_ptr().add(at);
-                match op {
-                    Op::Read => std::ptr::copy_nonoverlapping(disk, segment.addr, len),
-                    _ => std::ptr::copy_nonoverlapping(segment.addr, disk, len),
-                }
+            // mapping this RamDisk owns; the segment is a non-empty, bounds-checked range of
+            // guest memory that stays mapped while the request runs (the caller's contract on
+            // `Segment`). Both are volatile slices: the guest may touch its buffer concurrently
+            // (it then reads or stores bytes of its own making), and host tools may map the file.
+            let (disk, guest) = unsafe {
+                (VolatileSlice::new(self.base.as_ptr().add(at), len), VolatileSlice::new(segment.addr, len))
+            };
+            match op {
+                Op::Read => disk.copy_to_volatile_slice(guest),
+                _ => guest.copy_to_volatile_slice(disk),
             }
             at += len;
         }

@@ -369,7 +369,7 @@ impl Session<'_> {
         let worker = self
             .device
             .block
-            .start_queue(index, queue, mem, signals)
+            .start_queue(index, queue, signals)
             .map_err(|source| Error::Start { index, source })?;
         self.device.host.attach(self.device.worker_ids + index as u64, Box::new(worker), kick);
         self.vrings[index].running = true;

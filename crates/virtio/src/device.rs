@@ -1,8 +1,8 @@
 //! What a virtio device model offers its transport, and how its data path is driven.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
@@ -41,7 +41,114 @@ pub trait WorkerHost: Send + Sync {
     fn detach(&self, id: u64) -> Option<Box<dyn QueueWorker>>;
 }
 
-/// How a worker tells the driver about used buffers and about a broken queue.
+/// Request counts of a device's data path (virtio-blk), as its worker keeps them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RequestCounters {
+    /// Requests that completed with VIRTIO_BLK_S_OK.
+    pub completed: u64,
+    /// Requests the backend failed (VIRTIO_BLK_S_IOERR from the disk).
+    pub io_errors: u64,
+    /// Malformed or unsupported requests, answered without reaching the backend.
+    pub rejected: u64,
+    /// Interrupts sent to the driver.
+    pub interrupts: u64,
+}
+
+/// What a device did, for the operator (`exitless run --stats`): the worker adds its counts once
+/// per batch of completions (a few relaxed atomic adds, no lock), anyone may read them at any
+/// time. One per device, kept by its transport across resets.
+#[derive(Debug)]
+pub struct DeviceStats {
+    name: String,
+    completed: AtomicU64,
+    io_errors: AtomicU64,
+    rejected: AtomicU64,
+    interrupts: AtomicU64,
+    needs_reset: AtomicU64,
+    first_reset_reason: OnceLock<String>,
+}
+
+/// A copy of a device's [`DeviceStats`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeviceStatsSnapshot {
+    pub requests: RequestCounters,
+    /// Times the driver broke a queue and the device set DEVICE_NEEDS_RESET.
+    pub needs_reset: u64,
+    /// Why, the first time.
+    pub first_reset_reason: Option<String>,
+}
+
+impl DeviceStats {
+    /// Stats for the device called `name` in logs ("virtio-blk 0", a socket path).
+    pub fn new(name: impl Into<String>) -> DeviceStats {
+        DeviceStats {
+            name: name.into(),
+            completed: AtomicU64::new(0),
+            io_errors: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            interrupts: AtomicU64::new(0),
+            needs_reset: AtomicU64::new(0),
+            first_reset_reason: OnceLock::new(),
+        }
+    }
+
+    /// The device's name in logs.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Add `delta` (what a worker did since it last reported).
+    pub fn add(&self, delta: &RequestCounters) {
+        self.completed.fetch_add(delta.completed, Ordering::Relaxed);
+        self.io_errors.fetch_add(delta.io_errors, Ordering::Relaxed);
+        self.rejected.fetch_add(delta.rejected, Ordering::Relaxed);
+        self.interrupts.fetch_add(delta.interrupts, Ordering::Relaxed);
+    }
+
+    /// Count a NEEDS_RESET and log why; a driver that breaks its queue again after every reset
+    /// is logged the first `LOGGED_RESETS` times only, so it cannot flood the host's log.
+    fn record_reset(&self, why: QueueError) {
+        const LOGGED_RESETS: u64 = 10;
+        let earlier = self.needs_reset.fetch_add(1, Ordering::Relaxed);
+        let _ = self.first_reset_reason.set(why.to_string());
+        if earlier < LOGGED_RESETS {
+            let more =
+                if earlier + 1 == LOGGED_RESETS { " (further resets are counted, not logged)" } else { "" };
+            eprintln!(
+                "exitless: {}: the driver broke a queue, the device needs a reset: {why}{more}",
+                self.name
+            );
+        }
+    }
+
+    pub fn snapshot(&self) -> DeviceStatsSnapshot {
+        DeviceStatsSnapshot {
+            requests: RequestCounters {
+                completed: self.completed.load(Ordering::Relaxed),
+                io_errors: self.io_errors.load(Ordering::Relaxed),
+                rejected: self.rejected.load(Ordering::Relaxed),
+                interrupts: self.interrupts.load(Ordering::Relaxed),
+            },
+            needs_reset: self.needs_reset.load(Ordering::Relaxed),
+            first_reset_reason: self.first_reset_reason.get().cloned(),
+        }
+    }
+}
+
+impl RequestCounters {
+    /// What changed since `earlier`.
+    pub fn since(&self, earlier: &RequestCounters) -> RequestCounters {
+        RequestCounters {
+            completed: self.completed - earlier.completed,
+            io_errors: self.io_errors - earlier.io_errors,
+            rejected: self.rejected - earlier.rejected,
+            interrupts: self.interrupts - earlier.interrupts,
+        }
+    }
+}
+
+/// How a worker tells the driver about used buffers and about a broken queue, and the operator
+/// what it did.
 #[derive(Clone)]
 pub struct DeviceSignals {
     pub interrupt: InterruptLine,
@@ -49,11 +156,25 @@ pub struct DeviceSignals {
     /// Where a broken queue is reported instead of a config-change interrupt (vhost-user's
     /// vring error eventfd).
     error: Option<Arc<EventFd>>,
+    stats: Arc<DeviceStats>,
 }
 
 impl DeviceSignals {
+    /// Signals for an unnamed device with stats of its own (see `with_stats`).
     pub fn new(interrupt: InterruptLine, needs_reset: Arc<AtomicBool>) -> Self {
-        DeviceSignals { interrupt, needs_reset, error: None }
+        let stats = Arc::new(DeviceStats::new("virtio device"));
+        DeviceSignals { interrupt, needs_reset, error: None, stats }
+    }
+
+    /// Count into `stats` (the device's, kept across resets) and name the device in logs after it.
+    pub fn with_stats(mut self, stats: Arc<DeviceStats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    /// Where the worker reports what it did.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
     }
 
     /// Report a broken queue by writing `error` (vhost-user's SET_VRING_ERR eventfd) rather than
@@ -64,9 +185,10 @@ impl DeviceSignals {
     }
 
     /// The driver broke the queue: set DEVICE_NEEDS_RESET and tell it (config-change interrupt,
-    /// or the error notifier).
-    pub fn queue_broken(&self, _why: QueueError) {
+    /// or the error notifier); log why, once per reset, and count it.
+    pub fn queue_broken(&self, why: QueueError) {
         if !self.needs_reset.swap(true, Ordering::AcqRel) {
+            self.stats.record_reset(why);
             match &self.error {
                 // Fails only if the counter would overflow, when the error is pending anyway.
                 Some(error) => {

@@ -10,7 +10,10 @@ pub mod mmio;
 pub mod net;
 pub mod queue;
 
-pub use device::{ActivateError, DeviceSignals, QueueWorker, VirtioDevice, WorkerHost};
+pub use device::{
+    ActivateError, DeviceSignals, DeviceStats, DeviceStatsSnapshot, QueueWorker, RequestCounters,
+    VirtioDevice, WorkerHost,
+};
 
 pub const VIRTIO_F_EVENT_IDX: u32 = 29;
 pub const VIRTIO_F_VERSION_1: u32 = 32;

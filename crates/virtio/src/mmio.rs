@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{DeviceSignals, QueueWorker, VirtioDevice, WorkerHost};
+use crate::device::{DeviceSignals, DeviceStats, QueueWorker, VirtioDevice, WorkerHost};
 use crate::interrupt::InterruptLine;
 use crate::queue::{Queue, QueueConfig};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
@@ -83,6 +83,8 @@ pub struct MmioTransport {
     interrupt: InterruptLine,
     interrupt_status: Arc<AtomicU32>,
     needs_reset: Arc<AtomicBool>,
+    /// The device's counts across resets, shared with every worker it starts.
+    stats: Arc<DeviceStats>,
     status: u32,
     device_features_sel: u32,
     driver_features_sel: u32,
@@ -96,12 +98,14 @@ pub struct MmioTransport {
 }
 
 impl MmioTransport {
-    /// `irq` raises the transport's interrupt line (an irqfd); `None` only in tests.
+    /// `irq` raises the transport's interrupt line (an irqfd); `None` only in tests. `stats`
+    /// names the device in logs and counts what its workers do.
     pub fn new(
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
         runner: Runner,
         irq: Option<Arc<EventFd>>,
+        stats: Arc<DeviceStats>,
     ) -> MmioTransport {
         let interrupt_status = Arc::new(AtomicU32::new(0));
         let queues = vec![QueueState::default(); device.queue_max_sizes().len()];
@@ -112,6 +116,7 @@ impl MmioTransport {
             interrupt: InterruptLine::new(interrupt_status.clone(), irq),
             interrupt_status,
             needs_reset: Arc::new(AtomicBool::new(false)),
+            stats,
             status: 0,
             device_features_sel: 0,
             driver_features_sel: 0,
@@ -255,7 +260,8 @@ impl MmioTransport {
                 }
             }
         }
-        let signals = DeviceSignals::new(self.interrupt.clone(), self.needs_reset.clone());
+        let signals = DeviceSignals::new(self.interrupt.clone(), self.needs_reset.clone())
+            .with_stats(self.stats.clone());
         let mut worker = match self.device.activate(&self.mem, queues, self.driver_features, signals) {
             Ok(worker) => worker,
             Err(_) => {

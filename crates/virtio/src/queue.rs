@@ -41,6 +41,8 @@ pub enum QueueError {
     ChainTooLong,
     #[error("indirect descriptors were not negotiated")]
     UnexpectedIndirect,
+    #[error("descriptor chain {0} was made available again while the device still held it")]
+    HeadInUse(u16),
 }
 
 /// One descriptor as the device reads it.
@@ -58,8 +60,13 @@ impl Descriptor {
     }
 }
 
-/// A ready queue: host addresses of its three rings, and the device's place in them.
+/// A ready split virtqueue, device side: where its three rings are in host memory, and the
+/// device's place in them. It holds the guest memory it was made from, so the rings stay mapped
+/// for as long as the queue exists, whatever happens to the caller's copy (a vhost-user memory
+/// table replaced, a VM torn down).
 pub struct Queue {
+    /// Keeps every region the ring pointers point into mapped (regions are reference-counted).
+    mem: GuestMemoryMmap,
     size: u16,
     desc: *mut u8,
     avail: *mut u8,
@@ -71,8 +78,9 @@ pub struct Queue {
     signalled_used: Option<u16>,
 }
 
-// SAFETY: the ring pointers point into guest RAM, which outlives the queue; a queue is owned and
-// used by one thread at a time (the device's worker).
+// SAFETY: the ring pointers point into regions of `mem`, which the queue holds, so they stay valid
+// wherever the queue goes; every access through them is atomic or volatile, since the guest
+// writes the same memory concurrently.
 unsafe impl Send for Queue {}
 
 fn ring_ptr(
@@ -101,9 +109,25 @@ impl Queue {
         let desc = ring_ptr(mem, config.desc, 16 * n, 16, "descriptor")?;
         let avail = ring_ptr(mem, config.avail, 6 + 2 * n, 2, "available")?;
         let used = ring_ptr(mem, config.used, 6 + 8 * n, 4, "used")?;
-        Ok(Queue { size, desc, avail, used, next_avail: 0, next_used: 0, event_idx, signalled_used: None })
+        Ok(Queue {
+            mem: mem.clone(),
+            size,
+            desc,
+            avail,
+            used,
+            next_avail: 0,
+            next_used: 0,
+            event_idx,
+            signalled_used: None,
+        })
     }
 
+    /// The guest memory the queue's rings (and its chains' buffers) live in.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    /// The number of descriptors (a power of two).
     pub fn size(&self) -> u16 {
         self.size
     }
@@ -120,27 +144,38 @@ impl Queue {
     /// has just set up.
     pub fn resume(&mut self, next_avail: u16) {
         self.next_avail = next_avail;
-        self.next_used = Self::u16_at(self.used, 2).load(Ordering::Acquire);
+        self.next_used = self.used_u16(2).load(Ordering::Acquire);
         self.signalled_used = None;
     }
 
-    fn u16_at(base: *mut u8, offset: usize) -> &'static AtomicU16 {
-        // SAFETY: callers pass offsets inside a ring validated in `new` (indices are masked by
-        // the queue size); the rings are 2-byte aligned; guest RAM outlives the queue.
-        unsafe { AtomicU16::from_ptr(base.add(offset).cast()) }
+    /// The 16-bit word at `offset` in the avail ring: at most `4 + 2 * size`.
+    fn avail_u16(&self, offset: usize) -> &AtomicU16 {
+        assert!(offset <= 4 + 2 * self.size as usize);
+        // SAFETY: the avail ring is `6 + 2 * size` bytes of `self.mem`, checked in `new` and
+        // kept mapped by `self`, so the word is inside it for as long as the borrow of `self`;
+        // the ring and the offset are 2-byte aligned.
+        unsafe { AtomicU16::from_ptr(self.avail.add(offset).cast()) }
+    }
+
+    /// The 16-bit word at `offset` in the used ring: at most `4 + 8 * size`.
+    fn used_u16(&self, offset: usize) -> &AtomicU16 {
+        assert!(offset <= 4 + 8 * self.size as usize);
+        // SAFETY: the used ring is `6 + 8 * size` bytes of `self.mem`, checked in `new` and
+        // kept mapped by `self`; the ring is 4-byte aligned and the offset even.
+        unsafe { AtomicU16::from_ptr(self.used.add(offset).cast()) }
     }
 
     fn avail_idx(&self) -> u16 {
-        Self::u16_at(self.avail, 2).load(Ordering::Acquire)
+        self.avail_u16(2).load(Ordering::Acquire)
     }
 
     fn avail_flags(&self) -> u16 {
-        Self::u16_at(self.avail, 0).load(Ordering::Acquire)
+        self.avail_u16(0).load(Ordering::Acquire)
     }
 
     /// `used_event`, the word after the avail ring (EVENT_IDX).
     fn used_event(&self) -> u16 {
-        Self::u16_at(self.avail, 4 + 2 * self.size as usize).load(Ordering::Acquire)
+        self.avail_u16(4 + 2 * self.size as usize).load(Ordering::Acquire)
     }
 
     /// Are there requests the device has not taken yet?
@@ -158,7 +193,7 @@ impl Queue {
             return Ok(None);
         }
         let slot = (self.next_avail % self.size) as usize;
-        let head = Self::u16_at(self.avail, 4 + 2 * slot).load(Ordering::Acquire);
+        let head = self.avail_u16(4 + 2 * slot).load(Ordering::Acquire);
         if head >= self.size {
             return Err(QueueError::BadDescriptorIndex(head));
         }
@@ -173,7 +208,7 @@ impl Queue {
         }
         let mut raw = [0u8; 16];
         // SAFETY: `index < size`, so the 16 bytes lie inside the descriptor table validated in
-        // `new`. A volatile copy: the guest may change them concurrently, and we only use the copy.
+        // `new` and kept mapped by `self.mem`. A volatile copy: the guest may change them concurrently, and we only use the copy.
         unsafe {
             let src = self.desc.add(16 * index as usize);
             for (i, byte) in raw.iter_mut().enumerate() {
@@ -209,7 +244,8 @@ impl Queue {
     /// Put a finished chain in the used ring (not yet visible: see `publish_used`).
     pub fn add_used(&mut self, head: u16, written: u32) {
         let slot = (self.next_used % self.size) as usize;
-        // SAFETY: the element lies inside the used ring validated in `new`; 4-byte aligned.
+        // SAFETY: `slot < size`, so the element lies inside the used ring validated in `new` and
+        // kept mapped by `self.mem`; 4-byte aligned.
         unsafe {
             let elem = self.used.add(4 + 8 * slot);
             elem.cast::<u32>().write_volatile((head as u32).to_le());
@@ -221,7 +257,7 @@ impl Queue {
     /// Make the used elements added so far visible to the driver.
     pub fn publish_used(&mut self) {
         fence(Ordering::Release);
-        Self::u16_at(self.used, 2).store(self.next_used, Ordering::Release);
+        self.used_u16(2).store(self.next_used, Ordering::Release);
     }
 
     /// After `publish_used`: should the driver be interrupted?
@@ -244,10 +280,10 @@ impl Queue {
         if self.event_idx {
             // avail_event, after the used ring: the driver notifies once avail passes it.
             let event = if enabled { self.next_avail } else { self.next_avail.wrapping_sub(1) };
-            Self::u16_at(self.used, 4 + 8 * self.size as usize).store(event, Ordering::Release);
+            self.used_u16(4 + 8 * self.size as usize).store(event, Ordering::Release);
         }
         let flags = if enabled { 0 } else { VRING_USED_F_NO_NOTIFY };
-        Self::u16_at(self.used, 0).store(flags, Ordering::Release);
+        self.used_u16(0).store(flags, Ordering::Release);
         // Make the change visible before the caller re-checks the avail ring.
         fence(Ordering::SeqCst);
     }

@@ -15,4 +15,4 @@ pub use devices::virtio::{DiskBackend, IoMode, NetConfig};
 pub use iocore::pin_current_thread;
 pub use stats::Counters;
 pub use vcpu::{Mark, VcpuReport};
-pub use vm::{tsc_khz, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};
+pub use vm::{tsc_khz, DeviceReport, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};

@@ -210,6 +210,18 @@ pub struct RunOutcome {
     pub wall_time: Duration,
     /// What the IOCore did, if the VM had one.
     pub iocore: Option<iocore::IoCoreStats>,
+    /// What each virtio device did, disks first.
+    pub devices: Vec<DeviceReport>,
+}
+
+/// One virtio device's counts over the run.
+#[derive(Debug, Clone)]
+pub struct DeviceReport {
+    /// "virtio-blk" or "virtio-net".
+    pub kind: &'static str,
+    /// Its index among the devices of its kind (`--disk`s, `--net`s, in order).
+    pub index: usize,
+    pub stats: virtio::DeviceStatsSnapshot,
 }
 
 pub struct Vm {
@@ -373,9 +385,23 @@ impl Vm {
             .collect::<Result<Vec<_>, _>>()?;
         self.bus.testdev.join();
         let iocore = self.bus.virtio.shutdown();
+        let devices = self
+            .bus
+            .virtio
+            .slots
+            .iter()
+            .map(|slot| DeviceReport { kind: slot.kind, index: slot.index, stats: slot.stats.snapshot() })
+            .collect();
         let mut console = self.console;
         let _ = std::io::Write::flush(&mut console);
-        Ok(RunOutcome { ending, vcpus, console: console.captured(), wall_time: started.elapsed(), iocore })
+        Ok(RunOutcome {
+            ending,
+            vcpus,
+            console: console.captured(),
+            wall_time: started.elapsed(),
+            iocore,
+            devices,
+        })
     }
 }
 

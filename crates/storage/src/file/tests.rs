@@ -268,14 +268,23 @@ fn sqpoll_option_round_trips() {
 #[test]
 fn dropping_with_requests_in_flight_waits_for_them() {
     let path = image("/tmp", 1 << 20);
+    let pattern: Vec<u8> = (0..1 << 20).map(|i: usize| (i / 4096 + i % 251) as u8).collect();
+    std::fs::write(&path, &pattern).unwrap();
     let mut buffers: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 65536]).collect();
     let mut disk = FileDisk::open(&path, false, false).unwrap();
     for (i, buffer) in buffers.iter_mut().enumerate() {
         assert!(disk.submit(i as u32, Op::Read, (i * 65536) as u64, &[segment(buffer)]));
     }
     disk.kick();
-    drop(disk); // Must neither hang nor leave the kernel writing into freed buffers.
-    drop(buffers);
+    drop(disk);
+    // Drop returned only once the kernel had finished every read: each buffer holds its data...
+    for (i, buffer) in buffers.iter().enumerate() {
+        assert!(buffer[..] == pattern[i * 65536..(i + 1) * 65536], "read {i} had not finished at drop");
+    }
+    // ...and nothing writes into them afterwards.
+    buffers.iter_mut().for_each(|buffer| buffer.fill(0xee));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(buffers.iter().all(|buffer| buffer.iter().all(|&b| b == 0xee)), "a late write from the kernel");
 }
 
 #[test]

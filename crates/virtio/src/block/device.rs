@@ -88,18 +88,17 @@ impl Block {
         self.backends.len()
     }
 
-    /// Start serving queue `index` (already validated against `mem`): a worker that owns the
+    /// Start serving queue `index` (already validated against guest memory): a worker that owns the
     /// queue's backend until `stop_queue` takes it back.
     pub fn start_queue(
         &mut self,
         index: usize,
         queue: Queue,
-        mem: &GuestMemoryMmap,
         signals: DeviceSignals,
     ) -> Result<BlockWorker, ActivateError> {
         let slot = self.backends.get_mut(index).ok_or(ActivateError::NoSuchQueue { index })?;
         let backend = slot.take().ok_or(ActivateError::NoBackend)?;
-        Ok(BlockWorker::new(queue, mem.clone(), backend, self.disk.clone(), signals))
+        Ok(BlockWorker::new(queue, backend, self.disk.clone(), signals))
     }
 
     /// Take queue `index`'s backend back from its worker (requests in flight finish first).
@@ -129,7 +128,7 @@ impl VirtioDevice for Block {
 
     fn activate(
         &mut self,
-        mem: &GuestMemoryMmap,
+        _mem: &GuestMemoryMmap,
         queues: Vec<Queue>,
         _features: u64,
         signals: DeviceSignals,
@@ -138,7 +137,7 @@ impl VirtioDevice for Block {
             return Err(ActivateError::MultiQueue { queues: self.backends.len() });
         }
         let queue = queues.into_iter().next().ok_or(ActivateError::NoBackend)?;
-        Ok(Box::new(self.start_queue(0, queue, mem, signals)?))
+        Ok(Box::new(self.start_queue(0, queue, signals)?))
     }
 
     fn deactivate(&mut self, worker: Box<dyn QueueWorker>) {

@@ -5,7 +5,7 @@ pub mod request;
 pub mod worker;
 
 pub use device::Block;
-pub use worker::{BlockCounters, BlockWorker, DiskInfo};
+pub use worker::{BlockWorker, DiskInfo};
 
 pub const VIRTIO_ID_BLOCK: u32 = 2;
 pub const VIRTIO_BLK_F_SIZE_MAX: u32 = 1;

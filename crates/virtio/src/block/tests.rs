@@ -9,7 +9,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::request::*;
 use super::{BlockWorker, DiskInfo};
-use crate::device::DeviceSignals;
+use crate::device::{DeviceSignals, QueueWorker};
 use crate::interrupt::InterruptLine;
 use crate::queue::*;
 
@@ -26,13 +26,23 @@ const DISK: u64 = 1 << 20;
 struct Rig {
     mem: GuestMemoryMmap,
     worker: BlockWorker,
+    size: u16,
     avail_idx: u16,
+    needs_reset: Arc<AtomicBool>,
     _disk: tempfile::TempPath,
 }
 
 fn rig(read_only: bool) -> Rig {
+    rig_of_size(read_only, SIZE)
+}
+
+fn signals(needs_reset: Arc<AtomicBool>) -> DeviceSignals {
+    DeviceSignals::new(InterruptLine::new(Arc::new(AtomicU32::new(0)), None), needs_reset)
+}
+
+fn rig_of_size(read_only: bool, size: u16) -> Rig {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
-    let config = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
+    let config = QueueConfig { size, desc: DESC, avail: AVAIL, used: USED };
     let queue = Queue::new(&mem, config, false).unwrap();
     let path = tempfile::Builder::new()
         .prefix("exitless-virtio-test")
@@ -44,10 +54,9 @@ fn rig(read_only: bool) -> Rig {
         disk = RamDisk::open(&path, true).unwrap();
     }
     let info = DiskInfo { capacity: DISK, read_only, id: *b"exitless-test-disk\0\0" };
-    let interrupt = InterruptLine::new(Arc::new(AtomicU32::new(0)), None);
-    let signals = DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false)));
-    let worker = BlockWorker::new(queue, mem.clone(), Box::new(disk), info, signals);
-    Rig { mem, worker, avail_idx: 0, _disk: path }
+    let needs_reset = Arc::new(AtomicBool::new(false));
+    let worker = BlockWorker::new(queue, Box::new(disk), info, signals(needs_reset.clone()));
+    Rig { mem, worker, size, avail_idx: 0, needs_reset, _disk: path }
 }
 
 impl Rig {
@@ -76,7 +85,7 @@ impl Rig {
     }
 
     fn submit(&mut self, head: u16) {
-        let slot = AVAIL + 4 + 2 * (self.avail_idx % SIZE) as u64;
+        let slot = AVAIL + 4 + 2 * (self.avail_idx % self.size) as u64;
         self.mem.write_obj(head, GuestAddress(slot)).unwrap();
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.mem.write_obj(self.avail_idx, GuestAddress(AVAIL + 2)).unwrap();
@@ -291,7 +300,6 @@ fn interrupts_follow_the_drivers_wishes() {
         let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
         BlockWorker::new(
             queue,
-            mem,
             Box::new(disk),
             info,
             DeviceSignals::new(InterruptLine::new(status.clone(), None), Arc::new(AtomicBool::new(false))),
@@ -331,7 +339,7 @@ fn backend_io_error_answers_ioerr_when_the_file_shrank() {
         let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
         let signals =
             DeviceSignals::new(InterruptLine::new(Arc::new(AtomicU32::new(0)), None), Arc::default());
-        BlockWorker::new(queue, rig.mem.clone(), Box::new(disk), info, signals)
+        BlockWorker::new(queue, Box::new(disk), info, signals)
     };
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
     rig.request(VIRTIO_BLK_T_IN, 64, 4096);
@@ -394,12 +402,166 @@ fn a_multi_queue_device_offers_mq_and_one_backend_per_queue() {
     let queue = || Queue::new(&mem, config, false).unwrap();
     // The virtio-mmio path starts one worker per device: not for a multi-queue device.
     assert!(matches!(two.activate(&mem, vec![queue()], 0, signals()), Err(ActivateError::MultiQueue { .. })));
-    let worker = two.start_queue(1, queue(), &mem, signals()).unwrap();
-    assert!(matches!(two.start_queue(1, queue(), &mem, signals()), Err(ActivateError::NoBackend)));
-    assert!(matches!(
-        two.start_queue(2, queue(), &mem, signals()),
-        Err(ActivateError::NoSuchQueue { index: 2 })
-    ));
+    let worker = two.start_queue(1, queue(), signals()).unwrap();
+    assert!(matches!(two.start_queue(1, queue(), signals()), Err(ActivateError::NoBackend)));
+    assert!(matches!(two.start_queue(2, queue(), signals()), Err(ActivateError::NoSuchQueue { index: 2 })));
     two.stop_queue(1, worker);
-    assert!(two.start_queue(1, queue(), &mem, signals()).is_ok(), "the backend came back");
+    assert!(two.start_queue(1, queue(), signals()).is_ok(), "the backend came back");
+}
+
+#[test]
+fn more_completions_than_one_batch_all_reach_the_used_ring() {
+    // 100 FLUSH requests made available at once; the RAM disk hands all 100 completions over
+    // in one poll.
+    let mut rig = rig_of_size(false, 256);
+    rig.header(VIRTIO_BLK_T_FLUSH, 0);
+    for i in 0..100u16 {
+        let status = STATUS + 1 + i as u64;
+        rig.mem.write_obj(0xffu8, GuestAddress(status)).unwrap();
+        rig.desc(2 * i, HEADER, 16, VIRTQ_DESC_F_NEXT, 2 * i + 1);
+        rig.desc(2 * i + 1, status, 1, VIRTQ_DESC_F_WRITE, 0);
+        rig.submit(2 * i);
+    }
+    assert_eq!(rig.run(), Ok(100));
+    assert_eq!(rig.used_idx(), 100, "every request completed");
+    for i in 0..100u64 {
+        assert_eq!(
+            rig.mem.read_obj::<u8>(GuestAddress(STATUS + 1 + i)).unwrap(),
+            VIRTIO_BLK_S_OK,
+            "request {i}"
+        );
+    }
+    assert_eq!(rig.worker.in_flight(), 0);
+    assert_eq!(rig.worker.counters.completed, 100);
+}
+
+#[test]
+fn a_head_made_available_twice_needs_a_reset() {
+    let mut rig = rig(false);
+    rig.request(VIRTIO_BLK_T_IN, 0, 512);
+    rig.submit(0);
+    rig.submit(0); // again, while the device holds it
+    assert_eq!(rig.worker.process_queue(), Err(QueueError::HeadInUse(0)));
+    // The request that did start still finishes, once, and nothing stays in flight.
+    rig.worker.complete();
+    assert_eq!((rig.used_idx(), rig.status(), rig.worker.in_flight()), (1, VIRTIO_BLK_S_OK, 0));
+
+    // Through the worker's owner: DEVICE_NEEDS_RESET, counted with its reason, nothing served.
+    let mut rig = self::rig(false);
+    rig.request(VIRTIO_BLK_T_IN, 0, 512);
+    rig.submit(0);
+    rig.submit(0);
+    rig.worker.poll();
+    assert!(rig.needs_reset.load(Ordering::Acquire));
+    assert_eq!(rig.worker.in_flight(), 0);
+    assert!(!rig.worker.has_pending(), "a broken queue is not served until reset");
+}
+
+#[test]
+fn a_queue_keeps_the_memory_it_reads_mapped() {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+    mem.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
+    let mut queue =
+        Queue::new(&mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false).unwrap();
+    drop(mem);
+    assert_eq!(queue.has_avail(), Ok(true));
+    assert_eq!(queue.pop_avail(), Ok(Some(0)));
+    queue.add_used(0, 1);
+    queue.publish_used();
+    assert!(queue.needs_interrupt());
+}
+
+/// A backend that holds its requests until told to finish them, then writes `FILL` into their
+/// buffers as the kernel would; dropping it finishes what it holds (as FileDisk waits for the
+/// kernel). `held` says how many it holds.
+struct HeldBackend {
+    requests: Vec<(u32, Vec<storage::Segment>)>,
+    release_at: std::time::Instant,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+const FILL: u8 = 0xab;
+
+impl HeldBackend {
+    fn finish_all(&mut self, done: &mut dyn FnMut(storage::Completion)) -> usize {
+        let n = self.requests.len();
+        for (tag, segments) in self.requests.drain(..) {
+            for segment in segments {
+                // SAFETY: the worker made the segment from guest memory it keeps mapped until
+                // this backend is done with it (what these tests check).
+                unsafe { std::ptr::write_bytes(segment.addr, FILL, segment.len as usize) };
+            }
+            done(storage::Completion { tag, result: Ok(0) });
+        }
+        self.held.store(0, Ordering::Release);
+        n
+    }
+}
+
+impl storage::Backend for HeldBackend {
+    fn capacity(&self) -> u64 {
+        DISK
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn max_in_flight(&self) -> usize {
+        256
+    }
+    fn submit(&mut self, tag: u32, _op: storage::Op, _offset: u64, segments: &[storage::Segment]) -> bool {
+        self.requests.push((tag, segments.to_vec()));
+        self.held.store(self.requests.len(), Ordering::Release);
+        true
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(storage::Completion)) -> usize {
+        if std::time::Instant::now() < self.release_at {
+            return 0;
+        }
+        self.finish_all(done)
+    }
+}
+
+impl Drop for HeldBackend {
+    fn drop(&mut self) {
+        self.finish_all(&mut |_| {});
+    }
+}
+
+/// A worker over its own guest memory (the test keeps no copy) and a `HeldBackend` holding one
+/// 64 KiB read, released after `hold`.
+fn worker_with_a_held_read(hold: std::time::Duration) -> (BlockWorker, Arc<std::sync::atomic::AtomicUsize>) {
+    let mut rig = rig(false);
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let backend = HeldBackend {
+        requests: Vec::new(),
+        release_at: std::time::Instant::now() + hold,
+        held: held.clone(),
+    };
+    let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+        .unwrap();
+    let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+    rig.worker = BlockWorker::new(queue, Box::new(backend), info, signals(Arc::default()));
+    rig.request(VIRTIO_BLK_T_IN, 0, 65536);
+    rig.submit(0);
+    rig.run().unwrap();
+    assert_eq!(rig.worker.in_flight(), 1);
+    let Rig { worker, .. } = rig;
+    (worker, held)
+}
+
+#[test]
+fn dropping_a_worker_lets_the_backend_finish_before_memory_goes() {
+    // The backend writes into guest memory as it drops: that memory must still be mapped.
+    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_secs(3600));
+    drop(worker);
+    assert_eq!(held.load(Ordering::Acquire), 0);
+}
+
+#[test]
+fn a_reset_returns_the_backend_only_once_it_holds_no_request() {
+    // Longer than any fixed drain deadline the worker once had (5 s).
+    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_millis(5500));
+    let backend = worker.into_backend();
+    assert_eq!(held.load(Ordering::Acquire), 0, "the backend still held a request into freed memory");
+    drop(backend);
 }

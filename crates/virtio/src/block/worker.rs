@@ -5,16 +5,16 @@
 use std::time::{Duration, Instant};
 
 use storage::{Backend, Completion, Op};
+use vm_memory::VolatileSlice;
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
 };
-use crate::device::{DeviceSignals, QueueWorker};
+use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
-use vm_memory::GuestMemoryMmap;
 
-/// How long a reset waits for requests still with the backend.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// A reset still waiting this long for the backend says so (it keeps waiting: see `into_backend`).
+const SLOW_DRAIN: Duration = Duration::from_secs(5);
 
 /// What the device tells the guest about the disk.
 #[derive(Debug, Clone)]
@@ -28,75 +28,129 @@ pub struct DiskInfo {
 /// A request handed to the backend and not yet completed.
 #[derive(Clone, Copy)]
 struct InFlight {
-    status: Option<StatusByte>,
+    status: StatusByte,
     /// Bytes the device writes into the chain on success (data for reads, plus the status).
     written: u32,
 }
 
-/// Request counts, for metrics and tests.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct BlockCounters {
-    pub completed: u64,
-    pub io_errors: u64,
-    pub rejected: u64,
-    pub interrupts: u64,
+/// The requests the backend holds, by head: a head is held at most once.
+struct InFlightTable {
+    slots: [Option<InFlight>; MAX_QUEUE_SIZE as usize],
+    held: usize,
 }
 
+impl InFlightTable {
+    fn new() -> Self {
+        InFlightTable { slots: [None; MAX_QUEUE_SIZE as usize], held: 0 }
+    }
+
+    fn holds(&self, head: u16) -> bool {
+        self.slots.get(head as usize).is_some_and(Option::is_some)
+    }
+
+    /// Record `head` (a head below the queue size that `holds` said is free).
+    fn insert(&mut self, head: u16, request: InFlight) {
+        self.slots[head as usize] = Some(request);
+        self.held += 1;
+    }
+
+    fn remove(&mut self, head: u16) -> Option<InFlight> {
+        let request = self.slots.get_mut(head as usize)?.take()?;
+        self.held -= 1;
+        Some(request)
+    }
+
+    /// Answer the request `completion` is for through its status byte and count it; returns
+    /// the used element to add. A tag the backend made up, or one already finished, is ignored.
+    fn finish(&mut self, completion: Completion, counters: &mut RequestCounters) -> Option<(u16, u32)> {
+        let head = u16::try_from(completion.tag).ok()?;
+        let request = self.remove(head)?;
+        let written = match completion.result {
+            Ok(_) => {
+                request.status.write(VIRTIO_BLK_S_OK);
+                counters.completed += 1;
+                request.written
+            }
+            Err(_) => {
+                request.status.write(VIRTIO_BLK_S_IOERR);
+                counters.io_errors += 1;
+                1
+            }
+        };
+        Some((head, written))
+    }
+}
+
+/// One virtio-blk queue's data path: the queue (which keeps guest memory mapped), the backend
+/// that owns the disk, and the requests between them.
 pub struct BlockWorker {
-    queue: Queue,
-    mem: GuestMemoryMmap,
+    /// Declared first so it drops first: a backend's drop waits for the kernel to finish with
+    /// the guest buffers of requests still in flight, which `queue` keeps mapped until then.
     backend: Box<dyn Backend>,
+    queue: Queue,
     disk: DiskInfo,
     signals: DeviceSignals,
     request: Request,
-    in_flight: [InFlight; MAX_QUEUE_SIZE as usize],
-    /// Requests with the backend.
-    outstanding: usize,
+    in_flight: InFlightTable,
     used_since_publish: usize,
     /// The owner polls the queue (notifications suppressed) rather than waiting for them.
     polling: bool,
     /// The driver broke the queue; nothing is served until the device is reset.
     broken: bool,
-    pub counters: BlockCounters,
+    /// What this worker did since it started.
+    pub counters: RequestCounters,
+    /// `counters` as last added to the device's stats.
+    reported: RequestCounters,
 }
 
-// SAFETY: the raw pointers in `in_flight` and `request` point into guest RAM, which outlives the
-// worker; the worker is used by one thread at a time.
+// SAFETY: the raw pointers in `in_flight` and `request` point into guest memory that `queue`
+// holds (requests are parsed from the queue's own memory), so they stay valid wherever the
+// worker goes; the worker is used by one thread at a time.
 unsafe impl Send for BlockWorker {}
 
 impl BlockWorker {
+    /// Serve `queue` (and the guest memory it holds) from `backend`.
     pub fn new(
         queue: Queue,
-        mem: GuestMemoryMmap,
         backend: Box<dyn Backend>,
         disk: DiskInfo,
         signals: DeviceSignals,
     ) -> BlockWorker {
-        let idle = InFlight { status: None, written: 0 };
         BlockWorker {
-            queue,
-            mem,
             backend,
+            queue,
             disk,
             signals,
             request: Request::empty(),
-            in_flight: [idle; MAX_QUEUE_SIZE as usize],
-            outstanding: 0,
+            in_flight: InFlightTable::new(),
             used_since_publish: 0,
             polling: false,
             broken: false,
-            counters: BlockCounters::default(),
+            counters: RequestCounters::default(),
+            reported: RequestCounters::default(),
         }
     }
 
-    /// Give the backend back (device reset). Requests still with the backend write into guest
-    /// RAM and carry this worker's tags, so they are let finish first (for a bounded time).
+    /// Give the backend back (device reset) once it holds none of this worker's requests: those
+    /// write into guest memory this worker keeps mapped, and carry this worker's tags. There is
+    /// no time limit, because memory the kernel may still write must not be unmapped or reused;
+    /// a backend that takes long is reported once.
     pub fn into_backend(mut self) -> Box<dyn Backend> {
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
-        while self.outstanding > 0 && Instant::now() < deadline {
-            if self.complete() == 0 {
-                std::hint::spin_loop();
+        let started = Instant::now();
+        let mut reported = false;
+        while self.in_flight.held > 0 {
+            if self.complete() > 0 {
+                continue;
             }
+            if !reported && started.elapsed() >= SLOW_DRAIN {
+                reported = true;
+                eprintln!(
+                    "exitless: {}: a reset is waiting for {} request(s) the disk still holds",
+                    self.signals.stats().name(),
+                    self.in_flight.held
+                );
+            }
+            std::thread::sleep(Duration::from_micros(20));
         }
         self.backend
     }
@@ -134,9 +188,18 @@ impl BlockWorker {
     fn take_available(&mut self) -> Result<usize, QueueError> {
         let mut started = 0;
         while let Some(head) = self.queue.pop_avail()? {
+            // The same chain twice would be two requests on one buffer and one status byte.
+            if self.in_flight.holds(head) {
+                return Err(QueueError::HeadInUse(head));
+            }
             started += 1;
-            let parsed =
-                self.request.parse(&self.queue, &self.mem, head, self.disk.capacity, self.disk.read_only)?;
+            let parsed = self.request.parse(
+                &self.queue,
+                self.queue.memory(),
+                head,
+                self.disk.capacity,
+                self.disk.read_only,
+            )?;
             match parsed {
                 Parsed::Ready => self.start(),
                 Parsed::Rejected(Rejection::Status { status, code }) => {
@@ -163,10 +226,12 @@ impl BlockWorker {
             RequestKind::GetId => {
                 let mut id = &self.disk.id[..];
                 for segment in request.segments() {
-                    let n = id.len().min(segment.len as usize);
-                    // SAFETY: the segment is a checked, device-writable range of guest RAM of
-                    // at least `n` bytes.
-                    unsafe { std::ptr::copy_nonoverlapping(id.as_ptr(), segment.addr, n) };
+                    // SAFETY: `parse` made the segment from a device-writable range of `len`
+                    // bytes of the queue's memory, which `self.queue` keeps mapped. The guest
+                    // may touch it concurrently, hence a volatile slice.
+                    let slice = unsafe { VolatileSlice::new(segment.addr, segment.len as usize) };
+                    let n = id.len().min(slice.len());
+                    slice.copy_from(&id[..n]);
                     id = &id[n..];
                 }
                 let written = (self.disk.id.len() - id.len()) as u32;
@@ -175,64 +240,30 @@ impl BlockWorker {
                 return;
             }
         };
+        // `data_len` is at most MAX_SEGMENTS descriptors of at most SIZE_MAX bytes: it fits.
         let written = if op == Op::Read { request.data_len as u32 + 1 } else { 1 };
-        self.in_flight[head as usize] = InFlight { status: Some(request.status), written };
-        self.outstanding += 1;
         if !self.backend.submit(head as u32, op, request.offset, request.segments()) {
-            self.in_flight[head as usize].status = None;
-            self.outstanding -= 1;
             // The backend holds at least a queue's worth of requests, so this is a backend fault.
             request.status.write(VIRTIO_BLK_S_IOERR);
             self.counters.io_errors += 1;
             self.add_used(head, 1);
+            return;
         }
+        self.in_flight.insert(head, InFlight { status: request.status, written });
     }
 
     /// Collect finished requests into the used ring, publish them, and interrupt the guest if
     /// it asked to be. Returns how many completed.
     pub fn complete(&mut self) -> usize {
-        let mut finished = [None::<Completion>; 64];
-        let mut total = 0;
-        loop {
-            let mut n = 0;
-            self.backend.poll(&mut |c| {
-                if n < finished.len() {
-                    finished[n] = Some(c);
-                    n += 1;
-                }
-            });
-            for completion in finished[..n].iter().flatten() {
-                self.finish(*completion);
+        let Self { backend, queue, in_flight, counters, used_since_publish, .. } = self;
+        let finished = backend.poll(&mut |completion| {
+            if let Some((head, written)) = in_flight.finish(completion, counters) {
+                queue.add_used(head, written);
+                *used_since_publish += 1;
             }
-            total += n;
-            if n < finished.len() {
-                break;
-            }
-        }
+        });
         self.publish();
-        total
-    }
-
-    fn finish(&mut self, completion: Completion) {
-        let head = completion.tag as u16;
-        // A tag the backend made up, or one already finished, is ignored.
-        let Some(slot) = self.in_flight.get_mut(head as usize) else { return };
-        let Some(status) = slot.status.take() else { return };
-        let slot_written = slot.written;
-        self.outstanding -= 1;
-        let written = match completion.result {
-            Ok(_) => {
-                status.write(VIRTIO_BLK_S_OK);
-                self.counters.completed += 1;
-                slot_written
-            }
-            Err(_) => {
-                status.write(VIRTIO_BLK_S_IOERR);
-                self.counters.io_errors += 1;
-                1
-            }
-        };
-        self.add_used(head, written);
+        finished
     }
 
     fn add_used(&mut self, head: u16, written: u32) {
@@ -251,6 +282,8 @@ impl BlockWorker {
             self.counters.interrupts += 1;
             self.signals.interrupt.signal_used_buffer();
         }
+        self.signals.stats().add(&self.counters.since(&self.reported));
+        self.reported = self.counters;
     }
 }
 
@@ -279,7 +312,7 @@ impl QueueWorker for BlockWorker {
     }
 
     fn in_flight(&self) -> usize {
-        self.outstanding
+        self.in_flight.held
     }
 
     fn has_pending(&self) -> bool {

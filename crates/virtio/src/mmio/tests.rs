@@ -2,6 +2,7 @@
 //! over real guest memory and a real RAM disk in /dev/shm.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use storage::ram::RamDisk;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -24,16 +25,18 @@ struct Rig {
     mem: GuestMemoryMmap,
     transport: MmioTransport,
     avail_idx: u16,
+    stats: Arc<DeviceStats>,
     _disk: tempfile::TempPath,
 }
 
 fn rig() -> Rig {
+    let stats = Arc::new(DeviceStats::new("virtio-blk 0"));
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
     let disk = RamDisk::create(&path, DISK).unwrap();
     let device = Block::new(Box::new(disk), "mmio-test");
-    let transport = MmioTransport::new(Box::new(device), mem.clone(), Runner::OnNotify, None);
-    Rig { mem, transport, avail_idx: 0, _disk: path }
+    let transport = MmioTransport::new(Box::new(device), mem.clone(), Runner::OnNotify, None, stats.clone());
+    Rig { mem, transport, avail_idx: 0, stats, _disk: path }
 }
 
 impl Rig {
@@ -177,9 +180,16 @@ fn a_broken_queue_sets_needs_reset_with_a_config_interrupt() {
     rig.write(QUEUE_NOTIFY, 0);
     assert_ne!(rig.read(STATUS) & status::NEEDS_RESET, 0);
     assert_eq!(rig.read(INTERRUPT_STATUS) & 2, 2, "configuration-change interrupt");
+    let stats = rig.stats.snapshot();
+    assert_eq!(stats.needs_reset, 1, "counted for the operator");
+    assert_eq!(
+        stats.first_reset_reason.as_deref(),
+        Some("the avail index moved by 1000, more than the queue size")
+    );
     rig.set_up(features, DESC);
     rig.request(VIRTIO_BLK_T_IN, 0);
     assert_eq!((rig.used_idx(), rig.status_byte()), (1, VIRTIO_BLK_S_OK));
+    assert_eq!(rig.stats.snapshot().requests.completed, 1, "counts survive the reset");
 }
 
 #[test]

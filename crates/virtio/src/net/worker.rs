@@ -6,7 +6,7 @@
 
 use std::any::Any;
 
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use super::backend::NetBackend;
 use super::{MAX_FRAME_LEN, MIN_FRAME_LEN, NET_HDR_LEN};
@@ -72,8 +72,9 @@ pub struct NetWorker {
     pub counters: NetCounters,
 }
 
-// SAFETY: the raw pointers (iovecs, header pieces) point into guest RAM, which outlives the
-// worker, or into its own scratch buffer; the worker is used by one thread at a time.
+// SAFETY: the raw pointers (iovecs, header pieces) point into regions of `mem`, which the worker
+// holds (they are resolved through it), or into its own scratch buffer; the worker is used by
+// one thread at a time.
 unsafe impl Send for NetWorker {}
 
 impl NetWorker {
@@ -317,9 +318,11 @@ fn write_header(chain: &RxChain) {
     header[10] = 1;
     let mut at = 0;
     for &(addr, len) in &chain.header[..chain.header_pieces] {
-        // SAFETY: each piece is a checked, device-writable range of guest RAM of `len` bytes,
-        // and the pieces add up to NET_HDR_LEN.
-        unsafe { std::ptr::copy_nonoverlapping(header[at..].as_ptr(), addr, len) };
+        // SAFETY: each piece is a checked, device-writable range of `len` bytes of the worker's
+        // guest memory, which it keeps mapped; the pieces add up to
+        // NET_HDR_LEN. The guest may touch it concurrently, hence a volatile slice.
+        let piece = unsafe { VolatileSlice::new(addr, len) };
+        piece.copy_from(&header[at..at + len]);
         at += len;
     }
 }

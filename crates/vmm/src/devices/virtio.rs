@@ -13,7 +13,7 @@ use thiserror::Error;
 use virtio::block::Block;
 use virtio::mmio::{MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
 use virtio::net::Net;
-use virtio::{VirtioDevice, WorkerHost};
+use virtio::{DeviceStats, VirtioDevice, WorkerHost};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -132,6 +132,12 @@ pub struct VirtioSlot {
     pub base: u64,
     pub irq: u32,
     pub transport: Mutex<MmioTransport>,
+    /// "virtio-blk" or "virtio-net".
+    pub kind: &'static str,
+    /// The device's index among those of its kind.
+    pub index: usize,
+    /// What the device did, for `run --stats`.
+    pub stats: Arc<DeviceStats>,
     // Kept open for the VM's lifetime: KVM holds them as irqfd and ioeventfd.
     _irq_fd: Arc<EventFd>,
     _notify_fd: Option<Arc<EventFd>>,
@@ -197,6 +203,9 @@ impl VirtioDevices {
             let irq_fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
             vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
             let is_disk = index < disks.len();
+            let (kind, kind_index) =
+                if is_disk { ("virtio-blk", index) } else { ("virtio-net", index - disks.len()) };
+            let stats = Arc::new(DeviceStats::new(format!("{kind} {kind_index}")));
             let (runner, notify_fd) = match &iocore {
                 // Trap mode: the vCPU serves a disk's queue inside the notification's exit.
                 _ if mode == IoMode::Trap && is_disk => (Runner::OnNotify, None),
@@ -214,11 +223,15 @@ impl VirtioDevices {
                     (Runner::Host { host, id: index as u64, notify: Some(notify.clone()) }, Some(notify))
                 }
             };
-            let transport = MmioTransport::new(device, mem.clone(), runner, Some(irq_fd.clone()));
+            let transport =
+                MmioTransport::new(device, mem.clone(), runner, Some(irq_fd.clone()), stats.clone());
             slots.push(VirtioSlot {
                 base,
                 irq,
                 transport: Mutex::new(transport),
+                kind,
+                index: kind_index,
+                stats,
                 _irq_fd: irq_fd,
                 _notify_fd: notify_fd,
             });
