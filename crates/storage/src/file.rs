@@ -143,8 +143,8 @@ impl FileDisk {
                 let table = &mut self.iovecs[slot * MAX_SEGMENTS..(slot + 1) * MAX_SEGMENTS];
                 let mut count = 0;
                 // `validate` allowed at most MAX_SEGMENTS segments: they fit the table.
-                for (iovec, segment) in table.iter_mut().zip(segments.iter().filter(|s| s.len > 0)) {
-                    *iovec = libc::iovec { iov_base: segment.addr.cast(), iov_len: segment.len as usize };
+                for (iovec, segment) in table.iter_mut().zip(segments.iter().filter(|s| !s.is_empty())) {
+                    *iovec = libc::iovec { iov_base: segment.addr().cast(), iov_len: segment.len() as usize };
                     count += 1;
                 }
                 let iovecs = table.as_ptr();

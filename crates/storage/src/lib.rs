@@ -25,15 +25,46 @@ pub enum Op {
     Flush,
 }
 
-/// One piece of a request's data in host memory (a bounds-checked slice of guest RAM).
+/// One piece of a request's data in host memory (a bounds-checked slice of guest RAM). Making
+/// one is `unsafe`: it is a promise that the bytes stay valid while a backend may use them,
+/// which is what lets `Backend::submit` be safe.
 #[derive(Debug, Clone, Copy)]
 pub struct Segment {
-    pub addr: *mut u8,
-    pub len: u32,
+    addr: *mut u8,
+    len: u32,
 }
 
-// SAFETY: a Segment is a plain address into guest RAM, which outlives every request; the device
-// model guarantees no other request uses the same bytes while one is in flight.
+impl Segment {
+    /// A segment of no bytes, which no backend dereferences.
+    pub const EMPTY: Segment = Segment { addr: std::ptr::null_mut(), len: 0 };
+
+    /// The `len` bytes at `addr`.
+    ///
+    /// # Safety
+    /// Unless `len` is 0, the bytes must be valid for reads and writes from now until every
+    /// request given this segment has completed (returned by the backend's `poll`) or the
+    /// backend has been dropped, and no other request in flight may use them. They may be
+    /// shared memory another party writes concurrently (guest RAM): backends copy them with
+    /// volatile accesses or hand them to the kernel.
+    pub unsafe fn new(addr: *mut u8, len: u32) -> Segment {
+        Segment { addr, len }
+    }
+
+    pub fn addr(&self) -> *mut u8 {
+        self.addr
+    }
+
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+// SAFETY: a Segment is an address and a length; what may be done with the bytes is the promise
+// made in `Segment::new`, which does not depend on the thread that holds it.
 unsafe impl Send for Segment {}
 
 /// A finished request.

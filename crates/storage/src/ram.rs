@@ -91,15 +91,14 @@ impl RamDisk {
         }
         // `offset + total <= capacity`, which fits in usize (the mapping exists).
         let mut at = offset as usize;
-        for segment in segments.iter().filter(|segment| segment.len > 0) {
-            let len = segment.len as usize;
+        for segment in segments.iter().filter(|segment| !segment.is_empty()) {
+            let len = segment.len() as usize;
             // SAFETY: `at + len <= offset + total <= capacity`, so the disk side lies inside the
-            // mapping this RamDisk owns; the segment is a non-empty, bounds-checked range of
-            // guest memory that stays mapped while the request runs (the caller's contract on
-            // `Segment`). Both are volatile slices: the guest may touch its buffer concurrently
+            // mapping this RamDisk owns; the segment's bytes are valid and unshared while the
+            // request runs (the promise of `Segment::new`). Both are volatile slices: the guest may touch its buffer concurrently
             // (it then reads or stores bytes of its own making), and host tools may map the file.
             let (disk, guest) = unsafe {
-                (VolatileSlice::new(self.base.as_ptr().add(at), len), VolatileSlice::new(segment.addr, len))
+                (VolatileSlice::new(self.base.as_ptr().add(at), len), VolatileSlice::new(segment.addr(), len))
             };
             match op {
                 Op::Read => disk.copy_to_volatile_slice(guest),
@@ -151,7 +150,8 @@ mod tests {
     use crate::MAX_SEGMENTS;
 
     fn segment(buf: &mut [u8]) -> Segment {
-        Segment { addr: buf.as_mut_ptr(), len: buf.len() as u32 }
+        // SAFETY: every test keeps `buf` alive and untouched until the request completes.
+        unsafe { Segment::new(buf.as_mut_ptr(), buf.len() as u32) }
     }
 
     fn completions(disk: &mut RamDisk) -> Vec<Completion> {
@@ -184,7 +184,7 @@ mod tests {
 
         // Read back with a different split, including an empty segment with no buffer.
         let (mut x, mut y) = ([0u8; 1000], [0u8; 4632]);
-        let empty = Segment { addr: std::ptr::null_mut(), len: 0 };
+        let empty = Segment::EMPTY;
         assert!(disk.submit(8, Op::Read, 4096, &[segment(&mut x), empty, segment(&mut y)]));
         assert_eq!(completions(&mut disk), vec![Completion { tag: 8, result: Ok(5632) }]);
         let mut back = x.to_vec();
@@ -216,7 +216,8 @@ mod tests {
             assert_eq!(completions(&mut disk)[0].result, Err(IoError::OutOfRange), "offset {offset}");
         }
         // A length the guest claims but that has no memory behind it is never copied.
-        let lie = Segment { addr: std::ptr::null_mut(), len: u32::MAX };
+        // SAFETY: never dereferenced: the range check refuses it first (what this checks).
+        let lie = unsafe { Segment::new(std::ptr::null_mut(), u32::MAX) };
         assert!(disk.submit(2, Op::Write, 0, &[lie, lie]));
         assert_eq!(completions(&mut disk)[0].result, Err(IoError::OutOfRange));
         let many = vec![segment(&mut buf[..1]); MAX_SEGMENTS + 1];

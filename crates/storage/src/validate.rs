@@ -21,7 +21,7 @@ pub(crate) fn validate(
         return Err(IoError::OutOfRange);
     }
     // At most MAX_SEGMENTS lengths below 2^32 each: the sum cannot overflow a u64.
-    let total: u64 = segments.iter().map(|segment| u64::from(segment.len)).sum();
+    let total: u64 = segments.iter().map(|segment| u64::from(segment.len())).sum();
     // Completions report the length as a u32.
     let total = u32::try_from(total).map_err(|_| IoError::OutOfRange)?;
     match offset.checked_add(u64::from(total)) {
@@ -35,7 +35,8 @@ mod tests {
     use super::*;
 
     fn segments(lens: &[u32]) -> Vec<Segment> {
-        lens.iter().map(|&len| Segment { addr: std::ptr::null_mut(), len }).collect()
+        // SAFETY: validation only reads the lengths; nothing dereferences these.
+        lens.iter().map(|&len| unsafe { Segment::new(std::ptr::null_mut(), len) }).collect()
     }
 
     #[test]

@@ -38,7 +38,9 @@ impl Drop for AlignedBuffer {
 }
 
 fn segment(buf: &mut [u8]) -> Segment {
-    Segment { addr: buf.as_mut_ptr(), len: buf.len() as u32 }
+    // SAFETY: every test keeps `buf` alive and untouched until its requests complete or the
+    // disk is dropped.
+    unsafe { Segment::new(buf.as_mut_ptr(), buf.len() as u32) }
 }
 
 /// A disk image of `size` zero bytes in `dir`, removed when dropped.
@@ -155,7 +157,8 @@ fn out_of_range_and_malformed_requests_fail_through_completions() {
     let path = image("/tmp", 4096);
     let mut disk = FileDisk::open(&path, false, false).unwrap();
     let mut buf = [0u8; 512];
-    let lie = Segment { addr: std::ptr::null_mut(), len: u32::MAX };
+    // SAFETY: never dereferenced: the range check refuses it first (what this checks).
+    let lie = unsafe { Segment::new(std::ptr::null_mut(), u32::MAX) };
     let many = vec![segment(&mut buf[..1]); MAX_SEGMENTS + 1];
     let requests: [(u64, &[Segment]); 6] = [
         (4096, &[segment(&mut buf)]),
@@ -173,7 +176,7 @@ fn out_of_range_and_malformed_requests_fail_through_completions() {
         assert_eq!(*completion, Completion { tag: tag as u32, result: Err(IoError::OutOfRange) });
     }
     // Empty requests complete without the kernel; empty segments are skipped.
-    let empty = Segment { addr: std::ptr::null_mut(), len: 0 };
+    let empty = Segment::EMPTY;
     assert!(disk.submit(10, Op::Read, 4096, &[]));
     assert!(disk.submit(11, Op::Write, 0, &[empty, segment(&mut buf), empty]));
     let mut done = wait_for(&mut disk, 2);

@@ -34,7 +34,7 @@ pub struct Request {
     pub kind: RequestKind,
     /// Byte offset on the disk.
     pub offset: u64,
-    pub segments: [Segment; MAX_SEGMENTS],
+    segments: [Segment; MAX_SEGMENTS],
     pub segment_count: usize,
     pub data_len: u64,
     pub status: StatusByte,
@@ -55,22 +55,21 @@ pub enum Parsed {
     Rejected(Rejection),
 }
 
-const NULL_SEGMENT: Segment = Segment { addr: std::ptr::null_mut(), len: 0 };
-
 impl Request {
     pub fn empty() -> Request {
         Request {
             head: 0,
             kind: RequestKind::Read,
             offset: 0,
-            segments: [NULL_SEGMENT; MAX_SEGMENTS],
+            segments: [Segment::EMPTY; MAX_SEGMENTS],
             segment_count: 0,
             data_len: 0,
             status: StatusByte(std::ptr::null_mut()),
         }
     }
 
-    pub fn segments(&self) -> &[Segment] {
+    /// The data segments (crate-private: they are valid only while the queue they came from lives).
+    pub(crate) fn segments(&self) -> &[Segment] {
         &self.segments[..self.segment_count]
     }
 
@@ -79,7 +78,6 @@ impl Request {
     pub fn parse(
         &mut self,
         queue: &Queue,
-        mem: &GuestMemoryMmap,
         head: u16,
         capacity: u64,
         read_only: bool,
@@ -97,6 +95,7 @@ impl Request {
             count += 1;
             true
         })?;
+        let mem = queue.memory();
         self.head = head;
         self.segment_count = 0;
         self.data_len = 0;
@@ -132,8 +131,12 @@ impl Request {
             let Ok(slice) = mem.get_slice(GuestAddress(data.addr), data.len as usize) else {
                 return reject(VIRTIO_BLK_S_IOERR);
             };
+            // SAFETY: the slice is inside the queue's memory, which the queue keeps mapped; the
+            // crate hands segments only to its BlockWorker, which owns the queue and lets its
+            // backend finish (or drop) before the queue goes, and no two requests in flight share
+            // a chain (duplicate heads are refused).
             self.segments[self.segment_count] =
-                Segment { addr: slice.ptr_guard_mut().as_ptr(), len: data.len };
+                unsafe { Segment::new(slice.ptr_guard_mut().as_ptr(), data.len) };
             self.segment_count += 1;
             self.data_len += data.len as u64;
         }
@@ -185,9 +188,10 @@ fn read_header(mem: &GuestMemoryMmap, addr: u64) -> Option<(u32, u64)> {
 pub struct StatusByte(*mut u8);
 
 impl StatusByte {
-    pub fn write(self, code: u8) {
-        // SAFETY: the address came from `host_status`: a device-writable byte inside guest RAM,
-        // which outlives every request.
+    pub(crate) fn write(self, code: u8) {
+        // SAFETY: the address came from `host_status`: a device-writable byte inside the queue's
+        // memory; status bytes are crate-private and used only by the BlockWorker that owns
+        // that queue, which keeps the memory mapped.
         unsafe { self.0.write_volatile(code) }
     }
 }

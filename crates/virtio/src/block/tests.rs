@@ -489,7 +489,7 @@ impl HeldBackend {
             for segment in segments {
                 // SAFETY: the worker made the segment from guest memory it keeps mapped until
                 // this backend is done with it (what these tests check).
-                unsafe { std::ptr::write_bytes(segment.addr, FILL, segment.len as usize) };
+                unsafe { std::ptr::write_bytes(segment.addr(), FILL, segment.len() as usize) };
             }
             done(storage::Completion { tag, result: Ok(0) });
         }

@@ -193,13 +193,7 @@ impl BlockWorker {
                 return Err(QueueError::HeadInUse(head));
             }
             started += 1;
-            let parsed = self.request.parse(
-                &self.queue,
-                self.queue.memory(),
-                head,
-                self.disk.capacity,
-                self.disk.read_only,
-            )?;
+            let parsed = self.request.parse(&self.queue, head, self.disk.capacity, self.disk.read_only)?;
             match parsed {
                 Parsed::Ready => self.start(),
                 Parsed::Rejected(Rejection::Status { status, code }) => {
@@ -229,7 +223,7 @@ impl BlockWorker {
                     // SAFETY: `parse` made the segment from a device-writable range of `len`
                     // bytes of the queue's memory, which `self.queue` keeps mapped. The guest
                     // may touch it concurrently, hence a volatile slice.
-                    let slice = unsafe { VolatileSlice::new(segment.addr, segment.len as usize) };
+                    let slice = unsafe { VolatileSlice::new(segment.addr(), segment.len() as usize) };
                     let n = id.len().min(slice.len());
                     slice.copy_from(&id[..n]);
                     id = &id[n..];
