@@ -5,6 +5,8 @@
 //! do. The file must not be shrunk while the disk is open: touching a page past the new end of a
 //! shared mapping raises SIGBUS.
 
+#![warn(missing_docs)]
+
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -16,6 +18,8 @@ use crate::completions::CompletionRing;
 use crate::validate::validate;
 use crate::{Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE};
 
+/// A disk held in a shared-memory file mapped into the process: requests are memory copies,
+/// completed at once and handed over by the next `poll`.
 pub struct RamDisk {
     base: NonNull<u8>,
     capacity: u64,

@@ -3,6 +3,8 @@
 //! [`QueueWorker`] is polled by whoever owns it (the vCPU thread in `trap` mode, an IOCore
 //! thread otherwise).
 
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
+
 pub mod block;
 pub mod device;
 pub mod interrupt;

@@ -5,6 +5,8 @@
 //! driver sets DRIVER_OK. A queue the driver breaks later sets DEVICE_NEEDS_RESET (through the
 //! worker's [`DeviceSignals`]); the device then waits for a reset.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +34,7 @@ const QUEUE_SEL: u64 = 0x030;
 const QUEUE_NUM_MAX: u64 = 0x034;
 const QUEUE_NUM: u64 = 0x038;
 const QUEUE_READY: u64 = 0x044;
+/// The QueueNotify register's offset (where an ioeventfd is registered).
 pub const QUEUE_NOTIFY: u64 = 0x050;
 const INTERRUPT_STATUS: u64 = 0x060;
 const INTERRUPT_ACK: u64 = 0x064;
@@ -49,6 +52,8 @@ const MAGIC: u32 = 0x7472_6976; // "virt"
 /// "EXLS": any value will do; drivers match on the device ID.
 const VENDOR: u32 = 0x534c_5845;
 
+/// Device status bits (virtio 1.x §2.1).
+#[allow(missing_docs)] // The spec's names.
 pub mod status {
     pub const ACKNOWLEDGE: u32 = 1;
     pub const DRIVER: u32 = 2;
@@ -73,9 +78,18 @@ pub enum Runner {
     /// The transport itself, on every QueueNotify write (trap-and-emulate).
     OnNotify,
     /// An IOCore (or I/O thread); `notify` is the ioeventfd on QueueNotify.
-    Host { host: Arc<dyn WorkerHost>, id: u64, notify: Option<Arc<EventFd>> },
+    Host {
+        /// Who runs the worker.
+        host: Arc<dyn WorkerHost>,
+        /// The worker's id with its host.
+        id: u64,
+        /// The queue's ioeventfd, for the host to wait on.
+        notify: Option<Arc<EventFd>>,
+    },
 }
 
+/// A virtio-mmio transport (virtio 1.x §4.2, version 2): the register interface the driver
+/// programs, which validates the queues it sets up and starts (and resets) the device's worker.
 pub struct MmioTransport {
     device: Box<dyn VirtioDevice>,
     mem: GuestMemoryMmap,
@@ -128,6 +142,7 @@ impl MmioTransport {
         }
     }
 
+    /// A driver's read of `data.len()` bytes at `offset` in the transport's window.
     pub fn read(&self, offset: u64, data: &mut [u8]) {
         if offset >= CONFIG {
             self.device.read_config(offset - CONFIG, data);
@@ -148,8 +163,8 @@ impl MmioTransport {
             DEVICE_ID => self.device.device_id(),
             VENDOR_ID => VENDOR,
             DEVICE_FEATURES => match self.device_features_sel {
-                0 => self.device.features() as u32,
-                1 => (self.device.features() >> 32) as u32,
+                0 => low_half(self.device.features()),
+                1 => high_half(self.device.features()),
                 _ => 0,
             },
             QUEUE_NUM_MAX => {
@@ -166,6 +181,8 @@ impl MmioTransport {
         }
     }
 
+    /// A driver's write of `data` at `offset` in the transport's window; what makes no sense is
+    /// ignored, as a device would.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= CONFIG {
             return; // virtio-blk's configuration space is read-only for what we offer
@@ -206,7 +223,7 @@ impl MmioTransport {
         let set_high = |field: &mut u64| *field = (*field & 0xffff_ffff) | (value as u64) << 32;
         let config = &mut queue.config;
         match offset {
-            QUEUE_NUM => config.size = value.min(u16::MAX as u32) as u16,
+            QUEUE_NUM => config.size = u16::try_from(value).unwrap_or(u16::MAX),
             QUEUE_READY => queue.ready = value == 1,
             QUEUE_DESC_LOW => set_low(&mut config.desc),
             QUEUE_DESC_HIGH => set_high(&mut config.desc),
@@ -323,6 +340,14 @@ impl MmioTransport {
     pub fn shutdown(&mut self) {
         self.reset();
     }
+}
+
+fn low_half(value: u64) -> u32 {
+    value.to_le_bytes()[..4].try_into().map(u32::from_le_bytes).unwrap_or(0)
+}
+
+fn high_half(value: u64) -> u32 {
+    value.to_le_bytes()[4..].try_into().map(u32::from_le_bytes).unwrap_or(0)
 }
 
 #[cfg(test)]

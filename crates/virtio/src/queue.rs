@@ -6,28 +6,42 @@
 //! the queue, an index out of range, or an indirect descriptor is an error the caller turns into
 //! DEVICE_NEEDS_RESET. Nothing here allocates or locks.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use thiserror::Error;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+/// The largest queue a device offers.
 pub const MAX_QUEUE_SIZE: u16 = 256;
+/// Descriptor flag: the chain continues at `next`.
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
+/// Descriptor flag: the device writes this buffer (otherwise it reads it).
 pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+/// Descriptor flag: the buffer is a table of descriptors (not negotiated here).
 pub const VIRTQ_DESC_F_INDIRECT: u16 = 4;
+/// Used-ring flag: the device asks the driver not to notify it.
 pub const VRING_USED_F_NO_NOTIFY: u16 = 1;
+/// Avail-ring flag: the driver asks the device not to interrupt it.
 pub const VRING_AVAIL_F_NO_INTERRUPT: u16 = 1;
 
 /// What the driver configured through the transport.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueConfig {
+    /// Number of descriptors.
     pub size: u16,
+    /// Guest address of the descriptor table.
     pub desc: u64,
+    /// Guest address of the available ring (the "driver area").
     pub avail: u64,
+    /// Guest address of the used ring (the "device area").
     pub used: u64,
 }
 
+/// How the driver broke a queue: the device needs a reset (DEVICE_NEEDS_RESET).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum QueueError {
     #[error("queue size {0} is not a power of two in 1..={MAX_QUEUE_SIZE}")]
     BadSize(u16),
@@ -48,13 +62,18 @@ pub enum QueueError {
 /// One descriptor as the device reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Descriptor {
+    /// Guest address of the buffer.
     pub addr: u64,
+    /// Length of the buffer in bytes.
     pub len: u32,
+    /// `VIRTQ_DESC_F_*` bits.
     pub flags: u16,
+    /// The next descriptor's index, if `VIRTQ_DESC_F_NEXT` is set.
     pub next: u16,
 }
 
 impl Descriptor {
+    /// Does the device write this buffer?
     pub fn is_write_only(&self) -> bool {
         self.flags & VIRTQ_DESC_F_WRITE != 0
     }

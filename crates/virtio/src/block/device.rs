@@ -1,6 +1,8 @@
 //! The virtio-blk device model as the transport sees it: features, configuration space, and
 //! the worker it starts when the driver is ready.
 
+#![warn(missing_docs)]
+
 use storage::{Backend, MAX_SEGMENTS, SECTOR_SIZE};
 use vm_memory::GuestMemoryMmap;
 
@@ -16,6 +18,12 @@ use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// The largest data descriptor the driver may use (`size_max`).
 pub const SIZE_MAX: u32 = 1 << 20;
+/// The most data descriptors per request (`seg_max`, storage's MAX_SEGMENTS).
+const SEG_MAX: u32 = 128;
+const _: () = assert!(SEG_MAX as usize == MAX_SEGMENTS);
+/// The logical block size (`blk_size`).
+const BLK_SIZE: u32 = 512;
+const _: () = assert!(BLK_SIZE as u64 == SECTOR_SIZE);
 /// The most queues a device offers (VIRTIO_BLK_F_MQ); each has its own backend.
 pub const MAX_QUEUES: usize = 16;
 /// Configuration space: capacity (u64, sectors), size_max, seg_max, geometry, blk_size,
@@ -23,6 +31,8 @@ pub const MAX_QUEUES: usize = 16;
 const CONFIG_LEN: usize = 36;
 const CONFIG_NUM_QUEUES: usize = 34;
 
+/// The virtio-blk device model: features and configuration space, and one backend per queue
+/// that it lends to the queue's worker while the queue runs.
 pub struct Block {
     /// One per queue: the queue's worker owns it while the queue runs (`None` then).
     backends: Vec<Option<Box<dyn Backend>>>,
@@ -72,9 +82,11 @@ impl Block {
         let mut config = [0u8; CONFIG_LEN];
         config[0..8].copy_from_slice(&(capacity / SECTOR_SIZE).to_le_bytes());
         config[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
-        config[12..16].copy_from_slice(&(MAX_SEGMENTS as u32).to_le_bytes());
-        config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
-        config[CONFIG_NUM_QUEUES..CONFIG_NUM_QUEUES + 2].copy_from_slice(&(queues as u16).to_le_bytes());
+        config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
+        config[20..24].copy_from_slice(&BLK_SIZE.to_le_bytes());
+        // `with_queues` allows at most MAX_QUEUES.
+        let num_queues = u16::try_from(queues).unwrap_or(u16::MAX);
+        config[CONFIG_NUM_QUEUES..CONFIG_NUM_QUEUES + 2].copy_from_slice(&num_queues.to_le_bytes());
         Block {
             backends: backends.into_iter().map(Some).collect(),
             queue_sizes: vec![MAX_QUEUE_SIZE; queues],
@@ -84,6 +96,7 @@ impl Block {
         }
     }
 
+    /// How many queues the device offers.
     pub fn num_queues(&self) -> usize {
         self.backends.len()
     }

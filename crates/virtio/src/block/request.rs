@@ -7,6 +7,7 @@
 use storage::{Segment, MAX_SEGMENTS, SECTOR_SIZE};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+use super::device::SIZE_MAX;
 use crate::queue::{Descriptor, Queue, QueueError};
 
 pub const VIRTIO_BLK_T_IN: u32 = 0;
@@ -125,7 +126,9 @@ impl Request {
         };
         let device_writes = matches!(self.kind, RequestKind::Read | RequestKind::GetId);
         for data in &chain[1..count - 1] {
-            if data.is_write_only() != device_writes || data.len == 0 {
+            // Larger than the size_max the device offers: no correct driver sends it, and the
+            // bound keeps a request's length (at most SEG_MAX * SIZE_MAX) within a u32.
+            if data.is_write_only() != device_writes || data.len == 0 || data.len > SIZE_MAX {
                 return reject(VIRTIO_BLK_S_IOERR);
             }
             let Ok(slice) = mem.get_slice(GuestAddress(data.addr), data.len as usize) else {

@@ -21,7 +21,7 @@ const HEADER: u64 = 0x10000;
 const DATA: u64 = 0x20000;
 const STATUS: u64 = 0x8000;
 const SIZE: u16 = 16;
-const DISK: u64 = 1 << 20;
+const DISK: u64 = 4 << 20;
 
 struct Rig {
     mem: GuestMemoryMmap,
@@ -564,4 +564,18 @@ fn a_reset_returns_the_backend_only_once_it_holds_no_request() {
     let backend = worker.into_backend();
     assert_eq!(held.load(Ordering::Acquire), 0, "the backend still held a request into freed memory");
     drop(backend);
+}
+
+#[test]
+fn a_data_descriptor_larger_than_size_max_is_an_io_error() {
+    // Larger descriptors would let a request's length outgrow the used element's u32.
+    let mut rig = rig(false);
+    rig.request(VIRTIO_BLK_T_IN, 0, super::device::SIZE_MAX + 512);
+    rig.submit(0);
+    rig.run().unwrap();
+    assert_eq!(rig.status(), VIRTIO_BLK_S_IOERR);
+    rig.request(VIRTIO_BLK_T_IN, 0, super::device::SIZE_MAX);
+    rig.submit(0);
+    rig.run().unwrap();
+    assert_eq!(rig.status(), VIRTIO_BLK_S_OK, "size_max itself is fine");
 }

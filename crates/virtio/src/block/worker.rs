@@ -2,6 +2,8 @@
 //! completions in the used ring. It does not know which I/O mode drives it: the vCPU thread
 //! (trap), an I/O thread woken by an eventfd, or a polling IOCore call the same two methods.
 
+#![warn(missing_docs)]
+
 use std::time::{Duration, Instant};
 
 use storage::{Backend, Completion, Op};
@@ -19,7 +21,9 @@ const SLOW_DRAIN: Duration = Duration::from_secs(5);
 /// What the device tells the guest about the disk.
 #[derive(Debug, Clone)]
 pub struct DiskInfo {
+    /// Size in bytes.
     pub capacity: u64,
+    /// Writes fail (VIRTIO_BLK_F_RO is offered).
     pub read_only: bool,
     /// GET_ID answer (NUL-padded).
     pub id: [u8; super::request::ID_LEN],
@@ -155,6 +159,7 @@ impl BlockWorker {
         self.backend
     }
 
+    /// The queue, to stop it where vhost-user asks (its avail index).
     pub fn queue_mut(&mut self) -> &mut Queue {
         &mut self.queue
     }
@@ -228,14 +233,16 @@ impl BlockWorker {
                     slice.copy_from(&id[..n]);
                     id = &id[n..];
                 }
-                let written = (self.disk.id.len() - id.len()) as u32;
+                let written = self.disk.id.len() - id.len() + 1;
                 request.status.write(VIRTIO_BLK_S_OK);
-                self.add_used(head, written + 1);
+                // At most ID_LEN + 1 bytes.
+                self.add_used(head, u32::try_from(written).unwrap_or(u32::MAX));
                 return;
             }
         };
-        // `data_len` is at most MAX_SEGMENTS descriptors of at most SIZE_MAX bytes: it fits.
-        let written = if op == Op::Read { request.data_len as u32 + 1 } else { 1 };
+        // `parse` bounds `data_len` by MAX_SEGMENTS descriptors of at most SIZE_MAX bytes.
+        let written =
+            if op == Op::Read { u32::try_from(request.data_len + 1).unwrap_or(u32::MAX) } else { 1 };
         if !self.backend.submit(head as u32, op, request.offset, request.segments()) {
             // The backend holds at least a queue's worth of requests, so this is a backend fault.
             request.status.write(VIRTIO_BLK_S_IOERR);

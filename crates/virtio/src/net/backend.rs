@@ -9,10 +9,12 @@ pub trait NetBackend: Send + AsRawFd {
     /// Read one waiting frame, scattered over `parts`; `Ok(None)` if none is waiting. A frame
     /// longer than `parts` is cut short: the count says how much of `parts` it filled.
     fn read_frame(&mut self, parts: &mut [libc::iovec]) -> io::Result<Option<usize>> {
+        let count =
+            libc::c_int::try_from(parts.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: the caller's iovecs describe writable memory it owns for the call's duration.
-        let n = unsafe { libc::readv(self.as_raw_fd(), parts.as_ptr(), parts.len() as libc::c_int) };
-        if n >= 0 {
-            return Ok(Some(n as usize));
+        let n = unsafe { libc::readv(self.as_raw_fd(), parts.as_ptr(), count) };
+        if let Ok(n) = usize::try_from(n) {
+            return Ok(Some(n));
         }
         let error = io::Error::last_os_error();
         match error.raw_os_error() {
@@ -23,12 +25,11 @@ pub trait NetBackend: Send + AsRawFd {
 
     /// Send one frame gathered from `parts`.
     fn write_frame(&mut self, parts: &[libc::iovec]) -> io::Result<usize> {
+        let count =
+            libc::c_int::try_from(parts.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: the caller's iovecs describe readable memory it owns for the call's duration.
-        let n = unsafe { libc::writev(self.as_raw_fd(), parts.as_ptr(), parts.len() as libc::c_int) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
+        let n = unsafe { libc::writev(self.as_raw_fd(), parts.as_ptr(), count) };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
     }
 }
 

@@ -207,7 +207,8 @@ impl NetWorker {
             }
             let chain = self.staged.take().expect("staged above");
             write_header(&chain);
-            self.rx.add_used(chain.head, (NET_HDR_LEN + n) as u32);
+            // A frame is at most SCRATCH_LEN bytes.
+            self.rx.add_used(chain.head, u32::try_from(NET_HDR_LEN + n).unwrap_or(u32::MAX));
             self.rx_used += 1;
             self.counters.rx_frames += 1;
             received += 1;
