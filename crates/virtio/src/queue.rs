@@ -95,6 +95,12 @@ pub struct Queue {
     event_idx: bool,
     /// `next_used` when the driver was last signalled (for EVENT_IDX suppression).
     signalled_used: Option<u16>,
+    /// Heads taken from the avail ring and not yet returned in a published used element, one
+    /// bit each: the driver may not offer such a head again (the same buffers twice).
+    held: [u64; MAX_QUEUE_SIZE as usize / 64],
+    /// Heads returned by `add_used` since the last `publish_used`, released when it runs.
+    returned: [u16; MAX_QUEUE_SIZE as usize],
+    returned_count: usize,
 }
 
 // SAFETY: the ring pointers point into regions of `mem`, which the queue holds, so they stay valid
@@ -138,6 +144,9 @@ impl Queue {
             next_used: 0,
             event_idx,
             signalled_used: None,
+            held: [0; MAX_QUEUE_SIZE as usize / 64],
+            returned: [0; MAX_QUEUE_SIZE as usize],
+            returned_count: 0,
         })
     }
 
@@ -206,7 +215,8 @@ impl Queue {
         Ok(pending != 0)
     }
 
-    /// Take the head of the next available chain.
+    /// Take the head of the next available chain. The device holds it until it returns it with
+    /// `add_used` and `publish_used`; the driver offering it again meanwhile is an error.
     pub fn pop_avail(&mut self) -> Result<Option<u16>, QueueError> {
         if !self.has_avail()? {
             return Ok(None);
@@ -216,6 +226,11 @@ impl Queue {
         if head >= self.size {
             return Err(QueueError::BadDescriptorIndex(head));
         }
+        let (word, bit) = (head as usize / 64, 1u64 << (head % 64));
+        if self.held[word] & bit != 0 {
+            return Err(QueueError::HeadInUse(head));
+        }
+        self.held[word] |= bit;
         self.next_avail = self.next_avail.wrapping_add(1);
         Ok(Some(head))
     }
@@ -271,12 +286,25 @@ impl Queue {
             elem.add(4).cast::<u32>().write_volatile(written.to_le());
         }
         self.next_used = self.next_used.wrapping_add(1);
+        // Every head is returned at most once per time it is held, so this has room unless the
+        // caller returns heads it never took; those need no release.
+        if let Some(entry) = self.returned.get_mut(self.returned_count) {
+            *entry = head;
+            self.returned_count += 1;
+        }
     }
 
-    /// Make the used elements added so far visible to the driver.
+    /// Make the used elements added so far visible to the driver, which may then offer their
+    /// heads again.
     pub fn publish_used(&mut self) {
         fence(Ordering::Release);
         self.used_u16(2).store(self.next_used, Ordering::Release);
+        for &head in &self.returned[..self.returned_count] {
+            if let Some(word) = self.held.get_mut(head as usize / 64) {
+                *word &= !(1u64 << (head % 64));
+            }
+        }
+        self.returned_count = 0;
     }
 
     /// After `publish_used`: should the driver be interrupted?

@@ -579,3 +579,25 @@ fn a_data_descriptor_larger_than_size_max_is_an_io_error() {
     rig.run().unwrap();
     assert_eq!(rig.status(), VIRTIO_BLK_S_OK, "size_max itself is fine");
 }
+
+#[test]
+fn a_head_may_be_offered_again_only_once_its_used_element_is_published() {
+    let config = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
+    for publish in [false, true] {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+        let offer = |idx: u16, head: u16| {
+            mem.write_obj(head, GuestAddress(AVAIL + 4 + 2 * ((idx - 1) % SIZE) as u64)).unwrap();
+            mem.write_obj(idx, GuestAddress(AVAIL + 2)).unwrap();
+        };
+        let mut queue = Queue::new(&mem, config, false).unwrap();
+        offer(1, 5);
+        assert_eq!(queue.pop_avail(), Ok(Some(5)));
+        queue.add_used(5, 0);
+        if publish {
+            queue.publish_used();
+        }
+        offer(2, 5);
+        let expected = if publish { Ok(Some(5)) } else { Err(QueueError::HeadInUse(5)) };
+        assert_eq!(queue.pop_avail(), expected, "published: {publish}");
+    }
+}

@@ -37,7 +37,7 @@ struct InFlight {
     written: u32,
 }
 
-/// The requests the backend holds, by head: a head is held at most once.
+/// The requests the backend holds, by head.
 struct InFlightTable {
     slots: [Option<InFlight>; MAX_QUEUE_SIZE as usize],
     held: usize,
@@ -48,11 +48,8 @@ impl InFlightTable {
         InFlightTable { slots: [None; MAX_QUEUE_SIZE as usize], held: 0 }
     }
 
-    fn holds(&self, head: u16) -> bool {
-        self.slots.get(head as usize).is_some_and(Option::is_some)
-    }
-
-    /// Record `head` (a head below the queue size that `holds` said is free).
+    /// Record `head`: a head below the queue size, which the queue hands out at most once until
+    /// it is returned (so the slot is free).
     fn insert(&mut self, head: u16, request: InFlight) {
         self.slots[head as usize] = Some(request);
         self.held += 1;
@@ -193,10 +190,6 @@ impl BlockWorker {
     fn take_available(&mut self) -> Result<usize, QueueError> {
         let mut started = 0;
         while let Some(head) = self.queue.pop_avail()? {
-            // The same chain twice would be two requests on one buffer and one status byte.
-            if self.in_flight.holds(head) {
-                return Err(QueueError::HeadInUse(head));
-            }
             started += 1;
             let parsed = self.request.parse(&self.queue, head, self.disk.capacity, self.disk.read_only)?;
             match parsed {

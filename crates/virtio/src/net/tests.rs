@@ -227,3 +227,25 @@ fn a_header_split_over_descriptors_is_written_across_them() {
     assert_eq!(tail[5], 1, "num_buffers lands in the second descriptor");
     assert_eq!(&tail[7..], &back[..]);
 }
+
+#[test]
+fn a_chain_offered_twice_before_it_was_returned_needs_a_reset() {
+    let mut rig = rig();
+    let out = frame(60, 0x33);
+    rig.transmit(0, &out);
+    rig.make_available(false, 0); // the same chain again, in the same batch
+    rig.worker.poll();
+    assert!(rig.needs_reset.load(Ordering::Acquire));
+    assert_eq!(rig.wire_frame().as_deref(), Some(&out[..]), "sent once");
+    assert_eq!(rig.wire_frame(), None, "not twice");
+
+    // A receive chain still waiting for a frame, offered again: found when the device looks
+    // for the next chain after filling it.
+    let mut rig = self::rig();
+    rig.post_rx(4, 2048);
+    rig.worker.poll();
+    rig.make_available(true, 4);
+    rig.wire.send(&frame(60, 0x44)).unwrap();
+    rig.worker.poll();
+    assert!(rig.needs_reset.load(Ordering::Acquire));
+}
