@@ -21,7 +21,7 @@
 //! Parameters: those of every network workload (`netdev::Common`); `probe.timeout_ms=` bounds
 //! each wait (default 2000).
 
-use super::hostile::{self, Observed, Target, OUTSIDE_RAM, WRAPPING};
+use super::hostile::{self, Observed, Offer, Target, OUTSIDE_RAM, WRAPPING};
 use super::netdev::{self, Station};
 use crate::deadline::Deadline;
 use crate::inet::{self, MacText, ETHERTYPE_EXPERIMENTAL};
@@ -53,9 +53,10 @@ enum Case {
     ShorterThanHeader,
     DeviceWritable,
     AvailIndexJump,
+    DuplicateHead,
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 8] = [
     Case::AddrOutsideRam,
     Case::AddrLenWraps,
     Case::DescriptorLoop,
@@ -63,6 +64,7 @@ const CASES: [Case; 7] = [
     Case::ShorterThanHeader,
     Case::DeviceWritable,
     Case::AvailIndexJump,
+    Case::DuplicateHead,
 ];
 
 impl Case {
@@ -75,6 +77,15 @@ impl Case {
             Case::ShorterThanHeader => "shorter_than_header",
             Case::DeviceWritable => "device_writable",
             Case::AvailIndexJump => "avail_index_jump",
+            Case::DuplicateHead => "duplicate_head",
+        }
+    }
+
+    fn offer(self) -> Offer {
+        match self {
+            Case::AvailIndexJump => Offer::AvailIndexJump,
+            Case::DuplicateHead => Offer::HeadTwice,
+            _ => Offer::Head,
         }
     }
 }
@@ -141,9 +152,9 @@ fn submit_case(dev: &mut NetDevice, case: Case) {
         }
         Case::ShorterThanHeader => queue.set_descriptor(0, d(buffer, HDR_LEN - 1, 0)),
         Case::DeviceWritable => queue.set_descriptor(0, d(buffer, small, DESC_F_WRITE)),
-        Case::AvailIndexJump => queue.set_descriptor(0, d(buffer, small, 0)),
+        Case::AvailIndexJump | Case::DuplicateHead => queue.set_descriptor(0, d(buffer, small, 0)),
     }
-    hostile::publish(dev, case == Case::AvailIndexJump);
+    hostile::publish(dev, case.offer());
 }
 
 /// After a case: does a valid frame still go out (its buffer comes back)? And did an ARP
@@ -187,18 +198,19 @@ pub fn run(env: &Env) -> u8 {
         }
         submit_case(&mut station.dev, case);
         let observed = hostile::observe(&mut station.dev, common.deadline(env), env.tsc_khz, |_| {});
-        let reset = observed.reset_needed(case == Case::AvailIndexJump);
+        let reset = observed.reset_needed(case.offer());
         let restarted = !reset || station.dev.restart(common.deadline(env)).is_ok();
         resets += u32::from(reset);
         let (works, arp_reply) =
             if restarted { check_works(&mut station, env, common.deadline(env)) } else { (false, false) };
         ok &= works;
         print!(
-            "{}{{\"case\":{},\"result\":{},\"device_status\":{},\"used_len\":{},\"used_count\":{},\"reset\":{},\"works_after\":{},\"arp_reply\":{}}}",
+            "{}{{\"case\":{},\"result\":{},\"device_status\":{},\"config_interrupt\":{},\"used_len\":{},\"used_count\":{},\"reset\":{},\"works_after\":{},\"arp_reply\":{}}}",
             if i == 0 { "" } else { "," },
             Str(case.name()),
             Str(result(&observed)),
             observed.device_status,
+            observed.config_interrupt(),
             OrNull(observed.used_len()),
             observed.used_count,
             reset,
