@@ -1,10 +1,12 @@
 //! `probe.workload=blk-hostile`: the probe plays the misbehaving guest. It submits, one at a
 //! time, requests and queue states that break the virtio rules, and reports per case what the
-//! device did: the request's status byte, the device's Status register, and an outcome
+//! device did: the request's status byte, the device's Status register, whether it raised a
+//! configuration-change interrupt (`config_interrupt`), and an outcome
 //! (`ok`, `ioerr`, `unsupp`, `no_status` for a completion that left the status byte alone,
 //! `bad_status`, `needs_reset`, `no_response`). The VMM's tests judge whether each outcome is
-//! right; this workload only has to survive them all. After a case that broke the device it
-//! resets the device and sets it up again. At the end, 100 valid requests (writes read back,
+//! right; this workload only has to survive them all. After a case that broke the device, and
+//! always after an avail index jump or a head offered twice (`duplicate_head`), it resets the
+//! device and sets it up again. At the end, 100 valid requests (writes read back,
 //! or reads on a read-only disk) must succeed.
 //!
 //! Parameters: those of every block workload (`blkdev::Common`); `probe.timeout_ms=` bounds

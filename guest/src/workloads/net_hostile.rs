@@ -3,18 +3,18 @@
 //! length that wrap around, a descriptor loop (a chain longer than the queue), a frame larger
 //! than a 1514-byte frame plus the 12-byte header (by 64 bytes), a buffer shorter than the
 //! header (11 bytes), a
-//! device-writable (wrong direction) descriptor, and an avail index that jumps by more than
-//! the queue size. For each it records what the device did (`result`: `used` when it returned
+//! device-writable (wrong direction) descriptor, an avail index that jumps by more than
+//! the queue size, and one chain offered twice in one publish (`duplicate_head`). For each it records what the device did (`result`: `used` when it returned
 //! the chain, `needs_reset` when it set DEVICE_NEEDS_RESET, `no_response` when neither,
 //! `bad_used` when it returned something else or more than once). After a case that broke the
-//! queue (and always after the avail index jump) it resets the device and sets it up again.
+//! queue (and always after the avail index jump and the duplicate head) it resets the device and sets it up again.
 //! Then it checks that the device still works: a valid ARP request for `probe.dst` must come
 //! back in the transmit used ring (`works_after`); whether an ARP reply arrived within
 //! [`ARP_REPLY_WAIT_MS`] is reported too (`arp_reply`) but not required, as the peer may not
 //! answer.
 //!
-//! One line: `{"probe":"net-hostile","cases":[{"case","result","device_status","used_len",
-//! "used_count","reset","works_after","arp_reply"}, ...],"ok":..,"completion":..,"mac":..,
+//! One line: `{"probe":"net-hostile","cases":[{"case","result","device_status",
+//! "config_interrupt","used_len","used_count","reset","works_after","arp_reply"}, ...],"ok":..,"completion":..,"mac":..,
 //! "resets":..}`; status OK only if the device worked after every case. The VMM's tests judge
 //! whether each result is right; this workload only has to survive them all.
 //!
