@@ -184,8 +184,9 @@ pub struct BlkBenchArgs {
     /// Block sizes in bytes (multiples of 512, at most 128K).
     #[arg(long, value_delimiter = ',', default_value = "4096", value_parser = parse_block_size)]
     pub bs: Vec<u32>,
-    /// Queue depths (1 to 64).
-    #[arg(long, value_delimiter = ',', default_value = "1,32", value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Queue depths (1 to 256, the queue size; the probe refuses a depth its queue cannot hold:
+    /// above 85 for requests of one data descriptor).
+    #[arg(long, value_delimiter = ',', default_value = "1,32", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub qd: Vec<u32>,
     /// I/O modes to measure.
     #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]

@@ -29,8 +29,7 @@ fn main() {
             // One line, as for every other error; `--help` has the rest.
             let text = e.to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("exitless: {} (see `exitless --help`)", first.trim_start_matches("error: ").trim());
-            std::process::exit(status::USAGE);
+            std::process::exit(usage_error(first.trim_start_matches("error: ").trim()));
         }
     };
     let code = match cli.command {
@@ -45,6 +44,12 @@ fn main() {
         cli::Command::VhostUserBlk(args) => vhost_user::main(args),
     };
     std::process::exit(code);
+}
+
+/// Report a mistake on the command line on one line and return the usage status.
+pub fn usage_error(message: impl std::fmt::Display) -> i32 {
+    eprintln!("exitless: {message} (see `exitless --help`)");
+    status::USAGE
 }
 
 /// Report an error on one line and return the failure status.

@@ -6,9 +6,12 @@ use serde_json::json;
 use vmm::{ConsoleMode, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig};
 
 use crate::cli::{ExitKind, RunArgs};
-use crate::{fail, probe, status};
+use crate::{fail, probe, status, usage_error};
 
 pub fn main(args: RunArgs) -> i32 {
+    if let Err(message) = check_cmdline(args.cmdline.as_deref().unwrap_or_default()) {
+        return usage_error(message);
+    }
     let config = match config(&args) {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -25,6 +28,20 @@ pub fn main(args: RunArgs) -> i32 {
         report_stats(&outcome, args.json);
     }
     exit_status(&outcome.ending)
+}
+
+/// What a kernel command line may hold. Checked here rather than by clap, whose message would
+/// quote the whole (maybe 5000-byte) value back.
+fn check_cmdline(cmdline: &str) -> Result<(), String> {
+    if cmdline.len() > vmm::boot::CMDLINE_MAX {
+        return Err(format!("--cmdline is {} bytes; the limit is {}", cmdline.len(), vmm::boot::CMDLINE_MAX));
+    }
+    match cmdline.char_indices().find(|(_, c)| !matches!(c, ' '..='~')) {
+        Some((at, c)) => Err(format!(
+            "--cmdline has {c:?} at byte {at}; a kernel command line is printable ASCII and spaces"
+        )),
+        None => Ok(()),
+    }
 }
 
 fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {

@@ -2,10 +2,16 @@
 
 mod common;
 
-use common::{elf, exitless, stderr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{elf, exitless_within, stderr};
+
+/// Bad input is refused at once; far longer than that means exitless waits on something.
+const PROMPTLY: Duration = Duration::from_secs(30);
 
 fn assert_one_line_error(args: &[&str], status: i32, needle: &str) {
-    let out = exitless(args);
+    let out = exitless_within(PROMPTLY, args);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(status), "{args:?}: {err}");
     assert_eq!(err.lines().count(), 1, "{args:?}: one line expected, got: {err}");
@@ -95,4 +101,75 @@ fn kernel_and_probe_are_exclusive_and_one_is_required() {
 #[test]
 fn probe_export_to_an_unwritable_place() {
     assert_one_line_error(&["probe", "export", "/nonexistent/dir/probe.elf"], 125, "cannot write");
+}
+
+fn fifo(dir: &Path) -> PathBuf {
+    let path = dir.join("fifo");
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    path
+}
+
+/// Opening a FIFO for reading used to wait for a writer forever, with no output.
+#[test]
+fn kernel_that_is_a_fifo_a_directory_or_a_device_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = fifo(dir.path());
+    let fifo = fifo.to_str().unwrap();
+    let dir_path = dir.path().to_str().unwrap();
+    for (kernel, kind) in [(fifo, "a FIFO"), (dir_path, "a directory"), ("/dev/zero", "a character device")] {
+        assert_one_line_error(
+            &["run", "--kernel", kernel],
+            125,
+            &format!("the kernel {kernel} is {kind}, not a regular file"),
+        );
+    }
+}
+
+/// A FIFO disk used to wait forever when read-only, and to say "Illegal seek" otherwise;
+/// /dev/zero was "smaller than one 512-byte sector".
+#[test]
+fn disk_that_is_not_a_file_or_block_device_is_refused_with_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = fifo(dir.path());
+    let fifo = fifo.to_str().unwrap();
+    let dir_path = dir.path().to_str().unwrap();
+    let file_disk = "not a regular file or block device";
+    let ram_disk = "not a regular file";
+    let cases = [
+        (format!("path={fifo}"), fifo, "a FIFO", file_disk),
+        (format!("path={fifo},readonly"), fifo, "a FIFO", file_disk),
+        (format!("path={fifo},direct"), fifo, "a FIFO", file_disk),
+        ("path=/dev/zero".to_string(), "/dev/zero", "a character device", file_disk),
+        (format!("path={dir_path}"), dir_path, "a directory", file_disk),
+        (format!("ram,path={fifo},readonly"), fifo, "a FIFO", ram_disk),
+        ("ram,path=/dev/zero".to_string(), "/dev/zero", "a character device", ram_disk),
+        (format!("ram,path={dir_path}"), dir_path, "a directory", ram_disk),
+    ];
+    for (spec, path, kind, wanted) in cases {
+        assert_one_line_error(
+            &["run", "--probe", "--disk", &spec],
+            125,
+            &format!("{path} is {kind}, {wanted}"),
+        );
+    }
+}
+
+#[test]
+fn over_long_or_unprintable_cmdline_says_the_limit() {
+    let long = "a".repeat(5000);
+    assert_one_line_error(
+        &["run", "--probe", "--cmdline", &long],
+        2,
+        "--cmdline is 5000 bytes; the limit is 4095",
+    );
+    // Within the limit alone, beyond it with what exitless appends.
+    let almost = "a".repeat(4090);
+    assert_one_line_error(
+        &["run", "--probe", "--cmdline", &almost],
+        125,
+        "the limit is 4095: shorten --cmdline by",
+    );
+    assert_one_line_error(&["run", "--probe", "--cmdline", "a\tb"], 2, "--cmdline has '\\t' at byte 1");
 }

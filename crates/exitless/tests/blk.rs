@@ -5,7 +5,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{exitless, json_lines, line_with, stderr};
+use std::time::Duration;
+
+use common::{exitless, exitless_within, json_lines, line_with, stderr};
 use probe_abi::pattern;
 use serde_json::Value;
 
@@ -19,6 +21,8 @@ fn one_vm() -> std::sync::MutexGuard<'static, ()> {
     ONE_VM.lock().unwrap_or_else(|p| p.into_inner())
 }
 const DISK_BYTES: u64 = 8 << 20;
+/// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
+const RUN_LIMIT: Duration = Duration::from_secs(120);
 
 fn disk_file(dir: &str) -> tempfile::TempPath {
     let file = tempfile::Builder::new().prefix("exitless-blk-test").tempfile_in(dir).unwrap();
@@ -143,15 +147,142 @@ fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
     assert!(share < 0.05, "the IOCore used {:.1}% of a core while the guest was idle", share * 100.0);
 }
 
+/// What the device must do with each blk-hostile case: (case, outcome, used length, a
+/// configuration-change interrupt). A chain it can parse gets its status byte (IOERR, UNSUPP)
+/// and a used length of 1; a chain with no writable status byte comes back unanswered (length
+/// 0); a queue the driver broke gets DEVICE_NEEDS_RESET, announced by a configuration-change
+/// interrupt, and nothing in the used ring.
+const BLK_HOSTILE_EXPECTED: [(&str, &str, Option<u64>, bool); 10] = [
+    ("addr_outside_ram", "ioerr", Some(1), false),
+    ("addr_len_wraps", "ioerr", Some(1), false),
+    ("descriptor_loop", "no_status", Some(0), false),
+    ("short_header", "ioerr", Some(1), false),
+    ("status_read_only", "no_status", Some(0), false),
+    ("write_read_only_disk", "ioerr", Some(1), false),
+    ("sector_past_end", "ioerr", Some(1), false),
+    ("avail_index_jump", "needs_reset", None, true),
+    ("unknown_type", "unsupp", Some(1), false),
+    // The same request in flight twice would break the backend's rule that no two requests
+    // share bytes, and its in-flight accounting.
+    ("duplicate_head", "needs_reset", None, true),
+];
+
+/// What differs from `BLK_HOSTILE_EXPECTED` in one run (`write_read_only_disk` runs only on a
+/// read-only disk); then valid requests must all have succeeded.
+fn blk_hostile_mismatches(what: &str, out: &std::process::Output, read_only: bool) -> Vec<String> {
+    let lines = json_lines(out);
+    let case = |name: &str| lines.iter().find(|l| l["probe"] == "blk-hostile" && l["case"] == name).cloned();
+    let mut wrong = Vec::new();
+    for (name, outcome, used_len, config_interrupt) in BLK_HOSTILE_EXPECTED {
+        let Some(line) = case(name) else {
+            wrong.push(format!(
+                "{what}: {name}: no line; stdout: {}; stderr: {}",
+                common::stdout(out),
+                stderr(out)
+            ));
+            continue;
+        };
+        if name == "write_read_only_disk" && !read_only {
+            if !line["skipped"].is_string() {
+                wrong.push(format!("{what}: {name}: expected skipped on a writable disk, got {line}"));
+            }
+            continue;
+        }
+        let expected = (outcome, used_len, config_interrupt);
+        let seen = (
+            line["outcome"].as_str().unwrap_or("?"),
+            line["used_len"].as_u64(),
+            line["config_interrupt"] == true,
+        );
+        if seen != expected {
+            wrong.push(format!("{what}: {name}: expected {expected:?}, got {line}"));
+        }
+    }
+    match case("valid_after") {
+        Some(after) if after["outcome"] == "ok" && after["ops"] == 100 && after["errors"] == 0 => {}
+        after => wrong.push(format!("{what}: valid requests after the cases: {after:?}")),
+    }
+    if out.status.code() != Some(0) {
+        wrong.push(format!("{what}: status {:?}: {}", out.status.code(), stderr(out)));
+    }
+    wrong
+}
+
+fn run_hostile(mode: &str, disk: &str) -> std::process::Output {
+    let cmdline = "probe.workload=blk-hostile";
+    exitless_within(
+        RUN_LIMIT,
+        &["run", "--probe", "--disk", disk, "--io-mode", mode, "--cmdline", cmdline, "--timeout", "90"],
+    )
+}
+
 #[test]
-fn hostile_driver_gets_errors_and_the_device_keeps_serving() {
+fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_serving() {
     let _one = one_vm();
+    let mut wrong = Vec::new();
     for mode in ["trap", "eventfd", "exitless", "adaptive"] {
         let disk = disk_file("/dev/shm");
-        let disk = format!("ram,path={}", disk.display());
-        let out = run_blk(mode, &disk, "probe.workload=blk-hostile");
-        let lines = json_lines(&out);
-        assert!(lines.iter().any(|l| l["probe"] == "blk-hostile"), "{mode}: {}", common::stdout(&out));
+        let out = run_hostile(mode, &format!("ram,path={}", disk.display()));
+        wrong.extend(blk_hostile_mismatches(mode, &out, false));
+    }
+    let disk = disk_file("/dev/shm");
+    let out = run_hostile("exitless", &format!("ram,path={},readonly", disk.display()));
+    wrong.extend(blk_hostile_mismatches("exitless, read-only disk", &out, true));
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Runs the probe's blk workload on a RAM disk; returns its result line.
+fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
+    let disk = disk_file("/dev/shm");
+    let disk = format!("ram,path={}", disk.display());
+    let out = exitless_within(
+        RUN_LIMIT,
+        &["run", "--probe", "--disk", &disk, "--io-mode", mode, "--cmdline", cmdline, "--timeout", "90"],
+    );
+    let result = json_lines(&out).into_iter().find(|l| l["probe"] == "blk").unwrap_or_else(|| {
+        panic!("{mode} {cmdline}: no result line; stdout: {}; stderr: {}", common::stdout(&out), stderr(&out))
+    });
+    (out, result)
+}
+
+/// A queue as deep as the ring holds (a 256-entry queue, three descriptors per 4K request):
+/// the device hands more than 64 completions to the driver in one go, and none may be lost.
+#[test]
+fn requests_at_the_deepest_queue_the_ring_holds_all_complete() {
+    let _one = one_vm();
+    const DEEPEST_4K: u64 = 256 / 3;
+    for mode in ["trap", "eventfd", "exitless"] {
+        let cmdline = format!(
+            "probe.workload=blk probe.rw=randread probe.qd={DEEPEST_4K} probe.ops=5000 probe.warmup=0"
+        );
+        let (out, result) = run_blk_within(mode, &cmdline);
+        assert_eq!((&result["ops"], &result["errors"]), (&5000.into(), &0.into()), "{mode}: {result}");
+        assert_eq!(result["qd"], DEEPEST_4K);
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}", stderr(&out));
+    }
+    // One deeper does not fit: the probe says how deep it can go.
+    let (out, result) =
+        run_blk_within("exitless", &format!("probe.workload=blk probe.qd={}", DEEPEST_4K + 1));
+    assert_eq!(out.status.code(), Some(1), "{result}");
+    assert!(result["error"].as_str().unwrap().contains("too few descriptors"), "{result}");
+    assert_eq!(result["detail"], DEEPEST_4K, "{result}");
+    // Beyond the queue size is a bad parameter.
+    let (out, _) = run_blk_within("exitless", "probe.workload=blk probe.qd=257");
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// 100 FLUSH requests published at once (two descriptors each, so they fit one 256-entry
+/// queue): every one completes with OK status.
+#[test]
+fn a_batch_of_100_flushes_all_complete() {
+    let _one = one_vm();
+    for mode in ["trap", "eventfd", "exitless", "adaptive"] {
+        let (out, result) = run_blk_within(
+            mode,
+            "probe.workload=blk probe.rw=flush probe.qd=100 probe.ops=100 probe.warmup=0",
+        );
+        assert_eq!((&result["ops"], &result["errors"]), (&100.into(), &0.into()), "{mode}: {result}");
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}", stderr(&out));
     }
 }
 

@@ -5,15 +5,15 @@
 //! queue without blocking. Every request owns one slot of a table allocated at open: its tag,
 //! its expected length and its iovecs, which stay put until the kernel reports the request done.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::completions::CompletionRing;
+use crate::open::{open_without_blocking, OpenError, Wanted};
 use crate::validate::validate;
 use crate::{
     Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, MAX_SEGMENTS, SECTOR_SIZE,
@@ -92,10 +92,12 @@ impl FileDisk {
         if depth == 0 || depth > MAX_QUEUE_DEPTH {
             return Err(BackendError::BadQueueDepth { requested: depth, limit: MAX_QUEUE_DEPTH });
         }
-        let open_error = |source| BackendError::Open { path: path.display().to_string(), source };
-        let (mut file, direct) = open_file(path, options.read_only, options.direct).map_err(open_error)?;
+        let (mut file, direct) =
+            open_file(path, options.read_only, options.direct).map_err(|e| BackendError::opening(path, e))?;
         // Seeking to the end sizes block devices too, whose metadata length is 0.
-        let size = file.seek(SeekFrom::End(0)).map_err(open_error)?;
+        let size = file
+            .seek(SeekFrom::End(0))
+            .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?;
         let capacity = size / SECTOR_SIZE * SECTOR_SIZE;
         if capacity == 0 {
             return Err(BackendError::TooSmall { path: path.display().to_string() });
@@ -179,19 +181,18 @@ impl FileDisk {
     }
 }
 
-/// Open the file, with O_DIRECT if asked and the file system takes it; returns whether it did.
-fn open_file(path: &Path, read_only: bool, direct: bool) -> std::io::Result<(File, bool)> {
-    let mut options = OpenOptions::new();
-    options.read(true).write(!read_only);
+/// Open the file or block device, with O_DIRECT if asked and the file system takes it; returns
+/// whether it did.
+fn open_file(path: &Path, read_only: bool, direct: bool) -> Result<(File, bool), OpenError> {
     if direct {
-        match options.clone().custom_flags(libc::O_DIRECT).open(path) {
+        match open_without_blocking(path, read_only, libc::O_DIRECT, Wanted::Disk) {
             Ok(file) => return Ok((file, true)),
             // EINVAL: this file system has no O_DIRECT; buffered I/O still works.
-            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(OpenError::Io(error)) if error.raw_os_error() == Some(libc::EINVAL) => {}
             Err(error) => return Err(error),
         }
     }
-    Ok((options.open(path)?, false))
+    Ok((open_without_blocking(path, read_only, 0, Wanted::Disk)?, false))
 }
 
 impl Backend for FileDisk {

@@ -6,6 +6,7 @@
 
 mod completions;
 pub mod file;
+pub mod open;
 pub mod ram;
 mod validate;
 
@@ -94,6 +95,8 @@ pub enum IoError {
 pub enum BackendError {
     #[error("cannot open {path}: {source} (check that it exists and that we may read/write it)")]
     Open { path: String, source: std::io::Error },
+    #[error("{path} {kind_error}")]
+    NotADisk { path: String, kind_error: open::OpenError },
     #[error("disk size {size} bytes is not a non-zero multiple of 512: choose a size in whole sectors")]
     BadSize { size: u64 },
     #[error("{path} is smaller than one 512-byte sector: give a disk image of at least 512 bytes")]
@@ -106,6 +109,17 @@ pub enum BackendError {
     BadQueueDepth { requested: usize, limit: usize },
     #[error("{0}")]
     Other(String),
+}
+
+impl BackendError {
+    /// The error for `path` failing to open.
+    pub fn opening(path: &std::path::Path, error: open::OpenError) -> BackendError {
+        let path = path.display().to_string();
+        match error {
+            open::OpenError::Io(source) => BackendError::Open { path, source },
+            kind_error => BackendError::NotADisk { path, kind_error },
+        }
+    }
 }
 
 /// A block backend. One is owned by one IOCore thread; not shared.

@@ -1,7 +1,6 @@
 //! A KVM virtual machine: built from a [`VmConfig`] and a PVH kernel, run to its end.
 
 use std::fmt;
-use std::fs::File;
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Once};
@@ -12,6 +11,7 @@ use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_X86_DISABLE_EXITS_HLT, KVM_X86_DISABLE_EXITS_PAUSE,
 };
 use kvm_ioctls::{Kvm, VmFd};
+use storage::open::{open_without_blocking, OpenError, Wanted};
 use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
@@ -109,8 +109,12 @@ pub enum VmError {
     DisableExitsUnsupported(&'static str),
     #[error("cannot open the kernel {path}: {source}")]
     OpenKernel { path: PathBuf, source: std::io::Error },
+    #[error("the kernel {path} {kind_error}")]
+    KernelNotAFile { path: PathBuf, kind_error: OpenError },
     #[error("kernel {path}: {source}")]
     KernelFile { path: PathBuf, source: BootError },
+    #[error("the kernel command line is {total} bytes with the parameters exitless appends (devices, test device, probe); the limit is {}: shorten --cmdline by {} bytes", boot::CMDLINE_MAX, total.saturating_sub(boot::CMDLINE_MAX))]
+    CmdlineTooLong { total: usize },
     #[error("{0}")]
     Boot(#[from] BootError),
     #[error("{0}")]
@@ -282,8 +286,12 @@ impl Vm {
 
         let entry = match kernel {
             Kernel::File(path) => {
-                let mut file =
-                    File::open(&path).map_err(|source| VmError::OpenKernel { path: path.clone(), source })?;
+                let mut file = open_without_blocking(&path, true, 0, Wanted::RegularFile).map_err(
+                    |error| match error {
+                        OpenError::Io(source) => VmError::OpenKernel { path: path.clone(), source },
+                        kind_error => VmError::KernelNotAFile { path: path.clone(), kind_error },
+                    },
+                )?;
                 boot::load_kernel(&mem, &mut file).map_err(|source| VmError::KernelFile { path, source })?
             }
             Kernel::Image(bytes) => boot::load_kernel(&mem, &mut Cursor::new(bytes))?,
@@ -311,7 +319,11 @@ impl Vm {
             cmdline = format!("{cmdline} {}", slot.cmdline_entry());
         }
         let cmdline = format!("{cmdline} {}={:#x}", probe_abi::param::TESTDEV, testdev.base());
-        boot::write_boot_info(&mem, cmdline.trim())?;
+        let cmdline = cmdline.trim();
+        if cmdline.len() > boot::CMDLINE_MAX {
+            return Err(VmError::CmdlineTooLong { total: cmdline.len() });
+        }
+        boot::write_boot_info(&mem, cmdline)?;
         regs::write_gdt(&mem)?;
 
         let console = ConsoleWriter::new(config.console);

@@ -27,8 +27,9 @@ pub const SECTOR_SIZE: u64 = 512;
 /// GET_ID answers with at most this many bytes.
 pub const ID_LEN: u32 = 20;
 pub const HEADER_LEN: u32 = 16;
-/// Requests in flight at most (and slots).
-pub const MAX_IN_FLIGHT: usize = 64;
+/// Requests in flight at most (and slots): one per descriptor of the largest queue, which only
+/// requests of fewer descriptors than slots need (see `BlockDevice::start`) can reach.
+pub const MAX_IN_FLIGHT: usize = MAX_QUEUE_SIZE as usize;
 /// The largest request payload; each slot has a buffer this big.
 pub const MAX_REQUEST_BYTES: u32 = 128 * 1024;
 
@@ -102,6 +103,35 @@ pub struct Counters {
     pub interrupts: u64,
 }
 
+/// A set of slots (below `MAX_IN_FLIGHT`), one bit each.
+#[derive(Clone, Copy)]
+struct SlotSet([u64; MAX_IN_FLIGHT / 64]);
+
+impl SlotSet {
+    const EMPTY: SlotSet = SlotSet([0; MAX_IN_FLIGHT / 64]);
+
+    fn contains(&self, slot: usize) -> bool {
+        slot < MAX_IN_FLIGHT && self.0[slot / 64] & (1 << (slot % 64)) != 0
+    }
+
+    fn insert(&mut self, slot: usize) {
+        self.0[slot / 64] |= 1 << (slot % 64);
+    }
+
+    /// Take `slot` out; false if it was not in.
+    fn remove(&mut self, slot: usize) -> bool {
+        let was_in = self.contains(slot);
+        if was_in {
+            self.0[slot / 64] &= !(1 << (slot % 64));
+        }
+        was_in
+    }
+
+    fn len(&self) -> u32 {
+        self.0.iter().map(|word| word.count_ones()).sum()
+    }
+}
+
 pub struct BlockDevice {
     transport: Transport,
     queue: SplitQueue,
@@ -112,8 +142,8 @@ pub struct BlockDevice {
     descs_per_slot: u16,
     /// Bytes per data descriptor at most (SIZE_MAX).
     segment_bytes: u32,
-    /// Bit `s` set while slot `s` is with the device.
-    in_flight: u64,
+    /// The slots with the device.
+    in_flight: SlotSet,
     interrupts: Interrupts,
 }
 
@@ -132,7 +162,7 @@ impl BlockDevice {
             counters: Counters::default(),
             descs_per_slot: 0,
             segment_bytes: 0,
-            in_flight: 0,
+            in_flight: SlotSet::EMPTY,
             interrupts,
         };
         device.start(deadline)?;
@@ -147,7 +177,7 @@ impl BlockDevice {
     fn start(&mut self, deadline: Deadline) -> Result<(), Error> {
         let t = self.transport;
         t.reset(deadline)?;
-        self.in_flight = 0;
+        self.in_flight = SlotSet::EMPTY;
         let mut wanted = F_VERSION_1 | F_RO | F_FLUSH | F_SEG_MAX | F_SIZE_MAX | F_BLK_SIZE;
         if self.options.event_idx {
             wanted |= F_EVENT_IDX;
@@ -168,14 +198,16 @@ impl BlockDevice {
             n => n.min(MAX_REQUEST_BYTES),
         };
         let size = SplitQueue::size_for(t.queue_max(REQUEST_QUEUE)?);
-        let segments = self.options.max_request_bytes.div_ceil(self.segment_bytes).max(1);
+        // A FLUSH-only driver (no payload) needs no data descriptor: two per request.
+        let segments = self.options.max_request_bytes.div_ceil(self.segment_bytes);
         if segments > seg_max || segments + 2 > size as u32 {
             return self.fail(Error::TooManySegments);
         }
         self.descs_per_slot = segments as u16 + 2;
+        let deepest = (size as usize / self.descs_per_slot as usize).min(MAX_IN_FLIGHT);
         let depth = self.options.queue_depth;
-        if depth == 0 || depth > MAX_IN_FLIGHT || depth * self.descs_per_slot as usize > size as usize {
-            return self.fail(Error::QueueTooSmall);
+        if depth == 0 || depth > deepest {
+            return self.fail(Error::QueueTooSmall(deepest as u32));
         }
         self.queue.reset(size, self.disk.event_idx);
         let (desc, driver, device) = self.queue.addresses();
@@ -230,7 +262,7 @@ impl BlockDevice {
 
     /// Slot `slot`'s data buffer. The slot must not be in flight: the device owns it then.
     pub fn buffer(&mut self, slot: usize) -> &mut [u8] {
-        debug_assert!(self.in_flight & (1 << slot) == 0);
+        debug_assert!(!self.in_flight.contains(slot));
         // SAFETY: the buffer is static; `&mut self` and the slot not being in flight mean
         // neither the device nor other Rust code touches it while the slice lives.
         unsafe {
@@ -263,7 +295,7 @@ impl BlockDevice {
     /// Queue request `kind` at `sector` for `len` bytes of slot `slot`'s buffer (0 for FLUSH).
     /// The device sees it after `kick`.
     pub fn submit(&mut self, slot: usize, kind: u32, sector: u64, len: u32) {
-        debug_assert!(slot < self.options.queue_depth && self.in_flight & (1 << slot) == 0);
+        debug_assert!(slot < self.options.queue_depth && !self.in_flight.contains(slot));
         debug_assert!(len <= self.options.max_request_bytes);
         self.write_header(slot, kind, sector);
         let head = self.head(slot);
@@ -289,7 +321,7 @@ impl BlockDevice {
         let status = Descriptor { addr: self.status_addr(slot), len: 1, flags: DESC_F_WRITE, next: 0 };
         self.queue.set_descriptor(index + 1, status);
         self.queue.push(head);
-        self.in_flight |= 1 << slot;
+        self.in_flight.insert(slot);
     }
 
     /// Publish submitted requests and notify the device if it asked to be.
@@ -311,10 +343,9 @@ impl BlockDevice {
         while let Some((id, _written)) = self.queue.pop_used() {
             let slot = id as usize / self.descs_per_slot.max(1) as usize;
             let aligned = id.is_multiple_of(self.descs_per_slot as u32);
-            if !aligned || slot >= MAX_IN_FLIGHT || self.in_flight & (1 << slot) == 0 {
+            if !aligned || !self.in_flight.remove(slot) {
                 return Err(Error::BadUsedId(id));
             }
-            self.in_flight &= !(1 << slot);
             done(slot, self.status_byte(slot));
             count += 1;
         }
@@ -338,7 +369,7 @@ impl BlockDevice {
 
     /// Requests still with the device.
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.count_ones()
+        self.in_flight.len()
     }
 }
 

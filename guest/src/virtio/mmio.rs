@@ -199,6 +199,11 @@ impl Transport {
         self.write(QUEUE_NOTIFY, queue);
     }
 
+    /// InterruptStatus, left unacknowledged.
+    pub fn interrupt_status(&self) -> u32 {
+        self.read(INTERRUPT_STATUS)
+    }
+
     /// Read InterruptStatus and acknowledge those bits (QEMU's line is level-triggered and
     /// stays up until acknowledged). Returns the bits.
     pub fn ack_interrupt(&self) -> u32 {

@@ -54,8 +54,9 @@ pub enum Error {
     FeaturesRejected,
     QueueUnavailable,
     QueueInUse,
-    /// The requested queue depth and segment count need more descriptors than the queue has.
-    QueueTooSmall,
+    /// The requested queue depth and segment count need more descriptors than the queue has;
+    /// the deepest queue that fits.
+    QueueTooSmall(u32),
     /// The device limits segments so much that a request of the asked size cannot be built.
     TooManySegments,
     ResetTimeout,
@@ -79,7 +80,9 @@ impl Error {
             Error::FeaturesRejected => "the device did not accept the features (FEATURES_OK did not stick)",
             Error::QueueUnavailable => "a queue the driver needs is not available (QueueNumMax is 0)",
             Error::QueueInUse => "a queue is already ready before setup",
-            Error::QueueTooSmall => "the queue has too few descriptors for this queue depth and block size",
+            Error::QueueTooSmall(_) => {
+                "the queue has too few descriptors for this queue depth and block size (detail: the deepest that fits)"
+            }
             Error::TooManySegments => "the block size needs more segments than the device's seg_max",
             Error::ResetTimeout => "the device did not finish its reset (Status did not read 0)",
             Error::Timeout => "timed out waiting for a completion",

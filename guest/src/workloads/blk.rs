@@ -1,7 +1,11 @@
 //! `probe.workload=blk`: block I/O through the virtio-blk driver, timed per request.
 //!
-//! Parameters: `probe.rw=randread|randwrite|read|write|verify` (default randread), `probe.bs=`
-//! bytes (a multiple of 512 up to 128K, default 4096), `probe.qd=` (1..=64, default 1),
+//! Parameters: `probe.rw=randread|randwrite|read|write|flush|verify` (default randread),
+//! `probe.bs=` bytes (a multiple of 512 up to 128K, default 4096; not used by `flush`),
+//! `probe.qd=` (1..=256, default 1; at most as many requests as the queue has room for: a
+//! request takes a header, a status and `bs / size_max` data descriptors, a FLUSH none, so a
+//! 256-entry queue holds 85 4K requests or 128 FLUSHes; a deeper queue fails with the deepest
+//! that fits as the error's `detail`),
 //! `probe.ops=` measured requests (default 10000) or `probe.duration_ms=` (needs
 //! `probe.tsc_khz=`), `probe.warmup=` unmeasured requests first (default 1000),
 //! `probe.pv_eoi=on|off` (default off), `probe.idle_ms=` (default 0), and those of every block
@@ -36,15 +40,14 @@ use crate::histogram::Histogram;
 use crate::json::{Nanos, Str};
 use crate::pv_eoi::{self, Tally};
 use crate::virtio::blk::{
-    BlockDevice, Counters, DiskInfo, ID_LEN, MAX_REQUEST_BYTES, SECTOR_SIZE, S_OK, T_FLUSH, T_GET_ID, T_IN,
-    T_OUT,
+    BlockDevice, Counters, DiskInfo, ID_LEN, MAX_IN_FLIGHT, MAX_REQUEST_BYTES, SECTOR_SIZE, S_OK, T_FLUSH,
+    T_GET_ID, T_IN, T_OUT,
 };
 use crate::virtio::Error;
 use crate::{bad_parameter, cmdline, print, println, x86, Env};
 use probe_abi::status;
 
 const PROBE: &str = "blk";
-const MAX_QUEUE_DEPTH: u64 = 64;
 /// Default bound on any one wait for the device.
 const TIMEOUT_MS: u64 = 5000;
 /// What a read buffer holds before the device fills it, so a read that writes nothing cannot
@@ -64,6 +67,9 @@ struct IoJob {
 
 impl Job for IoJob {
     fn prepare(&mut self, _index: u64, _buffer: &mut [u8]) -> (u32, u64, u32) {
+        if self.kind == T_FLUSH {
+            return (T_FLUSH, 0, 0);
+        }
         let block = if self.random {
             self.rng.below(self.blocks)
         } else {
@@ -172,15 +178,17 @@ fn params(env: &Env) -> Params {
     let number =
         |key, default| cmdline::get_u64(env.cmdline, key, default).unwrap_or_else(|k| bad_parameter(k));
     let rw = cmdline::get(env.cmdline, "probe.rw").unwrap_or("randread");
-    if !matches!(rw, "randread" | "randwrite" | "read" | "write" | "verify") {
+    if !matches!(rw, "randread" | "randwrite" | "read" | "write" | "flush" | "verify") {
         bad_parameter("probe.rw");
     }
     let bs = number("probe.bs", 4096);
     if bs == 0 || !bs.is_multiple_of(SECTOR_SIZE) || bs > MAX_REQUEST_BYTES as u64 {
         bad_parameter("probe.bs");
     }
+    // FLUSH moves no data: no buffer, no data descriptor.
+    let bs = if rw == "flush" { 0 } else { bs };
     let qd = number("probe.qd", 1);
-    if !(1..=MAX_QUEUE_DEPTH).contains(&qd) {
+    if !(1..=MAX_IN_FLIGHT as u64).contains(&qd) {
         bad_parameter("probe.qd");
     }
     let duration_ms = cmdline::get(env.cmdline, "probe.duration_ms").map(|v| match cmdline::parse_u64(v) {
@@ -207,7 +215,7 @@ pub fn run(env: &Env) -> u8 {
     let p = params(env);
     pv_eoi::from_cmdline(env, PROBE);
     let mut dev = blkdev::open(env, PROBE, &common, p.bs, p.qd);
-    let sectors_per_block = p.bs as u64 / SECTOR_SIZE;
+    let sectors_per_block = (p.bs as u64 / SECTOR_SIZE).max(1);
     let blocks = dev.disk.capacity_sectors / sectors_per_block;
     if blocks == 0 {
         println!(
@@ -222,7 +230,11 @@ pub fn run(env: &Env) -> u8 {
     }
 
     let mut job = IoJob {
-        kind: if p.rw.ends_with("read") { T_IN } else { T_OUT },
+        kind: match p.rw {
+            "flush" => T_FLUSH,
+            rw if rw.ends_with("read") => T_IN,
+            _ => T_OUT,
+        },
         random: p.rw.starts_with("rand"),
         rng: XorShift::new(common.seed),
         next_block: 0,

@@ -1,17 +1,19 @@
 //! `probe.workload=blk-hostile`: the probe plays the misbehaving guest. It submits, one at a
 //! time, requests and queue states that break the virtio rules, and reports per case what the
-//! device did: the request's status byte, the device's Status register, and an outcome
+//! device did: the request's status byte, the device's Status register, whether it raised a
+//! configuration-change interrupt (`config_interrupt`), and an outcome
 //! (`ok`, `ioerr`, `unsupp`, `no_status` for a completion that left the status byte alone,
 //! `bad_status`, `needs_reset`, `no_response`). The VMM's tests judge whether each outcome is
-//! right; this workload only has to survive them all. After a case that broke the device it
-//! resets the device and sets it up again. At the end, 100 valid requests (writes read back,
+//! right; this workload only has to survive them all. After a case that broke the device, and
+//! always after an avail index jump or a head offered twice (`duplicate_head`), it resets the
+//! device and sets it up again. At the end, 100 valid requests (writes read back,
 //! or reads on a read-only disk) must succeed.
 //!
 //! Parameters: those of every block workload (`blkdev::Common`); `probe.timeout_ms=` bounds
 //! each case (default 2000).
 
 use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
-use super::hostile::{self, Observed, Target, OUTSIDE_RAM, WRAPPING};
+use super::hostile::{self, Observed, Offer, Target, OUTSIDE_RAM, WRAPPING};
 use super::pipeline::{self, Job, Limit};
 use crate::json::{OrNull, Str};
 use crate::virtio::blk::{
@@ -41,9 +43,10 @@ enum Case {
     SectorPastEnd,
     AvailIndexJump,
     UnknownType,
+    DuplicateHead,
 }
 
-const CASES: [Case; 9] = [
+const CASES: [Case; 10] = [
     Case::AddrOutsideRam,
     Case::AddrLenWraps,
     Case::DescriptorLoop,
@@ -53,6 +56,7 @@ const CASES: [Case; 9] = [
     Case::SectorPastEnd,
     Case::AvailIndexJump,
     Case::UnknownType,
+    Case::DuplicateHead,
 ];
 
 impl Case {
@@ -67,6 +71,15 @@ impl Case {
             Case::SectorPastEnd => "sector_past_end",
             Case::AvailIndexJump => "avail_index_jump",
             Case::UnknownType => "unknown_type",
+            Case::DuplicateHead => "duplicate_head",
+        }
+    }
+
+    fn offer(self) -> Offer {
+        match self {
+            Case::AvailIndexJump => Offer::AvailIndexJump,
+            Case::DuplicateHead => Offer::HeadTwice,
+            _ => Offer::Head,
         }
     }
 }
@@ -141,11 +154,11 @@ fn submit_case(dev: &mut BlockDevice, case: Case) {
         }
         Case::StatusReadOnly => write_chain(dev, &[header_d, read_into(buffer, BLOCK), d(status, 1, 0)]),
         Case::WriteReadOnlyDisk => write_chain(dev, &[header_d, d(buffer, BLOCK, DESC_F_NEXT), status_d]),
-        Case::SectorPastEnd | Case::UnknownType | Case::AvailIndexJump => {
+        Case::SectorPastEnd | Case::UnknownType | Case::AvailIndexJump | Case::DuplicateHead => {
             write_chain(dev, &[header_d, read_into(buffer, BLOCK), status_d])
         }
     }
-    hostile::publish(dev, case == Case::AvailIndexJump);
+    hostile::publish(dev, case.offer());
 }
 
 /// Watch the case as `hostile::observe` does; returns also the status byte at the first
@@ -160,10 +173,11 @@ fn observe(dev: &mut BlockDevice, env: &Env, common: &Common) -> (Observed, u8) 
 fn report(case: Case, observed: &Observed, status_byte: u8, reset: bool) {
     let status = Some(status_byte).filter(|&s| observed.used.is_some() && s != STATUS_UNWRITTEN);
     println!(
-        "{{\"probe\":\"blk-hostile\",\"case\":{},\"status\":{},\"device_status\":{},\"outcome\":{},\"used_id\":{},\"used_len\":{},\"used_count\":{},\"reset\":{}}}",
+        "{{\"probe\":\"blk-hostile\",\"case\":{},\"status\":{},\"device_status\":{},\"config_interrupt\":{},\"outcome\":{},\"used_id\":{},\"used_len\":{},\"used_count\":{},\"reset\":{}}}",
         Str(case.name()),
         OrNull(status),
         observed.device_status,
+        observed.config_interrupt(),
         Str(outcome(observed, status_byte)),
         OrNull(observed.used_id()),
         OrNull(observed.used_len()),
@@ -221,7 +235,7 @@ pub fn run(env: &Env) -> u8 {
         }
         submit_case(&mut dev, case);
         let (observed, status_byte) = observe(&mut dev, env, &common);
-        let reset = observed.reset_needed(case == Case::AvailIndexJump);
+        let reset = observed.reset_needed(case.offer());
         report(case, &observed, status_byte, reset);
         if reset {
             resets += 1;

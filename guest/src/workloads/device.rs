@@ -58,7 +58,7 @@ pub fn fail(probe: &str, error: Error, transport: &Transport) -> ! {
     let device_status = transport.status();
     let detail = match error {
         Error::UnsupportedVersion(v) => v,
-        Error::BadUsedId(id) => id,
+        Error::BadUsedId(n) | Error::QueueTooSmall(n) => n,
         _ => 0,
     };
     println!(

@@ -23,15 +23,35 @@ pub trait Target {
     fn notify(&mut self);
 }
 
-/// Make the chain at head 0 visible, or with `jump_avail_index` move the avail index more than
-/// the queue size ahead instead, then notify.
-pub fn publish(dev: &mut impl Target, jump_avail_index: bool) {
+/// InterruptStatus bit: the configuration changed (how a device announces DEVICE_NEEDS_RESET).
+const INT_CONFIG_CHANGE: u32 = 2;
+
+/// How a case offers its chain (head 0) in the avail ring.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// Once, as a driver should.
+    Head,
+    /// Twice in a row: the same buffers in flight twice.
+    HeadTwice,
+    /// Not at all: the avail index moves more than the queue size ahead instead.
+    AvailIndexJump,
+}
+
+/// Offer the chain at head 0 as `offer` says, then notify.
+pub fn publish(dev: &mut impl Target, offer: Offer) {
     let queue = dev.queue();
-    if jump_avail_index {
-        let size = queue.size();
-        queue.publish_raw_avail_idx(queue.avail_idx().wrapping_add(size).wrapping_add(5));
-    } else {
-        queue.push(0);
+    match offer {
+        Offer::Head => queue.push(0),
+        Offer::HeadTwice => {
+            queue.push(0);
+            queue.push(0);
+        }
+        Offer::AvailIndexJump => {
+            let size = queue.size();
+            queue.publish_raw_avail_idx(queue.avail_idx().wrapping_add(size).wrapping_add(5));
+        }
+    }
+    if offer != Offer::AvailIndexJump {
         queue.publish();
     }
     // Always notify: the point is that the device looks.
@@ -46,11 +66,18 @@ pub struct Observed {
     /// offered.
     pub used_count: u32,
     pub device_status: u32,
+    /// InterruptStatus at the end, unacknowledged.
+    pub interrupt_status: u32,
 }
 
 impl Observed {
     pub fn needs_reset(&self) -> bool {
         self.device_status & NEEDS_RESET != 0
+    }
+
+    /// Did the device raise a configuration-change interrupt (as it must with NEEDS_RESET)?
+    pub fn config_interrupt(&self) -> bool {
+        self.interrupt_status & INT_CONFIG_CHANGE != 0
     }
 
     /// Can the queue go on as it is? Only after the one chain came back and nothing else did.
@@ -59,9 +86,9 @@ impl Observed {
     }
 
     /// Must the device be reset before the next case: is the queue broken, or (after an avail
-    /// index jump) out of step with the driver?
-    pub fn reset_needed(&self, avail_index_jumped: bool) -> bool {
-        !self.queue_intact() || avail_index_jumped
+    /// index jump or a head offered twice) out of step with the driver?
+    pub fn reset_needed(&self, offer: Offer) -> bool {
+        !self.queue_intact() || offer != Offer::Head
     }
 
     pub fn used_id(&self) -> Option<u32> {
@@ -102,5 +129,11 @@ pub fn observe<T: Target>(
         }
         core::hint::spin_loop();
     }
-    Observed { used, used_count, device_status: dev.transport().status() }
+    let transport = dev.transport();
+    Observed {
+        used,
+        used_count,
+        device_status: transport.status(),
+        interrupt_status: transport.interrupt_status(),
+    }
 }

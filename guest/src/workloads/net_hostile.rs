@@ -3,25 +3,25 @@
 //! length that wrap around, a descriptor loop (a chain longer than the queue), a frame larger
 //! than a 1514-byte frame plus the 12-byte header (by 64 bytes), a buffer shorter than the
 //! header (11 bytes), a
-//! device-writable (wrong direction) descriptor, and an avail index that jumps by more than
-//! the queue size. For each it records what the device did (`result`: `used` when it returned
+//! device-writable (wrong direction) descriptor, an avail index that jumps by more than
+//! the queue size, and one chain offered twice in one publish (`duplicate_head`). For each it records what the device did (`result`: `used` when it returned
 //! the chain, `needs_reset` when it set DEVICE_NEEDS_RESET, `no_response` when neither,
 //! `bad_used` when it returned something else or more than once). After a case that broke the
-//! queue (and always after the avail index jump) it resets the device and sets it up again.
+//! queue (and always after the avail index jump and the duplicate head) it resets the device and sets it up again.
 //! Then it checks that the device still works: a valid ARP request for `probe.dst` must come
 //! back in the transmit used ring (`works_after`); whether an ARP reply arrived within
 //! [`ARP_REPLY_WAIT_MS`] is reported too (`arp_reply`) but not required, as the peer may not
 //! answer.
 //!
-//! One line: `{"probe":"net-hostile","cases":[{"case","result","device_status","used_len",
-//! "used_count","reset","works_after","arp_reply"}, ...],"ok":..,"completion":..,"mac":..,
+//! One line: `{"probe":"net-hostile","cases":[{"case","result","device_status",
+//! "config_interrupt","used_len","used_count","reset","works_after","arp_reply"}, ...],"ok":..,"completion":..,"mac":..,
 //! "resets":..}`; status OK only if the device worked after every case. The VMM's tests judge
 //! whether each result is right; this workload only has to survive them all.
 //!
 //! Parameters: those of every network workload (`netdev::Common`); `probe.timeout_ms=` bounds
 //! each wait (default 2000).
 
-use super::hostile::{self, Observed, Target, OUTSIDE_RAM, WRAPPING};
+use super::hostile::{self, Observed, Offer, Target, OUTSIDE_RAM, WRAPPING};
 use super::netdev::{self, Station};
 use crate::deadline::Deadline;
 use crate::inet::{self, MacText, ETHERTYPE_EXPERIMENTAL};
@@ -53,9 +53,10 @@ enum Case {
     ShorterThanHeader,
     DeviceWritable,
     AvailIndexJump,
+    DuplicateHead,
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 8] = [
     Case::AddrOutsideRam,
     Case::AddrLenWraps,
     Case::DescriptorLoop,
@@ -63,6 +64,7 @@ const CASES: [Case; 7] = [
     Case::ShorterThanHeader,
     Case::DeviceWritable,
     Case::AvailIndexJump,
+    Case::DuplicateHead,
 ];
 
 impl Case {
@@ -75,6 +77,15 @@ impl Case {
             Case::ShorterThanHeader => "shorter_than_header",
             Case::DeviceWritable => "device_writable",
             Case::AvailIndexJump => "avail_index_jump",
+            Case::DuplicateHead => "duplicate_head",
+        }
+    }
+
+    fn offer(self) -> Offer {
+        match self {
+            Case::AvailIndexJump => Offer::AvailIndexJump,
+            Case::DuplicateHead => Offer::HeadTwice,
+            _ => Offer::Head,
         }
     }
 }
@@ -141,9 +152,9 @@ fn submit_case(dev: &mut NetDevice, case: Case) {
         }
         Case::ShorterThanHeader => queue.set_descriptor(0, d(buffer, HDR_LEN - 1, 0)),
         Case::DeviceWritable => queue.set_descriptor(0, d(buffer, small, DESC_F_WRITE)),
-        Case::AvailIndexJump => queue.set_descriptor(0, d(buffer, small, 0)),
+        Case::AvailIndexJump | Case::DuplicateHead => queue.set_descriptor(0, d(buffer, small, 0)),
     }
-    hostile::publish(dev, case == Case::AvailIndexJump);
+    hostile::publish(dev, case.offer());
 }
 
 /// After a case: does a valid frame still go out (its buffer comes back)? And did an ARP
@@ -187,18 +198,19 @@ pub fn run(env: &Env) -> u8 {
         }
         submit_case(&mut station.dev, case);
         let observed = hostile::observe(&mut station.dev, common.deadline(env), env.tsc_khz, |_| {});
-        let reset = observed.reset_needed(case == Case::AvailIndexJump);
+        let reset = observed.reset_needed(case.offer());
         let restarted = !reset || station.dev.restart(common.deadline(env)).is_ok();
         resets += u32::from(reset);
         let (works, arp_reply) =
             if restarted { check_works(&mut station, env, common.deadline(env)) } else { (false, false) };
         ok &= works;
         print!(
-            "{}{{\"case\":{},\"result\":{},\"device_status\":{},\"used_len\":{},\"used_count\":{},\"reset\":{},\"works_after\":{},\"arp_reply\":{}}}",
+            "{}{{\"case\":{},\"result\":{},\"device_status\":{},\"config_interrupt\":{},\"used_len\":{},\"used_count\":{},\"reset\":{},\"works_after\":{},\"arp_reply\":{}}}",
             if i == 0 { "" } else { "," },
             Str(case.name()),
             Str(result(&observed)),
             observed.device_status,
+            observed.config_interrupt(),
             OrNull(observed.used_len()),
             observed.used_count,
             reset,

@@ -1,12 +1,50 @@
 //! Helpers for the tests that run the `exitless` binary against real KVM (and QEMU).
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 pub fn exitless(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_exitless")).args(args).output().expect("run exitless")
+}
+
+/// Run exitless like `exitless`, but kill it and fail the test if it has not finished within
+/// `limit`: for what used to hang, so that a regression fails rather than hangs the suite.
+pub fn exitless_within(limit: Duration, args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run exitless");
+    // Drained by threads, so a full pipe cannot stall the child while we wait.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for exitless") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+            panic!("exitless {args:?} did not finish within {limit:?}; stderr: {err}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
 pub fn stdout(output: &Output) -> String {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use iocore::{IoCore, Policy};
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use storage::open::{open_without_blocking, Wanted};
 use storage::{Backend, BackendError, FileDisk, RamDisk};
 use thiserror::Error;
 use virtio::block::Block;
@@ -281,6 +282,10 @@ pub fn open_backends(disk: &DiskBackend, count: usize) -> Result<Vec<Box<dyn Bac
             }
         }
         DiskBackend::RamFile { path, read_only } => {
+            // RamDisk::open would wait on a FIFO and map a device: refuse anything but a
+            // regular file first.
+            open_without_blocking(path, *read_only, 0, Wanted::RegularFile)
+                .map_err(|e| BackendError::opening(path, e))?;
             for _ in 0..count {
                 backends.push(Box::new(RamDisk::open(path, *read_only)?));
             }
