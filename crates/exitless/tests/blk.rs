@@ -163,8 +163,9 @@ const BLK_HOSTILE_EXPECTED: [(&str, &str, Option<u64>, bool); 10] = [
     ("avail_index_jump", "needs_reset", None, true),
     ("unknown_type", "unsupp", Some(1), false),
     // The same request in flight twice would break the backend's rule that no two requests
-    // share bytes, and its in-flight accounting.
-    ("duplicate_head", "needs_reset", None, true),
+    // share bytes, and its in-flight accounting: the first is served once (a 4 KiB read), then
+    // the device needs a reset.
+    ("duplicate_head", "needs_reset", Some(4097), true),
 ];
 
 /// What differs from `BLK_HOSTILE_EXPECTED` in one run (`write_read_only_disk` runs only on a
@@ -212,8 +213,42 @@ fn run_hostile(mode: &str, disk: &str) -> std::process::Output {
     let cmdline = "probe.workload=blk-hostile";
     exitless_within(
         RUN_LIMIT,
-        &["run", "--probe", "--disk", disk, "--io-mode", mode, "--cmdline", cmdline, "--timeout", "90"],
+        &[
+            "run",
+            "--probe",
+            "--disk",
+            disk,
+            "--io-mode",
+            mode,
+            "--cmdline",
+            cmdline,
+            "--timeout",
+            "90",
+            "--stats",
+            "--json",
+        ],
     )
+}
+
+/// The host's side of the broken queues: each NEEDS_RESET logged with its reason and counted
+/// in `--stats --json`.
+fn needs_reset_mismatches(mode: &str, out: &std::process::Output) -> Vec<String> {
+    let expected = BLK_HOSTILE_EXPECTED.iter().filter(|case| case.1 == "needs_reset").count();
+    let stats = common::json_lines(out).into_iter().find(|line| line["exitless"] == "run");
+    let device = stats.as_ref().map(|stats| stats["devices"][0].clone()).unwrap_or_default();
+    let mut wrong = Vec::new();
+    if device["device"] != "virtio-blk" || device["needs_reset"].as_u64() != Some(expected as u64) {
+        wrong.push(format!("{mode}: expected {expected} resets counted, got {device}"));
+    }
+    let logged = stderr(out).lines().filter(|line| line.contains("the device needs a reset")).count();
+    let duplicate = stderr(out).contains("was made available again while the device still held it");
+    if logged != expected || !duplicate {
+        wrong.push(format!(
+            "{mode}: {logged} resets logged (expected {expected}, one for the duplicate head): {}",
+            stderr(out)
+        ));
+    }
+    wrong
 }
 
 #[test]
@@ -224,6 +259,7 @@ fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_servin
         let disk = disk_file("/dev/shm");
         let out = run_hostile(mode, &format!("ram,path={}", disk.display()));
         wrong.extend(blk_hostile_mismatches(mode, &out, false));
+        wrong.extend(needs_reset_mismatches(mode, &out));
     }
     let disk = disk_file("/dev/shm");
     let out = run_hostile("exitless", &format!("ram,path={},readonly", disk.display()));
@@ -239,9 +275,16 @@ fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
         RUN_LIMIT,
         &["run", "--probe", "--disk", &disk, "--io-mode", mode, "--cmdline", cmdline, "--timeout", "90"],
     );
-    let result = json_lines(&out).into_iter().find(|l| l["probe"] == "blk").unwrap_or_else(|| {
-        panic!("{mode} {cmdline}: no result line; stdout: {}; stderr: {}", common::stdout(&out), stderr(&out))
-    });
+    let result = json_lines(&out)
+        .into_iter()
+        .find(|l| l["probe"] == "blk" || l["probe"] == "error")
+        .unwrap_or_else(|| {
+            panic!(
+                "{mode} {cmdline}: no result line; stdout: {}; stderr: {}",
+                common::stdout(&out),
+                stderr(&out)
+            )
+        });
     (out, result)
 }
 
@@ -267,8 +310,9 @@ fn requests_at_the_deepest_queue_the_ring_holds_all_complete() {
     assert!(result["error"].as_str().unwrap().contains("too few descriptors"), "{result}");
     assert_eq!(result["detail"], DEEPEST_4K, "{result}");
     // Beyond the queue size is a bad parameter.
-    let (out, _) = run_blk_within("exitless", "probe.workload=blk probe.qd=257");
+    let (out, result) = run_blk_within("exitless", "probe.workload=blk probe.qd=257");
     assert_eq!(out.status.code(), Some(2));
+    assert_eq!((&result["error"], &result["parameter"]), (&"bad parameter".into(), &"probe.qd".into()));
 }
 
 /// 100 FLUSH requests published at once (two descriptors each, so they fit one 256-entry

@@ -8,7 +8,7 @@ use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::interrupt::InterruptLine;
+use crate::interrupt::{InterruptLine, INT_CONFIG_CHANGE};
 use crate::queue::{Queue, QueueError};
 
 /// A device's data path once the driver has set it up: owns its queues and its backend.
@@ -187,15 +187,24 @@ impl DeviceSignals {
     /// The driver broke the queue: set DEVICE_NEEDS_RESET and tell it (config-change interrupt,
     /// or the error notifier); log why, once per reset, and count it.
     pub fn queue_broken(&self, why: QueueError) {
-        if !self.needs_reset.swap(true, Ordering::AcqRel) {
-            self.stats.record_reset(why);
-            match &self.error {
-                // Fails only if the counter would overflow, when the error is pending anyway.
-                Some(error) => {
-                    let _ = error.write(1);
-                }
-                None => self.interrupt.signal_config_change(),
+        if self.needs_reset.load(Ordering::Acquire) {
+            return;
+        }
+        // A driver that polls rather than takes interrupts reads the status and then
+        // InterruptStatus: flag the configuration change before the status shows NEEDS_RESET.
+        if self.error.is_none() {
+            self.interrupt.raise_status(INT_CONFIG_CHANGE);
+        }
+        if self.needs_reset.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stats.record_reset(why);
+        match &self.error {
+            // Fails only if the counter would overflow, when the error is pending anyway.
+            Some(error) => {
+                let _ = error.write(1);
             }
+            None => self.interrupt.fire(),
         }
     }
 }

@@ -31,7 +31,18 @@ impl InterruptLine {
     }
 
     fn signal(&self, bit: u32) {
+        self.raise_status(bit);
+        self.fire();
+    }
+
+    /// Set `bit` in InterruptStatus without interrupting (yet): for a state change the driver
+    /// must find already flagged when it sees it.
+    pub fn raise_status(&self, bit: u32) {
         self.status.fetch_or(bit, Ordering::AcqRel);
+    }
+
+    /// Interrupt the driver.
+    pub fn fire(&self) {
         if let Some(irq) = &self.irq {
             // Fails only if the counter would overflow, when the interrupt is pending anyway.
             let _ = irq.write(1);

@@ -112,6 +112,7 @@ pub fn observe<T: Target>(
     let mut polls = 0u32;
     let mut used = None;
     let mut used_count = 0;
+    let mut finished = false;
     loop {
         while let Some(entry) = dev.queue().pop_used() {
             if used.is_none() {
@@ -121,12 +122,14 @@ pub fn observe<T: Target>(
             }
             used_count += 1;
         }
-        polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(POLLS_PER_STATUS_READ)
-            && (dev.transport().status() & NEEDS_RESET != 0 || deadline.passed())
-        {
+        // One more look at the used ring after the status said stop: what the device
+        // completed before it set DEVICE_NEEDS_RESET counts.
+        if finished {
             break;
         }
+        polls = polls.wrapping_add(1);
+        finished = polls.is_multiple_of(POLLS_PER_STATUS_READ)
+            && (dev.transport().status() & NEEDS_RESET != 0 || deadline.passed());
         core::hint::spin_loop();
     }
     let transport = dev.transport();

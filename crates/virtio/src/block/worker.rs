@@ -286,16 +286,18 @@ impl QueueWorker for BlockWorker {
         if self.broken {
             return 0;
         }
-        let started = match self.process_queue() {
-            Ok(n) => n,
+        let started = self.process_queue();
+        // Requests started before the queue broke still finish (their buffers are valid), and
+        // what finished is published before the driver is told the device needs a reset.
+        let finished = self.complete();
+        match started {
+            Ok(started) => started + finished,
             Err(e) => {
                 self.broken = true;
                 self.signals.queue_broken(e);
-                0
+                finished
             }
-        };
-        // Requests started before the queue broke still finish: their buffers are valid.
-        started + self.complete()
+        }
     }
 
     fn set_polling(&mut self, polling: bool) {
