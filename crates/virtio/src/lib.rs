@@ -17,5 +17,8 @@ pub use device::{
     VirtioDevice, WorkerHost,
 };
 
+/// Feature bit: descriptors may point to tables of descriptors.
+pub const VIRTIO_F_INDIRECT_DESC: u32 = 28;
+/// Feature bit: used_event / avail_event notification suppression.
 pub const VIRTIO_F_EVENT_IDX: u32 = 29;
 pub const VIRTIO_F_VERSION_1: u32 = 32;

@@ -17,7 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::device::{DeviceSignals, DeviceStats, QueueWorker, VirtioDevice, WorkerHost};
 use crate::interrupt::InterruptLine;
 use crate::queue::{Queue, QueueConfig};
-use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
 /// The size of one transport's MMIO window.
 pub const MMIO_SIZE: u64 = 0x1000;
@@ -266,9 +266,14 @@ impl MmioTransport {
 
     fn activate(&mut self) {
         let event_idx = self.driver_features & (1 << VIRTIO_F_EVENT_IDX) != 0;
+        let indirect = self.driver_features & (1 << VIRTIO_F_INDIRECT_DESC) != 0;
         let mut queues = Vec::with_capacity(self.queues.len());
         for state in &self.queues {
-            match state.ready.then(|| Queue::new(&self.mem, state.config, event_idx)) {
+            let ready = state.ready.then(|| {
+                Queue::new(&self.mem, state.config, event_idx)
+                    .map(|queue| queue.with_indirect_descriptors(indirect))
+            });
+            match ready {
                 Some(Ok(queue)) => queues.push(queue),
                 // A queue not made ready, or one outside guest RAM: the driver must start over.
                 _ => {

@@ -55,6 +55,12 @@ pub enum QueueError {
     ChainTooLong,
     #[error("indirect descriptors were not negotiated")]
     UnexpectedIndirect,
+    #[error("an indirect descriptor table of {0} bytes is empty, not whole descriptors, larger than the queue or outside guest RAM")]
+    BadIndirectTable(u32),
+    #[error(
+        "an indirect descriptor table holds an indirect descriptor, or the indirect descriptor has a next"
+    )]
+    NestedIndirect,
     #[error("descriptor chain {0} was made available again while the device still held it")]
     HeadInUse(u16),
 }
@@ -73,6 +79,17 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
+    /// A descriptor from its 16 bytes as they lie in guest memory.
+    pub fn from_le_bytes(raw: [u8; 16]) -> Descriptor {
+        let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, f0, f1, n0, n1] = raw;
+        Descriptor {
+            addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+            len: u32::from_le_bytes([l0, l1, l2, l3]),
+            flags: u16::from_le_bytes([f0, f1]),
+            next: u16::from_le_bytes([n0, n1]),
+        }
+    }
+
     /// Does the device write this buffer?
     pub fn is_write_only(&self) -> bool {
         self.flags & VIRTQ_DESC_F_WRITE != 0
@@ -93,6 +110,8 @@ pub struct Queue {
     next_avail: u16,
     next_used: u16,
     event_idx: bool,
+    /// VIRTIO_F_INDIRECT_DESC was negotiated: a chain may continue in a table in guest RAM.
+    indirect: bool,
     /// `next_used` when the driver was last signalled (for EVENT_IDX suppression).
     signalled_used: Option<u16>,
     /// Heads taken from the avail ring and not yet returned in a published used element, one
@@ -143,11 +162,18 @@ impl Queue {
             next_avail: 0,
             next_used: 0,
             event_idx,
+            indirect: false,
             signalled_used: None,
             held: [0; MAX_QUEUE_SIZE as usize / 64],
             returned: [0; MAX_QUEUE_SIZE as usize],
             returned_count: 0,
         })
+    }
+
+    /// Accept indirect descriptor tables (the driver negotiated VIRTIO_F_INDIRECT_DESC).
+    pub fn with_indirect_descriptors(mut self, enabled: bool) -> Queue {
+        self.indirect = enabled;
+        self
     }
 
     /// The guest memory the queue's rings (and its chains' buffers) live in.
@@ -235,42 +261,78 @@ impl Queue {
         Ok(Some(head))
     }
 
-    /// Read descriptor `index`.
+    /// Read descriptor `index` of the ring's table.
     pub fn descriptor(&self, index: u16) -> Result<Descriptor, QueueError> {
         if index >= self.size {
             return Err(QueueError::BadDescriptorIndex(index));
         }
         let mut raw = [0u8; 16];
         // SAFETY: `index < size`, so the 16 bytes lie inside the descriptor table validated in
-        // `new` and kept mapped by `self.mem`. A volatile copy: the guest may change them concurrently, and we only use the copy.
+        // `new` and kept mapped by `self.mem`. A volatile copy: the guest may change them
+        // concurrently, and we only use the copy.
         unsafe {
             let src = self.desc.add(16 * index as usize);
             for (i, byte) in raw.iter_mut().enumerate() {
                 *byte = src.add(i).read_volatile();
             }
         }
-        let descriptor = Descriptor {
-            addr: u64::from_le_bytes(raw[0..8].try_into().unwrap()),
-            len: u32::from_le_bytes(raw[8..12].try_into().unwrap()),
-            flags: u16::from_le_bytes(raw[12..14].try_into().unwrap()),
-            next: u16::from_le_bytes(raw[14..16].try_into().unwrap()),
-        };
-        if descriptor.flags & VIRTQ_DESC_F_INDIRECT != 0 {
-            return Err(QueueError::UnexpectedIndirect);
-        }
-        Ok(descriptor)
+        Ok(Descriptor::from_le_bytes(raw))
     }
 
-    /// Walk the chain starting at `head`, calling `visit` for each descriptor; a chain longer
-    /// than the queue is a loop.
+    /// Walk the chain starting at `head`, calling `visit` for each buffer descriptor until it
+    /// returns `false`; an indirect descriptor (if negotiated) continues the chain in its table,
+    /// as its last element. A chain longer than the queue is a loop.
     pub fn walk_chain(&self, head: u16, mut visit: impl FnMut(Descriptor) -> bool) -> Result<(), QueueError> {
         let mut index = head;
         for _ in 0..self.size {
             let descriptor = self.descriptor(index)?;
+            if descriptor.flags & VIRTQ_DESC_F_INDIRECT != 0 {
+                return self.walk_indirect(descriptor, visit);
+            }
             if !visit(descriptor) || descriptor.flags & VIRTQ_DESC_F_NEXT == 0 {
                 return Ok(());
             }
             index = descriptor.next;
+        }
+        Err(QueueError::ChainTooLong)
+    }
+
+    /// Walk the table an indirect descriptor points to (virtio 1.x §2.7.5.3): whole
+    /// descriptors, at most the queue size of them, inside guest RAM, none indirect itself.
+    fn walk_indirect(
+        &self,
+        table: Descriptor,
+        mut visit: impl FnMut(Descriptor) -> bool,
+    ) -> Result<(), QueueError> {
+        if !self.indirect {
+            return Err(QueueError::UnexpectedIndirect);
+        }
+        if table.flags & VIRTQ_DESC_F_NEXT != 0 {
+            return Err(QueueError::NestedIndirect);
+        }
+        let bad_table = QueueError::BadIndirectTable(table.len);
+        let count = table.len / 16;
+        if count == 0 || table.len % 16 != 0 || count > u32::from(self.size) {
+            return Err(bad_table);
+        }
+        let slice =
+            self.mem.get_slice(GuestAddress(table.addr), table.len as usize).map_err(|_| bad_table)?;
+        let mut index = 0u32;
+        for _ in 0..count {
+            let mut raw = [0u8; 16];
+            // `index < count`, so the 16 bytes are inside the slice; the copy is volatile.
+            slice.subslice(index as usize * 16, 16).map_err(|_| bad_table)?.copy_to(&mut raw[..]);
+            let descriptor = Descriptor::from_le_bytes(raw);
+            if descriptor.flags & VIRTQ_DESC_F_INDIRECT != 0 {
+                return Err(QueueError::NestedIndirect);
+            }
+            if !visit(descriptor) || descriptor.flags & VIRTQ_DESC_F_NEXT == 0 {
+                return Ok(());
+            }
+            index = u32::from(descriptor.next);
+            if index >= count {
+                return Err(QueueError::BadDescriptorIndex(descriptor.next));
+            }
         }
         Err(QueueError::ChainTooLong)
     }

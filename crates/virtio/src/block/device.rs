@@ -14,7 +14,7 @@ use super::{
 };
 use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
-use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
 /// The largest data descriptor the driver may use (`size_max`).
 pub const SIZE_MAX: u32 = 1 << 20;
@@ -69,6 +69,7 @@ impl Block {
         id_bytes[..n].copy_from_slice(&id.as_bytes()[..n]);
         let mut features = 1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_F_EVENT_IDX
+            | 1 << VIRTIO_F_INDIRECT_DESC
             | 1 << VIRTIO_BLK_F_SIZE_MAX
             | 1 << VIRTIO_BLK_F_SEG_MAX
             | 1 << VIRTIO_BLK_F_BLK_SIZE

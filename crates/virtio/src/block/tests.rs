@@ -601,3 +601,104 @@ fn a_head_may_be_offered_again_only_once_its_used_element_is_published() {
         assert_eq!(queue.pop_avail(), expected, "published: {publish}");
     }
 }
+
+const TABLE: u64 = 0x9000;
+
+/// A rig whose driver negotiated indirect descriptors.
+fn indirect_rig() -> Rig {
+    let mut rig = rig(false);
+    let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+        .unwrap()
+        .with_indirect_descriptors(true);
+    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let disk = RamDisk::create(&path, DISK).unwrap();
+    let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+    rig.worker = BlockWorker::new(queue, Box::new(disk), info, signals(rig.needs_reset.clone()));
+    rig._disk = path;
+    rig
+}
+
+impl Rig {
+    /// Descriptor `index` of the indirect table at TABLE.
+    fn table_desc(&self, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let at = TABLE + 16 * index as u64;
+        self.mem.write_obj(addr, GuestAddress(at)).unwrap();
+        self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+        self.mem.write_obj(next, GuestAddress(at + 14)).unwrap();
+    }
+
+    /// A 4 KiB read whose three descriptors are in the indirect table, and ring descriptor 0
+    /// pointing to the table's `len` bytes.
+    fn indirect_read(&self, len: u32) {
+        self.header(VIRTIO_BLK_T_IN, 0);
+        self.table_desc(0, HEADER, 16, VIRTQ_DESC_F_NEXT, 1);
+        self.table_desc(1, DATA, 4096, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 2);
+        self.table_desc(2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
+        self.desc(0, TABLE, len, VIRTQ_DESC_F_INDIRECT, 0);
+    }
+}
+
+#[test]
+fn a_request_in_an_indirect_table_is_served_when_negotiated() {
+    let mut rig = indirect_rig();
+    rig.mem.write_slice(&[0x77; 4096], GuestAddress(DATA)).unwrap();
+    rig.indirect_read(48);
+    rig.submit(0);
+    assert_eq!(rig.run(), Ok(1));
+    assert_eq!((rig.used_idx(), rig.used_len(0), rig.status()), (1, 4097, VIRTIO_BLK_S_OK));
+    assert_eq!(rig.mem.read_obj::<u8>(GuestAddress(DATA)).unwrap(), 0, "the disk's zeros were read");
+
+    // Not negotiated: the driver broke the queue.
+    let mut rig = self::rig(false);
+    rig.indirect_read(48);
+    rig.submit(0);
+    assert_eq!(rig.run(), Err(QueueError::UnexpectedIndirect));
+}
+
+#[test]
+fn malformed_indirect_tables_need_a_reset() {
+    type Spoil = fn(&Rig);
+    let cases: [(&str, Spoil, QueueError); 7] = [
+        ("empty", |r| r.desc(0, TABLE, 0, VIRTQ_DESC_F_INDIRECT, 0), QueueError::BadIndirectTable(0)),
+        (
+            "not whole descriptors",
+            |r| r.desc(0, TABLE, 40, VIRTQ_DESC_F_INDIRECT, 0),
+            QueueError::BadIndirectTable(40),
+        ),
+        (
+            "longer than the queue",
+            |r| r.desc(0, TABLE, 16 * (SIZE as u32 + 1), VIRTQ_DESC_F_INDIRECT, 0),
+            QueueError::BadIndirectTable(16 * (SIZE as u32 + 1)),
+        ),
+        (
+            "outside guest RAM",
+            |r| r.desc(0, MEM as u64 - 16, 48, VIRTQ_DESC_F_INDIRECT, 0),
+            QueueError::BadIndirectTable(48),
+        ),
+        (
+            "indirect with next",
+            |r| r.desc(0, TABLE, 48, VIRTQ_DESC_F_INDIRECT | VIRTQ_DESC_F_NEXT, 1),
+            QueueError::NestedIndirect,
+        ),
+        ("nested", |r| r.table_desc(1, TABLE, 48, VIRTQ_DESC_F_INDIRECT, 0), QueueError::NestedIndirect),
+        (
+            "next outside the table",
+            |r| r.table_desc(1, DATA, 4096, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 3),
+            QueueError::BadDescriptorIndex(3),
+        ),
+    ];
+    for (name, spoil, expected) in cases {
+        let mut rig = indirect_rig();
+        rig.indirect_read(48);
+        spoil(&rig);
+        rig.submit(0);
+        assert_eq!(rig.run(), Err(expected), "{name}");
+    }
+    // A loop inside the table.
+    let mut rig = indirect_rig();
+    rig.indirect_read(48);
+    rig.table_desc(2, STATUS, 1, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 0);
+    rig.submit(0);
+    assert_eq!(rig.run(), Err(QueueError::ChainTooLong));
+}
