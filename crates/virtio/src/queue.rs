@@ -312,7 +312,7 @@ impl Queue {
         }
         let bad_table = QueueError::BadIndirectTable(table.len);
         let count = table.len / 16;
-        if count == 0 || table.len % 16 != 0 || count > u32::from(self.size) {
+        if count == 0 || !table.len.is_multiple_of(16) || count > u32::from(self.size) {
             return Err(bad_table);
         }
         let slice =
