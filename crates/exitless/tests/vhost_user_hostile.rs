@@ -266,6 +266,7 @@ fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
         next_frontend_is_served(&mut daemon, 2);
         let log = daemon.stop();
         assert!(log.contains("shrank"), "{io_mode}: the reason is logged: {log}");
+        eprintln!("{log}");
     }
 }
 
@@ -363,8 +364,11 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
         let daemon = Daemon::start("eventfd");
         let held = attack(&daemon);
         std::thread::sleep(Duration::from_millis(200));
-        eprintln!("SIGTERM with {what}");
-        daemon.stop();
+        let log = daemon.stop();
+        assert!(
+            log.contains("stopping") && !log.contains("exiting without waiting"),
+            "{what}: an orderly stop, not the watchdog's: {log}"
+        );
         drop(held);
     }
 }

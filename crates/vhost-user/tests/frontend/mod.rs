@@ -12,7 +12,7 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use vhost_user::message::{
-    code, recv_raw, send_raw, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
+    code, Header, MemoryRegion, VringAddr, Wire, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
 };
 use vmm_sys_util::eventfd::EventFd;
 
@@ -187,12 +187,13 @@ impl Frontend {
 
     pub fn send_flags(&self, request: u32, flags: u32, payload: &[u8], fds: &[RawFd]) {
         let header = Header { request, flags, size: payload.len() as u32 };
-        send_raw(&self.stream, header, payload, fds).expect("send to the backend");
+        Wire::new(&self.stream, TIMEOUT).send(header, payload, fds).expect("send to the backend");
     }
 
     /// Receive a reply to `request`; panics on anything else.
     pub fn reply(&self, request: u32) -> Vec<u8> {
-        let (header, payload, fds) = recv_raw(&self.stream, TIMEOUT)
+        let (header, payload, fds) = Wire::new(&self.stream, TIMEOUT)
+            .recv()
             .expect("a reply")
             .unwrap_or_else(|| panic!("the backend closed the connection instead of answering {request}"));
         assert_eq!(header.request, request);
