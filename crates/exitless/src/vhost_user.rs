@@ -43,7 +43,7 @@ Serves one frontend at a time and keeps serving across reconnections: the disk s
 every write the guest saw completed is in it. A frontend that connects while another is served
 is refused at once (\"another frontend is connected to this disk\" in the log). A frontend is
 dropped, and the next one accepted, when it sends a malformed or refused message (call, error
-and kick descriptors must be eventfds), has not negotiated its features 5 s after connecting,
+and kick descriptors must be eventfds), has not negotiated its features 10 s after connecting,
 pauses 5 s inside a message or leaves its replies unread for 5 s, or shrinks the memory it
 shared (its rings get an error eventfd signal; the daemon survives the SIGBUS). Every reason
 is logged. SIGINT or SIGTERM stops it within 2 s, whatever the frontend does.

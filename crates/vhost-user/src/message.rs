@@ -424,11 +424,13 @@ pub struct Wire<'a> {
     stream: &'a UnixStream,
     stall: Duration,
     stop: Option<BorrowedFd<'a>>,
+    /// How long `recv` waits for a message to begin; `None`: no limit.
+    idle: Option<Duration>,
 }
 
 impl<'a> Wire<'a> {
     pub fn new(stream: &'a UnixStream, stall: Duration) -> Wire<'a> {
-        Wire { stream, stall, stop: None }
+        Wire { stream, stall, stop: None, idle: None }
     }
 
     /// Give up any wait, with [`Error::Stopping`], once `stop` is readable.
@@ -436,13 +438,20 @@ impl<'a> Wire<'a> {
         Wire { stop, ..self }
     }
 
-    /// Receive one message's parts: header, payload and descriptors. Waits without limit for a
-    /// message to begin; `Ok(None)` when the peer closed the connection between messages.
+    /// Give up waiting for a message to begin after `idle` (a read error, "timed out").
+    pub fn with_idle_limit(self, idle: Duration) -> Wire<'a> {
+        Wire { idle: Some(idle), ..self }
+    }
+
+    /// Receive one message's parts: header, payload and descriptors. `Ok(None)` when the peer
+    /// closed the connection between messages.
     pub fn recv(&self) -> Result<Option<RawMessage>, Error> {
         let mut fds = Vec::new();
         let mut header = [0u8; HEADER_LEN];
         let first = loop {
-            self.wait(libc::POLLIN, None)?;
+            if !self.wait(libc::POLLIN, self.idle)? {
+                return Err(Error::Read(std::io::ErrorKind::TimedOut.into()));
+            }
             match self.recv_some(&mut header, &mut fds)? {
                 Some(0) => return Ok(None),
                 Some(n) => break n,
@@ -473,7 +482,11 @@ impl<'a> Wire<'a> {
             match self.stream.send_with_fds(&[&bytes[sent..]], fds) {
                 Ok(n) => sent += n,
                 Err(e) if e.errno() == libc::EINTR => {}
-                Err(e) if e.errno() == libc::EAGAIN => self.wait(libc::POLLOUT, Some(self.stall))?,
+                Err(e) if e.errno() == libc::EAGAIN => {
+                    if !self.wait(libc::POLLOUT, Some(self.stall))? {
+                        return Err(Error::ReplyStalled(self.stall.as_secs()));
+                    }
+                }
                 Err(e) => return Err(Error::Write(e.into())),
             }
         }
@@ -486,8 +499,8 @@ impl<'a> Wire<'a> {
         self.send(header, payload, &[])
     }
 
-    /// Wait for `events` on the socket (a hang-up counts), within `limit`.
-    fn wait(&self, events: i16, limit: Option<Duration>) -> Result<(), Error> {
+    /// Wait for `events` on the socket (a hang-up counts); `false` when `limit` passed first.
+    fn wait(&self, events: i16, limit: Option<Duration>) -> Result<bool, Error> {
         let socket = (self.stream.as_fd(), events);
         let ready = match self.stop {
             // The stop descriptor first: a peer that keeps the socket busy cannot delay it.
@@ -495,10 +508,9 @@ impl<'a> Wire<'a> {
             None => first_ready(&[socket], limit).map(|r| r.map(|_| true)),
         };
         match ready {
-            Ok(Some(true)) => Ok(()),
+            Ok(Some(true)) => Ok(true),
             Ok(Some(false)) => Err(Error::Stopping),
-            Ok(None) if events == libc::POLLOUT => Err(Error::ReplyStalled(self.stall.as_secs())),
-            Ok(None) => Err(Error::Stalled(self.stall.as_secs())),
+            Ok(None) => Ok(false),
             Err(e) if events == libc::POLLOUT => Err(Error::Write(e)),
             Err(e) => Err(Error::Read(e)),
         }
@@ -541,7 +553,9 @@ impl<'a> Wire<'a> {
     /// begun, the rest must come within `stall` each time.
     fn recv_exact(&self, buf: &mut [u8], mut filled: usize, fds: &mut Vec<OwnedFd>) -> Result<(), Error> {
         while filled < buf.len() {
-            self.wait(libc::POLLIN, Some(self.stall))?;
+            if !self.wait(libc::POLLIN, Some(self.stall))? {
+                return Err(Error::Stalled(self.stall.as_secs()));
+            }
             match self.recv_some(&mut buf[filled..], fds)? {
                 Some(0) => return Err(Error::Truncated),
                 Some(n) => filled += n,

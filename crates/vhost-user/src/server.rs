@@ -23,8 +23,10 @@ use crate::poll::first_ready;
 
 /// How long a frontend may pause in the middle of a message, or leave its replies unread.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a new frontend has to negotiate its features (QEMU does it as it connects).
-pub const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new frontend has to negotiate its features. QEMU does it as it connects; the
+/// margin is for a QEMU still starting on a loaded host.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How a connection ended.
 #[derive(Debug)]
 pub enum Ending {

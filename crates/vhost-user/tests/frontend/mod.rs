@@ -193,6 +193,7 @@ impl Frontend {
     /// Receive a reply to `request`; panics on anything else.
     pub fn reply(&self, request: u32) -> Vec<u8> {
         let (header, payload, fds) = Wire::new(&self.stream, TIMEOUT)
+            .with_idle_limit(TIMEOUT)
             .recv()
             .expect("a reply")
             .unwrap_or_else(|| panic!("the backend closed the connection instead of answering {request}"));
