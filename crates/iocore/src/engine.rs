@@ -141,17 +141,32 @@ impl Engine {
     fn sleep(&mut self) {
         self.stats.sleeps += 1;
         let Ok(n) = self.epoll.wait(-1, &mut self.events) else { return };
-        for event in &self.events[..n] {
+        for i in 0..n {
+            let event = self.events[i];
             let fd = match event.data() {
                 WAKE_TOKEN => Some(&self.shared.wake),
                 // The worker's `poll` empties its backend; nothing to clear here.
                 token if token & BACKEND_TOKEN != 0 => None,
+                index if hung_up(event.event_set()) => {
+                    self.drop_notifier(index as usize);
+                    None
+                }
                 index => self.entries.get(index as usize).and_then(|e| e.notify.as_deref()),
             };
             if let Some(fd) = fd {
                 // Non-blocking: empties the counter so the next epoll_wait sleeps.
                 let _ = fd.read();
             }
+        }
+    }
+
+    /// Stop listening to a queue's notifier that hung up or failed: epoll would report it again
+    /// on every wait, and the thread would spin. An eventfd never does this; a notifier that
+    /// does can no longer notify, so its queue is served only when something else wakes the
+    /// thread (its owner detaches it and gives a new one).
+    fn drop_notifier(&mut self, index: usize) {
+        if let Some(notify) = self.entries.get_mut(index).and_then(|e| e.notify.take()) {
+            let _ = self.epoll.ctl(ControlOperation::Delete, notify.as_raw_fd(), EpollEvent::default());
         }
     }
 
@@ -199,6 +214,11 @@ impl Engine {
             }
         }
     }
+}
+
+/// Does epoll say the descriptor hung up or failed (it then stays ready for good)?
+fn hung_up(events: EventSet) -> bool {
+    events.intersects(EventSet::HANG_UP | EventSet::ERROR | EventSet::READ_HANG_UP)
 }
 
 fn current_thread_clock() -> std::io::Result<libc::clockid_t> {

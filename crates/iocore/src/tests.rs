@@ -148,3 +148,23 @@ fn adaptive_sleeps_when_idle_and_wakes_on_a_notification() {
 fn pinning_to_a_cpu_that_does_not_exist_fails_cleanly() {
     assert!(matches!(IoCore::spawn(Policy::Polling, Some(100_000)), Err(IoCoreError::Pin { .. })));
 }
+
+#[test]
+fn a_hung_up_notifier_does_not_make_a_notified_iocore_spin() {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let (_guest, worker) = guest_and_worker();
+    // A socket whose peer has gone: epoll reports EPOLLHUP on it for ever.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    drop(theirs);
+    // SAFETY: `into_raw_fd` hands over the open descriptor; the EventFd owns it from here.
+    let notify = Arc::new(unsafe { EventFd::from_raw_fd(ours.into_raw_fd()) });
+    let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
+    iocore.attach(1, worker, Some(notify));
+    std::thread::sleep(Duration::from_millis(50));
+    let before = iocore.cpu_time().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let used = iocore.cpu_time().unwrap() - before;
+    assert!(used < Duration::from_millis(100), "{used:?} of CPU in 500 ms with a hung-up notifier");
+    assert!(iocore.detach(1).is_some(), "the worker is handed back");
+    iocore.stop().unwrap();
+}

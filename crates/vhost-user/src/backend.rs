@@ -10,14 +10,16 @@
 //! session stop it: the worker is detached, its in-flight requests finish, and the backend goes
 //! back to the device model, so the next connection finds every acknowledged write in it.
 
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
 use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
-use virtio::{DeviceSignals, VirtioDevice, WorkerHost, VIRTIO_F_EVENT_IDX};
+use virtio::{
+    DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
+};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::Error;
@@ -75,6 +77,7 @@ impl VhostUserBlk {
             features: None,
             memory: None,
             vrings: (0..queues).map(|_| Vring::default()).collect(),
+            set_up: false,
         }
     }
 }
@@ -110,6 +113,8 @@ pub struct Session<'a> {
     features: Option<u64>,
     memory: Option<GuestMemoryTable>,
     vrings: Vec<Vring>,
+    /// See [`Session::set_up`].
+    set_up: bool,
 }
 
 /// Replace the descriptor behind `slot` with `fd` (or a fresh eventfd nobody reads, for "no
@@ -141,7 +146,54 @@ fn install_fd(slot: &mut Option<Arc<EventFd>>, fd: Option<OwnedFd>) -> Result<()
     Ok(())
 }
 
+/// Check that a descriptor the frontend gave as a ring's kick, call or error notifier is an
+/// eventfd, and make it non-blocking. The IOCore reads and writes these on its serving path: a
+/// pipe nobody reads would block it, a hung-up socket would wake it for ever, and even a real
+/// eventfd blocks a writer once the frontend has run its counter up to the maximum.
+fn frontend_eventfd(fd: OwnedFd, index: usize, what: &'static str) -> Result<OwnedFd, Error> {
+    let not_eventfd = |found: String| Error::NotAnEventFd { index, what, found };
+    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| not_eventfd(format!("unknown: /proc/self/fd says {e}")))?;
+    if target.as_os_str() != "anon_inode:[eventfd]" {
+        return Err(not_eventfd(target.display().to_string()));
+    }
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    let rc = unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 {
+            flags
+        } else {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK)
+        }
+    };
+    if rc < 0 {
+        return Err(Error::EventFd(std::io::Error::last_os_error()));
+    }
+    Ok(fd)
+}
+
 impl Session<'_> {
+    /// Has the frontend negotiated its features (SET_PROTOCOL_FEATURES or SET_FEATURES) or
+    /// shared its memory? The server drops a connection that has not within its set-up time.
+    pub fn set_up(&self) -> bool {
+        self.set_up
+    }
+
+    /// Becomes readable when the frontend's memory shrank under a mapped region (see
+    /// [`crate::memory`]); `None` before SET_MEM_TABLE.
+    pub fn memory_fault(&self) -> Option<BorrowedFd<'_>> {
+        self.memory.as_ref().map(GuestMemoryTable::fault)
+    }
+
+    /// The frontend's memory shrank: tell it through every ring's error eventfd (the device
+    /// needs a reset) and return the error that ends the connection.
+    pub fn memory_shrank(&mut self) -> Error {
+        for err in self.vrings.iter().filter_map(|v| v.err.as_ref()) {
+            let _ = err.write(1);
+        }
+        Error::MemoryShrank
+    }
+
     pub fn protocol_features(&self) -> u64 {
         self.protocol_features
     }
@@ -174,6 +226,7 @@ impl Session<'_> {
                     return Err(Error::FeaturesNotOffered { requested: features, offered });
                 }
                 self.features = Some(features);
+                self.set_up = true;
                 Ok(None)
             }
             Request::GetProtocolFeatures => u64_reply(OFFERED_PROTOCOL_FEATURES),
@@ -185,6 +238,7 @@ impl Session<'_> {
                     });
                 }
                 self.protocol_features = features;
+                self.set_up = true;
                 Ok(None)
             }
             Request::SetOwner => Ok(None),
@@ -199,6 +253,7 @@ impl Session<'_> {
             Request::GetQueueNum => u64_reply(self.vrings.len() as u64),
             Request::SetMemTable(table) => {
                 let memory = GuestMemoryTable::map(table)?;
+                self.set_up = true;
                 // Running rings move to the new mapping: stop them, then start them again
                 // where they were.
                 let running: Vec<usize> =
@@ -263,14 +318,7 @@ impl Session<'_> {
                 let index = self.vring_index(index)?;
                 let kick = match fd {
                     Some(fd) => {
-                        // The IOCore drains the counter after each wake-up: never block there.
-                        // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
-                        unsafe {
-                            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-                            if flags >= 0 {
-                                libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-                            }
-                        }
+                        let fd = frontend_eventfd(fd, index, "kick")?;
                         // SAFETY: `fd` is an open descriptor we own; the EventFd takes it over.
                         let event = unsafe { EventFd::from_raw_fd(fd.into_raw_fd()) };
                         Some(Arc::new(event))
@@ -285,11 +333,13 @@ impl Session<'_> {
             }
             Request::SetVringCall { index, fd } => {
                 let index = self.vring_index(index)?;
+                let fd = fd.map(|fd| frontend_eventfd(fd, index, "call")).transpose()?;
                 install_fd(&mut self.vrings[index].call, fd)?;
                 Ok(None)
             }
             Request::SetVringErr { index, fd } => {
                 let index = self.vring_index(index)?;
+                let fd = fd.map(|fd| frontend_eventfd(fd, index, "error")).transpose()?;
                 install_fd(&mut self.vrings[index].err, fd)?;
                 Ok(None)
             }
@@ -349,10 +399,11 @@ impl Session<'_> {
             avail: translate("available", addr.avail, 6 + 2 * size)?,
             used: translate("used", addr.used, 6 + 8 * size)?,
         };
-        let event_idx = self.features.is_some_and(|f| f & 1 << VIRTIO_F_EVENT_IDX != 0);
+        let acked = |bit: u32| self.features.is_some_and(|f| f & 1 << bit != 0);
         let mem = memory.memory();
-        let mut queue =
-            Queue::new(mem, config, event_idx).map_err(|source| Error::BadQueue { index, source })?;
+        let mut queue = Queue::new(mem, config, acked(VIRTIO_F_EVENT_IDX))
+            .map_err(|source| Error::BadQueue { index, source })?
+            .with_indirect_descriptors(acked(VIRTIO_F_INDIRECT_DESC));
         queue.resume(vring.base);
         let kick = kick.clone();
         // A ring may start before the frontend gave a call or error descriptor: the worker
@@ -364,8 +415,10 @@ impl Session<'_> {
             return Ok(());
         };
         let interrupt = InterruptLine::new(Arc::new(AtomicU32::new(0)), Some(call));
-        let signals =
-            DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false))).with_error_notifier(err);
+        let stats = Arc::new(DeviceStats::new(format!("vhost-user-blk ring {index}")));
+        let signals = DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false)))
+            .with_error_notifier(err)
+            .with_stats(stats);
         let worker = self
             .device
             .block

@@ -21,6 +21,10 @@ pub enum Error {
     Truncated,
     #[error("the frontend sent part of a message, then nothing for {0} s")]
     Stalled(u64),
+    #[error("the frontend did not read its replies for {0} s")]
+    ReplyStalled(u64),
+    #[error("the daemon is stopping")]
+    Stopping,
     #[error("header flags {0:#x}: expected protocol version 1, no reply bit and no reserved bits")]
     BadFlags(u32),
     #[error("unknown request code {0} (is the peer a vhost-user frontend?)")]
@@ -53,6 +57,8 @@ pub enum Error {
     BadRegionFd { index: usize, why: String },
     #[error("memory region {index}: cannot map it: {why}")]
     Map { index: usize, why: String },
+    #[error("more than {0} memory regions mapped at once in this process")]
+    TooManyMappedRegions(usize),
 
     // Rings.
     #[error("vring index {index}: this device has {queues} queues")]
@@ -77,6 +83,14 @@ pub enum Error {
     Detach(usize),
     #[error("cannot create an eventfd or duplicate the frontend's: {0}")]
     EventFd(#[source] io::Error),
+    #[error("vring {index}: the {what} descriptor is not an eventfd (it is {found})")]
+    NotAnEventFd { index: usize, what: &'static str, found: String },
+    #[error(
+        "the frontend shrank a memory file it shared (an access raised SIGBUS): the region now reads as zeros and the rings were told through their error eventfds"
+    )]
+    MemoryShrank,
+    #[error("the frontend did not finish setting up (negotiate features) within {0} s of connecting")]
+    SetupTimeout(u64),
 
     // Negotiation.
     #[error("features {requested:#x} include bits not offered ({offered:#x})")]

@@ -8,18 +8,23 @@
 //!
 //! - [`message`]: the wire format, with strict validation.
 //! - [`memory`]: the memory table, mapped as one `GuestMemoryMmap`.
+//! - [`fault`]: a frontend that shrinks its shared memory costs it its connection, not the
+//!   daemon its life (SIGBUS handling).
 //! - [`backend`]: the device across connections, and the per-connection state machine.
-//! - [`server`]: the listening socket, one frontend at a time.
+//! - [`server`]: the listening socket, one frontend at a time (others are refused), each with a
+//!   set-up time limit.
 
 pub mod backend;
 pub mod error;
+pub mod fault;
 pub mod memory;
 pub mod message;
+mod poll;
 pub mod server;
 
 pub use backend::{Session, VhostUserBlk};
 pub use error::Error;
-pub use server::{serve_connection, Ending, Server};
+pub use server::{Ending, Server};
 
 /// Log one line on standard error (never panics: a closed stderr loses the line).
 pub fn log(message: std::fmt::Arguments) {

@@ -8,20 +8,27 @@
 //! Regions are refused, before anything is mapped, when they are empty, wrap around, overlap
 //! one another (as guest-physical or as frontend addresses), start at an offset that is not
 //! page-aligned, or reach past the end of their file (touching such a page would raise SIGBUS
-//! here). A frontend that shrinks a file after we mapped it can still make us fault: vhost-user
-//! trusts its frontend that far, as every backend does.
+//! here). A frontend that shrinks a file after we mapped it makes the next access fault: every
+//! mapped region is registered with [`crate::fault`], which turns that SIGBUS into zero pages
+//! and a readable [`GuestMemoryTable::fault`] descriptor instead of the end of the daemon.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::Error;
+use crate::fault::{self, Registration};
 use crate::message::MemoryRegion;
 
+/// The frontend's memory, mapped. Fields drop in order: the SIGBUS registrations go before
+/// the mappings they describe, the fault eventfd after both.
 pub struct GuestMemoryTable {
+    _registrations: Vec<Registration>,
     memory: GuestMemoryMmap,
     regions: Vec<MemoryRegion>,
+    fault: OwnedFd,
 }
 
 fn page_size() -> u64 {
@@ -68,6 +75,10 @@ impl GuestMemoryTable {
                 }
             }
         }
+        let fault = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd)?;
+        // SAFETY: `into_raw_fd` hands over the open descriptor the EventFd owned.
+        let fault = unsafe { OwnedFd::from_raw_fd(fault.into_raw_fd()) };
+        let mut registrations = Vec::with_capacity(table.len());
         let mut regions = Vec::with_capacity(table.len());
         let mut mapped = Vec::with_capacity(table.len());
         for (index, (region, fd)) in table.into_iter().enumerate() {
@@ -76,6 +87,10 @@ impl GuestMemoryTable {
             let size = region.memory_size as usize;
             let mapping = MmapRegion::from_file(FileOffset::new(file, region.mmap_offset), size)
                 .map_err(|e| Error::Map { index, why: e.to_string() })?;
+            let registration = fault::register(mapping.as_ptr() as usize, mapping.size(), fault.as_raw_fd())
+                .map_err(|e| Error::Map { index, why: format!("cannot install the SIGBUS handler: {e}") })?
+                .ok_or(Error::TooManyMappedRegions(fault::MAX_REGIONS))?;
+            registrations.push(registration);
             let guest = GuestRegionMmap::new(mapping, GuestAddress(region.guest_phys_addr))
                 .ok_or(Error::RegionOverflow(index))?;
             mapped.push(guest);
@@ -84,7 +99,13 @@ impl GuestMemoryTable {
         mapped.sort_by_key(vm_memory::GuestMemoryRegion::start_addr);
         let memory =
             GuestMemoryMmap::from_regions(mapped).map_err(|e| Error::Map { index: 0, why: e.to_string() })?;
-        Ok(GuestMemoryTable { memory, regions })
+        Ok(GuestMemoryTable { _registrations: registrations, memory, regions, fault })
+    }
+
+    /// Readable once an access to one of the regions raised SIGBUS (the frontend shrank its
+    /// file); that region then reads as zeros.
+    pub fn fault(&self) -> BorrowedFd<'_> {
+        self.fault.as_fd()
     }
 
     pub fn memory(&self) -> &GuestMemoryMmap {

@@ -6,15 +6,18 @@
 //! untrusted input: a payload must have exactly the size its request has, a request must carry
 //! exactly the descriptors it needs, unknown request codes and requests for features this
 //! backend does not offer are refused. Received descriptors are owned (`OwnedFd`) from the
-//! moment they arrive, so a refused message leaks none.
+//! moment they arrive, so a refused message leaks none; at most [`MAX_FDS`] come with one
+//! message, and a message with more (or with a truncated control message) is refused, the
+//! extra descriptors closed.
 
-use std::io;
-use std::mem::size_of;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
 use crate::error::Error;
+use crate::poll::first_ready;
 
 pub const HEADER_LEN: usize = 12;
 /// Protocol version in flags bits 0-1.
@@ -410,175 +413,157 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(word)
 }
 
-/// A control buffer for `MAX_FDS` descriptors, aligned for `cmsghdr`.
-#[repr(C, align(8))]
-struct ControlBuffer([u8; 64]);
-
-// CMSG_SPACE(4 * MAX_FDS) is 16 + 32 = 48 on 64-bit Linux.
-const _: () = assert!(size_of::<libc::cmsghdr>() + 4 * MAX_FDS <= 64);
-
-/// `recvmsg` into `buf`, appending received descriptors to `fds`. Returns the bytes read (0 at
-/// end of file).
-fn recv_with_fds(fd: BorrowedFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize, Error> {
-    let mut control = ControlBuffer([0; 64]);
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.0.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE only computes a size.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE((4 * MAX_FDS) as u32) } as usize;
-    let n = loop {
-        // SAFETY: `msg` points at `iov` (into `buf`) and `control`, both live and writable for
-        // the lengths given.
-        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let error = io::Error::last_os_error();
-        if error.kind() != io::ErrorKind::Interrupted {
-            return Err(Error::Read(error));
-        }
-    };
-    // Take ownership of every descriptor received before looking at anything else, so none leaks.
-    // SAFETY: the kernel filled `msg_control` with `msg_controllen` bytes of well-formed cmsgs;
-    // CMSG_FIRSTHDR/NXTHDR stay inside it, and the data of an SCM_RIGHTS cmsg is an array of
-    // ints (read unaligned) that are descriptors now owned by this process.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg);
-                let len = ((*cmsg).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
-                for i in 0..len / 4 {
-                    let raw: RawFd = data.add(4 * i).cast::<RawFd>().read_unaligned();
-                    fds.push(OwnedFd::from_raw_fd(raw));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > MAX_FDS {
-        return Err(Error::TooManyFds);
-    }
-    Ok(n)
-}
-
-/// Wait until `fd` is readable, for at most `timeout`. `false` on timeout.
-fn wait_readable(fd: BorrowedFd, timeout: Duration) -> Result<bool, Error> {
-    let mut pollfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    loop {
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pollfd, 1, ms) };
-        if n >= 0 {
-            return Ok(n > 0);
-        }
-        let error = io::Error::last_os_error();
-        if error.kind() != io::ErrorKind::Interrupted {
-            return Err(Error::Read(error));
-        }
-    }
-}
-
-/// Fill `buf` completely; the first bytes may already be there (`filled`). Once a message has
-/// begun, the rest must come within `stall` each time.
-fn recv_exact(
-    fd: BorrowedFd,
-    buf: &mut [u8],
-    mut filled: usize,
-    fds: &mut Vec<OwnedFd>,
-    stall: Duration,
-) -> Result<(), Error> {
-    while filled < buf.len() {
-        if !wait_readable(fd, stall)? {
-            return Err(Error::Stalled(stall.as_secs()));
-        }
-        match recv_with_fds(fd, &mut buf[filled..], fds)? {
-            0 => return Err(Error::Truncated),
-            n => filled += n,
-        }
-    }
-    Ok(())
-}
-
 /// A received message before parsing: header, payload, descriptors.
 pub type RawMessage = (Header, Vec<u8>, Vec<OwnedFd>);
 
-/// Receive one message's parts: header, payload and descriptors. Blocks until a message begins;
-/// `Ok(None)` when the peer closed the connection between messages.
-pub fn recv_raw(stream: &UnixStream, stall: Duration) -> Result<Option<RawMessage>, Error> {
-    let fd = std::os::fd::AsFd::as_fd(stream);
-    let mut fds = Vec::new();
-    let mut header = [0u8; HEADER_LEN];
-    let first = recv_with_fds(fd, &mut header, &mut fds)?;
-    if first == 0 {
-        return Ok(None);
-    }
-    recv_exact(fd, &mut header, first, &mut fds, stall)?;
-    let header = Header::from_bytes(&header);
-    if header.size as usize > MAX_PAYLOAD {
-        return Err(Error::TooLarge(header.size));
-    }
-    let mut payload = vec![0u8; header.size as usize];
-    recv_exact(fd, &mut payload, 0, &mut fds, stall)?;
-    Ok(Some((header, payload, fds)))
+/// One end of a vhost-user connection: messages with their descriptors (SCM_RIGHTS, through
+/// vmm-sys-util's `ScmSocket`), where the peer may pause inside a message for at most `stall`
+/// and, if a stop descriptor is given, every wait also ends when it becomes readable. Works on
+/// blocking and non-blocking sockets alike.
+pub struct Wire<'a> {
+    stream: &'a UnixStream,
+    stall: Duration,
+    stop: Option<BorrowedFd<'a>>,
+    /// How long `recv` waits for a message to begin; `None`: no limit.
+    idle: Option<Duration>,
 }
 
-/// Send a message: header, payload and (attached to its first byte) descriptors.
-pub fn send_raw(stream: &UnixStream, header: Header, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    if fds.len() > MAX_FDS {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+impl<'a> Wire<'a> {
+    pub fn new(stream: &'a UnixStream, stall: Duration) -> Wire<'a> {
+        Wire { stream, stall, stop: None, idle: None }
     }
-    let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
-    bytes.extend_from_slice(&header.to_bytes());
-    bytes.extend_from_slice(payload);
-    let mut sent = 0;
-    while sent < bytes.len() {
-        let mut control = ControlBuffer([0; 64]);
-        let mut iov =
-            libc::iovec { iov_base: bytes[sent..].as_mut_ptr().cast(), iov_len: bytes.len() - sent };
-        // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if sent == 0 && !fds.is_empty() {
-            let data_len = (4 * fds.len()) as u32;
-            msg.msg_control = control.0.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE/CMSG_LEN only compute sizes; the cmsg header and its data fit
-            // in `control` (checked at compile time for MAX_FDS), which is 8-byte aligned.
-            unsafe {
-                msg.msg_controllen = libc::CMSG_SPACE(data_len) as usize;
-                let cmsg = libc::CMSG_FIRSTHDR(&msg);
-                (*cmsg).cmsg_level = libc::SOL_SOCKET;
-                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as usize;
-                let data = libc::CMSG_DATA(cmsg);
-                for (i, fd) in fds.iter().enumerate() {
-                    data.add(4 * i).cast::<RawFd>().write_unaligned(*fd);
+
+    /// Give up any wait, with [`Error::Stopping`], once `stop` is readable.
+    pub fn with_stop(self, stop: Option<BorrowedFd<'a>>) -> Wire<'a> {
+        Wire { stop, ..self }
+    }
+
+    /// Give up waiting for a message to begin after `idle` (a read error, "timed out").
+    pub fn with_idle_limit(self, idle: Duration) -> Wire<'a> {
+        Wire { idle: Some(idle), ..self }
+    }
+
+    /// Receive one message's parts: header, payload and descriptors. `Ok(None)` when the peer
+    /// closed the connection between messages.
+    pub fn recv(&self) -> Result<Option<RawMessage>, Error> {
+        let mut fds = Vec::new();
+        let mut header = [0u8; HEADER_LEN];
+        let first = loop {
+            if !self.wait(libc::POLLIN, self.idle)? {
+                return Err(Error::Read(std::io::ErrorKind::TimedOut.into()));
+            }
+            match self.recv_some(&mut header, &mut fds)? {
+                Some(0) => return Ok(None),
+                Some(n) => break n,
+                None => continue,
+            }
+        };
+        self.recv_exact(&mut header, first, &mut fds)?;
+        let header = Header::from_bytes(&header);
+        if header.size as usize > MAX_PAYLOAD {
+            return Err(Error::TooLarge(header.size));
+        }
+        let mut payload = vec![0u8; header.size as usize];
+        self.recv_exact(&mut payload, 0, &mut fds)?;
+        Ok(Some((header, payload, fds)))
+    }
+
+    /// Send a message: header, payload and (attached to its first byte) descriptors.
+    pub fn send(&self, header: Header, payload: &[u8], fds: &[RawFd]) -> Result<(), Error> {
+        if fds.len() > MAX_FDS {
+            return Err(Error::TooManyFds);
+        }
+        let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
+        bytes.extend_from_slice(&header.to_bytes());
+        bytes.extend_from_slice(payload);
+        let mut sent = 0;
+        while sent < bytes.len() {
+            let fds = if sent == 0 { fds } else { &[] };
+            match self.stream.send_with_fds(&[&bytes[sent..]], fds) {
+                Ok(n) => sent += n,
+                Err(e) if e.errno() == libc::EINTR => {}
+                Err(e) if e.errno() == libc::EAGAIN => {
+                    if !self.wait(libc::POLLOUT, Some(self.stall))? {
+                        return Err(Error::ReplyStalled(self.stall.as_secs()));
+                    }
                 }
+                Err(e) => return Err(Error::Write(e.into())),
             }
         }
-        // SAFETY: `msg` points at live buffers of the given lengths; MSG_NOSIGNAL: a closed peer
-        // is an error, not SIGPIPE.
-        let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        sent += n as usize;
+        Ok(())
     }
-    Ok(())
-}
 
-/// Reply to `request` with `payload`.
-pub fn send_reply(stream: &UnixStream, request: u32, payload: &[u8]) -> Result<(), Error> {
-    let header = Header { request, flags: VERSION | FLAG_REPLY, size: payload.len() as u32 };
-    send_raw(stream, header, payload, &[]).map_err(Error::Write)
+    /// Reply to `request` with `payload`.
+    pub fn reply(&self, request: u32, payload: &[u8]) -> Result<(), Error> {
+        let header = Header { request, flags: VERSION | FLAG_REPLY, size: payload.len() as u32 };
+        self.send(header, payload, &[])
+    }
+
+    /// Wait for `events` on the socket (a hang-up counts); `false` when `limit` passed first.
+    fn wait(&self, events: i16, limit: Option<Duration>) -> Result<bool, Error> {
+        let socket = (self.stream.as_fd(), events);
+        let ready = match self.stop {
+            // The stop descriptor first: a peer that keeps the socket busy cannot delay it.
+            Some(stop) => first_ready(&[(stop, libc::POLLIN), socket], limit).map(|r| r.map(|i| i == 1)),
+            None => first_ready(&[socket], limit).map(|r| r.map(|_| true)),
+        };
+        match ready {
+            Ok(Some(true)) => Ok(true),
+            Ok(Some(false)) => Err(Error::Stopping),
+            Ok(None) => Ok(false),
+            Err(e) if events == libc::POLLOUT => Err(Error::Write(e)),
+            Err(e) => Err(Error::Read(e)),
+        }
+    }
+
+    /// One `recvmsg` into `buf`, adding received descriptors to `fds` (at most MAX_FDS in a
+    /// message: more, or a truncated control message, is an error, and the descriptors that
+    /// came with it are closed). `Some(0)` at end of file, `None` if nothing was there yet.
+    fn recv_some(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<Option<usize>, Error> {
+        let mut raw = [-1 as RawFd; MAX_FDS];
+        let room = MAX_FDS - fds.len();
+        let mut iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
+        loop {
+            // SAFETY: the iovec points at `buf`, writable for its whole length and borrowed for
+            // the call; any bytes may be written there.
+            let received = unsafe { self.stream.recv_with_fds(&mut iov, &mut raw[..room]) };
+            match received {
+                Ok((n, count)) => {
+                    for &fd in &raw[..count] {
+                        // SAFETY: `recv_with_fds` hands over `count` descriptors that are now
+                        // this process's and nobody else's.
+                        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                        // SAFETY: F_SETFD on a descriptor we own. The daemon runs nothing, but
+                        // nothing of a frontend's should survive an exec either.
+                        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+                        fds.push(fd);
+                    }
+                    return Ok(Some(n));
+                }
+                Err(e) if e.errno() == libc::EINTR => {}
+                Err(e) if e.errno() == libc::EAGAIN => return Ok(None),
+                // ScmSocket's answer to a truncated control message (it closed what came).
+                Err(e) if e.errno() == libc::ENOBUFS => return Err(Error::TooManyFds),
+                Err(e) => return Err(Error::Read(e.into())),
+            }
+        }
+    }
+
+    /// Fill `buf` completely; the first `filled` bytes are there already. Once a message has
+    /// begun, the rest must come within `stall` each time.
+    fn recv_exact(&self, buf: &mut [u8], mut filled: usize, fds: &mut Vec<OwnedFd>) -> Result<(), Error> {
+        while filled < buf.len() {
+            if !self.wait(libc::POLLIN, Some(self.stall))? {
+                return Err(Error::Stalled(self.stall.as_secs()));
+            }
+            match self.recv_some(&mut buf[filled..], fds)? {
+                Some(0) => return Err(Error::Truncated),
+                Some(n) => filled += n,
+                None => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -655,6 +640,29 @@ mod tests {
         assert!(config(0, 60, 60).is_ok());
         assert!(matches!(config(0, 60, 59), Err(Error::BadSize { .. })));
         assert!(matches!(config(0, 257, 257), Err(Error::ConfigRange { .. })));
+    }
+
+    #[test]
+    fn more_descriptors_than_a_message_may_carry_are_refused_and_closed() {
+        let (frontend, backend) = UnixStream::pair().unwrap();
+        let mut ends = [0 as RawFd; 2];
+        // SAFETY: pipe2 fills two descriptors, which we then own.
+        let (read_end, write_end) = unsafe {
+            assert_eq!(libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC), 0);
+            (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1]))
+        };
+        let header = Header { request: code::SET_VRING_CALL, flags: VERSION, size: 8 }.to_bytes();
+        let message = [&header[..], &[0u8; 8][..]].concat();
+        // 12 copies of the pipe's read end, in one message.
+        frontend.send_with_fds(&[&message[..]], &[read_end.as_raw_fd(); MAX_FDS + 4]).unwrap();
+        let received = Wire::new(&backend, Duration::from_secs(1)).recv();
+        assert!(matches!(received, Err(Error::TooManyFds)), "{received:?}");
+        // Every copy that reached us was closed: with ours gone, the pipe has no reader left.
+        drop(read_end);
+        // SAFETY: writes one byte from a live buffer to a descriptor we own.
+        let written = unsafe { libc::write(write_end.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        assert_eq!(written, -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EPIPE));
     }
 
     #[test]

@@ -1,23 +1,31 @@
 //! The listening socket: one frontend at a time, each connection a [`Session`]. A connection
-//! ends when the frontend closes it, or when it sends a message the backend refuses (logged on
-//! one line, answered with a failure where the frontend asked for acknowledgements); either way
-//! the session's rings stop, their backends go back to the device, and the next frontend is
-//! accepted.
+//! ends when the frontend closes it, when it sends a message the backend refuses (logged on one
+//! line, answered with a failure where the frontend asked for acknowledgements), when it has not
+//! negotiated its features within [`SETUP_TIMEOUT`], stalls inside a message or leaves its
+//! replies unread for [`STALL_TIMEOUT`], or when its memory shrinks under us; either way the
+//! session's rings stop, their backends go back to the device, and the next frontend is
+//! accepted. A frontend that connects while another is being served is refused at once (its
+//! connection closed, the reason logged), so nobody waits behind an idle frontend. Every wait
+//! also watches the stop descriptor, so stopping never waits for a frontend.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::backend::VhostUserBlk;
+use crate::backend::{Session, VhostUserBlk};
 use crate::error::Error;
 use crate::log;
-use crate::message::{recv_raw, request_name, send_reply, Message, FLAG_NEED_REPLY};
+use crate::message::{request_name, Message, Wire, FLAG_NEED_REPLY};
+use crate::poll::first_ready;
 
-/// How long a frontend may pause in the middle of a message.
+/// How long a frontend may pause in the middle of a message, or leave its replies unread.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new frontend has to negotiate its features. QEMU does it as it connects; the
+/// margin is for a QEMU still starting on a loaded host.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a connection ended.
 #[derive(Debug)]
@@ -26,8 +34,9 @@ pub enum Ending {
     Closed,
     /// The stop descriptor became readable.
     Stopped,
-    /// A message was refused (or the socket failed); the connection was closed. `request`
-    /// names the message, when its header was read and its code is known.
+    /// A message was refused, the socket failed, the frontend broke a time limit or its memory
+    /// shrank; the connection was closed. `request` names the message, when its header was
+    /// read and its code is known.
     Refused { request: Option<&'static str>, error: Error },
 }
 
@@ -76,16 +85,21 @@ impl Server {
                     continue;
                 }
             };
-            match peer_pid(&stream) {
-                Some(pid) => log(format_args!("frontend connected (pid {pid})")),
-                None => log(format_args!("frontend connected")),
+            log(format_args!("frontend connected{}", pid_note(&stream)));
+            // Replies must never block the server: a frontend that does not read them is
+            // waited for (with the stop descriptor) for at most STALL_TIMEOUT.
+            if let Err(e) = stream.set_nonblocking(true) {
+                log(format_args!("cannot make the frontend's socket non-blocking: {e}; connection closed"));
+                continue;
             }
-            match serve_connection(&stream, device, stop) {
+            match self.serve_connection(&stream, device, stop) {
                 Ending::Closed => log(format_args!("frontend disconnected; waiting for the next one")),
-                Ending::Refused { request, error } => log(format_args!(
-                    "refused {}: {error}; connection closed, waiting for the next frontend",
-                    request.unwrap_or("a message")
+                Ending::Refused { request: Some(request), error } => log(format_args!(
+                    "refused {request}: {error}; connection closed, waiting for the next frontend"
                 )),
+                Ending::Refused { request: None, error } => {
+                    log(format_args!("{error}; connection closed, waiting for the next frontend"))
+                }
                 Ending::Stopped => return Ok(()),
             }
         }
@@ -93,6 +107,55 @@ impl Server {
 
     fn listen_error(&self, source: io::Error) -> Error {
         Error::Listen { path: self.path.display().to_string(), source }
+    }
+
+    /// Serve one frontend on `stream` until it closes, a message is refused, it breaks a time
+    /// limit, its memory shrinks, or `stop` fires.
+    fn serve_connection(
+        &self,
+        stream: &UnixStream,
+        device: &mut VhostUserBlk,
+        stop: Option<BorrowedFd>,
+    ) -> Ending {
+        let connected = Instant::now();
+        let wire = Wire::new(stream, STALL_TIMEOUT).with_stop(stop);
+        let mut session = device.session();
+        loop {
+            let setup_left = (!session.set_up()).then(|| SETUP_TIMEOUT.saturating_sub(connected.elapsed()));
+            match wait_connection(stream, self.listener.as_fd(), stop, session.memory_fault(), setup_left) {
+                Ok(Some(Event::Stop)) => return Ending::Stopped,
+                Ok(Some(Event::MemoryFault)) => {
+                    return Ending::Refused { request: None, error: session.memory_shrank() };
+                }
+                Ok(Some(Event::Message)) => {
+                    if let Some(ending) = serve_message(&wire, &mut session) {
+                        return ending;
+                    }
+                }
+                Ok(Some(Event::Another)) => self.refuse_another(),
+                Ok(None) => {
+                    let error = Error::SetupTimeout(SETUP_TIMEOUT.as_secs());
+                    return Ending::Refused { request: None, error };
+                }
+                Err(e) => return Ending::Refused { request: None, error: Error::Read(e) },
+            }
+        }
+    }
+
+    /// Accept a frontend that connected while another is served, and close its connection.
+    fn refuse_another(&self) {
+        match self.listener.accept() {
+            Ok((stream, _)) => log(format_args!(
+                "refused a frontend{}: another frontend is connected to this disk",
+                pid_note(&stream)
+            )),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                log(format_args!("cannot accept a frontend: {e}"));
+                // Out of descriptors, say: the listener stays readable; do not spin on it.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 }
 
@@ -102,8 +165,8 @@ impl Drop for Server {
     }
 }
 
-/// The connected process's pid (SO_PEERCRED), for the log.
-fn peer_pid(stream: &UnixStream) -> Option<i32> {
+/// " (pid N)" for the connected process (SO_PEERCRED), or nothing, for the log.
+fn pid_note(stream: &UnixStream) -> String {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid pointer.
@@ -116,7 +179,11 @@ fn peer_pid(stream: &UnixStream) -> Option<i32> {
             &mut len,
         )
     };
-    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+    if rc == 0 && cred.pid > 0 {
+        format!(" (pid {})", cred.pid)
+    } else {
+        String::new()
+    }
 }
 
 #[derive(PartialEq, Eq)]
@@ -127,70 +194,78 @@ enum Ready {
 
 /// Wait until `fd` is readable (or hung up), or `stop` is.
 fn wait(fd: BorrowedFd, stop: Option<BorrowedFd>) -> io::Result<Ready> {
-    let mut fds = [
-        libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: stop.map_or(-1, |s| s.as_raw_fd()), events: libc::POLLIN, revents: 0 },
-    ];
-    loop {
-        // SAFETY: two valid pollfds (a negative fd is ignored by poll).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        if fds[1].revents != 0 {
-            return Ok(Ready::Stop);
-        }
-        if fds[0].revents != 0 {
-            return Ok(Ready::Fd);
-        }
+    let fd = (fd, libc::POLLIN);
+    match stop {
+        Some(stop) => match first_ready(&[(stop, libc::POLLIN), fd], None)? {
+            Some(0) => Ok(Ready::Stop),
+            _ => Ok(Ready::Fd),
+        },
+        None => first_ready(&[fd], None).map(|_| Ready::Fd),
     }
 }
 
-/// Serve one frontend on `stream` until it closes, a message is refused, or `stop` fires.
-pub fn serve_connection(stream: &UnixStream, device: &mut VhostUserBlk, stop: Option<BorrowedFd>) -> Ending {
-    let mut session = device.session();
-    loop {
-        match wait(stream.as_fd(), stop) {
-            Ok(Ready::Stop) => return Ending::Stopped,
-            Ok(Ready::Fd) => {}
-            Err(e) => return Ending::Refused { request: None, error: Error::Read(e) },
+/// What woke a connection's wait.
+#[derive(Clone, Copy)]
+enum Event {
+    Stop,
+    MemoryFault,
+    /// A message (or the end of the connection) on the frontend's socket.
+    Message,
+    /// Another frontend is connecting.
+    Another,
+}
+
+/// Wait for what matters to a connection, most important first; `None` when `limit` passed.
+fn wait_connection(
+    stream: &UnixStream,
+    listener: BorrowedFd,
+    stop: Option<BorrowedFd>,
+    fault: Option<BorrowedFd>,
+    limit: Option<Duration>,
+) -> io::Result<Option<Event>> {
+    let watched = [(stop, Event::Stop), (fault, Event::MemoryFault)]
+        .into_iter()
+        .filter_map(|(fd, event)| Some((fd?, event)))
+        .chain([(stream.as_fd(), Event::Message), (listener, Event::Another)]);
+    let mut fds = Vec::with_capacity(4);
+    let mut events = Vec::with_capacity(4);
+    for (fd, event) in watched {
+        fds.push((fd, libc::POLLIN));
+        events.push(event);
+    }
+    Ok(first_ready(&fds, limit)?.map(|index| events[index]))
+}
+
+/// Receive one message on `wire`, handle it and reply; `Some` when the connection ends.
+fn serve_message(wire: &Wire, session: &mut Session) -> Option<Ending> {
+    let (header, payload, fds) = match wire.recv() {
+        Ok(Some(parts)) => parts,
+        Ok(None) => return Some(Ending::Closed),
+        Err(Error::Stopping) => return Some(Ending::Stopped),
+        Err(error) => return Some(Ending::Refused { request: None, error }),
+    };
+    let request = request_name(header.request);
+    let wants_ack = header.flags & FLAG_NEED_REPLY != 0;
+    let result = Message::parse(header, &payload, fds).and_then(|message| {
+        let has_reply = message.request.has_reply();
+        session.handle(message).map(|reply| (reply, has_reply))
+    });
+    let ack = wants_ack && session.reply_ack();
+    let sent = match result {
+        Ok((Some(reply), _)) => wire.reply(header.request, &reply),
+        Ok((None, has_reply)) if ack && !has_reply => wire.reply(header.request, &0u64.to_le_bytes()),
+        Ok((None, _)) => Ok(()),
+        Err(error) => {
+            // A failure acknowledgement first, so the frontend's own log says why.
+            if ack && request.is_some() {
+                let _ = wire.reply(header.request, &1u64.to_le_bytes());
+            }
+            return Some(Ending::Refused { request, error });
         }
-        let (header, payload, fds) = match recv_raw(stream, STALL_TIMEOUT) {
-            Ok(Some(parts)) => parts,
-            Ok(None) => return Ending::Closed,
-            Err(error) => return Ending::Refused { request: None, error },
-        };
-        let request = request_name(header.request);
-        let wants_ack = header.flags & FLAG_NEED_REPLY != 0;
-        let result = Message::parse(header, &payload, fds).and_then(|message| {
-            let has_reply = message.request.has_reply();
-            session.handle(message).map(|reply| (reply, has_reply))
-        });
-        let ack = wants_ack && session.reply_ack();
-        match result {
-            Ok((Some(reply), _)) => {
-                if let Err(error) = send_reply(stream, header.request, &reply) {
-                    return Ending::Refused { request, error };
-                }
-            }
-            Ok((None, has_reply)) => {
-                if ack && !has_reply {
-                    if let Err(error) = send_reply(stream, header.request, &0u64.to_le_bytes()) {
-                        return Ending::Refused { request, error };
-                    }
-                }
-            }
-            Err(error) => {
-                // A failure acknowledgement first, so the frontend's own log says why.
-                if ack && request.is_some() {
-                    let _ = send_reply(stream, header.request, &1u64.to_le_bytes());
-                }
-                return Ending::Refused { request, error };
-            }
-        }
+    };
+    match sent {
+        Ok(()) => None,
+        Err(Error::Stopping) => Some(Ending::Stopped),
+        Err(error) => Some(Ending::Refused { request, error }),
     }
 }

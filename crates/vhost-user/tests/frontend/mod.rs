@@ -12,7 +12,7 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use vhost_user::message::{
-    code, recv_raw, send_raw, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
+    code, Header, MemoryRegion, VringAddr, Wire, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
 };
 use vmm_sys_util::eventfd::EventFd;
 
@@ -187,12 +187,14 @@ impl Frontend {
 
     pub fn send_flags(&self, request: u32, flags: u32, payload: &[u8], fds: &[RawFd]) {
         let header = Header { request, flags, size: payload.len() as u32 };
-        send_raw(&self.stream, header, payload, fds).expect("send to the backend");
+        Wire::new(&self.stream, TIMEOUT).send(header, payload, fds).expect("send to the backend");
     }
 
     /// Receive a reply to `request`; panics on anything else.
     pub fn reply(&self, request: u32) -> Vec<u8> {
-        let (header, payload, fds) = recv_raw(&self.stream, TIMEOUT)
+        let (header, payload, fds) = Wire::new(&self.stream, TIMEOUT)
+            .with_idle_limit(TIMEOUT)
+            .recv()
             .expect("a reply")
             .unwrap_or_else(|| panic!("the backend closed the connection instead of answering {request}"));
         assert_eq!(header.request, request);
@@ -315,8 +317,14 @@ impl Frontend {
 
     /// Put a chain of (guest address, length, device-writable) buffers in the ring and kick.
     pub fn submit(&mut self, queue: u16, chain: &[(u64, u32, bool)]) {
-        let (desc, avail, _) = self.ring(queue);
-        // One request at a time: the chain always starts at descriptor 0.
+        self.write_chain(queue, chain);
+        self.publish(queue, &[0]);
+    }
+
+    /// Lay out a chain in the descriptor table, starting at descriptor 0 (one request at a
+    /// time).
+    pub fn write_chain(&self, queue: u16, chain: &[(u64, u32, bool)]) {
+        let (desc, _, _) = self.ring(queue);
         for (i, &(addr, len, writable)) in chain.iter().enumerate() {
             let mut flags = if writable { DESC_F_WRITE } else { 0 };
             if i + 1 < chain.len() {
@@ -329,10 +337,17 @@ impl Frontend {
             bytes[14..16].copy_from_slice(&(i as u16 + 1).to_le_bytes());
             self.mem.write(desc + 16 * i as u64, &bytes);
         }
+    }
+
+    /// Make `heads` available in one update of the avail index, and kick.
+    pub fn publish(&mut self, queue: u16, heads: &[u16]) {
+        let (_, avail, _) = self.ring(queue);
         let vring = &mut self.vrings[queue as usize];
-        let slot = vring.avail_idx % QUEUE_SIZE;
-        self.mem.u16(avail + 4 + 2 * slot as u64).store(0, Ordering::Release);
-        vring.avail_idx = vring.avail_idx.wrapping_add(1);
+        for &head in heads {
+            let slot = vring.avail_idx % QUEUE_SIZE;
+            self.mem.u16(avail + 4 + 2 * slot as u64).store(head, Ordering::Release);
+            vring.avail_idx = vring.avail_idx.wrapping_add(1);
+        }
         // used_event: interrupt us on every completion (EVENT_IDX).
         self.mem.u16(avail + 4 + 2 * QUEUE_SIZE as u64).store(vring.used_seen, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -362,6 +377,20 @@ impl Frontend {
     /// One virtio-blk request of type `kind` at `sector` with `len` data bytes at DATA; returns
     /// the status byte.
     pub fn blk(&mut self, queue: u16, kind: u32, sector: u64, len: u32) -> u8 {
+        let chain = self.blk_chain(kind, sector, len);
+        self.submit(queue, &chain);
+        let (head, written) = self.wait_used(queue);
+        assert_eq!(head, 0);
+        let status = self.mem.read(STATUS, 1)[0];
+        if status == 0 && kind == T_IN {
+            assert_eq!(written, len + 1);
+        }
+        status
+    }
+
+    /// Write a virtio-blk request header (and a status byte of 0xff) and return its chain:
+    /// header, `len` data bytes at DATA (none if 0), status.
+    pub fn blk_chain(&self, kind: u32, sector: u64, len: u32) -> Vec<(u64, u32, bool)> {
         let mut header = [0u8; 16];
         header[0..4].copy_from_slice(&kind.to_le_bytes());
         header[8..16].copy_from_slice(&sector.to_le_bytes());
@@ -372,13 +401,6 @@ impl Frontend {
             chain.push((DATA, len, kind == T_IN));
         }
         chain.push((STATUS, 1, true));
-        self.submit(queue, &chain);
-        let (head, written) = self.wait_used(queue);
-        assert_eq!(head, 0);
-        let status = self.mem.read(STATUS, 1)[0];
-        if status == 0 && kind == T_IN {
-            assert_eq!(written, len + 1);
-        }
-        status
+        chain
     }
 }
