@@ -89,6 +89,8 @@ impl FileDisk {
     pub fn open_with(path: impl AsRef<Path>, options: FileDiskOptions) -> Result<FileDisk, BackendError> {
         let path = path.as_ref();
         let depth = options.max_in_flight;
+        let bad_depth = BackendError::BadQueueDepth { requested: depth, limit: MAX_QUEUE_DEPTH };
+        let ring_depth = u32::try_from(depth).map_err(|_| bad_depth)?;
         if depth == 0 || depth > MAX_QUEUE_DEPTH {
             return Err(BackendError::BadQueueDepth { requested: depth, limit: MAX_QUEUE_DEPTH });
         }
@@ -109,7 +111,7 @@ impl FileDisk {
         }
         // The submission queue holds every request in flight, so a push never finds it full;
         // the completion queue is twice as large, so it never overflows.
-        let ring = builder.build(depth as u32).map_err(|source| BackendError::Ring { source })?;
+        let ring = builder.build(ring_depth).map_err(|source| BackendError::Ring { source })?;
 
         let idle_slot = Slot { tag: 0, expected: 0, busy: false };
         let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
@@ -121,7 +123,7 @@ impl FileDisk {
             direct,
             slots: vec![idle_slot; depth].into_boxed_slice(),
             iovecs: vec![idle_iovec; depth * MAX_SEGMENTS].into_boxed_slice(),
-            free_slots: (0..depth as u32).rev().collect(),
+            free_slots: (0..ring_depth).rev().collect(),
             immediate: CompletionRing::new(depth),
             kick_failed: false,
         })
@@ -163,16 +165,17 @@ impl FileDisk {
     fn reap(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
         let mut count = 0;
         for entry in self.ring.completion() {
-            let index = entry.user_data() as usize;
-            let Some(slot) = self.slots.get_mut(index).filter(|slot| slot.busy) else {
+            // Slots are numbered below the ring depth, a u32.
+            let Ok(index) = u32::try_from(entry.user_data()) else { continue };
+            let Some(slot) = self.slots.get_mut(index as usize).filter(|slot| slot.busy) else {
                 continue; // Not ours: cannot happen, and must not free a slot twice.
             };
             slot.busy = false;
-            self.free_slots.push(index as u32);
-            let result = match entry.result() {
-                error if error < 0 => Err(IoError::Errno(-error)),
-                moved if (moved as u32) < slot.expected => Err(IoError::Short),
-                _ => Ok(slot.expected),
+            self.free_slots.push(index);
+            let result = match u32::try_from(entry.result()) {
+                Err(_) => Err(IoError::Errno(entry.result().saturating_neg())),
+                Ok(moved) if moved < slot.expected => Err(IoError::Short),
+                Ok(_) => Ok(slot.expected),
             };
             done(Completion { tag: slot.tag, result });
             count += 1;

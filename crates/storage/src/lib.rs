@@ -4,6 +4,8 @@
 //! already bounds-checked) and completes them, possibly later. The hot path (submit, poll)
 //! allocates nothing, takes no lock and, for the RAM disk, makes no system call.
 
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
+
 mod completions;
 pub mod file;
 pub mod open;

@@ -22,6 +22,8 @@ use crate::{Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX
 /// completed at once and handed over by the next `poll`.
 pub struct RamDisk {
     base: NonNull<u8>,
+    /// The mapping's length: `capacity` bytes.
+    length: usize,
     capacity: u64,
     read_only: bool,
     /// Kept open for the life of the mapping (and so the file's identity is clear in /proc).
@@ -81,6 +83,7 @@ impl RamDisk {
         let base = NonNull::new(base.cast()).ok_or_else(|| map_error(std::io::ErrorKind::Other.into()))?;
         Ok(RamDisk {
             base,
+            length,
             capacity: size,
             read_only,
             _file: file,
@@ -94,7 +97,7 @@ impl RamDisk {
             return Ok(0);
         }
         // `offset + total <= capacity`, which fits in usize (the mapping exists).
-        let mut at = offset as usize;
+        let mut at = usize::try_from(offset).map_err(|_| IoError::OutOfRange)?;
         for segment in segments.iter().filter(|segment| !segment.is_empty()) {
             let len = segment.len() as usize;
             // SAFETY: `at + len <= offset + total <= capacity`, so the disk side lies inside the
@@ -142,9 +145,9 @@ impl Backend for RamDisk {
 
 impl Drop for RamDisk {
     fn drop(&mut self) {
-        // SAFETY: `base` is the mapping of `capacity` bytes made in `map`, unmapped once here;
+        // SAFETY: `base` is the mapping of `length` bytes made in `map`, unmapped once here;
         // no reference into it outlives the RamDisk.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.capacity as usize) };
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.length) };
     }
 }
 

@@ -277,7 +277,8 @@ impl Session<'_> {
                 if vring.running && vring.size as u32 != num {
                     return Err(Error::RingRunning(index));
                 }
-                vring.size = num as u16;
+                // Checked above: at most MAX_QUEUE_SIZE.
+                vring.size = u16::try_from(num).unwrap_or(MAX_QUEUE_SIZE);
                 Ok(None)
             }
             Request::SetVringAddr(addr) => {
@@ -310,7 +311,8 @@ impl Session<'_> {
                 let vring = &mut self.vrings[index];
                 vring.kick = None;
                 let mut reply = Vec::with_capacity(8);
-                reply.extend_from_slice(&(index as u32).to_le_bytes());
+                // `vring_index` took it from a u32.
+                reply.extend_from_slice(&u32::try_from(index).unwrap_or(u32::MAX).to_le_bytes());
                 reply.extend_from_slice(&(vring.base as u32).to_le_bytes());
                 Ok(Some(reply))
             }

@@ -14,6 +14,8 @@
 //! - [`server`]: the listening socket, one frontend at a time (others are refused), each with a
 //!   set-up time limit.
 
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
+
 pub mod backend;
 pub mod error;
 pub mod fault;

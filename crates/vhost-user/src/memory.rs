@@ -34,10 +34,9 @@ pub struct GuestMemoryTable {
 fn page_size() -> u64 {
     // SAFETY: sysconf has no side effects.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as u64
-    } else {
-        4096
+    match u64::try_from(size) {
+        Ok(size) if size > 0 => size,
+        _ => 4096,
     }
 }
 
@@ -84,7 +83,8 @@ impl GuestMemoryTable {
         for (index, (region, fd)) in table.into_iter().enumerate() {
             check_file(index, &fd, &region)?;
             let file = File::from(fd);
-            let size = region.memory_size as usize;
+            let size = usize::try_from(region.memory_size)
+                .map_err(|_| Error::Map { index, why: "larger than the address space".to_string() })?;
             let mapping = MmapRegion::from_file(FileOffset::new(file, region.mmap_offset), size)
                 .map_err(|e| Error::Map { index, why: e.to_string() })?;
             let registration = fault::register(mapping.as_ptr() as usize, mapping.size(), fault.as_raw_fd())
@@ -140,8 +140,8 @@ fn check_file(index: usize, fd: &OwnedFd, region: &MemoryRegion) -> Result<(), E
         let why = "its descriptor is not a memory file (memfd, tmpfs or hugetlbfs)".to_string();
         return Err(Error::BadRegionFd { index, why });
     }
-    let needed = region.mmap_offset + region.memory_size;
-    if (stat.st_size as u64) < needed {
+    let needed = region.mmap_offset.checked_add(region.memory_size);
+    if needed.is_none_or(|needed| u64::try_from(stat.st_size).is_ok_and(|size| size < needed)) {
         let why = format!(
             "offset {:#x} + size {:#x} reach past the end of its file ({:#x} bytes)",
             region.mmap_offset, region.memory_size, stat.st_size

@@ -495,7 +495,10 @@ impl<'a> Wire<'a> {
 
     /// Reply to `request` with `payload`.
     pub fn reply(&self, request: u32, payload: &[u8]) -> Result<(), Error> {
-        let header = Header { request, flags: VERSION | FLAG_REPLY, size: payload.len() as u32 };
+        // Replies are a few bytes or the configuration space, far below u32::MAX.
+        let size = u32::try_from(payload.len())
+            .map_err(|_| Error::Write(std::io::ErrorKind::InvalidInput.into()))?;
+        let header = Header { request, flags: VERSION | FLAG_REPLY, size };
         self.send(header, payload, &[])
     }
 

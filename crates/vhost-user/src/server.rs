@@ -168,7 +168,9 @@ impl Drop for Server {
 /// " (pid N)" for the connected process (SO_PEERCRED), or nothing, for the log.
 fn pid_note(stream: &UnixStream) -> String {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let Ok(mut len) = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()) else {
+        return String::new();
+    };
     // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid pointer.
     let rc = unsafe {
         libc::getsockopt(
