@@ -1,6 +1,8 @@
 //! Helpers for the tests that run the `exitless` binary against real KVM (and QEMU).
 #![allow(dead_code)]
 
+pub mod console;
+
 use std::process::{Command, Output};
 
 use serde_json::Value;
