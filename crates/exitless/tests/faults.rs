@@ -298,7 +298,9 @@ impl Faulty {
         let mut outcome = Outcome { steps, host_io_errors: None, control_host_io_errors: None };
         match self.frontend {
             Frontend::Exitless => {
-                assert_eq!(status.code(), Some(0), "the probe ended OK: {lines:?}");
+                let log = std::fs::read_to_string(self.dir.path().join("exitless.err")).unwrap();
+                assert_eq!(status.code(), Some(0), "the probe ended OK: {lines:?} {log}");
+                assert!(!log.contains("panicked"), "{log}");
                 let stats = lines.iter().find(|l| l["exitless"] == "run").expect("the --stats --json line");
                 // `devices` (the device counters in `run --stats --json`) comes with the lead's
                 // change; until then only what the guest saw is checked.

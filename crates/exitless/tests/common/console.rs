@@ -86,6 +86,25 @@ impl Console {
         (status, std::mem::take(&mut self.seen))
     }
 
+    /// Read lines until none came for `quiet` (or `limit` passed), for output a guest may still
+    /// have buffered.
+    pub fn settle(&mut self, quiet: Duration, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            match self.lines.recv_timeout(quiet) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// SIGKILL the process; then as `finish`.
+    pub fn kill(self, timeout: Duration) -> (ExitStatus, Vec<String>) {
+        // SAFETY: kill(2) on our own child, which has not been waited for yet.
+        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        self.finish(timeout)
+    }
+
     fn report(&self) -> String {
         format!("stdout: {}\nstderr: {}", self.seen.join("\n"), self.stderr())
     }
