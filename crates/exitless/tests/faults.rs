@@ -40,8 +40,9 @@ const NONE: Range = (0, 0);
 
 /// A small ext4 file system on a loop device, unmounted when dropped.
 struct Ext4 {
-    dir: tempfile::TempDir,
     mount_point: PathBuf,
+    /// Holds the image and the mount point; removed after the file system is detached.
+    _dir: tempfile::TempDir,
 }
 
 impl Ext4 {
@@ -53,7 +54,7 @@ impl Ext4 {
         let mount_point = dir.path().join("mnt");
         std::fs::create_dir(&mount_point).unwrap();
         run_ok(Command::new("mount").args(["-o", &format!("loop,{options}")]).arg(&image).arg(&mount_point));
-        Ext4 { dir, mount_point }
+        Ext4 { mount_point, _dir: dir }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -92,7 +93,6 @@ impl Drop for Ext4 {
     fn drop(&mut self) {
         // Lazily, so a failed test that left a process holding a file still cleans up.
         let _ = Command::new("umount").arg("-l").arg(&self.mount_point).status();
-        let _ = &self.dir;
     }
 }
 

@@ -59,7 +59,8 @@ pub fn run(env: &Env) -> u8 {
         let mut writes = Blocks::new(Op::Write, first, seed);
         let mut flush = Blocks::new(Op::Flush, 0, seed);
         for (job, requests) in [(&mut writes, count), (&mut flush, 1)] {
-            let run = pipeline::run(&mut dev, job, Limit::Requests(requests), None, env.tsc_khz, common.timeout_ms);
+            let run =
+                pipeline::run(&mut dev, job, Limit::Requests(requests), None, env.tsc_khz, common.timeout_ms);
             if let Err(error) = run {
                 blkdev::fail(PROBE, error, &dev);
             }

@@ -82,7 +82,9 @@ impl Job for Blocks {
     fn complete(&mut self, index: u64, status: u8, buffer: &[u8]) {
         self.outcomes.count(status);
         let sector = self.sector(index);
-        if status == S_OK && self.op == Op::Check && !check_pattern(self.seed, sector, &buffer[..BLOCK_BYTES as usize])
+        if status == S_OK
+            && self.op == Op::Check
+            && !check_pattern(self.seed, sector, &buffer[..BLOCK_BYTES as usize])
         {
             self.outcomes.mismatches += 1;
         }
