@@ -8,6 +8,8 @@
 //! starts a new step once the current one has run `probe.min_rounds=` rounds (default 3), so
 //! every step the host asks for gets at least that many (a plan counts once two reads in a row
 //! agree). Lines:
+//! - `{"probe":"blk-faults","capacity_bytes":..,"control_capacity_bytes":..}` once both devices
+//!   are set up;
 //! - `{"probe":"blk-faults","ready":S}` once step S has run its minimum rounds (the host may
 //!   then change the backing file or ask for the next step);
 //! - `{"probe":"blk-faults","step":S,"rounds":..,"writes":{"ok":..,"ioerr":..,"other":..},
