@@ -3,12 +3,13 @@
 #   - Debian packages: QEMU (peer VMM for tests and benchmarks), fio (the bare-metal baseline),
 #     iproute2 (network namespaces, taps and veth pairs for the network tests and benchmark),
 #     Debian's cloud kernel and a static busybox (the Linux guest that tests the vhost-user-blk
-#     backend under QEMU TCG; the test builds its initramfs itself)
+#     backend under QEMU TCG; the test builds its initramfs itself), e2fsprogs (mkfs.ext4: the
+#     small file systems the fault tests fill, and turn read-only, under a running guest)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
-packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static)
+packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -58,6 +58,24 @@ pub mod testdev {
     const _: () = assert!(PINGPONG_ACK - PINGPONG_REQUEST >= 64 && PINGPONG_ACK + 4 <= PINGPONG_LEN);
 }
 
+/// How the host steers `probe.workload=blk-faults`: it writes these little-endian u64 words at
+/// the start of sector 0 of the control disk, and the probe reads them between rounds of I/O.
+pub mod fault_control {
+    /// Word 0: set once the rest is valid.
+    pub const MAGIC: u64 = 0x6578_6974_6c65_7373; // "exitless"
+    /// Word 1: the step number; the probe starts a step whenever it changes.
+    pub const STEP: usize = 1;
+    /// Words 2 and 3: first block and number of 4 KiB blocks each round writes.
+    pub const WRITE_FIRST: usize = 2;
+    pub const WRITE_BLOCKS: usize = 3;
+    /// Words 4 and 5: first block and number of blocks each round reads back and checks.
+    pub const READ_FIRST: usize = 4;
+    pub const READ_BLOCKS: usize = 5;
+    /// The step that ends the workload.
+    pub const STOP: u64 = u64::MAX;
+    pub const WORDS: usize = 6;
+}
+
 /// The data the block workloads write and verify: the host checks a disk with the same function.
 pub mod pattern {
     pub const SECTOR_SIZE: u64 = 512;
@@ -84,6 +102,12 @@ pub mod pattern {
                 &word(seed, first_sector + i / WORDS_PER_SECTOR, i % WORDS_PER_SECTOR).to_le_bytes(),
             );
         }
+    }
+
+    /// The seed of generation `generation` of a workload that rewrites blocks again and again
+    /// (`blk-durable`): a block's data then tells both its sector and its generation.
+    pub fn generation_seed(seed: u64, generation: u64) -> u64 {
+        splitmix64(seed ^ generation.rotate_left(32))
     }
 
     /// Does `buffer` hold the pattern of the sectors starting at `first_sector`?

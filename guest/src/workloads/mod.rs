@@ -1,6 +1,9 @@
 pub mod blk;
+pub mod blk_durable;
+pub mod blk_faults;
 pub mod blk_hostile;
 pub mod blkdev;
+pub mod blocks;
 pub mod device;
 pub mod exitcost;
 pub mod faults;

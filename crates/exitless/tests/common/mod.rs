@@ -1,6 +1,9 @@
 //! Helpers for the tests that run the `exitless` binary against real KVM (and QEMU).
 #![allow(dead_code)]
 
+pub mod console;
+pub mod linux;
+
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

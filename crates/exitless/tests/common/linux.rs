@@ -1,0 +1,126 @@
+//! A Linux guest for QEMU TCG: Debian's cloud kernel, the modules its virtio-blk driver needs,
+//! and a busybox initramfs with a given /init (what scripts/setup.sh installs). The same
+//! construction as tests/vhost_user_blk.rs, as functions other tests can share.
+
+use std::path::{Path, PathBuf};
+
+/// The newest /boot/vmlinuz-* and the modules its virtio-blk driver needs, in load order (none
+/// where they are built in).
+pub struct Kernel {
+    pub image: PathBuf,
+    pub modules: Vec<PathBuf>,
+}
+
+pub fn kernel() -> Kernel {
+    let mut images: Vec<PathBuf> = std::fs::read_dir("/boot")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vmlinuz-")))
+        .collect();
+    images.sort();
+    let image = images.pop().unwrap_or_else(|| {
+        panic!("no /boot/vmlinuz-*: run scripts/setup.sh (it installs Debian's linux-image-cloud-amd64)")
+    });
+    let version = image.file_name().unwrap().to_str().unwrap().trim_start_matches("vmlinuz-").to_owned();
+    let dir = PathBuf::from("/lib/modules").join(&version);
+    let builtin = std::fs::read_to_string(dir.join("modules.builtin")).unwrap_or_default();
+    let deps = std::fs::read_to_string(dir.join("modules.dep")).unwrap_or_else(|e| {
+        panic!("cannot read {}/modules.dep ({e}): are the modules installed?", dir.display())
+    });
+    let mut modules: Vec<PathBuf> = Vec::new();
+    for wanted in ["virtio_pci", "virtio_blk"] {
+        let name = format!("/{wanted}.ko");
+        if builtin.lines().any(|l| l.ends_with(&name)) {
+            continue;
+        }
+        let line = deps
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|m| m.ends_with(&name)))
+            .unwrap_or_else(|| panic!("{wanted} is neither built into {version} nor a module"));
+        let (module, needs) = line.split_once(':').unwrap();
+        // modules.dep lists a module's dependencies last-loaded first.
+        for path in needs.split_whitespace().rev().chain([module]) {
+            let path = dir.join(path);
+            assert!(
+                path.extension().is_some_and(|e| e == "ko"),
+                "{}: busybox insmod needs .ko",
+                path.display()
+            );
+            if !modules.contains(&path) {
+                modules.push(path);
+            }
+        }
+    }
+    Kernel { image, modules }
+}
+
+/// Write an initramfs to `path`: static busybox, `init` as /init, the kernel's modules in
+/// /lib/modules and their names, in load order, in /modules.
+pub fn initramfs(kernel: &Kernel, init: &str, path: &Path) {
+    let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox: run scripts/setup.sh (busybox-static)");
+    let mut cpio = Cpio::default();
+    for d in ["bin", "dev", "lib", "lib/modules"] {
+        cpio.entry(d, 0o040755, &[], (0, 0));
+    }
+    cpio.entry("dev/console", 0o020600, &[], (5, 1));
+    cpio.entry("bin/busybox", 0o100755, &busybox, (0, 0));
+    cpio.entry("init", 0o100755, init.as_bytes(), (0, 0));
+    let mut names = String::new();
+    for module in &kernel.modules {
+        let name = module.file_name().unwrap().to_str().unwrap();
+        cpio.entry(&format!("lib/modules/{name}"), 0o100644, &std::fs::read(module).unwrap(), (0, 0));
+        names.push_str(name);
+        names.push('\n');
+    }
+    cpio.entry("modules", 0o100644, names.as_bytes(), (0, 0));
+    std::fs::write(path, cpio.finish()).unwrap();
+}
+
+/// The start of an /init: mounts, modules, and a wait for /dev/vda.
+pub const INIT_PRELUDE: &str = r#"#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+for m in $(cat /modules); do insmod /lib/modules/$m; done
+i=0
+while [ ! -b /dev/vda ]; do sleep 0.1; i=$((i + 1)); [ $i -gt 100 ] && { echo NO-VDA; poweroff -f; }; done
+"#;
+
+/// A cpio "newc" archive (what the kernel unpacks as initramfs).
+#[derive(Default)]
+struct Cpio(Vec<u8>);
+
+impl Cpio {
+    fn entry(&mut self, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
+        let ino = self.0.len() as u32 + 1;
+        let fields =
+            [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, rdev.0, rdev.1, name.len() as u32 + 1, 0];
+        self.0.extend_from_slice(b"070701");
+        for field in fields {
+            self.0.extend_from_slice(format!("{field:08x}").as_bytes());
+        }
+        self.0.extend_from_slice(name.as_bytes());
+        self.0.push(0);
+        self.pad();
+        self.0.extend_from_slice(data);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.0.len().is_multiple_of(4) {
+            self.0.push(0);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.entry("TRAILER!!!", 0, &[], (0, 0));
+        while !self.0.len().is_multiple_of(512) {
+            self.0.push(0);
+        }
+        self.0
+    }
+}
