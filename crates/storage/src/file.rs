@@ -5,6 +5,8 @@
 //! queue without blocking. Every request owns one slot of a table allocated at open: its tag,
 //! its expected length and its iovecs, which stay put until the kernel reports the request done.
 
+#![warn(missing_docs)]
+
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
@@ -26,6 +28,7 @@ pub const MAX_QUEUE_DEPTH: usize = 4096;
 /// How to open a `FileDisk`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileDiskOptions {
+    /// Open read-only; writes fail with `IoError::ReadOnly`.
     pub read_only: bool,
     /// Ask for O_DIRECT (bypass the host page cache); falls back to buffered I/O where the file
     /// system refuses it. With O_DIRECT, buffers and offsets must suit the device's logical block
@@ -58,6 +61,9 @@ struct Slot {
     busy: bool,
 }
 
+/// A disk image (a regular file or a block device) served through its own io_uring: requests
+/// are submitted in batches (`kick`), completions reaped without a system call. Dropping it
+/// waits for the kernel to finish every request, since the kernel writes into their buffers.
 pub struct FileDisk {
     ring: IoUring,
     file: File,
@@ -86,6 +92,8 @@ impl FileDisk {
         Self::open_with(path, FileDiskOptions { read_only, direct, ..FileDiskOptions::default() })
     }
 
+    /// Open `path` as `options` say: without blocking, refusing anything but a regular file or a
+    /// block device.
     pub fn open_with(path: impl AsRef<Path>, options: FileDiskOptions) -> Result<FileDisk, BackendError> {
         let path = path.as_ref();
         let depth = options.max_in_flight;
