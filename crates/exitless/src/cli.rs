@@ -88,6 +88,8 @@ pub struct RunArgs {
     pub timeout: Option<f64>,
     #[command(flatten)]
     pub io: IoArgs,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 /// Disks and how their I/O is served.
@@ -216,6 +218,8 @@ pub struct BlkBenchArgs {
     pub peers: Vec<Peer>,
     #[command(flatten)]
     pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -285,6 +289,8 @@ pub struct NetBenchArgs {
     pub no_baseline: bool,
     #[command(flatten)]
     pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 #[derive(Args)]
@@ -300,6 +306,8 @@ pub struct ExitcostArgs {
     pub peers: Vec<Peer>,
     #[command(flatten)]
     pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -45,7 +45,14 @@ const RUNTIME: &[i64] = &[
 /// Starting a thread (glibc's pthread_create and the new thread's own start-up): only the vCPU
 /// does, for the ping-pong responder the guest asks for; the child inherits the vCPU's filter
 /// and then installs its own.
-const THREAD_START: &[i64] = &[libc::SYS_clone3, libc::SYS_set_robust_list, libc::SYS_rseq, libc::SYS_gettid];
+const THREAD_START: &[i64] = &[
+    libc::SYS_clone3,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_gettid,
+    // pthread_getattr_np, which Rust's std uses to find the new thread's stack guard.
+    libc::SYS_sched_getaffinity,
+];
 
 /// The I/O an IOCore does for its queues: sleep in epoll on ioeventfds and backend fds, drain
 /// eventfds, drive io_uring, move frames to and from taps, close what a detached queue held.
@@ -108,6 +115,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
                 &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64],
             )?;
             one_of(&mut rules, libc::SYS_seccomp, 0, &[libc::SECCOMP_SET_MODE_FILTER as u64])?;
+            // The interrupting responder gets its own copy of the test device's irqfd.
+            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
         }
         ThreadKind::IoCore => allow(&mut rules, IOCORE),
         ThreadKind::VhostUserIoCore => {
@@ -128,7 +137,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
                 ])?],
             );
         }
-        ThreadKind::PingPong => {}
+        // Closes its copy of the irqfd when it ends.
+        ThreadKind::PingPong => allow(&mut rules, &[libc::SYS_close]),
     }
     Ok(rules)
 }
