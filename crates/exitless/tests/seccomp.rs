@@ -103,7 +103,7 @@ fn get_features(socket: &Path) -> u64 {
 }
 
 /// SIGTERM, then the exit status.
-fn stop(mut child: Child) -> (Option<i32>, String) {
+fn stop(child: Child) -> (Option<i32>, String) {
     // SAFETY: kill(2) on our own child's pid, not yet reaped.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().expect("the daemon ends");

@@ -49,7 +49,6 @@ const THREAD_START: &[i64] = &[
     libc::SYS_clone3,
     libc::SYS_set_robust_list,
     libc::SYS_rseq,
-    libc::SYS_gettid,
     // pthread_getattr_np, which Rust's std uses to find the new thread's stack guard.
     libc::SYS_sched_getaffinity,
 ];
@@ -58,7 +57,6 @@ const THREAD_START: &[i64] = &[
 /// eventfds, drive io_uring, move frames to and from taps, close what a detached queue held.
 const IOCORE: &[i64] = &[
     libc::SYS_epoll_wait,
-    libc::SYS_epoll_pwait,
     libc::SYS_epoll_ctl,
     libc::SYS_read,
     libc::SYS_readv,
@@ -67,21 +65,20 @@ const IOCORE: &[i64] = &[
     libc::SYS_close,
 ];
 
-/// Checks on descriptors a vhost-user frontend sends (is it an eventfd, a sealed memfd, how
-/// big): fcntl's commands are limited separately.
+/// Checks on descriptors a vhost-user frontend sends (is it an eventfd: readlink of
+/// /proc/self/fd/N; how big is a memory file): fstat is newfstatat in today's glibc and statx
+/// in Rust's `File::metadata`. fcntl's commands are limited separately.
 const DESCRIPTOR_CHECKS: &[i64] =
-    &[libc::SYS_fstat, libc::SYS_newfstatat, libc::SYS_statx, libc::SYS_readlink, libc::SYS_readlinkat];
+    &[libc::SYS_fstat, libc::SYS_newfstatat, libc::SYS_statx, libc::SYS_readlink];
 
-/// fcntl commands on a frontend's descriptors: make a kick fd non-blocking, read a memfd's seals.
-const FCNTL_COMMANDS: &[u64] =
-    &[libc::F_GETFL as u64, libc::F_SETFL as u64, libc::F_GETFD as u64, libc::F_GET_SEALS as u64];
+/// fcntl commands on a frontend's descriptors: make a kick or call fd non-blocking, read a
+/// memfd's seals.
+const FCNTL_COMMANDS: &[u64] = &[libc::F_GETFL as u64, libc::F_SETFL as u64, libc::F_GET_SEALS as u64];
 
 /// The vhost-user connection thread: wait for and accept frontends, exchange messages with
 /// descriptors, create and replace eventfds, map guest memory, remove the socket file at the end.
 const CONNECTION: &[i64] = &[
     libc::SYS_poll,
-    libc::SYS_ppoll,
-    libc::SYS_accept,
     libc::SYS_accept4,
     libc::SYS_recvmsg,
     libc::SYS_sendmsg,
@@ -90,7 +87,6 @@ const CONNECTION: &[i64] = &[
     libc::SYS_dup3,
     libc::SYS_eventfd2,
     libc::SYS_unlink,
-    libc::SYS_unlinkat,
 ];
 
 pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
@@ -104,9 +100,6 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             allow(&mut rules, THREAD_START);
             allow(&mut rules, &[libc::SYS_pread64, libc::SYS_io_uring_enter, libc::SYS_close]);
             one_of(&mut rules, libc::SYS_ioctl, 1, &[KVM_RUN, KVM_GET_REGS])?;
-            // glibc falls back to clone when clone3 is missing: threads only.
-            let thread_flags = libc::CLONE_THREAD as u64;
-            rules.insert(libc::SYS_clone, vec![rule(0, SeccompCmpOp::MaskedEq(thread_flags), thread_flags)?]);
             // The new thread names itself and installs its own filter.
             one_of(
                 &mut rules,
