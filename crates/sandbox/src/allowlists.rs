@@ -42,15 +42,18 @@ const RUNTIME: &[i64] = &[
     libc::SYS_exit_group,
 ];
 
-/// Starting a thread (glibc's pthread_create and the new thread's own start-up): only the vCPU
-/// does, for the ping-pong responder the guest asks for; the child inherits the vCPU's filter
-/// and then installs its own.
+/// Starting a thread (glibc's pthread_create and the new thread's own start-up, before it
+/// installs its own filter: rseq, set_robust_list, rt_sigprocmask, prctl(PR_SET_NAME), mmap and
+/// mprotect of its signal stack, sched_getaffinity, gettid): only the vCPU does, for the
+/// ping-pong responder the guest asks for.
 const THREAD_START: &[i64] = &[
     libc::SYS_clone3,
     libc::SYS_set_robust_list,
     libc::SYS_rseq,
-    // pthread_getattr_np, which Rust's std uses to find the new thread's stack guard.
+    // pthread_getattr_np, which Rust's std uses to find the new thread's stack guard, and
+    // glibc's check that it asks about itself.
     libc::SYS_sched_getaffinity,
+    libc::SYS_gettid,
 ];
 
 /// The I/O an IOCore does for its queues: sleep in epoll on ioeventfds and backend fds, drain

@@ -94,11 +94,6 @@ impl Filter {
         Filter { thread, program: None }
     }
 
-    /// The thread kind this filter is for.
-    pub fn thread(&self) -> ThreadKind {
-        self.thread
-    }
-
     /// Confine the calling thread (and the threads it starts from now on) to the allowlist.
     pub fn install(&self) -> Result<(), SandboxError> {
         match &self.program {
