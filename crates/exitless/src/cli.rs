@@ -88,6 +88,8 @@ pub struct RunArgs {
     pub timeout: Option<f64>,
     #[command(flatten)]
     pub io: IoArgs,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 /// Disks and how their I/O is served.
@@ -217,6 +219,8 @@ pub struct BlkBenchArgs {
     pub peers: Vec<Peer>,
     #[command(flatten)]
     pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -286,6 +290,8 @@ pub struct NetBenchArgs {
     pub no_baseline: bool,
     #[command(flatten)]
     pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 #[derive(Args)]
@@ -301,6 +307,8 @@ pub struct ExitcostArgs {
     pub peers: Vec<Peer>,
     #[command(flatten)]
     pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -7,6 +7,7 @@ mod net;
 mod probe;
 mod qemu;
 mod run;
+mod seccomp;
 mod size;
 mod udp;
 mod vhost_user;

@@ -70,6 +70,7 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
         io_mode: args.io.io_mode.into(),
         iocore_cpu: args.io.iocore_cpu,
         idle_budget: Duration::from_micros(args.io.idle_budget_us),
+        seccomp: args.seccomp.mode(),
     })
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use iocore::{IoCore, Policy};
+use sandbox::{Filter, ThreadKind};
 use virtio::block::Block;
 use virtio::WorkerHost;
 
@@ -36,6 +37,8 @@ pub struct VhostUserBlkArgs {
     /// adaptive: microseconds the IOCore spins without a request before it sleeps.
     #[arg(long, value_name = "US", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub idle_budget_us: u64,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
 }
 
 const AFTER_HELP: &str = "\
@@ -82,7 +85,10 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
         VhostIoMode::Adaptive => Policy::Adaptive { idle: Duration::from_micros(args.idle_budget_us) },
         VhostIoMode::Eventfd => Policy::Notified,
     };
-    let iocore = Arc::new(IoCore::spawn(policy, args.iocore_cpu).map_err(|e| e.to_string())?);
+    let seccomp = args.seccomp.mode();
+    let iocore_filter = Filter::new(ThreadKind::VhostUserIoCore, seccomp).map_err(|e| e.to_string())?;
+    let iocore =
+        Arc::new(IoCore::spawn_confined(policy, args.iocore_cpu, iocore_filter).map_err(|e| e.to_string())?);
     let host: Arc<dyn WorkerHost> = iocore.clone();
     let mut device = ::vhost_user::VhostUserBlk::new(block, host);
     let server = ::vhost_user::Server::bind(&args.socket).map_err(|e| e.to_string())?;
@@ -93,6 +99,8 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
         if args.queues == 1 { "" } else { "s" },
         args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default(),
     ));
+    // This thread reads every frontend's messages from here on.
+    sandbox::install(ThreadKind::VhostUserConnection, seccomp).map_err(|e| e.to_string())?;
     server.serve(&mut device, Some(stop.as_fd())).map_err(|e| e.to_string())?;
     ::vhost_user::log(format_args!("stopping"));
     drop(device);

@@ -10,7 +10,7 @@ use virtio::QueueWorker;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::{Command, IoCoreStats, Policy, Shared};
+use crate::{Command, IoCoreError, IoCoreStats, Policy, Shared};
 
 /// Idle spins between two looks at the clock (adaptive policy).
 const SPINS_PER_CLOCK_CHECK: u32 = 64;
@@ -53,20 +53,25 @@ impl Engine {
         })
     }
 
-    /// The thread body: reports its CPU clock (or why it could not pin), then serves until
-    /// told to stop.
+    /// The thread body: pins itself, confines itself with `filter`, reports its CPU clock (or
+    /// why it could not start), then serves until told to stop.
     pub(crate) fn run(
         mut self,
         cpu: Option<usize>,
-        started: SyncSender<std::io::Result<libc::clockid_t>>,
+        filter: &sandbox::Filter,
+        started: SyncSender<Result<libc::clockid_t, IoCoreError>>,
     ) -> IoCoreStats {
         if let Some(cpu) = cpu {
-            if let Err(e) = crate::pin_current_thread(cpu) {
-                let _ = started.send(Err(e));
+            if let Err(source) = crate::pin_current_thread(cpu) {
+                let _ = started.send(Err(IoCoreError::Pin { cpu, source }));
                 return self.stats;
             }
         }
-        let _ = started.send(current_thread_clock());
+        if let Err(e) = filter.install() {
+            let _ = started.send(Err(e.into()));
+            return self.stats;
+        }
+        let _ = started.send(current_thread_clock().map_err(IoCoreError::Clock));
         drop(started);
 
         let mut idle_since: Option<Instant> = None;

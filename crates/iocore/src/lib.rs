@@ -44,6 +44,10 @@ pub enum IoCoreError {
     Spawn(#[source] std::io::Error),
     #[error("cannot pin the IOCore thread to CPU {cpu}: {source}")]
     Pin { cpu: usize, source: std::io::Error },
+    #[error("{0}")]
+    Seccomp(#[from] sandbox::SandboxError),
+    #[error("cannot read the IOCore thread's CPU clock: {0}")]
+    Clock(#[source] std::io::Error),
 }
 
 enum Command {
@@ -78,8 +82,18 @@ pub struct IoCore {
 }
 
 impl IoCore {
-    /// Start the IOCore thread, pinned to `cpu` if given.
+    /// Start the IOCore thread, pinned to `cpu` if given, with no seccomp filter.
     pub fn spawn(policy: Policy, cpu: Option<usize>) -> Result<IoCore, IoCoreError> {
+        IoCore::spawn_confined(policy, cpu, sandbox::Filter::off(sandbox::ThreadKind::IoCore))
+    }
+
+    /// Start the IOCore thread, pinned to `cpu` if given; once pinned, before it serves a queue,
+    /// the thread confines itself with `filter`.
+    pub fn spawn_confined(
+        policy: Policy,
+        cpu: Option<usize>,
+        filter: sandbox::Filter,
+    ) -> Result<IoCore, IoCoreError> {
         let shared = Arc::new(Shared {
             pending: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -90,13 +104,13 @@ impl IoCore {
         let engine = engine::Engine::new(policy, shared.clone()).map_err(IoCoreError::Setup)?;
         let thread = std::thread::Builder::new()
             .name("iocore".into())
-            .spawn(move || engine.run(cpu, started_tx))
+            .spawn(move || engine.run(cpu, &filter, started_tx))
             .map_err(IoCoreError::Spawn)?;
         let clock = match started_rx.recv() {
             Ok(Ok(clock)) => clock,
-            Ok(Err(source)) => {
+            Ok(Err(error)) => {
                 let _ = thread.join();
-                return Err(IoCoreError::Pin { cpu: cpu.unwrap_or_default(), source });
+                return Err(error);
             }
             Err(_) => {
                 let _ = thread.join();

@@ -13,6 +13,7 @@ pub mod vm;
 pub use devices::console::ConsoleMode;
 pub use devices::virtio::{DiskBackend, IoMode, NetConfig};
 pub use iocore::pin_current_thread;
+pub use sandbox::SeccompMode;
 pub use stats::Counters;
 pub use vcpu::{Mark, VcpuReport};
 pub use vm::{tsc_khz, DeviceReport, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};

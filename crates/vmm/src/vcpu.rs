@@ -77,6 +77,8 @@ pub struct Vcpu {
     pub fd: VcpuFd,
     pub stats: VcpuStats,
     pub pin_cpu: Option<usize>,
+    /// The seccomp filter the thread confines itself with before it first runs the guest.
+    pub filter: sandbox::Filter,
 }
 
 impl Vcpu {
@@ -86,6 +88,9 @@ impl Vcpu {
             if let Err(e) = iocore::pin_current_thread(cpu) {
                 control.end(Ending::HostError(format!("cannot pin vCPU {} to CPU {cpu}: {e}", self.index)));
             }
+        }
+        if let Err(e) = self.filter.install() {
+            control.end(Ending::HostError(format!("vCPU {}: {e}", self.index)));
         }
         let mut marks = Vec::new();
         while !control.stop.load(Ordering::Acquire) {

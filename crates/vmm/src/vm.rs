@@ -11,6 +11,7 @@ use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_X86_DISABLE_EXITS_HLT, KVM_X86_DISABLE_EXITS_PAUSE,
 };
 use kvm_ioctls::{Kvm, VmFd};
+use sandbox::{Filter, SeccompMode, ThreadKind};
 use storage::open::{open_without_blocking, OpenError, Wanted};
 use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
@@ -21,7 +22,7 @@ use crate::boot::{self, BootError};
 use crate::devices::console::{ConsoleMode, ConsoleWriter};
 use crate::devices::serial::{Com1, COM1_IRQ};
 use crate::devices::testdev::TestDevice;
-use crate::devices::virtio::{DeviceError, DiskBackend, IoMode, NetConfig, VirtioDevices};
+use crate::devices::virtio::{DeviceError, DiskBackend, IoCoreSetup, IoMode, NetConfig, VirtioDevices};
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
 use crate::stats::{StatsError, VcpuStats};
@@ -63,6 +64,9 @@ pub struct VmConfig {
     pub iocore_cpu: Option<usize>,
     /// `adaptive`: how long the IOCore spins without a request before it sleeps.
     pub idle_budget: Duration,
+    /// What the seccomp filters of the VM's threads (vCPUs, IOCore, ping-pong responder) do with
+    /// a system call outside their allowlists.
+    pub seccomp: SeccompMode,
 }
 
 impl Default for VmConfig {
@@ -81,6 +85,7 @@ impl Default for VmConfig {
             io_mode: IoMode::Eventfd,
             iocore_cpu: None,
             idle_budget: iocore::DEFAULT_IDLE_BUDGET,
+            seccomp: SeccompMode::Kill,
         }
     }
 }
@@ -125,6 +130,8 @@ pub enum VmError {
     Gdt(#[from] vm_memory::GuestMemoryError),
     #[error("cannot create an eventfd or thread: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Seccomp(#[from] sandbox::SandboxError),
 }
 
 /// How a run ended.
@@ -298,7 +305,12 @@ impl Vm {
         };
 
         let control = Arc::new(RunControl::default());
-        let testdev = TestDevice::new(probe_abi::testdev::DEFAULT_BASE, mem.clone(), control.stop.clone())?;
+        let testdev = TestDevice::new(
+            probe_abi::testdev::DEFAULT_BASE,
+            mem.clone(),
+            control.stop.clone(),
+            Filter::new(ThreadKind::PingPong, config.seccomp)?,
+        )?;
         testdev.register(&vm).map_err(kvm_err("register the test device doorbell and interrupt"))?;
         let base_cpuid = cpuid::supported(&kvm).map_err(kvm_err("report supported CPUID"))?;
         let has_devices = !config.disks.is_empty() || !config.nets.is_empty();
@@ -311,8 +323,11 @@ impl Vm {
             &config.disks,
             &config.nets,
             config.io_mode,
-            config.idle_budget,
-            config.iocore_cpu,
+            IoCoreSetup {
+                idle_budget: config.idle_budget,
+                cpu: config.iocore_cpu,
+                filter: Filter::new(ThreadKind::IoCore, config.seccomp)?,
+            },
         )?;
         let mut cmdline = config.cmdline.clone();
         for slot in &virtio.slots {
@@ -332,6 +347,7 @@ impl Vm {
         let serial = Com1::new(serial_irq.try_clone()?, console.clone());
         let bus = Arc::new(Bus { serial: Mutex::new(serial), testdev, virtio });
 
+        let vcpu_filter = Filter::new(ThreadKind::Vcpu, config.seccomp)?;
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for index in 0..config.vcpus {
             let fd = vm.create_vcpu(index as u64).map_err(kvm_err("create a vCPU"))?;
@@ -344,7 +360,13 @@ impl Vm {
                 fd.set_fpu(&regs::reset_fpu()).map_err(kvm_err("set the FPU state"))?;
             }
             let stats = VcpuStats::open(&fd)?;
-            vcpus.push(Vcpu { index, fd, stats, pin_cpu: config.pin_vcpus.get(index as usize).copied() });
+            vcpus.push(Vcpu {
+                index,
+                fd,
+                stats,
+                pin_cpu: config.pin_vcpus.get(index as usize).copied(),
+                filter: vcpu_filter.clone(),
+            });
         }
 
         Ok(Vm {

@@ -304,6 +304,7 @@ fn run_mode(
         disks: vec![disk.clone()],
         io_mode: mode,
         iocore_cpu: Some(args.iocore_cpu),
+        seccomp: args.seccomp.mode(),
         ..Default::default()
     };
     let mut row = Row::new("exitless", mode.name().to_string(), scenario);

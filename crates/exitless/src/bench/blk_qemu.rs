@@ -13,6 +13,7 @@ use super::blk::{Row, Scenario};
 use super::causes_per;
 use crate::cli::BlkBenchArgs;
 use crate::qemu::{PeerMark, Qemu};
+use crate::seccomp::SeccompArgs;
 use vmm::Counters;
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
@@ -96,7 +97,7 @@ impl QemuPeer {
         let mut backend = None;
         if vhost_user {
             let socket = self.dir.join("vhost-user-blk.sock");
-            backend = Some(Backend::start(&socket, spec, args.iocore_cpu)?);
+            backend = Some(Backend::start(&socket, spec, args.iocore_cpu, args.seccomp)?);
             machine += ",memory-backend=mem";
             extra.extend(
                 [
@@ -192,7 +193,7 @@ struct Backend {
 }
 
 impl Backend {
-    fn start(socket: &Path, disk: &str, iocore_cpu: usize) -> Result<Backend, String> {
+    fn start(socket: &Path, disk: &str, iocore_cpu: usize, seccomp: SeccompArgs) -> Result<Backend, String> {
         let _ = std::fs::remove_file(socket);
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let child = Command::new(exe)
@@ -200,6 +201,7 @@ impl Backend {
             .arg(socket)
             .args(["--disk", disk])
             .args(["--io-mode", "sidecore", "--iocore-cpu", &iocore_cpu.to_string()])
+            .args(seccomp.flag())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -78,8 +78,13 @@ fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> 
         "probe.workload=exitcost probe.ops={op} probe.n={} probe.pingpong_n={} probe.tsc_khz={tsc_khz}",
         args.n, args.pingpong_n
     );
-    let config =
-        VmConfig { cmdline, console: ConsoleMode::Capture, timeout: Some(RUN_TIMEOUT), ..Default::default() };
+    let config = VmConfig {
+        cmdline,
+        console: ConsoleMode::Capture,
+        timeout: Some(RUN_TIMEOUT),
+        seccomp: args.seccomp.mode(),
+        ..Default::default()
+    };
     let outcome =
         Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run).map_err(|e| e.to_string())?;
     if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {

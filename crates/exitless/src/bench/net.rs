@@ -244,6 +244,7 @@ impl Lab {
             }],
             io_mode: mode,
             iocore_cpu: Some(args.iocore_cpu),
+            seccomp: args.seccomp.mode(),
             ..Default::default()
         };
         let mut row = Row {

@@ -155,6 +155,16 @@ impl VirtioSlot {
     }
 }
 
+/// How the VM's IOCore thread runs, if it has one.
+pub struct IoCoreSetup {
+    /// `adaptive`: how long the IOCore spins without a request before it sleeps.
+    pub idle_budget: Duration,
+    /// The host CPU to pin it to.
+    pub cpu: Option<usize>,
+    /// The seccomp filter it confines itself with before it serves a queue.
+    pub filter: sandbox::Filter,
+}
+
 /// The VM's virtio devices and the IOCore that serves them (none in `trap` mode).
 pub struct VirtioDevices {
     pub slots: Vec<VirtioSlot>,
@@ -169,8 +179,7 @@ impl VirtioDevices {
         disks: &[DiskBackend],
         nets: &[NetConfig],
         mode: IoMode,
-        idle_budget: Duration,
-        iocore_cpu: Option<usize>,
+        iocore_setup: IoCoreSetup,
     ) -> Result<VirtioDevices, DeviceError> {
         let count = disks.len() + nets.len();
         if count > MAX_VIRTIO_DEVICES {
@@ -178,12 +187,13 @@ impl VirtioDevices {
         }
         // In trap mode a network device still needs a thread that waits for frames from its tap
         // (as QEMU's main loop does); its queue notifications exit to user space all the same.
+        let IoCoreSetup { idle_budget, cpu, filter } = iocore_setup;
         let policy = match mode.policy(idle_budget) {
             None if !nets.is_empty() => Some(Policy::Notified),
             policy => policy,
         };
         let iocore = match policy {
-            Some(policy) if count > 0 => Some(Arc::new(IoCore::spawn(policy, iocore_cpu)?)),
+            Some(policy) if count > 0 => Some(Arc::new(IoCore::spawn_confined(policy, cpu, filter)?)),
             _ => None,
         };
         let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::with_capacity(count);

@@ -1,0 +1,137 @@
+//! The per-thread seccomp filters in the real processes: `exitless run` and `exitless
+//! vhost-user-blk` confine their vCPU, IOCore and connection threads by default (the kernel shows
+//! it in /proc/PID/task/TID/status) and still do their work; `--seccomp off` confines nothing.
+//! That a forbidden call is refused is shown in crates/sandbox's tests.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{line_with, stderr};
+
+/// /proc's `Seccomp:` value for a thread confined by a filter.
+const SECCOMP_MODE_FILTER: &str = "2";
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Thread name -> `Seccomp:` value, for every thread of `pid` (names repeat: the last wins).
+fn seccomp_by_thread(pid: u32) -> HashMap<String, String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return HashMap::new() };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let field =
+                |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string());
+            Some((field("Name:")?, field("Seccomp:")?))
+        })
+        .collect()
+}
+
+/// Wait until every thread named in `names` shows up confined, or `child` ends, or the deadline.
+fn wait_until_confined(child: &mut Child, names: &[&str]) -> HashMap<String, String> {
+    let start = Instant::now();
+    loop {
+        let threads = seccomp_by_thread(child.id());
+        let all = names.iter().all(|n| threads.get(*n).is_some_and(|v| v == SECCOMP_MODE_FILTER));
+        if all || start.elapsed() > DEADLINE || child.try_wait().ok().flatten().is_some() {
+            return threads;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
+    // The probe idles after its requests, so the threads are there to look at.
+    let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=2000 probe.idle_ms=1000";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["run", "--probe", "--disk", "ram=16M", "--io-mode", "adaptive", "--timeout", "120"])
+        .args(["--cmdline", cmdline])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start exitless run");
+    let threads = wait_until_confined(&mut child, &["vcpu0", "iocore"]);
+    let out = child.wait_with_output().expect("exitless run ends");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for name in ["vcpu0", "iocore"] {
+        assert_eq!(threads.get(name).map(String::as_str), Some(SECCOMP_MODE_FILTER), "{name}: {threads:?}");
+    }
+    let line = line_with(&out, "probe", "blk");
+    assert_eq!(line["errors"], 0, "{line}");
+    assert_eq!(line["post_idle_errors"], 0, "{line}");
+}
+
+/// `exitless vhost-user-blk` on a socket in `dir`, with `seccomp`.
+fn start_daemon(dir: &Path, seccomp: &str) -> (Child, std::path::PathBuf) {
+    let socket = dir.join("vhost.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["vhost-user-blk", "--disk", "ram=16M", "--io-mode", "eventfd", "--seccomp", seccomp])
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start exitless vhost-user-blk");
+    (child, socket)
+}
+
+/// Connect as a frontend and ask for the features (VHOST_USER_GET_FEATURES): once the answer
+/// is in, the daemon's connection thread is serving, past the point where it confines itself.
+fn get_features(socket: &Path) -> u64 {
+    let start = Instant::now();
+    let mut stream = loop {
+        match UnixStream::connect(socket) {
+            Ok(stream) => break stream,
+            Err(e) if start.elapsed() > DEADLINE => panic!("cannot connect to {}: {e}", socket.display()),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    const GET_FEATURES: u32 = 1;
+    const VERSION_1: u32 = 1;
+    let header: Vec<u8> = [GET_FEATURES, VERSION_1, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
+    stream.write_all(&header).expect("send GET_FEATURES");
+    let mut reply = [0u8; 20];
+    stream.read_exact(&mut reply).expect("the reply");
+    u64::from_le_bytes(reply[12..].try_into().unwrap())
+}
+
+/// SIGTERM, then the exit status.
+fn stop(child: Child) -> (Option<i32>, String) {
+    // SAFETY: kill(2) on our own child's pid, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("the daemon ends");
+    (out.status.code(), stderr(&out))
+}
+
+#[test]
+fn vhost_user_daemon_confines_its_connection_and_iocore_threads_and_still_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, socket) = start_daemon(dir.path(), "kill");
+    assert_ne!(get_features(&socket), 0, "a frontend's GET_FEATURES is answered");
+    let threads = wait_until_confined(&mut child, &["exitless", "iocore"]);
+    let (status, log) = stop(child);
+    assert_eq!(status, Some(0), "SIGTERM ends the confined daemon cleanly: {log}");
+    for name in ["exitless", "iocore"] {
+        assert_eq!(threads.get(name).map(String::as_str), Some(SECCOMP_MODE_FILTER), "{name}: {threads:?}");
+    }
+    assert!(!socket.exists(), "the confined daemon removed its socket on the way out");
+}
+
+#[test]
+fn seccomp_off_confines_no_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, socket) = start_daemon(dir.path(), "off");
+    get_features(&socket);
+    let threads = seccomp_by_thread(child.id());
+    let (status, log) = stop(child);
+    assert_eq!(status, Some(0), "{log}");
+    assert!(threads.contains_key("iocore"), "{threads:?}");
+    assert!(threads.values().all(|v| v == "0"), "{threads:?}");
+}

@@ -1,0 +1,171 @@
+//! The system calls each kind of thread makes, found by reading the code and confirmed by running
+//! the test suite with the filters in log mode. Arguments are checked where that is cheap and
+//! says something: which ioctls, fcntl commands and prctl options, and that no mapping is made
+//! executable.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{BackendError, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+
+use crate::ThreadKind;
+
+type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+
+/// `_IO(KVMIO, 0x80)`.
+const KVM_RUN: u64 = 0xae80;
+/// `_IOR(KVMIO, 0x81, struct kvm_regs)`: read after a KVM internal error, for the report.
+const KVM_GET_REGS: u64 = ioc_read(0xae, 0x81, std::mem::size_of::<kvm_bindings::kvm_regs>());
+
+const fn ioc_read(kind: u64, nr: u64, size: usize) -> u64 {
+    const IOC_READ: u64 = 2;
+    (IOC_READ << 30) | ((size as u64) << 16) | (kind << 8) | nr
+}
+
+/// What every thread needs from the Rust and C runtime: locks and channels, the allocator,
+/// signal returns, time and sleeps, messages on standard error, and ending the thread (glibc
+/// blocks signals and Rust takes down its alternate signal stack) or the process.
+const RUNTIME: &[i64] = &[
+    libc::SYS_futex,
+    libc::SYS_sched_yield,
+    libc::SYS_brk,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_madvise,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_write,
+    libc::SYS_sigaltstack,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+];
+
+/// Starting a thread (glibc's pthread_create and the new thread's own start-up, before it
+/// installs its own filter: rseq, set_robust_list, rt_sigprocmask, prctl(PR_SET_NAME), mmap and
+/// mprotect of its signal stack, sched_getaffinity, gettid): only the vCPU does, for the
+/// ping-pong responder the guest asks for.
+const THREAD_START: &[i64] = &[
+    libc::SYS_clone3,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    // pthread_getattr_np, which Rust's std uses to find the new thread's stack guard, and
+    // glibc's check that it asks about itself.
+    libc::SYS_sched_getaffinity,
+    libc::SYS_gettid,
+];
+
+/// The I/O an IOCore does for its queues: sleep in epoll on ioeventfds and backend fds, drain
+/// eventfds, drive io_uring, move frames to and from taps, close what a detached queue held.
+const IOCORE: &[i64] = &[
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_ctl,
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_io_uring_enter,
+    libc::SYS_close,
+];
+
+/// Checks on descriptors a vhost-user frontend sends (is it an eventfd: readlink of
+/// /proc/self/fd/N; how big is a memory file): fstat is newfstatat in today's glibc and statx
+/// in Rust's `File::metadata`. fcntl's commands are limited separately.
+const DESCRIPTOR_CHECKS: &[i64] =
+    &[libc::SYS_fstat, libc::SYS_newfstatat, libc::SYS_statx, libc::SYS_readlink];
+
+/// fcntl commands on a frontend's descriptors: make a kick or call fd non-blocking, read a
+/// memfd's seals.
+const FCNTL_COMMANDS: &[u64] = &[libc::F_GETFL as u64, libc::F_SETFL as u64, libc::F_GET_SEALS as u64];
+
+/// The vhost-user connection thread: wait for and accept frontends, exchange messages with
+/// descriptors, create and replace eventfds, map guest memory, remove the socket file at the end.
+const CONNECTION: &[i64] = &[
+    libc::SYS_poll,
+    libc::SYS_accept4,
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_read,
+    libc::SYS_close,
+    libc::SYS_dup3,
+    libc::SYS_eventfd2,
+    libc::SYS_unlink,
+];
+
+pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
+    let mut rules = Rules::new();
+    allow(&mut rules, RUNTIME);
+    // Allocations and thread stacks; never an executable mapping.
+    not_executable(&mut rules, libc::SYS_mmap)?;
+    not_executable(&mut rules, libc::SYS_mprotect)?;
+    match thread {
+        ThreadKind::Vcpu => {
+            allow(&mut rules, THREAD_START);
+            allow(&mut rules, &[libc::SYS_pread64, libc::SYS_io_uring_enter, libc::SYS_close]);
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[KVM_RUN, KVM_GET_REGS])?;
+            // The new thread names itself and installs its own filter.
+            one_of(
+                &mut rules,
+                libc::SYS_prctl,
+                0,
+                &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64],
+            )?;
+            one_of(&mut rules, libc::SYS_seccomp, 0, &[libc::SECCOMP_SET_MODE_FILTER as u64])?;
+            // The interrupting responder gets its own copy of the test device's irqfd.
+            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
+        }
+        ThreadKind::IoCore => allow(&mut rules, IOCORE),
+        ThreadKind::VhostUserIoCore => {
+            allow(&mut rules, IOCORE);
+            allow(&mut rules, DESCRIPTOR_CHECKS);
+            one_of(&mut rules, libc::SYS_fcntl, 1, FCNTL_COMMANDS)?;
+        }
+        ThreadKind::VhostUserConnection => {
+            allow(&mut rules, CONNECTION);
+            allow(&mut rules, DESCRIPTOR_CHECKS);
+            one_of(&mut rules, libc::SYS_fcntl, 1, FCNTL_COMMANDS)?;
+            // SO_PEERCRED: the frontend's pid, for the log.
+            rules.insert(
+                libc::SYS_getsockopt,
+                vec![SeccompRule::new(vec![
+                    condition(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u64)?,
+                    condition(2, SeccompCmpOp::Eq, libc::SO_PEERCRED as u64)?,
+                ])?],
+            );
+        }
+        // Closes its copy of the irqfd when it ends.
+        ThreadKind::PingPong => allow(&mut rules, &[libc::SYS_close]),
+    }
+    Ok(rules)
+}
+
+/// Allow `calls` whatever their arguments.
+fn allow(rules: &mut Rules, calls: &[i64]) {
+    for &call in calls {
+        rules.insert(call, Vec::new());
+    }
+}
+
+/// Allow `call` when argument `arg` is one of `values`.
+fn one_of(rules: &mut Rules, call: i64, arg: u8, values: &[u64]) -> Result<(), BackendError> {
+    let alternatives =
+        values.iter().map(|&value| rule(arg, SeccompCmpOp::Eq, value)).collect::<Result<_, _>>()?;
+    rules.insert(call, alternatives);
+    Ok(())
+}
+
+/// Allow mmap or mprotect unless the protection (argument 2) asks for PROT_EXEC.
+fn not_executable(rules: &mut Rules, call: i64) -> Result<(), BackendError> {
+    rules.insert(call, vec![rule(2, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0)?]);
+    Ok(())
+}
+
+fn rule(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompRule, BackendError> {
+    SeccompRule::new(vec![condition(arg, op, value)?])
+}
+
+/// Arguments compared here (ioctl requests, fcntl commands, prctl options, flags) are C `int`s
+/// or fit in 32 bits, so only the low 32 bits are looked at, as the kernel does.
+fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, BackendError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+}

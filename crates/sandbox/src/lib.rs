@@ -1,0 +1,110 @@
+//! Per-thread seccomp-bpf filters: each kind of long-lived exitless thread gets an allowlist of
+//! the system calls it makes, and anything else kills the process (or is logged, or the filter
+//! is left out: [`SeccompMode`]).
+//!
+//! A filter is built where the thread is started (so a build error is reported there) and
+//! installed by the thread itself, after its set-up and before it serves guest or frontend
+//! input. Filters hold for the calling thread and every thread it starts later.
+
+mod allowlists;
+
+use std::fmt;
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use thiserror::Error;
+
+/// What a thread's filter does with a system call outside its allowlist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SeccompMode {
+    /// Kill the whole process with SIGSYS.
+    #[default]
+    Kill,
+    /// Allow the call and log it to the kernel's audit log (`audit: type=1326 ... syscall=N` in
+    /// `dmesg`): to find what an allowlist lacks.
+    Log,
+    /// Install no filter.
+    Off,
+}
+
+/// The kinds of thread exitless runs, each with its own allowlist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// A vCPU: KVM_RUN and the devices its exits reach (including a trap-mode disk).
+    Vcpu,
+    /// The VMM's IOCore: serves queues from ioeventfds, io_uring and taps.
+    IoCore,
+    /// The vhost-user daemon's IOCore: the VMM's, plus the descriptor checks a frontend's fds
+    /// need, and surviving a shrunk memory file.
+    VhostUserIoCore,
+    /// The vhost-user daemon's connection thread: accepts frontends, reads their messages and
+    /// maps their memory.
+    VhostUserConnection,
+    /// The test device's ping-pong responder (started by a vCPU on the guest's request).
+    PingPong,
+}
+
+impl fmt::Display for ThreadKind {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            ThreadKind::Vcpu => "vCPU",
+            ThreadKind::IoCore => "IOCore",
+            ThreadKind::VhostUserIoCore => "vhost-user IOCore",
+            ThreadKind::VhostUserConnection => "vhost-user connection",
+            ThreadKind::PingPong => "ping-pong responder",
+        })
+    }
+}
+
+/// Why a filter could not be built or installed.
+#[derive(Debug, Error)]
+pub enum SandboxError {
+    #[error("cannot build the {thread} thread's seccomp filter: {source}")]
+    Build { thread: ThreadKind, source: seccompiler::BackendError },
+    #[error(
+        "cannot install the {thread} thread's seccomp filter (does this kernel have seccomp?): {source}"
+    )]
+    Install { thread: ThreadKind, source: seccompiler::Error },
+}
+
+/// A thread kind's compiled filter, ready to install (nothing to install in [`SeccompMode::Off`]).
+#[derive(Debug, Clone)]
+pub struct Filter {
+    thread: ThreadKind,
+    program: Option<BpfProgram>,
+}
+
+impl Filter {
+    /// Build the filter of `thread` for `mode`.
+    pub fn new(thread: ThreadKind, mode: SeccompMode) -> Result<Filter, SandboxError> {
+        let refuse = match mode {
+            SeccompMode::Kill => SeccompAction::KillProcess,
+            SeccompMode::Log => SeccompAction::Log,
+            SeccompMode::Off => return Ok(Filter { thread, program: None }),
+        };
+        let build = |source| SandboxError::Build { thread, source };
+        let rules = allowlists::rules(thread).map_err(build)?;
+        let filter =
+            SeccompFilter::new(rules, refuse, SeccompAction::Allow, TargetArch::x86_64).map_err(build)?;
+        let program = BpfProgram::try_from(filter).map_err(build)?;
+        Ok(Filter { thread, program: Some(program) })
+    }
+
+    /// A filter that installs nothing.
+    pub fn off(thread: ThreadKind) -> Filter {
+        Filter { thread, program: None }
+    }
+
+    /// Confine the calling thread (and the threads it starts from now on) to the allowlist.
+    pub fn install(&self) -> Result<(), SandboxError> {
+        match &self.program {
+            Some(program) => seccompiler::apply_filter(program)
+                .map_err(|source| SandboxError::Install { thread: self.thread, source }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Build and install `thread`'s filter on the calling thread.
+pub fn install(thread: ThreadKind, mode: SeccompMode) -> Result<(), SandboxError> {
+    Filter::new(thread, mode)?.install()
+}

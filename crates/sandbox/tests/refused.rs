@@ -1,0 +1,134 @@
+//! A confined thread that makes a system call outside its allowlist: in kill mode the process
+//! dies of SIGSYS, in log mode the call goes through, with no filter nothing changes. Each case
+//! runs in a child process (this test binary again, told what to do through the environment),
+//! since the filter cannot be taken off again and kill mode ends the whole process.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output};
+
+use sandbox::{Filter, SeccompMode, ThreadKind};
+
+/// Set in the child: `<thread kind>,<mode>,<forbidden call: socket or none>`.
+const CHILD_ENV: &str = "SANDBOX_TEST_CHILD";
+/// Printed by the child once its filter is installed, before the forbidden call.
+const INSTALLED: &str = "filter installed";
+/// Printed by the child when the forbidden call returned a descriptor.
+const CALL_ALLOWED: &str = "socket() allowed";
+
+const KINDS: [ThreadKind; 5] = [
+    ThreadKind::Vcpu,
+    ThreadKind::IoCore,
+    ThreadKind::VhostUserIoCore,
+    ThreadKind::VhostUserConnection,
+    ThreadKind::PingPong,
+];
+
+fn kind_name(kind: ThreadKind) -> &'static str {
+    match kind {
+        ThreadKind::Vcpu => "vcpu",
+        ThreadKind::IoCore => "iocore",
+        ThreadKind::VhostUserIoCore => "vhost-user-iocore",
+        ThreadKind::VhostUserConnection => "vhost-user-connection",
+        ThreadKind::PingPong => "pingpong",
+    }
+}
+
+fn mode_name(mode: SeccompMode) -> &'static str {
+    match mode {
+        SeccompMode::Kill => "kill",
+        SeccompMode::Log => "log",
+        SeccompMode::Off => "off",
+    }
+}
+
+/// Run the `child` test of this binary in a new process, confined as `kind` in `mode`; the
+/// confined thread calls socket() if `forbidden_call`.
+fn run_child(kind: ThreadKind, mode: SeccompMode, forbidden_call: bool) -> Output {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    Command::new(exe)
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(
+            CHILD_ENV,
+            format!(
+                "{},{},{}",
+                kind_name(kind),
+                mode_name(mode),
+                if forbidden_call { "socket" } else { "none" }
+            ),
+        )
+        .output()
+        .expect("the child test process starts")
+}
+
+/// Not a test by itself: the body of the child process (does nothing unless `CHILD_ENV` is set).
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let [kind, mode, call] = spec.split(',').collect::<Vec<_>>()[..] else {
+        panic!("kind,mode,call: {spec}")
+    };
+    let kind = KINDS.into_iter().find(|&k| kind_name(k) == kind).expect("a known thread kind");
+    let mode = [SeccompMode::Kill, SeccompMode::Log, SeccompMode::Off]
+        .into_iter()
+        .find(|&m| mode_name(m) == mode)
+        .expect("a known mode");
+    let filter = Filter::new(kind, mode).expect("the filter builds");
+    // On a thread of its own, as exitless's threads are.
+    let forbidden_call = call == "socket";
+    std::thread::spawn(move || {
+        filter.install().expect("the filter installs");
+        println!("{INSTALLED}");
+        if !forbidden_call {
+            return;
+        }
+        // No exitless thread opens sockets once it serves a guest.
+        // SAFETY: socket() takes no pointers; the descriptor is closed below.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+        if fd >= 0 {
+            println!("{CALL_ALLOWED}");
+            // SAFETY: `fd` was just opened here and is not used again.
+            unsafe { libc::close(fd) };
+        }
+    })
+    .join()
+    .expect("the confined thread ends");
+}
+
+#[test]
+fn a_confined_thread_runs_and_ends_without_a_forbidden_call() {
+    for kind in KINDS {
+        let output = run_child(kind, SeccompMode::Kill, false);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains(INSTALLED), "{kind}: the filter was not installed: {stdout}");
+        assert!(output.status.success(), "{kind}: {:?}: {stdout}", output.status);
+    }
+}
+
+#[test]
+fn kill_mode_kills_the_process_with_sigsys_on_a_forbidden_call() {
+    for kind in KINDS {
+        let output = run_child(kind, SeccompMode::Kill, true);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains(INSTALLED), "{kind}: the filter was not installed: {stdout}");
+        assert!(!stdout.contains(CALL_ALLOWED), "{kind}: socket() went through: {stdout}");
+        assert_eq!(output.status.signal(), Some(libc::SIGSYS), "{kind}: {:?}: {stdout}", output.status);
+    }
+}
+
+#[test]
+fn log_mode_lets_a_forbidden_call_through() {
+    for kind in KINDS {
+        let output = run_child(kind, SeccompMode::Log, true);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{kind}: {:?}: {stdout}", output.status);
+        assert!(stdout.contains(CALL_ALLOWED), "{kind}: socket() was refused: {stdout}");
+    }
+}
+
+#[test]
+fn off_mode_installs_nothing() {
+    let output = run_child(ThreadKind::IoCore, SeccompMode::Off, true);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{:?}: {stdout}", output.status);
+    assert!(stdout.contains(CALL_ALLOWED), "socket() was refused: {stdout}");
+}
