@@ -123,7 +123,14 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         ThreadKind::VhostUserConnection => {
             allow(&mut rules, CONNECTION);
             allow(&mut rules, DESCRIPTOR_CHECKS);
-            one_of(&mut rules, libc::SYS_fcntl, 1, FCNTL_COMMANDS)?;
+            // And close-on-exec on the descriptors a frontend sends.
+            let commands = [FCNTL_COMMANDS, &[libc::F_SETFD as u64]].concat();
+            one_of(&mut rules, libc::SYS_fcntl, 1, &commands)?;
+            // A frontend's socket is made non-blocking (FIONBIO).
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
+            // The SIGBUS handler that survives a shrunk memory file is installed when guest
+            // memory is first mapped.
+            one_of(&mut rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
             // SO_PEERCRED: the frontend's pid, for the log.
             rules.insert(
                 libc::SYS_getsockopt,
