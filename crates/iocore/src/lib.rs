@@ -7,6 +7,8 @@
 //! command list the thread looks at only when a flag says it changed, so the serving loop
 //! takes no lock, allocates nothing and makes no system call while there is work.
 
+#![warn(missing_docs)]
+
 mod engine;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,10 +35,15 @@ pub enum Policy {
     Polling,
     /// Spin while there is traffic; after `idle` without a request, ask for notifications again
     /// and sleep until one comes.
-    Adaptive { idle: Duration },
+    Adaptive {
+        /// How long to spin without a request before sleeping.
+        idle: Duration,
+    },
 }
 
+/// Why an IOCore could not start.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum IoCoreError {
     #[error("cannot set up the IOCore's wake-up eventfd or epoll: {0}")]
     Setup(#[source] std::io::Error),
@@ -74,6 +81,9 @@ pub struct IoCoreStats {
     pub work: u64,
 }
 
+/// A thread that serves the queues of one or more virtio devices (their `QueueWorker`s): the
+/// IOCore, or sidecore, of the papers. Workers are attached and detached while it runs
+/// (`WorkerHost`); how it waits for work is its `Policy`.
 pub struct IoCore {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<IoCoreStats>>>,

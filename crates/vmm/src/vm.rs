@@ -235,6 +235,10 @@ pub struct DeviceReport {
     pub stats: virtio::DeviceStatsSnapshot,
 }
 
+/// A KVM virtual machine built from a `VmConfig`: guest memory, vCPUs, the MMIO bus with the
+/// console, test device and virtio devices (and their IOCore), and the loaded kernel. `run`
+/// starts the vCPUs and returns when the guest ends or the timeout passes.
+#[warn(missing_docs)]
 pub struct Vm {
     // Held for ownership only. Fields drop in order: the VM fd goes before the RAM it maps.
     _kvm: Kvm,
@@ -261,7 +265,9 @@ pub fn tsc_khz() -> Result<u32, VmError> {
     vcpu.get_tsc_khz().map_err(kvm_err("report the TSC frequency"))
 }
 
+#[warn(missing_docs)]
 impl Vm {
+    /// Build the VM `config` describes and load `kernel` into it.
     pub fn new(config: &VmConfig, kernel: Kernel) -> Result<Vm, VmError> {
         if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
             return Err(VmError::VcpuCount(config.vcpus));
