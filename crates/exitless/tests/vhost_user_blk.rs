@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::linux::{kernel, Kernel};
+
 const QEMU_TIMEOUT: Duration = Duration::from_secs(180);
 const PATTERN_LEN: usize = 64 * 1024;
 /// Where the guest writes the pattern on the disk (4 KiB blocks).
@@ -178,140 +181,18 @@ fn pattern() -> Vec<u8> {
         .collect()
 }
 
-/// The cloud kernel and the modules its virtio-blk driver needs, in load order (none if it is
-/// built in).
-struct Kernel {
-    image: PathBuf,
-    modules: Vec<PathBuf>,
-}
-
-fn kernel() -> Kernel {
-    let mut images: Vec<PathBuf> = std::fs::read_dir("/boot")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vmlinuz-")))
-        .collect();
-    images.sort();
-    let image = images.pop().unwrap_or_else(|| {
-        panic!("no /boot/vmlinuz-*: run scripts/setup.sh (it installs Debian's linux-image-cloud-amd64)")
-    });
-    let version = image.file_name().unwrap().to_str().unwrap().trim_start_matches("vmlinuz-").to_owned();
-    let dir = PathBuf::from("/lib/modules").join(&version);
-    let builtin = std::fs::read_to_string(dir.join("modules.builtin")).unwrap_or_default();
-    let deps = std::fs::read_to_string(dir.join("modules.dep")).unwrap_or_else(|e| {
-        panic!("cannot read {}/modules.dep ({e}): are the kernel's modules installed?", dir.display())
-    });
-    let mut modules: Vec<PathBuf> = Vec::new();
-    for wanted in ["virtio_pci", "virtio_blk"] {
-        let name = format!("/{wanted}.ko");
-        if builtin.lines().any(|l| l.ends_with(&name)) {
-            continue;
-        }
-        let line = deps
-            .lines()
-            .find(|l| l.split(':').next().is_some_and(|m| m.ends_with(&name)))
-            .unwrap_or_else(|| panic!("{wanted} is neither built into {version} nor a module"));
-        let (module, needs) = line.split_once(':').unwrap();
-        // modules.dep lists a module's dependencies last-loaded first.
-        for path in needs.split_whitespace().rev().chain([module]) {
-            let path = dir.join(path);
-            assert!(
-                path.extension().is_some_and(|e| e == "ko"),
-                "{}: compressed modules are not supported by busybox insmod here",
-                path.display()
-            );
-            if !modules.contains(&path) {
-                modules.push(path);
-            }
-        }
-    }
-    Kernel { image, modules }
-}
-
-/// A cpio "newc" archive (what the kernel unpacks as initramfs).
-#[derive(Default)]
-struct Cpio(Vec<u8>);
-
-impl Cpio {
-    fn entry(&mut self, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
-        let ino = self.0.len() as u32 + 1;
-        let fields =
-            [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, rdev.0, rdev.1, name.len() as u32 + 1, 0];
-        self.0.extend_from_slice(b"070701");
-        for field in fields {
-            self.0.extend_from_slice(format!("{field:08x}").as_bytes());
-        }
-        self.0.extend_from_slice(name.as_bytes());
-        self.0.push(0);
-        self.pad();
-        self.0.extend_from_slice(data);
-        self.pad();
-    }
-
-    fn pad(&mut self) {
-        while !self.0.len().is_multiple_of(4) {
-            self.0.push(0);
-        }
-    }
-
-    fn dir(&mut self, name: &str) {
-        self.entry(name, 0o040755, &[], (0, 0));
-    }
-
-    fn file(&mut self, name: &str, mode: u32, data: &[u8]) {
-        self.entry(name, 0o100000 | mode, data, (0, 0));
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        self.entry("TRAILER!!!", 0, &[], (0, 0));
-        while !self.0.len().is_multiple_of(512) {
-            self.0.push(0);
-        }
-        self.0
-    }
-}
-
-/// The initramfs: static busybox, /init, the modules, the pattern and (if a C compiler is
-/// there) the polled-I/O helper. Returns whether the helper is in.
+/// The initramfs: /init, the pattern and (if a C compiler is there) the polled-I/O helper.
+/// Returns whether the helper is in.
 fn initramfs(kernel: &Kernel, dir: &Path) -> (PathBuf, bool) {
-    let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox: run scripts/setup.sh (busybox-static)");
-    assert!(
-        !has_interpreter(&busybox),
-        "/bin/busybox is dynamically linked: install busybox-static (scripts/setup.sh)"
-    );
-    let mut cpio = Cpio::default();
-    for d in ["bin", "dev", "lib", "lib/modules"] {
-        cpio.dir(d);
-    }
-    cpio.entry("dev/console", 0o020600, &[], (5, 1));
-    cpio.file("bin/busybox", 0o755, &busybox);
-    cpio.file("init", 0o755, INIT.as_bytes());
-    cpio.file("pattern", 0o644, &pattern());
-    let mut names = String::new();
-    for module in &kernel.modules {
-        let name = module.file_name().unwrap().to_str().unwrap();
-        cpio.file(&format!("lib/modules/{name}"), 0o644, &std::fs::read(module).unwrap());
-        names.push_str(name);
-        names.push('\n');
-    }
-    cpio.file("modules", 0o644, names.as_bytes());
-    let iopoll = iopoll_helper(dir);
-    if let Some(binary) = &iopoll {
-        cpio.file("iopoll", 0o755, &std::fs::read(binary).unwrap());
+    let pattern = pattern();
+    let iopoll = iopoll_helper(dir).map(|binary| std::fs::read(binary).unwrap());
+    let mut files: Vec<(&str, u32, &[u8])> = vec![("pattern", 0o644, &pattern)];
+    if let Some(iopoll) = &iopoll {
+        files.push(("iopoll", 0o755, iopoll));
     }
     let path = dir.join("initramfs.cpio");
-    std::fs::write(&path, cpio.finish()).unwrap();
+    common::linux::initramfs_with(kernel, INIT, &files, &path);
     (path, iopoll.is_some())
-}
-
-/// Does this ELF executable name a dynamic loader (PT_INTERP)?
-fn has_interpreter(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
-    let phoff = u64::from_le_bytes(elf[32..40].try_into().unwrap()) as usize;
-    let (phentsize, phnum) = (u16_at(54), u16_at(56));
-    (0..phnum).any(|i| elf[phoff + i * phentsize..][..4] == 3u32.to_le_bytes())
 }
 
 /// Build the polled-I/O helper statically; `None` (reported) without a C compiler.

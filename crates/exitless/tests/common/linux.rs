@@ -1,6 +1,5 @@
 //! A Linux guest for QEMU TCG: Debian's cloud kernel, the modules its virtio-blk driver needs,
-//! and a busybox initramfs with a given /init (what scripts/setup.sh installs). The same
-//! construction as tests/vhost_user_blk.rs, as functions other tests can share.
+//! and a busybox initramfs with a given /init (what scripts/setup.sh installs).
 
 use std::path::{Path, PathBuf};
 
@@ -59,7 +58,16 @@ pub fn kernel() -> Kernel {
 /// Write an initramfs to `path`: static busybox, `init` as /init, the kernel's modules in
 /// /lib/modules and their names, in load order, in /modules.
 pub fn initramfs(kernel: &Kernel, init: &str, path: &Path) {
+    initramfs_with(kernel, init, &[], path)
+}
+
+/// `initramfs` with more files: (name, permissions, contents).
+pub fn initramfs_with(kernel: &Kernel, init: &str, files: &[(&str, u32, &[u8])], path: &Path) {
     let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox: run scripts/setup.sh (busybox-static)");
+    assert!(
+        !has_interpreter(&busybox),
+        "/bin/busybox is dynamically linked: install busybox-static (scripts/setup.sh)"
+    );
     let mut cpio = Cpio::default();
     for d in ["bin", "dev", "lib", "lib/modules"] {
         cpio.entry(d, 0o040755, &[], (0, 0));
@@ -75,7 +83,18 @@ pub fn initramfs(kernel: &Kernel, init: &str, path: &Path) {
         names.push('\n');
     }
     cpio.entry("modules", 0o100644, names.as_bytes(), (0, 0));
+    for (name, mode, data) in files {
+        cpio.entry(name, 0o100000 | mode, data, (0, 0));
+    }
     std::fs::write(path, cpio.finish()).unwrap();
+}
+
+/// Does this ELF executable name a dynamic loader (PT_INTERP)?
+fn has_interpreter(elf: &[u8]) -> bool {
+    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[32..40].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    (0..phnum).any(|i| elf[phoff + i * phentsize..][..4] == 3u32.to_le_bytes())
 }
 
 /// The start of an /init: mounts, modules, and a wait for /dev/vda.
