@@ -331,12 +331,11 @@ impl BlockDevice {
     fn set_request_descriptor(&mut self, slot: usize, index: u16, descriptor: Descriptor) {
         debug_assert!(!self.in_flight.contains(slot));
         if self.disk.indirect {
-            // SAFETY: the entry lies in the slot's static table (both indices bounds-checked),
-            // which the device does not read while the slot is not in flight; volatile because
-            // the device reads it by physical address once the request is published.
-            unsafe {
-                addr_of_mut!((*INDIRECT_TABLES.get()).0[slot][index as usize]).write_volatile(descriptor)
-            }
+            let table = Self::indirect_table(slot);
+            // SAFETY: the entry lies in the slot's static table (`index` bounds-checked), which
+            // the device does not read while the slot is not in flight; volatile because the
+            // device reads it by physical address once the request is published.
+            unsafe { addr_of_mut!((*table)[index as usize]).write_volatile(descriptor) }
         } else {
             self.queue.set_descriptor(index, descriptor);
         }
@@ -374,10 +373,10 @@ impl BlockDevice {
         let status = Descriptor { addr: self.status_addr(slot), len: 1, flags: DESC_F_WRITE, next: 0 };
         self.set_request_descriptor(slot, index, status);
         if self.disk.indirect {
-            let table_len = (u32::from(index - first) + 1) * core::mem::size_of::<Descriptor>() as u32;
+            let descriptors = u32::from(index - first) + 1;
             let table = Descriptor {
                 addr: phys(Self::indirect_table(slot)),
-                len: table_len,
+                len: descriptors * core::mem::size_of::<Descriptor>() as u32,
                 flags: DESC_F_INDIRECT,
                 next: 0,
             };
