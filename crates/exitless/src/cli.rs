@@ -186,8 +186,9 @@ pub struct BlkBenchArgs {
     /// Block sizes in bytes (multiples of 512, at most 128K).
     #[arg(long, value_delimiter = ',', default_value = "4096", value_parser = parse_block_size)]
     pub bs: Vec<u32>,
-    /// Queue depths (1 to 256, the queue size; the probe refuses a depth its queue cannot hold:
-    /// above 85 for requests of one data descriptor).
+    /// Queue depths (1 to 256, the queue size: the probe puts each request in an indirect
+    /// descriptor table, one ring entry; a device without VIRTIO_F_INDIRECT_DESC holds only 85
+    /// requests of one data descriptor, and the probe refuses a deeper queue).
     #[arg(long, value_delimiter = ',', default_value = "1,32", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub qd: Vec<u32>,
     /// I/O modes to measure.

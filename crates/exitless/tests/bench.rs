@@ -40,3 +40,33 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
     }
     assert!(report["qemu_version"].as_str().unwrap().contains("QEMU"));
 }
+
+/// At the queue size, 256 requests in flight, every VMM serves the probe: exitless's device and
+/// QEMU's virtio-blk and vhost-user-blk (with exitless's backend) all take one indirect table per
+/// request, and each row reports that depth.
+#[test]
+fn block_bench_at_the_queue_size_runs_in_every_vmm() {
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--qd",
+        "256",
+        "--modes",
+        "exitless",
+        "--duration-ms",
+        "100",
+        "--warmup",
+        "200",
+        "--disk",
+        "ram=64M",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let results = report["results"].as_array().unwrap();
+    let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
+    assert_eq!(guests.len(), 4, "exitless and QEMU's three set-ups: {results:?}");
+    for row in guests {
+        assert_eq!(row["queue_depth"], 256, "{row}");
+        assert!(row["iops"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}

@@ -288,31 +288,48 @@ fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
     (out, result)
 }
 
-/// A queue as deep as the ring holds (a 256-entry queue, three descriptors per 4K request):
-/// the device hands more than 64 completions to the driver in one go, and none may be lost.
+/// A queue as deep as the ring holds: with VIRTIO_F_INDIRECT_DESC each request takes one ring
+/// descriptor (its header, data and status in an indirect table), so a 256-entry queue holds 256
+/// requests, and the device hands far more than 64 completions to the driver in one go; none may
+/// be lost.
 #[test]
 fn requests_at_the_deepest_queue_the_ring_holds_all_complete() {
     let _one = one_vm();
-    const DEEPEST_4K: u64 = 256 / 3;
+    const QUEUE_SIZE: u64 = 256;
     for mode in ["trap", "eventfd", "exitless"] {
         let cmdline = format!(
-            "probe.workload=blk probe.rw=randread probe.qd={DEEPEST_4K} probe.ops=5000 probe.warmup=0"
+            "probe.workload=blk probe.rw=randread probe.qd={QUEUE_SIZE} probe.ops=5000 probe.warmup=0"
         );
         let (out, result) = run_blk_within(mode, &cmdline);
         assert_eq!((&result["ops"], &result["errors"]), (&5000.into(), &0.into()), "{mode}: {result}");
-        assert_eq!(result["qd"], DEEPEST_4K);
+        assert_eq!((&result["qd"], &result["indirect"]), (&QUEUE_SIZE.into(), &true.into()), "{result}");
         assert_eq!(out.status.code(), Some(0), "{mode}: {}", stderr(&out));
     }
-    // One deeper does not fit: the probe says how deep it can go.
-    let (out, result) =
-        run_blk_within("exitless", &format!("probe.workload=blk probe.qd={}", DEEPEST_4K + 1));
-    assert_eq!(out.status.code(), Some(1), "{result}");
-    assert!(result["error"].as_str().unwrap().contains("too few descriptors"), "{result}");
-    assert_eq!(result["detail"], DEEPEST_4K, "{result}");
     // Beyond the queue size is a bad parameter.
     let (out, result) = run_blk_within("exitless", "probe.workload=blk probe.qd=257");
     assert_eq!(out.status.code(), Some(2));
     assert_eq!((&result["error"], &result["parameter"]), (&"bad parameter".into(), &"probe.qd".into()));
+}
+
+/// Without indirect tables (`probe.indirect=off`, as with a device that does not offer
+/// VIRTIO_F_INDIRECT_DESC) a 4K request takes three ring descriptors: 85 fit a 256-entry queue
+/// and all complete; one more does not fit, and the probe says how deep it can go.
+#[test]
+fn direct_chains_fill_the_ring_to_a_third_of_its_size() {
+    let _one = one_vm();
+    const DEEPEST_4K: u64 = 256 / 3;
+    let cmdline = format!(
+        "probe.workload=blk probe.indirect=off probe.rw=randread probe.qd={DEEPEST_4K} probe.ops=5000 probe.warmup=0"
+    );
+    let (out, result) = run_blk_within("exitless", &cmdline);
+    assert_eq!((&result["ops"], &result["errors"]), (&5000.into(), &0.into()), "{result}");
+    assert_eq!((&result["qd"], &result["indirect"]), (&DEEPEST_4K.into(), &false.into()), "{result}");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let cmdline = format!("probe.workload=blk probe.indirect=off probe.qd={}", DEEPEST_4K + 1);
+    let (out, result) = run_blk_within("exitless", &cmdline);
+    assert_eq!(out.status.code(), Some(1), "{result}");
+    assert!(result["error"].as_str().unwrap().contains("too few descriptors"), "{result}");
+    assert_eq!(result["detail"], DEEPEST_4K, "{result}");
 }
 
 /// 100 FLUSH requests published at once (two descriptors each, so they fit one 256-entry

@@ -1,16 +1,19 @@
 //! virtio-blk (virtio 1.x §5.2) over one virtio-mmio transport and its one request queue.
 //!
-//! Every request slot (up to `MAX_IN_FLIGHT`) owns a fixed run of descriptors (header, data
-//! segments, status), a static header, a static status byte and a static data buffer, so
-//! submitting is a few stores and completing is a few loads: nothing is allocated or searched.
+//! Every request slot (up to `MAX_IN_FLIGHT`) owns its descriptors (header, data segments,
+//! status), a static header, a static status byte and a static data buffer, so submitting is a
+//! few stores and completing is a few loads: nothing is allocated or searched. With
+//! VIRTIO_F_INDIRECT_DESC a slot's descriptors live in its own static indirect table and the
+//! request takes one ring descriptor, so a 256-entry queue holds 256 requests; without it they
+//! are a run of ring descriptors, and the ring holds `size / (segments + 2)` requests.
 
 use core::ptr::addr_of_mut;
 
 use super::interrupts::Interrupts;
 use super::mmio::Transport;
-use super::queue::{Descriptor, SplitQueue, DESC_F_NEXT, DESC_F_WRITE, MAX_QUEUE_SIZE};
+use super::queue::{Descriptor, SplitQueue, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, MAX_QUEUE_SIZE};
 pub use super::Completion;
-use super::{device_status, phys, DmaStatic, Error, F_EVENT_IDX, F_VERSION_1};
+use super::{device_status, phys, DmaStatic, Error, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1};
 use crate::deadline::Deadline;
 
 pub const DEVICE_ID: u32 = 2;
@@ -27,11 +30,16 @@ pub const SECTOR_SIZE: u64 = 512;
 /// GET_ID answers with at most this many bytes.
 pub const ID_LEN: u32 = 20;
 pub const HEADER_LEN: u32 = 16;
-/// Requests in flight at most (and slots): one per descriptor of the largest queue, which only
-/// requests of fewer descriptors than slots need (see `BlockDevice::start`) can reach.
+/// Requests in flight at most (and slots): one per descriptor of the largest queue, which
+/// requests reach when each takes one ring descriptor (an indirect table).
 pub const MAX_IN_FLIGHT: usize = MAX_QUEUE_SIZE as usize;
 /// The largest request payload; each slot has a buffer this big.
 pub const MAX_REQUEST_BYTES: u32 = 128 * 1024;
+/// Data descriptors an indirect table has room for; a request that needs more (a device with
+/// a small SIZE_MAX) goes in direct chains.
+const INDIRECT_SEGMENTS: usize = 32;
+/// Descriptors in each slot's indirect table: header, data segments, status.
+const INDIRECT_TABLE_LEN: usize = INDIRECT_SEGMENTS + 2;
 
 const F_SIZE_MAX: u64 = 1 << 1;
 const F_SEG_MAX: u64 = 1 << 2;
@@ -68,11 +76,20 @@ static REQUESTS: DmaStatic<RequestArea> =
 static DATA: DmaStatic<DataBuffers> =
     DmaStatic::new(DataBuffers([[0; MAX_REQUEST_BYTES as usize]; MAX_IN_FLIGHT]));
 
+/// One indirect descriptor table per slot.
+#[repr(C, align(4096))]
+struct IndirectTables([[Descriptor; INDIRECT_TABLE_LEN]; MAX_IN_FLIGHT]);
+
+static INDIRECT_TABLES: DmaStatic<IndirectTables> =
+    DmaStatic::new(IndirectTables([[Descriptor::EMPTY; INDIRECT_TABLE_LEN]; MAX_IN_FLIGHT]));
+
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
     pub completion: Completion,
     /// Accept VIRTIO_F_EVENT_IDX when offered.
     pub event_idx: bool,
+    /// Accept VIRTIO_F_INDIRECT_DESC when offered and put each request in an indirect table.
+    pub indirect: bool,
     /// The largest request payload the caller will submit.
     pub max_request_bytes: u32,
     /// Requests in flight at most (1..=MAX_IN_FLIGHT).
@@ -86,6 +103,9 @@ pub struct DiskInfo {
     pub read_only: bool,
     pub flush: bool,
     pub event_idx: bool,
+    /// Requests go in indirect tables (VIRTIO_F_INDIRECT_DESC negotiated, and a request fits
+    /// a slot's table).
+    pub indirect: bool,
     /// Logical block size (BLK_SIZE), 512 when not offered.
     pub blk_size: u32,
 }
@@ -138,7 +158,8 @@ pub struct BlockDevice {
     options: Options,
     pub disk: DiskInfo,
     pub counters: Counters,
-    /// Descriptors per slot: header, data segments, status.
+    /// Ring descriptors per slot: 1 (an indirect table) or the request's header, data segments
+    /// and status.
     descs_per_slot: u16,
     /// Bytes per data descriptor at most (SIZE_MAX).
     segment_bytes: u32,
@@ -182,6 +203,9 @@ impl BlockDevice {
         if self.options.event_idx {
             wanted |= F_EVENT_IDX;
         }
+        if self.options.indirect {
+            wanted |= F_INDIRECT_DESC;
+        }
         let features = t.negotiate(wanted)?;
         let has = |bit: u64| features & bit != 0;
         self.disk = DiskInfo {
@@ -189,6 +213,7 @@ impl BlockDevice {
             read_only: has(F_RO),
             flush: has(F_FLUSH),
             event_idx: has(F_EVENT_IDX),
+            indirect: false,
             blk_size: if has(F_BLK_SIZE) { t.config32(CONFIG_BLK_SIZE) } else { SECTOR_SIZE as u32 },
         };
         let size_max = if has(F_SIZE_MAX) { t.config32(CONFIG_SIZE_MAX) } else { 0 };
@@ -198,12 +223,15 @@ impl BlockDevice {
             n => n.min(MAX_REQUEST_BYTES),
         };
         let size = SplitQueue::size_for(t.queue_max(REQUEST_QUEUE)?);
-        // A FLUSH-only driver (no payload) needs no data descriptor: two per request.
+        // A FLUSH-only driver (no payload) needs no data descriptor: two per request. A chain
+        // is at most the queue size long, in an indirect table too (§2.7.5.3.1).
         let segments = self.options.max_request_bytes.div_ceil(self.segment_bytes);
-        if segments > seg_max || segments + 2 > size as u32 {
+        let request_descs = segments + 2;
+        if segments > seg_max || request_descs > size as u32 {
             return self.fail(Error::TooManySegments);
         }
-        self.descs_per_slot = segments as u16 + 2;
+        self.disk.indirect = has(F_INDIRECT_DESC) && request_descs as usize <= INDIRECT_TABLE_LEN;
+        self.descs_per_slot = if self.disk.indirect { 1 } else { request_descs as u16 };
         let deepest = (size as usize / self.descs_per_slot as usize).min(MAX_IN_FLIGHT);
         let depth = self.options.queue_depth;
         if depth == 0 || depth > deepest {
@@ -292,6 +320,27 @@ impl BlockDevice {
         unsafe { addr_of_mut!((*REQUESTS.get()).status[slot]).read_volatile() }
     }
 
+    /// Slot `slot`'s indirect table.
+    fn indirect_table(slot: usize) -> *mut [Descriptor; INDIRECT_TABLE_LEN] {
+        // SAFETY: only an address is computed; `slot` is bounds-checked by the indexing.
+        unsafe { addr_of_mut!((*INDIRECT_TABLES.get()).0[slot]) }
+    }
+
+    /// Write descriptor `index` of slot `slot`'s request: of its indirect table, or of the ring.
+    /// The slot must not be in flight.
+    fn set_request_descriptor(&mut self, slot: usize, index: u16, descriptor: Descriptor) {
+        debug_assert!(!self.in_flight.contains(slot));
+        if self.disk.indirect {
+            let table = Self::indirect_table(slot);
+            // SAFETY: the entry lies in the slot's static table (`index` bounds-checked), which
+            // the device does not read while the slot is not in flight; volatile because the
+            // device reads it by physical address once the request is published.
+            unsafe { addr_of_mut!((*table)[index as usize]).write_volatile(descriptor) }
+        } else {
+            self.queue.set_descriptor(index, descriptor);
+        }
+    }
+
     /// Queue request `kind` at `sector` for `len` bytes of slot `slot`'s buffer (0 for FLUSH).
     /// The device sees it after `kick`.
     pub fn submit(&mut self, slot: usize, kind: u32, sector: u64, len: u32) {
@@ -300,10 +349,12 @@ impl BlockDevice {
         self.write_header(slot, kind, sector);
         let head = self.head(slot);
         let data_flags = if matches!(kind, T_IN | T_GET_ID) { DESC_F_WRITE } else { 0 };
-        let mut index = head;
+        // `next` counts within the table the chain is in: the slot's own, or the ring's.
+        let first = if self.disk.indirect { 0 } else { head };
+        let mut index = first;
         let header =
             Descriptor { addr: self.header_addr(slot), len: HEADER_LEN, flags: DESC_F_NEXT, next: index + 1 };
-        self.queue.set_descriptor(index, header);
+        self.set_request_descriptor(slot, index, header);
         let buffer = self.buffer_addr(slot);
         let mut offset = 0;
         while offset < len {
@@ -315,11 +366,22 @@ impl BlockDevice {
                 flags: DESC_F_NEXT | data_flags,
                 next: index + 1,
             };
-            self.queue.set_descriptor(index, data);
+            self.set_request_descriptor(slot, index, data);
             offset += chunk;
         }
+        index += 1;
         let status = Descriptor { addr: self.status_addr(slot), len: 1, flags: DESC_F_WRITE, next: 0 };
-        self.queue.set_descriptor(index + 1, status);
+        self.set_request_descriptor(slot, index, status);
+        if self.disk.indirect {
+            let descriptors = u32::from(index - first) + 1;
+            let table = Descriptor {
+                addr: phys(Self::indirect_table(slot)),
+                len: descriptors * core::mem::size_of::<Descriptor>() as u32,
+                flags: DESC_F_INDIRECT,
+                next: 0,
+            };
+            self.queue.set_descriptor(head, table);
+        }
         self.queue.push(head);
         self.in_flight.insert(slot);
     }

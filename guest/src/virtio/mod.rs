@@ -22,6 +22,7 @@ pub mod device_status {
 }
 
 /// Transport feature bits (virtio 1.x §6).
+pub const F_INDIRECT_DESC: u64 = 1 << 28;
 pub const F_EVENT_IDX: u64 = 1 << 29;
 pub const F_VERSION_1: u64 = 1 << 32;
 

@@ -12,6 +12,8 @@ use super::{phys, DmaStatic, Error};
 pub const MAX_QUEUE_SIZE: u16 = 256;
 pub const DESC_F_NEXT: u16 = 1;
 pub const DESC_F_WRITE: u16 = 2;
+/// The descriptor points to a table of descriptors (VIRTIO_F_INDIRECT_DESC, §2.7.5.3).
+pub const DESC_F_INDIRECT: u16 = 4;
 const AVAIL_F_NO_INTERRUPT: u16 = 1;
 const USED_F_NO_NOTIFY: u16 = 1;
 /// In polling mode `used_event` is kept this far ahead of the used index (EVENT_IDX), so the
@@ -27,6 +29,10 @@ pub struct Descriptor {
     pub next: u16,
 }
 
+impl Descriptor {
+    pub const EMPTY: Descriptor = Descriptor { addr: 0, len: 0, flags: 0, next: 0 };
+}
+
 #[repr(C, align(4096))]
 struct Page([u8; 4096]);
 
@@ -39,8 +45,6 @@ struct Rings {
     used: Page,
 }
 
-const EMPTY_DESCRIPTOR: Descriptor = Descriptor { addr: 0, len: 0, flags: 0, next: 0 };
-
 /// How many queues can be live at once: a block device's one, a network device's two, and
 /// one to spare.
 pub const QUEUE_POOL: usize = 4;
@@ -49,7 +53,7 @@ pub const QUEUE_POOL: usize = 4;
 /// claimed.
 static RINGS: [DmaStatic<Rings>; QUEUE_POOL] = [const {
     DmaStatic::new(Rings {
-        desc: [EMPTY_DESCRIPTOR; MAX_QUEUE_SIZE as usize],
+        desc: [Descriptor::EMPTY; MAX_QUEUE_SIZE as usize],
         avail: Page([0; 4096]),
         used: Page([0; 4096]),
     })

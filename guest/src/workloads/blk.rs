@@ -2,15 +2,17 @@
 //!
 //! Parameters: `probe.rw=randread|randwrite|read|write|flush|verify` (default randread),
 //! `probe.bs=` bytes (a multiple of 512 up to 128K, default 4096; not used by `flush`),
-//! `probe.qd=` (1..=256, default 1; at most as many requests as the queue has room for: a
-//! request takes a header, a status and `bs / size_max` data descriptors, a FLUSH none, so a
-//! 256-entry queue holds 85 4K requests or 128 FLUSHes; a deeper queue fails with the deepest
-//! that fits as the error's `detail`),
+//! `probe.qd=` (1..=256, default 1; at most as many requests as the queue has room for: with
+//! VIRTIO_F_INDIRECT_DESC (`probe.indirect=on`, the default, and offered by the device) a
+//! request takes one ring descriptor, so a 256-entry queue holds 256; in direct chains it takes
+//! a header, a status and `bs / size_max` data descriptors, a FLUSH none, so 85 4K requests or
+//! 128 FLUSHes; a deeper queue fails with the deepest that fits as the error's `detail`),
 //! `probe.ops=` measured requests (default 10000) or `probe.duration_ms=` (needs
 //! `probe.tsc_khz=`), `probe.warmup=` unmeasured requests first (default 1000),
 //! `probe.pv_eoi=on|off` (default off), `probe.idle_ms=` (default 0), and those of every block
 //! workload (`blkdev::Common`): `probe.completion=poll|interrupt`, `probe.dev=`, `probe.seed=`,
-//! `probe.event_idx=on|off`, `probe.timeout_ms=` (default 5000).
+//! `probe.event_idx=on|off`, `probe.indirect=on|off`, `probe.timeout_ms=` (default 5000). The
+//! result line says `"indirect":true|false`: whether requests went in indirect tables.
 //!
 //! Marks for the VMM's exit accounting: 0 and 1 around the measured phase. With
 //! `probe.idle_ms=N` (N > 0; needs `probe.tsc_khz=`; not with `verify`), the probe then writes
@@ -382,11 +384,12 @@ fn print_result(
     percentiles.print_ns(env);
     percentiles.print_cycles();
     print!(
-        ",\"capacity_bytes\":{},\"blk_size\":{},\"read_only\":{},\"event_idx\":{},\"notifies\":{},\"interrupts\":{}",
+        ",\"capacity_bytes\":{},\"blk_size\":{},\"read_only\":{},\"event_idx\":{},\"indirect\":{},\"notifies\":{},\"interrupts\":{}",
         disk.capacity_bytes(),
         disk.blk_size,
         disk.read_only,
         disk.event_idx,
+        disk.indirect,
         counts.device.notifies,
         counts.device.interrupts
     );

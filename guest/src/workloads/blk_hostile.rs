@@ -9,8 +9,9 @@
 //! device and sets it up again. At the end, 100 valid requests (writes read back,
 //! or reads on a read-only disk) must succeed.
 //!
-//! Parameters: those of every block workload (`blkdev::Common`); `probe.timeout_ms=` bounds
-//! each case (default 2000).
+//! Parameters: those of every block workload (`blkdev::Common`) but `probe.indirect`: the cases
+//! write direct chains into the ring, so the valid requests use them too; `probe.timeout_ms=`
+//! bounds each case (default 2000).
 
 use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
 use super::hostile::{self, Observed, Offer, Target, OUTSIDE_RAM, WRAPPING};
@@ -222,7 +223,7 @@ impl Job for ReadBack {
 }
 
 pub fn run(env: &Env) -> u8 {
-    let common = blkdev::common_params(env, TIMEOUT_MS);
+    let common = Common { indirect: false, ..blkdev::common_params(env, TIMEOUT_MS) };
     let mut dev = blkdev::open(env, PROBE, &common, BLOCK, 1);
     let mut resets = 0;
     for case in CASES {

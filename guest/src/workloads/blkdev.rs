@@ -12,6 +12,10 @@ pub struct Common {
     pub completion: Completion,
     /// Accept EVENT_IDX when offered (`probe.event_idx=on|off`, default on).
     pub event_idx: bool,
+    /// Put each request in an indirect descriptor table when the device offers
+    /// VIRTIO_F_INDIRECT_DESC (`probe.indirect=on|off`, default on), so the queue holds as many
+    /// requests as it has entries; off: direct chains, several ring descriptors per request.
+    pub indirect: bool,
     /// How long any one wait on the device may take (`probe.timeout_ms=`).
     pub timeout_ms: u64,
     /// Which virtio-blk device, counting in command-line order (`probe.dev=`, default 0).
@@ -26,16 +30,17 @@ pub fn common_params(env: &Env, default_timeout_ms: u64) -> Common {
         "interrupt" => Completion::Interrupt,
         _ => bad_parameter("probe.completion"),
     };
-    let event_idx = match cmdline::get(env.cmdline, "probe.event_idx").unwrap_or("on") {
+    let switch = |key| match cmdline::get(env.cmdline, key).unwrap_or("on") {
         "on" | "1" => true,
         "off" | "0" => false,
-        _ => bad_parameter("probe.event_idx"),
+        _ => bad_parameter(key),
     };
     let number =
         |key, default| cmdline::get_u64(env.cmdline, key, default).unwrap_or_else(|k| bad_parameter(k));
     Common {
         completion,
-        event_idx,
+        event_idx: switch("probe.event_idx"),
+        indirect: switch("probe.indirect"),
         timeout_ms: number("probe.timeout_ms", default_timeout_ms),
         dev: number("probe.dev", 0),
         seed: number("probe.seed", 1),
@@ -61,6 +66,7 @@ pub fn open(
     let options = Options {
         completion: common.completion,
         event_idx: common.event_idx,
+        indirect: common.indirect,
         max_request_bytes,
         queue_depth,
     };
