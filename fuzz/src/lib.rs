@@ -156,6 +156,12 @@ impl DriverRing {
         self.write(mem, self.config.avail.wrapping_add(2), &self.avail_idx.to_le_bytes());
     }
 
+    /// Zero the used index, as a driver does before it makes the queue ready (the device then
+    /// starts counting from 0).
+    pub fn clear_used_idx(&self, mem: &GuestMemoryMmap) {
+        let _ = mem.write_obj(0u16, GuestAddress(self.config.used.wrapping_add(2)));
+    }
+
     /// The device's used index, if the ring is in RAM.
     pub fn used_idx(&self, mem: &GuestMemoryMmap) -> Option<u16> {
         mem.read_obj(GuestAddress(self.config.used.wrapping_add(2))).ok()
