@@ -200,6 +200,15 @@ impl DriverRing {
         false
     }
 
+    /// `open_bug_ahead` for wherever the device may be in the ring (when the target cannot
+    /// know): any window of pending requests the ring's avail index allows.
+    pub fn open_bug_possible(&self, mem: &GuestMemoryMmap) -> bool {
+        let Ok(avail_idx) = mem.read_obj::<u16>(GuestAddress(self.config.avail.wrapping_add(2))) else {
+            return false;
+        };
+        self.open_bug_ahead(mem, avail_idx.wrapping_sub(self.config.size))
+    }
+
     /// A descriptor index: mostly inside the queue, sometimes anything.
     pub fn index(&self, u: &mut Unstructured) -> Result<u16> {
         if u.ratio(1, 16)? {
