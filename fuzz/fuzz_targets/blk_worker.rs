@@ -52,7 +52,12 @@ fn run(u: &mut Unstructured) -> Result<()> {
 
 /// Poll once and check what a RAM disk guarantees; `false` if the input ends here (it would
 /// only meet an open bug).
-fn poll(worker: &mut BlockWorker, ring: &DriverRing, mem: &GuestMemoryMmap, needs_reset: &AtomicBool) -> bool {
+fn poll(
+    worker: &mut BlockWorker,
+    ring: &DriverRing,
+    mem: &GuestMemoryMmap,
+    needs_reset: &AtomicBool,
+) -> bool {
     if ring.open_bug_ahead(mem, worker.queue_mut().next_avail()) {
         return false;
     }

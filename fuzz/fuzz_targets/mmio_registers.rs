@@ -28,8 +28,8 @@ const QUEUE_DRIVER_LOW: u64 = 0x090;
 const QUEUE_DEVICE_LOW: u64 = 0x0a0;
 /// Every register of layout version 2, and the first configuration bytes.
 const REGISTERS: [u64; 27] = [
-    0x000, 0x004, 0x008, 0x00c, 0x010, 0x014, 0x020, 0x024, 0x030, 0x034, 0x038, 0x044, 0x050, 0x060,
-    0x064, 0x070, 0x080, 0x084, 0x090, 0x094, 0x0a0, 0x0a4, 0x0fc, 0x100, 0x108, 0x114, 0x122,
+    0x000, 0x004, 0x008, 0x00c, 0x010, 0x014, 0x020, 0x024, 0x030, 0x034, 0x038, 0x044, 0x050, 0x060, 0x064,
+    0x070, 0x080, 0x084, 0x090, 0x094, 0x0a0, 0x0a4, 0x0fc, 0x100, 0x108, 0x114, 0x122,
 ];
 const MAGIC: u32 = 0x7472_6976;
 
@@ -72,9 +72,11 @@ impl Driver {
         self.write(STATUS, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
         self.write(QUEUE_SEL, 0);
         self.write(QUEUE_NUM, u32::from(ring.config.size));
-        for (low, value) in
-            [(QUEUE_DESC_LOW, ring.config.desc), (QUEUE_DRIVER_LOW, ring.config.avail), (QUEUE_DEVICE_LOW, ring.config.used)]
-        {
+        for (low, value) in [
+            (QUEUE_DESC_LOW, ring.config.desc),
+            (QUEUE_DRIVER_LOW, ring.config.avail),
+            (QUEUE_DEVICE_LOW, ring.config.used),
+        ] {
             self.write(low, value as u32);
             self.write(low + 4, (value >> 32) as u32);
         }
@@ -99,7 +101,9 @@ impl Driver {
 /// open bug, or a queue the harness cannot check for one).
 fn notify(driver: &mut Driver, ring: &DriverRing, known_setup: bool, next_avail: &mut u16) -> bool {
     let open_bugs_tolerated = cfg!(feature = "tolerate-open-bugs");
-    if ring.open_bug_ahead(&driver.mem, *next_avail) || (open_bugs_tolerated && !known_setup && driver.running()) {
+    if ring.open_bug_ahead(&driver.mem, *next_avail)
+        || (open_bugs_tolerated && !known_setup && driver.running())
+    {
         return false;
     }
     let avail_before = driver.avail_idx(ring);

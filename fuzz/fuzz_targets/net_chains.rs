@@ -54,7 +54,8 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let event_idx = u.arbitrary()?;
     let (rx_config, rx_laid_out) = queue_config(u, 0)?;
     let (tx_config, tx_laid_out) = queue_config(u, 1)?;
-    let (Ok(rx), Ok(tx)) = (Queue::new(&mem, rx_config, event_idx), Queue::new(&mem, tx_config, event_idx)) else {
+    let (Ok(rx), Ok(tx)) = (Queue::new(&mem, rx_config, event_idx), Queue::new(&mem, tx_config, event_idx))
+    else {
         return Ok(());
     };
     let (signals, needs_reset) = signals();

@@ -17,7 +17,9 @@ use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{queue_config, ram_disk, DriverRing, MAX_STEPS};
 use libfuzzer_sys::fuzz_target;
 use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
-use vhost_user::message::{code, Header, Message, MemoryRegion, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD};
+use vhost_user::message::{
+    code, Header, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD,
+};
 use vhost_user::VhostUserBlk;
 use virtio::block::Block;
 use virtio::{QueueWorker, WorkerHost};
@@ -137,7 +139,9 @@ fn message(
     };
     match request {
         code::SET_FEATURES => payload.extend_from_slice(&word(u, features)?.to_le_bytes()),
-        code::SET_PROTOCOL_FEATURES => payload.extend_from_slice(&word(u, OFFERED_PROTOCOL_FEATURES)?.to_le_bytes()),
+        code::SET_PROTOCOL_FEATURES => {
+            payload.extend_from_slice(&word(u, OFFERED_PROTOCOL_FEATURES)?.to_le_bytes())
+        }
         code::SET_VRING_NUM | code::SET_VRING_BASE | code::GET_VRING_BASE | code::SET_VRING_ENABLE => {
             let index = index(u)?;
             let num: u32 = match u.int_in_range(0..=4)? {
@@ -243,7 +247,13 @@ fn pair(a: u32, b: u32) -> [u8; 8] {
 
 /// What QEMU sends to start queue `index` (after features and a memory table covering the
 /// memfd): size, rings where the guest put them, base 0, call and kick eventfds, enable.
-fn start_ring(u: &mut Unstructured, memfd: &File, features: u64, ring: &DriverRing, index: u32) -> Result<Vec<Raw>> {
+fn start_ring(
+    u: &mut Unstructured,
+    memfd: &File,
+    features: u64,
+    ring: &DriverRing,
+    index: u32,
+) -> Result<Vec<Raw>> {
     // SAFETY: creates a descriptor; the result is checked in `owned`.
     let eventfd = || owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) });
     let config = ring.config;
@@ -255,14 +265,23 @@ fn start_ring(u: &mut Unstructured, memfd: &File, features: u64, ring: &DriverRi
         avail: FRONTEND_BASE.wrapping_add(config.avail),
         log: 0,
     };
-    let table = MemoryRegion { guest_phys_addr: 0, memory_size: FRONTEND_MEM, userspace_addr: FRONTEND_BASE, mmap_offset: 0 };
+    let table = MemoryRegion {
+        guest_phys_addr: 0,
+        memory_size: FRONTEND_MEM,
+        userspace_addr: FRONTEND_BASE,
+        mmap_offset: 0,
+    };
     let mut table_payload = pair(1, 0).to_vec();
     table_payload.extend_from_slice(&table.to_bytes());
     // SAFETY: duplicates an open descriptor; the result is checked in `owned`.
     let memory = owned(unsafe { libc::dup(memfd.as_raw_fd()) });
     let mut messages = vec![
         raw(code::SET_FEATURES, &(features & u.arbitrary::<u64>()?).to_le_bytes(), vec![]),
-        raw(code::SET_PROTOCOL_FEATURES, &(OFFERED_PROTOCOL_FEATURES & u.arbitrary::<u64>()?).to_le_bytes(), vec![]),
+        raw(
+            code::SET_PROTOCOL_FEATURES,
+            &(OFFERED_PROTOCOL_FEATURES & u.arbitrary::<u64>()?).to_le_bytes(),
+            vec![],
+        ),
         raw(code::SET_MEM_TABLE, &table_payload, vec![memory]),
         raw(code::SET_VRING_NUM, &pair(index, config.size.into()), vec![]),
         raw(code::SET_VRING_ADDR, &addr.to_bytes(), vec![]),

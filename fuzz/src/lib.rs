@@ -16,7 +16,9 @@ use arbitrary::{Result, Unstructured};
 use storage::RamDisk;
 use virtio::block::request::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
 use virtio::interrupt::InterruptLine;
-use virtio::queue::{QueueConfig, MAX_QUEUE_SIZE, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use virtio::queue::{
+    QueueConfig, MAX_QUEUE_SIZE, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
+};
 use virtio::DeviceSignals;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -132,7 +134,8 @@ impl DriverRing {
     /// dropped.
     pub fn write(&self, mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) {
         let end = addr.saturating_add(bytes.len() as u64);
-        let used_indices = [self.config.used, USED_RING, RING_AREA + USED_RING].map(|used| used.wrapping_add(2));
+        let used_indices =
+            [self.config.used, USED_RING, RING_AREA + USED_RING].map(|used| used.wrapping_add(2));
         if used_indices.iter().any(|&idx| addr < idx.saturating_add(2) && idx < end) {
             return;
         }
@@ -219,7 +222,12 @@ impl DriverRing {
 
     /// One chain of `lens.len()` descriptors from `head` on, linked in order (a link may be
     /// fuzzed into a loop or out of range), made available.
-    pub fn chain(&mut self, u: &mut Unstructured, mem: &GuestMemoryMmap, parts: &[(u64, u32, u16)]) -> Result<()> {
+    pub fn chain(
+        &mut self,
+        u: &mut Unstructured,
+        mem: &GuestMemoryMmap,
+        parts: &[(u64, u32, u16)],
+    ) -> Result<()> {
         let head = self.index(u)?;
         let mut index = head;
         for (i, &(addr, len, flags)) in parts.iter().enumerate() {
@@ -281,7 +289,8 @@ impl DriverRing {
     /// A virtio-blk request: header (a known or unknown type, a sector mostly on the disk), data
     /// buffers and a status byte, each descriptor sometimes bent out of shape.
     pub fn blk_request(&mut self, u: &mut Unstructured, mem: &GuestMemoryMmap) -> Result<()> {
-        const TYPES: [u32; 5] = [VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, 7];
+        const TYPES: [u32; 5] =
+            [VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, 7];
         let kind = if u.ratio(1, 16)? { u.arbitrary()? } else { *u.choose(&TYPES)? };
         let sector: u64 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=DISK_SIZE / 512)? };
         let header_at = address(u)?;
