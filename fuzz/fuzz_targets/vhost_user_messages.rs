@@ -96,18 +96,33 @@ fn owned(fd: libc::c_int) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+fn duplicate(file: &File) -> OwnedFd {
+    // SAFETY: duplicates an open descriptor; the result is checked in `owned`.
+    owned(unsafe { libc::dup(file.as_raw_fd()) })
+}
+
+fn eventfd() -> OwnedFd {
+    // SAFETY: creates a descriptor; the result is checked in `owned`.
+    owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) })
+}
+
+/// A pipe's (reader, writer).
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut ends = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given; checked in `owned`.
+    unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) };
+    (owned(ends[0]), owned(ends[1]))
+}
+
 /// A descriptor a frontend might send: mostly the right kind, sometimes a hostile one.
 fn descriptor(u: &mut Unstructured, memfd: &File, want_memory: bool) -> Result<OwnedFd> {
     let kind = if u.ratio(1, 4)? { u.int_in_range(0..=5)? } else { u8::from(!want_memory) };
-    let mut pipe = [0; 2];
     Ok(match kind {
-        // SAFETY (all): plain descriptor-creating system calls; results checked in `owned`.
-        0 => owned(unsafe { libc::dup(memfd.as_raw_fd()) }),
-        1 => owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) }),
+        0 => duplicate(memfd),
+        1 => eventfd(),
         2 | 3 => {
-            assert_eq!(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-            let (reader, writer) = (owned(pipe[0]), owned(pipe[1]));
-            // A pipe nobody reads, or one whose reader is gone.
+            let (reader, writer) = pipe();
+            // The read end (writes to it fail), or the write end with its reader gone (EPIPE).
             if kind == 2 {
                 reader
             } else {
@@ -254,8 +269,6 @@ fn start_ring(
     ring: &DriverRing,
     index: u32,
 ) -> Result<Vec<Raw>> {
-    // SAFETY: creates a descriptor; the result is checked in `owned`.
-    let eventfd = || owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) });
     let config = ring.config;
     let addr = VringAddr {
         index,
@@ -273,8 +286,7 @@ fn start_ring(
     };
     let mut table_payload = pair(1, 0).to_vec();
     table_payload.extend_from_slice(&table.to_bytes());
-    // SAFETY: duplicates an open descriptor; the result is checked in `owned`.
-    let memory = owned(unsafe { libc::dup(memfd.as_raw_fd()) });
+    let memory = duplicate(memfd);
     let mut messages = vec![
         raw(code::SET_FEATURES, &(features & u.arbitrary::<u64>()?).to_le_bytes(), vec![]),
         raw(
