@@ -11,7 +11,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 
 use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{queue_config, ram_disk, DriverRing, MAX_STEPS};
@@ -20,7 +20,7 @@ use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
 use vhost_user::message::{
     code, Header, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD,
 };
-use vhost_user::VhostUserBlk;
+use vhost_user::{Session, VhostUserBlk};
 use virtio::block::Block;
 use virtio::{QueueWorker, WorkerHost};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
@@ -70,10 +70,6 @@ fn frontend_memory() -> (&'static File, GuestMemoryMmap) {
     static MEMORY: OnceLock<(File, GuestMemoryMmap)> = OnceLock::new();
     static ZEROES: [u8; FRONTEND_MEM as usize] = [0; FRONTEND_MEM as usize];
     let (file, mem) = MEMORY.get_or_init(|| {
-        // Like Rust's own runtime in the exitless binary: a write to a pipe or socket whose
-        // reader is gone is an EPIPE error, not a fatal signal.
-        // SAFETY: setting a signal's disposition to "ignore" has no memory-safety effect.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
         // SAFETY: a NUL-terminated name; the result is checked before it is owned.
         let fd = unsafe { libc::memfd_create(c"exitless-fuzz-frontend".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
@@ -316,6 +312,13 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn run(u: &mut Unstructured) -> Result<()> {
+    static IGNORE_SIGPIPE: Once = Once::new();
+    // As Rust's runtime does for the exitless binary (libFuzzer's main is not Rust's): a write
+    // to a pipe or socket whose reader is gone is an EPIPE error, not a fatal signal.
+    // SAFETY: setting a signal's disposition to "ignore" has no memory-safety effect.
+    IGNORE_SIGPIPE.call_once(|| unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    });
     let (memfd, mem) = frontend_memory();
     let queues = u.int_in_range(1..=2)?;
     let backends = (0..queues).map(|_| Box::new(ram_disk(false)) as Box<dyn storage::Backend>).collect();
@@ -331,43 +334,59 @@ fn run(u: &mut Unstructured) -> Result<()> {
     }
     let mut steps = 0;
     while steps < MAX_STEPS && !u.is_empty() {
-        // One connection.
-        let mut session = device.session();
-        while steps < MAX_STEPS && !u.is_empty() {
-            steps += 1;
-            let messages = match u.int_in_range(0..=8)? {
-                0..=3 => vec![message(u, memfd, features, &rings)?],
-                4 => {
-                    let index = u.int_in_range(0..=1)?;
-                    start_ring(u, memfd, features, &rings[index as usize], index)?
-                }
-                5 | 6 => {
-                    let ring = &mut rings[usize::from(u.ratio(1, 2)?)];
-                    ring.blk_request(u, &mem)?;
-                    vec![]
-                }
-                7 => {
-                    let ring = &mut rings[usize::from(u.ratio(1, 2)?)];
-                    ring.driver_step(u, &mem)?;
-                    vec![]
-                }
-                _ => {
-                    if rings.iter().any(|ring| ring.open_bug_possible(&mem)) {
-                        return Ok(());
-                    }
-                    host.poll();
-                    vec![]
-                }
-            };
-            let refused = messages.into_iter().any(|(header, payload, fds)| {
-                Message::parse(header, &payload, fds).and_then(|m| session.handle(m)).is_err()
-            });
-            if refused {
-                break; // the server closes the connection
-            }
-        }
-        drop(session);
+        // One connection; its session ends (is dropped) with it, however it ends.
+        let outcome = connection(u, device.session(), memfd, &mem, &mut rings, &host, features, &mut steps);
         assert_eq!(host.attached(), 0, "a connection ended with rings still running");
+        if !outcome? {
+            return Ok(());
+        }
     }
     Ok(())
+}
+
+/// Serve one connection until a message is refused (as the server closes the connection then)
+/// or the steps run out. `Ok(false)`: the input ends here (it would only meet an open bug).
+#[allow(clippy::too_many_arguments)]
+fn connection(
+    u: &mut Unstructured,
+    mut session: Session,
+    memfd: &File,
+    mem: &GuestMemoryMmap,
+    rings: &mut [DriverRing],
+    host: &InlineHost,
+    features: u64,
+    steps: &mut usize,
+) -> Result<bool> {
+    while *steps < MAX_STEPS && !u.is_empty() {
+        *steps += 1;
+        let messages = match u.int_in_range(0..=8)? {
+            0..=3 => vec![message(u, memfd, features, rings)?],
+            4 => {
+                let index = u.int_in_range(0..=1)?;
+                start_ring(u, memfd, features, &rings[index as usize], index)?
+            }
+            5 | 6 => {
+                rings[usize::from(u.ratio(1, 2)?)].blk_request(u, mem)?;
+                vec![]
+            }
+            7 => {
+                rings[usize::from(u.ratio(1, 2)?)].driver_step(u, mem)?;
+                vec![]
+            }
+            _ => {
+                if rings.iter().any(|ring| ring.open_bug_possible(mem)) {
+                    return Ok(false);
+                }
+                host.poll();
+                vec![]
+            }
+        };
+        let refused = messages.into_iter().any(|(header, payload, fds)| {
+            Message::parse(header, &payload, fds).and_then(|m| session.handle(m)).is_err()
+        });
+        if refused {
+            break;
+        }
+    }
+    Ok(true)
 }
