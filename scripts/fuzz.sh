@@ -15,7 +15,7 @@
 # FUZZ_FEATURES=tolerate-open-bugs ends inputs that would only meet issue 9's open bugs #1 and
 # #2 (see fuzz/src/lib.rs), so runs can look for anything else while those are being fixed.
 # A crash leaves its input in fuzz/artifacts/TARGET/; reproduce it with
-#   fuzz/target/x86_64-unknown-linux-gnu/release/TARGET fuzz/artifacts/TARGET/crash-...
+#   fuzz/target/strict/x86_64-unknown-linux-gnu/release/TARGET fuzz/artifacts/TARGET/crash-...
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
@@ -29,12 +29,16 @@ if [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets < <(cargo fuzz list)
 fi
 
-build_args=(-O -a --sanitizer none)
-if [ -n "${FUZZ_FEATURES:-}" ]; then
-    build_args+=(--features "$FUZZ_FEATURES")
+# Builds with and without features go to their own directories, so neither replaces the
+# binaries a run of the other is using.
+features=${FUZZ_FEATURES:-}
+target_dir=target/${features:-strict}
+build_args=(-O -a --sanitizer none --target-dir "$target_dir")
+if [ -n "$features" ]; then
+    build_args+=(--features "$features")
 fi
 cargo fuzz build "${build_args[@]}" >&2
-bin_dir=target/x86_64-unknown-linux-gnu/release
+bin_dir=$target_dir/x86_64-unknown-linux-gnu/release
 
 # libFuzzer's flags for every run: a hang is an input that runs 10 s; a leak shows as RSS
 # growing past 2 GiB (no LeakSanitizer without a sanitizer); the vhost-user target's log lines
