@@ -91,10 +91,12 @@ for target in "${targets[@]}"; do
     ft=$(sed -E 's/.* ft: ([0-9]+).*/\1/' <<<"$done_line")
     corpus=$(sed -E 's/.* corp: ([^ ]+).*/\1/' <<<"$done_line")
     read -r executions seconds < <(sed -nE 's/^Done ([0-9]+) runs in ([0-9]+) second.*/\1 \2/p' "$log")
-    rows+=("| $target | $executions | $seconds | $((executions / (seconds > 0 ? seconds : 1))) | $cov | $ft | $corpus | $date |")
+    rss=$(sed -nE 's/^stat::peak_rss_mb: *([0-9]+)/\1/p' "$log")
+    rate=$((executions / (seconds > 0 ? seconds : 1)))
+    rows+=("| $target | $executions | $seconds | $rate | $cov | $ft | $corpus | $rss | $date |")
 done
 echo
-echo "| target | executions | seconds | exec/s | cov | ft | corpus (inputs/size) | date |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| target | executions | seconds | exec/s | cov | ft | corpus (inputs/size) | peak RSS (MB) | date |"
+echo "|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 exit $status

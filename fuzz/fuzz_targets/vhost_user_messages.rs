@@ -9,12 +9,11 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, Once, OnceLock};
 
 use arbitrary::{Result, Unstructured};
-use exitless_fuzz::{queue_config, ram_disk, DriverRing, MAX_STEPS};
+use exitless_fuzz::{clear_memfd, queue_config, ram_disk, DriverRing, MAX_STEPS};
 use libfuzzer_sys::fuzz_target;
 use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
 use vhost_user::message::{
@@ -68,7 +67,6 @@ impl InlineHost {
 /// The frontend's memfd (zeroed) and this process's own view of it, to write requests into.
 fn frontend_memory() -> (&'static File, GuestMemoryMmap) {
     static MEMORY: OnceLock<(File, GuestMemoryMmap)> = OnceLock::new();
-    static ZEROES: [u8; FRONTEND_MEM as usize] = [0; FRONTEND_MEM as usize];
     let (file, mem) = MEMORY.get_or_init(|| {
         // SAFETY: a NUL-terminated name; the result is checked before it is owned.
         let fd = unsafe { libc::memfd_create(c"exitless-fuzz-frontend".as_ptr(), libc::MFD_CLOEXEC) };
@@ -82,7 +80,7 @@ fn frontend_memory() -> (&'static File, GuestMemoryMmap) {
         let mem = GuestMemoryMmap::from_regions(vec![region]).expect("one region");
         (file, mem)
     });
-    file.write_all_at(&ZEROES, 0).expect("clearing the frontend's memory");
+    clear_memfd(file, FRONTEND_MEM);
     (file, mem.clone())
 }
 
