@@ -15,6 +15,7 @@ use virtio::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const MAGIC_VALUE: u64 = 0x000;
+const DEVICE_FEATURES: u64 = 0x010;
 const DEVICE_FEATURES_SEL: u64 = 0x014;
 const DRIVER_FEATURES: u64 = 0x020;
 const DRIVER_FEATURES_SEL: u64 = 0x024;
@@ -65,7 +66,7 @@ impl Driver {
         };
         for (select, half) in [(0, features as u32), (1, (features >> 32) as u32)] {
             self.write(DEVICE_FEATURES_SEL, select);
-            let _ = self.read(0x010);
+            let _ = self.read(DEVICE_FEATURES);
             self.write(DRIVER_FEATURES_SEL, select);
             self.write(DRIVER_FEATURES, half);
         }
