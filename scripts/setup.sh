@@ -6,6 +6,7 @@
 #     backend under QEMU TCG; the test builds its initramfs itself), e2fsprogs (mkfs.ext4: the
 #     small file systems the fault tests fill, and turn read-only, under a running guest)
 #   - the x86_64-unknown-none Rust target (the probe guest)
+#   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
@@ -27,6 +28,16 @@ if ! command -v cargo >/dev/null || ! command -v rustup >/dev/null; then
     exit 1
 fi
 rustup target list --installed | grep -qx x86_64-unknown-none || rustup target add x86_64-unknown-none
+
+# Fuzzing (scripts/fuzz.sh): cargo-fuzz builds libFuzzer (C++) into each target; stable
+# toolchain, no sanitizer.
+if ! command -v c++ >/dev/null; then
+    echo "setup: installing g++ (libFuzzer)" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends g++ >/dev/null
+fi
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version 0.13.2 --locked
 
 if [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then
     echo "setup: /dev/kvm is missing or not accessible to $(id -un); exitless needs KVM" >&2

@@ -8,3 +8,4 @@ cargo fmt --all --check
 cargo clippy --all-targets --release -- -D warnings
 (cd guest && cargo clippy --release -- -D warnings)
 cargo test --release
+scripts/fuzz.sh smoke

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of the guest- and frontend-facing parsers (fuzz/, cargo-fuzz with
+# libFuzzer on the stable toolchain: no sanitizer, release build with debug assertions and
+# overflow checks).
+#
+#   scripts/fuzz.sh [smoke] [TARGET...]  every target (or those named) for FUZZ_SMOKE_SECONDS
+#                                        (default 25) from its committed seeds in
+#                                        fuzz/corpus/TARGET; fails on any crash, hang (10 s) or
+#                                        RSS above 2 GiB. For CI.
+#   scripts/fuzz.sh long [TARGET...]     each target, one after the other, to FUZZ_LONG_RUNS
+#                                        (default 10000000) executions, niced, growing
+#                                        fuzz/corpus-work/TARGET; prints executions, time and
+#                                        coverage per target as a Markdown table.
+#
+# A crash leaves its input in fuzz/artifacts/TARGET/; reproduce it with
+#   fuzz/target/strict/x86_64-unknown-linux-gnu/release/TARGET fuzz/artifacts/TARGET/crash-...
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+
+mode=smoke
+if [ $# -gt 0 ] && { [ "$1" = smoke ] || [ "$1" = long ]; }; then
+    mode=$1
+    shift
+fi
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+    mapfile -t targets < <(cargo fuzz list)
+fi
+
+target_dir=target/strict
+cargo fuzz build -O -a --sanitizer none --target-dir "$target_dir" >&2
+bin_dir=$target_dir/x86_64-unknown-linux-gnu/release
+
+# libFuzzer's flags for every run: a hang is an input that runs 10 s; a leak shows as RSS
+# growing past 2 GiB (no LeakSanitizer without a sanitizer); the vhost-user target's log lines
+# (one per stopped ring) go nowhere (close_fd_mask=2: libFuzzer keeps its own output).
+flags_for() {
+    local flags=(-timeout=10 -rss_limit_mb=2048 "-artifact_prefix=artifacts/$1/")
+    [ "$1" = vhost_user_messages ] && flags+=(-close_fd_mask=2)
+    echo "${flags[@]}"
+}
+
+status=0
+if [ "$mode" = smoke ]; then
+    seconds=${FUZZ_SMOKE_SECONDS:-25}
+    for target in "${targets[@]}"; do
+        mkdir -p "artifacts/$target"
+        work=$(mktemp -d)
+        # New inputs go to a scratch directory: the committed seeds stay as they are.
+        # shellcheck disable=SC2046
+        if "$bin_dir/$target" $(flags_for "$target") -max_total_time="$seconds" "$work" "corpus/$target" \
+            >"$work.log" 2>&1; then
+            echo "fuzz smoke: $target: ok ($(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$work.log"))"
+        else
+            echo "fuzz smoke: $target: FAILED; the end of its log:" >&2
+            tail -n 40 "$work.log" >&2
+            status=1
+        fi
+        rm -rf "$work" "$work.log"
+    done
+    exit $status
+fi
+
+runs=${FUZZ_LONG_RUNS:-10000000}
+date=$(date -u +%Y-%m-%d)
+rows=()
+for target in "${targets[@]}"; do
+    mkdir -p "artifacts/$target" "corpus-work/$target"
+    log="corpus-work/$target.log"
+    echo "fuzz long: $target: $runs executions (log: fuzz/$log)" >&2
+    # shellcheck disable=SC2046
+    if ! nice -n 10 "$bin_dir/$target" $(flags_for "$target") -runs="$runs" -print_final_stats=1 \
+        "corpus-work/$target" "corpus/$target" >"$log" 2>&1; then
+        echo "fuzz long: $target: FAILED; the end of its log:" >&2
+        tail -n 40 "$log" >&2
+        status=1
+        continue
+    fi
+    # "#10000000 DONE cov: 512 ft: 2048 corp: 300/20Kb ..." and "Done 10000000 runs in 600 second(s)"
+    done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)
+    cov=$(sed -E 's/.* cov: ([0-9]+).*/\1/' <<<"$done_line")
+    ft=$(sed -E 's/.* ft: ([0-9]+).*/\1/' <<<"$done_line")
+    corpus=$(sed -E 's/.* corp: ([^ ]+).*/\1/' <<<"$done_line")
+    read -r executions seconds < <(sed -nE 's/^Done ([0-9]+) runs in ([0-9]+) second.*/\1 \2/p' "$log")
+    rss=$(sed -nE 's/^stat::peak_rss_mb: *([0-9]+)/\1/p' "$log")
+    rate=$((executions / (seconds > 0 ? seconds : 1)))
+    rows+=("| $target | $executions | $seconds | $rate | $cov | $ft | $corpus | $rss | $date |")
+done
+echo
+echo "| target | executions | seconds | exec/s | cov | ft | corpus (inputs/size) | peak RSS (MB) | date |"
+echo "|---|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+exit $status
