@@ -9,9 +9,9 @@
 use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{guest_memory, queue_config, ram_disk, DriverRing, MAX_STEPS};
 use libfuzzer_sys::fuzz_target;
+use std::sync::Arc;
 use virtio::block::Block;
 use virtio::mmio::{status, MmioTransport, Runner, QUEUE_NOTIFY};
-use std::sync::Arc;
 use virtio::{DeviceStats, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
