@@ -40,8 +40,10 @@ fn assert_holds_pattern(path: &Path, seed: u64, blocks: u64) {
     assert!(bytes[written.len()..].iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed");
 }
 
-fn run_blk(mode: &str, disk: &str, cmdline: &str) -> std::process::Output {
-    let out = exitless(&[
+/// `exitless run --probe ... --stats --json`, the guest stopped after `guest_timeout` seconds and
+/// the run killed if it outlives RUN_LIMIT.
+fn run_probe(mode: &str, disk: &str, cmdline: &str, guest_timeout: &str) -> std::process::Output {
+    let args = [
         "run",
         "--probe",
         "--disk",
@@ -51,10 +53,13 @@ fn run_blk(mode: &str, disk: &str, cmdline: &str) -> std::process::Output {
         "--cmdline",
         cmdline,
         "--timeout",
-        "120",
-        "--stats",
-        "--json",
-    ]);
+        guest_timeout,
+    ];
+    exitless_within(RUN_LIMIT, &[&args[..], &["--stats", "--json"]].concat())
+}
+
+fn run_blk(mode: &str, disk: &str, cmdline: &str) -> std::process::Output {
+    let out = run_probe(mode, disk, cmdline, "120");
     assert_eq!(out.status.code(), Some(0), "{mode} {disk}: {}\n{}", common::stdout(&out), stderr(&out));
     out
 }
@@ -210,24 +215,7 @@ fn blk_hostile_mismatches(what: &str, out: &std::process::Output, read_only: boo
 }
 
 fn run_hostile(mode: &str, disk: &str) -> std::process::Output {
-    let cmdline = "probe.workload=blk-hostile";
-    exitless_within(
-        RUN_LIMIT,
-        &[
-            "run",
-            "--probe",
-            "--disk",
-            disk,
-            "--io-mode",
-            mode,
-            "--cmdline",
-            cmdline,
-            "--timeout",
-            "90",
-            "--stats",
-            "--json",
-        ],
-    )
+    run_probe(mode, disk, "probe.workload=blk-hostile", "90")
 }
 
 /// The host's side of the broken queues: each NEEDS_RESET logged with its reason and counted
@@ -271,10 +259,7 @@ fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_servin
 fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
     let disk = disk_file("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
-    let out = exitless_within(
-        RUN_LIMIT,
-        &["run", "--probe", "--disk", &disk, "--io-mode", mode, "--cmdline", cmdline, "--timeout", "90"],
-    );
+    let out = run_probe(mode, &disk, cmdline, "90");
     let result = json_lines(&out)
         .into_iter()
         .find(|l| l["probe"] == "blk" || l["probe"] == "error")
