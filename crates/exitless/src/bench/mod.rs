@@ -3,9 +3,12 @@
 mod baseline;
 mod blk;
 mod blk_qemu;
+mod blk_table;
 mod exitcost;
 mod machine;
 mod net;
+mod progress;
+mod scratch;
 mod table;
 
 use serde_json::{Map, Value};
