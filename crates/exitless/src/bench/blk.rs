@@ -19,8 +19,12 @@ use crate::cli::{BenchDiskArg, BlkBenchArgs, Peer};
 use crate::qemu::Qemu;
 use crate::{fail, probe};
 
-/// Time a VM gets beyond its measured run (boot, warm-up, teardown) before it is stopped.
-const RUN_SLACK: Duration = Duration::from_secs(120);
+/// How long one guest run (exitless's or QEMU's) may take before it is stopped: its measured
+/// time, 15 s for boot and teardown, and 1 ms per warm-up request (every mode here serves well
+/// over 1000 requests a second).
+pub fn run_timeout(args: &BlkBenchArgs) -> Duration {
+    Duration::from_millis(args.duration_ms.saturating_add(args.warmup).saturating_add(15_000))
+}
 
 #[derive(Serialize, Clone)]
 pub struct Row {
@@ -117,6 +121,9 @@ struct Report {
     /// The host CPUs of the vCPU and of the IOCore; fio may use both.
     cpus: [usize; 2],
     results: Vec<Row>,
+    /// Runs that failed twice (their rows have no numbers and say why); the bench then ends
+    /// with a failure status after printing the report.
+    failures: Vec<String>,
 }
 
 /// Why the block bench stopped.
@@ -140,7 +147,14 @@ impl From<&str> for BenchError {
 
 pub fn main(args: BlkBenchArgs) -> i32 {
     match run(&args) {
-        Ok(report) => super::print_report(&report, args.output, |markdown| report.tables(markdown)),
+        Ok(report) => match super::print_report(&report, args.output, |markdown| report.tables(markdown)) {
+            0 if !report.failures.is_empty() => fail(format_args!(
+                "{} run(s) failed twice, their rows say why: {}",
+                report.failures.len(),
+                report.failures.join("; ")
+            )),
+            status => status,
+        },
         Err(BenchError::Scratch(e)) => crate::usage_error(e),
         Err(BenchError::Other(e)) => fail(e),
     }
@@ -164,6 +178,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     let labels = disk_labels(&args.disks);
     let mut progress = Progress::new(plan(args, &labels), Duration::from_millis(args.duration_ms));
     let mut results = Vec::new();
+    let mut failures = Vec::new();
     let mut disks = Vec::new();
     for (spec, &label) in args.disks.iter().zip(&labels) {
         let disk = BenchDisk::prepare(spec, &scratch_dir).map_err(|e| match e {
@@ -187,9 +202,11 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
                         let mode = IoMode::from(mode);
                         progress
                             .start(Kind::Exitless, format_args!("exitless {mode}, {}", scenario.describe()));
-                        let row = run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
-                            .map_err(|e| format!("{mode}, {}: {e}", scenario.describe()))?;
-                        results.push(row);
+                        let run = || run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend);
+                        let failed = Row::new("exitless", mode.name().into(), scenario);
+                        results.push(run_twice(run, failed, || {
+                            failures.push(format!("exitless {mode}, {}", scenario.describe()))
+                        }));
                     }
                     if let Some(peer) = qemu.as_mut() {
                         let rows =
@@ -211,7 +228,40 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
         qemu_storage_daemon_version: qemu.as_ref().and_then(|q| q.storage_daemon_version()),
         cpus: [args.vcpu_cpu, args.iocore_cpu],
         results,
+        failures,
     })
+}
+
+/// Runs `run`, and once more if it fails (a guest that hangs or crashes once in a while must
+/// not cost the whole bench; the row says so). Two failures give `failed` (with its note) and
+/// call `failure`.
+fn run_twice(run: impl Fn() -> Result<Row, String>, mut failed: Row, failure: impl FnOnce()) -> Row {
+    // One line, and not the whole console of a guest that printed a lot.
+    let short = |e: String| {
+        let line = e.split_whitespace().collect::<Vec<_>>().join(" ");
+        match line.char_indices().nth(400) {
+            Some((at, _)) => format!("{}...", &line[..at]),
+            None => line,
+        }
+    };
+    let first = match run() {
+        Ok(row) => return row,
+        Err(e) => short(e),
+    };
+    progress(format_args!("that run failed ({first}); running it again"));
+    match run() {
+        Ok(mut row) => {
+            let retried = format!("measured on the second attempt; the first failed: {first}");
+            row.note = Some(row.note.map_or(retried.clone(), |n| format!("{n}; {retried}")));
+            row
+        }
+        Err(second) => {
+            let second = short(second);
+            failure();
+            failed.note = Some(format!("failed twice: {first}; then: {second}"));
+            failed
+        }
+    }
 }
 
 impl Scenario {
@@ -510,7 +560,7 @@ fn run_mode(
     let config = VmConfig {
         cmdline: probe::with_io_mode(&cmdline, mode),
         console: ConsoleMode::Capture,
-        timeout: Some(Duration::from_millis(args.duration_ms) + RUN_SLACK),
+        timeout: Some(run_timeout(args)),
         pin_vcpus: vec![args.vcpu_cpu],
         disks: vec![disk.clone()],
         io_mode: mode,
@@ -567,5 +617,37 @@ impl Report {
             cpus: self.cpus,
         };
         super::blk_table::render(&context, &self.results, markdown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn row() -> Row {
+        Row::new("exitless", "eventfd".into(), Scenario { disk: "ram", rw: "randread", bs: 4096, qd: 1 })
+    }
+
+    #[test]
+    fn a_run_that_fails_once_is_measured_again_and_says_so() {
+        let attempts = Cell::new(0);
+        let flaky = || {
+            attempts.set(attempts.get() + 1);
+            match attempts.get() {
+                1 => Err("the guest was stopped at the timeout;\nconsole".to_string()),
+                _ => Ok(Row { iops: Some(1.0), ..row() }),
+            }
+        };
+        let measured = run_twice(flaky, row(), || panic!("not a failure"));
+        assert_eq!(measured.iops, Some(1.0));
+        let note = measured.note.unwrap();
+        assert!(note.contains("first failed: the guest was stopped at the timeout; console"), "{note}");
+
+        let mut failed = false;
+        let broken = run_twice(|| Err("x".repeat(1000)), row(), || failed = true);
+        assert!(failed && broken.iops.is_none());
+        assert!(broken.note.unwrap().len() < 1000, "errors are shortened");
     }
 }

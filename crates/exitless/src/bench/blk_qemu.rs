@@ -23,7 +23,6 @@ use vmm::Counters;
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
 const MARK_LINGER_MS: u64 = 30;
-const RUN_SLACK: Duration = Duration::from_secs(120);
 
 /// What serves QEMU's disk.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -162,7 +161,7 @@ impl QemuPeer {
         let helpers: Vec<u32> = backend.iter().map(|b| b.child.id()).collect();
         let qmp = self.dir.join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
-        let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
+        let timeout = super::blk::run_timeout(args);
         let (run, marks) =
             self.qemu.run_marked(&qemu_args, Some(&qmp), &helpers, timeout).map_err(|e| e.to_string())?;
         row.command = Some(match &backend {

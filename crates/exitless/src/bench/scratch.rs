@@ -157,7 +157,7 @@ mod tests {
         assert!(matches!(check(Path::new("/proc/self/status")), Err(ScratchError::NotADirectory(_))));
     }
 
-    /// /tmp is on the root file system (ext4) on these machines.
+    /// /var/tmp is on the root file system (ext4) on these machines, as on most.
     #[test]
     fn makes_the_file_once_and_reuses_it() {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
