@@ -76,7 +76,9 @@ pub fn prepare(dir: &Path, size: u64, filling: impl FnOnce(&Path)) -> Result<Pat
         }
         filling(&path);
         let partial = dir.join(format!("exitless-bench-{}M.img.partial-{}", size >> 20, std::process::id()));
-        let written = fill(&partial, size).and_then(|()| std::fs::rename(&partial, &path));
+        let written = fill(&partial, size)
+            .and_then(|()| drop_cached(&partial))
+            .and_then(|()| std::fs::rename(&partial, &path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&partial);
             return Err(ScratchError::Write(dir.into(), path, e));
@@ -90,9 +92,9 @@ pub fn prepare(dir: &Path, size: u64, filling: impl FnOnce(&Path)) -> Result<Pat
     Ok(path)
 }
 
-/// Writes `size` bytes of non-zero data to a new file at `path`: reads of never-written blocks
-/// (or tmpfs pages) are cheaper than reads of real data, which would flatter every side. The data
-/// is synced and dropped from the page cache, so O_DIRECT readers find it on the device.
+/// Writes `size` bytes of non-zero data to a new file at `path` and syncs it: reads of
+/// never-written blocks (or tmpfs pages) are cheaper than reads of real data, which would flatter
+/// every side.
 pub fn fill(path: &Path, size: u64) -> std::io::Result<()> {
     let mut file = std::fs::File::create(path)?;
     let mut chunk = vec![0u8; 1 << 20];
@@ -109,10 +111,22 @@ pub fn fill(path: &Path, size: u64) -> std::io::Result<()> {
         file.write_all(&chunk[..n])?;
         left -= n as u64;
     }
-    file.sync_all()?;
+    file.sync_all()
+}
+
+/// Drops a synced file on a real disk from the page cache, so the first O_DIRECT reads find it
+/// on the device and the cache holds no gigabyte of it (not for tmpfs, where the cache is the
+/// file).
+fn drop_cached(path: &Path) -> std::io::Result<()> {
+    let file = std::fs::File::open(path)?;
     // SAFETY: an advisory call on a descriptor we own; no memory is passed.
-    unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    Ok(())
+    let status = unsafe {
+        libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::POSIX_FADV_DONTNEED)
+    };
+    match status {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
+    }
 }
 
 /// `dir`'s file system type (statfs f_type).
