@@ -315,6 +315,10 @@ impl QueueWorker for BlockWorker {
         !self.broken && self.queue.has_avail().unwrap_or(true)
     }
 
+    fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.backend.completion_fd()
+    }
+
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
         self
     }
