@@ -43,7 +43,9 @@ const FONT: &str = "sans-serif";
 /// The scenario a row belongs to: one plot each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScenarioKey {
+    /// `randread`, `randwrite`, `read`, `write`.
     pub workload: String,
+    /// Bytes.
     pub block_size: u32,
     pub queue_depth: u32,
     /// Which disk, when a report measures more than one.
@@ -190,12 +192,15 @@ impl Kind {
 
 /// One row of a plot.
 pub struct Bar<'a> {
+    /// The row's name on the y axis: `exitless trap`, `bare metal (fio psync)`.
     pub label: String,
     pub kind: Kind,
+    /// IOPS or transactions/s; `None` (or not a finite number): drawn as "not measured".
     pub rate: Option<f64>,
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
     pub exits_per_op: Option<f64>,
+    /// Per operation, by counter name (`mmio_exits`, `insn_emulation`, ...).
     pub exits_by_cause: &'a Map<String, Value>,
 }
 
