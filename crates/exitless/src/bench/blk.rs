@@ -102,6 +102,9 @@ pub fn main(args: BlkBenchArgs) -> i32 {
 
 fn run(args: &BlkBenchArgs) -> Result<Report, String> {
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
+    if let Some(dir) = &args.plot {
+        super::plot::prepare(dir)?;
+    }
     let disk = BenchDisk::prepare(&args.disk)?;
     let mut qemu = match args.peers.contains(&Peer::Qemu) {
         false => None,
@@ -140,6 +143,10 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
                 compare(&mut results[first..], bare_metal);
             }
         }
+    }
+    if let Some(dir) = &args.plot {
+        let files = super::plot::write_all(dir, &results)?;
+        progress(format_args!("wrote {} plot(s) to {}", files.len(), dir.display()));
     }
     Ok(Report {
         about: About::now("blk"),

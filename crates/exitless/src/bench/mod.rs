@@ -6,6 +6,7 @@ mod blk_qemu;
 mod exitcost;
 mod machine;
 mod net;
+mod plot;
 mod table;
 
 use serde_json::{Map, Value};
