@@ -22,7 +22,7 @@ pub struct VhostUserBlkArgs {
     /// RAM disk, kept across frontend connections while this runs) or `ram,path=FILE[,readonly]`
     /// (an existing /dev/shm file, shared with the host).
     #[arg(long, value_name = "SPEC", value_parser = crate::disk::parse)]
-    pub disk: vmm::DiskBackend,
+    pub disk: storage::DiskSpec,
     /// Virtqueues offered (VIRTIO_BLK_F_MQ above 1); each has its own backend.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub queues: u16,
@@ -76,8 +76,8 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     // starts, so every thread inherits the mask.
     let stop = stop_signals().map_err(|e| format!("cannot set up SIGINT/SIGTERM handling: {e}"))?;
     exit_after_stop_grace(&stop).map_err(|e| format!("cannot start the stop watchdog: {e}"))?;
-    let backends = vmm::devices::virtio::open_backends(&args.disk, args.queues as usize)
-        .map_err(|e| format!("cannot open the disk: {e}"))?;
+    let backends =
+        args.disk.open_queues(args.queues as usize).map_err(|e| format!("cannot open the disk: {e}"))?;
     let block = Block::with_queues(backends, "exitless-vhost-user")
         .ok_or("the disk's queues disagree on its size (was it resized while opening?)")?;
     let policy = match args.io_mode {
