@@ -19,6 +19,9 @@ const SPINS_PER_CLOCK_CHECK: u32 = 64;
 const WAKE_TOKEN: u64 = u64::MAX;
 const BACKEND_TOKEN: u64 = 1 << 32;
 const MAX_EVENTS: usize = 64;
+/// How long an idle IOCore sleeps when the only requests left wait for a rate limit's tokens
+/// (a bucket refills at its rate; the next pass takes what it earned).
+const THROTTLED_WAIT_MS: i32 = 1;
 
 struct Entry {
     id: u64,
@@ -89,7 +92,7 @@ impl Engine {
                 }
                 Policy::Notified => {
                     if work == 0 && !self.in_flight() {
-                        self.sleep();
+                        self.sleep(self.wait_limit());
                     }
                 }
                 Policy::Adaptive { idle } => {
@@ -109,7 +112,7 @@ impl Engine {
                         // before it saw that would otherwise wait for the next one.
                         self.set_polling(false);
                         if !self.pending() {
-                            self.sleep();
+                            self.sleep(self.wait_limit());
                         }
                         self.set_polling(true);
                         idle_since = None;
@@ -132,8 +135,19 @@ impl Engine {
         self.entries.iter().any(|e| e.worker.in_flight() > 0)
     }
 
+    /// Has a queue requests waiting that the next pass can take (not held back by a rate limit)?
     fn pending(&self) -> bool {
-        self.entries.iter().any(|e| e.worker.has_pending())
+        self.entries.iter().any(|e| e.worker.has_pending() && !e.worker.throttled())
+    }
+
+    /// How long a sleep may last: for ever (until a notification), or a moment when a queue's
+    /// requests wait for its rate limit, which no notification announces.
+    fn wait_limit(&self) -> i32 {
+        if self.entries.iter().any(|e| e.worker.throttled()) {
+            THROTTLED_WAIT_MS
+        } else {
+            -1
+        }
     }
 
     fn set_polling(&mut self, polling: bool) {
@@ -142,10 +156,11 @@ impl Engine {
         }
     }
 
-    /// Wait in epoll for a notification or a command, then clear what fired.
-    fn sleep(&mut self) {
+    /// Wait in epoll for a notification or a command (at most `timeout_ms`, -1: no limit), then
+    /// clear what fired.
+    fn sleep(&mut self, timeout_ms: i32) {
         self.stats.sleeps += 1;
-        let Ok(n) = self.epoll.wait(-1, &mut self.events) else { return };
+        let Ok(n) = self.epoll.wait(timeout_ms, &mut self.events) else { return };
         for i in 0..n {
             let event = self.events[i];
             let fd = match event.data() {

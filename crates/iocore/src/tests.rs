@@ -30,6 +30,11 @@ struct Guest {
 }
 
 fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
+    let (guest, worker) = guest_and_block_worker();
+    (guest, Box::new(worker))
+}
+
+fn guest_and_block_worker() -> (Guest, BlockWorker) {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
     let disk = RamDisk::create(&path, 1 << 20).unwrap();
@@ -41,7 +46,7 @@ fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
     );
     let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20] };
     let worker = BlockWorker::new(queue, Box::new(disk), info, signals);
-    (Guest { mem, avail_idx: 0, _disk: path }, Box::new(worker))
+    (Guest { mem, avail_idx: 0, _disk: path }, worker)
 }
 
 impl Guest {
@@ -166,5 +171,30 @@ fn a_hung_up_notifier_does_not_make_a_notified_iocore_spin() {
     let used = iocore.cpu_time().unwrap() - before;
     assert!(used < Duration::from_millis(100), "{used:?} of CPU in 500 ms with a hung-up notifier");
     assert!(iocore.detach(1).is_some(), "the worker is handed back");
+    iocore.stop().unwrap();
+}
+
+#[test]
+fn a_request_held_back_by_a_rate_limit_is_served_later_without_a_notification_or_a_spin() {
+    use virtio::limit::{Limits, RateLimiter};
+    let (mut guest, worker) = guest_and_block_worker();
+    let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(10), bandwidth: None }));
+    let worker = worker.with_rate_limiter(limiter.clone());
+    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
+    iocore.attach(1, Box::new(worker), Some(notify.clone()));
+    for n in 1..=10 {
+        guest.submit_read();
+        notify.write(1).unwrap();
+        assert!(guest.wait_served(n), "request {n}: within the burst");
+    }
+    let before = iocore.cpu_time().unwrap();
+    guest.submit_read();
+    notify.write(1).unwrap();
+    // Held back until a token comes (0.1 s at 10/s); no further notification.
+    assert!(guest.wait_served(11), "the 11th request is served once a token comes");
+    assert!(limiter.waits() >= 1, "it did wait for a token");
+    let used = iocore.cpu_time().unwrap() - before;
+    assert!(used < Duration::from_millis(60), "{used:?} of CPU while one request waited ~0.1 s");
     iocore.stop().unwrap();
 }
