@@ -355,10 +355,10 @@ fn a_queue_at_depth_one_is_not_starved_by_one_at_depth_64() {
     eprintln!(
         "requests served over the daemon's intervals: depth 64: {deep_served}, depth 1: {shallow_served}"
     );
-    // Each pass takes at most FAIR_BATCH from the deep ring and one from the shallow one; the
-    // shallow guest needs its own turn on a CPU too, hence the margin.
+    // Each pass takes at most FAIR_BATCH from the deep ring and one from the shallow one (here
+    // about 1:6; without the bound a pass could take 64 from the deep ring).
     assert!(
-        shallow_served * (4 * FAIR_BATCH) as f64 >= deep_served,
+        shallow_served * FAIR_BATCH as f64 >= deep_served,
         "depth 1 starved: {shallow_served} requests against {deep_served}"
     );
 }
