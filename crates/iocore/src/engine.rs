@@ -19,6 +19,9 @@ const SPINS_PER_CLOCK_CHECK: u32 = 64;
 const WAKE_TOKEN: u64 = u64::MAX;
 const BACKEND_TOKEN: u64 = 1 << 32;
 const MAX_EVENTS: usize = 64;
+/// How long an idle IOCore sleeps when the only requests left wait for a rate limit's tokens
+/// (a bucket refills at its rate; the next pass takes what it earned).
+const THROTTLED_WAIT: Duration = Duration::from_millis(1);
 
 /// How long the thread spins, with requests in flight and nothing else to do, before it sleeps
 /// on the backends' completion descriptors. A thread spinning on the core where the disk's
@@ -108,8 +111,6 @@ impl Engine {
         let mut idle_since: Option<Instant> = None;
         let mut idle_spins = 0u32;
         let mut disk_wait = DiskWait { since: None, spins: 0 };
-        // Notifications wake a notified thread; a polling one must look at its rings again soon.
-        let disk_sleep = (self.policy != Policy::Notified).then_some(DISK_SLEEP_MAX);
         loop {
             if self.shared.pending.load(Ordering::Acquire) && !self.commands() {
                 return self.stats;
@@ -117,8 +118,14 @@ impl Engine {
             let work = self.poll_all();
             if work == 0 && self.waits_only_for_backends() {
                 if disk_wait.spun_enough() {
+                    // Notifications wake a notified thread; a polling one must look at its rings
+                    // again soon.
+                    let timeout = match self.policy {
+                        Policy::Notified => self.wait_limit(),
+                        _ => Some(DISK_SLEEP_MAX),
+                    };
                     self.stats.disk_sleeps += 1;
-                    self.wait(disk_sleep);
+                    self.wait(timeout);
                 }
                 continue;
             }
@@ -131,7 +138,7 @@ impl Engine {
                 }
                 Policy::Notified => {
                     if work == 0 && !self.in_flight() {
-                        self.sleep();
+                        self.sleep(self.wait_limit());
                     }
                 }
                 Policy::Adaptive { idle } => {
@@ -151,7 +158,7 @@ impl Engine {
                         // before it saw that would otherwise wait for the next one.
                         self.set_polling(false);
                         if !self.pending() {
-                            self.sleep();
+                            self.sleep(self.wait_limit());
                         }
                         self.set_polling(true);
                         idle_since = None;
@@ -174,8 +181,15 @@ impl Engine {
         self.entries.iter().any(|e| e.worker.in_flight() > 0)
     }
 
+    /// Has a queue requests waiting that the next pass can take (not held back by a rate limit)?
     fn pending(&self) -> bool {
-        self.entries.iter().any(|e| e.worker.has_pending())
+        self.entries.iter().any(|e| e.worker.has_pending() && !e.worker.throttled())
+    }
+
+    /// How long a sleep may last: for ever (until a notification), or a moment when a queue's
+    /// requests wait for its rate limit, which no notification announces.
+    fn wait_limit(&self) -> Option<Duration> {
+        self.entries.iter().any(|e| e.worker.throttled()).then_some(THROTTLED_WAIT)
     }
 
     fn set_polling(&mut self, polling: bool) {
@@ -199,10 +213,11 @@ impl Engine {
         any
     }
 
-    /// Wait in epoll for a notification or a command, then clear what fired.
-    fn sleep(&mut self) {
+    /// Wait in epoll for a notification or a command (at most `timeout`, if given), then clear
+    /// what fired.
+    fn sleep(&mut self, timeout: Option<Duration>) {
         self.stats.sleeps += 1;
-        self.wait(None);
+        self.wait(timeout);
     }
 
     /// Wait in epoll for a notification, a backend's completion or a command, at most

@@ -32,13 +32,18 @@ struct Guest {
 }
 
 fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
+    let (guest, worker) = guest_and_block_worker();
+    (guest, Box::new(worker))
+}
+
+fn guest_and_block_worker() -> (Guest, BlockWorker) {
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
     let disk = RamDisk::create(&path, 1 << 20).unwrap();
-    guest_and_worker_on(Box::new(disk), path)
+    guest_and_block_worker_on(Box::new(disk), path)
 }
 
 /// A guest and the worker serving its queue from `disk`; `path` is removed with the guest.
-fn guest_and_worker_on(disk: Box<dyn Backend>, path: tempfile::TempPath) -> (Guest, Box<dyn QueueWorker>) {
+fn guest_and_block_worker_on(disk: Box<dyn Backend>, path: tempfile::TempPath) -> (Guest, BlockWorker) {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let queue =
         Queue::new(&mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, true).unwrap();
@@ -48,7 +53,7 @@ fn guest_and_worker_on(disk: Box<dyn Backend>, path: tempfile::TempPath) -> (Gue
     );
     let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20] };
     let worker = BlockWorker::new(queue, disk, info, signals);
-    (Guest { mem, avail_idx: 0, _disk: path }, Box::new(worker))
+    (Guest { mem, avail_idx: 0, _disk: path }, worker)
 }
 
 impl Guest {
@@ -176,6 +181,31 @@ fn a_hung_up_notifier_does_not_make_a_notified_iocore_spin() {
     iocore.stop().unwrap();
 }
 
+#[test]
+fn a_request_held_back_by_a_rate_limit_is_served_later_without_a_notification_or_a_spin() {
+    use virtio::limit::{Limits, RateLimiter};
+    let (mut guest, worker) = guest_and_block_worker();
+    let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(10), bandwidth: None }));
+    let worker = worker.with_rate_limiter(limiter.clone());
+    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
+    iocore.attach(1, Box::new(worker), Some(notify.clone()));
+    for n in 1..=10 {
+        guest.submit_read();
+        notify.write(1).unwrap();
+        assert!(guest.wait_served(n), "request {n}: within the burst");
+    }
+    let before = iocore.cpu_time().unwrap();
+    guest.submit_read();
+    notify.write(1).unwrap();
+    // Held back until a token comes (0.1 s at 10/s); no further notification.
+    assert!(guest.wait_served(11), "the 11th request is served once a token comes");
+    assert!(limiter.waits() >= 1, "it did wait for a token");
+    let used = iocore.cpu_time().unwrap() - before;
+    assert!(used < Duration::from_millis(60), "{used:?} of CPU while one request waited ~0.1 s");
+    iocore.stop().unwrap();
+}
+
 /// A disk whose requests finish only when the test writes to its completion eventfd, like a
 /// slow device whose completion the kernel signals on the io_uring's descriptor.
 struct HeldDisk {
@@ -226,10 +256,10 @@ fn waiting_for_the_disk_sleeps_on_its_completion_descriptor_in_every_policy() {
         let release = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
         let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
         let disk = HeldDisk { release: release.clone(), held: Vec::with_capacity(SIZE.into()) };
-        let (mut guest, worker) = guest_and_worker_on(Box::new(disk), path);
+        let (mut guest, worker) = guest_and_block_worker_on(Box::new(disk), path);
         let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
         let iocore = IoCore::spawn(policy, None).unwrap();
-        iocore.attach(1, worker, Some(notify.clone()));
+        iocore.attach(1, Box::new(worker), Some(notify.clone()));
         guest.submit_read();
         notify.write(1).unwrap();
         std::thread::sleep(Duration::from_millis(50));

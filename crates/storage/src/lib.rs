@@ -10,12 +10,14 @@ mod completions;
 pub mod file;
 pub mod open;
 pub mod ram;
+pub mod spec;
 mod validate;
 
 use thiserror::Error;
 
 pub use file::{FileDisk, FileDiskOptions};
 pub use ram::RamDisk;
+pub use spec::DiskSpec;
 
 /// What a request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
