@@ -1,13 +1,32 @@
 #!/usr/bin/env bash
 # Regenerates BENCHMARKS.md from what `exitless bench` prints (never edited by hand):
 # the block ladder with QEMU and qemu-storage-daemon as peers (the main job; its default order puts
-# the real disk's tables first, then the RAM disk's), the network ladder and the exit-cost table.
+# the real disk's tables first, then the RAM disk's), the network ladder and the exit-cost table,
+# and their plots (one SVG per scenario, `--plot`) in docs/plots/, linked from BENCHMARKS.md.
 # The real disk is a 1 GiB file in $TMPDIR (or /tmp), which must be on a real file system.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --release
 exitless=target/release/exitless
+plots=docs/plots
+# Last run's plots go: a scenario no longer measured leaves no stale file behind.
+rm -rf "$plots.new"
+mkdir -p "$plots.new/blk" "$plots.new/net"
+
+# Links to the SVGs of plot directory $1, in name order, under the caption $2.
+links() {
+    local svg name
+    echo "$2"
+    echo
+    for svg in "$plots.new/$1"/*.svg; do
+        [ -e "$svg" ] || continue
+        name=$(basename "$svg" .svg)
+        echo "- [$name]($plots/$1/$name.svg)"
+    done
+    echo
+}
+
 {
     echo "# exitless benchmarks"
     echo
@@ -20,9 +39,13 @@ exitless=target/release/exitless
     echo "without one; the \`% of mmap\` column compares with the device's own speed, a memory copy"
     echo "with no system call."
     echo
-    "$exitless" bench --markdown
-    "$exitless" bench net --markdown
+    "$exitless" bench --markdown --plot "$plots.new/blk"
+    links blk "Plots, one per scenario: IOPS per row (bare metal and the best peer marked), exits per I/O by cause, p50/p99 latency:"
+    "$exitless" bench net --markdown --plot "$plots.new/net"
+    links net "Plot: transactions/s per row (bare metal marked), exits per transaction by cause, p50/p99 latency:"
     "$exitless" bench exitcost --markdown
 } > BENCHMARKS.md.new
+rm -rf "$plots"
+mv "$plots.new" "$plots"
 mv BENCHMARKS.md.new BENCHMARKS.md
-echo "BENCHMARKS.md updated" >&2
+echo "BENCHMARKS.md and $plots/ updated" >&2

@@ -245,6 +245,11 @@ pub struct BlkBenchArgs {
     /// qemu-storage-daemon's), or `none`.
     #[arg(long, value_delimiter = ',', default_value = "qemu")]
     pub peers: Vec<Peer>,
+    /// Also draw the results: one SVG per scenario in DIR (made if missing), named after it
+    /// (`randread-4k-qd32.svg`), with IOPS per row (bare metal and the best peer marked), exits
+    /// per I/O stacked by cause, and p50/p99 latency.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub output: ReportFormat,
     #[command(flatten)]
@@ -347,6 +352,11 @@ pub struct NetBenchArgs {
     /// Skip the bare-metal baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Also draw the results: `net-udp-rr-<SIZE>b.svg` in DIR (made if missing), with
+    /// transactions/s per row (bare metal marked), exits per transaction stacked by cause, and
+    /// p50/p99 latency.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub output: ReportFormat,
     #[command(flatten)]

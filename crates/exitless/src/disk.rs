@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use vmm::DiskBackend;
+use storage::DiskSpec as DiskBackend;
 
 pub fn parse(text: &str) -> Result<DiskBackend, String> {
     let mut path = None;

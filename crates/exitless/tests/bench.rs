@@ -14,6 +14,7 @@ use serde_json::Value;
 fn default_block_bench_with_qemu_peers_reports_every_row() {
     // /tmp is on the root file system (ext4) here, as a scratch directory must be.
     let scratch = tempfile::tempdir_in("/tmp").unwrap();
+    let plots = scratch.path().join("plots");
     let out = exitless(&[
         "bench",
         "--json",
@@ -27,11 +28,23 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
         "ram=64M",
         "--scratch",
         scratch.path().to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     assert_eq!(results[0]["disk"], "file", "the real disk comes first");
+    let mut files: Vec<String> =
+        std::fs::read_dir(&plots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    let names = [
+        "file-randread-4k-qd1.svg",
+        "file-randread-4k-qd32.svg",
+        "ram-randread-4k-qd1.svg",
+        "ram-randread-4k-qd32.svg",
+    ];
+    assert_eq!(files, names, "one plot per disk and scenario");
     assert_eq!(report["disks"].as_array().unwrap().len(), 2, "{}", report["disks"]);
     for disk in ["file", "ram"] {
         for qd in [1, 32] {
@@ -209,4 +222,68 @@ fn block_bench_at_the_queue_size_runs_in_every_vmm() {
         assert_eq!(row["queue_depth"], 256, "{row}");
         assert!(row["iops"].as_f64().unwrap() > 0.0, "{row}");
     }
+}
+
+/// `--plot DIR` draws each scenario of a real (short) run: one SVG per scenario, named after it,
+/// holding every row's label, the axes and the exit causes the run measured.
+#[test]
+fn block_bench_plots_one_svg_per_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let plots = dir.path().join("plots/new");
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--disk",
+        "ram=64M",
+        "--qd",
+        "1,4",
+        "--modes",
+        "exitless,trap",
+        "--duration-ms",
+        "100",
+        "--warmup",
+        "200",
+        "--peers",
+        "none",
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let results = report["results"].as_array().unwrap();
+    let mut files: Vec<String> =
+        std::fs::read_dir(&plots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    assert_eq!(files, ["randread-4k-qd1.svg", "randread-4k-qd4.svg"]);
+    for qd in [1, 4] {
+        let svg = std::fs::read_to_string(plots.join(format!("randread-4k-qd{qd}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+        assert!(svg.contains(&format!("queue depth {qd}")), "the scenario in the title");
+        for text in ["bare metal (fio", "(bare metal)", "exitless exitless", "exitless trap"] {
+            assert!(svg.contains(text), "qd {qd}: `{text}` in the plot");
+        }
+        for text in ["IOPS", "exits per I/O", "latency (µs)", "p50", "p99"] {
+            assert!(svg.contains(text), "qd {qd}: axis or legend `{text}`");
+        }
+        let rows = results.iter().filter(|r| r["queue_depth"] == qd);
+        for row in rows {
+            for cause in row["exits_by_cause"].as_object().unwrap().keys() {
+                assert!(svg.contains(cause.as_str()), "qd {qd}: cause {cause} in the legend");
+            }
+        }
+    }
+    let trap = results.iter().find(|r| r["mode"] == "trap").unwrap();
+    assert!(trap["exits_by_cause"].as_object().unwrap().contains_key("mmio_exits"), "{trap}");
+
+    // A path that cannot be a directory: one line of error before anything runs.
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let bad = file.join("plots");
+    let out = exitless(&["bench", "--disk", "ram=64M", "--peers", "none", "--plot", bad.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    let message = stderr(&out);
+    assert!(
+        message.contains("--plot: cannot create the directory") && message.trim().lines().count() == 1,
+        "{message}"
+    );
 }

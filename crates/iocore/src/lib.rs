@@ -77,6 +77,8 @@ struct Shared {
 pub struct IoCoreStats {
     /// Times it went to sleep waiting for a notification.
     pub sleeps: u64,
+    /// Times it slept while only backends had work (requests in flight, nothing else to do).
+    pub disk_sleeps: u64,
     /// Requests started or finished.
     pub work: u64,
 }

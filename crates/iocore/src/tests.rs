@@ -1,11 +1,13 @@
 //! The IOCore serving a real virtio-blk worker over guest memory and a RAM disk in /dev/shm,
 //! under each policy.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use storage::ram::RamDisk;
+use storage::{Backend, Completion, Op, Segment};
 use virtio::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
 use virtio::block::{BlockWorker, DiskInfo};
 use virtio::interrupt::InterruptLine;
@@ -30,9 +32,19 @@ struct Guest {
 }
 
 fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let (guest, worker) = guest_and_block_worker();
+    (guest, Box::new(worker))
+}
+
+fn guest_and_block_worker() -> (Guest, BlockWorker) {
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
     let disk = RamDisk::create(&path, 1 << 20).unwrap();
+    guest_and_block_worker_on(Box::new(disk), path)
+}
+
+/// A guest and the worker serving its queue from `disk`; `path` is removed with the guest.
+fn guest_and_block_worker_on(disk: Box<dyn Backend>, path: tempfile::TempPath) -> (Guest, BlockWorker) {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let queue =
         Queue::new(&mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, true).unwrap();
     let signals = DeviceSignals::new(
@@ -40,8 +52,8 @@ fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
         Arc::new(AtomicBool::new(false)),
     );
     let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20] };
-    let worker = BlockWorker::new(queue, Box::new(disk), info, signals);
-    (Guest { mem, avail_idx: 0, _disk: path }, Box::new(worker))
+    let worker = BlockWorker::new(queue, disk, info, signals);
+    (Guest { mem, avail_idx: 0, _disk: path }, worker)
 }
 
 impl Guest {
@@ -167,4 +179,101 @@ fn a_hung_up_notifier_does_not_make_a_notified_iocore_spin() {
     assert!(used < Duration::from_millis(100), "{used:?} of CPU in 500 ms with a hung-up notifier");
     assert!(iocore.detach(1).is_some(), "the worker is handed back");
     iocore.stop().unwrap();
+}
+
+#[test]
+fn a_request_held_back_by_a_rate_limit_is_served_later_without_a_notification_or_a_spin() {
+    use virtio::limit::{Limits, RateLimiter};
+    let (mut guest, worker) = guest_and_block_worker();
+    let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(10), bandwidth: None }));
+    let worker = worker.with_rate_limiter(limiter.clone());
+    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
+    iocore.attach(1, Box::new(worker), Some(notify.clone()));
+    for n in 1..=10 {
+        guest.submit_read();
+        notify.write(1).unwrap();
+        assert!(guest.wait_served(n), "request {n}: within the burst");
+    }
+    let before = iocore.cpu_time().unwrap();
+    guest.submit_read();
+    notify.write(1).unwrap();
+    // Held back until a token comes (0.1 s at 10/s); no further notification.
+    assert!(guest.wait_served(11), "the 11th request is served once a token comes");
+    assert!(limiter.waits() >= 1, "it did wait for a token");
+    let used = iocore.cpu_time().unwrap() - before;
+    assert!(used < Duration::from_millis(60), "{used:?} of CPU while one request waited ~0.1 s");
+    iocore.stop().unwrap();
+}
+
+/// A disk whose requests finish only when the test writes to its completion eventfd, like a
+/// slow device whose completion the kernel signals on the io_uring's descriptor.
+struct HeldDisk {
+    release: Arc<EventFd>,
+    held: Vec<u32>,
+}
+
+impl Backend for HeldDisk {
+    fn capacity(&self) -> u64 {
+        1 << 20
+    }
+
+    fn read_only(&self) -> bool {
+        false
+    }
+
+    fn max_in_flight(&self) -> usize {
+        SIZE.into()
+    }
+
+    fn submit(&mut self, tag: u32, _op: Op, _offset: u64, _segments: &[Segment]) -> bool {
+        self.held.push(tag);
+        true
+    }
+
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.release.as_raw_fd())
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
+        if self.release.read().is_err() {
+            return 0;
+        }
+        let count = self.held.len();
+        for tag in self.held.drain(..) {
+            done(Completion { tag, result: Ok(4096) });
+        }
+        count
+    }
+}
+
+/// Regression: a polling IOCore spun while its requests were in the disk, on the core where the
+/// disk's completion work (a loop device's or ext4's kworkers) had to run, and starved it.
+#[test]
+fn waiting_for_the_disk_sleeps_on_its_completion_descriptor_in_every_policy() {
+    let policies = [Policy::Polling, Policy::Notified, Policy::Adaptive { idle: Duration::from_secs(10) }];
+    for policy in policies {
+        let release = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+        let disk = HeldDisk { release: release.clone(), held: Vec::with_capacity(SIZE.into()) };
+        let (mut guest, worker) = guest_and_block_worker_on(Box::new(disk), path);
+        let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let iocore = IoCore::spawn(policy, None).unwrap();
+        iocore.attach(1, Box::new(worker), Some(notify.clone()));
+        guest.submit_read();
+        notify.write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(guest.used_idx(), 0, "{policy:?}: the disk holds the request");
+        let before = iocore.cpu_time().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let used = iocore.cpu_time().unwrap() - before;
+        assert!(
+            used < Duration::from_millis(150),
+            "{policy:?}: {used:?} of CPU in 300 ms waiting for the disk"
+        );
+        release.write(1).unwrap();
+        assert!(guest.wait_served(1), "{policy:?}: woken by the disk's completion");
+        let stats = iocore.stop().unwrap();
+        assert!(stats.disk_sleeps >= 1, "{policy:?}: {stats:?}");
+    }
 }

@@ -60,6 +60,7 @@ const THREAD_START: &[i64] = &[
 /// eventfds, drive io_uring, move frames to and from taps, close what a detached queue held.
 const IOCORE: &[i64] = &[
     libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait2,
     libc::SYS_epoll_ctl,
     libc::SYS_read,
     libc::SYS_readv,

@@ -255,6 +255,10 @@ impl Backend for FileDisk {
         self.kick_failed = self.ring.submit().is_err();
     }
 
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.ring.as_raw_fd())
+    }
+
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
         if self.kick_failed {
             self.kick();

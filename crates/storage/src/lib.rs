@@ -10,12 +10,14 @@ mod completions;
 pub mod file;
 pub mod open;
 pub mod ram;
+pub mod spec;
 mod validate;
 
 use thiserror::Error;
 
 pub use file::{FileDisk, FileDiskOptions};
 pub use ram::RamDisk;
+pub use spec::DiskSpec;
 
 /// What a request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +143,12 @@ pub trait Backend: Send {
     fn kick(&mut self) {}
     /// Hand every finished request to `done`; returns how many.
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize;
+    /// A file descriptor that becomes readable when a request the kernel works on finishes (an
+    /// io_uring's), so an owner waiting for the disk can sleep instead of spinning; `None` for
+    /// a backend that finishes requests without the kernel.
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// The most segments one request may have (the device's `seg_max`).

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
+use virtio::limit::RateLimiter;
 use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
 use virtio::{
     DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
@@ -44,11 +45,20 @@ pub const OFFERED_PROTOCOL_FEATURES: u64 =
 /// share an IOCore (each serves one frontend at a time).
 const WORKER_ID_BASE: u64 = 0x7668_0000_0000;
 
+/// The most requests a ring's worker takes off the ring per IOCore pass, so that the rings of
+/// every disk an IOCore serves get their turn: a ring at queue depth 64 holds the others up for
+/// at most this many requests per pass (see `BlockWorker::with_batch_limit`).
+pub const FAIR_BATCH: usize = 16;
+
 /// The block device served over vhost-user, across connections.
 pub struct VhostUserBlk {
     block: Block,
     host: Arc<dyn WorkerHost>,
     worker_ids: u64,
+    /// What the disk did, across its rings and connections.
+    stats: Arc<DeviceStats>,
+    /// The disk's QoS limits, shared by its rings; `None`: unlimited.
+    limiter: Option<Arc<RateLimiter>>,
 }
 
 impl VhostUserBlk {
@@ -56,7 +66,25 @@ impl VhostUserBlk {
     pub fn new(block: Block, host: Arc<dyn WorkerHost>) -> VhostUserBlk {
         static DEVICES: AtomicU64 = AtomicU64::new(0);
         let worker_ids = WORKER_ID_BASE + (DEVICES.fetch_add(1, Ordering::Relaxed) << 16);
-        VhostUserBlk { block, host, worker_ids }
+        let stats = Arc::new(DeviceStats::new("vhost-user-blk"));
+        VhostUserBlk { block, host, worker_ids, stats, limiter: None }
+    }
+
+    /// Count what the disk does into `stats` (named after the disk in logs).
+    pub fn with_stats(mut self, stats: Arc<DeviceStats>) -> VhostUserBlk {
+        self.stats = stats;
+        self
+    }
+
+    /// Hold the disk's rings to `limiter`'s token buckets (one set for all its rings).
+    pub fn with_rate_limiter(mut self, limiter: Arc<RateLimiter>) -> VhostUserBlk {
+        self.limiter = Some(limiter);
+        self
+    }
+
+    /// What the disk did so far.
+    pub fn stats(&self) -> &Arc<DeviceStats> {
+        &self.stats
     }
 
     /// The virtio features offered: the device model's, and protocol features.
@@ -417,15 +445,18 @@ impl Session<'_> {
             return Ok(());
         };
         let interrupt = InterruptLine::new(Arc::new(AtomicU32::new(0)), Some(call));
-        let stats = Arc::new(DeviceStats::new(format!("vhost-user-blk ring {index}")));
         let signals = DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false)))
             .with_error_notifier(err)
-            .with_stats(stats);
-        let worker = self
+            .with_stats(self.device.stats.clone());
+        let mut worker = self
             .device
             .block
             .start_queue(index, queue, signals)
-            .map_err(|source| Error::Start { index, source })?;
+            .map_err(|source| Error::Start { index, source })?
+            .with_batch_limit(FAIR_BATCH);
+        if let Some(limiter) = &self.device.limiter {
+            worker = worker.with_rate_limiter(limiter.clone());
+        }
         self.device.host.attach(self.device.worker_ids + index as u64, Box::new(worker), kick);
         self.vrings[index].running = true;
         Ok(())
@@ -446,8 +477,8 @@ impl Session<'_> {
         let c = worker.counters;
         self.device.block.stop_queue(index, *worker);
         crate::log(format_args!(
-            "vring {index} stopped at avail index {}: {} requests completed, {} I/O errors, {} refused, {} interrupts",
-            vring.base, c.completed, c.io_errors, c.rejected, c.interrupts
+            "{}: vring {index} stopped at avail index {}: {} requests completed, {} I/O errors, {} refused, {} interrupts",
+            self.device.stats.name(), vring.base, c.completed, c.io_errors, c.rejected, c.interrupts
         ));
         Ok(())
     }

@@ -18,8 +18,9 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// Regions that can be registered at once (the daemon maps at most 8 per frontend).
-pub const MAX_REGIONS: usize = 64;
+/// Regions that can be registered at once: a frontend maps at most 8, 16 while a new memory
+/// table replaces the old one, so 512 is room for 32 frontends of one daemon at once.
+pub const MAX_REGIONS: usize = 512;
 
 struct Slot {
     start: AtomicUsize,

@@ -11,8 +11,10 @@
 //! - [`fault`]: a frontend that shrinks its shared memory costs it its connection, not the
 //!   daemon its life (SIGBUS handling).
 //! - [`backend`]: the device across connections, and the per-connection state machine.
-//! - [`server`]: the listening socket, one frontend at a time (others are refused), each with a
-//!   set-up time limit.
+//! - [`server`]: one disk's listening socket, one frontend at a time (others are refused), each
+//!   with a set-up time limit. A daemon serving many disks runs a server per disk on a thread of
+//!   its own; their rings share the IOCores (`WorkerHost`), which take at most
+//!   [`backend::FAIR_BATCH`] requests per ring per pass and hold each disk to its token buckets.
 
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 

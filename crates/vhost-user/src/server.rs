@@ -1,4 +1,7 @@
-//! The listening socket: one frontend at a time, each connection a [`Session`]. A connection
+//! The listening socket of one disk: one frontend at a time, each connection a [`Session`]. A
+//! daemon serving several disks runs one `Server` per disk, each on its own thread, so a
+//! frontend that stalls, misbehaves or goes away holds up only its own disk's set-up; their
+//! rings share the IOCores. A connection
 //! ends when the frontend closes it, when it sends a message the backend refuses (logged on one
 //! line, answered with a failure where the frontend asked for acknowledgements), when it has not
 //! negotiated its features within [`SETUP_TIMEOUT`], stalls inside a message or leaves its
@@ -85,7 +88,7 @@ impl Server {
                     continue;
                 }
             };
-            log(format_args!("frontend connected{}", pid_note(&stream)));
+            log(format_args!("{}: frontend connected{}", self.path.display(), pid_note(&stream)));
             // Replies must never block the server: a frontend that does not read them is
             // waited for (with the stop descriptor) for at most STALL_TIMEOUT.
             if let Err(e) = stream.set_nonblocking(true) {
@@ -93,13 +96,18 @@ impl Server {
                 continue;
             }
             match self.serve_connection(&stream, device, stop) {
-                Ending::Closed => log(format_args!("frontend disconnected; waiting for the next one")),
-                Ending::Refused { request: Some(request), error } => log(format_args!(
-                    "refused {request}: {error}; connection closed, waiting for the next frontend"
+                Ending::Closed => log(format_args!(
+                    "{}: frontend disconnected; waiting for the next one",
+                    self.path.display()
                 )),
-                Ending::Refused { request: None, error } => {
-                    log(format_args!("{error}; connection closed, waiting for the next frontend"))
-                }
+                Ending::Refused { request: Some(request), error } => log(format_args!(
+                    "{}: refused {request}: {error}; connection closed, waiting for the next frontend",
+                    self.path.display()
+                )),
+                Ending::Refused { request: None, error } => log(format_args!(
+                    "{}: {error}; connection closed, waiting for the next frontend",
+                    self.path.display()
+                )),
                 Ending::Stopped => return Ok(()),
             }
         }
@@ -146,7 +154,8 @@ impl Server {
     fn refuse_another(&self) {
         match self.listener.accept() {
             Ok((stream, _)) => log(format_args!(
-                "refused a frontend{}: another frontend is connected to this disk",
+                "{}: refused a frontend{}: another frontend is connected to this disk",
+                self.path.display(),
                 pid_note(&stream)
             )),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -9,6 +9,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::interrupt::{InterruptLine, INT_CONFIG_CHANGE};
+use crate::latency::{Histogram, SharedHistogram};
 use crate::queue::{Queue, QueueError};
 
 /// A device's data path once the driver has set it up: owns its queues and its backend.
@@ -28,6 +29,11 @@ pub trait QueueWorker: Send {
     /// with frames waiting): an idle owner waits on it besides the queue notifications.
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         None
+    }
+    /// Did the last `poll` leave requests in the ring because the device's rate limit was
+    /// reached? Its owner then waits a little before polling again rather than spinning.
+    fn throttled(&self) -> bool {
+        false
     }
     /// Give the device model its resources back (downcast by the model that made the worker).
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
@@ -52,6 +58,8 @@ pub struct RequestCounters {
     pub rejected: u64,
     /// Interrupts sent to the driver.
     pub interrupts: u64,
+    /// Data bytes of the requests that completed with VIRTIO_BLK_S_OK (read or written).
+    pub bytes: u64,
 }
 
 /// What a device did, for the operator (`exitless run --stats`): the worker adds its counts once
@@ -64,8 +72,11 @@ pub struct DeviceStats {
     io_errors: AtomicU64,
     rejected: AtomicU64,
     interrupts: AtomicU64,
+    bytes: AtomicU64,
     needs_reset: AtomicU64,
     first_reset_reason: OnceLock<String>,
+    /// Service times (taken off the ring to put in the used ring), in clock ticks.
+    latency: SharedHistogram,
 }
 
 /// A copy of a device's [`DeviceStats`].
@@ -76,6 +87,8 @@ pub struct DeviceStatsSnapshot {
     pub needs_reset: u64,
     /// Why, the first time.
     pub first_reset_reason: Option<String>,
+    /// Service times of the requests answered, in [`crate::clock`] ticks.
+    pub latency: Histogram,
 }
 
 impl DeviceStats {
@@ -87,8 +100,10 @@ impl DeviceStats {
             io_errors: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             interrupts: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
             needs_reset: AtomicU64::new(0),
             first_reset_reason: OnceLock::new(),
+            latency: SharedHistogram::default(),
         }
     }
 
@@ -103,6 +118,14 @@ impl DeviceStats {
         self.io_errors.fetch_add(delta.io_errors, Ordering::Relaxed);
         self.rejected.fetch_add(delta.rejected, Ordering::Relaxed);
         self.interrupts.fetch_add(delta.interrupts, Ordering::Relaxed);
+        if delta.bytes != 0 {
+            self.bytes.fetch_add(delta.bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Where workers add their service times.
+    pub fn latency(&self) -> &SharedHistogram {
+        &self.latency
     }
 
     /// Count a NEEDS_RESET and log why; a driver that breaks its queue again after every reset
@@ -128,9 +151,11 @@ impl DeviceStats {
                 io_errors: self.io_errors.load(Ordering::Relaxed),
                 rejected: self.rejected.load(Ordering::Relaxed),
                 interrupts: self.interrupts.load(Ordering::Relaxed),
+                bytes: self.bytes.load(Ordering::Relaxed),
             },
             needs_reset: self.needs_reset.load(Ordering::Relaxed),
             first_reset_reason: self.first_reset_reason.get().cloned(),
+            latency: self.latency.snapshot(),
         }
     }
 }
@@ -143,6 +168,7 @@ impl RequestCounters {
             io_errors: self.io_errors - earlier.io_errors,
             rejected: self.rejected - earlier.rejected,
             interrupts: self.interrupts - earlier.interrupts,
+            bytes: self.bytes - earlier.bytes,
         }
     }
 }

@@ -166,6 +166,9 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
         scratch::check(&scratch_dir).map_err(BenchError::Scratch)?;
     }
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
+    if let Some(dir) = &args.plot {
+        super::plot::prepare(dir)?;
+    }
     let mut qemu = match args.peers.contains(&Peer::Qemu) {
         false => None,
         true => {
@@ -219,6 +222,10 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
         }
     }
     progress.finish();
+    if let Some(dir) = &args.plot {
+        let files = super::plot::write_all(dir, &results)?;
+        super::progress(format_args!("wrote {} plot(s) to {}", files.len(), dir.display()));
+    }
     Ok(Report {
         about: About::now("blk"),
         tsc_khz,

@@ -7,6 +7,7 @@ mod blk_table;
 mod exitcost;
 mod machine;
 mod net;
+mod plot;
 mod progress;
 mod scratch;
 mod table;

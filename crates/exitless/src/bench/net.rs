@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 use vmm::{ConsoleMode, IoMode, NetConfig, VmConfig, VmError};
 
 use super::machine::About;
+use super::plot::{Bar, Kind, Units};
 use super::table::Table;
 use super::{causes_per, format_causes, progress, GuestRunError};
 use crate::cli::NetBenchArgs;
@@ -62,6 +63,9 @@ pub fn main(args: NetBenchArgs) -> i32 {
 
 fn run(args: &NetBenchArgs) -> Result<Report, String> {
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
+    if let Some(dir) = &args.plot {
+        super::plot::prepare(dir)?;
+    }
     progress(format_args!("setting up namespaces, a tap, a veth pair and the echo responder"));
     let lab = Lab::new(args)?;
     let mut results = Vec::new();
@@ -101,6 +105,10 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
         }
         results.push(row);
     }
+    if let Some(dir) = &args.plot {
+        let path = plot(dir, &results, args.size)?;
+        progress(format_args!("wrote the plot {}", path.display()));
+    }
     Ok(Report {
         about: About::now("net"),
         network: format!(
@@ -109,6 +117,35 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
         ),
         results,
     })
+}
+
+/// Draw `rows` into `dir`: the bare-metal client with the lower p50 (the one the ratios are
+/// against) is bare metal; the other is another host row.
+fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::PathBuf, String> {
+    let best_p50 = rows.iter().filter(|r| r.vmm == "host").filter_map(|r| r.p50_us).reduce(f64::min);
+    let bars: Vec<Bar> = rows
+        .iter()
+        .map(|r| Bar {
+            label: match r.vmm {
+                "host" => r.mode.clone(),
+                vmm => format!("{vmm} {}", r.mode),
+            },
+            kind: match r.vmm {
+                "host" if r.p50_us.is_some() && r.p50_us == best_p50 => Kind::BareMetal,
+                "host" => Kind::Host,
+                _ => Kind::Exitless,
+            },
+            rate: r.transactions_per_s,
+            p50_us: r.p50_us,
+            p99_us: r.p99_us,
+            exits_per_op: r.exits_per_transaction,
+            exits_by_cause: &r.exits_by_cause,
+        })
+        .collect();
+    let path = dir.join(format!("net-udp-rr-{size}b.svg"));
+    let title = format!("net: UDP request-response, {size} B, through virtio-net and a tap");
+    super::plot::write(&path, &title, &bars, &Units::NET)?;
+    Ok(path)
 }
 
 /// Two network namespaces of our own: the server's, with a tap for the guest and one end of a

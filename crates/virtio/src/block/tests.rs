@@ -702,3 +702,52 @@ fn malformed_indirect_tables_need_a_reset() {
     rig.submit(0);
     assert_eq!(rig.run(), Err(QueueError::ChainTooLong));
 }
+
+/// Post `n` 4 KiB reads, each its own three-descriptor chain (heads 0, 3, 6, ...).
+fn post_reads(rig: &mut Rig, n: u16) {
+    rig.header(VIRTIO_BLK_T_IN, 0);
+    for i in 0..n {
+        let first = 3 * i;
+        rig.desc(first, HEADER, 16, VIRTQ_DESC_F_NEXT, first + 1);
+        rig.desc(first + 1, DATA, 4096, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, first + 2);
+        rig.desc(first + 2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
+        rig.submit(first);
+    }
+}
+
+#[test]
+fn a_pass_takes_at_most_the_batch_limit_and_leaves_the_rest_pending() {
+    let mut rig = rig_of_size(false, 64);
+    rig.worker = std::mem::replace(&mut rig.worker, rig_of_size(false, 64).worker).with_batch_limit(4);
+    post_reads(&mut rig, 10);
+    let mut passes = Vec::new();
+    while rig.worker.has_pending() {
+        passes.push(rig.run().unwrap());
+    }
+    assert_eq!(passes, [4, 4, 2]);
+    assert_eq!(rig.used_idx(), 10);
+    assert_eq!(rig.worker.counters.completed, 10);
+    assert_eq!(rig.worker.counters.bytes, 10 * 4096);
+}
+
+#[test]
+fn a_rate_limited_queue_leaves_requests_waiting_in_the_ring_not_failed() {
+    use crate::limit::{Limits, RateLimiter};
+    let mut rig = rig_of_size(false, 64);
+    let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(5), bandwidth: None }));
+    rig.worker =
+        std::mem::replace(&mut rig.worker, rig_of_size(false, 64).worker).with_rate_limiter(limiter.clone());
+    post_reads(&mut rig, 8);
+    assert_eq!(rig.run().unwrap(), 5, "the burst: one second's budget");
+    assert!(rig.worker.throttled());
+    assert!(rig.worker.has_pending());
+    assert_eq!(rig.run().unwrap(), 0, "no token earned yet");
+    assert_eq!(rig.used_idx(), 5);
+    assert_eq!(rig.worker.counters.io_errors + rig.worker.counters.rejected, 0);
+    assert!(limiter.waits() >= 2);
+    // 1.2 s later four tokens have come: at least the three waiting requests are served.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    assert_eq!(rig.run().unwrap(), 3);
+    assert!(!rig.worker.throttled());
+    assert_eq!(rig.used_idx(), 8);
+}

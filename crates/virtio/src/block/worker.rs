@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use storage::{Backend, Completion, Op};
@@ -12,7 +13,10 @@ use vm_memory::VolatileSlice;
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
 };
+use crate::clock;
 use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
+use crate::latency::LocalHistogram;
+use crate::limit::RateLimiter;
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 
 /// A reset still waiting this long for the backend says so (it keeps waiting: see `into_backend`).
@@ -35,6 +39,10 @@ struct InFlight {
     status: StatusByte,
     /// Bytes the device writes into the chain on success (data for reads, plus the status).
     written: u32,
+    /// Data bytes the request moves (for the byte count).
+    data: u32,
+    /// When it was taken off the ring ([`clock::ticks`]).
+    started: u64,
 }
 
 /// The requests the backend holds, by head.
@@ -63,13 +71,21 @@ impl InFlightTable {
 
     /// Answer the request `completion` is for through its status byte and count it; returns
     /// the used element to add. A tag the backend made up, or one already finished, is ignored.
-    fn finish(&mut self, completion: Completion, counters: &mut RequestCounters) -> Option<(u16, u32)> {
+    fn finish(
+        &mut self,
+        completion: Completion,
+        counters: &mut RequestCounters,
+        latency: &mut LocalHistogram,
+        now: u64,
+    ) -> Option<(u16, u32)> {
         let head = u16::try_from(completion.tag).ok()?;
         let request = self.remove(head)?;
+        latency.record(now.saturating_sub(request.started));
         let written = match completion.result {
             Ok(_) => {
                 request.status.write(VIRTIO_BLK_S_OK);
                 counters.completed += 1;
+                counters.bytes += u64::from(request.data);
                 request.written
             }
             Err(_) => {
@@ -102,6 +118,16 @@ pub struct BlockWorker {
     pub counters: RequestCounters,
     /// `counters` as last added to the device's stats.
     reported: RequestCounters,
+    /// Service times, added to the device's stats with the counters.
+    latency: LocalHistogram,
+    /// The most requests one pass takes off the ring (fair share between queues of one owner).
+    batch_limit: usize,
+    /// The device's token buckets, shared by its queues.
+    limiter: Option<Arc<RateLimiter>>,
+    /// The last pass left requests in the ring because a bucket was empty.
+    throttled: bool,
+    /// The clock when the current pass began: requests taken in it started then.
+    now: u64,
 }
 
 // SAFETY: the raw pointers in `in_flight` and `request` point into guest memory that `queue`
@@ -129,7 +155,27 @@ impl BlockWorker {
             broken: false,
             counters: RequestCounters::default(),
             reported: RequestCounters::default(),
+            latency: LocalHistogram::default(),
+            batch_limit: usize::MAX,
+            limiter: None,
+            throttled: false,
+            now: 0,
         }
+    }
+
+    /// Take at most `limit` (at least 1) requests off the ring per pass, so that an owner that
+    /// serves several queues in turn gives each its share (a queue at depth 64 cannot hold the
+    /// others up for more than `limit` requests). Only for owners that poll again while requests
+    /// are left ([`QueueWorker::has_pending`]), as the IOCore does; the default is no limit.
+    pub fn with_batch_limit(mut self, limit: usize) -> BlockWorker {
+        self.batch_limit = limit.max(1);
+        self
+    }
+
+    /// Take requests only while `limiter`'s buckets hold tokens; the rest wait in the ring.
+    pub fn with_rate_limiter(mut self, limiter: Arc<RateLimiter>) -> BlockWorker {
+        self.limiter = Some(limiter);
+        self
     }
 
     /// Give the backend back (device reset) once it holds none of this worker's requests: those
@@ -164,7 +210,12 @@ impl BlockWorker {
     /// Take every available request and start it. An error means the guest broke the queue
     /// itself: the device must stop and ask for a reset.
     pub fn process_queue(&mut self) -> Result<usize, QueueError> {
-        let mut started = self.take_available()?;
+        self.throttled = false;
+        self.now = clock::ticks();
+        if let Some(limiter) = &self.limiter {
+            limiter.refill(self.now);
+        }
+        let mut started = self.take_available(self.batch_limit)?;
         if self.polling {
             // Keep the driver's notification threshold behind us (EVENT_IDX), so it never fires.
             if started > 0 {
@@ -173,12 +224,13 @@ impl BlockWorker {
         } else {
             // Ask for the next notification, then look again: a request made before the driver
             // saw the request for a notification would otherwise wait for the next one.
-            loop {
+            // A pass cut short (batch limit, rate limit) leaves the rest to the owner's next one.
+            while !self.throttled && started < self.batch_limit {
                 self.queue.set_notifications(true);
                 if !self.queue.has_avail()? {
                     break;
                 }
-                started += self.take_available()?;
+                started += self.take_available(self.batch_limit - started)?;
             }
         }
         if started > 0 {
@@ -187,11 +239,26 @@ impl BlockWorker {
         Ok(started)
     }
 
-    fn take_available(&mut self) -> Result<usize, QueueError> {
+    /// Take up to `limit` available requests and start them, while the rate limit allows.
+    fn take_available(&mut self, limit: usize) -> Result<usize, QueueError> {
         let mut started = 0;
-        while let Some(head) = self.queue.pop_avail()? {
+        while started < limit {
+            if let Some(limiter) = &self.limiter {
+                if !limiter.allows() {
+                    if self.queue.has_avail()? {
+                        self.throttled = true;
+                        limiter.note_wait();
+                    }
+                    break;
+                }
+            }
+            let Some(head) = self.queue.pop_avail()? else { break };
             started += 1;
             let parsed = self.request.parse(&self.queue, head, self.disk.capacity, self.disk.read_only)?;
+            if let Some(limiter) = &self.limiter {
+                let bytes = if matches!(parsed, Parsed::Ready) { self.request.data_len } else { 0 };
+                limiter.consume(bytes);
+            }
             match parsed {
                 Parsed::Ready => self.start(),
                 Parsed::Rejected(Rejection::Status { status, code }) => {
@@ -243,15 +310,19 @@ impl BlockWorker {
             self.add_used(head, 1);
             return;
         }
-        self.in_flight.insert(head, InFlight { status: request.status, written });
+        // At most MAX_SEGMENTS descriptors of u32 lengths: counted saturating.
+        let data = u32::try_from(request.data_len).unwrap_or(u32::MAX);
+        self.in_flight.insert(head, InFlight { status: request.status, written, data, started: self.now });
     }
 
     /// Collect finished requests into the used ring, publish them, and interrupt the guest if
     /// it asked to be. Returns how many completed.
     pub fn complete(&mut self) -> usize {
-        let Self { backend, queue, in_flight, counters, used_since_publish, .. } = self;
+        // One clock read for the whole batch of completions.
+        let now = if self.in_flight.held > 0 { clock::ticks() } else { self.now };
+        let Self { backend, queue, in_flight, counters, latency, used_since_publish, .. } = self;
         let finished = backend.poll(&mut |completion| {
-            if let Some((head, written)) = in_flight.finish(completion, counters) {
+            if let Some((head, written)) = in_flight.finish(completion, counters, latency, now) {
                 queue.add_used(head, written);
                 *used_since_publish += 1;
             }
@@ -278,6 +349,7 @@ impl BlockWorker {
         }
         self.signals.stats().add(&self.counters.since(&self.reported));
         self.reported = self.counters;
+        self.latency.report(self.signals.stats().latency());
     }
 }
 
@@ -313,6 +385,14 @@ impl QueueWorker for BlockWorker {
 
     fn has_pending(&self) -> bool {
         !self.broken && self.queue.has_avail().unwrap_or(true)
+    }
+
+    fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.backend.completion_fd()
+    }
+
+    fn throttled(&self) -> bool {
+        self.throttled && !self.broken
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {

@@ -2,14 +2,12 @@
 //! the backends behind them, and the I/O mode that decides who serves their queues.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iocore::{IoCore, Policy};
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use storage::open::{open_without_blocking, Wanted};
-use storage::{Backend, BackendError, FileDisk, RamDisk};
+use storage::{BackendError, DiskSpec};
 use thiserror::Error;
 use virtio::block::Block;
 use virtio::mmio::{MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
@@ -83,16 +81,8 @@ impl fmt::Display for IoMode {
     }
 }
 
-/// Where a disk's bytes live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DiskBackend {
-    /// A raw file (or block device) through io_uring.
-    File { path: PathBuf, read_only: bool, direct: bool },
-    /// A new RAM disk of `size` bytes, gone when the VM ends.
-    Ram { size: u64 },
-    /// An existing file on a memory file system (/dev/shm), mapped and shared with the host.
-    RamFile { path: PathBuf, read_only: bool },
-}
+/// Where a disk's bytes live: storage's [`DiskSpec`], under the name the VMM's callers know.
+pub type DiskBackend = DiskSpec;
 
 /// A virtio-net device on a tap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,7 +188,7 @@ impl VirtioDevices {
         };
         let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::with_capacity(count);
         for (index, disk) in disks.iter().enumerate() {
-            let backend = open_backend(disk).map_err(|source| DeviceError::Backend { index, source })?;
+            let backend = disk.open().map_err(|source| DeviceError::Backend { index, source })?;
             devices.push(Box::new(Block::new(backend, &format!("exitless-disk{index}"))));
         }
         for (index, net) in nets.iter().enumerate() {
@@ -257,56 +247,4 @@ impl VirtioDevices {
         }
         self.iocore.as_ref().and_then(|iocore| iocore.stop())
     }
-}
-
-/// Open `disk` for one queue's worker.
-pub fn open_backend(disk: &DiskBackend) -> Result<Box<dyn Backend>, BackendError> {
-    let mut backends = open_backends(disk, 1)?;
-    Ok(backends.remove(0))
-}
-
-/// Open `disk` `count` times (at least once), one backend per queue of a multi-queue device:
-/// a queue's worker owns its backend, so each is opened on its own (its own io_uring for a file,
-/// its own mapping of one shared RAM disk file).
-pub fn open_backends(disk: &DiskBackend, count: usize) -> Result<Vec<Box<dyn Backend>>, BackendError> {
-    let count = count.max(1);
-    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(count);
-    match disk {
-        DiskBackend::Ram { size } => {
-            // One file, mapped once per queue; the name goes once every mapping is made (the
-            // mappings keep the bytes).
-            let path = temporary_ram_path();
-            let result = (|| {
-                backends.push(Box::new(RamDisk::create(&path, *size)?));
-                for _ in 1..count {
-                    backends.push(Box::new(RamDisk::open(&path, false)?));
-                }
-                Ok(())
-            })();
-            let _ = std::fs::remove_file(&path);
-            result?;
-        }
-        DiskBackend::File { path, read_only, direct } => {
-            for _ in 0..count {
-                backends.push(Box::new(FileDisk::open(path, *read_only, *direct)?));
-            }
-        }
-        DiskBackend::RamFile { path, read_only } => {
-            // RamDisk::open would wait on a FIFO and map a device: refuse anything but a
-            // regular file first.
-            open_without_blocking(path, *read_only, 0, Wanted::RegularFile)
-                .map_err(|e| BackendError::opening(path, e))?;
-            for _ in 0..count {
-                backends.push(Box::new(RamDisk::open(path, *read_only)?));
-            }
-        }
-    }
-    Ok(backends)
-}
-
-fn temporary_ram_path() -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    PathBuf::from(format!("/dev/shm/exitless-ram-{}-{n}", std::process::id()))
 }

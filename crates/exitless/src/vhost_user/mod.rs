@@ -1,0 +1,325 @@
+//! `exitless vhost-user-blk`: exitless's virtio-blk device and IOCore served over vhost-user, so
+//! the guests of other VMMs (QEMU's `vhost-user-blk-pci`, Cloud Hypervisor, ...) use them. One
+//! daemon serves many disks, each on its own socket, to a frontend each; the rings of every
+//! connected frontend are served by a few shared IOCores (the shared data plane).
+//!
+//! - [`spec`]: `--disk socket=PATH,...`.
+//! - [`placement`]: which IOCore serves which disk.
+//! - [`stats`]: `--stats-interval` lines.
+
+mod placement;
+mod spec;
+mod stats;
+
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use iocore::{IoCore, Policy};
+use sandbox::{Filter, SeccompMode, ThreadKind};
+use virtio::block::Block;
+use virtio::limit::RateLimiter;
+use virtio::{DeviceStats, WorkerHost};
+
+use placement::Placement;
+use spec::VhostDisk;
+use stats::{DiskFigures, Reporter};
+
+#[derive(Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct VhostUserBlkArgs {
+    /// The Unix socket of a `--disk` that names none (a stale socket file there is replaced).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// A disk to serve (repeatable): `socket=PATH,` and `path=FILE[,readonly][,direct]` (raw
+    /// file through io_uring), `ram=SIZE` (a new RAM disk, kept across frontend connections
+    /// while this runs) or `ram,path=FILE[,readonly]` (an existing /dev/shm file); optionally
+    /// `queues=N`, `iops=N` (requests/s) and `bw=BYTES` (bytes/s, K/M/G suffixes). Without
+    /// `socket=`, the disk is served on `--socket`.
+    #[arg(long, value_name = "SPEC", value_parser = spec::parse, required = true)]
+    pub disk: Vec<VhostDisk>,
+    /// Virtqueues offered per disk unless its spec says `queues=` (VIRTIO_BLK_F_MQ above 1);
+    /// each has its own backend.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=spec::MAX_QUEUES as i64))]
+    pub queues: u16,
+    /// How the IOCores serve the queues: sidecore (polls the rings, the guest never notifies),
+    /// adaptive (polls under load, sleeps on the kick eventfds when idle), eventfd (sleeps on
+    /// the kick eventfds, like QEMU's own backends).
+    #[arg(long, value_name = "MODE", default_value = "adaptive")]
+    pub io_mode: VhostIoMode,
+    /// IOCore threads serving the queues of all disks; each disk's queues go to the one with the
+    /// fewest queues so far.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub iocores: u16,
+    /// Pin the IOCores to these host CPUs (IOCore k to the k-th, round robin).
+    #[arg(long, value_name = "CPU[,CPU...]", value_delimiter = ',')]
+    pub iocore_cpu: Vec<usize>,
+    /// adaptive: microseconds an IOCore spins without a request before it sleeps.
+    #[arg(long, value_name = "US", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub idle_budget_us: u64,
+    /// Print each disk's figures on standard output every SECS seconds and when stopping:
+    /// requests, bytes, I/O errors, refused requests, IOPS, MB/s and service-time percentiles
+    /// (p50, p99, max) over the interval, rate-limit waits.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub stats_interval: Option<u64>,
+    /// With --stats-interval: one JSON object per disk and line.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
+}
+
+const AFTER_HELP: &str = "\
+Serves each disk on its own socket to one frontend at a time, and keeps serving across
+reconnections: the disk stays open, and every write the guest saw completed is in it. Frontends
+of different disks connect, disconnect and fail independently; one that misbehaves costs only
+its own connection. A frontend that connects to a disk while another is served is refused at
+once (\"another frontend is connected to this disk\" in the log). A frontend is dropped, and the
+next one accepted, when it sends a malformed or refused message (call, error and kick
+descriptors must be eventfds), has not negotiated its features 10 s after connecting, pauses
+5 s inside a message or leaves its replies unread for 5 s, or shrinks the memory it shared (its
+rings get an error eventfd signal; the daemon survives the SIGBUS). Every reason is logged,
+with the disk's socket. SIGINT or SIGTERM stops it within 2 s, whatever the frontends do.
+
+Shared data plane: the rings of all connected frontends are served by --iocores IOCore threads
+(default one). Disks are placed in the order given, each on the IOCore with the fewest queues
+so far (so disk i goes to IOCore i mod N when disks have equal queue counts); a ring joins its
+IOCore when the frontend starts it and leaves when it stops, while the IOCore keeps serving
+the others. Each pass of an IOCore takes at most 16 requests from each ring in turn, so a ring
+at queue depth 64 cannot starve one at depth 1.
+
+QoS: iops=N and bw=BYTES are token buckets per disk (shared by its queues), holding one
+second's budget (the burst) and starting full. A request over the limit waits in the ring; it
+is not failed. Over t seconds a disk serves at most N*(t+1) requests and BYTES*(t+1) bytes
+plus one request.
+
+Examples:
+  exitless vhost-user-blk --socket /tmp/vhost.sock --disk path=disk.img &
+  exitless vhost-user-blk --disk socket=/tmp/a.sock,path=a.img,direct \\
+      --disk socket=/tmp/b.sock,ram=1G,iops=10000 --stats-interval 10 &
+  qemu-system-x86_64 -m 1G -object memory-backend-memfd,id=mem,size=1G,share=on \\
+      -machine memory-backend=mem -chardev socket,id=vu,path=/tmp/a.sock \\
+      -device vhost-user-blk-pci,chardev=vu ...";
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VhostIoMode {
+    Sidecore,
+    Adaptive,
+    Eventfd,
+}
+
+pub fn main(args: VhostUserBlkArgs) -> i32 {
+    // A command line that names no socket for a disk is a usage error, as clap's are.
+    if let Err(message) = sockets(&args) {
+        eprintln!("error: {message}\n\nFor more information, try '--help'.");
+        return 2;
+    }
+    match serve(args) {
+        Ok(()) => 0,
+        Err(message) => crate::fail(message),
+    }
+}
+
+/// Each `--disk` with its socket: the one it names, or `--socket` (for at most one disk).
+fn sockets(args: &VhostUserBlkArgs) -> Result<Vec<PathBuf>, String> {
+    let unnamed = args.disk.iter().filter(|d| d.socket.is_none()).count();
+    match (&args.socket, unnamed) {
+        (_, n) if n > 1 => return Err("several --disk without socket=: give each its own socket=PATH".into()),
+        (None, 1) => return Err("a --disk without socket=PATH needs --socket PATH".into()),
+        (Some(_), 0) => return Err("--socket is given but every --disk names its own socket=".into()),
+        _ => {}
+    }
+    let sockets: Vec<PathBuf> = args
+        .disk
+        .iter()
+        .map(|d| d.socket.clone().or_else(|| args.socket.clone()).unwrap_or_default())
+        .collect();
+    for (i, socket) in sockets.iter().enumerate() {
+        if sockets[..i].contains(socket) {
+            return Err(format!("two disks on one socket {}: give each its own", socket.display()));
+        }
+    }
+    Ok(sockets)
+}
+
+/// A disk ready to serve: its device, its listening socket, and what the statistics show.
+struct Served {
+    device: ::vhost_user::VhostUserBlk,
+    server: ::vhost_user::Server,
+    figures: DiskFigures,
+}
+
+fn open_disk(
+    index: usize,
+    disk: &VhostDisk,
+    socket: PathBuf,
+    queues: u16,
+    iocore: (usize, &Arc<IoCore>),
+) -> Result<Served, String> {
+    let what = || format!("disk {index} ({})", socket.display());
+    let backends = disk
+        .disk
+        .open_queues(queues as usize)
+        .map_err(|e| format!("cannot open the disk of {}: {e}", what()))?;
+    let block = Block::with_queues(backends, "exitless-vhost-user").ok_or_else(|| {
+        format!("{}: the queues disagree on its size (was it resized while opening?)", what())
+    })?;
+    let stats = Arc::new(DeviceStats::new(what()));
+    let host: Arc<dyn WorkerHost> = iocore.1.clone();
+    let mut device = ::vhost_user::VhostUserBlk::new(block, host).with_stats(stats.clone());
+    let limiter = disk.limits.any().then(|| Arc::new(RateLimiter::new(disk.limits)));
+    if let Some(limiter) = &limiter {
+        device = device.with_rate_limiter(limiter.clone());
+    }
+    let server = ::vhost_user::Server::bind(&socket).map_err(|e| e.to_string())?;
+    let figures = DiskFigures::new(socket, stats, disk.limits, limiter, iocore.0);
+    Ok(Served { device, server, figures })
+}
+
+fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
+    let started = Instant::now();
+    let sockets = sockets(&args)?;
+    // SIGINT/SIGTERM arrive through a signalfd the servers poll; blocked before any thread
+    // starts, so every thread inherits the mask.
+    let stop = stop_signals().map_err(|e| format!("cannot set up SIGINT/SIGTERM handling: {e}"))?;
+    exit_after_stop_grace(&stop).map_err(|e| format!("cannot start the stop watchdog: {e}"))?;
+    // Measured once, before any thread confines itself (rate limits, service times).
+    virtio::clock::ticks_per_second();
+    let policy = match args.io_mode {
+        VhostIoMode::Sidecore => Policy::Polling,
+        VhostIoMode::Adaptive => Policy::Adaptive { idle: Duration::from_micros(args.idle_budget_us) },
+        VhostIoMode::Eventfd => Policy::Notified,
+    };
+    let seccomp = args.seccomp.mode();
+    let iocores = (0..args.iocores as usize)
+        .map(|k| {
+            let cpu = (!args.iocore_cpu.is_empty()).then(|| args.iocore_cpu[k % args.iocore_cpu.len()]);
+            let filter = Filter::new(ThreadKind::VhostUserIoCore, seccomp).map_err(|e| e.to_string())?;
+            IoCore::spawn_confined(policy, cpu, filter).map(Arc::new).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut placement = Placement::new(iocores.len());
+    let mut disks = Vec::with_capacity(args.disk.len());
+    for (index, (disk, socket)) in args.disk.iter().zip(sockets).enumerate() {
+        let queues = disk.queues.unwrap_or(args.queues);
+        let k = placement.place(queues as usize);
+        disks.push(open_disk(index, disk, socket, queues, (k, &iocores[k]))?);
+    }
+    let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+    for (index, served) in disks.iter().enumerate() {
+        let queues = served.device.num_queues();
+        ::vhost_user::log(format_args!(
+            "listening on {} (disk {index}, {queues} queue{}, IOCore {} of {}, {mode} mode)",
+            served.server.path().display(),
+            if queues == 1 { "" } else { "s" },
+            served.figures.iocore,
+            iocores.len(),
+        ));
+    }
+    let mut figures = Vec::with_capacity(disks.len());
+    let mut threads = Vec::with_capacity(disks.len());
+    for (index, Served { device, server, figures: f }) in disks.into_iter().enumerate() {
+        figures.push(f);
+        let stop = stop.try_clone().map_err(|e| format!("cannot share the stop descriptor: {e}"))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("vhost-user-{index}"))
+            .spawn(move || serve_disk(index, device, server, stop, seccomp))
+            .map_err(|e| format!("cannot start disk {index}'s connection thread: {e}"))?;
+        threads.push(thread);
+    }
+    // This thread only waits for the stop signal now, printing figures meanwhile.
+    sandbox::install(ThreadKind::VhostUserConnection, seccomp).map_err(|e| e.to_string())?;
+    let mut reporter = Reporter::new(figures, args.json, started);
+    let interval = args.stats_interval.map(Duration::from_secs);
+    while !wait_readable(&stop, interval) {
+        reporter.report();
+    }
+    ::vhost_user::log(format_args!("stopping"));
+    for thread in threads {
+        let _ = thread.join();
+    }
+    if interval.is_some() {
+        reporter.report();
+    }
+    for iocore in &iocores {
+        iocore.stop();
+    }
+    Ok(())
+}
+
+/// One disk's connection thread: frontends one after another until the stop signal.
+fn serve_disk(
+    index: usize,
+    mut device: ::vhost_user::VhostUserBlk,
+    server: ::vhost_user::Server,
+    stop: OwnedFd,
+    seccomp: SeccompMode,
+) {
+    // This thread reads the disk's frontends' messages from here on.
+    if let Err(e) = sandbox::install(ThreadKind::VhostUserConnection, seccomp) {
+        ::vhost_user::log(format_args!("disk {index}: {e}; not served"));
+        return;
+    }
+    if let Err(e) = server.serve(&mut device, Some(stop.as_fd())) {
+        ::vhost_user::log(format_args!("disk {index} ({}): {e}; no longer served", server.path().display()));
+    }
+}
+
+/// Wait until `fd` is readable (`true`) or `limit` passed (`false`; `None`: no limit).
+fn wait_readable(fd: &OwnedFd, limit: Option<Duration>) -> bool {
+    let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis()).unwrap_or(i32::MAX));
+    let mut pollfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd; poll writes only its `revents`.
+    let n = unsafe { libc::poll(&mut pollfd, 1, ms) };
+    // An error (EINTR cannot happen: the handled signals come through the signalfd) counts as
+    // the stop, so the daemon never spins on it.
+    n != 0
+}
+
+/// How long stopping may take before the daemon exits without finishing: every write a
+/// frontend saw completed is in the disk already (RAM disk pages are in /dev/shm, file writes
+/// in the page cache or, after FLUSH, on the disk), so an orderly stop only tidies up.
+const STOP_GRACE: Duration = Duration::from_millis(1500);
+
+/// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
+/// the process by then: a watchdog thread that polls the same signalfd (the signal stays
+/// pending on it, so the server sees it too).
+fn exit_after_stop_grace(stop: &OwnedFd) -> std::io::Result<()> {
+    let stop = stop.try_clone()?;
+    std::thread::Builder::new().name("stop-watchdog".into()).spawn(move || {
+        let mut pollfd = libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; waits without limit (EINTR cannot happen: the signals this
+        // process handles are blocked and come through the signalfd).
+        while unsafe { libc::poll(&mut pollfd, 1, -1) } <= 0 {}
+        std::thread::sleep(STOP_GRACE);
+        ::vhost_user::log(format_args!(
+            "stopping took more than {} ms; exiting without waiting further",
+            STOP_GRACE.as_millis()
+        ));
+        std::process::exit(0);
+    })?;
+    Ok(())
+}
+
+/// Block SIGINT and SIGTERM and return a signalfd that becomes readable when one arrives.
+fn stop_signals() -> std::io::Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset before use; pthread_sigmask and
+    // signalfd read it; the returned descriptor is checked and then owned.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}

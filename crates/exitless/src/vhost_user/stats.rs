@@ -1,0 +1,132 @@
+//! `--stats-interval`: one line per disk on standard output every interval (and once more when
+//! the daemon stops), as text or, with `--json`, as a JSON object per line. Counts are since the
+//! daemon started; rates and service-time percentiles are over the interval since the previous
+//! line. Service time is from taking a request off the ring to putting it in the used ring, in
+//! log2 buckets of TSC ticks (a percentile is its bucket's upper bound, so within 2x above).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use virtio::latency::Histogram;
+use virtio::limit::{Limits, RateLimiter};
+use virtio::{clock, DeviceStats, DeviceStatsSnapshot};
+
+/// A disk as the statistics see it.
+pub struct DiskFigures {
+    pub socket: PathBuf,
+    pub stats: Arc<DeviceStats>,
+    pub limits: Limits,
+    pub limiter: Option<Arc<RateLimiter>>,
+    pub iocore: usize,
+    last: DeviceStatsSnapshot,
+}
+
+impl DiskFigures {
+    pub fn new(
+        socket: PathBuf,
+        stats: Arc<DeviceStats>,
+        limits: Limits,
+        limiter: Option<Arc<RateLimiter>>,
+        iocore: usize,
+    ) -> DiskFigures {
+        DiskFigures { socket, stats, limits, limiter, iocore, last: DeviceStatsSnapshot::default() }
+    }
+}
+
+/// Prints the figures of every disk.
+pub struct Reporter {
+    disks: Vec<DiskFigures>,
+    json: bool,
+    /// The daemon's start, before any rate limiter was made.
+    started: Instant,
+    last: Instant,
+}
+
+impl Reporter {
+    pub fn new(disks: Vec<DiskFigures>, json: bool, started: Instant) -> Reporter {
+        Reporter { disks, json, started, last: started }
+    }
+
+    /// One line per disk: the counts so far, and rates since the previous call.
+    pub fn report(&mut self) {
+        let now = Instant::now();
+        let uptime = now.duration_since(self.started).as_secs_f64();
+        let interval = now.duration_since(self.last).as_secs_f64().max(1e-9);
+        self.last = now;
+        let json = self.json;
+        let mut out = std::io::stdout().lock();
+        for (index, disk) in self.disks.iter_mut().enumerate() {
+            let snapshot = disk.stats.snapshot();
+            let line = figures(index, disk, &snapshot, uptime, interval);
+            disk.last = snapshot;
+            let _ = if json { writeln!(out, "{line}") } else { writeln!(out, "{}", text(&line)) };
+        }
+        let _ = out.flush();
+    }
+}
+
+fn micros(histogram: &Histogram, permille: u64) -> Option<f64> {
+    histogram.quantile_ticks(permille).map(|t| clock::to_duration(t).as_secs_f64() * 1e6)
+}
+
+fn figures(index: usize, disk: &DiskFigures, now: &DeviceStatsSnapshot, uptime: f64, interval: f64) -> Value {
+    let r = &now.requests;
+    let delta = r.since(&disk.last.requests);
+    let answered = |c: &virtio::RequestCounters| c.completed + c.io_errors + c.rejected;
+    let latency = now.latency.since(&disk.last.latency);
+    json!({
+        "stats": "disk",
+        "disk": index,
+        "socket": disk.socket.display().to_string(),
+        "iocore": disk.iocore,
+        "uptime_s": uptime,
+        "interval_s": interval,
+        "requests": answered(r),
+        "completed": r.completed,
+        "io_errors": r.io_errors,
+        "rejected": r.rejected,
+        "bytes": r.bytes,
+        "needs_reset": now.needs_reset,
+        "iops": answered(&delta) as f64 / interval,
+        "bytes_per_s": delta.bytes as f64 / interval,
+        "p50_us": micros(&latency, 500),
+        "p99_us": micros(&latency, 990),
+        "max_us": micros(&latency, 1000),
+        "iops_limit": disk.limits.iops,
+        "bw_limit": disk.limits.bandwidth,
+        "rate_limit_waits": disk.limiter.as_ref().map_or(0, |l| l.waits()),
+    })
+}
+
+fn text(v: &Value) -> String {
+    let us = |key: &str| v[key].as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
+    let limits = match (v["iops_limit"].as_u64(), v["bw_limit"].as_u64()) {
+        (None, None) => String::new(),
+        (iops, bw) => format!(
+            ", limits iops={} bw={}, {} waits",
+            iops.map_or("-".into(), |n| n.to_string()),
+            bw.map_or("-".into(), |n| n.to_string()),
+            v["rate_limit_waits"]
+        ),
+    };
+    format!(
+        "exitless vhost-user-blk: disk {} ({}, IOCore {}): {} requests, {} bytes, {} I/O errors, {} refused; \
+         last {:.1} s: {:.0} IOPS, {:.1} MB/s, service time p50 {} us p99 {} us max {} us{limits}",
+        v["disk"],
+        v["socket"].as_str().unwrap_or(""),
+        v["iocore"],
+        v["requests"],
+        v["bytes"],
+        v["io_errors"],
+        v["rejected"],
+        v["interval_s"].as_f64().unwrap_or(0.0),
+        v["iops"].as_f64().unwrap_or(0.0),
+        v["bytes_per_s"].as_f64().unwrap_or(0.0) / 1e6,
+        us("p50_us"),
+        us("p99_us"),
+        us("max_us"),
+    )
+}

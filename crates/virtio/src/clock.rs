@@ -1,0 +1,71 @@
+//! A cheap clock for the data path: the time-stamp counter (one `rdtsc`, ~10 ns, no system call)
+//! where the CPU has one, else the monotonic clock. Workers read it once per pass (service-time
+//! histograms, token-bucket refills); [`ticks_per_second`] converts ticks to time.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long the TSC is compared with the monotonic clock to find its rate.
+const CALIBRATION: Duration = Duration::from_millis(20);
+
+/// The clock's current value, in ticks.
+#[inline]
+pub fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc has no preconditions; it reads a counter every x86_64 CPU has.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Ticks per second, measured once (the first call spins for about 20 ms, reading only the
+/// vDSO clock: call it before a thread confines itself, or early, to keep it off a data path).
+pub fn ticks_per_second() -> u64 {
+    static RATE: OnceLock<u64> = OnceLock::new();
+    *RATE.get_or_init(calibrate)
+}
+
+fn calibrate() -> u64 {
+    if cfg!(not(target_arch = "x86_64")) {
+        return 1_000_000_000;
+    }
+    let (start, t0) = (Instant::now(), ticks());
+    while start.elapsed() < CALIBRATION {
+        std::hint::spin_loop();
+    }
+    let (elapsed, t1) = (start.elapsed(), ticks());
+    let rate = u128::from(t1.wrapping_sub(t0)) * 1_000_000_000 / elapsed.as_nanos().max(1);
+    u64::try_from(rate).unwrap_or(u64::MAX).max(1)
+}
+
+/// `ticks` as a duration.
+pub fn to_duration(ticks: u64) -> Duration {
+    let nanos = u128::from(ticks) * 1_000_000_000 / u128::from(ticks_per_second());
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clock_runs_at_its_measured_rate() {
+        let rate = ticks_per_second();
+        let (t0, start) = (ticks(), Instant::now());
+        std::thread::sleep(Duration::from_millis(50));
+        let (t1, wall) = (ticks(), start.elapsed());
+        let measured = to_duration(t1 - t0);
+        let ratio = measured.as_secs_f64() / wall.as_secs_f64();
+        assert!((0.9..1.1).contains(&ratio), "rate {rate}: {measured:?} of ticks for {wall:?}");
+    }
+}
