@@ -280,3 +280,29 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
     let exits = (count("exits") - count("irq_exits") - 1.0) / ops as f64;
     assert!(exits < 0.05, "{exits} exits per request besides host interrupts: {phase}");
 }
+
+#[test]
+fn guest_memory_shared_from_huge_pages_works_or_says_what_is_missing() {
+    let _one = one_at_a_time();
+    let free: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("huge.sock");
+    let file = disk_file(dir.path(), "huge.img");
+    let daemon = Daemon::start(dir.path(), &["--disk".to_string(), daemon_disk(&socket, &file)], &[&socket]);
+    // A memfd with MFD_HUGETLB, mapped by the daemon too; 48 MiB is 24 pages (see run_probe.rs).
+    let mut args = run_args(&socket, "exitless", &verify_cmdline(400));
+    args.extend(["--mem", "48M", "--hugepages"].map(String::from));
+    let out = exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    if free >= 24 {
+        assert_verified(&out, &format!("huge pages; daemon: {}", daemon.log()));
+        assert_holds_pattern(&file, 400, 300);
+    } else {
+        assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+        assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));
+    }
+}
