@@ -96,10 +96,13 @@ pub struct RunArgs {
 #[derive(Args, Clone)]
 pub struct IoArgs {
     /// A virtio-blk disk (repeat for more): `path=FILE[,readonly][,direct]` (raw file through
-    /// io_uring), `ram=SIZE` (a new RAM disk), or `ram,path=FILE[,readonly]` (an existing
-    /// /dev/shm file, shared with the host).
-    #[arg(long = "disk", value_name = "SPEC", value_parser = crate::disk::parse)]
-    pub disks: Vec<vmm::DiskBackend>,
+    /// io_uring), `ram=SIZE` (a new RAM disk), `ram,path=FILE[,readonly]` (an existing
+    /// /dev/shm file, shared with the host), or `vhost-user=SOCKET` (served by a vhost-user
+    /// daemon such as `exitless vhost-user-blk`; guest memory is then a shared memfd, and the
+    /// daemon's --io-mode decides how it serves: --io-mode here only picks the guest's side).
+    /// vhost-user disks come after the others on the bus.
+    #[arg(long = "disk", value_name = "SPEC", value_parser = crate::disk::parse_run)]
+    pub disks: Vec<crate::disk::RunDisk>,
     /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.
     /// The tap is opened if it exists, created (and brought up) otherwise, in network namespace
     /// NAME (`ip netns add NAME`) or in ours. Frames are at most 1518 bytes (no offloads).
@@ -108,7 +111,9 @@ pub struct IoArgs {
     /// How disk and network I/O is served: trap (MMIO exit to user space), eventfd (ioeventfd + I/O thread +
     /// irqfd), pv-eoi (eventfd with paravirtual EOI), sidecore (IOCore polls the rings: no
     /// notification exits), exitless (sidecore, and the guest polls: no exit per I/O), adaptive
-    /// (polls under load, sleeps on notifications when idle).
+    /// (polls under load, sleeps on notifications when idle). For vhost-user disks only the
+    /// guest's half applies (interrupts: eventfd, pv-eoi, sidecore; polling: exitless,
+    /// adaptive; trap is refused).
     #[arg(long, value_name = "MODE", default_value = "exitless")]
     pub io_mode: IoModeArg,
     /// Pin the IOCore (polling or I/O thread) to this host CPU.
