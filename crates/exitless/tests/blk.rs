@@ -3,12 +3,9 @@
 
 mod common;
 
-use std::path::Path;
-
 use std::time::Duration;
 
 use common::{exitless, exitless_within, json_lines, line_with, stderr};
-use probe_abi::pattern;
 use serde_json::Value;
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
@@ -28,16 +25,6 @@ fn disk_file(dir: &str) -> tempfile::TempPath {
     let file = tempfile::Builder::new().prefix("exitless-blk-test").tempfile_in(dir).unwrap();
     file.as_file().set_len(DISK_BYTES).unwrap();
     file.into_temp_path()
-}
-
-/// The first `blocks` 4 KiB blocks of `path` hold the pattern the probe writes with `seed`.
-fn assert_holds_pattern(path: &Path, seed: u64, blocks: u64) {
-    let bytes = std::fs::read(path).unwrap();
-    let written = &bytes[..(blocks * 4096) as usize];
-    for (block, data) in written.chunks_exact(4096).enumerate() {
-        assert!(pattern::check(seed, block as u64 * 8, data), "block {block} of {} differs", path.display());
-    }
-    assert!(bytes[written.len()..].iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed");
 }
 
 /// `exitless run --probe ... --stats --json`, the guest stopped after `guest_timeout` seconds and
@@ -102,7 +89,7 @@ fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_gues
             assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
             assert_eq!(result["flush"], true, "{mode} {backend}: FLUSH offered and answered");
             assert_eq!(result["id"], "exitless-disk0");
-            assert_holds_pattern(&path, seed, 300);
+            common::assert_holds_only_pattern(&path, seed, 300);
         }
     }
 }
@@ -124,7 +111,7 @@ fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
         assert_eq!(result["mismatches"], 0, "{mode}: {result}");
         assert_eq!(result["errors"], 0, "{mode}: {result}");
         assert_eq!(result["flush"], true, "{mode}: FLUSH offered and answered");
-        assert_holds_pattern(&file, seed, 300);
+        common::assert_holds_only_pattern(&file, seed, 300);
     }
 }
 

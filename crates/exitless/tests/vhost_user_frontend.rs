@@ -12,7 +12,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{exitless_within, json_lines, line_with, stderr, stdout};
-use probe_abi::pattern;
 use serde_json::Value;
 
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
@@ -76,16 +75,6 @@ fn disk_file(dir: &Path, name: &str) -> PathBuf {
 /// `--disk socket=SOCK,path=FILE,direct` for the daemon.
 fn daemon_disk(socket: &Path, file: &Path) -> String {
     format!("socket={},path={},direct", socket.display(), file.display())
-}
-
-/// The first `blocks` 4 KiB blocks of `path` hold the pattern the probe writes with `seed`.
-fn assert_holds_pattern(path: &Path, seed: u64, blocks: u64) {
-    let bytes = std::fs::read(path).unwrap();
-    let written = &bytes[..(blocks * 4096) as usize];
-    for (block, data) in written.chunks_exact(4096).enumerate() {
-        assert!(pattern::check(seed, block as u64 * 8, data), "block {block} of {} differs", path.display());
-    }
-    assert!(bytes[written.len()..].iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed");
 }
 
 fn run_args(socket: &Path, guest_mode: &str, cmdline: &str) -> Vec<String> {
@@ -155,7 +144,7 @@ fn verify_through_the_daemon_in_its_sidecore_and_eventfd_modes_polled_and_interr
             let out = run_vm(&socket, guest_mode, &verify_cmdline(seed));
             assert_verified(&out, &format!("{what}; daemon: {}", daemon.log()));
             assert_eq!(line_with(&out, "probe", "blk")["completion"], completion, "{what}");
-            assert_holds_pattern(&file, seed, 300);
+            common::assert_holds_only_pattern(&file, seed, 300);
         }
     }
 }
@@ -187,7 +176,7 @@ fn two_vms_share_one_daemon_and_its_one_iocore() {
     for (i, run) in runs.into_iter().enumerate() {
         let out = run.join().unwrap();
         assert_verified(&out, &format!("VM {i}; daemon: {}", daemon.log()));
-        assert_holds_pattern(&disks[i].1, 300 + i as u64, 300);
+        common::assert_holds_only_pattern(&disks[i].1, 300 + i as u64, 300);
     }
     // Both were connected at once: one daemon, two frontends.
     assert_eq!(daemon.log().matches("frontend connected").count(), 2, "{}", daemon.log());
@@ -300,7 +289,7 @@ fn guest_memory_shared_from_huge_pages_works_or_says_what_is_missing() {
     let out = exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>());
     if free >= 24 {
         assert_verified(&out, &format!("huge pages; daemon: {}", daemon.log()));
-        assert_holds_pattern(&file, 400, 300);
+        common::assert_holds_only_pattern(&file, 400, 300);
     } else {
         assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
         assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));

@@ -11,7 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use probe_abi::pattern;
 use serde_json::Value;
 
 /// A guest that has not finished by then is stuck.
@@ -198,15 +197,6 @@ fn disk_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
     path
 }
 
-/// The first `blocks` 4 KiB blocks of `path` hold the pattern the probe's `verify` writes with
-/// `seed`.
-fn assert_holds_pattern(path: &Path, seed: u64, blocks: u64) {
-    let bytes = std::fs::read(path).unwrap();
-    for (block, data) in bytes[..(blocks * 4096) as usize].chunks_exact(4096).enumerate() {
-        assert!(pattern::check(seed, block as u64 * 8, data), "block {block} of {} differs", path.display());
-    }
-}
-
 fn verify_cmdline(seed: u64, blocks: u64) -> String {
     format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed}")
 }
@@ -240,14 +230,14 @@ fn two_guests_share_one_iocore_and_one_killed_mid_io_costs_the_other_nothing() {
     assert!(guest_b.running(), "B must still be doing I/O when A is killed: {}", guest_b.console());
     guest_a.kill();
     assert_verified(&guest_b.finish(), blocks_b);
-    assert_holds_pattern(&b, seed_b, blocks_b);
+    common::assert_holds_pattern(&b, seed_b, blocks_b);
     daemon.assert_alive();
 
     // A's frontend comes back and is served.
     let seed_a = 0xa;
     let result = Guest::start(&elf, &sa, &verify_cmdline(seed_a, 300), dir.join("a2.out")).finish();
     assert_verified(&result, 300);
-    assert_holds_pattern(&a, seed_a, 300);
+    common::assert_holds_pattern(&a, seed_a, 300);
     let (log, stats) = daemon.stop();
     assert_eq!(log.matches("a.sock: frontend connected").count(), 2, "{log}");
     assert!(log.contains("listening on") && log.contains("IOCore 0 of 1"), "{log}");
@@ -301,7 +291,7 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
         sent += 1;
     }
     assert_verified(&guest.finish(), blocks);
-    assert_holds_pattern(&a, seed, blocks);
+    common::assert_holds_pattern(&a, seed, blocks);
     daemon.assert_alive();
     // The disk that was attacked serves a well-behaved frontend next.
     let result = Guest::start(&elf, &sb, &verify_cmdline(7, 300), dir.join("b.out")).finish();
@@ -443,8 +433,8 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
         let on_loop = Guest::start(&elf, &sl, &verify_cmdline(seed + 1, 1024), dir.join("loop.out"));
         assert_verified(&on_file.finish(), 1024);
         assert_verified(&on_loop.finish(), 1024);
-        assert_holds_pattern(&file, seed, 1024);
-        assert_holds_pattern(&backing, seed + 1, 1024);
+        common::assert_holds_pattern(&file, seed, 1024);
+        common::assert_holds_pattern(&backing, seed + 1, 1024);
         let (_log, stats) = daemon.stop();
         assert!(stats.iter().all(|disk| disk["io_errors"] == 0), "{mode}: {stats:?}");
     }

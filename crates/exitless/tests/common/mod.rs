@@ -145,3 +145,22 @@ impl Drop for LoopDevice {
         let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
     }
 }
+
+/// The first `blocks` 4 KiB blocks of `path` hold the pattern the probe's `verify` writes with
+/// `seed`.
+pub fn assert_holds_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
+    let bytes = std::fs::read(path).unwrap();
+    let written = &bytes[..(blocks * 4096) as usize];
+    for (block, data) in written.chunks_exact(4096).enumerate() {
+        let sector = block as u64 * 8;
+        assert!(probe_abi::pattern::check(seed, sector, data), "block {block} of {} differs", path.display());
+    }
+}
+
+/// As `assert_holds_pattern`, and every byte after those blocks is still zero.
+pub fn assert_holds_only_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
+    assert_holds_pattern(path, seed, blocks);
+    let bytes = std::fs::read(path).unwrap();
+    let rest = &bytes[(blocks * 4096) as usize..];
+    assert!(rest.iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed in {}", path.display());
+}
