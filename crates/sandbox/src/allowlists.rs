@@ -16,6 +16,15 @@ const KVM_RUN: u64 = 0xae80;
 /// `_IOR(KVMIO, 0x81, struct kvm_regs)`: read after a KVM internal error, for the report.
 const KVM_GET_REGS: u64 = ioc_read(0xae, 0x81, std::mem::size_of::<kvm_bindings::kvm_regs>());
 
+/// `_IOW(KVMIO, 0x61, struct kvm_irq_level)`: a device's interrupt, raised by the thread that
+/// completes its requests (vmm's `IrqLine`).
+const KVM_IRQ_LINE: u64 = ioc_write(0xae, 0x61, std::mem::size_of::<kvm_bindings::kvm_irq_level>());
+
+const fn ioc_write(kind: u64, nr: u64, size: usize) -> u64 {
+    const IOC_WRITE: u64 = 1;
+    (IOC_WRITE << 30) | ((size as u64) << 16) | (kind << 8) | nr
+}
+
 const fn ioc_read(kind: u64, nr: u64, size: usize) -> u64 {
     const IOC_READ: u64 = 2;
     (IOC_READ << 30) | ((size as u64) << 16) | (kind << 8) | nr
@@ -106,7 +115,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         ThreadKind::Vcpu => {
             allow(&mut rules, THREAD_START);
             allow(&mut rules, &[libc::SYS_pread64, libc::SYS_io_uring_enter, libc::SYS_close]);
-            one_of(&mut rules, libc::SYS_ioctl, 1, &[KVM_RUN, KVM_GET_REGS])?;
+            // In trap mode the vCPU completes requests, and raises their interrupts, itself.
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[KVM_RUN, KVM_GET_REGS, KVM_IRQ_LINE])?;
             // The new thread names itself and installs its own filter.
             one_of(
                 &mut rules,
@@ -123,7 +133,10 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             // messages with descriptors, each wait bounded by poll.
             allow(&mut rules, VHOST_USER_FRONTEND);
         }
-        ThreadKind::IoCore => allow(&mut rules, IOCORE),
+        ThreadKind::IoCore => {
+            allow(&mut rules, IOCORE);
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[KVM_IRQ_LINE])?;
+        }
         ThreadKind::VhostUserIoCore => {
             allow(&mut rules, IOCORE);
             allow(&mut rules, DESCRIPTOR_CHECKS);

@@ -444,7 +444,10 @@ impl Session<'_> {
         let (Some(call), Some(err)) = (vring.call.clone(), vring.err.clone()) else {
             return Ok(());
         };
-        let interrupt = InterruptLine::new(Arc::new(AtomicU32::new(0)), Some(call));
+        let interrupt = InterruptLine::new(
+            Arc::new(AtomicU32::new(0)),
+            Some(call as Arc<dyn virtio::interrupt::Trigger>),
+        );
         let signals = DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false)))
             .with_error_notifier(err)
             .with_stats(self.device.stats.clone());

@@ -9,16 +9,28 @@ use vmm_sys_util::eventfd::EventFd;
 pub const INT_USED_BUFFER: u32 = 1;
 pub const INT_CONFIG_CHANGE: u32 = 2;
 
+/// What raises a device's interrupt in the guest: an irqfd (an eventfd KVM listens to), or a
+/// line the VMM drives itself.
+pub trait Trigger: Send + Sync {
+    fn trigger(&self);
+}
+
+impl Trigger for EventFd {
+    fn trigger(&self) {
+        // Fails only if the counter would overflow, when the interrupt is pending anyway.
+        let _ = self.write(1);
+    }
+}
+
 #[derive(Clone)]
 pub struct InterruptLine {
     status: Arc<AtomicU32>,
-    /// Raises the device's interrupt (an irqfd registered with KVM); `None` in unit tests that
-    /// only look at the status bits.
-    irq: Option<Arc<EventFd>>,
+    /// Raises the device's interrupt; `None` in unit tests that only look at the status bits.
+    irq: Option<Arc<dyn Trigger>>,
 }
 
 impl InterruptLine {
-    pub fn new(status: Arc<AtomicU32>, irq: Option<Arc<EventFd>>) -> Self {
+    pub fn new(status: Arc<AtomicU32>, irq: Option<Arc<dyn Trigger>>) -> Self {
         InterruptLine { status, irq }
     }
 
@@ -44,8 +56,7 @@ impl InterruptLine {
     /// Interrupt the driver.
     pub fn fire(&self) {
         if let Some(irq) = &self.irq {
-            // Fails only if the counter would overflow, when the interrupt is pending anyway.
-            let _ = irq.write(1);
+            irq.trigger();
         }
     }
 }

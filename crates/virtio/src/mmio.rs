@@ -112,13 +112,13 @@ pub struct MmioTransport {
 }
 
 impl MmioTransport {
-    /// `irq` raises the transport's interrupt line (an irqfd); `None` only in tests. `stats`
+    /// `irq` raises the transport's interrupt line; `None` only in tests. `stats`
     /// names the device in logs and counts what its workers do.
     pub fn new(
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
         runner: Runner,
-        irq: Option<Arc<EventFd>>,
+        irq: Option<Arc<dyn crate::interrupt::Trigger>>,
         stats: Arc<DeviceStats>,
     ) -> MmioTransport {
         let interrupt_status = Arc::new(AtomicU32::new(0));

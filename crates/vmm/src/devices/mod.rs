@@ -1,6 +1,7 @@
 //! Legacy and test devices on the vCPU exit path, and the bus that routes exits to them.
 
 pub mod console;
+pub mod irq_line;
 pub mod serial;
 pub mod testdev;
 pub mod vhost_user_blk;

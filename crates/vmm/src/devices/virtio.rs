@@ -10,12 +10,14 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use storage::{BackendError, DiskSpec};
 use thiserror::Error;
 use virtio::block::Block;
+use virtio::interrupt::Trigger;
 use virtio::mmio::{MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
 use virtio::net::Net;
 use virtio::{DeviceStats, VirtioDevice, WorkerHost};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::irq_line::IrqLine;
 use super::vhost_user_blk::{VhostUserBlk, VhostUserDisk, VhostUserError, VhostUserInfo};
 
 /// The first transport's MMIO window (in the 3-4 GiB hole; the next one follows it).
@@ -118,6 +120,8 @@ pub enum DeviceError {
     Kvm { index: usize, what: &'static str, source: kvm_ioctls::Error },
     #[error("cannot create an eventfd: {0}")]
     EventFd(#[source] std::io::Error),
+    #[error("cannot open virtio device {index}'s interrupt line (a copy of the VM's descriptor): {source}")]
+    IrqLine { index: usize, source: std::io::Error },
     #[error("vhost-user disk {index}: {source}")]
     VhostUser { index: usize, source: VhostUserError },
     #[error(
@@ -141,8 +145,7 @@ pub struct VirtioSlot {
     pub stats: Arc<DeviceStats>,
     /// For a vhost-user disk, what the VMM knows of it.
     pub vhost_user: Option<Arc<VhostUserInfo>>,
-    // Kept open for the VM's lifetime: KVM holds them as irqfd and ioeventfd.
-    _irq_fd: Arc<EventFd>,
+    // Kept open for the VM's lifetime: KVM holds it as an ioeventfd.
     _notify_fd: Option<Arc<EventFd>>,
 }
 
@@ -261,8 +264,6 @@ impl VirtioDevices {
             let kvm = |what| move |source| DeviceError::Kvm { index, what, source };
             let base = VIRTIO_MMIO_BASE + index as u64 * MMIO_SIZE;
             let irq = VIRTIO_FIRST_IRQ + index as u32;
-            let irq_fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
-            vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
             let (kind, kind_slot) = match model {
                 Model::Disk(_) => ("virtio-blk", 0),
                 Model::VhostUser(_) => ("vhost-user-blk", 1),
@@ -272,11 +273,20 @@ impl VirtioDevices {
             kind_counts[kind_slot] += 1;
             let stats = Arc::new(DeviceStats::new(format!("{kind} {kind_index}")));
             let mut vhost_user_info = None;
-            let (device, runner, notify_fd): (Box<dyn VirtioDevice>, Runner, Option<Arc<EventFd>>) =
+            // The VMM's own devices raise their interrupt line themselves (see `irq_line`); a
+            // vhost-user daemon can only write an irqfd.
+            let own_line = || -> Result<Arc<dyn Trigger>, DeviceError> {
+                let line = IrqLine::new(vm, irq).map_err(|source| DeviceError::IrqLine { index, source })?;
+                Ok(Arc::new(line))
+            };
+            let (device, runner, notify_fd, interrupt): (Box<dyn VirtioDevice>, Runner, _, Arc<dyn Trigger>) =
                 match model {
                     Model::VhostUser(disk) => {
                         // The daemon serves the queue: the notification goes to it through the
                         // ioeventfd, and it interrupts through the irqfd.
+                        let irq_fd =
+                            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
+                        vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
                         let notify =
                             Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
                         let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
@@ -286,7 +296,7 @@ impl VirtioDevices {
                             VhostUserBlk::connect(disk, notify.clone(), irq_fd.clone(), watch_filter.clone())
                                 .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
                         vhost_user_info = Some(device.info());
-                        (Box::new(device), Runner::OnNotify, Some(notify))
+                        (Box::new(device), Runner::OnNotify, Some(notify), irq_fd)
                     }
                     Model::Disk(disk) => {
                         let backend = disk
@@ -294,18 +304,17 @@ impl VirtioDevices {
                             .map_err(|source| DeviceError::Backend { index: kind_index, source })?;
                         let device = Box::new(Block::new(backend, &format!("exitless-disk{kind_index}")));
                         let (runner, notify) = local_runner(vm, &iocore, mode, true, base, index)?;
-                        (device, runner, notify)
+                        (device, runner, notify, own_line()?)
                     }
                     Model::Net(net) => {
                         let tap = tap::Tap::open(&net.tap, net.netns.as_deref())
                             .map_err(|source| DeviceError::Tap { index: kind_index, source })?;
                         let device = Box::new(Net::new(Box::new(tap), net.mac));
                         let (runner, notify) = local_runner(vm, &iocore, mode, false, base, index)?;
-                        (device, runner, notify)
+                        (device, runner, notify, own_line()?)
                     }
                 };
-            let transport =
-                MmioTransport::new(device, mem.clone(), runner, Some(irq_fd.clone()), stats.clone());
+            let transport = MmioTransport::new(device, mem.clone(), runner, Some(interrupt), stats.clone());
             slots.push(VirtioSlot {
                 base,
                 irq,
@@ -314,7 +323,6 @@ impl VirtioDevices {
                 index: kind_index,
                 stats,
                 vhost_user: vhost_user_info,
-                _irq_fd: irq_fd,
                 _notify_fd: notify_fd,
             });
         }
