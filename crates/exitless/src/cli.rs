@@ -96,10 +96,13 @@ pub struct RunArgs {
 #[derive(Args, Clone)]
 pub struct IoArgs {
     /// A virtio-blk disk (repeat for more): `path=FILE[,readonly][,direct]` (raw file through
-    /// io_uring), `ram=SIZE` (a new RAM disk), or `ram,path=FILE[,readonly]` (an existing
-    /// /dev/shm file, shared with the host).
-    #[arg(long = "disk", value_name = "SPEC", value_parser = crate::disk::parse)]
-    pub disks: Vec<vmm::DiskBackend>,
+    /// io_uring), `ram=SIZE` (a new RAM disk), `ram,path=FILE[,readonly]` (an existing
+    /// /dev/shm file, shared with the host), or `vhost-user=SOCKET` (served by a vhost-user
+    /// daemon such as `exitless vhost-user-blk`; guest memory is then a shared memfd, and the
+    /// daemon's --io-mode decides how it serves: --io-mode here only picks the guest's side).
+    /// vhost-user disks come after the others on the bus.
+    #[arg(long = "disk", value_name = "SPEC", value_parser = crate::disk::parse_run)]
+    pub disks: Vec<crate::disk::RunDisk>,
     /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.
     /// The tap is opened if it exists, created (and brought up) otherwise, in network namespace
     /// NAME (`ip netns add NAME`) or in ours. Frames are at most 1518 bytes (no offloads).
@@ -108,7 +111,9 @@ pub struct IoArgs {
     /// How disk and network I/O is served: trap (MMIO exit to user space), eventfd (ioeventfd + I/O thread +
     /// irqfd), pv-eoi (eventfd with paravirtual EOI), sidecore (IOCore polls the rings: no
     /// notification exits), exitless (sidecore, and the guest polls: no exit per I/O), adaptive
-    /// (polls under load, sleeps on notifications when idle).
+    /// (polls under load, sleeps on notifications when idle). For vhost-user disks only the
+    /// guest's half applies (interrupts: eventfd, pv-eoi, sidecore; polling: exitless,
+    /// adaptive; trap is refused).
     #[arg(long, value_name = "MODE", default_value = "exitless")]
     pub io_mode: IoModeArg,
     /// Pin the IOCore (polling or I/O thread) to this host CPU.
@@ -165,14 +170,36 @@ pub struct BenchArgs {
 
 const BENCH_HELP: &str = "\
 Without a scenario, `exitless bench` runs the probe guest's block workload on a virtio-blk disk
-in every I/O mode of the ladder (trap, eventfd, pv-eoi, sidecore, exitless, adaptive), and the
-same workload on the host with fio (O_DIRECT, psync and io_uring, one job pinned to one core;
-the better counts) against the very same file, and in QEMU-KVM (--peers qemu, the default): its
-own virtio-blk on an iothread with interrupt and with polled completion, and with exitless's
-vhost-user-blk backend. Per row: IOPS, p50/p99 latency, exits per I/O by cause (KVM's
-statistics between two marks around the measured phase; QEMU's through QMP query-stats), cores
-used (vCPU plus IOCore CPU time over wall time), the ratio to bare metal and to QEMU's best.
-Progress goes to standard error.
+in every I/O mode of the ladder (trap, eventfd, pv-eoi, sidecore, exitless, adaptive), the same
+workload on the host with fio against the very same file (the bare-metal baseline: O_DIRECT, one
+job allowed the vCPU's and the IOCore's CPUs, the best of psync, libaio and io_uring; the row
+says which won), and in QEMU-KVM (--peers qemu, the default): its own virtio-blk on an iothread
+with interrupt and with polled completion, QEMU with exitless's vhost-user-blk backend, and QEMU
+with qemu-storage-daemon's vhost-user-blk export (its own iothread, pinned to the IOCore's CPU).
+
+Disks (--disk, repeatable; the default is `--disk scratch --disk ram=1G`, the real disk first):
+  scratch[=SIZE]     a real disk: a file of SIZE (default 1G) in --scratch DIR, written with data
+                     once and kept for later runs, served with O_DIRECT; DIR must be a writable
+                     directory on a real file system (not tmpfs or ramfs)
+  ram=SIZE           a RAM disk: a new /dev/shm file filled with data, removed at the end; a null
+                     device that shows the I/O path's own cost (fio's mmap engine adds a row with
+                     the device's own speed, a memory copy with no system call)
+  ram,path=FILE      an existing /dev/shm file
+  path=FILE[,direct] an existing file through io_uring (direct: O_DIRECT)
+Naming --disk replaces the default pair.
+
+Per row: IOPS, p50/p99 latency, the latency it adds per I/O (its p50 less bare metal's), exits
+per I/O by cause (KVM's statistics between two marks around the measured phase; QEMU's through
+QMP query-stats), cores used (vCPU plus IOCore CPU time over wall time; QEMU's plus its
+backend's), the ratio to bare metal and to QEMU's best configuration.
+
+Defaults: 4 KiB random reads at queue depths 1 and 32 on both disks, each run (guest or fio)
+measuring --duration-ms 1000 after --warmup 2000 requests: 54 runs, about 1.5 minutes on a 2-CPU
+host (plus writing the real disk's file the first time).
+One progress line per run goes to standard error, with an estimate of the time left. A bad
+--scratch ends the bench at once with status 2. A guest run that fails (or hangs past duration +
+warm-up ms + 15 s) is run once more and its row says so; one that fails twice leaves a row that
+says why, and the bench ends with status 125 after printing its report.
 
 `exitless bench net` measures the network ladder, `exitless bench exitcost` what each kind of
 exit costs.";
@@ -194,28 +221,33 @@ pub struct BlkBenchArgs {
     /// I/O modes to measure.
     #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
     pub modes: Vec<IoModeArg>,
-    /// The disk: `ram=SIZE` (a new RAM disk in /dev/shm, filled with data first, shared with
-    /// fio), `ram,path=FILE` (an existing /dev/shm file) or `path=FILE[,direct]` (an existing file
-    /// through io_uring). Write workloads overwrite what is there.
-    #[arg(long, value_name = "SPEC", default_value = "ram=1G", value_parser = crate::disk::parse)]
-    pub disk: vmm::DiskBackend,
-    /// How long each measured run lasts, in milliseconds.
+    /// A disk to measure (repeat for more; see below): `scratch[=SIZE]` (a real disk: a file in
+    /// --scratch DIR, O_DIRECT), `ram=SIZE` (a new RAM disk), `ram,path=FILE` or
+    /// `path=FILE[,direct]`. Write workloads overwrite what is there.
+    #[arg(long = "disk", value_name = "SPEC", default_values = ["scratch", "ram=1G"], value_parser = parse_bench_disk)]
+    pub disks: Vec<BenchDiskArg>,
+    /// Where the real disk's file lives (default: the system's temporary directory, $TMPDIR or
+    /// /tmp); a writable directory on a real file system, not tmpfs.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// How long each measured run lasts (and each fio run), in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     pub duration_ms: u64,
     /// Unmeasured requests before each run.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub warmup: u64,
-    /// Host CPU for the vCPU (and for fio's job).
+    /// Host CPU for the vCPU (fio's job may use it and the IOCore's).
     #[arg(long, value_name = "CPU", default_value_t = 0)]
     pub vcpu_cpu: usize,
-    /// Host CPU for the IOCore.
+    /// Host CPU for the IOCore (and for qemu-storage-daemon's threads).
     #[arg(long, value_name = "CPU", default_value_t = 1)]
     pub iocore_cpu: usize,
     /// Skip the bare-metal baseline (fio).
     #[arg(long)]
     pub no_baseline: bool,
     /// Peer VMMs to run the same guest and workload in (`qemu`: its own virtio-blk with
-    /// interrupt and polled completion, and with exitless's vhost-user-blk backend), or `none`.
+    /// interrupt and polled completion, with exitless's vhost-user-blk backend and with
+    /// qemu-storage-daemon's), or `none`.
     #[arg(long, value_delimiter = ',', default_value = "qemu")]
     pub peers: Vec<Peer>,
     /// Also draw the results: one SVG per scenario in DIR (made if missing), named after it
@@ -227,6 +259,37 @@ pub struct BlkBenchArgs {
     pub output: ReportFormat,
     #[command(flatten)]
     pub seccomp: crate::seccomp::SeccompArgs,
+}
+
+/// One of the block bench's disks (`--disk`).
+#[derive(Clone, Debug)]
+pub enum BenchDiskArg {
+    /// A file of `size` bytes in the scratch directory, on a real disk, used with O_DIRECT.
+    Scratch { size: u64 },
+    /// A disk as `exitless run --disk` takes it.
+    Disk(vmm::DiskBackend),
+}
+
+impl BenchDiskArg {
+    /// Whether it is a RAM disk (memory, not a device).
+    pub fn is_ram(&self) -> bool {
+        matches!(self, BenchDiskArg::Disk(vmm::DiskBackend::Ram { .. } | vmm::DiskBackend::RamFile { .. }))
+    }
+}
+
+fn parse_bench_disk(text: &str) -> Result<BenchDiskArg, String> {
+    let size = match text.strip_prefix("scratch") {
+        None => return crate::disk::parse(text).map(BenchDiskArg::Disk),
+        Some("") => 1 << 30,
+        Some(rest) => match rest.strip_prefix('=') {
+            Some(size) => crate::size::parse(size)?,
+            None => return Err(format!("unknown disk `{text}`: `scratch` or `scratch=SIZE`")),
+        },
+    };
+    if size == 0 || !size.is_multiple_of(1 << 20) {
+        return Err(format!("scratch disk size {size} is not a non-zero multiple of 1 MiB"));
+    }
+    Ok(BenchDiskArg::Scratch { size })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -5,10 +5,34 @@
 //! - `ram=SIZE`: a new RAM disk of SIZE bytes (e.g. 1G), gone when the VM ends.
 //! - `ram,path=FILE[,readonly]`: an existing file on a memory file system (/dev/shm), mapped
 //!   and shared with the host, so host tools read the very same bytes.
+//! - `vhost-user=SOCKET` (`exitless run` only): a disk a vhost-user daemon serves.
 
 use std::path::PathBuf;
 
 use storage::DiskSpec as DiskBackend;
+use vmm::VhostUserDisk;
+
+/// One `exitless run --disk`: served by the VMM, or by a vhost-user daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunDisk {
+    Local(DiskBackend),
+    VhostUser(VhostUserDisk),
+}
+
+/// `exitless run --disk`: what [`parse`] takes, or `vhost-user=SOCKET` alone.
+pub fn parse_run(text: &str) -> Result<RunDisk, String> {
+    match text.strip_prefix("vhost-user=") {
+        Some("") => Err("`vhost-user=` needs the daemon's socket path".into()),
+        Some(socket) if socket.contains(',') => Err(format!(
+            "`vhost-user={socket}`: a vhost-user disk takes no other options (the daemon's --disk sets them)"
+        )),
+        Some(socket) => Ok(RunDisk::VhostUser(VhostUserDisk { socket: PathBuf::from(socket) })),
+        None if text.split(',').any(|o| o.starts_with("vhost-user")) => {
+            Err("give `vhost-user=SOCKET` on its own, without other disk options".into())
+        }
+        None => parse(text).map(RunDisk::Local),
+    }
+}
 
 pub fn parse(text: &str) -> Result<DiskBackend, String> {
     let mut path = None;
@@ -62,6 +86,20 @@ mod tests {
             parse("ram,path=/dev/shm/x").unwrap(),
             DiskBackend::RamFile { path: "/dev/shm/x".into(), read_only: false }
         );
+    }
+
+    #[test]
+    fn vhost_user_disks_are_a_socket_alone() {
+        assert_eq!(
+            parse_run("vhost-user=/tmp/a.sock").unwrap(),
+            RunDisk::VhostUser(VhostUserDisk { socket: "/tmp/a.sock".into() })
+        );
+        assert_eq!(parse_run("ram=1G").unwrap(), RunDisk::Local(DiskBackend::Ram { size: 1 << 30 }));
+        for bad in ["vhost-user=", "vhost-user=/a,readonly", "path=/x,vhost-user=/a", "vhost-user"] {
+            assert!(parse_run(bad).is_err(), "{bad} accepted");
+        }
+        // The daemon's own --disk does not chain to another daemon.
+        assert!(parse("vhost-user=/a").is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use serde_json::json;
 use vmm::{ConsoleMode, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig};
 
 use crate::cli::{ExitKind, RunArgs};
+use crate::disk::RunDisk;
 use crate::{fail, probe, status, usage_error};
 
 pub fn main(args: RunArgs) -> i32 {
@@ -65,7 +66,24 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
         cmdline,
         console: ConsoleMode::Stdout,
         timeout: args.timeout.map(Duration::from_secs_f64),
-        disks: args.io.disks.clone(),
+        disks: args
+            .io
+            .disks
+            .iter()
+            .filter_map(|d| match d {
+                RunDisk::Local(disk) => Some(disk.clone()),
+                RunDisk::VhostUser(_) => None,
+            })
+            .collect(),
+        vhost_user_disks: args
+            .io
+            .disks
+            .iter()
+            .filter_map(|d| match d {
+                RunDisk::VhostUser(disk) => Some(disk.clone()),
+                RunDisk::Local(_) => None,
+            })
+            .collect(),
         nets: args.io.nets.iter().enumerate().map(|(i, net)| net.config(args.io.disks.len() + i)).collect(),
         io_mode: args.io.io_mode.into(),
         iocore_cpu: args.io.iocore_cpu,
@@ -142,6 +160,20 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
         let (requests, stats) = (&device.stats.requests, &device.stats);
         let reason =
             stats.first_reset_reason.as_deref().map(|why| format!(" (first: {why})")).unwrap_or_default();
+        if let Some(vu) = &device.vhost_user {
+            eprintln!(
+                "  {} {}: socket={} served by the daemon (requests and interrupts are its to count) \
+                 activations={} features={:#x} daemon_gone={} needs_reset={}{reason}",
+                device.kind,
+                device.index,
+                vu.socket.display(),
+                vu.activations,
+                vu.features,
+                vu.daemon_gone,
+                stats.needs_reset
+            );
+            continue;
+        }
         eprintln!(
             "  {} {}: completed={} io_errors={} rejected={} interrupts={} needs_reset={}{reason}",
             device.kind,
@@ -155,8 +187,27 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
     }
 }
 
-/// A device's counts in `--stats --json`.
+/// A device's counts in `--stats --json`. A vhost-user disk's daemon serves its requests and
+/// raises its interrupts (KVM injects them from the irqfd), so the request counts are `null`
+/// (unknown to the VMM) and `served_by` says where to find them.
 fn device_json(device: &vmm::DeviceReport) -> serde_json::Value {
+    if let Some(vu) = &device.vhost_user {
+        return json!({
+            "device": device.kind,
+            "index": device.index,
+            "served_by": "vhost-user daemon",
+            "socket": vu.socket.display().to_string(),
+            "completed": null,
+            "io_errors": null,
+            "rejected": null,
+            "interrupts": null,
+            "activations": vu.activations,
+            "features": vu.features,
+            "daemon_gone": vu.daemon_gone,
+            "needs_reset": device.stats.needs_reset,
+            "needs_reset_reason": device.stats.first_reset_reason,
+        });
+    }
     let requests = &device.stats.requests;
     json!({
         "device": device.kind,

@@ -1,44 +1,197 @@
-//! `exitless bench`, the project's main job, end to end on its default scenario (shortened):
-//! every I/O mode, the fio baseline and QEMU as a peer, in one JSON document.
+//! `exitless bench`, the project's main job, end to end on its default scenario (shortened): both
+//! disks (a real disk in --scratch and the RAM disk), every I/O mode, the fio baselines and QEMU
+//! (with qemu-storage-daemon) as peers, in one JSON document; and the refusal of a bad --scratch.
 
 mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use common::{exitless, stderr, stdout};
 use serde_json::Value;
 
 #[test]
 fn default_block_bench_with_qemu_peers_reports_every_row() {
-    let out = exitless(&["bench", "--json", "--duration-ms", "100", "--warmup", "200", "--disk", "ram=64M"]);
+    // /tmp is on the root file system (ext4) here, as a scratch directory must be.
+    let scratch = tempfile::tempdir_in("/tmp").unwrap();
+    let plots = scratch.path().join("plots");
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--duration-ms",
+        "100",
+        "--warmup",
+        "200",
+        "--disk",
+        "scratch=64M",
+        "--disk",
+        "ram=64M",
+        "--scratch",
+        scratch.path().to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
-    for qd in [1, 32] {
-        let rows: Vec<&Value> = results.iter().filter(|r| r["queue_depth"] == qd).collect();
-        for mode in ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"] {
-            let row = rows.iter().find(|r| r["vmm"] == "exitless" && r["mode"] == mode).expect(mode);
-            for field in [
-                "iops",
-                "p50_us",
-                "p99_us",
-                "exits_per_io",
-                "bare_metal_iops",
-                "ratio_to_bare_metal",
-                "cpu_cores_used",
-            ] {
-                assert!(row[field].is_number(), "{mode} qd {qd}: {field} in {row}");
+    assert_eq!(results[0]["disk"], "file", "the real disk comes first");
+    let mut files: Vec<String> =
+        std::fs::read_dir(&plots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    let names = [
+        "file-randread-4k-qd1.svg",
+        "file-randread-4k-qd32.svg",
+        "ram-randread-4k-qd1.svg",
+        "ram-randread-4k-qd32.svg",
+    ];
+    assert_eq!(files, names, "one plot per disk and scenario");
+    assert_eq!(report["disks"].as_array().unwrap().len(), 2, "{}", report["disks"]);
+    for disk in ["file", "ram"] {
+        for qd in [1, 32] {
+            let rows: Vec<&Value> =
+                results.iter().filter(|r| r["queue_depth"] == qd && r["disk"] == disk).collect();
+            let at = format!("{disk} qd {qd}");
+            for mode in ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"] {
+                let row = rows.iter().find(|r| r["vmm"] == "exitless" && r["mode"] == mode).expect(mode);
+                for field in [
+                    "iops",
+                    "p50_us",
+                    "p99_us",
+                    "added_latency_us",
+                    "exits_per_io",
+                    "bare_metal_iops",
+                    "ratio_to_bare_metal",
+                    "ratio_to_qemu",
+                    "cpu_cores_used",
+                ] {
+                    assert!(row[field].is_number(), "{mode} {at}: {field} in {row}");
+                }
+                assert!(row["exits_by_cause"].is_object());
+                let added = row["p50_us"].as_f64().unwrap() - row["added_latency_us"].as_f64().unwrap();
+                let host = rows.iter().find(|r| r["vmm"] == "host").expect("the bare-metal baseline");
+                assert!((added - host["p50_us"].as_f64().unwrap()).abs() < 1e-6, "{row} against {host}");
+                // Only the RAM disk has a device speed (fio mmap) to compare with.
+                assert_eq!(row["ratio_to_device"].is_number(), disk == "ram", "{at}: {row}");
             }
-            assert!(row["exits_by_cause"].is_object());
-            assert!(row["ratio_to_qemu"].is_number(), "{row}");
-        }
-        assert!(rows.iter().any(|r| r["vmm"] == "host"), "the bare-metal baseline");
-        let qemu: Vec<&&Value> = rows.iter().filter(|r| r["vmm"] == "qemu").collect();
-        assert_eq!(qemu.len(), 3, "QEMU's own device two ways and with our vhost-user backend");
-        for row in qemu {
-            assert!(row["iops"].is_number() && row["exits_per_io"].is_number(), "{row}");
-            assert!(row["command"].as_str().unwrap().contains("qemu-system-x86_64 -M microvm"), "{row}");
+            let host = rows.iter().find(|r| r["vmm"] == "host").unwrap();
+            assert!(host["mode"].as_str().unwrap().starts_with("bare metal (fio "), "{host}");
+            let note = host["note"].as_str().unwrap();
+            for engine in ["psync qd 1", "libaio qd", "io_uring qd", "won"] {
+                assert!(note.contains(engine), "{at}: {engine} in {note}");
+            }
+            assert!(host["command"].as_str().unwrap().contains("--cpus_allowed=0,1"), "{host}");
+            assert_eq!(host["added_latency_us"], 0.0, "{host}");
+            let device = rows.iter().find(|r| r["mode"] == "device (fio mmap)");
+            assert_eq!(device.is_some(), disk == "ram", "{at}: the mmap row");
+            if let Some(device) = device {
+                assert!(device["iops"].as_f64().unwrap() > 0.0, "{device}");
+                assert!(device["command"].as_str().unwrap().contains("--ioengine=mmap"), "{device}");
+            }
+            let qemu: Vec<&&Value> = rows.iter().filter(|r| r["vmm"] == "qemu").collect();
+            assert_eq!(qemu.len(), 4, "{at}: QEMU's own device two ways, with our backend and with qsd");
+            for row in &qemu {
+                assert!(row["iops"].is_number() && row["exits_per_io"].is_number(), "{row}");
+                assert!(row["added_latency_us"].is_number() && row["cpu_cores_used"].is_number(), "{row}");
+                assert!(row["command"].as_str().unwrap().contains("qemu-system-x86_64 -M microvm"), "{row}");
+            }
+            let qsd = qemu.iter().find(|r| r["mode"] == "qemu + qemu-storage-daemon, poll").expect("qsd");
+            assert_eq!(qsd["device"], "vhost-user-blk");
+            let command = qsd["command"].as_str().unwrap();
+            assert!(command.starts_with("taskset -c 1 qemu-storage-daemon --blockdev"), "{command}");
+            assert!(
+                command.contains("iothread=iothread0") && command.contains("cache.direct=on"),
+                "{command}"
+            );
         }
     }
     assert!(report["qemu_version"].as_str().unwrap().contains("QEMU"));
+    assert!(report["qemu_storage_daemon_version"].as_str().unwrap().contains("qemu-storage-daemon"));
+    // One progress line per run, each with the time left.
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("] ") && l.ends_with(" left)")).collect();
+    let total = lines.len();
+    assert!(total > 40, "{err}");
+    assert!(
+        lines[0].starts_with(&format!("exitless bench: [1/{total}] bare metal, fio psync, file,")),
+        "{err}"
+    );
+}
+
+/// A mount this test made, unmounted when dropped.
+struct Mount(PathBuf);
+
+impl Mount {
+    fn new(args: &[&str], at: &Path) -> Mount {
+        let status = Command::new("mount").args(args).arg(at).status().expect("run mount");
+        assert!(status.success(), "mount {args:?} {}", at.display());
+        Mount(at.to_path_buf())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// `exitless bench` with `--scratch dir` (a real disk asked for) must stop at once with status 2
+/// and one line that names the problem.
+fn refused(dir: &Path, wanted: &str) {
+    let out = exitless(&["bench", "--json", "--scratch", dir.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("--scratch") && err.contains(wanted), "{wanted} in {err}");
+    assert!(stdout(&out).is_empty());
+}
+
+#[test]
+fn a_bad_scratch_directory_is_refused_on_one_line() {
+    let base = tempfile::tempdir_in("/tmp").unwrap();
+    refused(&base.path().join("missing"), "no such directory");
+    let file = base.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    refused(&file, "not a directory");
+
+    // Read-only: root writes through permissions, so a read-only bind mount of an ext4 directory.
+    let ro = base.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let _bind = Mount::new(&["--bind", ro.to_str().unwrap()], &ro);
+    let remount = Command::new("mount").args(["-o", "remount,bind,ro"]).arg(&ro).status().unwrap();
+    assert!(remount.success(), "remount {} read-only", ro.display());
+    refused(&ro, "read-only");
+
+    let memory = base.path().join("tmpfs");
+    std::fs::create_dir(&memory).unwrap();
+    let _tmpfs = Mount::new(&["-t", "tmpfs", "-o", "size=1M", "tmpfs"], &memory);
+    refused(&memory, "tmpfs");
+}
+
+/// The scratch directory matters only when a real disk is asked for.
+#[test]
+fn a_ram_disk_alone_needs_no_scratch_directory() {
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--disk",
+        "ram=16M",
+        "--scratch",
+        "/nonexistent/exitless",
+        "--modes",
+        "exitless",
+        "--qd",
+        "1",
+        "--peers",
+        "none",
+        "--no-baseline",
+        "--duration-ms",
+        "20",
+        "--warmup",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    assert_eq!(report["results"][0]["disk"], "ram");
 }
 
 /// At the queue size, 256 requests in flight, every VMM serves the probe: exitless's device and
@@ -64,7 +217,7 @@ fn block_bench_at_the_queue_size_runs_in_every_vmm() {
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
-    assert_eq!(guests.len(), 4, "exitless and QEMU's three set-ups: {results:?}");
+    assert_eq!(guests.len(), 5, "exitless and QEMU's four set-ups: {results:?}");
     for row in guests {
         assert_eq!(row["queue_depth"], 256, "{row}");
         assert!(row["iops"].as_f64().unwrap() > 0.0, "{row}");

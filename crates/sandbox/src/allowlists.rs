@@ -95,6 +95,9 @@ const CONNECTION: &[i64] = &[
     libc::SYS_unlink,
 ];
 
+/// A vhost-user frontend's exchanges with its daemon (the vCPU starts and resets the disk).
+const VHOST_USER_FRONTEND: &[i64] = &[libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_poll];
+
 pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
     let mut rules = Rules::new();
     allow(&mut rules, RUNTIME);
@@ -114,8 +117,13 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
                 &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64],
             )?;
             one_of(&mut rules, libc::SYS_seccomp, 0, &[libc::SECCOMP_SET_MODE_FILTER as u64])?;
-            // The interrupting responder gets its own copy of the test device's irqfd.
-            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
+            // The interrupting responder gets its own copy of the test device's irqfd; a
+            // descriptor a vhost-user daemon sends with a reply is made close-on-exec (then
+            // closed: replies carry none).
+            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64, libc::F_SETFD as u64])?;
+            // A vhost-user disk's start (DRIVER_OK) and reset, in the Status write's exit:
+            // messages with descriptors, each wait bounded by poll.
+            allow(&mut rules, VHOST_USER_FRONTEND);
         }
         ThreadKind::IoCore => allow(&mut rules, IOCORE),
         ThreadKind::VhostUserIoCore => {
@@ -145,6 +153,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         // Closes its copy of the irqfd when it ends.
         ThreadKind::PingPong => allow(&mut rules, &[libc::SYS_close]),
+        // Waits on the error eventfd and the socket, drains the eventfd.
+        ThreadKind::VhostUserWatch => allow(&mut rules, &[libc::SYS_poll, libc::SYS_read, libc::SYS_close]),
     }
     Ok(rules)
 }

@@ -41,6 +41,9 @@ pub enum ThreadKind {
     VhostUserConnection,
     /// The test device's ping-pong responder (started by a vCPU on the guest's request).
     PingPong,
+    /// The VMM's watcher of a vhost-user disk: waits for the ring's error eventfd or the
+    /// daemon's hang-up, then flags the device (an irqfd write) and logs a line.
+    VhostUserWatch,
 }
 
 impl fmt::Display for ThreadKind {
@@ -51,6 +54,7 @@ impl fmt::Display for ThreadKind {
             ThreadKind::VhostUserIoCore => "vhost-user IOCore",
             ThreadKind::VhostUserConnection => "vhost-user connection",
             ThreadKind::PingPong => "ping-pong responder",
+            ThreadKind::VhostUserWatch => "vhost-user watcher",
         })
     }
 }

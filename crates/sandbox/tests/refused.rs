@@ -15,12 +15,13 @@ const INSTALLED: &str = "filter installed";
 /// Printed by the child when the forbidden call returned a descriptor.
 const CALL_ALLOWED: &str = "socket() allowed";
 
-const KINDS: [ThreadKind; 5] = [
+const KINDS: [ThreadKind; 6] = [
     ThreadKind::Vcpu,
     ThreadKind::IoCore,
     ThreadKind::VhostUserIoCore,
     ThreadKind::VhostUserConnection,
     ThreadKind::PingPong,
+    ThreadKind::VhostUserWatch,
 ];
 
 fn kind_name(kind: ThreadKind) -> &'static str {
@@ -30,6 +31,7 @@ fn kind_name(kind: ThreadKind) -> &'static str {
         ThreadKind::VhostUserIoCore => "vhost-user-iocore",
         ThreadKind::VhostUserConnection => "vhost-user-connection",
         ThreadKind::PingPong => "pingpong",
+        ThreadKind::VhostUserWatch => "vhost-user-watch",
     }
 }
 

@@ -131,16 +131,17 @@ impl DeviceStats {
     /// Count a NEEDS_RESET and log why; a driver that breaks its queue again after every reset
     /// is logged the first `LOGGED_RESETS` times only, so it cannot flood the host's log.
     fn record_reset(&self, why: QueueError) {
+        self.record_needs_reset("the driver broke a queue, the device needs a reset", &why.to_string());
+    }
+
+    fn record_needs_reset(&self, what: &str, why: &str) {
         const LOGGED_RESETS: u64 = 10;
         let earlier = self.needs_reset.fetch_add(1, Ordering::Relaxed);
         let _ = self.first_reset_reason.set(why.to_string());
         if earlier < LOGGED_RESETS {
             let more =
                 if earlier + 1 == LOGGED_RESETS { " (further resets are counted, not logged)" } else { "" };
-            eprintln!(
-                "exitless: {}: the driver broke a queue, the device needs a reset: {why}{more}",
-                self.name
-            );
+            eprintln!("exitless: {}: {what}: {why}{more}", self.name);
         }
     }
 
@@ -210,6 +211,17 @@ impl DeviceSignals {
         self
     }
 
+    /// The device's backend failed (a vhost-user daemon reported an error or went away): set
+    /// DEVICE_NEEDS_RESET, raise a configuration-change interrupt, log `why` once and count it.
+    pub fn backend_failed(&self, why: &str) {
+        self.interrupt.raise_status(INT_CONFIG_CHANGE);
+        if self.needs_reset.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stats.record_needs_reset("the device needs a reset", why);
+        self.interrupt.fire();
+    }
+
     /// The driver broke the queue: set DEVICE_NEEDS_RESET and tell it (config-change interrupt,
     /// or the error notifier); log why, once per reset, and count it.
     pub fn queue_broken(&self, why: QueueError) {
@@ -274,4 +286,10 @@ pub trait VirtioDevice: Send {
     ) -> Result<Box<dyn QueueWorker>, ActivateError>;
     /// Take back what `activate` handed out (device reset).
     fn deactivate(&mut self, worker: Box<dyn QueueWorker>);
+    /// InterruptStatus bits the transport shows as set while the device runs, whatever the
+    /// driver acknowledged: for a device whose used-buffer interrupts bypass the transport (a
+    /// vhost-user daemon writes the irqfd itself, so the transport never learns of them).
+    fn interrupt_status_while_active(&self) -> u32 {
+        0
+    }
 }

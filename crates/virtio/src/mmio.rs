@@ -171,7 +171,10 @@ impl MmioTransport {
                 self.device.queue_max_sizes().get(self.queue_sel as usize).copied().unwrap_or(0) as u32
             }
             QUEUE_READY => queue.is_some_and(|q| q.ready) as u32,
-            INTERRUPT_STATUS => self.interrupt_status.load(Ordering::Acquire),
+            INTERRUPT_STATUS => {
+                let always = if self.active { self.device.interrupt_status_while_active() } else { 0 };
+                self.interrupt_status.load(Ordering::Acquire) | always
+            }
             STATUS => {
                 let needs_reset = self.needs_reset.load(Ordering::Acquire);
                 self.status | if needs_reset { status::NEEDS_RESET } else { 0 }

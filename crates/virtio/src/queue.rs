@@ -181,6 +181,14 @@ impl Queue {
         &self.mem
     }
 
+    /// Where the descriptor table, available ring and used ring are mapped in this process
+    /// (checked against guest memory when the queue was made): the addresses a vhost-user
+    /// frontend gives its backend (SET_VRING_ADDR), which translates them through the memory
+    /// table.
+    pub fn host_addresses(&self) -> (u64, u64, u64) {
+        (self.desc as u64, self.avail as u64, self.used as u64)
+    }
+
     /// The number of descriptors (a power of two).
     pub fn size(&self) -> u16 {
         self.size

@@ -11,9 +11,12 @@ pub mod vcpu;
 pub mod vm;
 
 pub use devices::console::ConsoleMode;
+pub use devices::vhost_user_blk::VhostUserDisk;
 pub use devices::virtio::{DiskBackend, IoMode, NetConfig};
 pub use iocore::pin_current_thread;
 pub use sandbox::SeccompMode;
 pub use stats::Counters;
 pub use vcpu::{Mark, VcpuReport};
-pub use vm::{tsc_khz, DeviceReport, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};
+pub use vm::{
+    tsc_khz, DeviceReport, DisableExits, Ending, Kernel, RunOutcome, VhostUserReport, Vm, VmConfig, VmError,
+};

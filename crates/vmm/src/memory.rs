@@ -1,11 +1,15 @@
 //! Guest RAM: anonymous memory (optionally 2 MiB huge pages) laid out around the 3-4 GiB hole
-//! where device MMIO, the IOAPIC and the LAPIC live.
+//! where device MMIO, the IOAPIC and the LAPIC live; or, for a VM whose disks a vhost-user daemon
+//! serves, one memfd mapped shared, so the daemon maps the very same pages.
 
+use std::fs::File;
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
 
 use thiserror::Error;
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 /// Start of the MMIO hole below 4 GiB; RAM above this size continues at 4 GiB.
 pub const MMIO_HOLE_START: u64 = 3 << 30;
@@ -33,6 +37,10 @@ pub enum MemoryError {
     Map { size: u64, hugepages: bool, source: vm_memory::mmap::MmapRegionError },
     #[error("cannot assemble guest memory regions: {0}")]
     Regions(#[from] vm_memory::GuestRegionCollectionError),
+    #[error("cannot create the shared guest memory file (memfd{}): {source}", if *.hugepages { " with MFD_HUGETLB" } else { "" })]
+    Memfd { hugepages: bool, source: io::Error },
+    #[error("cannot size the shared guest memory file to {size} bytes: {source}")]
+    Resize { size: u64, source: io::Error },
 }
 
 /// The guest-physical RAM ranges for `size` bytes of RAM.
@@ -46,22 +54,7 @@ pub fn ram_ranges(size: u64) -> Vec<(GuestAddress, u64)> {
 
 /// Allocate `size` bytes of guest RAM.
 pub fn create(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, MemoryError> {
-    if size < MIN_MEM_BYTES {
-        return Err(MemoryError::TooSmall(size));
-    }
-    if size > MAX_MEM_BYTES {
-        return Err(MemoryError::TooLarge(size));
-    }
-    if hugepages {
-        if !size.is_multiple_of(HUGE_PAGE_BYTES) {
-            return Err(MemoryError::HugePageAlignment(size));
-        }
-        let needed = size / HUGE_PAGE_BYTES;
-        let free = free_huge_pages().unwrap_or(0);
-        if free < needed {
-            return Err(MemoryError::NotEnoughHugePages { needed, free });
-        }
-    }
+    check_size(size, hugepages)?;
     let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
     // Without huge pages, reserve lazily; with them, fail now rather than SIGBUS later.
     flags |= if hugepages { libc::MAP_HUGETLB } else { libc::MAP_NORESERVE };
@@ -79,6 +72,64 @@ pub fn create(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, MemoryError
         })
         .collect::<Result<Vec<_>, MemoryError>>()?;
     Ok(GuestMemoryMmap::from_regions(regions)?)
+}
+
+/// Allocate `size` bytes of guest RAM in one memfd (`MFD_HUGETLB` with `hugepages`) mapped
+/// `MAP_SHARED`, the RAM ranges at consecutive offsets of the file: each region then has a file
+/// and an offset to send a vhost-user daemon (SET_MEM_TABLE), which maps the same pages.
+pub fn create_shared(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, MemoryError> {
+    check_size(size, hugepages)?;
+    let mut memfd_flags = libc::MFD_CLOEXEC;
+    if hugepages {
+        memfd_flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
+    }
+    // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"exitless-guest-ram".as_ptr(), memfd_flags) };
+    if fd < 0 {
+        return Err(MemoryError::Memfd { hugepages, source: io::Error::last_os_error() });
+    }
+    // SAFETY: `fd` was just created, is open and nobody else owns it.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(size).map_err(|source| MemoryError::Resize { size, source })?;
+    let file = Arc::new(file);
+    let mut offset = 0;
+    let mut regions = Vec::new();
+    for (base, len) in ram_ranges(size) {
+        // A huge-page memfd is on hugetlbfs: its pages are huge without MAP_HUGETLB, and its
+        // mapping reserves them now (MAP_SHARED), so a short host fails here, not with SIGBUS.
+        let mapping = MmapRegionBuilder::new(len as usize)
+            .with_file_offset(FileOffset::from_arc(file.clone(), offset))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_SHARED)
+            .with_hugetlbfs(hugepages)
+            .build()
+            .map_err(|source| MemoryError::Map { size: len, hugepages, source })?;
+        // The ranges end below 2^41, so the region cannot overflow the address space.
+        regions.push(GuestRegionMmap::new(mapping, base).expect("RAM range within the address space"));
+        offset += len;
+    }
+    Ok(GuestMemoryMmap::from_regions(regions)?)
+}
+
+/// The size limits, and enough free huge pages for `hugepages`.
+fn check_size(size: u64, hugepages: bool) -> Result<(), MemoryError> {
+    if size < MIN_MEM_BYTES {
+        return Err(MemoryError::TooSmall(size));
+    }
+    if size > MAX_MEM_BYTES {
+        return Err(MemoryError::TooLarge(size));
+    }
+    if hugepages {
+        if !size.is_multiple_of(HUGE_PAGE_BYTES) {
+            return Err(MemoryError::HugePageAlignment(size));
+        }
+        let needed = size / HUGE_PAGE_BYTES;
+        let free = free_huge_pages().unwrap_or(0);
+        if free < needed {
+            return Err(MemoryError::NotEnoughHugePages { needed, free });
+        }
+    }
+    Ok(())
 }
 
 /// `HugePages_Free` from /proc/meminfo (2 MiB pages on x86_64).
@@ -109,5 +160,24 @@ mod tests {
         assert!(matches!(create((8 << 20) + 4096, true), Err(MemoryError::HugePageAlignment(_))));
         let mem = create(8 << 20, false).unwrap();
         assert_eq!(mem.num_regions(), 1);
+        assert!(matches!(create_shared(1 << 20, false), Err(MemoryError::TooSmall(_))));
+    }
+
+    #[test]
+    fn shared_memory_is_one_file_at_consecutive_offsets() {
+        use vm_memory::{Bytes, GuestMemoryRegion};
+        // 3 GiB + 4 MiB: two regions, the second at file offset 3 GiB (sparse: nothing touched
+        // but two words).
+        let mem = create_shared((3 << 30) + (4 << 20), false).unwrap();
+        let regions: Vec<_> = mem.iter().collect();
+        assert_eq!(regions.len(), 2);
+        let offsets: Vec<u64> = regions.iter().map(|r| r.file_offset().unwrap().start()).collect();
+        assert_eq!(offsets, vec![0, MMIO_HOLE_START]);
+        mem.write_obj(0x1234_5678u32, GuestAddress(MMIO_HOLE_END)).unwrap();
+        // The second region's first bytes are the file's bytes at 3 GiB.
+        let file = regions[1].file_offset().unwrap().file();
+        let mut word = [0u8; 4];
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut word, MMIO_HOLE_START).unwrap();
+        assert_eq!(u32::from_le_bytes(word), 0x1234_5678);
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::io::Cursor;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,10 @@ use crate::boot::{self, BootError};
 use crate::devices::console::{ConsoleMode, ConsoleWriter};
 use crate::devices::serial::{Com1, COM1_IRQ};
 use crate::devices::testdev::TestDevice;
-use crate::devices::virtio::{DeviceError, DiskBackend, IoCoreSetup, IoMode, NetConfig, VirtioDevices};
+use crate::devices::vhost_user_blk::VhostUserDisk;
+use crate::devices::virtio::{
+    DeviceError, DeviceList, DiskBackend, IoCoreSetup, IoMode, NetConfig, VirtioDevices,
+};
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
 use crate::stats::{StatsError, VcpuStats};
@@ -57,6 +61,9 @@ pub struct VmConfig {
     pub timeout: Option<Duration>,
     /// virtio-blk disks, in the order the guest sees them.
     pub disks: Vec<DiskBackend>,
+    /// Disks a vhost-user daemon serves, on the bus after `disks`. With any, guest memory is
+    /// one shared memfd (the daemon maps it).
+    pub vhost_user_disks: Vec<VhostUserDisk>,
     /// virtio-net devices on taps, after the disks.
     pub nets: Vec<NetConfig>,
     pub io_mode: IoMode,
@@ -81,6 +88,7 @@ impl Default for VmConfig {
             console: ConsoleMode::Stdout,
             timeout: None,
             disks: Vec::new(),
+            vhost_user_disks: Vec::new(),
             nets: Vec::new(),
             io_mode: IoMode::Eventfd,
             iocore_cpu: None,
@@ -228,11 +236,28 @@ pub struct RunOutcome {
 /// One virtio device's counts over the run.
 #[derive(Debug, Clone)]
 pub struct DeviceReport {
-    /// "virtio-blk" or "virtio-net".
+    /// "virtio-blk", "vhost-user-blk" or "virtio-net".
     pub kind: &'static str,
     /// Its index among the devices of its kind (`--disk`s, `--net`s, in order).
     pub index: usize,
+    /// What the device did. For a vhost-user disk only `needs_reset` and its reason are the
+    /// VMM's to know: the daemon serves the requests and raises the interrupts.
     pub stats: virtio::DeviceStatsSnapshot,
+    /// For a vhost-user disk, what the VMM knows of it.
+    pub vhost_user: Option<VhostUserReport>,
+}
+
+/// What the VMM knows of a vhost-user disk at the end of a run.
+#[derive(Debug, Clone)]
+pub struct VhostUserReport {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// The virtio features the driver accepted (last start).
+    pub features: u64,
+    /// Times the driver started the device and the daemon took the ring.
+    pub activations: u64,
+    /// The daemon closed the connection while the VM ran.
+    pub daemon_gone: bool,
 }
 
 /// A KVM virtual machine built from a `VmConfig`: guest memory, vCPUs, the MMIO bus with the
@@ -283,7 +308,11 @@ impl Vm {
         route_gsis_to_ioapic(&vm)?;
         disable_exits(&vm, config.disable_exits)?;
 
-        let mem = memory::create(config.mem_bytes, config.hugepages)?;
+        let mem = if config.vhost_user_disks.is_empty() {
+            memory::create(config.mem_bytes, config.hugepages)?
+        } else {
+            memory::create_shared(config.mem_bytes, config.hugepages)?
+        };
         for (slot, (base, len, host)) in host_ranges(&mem).into_iter().enumerate() {
             let region = kvm_bindings::kvm_userspace_memory_region {
                 slot: slot as u32,
@@ -319,21 +348,22 @@ impl Vm {
         )?;
         testdev.register(&vm).map_err(kvm_err("register the test device doorbell and interrupt"))?;
         let base_cpuid = cpuid::supported(&kvm).map_err(kvm_err("report supported CPUID"))?;
-        let has_devices = !config.disks.is_empty() || !config.nets.is_empty();
+        let has_devices =
+            !config.disks.is_empty() || !config.vhost_user_disks.is_empty() || !config.nets.is_empty();
         if config.io_mode.uses_pv_eoi() && has_devices && !cpuid::has_pv_eoi(&base_cpuid) {
             return Err(VmError::PvEoiUnavailable(config.io_mode));
         }
         let virtio = VirtioDevices::create(
             &vm,
             &mem,
-            &config.disks,
-            &config.nets,
+            DeviceList { disks: &config.disks, vhost_user: &config.vhost_user_disks, nets: &config.nets },
             config.io_mode,
             IoCoreSetup {
                 idle_budget: config.idle_budget,
                 cpu: config.iocore_cpu,
                 filter: Filter::new(ThreadKind::IoCore, config.seccomp)?,
             },
+            Filter::new(ThreadKind::VhostUserWatch, config.seccomp)?,
         )?;
         let mut cmdline = config.cmdline.clone();
         for slot in &virtio.slots {
@@ -430,7 +460,17 @@ impl Vm {
             .virtio
             .slots
             .iter()
-            .map(|slot| DeviceReport { kind: slot.kind, index: slot.index, stats: slot.stats.snapshot() })
+            .map(|slot| DeviceReport {
+                kind: slot.kind,
+                index: slot.index,
+                stats: slot.stats.snapshot(),
+                vhost_user: slot.vhost_user.as_ref().map(|info| VhostUserReport {
+                    socket: info.socket.clone(),
+                    features: info.features.load(Ordering::Relaxed),
+                    activations: info.activations.load(Ordering::Relaxed),
+                    daemon_gone: info.daemon_gone.load(Ordering::Relaxed),
+                }),
+            })
             .collect();
         let mut console = self.console;
         let _ = std::io::Write::flush(&mut console);

@@ -1,18 +1,21 @@
 //! The bare-metal baseline of the block benchmarks: the guest's workload run on the host by fio,
-//! against the same backing file, with O_DIRECT, one job pinned to one core, once with the `psync`
-//! engine (queue depth 1) and once with `io_uring` (the requested queue depth); the better IOPS
-//! counts (DESIGN.md, "Benchmarks").
+//! against the same backing file, with O_DIRECT, one job allowed the same CPUs the guest set-up
+//! uses (the vCPU's and the IOCore's cores), once per engine: `psync` (queue depth 1), `libaio`
+//! and `io_uring` (the requested queue depth). The run with the most IOPS counts (DESIGN.md,
+//! "Benchmarks"), and the report names it. For a RAM disk, [`Engine::Mmap`] measures the device
+//! itself: fio's `mmap` engine copies to or from a mapping of the file, no system call per I/O
+//! (and no O_DIRECT: with it fio's mmap engine syncs each I/O, which is no longer a memory copy).
 //!
-//! Cores: fio's job thread is pinned to [`FioJob::cpu`]. With `io_uring`, I/O the kernel cannot
-//! complete without blocking is handed to an `iou-wrk` worker thread, which inherits the job's
-//! pinning, so the baseline stays on one core. Not used: `--sqthread_poll` (a kernel thread polling
-//! the submission queue, a second core), `--hipri` (polled completions: only block devices with poll
-//! queues, files answer EOPNOTSUPP), `--fixedbufs`/`--registerfiles` (about 1% on tmpfs here, within
-//! noise, and fixed buffers can hit RLIMIT_MEMLOCK on older kernels).
+//! Cores: fio's job thread may run on any of [`FioJob::cpus`]. With `io_uring`, I/O the kernel
+//! cannot complete without blocking is handed to an `iou-wrk` worker thread, which inherits the
+//! job's CPU set. Not used: `--sqthread_poll` (a kernel thread polling the submission queue, a
+//! third user of the cores), `--hipri` (polled completions: only block devices with poll
+//! queues, files answer EOPNOTSUPP), `--fixedbufs`/`--registerfiles` (about 1% on tmpfs here,
+//! within noise, and fixed buffers can hit RLIMIT_MEMLOCK on older kernels).
 //!
 //! Latency is fio's *total* latency (`lat_ns`, submission to completion, i.e. slat + clat), asked
 //! for with `--lat_percentiles=1`: what a guest sees from posting a request to seeing it done. For
-//! `psync` submission latency is 0, so it equals completion latency.
+//! `psync` and `mmap` submission latency is 0, so it equals completion latency.
 
 use std::io::ErrorKind;
 use std::path::PathBuf;
@@ -33,12 +36,12 @@ pub struct FioJob {
     pub rw: &'static str,
     /// Bytes per I/O.
     pub block_size: u32,
-    /// The queue depth for `io_uring` (`psync` always runs at depth 1).
+    /// The queue depth for `libaio` and `io_uring` (`psync` and `mmap` always run at depth 1).
     pub queue_depth: u32,
     /// How long each engine runs (at least 1 ms; fio's granularity is milliseconds here).
     pub runtime: Duration,
-    /// The host CPU the job is pinned to.
-    pub cpu: usize,
+    /// The host CPUs the job may run on (`--cpus_allowed`).
+    pub cpus: Vec<usize>,
     /// Bytes of the file the workload spans, from offset 0.
     pub size: u64,
 }
@@ -48,23 +51,34 @@ pub struct FioJob {
 pub enum Engine {
     /// `pread`/`pwrite`, one I/O at a time.
     Psync,
+    /// Linux native AIO (`io_submit`/`io_getevents`) at the job's queue depth.
+    Libaio,
     /// `io_uring` at the job's queue depth.
     IoUring,
+    /// A memory copy to or from a mapping of the file, one I/O at a time, no system call and no
+    /// O_DIRECT: the speed of a memory-backed device itself.
+    Mmap,
 }
+
+/// The engines whose best run is the bare-metal baseline: each I/O is a system call, as it is for
+/// any program using a disk.
+pub const SYSCALL_ENGINES: [Engine; 3] = [Engine::Psync, Engine::Libaio, Engine::IoUring];
 
 impl Engine {
     /// fio's name for it (`--ioengine=`).
     pub fn name(self) -> &'static str {
         match self {
             Engine::Psync => "psync",
+            Engine::Libaio => "libaio",
             Engine::IoUring => "io_uring",
+            Engine::Mmap => "mmap",
         }
     }
 
     fn queue_depth(self, job: &FioJob) -> u32 {
         match self {
-            Engine::Psync => 1,
-            Engine::IoUring => job.queue_depth,
+            Engine::Psync | Engine::Mmap => 1,
+            Engine::Libaio | Engine::IoUring => job.queue_depth,
         }
     }
 }
@@ -72,17 +86,19 @@ impl Engine {
 /// What one fio run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct FioResult {
-    /// fio's engine name (`psync`, `io_uring`).
+    /// fio's engine name (`psync`, `libaio`, `io_uring`, `mmap`).
     pub engine: &'static str,
     pub iops: f64,
     /// Median total latency (submission to completion), microseconds.
     pub p50_us: f64,
     /// 99th-percentile total latency, microseconds.
     pub p99_us: f64,
-    /// The queue depth fio ran at (1 for `psync`).
+    /// The queue depth fio ran at (1 for `psync` and `mmap`).
     pub queue_depth: u32,
     /// The fio command line, shell-quoted, to reproduce the run.
     pub command: String,
+    /// fio's job's CPU time (user + system, as fio reports it) over its run time, in cores.
+    pub cores: Option<f64>,
 }
 
 #[derive(Debug, Error)]
@@ -138,16 +154,16 @@ pub fn run(job: &FioJob, engine: Engine) -> Result<FioResult, BaselineError> {
         p99_us: measured.p99_us,
         queue_depth: engine.queue_depth(job),
         command,
+        cores: measured.cores,
     })
 }
 
-/// Runs `job` with `psync` (depth 1) and then `io_uring` (the job's depth); returns the run with
-/// more IOPS (`psync` on a tie) and both runs, in that order.
-pub fn best(job: &FioJob) -> Result<(FioResult, Vec<FioResult>), BaselineError> {
-    let psync = run(job, Engine::Psync)?;
-    let io_uring = run(job, Engine::IoUring)?;
-    let best = if io_uring.iops > psync.iops { io_uring.clone() } else { psync.clone() };
-    Ok((best, vec![psync, io_uring]))
+/// The run with the most IOPS (the first one on a tie), or `None` for no runs.
+pub fn best(runs: &[FioResult]) -> Option<&FioResult> {
+    runs.iter().fold(None, |best: Option<&FioResult>, r| match best {
+        Some(b) if b.iops >= r.iops => Some(b),
+        _ => Some(r),
+    })
 }
 
 /// fio's version as it prints it (e.g. `fio-3.33`), or `None` if fio cannot be run.
@@ -200,12 +216,16 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
     })?;
     // fio splits --filename on ':' unless escaped.
     let filename = path.replace(':', "\\:");
+    if job.cpus.is_empty() {
+        return Err(BaselineError::InvalidJob("no CPU to run on".into()));
+    }
+    let cpus = job.cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     Ok(vec![
         "--output-format=json".into(),
         "--name=exitless-baseline".into(),
         format!("--filename={filename}"),
         "--allow_file_create=0".into(),
-        "--direct=1".into(),
+        format!("--direct={}", u8::from(engine != Engine::Mmap)),
         format!("--ioengine={}", engine.name()),
         format!("--iodepth={}", engine.queue_depth(job)),
         format!("--rw={}", job.rw),
@@ -213,7 +233,7 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
         format!("--size={}", job.size),
         format!("--runtime={}ms", job.runtime.as_millis()),
         "--time_based".into(),
-        format!("--cpus_allowed={}", job.cpu),
+        format!("--cpus_allowed={cpus}"),
         "--numjobs=1".into(),
         "--thread".into(),
         "--group_reporting".into(),
@@ -230,6 +250,7 @@ struct Measured {
     iops: f64,
     p50_us: f64,
     p99_us: f64,
+    cores: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -281,7 +302,9 @@ fn parse(stdout: &str, rw: &str) -> Result<Measured, ParseError> {
                 ))
             })
     };
-    Ok(Measured { iops, p50_us: percentile_us("50.000000")?, p99_us: percentile_us("99.000000")? })
+    let percent = |key: &str| job.get(key).and_then(Value::as_f64).filter(|v| v.is_finite() && *v >= 0.0);
+    let cores = percent("usr_cpu").zip(percent("sys_cpu")).map(|(usr, sys)| (usr + sys) / 100.0);
+    Ok(Measured { iops, p50_us: percentile_us("50.000000")?, p99_us: percentile_us("99.000000")?, cores })
 }
 
 fn last_line(text: &str) -> Option<&str> {
@@ -305,7 +328,8 @@ mod tests {
 
     /// Trimmed from a real run: `fio-3.33 ... --ioengine=psync --rw=randread --bs=4096
     /// --lat_percentiles=1 --percentile_list=50:99` on a tmpfs file, with the note fio prints on
-    /// standard output before the JSON when a sync engine is given a queue depth.
+    /// standard output before the JSON when a sync engine is given a queue depth (its `usr_cpu` and
+    /// `sys_cpu` set to round values for the test).
     const SAMPLE: &str = r#"note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1
 {
   "fio version" : "fio-3.33",
@@ -314,6 +338,8 @@ mod tests {
       "jobname" : "exitless-baseline",
       "groupid" : 0,
       "error" : 0,
+      "usr_cpu" : 45.500000,
+      "sys_cpu" : 54.000000,
       "read" : {
         "io_bytes" : 2788904960,
         "iops" : 1361770.000000,
@@ -346,7 +372,7 @@ mod tests {
     #[test]
     fn parses_captured_output() {
         let m = parse(SAMPLE, "randread").unwrap();
-        assert_eq!(m, Measured { iops: 1361770.0, p50_us: 0.588, p99_us: 0.612 });
+        assert_eq!(m, Measured { iops: 1361770.0, p50_us: 0.588, p99_us: 0.612, cores: Some(0.995) });
         // The write side did nothing, so it has no percentiles: an error, not zeros.
         assert!(matches!(parse(SAMPLE, "randwrite"), Err(ParseError::Bad(_))));
         let failed = SAMPLE.replace(r#""error" : 0"#, r#""error" : 5"#);
@@ -374,28 +400,34 @@ mod tests {
             block_size: 4096,
             queue_depth: 8,
             runtime: Duration::from_millis(500),
-            cpu: 0,
+            cpus: vec![0, 1],
             size: 64 << 20,
         }
     }
 
-    /// Real fio on a tmpfs file (tmpfs takes O_DIRECT since Linux 6.6), both engines.
+    /// Real fio on a tmpfs file (tmpfs takes O_DIRECT since Linux 6.6), every engine.
     #[test]
-    fn runs_fio_with_both_engines() {
+    fn runs_fio_with_every_engine() {
         let file = tempfile::Builder::new().prefix("exitless-baseline").tempfile_in("/dev/shm").unwrap();
         file.as_file().set_len(64 << 20).unwrap();
-        let (best, all) = best(&job(file.path().to_path_buf())).unwrap();
+        let mut job = job(file.path().to_path_buf());
+        job.runtime = Duration::from_millis(200);
+        let all: Vec<FioResult> =
+            SYSCALL_ENGINES.iter().chain([&Engine::Mmap]).map(|&e| run(&job, e).unwrap()).collect();
         assert_eq!(
             all.iter().map(|r| (r.engine, r.queue_depth)).collect::<Vec<_>>(),
-            [("psync", 1), ("io_uring", 8)]
+            [("psync", 1), ("libaio", 8), ("io_uring", 8), ("mmap", 1)]
         );
         for r in &all {
             assert!(r.iops > 0.0 && r.p50_us > 0.0 && r.p50_us <= r.p99_us, "{r:?}");
-            assert!(r.command.starts_with("fio --output-format=json") && r.command.contains("--direct=1"));
+            assert!(r.command.starts_with("fio --output-format=json"), "{}", r.command);
+            assert!(r.command.contains("--cpus_allowed=0,1"), "{}", r.command);
+            let direct = if r.engine == "mmap" { "--direct=0" } else { "--direct=1" };
+            assert!(r.command.contains(direct), "{}", r.command);
         }
         let max = all.iter().map(|r| r.iops).fold(0.0, f64::max);
-        assert_eq!(best.iops, max);
-        assert!(all.iter().any(|r| r.engine == best.engine && r.iops == max));
+        assert_eq!(best(&all).unwrap().iops, max);
+        assert!(best(&[]).is_none());
     }
 
     #[test]
@@ -404,7 +436,7 @@ mod tests {
         file.as_file().set_len(64 << 20).unwrap();
         // A CPU that does not exist: fio refuses, and its message comes through.
         let mut bad_cpu = job(file.path().to_path_buf());
-        bad_cpu.cpu = 1 << 20;
+        bad_cpu.cpus = vec![1 << 20];
         let err = run(&bad_cpu, Engine::Psync).unwrap_err();
         assert!(
             matches!(err, BaselineError::Failed { .. }) && err.to_string().contains("cpus_allowed"),

@@ -2,7 +2,6 @@
 //! block workload on a virtio-blk disk in each I/O mode, and fio runs it on the host against
 //! the very same file: the bare-metal baseline.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -10,20 +9,27 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
 
-use super::baseline::{self, FioJob, FioResult};
-use super::blk_qemu::QemuPeer;
+use super::baseline::{self, Engine, FioJob, FioResult, SYSCALL_ENGINES};
+use super::blk_qemu::{QemuPeer, CONFIGS};
 use super::machine::About;
-use super::table::Table;
-use super::{causes_per, format_causes, progress};
-use crate::cli::{BlkBenchArgs, Peer};
+use super::progress::{Kind, Progress};
+use super::scratch::{self, ScratchError};
+use super::{causes_per, progress};
+use crate::cli::{BenchDiskArg, BlkBenchArgs, Peer};
 use crate::qemu::Qemu;
 use crate::{fail, probe};
 
-/// Time a VM gets beyond its measured run (boot, warm-up, teardown) before it is stopped.
-const RUN_SLACK: Duration = Duration::from_secs(120);
+/// How long one guest run (exitless's or QEMU's) may take before it is stopped: its measured
+/// time, 15 s for boot and teardown, and 1 ms per warm-up request (every mode here serves well
+/// over 1000 requests a second).
+pub fn run_timeout(args: &BlkBenchArgs) -> Duration {
+    Duration::from_millis(args.duration_ms.saturating_add(args.warmup).saturating_add(15_000))
+}
 
 #[derive(Serialize, Clone)]
 pub struct Row {
+    /// Which of the bench's disks: `ram` (the RAM disk) or `file` (a file on a real disk, O_DIRECT).
+    pub disk: &'static str,
     pub device: &'static str,
     pub vmm: &'static str,
     pub mode: String,
@@ -37,9 +43,17 @@ pub struct Row {
     pub ops: u64,
     pub exits_per_io: Option<f64>,
     pub exits_by_cause: Map<String, Value>,
+    /// The bare-metal baseline: the best of fio's system-call engines (psync, libaio, io_uring).
     pub bare_metal_iops: Option<f64>,
     pub ratio_to_bare_metal: Option<f64>,
-    /// IOPS over the best of QEMU's own virtio-blk configurations in the same run.
+    /// What the row adds to each I/O: its p50 less the bare-metal baseline's p50, microseconds.
+    pub added_latency_us: Option<f64>,
+    /// RAM disk only: the device's own speed, fio's `mmap` engine (a memory copy, no system call).
+    pub device_iops: Option<f64>,
+    /// RAM disk only: IOPS over [`Row::device_iops`].
+    pub ratio_to_device: Option<f64>,
+    /// IOPS over the best of QEMU's own configurations (its virtio-blk, qemu-storage-daemon) in
+    /// the same run.
     pub ratio_to_qemu: Option<f64>,
     pub cpu_cores_used: Option<f64>,
     /// The command that ran the row (fio, QEMU); exitless's own rows ran in this process.
@@ -52,6 +66,7 @@ impl Row {
     /// A row with nothing measured yet.
     pub fn new(vmm: &'static str, mode: String, scenario: Scenario) -> Row {
         Row {
+            disk: scenario.disk,
             device: "virtio-blk",
             vmm,
             mode,
@@ -66,6 +81,9 @@ impl Row {
             exits_by_cause: Map::new(),
             bare_metal_iops: None,
             ratio_to_bare_metal: None,
+            added_latency_us: None,
+            device_iops: None,
+            ratio_to_device: None,
             ratio_to_qemu: None,
             cpu_cores_used: None,
             command: None,
@@ -74,12 +92,21 @@ impl Row {
     }
 }
 
-/// One workload shape.
+/// One workload shape on one disk.
 #[derive(Clone, Copy)]
 pub struct Scenario {
+    /// The disk's label ([`Row::disk`]).
+    pub disk: &'static str,
     pub rw: &'static str,
     pub bs: u32,
     pub qd: u32,
+}
+
+/// One of the bench's disks, as the report describes it.
+#[derive(Serialize)]
+struct DiskInfo {
+    disk: &'static str,
+    describe: String,
 }
 
 #[derive(Serialize)]
@@ -87,25 +114,61 @@ struct Report {
     #[serde(flatten)]
     about: About,
     tsc_khz: u32,
-    disk: String,
+    disks: Vec<DiskInfo>,
     fio_version: Option<String>,
     qemu_version: Option<String>,
+    qemu_storage_daemon_version: Option<String>,
+    /// The host CPUs of the vCPU and of the IOCore; fio may use both.
+    cpus: [usize; 2],
     results: Vec<Row>,
+    /// Runs that failed twice (their rows have no numbers and say why); the bench then ends
+    /// with a failure status after printing the report.
+    failures: Vec<String>,
+}
+
+/// Why the block bench stopped.
+enum BenchError {
+    /// A bad `--scratch`: a mistake on the command line.
+    Scratch(ScratchError),
+    Other(String),
+}
+
+impl From<String> for BenchError {
+    fn from(message: String) -> BenchError {
+        BenchError::Other(message)
+    }
+}
+
+impl From<&str> for BenchError {
+    fn from(message: &str) -> BenchError {
+        BenchError::Other(message.into())
+    }
 }
 
 pub fn main(args: BlkBenchArgs) -> i32 {
     match run(&args) {
-        Ok(report) => super::print_report(&report, args.output, |markdown| report.tables(markdown)),
-        Err(e) => fail(e),
+        Ok(report) => match super::print_report(&report, args.output, |markdown| report.tables(markdown)) {
+            0 if !report.failures.is_empty() => fail(format_args!(
+                "{} run(s) failed twice, their rows say why: {}",
+                report.failures.len(),
+                report.failures.join("; ")
+            )),
+            status => status,
+        },
+        Err(BenchError::Scratch(e)) => crate::usage_error(e),
+        Err(BenchError::Other(e)) => fail(e),
     }
 }
 
-fn run(args: &BlkBenchArgs) -> Result<Report, String> {
+fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
+    let scratch_dir = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
+    if args.disks.iter().any(|d| matches!(d, BenchDiskArg::Scratch { .. })) {
+        scratch::check(&scratch_dir).map_err(BenchError::Scratch)?;
+    }
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
     if let Some(dir) = &args.plot {
         super::plot::prepare(dir)?;
     }
-    let disk = BenchDisk::prepare(&args.disk)?;
     let mut qemu = match args.peers.contains(&Peer::Qemu) {
         false => None,
         true => {
@@ -115,64 +178,216 @@ fn run(args: &BlkBenchArgs) -> Result<Report, String> {
             Some(QemuPeer::new(found)?)
         }
     };
+    let labels = disk_labels(&args.disks);
+    let mut progress = Progress::new(plan(args, &labels), Duration::from_millis(args.duration_ms));
     let mut results = Vec::new();
-    for &rw in &args.rw {
-        for &bs in &args.bs {
-            for &qd in &args.qd {
-                let scenario = Scenario { rw: rw.name(), bs, qd };
-                let first = results.len();
-                let bare_metal = if args.no_baseline {
-                    None
-                } else {
-                    progress(format_args!("bare metal (fio): {} {bs} B, queue depth {qd}", scenario.rw));
-                    let (best, all) =
-                        baseline::best(&disk.fio_job(scenario, args)).map_err(|e| e.to_string())?;
-                    results.push(host_row(scenario, &best, &all));
-                    Some(best.iops)
-                };
-                for &mode in &args.modes {
-                    let mode = IoMode::from(mode);
-                    progress(format_args!("exitless {mode}: {} {bs} B, queue depth {qd}", scenario.rw));
-                    let row = run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
-                        .map_err(|e| format!("{mode}, {} {bs} B, queue depth {qd}: {e}", scenario.rw))?;
-                    results.push(row);
+    let mut failures = Vec::new();
+    let mut disks = Vec::new();
+    for (spec, &label) in args.disks.iter().zip(&labels) {
+        let disk = BenchDisk::prepare(spec, &scratch_dir).map_err(|e| match e {
+            PrepareError::Scratch(e) => BenchError::Scratch(e),
+            PrepareError::Other(e) => BenchError::Other(e),
+        })?;
+        disks.push(DiskInfo { disk: label, describe: disk.describe.clone() });
+        for &rw in &args.rw {
+            for &bs in &args.bs {
+                for &qd in &args.qd {
+                    let scenario = Scenario { disk: label, rw: rw.name(), bs, qd };
+                    let first = results.len();
+                    let (bare_metal, device) = if args.no_baseline {
+                        (None, None)
+                    } else {
+                        let (rows, bare_metal, device) = baselines(&disk, scenario, args, &mut progress)?;
+                        results.extend(rows);
+                        (Some(bare_metal), device)
+                    };
+                    for &mode in &args.modes {
+                        let mode = IoMode::from(mode);
+                        progress
+                            .start(Kind::Exitless, format_args!("exitless {mode}, {}", scenario.describe()));
+                        let run = || run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend);
+                        let failed = Row::new("exitless", mode.name().into(), scenario);
+                        results.push(run_twice(run, failed, || {
+                            failures.push(format!("exitless {mode}, {}", scenario.describe()))
+                        }));
+                    }
+                    if let Some(peer) = qemu.as_mut() {
+                        let rows =
+                            peer.rows(scenario, args, (&disk.fio_path, &disk.spec), tsc_khz, &mut progress);
+                        results.extend(rows);
+                    }
+                    compare(&mut results[first..], bare_metal.as_ref(), device.as_ref());
                 }
-                if let Some(peer) = qemu.as_mut() {
-                    results.extend(peer.rows(scenario, args, (&disk.fio_path, &disk.spec), tsc_khz));
-                }
-                compare(&mut results[first..], bare_metal);
             }
         }
     }
+    progress.finish();
     if let Some(dir) = &args.plot {
         let files = super::plot::write_all(dir, &results)?;
-        progress(format_args!("wrote {} plot(s) to {}", files.len(), dir.display()));
+        super::progress(format_args!("wrote {} plot(s) to {}", files.len(), dir.display()));
     }
     Ok(Report {
         about: About::now("blk"),
         tsc_khz,
-        disk: disk.describe.clone(),
+        disks,
         fio_version: (!args.no_baseline).then(baseline::fio_version).flatten(),
         qemu_version: qemu.as_ref().map(|q| q.version().to_string()),
+        qemu_storage_daemon_version: qemu.as_ref().and_then(|q| q.storage_daemon_version()),
+        cpus: [args.vcpu_cpu, args.iocore_cpu],
         results,
+        failures,
     })
 }
 
-/// Fill in one scenario's ratios: to bare metal (the baseline's IOPS) and to the best of
-/// QEMU's own virtio-blk configurations.
-fn compare(rows: &mut [Row], bare_metal: Option<f64>) {
+/// Runs `run`, and once more if it fails (a guest that hangs or crashes once in a while must
+/// not cost the whole bench; the row says so). Two failures give `failed` (with its note) and
+/// call `failure`.
+fn run_twice(run: impl Fn() -> Result<Row, String>, mut failed: Row, failure: impl FnOnce()) -> Row {
+    // One line, and not the whole console of a guest that printed a lot.
+    let short = |e: String| {
+        let line = e.split_whitespace().collect::<Vec<_>>().join(" ");
+        match line.char_indices().nth(400) {
+            Some((at, _)) => format!("{}...", &line[..at]),
+            None => line,
+        }
+    };
+    let first = match run() {
+        Ok(row) => return row,
+        Err(e) => short(e),
+    };
+    progress(format_args!("that run failed ({first}); running it again"));
+    match run() {
+        Ok(mut row) => {
+            let retried = format!("measured on the second attempt; the first failed: {first}");
+            row.note = Some(row.note.map_or(retried.clone(), |n| format!("{n}; {retried}")));
+            row
+        }
+        Err(second) => {
+            let second = short(second);
+            failure();
+            failed.note = Some(format!("failed twice: {first}; then: {second}"));
+            failed
+        }
+    }
+}
+
+impl Scenario {
+    /// `file, randread 4096 B QD 32`.
+    fn describe(&self) -> String {
+        format!("{}, {} {} B QD {}", self.disk, self.rw, self.bs, self.qd)
+    }
+}
+
+/// Each disk's label: `ram` or `file`, numbered from the second of a kind on (`file2`).
+fn disk_labels(disks: &[BenchDiskArg]) -> Vec<&'static str> {
+    let mut labels: Vec<&'static str> = Vec::new();
+    for disk in disks {
+        let kind = if disk.is_ram() { "ram" } else { "file" };
+        let seen = labels.iter().filter(|l| l.trim_end_matches(|c: char| c.is_ascii_digit()) == kind).count();
+        labels.push(match seen {
+            0 => kind,
+            // A few bytes per extra disk named on the command line, for the process's lifetime.
+            n => Box::leak(format!("{kind}{}", n + 1).into_boxed_str()),
+        });
+    }
+    labels
+}
+
+/// The runs `run` will make, in order, for the progress estimate.
+fn plan(args: &BlkBenchArgs, labels: &[&str]) -> Vec<Kind> {
+    let mut plan = Vec::new();
+    for &label in labels {
+        let scenarios = args.rw.len() * args.bs.len() * args.qd.len();
+        for _ in 0..scenarios {
+            if !args.no_baseline {
+                let engines = SYSCALL_ENGINES.len() + usize::from(label.starts_with("ram"));
+                plan.extend(std::iter::repeat_n(Kind::Fio, engines));
+            }
+            plan.extend(std::iter::repeat_n(Kind::Exitless, args.modes.len()));
+            if args.peers.contains(&Peer::Qemu) {
+                plan.extend(std::iter::repeat_n(Kind::Qemu, CONFIGS.len()));
+            }
+        }
+    }
+    plan
+}
+
+/// fio on the host: every system-call engine (the best is the bare-metal baseline) and, on a RAM
+/// disk, `mmap` (the device's own speed). Returns the rows, the baseline and the device run.
+fn baselines(
+    disk: &BenchDisk,
+    scenario: Scenario,
+    args: &BlkBenchArgs,
+    progress: &mut Progress,
+) -> Result<(Vec<Row>, FioResult, Option<FioResult>), String> {
+    let job = disk.fio_job(scenario, args);
+    let mut runs = Vec::new();
+    let mut failed = Vec::new();
+    for engine in SYSCALL_ENGINES {
+        progress.start(Kind::Fio, format_args!("bare metal, fio {}, {}", engine.name(), scenario.describe()));
+        match baseline::run(&job, engine) {
+            Ok(run) => runs.push(run),
+            // fio itself missing or the job impossible: no engine would do better.
+            Err(
+                e @ (baseline::BaselineError::NotInstalled | baseline::BaselineError::BackingFile { .. }),
+            ) => return Err(e.to_string()),
+            Err(e) => failed.push(format!("{}: {e}", engine.name())),
+        }
+    }
+    let best = baseline::best(&runs).cloned().ok_or_else(|| {
+        format!("bare metal, {}: every fio engine failed: {}", scenario.describe(), failed.join("; "))
+    })?;
+    let mut rows = vec![host_row(scenario, &best, &runs, &failed, &job.cpus)];
+    let mut device = None;
+    if disk.is_ram {
+        progress.start(Kind::Fio, format_args!("device speed, fio mmap, {}", scenario.describe()));
+        match baseline::run(&job, Engine::Mmap) {
+            Ok(run) => {
+                rows.push(device_row(scenario, &run));
+                device = Some(run);
+            }
+            Err(e) => {
+                let mut row = Row::new("host", "device (fio mmap)".into(), scenario);
+                row.device = "host file";
+                row.note = Some(format!("not measured: {e}"));
+                rows.push(row);
+            }
+        }
+    }
+    Ok((rows, best, device))
+}
+
+/// Fill in one scenario's comparisons: to bare metal (the best system-call fio run), to the
+/// device itself (fio mmap, RAM disk) and to the best of QEMU's own configurations.
+fn compare(rows: &mut [Row], bare_metal: Option<&FioResult>, device: Option<&FioResult>) {
     let qemu_best = rows
         .iter()
-        .filter(|r| r.vmm == "qemu" && r.device == "virtio-blk")
+        .filter(|r| is_qemu_own(r))
         .filter_map(|r| r.iops)
         .fold(None, |best: Option<f64>, v| Some(best.map_or(v, |b| b.max(v))));
     for row in rows {
         row.ratio_to_qemu = row.iops.zip(qemu_best).map(|(ours, theirs)| ours / theirs);
-        if row.vmm != "host" {
-            row.bare_metal_iops = bare_metal;
-            row.ratio_to_bare_metal = row.iops.zip(bare_metal).map(|(ours, host)| ours / host);
+        if let Some(host) = bare_metal {
+            row.bare_metal_iops = Some(host.iops);
+            row.ratio_to_bare_metal = row.iops.map(|ours| ours / host.iops);
+            row.added_latency_us = row.p50_us.map(|p50| p50 - host.p50_us);
+        }
+        if let Some(device) = device {
+            row.device_iops = Some(device.iops);
+            row.ratio_to_device = row.iops.map(|ours| ours / device.iops);
         }
     }
+}
+
+/// A configuration of QEMU's own: its virtio-blk, or qemu-storage-daemon; not exitless's backend.
+fn is_qemu_own(row: &Row) -> bool {
+    row.vmm == "qemu" && !row.mode.contains("exitless")
+}
+
+/// Why a disk could not be made ready.
+enum PrepareError {
+    Scratch(ScratchError),
+    Other(String),
 }
 
 /// The backing file both the VM and fio use.
@@ -182,28 +397,59 @@ struct BenchDisk {
     spec: String,
     fio_path: PathBuf,
     size: u64,
+    is_ram: bool,
     describe: String,
     /// A RAM disk file this run made, removed at the end.
     made: Option<PathBuf>,
 }
 
 impl BenchDisk {
-    fn prepare(spec: &DiskBackend) -> Result<BenchDisk, String> {
+    fn prepare(spec: &BenchDiskArg, scratch_dir: &Path) -> Result<BenchDisk, PrepareError> {
         let file_size = |path: &Path| {
-            std::fs::metadata(path).map(|m| m.len()).map_err(|e| format!("{}: {e}", path.display()))
+            std::fs::metadata(path)
+                .map(|m| m.len())
+                .map_err(|e| PrepareError::Other(format!("{}: {e}", path.display())))
+        };
+        let spec = match spec {
+            BenchDiskArg::Scratch { size } => {
+                let path = scratch::prepare(scratch_dir, *size, |path| {
+                    progress(format_args!(
+                        "writing the {} MiB real disk {} (once: later runs reuse it)",
+                        size >> 20,
+                        path.display()
+                    ))
+                })
+                .map_err(PrepareError::Scratch)?;
+                return Ok(BenchDisk {
+                    vm_backend: DiskBackend::File { path: path.clone(), read_only: false, direct: true },
+                    spec: format!("path={},direct", path.display()),
+                    fio_path: path.clone(),
+                    size: *size,
+                    is_ram: false,
+                    describe: format!(
+                        "real disk: a {} MiB file in {} (filled with data) through io_uring with O_DIRECT",
+                        size >> 20,
+                        scratch_dir.display()
+                    ),
+                    made: None,
+                });
+            }
+            BenchDiskArg::Disk(spec) => spec,
         };
         Ok(match spec {
             DiskBackend::Ram { size } => {
                 let path = PathBuf::from(format!("/dev/shm/exitless-bench-{}.img", std::process::id()));
                 progress(format_args!("filling a {} MiB RAM disk at {}", size >> 20, path.display()));
-                fill(&path, *size)
-                    .map_err(|e| format!("cannot make the RAM disk {}: {e}", path.display()))?;
+                scratch::fill(&path, *size).map_err(|e| {
+                    PrepareError::Other(format!("cannot make the RAM disk {}: {e}", path.display()))
+                })?;
                 BenchDisk {
                     vm_backend: DiskBackend::RamFile { path: path.clone(), read_only: false },
                     spec: format!("ram,path={}", path.display()),
                     fio_path: path.clone(),
                     size: *size,
-                    describe: format!("RAM disk, {} MiB file in /dev/shm (filled with data)", size >> 20),
+                    is_ram: true,
+                    describe: format!("RAM disk: a {} MiB file in /dev/shm (filled with data)", size >> 20),
                     made: Some(path),
                 }
             }
@@ -212,7 +458,8 @@ impl BenchDisk {
                 spec: format!("ram,path={}", path.display()),
                 fio_path: path.clone(),
                 size: file_size(path)?,
-                describe: format!("RAM disk, {}", path.display()),
+                is_ram: true,
+                describe: format!("RAM disk: {}", path.display()),
                 made: None,
             },
             DiskBackend::File { path, direct, .. } => BenchDisk {
@@ -220,6 +467,7 @@ impl BenchDisk {
                 spec: format!("path={}{}", path.display(), if *direct { ",direct" } else { "" }),
                 fio_path: path.clone(),
                 size: file_size(path)?,
+                is_ram: false,
                 describe: format!(
                     "file {} through io_uring{}",
                     path.display(),
@@ -231,13 +479,15 @@ impl BenchDisk {
     }
 
     fn fio_job(&self, scenario: Scenario, args: &BlkBenchArgs) -> FioJob {
+        let mut cpus = vec![args.vcpu_cpu, args.iocore_cpu];
+        cpus.dedup();
         FioJob {
             path: self.fio_path.clone(),
             rw: scenario.rw,
             block_size: scenario.bs,
             queue_depth: scenario.qd,
             runtime: Duration::from_millis(args.duration_ms),
-            cpu: args.vcpu_cpu,
+            cpus,
             size: self.size / scenario.bs as u64 * scenario.bs as u64,
         }
     }
@@ -251,42 +501,53 @@ impl Drop for BenchDisk {
     }
 }
 
-/// Write `size` bytes of non-zero data: reads of never-written tmpfs pages are cheaper than
-/// reads of real data, which would flatter both sides.
-fn fill(path: &Path, size: u64) -> std::io::Result<()> {
-    let mut file = std::fs::File::create(path)?;
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for byte in chunk.iter_mut() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        *byte = state as u8 | 1;
-    }
-    let mut left = size;
-    while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        file.write_all(&chunk[..n])?;
-        left -= n as u64;
-    }
-    file.sync_all()
-}
-
-fn host_row(scenario: Scenario, best: &FioResult, all: &[FioResult]) -> Row {
-    let tried: Vec<String> =
-        all.iter().map(|r| format!("{} qd {}: {:.0} IOPS", r.engine, r.queue_depth, r.iops)).collect();
+/// The bare-metal row: the best system-call fio run, and in its note every run and which won.
+fn host_row(
+    scenario: Scenario,
+    best: &FioResult,
+    all: &[FioResult],
+    failed: &[String],
+    cpus: &[usize],
+) -> Row {
+    let cpus = cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let tried: Vec<String> = all
+        .iter()
+        .map(|r| format!("{} qd {}: {:.0} IOPS, p50 {:.1} µs", r.engine, r.queue_depth, r.iops, r.p50_us))
+        .chain(failed.iter().cloned())
+        .collect();
     Row {
         device: "host file",
         iops: Some(best.iops),
         p50_us: Some(best.p50_us),
         p99_us: Some(best.p99_us),
         exits_per_io: Some(0.0),
-        bare_metal_iops: Some(best.iops),
-        ratio_to_bare_metal: Some(1.0),
-        cpu_cores_used: Some(1.0),
+        cpu_cores_used: best.cores,
         command: Some(best.command.clone()),
-        note: Some(tried.join("; ")),
+        note: Some(format!(
+            "fio on CPUs {cpus}, O_DIRECT, the best of {}: {} won",
+            tried.join("; "),
+            best.engine
+        )),
         ..Row::new("host", format!("bare metal (fio {})", best.engine), scenario)
+    }
+}
+
+/// The RAM disk's own speed: fio's `mmap` engine, a memory copy with no system call.
+fn device_row(scenario: Scenario, run: &FioResult) -> Row {
+    Row {
+        device: "host file",
+        iops: Some(run.iops),
+        p50_us: Some(run.p50_us),
+        p99_us: Some(run.p99_us),
+        exits_per_io: Some(0.0),
+        cpu_cores_used: run.cores,
+        command: Some(run.command.clone()),
+        note: Some(
+            "the device itself: a memory copy from a mapping of the file, no system call (not the \
+             baseline: no program reaches a disk this way)"
+                .into(),
+        ),
+        ..Row::new("host", "device (fio mmap)".into(), scenario)
     }
 }
 
@@ -297,7 +558,7 @@ fn run_mode(
     tsc_khz: u32,
     disk: &DiskBackend,
 ) -> Result<Row, String> {
-    let Scenario { rw, bs, qd } = scenario;
+    let Scenario { rw, bs, qd, .. } = scenario;
     let cmdline = format!(
         "probe.workload=blk probe.rw={rw} probe.bs={bs} probe.qd={qd} probe.duration_ms={} probe.warmup={} \
          probe.tsc_khz={tsc_khz}",
@@ -306,7 +567,7 @@ fn run_mode(
     let config = VmConfig {
         cmdline: probe::with_io_mode(&cmdline, mode),
         console: ConsoleMode::Capture,
-        timeout: Some(Duration::from_millis(args.duration_ms) + RUN_SLACK),
+        timeout: Some(run_timeout(args)),
         pin_vcpus: vec![args.vcpu_cpu],
         disks: vec![disk.clone()],
         io_mode: mode,
@@ -354,73 +615,46 @@ fn pv_eoi_note(mode: IoMode, line: &Value) -> Option<String> {
 
 impl Report {
     fn tables(&self, markdown: bool) -> String {
-        let mut out = String::new();
-        let mut scenarios: Vec<(&str, u32, u32)> = Vec::new();
-        for row in &self.results {
-            let key = (row.workload, row.block_size, row.queue_depth);
-            if !scenarios.contains(&key) {
-                scenarios.push(key);
+        let context = super::blk_table::Context {
+            about: &self.about,
+            disks: self.disks.iter().map(|d| (d.disk, d.describe.as_str())).collect(),
+            fio_version: self.fio_version.as_deref(),
+            qemu_version: self.qemu_version.as_deref(),
+            qemu_storage_daemon_version: self.qemu_storage_daemon_version.as_deref(),
+            cpus: self.cpus,
+        };
+        super::blk_table::render(&context, &self.results, markdown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn row() -> Row {
+        Row::new("exitless", "eventfd".into(), Scenario { disk: "ram", rw: "randread", bs: 4096, qd: 1 })
+    }
+
+    #[test]
+    fn a_run_that_fails_once_is_measured_again_and_says_so() {
+        let attempts = Cell::new(0);
+        let flaky = || {
+            attempts.set(attempts.get() + 1);
+            match attempts.get() {
+                1 => Err("the guest was stopped at the timeout;\nconsole".to_string()),
+                _ => Ok(Row { iops: Some(1.0), ..row() }),
             }
-        }
-        let header = vec![
-            "vmm",
-            "mode",
-            "IOPS",
-            "p50 µs",
-            "p99 µs",
-            "exits/IO",
-            "exit causes per IO",
-            "% of bare metal",
-            "x QEMU",
-            "cores",
-        ];
-        let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
-        for (rw, bs, qd) in scenarios {
-            let rows: Vec<&Row> = self
-                .results
-                .iter()
-                .filter(|r| (r.workload, r.block_size, r.queue_depth) == (rw, bs, qd))
-                .collect();
-            let cells = rows
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.vmm.to_string(),
-                        r.mode.clone(),
-                        number(r.iops, 0),
-                        number(r.p50_us, 1),
-                        number(r.p99_us, 1),
-                        number(r.exits_per_io, 3),
-                        format_causes(&r.exits_by_cause),
-                        number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
-                        number(r.ratio_to_qemu, 2),
-                        number(r.cpu_cores_used, 2),
-                    ]
-                })
-                .collect();
-            let mut context = self.about.context();
-            context.push(("disk".to_string(), self.disk.clone()));
-            if let Some(v) = &self.fio_version {
-                context.push(("baseline".into(), format!("{v}, O_DIRECT, one job pinned to one core")));
-            }
-            if let Some(v) = &self.qemu_version {
-                context
-                    .push(("peer".into(), format!("{v}; exits from QMP query-stats at the probe's marks")));
-            }
-            if !markdown {
-                context.retain(|(k, _)| k == "machine" || k == "disk");
-            }
-            let mut notes: Vec<String> =
-                rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
-            if markdown {
-                notes.extend(
-                    rows.iter().filter_map(|r| r.command.as_ref().map(|c| format!("{}: `{c}`", r.mode))),
-                );
-            }
-            let title =
-                format!("blk: {rw} {bs} B, queue depth {qd}, exitless's I/O modes against bare metal");
-            out += &Table { title, context, header: header.clone(), rows: cells, notes }.render(markdown);
-        }
-        out
+        };
+        let measured = run_twice(flaky, row(), || panic!("not a failure"));
+        assert_eq!(measured.iops, Some(1.0));
+        let note = measured.note.unwrap();
+        assert!(note.contains("first failed: the guest was stopped at the timeout; console"), "{note}");
+
+        let mut failed = false;
+        let broken = run_twice(|| Err("x".repeat(1000)), row(), || failed = true);
+        assert!(failed && broken.iops.is_none());
+        assert!(broken.note.unwrap().len() < 1000, "errors are shortened");
     }
 }

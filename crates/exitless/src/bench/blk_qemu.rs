@@ -1,8 +1,12 @@
 //! QEMU-KVM as a peer in the block ladder: the same probe guest, workload and backing file,
 //! under QEMU's own virtio-blk (microvm, virtio-mmio, an iothread, aio=io_uring, cache=none)
-//! with interrupt and with polled completion, and under QEMU with exitless's vhost-user-blk
-//! backend. Exits come from QMP `query-stats`, sampled at the probe's marks.
+//! with interrupt and with polled completion, and under QEMU with a vhost-user-blk backend:
+//! exitless's (`exitless vhost-user-blk`, sidecore, its IOCore pinned to the IOCore CPU) and
+//! QEMU's own (`qemu-storage-daemon` exporting the file with its own iothread, aio=io_uring,
+//! O_DIRECT, the whole process pinned to the IOCore CPU). Exits come from QMP `query-stats`,
+//! sampled at the probe's marks; cores are QEMU's and the backend's CPU time over wall time.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,6 +15,7 @@ use serde_json::{Map, Value};
 
 use super::blk::{Row, Scenario};
 use super::causes_per;
+use super::progress::{Kind, Progress};
 use crate::cli::BlkBenchArgs;
 use crate::qemu::{PeerMark, Qemu};
 use crate::seccomp::SeccompArgs;
@@ -18,17 +23,30 @@ use vmm::Counters;
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
 const MARK_LINGER_MS: u64 = 30;
-const RUN_SLACK: Duration = Duration::from_secs(120);
 
-/// The peer configurations, in report order: (mode name, guest completion, vhost-user).
-const CONFIGS: [(&str, &str, bool); 3] = [
-    ("qemu virtio-blk, interrupt", "interrupt", false),
-    ("qemu virtio-blk, poll", "poll", false),
-    ("qemu + exitless vhost-user-blk, poll", "poll", true),
+/// What serves QEMU's disk.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// QEMU's own virtio-blk device on an iothread.
+    Qemu,
+    /// `exitless vhost-user-blk`.
+    Exitless,
+    /// `qemu-storage-daemon`'s vhost-user-blk export.
+    StorageDaemon,
+}
+
+/// The peer configurations, in report order: (mode name, guest completion, backend).
+pub const CONFIGS: [(&str, &str, Served); 4] = [
+    ("qemu virtio-blk, interrupt", "interrupt", Served::Qemu),
+    ("qemu virtio-blk, poll", "poll", Served::Qemu),
+    ("qemu + exitless vhost-user-blk, poll", "poll", Served::Exitless),
+    ("qemu + qemu-storage-daemon, poll", "poll", Served::StorageDaemon),
 ];
 
+/// QEMU, and qemu-storage-daemon if it is installed, with the probe exported for them.
 pub struct QemuPeer {
     qemu: Qemu,
+    storage_daemon: Option<StorageDaemon>,
     dir: PathBuf,
     elf: PathBuf,
 }
@@ -39,11 +57,16 @@ impl QemuPeer {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let elf = dir.join("exitless-probe.elf");
         crate::probe::export(&elf).map_err(|e| e.to_string())?;
-        Ok(QemuPeer { qemu, dir, elf })
+        Ok(QemuPeer { qemu, storage_daemon: StorageDaemon::find(), dir, elf })
     }
 
     pub fn version(&self) -> &str {
         &self.qemu.version
+    }
+
+    /// qemu-storage-daemon's version line, if it is installed.
+    pub fn storage_daemon_version(&self) -> Option<String> {
+        self.storage_daemon.as_ref().map(|d| d.version.clone())
     }
 
     /// One row per configuration for `scenario` on `disk`: the file (for QEMU's own device) and
@@ -54,20 +77,18 @@ impl QemuPeer {
         args: &BlkBenchArgs,
         disk: (&Path, &str),
         tsc_khz: u32,
+        progress: &mut Progress,
     ) -> Vec<Row> {
         CONFIGS
             .iter()
-            .map(|&(name, completion, vhost_user)| {
-                super::progress(format_args!(
-                    "{name}: {} {} B, queue depth {}",
-                    scenario.rw, scenario.bs, scenario.qd
-                ));
+            .map(|&(name, completion, served)| {
+                let at = format!("{}, {} {} B QD {}", scenario.disk, scenario.rw, scenario.bs, scenario.qd);
+                progress.start(Kind::Qemu, format_args!("{name}, {at}"));
                 let mut row = Row::new("qemu", name.to_string(), scenario);
-                if vhost_user {
+                if served != Served::Qemu {
                     row.device = "vhost-user-blk";
                 }
-                if let Err(e) = self.measure(&mut row, scenario, args, disk, tsc_khz, completion, vhost_user)
-                {
+                if let Err(e) = self.measure(&mut row, scenario, args, disk, tsc_khz, completion, served) {
                     row.note = Some(format!("not measured: {e}"));
                 }
                 row
@@ -84,9 +105,9 @@ impl QemuPeer {
         (disk, spec): (&Path, &str),
         tsc_khz: u32,
         completion: &str,
-        vhost_user: bool,
+        served: Served,
     ) -> Result<(), String> {
-        let Scenario { rw, bs, qd } = scenario;
+        let Scenario { rw, bs, qd, .. } = scenario;
         let cmdline = format!(
             "probe.workload=blk probe.rw={rw} probe.bs={bs} probe.qd={qd} probe.duration_ms={} probe.warmup={} \
              probe.tsc_khz={tsc_khz} probe.completion={completion} probe.mark_linger_ms={MARK_LINGER_MS}",
@@ -95,9 +116,18 @@ impl QemuPeer {
         let mut machine = "microvm,acpi=off".to_string();
         let mut extra: Vec<String> = Vec::new();
         let mut backend = None;
-        if vhost_user {
+        if served != Served::Qemu {
             let socket = self.dir.join("vhost-user-blk.sock");
-            backend = Some(Backend::start(&socket, spec, args.iocore_cpu, args.seccomp)?);
+            backend = Some(match served {
+                Served::StorageDaemon => {
+                    let daemon = self.storage_daemon.as_ref().ok_or(
+                        "qemu-storage-daemon not found (install qemu-system-common, or set \
+                         $EXITLESS_QEMU_STORAGE_DAEMON)",
+                    )?;
+                    daemon.start(&socket, disk, args.iocore_cpu)?
+                }
+                _ => Backend::start(&socket, spec, args.iocore_cpu, args.seccomp)?,
+            });
             machine += ",memory-backend=mem";
             extra.extend(
                 [
@@ -131,10 +161,13 @@ impl QemuPeer {
         let helpers: Vec<u32> = backend.iter().map(|b| b.child.id()).collect();
         let qmp = self.dir.join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
-        let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
+        let timeout = super::blk::run_timeout(args);
         let (run, marks) =
             self.qemu.run_marked(&qemu_args, Some(&qmp), &helpers, timeout).map_err(|e| e.to_string())?;
-        row.command = Some(run.command_line.clone());
+        row.command = Some(match &backend {
+            Some(Backend { command: Some(daemon), .. }) => format!("{daemon} & {}", run.command_line),
+            _ => run.command_line.clone(),
+        });
         drop(backend);
         let line = run
             .stdout
@@ -187,9 +220,13 @@ fn exits_between(start: &PeerMark, end: &PeerMark) -> Counters {
     )
 }
 
-/// `exitless vhost-user-blk` serving the bench's disk, for QEMU.
+/// A vhost-user-blk backend serving the bench's disk, for QEMU: `exitless vhost-user-blk` or
+/// qemu-storage-daemon.
 struct Backend {
     child: Child,
+    /// The backend's command line, shown with the row (qemu-storage-daemon's; exitless's own is
+    /// implied by the row).
+    command: Option<String>,
 }
 
 impl Backend {
@@ -207,15 +244,75 @@ impl Backend {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start the vhost-user backend: {e}"))?;
-        let mut backend = Backend { child };
+        Backend { child, command: None }.wait_for(socket)
+    }
+
+    /// Waits until the backend listens on `socket` (it is stopped if it does not within 10 s).
+    fn wait_for(mut self, socket: &Path) -> Result<Backend, String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
-            if Instant::now() > deadline || backend.child.try_wait().ok().flatten().is_some() {
+            if Instant::now() > deadline || self.child.try_wait().ok().flatten().is_some() {
                 return Err("the vhost-user backend did not create its socket".into());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(backend)
+        Ok(self)
+    }
+}
+
+/// qemu-storage-daemon: QEMU's block layer as a process of its own.
+struct StorageDaemon {
+    binary: PathBuf,
+    version: String,
+}
+
+impl StorageDaemon {
+    /// `$EXITLESS_QEMU_STORAGE_DAEMON` or `qemu-storage-daemon` from PATH, if it runs.
+    fn find() -> Option<StorageDaemon> {
+        let binary = std::env::var_os("EXITLESS_QEMU_STORAGE_DAEMON")
+            .map_or_else(|| "qemu-storage-daemon".into(), PathBuf::from);
+        let output = Command::new(&binary).arg("--version").stdin(Stdio::null()).output().ok()?;
+        let version = String::from_utf8_lossy(&output.stdout).lines().next()?.trim().to_string();
+        output.status.success().then_some(StorageDaemon { binary, version })
+    }
+
+    /// Exports `file` as vhost-user-blk on `socket`, served by an iothread of its own, through
+    /// io_uring with O_DIRECT (as QEMU's own device in the other rows), every thread of the
+    /// process on `cpu` (as exitless's IOCore).
+    fn start(&self, socket: &Path, file: &Path, cpu: usize) -> Result<Backend, String> {
+        let _ = std::fs::remove_file(socket);
+        let args = [
+            "--blockdev".to_string(),
+            format!("driver=file,filename={},aio=io_uring,cache.direct=on,node-name=disk0", file.display()),
+            "--object".to_string(),
+            "iothread,id=iothread0".to_string(),
+            "--export".to_string(),
+            format!(
+                "type=vhost-user-blk,id=export0,node-name=disk0,addr.type=unix,addr.path={},\
+                 iothread=iothread0,writable=on",
+                socket.display()
+            ),
+        ];
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
+        }
+        let mut command = Command::new(&self.binary);
+        command.args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        // SAFETY: the closure runs in the child between fork and exec and only calls
+        // sched_setaffinity on a CPU set on its own stack: async-signal-safe, no allocation.
+        unsafe {
+            command.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        let child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
+        let shown = format!("taskset -c {cpu} {} {}", self.binary.display(), crate::qemu::shell_words(&args));
+        Backend { child, command: Some(shown) }.wait_for(socket)
     }
 }
 

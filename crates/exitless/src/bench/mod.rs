@@ -3,10 +3,13 @@
 mod baseline;
 mod blk;
 mod blk_qemu;
+mod blk_table;
 mod exitcost;
 mod machine;
 mod net;
 mod plot;
+mod progress;
+mod scratch;
 mod table;
 
 use serde_json::{Map, Value};

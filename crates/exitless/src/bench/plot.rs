@@ -52,13 +52,14 @@ pub struct ScenarioKey {
     pub disk: Option<String>,
 }
 
-/// The one place that says which rows share a plot.
-fn scenario_key(row: &Row) -> ScenarioKey {
+/// The one place that says which rows share a plot; `several_disks`: the report measured more
+/// than one disk, so the disk is part of the scenario.
+fn scenario_key(row: &Row, several_disks: bool) -> ScenarioKey {
     ScenarioKey {
         workload: row.workload.to_string(),
         block_size: row.block_size,
         queue_depth: row.queue_depth,
-        disk: None,
+        disk: several_disks.then(|| row.disk.to_string()),
     }
 }
 
@@ -101,8 +102,9 @@ fn slug(text: &str) -> String {
 /// Rows grouped by scenario, in the order scenarios first appear.
 fn group(rows: &[Row]) -> Vec<(ScenarioKey, Vec<&Row>)> {
     let mut groups: Vec<(ScenarioKey, Vec<&Row>)> = Vec::new();
+    let several_disks = rows.iter().any(|r| r.disk != rows[0].disk);
     for row in rows {
-        let key = scenario_key(row);
+        let key = scenario_key(row, several_disks);
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, members)) => members.push(row),
             None => groups.push((key, vec![row])),
@@ -530,7 +532,7 @@ mod tests {
     use crate::bench::blk::Scenario;
 
     fn row(vmm: &'static str, mode: &str, qd: u32, iops: Option<f64>) -> Row {
-        let mut row = Row::new(vmm, mode.to_string(), Scenario { rw: "randread", bs: 4096, qd });
+        let mut row = Row::new(vmm, mode.to_string(), Scenario { disk: "ram", rw: "randread", bs: 4096, qd });
         row.iops = iops;
         row.p50_us = iops.map(|v| 1e6 / v);
         row.p99_us = iops.map(|v| 2e6 / v);

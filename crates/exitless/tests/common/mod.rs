@@ -116,3 +116,32 @@ pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
     }
     image
 }
+
+/// A loop block device over a file with direct I/O (`losetup --direct-io=on`): a real block
+/// device path. Detached when dropped.
+pub struct LoopDevice {
+    pub path: std::path::PathBuf,
+}
+
+impl LoopDevice {
+    /// Attach `file` (a multiple of 512 bytes, on a file system that takes O_DIRECT).
+    pub fn attach(file: &std::path::Path) -> LoopDevice {
+        let out = Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(file)
+            .output()
+            .expect("losetup (util-linux) must be installed");
+        assert!(out.status.success(), "losetup {}: {}", file.display(), stderr(&out));
+        let path = std::path::PathBuf::from(stdout(&out).trim());
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let dio = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).unwrap_or_default();
+        assert_eq!(dio.trim(), "1", "{} does not do direct I/O", path.display());
+        LoopDevice { path }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
+    }
+}

@@ -3,6 +3,7 @@
 pub mod console;
 pub mod serial;
 pub mod testdev;
+pub mod vhost_user_blk;
 pub mod virtio;
 
 use std::sync::Mutex;

@@ -16,6 +16,8 @@ use virtio::{DeviceStats, VirtioDevice, WorkerHost};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::vhost_user_blk::{VhostUserBlk, VhostUserDisk, VhostUserError, VhostUserInfo};
+
 /// The first transport's MMIO window (in the 3-4 GiB hole; the next one follows it).
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
 /// The first transport's IOAPIC pin (COM1 is 4, the test device 5).
@@ -116,6 +118,14 @@ pub enum DeviceError {
     Kvm { index: usize, what: &'static str, source: kvm_ioctls::Error },
     #[error("cannot create an eventfd: {0}")]
     EventFd(#[source] std::io::Error),
+    #[error("vhost-user disk {index}: {source}")]
+    VhostUser { index: usize, source: VhostUserError },
+    #[error(
+        "--io-mode trap serves a disk in the vCPU's MMIO exit, but a vhost-user disk is served by its \
+         daemon: choose eventfd, pv-eoi or sidecore (the guest takes interrupts) or exitless or adaptive \
+         (the guest polls)"
+    )]
+    TrapVhostUser,
 }
 
 /// One virtio-mmio transport on the MMIO bus.
@@ -123,12 +133,14 @@ pub struct VirtioSlot {
     pub base: u64,
     pub irq: u32,
     pub transport: Mutex<MmioTransport>,
-    /// "virtio-blk" or "virtio-net".
+    /// "virtio-blk", "vhost-user-blk" or "virtio-net".
     pub kind: &'static str,
     /// The device's index among those of its kind.
     pub index: usize,
     /// What the device did, for `run --stats`.
     pub stats: Arc<DeviceStats>,
+    /// For a vhost-user disk, what the VMM knows of it.
+    pub vhost_user: Option<Arc<VhostUserInfo>>,
     // Kept open for the VM's lifetime: KVM holds them as irqfd and ioeventfd.
     _irq_fd: Arc<EventFd>,
     _notify_fd: Option<Arc<EventFd>>,
@@ -145,6 +157,44 @@ impl VirtioSlot {
     }
 }
 
+/// Who serves the queue of one of the VMM's own devices (slot `index` at `base`), and its
+/// notification eventfd.
+fn local_runner(
+    vm: &VmFd,
+    iocore: &Option<Arc<IoCore>>,
+    mode: IoMode,
+    is_disk: bool,
+    base: u64,
+    index: usize,
+) -> Result<(Runner, Option<Arc<EventFd>>), DeviceError> {
+    let iocore = match iocore {
+        // Trap mode: the vCPU serves a disk's queue inside the notification's exit.
+        _ if mode == IoMode::Trap && is_disk => return Ok((Runner::OnNotify, None)),
+        None => return Ok((Runner::OnNotify, None)),
+        Some(iocore) => iocore,
+    };
+    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
+    // Trap mode: no ioeventfd, so the notification exits to user space, where the transport
+    // passes it on to the I/O thread through this eventfd.
+    if mode != IoMode::Trap {
+        let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
+        vm.register_ioevent(&notify, &address, NoDatamatch).map_err(|source| DeviceError::Kvm {
+            index,
+            what: "queue notify (ioeventfd)",
+            source,
+        })?;
+    }
+    let host: Arc<dyn WorkerHost> = iocore.clone();
+    Ok((Runner::Host { host, id: index as u64, notify: Some(notify.clone()) }, Some(notify)))
+}
+
+/// The devices of a VM, by kind; on the bus in this order.
+pub struct DeviceList<'a> {
+    pub disks: &'a [DiskBackend],
+    pub vhost_user: &'a [VhostUserDisk],
+    pub nets: &'a [NetConfig],
+}
+
 /// How the VM's IOCore thread runs, if it has one.
 pub struct IoCoreSetup {
     /// `adaptive`: how long the IOCore spins without a request before it sleeps.
@@ -155,25 +205,38 @@ pub struct IoCoreSetup {
     pub filter: sandbox::Filter,
 }
 
-/// The VM's virtio devices and the IOCore that serves them (none in `trap` mode).
+/// The VM's virtio devices and the IOCore that serves them (none in `trap` mode, nor for
+/// vhost-user disks alone: their daemon serves them).
 pub struct VirtioDevices {
     pub slots: Vec<VirtioSlot>,
     pub iocore: Option<Arc<IoCore>>,
 }
 
+/// Which device goes into a slot.
+enum Model<'a> {
+    Disk(&'a DiskBackend),
+    VhostUser(&'a VhostUserDisk),
+    Net(&'a NetConfig),
+}
+
 impl VirtioDevices {
-    /// Disks first, then network devices, in the order given.
+    /// Disks first, then vhost-user disks, then network devices, in the order given.
+    /// `watch_filter` confines the threads that watch vhost-user daemons.
     pub fn create(
         vm: &VmFd,
         mem: &GuestMemoryMmap,
-        disks: &[DiskBackend],
-        nets: &[NetConfig],
+        devices: DeviceList,
         mode: IoMode,
         iocore_setup: IoCoreSetup,
+        watch_filter: sandbox::Filter,
     ) -> Result<VirtioDevices, DeviceError> {
-        let count = disks.len() + nets.len();
+        let DeviceList { disks, vhost_user, nets } = devices;
+        let count = disks.len() + vhost_user.len() + nets.len();
         if count > MAX_VIRTIO_DEVICES {
             return Err(DeviceError::TooMany);
+        }
+        if mode == IoMode::Trap && !vhost_user.is_empty() {
+            return Err(DeviceError::TrapVhostUser);
         }
         // In trap mode a network device still needs a thread that waits for frames from its tap
         // (as QEMU's main loop does); its queue notifications exit to user space all the same.
@@ -182,48 +245,65 @@ impl VirtioDevices {
             None if !nets.is_empty() => Some(Policy::Notified),
             policy => policy,
         };
+        let local = disks.len() + nets.len();
         let iocore = match policy {
-            Some(policy) if count > 0 => Some(Arc::new(IoCore::spawn_confined(policy, cpu, filter)?)),
+            Some(policy) if local > 0 => Some(Arc::new(IoCore::spawn_confined(policy, cpu, filter)?)),
             _ => None,
         };
-        let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::with_capacity(count);
-        for (index, disk) in disks.iter().enumerate() {
-            let backend = disk.open().map_err(|source| DeviceError::Backend { index, source })?;
-            devices.push(Box::new(Block::new(backend, &format!("exitless-disk{index}"))));
-        }
-        for (index, net) in nets.iter().enumerate() {
-            let tap = tap::Tap::open(&net.tap, net.netns.as_deref())
-                .map_err(|source| DeviceError::Tap { index, source })?;
-            devices.push(Box::new(Net::new(Box::new(tap), net.mac)));
-        }
+        let models = disks
+            .iter()
+            .map(Model::Disk)
+            .chain(vhost_user.iter().map(Model::VhostUser))
+            .chain(nets.iter().map(Model::Net));
         let mut slots = Vec::with_capacity(count);
-        for (index, device) in devices.into_iter().enumerate() {
+        let mut kind_counts = [0usize; 3];
+        for (index, model) in models.enumerate() {
             let kvm = |what| move |source| DeviceError::Kvm { index, what, source };
             let base = VIRTIO_MMIO_BASE + index as u64 * MMIO_SIZE;
             let irq = VIRTIO_FIRST_IRQ + index as u32;
             let irq_fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
             vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
-            let is_disk = index < disks.len();
-            let (kind, kind_index) =
-                if is_disk { ("virtio-blk", index) } else { ("virtio-net", index - disks.len()) };
+            let (kind, kind_slot) = match model {
+                Model::Disk(_) => ("virtio-blk", 0),
+                Model::VhostUser(_) => ("vhost-user-blk", 1),
+                Model::Net(_) => ("virtio-net", 2),
+            };
+            let kind_index = kind_counts[kind_slot];
+            kind_counts[kind_slot] += 1;
             let stats = Arc::new(DeviceStats::new(format!("{kind} {kind_index}")));
-            let (runner, notify_fd) = match &iocore {
-                // Trap mode: the vCPU serves a disk's queue inside the notification's exit.
-                _ if mode == IoMode::Trap && is_disk => (Runner::OnNotify, None),
-                None => (Runner::OnNotify, None),
-                Some(iocore) => {
-                    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
-                    // Trap mode: no ioeventfd, so the notification exits to user space, where the
-                    // transport passes it on to the I/O thread through this eventfd.
-                    if mode != IoMode::Trap {
+            let mut vhost_user_info = None;
+            let (device, runner, notify_fd): (Box<dyn VirtioDevice>, Runner, Option<Arc<EventFd>>) =
+                match model {
+                    Model::VhostUser(disk) => {
+                        // The daemon serves the queue: the notification goes to it through the
+                        // ioeventfd, and it interrupts through the irqfd.
+                        let notify =
+                            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
                         let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
                         vm.register_ioevent(&notify, &address, NoDatamatch)
                             .map_err(kvm("queue notify (ioeventfd)"))?;
+                        let device =
+                            VhostUserBlk::connect(disk, notify.clone(), irq_fd.clone(), watch_filter.clone())
+                                .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
+                        vhost_user_info = Some(device.info());
+                        (Box::new(device), Runner::OnNotify, Some(notify))
                     }
-                    let host: Arc<dyn WorkerHost> = iocore.clone();
-                    (Runner::Host { host, id: index as u64, notify: Some(notify.clone()) }, Some(notify))
-                }
-            };
+                    Model::Disk(disk) => {
+                        let backend = disk
+                            .open()
+                            .map_err(|source| DeviceError::Backend { index: kind_index, source })?;
+                        let device = Box::new(Block::new(backend, &format!("exitless-disk{kind_index}")));
+                        let (runner, notify) = local_runner(vm, &iocore, mode, true, base, index)?;
+                        (device, runner, notify)
+                    }
+                    Model::Net(net) => {
+                        let tap = tap::Tap::open(&net.tap, net.netns.as_deref())
+                            .map_err(|source| DeviceError::Tap { index: kind_index, source })?;
+                        let device = Box::new(Net::new(Box::new(tap), net.mac));
+                        let (runner, notify) = local_runner(vm, &iocore, mode, false, base, index)?;
+                        (device, runner, notify)
+                    }
+                };
             let transport =
                 MmioTransport::new(device, mem.clone(), runner, Some(irq_fd.clone()), stats.clone());
             slots.push(VirtioSlot {
@@ -233,6 +313,7 @@ impl VirtioDevices {
                 kind,
                 index: kind_index,
                 stats,
+                vhost_user: vhost_user_info,
                 _irq_fd: irq_fd,
                 _notify_fd: notify_fd,
             });

@@ -1,0 +1,121 @@
+//! The block ladder's tables: one per disk and scenario, the real disk's first when the bench ran
+//! it first (the default order).
+
+use super::blk::Row;
+use super::format_causes;
+use super::machine::About;
+use super::table::Table;
+
+/// What the tables' headings say besides the rows.
+pub struct Context<'a> {
+    pub about: &'a About,
+    /// (label, description) per disk, in run order.
+    pub disks: Vec<(&'a str, &'a str)>,
+    pub fio_version: Option<&'a str>,
+    pub qemu_version: Option<&'a str>,
+    pub qemu_storage_daemon_version: Option<&'a str>,
+    /// The vCPU's and the IOCore's host CPUs.
+    pub cpus: [usize; 2],
+}
+
+/// Why a RAM disk's ratio to bare metal can exceed 1, under each RAM-disk table.
+const RAM_DISK_NOTE: &str = "RAM disk: a null device, it shows what the I/O path itself costs. The \
+     guest's request reaches memory without a system call, fio's (the bare-metal baseline: the best \
+     of psync, libaio and io_uring) with one, so a polled guest can beat bare metal (% of bare metal \
+     over 100). `% of mmap` compares with the device's own speed: fio's mmap engine, a memory copy \
+     with no system call, which no program that uses a disk through the kernel gets";
+
+pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
+    let mut out = String::new();
+    let mut scenarios: Vec<(&str, &str, u32, u32)> = Vec::new();
+    for row in results {
+        let key = (row.disk, row.workload, row.block_size, row.queue_depth);
+        if !scenarios.contains(&key) {
+            scenarios.push(key);
+        }
+    }
+    let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
+    for (disk, rw, bs, qd) in scenarios {
+        let rows: Vec<&Row> = results
+            .iter()
+            .filter(|r| (r.disk, r.workload, r.block_size, r.queue_depth) == (disk, rw, bs, qd))
+            .collect();
+        let ram = rows.iter().any(|r| r.device_iops.is_some());
+        let mut header = vec![
+            "vmm",
+            "mode",
+            "IOPS",
+            "p50 µs",
+            "p99 µs",
+            "added µs/IO",
+            "exits/IO",
+            "exit causes per IO",
+            "% of bare metal",
+        ];
+        if ram {
+            header.push("% of mmap");
+        }
+        header.extend(["x QEMU", "cores"]);
+        let cells = rows
+            .iter()
+            .map(|r| {
+                let mut cells = vec![
+                    r.vmm.to_string(),
+                    r.mode.clone(),
+                    number(r.iops, 0),
+                    number(r.p50_us, 1),
+                    number(r.p99_us, 1),
+                    r.added_latency_us.map_or("n/a".into(), |v| format!("{v:+.1}")),
+                    number(r.exits_per_io, 3),
+                    format_causes(&r.exits_by_cause),
+                    number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
+                ];
+                if ram {
+                    cells.push(number(r.ratio_to_device.map(|x| x * 100.0), 1));
+                }
+                cells.extend([number(r.ratio_to_qemu, 2), number(r.cpu_cores_used, 2)]);
+                cells
+            })
+            .collect();
+        let describe = context.disks.iter().find(|(label, _)| *label == disk).map_or(disk, |(_, d)| *d);
+        let mut lines = context.about.context();
+        lines.push(("disk".to_string(), describe.to_string()));
+        let [vcpu, iocore] = context.cpus;
+        lines.push(("CPUs".into(), format!("vCPU on {vcpu}, IOCore on {iocore}")));
+        if let Some(v) = context.fio_version {
+            lines.push((
+                "baseline".into(),
+                format!(
+                    "{v}, O_DIRECT, one job allowed CPUs {vcpu},{iocore} (the guest set-up's), the best of \
+                     psync, libaio and io_uring"
+                ),
+            ));
+        }
+        if let Some(v) = context.qemu_version {
+            let qsd = context.qemu_storage_daemon_version.map_or(String::new(), |q| format!(", {q}"));
+            lines.push(("peer".into(), format!("{v}{qsd}; exits from QMP query-stats at the probe's marks")));
+        }
+        if !markdown {
+            lines.retain(|(k, _)| k == "machine" || k == "disk" || k == "CPUs");
+        }
+        let mut notes: Vec<String> =
+            rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+        notes.push(
+            "added µs/IO: the row's p50 less bare metal's p50; x QEMU: IOPS over the best of QEMU's own \
+             configurations (its virtio-blk, qemu-storage-daemon)"
+                .into(),
+        );
+        if ram {
+            notes.push(RAM_DISK_NOTE.into());
+        }
+        if markdown {
+            notes
+                .extend(rows.iter().filter_map(|r| r.command.as_ref().map(|c| format!("{}: `{c}`", r.mode))));
+        }
+        let title = format!(
+            "blk, {disk} disk: {rw} {bs} B, queue depth {qd}, exitless's I/O modes against bare metal"
+        );
+        out += &Table { title, context: lines, header, rows: cells, notes }.render(markdown);
+    }
+    out
+}

@@ -1,0 +1,308 @@
+//! `exitless run --disk vhost-user=SOCKET`: the exitless VMM as the frontend of a real
+//! `exitless vhost-user-blk` daemon, with the probe guest on real KVM. Behaviour, not timing:
+//! verify passes and the host file holds the pattern, two VMs share one daemon's IOCore, a
+//! missing socket or a daemon killed mid-run ends the VM with an error (never a hang), and
+//! polled I/O through the daemon makes no exit per request (KVM's counts).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{exitless_within, json_lines, line_with, stderr, stdout};
+use probe_abi::pattern;
+use serde_json::Value;
+
+/// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
+const RUN_LIMIT: Duration = Duration::from_secs(120);
+const DISK_BYTES: u64 = 8 << 20;
+
+/// One daemon and its guests at a time: they share this machine's two cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `exitless vhost-user-blk ARGS`, once every socket listens; killed when dropped.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
+        let log = dir.join("daemon.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .arg("vhost-user-blk")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("run exitless vhost-user-blk");
+        let mut daemon = Daemon { child, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !sockets.iter().all(|s| s.exists()) {
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                panic!("the daemon died ({status}): {}", daemon.log());
+            }
+            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s: {}", daemon.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn disk_file(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path).unwrap().set_len(DISK_BYTES).unwrap();
+    path
+}
+
+/// `--disk socket=SOCK,path=FILE,direct` for the daemon.
+fn daemon_disk(socket: &Path, file: &Path) -> String {
+    format!("socket={},path={},direct", socket.display(), file.display())
+}
+
+/// The first `blocks` 4 KiB blocks of `path` hold the pattern the probe writes with `seed`.
+fn assert_holds_pattern(path: &Path, seed: u64, blocks: u64) {
+    let bytes = std::fs::read(path).unwrap();
+    let written = &bytes[..(blocks * 4096) as usize];
+    for (block, data) in written.chunks_exact(4096).enumerate() {
+        assert!(pattern::check(seed, block as u64 * 8, data), "block {block} of {} differs", path.display());
+    }
+    assert!(bytes[written.len()..].iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed");
+}
+
+fn run_args(socket: &Path, guest_mode: &str, cmdline: &str) -> Vec<String> {
+    [
+        "run",
+        "--probe",
+        "--disk",
+        &format!("vhost-user={}", socket.display()),
+        "--io-mode",
+        guest_mode,
+        "--cmdline",
+        cmdline,
+        "--timeout",
+        "60",
+        "--stats",
+        "--json",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn run_vm(socket: &Path, guest_mode: &str, cmdline: &str) -> Output {
+    let args = run_args(socket, guest_mode, cmdline);
+    exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn verify_cmdline(seed: u64) -> String {
+    format!("probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed}")
+}
+
+/// The guest's verify result passed, and the VMM's report names the vhost-user disk.
+fn assert_verified(out: &Output, what: &str) {
+    assert_eq!(out.status.code(), Some(0), "{what}: {}\n{}", stdout(out), stderr(out));
+    let result = line_with(out, "probe", "blk");
+    assert_eq!(result["mismatches"], 0, "{what}: {result}");
+    assert_eq!(result["errors"], 0, "{what}: {result}");
+    assert_eq!(result["flush"], true, "{what}: FLUSH offered by the daemon and answered");
+    let stats = json_lines(out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
+    let device = &stats["devices"][0];
+    assert_eq!(device["device"], "vhost-user-blk", "{what}: {stats}");
+    assert_eq!(device["needs_reset"], 0, "{what}: {device}");
+    assert!(device["activations"].as_u64().unwrap() >= 1, "{what}: {device}");
+    // The daemon counts the requests; the VMM says it does not know them.
+    assert!(device["completed"].is_null(), "{what}: {device}");
+}
+
+#[test]
+fn verify_through_the_daemon_in_its_sidecore_and_eventfd_modes_polled_and_interrupted() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let mut seed = 200;
+    for daemon_mode in ["sidecore", "eventfd"] {
+        let socket = dir.path().join(format!("{daemon_mode}.sock"));
+        let file = disk_file(dir.path(), &format!("{daemon_mode}.img"));
+        let args = [
+            "--disk".to_string(),
+            daemon_disk(&socket, &file),
+            "--io-mode".to_string(),
+            daemon_mode.to_string(),
+        ];
+        let daemon = Daemon::start(dir.path(), &args, &[&socket]);
+        // exitless: the guest polls the used ring; eventfd: it takes interrupts (the daemon's
+        // call eventfd is the device's irqfd).
+        for (guest_mode, completion) in [("exitless", "poll"), ("eventfd", "interrupt")] {
+            seed += 1;
+            let what = format!("daemon {daemon_mode}, guest {guest_mode}");
+            let out = run_vm(&socket, guest_mode, &verify_cmdline(seed));
+            assert_verified(&out, &format!("{what}; daemon: {}", daemon.log()));
+            assert_eq!(line_with(&out, "probe", "blk")["completion"], completion, "{what}");
+            assert_holds_pattern(&file, seed, 300);
+        }
+    }
+}
+
+#[test]
+fn two_vms_share_one_daemon_and_its_one_iocore() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<(PathBuf, PathBuf)> = (0..2)
+        .map(|i| (dir.path().join(format!("vm{i}.sock")), disk_file(dir.path(), &format!("vm{i}.img"))))
+        .collect();
+    let mut args = Vec::new();
+    for (socket, file) in &disks {
+        args.extend(["--disk".to_string(), daemon_disk(socket, file)]);
+    }
+    args.extend(["--iocores", "1", "--io-mode", "adaptive"].map(String::from));
+    let sockets: Vec<&Path> = disks.iter().map(|(s, _)| s.as_path()).collect();
+    let daemon = Daemon::start(dir.path(), &args, &sockets);
+    let runs: Vec<_> = disks
+        .iter()
+        .enumerate()
+        .map(|(i, (socket, _))| {
+            let args = run_args(socket, "exitless", &verify_cmdline(300 + i as u64));
+            std::thread::spawn(move || {
+                exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>())
+            })
+        })
+        .collect();
+    for (i, run) in runs.into_iter().enumerate() {
+        let out = run.join().unwrap();
+        assert_verified(&out, &format!("VM {i}; daemon: {}", daemon.log()));
+        assert_holds_pattern(&disks[i].1, 300 + i as u64, 300);
+    }
+    // Both were connected at once: one daemon, two frontends.
+    assert_eq!(daemon.log().matches("frontend connected").count(), 2, "{}", daemon.log());
+}
+
+#[test]
+fn a_missing_socket_a_refused_frontend_and_a_killed_daemon_end_the_vm_with_an_error() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+
+    // Nothing there: one line, at once.
+    let missing = dir.path().join("missing.sock");
+    let started = Instant::now();
+    let out = run_vm(&missing, "exitless", &verify_cmdline(1));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no vhost-user socket at") && err.contains("missing.sock"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+
+    // A VM polling its disk; the daemon refuses a second frontend for that disk, then dies.
+    let socket = dir.path().join("d.sock");
+    let file = disk_file(dir.path(), "d.img");
+    let mut daemon =
+        Daemon::start(dir.path(), &["--disk".to_string(), daemon_disk(&socket, &file)], &[&socket]);
+    let cmdline = "probe.workload=blk probe.rw=randread probe.duration_ms=60000 probe.timeout_ms=1000";
+    let args = run_args(&socket, "exitless", cmdline);
+    let vm = std::thread::spawn(move || {
+        exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !daemon.log().contains("stopped at") && !daemon.log().contains("frontend connected") {
+        assert!(Instant::now() < deadline, "the VM did not connect: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let second = run_vm(&socket, "exitless", &verify_cmdline(2));
+    assert_eq!(second.status.code(), Some(125), "{}", stderr(&second));
+    let err = stderr(&second);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("closed the connection"), "{err}");
+
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    let killed = Instant::now();
+    let out = vm.join().unwrap();
+    // The guest saw the device fail (NEEDS_RESET, or no completion within its own timeout) and
+    // exited with its error status, long before the 60 s of its workload or --timeout.
+    assert!(killed.elapsed() < Duration::from_secs(30), "the VM took {:?} to end", killed.elapsed());
+    assert_eq!(out.status.code(), Some(1), "{}\n{}", stdout(&out), stderr(&out));
+    let result = line_with(&out, "probe", "blk");
+    assert!(result["error"].is_string(), "{result}");
+    let err = stderr(&out);
+    assert!(err.contains("the vhost-user daemon closed the connection"), "{err}");
+    let stats = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
+    assert_eq!(stats["devices"][0]["daemon_gone"], true, "{stats}");
+}
+
+#[test]
+fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ram.sock");
+    let args = [
+        "--disk".to_string(),
+        format!("socket={},ram=8M", socket.display()),
+        "--io-mode".to_string(),
+        "sidecore".to_string(),
+    ];
+    let daemon = Daemon::start(dir.path(), &args, &[&socket]);
+    let ops = 10_000;
+    let cmdline = format!("probe.workload=blk probe.rw=randread probe.qd=1 probe.ops={ops}");
+    let out = run_vm(&socket, "exitless", &cmdline);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}\n{}", stdout(&out), stderr(&out), daemon.log());
+    assert_eq!(line_with(&out, "probe", "blk")["ops"], ops);
+    let stats: Value = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
+    let phase = stats["vcpus"][0]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["from"] == 0 && p["to"] == 1)
+        .cloned()
+        .unwrap_or_else(|| panic!("no phase 0->1 in {stats}"));
+    // The closing mark is itself one MMIO exit. Host interrupts (`irq_exits`: the host's timer
+    // and its scheduler taking the vCPU's core for the daemon's IOCore or anything else on this
+    // 2-core machine) land whatever the I/O path does, so they are not the path's; a daemon in
+    // eventfd mode makes one exit per request here (the notification), which this would catch.
+    let counters = &phase["counters"];
+    let count = |name: &str| counters[name].as_f64().unwrap_or(0.0);
+    let exits = (count("exits") - count("irq_exits") - 1.0) / ops as f64;
+    assert!(exits < 0.05, "{exits} exits per request besides host interrupts: {phase}");
+}
+
+#[test]
+fn guest_memory_shared_from_huge_pages_works_or_says_what_is_missing() {
+    let _one = one_at_a_time();
+    let free: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("huge.sock");
+    let file = disk_file(dir.path(), "huge.img");
+    let daemon = Daemon::start(dir.path(), &["--disk".to_string(), daemon_disk(&socket, &file)], &[&socket]);
+    // A memfd with MFD_HUGETLB, mapped by the daemon too; 48 MiB is 24 pages (see run_probe.rs).
+    let mut args = run_args(&socket, "exitless", &verify_cmdline(400));
+    args.extend(["--mem", "48M", "--hugepages"].map(String::from));
+    let out = exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    if free >= 24 {
+        assert_verified(&out, &format!("huge pages; daemon: {}", daemon.log()));
+        assert_holds_pattern(&file, 400, 300);
+    } else {
+        assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+        assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));
+    }
+}
