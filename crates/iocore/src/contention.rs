@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// How much time one look at the thread's figures covers.
-pub(crate) const PROBE_WINDOW: Duration = Duration::from_millis(1);
+const PROBE_WINDOW: Duration = Duration::from_millis(1);
 /// The core counts as contended when the thread waited for it at least 1/`CONTENDED_SHARE` of a
 /// window (others ran while it wanted to): a short kernel worker or an interrupt's softirq now
 /// and then is not contention (seen here: up to 9% of a window while a benchmark ran alone), a
@@ -107,7 +107,7 @@ impl Contention {
 }
 
 /// What one sleep costs the IOCore in CPU time: the system calls, the switch away and back, the
-/// wake-up (a few microseconds on a machine, 15-20 here in a nested VM). An idle thread that
+/// wake-up (a few microseconds on a machine; 8-35 here, in a nested VM). An idle thread that
 /// shares its core spins at most that long before it sleeps (the ski-rental rule: it never
 /// spends more than twice what the best choice in hindsight would have), so the budget follows
 /// the machine without being tuned for it.

@@ -226,9 +226,8 @@ impl Engine {
     }
 
     /// Wait in epoll for a notification or a command (at most `timeout`, if given), then clear
-    /// what fired.
-    /// An adaptive IOCore measures what the sleep cost it (two clock reads per sleep, never per
-    /// request).
+    /// what fired. An adaptive IOCore also measures what the sleep cost it in CPU time (two
+    /// clock reads per sleep, a sleep being a system call anyway; never per request).
     fn sleep(&mut self, timeout: Option<Duration>) {
         self.stats.sleeps += 1;
         if !matches!(self.policy, Policy::Adaptive { .. }) {
