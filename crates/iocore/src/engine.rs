@@ -10,6 +10,7 @@ use virtio::QueueWorker;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::contention::{thread_cpu_time, Contention, WakeCost};
 use crate::{Command, IoCoreError, IoCoreStats, Policy, Shared};
 
 /// Idle spins between two looks at the clock (adaptive policy).
@@ -90,6 +91,8 @@ pub(crate) struct Engine {
     epoll: Epoll,
     events: [EpollEvent; MAX_EVENTS],
     stats: IoCoreStats,
+    /// What an adaptive IOCore's sleeps cost it.
+    wake_cost: WakeCost,
 }
 
 impl Engine {
@@ -107,6 +110,7 @@ impl Engine {
             epoll,
             events: [EpollEvent::default(); MAX_EVENTS],
             stats: IoCoreStats::default(),
+            wake_cost: WakeCost::new(),
         })
     }
 
@@ -124,6 +128,8 @@ impl Engine {
                 return self.stats;
             }
         }
+        // Opened before the filter, which allows reading it but not opening files.
+        let mut contention = Contention::for_current_thread();
         if let Err(e) = filter.install() {
             let _ = started.send(Err(e.into()));
             return self.stats;
@@ -134,8 +140,10 @@ impl Engine {
         let mut idle_since: Option<Instant> = None;
         let mut idle_spins = 0u32;
         let mut disk_wait = DiskWait::new();
+        let mut yielding = false;
         loop {
             if self.shared.pending.load(Ordering::Acquire) && !self.commands() {
+                self.stats.yields = contention.found;
                 return self.stats;
             }
             let work = self.poll_all();
@@ -170,13 +178,17 @@ impl Engine {
                         continue;
                     }
                     idle_spins = idle_spins.wrapping_add(1);
-                    if !idle_spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
+                    // A yielding thread's budget is a few passes: look at the clock each time.
+                    if !yielding && !idle_spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
                         std::hint::spin_loop();
                         continue;
                     }
                     let now = Instant::now();
                     let since = *idle_since.get_or_insert(now);
-                    if now.duration_since(since) >= idle {
+                    yielding = contention.yielding(now);
+                    // Sharing the core: spin no longer than a sleep would cost.
+                    let budget = if yielding { self.wake_cost.spin(idle) } else { idle };
+                    if now.duration_since(since) >= budget {
                         // Ask for notifications, then look once more: a request the driver made
                         // before it saw that would otherwise wait for the next one.
                         self.set_polling(false);
@@ -237,10 +249,21 @@ impl Engine {
     }
 
     /// Wait in epoll for a notification or a command (at most `timeout`, if given), then clear
-    /// what fired.
+    /// what fired. An adaptive IOCore also measures what the sleep cost it in CPU time (two
+    /// clock reads per sleep, a sleep being a system call anyway; never per request).
     fn sleep(&mut self, timeout: Option<Duration>) {
         self.stats.sleeps += 1;
+        if !matches!(self.policy, Policy::Adaptive { .. }) {
+            self.wait(timeout);
+            return;
+        }
+        let before = thread_cpu_time();
         self.wait(timeout);
+        if let Some(cost) =
+            thread_cpu_time().zip(before).and_then(|(after, before)| after.checked_sub(before))
+        {
+            self.wake_cost.record(cost);
+        }
     }
 
     /// Wait in epoll for a notification, a backend's completion or a command, at most

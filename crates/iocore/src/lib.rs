@@ -9,6 +9,7 @@
 
 #![warn(missing_docs)]
 
+mod contention;
 mod engine;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,6 +82,9 @@ pub struct IoCoreStats {
     pub disk_sleeps: u64,
     /// Requests started or finished.
     pub work: u64,
+    /// Times an adaptive IOCore found other threads waiting for its core and began to sleep
+    /// sooner when idle.
+    pub yields: u64,
 }
 
 /// A thread that serves the queues of one or more virtio devices (their `QueueWorker`s): the

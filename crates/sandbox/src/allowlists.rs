@@ -66,8 +66,10 @@ const THREAD_START: &[i64] = &[
 ];
 
 /// The I/O an IOCore does for its queues: sleep in epoll on ioeventfds and backend fds, drain
-/// eventfds, drive io_uring, move frames to and from taps, close what a detached queue held.
+/// eventfds, drive io_uring, move frames to and from taps, close what a detached queue held, read
+/// its own scheduler statistics (pread of /proc/thread-self/schedstat, opened before the filter).
 const IOCORE: &[i64] = &[
+    libc::SYS_pread64,
     libc::SYS_epoll_wait,
     libc::SYS_epoll_pwait2,
     libc::SYS_epoll_ctl,
