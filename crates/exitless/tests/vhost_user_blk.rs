@@ -521,3 +521,72 @@ fn bad_command_lines_and_socket_paths_are_refused() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the disk"), "{out:?}");
 }
+
+/// One daemon, two frontends at once on one IOCore: this Linux guest with its own virtio-blk
+/// driver on one disk, reading it over and over while it waits for a go-ahead, and an exitless
+/// VM (the VMM as a vhost-user frontend) verifying another disk meanwhile. Both host files hold
+/// what their guest wrote.
+#[test]
+fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
+    let kernel = kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let (initramfs, _) = initramfs(&kernel, dir.path());
+    let (linux_disk, probe_disk) = (dir.path().join("linux.img"), dir.path().join("probe.img"));
+    std::fs::File::create(&linux_disk).unwrap().set_len(64 << 20).unwrap();
+    std::fs::File::create(&probe_disk).unwrap().set_len(16 << 20).unwrap();
+    let (socket, probe_socket) = (dir.path().join("linux.sock"), dir.path().join("probe.sock"));
+    let backend = Backend::start(
+        &socket,
+        &[
+            "--disk",
+            &format!("path={}", linux_disk.display()),
+            "--disk",
+            &format!("socket={},path={},direct", probe_socket.display(), probe_disk.display()),
+        ],
+        dir.path().join("daemon.log"),
+    );
+    assert!(probe_socket.exists(), "both sockets listen: {}", backend.log());
+    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
+    let mut linux = guest.spawn("vu.write=1 vu.waitgo=1 vu.read=1", 1, 1, false);
+    linux.wait_for("VU-WAITING");
+
+    let (seed, blocks) = (77, 2048);
+    let cmdline =
+        format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed}");
+    let disk = format!("vhost-user={}", probe_socket.display());
+    let out = common::exitless_within(
+        QEMU_TIMEOUT,
+        &[
+            "run",
+            "--probe",
+            "--disk",
+            &disk,
+            "--io-mode",
+            "exitless",
+            "--cmdline",
+            &cmdline,
+            "--timeout",
+            "120",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", common::stdout(&out), common::stderr(&out));
+    let result = common::line_with(&out, "probe", "blk");
+    assert_eq!((result["errors"].as_u64(), result["mismatches"].as_u64()), (Some(0), Some(0)), "{result}");
+    common::assert_holds_only_pattern(&probe_disk, seed, blocks);
+    assert!(!has(&linux.console(), "VU-GO"), "Linux was still reading its disk: {}", linux.console());
+
+    // The go-ahead, written on the host into the sector Linux keeps reading.
+    let mut file = std::fs::OpenOptions::new().write(true).open(&linux_disk).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(16 * 512)).unwrap();
+    file.write_all(b"GO-AHEAD").unwrap();
+    file.sync_all().unwrap();
+    let console = linux.finish();
+    for marker in ["VU-WRITE-OK", "VU-FLUSH-OK", "VU-GO", "VU-VERIFY-OK"] {
+        assert!(has(&console, marker), "{marker} missing: {console}");
+    }
+    let on_host = std::fs::read(&linux_disk).unwrap();
+    let at = PATTERN_BLOCK * 4096;
+    assert!(on_host[at..at + PATTERN_LEN] == pattern()[..], "the backing file holds Linux's pattern");
+    let log = backend.stop();
+    assert_eq!(log.matches("frontend connected").count(), 2, "{log}");
+}
