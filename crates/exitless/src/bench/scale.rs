@@ -64,6 +64,9 @@ pub struct Row {
     pub exits_by_cause: serde_json::Map<String, serde_json::Value>,
     /// The VMs' common measured time over their mean measured time.
     pub window_overlap: Option<f64>,
+    /// Cores the rest of the host kept busy meanwhile (other programs): above 0.1 the row is
+    /// noisy, as the set-up did not have its two CPUs to itself.
+    pub other_host_cores: Option<f64>,
     pub note: Option<String>,
 }
 
@@ -85,6 +88,7 @@ impl Row {
             exits_per_io: None,
             exits_by_cause: Default::default(),
             window_overlap: None,
+            other_host_cores: None,
             note: None,
         }
     }
@@ -112,12 +116,18 @@ impl Row {
         row.exits_per_io = (ops > 0).then(|| counters.get("exits") as f64 / ops as f64);
         row.exits_by_cause = super::causes_per(&counters, ops);
         row.window_overlap = Some(run.overlap);
+        row.other_host_cores = run.other_cores;
+        let mut notes = Vec::new();
         if run.overlap < 0.9 && vms > 1 {
-            row.note = Some(format!(
+            notes.push(format!(
                 "the VMs' measured windows overlapped {:.0}% (a longer --warmup-ms aligns them)",
                 run.overlap * 100.0
             ));
         }
+        if let Some(other) = run.other_cores.filter(|&c| c > 0.1) {
+            notes.push(format!("other programs kept {other:.2} host cores busy meanwhile: noisy"));
+        }
+        row.note = (!notes.is_empty()).then(|| notes.join("; "));
         row
     }
 }

@@ -16,7 +16,7 @@ const PERIOD: Duration = Duration::from_millis(20);
 pub struct Sampler {
     pids: Arc<Mutex<Vec<u32>>>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Vec<(Instant, f64)>>>,
+    thread: Option<JoinHandle<Vec<Sample>>>,
 }
 
 impl Sampler {
@@ -40,7 +40,7 @@ impl Sampler {
                         let entry = last.entry(pid).or_insert(0.0);
                         *entry = entry.max(seen);
                     }
-                    samples.push((now, last.values().sum()));
+                    samples.push(Sample { at: now, setup: last.values().sum(), host: host_busy_s() });
                     if stopping {
                         break;
                     }
@@ -77,27 +77,58 @@ impl Drop for Sampler {
     }
 }
 
-/// (time, total CPU seconds of every watched process) in time order.
-pub struct Samples(Vec<(Instant, f64)>);
+/// One look at the CPU time used so far.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: Instant,
+    /// CPU seconds of every watched process.
+    setup: f64,
+    /// CPU seconds every CPU of the host spent busy (not idle nor waiting), whoever ran.
+    host: f64,
+}
+
+/// Samples in time order.
+pub struct Samples(Vec<Sample>);
 
 impl Samples {
     /// CPU seconds used between `from` and `to` over the wall seconds between them (linear
     /// between samples); `None` if the samples do not cover the interval.
     pub fn cores(&self, from: Instant, to: Instant) -> Option<f64> {
-        let wall = to.checked_duration_since(from)?.as_secs_f64();
-        (wall > 0.0).then_some((self.at(to)? - self.at(from)?) / wall)
+        self.rate(from, to, |s| s.setup)
     }
 
-    fn at(&self, t: Instant) -> Option<f64> {
-        let after = self.0.iter().position(|&(at, _)| at >= t)?;
-        let (t1, c1) = self.0[after];
-        let Some(&(t0, c0)) = after.checked_sub(1).and_then(|i| self.0.get(i)) else {
+    /// The cores the rest of the host (everything but the set-up) kept busy meanwhile.
+    pub fn other_cores(&self, from: Instant, to: Instant) -> Option<f64> {
+        Some((self.rate(from, to, |s| s.host)? - self.cores(from, to)?).max(0.0))
+    }
+
+    fn rate(&self, from: Instant, to: Instant, of: impl Fn(&Sample) -> f64) -> Option<f64> {
+        let wall = to.checked_duration_since(from)?.as_secs_f64();
+        (wall > 0.0).then_some((self.at(to, &of)? - self.at(from, &of)?) / wall)
+    }
+
+    fn at(&self, t: Instant, of: impl Fn(&Sample) -> f64) -> Option<f64> {
+        let after = self.0.iter().position(|s| s.at >= t)?;
+        let (t1, c1) = (self.0[after].at, of(&self.0[after]));
+        let Some((t0, c0)) = after.checked_sub(1).and_then(|i| self.0.get(i)).map(|s| (s.at, of(s))) else {
             return (t1 == t).then_some(c1);
         };
         let span = t1.duration_since(t0).as_secs_f64();
         let part = t.duration_since(t0).as_secs_f64();
         Some(if span > 0.0 { c0 + (c1 - c0) * part / span } else { c1 })
     }
+}
+
+/// Seconds all CPUs spent busy since boot: user, nice, system, irq, softirq and steal time from
+/// /proc/stat (0 if unreadable).
+fn host_busy_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next().and_then(|l| l.strip_prefix("cpu ")) else { return 0.0 };
+    let fields: Vec<u64> = cpu.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    let busy: u64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| fields.get(i)).sum();
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    busy as f64 / per_second
 }
 
 /// On-CPU seconds of every thread of `pid` now (0 if it is gone).
@@ -127,11 +158,12 @@ mod tests {
     #[test]
     fn interpolates_between_samples() {
         let t0 = Instant::now();
-        let s =
-            Samples(vec![(t0, 1.0), (t0 + Duration::from_secs(1), 2.0), (t0 + Duration::from_secs(2), 4.0)]);
+        let at = |secs, setup| Sample { at: t0 + Duration::from_secs(secs), setup, host: 2.0 * setup };
+        let s = Samples(vec![at(0, 1.0), at(1, 2.0), at(2, 4.0)]);
         let half = t0 + Duration::from_millis(500);
         assert!((s.cores(half, t0 + Duration::from_secs(2)).unwrap() - 2.5 / 1.5).abs() < 1e-9);
         assert!(s.cores(t0, t0 + Duration::from_secs(3)).is_none(), "past the last sample");
+        assert!((s.other_cores(t0, t0 + Duration::from_secs(2)).unwrap() - 1.5).abs() < 1e-9);
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct VmResult {
 pub struct RunResult {
     pub vms: Vec<VmResult>,
     pub cpu_cores_used: Option<f64>,
+    /// Cores the rest of the host kept busy meanwhile (other programs: noise).
+    pub other_cores: Option<f64>,
     /// The VMs' common measured time over the mean measured time (1: they all measured at once).
     pub overlap: f64,
 }
@@ -131,14 +133,15 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
         / vms.len() as f64;
     let common = end.checked_duration_since(start).map_or(0.0, |d| d.as_secs_f64());
     // CPU over the common window, or over the union of the windows if they hardly overlap.
-    let cpu_cores_used = if common >= 0.1 * mean {
-        samples.cores(start, end)
+    let (from, to) = if common >= 0.1 * mean {
+        (start, end)
     } else {
         let first = vms.iter().map(|v| v.window.0).min().ok_or("no VM ran")?;
         let last = vms.iter().map(|v| v.window.1).max().ok_or("no VM ran")?;
-        samples.cores(first, last)
+        (first, last)
     };
-    Ok(RunResult { vms, cpu_cores_used, overlap: if mean > 0.0 { common / mean } else { 0.0 } })
+    let (cpu_cores_used, other_cores) = (samples.cores(from, to), samples.other_cores(from, to));
+    Ok(RunResult { vms, cpu_cores_used, other_cores, overlap: if mean > 0.0 { common / mean } else { 0.0 } })
 }
 
 /// The probe's workload on the command line (QEMU's also gets the TSC rate and the guest half
