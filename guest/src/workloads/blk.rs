@@ -264,12 +264,14 @@ pub fn run(env: &Env) -> u8 {
         run(&mut dev, &mut job, Limit::UntilTsc(until), None).unwrap_or_else(|e| fail(&dev, e));
     }
     let mut latencies = Histogram::new();
+    dev.counters = Counters::default();
+    env.mark(0);
+    // After the mark: under QEMU it idles `probe.mark_linger_ms` while the host samples, which
+    // must not eat into the measured time.
     let limit = match p.duration_ms {
         Some(ms) => Limit::UntilTsc(x86::rdtsc() + ms * env.tsc_khz),
         None => Limit::Requests(p.ops),
     };
-    dev.counters = Counters::default();
-    env.mark(0);
     let tally = Tally::now();
     let result = run(&mut dev, &mut job, limit, Some(&mut latencies));
     let counts = Counts { device: dev.counters, pv_eois: tally.pv_eois_since() };
