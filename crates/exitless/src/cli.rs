@@ -358,7 +358,7 @@ common measured window), IOPS per core, exits per I/O (KVM's statistics between 
 marks; QEMU's through QMP query-stats). The mixed run (the largest VM count, half the VMs at the
 first --mixed-qd, half at the second) shows the fair share: each half's per-VM IOPS and Jain's
 index. A set-up that cannot run (QEMU missing) gets rows that say why.
-Default: 4 set-ups x (1, 2, 4, 8 VMs + mixed) = 20 runs of about 3 s: about 1.5 minutes.";
+Default: 4 set-ups x (1, 2, 4, 8 VMs + mixed) = 20 runs of about 2 s: under a minute.";
 
 /// `exitless bench scale`.
 #[derive(Args)]
