@@ -44,6 +44,13 @@ links() {
     "$exitless" bench net --markdown --plot "$plots.new/net"
     links net "Plot: transactions/s per row (bare metal marked), exits per transaction by cause, p50/p99 latency:"
     "$exitless" bench exitcost --markdown
+    echo "## Many VMs: one shared IOCore, an IOCore per VM, QEMU"
+    echo
+    echo "N probe VMs at once, each on its own RAM disk, every vCPU on CPU 0 and the whole I/O side"
+    echo "(IOCores, daemons, QEMU's iothreads) on CPU 1; then the mixed run, half the VMs at QD 1 and"
+    echo "half at QD 32, for the fair share."
+    echo
+    "$exitless" bench scale --markdown
 } > BENCHMARKS.md.new
 rm -rf "$plots"
 mv "$plots.new" "$plots"

@@ -328,6 +328,118 @@ pub enum BenchScenario {
     /// UDP request-response latency through virtio-net and a tap in each I/O mode, against
     /// the same request-response between two network namespaces over veth (bare metal).
     Net(NetBenchArgs),
+    /// Many VMs at once, each on its own disk: one shared IOCore (`exitless vhost-user-blk`
+    /// with exitless VMs as frontends), an IOCore per VM, QEMU with an iothread per VM, and
+    /// QEMU with one qemu-storage-daemon; aggregate and per-VM IOPS, Jain's fairness, host
+    /// cores and exits per I/O, and a mixed run (half the VMs at a low queue depth, half high).
+    #[command(after_help = SCALE_HELP)]
+    Scale(ScaleBenchArgs),
+}
+
+/// The most VMs `bench scale` starts at once.
+pub const MAX_SCALE_VMS: u32 = 32;
+
+const SCALE_HELP: &str = "\
+Every VM runs the probe's 4 KiB random reads for --duration-ms after --warmup-ms of unmeasured
+requests (so that all VMs, started together, measure at the same time), on its own disk, its
+vCPU on --vcpu-cpu and the set-up's I/O side on --iocore-cpu:
+  shared-iocore        one `exitless vhost-user-blk` (--io-mode sidecore, one IOCore) serving
+                       every disk; `exitless run --probe --disk vhost-user=SOCKET --io-mode
+                       exitless` VMs (the guest polls)
+  iocore-per-vm        `exitless run --probe --io-mode exitless`, each VM its own IOCore
+  qemu-iothread        QEMU-KVM microvm, each VM its own virtio-blk on its own iothread
+                       (aio=io_uring, cache=none), the guest polling; QEMU's non-vCPU threads on
+                       the I/O CPU
+  qemu-storage-daemon  one qemu-storage-daemon exporting every disk as vhost-user-blk from one
+                       iothread (pinned to the I/O CPU), QEMU VMs as frontends, the guest polling
+Per set-up and VM count: aggregate IOPS, per-VM minimum and maximum, Jain's fairness index
+((sum x)^2 / (n sum x^2)), host cores (CPU time of every process of the set-up over the VMs'
+common measured window), IOPS per core, exits per I/O (KVM's statistics between the probe's
+marks; QEMU's through QMP query-stats). The mixed run (the largest VM count, half the VMs at the
+first --mixed-qd, half at the second) shows the fair share: each half's per-VM IOPS and Jain's
+index. A set-up that cannot run (QEMU missing) gets rows that say why.
+Default: 4 set-ups x (1, 2, 4, 8 VMs + mixed) = 20 runs of about 2 s: under a minute.";
+
+/// `exitless bench scale`.
+#[derive(Args)]
+pub struct ScaleBenchArgs {
+    /// How many VMs run at once, one run per count (1 to 32).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = clap::value_parser!(u32).range(1..=MAX_SCALE_VMS as i64))]
+    pub vms: Vec<u32>,
+    /// Every VM's queue depth (1 to 256).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub qd: u32,
+    /// The mixed run's two queue depths: half the VMs (the largest --vms) at each.
+    #[arg(long, value_name = "LOW,HIGH", value_delimiter = ',', num_args = 1, default_value = "1,32", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub mixed_qd: Vec<u32>,
+    /// Skip the mixed run.
+    #[arg(long)]
+    pub no_mixed: bool,
+    /// Each VM's disk: `ram` (a /dev/shm file, removed at the end) or `file` (a file in
+    /// --scratch DIR on a real disk, kept for later runs, O_DIRECT).
+    #[arg(long, value_name = "KIND", default_value = "ram")]
+    pub disk: ScaleDiskArg,
+    /// Size of each VM's disk.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = crate::size::parse)]
+    pub disk_size: u64,
+    /// Where `--disk file` keeps its files (default: $TMPDIR or /tmp); a real file system.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// How long every VM measures, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub duration_ms: u64,
+    /// Unmeasured time before it, in milliseconds (covers the VMs' staggered boots).
+    #[arg(long, value_name = "MS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub warmup_ms: u64,
+    /// Set-ups to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "shared-iocore,iocore-per-vm,qemu-iothread,qemu-storage-daemon"
+    )]
+    pub setups: Vec<ScaleSetup>,
+    /// Host CPU of every VM's vCPU.
+    #[arg(long, value_name = "CPU", default_value_t = 0)]
+    pub vcpu_cpu: usize,
+    /// Host CPU of the I/O side: IOCores, the daemons, QEMU's iothreads and other threads.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub iocore_cpu: usize,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: crate::seccomp::SeccompArgs,
+}
+
+/// `bench scale --disk`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScaleDiskArg {
+    Ram,
+    File,
+}
+
+/// One of `bench scale`'s set-ups.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum ScaleSetup {
+    SharedIocore,
+    IocorePerVm,
+    QemuIothread,
+    QemuStorageDaemon,
+}
+
+impl ScaleSetup {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScaleSetup::SharedIocore => "shared-iocore",
+            ScaleSetup::IocorePerVm => "iocore-per-vm",
+            ScaleSetup::QemuIothread => "qemu-iothread",
+            ScaleSetup::QemuStorageDaemon => "qemu-storage-daemon",
+        }
+    }
+
+    /// Whether its VMs are QEMU's.
+    pub fn is_qemu(self) -> bool {
+        matches!(self, ScaleSetup::QemuIothread | ScaleSetup::QemuStorageDaemon)
+    }
 }
 
 #[derive(Args)]

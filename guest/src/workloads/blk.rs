@@ -8,7 +8,9 @@
 //! a header, a status and `bs / size_max` data descriptors, a FLUSH none, so 85 4K requests or
 //! 128 FLUSHes; a deeper queue fails with the deepest that fits as the error's `detail`),
 //! `probe.ops=` measured requests (default 10000) or `probe.duration_ms=` (needs
-//! `probe.tsc_khz=`), `probe.warmup=` unmeasured requests first (default 1000),
+//! `probe.tsc_khz=`), `probe.warmup=` unmeasured requests first (default 1000), then
+//! `probe.warmup_ms=` milliseconds of unmeasured requests (default 0; needs `probe.tsc_khz=`:
+//! several VMs started together all reach their measured phase after the slowest has booted),
 //! `probe.pv_eoi=on|off` (default off), `probe.idle_ms=` (default 0), and those of every block
 //! workload (`blkdev::Common`): `probe.completion=poll|interrupt`, `probe.dev=`, `probe.seed=`,
 //! `probe.event_idx=on|off`, `probe.indirect=on|off`, `probe.timeout_ms=` (default 5000). The
@@ -153,6 +155,8 @@ struct Params {
     qd: usize,
     ops: u64,
     warmup: u64,
+    /// Unmeasured time after the warm-up requests; 0: none.
+    warmup_ms: u64,
     duration_ms: Option<u64>,
     /// Idle time after the measured phase before the post-idle phase; 0: none.
     idle_ms: u64,
@@ -197,6 +201,10 @@ fn params(env: &Env) -> Params {
         Some(ms) if ms > 0 && env.tsc_khz > 0 => ms,
         _ => bad_parameter("probe.duration_ms"),
     });
+    let warmup_ms = number("probe.warmup_ms", 0);
+    if warmup_ms > 0 && (env.tsc_khz == 0 || rw == "verify") {
+        bad_parameter("probe.warmup_ms");
+    }
     let idle_ms = number("probe.idle_ms", 0);
     if idle_ms > 0 && (env.tsc_khz == 0 || rw == "verify") {
         bad_parameter("probe.idle_ms");
@@ -207,6 +215,7 @@ fn params(env: &Env) -> Params {
         qd: qd as usize,
         ops: number("probe.ops", 10_000),
         warmup: number("probe.warmup", 1000),
+        warmup_ms,
         duration_ms,
         idle_ms,
     }
@@ -250,13 +259,19 @@ pub fn run(env: &Env) -> u8 {
     if p.warmup > 0 {
         run(&mut dev, &mut job, Limit::Requests(p.warmup), None).unwrap_or_else(|e| fail(&dev, e));
     }
+    if p.warmup_ms > 0 {
+        let until = x86::rdtsc().saturating_add(p.warmup_ms.saturating_mul(env.tsc_khz));
+        run(&mut dev, &mut job, Limit::UntilTsc(until), None).unwrap_or_else(|e| fail(&dev, e));
+    }
     let mut latencies = Histogram::new();
+    dev.counters = Counters::default();
+    env.mark(0);
+    // After the mark: under QEMU it idles `probe.mark_linger_ms` while the host samples, which
+    // must not eat into the measured time.
     let limit = match p.duration_ms {
         Some(ms) => Limit::UntilTsc(x86::rdtsc() + ms * env.tsc_khz),
         None => Limit::Requests(p.ops),
     };
-    dev.counters = Counters::default();
-    env.mark(0);
     let tally = Tally::now();
     let result = run(&mut dev, &mut job, limit, Some(&mut latencies));
     let counts = Counts { device: dev.counters, pv_eois: tally.pv_eois_since() };

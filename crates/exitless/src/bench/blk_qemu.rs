@@ -199,12 +199,12 @@ impl Drop for QemuPeer {
     }
 }
 
-fn find(marks: &[PeerMark], label: u32) -> Result<&PeerMark, String> {
+pub(super) fn find(marks: &[PeerMark], label: u32) -> Result<&PeerMark, String> {
     marks.iter().find(|m| m.label == label).ok_or_else(|| format!("no sample at mark {label}"))
 }
 
 /// Counter growth between two samples, less the exits the closing mark's console line cost.
-fn exits_between(start: &PeerMark, end: &PeerMark) -> Counters {
+pub(super) fn exits_between(start: &PeerMark, end: &PeerMark) -> Counters {
     let before: Map<String, Value> = start.stats.iter().map(|(k, v)| (k.clone(), (*v).into())).collect();
     Counters(
         end.stats

@@ -9,6 +9,7 @@ mod machine;
 mod net;
 mod plot;
 mod progress;
+mod scale;
 mod scratch;
 mod table;
 
@@ -22,6 +23,7 @@ pub fn main(args: BenchArgs) -> i32 {
     match args.scenario {
         Some(BenchScenario::Exitcost(args)) => exitcost::main(args),
         Some(BenchScenario::Net(args)) => net::main(args),
+        Some(BenchScenario::Scale(args)) => scale::main(args),
         None => blk::main(args.blk),
     }
 }

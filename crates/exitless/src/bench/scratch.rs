@@ -65,8 +65,18 @@ pub fn check(dir: &Path) -> Result<(), ScratchError> {
 /// otherwise (non-zero data, then synced and dropped from the page cache). Calls `filling` before
 /// it writes.
 pub fn prepare(dir: &Path, size: u64, filling: impl FnOnce(&Path)) -> Result<PathBuf, ScratchError> {
+    prepare_as(dir, "exitless-bench", size, filling)
+}
+
+/// [`prepare`], the file named `<stem>-<size>M.img` (several disks of one size side by side).
+pub fn prepare_as(
+    dir: &Path,
+    stem: &str,
+    size: u64,
+    filling: impl FnOnce(&Path),
+) -> Result<PathBuf, ScratchError> {
     check(dir)?;
-    let path = dir.join(format!("exitless-bench-{}M.img", size >> 20));
+    let path = dir.join(format!("{stem}-{}M.img", size >> 20));
     let complete = std::fs::metadata(&path)
         .is_ok_and(|m| m.is_file() && m.len() == size && m.blocks().saturating_mul(512) >= size);
     if !complete {
@@ -75,7 +85,7 @@ pub fn prepare(dir: &Path, size: u64, filling: impl FnOnce(&Path)) -> Result<Pat
             return Err(ScratchError::NoSpace { dir: dir.into(), free: free >> 20, needed: size >> 20 });
         }
         filling(&path);
-        let partial = dir.join(format!("exitless-bench-{}M.img.partial-{}", size >> 20, std::process::id()));
+        let partial = dir.join(format!("{stem}-{}M.img.partial-{}", size >> 20, std::process::id()));
         let written = fill(&partial, size)
             .and_then(|()| drop_cached(&partial))
             .and_then(|()| std::fs::rename(&partial, &path));

@@ -102,6 +102,19 @@ impl Qemu {
         helpers: &[u32],
         timeout: Duration,
     ) -> Result<(QemuRun, Vec<PeerMark>), QemuError> {
+        self.run_marked_with(args, qmp, helpers, timeout, |_| {})
+    }
+
+    /// [`Qemu::run_marked`], calling `spawned` with QEMU's process id as soon as it runs (to pin
+    /// its threads or watch its CPU time).
+    pub fn run_marked_with(
+        &self,
+        args: &[String],
+        qmp: Option<&Path>,
+        helpers: &[u32],
+        timeout: Duration,
+        spawned: impl FnOnce(u32),
+    ) -> Result<(QemuRun, Vec<PeerMark>), QemuError> {
         let mut args = args.to_vec();
         if let Some(qmp) = qmp {
             args.extend(["-qmp".to_string(), format!("unix:{},server=on,wait=off", qmp.display())]);
@@ -116,6 +129,7 @@ impl Qemu {
             .spawn()
             .map_err(spawn_error)?;
         let pid = child.id();
+        spawned(pid);
         let mut stderr = child.stderr.take().expect("piped stderr");
         let err = std::thread::spawn(move || {
             let mut s = String::new();

@@ -1,0 +1,438 @@
+//! One run of one set-up: its shared backend (if any) and N probe VMs started together as
+//! child processes, each VM's result, exits and measured window, and the set-up's CPU time.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::cpu::Sampler;
+use super::Setup;
+use crate::qemu::Qemu;
+use crate::seccomp::SeccompArgs;
+use vmm::Counters;
+
+/// Guest memory of every VM (the probe needs about 48 MiB).
+pub const MEM_MIB: u64 = 64;
+/// How long QEMU's probe idles at each mark while its counters are sampled over QMP.
+const MARK_LINGER_MS: u64 = 200;
+
+/// What every run of the bench shares.
+pub struct Context {
+    pub exe: PathBuf,
+    pub tsc_khz: u32,
+    pub duration_ms: u64,
+    pub warmup_ms: u64,
+    pub vcpu_cpu: usize,
+    pub io_cpu: usize,
+    pub seccomp: SeccompArgs,
+    pub qemu: Option<Qemu>,
+    /// qemu-storage-daemon's binary, if it runs.
+    pub storage_daemon: Option<PathBuf>,
+    /// Sockets, QMP sockets and the exported probe ELF.
+    pub dir: PathBuf,
+    pub elf: PathBuf,
+}
+
+/// One VM's disk: a /dev/shm file (`ram`) or a file on a real disk used with O_DIRECT.
+pub struct VmDisk {
+    pub path: PathBuf,
+    pub ram: bool,
+}
+
+impl VmDisk {
+    /// As `exitless run --disk` (and after `socket=...,` the daemon's `--disk`) takes it.
+    fn spec(&self) -> String {
+        match self.ram {
+            true => format!("ram,path={}", self.path.display()),
+            false => format!("path={},direct", self.path.display()),
+        }
+    }
+}
+
+/// What one VM measured.
+pub struct VmResult {
+    pub iops: f64,
+    pub ops: u64,
+    /// vCPU exit counters over the measured phase (KVM's statistics, QEMU's through QMP).
+    pub counters: Counters,
+    /// When the measured phase began and ended, as the host saw it.
+    pub window: (Instant, Instant),
+}
+
+/// What one run measured.
+pub struct RunResult {
+    pub vms: Vec<VmResult>,
+    pub cpu_cores_used: Option<f64>,
+    /// Cores the rest of the host kept busy meanwhile (other programs: noise).
+    pub other_cores: Option<f64>,
+    /// The VMs' common measured time over the mean measured time (1: they all measured at once).
+    pub overlap: f64,
+}
+
+/// Runs `setup` with one VM per entry of `qds` (its queue depth) on `disks`.
+pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result<RunResult, String> {
+    let sockets: Vec<PathBuf> = (0..qds.len()).map(|i| ctx.dir.join(format!("disk{i}.sock"))).collect();
+    let sampler = Sampler::start();
+    let _backend = match setup {
+        Setup::SharedIocore => Some(start_daemon(disks, &sockets, ctx)?),
+        Setup::QemuStorageDaemon => Some(start_storage_daemon(disks, &sockets, ctx)?),
+        Setup::IocorePerVm | Setup::QemuIothread => None,
+    };
+    if let Some(backend) = &_backend {
+        sampler.watch(backend.0.id());
+    }
+    let results: Vec<Result<VmResult, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = qds
+            .iter()
+            .enumerate()
+            .map(|(i, &qd)| {
+                let (disk, socket, watcher) = (&disks[i], &sockets[i], sampler.watcher());
+                scope.spawn(move || match setup {
+                    Setup::SharedIocore | Setup::IocorePerVm => {
+                        let disk = match setup {
+                            Setup::SharedIocore => format!("vhost-user={}", socket.display()),
+                            _ => disk.spec(),
+                        };
+                        run_exitless(&disk, setup == Setup::IocorePerVm, qd, ctx, &watcher)
+                    }
+                    Setup::QemuIothread | Setup::QemuStorageDaemon => {
+                        let device = match setup {
+                            Setup::QemuIothread => QemuDisk::Own(&disk.path),
+                            _ => QemuDisk::VhostUser(socket),
+                        };
+                        run_qemu(i, device, qd, ctx, &watcher)
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a VM's runner panicked".into())))
+            .collect()
+    });
+    let samples = sampler.finish();
+    let mut vms = Vec::new();
+    let mut errors = Vec::new();
+    for (i, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(vm) => vms.push(vm),
+            Err(e) => errors.push(format!("VM {i}: {e}")),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors.join("; "));
+    }
+    let start = vms.iter().map(|v| v.window.0).max().ok_or("no VM ran")?;
+    let end = vms.iter().map(|v| v.window.1).min().ok_or("no VM ran")?;
+    let mean = vms.iter().map(|v| v.window.1.duration_since(v.window.0).as_secs_f64()).sum::<f64>()
+        / vms.len() as f64;
+    let common = end.checked_duration_since(start).map_or(0.0, |d| d.as_secs_f64());
+    // CPU over the common window, or over the union of the windows if they hardly overlap.
+    let (from, to) = if common >= 0.1 * mean {
+        (start, end)
+    } else {
+        let first = vms.iter().map(|v| v.window.0).min().ok_or("no VM ran")?;
+        let last = vms.iter().map(|v| v.window.1).max().ok_or("no VM ran")?;
+        (first, last)
+    };
+    let (cpu_cores_used, other_cores) = (samples.cores(from, to), samples.other_cores(from, to));
+    Ok(RunResult { vms, cpu_cores_used, other_cores, overlap: if mean > 0.0 { common / mean } else { 0.0 } })
+}
+
+/// The probe's workload on the command line (QEMU's also gets the TSC rate and the guest half
+/// of the mode, which `exitless run --probe` adds itself).
+fn workload(qd: u32, ctx: &Context) -> String {
+    format!(
+        "probe.workload=blk probe.rw=randread probe.bs=4096 probe.qd={qd} probe.duration_ms={} \
+         probe.warmup=0 probe.warmup_ms={}",
+        ctx.duration_ms, ctx.warmup_ms
+    )
+}
+
+/// How long a VM may run before it is stopped.
+fn timeout(ctx: &Context) -> Duration {
+    Duration::from_millis(ctx.warmup_ms + ctx.duration_ms + 30_000)
+}
+
+/// `exitless run --probe` with `disk`, the guest polling; its own IOCore on the I/O CPU if
+/// `own_iocore`.
+fn run_exitless(
+    disk: &str,
+    own_iocore: bool,
+    qd: u32,
+    ctx: &Context,
+    watcher: &Arc<Mutex<Vec<u32>>>,
+) -> Result<VmResult, String> {
+    let mut command = Command::new(&ctx.exe);
+    command
+        .args(["run", "--probe", "--mem", &format!("{MEM_MIB}M"), "--io-mode", "exitless"])
+        .args(["--pin-vcpu", &ctx.vcpu_cpu.to_string(), "--stats", "--json"])
+        .args(["--timeout", &timeout(ctx).as_secs().to_string()])
+        .args(["--disk", disk, "--cmdline", &workload(qd, ctx)])
+        .args(ctx.seccomp.flag());
+    if own_iocore {
+        command.args(["--iocore-cpu", &ctx.io_cpu.to_string()]);
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start exitless run: {e}"))?;
+    if let Ok(mut pids) = watcher.lock() {
+        pids.push(child.id());
+    }
+    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut stdout = String::new();
+    let _ = child.stdout.take().ok_or("no stdout")?.read_to_string(&mut stdout);
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let ended = Instant::now();
+    let stderr = err.join().unwrap_or_default();
+    let lines: Vec<Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let result = lines.iter().find(|v| v["probe"] == "blk");
+    let (Some(result), true) = (result, status.success()) else {
+        let why = stderr.lines().last().unwrap_or("").to_string();
+        return Err(format!(
+            "exitless run ended with {status}: {why} {}",
+            result.map(Value::to_string).unwrap_or_default()
+        ));
+    };
+    let stats = lines.iter().find(|v| v["exitless"] == "run").ok_or("no --stats line")?;
+    let phase = stats["vcpus"][0]["phases"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["from"] == 0 && p["to"] == 1))
+        .ok_or("no measured phase in --stats")?;
+    // The closing mark's own MMIO write is counted in the phase.
+    let counters = Counters(
+        phase["counters"]
+            .as_object()
+            .ok_or("no counters in the measured phase")?
+            .iter()
+            .map(|(name, value)| {
+                let value = value.as_u64().unwrap_or(0);
+                let closing_mark = u64::from(name == "exits" || name == "mmio_exits");
+                (name.clone(), value.saturating_sub(closing_mark))
+            })
+            .collect(),
+    );
+    let wall = Duration::from_secs_f64(phase["wall_s"].as_f64().unwrap_or(0.0).max(0.0));
+    Ok(VmResult {
+        iops: result["iops"].as_f64().unwrap_or(0.0),
+        ops: result["ops"].as_u64().unwrap_or(0),
+        counters,
+        window: (ended.checked_sub(wall).unwrap_or(ended), ended),
+    })
+}
+
+/// QEMU's disk: its own virtio-blk on an iothread, or a vhost-user-blk socket.
+enum QemuDisk<'a> {
+    Own(&'a Path),
+    VhostUser(&'a Path),
+}
+
+/// QEMU-KVM (microvm) booting the probe, its vCPU thread on the vCPU CPU and every other
+/// thread on the I/O CPU; exits sampled over QMP at the probe's marks.
+fn run_qemu(
+    index: usize,
+    disk: QemuDisk,
+    qd: u32,
+    ctx: &Context,
+    watcher: &Arc<Mutex<Vec<u32>>>,
+) -> Result<VmResult, String> {
+    let qemu = ctx.qemu.as_ref().ok_or("qemu-system-x86_64 not found (install qemu-system-x86)")?;
+    let cmdline = format!(
+        "{} probe.tsc_khz={} probe.completion=poll probe.mark_linger_ms={MARK_LINGER_MS}",
+        workload(qd, ctx),
+        ctx.tsc_khz
+    );
+    let mut args = Qemu::probe_args(&ctx.elf, &cmdline, MEM_MIB);
+    let machine = args.iter().position(|a| a == "microvm").ok_or("unexpected QEMU arguments")?;
+    args[machine] = "microvm,acpi=off".into();
+    args.extend(["-global", "virtio-mmio.force-legacy=false"].map(String::from));
+    // Thread names (`CPU 0/KVM`, `IO io0`), so the vCPU thread can be told from the others.
+    args.extend(["-name".to_string(), format!("exitless-scale-{index},debug-threads=on")]);
+    match disk {
+        QemuDisk::Own(path) => args.extend([
+            "-object".into(),
+            "iothread,id=io0".into(),
+            "-drive".into(),
+            format!("file={},format=raw,if=none,id=d0,cache=none,aio=io_uring", path.display()),
+            "-device".into(),
+            "virtio-blk-device,drive=d0,iothread=io0".into(),
+        ]),
+        QemuDisk::VhostUser(socket) => {
+            args[machine] += ",memory-backend=mem";
+            args.extend([
+                "-object".into(),
+                format!("memory-backend-memfd,id=mem,size={MEM_MIB}M,share=on"),
+                "-chardev".into(),
+                format!("socket,id=vu,path={}", socket.display()),
+                "-device".into(),
+                "vhost-user-blk,chardev=vu".into(),
+            ]);
+        }
+    }
+    let qmp = ctx.dir.join(format!("qmp{index}.sock"));
+    let _ = std::fs::remove_file(&qmp);
+    let (vcpu_cpu, io_cpu) = (ctx.vcpu_cpu, ctx.io_cpu);
+    let (run, marks) = qemu
+        .run_marked_with(&args, Some(&qmp), &[], timeout(ctx), |pid| {
+            if let Ok(mut pids) = watcher.lock() {
+                pids.push(pid);
+            }
+            pin_qemu(pid, vcpu_cpu, io_cpu);
+        })
+        .map_err(|e| e.to_string())?;
+    let line = run
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["probe"] == "blk")
+        .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
+    if run.guest_status != probe_abi::status::OK {
+        return Err(format!("the probe exited with status {}: {line}", run.guest_status));
+    }
+    let (start, end) = (super::super::blk_qemu::find(&marks, 0)?, super::super::blk_qemu::find(&marks, 1)?);
+    Ok(VmResult {
+        iops: line["iops"].as_f64().unwrap_or(0.0),
+        ops: line["ops"].as_u64().unwrap_or(0),
+        counters: super::super::blk_qemu::exits_between(start, end),
+        window: (start.at, end.at),
+    })
+}
+
+/// Puts QEMU's vCPU thread (`CPU 0/KVM`) on `vcpu_cpu` and every other thread on `io_cpu`: the
+/// main thread at once (threads it makes later inherit it), then each thread as it appears,
+/// until the vCPU thread has (at most 10 s; QEMU makes it before the guest runs).
+fn pin_qemu(pid: u32, vcpu_cpu: usize, io_cpu: usize) {
+    set_affinity(pid, io_cpu);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut vcpu_found = false;
+    while Instant::now() < deadline {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            let is_vcpu = comm.starts_with("CPU ") && comm.contains("/KVM");
+            vcpu_found |= is_vcpu;
+            set_affinity(tid, if is_vcpu { vcpu_cpu } else { io_cpu });
+        }
+        if vcpu_found {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// sched_setaffinity of one thread to one CPU (errors ignored: the thread may have ended).
+fn set_affinity(tid: u32, cpu: usize) {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so CPU_SET stays inside `set`; `set` is
+    // a valid cpu_set_t of the size passed to sched_setaffinity, which reads nothing else.
+    unsafe {
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid as libc::pid_t, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// A backend process, killed when dropped.
+struct Backend(Child);
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Backend {
+    /// Starts `command` with its messages in `log`, and waits until every socket exists (10 s
+    /// at most).
+    fn start(mut command: Command, sockets: &[PathBuf], log: &Path, name: &str) -> Result<Backend, String> {
+        let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(file);
+        let mut child = command.spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sockets.iter().all(|s| s.exists()) {
+            if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+                let _ = child.kill();
+                let _ = child.wait();
+                let said = std::fs::read_to_string(log).unwrap_or_default();
+                return Err(format!("{name} did not create its sockets: {}", said.trim()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(Backend(child))
+    }
+}
+
+/// `exitless vhost-user-blk` serving every disk from one IOCore (sidecore) on the I/O CPU.
+fn start_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) -> Result<Backend, String> {
+    let mut command = Command::new(&ctx.exe);
+    command.arg("vhost-user-blk");
+    for (disk, socket) in disks.iter().zip(sockets) {
+        let _ = std::fs::remove_file(socket);
+        command.args(["--disk", &format!("socket={},{}", socket.display(), disk.spec())]);
+    }
+    command
+        .args(["--io-mode", "sidecore", "--iocores", "1", "--iocore-cpu", &ctx.io_cpu.to_string()])
+        .args(ctx.seccomp.flag());
+    Backend::start(command, sockets, &ctx.dir.join("daemon.log"), "exitless vhost-user-blk")
+}
+
+/// qemu-storage-daemon exporting every disk as vhost-user-blk from one iothread
+/// (aio=io_uring, O_DIRECT), the whole process on the I/O CPU.
+fn start_storage_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) -> Result<Backend, String> {
+    let binary = ctx.storage_daemon.as_ref().ok_or(
+        "qemu-storage-daemon not found (install qemu-system-common, or set $EXITLESS_QEMU_STORAGE_DAEMON)",
+    )?;
+    let mut command = Command::new(binary);
+    command.args(["--object", "iothread,id=iothread0"]);
+    for (i, (disk, socket)) in disks.iter().zip(sockets).enumerate() {
+        let _ = std::fs::remove_file(socket);
+        command.args([
+            "--blockdev".to_string(),
+            format!(
+                "driver=file,filename={},aio=io_uring,cache.direct=on,node-name=disk{i}",
+                disk.path.display()
+            ),
+            "--export".to_string(),
+            format!(
+                "type=vhost-user-blk,id=export{i},node-name=disk{i},addr.type=unix,addr.path={},\
+                 iothread=iothread0,writable=on",
+                socket.display()
+            ),
+        ]);
+    }
+    let cpu = ctx.io_cpu;
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
+    }
+    // SAFETY: the closure runs in the child between fork and exec and only calls
+    // sched_setaffinity on a CPU set on its own stack: async-signal-safe, no allocation.
+    unsafe {
+        command.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    Backend::start(command, sockets, &ctx.dir.join("qsd.log"), "qemu-storage-daemon")
+}
