@@ -67,20 +67,6 @@ fn phase(out: &std::process::Output, from: u64, to: u64) -> Value {
         .unwrap_or_else(|| panic!("no phase {from}->{to} in {stats}"))
 }
 
-fn counter(phase: &Value, name: &str) -> f64 {
-    phase["counters"][name].as_f64().unwrap_or(0.0)
-}
-
-/// The exits the I/O path makes in `phase`: MMIO exits (notifications, register accesses, less
-/// the closing mark's own), port I/O and halts, plus the interrupts injected. Left out are those
-/// a busy host causes whatever the guest does: its own interrupts landing on the vCPU's core
-/// (`irq_exits`), and after each preemption of the vCPU thread an emulated page fault
-/// (`preemption_other`, `pf_emulate`, `insn_emulation` in step).
-fn guest_exits(phase: &Value) -> f64 {
-    let caused = ["mmio_exits", "io_exits", "halt_exits", "irq_injections"];
-    caused.iter().map(|name| counter(phase, name)).sum::<f64>() - 1.0
-}
-
 #[test]
 fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_guest_wrote() {
     let _one = one_vm();
@@ -164,7 +150,7 @@ fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
         let out = run_blk(mode, &disk, &cmdline);
         let ops = blk_result(&out)["ops"].as_u64().unwrap();
         assert_eq!(ops, 10_000);
-        let exits = guest_exits(&phase(&out, 0, 1)) / ops as f64;
+        let exits = common::io_path_exits(&phase(&out, 0, 1)["counters"]) / ops as f64;
         assert!(check(exits), "{mode} at queue depth {qd}: {exits} exits per request");
     }
 }
@@ -180,7 +166,7 @@ fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
     assert_eq!(result["post_idle_errors"], 0, "{result}");
     assert_eq!(result["post_idle_ops"], 20000, "served after the idle phase: {result}");
     let load = phase(&out, 0, 1);
-    let exits = guest_exits(&load) / 20000.0;
+    let exits = common::io_path_exits(&load["counters"]) / 20000.0;
     assert!(exits < 0.05, "{exits} exits per request under load: {load}");
     let idle = phase(&out, 2, 3);
     let share = idle["iocore_cpu_s"].as_f64().unwrap() / idle["wall_s"].as_f64().unwrap();

@@ -118,15 +118,8 @@ fn exitless_mode_makes_no_exit_per_transaction() {
     let stats = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
     let phases = stats["vcpus"][0]["phases"].as_array().unwrap();
     let phase = phases.iter().find(|p| p["from"] == 0 && p["to"] == 1).expect("marks 0 and 1");
-    // The closing mark is itself one MMIO exit. Host interrupts (the host's timer tick, about
-    // 300 a second here, and rescheduling IPIs) interrupt a bare-metal thread just as often;
-    // in a VM each is an `irq_exit`. The I/O path itself must cause none.
-    let counters = &phase["counters"];
-    let count = |name: &str| counters[name].as_f64().unwrap_or(0.0);
-    let caused_by_io = (count("exits") - 1.0 - count("irq_exits")) / 10_000.0;
-    let all = (count("exits") - 1.0) / 10_000.0;
-    assert!(caused_by_io < 0.01, "{caused_by_io} exits per transaction besides host interrupts: {counters}");
-    assert!(all < 0.05, "{all} exits per transaction: {counters}");
+    let caused_by_io = common::io_path_exits(&phase["counters"]) / 10_000.0;
+    assert!(caused_by_io < 0.01, "{caused_by_io} exits per transaction on the I/O path: {phase}");
 }
 
 /// What the device must do with each net-hostile case on the transmit queue: (case, result,

@@ -260,14 +260,9 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
         .find(|p| p["from"] == 0 && p["to"] == 1)
         .cloned()
         .unwrap_or_else(|| panic!("no phase 0->1 in {stats}"));
-    // The closing mark is itself one MMIO exit. Host interrupts (`irq_exits`: the host's timer
-    // and its scheduler taking the vCPU's core for the daemon's IOCore or anything else on this
-    // 2-core machine) land whatever the I/O path does, so they are not the path's; a daemon in
-    // eventfd mode makes one exit per request here (the notification), which this would catch.
-    let counters = &phase["counters"];
-    let count = |name: &str| counters[name].as_f64().unwrap_or(0.0);
-    let exits = (count("exits") - count("irq_exits") - 1.0) / ops as f64;
-    assert!(exits < 0.05, "{exits} exits per request besides host interrupts: {phase}");
+    // A daemon in eventfd mode makes one exit per request here (the notification).
+    let exits = common::io_path_exits(&phase["counters"]) / ops as f64;
+    assert!(exits < 0.05, "{exits} exits per request on the I/O path: {phase}");
 }
 
 #[test]

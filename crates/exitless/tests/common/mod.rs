@@ -164,3 +164,14 @@ pub fn assert_holds_only_pattern(path: &std::path::Path, seed: u64, blocks: u64)
     let rest = &bytes[(blocks * 4096) as usize..];
     assert!(rest.iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed in {}", path.display());
 }
+
+/// The exits the I/O path makes between two marks, from a phase's `counters`: MMIO exits
+/// (notifications, register accesses; less the closing mark's own), port I/O and halts, plus
+/// the interrupts injected. Left out are those a busy host causes whatever the guest does: its
+/// own interrupts landing on the vCPU's core (`irq_exits`), and after each preemption of the
+/// vCPU thread an emulated page fault (`preemption_other`, `pf_emulate`, `insn_emulation` in
+/// step).
+pub fn io_path_exits(counters: &Value) -> f64 {
+    let caused = ["mmio_exits", "io_exits", "halt_exits", "irq_injections"];
+    caused.iter().map(|name| counters[name].as_f64().unwrap_or(0.0)).sum::<f64>() - 1.0
+}
