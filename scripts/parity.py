@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Guest against bare metal on a real file or block device, and one exitless build against another.
+
+usage: scripts/parity.py BIN[,BIN...] TARGET ROUNDS [RW:BS:QD ...]
+
+Runs, ROUNDS times in turn, the probe's block workload in `exitless run` for each binary (so an
+old and a new build are measured side by side, under the same load) and fio on TARGET (a file
+or a block device such as a `losetup --direct-io=on` loop device) with psync, libaio and
+io_uring, O_DIRECT, allowed the CPUs the guest set-up uses (vCPU on 0, IOCore on 1). Prints
+medians, the best fio engine, each binary's ratio to it and its added p50 latency.
+Workloads default to 4 KiB randread and randwrite at depth 1, 8 and 32 and 128 KiB sequential
+reads at depth 4. Environment: MODE (exitless's --io-mode, default exitless), SECS (seconds
+per run, default 2). As root it raises its own autogroup's priority, so other sessions' work
+(builds, tests) disturbs the runs less; their disk traffic still does, so compare within a run.
+The guest writes to TARGET.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+WORKLOADS = ["randread:4096:1", "randread:4096:8", "randread:4096:32", "randwrite:4096:1",
+             "randwrite:4096:8", "randwrite:4096:32", "read:131072:4"]
+MODE = os.environ.get("MODE", "exitless")
+SECS = float(os.environ.get("SECS", "2"))
+
+
+def guest(binary, target, rw, bs, qd, expected_iops):
+    """The probe's IOPS and p50 (µs), about SECS seconds of requests."""
+    ops = max(2000, int(expected_iops * SECS))
+    cmdline = f"probe.workload=blk probe.rw={rw} probe.qd={qd} probe.bs={bs} probe.ops={ops} probe.warmup=500"
+    command = [binary, "run", "--probe", "--disk", f"path={target},direct", "--io-mode", MODE,
+               "--iocore-cpu", "1", "--pin-vcpu", "0", "--mem", "64M", "--cmdline", cmdline]
+    out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+    for line in out.splitlines():
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue
+        if result.get("probe") == "blk" and "iops" in result:
+            return result["iops"], result["p50_ns"] / 1000
+    return 0.0, 0.0
+
+
+def fio(target, rw, bs, qd, engine):
+    """fio's IOPS and total-latency p50 (µs)."""
+    depth = 1 if engine == "psync" else qd
+    command = ["fio", "--name=parity", f"--filename={target}", "--direct=1", f"--rw={rw}", f"--bs={bs}",
+               f"--iodepth={depth}", f"--ioengine={engine}", "--time_based", f"--runtime={SECS}",
+               "--cpus_allowed=0,1", "--lat_percentiles=1", "--output-format=json"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    stats = job["read"] if "read" in rw else job["write"]
+    return stats["iops"], stats["lat_ns"]["percentile"]["50.000000"] / 1000
+
+
+def median(runs, index):
+    return statistics.median(run[index] for run in runs)
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    binaries, target, rounds = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3])
+    if os.geteuid() == 0:
+        with open(f"/proc/{os.getpid()}/autogroup", "w", encoding="ascii") as autogroup:
+            autogroup.write("-20")
+    for workload in sys.argv[4:] or WORKLOADS:
+        rw, bs, qd = workload.split(":")
+        bs, qd = int(bs), int(qd)
+        engines = ["psync", "libaio", "io_uring"] if qd == 1 else ["libaio", "io_uring"]
+        guests = {binary: [] for binary in binaries}
+        hosts = {engine: [] for engine in engines}
+        expected = 20000.0
+        for _ in range(rounds):
+            for binary in binaries:
+                guests[binary].append(guest(binary, target, rw, bs, qd, expected))
+                expected = max(guests[binary][-1][0], 1000.0)
+            for engine in engines:
+                hosts[engine].append(fio(target, rw, bs, qd, engine))
+        best = max(engines, key=lambda engine: median(hosts[engine], 0))
+        host_iops, host_p50 = median(hosts[best], 0), median(hosts[best], 1)
+        every = " ".join(f"{engine} {median(runs, 0):.0f}" for engine, runs in hosts.items())
+        print(f"{rw} {bs} B QD {qd}, {MODE}: fio {best} {host_iops:.0f} IOPS p50 {host_p50:.1f} µs ({every})")
+        for binary, runs in guests.items():
+            iops, p50 = median(runs, 0), median(runs, 1)
+            each = ", ".join(f"{run[0]:.0f}" for run in runs)
+            print(f"  {binary}: {iops:.0f} IOPS ({each}), p50 {p50:.1f} µs: "
+                  f"{iops / host_iops:.3f}x, added {p50 - host_p50:+.1f} µs", flush=True)
+
+
+if __name__ == "__main__":
+    main()
