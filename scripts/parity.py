@@ -16,6 +16,7 @@ The guest writes to TARGET.
 """
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,10 @@ SECS = float(os.environ.get("SECS", "2"))
 def guest(binary, target, rw, bs, qd, expected_iops):
     """The probe's IOPS and p50 (µs), about SECS seconds of requests."""
     ops = max(2000, int(expected_iops * SECS))
-    cmdline = f"probe.workload=blk probe.rw={rw} probe.qd={qd} probe.bs={bs} probe.ops={ops} probe.warmup=500"
+    # A new seed each run, as fio's offsets are new each run: with a fixed one, a run reads the
+    # blocks the run before it read, which lower layers may still cache.
+    seed = random.getrandbits(63) | 1
+    cmdline = f"probe.workload=blk probe.rw={rw} probe.qd={qd} probe.bs={bs} probe.ops={ops} probe.warmup=500 probe.seed={seed}"
     command = [binary, "run", "--probe", "--disk", f"path={target},direct", "--io-mode", MODE,
                "--iocore-cpu", "1", "--pin-vcpu", "0", "--mem", "64M", "--cmdline", cmdline]
     out = subprocess.run(command, capture_output=True, text=True, check=False).stdout

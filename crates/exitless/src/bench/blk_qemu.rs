@@ -110,8 +110,11 @@ impl QemuPeer {
         let Scenario { rw, bs, qd, .. } = scenario;
         let cmdline = format!(
             "probe.workload=blk probe.rw={rw} probe.bs={bs} probe.qd={qd} probe.duration_ms={} probe.warmup={} \
-             probe.tsc_khz={tsc_khz} probe.completion={completion} probe.mark_linger_ms={MARK_LINGER_MS}",
-            args.duration_ms, args.warmup
+             probe.tsc_khz={tsc_khz} probe.completion={completion} probe.mark_linger_ms={MARK_LINGER_MS} \
+             probe.seed={}",
+            args.duration_ms,
+            args.warmup,
+            super::fresh_seed()
         );
         let mut machine = "microvm,acpi=off".to_string();
         let mut extra: Vec<String> = Vec::new();

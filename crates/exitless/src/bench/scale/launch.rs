@@ -149,8 +149,10 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
 fn workload(qd: u32, ctx: &Context) -> String {
     format!(
         "probe.workload=blk probe.rw=randread probe.bs=4096 probe.qd={qd} probe.duration_ms={} \
-         probe.warmup=0 probe.warmup_ms={}",
-        ctx.duration_ms, ctx.warmup_ms
+         probe.warmup=0 probe.warmup_ms={} probe.seed={}",
+        ctx.duration_ms,
+        ctx.warmup_ms,
+        crate::bench::fresh_seed()
     )
 }
 
