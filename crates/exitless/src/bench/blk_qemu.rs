@@ -6,7 +6,6 @@
 //! O_DIRECT, the whole process pinned to the IOCore CPU). Exits come from QMP `query-stats`,
 //! sampled at the probe's marks; cores are QEMU's and the backend's CPU time over wall time.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -172,15 +171,7 @@ impl QemuPeer {
             _ => run.command_line.clone(),
         });
         drop(backend);
-        let line = run
-            .stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|v| v["probe"] == "blk")
-            .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
-        if run.guest_status != probe_abi::status::OK {
-            return Err(format!("the probe exited with status {}: {line}", run.guest_status));
-        }
+        let line = crate::qemu::blk_result(&run)?;
         let ops = line["ops"].as_u64().unwrap_or(0);
         row.ops = ops;
         row.iops = line["iops"].as_f64();
@@ -296,23 +287,9 @@ impl StorageDaemon {
                 socket.display()
             ),
         ];
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
-        }
         let mut command = Command::new(&self.binary);
         command.args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-        // SAFETY: the closure runs in the child between fork and exec and only calls
-        // sched_setaffinity on a CPU set on its own stack: async-signal-safe, no allocation.
-        unsafe {
-            command.pre_exec(move || {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            })
-        };
+        crate::qemu::pin_child(&mut command, cpu)?;
         let child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
         let shown = format!("taskset -c {cpu} {} {}", self.binary.display(), crate::qemu::shell_words(&args));
         Backend { child, command: Some(shown) }.wait_for(socket)

@@ -203,6 +203,42 @@ fn mark_label(line: &str) -> Option<u32> {
 }
 
 /// User plus system CPU time of process `pid` (all its threads); zero if it is gone.
+/// Make `command`'s child run on host CPU `cpu` only (a peer's daemon pinned where the IOCore
+/// would be).
+pub fn pin_child(command: &mut Command, cpu: usize) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
+    }
+    // SAFETY: the closure runs in the child between fork and exec and only calls
+    // sched_setaffinity on a CPU set on its own stack: async-signal-safe, no allocation.
+    unsafe {
+        command.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    Ok(())
+}
+
+/// The probe's `blk` result line from a QEMU run, which must have ended with status OK.
+pub fn blk_result(run: &QemuRun) -> Result<serde_json::Value, String> {
+    let line = run
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["probe"] == "blk")
+        .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
+    if run.guest_status != probe_abi::status::OK {
+        return Err(format!("the probe exited with status {}: {line}", run.guest_status));
+    }
+    Ok(line)
+}
+
 pub fn process_cpu_time(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
     // The command name (field 2) may hold spaces: count fields after its closing parenthesis.

@@ -2,7 +2,6 @@
 //! child processes, each VM's result, exits and measured window, and the set-up's CPU time.
 
 use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -295,15 +294,7 @@ fn run_qemu(
             pin_qemu(pid, vcpu_cpu, io_cpu);
         })
         .map_err(|e| e.to_string())?;
-    let line = run
-        .stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["probe"] == "blk")
-        .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
-    if run.guest_status != probe_abi::status::OK {
-        return Err(format!("the probe exited with status {}: {line}", run.guest_status));
-    }
+    let line = crate::qemu::blk_result(&run)?;
     let (start, end) = (super::super::blk_qemu::find(&marks, 0)?, super::super::blk_qemu::find(&marks, 1)?);
     Ok(VmResult {
         iops: line["iops"].as_f64().unwrap_or(0.0),
@@ -420,21 +411,6 @@ fn start_storage_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) ->
             ),
         ]);
     }
-    let cpu = ctx.io_cpu;
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
-    }
-    // SAFETY: the closure runs in the child between fork and exec and only calls
-    // sched_setaffinity on a CPU set on its own stack: async-signal-safe, no allocation.
-    unsafe {
-        command.pre_exec(move || {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    };
+    crate::qemu::pin_child(&mut command, ctx.io_cpu)?;
     Backend::start(command, sockets, &ctx.dir.join("qsd.log"), "qemu-storage-daemon")
 }
