@@ -39,35 +39,54 @@ const DISK_SPIN: Duration = Duration::from_micros(20);
 const DISK_SLEEP_MIN: Duration = Duration::from_micros(50);
 const DISK_SLEEP_MAX: Duration = Duration::from_micros(200);
 
+/// How long the thread has been idle, read from the clock only every `SPINS_PER_CLOCK_CHECK`
+/// passes (or on each pass when asked): a spinning loop need not pay for a clock read per pass.
+#[derive(Default)]
+struct IdleClock {
+    since: Option<Instant>,
+    spins: u32,
+}
+
+impl IdleClock {
+    /// One idle pass: either a spin (`None`) or, every `SPINS_PER_CLOCK_CHECK` passes or when
+    /// `look`, the time and how long the thread has been idle.
+    fn pass(&mut self, look: bool) -> Option<(Instant, Duration)> {
+        self.spins = self.spins.wrapping_add(1);
+        if !look && !self.spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
+            std::hint::spin_loop();
+            return None;
+        }
+        let now = Instant::now();
+        Some((now, now.duration_since(*self.since.get_or_insert(now))))
+    }
+
+    /// Something happened: idle time counts from the next idle pass.
+    fn reset(&mut self) {
+        self.since = None;
+    }
+}
+
 /// Time spent with only the backends busy, to decide when to stop spinning for them and how
 /// long to sleep.
 struct DiskWait {
-    since: Option<Instant>,
-    spins: u32,
+    idle: IdleClock,
     next_sleep: Duration,
 }
 
 impl DiskWait {
     fn new() -> DiskWait {
-        DiskWait { since: None, spins: 0, next_sleep: DISK_SLEEP_MIN }
+        DiskWait { idle: IdleClock::default(), next_sleep: DISK_SLEEP_MIN }
     }
 
     /// Something happened: spin again before the next sleep, and sleep briefly.
     fn reset(&mut self) {
-        self.since = None;
+        self.idle.reset();
         self.next_sleep = DISK_SLEEP_MIN;
     }
 
     /// Called on each idle pass while requests are in flight: has the thread spun long enough?
-    /// Looks at the clock every `SPINS_PER_CLOCK_CHECK` passes.
     fn spun_enough(&mut self) -> bool {
-        self.spins = self.spins.wrapping_add(1);
-        if !self.spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
-            std::hint::spin_loop();
-            return false;
-        }
-        let now = Instant::now();
-        now.duration_since(*self.since.get_or_insert(now)) >= DISK_SPIN
+        self.idle.pass(false).is_some_and(|(_, spun)| spun >= DISK_SPIN)
     }
 
     /// How long the next sleep of a polling thread may last.
@@ -137,8 +156,7 @@ impl Engine {
         let _ = started.send(current_thread_clock().map_err(IoCoreError::Clock));
         drop(started);
 
-        let mut idle_since: Option<Instant> = None;
-        let mut idle_spins = 0u32;
+        let mut idle_clock = IdleClock::default();
         let mut disk_wait = DiskWait::new();
         let mut yielding = false;
         loop {
@@ -174,21 +192,15 @@ impl Engine {
                 }
                 Policy::Adaptive { idle } => {
                     if work > 0 || self.in_flight() {
-                        idle_since = None;
+                        idle_clock.reset();
                         continue;
                     }
-                    idle_spins = idle_spins.wrapping_add(1);
                     // A yielding thread's budget is a few passes: look at the clock each time.
-                    if !yielding && !idle_spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
-                        std::hint::spin_loop();
-                        continue;
-                    }
-                    let now = Instant::now();
-                    let since = *idle_since.get_or_insert(now);
+                    let Some((now, idle_for)) = idle_clock.pass(yielding) else { continue };
                     yielding = contention.yielding(now);
                     // Sharing the core: spin no longer than a sleep would cost.
                     let budget = if yielding { self.wake_cost.spin(idle) } else { idle };
-                    if now.duration_since(since) >= budget {
+                    if idle_for >= budget {
                         // Ask for notifications, then look once more: a request the driver made
                         // before it saw that would otherwise wait for the next one.
                         self.set_polling(false);
@@ -196,7 +208,7 @@ impl Engine {
                             self.sleep(self.wait_limit());
                         }
                         self.set_polling(true);
-                        idle_since = None;
+                        idle_clock.reset();
                     }
                 }
             }
@@ -267,9 +279,12 @@ impl Engine {
     }
 
     /// Wait in epoll for a notification, a backend's completion or a command, at most
-    /// `timeout` (under a second) if given, then clear what fired.
+    /// `timeout` if given, then clear what fired.
     fn wait(&mut self, timeout: Option<Duration>) {
-        let timespec = timeout.map(|t| libc::timespec { tv_sec: 0, tv_nsec: t.subsec_nanos().into() });
+        let timespec = timeout.map(|t| libc::timespec {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: t.subsec_nanos().into(),
+        });
         let timespec_ptr = timespec.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
         // SAFETY: the epoll fd is open for as long as `self`; `events` holds MAX_EVENTS entries
         // of EpollEvent, a repr(transparent) epoll_event; the timespec outlives the call.
