@@ -383,12 +383,20 @@ fn baseline_again(
 ) -> FioResult {
     let engine = before.engine;
     progress.start(Kind::Fio, format_args!("bare metal again, fio {engine}, {}", scenario.describe()));
-    let Some(after) = SYSCALL_ENGINES
+    let again = SYSCALL_ENGINES
         .into_iter()
         .find(|e| e.name() == engine)
-        .and_then(|e| baseline::run(&disk.fio_job(scenario, args), e).ok())
-    else {
-        return before;
+        .map(|e| baseline::run(&disk.fio_job(scenario, args), e).map_err(|e| e.to_string()));
+    let after = match again {
+        Some(Ok(after)) => after,
+        failed => {
+            let why = failed.and_then(Result::err).unwrap_or_else(|| "not a system-call engine".into());
+            let note = format!(
+                "; fio {engine} again after the guests failed ({why}): the baseline is the first run"
+            );
+            host.note = Some(host.note.take().unwrap_or_default() + &note);
+            return before;
+        }
     };
     let drift = (before.iops - after.iops).abs() / before.iops.max(after.iops);
     let note = format!(
