@@ -55,18 +55,6 @@ fn blk_result(out: &std::process::Output) -> Value {
     line_with(out, "probe", "blk")
 }
 
-/// Exits and CPU time between two of the probe's marks.
-fn phase(out: &std::process::Output, from: u64, to: u64) -> Value {
-    let stats = json_lines(out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
-    stats["vcpus"][0]["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["from"] == from && p["to"] == to)
-        .cloned()
-        .unwrap_or_else(|| panic!("no phase {from}->{to} in {stats}"))
-}
-
 #[test]
 fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_guest_wrote() {
     let _one = one_vm();
@@ -150,7 +138,7 @@ fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
         let out = run_blk(mode, &disk, &cmdline);
         let ops = blk_result(&out)["ops"].as_u64().unwrap();
         assert_eq!(ops, 10_000);
-        let exits = common::io_path_exits(&phase(&out, 0, 1)["counters"]) / ops as f64;
+        let exits = common::io_path_exits(&common::phase(&out, 0, 1)["counters"]) / ops as f64;
         assert!(check(exits), "{mode} at queue depth {qd}: {exits} exits per request");
     }
 }
@@ -165,10 +153,10 @@ fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
     let result = blk_result(&out);
     assert_eq!(result["post_idle_errors"], 0, "{result}");
     assert_eq!(result["post_idle_ops"], 20000, "served after the idle phase: {result}");
-    let load = phase(&out, 0, 1);
+    let load = common::phase(&out, 0, 1);
     let exits = common::io_path_exits(&load["counters"]) / 20000.0;
     assert!(exits < 0.05, "{exits} exits per request under load: {load}");
-    let idle = phase(&out, 2, 3);
+    let idle = common::phase(&out, 2, 3);
     let share = idle["iocore_cpu_s"].as_f64().unwrap() / idle["wall_s"].as_f64().unwrap();
     assert!(idle["wall_s"].as_f64().unwrap() >= 1.0, "{idle}");
     assert!(share < 0.01, "the IOCore used {:.1}% of a core while the guest was idle", share * 100.0);

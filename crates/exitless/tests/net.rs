@@ -115,9 +115,7 @@ fn exitless_mode_makes_no_exit_per_transaction() {
     let out = lab.run("exitless", "probe.workload=udp-rr probe.ops=10000");
     assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
     assert_eq!(line_with(&out, "probe", "udp-rr")["ops"], 10_000);
-    let stats = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
-    let phases = stats["vcpus"][0]["phases"].as_array().unwrap();
-    let phase = phases.iter().find(|p| p["from"] == 0 && p["to"] == 1).expect("marks 0 and 1");
+    let phase = common::phase(&out, 0, 1);
     let caused_by_io = common::io_path_exits(&phase["counters"]) / 10_000.0;
     assert!(caused_by_io < 0.01, "{caused_by_io} exits per transaction on the I/O path: {phase}");
 }

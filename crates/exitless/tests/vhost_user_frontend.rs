@@ -12,7 +12,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{exitless_within, json_lines, line_with, stderr, stdout};
-use serde_json::Value;
 
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
@@ -252,14 +251,7 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
     let out = run_vm(&socket, "exitless", &cmdline);
     assert_eq!(out.status.code(), Some(0), "{}\n{}\n{}", stdout(&out), stderr(&out), daemon.log());
     assert_eq!(line_with(&out, "probe", "blk")["ops"], ops);
-    let stats: Value = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
-    let phase = stats["vcpus"][0]["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["from"] == 0 && p["to"] == 1)
-        .cloned()
-        .unwrap_or_else(|| panic!("no phase 0->1 in {stats}"));
+    let phase = common::phase(&out, 0, 1);
     // A daemon in eventfd mode makes one exit per request here (the notification).
     let exits = common::io_path_exits(&phase["counters"]) / ops as f64;
     assert!(exits < 0.05, "{exits} exits per request on the I/O path: {phase}");

@@ -175,3 +175,15 @@ pub fn io_path_exits(counters: &Value) -> f64 {
     let caused = ["mmio_exits", "io_exits", "halt_exits", "irq_injections"];
     caused.iter().map(|name| counters[name].as_f64().unwrap_or(0.0)).sum::<f64>() - 1.0
 }
+
+/// Exits and CPU time between two of the probe's marks, from `exitless run --stats --json`.
+pub fn phase(out: &Output, from: u64, to: u64) -> Value {
+    let stats = json_lines(out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
+    stats["vcpus"][0]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["from"] == from && p["to"] == to)
+        .cloned()
+        .unwrap_or_else(|| panic!("no phase {from}->{to} in {stats}"))
+}
