@@ -4,17 +4,16 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use virtio::QueueWorker;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::contention::{thread_cpu_time, Contention, WakeCost};
+use crate::wait::{DiskWait, IdleClock};
 use crate::{Command, IoCoreError, IoCoreStats, Policy, Shared};
 
-/// Idle spins between two looks at the clock (adaptive policy).
-const SPINS_PER_CLOCK_CHECK: u32 = 64;
 /// The epoll token of the wake-up eventfd; queues use their index, and their backends' fds their
 /// index with this bit set.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -23,79 +22,6 @@ const MAX_EVENTS: usize = 64;
 /// How long an idle IOCore sleeps when the only requests left wait for a rate limit's tokens
 /// (a bucket refills at its rate; the next pass takes what it earned).
 const THROTTLED_WAIT: Duration = Duration::from_millis(1);
-
-/// How long the thread spins, with requests in flight and nothing else to do, before it sleeps
-/// on the backends' completion descriptors. A thread spinning on the core where the disk's
-/// completion work runs (its interrupt, then block-layer, file-system and loop-device workers:
-/// every O_DIRECT write to an ext4 file finishes in a kworker) starves that work for a whole
-/// scheduler slice; measured here, a loop device served by a spinning IOCore ran at 5-15% of
-/// fio's rate. The spin catches a fast device's completion without a wake-up.
-const DISK_SPIN: Duration = Duration::from_micros(20);
-/// Sleeps under a polling policy start this short and double while the disk stays busy, up to
-/// `DISK_SLEEP_MAX`: the driver of a polled queue does not notify, so a request it makes
-/// meanwhile waits at most that long. A completion ends a sleep at once. Waking every 50 µs
-/// through a long request costs the disk's own workers their core again (a loop device's
-/// 128 KiB reads took 3x longer).
-const DISK_SLEEP_MIN: Duration = Duration::from_micros(50);
-const DISK_SLEEP_MAX: Duration = Duration::from_micros(200);
-
-/// How long the thread has been idle, read from the clock only every `SPINS_PER_CLOCK_CHECK`
-/// passes (or on each pass when asked): a spinning loop need not pay for a clock read per pass.
-#[derive(Default)]
-struct IdleClock {
-    since: Option<Instant>,
-    spins: u32,
-}
-
-impl IdleClock {
-    /// One idle pass: either a spin (`None`) or, every `SPINS_PER_CLOCK_CHECK` passes or when
-    /// `look`, the time and how long the thread has been idle.
-    fn pass(&mut self, look: bool) -> Option<(Instant, Duration)> {
-        self.spins = self.spins.wrapping_add(1);
-        if !look && !self.spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
-            std::hint::spin_loop();
-            return None;
-        }
-        let now = Instant::now();
-        Some((now, now.duration_since(*self.since.get_or_insert(now))))
-    }
-
-    /// Something happened: idle time counts from the next idle pass.
-    fn reset(&mut self) {
-        self.since = None;
-    }
-}
-
-/// Time spent with only the backends busy, to decide when to stop spinning for them and how
-/// long to sleep.
-struct DiskWait {
-    idle: IdleClock,
-    next_sleep: Duration,
-}
-
-impl DiskWait {
-    fn new() -> DiskWait {
-        DiskWait { idle: IdleClock::default(), next_sleep: DISK_SLEEP_MIN }
-    }
-
-    /// Something happened: spin again before the next sleep, and sleep briefly.
-    fn reset(&mut self) {
-        self.idle.reset();
-        self.next_sleep = DISK_SLEEP_MIN;
-    }
-
-    /// Called on each idle pass while requests are in flight: has the thread spun long enough?
-    fn spun_enough(&mut self) -> bool {
-        self.idle.pass(false).is_some_and(|(_, spun)| spun >= DISK_SPIN)
-    }
-
-    /// How long the next sleep of a polling thread may last.
-    fn polled_sleep(&mut self) -> Duration {
-        let sleep = self.next_sleep;
-        self.next_sleep = (sleep * 2).min(DISK_SLEEP_MAX);
-        sleep
-    }
-}
 
 struct Entry {
     id: u64,
@@ -133,8 +59,9 @@ impl Engine {
         })
     }
 
-    /// The thread body: pins itself, confines itself with `filter`, reports its CPU clock (or
-    /// why it could not start), then serves until told to stop.
+    /// The thread body: pins itself, becomes a batch thread (`schedule_as_batch`), confines
+    /// itself with `filter`, reports its CPU clock (or why it could not start), then serves until
+    /// told to stop.
     pub(crate) fn run(
         mut self,
         cpu: Option<usize>,
@@ -146,6 +73,10 @@ impl Engine {
                 let _ = started.send(Err(IoCoreError::Pin { cpu, source }));
                 return self.stats;
             }
+        }
+        if let Err(source) = crate::schedule_as_batch() {
+            let _ = started.send(Err(IoCoreError::Schedule(source)));
+            return self.stats;
         }
         // Opened before the filter, which allows reading it but not opening files.
         let mut contention = Contention::for_current_thread();
@@ -166,7 +97,7 @@ impl Engine {
             }
             let work = self.poll_all();
             if work == 0 && self.waits_only_for_backends() {
-                if disk_wait.spun_enough() {
+                if disk_wait.spun_enough(self.stats.work) {
                     // Notifications wake a notified thread; a polling one must look at its rings
                     // again soon.
                     let timeout = match self.policy {

@@ -11,6 +11,7 @@
 
 mod contention;
 mod engine;
+mod wait;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -52,6 +53,8 @@ pub enum IoCoreError {
     Spawn(#[source] std::io::Error),
     #[error("cannot pin the IOCore thread to CPU {cpu}: {source}")]
     Pin { cpu: usize, source: std::io::Error },
+    #[error("cannot make the IOCore thread a batch thread (SCHED_BATCH): {0}")]
+    Schedule(#[source] std::io::Error),
     #[error("{0}")]
     Seccomp(#[from] sandbox::SandboxError),
     #[error("cannot read the IOCore thread's CPU clock: {0}")]
@@ -198,6 +201,25 @@ pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(std::io::Error::last_os_error());
         }
+    }
+    Ok(())
+}
+
+/// Make the calling thread a batch thread (SCHED_BATCH): its wake-ups no longer preempt the
+/// task running on its core. Its time slice and its share of the core are unchanged.
+///
+/// An IOCore shares its core with the kernel work that finishes its requests: the disk's
+/// interrupt and, for every O_DIRECT write to a file (and all I/O of a loop device), a kworker
+/// on the interrupt's core. Each request that kworker finishes wakes the IOCore. Woken as a
+/// normal thread, the IOCore preempted the kworker after every item, took that one completion,
+/// and its guest posted one new request: writes at queue depth 8 reached the disk one at a time
+/// (15k IOPS where fio made 52k). A batch IOCore runs once the kworker has finished them all, and
+/// takes their completions at once.
+pub fn schedule_as_batch() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

@@ -237,6 +237,13 @@ impl BlockDevice {
         if depth == 0 || depth > deepest {
             return self.fail(Error::QueueTooSmall(deepest as u32));
         }
+        // Write every buffer the requests will use now, as an application writes the data it
+        // stores: an untouched buffer is the host's shared zero page, which the host kernel
+        // cannot pin on its fast path, so every write request from it took the slow one.
+        let used = self.options.max_request_bytes.min(MAX_REQUEST_BYTES) as usize;
+        for slot in 0..depth {
+            self.buffer(slot)[..used].fill(0);
+        }
         self.queue.reset(size, self.disk.event_idx);
         let (desc, driver, device) = self.queue.addresses();
         t.setup_queue(REQUEST_QUEUE, size, desc, driver, device);
