@@ -60,8 +60,8 @@ impl Engine {
     }
 
     /// The thread body: pins itself, becomes a batch thread (`schedule_as_batch`) unless it is
-    /// adaptive, confines itself with `filter`, reports its CPU clock (or why it could not start), then serves until
-    /// told to stop.
+    /// adaptive, confines itself with `filter`, reports its CPU clock (or why it could not
+    /// start), then serves until told to stop.
     pub(crate) fn run(
         mut self,
         cpu: Option<usize>,
@@ -77,10 +77,11 @@ impl Engine {
         // Not an adaptive one: it leaves its core to other threads by sleeping early when it
         // waits for the core, and as a batch thread, woken late, it stayed behind a busy thread
         // and spun (that thread kept 52% of the core, against 76% for a normal adaptive IOCore).
-        let batch = !matches!(self.policy, Policy::Adaptive { .. });
-        if let Err(source) = batch.then(crate::schedule_as_batch).unwrap_or(Ok(())) {
-            let _ = started.send(Err(IoCoreError::Schedule(source)));
-            return self.stats;
+        if !matches!(self.policy, Policy::Adaptive { .. }) {
+            if let Err(source) = crate::schedule_as_batch() {
+                let _ = started.send(Err(IoCoreError::Schedule(source)));
+                return self.stats;
+            }
         }
         // Opened before the filter, which allows reading it but not opening files.
         let mut contention = Contention::for_current_thread();

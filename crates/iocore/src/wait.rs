@@ -59,14 +59,15 @@ impl IdleClock {
 /// Every `SPIN_TRIAL_EVERY` waits the IOCore spins for `SPIN_TRIAL_WAITS` waits, then sleeps at
 /// once for as many, and keeps whichever did more work per second.
 struct SpinTrial {
-    spin: bool,
     waits: u32,
     phase: TrialPhase,
 }
 
-/// Where a `SpinTrial` stands; a measuring phase holds when it began and the work done by then.
+/// Where a `SpinTrial` stands: settled on spinning or not, or measuring one way (since when,
+/// and the work done by then).
+#[derive(Clone, Copy)]
 enum TrialPhase {
-    Settled,
+    Settled { spin: bool },
     Spinning { since: Instant, work: u64 },
     Sleeping { since: Instant, work: u64, spinning: (u64, Duration) },
 }
@@ -74,7 +75,16 @@ enum TrialPhase {
 impl SpinTrial {
     fn new() -> SpinTrial {
         // The first wait starts a trial.
-        SpinTrial { spin: true, waits: SPIN_TRIAL_EVERY, phase: TrialPhase::Settled }
+        SpinTrial { waits: SPIN_TRIAL_EVERY, phase: TrialPhase::Settled { spin: true } }
+    }
+
+    /// Does a wait spin, where the trial stands now?
+    fn spin(&self) -> bool {
+        match self.phase {
+            TrialPhase::Settled { spin } => spin,
+            TrialPhase::Spinning { .. } => true,
+            TrialPhase::Sleeping { .. } => false,
+        }
     }
 
     /// A disk wait begins, `work` units of work (requests started or finished) after the
@@ -82,25 +92,24 @@ impl SpinTrial {
     fn begin_wait(&mut self, work: u64, clock: impl FnOnce() -> Instant) -> bool {
         self.waits += 1;
         let limit = match self.phase {
-            TrialPhase::Settled => SPIN_TRIAL_EVERY,
+            TrialPhase::Settled { .. } => SPIN_TRIAL_EVERY,
             _ => SPIN_TRIAL_WAITS,
         };
         if self.waits < limit {
-            return self.spin;
+            return self.spin();
         }
         self.waits = 0;
         let now = clock();
-        (self.phase, self.spin) = match self.phase {
-            TrialPhase::Settled => (TrialPhase::Spinning { since: now, work }, true),
+        self.phase = match self.phase {
+            TrialPhase::Settled { .. } => TrialPhase::Spinning { since: now, work },
             TrialPhase::Spinning { since, work: before } => {
-                let spinning = (work - before, now - since);
-                (TrialPhase::Sleeping { since: now, work, spinning }, false)
+                TrialPhase::Sleeping { since: now, work, spinning: (work - before, now - since) }
             }
             TrialPhase::Sleeping { since, work: before, spinning } => {
-                (TrialPhase::Settled, does_more_per_second(spinning, (work - before, now - since)))
+                TrialPhase::Settled { spin: does_more_per_second(spinning, (work - before, now - since)) }
             }
         };
-        self.spin
+        self.spin()
     }
 }
 

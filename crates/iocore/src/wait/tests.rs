@@ -53,9 +53,9 @@ fn a_trial_stops_spinning_where_the_spin_holds_off_the_disks_worker_and_tries_ag
 #[test]
 fn a_wait_that_does_not_spin_may_sleep_at_once() {
     let mut wait = DiskWait::new();
-    wait.trial = SpinTrial { spin: false, waits: 0, phase: TrialPhase::Settled };
+    wait.trial = SpinTrial { waits: 0, phase: TrialPhase::Settled { spin: false } };
     assert!(wait.spun_enough(0));
     wait.reset();
-    wait.trial.spin = true;
+    wait.trial.phase = TrialPhase::Settled { spin: true };
     assert!(!wait.spun_enough(0), "a spinning wait spins first");
 }
