@@ -1,7 +1,7 @@
 //! A raw disk image (or block device) driven through io_uring.
 //!
-//! `submit` only writes a submission queue entry (no system call); `kick` hands the whole batch
-//! to the kernel in one `io_uring_enter`; `poll` reaps finished entries from the completion
+//! `submit` writes a submission queue entry and hands every second one to the kernel at once
+//! (see `KICK_BATCH`); `kick` hands over what is left in one `io_uring_enter`; `poll` reaps finished entries from the completion
 //! queue without blocking. Every request owns one slot of a table allocated at open: its tag,
 //! its expected length and its iovecs, which stay put until the kernel reports the request done.
 
@@ -24,6 +24,13 @@ use crate::{
 /// The deepest queue `FileDiskOptions::max_in_flight` accepts (the iovec table is
 /// `max_in_flight * MAX_SEGMENTS * 16` bytes: 8 MiB here).
 pub const MAX_QUEUE_DEPTH: usize = 4096;
+
+/// The most requests `submit` queues before it hands them to the kernel itself. io_uring holds
+/// the block I/O of a larger batch in a plug until it has prepared the batch's last request (it
+/// plugs for more than two), so the disk idles meanwhile; measured on an ext4 file with O_DIRECT,
+/// where preparing a write takes about 5 µs, 32 writes handed over at once ran at 80k IOPS, in
+/// pairs at 115k (and 4 KiB reads at depth 32: 57k against 67k).
+const KICK_BATCH: usize = 2;
 
 /// How to open a `FileDisk`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,6 +250,9 @@ impl Backend for FileDisk {
             self.slots[slot].busy = false;
             self.free_slots.push(index);
             return false;
+        }
+        if self.ring.submission().len() >= KICK_BATCH {
+            self.kick();
         }
         true
     }

@@ -222,6 +222,36 @@ fn many_requests_in_flight_complete_with_their_tags() {
 }
 
 #[test]
+fn submit_hands_each_pair_of_requests_to_the_kernel_without_a_kick() {
+    let path = image("/tmp", 1 << 20);
+    std::fs::write(&path, vec![0x5a; 1 << 20]).unwrap();
+    // Declared before the disk, so a failed assertion drops the disk (which waits for the kernel)
+    // before the buffers the kernel reads into.
+    let mut buffers =
+        [AlignedBuffer::new(4096, 4096), AlignedBuffer::new(4096, 4096), AlignedBuffer::new(4096, 4096)];
+    let mut disk = FileDisk::open(&path, false, true).unwrap();
+    let [first, second, third] = &mut buffers;
+    assert!(disk.submit(1, Op::Read, 0, &[segment(first.bytes())]));
+    assert_eq!(disk.ring.submission().len(), 1, "a lone request waits for a partner or a kick");
+    assert!(disk.submit(2, Op::Read, 8192, &[segment(second.bytes())]));
+    assert!(disk.ring.submission().is_empty(), "a pair is the kernel's at once");
+    assert!(disk.submit(3, Op::Read, 16384, &[segment(third.bytes())]));
+    // Polling alone (no kick) sees the pair through; the third still waits for its kick.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        disk.poll(&mut |c| done.push(c));
+        assert!(Instant::now() < deadline, "the pair never completed: {done:?}");
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    done.sort_by_key(|c| c.tag);
+    assert_eq!(done, [1, 2].map(|tag| Completion { tag, result: Ok(4096) }));
+    assert_eq!(disk.ring.submission().len(), 1);
+    assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 3, result: Ok(4096) }]);
+    assert!(buffers.iter_mut().all(|b| b.bytes().iter().all(|&x| x == 0x5a)));
+}
+
+#[test]
 fn submit_refuses_beyond_max_in_flight() {
     let path = image("/tmp", 64 << 10);
     let options = FileDiskOptions { max_in_flight: 4, ..FileDiskOptions::default() };
