@@ -10,9 +10,10 @@ io_uring, O_DIRECT, allowed the CPUs the guest set-up uses (vCPU on 0, IOCore on
 medians, the best fio engine, each binary's ratio to it and its added p50 latency.
 Workloads default to 4 KiB randread and randwrite at depth 1, 8 and 32 and 128 KiB sequential
 reads at depth 4. Environment: MODE (exitless's --io-mode, default exitless), SECS (seconds
-per run, default 2). As root it raises its own autogroup's priority, so other sessions' work
-(builds, tests) disturbs the runs less; their disk traffic still does, so compare within a run.
-The guest writes to TARGET.
+per run, default 2). It runs at the priority it was given: raising it (a nice -20 autogroup) also
+starves the kernel workers that finish requests on the IOCore's core, which cost a loop device's
+reads at depth 1 a third of their rate. Other work on the machine disturbs the runs, and the
+disk's speed drifts, so compare within a run. The guest writes to TARGET.
 """
 import json
 import os
@@ -67,9 +68,6 @@ def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     binaries, target, rounds = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3])
-    if os.geteuid() == 0:
-        with open(f"/proc/{os.getpid()}/autogroup", "w", encoding="ascii") as autogroup:
-            autogroup.write("-20")
     for workload in sys.argv[4:] or WORKLOADS:
         rw, bs, qd = workload.split(":")
         bs, qd = int(bs), int(qd)

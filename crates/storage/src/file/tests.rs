@@ -252,6 +252,18 @@ fn submit_hands_each_pair_of_requests_to_the_kernel_without_a_kick() {
 }
 
 #[test]
+fn buffered_files_hand_their_requests_over_on_the_kick_alone() {
+    let path = image("/tmp", 1 << 20);
+    let mut buffers = [[0u8; 4096]; 3];
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    for (i, buffer) in buffers.iter_mut().enumerate() {
+        assert!(disk.submit(i as u32, Op::Read, (i * 4096) as u64, &[segment(buffer)]));
+    }
+    assert_eq!(disk.ring.submission().len(), 3, "queued until the kick");
+    assert_eq!(wait_for(&mut disk, 3).len(), 3);
+}
+
+#[test]
 fn submit_refuses_beyond_max_in_flight() {
     let path = image("/tmp", 64 << 10);
     let options = FileDiskOptions { max_in_flight: 4, ..FileDiskOptions::default() };
