@@ -2,9 +2,9 @@
 //!
 //! `submit` writes a submission queue entry (for a file on a file system with O_DIRECT it also
 //! hands every second one to the kernel: see `FILE_KICK_BATCH`); `kick` hands over what is left
-//! in one `io_uring_enter`; `poll` reaps finished entries from the completion
-//! queue without blocking. Every request owns one slot of a table allocated at open: its tag,
-//! its expected length and its iovecs, which stay put until the kernel reports the request done.
+//! in one `io_uring_enter`; `poll` reaps finished entries from the completion queue without
+//! blocking. Every request owns one slot of a table allocated at open: its tag, its expected
+//! length and its iovecs, which stay put until the kernel reports the request done.
 
 #![warn(missing_docs)]
 
@@ -30,8 +30,8 @@ pub const MAX_QUEUE_DEPTH: usize = 4096;
 /// them to the kernel itself. io_uring holds the block I/O of a larger batch in a plug until it
 /// has prepared the batch's last request (it plugs for more than two), and the file system's
 /// part of preparing one is slow (about 5 µs per ext4 write here), so the disk idled meanwhile:
-/// on an ext4 file at depth 32, 4 KiB writes ran at 82k IOPS handed over at once and 101k in
-/// pairs, reads at 53k and 64k. A block device prepares a request quickly and, a loop device at
+/// on an ext4 file at depth 32, 4 KiB writes ran at 79k IOPS handed over at once and 95k in
+/// pairs, reads at 56k and 62k. A block device prepares a request quickly and, a loop device at
 /// least, does better with the whole batch (4 KiB writes at depth 32: 88k at once, 71k in
 /// pairs), and buffered I/O mostly completes inside the call: both keep one call per batch.
 const FILE_KICK_BATCH: usize = 2;
