@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::daemon::Daemon;
 use common::linux::{kernel, Kernel};
 
 const QEMU_TIMEOUT: Duration = Duration::from_secs(180);
@@ -214,57 +215,12 @@ fn iopoll_helper(dir: &Path) -> Option<PathBuf> {
     }
 }
 
-/// `exitless vhost-user-blk` running in the background; stopped with SIGTERM.
-struct Backend {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Backend {
-    fn start(socket: &Path, args: &[&str], log: PathBuf) -> Backend {
-        let _ = std::fs::remove_file(socket);
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .arg("vhost-user-blk")
-            .arg("--socket")
-            .arg(socket)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("run exitless");
-        let mut backend = Backend { child, log };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            if let Some(status) = backend.child.try_wait().unwrap() {
-                panic!("the backend exited ({status}) before listening: {}", backend.log());
-            }
-            assert!(Instant::now() < deadline, "the backend did not listen within 20 s: {}", backend.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        backend
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM, and the exit status must be 0.
-    fn stop(mut self) -> String {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        let log = self.log();
-        assert_eq!(status.code(), Some(0), "the backend's exit status; its log: {log}");
-        log
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `exitless vhost-user-blk --socket SOCKET ARGS` (a socket file left from before removed first),
+/// its log in `log`.
+fn start_backend(socket: &Path, args: &[&str], log: &Path) -> Daemon {
+    let _ = std::fs::remove_file(socket);
+    let args = [&["--socket", socket.to_str().unwrap()], args].concat();
+    Daemon::start(&args, &[socket], log)
 }
 
 struct Guest<'a> {
@@ -394,7 +350,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
 
     // 1. Write, read back, check, flush, with the IOCore sleeping on the kick eventfd.
     let backend =
-        Backend::start(&socket, &["--disk", &disk_arg, "--io-mode", "eventfd"], dir.path().join("b1.log"));
+        start_backend(&socket, &["--disk", &disk_arg, "--io-mode", "eventfd"], &dir.path().join("b1.log"));
     let console = guest.run("vu.write=1 vu.read=1", 1, 1);
     assert_eq!(
         line(&console, "VU-DISK"),
@@ -420,7 +376,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
     //    guest sees a read-only disk.
     let ro_arg = format!("{disk_arg},readonly");
     let backend =
-        Backend::start(&socket, &["--disk", &ro_arg, "--io-mode", "sidecore"], dir.path().join("b3.log"));
+        start_backend(&socket, &["--disk", &ro_arg, "--io-mode", "sidecore"], &dir.path().join("b3.log"));
     let console = guest.run("vu.read=1 vu.rocheck=1", 1, 1);
     assert!(has(&console, "VU-VERIFY-OK") && has(&console, "VU-RO-OK"), "{console}");
     assert!(line(&console, "VU-DISK").contains(" ro=1 "), "{console}");
@@ -440,7 +396,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
     let disk_arg = format!("path={}", disk.display());
     let args = ["--disk", disk_arg.as_str(), "--io-mode", "adaptive"];
 
-    let first = Backend::start(&socket, &args, dir.path().join("b1.log"));
+    let first = start_backend(&socket, &args, &dir.path().join("b1.log"));
     // QEMU stays up; it reconnects to the socket when the backend comes back.
     let mut running = guest.spawn("vu.write=1 vu.waitgo=1 vu.read=1", 1, 1, true);
     running.wait_for("VU-WAITING");
@@ -449,7 +405,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(16 * 512)).unwrap();
     file.write_all(b"GO-AHEAD").unwrap();
     drop(file);
-    let second = Backend::start(&socket, &args, dir.path().join("b2.log"));
+    let second = start_backend(&socket, &args, &dir.path().join("b2.log"));
     let console = running.finish();
     assert!(has(&console, "VU-GO") && has(&console, "VU-VERIFY-OK"), "{console}");
     let log = second.stop();
@@ -463,10 +419,10 @@ fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
     let (initramfs, iopoll) = initramfs(&kernel, dir.path());
     let socket = dir.path().join("vhost.sock");
     let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
-    let backend = Backend::start(
+    let backend = start_backend(
         &socket,
         &["--disk", "ram=64M", "--queues", "2", "--io-mode", "adaptive"],
-        dir.path().join("b.log"),
+        &dir.path().join("b.log"),
     );
     // virtio_blk gives at most one queue per CPU, and keeps one for interrupt-driven I/O.
     let steps = if iopoll { "vu.write=1 vu.read=1 vu.iopoll=1" } else { "vu.write=1 vu.read=1" };
@@ -535,7 +491,7 @@ fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
     std::fs::File::create(&linux_disk).unwrap().set_len(64 << 20).unwrap();
     std::fs::File::create(&probe_disk).unwrap().set_len(16 << 20).unwrap();
     let (socket, probe_socket) = (dir.path().join("linux.sock"), dir.path().join("probe.sock"));
-    let backend = Backend::start(
+    let backend = start_backend(
         &socket,
         &[
             "--disk",
@@ -543,7 +499,7 @@ fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
             "--disk",
             &format!("socket={},path={},direct", probe_socket.display(), probe_disk.display()),
         ],
-        dir.path().join("daemon.log"),
+        &dir.path().join("daemon.log"),
     );
     assert!(probe_socket.exists(), "both sockets listen: {}", backend.log());
     let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };

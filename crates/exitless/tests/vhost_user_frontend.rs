@@ -7,63 +7,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
+use common::daemon::{one_at_a_time, Daemon};
 use common::{exitless_within, json_lines, line_with, stderr, stdout};
 
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 const DISK_BYTES: u64 = 8 << 20;
-
-/// One daemon and its guests at a time: they share this machine's two cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `exitless vhost-user-blk ARGS`, once every socket listens; killed when dropped.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
-        let log = dir.join("daemon.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .arg("vhost-user-blk")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("run exitless vhost-user-blk");
-        let mut daemon = Daemon { child, log };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !sockets.iter().all(|s| s.exists()) {
-            if let Some(status) = daemon.child.try_wait().unwrap() {
-                panic!("the daemon died ({status}): {}", daemon.log());
-            }
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s: {}", daemon.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        daemon
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn disk_file(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(name);
@@ -134,7 +86,7 @@ fn verify_through_the_daemon_in_its_sidecore_and_eventfd_modes_polled_and_interr
             "--io-mode".to_string(),
             daemon_mode.to_string(),
         ];
-        let daemon = Daemon::start(dir.path(), &args, &[&socket]);
+        let daemon = Daemon::start(&args, &[&socket], &dir.path().join("daemon.log"));
         // exitless: the guest polls the used ring; eventfd: it takes interrupts (the daemon's
         // call eventfd is the device's irqfd).
         for (guest_mode, completion) in [("exitless", "poll"), ("eventfd", "interrupt")] {
@@ -161,7 +113,7 @@ fn two_vms_share_one_daemon_and_its_one_iocore() {
     }
     args.extend(["--iocores", "1", "--io-mode", "adaptive"].map(String::from));
     let sockets: Vec<&Path> = disks.iter().map(|(s, _)| s.as_path()).collect();
-    let daemon = Daemon::start(dir.path(), &args, &sockets);
+    let daemon = Daemon::start(&args, &sockets, &dir.path().join("daemon.log"));
     let runs: Vec<_> = disks
         .iter()
         .enumerate()
@@ -199,8 +151,8 @@ fn a_missing_socket_a_refused_frontend_and_a_killed_daemon_end_the_vm_with_an_er
     // A VM polling its disk; the daemon refuses a second frontend for that disk, then dies.
     let socket = dir.path().join("d.sock");
     let file = disk_file(dir.path(), "d.img");
-    let mut daemon =
-        Daemon::start(dir.path(), &["--disk".to_string(), daemon_disk(&socket, &file)], &[&socket]);
+    let daemon_args = ["--disk".to_string(), daemon_disk(&socket, &file)];
+    let mut daemon = Daemon::start(&daemon_args, &[&socket], &dir.path().join("daemon.log"));
     let cmdline = "probe.workload=blk probe.rw=randread probe.duration_ms=60000 probe.timeout_ms=1000";
     let args = run_args(&socket, "exitless", cmdline);
     let vm = std::thread::spawn(move || {
@@ -218,8 +170,8 @@ fn a_missing_socket_a_refused_frontend_and_a_killed_daemon_end_the_vm_with_an_er
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("closed the connection"), "{err}");
 
-    daemon.child.kill().unwrap();
-    daemon.child.wait().unwrap();
+    daemon.child().kill().unwrap();
+    daemon.child().wait().unwrap();
     let killed = Instant::now();
     let out = vm.join().unwrap();
     // The guest saw the device fail (NEEDS_RESET, or no completion within its own timeout) and
@@ -245,7 +197,7 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
         "--io-mode".to_string(),
         "sidecore".to_string(),
     ];
-    let daemon = Daemon::start(dir.path(), &args, &[&socket]);
+    let daemon = Daemon::start(&args, &[&socket], &dir.path().join("daemon.log"));
     let ops = 10_000;
     let cmdline = format!("probe.workload=blk probe.rw=randread probe.qd=1 probe.ops={ops}");
     let out = run_vm(&socket, "exitless", &cmdline);
@@ -269,7 +221,8 @@ fn guest_memory_shared_from_huge_pages_works_or_says_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("huge.sock");
     let file = disk_file(dir.path(), "huge.img");
-    let daemon = Daemon::start(dir.path(), &["--disk".to_string(), daemon_disk(&socket, &file)], &[&socket]);
+    let daemon_args = ["--disk".to_string(), daemon_disk(&socket, &file)];
+    let daemon = Daemon::start(&daemon_args, &[&socket], &dir.path().join("daemon.log"));
     // A memfd with MFD_HUGETLB, mapped by the daemon too; 48 MiB is 24 pages (see run_probe.rs).
     let mut args = run_args(&socket, "exitless", &verify_cmdline(400));
     args.extend(["--mem", "48M", "--hugepages"].map(String::from));

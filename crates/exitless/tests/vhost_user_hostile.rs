@@ -5,16 +5,17 @@
 //! burn a core, must serve the next, well-behaved frontend (a 4 KiB write read back through the
 //! ring) and must stop within two seconds of SIGTERM.
 
+mod common;
 #[path = "../../vhost-user/tests/frontend/mod.rs"]
 mod frontend;
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::daemon::Daemon;
 use frontend::*;
 use vhost_user::message::{code, Header, VERSION};
 use vmm_sys_util::eventfd::EventFd;
@@ -27,99 +28,32 @@ const STOP_LIMIT: Duration = Duration::from_secs(2);
 const CPU_WINDOW: Duration = Duration::from_secs(2);
 const CPU_LIMIT: Duration = Duration::from_millis(300);
 
-/// The daemon, with a RAM disk, its standard error in a file.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+/// The daemon with a 4 MiB RAM disk on DIR/vhost.sock, its log in DIR/daemon.log.
+fn start_daemon(dir: &Path, io_mode: &str) -> Daemon {
+    let socket = dir.join("vhost.sock");
+    let args = ["--disk", "ram=4M", "--io-mode", io_mode, "--socket", socket.to_str().unwrap()];
+    Daemon::start(&args, &[&socket], &dir.join("daemon.log"))
 }
 
-impl Daemon {
-    fn start(io_mode: &str) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("vhost.sock");
-        let log = dir.path().join("daemon.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .args(["vhost-user-blk", "--disk", "ram=4M", "--io-mode", io_mode, "--socket"])
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("run exitless");
-        let mut daemon = Daemon { child, socket, log, _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !daemon.socket.exists() {
-            daemon.assert_alive();
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s: {}", daemon.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        daemon
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("the daemon died ({status}); its log: {}", self.log());
-        }
-    }
-
-    /// User plus system CPU time the daemon has used (all its threads).
-    fn cpu_time(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        // Fields after the command name in parentheses: state is the 3rd field of the line,
-        // utime and stime the 14th and 15th.
-        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        // SAFETY: sysconf has no side effects.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-        Duration::from_millis(ticks * 1000 / hz)
-    }
-
-    /// The daemon's CPU time over CPU_WINDOW must stay under CPU_LIMIT.
-    fn assert_not_spinning(&mut self, what: &str) {
-        let before = self.cpu_time();
-        std::thread::sleep(CPU_WINDOW);
-        let used = self.cpu_time() - before;
-        self.assert_alive();
-        assert!(
-            used < CPU_LIMIT,
-            "{what}: the daemon used {used:?} of CPU in {CPU_WINDOW:?}: {}",
-            self.log()
-        );
-    }
-
-    /// SIGTERM: the daemon must exit with status 0 within STOP_LIMIT. Returns its log.
-    fn stop(mut self) -> String {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let sent = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                sent.elapsed() < STOP_LIMIT,
-                "SIGTERM did not stop the daemon within {STOP_LIMIT:?}: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let log = self.log();
-        assert_eq!(status.code(), Some(0), "the daemon's exit status; its log: {log}");
-        log
-    }
+/// User plus system CPU time process `pid` has used (all its threads).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name in parentheses: state is the 3rd field of the line,
+    // utime and stime the 14th and 15th.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no side effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The daemon's CPU time over CPU_WINDOW must stay under CPU_LIMIT.
+fn assert_not_spinning(daemon: &mut Daemon, what: &str) {
+    let before = cpu_time(daemon.pid());
+    std::thread::sleep(CPU_WINDOW);
+    let used = cpu_time(daemon.pid()) - before;
+    daemon.assert_alive();
+    assert!(used < CPU_LIMIT, "{what}: the daemon used {used:?} of CPU in {CPU_WINDOW:?}: {}", daemon.log());
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
@@ -128,7 +62,7 @@ fn pattern(seed: u8) -> Vec<u8> {
 
 /// Connect, negotiate, share memory, start vring 0.
 fn ready(daemon: &Daemon) -> Frontend {
-    let mut frontend = Frontend::connect(&daemon.socket);
+    let mut frontend = Frontend::connect(daemon.socket());
     frontend.negotiate(FEATURES);
     frontend.set_mem_table();
     frontend.start_vring(0, 0);
@@ -190,7 +124,8 @@ fn saturated_eventfd() -> EventFd {
 
 #[test]
 fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
-    let mut daemon = Daemon::start("eventfd");
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start_daemon(dir.path(), "eventfd");
     let (pipe_read, pipe_write) = pipe();
     let (hung_up, peer) = UnixStream::pair().unwrap();
     drop(peer);
@@ -201,7 +136,7 @@ fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
         for (fd, kind) in
             [(pipe_write.as_raw_fd(), "a pipe nobody reads"), (hung_up.as_raw_fd(), "a hung-up socket")]
         {
-            let mut frontend = Frontend::connect(&daemon.socket);
+            let mut frontend = Frontend::connect(daemon.socket());
             frontend.negotiate(FEATURES);
             frontend.set_mem_table();
             frontend.set(code::SET_VRING_NUM, &state(0, QUEUE_SIZE as u32), &[]);
@@ -215,16 +150,17 @@ fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
         }
     }
     // The last one has not hung up its side; nothing keeps the daemon busy meanwhile.
-    daemon.assert_not_spinning("after refusing non-eventfds");
+    assert_not_spinning(&mut daemon, "after refusing non-eventfds");
     drop((last, pipe_read));
     next_frontend_is_served(&mut daemon, 1);
-    let log = daemon.stop();
+    let log = daemon.stop_within(STOP_LIMIT);
     assert_eq!(log.matches("is not an eventfd").count(), 6, "each refusal logged with its reason: {log}");
 }
 
 #[test]
 fn call_and_err_eventfds_that_cannot_take_another_count_do_not_block_the_daemon() {
-    let mut daemon = Daemon::start("eventfd");
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start_daemon(dir.path(), "eventfd");
     let mut frontend = ready(&daemon);
     // Blocking eventfds at their maximum: the daemon's next write of 1 to either would block.
     let (call, err) = (saturated_eventfd(), saturated_eventfd());
@@ -237,17 +173,18 @@ fn call_and_err_eventfds_that_cannot_take_another_count_do_not_block_the_daemon(
     // descriptor 200 of a 16-entry queue.
     frontend.publish(0, &[200]);
     std::thread::sleep(Duration::from_millis(200));
-    daemon.assert_not_spinning("after signalling saturated eventfds");
+    assert_not_spinning(&mut daemon, "after signalling saturated eventfds");
     drop(frontend);
     next_frontend_is_served(&mut daemon, 2);
-    let log = daemon.stop();
+    let log = daemon.stop_within(STOP_LIMIT);
     assert!(!log.contains("backend is lost") && !log.contains("backend is gone"), "{log}");
 }
 
 #[test]
 fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
     for io_mode in ["eventfd", "sidecore"] {
-        let mut daemon = Daemon::start(io_mode);
+        let dir = tempfile::tempdir().unwrap();
+        let mut daemon = start_daemon(dir.path(), io_mode);
         let mut frontend = ready(&daemon);
         write_and_read_back(&mut frontend, 0, 1);
         // The rings live 1 MiB into the memfd: after this, touching them raises SIGBUS.
@@ -264,7 +201,7 @@ fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
         daemon.assert_alive();
         drop(frontend);
         next_frontend_is_served(&mut daemon, 2);
-        let log = daemon.stop();
+        let log = daemon.stop_within(STOP_LIMIT);
         assert!(log.contains("shrank"), "{io_mode}: the reason is logged: {log}");
         eprintln!("{log}");
     }
@@ -275,7 +212,8 @@ fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
 #[test]
 fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at_once() {
     for io_mode in ["eventfd", "adaptive"] {
-        let mut daemon = Daemon::start(io_mode);
+        let dir = tempfile::tempdir().unwrap();
+        let mut daemon = start_daemon(dir.path(), io_mode);
         let mut frontend = ready(&daemon);
         frontend.mem.write(DATA, &pattern(1));
         let chain = frontend.blk_chain(T_OUT, 0, 4096);
@@ -286,31 +224,32 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
             "{io_mode}: the error eventfd fires for a head made available twice: {}",
             daemon.log()
         );
-        daemon.assert_not_spinning(io_mode);
+        assert_not_spinning(&mut daemon, io_mode);
         drop(frontend);
         let started = Instant::now();
         next_frontend_is_served(&mut daemon, 2);
         let took = started.elapsed();
         // Not a speed test: 4 s tells "at once" from the 5 s wait for requests that never end.
         assert!(took < Duration::from_secs(4), "{io_mode}: the next frontend waited {took:?}");
-        daemon.stop();
+        daemon.stop_within(STOP_LIMIT);
     }
 }
 
 #[test]
 fn an_idle_frontend_does_not_hold_the_disk() {
-    let mut daemon = Daemon::start("eventfd");
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start_daemon(dir.path(), "eventfd");
     // A connects and says nothing.
-    let idle = UnixStream::connect(&daemon.socket).unwrap();
+    let idle = UnixStream::connect(daemon.socket()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     // B is refused at once, with a reason in the log.
-    let second = UnixStream::connect(&daemon.socket).unwrap();
+    let second = UnixStream::connect(daemon.socket()).unwrap();
     assert!(closed_within(&second, Duration::from_secs(2)), "a second frontend is refused at once");
     assert!(daemon.log().contains("another frontend is connected to this disk"), "{}", daemon.log());
     // A is dropped once the set-up time (10 s) is over.
     assert!(closed_within(&idle, Duration::from_secs(13)), "an idle frontend is dropped: {}", daemon.log());
     next_frontend_is_served(&mut daemon, 1);
-    let log = daemon.stop();
+    let log = daemon.stop_within(STOP_LIMIT);
     assert!(log.contains("did not finish setting up"), "{log}");
 }
 
@@ -319,14 +258,14 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
     type Attack = fn(&Daemon) -> Vec<Box<dyn std::any::Any>>;
     let attacks: [(&str, Attack); 4] = [
         ("a frontend stalled inside a message", |daemon| {
-            let stream = UnixStream::connect(&daemon.socket).unwrap();
+            let stream = UnixStream::connect(daemon.socket()).unwrap();
             (&stream)
                 .write_all(&Header { request: code::GET_FEATURES, flags: VERSION, size: 0 }.to_bytes()[..6])
                 .unwrap();
             vec![Box::new(stream)]
         }),
         ("a frontend that never reads its replies", |daemon| {
-            let stream = UnixStream::connect(&daemon.socket).unwrap();
+            let stream = UnixStream::connect(daemon.socket()).unwrap();
             stream.set_nonblocking(true).unwrap();
             let request = Header { request: code::GET_FEATURES, flags: VERSION, size: 0 }.to_bytes();
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -361,10 +300,11 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
         }),
     ];
     for (what, attack) in attacks {
-        let daemon = Daemon::start("eventfd");
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = start_daemon(dir.path(), "eventfd");
         let held = attack(&daemon);
         std::thread::sleep(Duration::from_millis(200));
-        let log = daemon.stop();
+        let log = daemon.stop_within(STOP_LIMIT);
         assert!(
             log.contains("stopping") && !log.contains("exiting without waiting"),
             "{what}: an orderly stop, not the watchdog's: {log}"

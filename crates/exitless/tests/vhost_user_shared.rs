@@ -8,9 +8,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::daemon::{one_at_a_time, Daemon};
 use serde_json::Value;
 
 /// A guest that has not finished by then is stuck.
@@ -18,64 +18,38 @@ const GUEST_LIMIT: Duration = Duration::from_secs(120);
 /// The IOCore's per-ring batch per pass (vhost_user::backend::FAIR_BATCH).
 const FAIR_BATCH: u64 = 16;
 
-/// One daemon and its guests at a time: they share this machine's two cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+/// The daemon with `--stats-interval 1 --json`, its log in DIR/daemon.log and its stats lines in
+/// DIR/daemon.out; returns once every socket listens.
+fn start_daemon(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
+    let args = [args, &["--stats-interval", "1", "--json"].map(String::from)].concat();
+    Daemon::start_with_stdout(&args, sockets, &dir.join("daemon.log"), &dir.join("daemon.out"))
 }
 
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-    stdout: PathBuf,
+/// The per-disk stats lines in the daemon's standard output.
+fn disk_stats(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["stats"] == "disk")
+        .collect()
 }
 
-impl Daemon {
-    /// `exitless vhost-user-blk ARGS --stats-interval 1 --json`, once every socket listens.
-    fn start(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
-        let log = dir.join("daemon.log");
-        let stdout = dir.join("daemon.out");
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .arg("vhost-user-blk")
-            .args(args)
-            .args(["--stats-interval", "1", "--json"])
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("run exitless");
-        let mut daemon = Daemon { child, log, stdout };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !sockets.iter().all(|s| s.exists()) {
-            daemon.assert_alive();
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s: {}", daemon.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        daemon
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("the daemon died ({status}); its log: {}", self.log());
-        }
-    }
-
+/// What these tests read from the daemon's stats lines.
+trait StatsLines {
     /// The per-disk stats lines printed so far.
+    fn stats(&self) -> Vec<Value>;
+    /// Wait until every disk in `disks` has served a request (by the daemon's stats lines).
+    fn wait_serving(&mut self, disks: &[u64]);
+    /// SIGTERM; the daemon must end with status 0. Returns its log and its last stats line per
+    /// disk (printed as it stopped).
+    fn stop_with_stats(self) -> (String, Vec<Value>);
+}
+
+impl StatsLines for Daemon {
     fn stats(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.stdout)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["stats"] == "disk")
-            .collect()
+        disk_stats(&self.stdout())
     }
 
-    /// Wait until every disk in `disks` has served a request (by the daemon's stats lines).
     fn wait_serving(&mut self, disks: &[u64]) {
         let deadline = Instant::now() + GUEST_LIMIT;
         loop {
@@ -90,26 +64,13 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM; the daemon must end with status 0. Returns its log and its last stats line per
-    /// disk (printed as it stopped).
-    fn stop(mut self) -> (String, Vec<Value>) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        let log = self.log();
-        assert_eq!(status.code(), Some(0), "the daemon's exit status; its log: {log}");
-        let stats = self.stats();
+    fn stop_with_stats(self) -> (String, Vec<Value>) {
+        let (log, stdout) = self.stop_with_stdout();
+        let stats = disk_stats(&stdout);
         let disks = stats.iter().filter_map(|s| s["disk"].as_u64()).max().map_or(0, |d| d + 1);
         let last =
             (0..disks).map(|d| stats.iter().rev().find(|s| s["disk"] == d).cloned().unwrap()).collect();
         (log, last)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -219,7 +180,7 @@ fn two_guests_share_one_iocore_and_one_killed_mid_io_costs_the_other_nothing() {
         format!("--disk=socket={},path={}", sa.display(), a.display()),
         format!("--disk=socket={},path={},direct", sb.display(), b.display()),
     ];
-    let mut daemon = Daemon::start(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
 
     // Both at once, verifying; A writes without end until it is killed.
     let endless = "probe.workload=blk probe.rw=randwrite probe.qd=16 probe.ops=100000000 probe.warmup=0";
@@ -238,7 +199,7 @@ fn two_guests_share_one_iocore_and_one_killed_mid_io_costs_the_other_nothing() {
     let result = Guest::start(&elf, &sa, &verify_cmdline(seed_a, 300), dir.join("a2.out")).finish();
     assert_verified(&result, 300);
     common::assert_holds_pattern(&a, seed_a, 300);
-    let (log, stats) = daemon.stop();
+    let (log, stats) = daemon.stop_with_stats();
     assert_eq!(log.matches("a.sock: frontend connected").count(), 2, "{log}");
     assert!(log.contains("listening on") && log.contains("IOCore 0 of 1"), "{log}");
     for disk in &stats {
@@ -275,7 +236,7 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
         format!("--disk=socket={},path={}", sa.display(), a.display()),
         format!("--disk=socket={},ram=8M", sb.display()),
     ];
-    let mut daemon = Daemon::start(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
     let (seed, blocks) = (0x5eed, 8192);
     let mut guest = Guest::start(&elf, &sa, &verify_cmdline(seed, blocks), dir.join("a.out"));
     let garbage = [
@@ -296,7 +257,7 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
     // The disk that was attacked serves a well-behaved frontend next.
     let result = Guest::start(&elf, &sb, &verify_cmdline(7, 300), dir.join("b.out")).finish();
     assert_verified(&result, 300);
-    let (log, stats) = daemon.stop();
+    let (log, stats) = daemon.stop_with_stats();
     assert!(log.matches("b.sock: refused").count() >= 3, "sent {sent}: {log}");
     assert!(!log.contains("a.sock: refused"), "{log}");
     assert_eq!(stats[0]["io_errors"], 0);
@@ -313,7 +274,7 @@ fn a_queue_at_depth_one_is_not_starved_by_one_at_depth_64() {
         format!("--disk=socket={},ram=64M", sa.display()),
         format!("--disk=socket={},ram=64M", sb.display()),
     ];
-    let mut daemon = Daemon::start(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
     let load =
         |qd| format!("probe.workload=blk probe.rw=randread probe.qd={qd} probe.ops=100000000 probe.warmup=0");
     let deep = Guest::start(&elf, &sa, &load(64), dir.join("deep.out"));
@@ -340,7 +301,7 @@ fn a_queue_at_depth_one_is_not_starved_by_one_at_depth_64() {
     };
     deep.kill();
     shallow.kill();
-    daemon.stop();
+    daemon.stop_with_stats();
     let (deep_served, shallow_served) = both.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
     eprintln!(
         "requests served over the daemon's intervals: depth 64: {deep_served}, depth 1: {shallow_served}"
@@ -365,7 +326,7 @@ fn a_rate_limited_disk_never_exceeds_its_budget_plus_burst() {
         format!("--disk=socket={},ram=16M,iops={iops}", sa.display()),
         format!("--disk=socket={},ram=16M,bw={bw}", sb.display()),
     ];
-    let daemon = Daemon::start(dir, &args, &[&sa, &sb]);
+    let daemon = start_daemon(dir, &args, &[&sa, &sb]);
     let load = "probe.workload=blk probe.rw=randread probe.qd=8 probe.ops=1500 probe.warmup=0";
     let a = Guest::start(&elf, &sa, load, dir.join("iops.out"));
     let b = Guest::start(&elf, &sb, load, dir.join("bw.out"));
@@ -373,7 +334,7 @@ fn a_rate_limited_disk_never_exceeds_its_budget_plus_burst() {
         assert_eq!(result["errors"], 0, "limited requests wait, they do not fail: {result}");
         assert_eq!(result["ops"], 1500, "{result}");
     }
-    let (_, stats) = daemon.stop();
+    let (_, stats) = daemon.stop_with_stats();
     let (limited, by_bytes) = (&stats[0], &stats[1]);
     let uptime = limited["uptime_s"].as_f64().unwrap();
     let requests = limited["requests"].as_u64().unwrap() as f64;
@@ -427,7 +388,7 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
             format!("--disk=socket={},path={},direct", sl.display(), device.path.display()),
             format!("--io-mode={mode}"),
         ];
-        let daemon = Daemon::start(dir, &args, &[&sf, &sl]);
+        let daemon = start_daemon(dir, &args, &[&sf, &sl]);
         let seed = 300 + 2 * i as u64;
         let on_file = Guest::start(&elf, &sf, &verify_cmdline(seed, 1024), dir.join("file.out"));
         let on_loop = Guest::start(&elf, &sl, &verify_cmdline(seed + 1, 1024), dir.join("loop.out"));
@@ -435,7 +396,7 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
         assert_verified(&on_loop.finish(), 1024);
         common::assert_holds_pattern(&file, seed, 1024);
         common::assert_holds_pattern(&backing, seed + 1, 1024);
-        let (_log, stats) = daemon.stop();
+        let (_log, stats) = daemon.stop_with_stats();
         assert!(stats.iter().all(|disk| disk["io_errors"] == 0), "{mode}: {stats:?}");
     }
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod console;
+pub mod daemon;
 pub mod linux;
 
 use std::io::Read;
