@@ -194,6 +194,40 @@ fn a_ram_disk_alone_needs_no_scratch_directory() {
     assert_eq!(report["results"][0]["disk"], "ram");
 }
 
+/// A block device measures like a file: its size comes from the device (its metadata length is
+/// 0), fio's baseline runs on it and the guest's row reports it.
+#[test]
+fn block_bench_measures_a_block_device() {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let file = dir.path().join("loop.img");
+    std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
+    let device = common::LoopDevice::attach(&file);
+    let disk = format!("path={},direct", device.path.display());
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--disk",
+        &disk,
+        "--modes",
+        "exitless",
+        "--qd",
+        "1",
+        "--peers",
+        "none",
+        "--duration-ms",
+        "100",
+        "--warmup",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let results = report["results"].as_array().unwrap();
+    assert!(results.iter().any(|r| r["vmm"] == "host" && r["iops"].as_f64().unwrap() > 0.0), "{results:?}");
+    let guest = results.iter().find(|r| r["vmm"] == "exitless").expect("the guest's row");
+    assert!(guest["iops"].as_f64().unwrap() > 0.0, "{guest}");
+    assert!(guest["ratio_to_bare_metal"].as_f64().unwrap() > 0.0, "{guest}");
+}
+
 /// At the queue size, 256 requests in flight, every VMM serves the probe: exitless's device and
 /// QEMU's virtio-blk and vhost-user-blk (with exitless's backend) all take one indirect table per
 /// request, and each row reports that depth.

@@ -2,6 +2,7 @@
 //! block workload on a virtio-blk disk in each I/O mode, and fio runs it on the host against
 //! the very same file: the bare-metal baseline.
 
+use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -465,9 +466,10 @@ struct BenchDisk {
 
 impl BenchDisk {
     fn prepare(spec: &BenchDiskArg, scratch_dir: &Path) -> Result<BenchDisk, PrepareError> {
+        // Seeking to the end sizes block devices too, whose metadata length is 0.
         let file_size = |path: &Path| {
-            std::fs::metadata(path)
-                .map(|m| m.len())
+            std::fs::File::open(path)
+                .and_then(|mut file| file.seek(SeekFrom::End(0)))
                 .map_err(|e| PrepareError::Other(format!("{}: {e}", path.display())))
         };
         let spec = match spec {
