@@ -6,6 +6,7 @@
 //! O_DIRECT, the whole process pinned to the IOCore CPU). Exits come from QMP `query-stats`,
 //! sampled at the probe's marks; cores are QEMU's and the backend's CPU time over wall time.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -275,9 +276,15 @@ impl StorageDaemon {
     /// process on `cpu` (as exitless's IOCore).
     fn start(&self, socket: &Path, file: &Path, cpu: usize) -> Result<Backend, String> {
         let _ = std::fs::remove_file(socket);
+        // QEMU's `file` driver takes regular files only; a block device needs `host_device`.
+        let block_device = std::fs::metadata(file).is_ok_and(|m| m.file_type().is_block_device());
+        let driver = if block_device { "host_device" } else { "file" };
         let args = [
             "--blockdev".to_string(),
-            format!("driver=file,filename={},aio=io_uring,cache.direct=on,node-name=disk0", file.display()),
+            format!(
+                "driver={driver},filename={},aio=io_uring,cache.direct=on,node-name=disk0",
+                file.display()
+            ),
             "--object".to_string(),
             "iothread,id=iothread0".to_string(),
             "--export".to_string(),
