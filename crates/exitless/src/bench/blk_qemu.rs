@@ -3,8 +3,10 @@
 //! with interrupt and with polled completion, and under QEMU with a vhost-user-blk backend:
 //! exitless's (`exitless vhost-user-blk`, sidecore, its IOCore pinned to the IOCore CPU) and
 //! QEMU's own (`qemu-storage-daemon` exporting the file with its own iothread, aio=io_uring,
-//! O_DIRECT, the whole process pinned to the IOCore CPU). Exits come from QMP `query-stats`,
-//! sampled at the probe's marks; cores are QEMU's and the backend's CPU time over wall time.
+//! O_DIRECT, the whole process pinned to the IOCore CPU). QEMU's vCPU thread runs on the vCPU
+//! CPU and its other threads (the iothread) on the IOCore CPU, as exitless's would. Exits come
+//! from QMP `query-stats`, sampled at the probe's marks; cores are QEMU's and the backend's CPU
+//! time over wall time.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -160,13 +162,21 @@ impl QemuPeer {
         let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or("unexpected QEMU arguments")?;
         qemu_args[machine_at] = machine;
         qemu_args.extend(["-global".to_string(), "virtio-mmio.force-legacy=false".to_string()]);
+        // Thread names, so that `pin_threads` can tell the vCPU thread from the others.
+        qemu_args.extend(["-name".to_string(), "exitless-bench,debug-threads=on".to_string()]);
         qemu_args.extend(extra);
         let helpers: Vec<u32> = backend.iter().map(|b| b.child.id()).collect();
         let qmp = self.dir.join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
         let timeout = super::blk::run_timeout(args);
-        let (run, marks) =
-            self.qemu.run_marked(&qemu_args, Some(&qmp), &helpers, timeout).map_err(|e| e.to_string())?;
+        // As exitless's own: the vCPU on its CPU, everything else (QEMU's iothread) on the IOCore's.
+        let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
+        let (run, marks) = self
+            .qemu
+            .run_marked_with(&qemu_args, Some(&qmp), &helpers, timeout, |pid| {
+                crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
+            })
+            .map_err(|e| e.to_string())?;
         row.command = Some(match &backend {
             Some(Backend { command: Some(daemon), .. }) => format!("{daemon} & {}", run.command_line),
             _ => run.command_line.clone(),

@@ -202,7 +202,6 @@ fn mark_label(line: &str) -> Option<u32> {
     value.as_object().filter(|o| o.len() == 1)?.get("mark")?.as_u64()?.try_into().ok()
 }
 
-/// User plus system CPU time of process `pid` (all its threads); zero if it is gone.
 /// Make `command`'s child run on host CPU `cpu` only (a peer's daemon pinned where the IOCore
 /// would be).
 pub fn pin_child(command: &mut Command, cpu: usize) -> Result<(), String> {
@@ -225,6 +224,45 @@ pub fn pin_child(command: &mut Command, cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Puts QEMU's vCPU thread (`CPU 0/KVM`) on `vcpu_cpu` and every other thread on `io_cpu`: the
+/// main thread at once (threads it makes later inherit it), then each thread as it appears,
+/// until the vCPU thread has (at most 10 s; QEMU makes it before the guest runs). QEMU names its
+/// threads only when run with `-name ...,debug-threads=on`.
+pub fn pin_threads(pid: u32, vcpu_cpu: usize, io_cpu: usize) {
+    set_affinity(pid, io_cpu);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut vcpu_found = false;
+    while Instant::now() < deadline {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            let is_vcpu = comm.starts_with("CPU ") && comm.contains("/KVM");
+            vcpu_found |= is_vcpu;
+            set_affinity(tid, if is_vcpu { vcpu_cpu } else { io_cpu });
+        }
+        if vcpu_found {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// sched_setaffinity of one thread to one CPU (errors ignored: the thread may have ended).
+fn set_affinity(tid: u32, cpu: usize) {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so CPU_SET stays inside `set`; `set` is
+    // a valid cpu_set_t of the size passed to sched_setaffinity, which reads nothing else.
+    unsafe {
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid as libc::pid_t, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// The probe's `blk` result line from a QEMU run, which must have ended with status OK.
 pub fn blk_result(run: &QemuRun) -> Result<serde_json::Value, String> {
     let line = run
@@ -239,6 +277,7 @@ pub fn blk_result(run: &QemuRun) -> Result<serde_json::Value, String> {
     Ok(line)
 }
 
+/// User plus system CPU time of process `pid` (all its threads); zero if it is gone.
 pub fn process_cpu_time(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
     // The command name (field 2) may hold spaces: count fields after its closing parenthesis.

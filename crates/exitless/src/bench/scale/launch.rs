@@ -291,7 +291,7 @@ fn run_qemu(
             if let Ok(mut pids) = watcher.lock() {
                 pids.push(pid);
             }
-            pin_qemu(pid, vcpu_cpu, io_cpu);
+            crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu);
         })
         .map_err(|e| e.to_string())?;
     let line = crate::qemu::blk_result(&run)?;
@@ -302,44 +302,6 @@ fn run_qemu(
         counters: super::super::blk_qemu::exits_between(start, end),
         window: (start.at, end.at),
     })
-}
-
-/// Puts QEMU's vCPU thread (`CPU 0/KVM`) on `vcpu_cpu` and every other thread on `io_cpu`: the
-/// main thread at once (threads it makes later inherit it), then each thread as it appears,
-/// until the vCPU thread has (at most 10 s; QEMU makes it before the guest runs).
-fn pin_qemu(pid: u32, vcpu_cpu: usize, io_cpu: usize) {
-    set_affinity(pid, io_cpu);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut vcpu_found = false;
-    while Instant::now() < deadline {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-        for task in tasks.flatten() {
-            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
-            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            let is_vcpu = comm.starts_with("CPU ") && comm.contains("/KVM");
-            vcpu_found |= is_vcpu;
-            set_affinity(tid, if is_vcpu { vcpu_cpu } else { io_cpu });
-        }
-        if vcpu_found {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// sched_setaffinity of one thread to one CPU (errors ignored: the thread may have ended).
-fn set_affinity(tid: u32, cpu: usize) {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return;
-    }
-    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so CPU_SET stays inside `set`; `set` is
-    // a valid cpu_set_t of the size passed to sched_setaffinity, which reads nothing else.
-    unsafe {
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(tid as libc::pid_t, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 /// A backend process, killed when dropped.
