@@ -16,7 +16,7 @@ use std::path::Path;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::completions::CompletionRing;
-use crate::open::{open_without_blocking, OpenError, Wanted};
+use crate::open::{open_without_blocking, FileKind, OpenError, Wanted};
 use crate::validate::validate;
 use crate::{
     Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, MAX_SEGMENTS, SECTOR_SIZE,
@@ -125,10 +125,9 @@ impl FileDisk {
         if capacity == 0 {
             return Err(BackendError::TooSmall { path: path.display().to_string() });
         }
-        let regular = file
-            .metadata()
+        let regular = FileKind::of(&file)
             .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?
-            .is_file();
+            == FileKind::Regular;
 
         let mut builder = IoUring::builder();
         if let Some(idle) = options.sqpoll_idle_ms {

@@ -51,7 +51,8 @@ pub enum FileKind {
 }
 
 impl FileKind {
-    fn of(file: &File) -> std::io::Result<FileKind> {
+    /// The type of the object `file` is open on.
+    pub fn of(file: &File) -> std::io::Result<FileKind> {
         let kind = file.metadata()?.file_type();
         Ok(if kind.is_file() {
             FileKind::Regular
