@@ -5,18 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{exitless, exitless_within, json_lines, line_with, stderr};
+use common::{exitless, exitless_within, json_lines, line_with, one_at_a_time, stderr};
 use serde_json::Value;
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 
-/// One VM at a time: polling modes need both cores, and exit counts and idle CPU time are
-/// only clean then.
-static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_vm() -> std::sync::MutexGuard<'static, ()> {
-    ONE_VM.lock().unwrap_or_else(|p| p.into_inner())
-}
 const DISK_BYTES: u64 = 8 << 20;
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
@@ -57,7 +50,7 @@ fn blk_result(out: &std::process::Output) -> Value {
 
 #[test]
 fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_guest_wrote() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     for (i, mode) in MODES.iter().enumerate() {
         let seed = 100 + i as u64;
         let cmdline =
@@ -83,7 +76,7 @@ fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_gues
 /// in the backing file either way.
 #[test]
 fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     let file = disk_file("/tmp");
     let device = common::LoopDevice::attach(&file);
     for (i, mode) in ["exitless", "adaptive"].iter().enumerate() {
@@ -105,7 +98,7 @@ fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
 /// interrupts in trap mode, 3728 in eventfd mode.
 #[test]
 fn every_interrupt_a_device_raises_is_injected() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     let disk = disk_file("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     for mode in ["trap", "eventfd", "sidecore"] {
@@ -120,7 +113,7 @@ fn every_interrupt_a_device_raises_is_injected() {
 
 #[test]
 fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     let disk = disk_file("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     // Trap mode at queue depth 1: the notify exit, the interrupt's EOI and the driver's two
@@ -145,7 +138,7 @@ fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
 
 #[test]
 fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     let disk = disk_file("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=20000 probe.idle_ms=1200";
@@ -251,7 +244,7 @@ fn needs_reset_mismatches(mode: &str, out: &std::process::Output) -> Vec<String>
 
 #[test]
 fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_serving() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     let mut wrong = Vec::new();
     for mode in ["trap", "eventfd", "exitless", "adaptive"] {
         let disk = disk_file("/dev/shm");
@@ -289,7 +282,7 @@ fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
 /// be lost.
 #[test]
 fn requests_at_the_deepest_queue_the_ring_holds_all_complete() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     const QUEUE_SIZE: u64 = 256;
     for mode in ["trap", "eventfd", "exitless"] {
         let cmdline = format!(
@@ -311,7 +304,7 @@ fn requests_at_the_deepest_queue_the_ring_holds_all_complete() {
 /// and all complete; one more does not fit, and the probe says how deep it can go.
 #[test]
 fn direct_chains_fill_the_ring_to_a_third_of_its_size() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     const DEEPEST_4K: u64 = 256 / 3;
     let cmdline = format!(
         "probe.workload=blk probe.indirect=off probe.rw=randread probe.qd={DEEPEST_4K} probe.ops=5000 probe.warmup=0"
@@ -331,7 +324,7 @@ fn direct_chains_fill_the_ring_to_a_third_of_its_size() {
 /// queue): every one completes with OK status.
 #[test]
 fn a_batch_of_100_flushes_all_complete() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     for mode in ["trap", "eventfd", "exitless", "adaptive"] {
         let (out, result) = run_blk_within(
             mode,
@@ -344,7 +337,7 @@ fn a_batch_of_100_flushes_all_complete() {
 
 #[test]
 fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
-    let _one = one_vm();
+    let _one = one_at_a_time();
     let path = disk_file("/dev/shm");
     let disk = format!("ram,path={},readonly", path.display());
     let out = exitless(&[

@@ -31,13 +31,6 @@ const SECTOR: usize = 512;
 const DISK_BYTES: u64 = 4 << 20;
 const WAIT: Duration = Duration::from_secs(120);
 
-/// One VM at a time: the machine has two cores.
-static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_vm() -> std::sync::MutexGuard<'static, ()> {
-    ONE_VM.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn rounds() -> u64 {
     std::env::var("EXITLESS_DURABILITY_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3)
 }
@@ -176,7 +169,7 @@ fn probe_said(lines: &[String]) -> Said {
 
 #[test]
 fn exitless_run_killed_at_random_keeps_every_write_acknowledged_by_a_flush() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     let mut rng = XorShift::from_clock();
@@ -269,7 +262,7 @@ fn linux_said(lines: &[String]) -> Said {
 
 #[test]
 fn vhost_user_daemon_killed_at_random_keeps_every_write_a_linux_guest_flushed() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     let kernel = common::linux::kernel();
     let dir = tempfile::tempdir().unwrap();
     let initramfs = dir.path().join("initramfs.cpio");

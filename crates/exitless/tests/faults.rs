@@ -23,13 +23,6 @@ use common::console::Console;
 use probe_abi::fault_control as control;
 use serde_json::Value;
 
-/// One VM at a time: the polling IOCore and the probe need both cores.
-static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_vm() -> std::sync::MutexGuard<'static, ()> {
-    ONE_VM.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 const BLOCK: u64 = 4096;
 const SEED: u64 = 77;
 /// A step's wait for the guest: generous, as the machine is shared.
@@ -452,36 +445,36 @@ fn turned_read_only(frontend: Frontend) {
 
 #[test]
 fn out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     out_of_space(Frontend::Exitless);
 }
 
 #[test]
 fn a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     truncated(Frontend::Exitless);
 }
 
 #[test]
 fn a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     turned_read_only(Frontend::Exitless);
 }
 
 #[test]
 fn vhost_user_out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     out_of_space(Frontend::VhostUser);
 }
 
 #[test]
 fn vhost_user_a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     truncated(Frontend::VhostUser);
 }
 
 #[test]
 fn vhost_user_a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = one_vm();
+    let _one = common::one_at_a_time();
     turned_read_only(Frontend::VhostUser);
 }

@@ -4,16 +4,12 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{exitless, json_lines, line_with, stderr, stdout};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 const TAP: &str = "exltest0";
-
-/// One VM at a time: polling modes need both cores, and exit counts are only clean then.
-static ONE_VM: Mutex<()> = Mutex::new(());
 
 struct Lab {
     netns: String,
@@ -96,7 +92,7 @@ impl Drop for Lab {
 
 #[test]
 fn udp_echo_with_payload_check_in_every_mode() {
-    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = common::one_at_a_time();
     let lab = Lab::new("echo");
     for mode in MODES {
         let out = lab.run(mode, "probe.workload=udp-rr probe.ops=300 probe.size=200");
@@ -110,7 +106,7 @@ fn udp_echo_with_payload_check_in_every_mode() {
 
 #[test]
 fn exitless_mode_makes_no_exit_per_transaction() {
-    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = common::one_at_a_time();
     let lab = Lab::new("exits");
     let out = lab.run("exitless", "probe.workload=udp-rr probe.ops=10000");
     assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
@@ -139,7 +135,7 @@ const NET_HOSTILE_EXPECTED: [(&str, &str, Option<u64>, bool); 8] = [
 
 #[test]
 fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_working() {
-    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = common::one_at_a_time();
     let lab = Lab::new("hostile");
     let mut wrong = Vec::new();
     for mode in ["trap", "eventfd", "exitless", "adaptive"] {

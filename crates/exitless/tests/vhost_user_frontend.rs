@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::daemon::{one_at_a_time, Daemon};
+use common::daemon::Daemon;
+use common::one_at_a_time;
 use common::{exitless_within, json_lines, line_with, stderr, stdout};
 
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.

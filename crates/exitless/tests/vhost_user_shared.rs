@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{one_at_a_time, Daemon};
+use common::daemon::Daemon;
+use common::one_at_a_time;
 use serde_json::Value;
 
 /// A guest that has not finished by then is stuck.

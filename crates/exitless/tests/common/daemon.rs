@@ -1,19 +1,9 @@
-//! `exitless vhost-user-blk` as a child process, for the tests that serve disks through it, and
-//! the lock that keeps those tests from running at once.
+//! `exitless vhost-user-blk` as a child process, for the tests that serve disks through it.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// One daemon and its guests at a time: they share this machine's two cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// Held for a whole test. A test that failed while holding it does not fail the next one.
-pub fn one_at_a_time() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A daemon that has not listened on its sockets by then is stuck.
 const LISTEN_LIMIT: Duration = Duration::from_secs(20);

@@ -188,3 +188,12 @@ pub fn phase(out: &Output, from: u64, to: u64) -> Value {
         .cloned()
         .unwrap_or_else(|| panic!("no phase {from}->{to} in {stats}"))
 }
+
+/// One VM (or daemon and its guests) at a time: polling modes need both of this machine's cores,
+/// and exit counts and idle CPU time are only clean then.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Held for a whole test. A test that failed while holding it does not fail the next one.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
