@@ -164,8 +164,9 @@ fn pinning_to_a_cpu_that_does_not_exist_fails_cleanly() {
 
 /// Regression: a normal IOCore woken by each completion preempted the kworker that finishes
 /// O_DIRECT writes on its core after every item, so writes at queue depth 8 to an ext4 file
-/// reached the disk one at a time (0.28x of fio; 0.86x as a batch thread, same run). An adaptive
-/// IOCore stays a normal thread: it leaves its core to others by sleeping early.
+/// reached the disk one at a time (0.28x of fio; 0.86x as a batch thread, same run, the VMM at
+/// raised priority: see `schedule_as_batch`). An adaptive IOCore stays a normal thread: it
+/// leaves its core to others by sleeping early.
 #[test]
 fn polling_and_notified_iocores_are_batch_threads_whose_wake_ups_do_not_preempt_kworkers() {
     let policy_of = |iocore: &IoCore| {
