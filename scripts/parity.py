@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Guest against bare metal on a real file or block device, and one exitless build against another.
 
-usage: scripts/parity.py BIN[,BIN...] TARGET ROUNDS [RW:BS:QD ...]
+usage: scripts/parity.py BIN[@VCPU/IOCORE][,BIN...] TARGET ROUNDS [RW:BS:QD ...]
 
 Runs, ROUNDS times in turn, the probe's block workload in `exitless run` for each binary (so an
 old and a new build are measured side by side, under the same load) and fio on TARGET (a file
 or a block device such as a `losetup --direct-io=on` loop device) with psync, libaio and
-io_uring, O_DIRECT, allowed the CPUs the guest set-up uses (vCPU on 0, IOCore on 1). Prints
+io_uring, O_DIRECT, allowed the CPUs the guest set-up uses (vCPU on 0, IOCore on 1, unless a
+binary names others: `BIN@1/0` runs the vCPU on CPU 1 and the IOCore on CPU 0). Prints
 medians, the best fio engine, each binary's ratio to it and its added p50 latency.
 Workloads default to 4 KiB randread and randwrite at depth 1, 8 and 32 and 128 KiB sequential
 reads at depth 4. Environment: MODE (exitless's --io-mode, default exitless), SECS (seconds
@@ -28,15 +29,17 @@ MODE = os.environ.get("MODE", "exitless")
 SECS = float(os.environ.get("SECS", "2"))
 
 
-def guest(binary, target, rw, bs, qd, expected_iops):
+def guest(spec, target, rw, bs, qd, expected_iops):
     """The probe's IOPS and p50 (µs), about SECS seconds of requests."""
+    binary, _, cpus = spec.partition("@")
+    vcpu, iocore = cpus.split("/") if cpus else ("0", "1")
     ops = max(2000, int(expected_iops * SECS))
     # A new seed each run, as fio's offsets are new each run: with a fixed one, a run reads the
     # blocks the run before it read, which lower layers may still cache.
     seed = random.getrandbits(63) | 1
     cmdline = f"probe.workload=blk probe.rw={rw} probe.qd={qd} probe.bs={bs} probe.ops={ops} probe.warmup=500 probe.seed={seed}"
     command = [binary, "run", "--probe", "--disk", f"path={target},direct", "--io-mode", MODE,
-               "--iocore-cpu", "1", "--pin-vcpu", "0", "--mem", "64M", "--cmdline", cmdline]
+               "--iocore-cpu", iocore, "--pin-vcpu", vcpu, "--mem", "64M", "--cmdline", cmdline]
     out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
     for line in out.splitlines():
         try:

@@ -116,7 +116,11 @@ pub struct IoArgs {
     /// adaptive; trap is refused).
     #[arg(long, value_name = "MODE", default_value = "exitless")]
     pub io_mode: IoModeArg,
-    /// Pin the IOCore (polling or I/O thread) to this host CPU.
+    /// Pin the IOCore (polling or I/O thread) to this host CPU, which it then owns: vCPUs not
+    /// pinned by --pin-vcpu stay off it, and a polling or notified IOCore runs there in the idle
+    /// scheduling class, so the kernel's work on that CPU (a disk's completions) runs at once.
+    /// Another busy thread on that CPU holds it off (it then falls back to a batch thread for a
+    /// while and says so on standard error).
     #[arg(long, value_name = "CPU")]
     pub iocore_cpu: Option<usize>,
     /// adaptive: microseconds the IOCore spins without a request before it sleeps.

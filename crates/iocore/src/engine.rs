@@ -11,6 +11,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::contention::{thread_cpu_time, Contention, WakeCost};
+use crate::idle_class::IdleClass;
 use crate::wait::{DiskWait, IdleClock};
 use crate::{Command, IoCoreError, IoCoreStats, Policy, Shared};
 
@@ -60,8 +61,9 @@ impl Engine {
     }
 
     /// The thread body: pins itself, becomes a batch thread (`schedule_as_batch`) unless it is
-    /// adaptive, confines itself with `filter`, reports its CPU clock (or why it could not
-    /// start), then serves until told to stop.
+    /// adaptive, and then, if pinned, an idle-class one (`IdleClass`), confines itself with
+    /// `filter`, reports its CPU clock (or why it could not start), then serves until told to
+    /// stop.
     pub(crate) fn run(
         mut self,
         cpu: Option<usize>,
@@ -77,12 +79,15 @@ impl Engine {
         // Not an adaptive one: it leaves its core to other threads by sleeping early when it
         // waits for the core, and as a batch thread, woken late, it stayed behind a busy thread
         // and spun (that thread kept 52% of the core, against 76% for a normal adaptive IOCore).
-        if !matches!(self.policy, Policy::Adaptive { .. }) {
+        let batch = !matches!(self.policy, Policy::Adaptive { .. });
+        if batch {
             if let Err(source) = crate::schedule_as_batch() {
                 let _ = started.send(Err(IoCoreError::Schedule(source)));
                 return self.stats;
             }
         }
+        // Pinned, it owns its core: it may spin there as long as the kernel's work comes first.
+        let mut idle_class = if batch && cpu.is_some() { IdleClass::enter() } else { None };
         // Opened before the filter, which allows reading it but not opening files.
         let mut contention = Contention::for_current_thread();
         if let Err(e) = filter.install() {
@@ -98,10 +103,17 @@ impl Engine {
         loop {
             if self.shared.pending.load(Ordering::Acquire) && !self.commands() {
                 self.stats.yields = contention.found;
+                self.stats.held_off = idle_class.map_or(0, |class| class.held_off);
                 return self.stats;
             }
             let work = self.poll_all();
+            let idle = idle_class.as_mut().is_some_and(IdleClass::pass);
             if work == 0 && self.waits_only_for_backends() {
+                if idle {
+                    // Whatever the kernel has to do on this core preempts an idle-class thread.
+                    std::hint::spin_loop();
+                    continue;
+                }
                 if disk_wait.spun_enough(self.stats.work) {
                     // Notifications wake a notified thread; a polling one must look at its rings
                     // again soon.

@@ -11,6 +11,7 @@
 
 mod contention;
 mod engine;
+mod idle_class;
 mod wait;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,6 +89,9 @@ pub struct IoCoreStats {
     /// Times an adaptive IOCore found other threads waiting for its core and began to sleep
     /// sooner when idle.
     pub yields: u64,
+    /// Times another thread held an idle-class IOCore off its core and it went back to being a
+    /// batch thread for a while (see `Engine::run`).
+    pub held_off: u64,
 }
 
 /// A thread that serves the queues of one or more virtio devices (their `QueueWorker`s): the
@@ -199,6 +203,29 @@ pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Keep the calling thread off host CPU `cpu` (a vCPU not pinned anywhere, off the IOCore's
+/// CPU): it may run on any other CPU it was allowed. Does nothing when `cpu` is the only one.
+pub fn keep_current_thread_off(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it, CPU_CLR and
+    // CPU_COUNT stay inside it (cpu checked above) and sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::CPU_CLR(cpu, &mut set);
+        if libc::CPU_COUNT(&set) > 0
+            && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+        {
             return Err(std::io::Error::last_os_error());
         }
     }

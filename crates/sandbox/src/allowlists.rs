@@ -137,10 +137,12 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         ThreadKind::IoCore => {
             allow(&mut rules, IOCORE);
+            own_scheduling_class(&mut rules)?;
             one_of(&mut rules, libc::SYS_ioctl, 1, &[KVM_IRQ_LINE])?;
         }
         ThreadKind::VhostUserIoCore => {
             allow(&mut rules, IOCORE);
+            own_scheduling_class(&mut rules)?;
             allow(&mut rules, DESCRIPTOR_CHECKS);
             one_of(&mut rules, libc::SYS_fcntl, 1, FCNTL_COMMANDS)?;
         }
@@ -177,6 +179,11 @@ fn allow(rules: &mut Rules, calls: &[i64]) {
     for &call in calls {
         rules.insert(call, Vec::new());
     }
+}
+
+/// An IOCore moves itself between the idle and batch scheduling classes (pid 0: itself only).
+fn own_scheduling_class(rules: &mut Rules) -> Result<(), BackendError> {
+    one_of(rules, libc::SYS_sched_setscheduler, 0, &[0])
 }
 
 /// Allow `call` when argument `arg` is one of `values`.

@@ -77,6 +77,9 @@ pub struct Vcpu {
     pub fd: VcpuFd,
     pub stats: VcpuStats,
     pub pin_cpu: Option<usize>,
+    /// The IOCore's CPU, which a vCPU not pinned anywhere stays off: a pinned IOCore owns its
+    /// core, and runs there in the idle scheduling class, which any other thread holds off.
+    pub iocore_cpu: Option<usize>,
     /// The seccomp filter the thread confines itself with before it first runs the guest.
     pub filter: sandbox::Filter,
 }
@@ -87,6 +90,10 @@ impl Vcpu {
         if let Some(cpu) = self.pin_cpu {
             if let Err(e) = iocore::pin_current_thread(cpu) {
                 control.end(Ending::HostError(format!("cannot pin vCPU {} to CPU {cpu}: {e}", self.index)));
+            }
+        } else if let Some(cpu) = self.iocore_cpu {
+            if let Err(e) = iocore::keep_current_thread_off(cpu) {
+                control.end(Ending::HostError(format!("cannot keep vCPU {} off CPU {cpu}: {e}", self.index)));
             }
         }
         if let Err(e) = self.filter.install() {

@@ -401,6 +401,7 @@ impl Vm {
                 fd,
                 stats,
                 pin_cpu: config.pin_vcpus.get(index as usize).copied(),
+                iocore_cpu: config.iocore_cpu,
                 filter: vcpu_filter.clone(),
             });
         }
