@@ -11,7 +11,8 @@ binary names others: `BIN@1/0` runs the vCPU on CPU 1 and the IOCore on CPU 0). 
 medians, the best fio engine, each binary's ratio to it and its added p50 latency.
 Workloads default to 4 KiB randread and randwrite at depth 1, 8 and 32 and 128 KiB sequential
 reads at depth 4. Environment: MODE (exitless's --io-mode, default exitless), SECS (seconds
-per run, default 2). It runs at the priority it was given: raising it (a nice -20 autogroup) also
+per run, default 2), HUGE=1 (guest memory and fio's buffers on 2 MiB huge pages: `--hugepages`
+and `--iomem=shmhuge`; the host must have some reserved, /proc/sys/vm/nr_hugepages). It runs at the priority it was given: raising it (a nice -20 autogroup) also
 starves the kernel workers that finish requests on the IOCore's core, which cost a loop device's
 reads at depth 1 a third of their rate. Other work on the machine disturbs the runs, and the
 disk's speed drifts, so compare within a run. The guest writes to TARGET.
@@ -27,6 +28,7 @@ WORKLOADS = ["randread:4096:1", "randread:4096:8", "randread:4096:32", "randwrit
              "randwrite:4096:8", "randwrite:4096:32", "read:131072:4"]
 MODE = os.environ.get("MODE", "exitless")
 SECS = float(os.environ.get("SECS", "2"))
+HUGE = os.environ.get("HUGE") == "1"
 
 
 def guest(spec, target, rw, bs, qd, expected_iops):
@@ -40,6 +42,8 @@ def guest(spec, target, rw, bs, qd, expected_iops):
     cmdline = f"probe.workload=blk probe.rw={rw} probe.qd={qd} probe.bs={bs} probe.ops={ops} probe.warmup=500 probe.seed={seed}"
     command = [binary, "run", "--probe", "--disk", f"path={target},direct", "--io-mode", MODE,
                "--iocore-cpu", iocore, "--pin-vcpu", vcpu, "--mem", "64M", "--cmdline", cmdline]
+    if HUGE:
+        command.append("--hugepages")
     out = subprocess.run(command, capture_output=True, text=True, check=False).stdout
     for line in out.splitlines():
         try:
@@ -57,6 +61,8 @@ def fio(target, rw, bs, qd, engine):
     command = ["fio", "--name=parity", f"--filename={target}", "--direct=1", f"--rw={rw}", f"--bs={bs}",
                f"--iodepth={depth}", f"--ioengine={engine}", "--time_based", f"--runtime={SECS}",
                "--cpus_allowed=0,1", "--lat_percentiles=1", "--output-format=json"]
+    if HUGE:
+        command.append("--iomem=shmhuge")
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     stats = job["read"] if "read" in rw else job["write"]

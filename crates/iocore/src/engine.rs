@@ -136,6 +136,9 @@ impl Engine {
                 Policy::Notified => {
                     if work == 0 && !self.in_flight() {
                         self.sleep(self.wait_limit());
+                        if let Some(class) = idle_class.as_mut() {
+                            class.slept();
+                        }
                     }
                 }
                 Policy::Adaptive { idle } => {

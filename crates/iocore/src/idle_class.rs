@@ -9,8 +9,9 @@
 //! notify) nor the completions those workers post: the core idled a quarter of the time with
 //! requests waiting (4 KiB writes at depth 32 on an ext4 file). In the idle class any normal
 //! thread that wakes on the core runs at once, and the IOCore, when it gets the core back, has
-//! never stopped looking. Measured against fio in one run (scripts/parity.py), 4 KiB writes at
-//! depth 32 on an ext4 file went from 0.90x to 1.05x, reads at depth 8 from 0.88x to 1.11x.
+//! never stopped looking. Measured against fio in one alternating run (scripts/parity.py), 4 KiB
+//! writes at depth 32 on an ext4 file went from 0.93x to 1.06x, reads at depth 8 from 0.87x to
+//! 1.11x.
 //!
 //! The price: any other busy thread on the core holds an idle-class thread off almost entirely
 //! (1.4 s at a time here, 147 IOPS at depth 8 where a batch thread made 18k). A pinned polling
@@ -73,6 +74,11 @@ impl IdleClass {
             self.look(Instant::now());
         }
         self.idle
+    }
+
+    /// The thread slept of its own accord: the time until its next look is not a gap.
+    pub(crate) fn slept(&mut self) {
+        self.last_look = None;
     }
 
     fn look(&mut self, now: Instant) {

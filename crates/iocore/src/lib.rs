@@ -244,7 +244,8 @@ pub fn keep_current_thread_off(cpu: usize) -> std::io::Result<()> {
 /// takes their completions at once. That happened with the VMM at raised priority (a nice -20
 /// autogroup: 22k IOPS at depth 8 against 62k as a batch thread); at normal priority the kworker
 /// held its own and both ran alike, so this guards a VMM its operator prioritises. Polling and
-/// notified IOCores are batch threads; adaptive ones are not (see `Engine::run`).
+/// notified IOCores are batch threads, and pinned ones then move on to the idle class
+/// (`idle_class`); adaptive ones are not (see `Engine::run`).
 pub fn schedule_as_batch() -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
