@@ -212,7 +212,7 @@ fn pinned_polling_and_notified_iocores_run_in_the_idle_class() {
         // Enough requests that the IOCore looks at its clock across its sleeps (every 64
         // passes; a request takes a few), and sleeps that add up to more than `HELD_OFF`.
         for n in 1..=200 {
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(3));
             guest.submit_read();
             notify.write(1).unwrap();
             assert!(guest.wait_served(n), "{policy:?}: request {n}");
