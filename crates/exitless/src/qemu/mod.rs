@@ -224,24 +224,29 @@ pub fn pin_child(command: &mut Command, cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Puts QEMU's vCPU thread (`CPU 0/KVM`) on `vcpu_cpu` and every other thread on `io_cpu`: the
-/// main thread at once (threads it makes later inherit it), then each thread as it appears,
-/// until the vCPU thread has (at most 10 s; QEMU makes it before the guest runs). QEMU names its
-/// threads only when run with `-name ...,debug-threads=on`.
+/// Puts QEMU's vCPU thread (`CPU 0/KVM`) on `vcpu_cpu` and every other thread on `io_cpu`, once
+/// the vCPU thread is there (at most 10 s; QEMU makes it before the guest runs). Until then the
+/// whole process starts up on `vcpu_cpu` (threads inherit the main thread's CPU): on `io_cpu`
+/// its start-up work held a vhost-user daemon's idle-class IOCore off that CPU for over 50 ms,
+/// and the IOCore went back to being a batch thread for the run. QEMU names its threads only
+/// when run with `-name ...,debug-threads=on`.
 pub fn pin_threads(pid: u32, vcpu_cpu: usize, io_cpu: usize) {
-    set_affinity(pid, io_cpu);
+    set_affinity(pid, vcpu_cpu);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut vcpu_found = false;
     while Instant::now() < deadline {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-        for task in tasks.flatten() {
-            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
-            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            let is_vcpu = comm.starts_with("CPU ") && comm.contains("/KVM");
-            vcpu_found |= is_vcpu;
-            set_affinity(tid, if is_vcpu { vcpu_cpu } else { io_cpu });
-        }
-        if vcpu_found {
+        let threads: Vec<(u32, bool)> = tasks
+            .flatten()
+            .filter_map(|task| {
+                let tid = task.file_name().to_str()?.parse::<u32>().ok()?;
+                let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+                Some((tid, comm.starts_with("CPU ") && comm.contains("/KVM")))
+            })
+            .collect();
+        if threads.iter().any(|&(_, is_vcpu)| is_vcpu) {
+            for (tid, is_vcpu) in threads {
+                set_affinity(tid, if is_vcpu { vcpu_cpu } else { io_cpu });
+            }
             return;
         }
         std::thread::sleep(Duration::from_millis(2));
