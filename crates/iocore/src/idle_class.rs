@@ -36,10 +36,9 @@ const HOLD_MAX: Duration = Duration::from_secs(64);
 /// The IOCore thread's scheduling class while it may use the idle class, and when to try it
 /// again after another thread held it off.
 pub(crate) struct IdleClass {
-    /// In the idle class now (else a batch thread, holding until `back_at`).
-    idle: bool,
     passes: u32,
     last_look: Option<Instant>,
+    /// When a batch thread, held off, tries the idle class again; `None` while in it.
     back_at: Option<Instant>,
     hold: Duration,
     /// When the last hold ended: held off again within a hold's time doubles the next one.
@@ -56,7 +55,6 @@ impl IdleClass {
             return None;
         }
         Some(IdleClass {
-            idle: true,
             passes: 0,
             last_look: None,
             back_at: None,
@@ -74,7 +72,12 @@ impl IdleClass {
         if self.passes.is_multiple_of(PASSES_PER_LOOK) {
             self.look(Instant::now());
         }
-        self.idle
+        self.idle()
+    }
+
+    /// In the idle class now (else a batch thread, holding until `back_at`).
+    fn idle(&self) -> bool {
+        self.back_at.is_none()
     }
 
     /// The thread slept of its own accord: the time until its next look is not a gap.
@@ -84,14 +87,13 @@ impl IdleClass {
 
     fn look(&mut self, now: Instant) {
         let last = self.last_look.replace(now);
-        if self.idle {
+        if self.idle() {
             let Some(gap) = last.map(|last| now.duration_since(last)).filter(|&gap| gap > HELD_OFF) else {
                 return;
             };
             if set_class(libc::SCHED_BATCH).is_err() {
                 return;
             }
-            self.idle = false;
             self.held_off += 1;
             self.hold = match self.hold_ended.take() {
                 Some(ended) if now.duration_since(ended) < self.hold => (self.hold * 2).min(HOLD_MAX),
@@ -106,7 +108,6 @@ impl IdleClass {
                 self.hold.as_secs()
             );
         } else if self.back_at.is_some_and(|at| now >= at) && set_class(libc::SCHED_IDLE).is_ok() {
-            self.idle = true;
             self.hold_ended = self.back_at.take();
         }
     }
@@ -181,12 +182,12 @@ mod tests {
             let start = Instant::now();
             class_state.look(start);
             class_state.look(start + Duration::from_millis(10));
-            assert!(class_state.idle, "a short gap is the kernel's work");
+            assert!(class_state.idle(), "a short gap is the kernel's work");
             class_state.look(start + Duration::from_millis(70));
-            assert!(!class_state.idle);
+            assert!(!class_state.idle());
             assert_eq!((class(), class_state.held_off), (libc::SCHED_BATCH, 1));
             class_state.look(start + Duration::from_millis(500));
-            assert!(!class_state.idle, "holds for a second");
+            assert!(!class_state.idle(), "holds for a second");
             let back = start + Duration::from_millis(1100);
             class_state.look(back);
             assert_eq!(class(), libc::SCHED_IDLE);
