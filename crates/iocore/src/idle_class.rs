@@ -21,6 +21,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::set_scheduling_class;
+
 /// Passes between two looks at the clock.
 const PASSES_PER_LOOK: u32 = 64;
 /// A gap between two looks longer than this means another thread held the core: the kernel's
@@ -51,7 +53,7 @@ impl IdleClass {
     /// Move the calling thread, a batch thread, to the idle class, if it will be allowed back
     /// (see `may_leave_idle_class`); `None` if it stays a batch thread.
     pub(crate) fn enter() -> Option<IdleClass> {
-        if !may_leave_idle_class() || set_class(libc::SCHED_IDLE).is_err() {
+        if !may_leave_idle_class() || set_scheduling_class(libc::SCHED_IDLE).is_err() {
             return None;
         }
         Some(IdleClass {
@@ -91,7 +93,7 @@ impl IdleClass {
             let Some(gap) = last.map(|last| now.duration_since(last)).filter(|&gap| gap > HELD_OFF) else {
                 return;
             };
-            if set_class(libc::SCHED_BATCH).is_err() {
+            if set_scheduling_class(libc::SCHED_BATCH).is_err() {
                 return;
             }
             self.held_off += 1;
@@ -107,20 +109,10 @@ impl IdleClass {
                 gap.as_millis(),
                 self.hold.as_secs()
             );
-        } else if self.back_at.is_some_and(|at| now >= at) && set_class(libc::SCHED_IDLE).is_ok() {
+        } else if self.back_at.is_some_and(|at| now >= at) && set_scheduling_class(libc::SCHED_IDLE).is_ok() {
             self.hold_ended = self.back_at.take();
         }
     }
-}
-
-/// Set the calling thread's scheduling class (its nice value stays).
-fn set_class(policy: libc::c_int) -> std::io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
-    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// May the calling thread leave the idle class for the batch class at its nice value? Linux
@@ -176,7 +168,7 @@ mod tests {
     #[test]
     fn a_long_gap_between_passes_sends_it_back_to_batch_until_the_hold_ends() {
         std::thread::spawn(|| {
-            set_class(libc::SCHED_BATCH).unwrap();
+            set_scheduling_class(libc::SCHED_BATCH).unwrap();
             let mut class_state = IdleClass::enter().expect("root may leave the idle class");
             assert_eq!(class(), libc::SCHED_IDLE);
             let start = Instant::now();

@@ -247,9 +247,14 @@ pub fn keep_current_thread_off(cpu: usize) -> std::io::Result<()> {
 /// notified IOCores are batch threads, and pinned ones then move on to the idle class
 /// (`idle_class`); adaptive ones are not (see `Engine::run`).
 pub fn schedule_as_batch() -> std::io::Result<()> {
+    set_scheduling_class(libc::SCHED_BATCH)
+}
+
+/// Set the calling thread's scheduling class (a non-real-time one: its nice value stays).
+fn set_scheduling_class(policy: libc::c_int) -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
