@@ -301,3 +301,59 @@ pub fn shell_words(args: &[String]) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Name and allowed CPUs (`Cpus_allowed_list`) of each thread of process `pid`.
+    fn thread_cpus(pid: u32) -> Vec<(String, String)> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process is there");
+        tasks
+            .flatten()
+            .map(|task| {
+                let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+                let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                let cpus =
+                    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or_default();
+                (comm.trim().to_string(), cpus.trim().to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn qemus_vcpu_thread_goes_to_the_vcpu_cpu_and_its_other_threads_to_the_io_cpu() {
+        let qemu = Qemu::find().expect("QEMU must be installed (the README's test command installs it)");
+        // Stopped (-S): QEMU makes its vCPU thread, which never runs a guest.
+        let mut child = Command::new(&qemu.binary)
+            .args([
+                "-M",
+                "microvm",
+                "-accel",
+                "kvm",
+                "-m",
+                "64M",
+                "-smp",
+                "1",
+                "-nodefaults",
+                "-display",
+                "none",
+            ])
+            .args(["-S", "-name", "pin-test,debug-threads=on"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("QEMU starts");
+        pin_threads(child.id(), 0, 1);
+        let threads = thread_cpus(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+
+        let (vcpus, others): (Vec<_>, Vec<_>) = threads.iter().partition(|(name, _)| name == "CPU 0/KVM");
+        assert_eq!(vcpus.len(), 1, "one vCPU thread: {threads:?}");
+        assert_eq!(vcpus[0].1, "0", "the vCPU thread on CPU 0: {threads:?}");
+        assert!(!others.is_empty(), "QEMU's other threads: {threads:?}");
+        assert!(others.iter().all(|(_, cpus)| cpus == "1"), "every other thread on CPU 1: {threads:?}");
+    }
+}
