@@ -12,7 +12,11 @@ medians, the best fio engine, each binary's ratio to it and its added p50 latenc
 Workloads default to 4 KiB randread and randwrite at depth 1, 8 and 32 and 128 KiB sequential
 reads at depth 4. Environment: MODE (exitless's --io-mode, default exitless), SECS (seconds
 per run, default 2), HUGE=1 (guest memory and fio's buffers on 2 MiB huge pages: `--hugepages`
-and `--iomem=shmhuge`; the host must have some reserved, /proc/sys/vm/nr_hugepages). It runs at the priority it was given: raising it (a nice -20 autogroup) also
+and `--iomem=shmhuge`; the host must have some reserved, /proc/sys/vm/nr_hugepages), BUSY=1 (fio
+also runs with an idle-class spinner on each of its CPUs, so they stay busy as the guest set-up's
+do but any other thread preempts the spinner at once: on a host that is itself a VM, an idle CPU
+halts and leaves its physical core to the outer host, which may speed the disk up; a second line
+gives the ratios to that run). It runs at the priority it was given: raising it (a nice -20 autogroup) also
 starves the kernel workers that finish requests on the IOCore's core, which cost a loop device's
 reads at depth 1 a third of their rate. Other work on the machine disturbs the runs, and the
 disk's speed drifts, so compare within a run. The guest writes to TARGET.
@@ -29,6 +33,8 @@ WORKLOADS = ["randread:4096:1", "randread:4096:8", "randread:4096:32", "randwrit
 MODE = os.environ.get("MODE", "exitless")
 SECS = float(os.environ.get("SECS", "2"))
 HUGE = os.environ.get("HUGE") == "1"
+BUSY = os.environ.get("BUSY") == "1"
+FIO_CPUS = ["0", "1"]
 
 
 def guest(spec, target, rw, bs, qd, expected_iops):
@@ -60,13 +66,25 @@ def fio(target, rw, bs, qd, engine):
     depth = 1 if engine == "psync" else qd
     command = ["fio", "--name=parity", f"--filename={target}", "--direct=1", f"--rw={rw}", f"--bs={bs}",
                f"--iodepth={depth}", f"--ioengine={engine}", "--time_based", f"--runtime={SECS}",
-               "--cpus_allowed=0,1", "--lat_percentiles=1", "--output-format=json"]
+               f"--cpus_allowed={','.join(FIO_CPUS)}", "--lat_percentiles=1", "--output-format=json"]
     if HUGE:
         command.append("--iomem=shmhuge")
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     stats = job["read"] if "read" in rw else job["write"]
     return stats["iops"], stats["lat_ns"]["percentile"]["50.000000"] / 1000
+
+
+def kept_busy(run):
+    """`run()` with an idle-class spinner on each of fio's CPUs."""
+    spinners = [subprocess.Popen(["chrt", "-i", "0", "taskset", "-c", cpu, sys.executable, "-c", "while True: pass"])
+                for cpu in FIO_CPUS]
+    try:
+        return run()
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def median(runs, index):
@@ -83,6 +101,7 @@ def main():
         engines = ["psync", "libaio", "io_uring"] if qd == 1 else ["libaio", "io_uring"]
         guests = {binary: [] for binary in binaries}
         hosts = {engine: [] for engine in engines}
+        busy_hosts = {engine: [] for engine in engines}
         for _ in range(rounds):
             for binary in binaries:
                 # Each binary's runs last about SECS at the rate it reached last time.
@@ -90,6 +109,8 @@ def main():
                 guests[binary].append(guest(binary, target, rw, bs, qd, expected))
             for engine in engines:
                 hosts[engine].append(fio(target, rw, bs, qd, engine))
+                if BUSY:
+                    busy_hosts[engine].append(kept_busy(lambda: fio(target, rw, bs, qd, engine)))
         best = max(engines, key=lambda engine: median(hosts[engine], 0))
         host_iops, host_p50 = median(hosts[best], 0), median(hosts[best], 1)
         every = " ".join(f"{engine} {median(runs, 0):.0f}" for engine, runs in hosts.items())
@@ -99,6 +120,11 @@ def main():
             each = ", ".join(f"{run[0]:.0f}" for run in runs)
             print(f"  {binary}: {iops:.0f} IOPS ({each}), p50 {p50:.1f} µs: "
                   f"{iops / host_iops:.3f}x, added {p50 - host_p50:+.1f} µs", flush=True)
+        if BUSY:
+            busy = max(engines, key=lambda engine: median(busy_hosts[engine], 0))
+            busy_iops = median(busy_hosts[busy], 0)
+            ratios = ", ".join(f"{binary} {median(runs, 0) / busy_iops:.3f}x" for binary, runs in guests.items())
+            print(f"  fio with its CPUs kept busy: {busy} {busy_iops:.0f} IOPS; {ratios}", flush=True)
 
 
 if __name__ == "__main__":
