@@ -12,7 +12,9 @@ medians, the best fio engine, each binary's ratio to it and its added p50 latenc
 Workloads default to 4 KiB randread and randwrite at depth 1, 8 and 32 and 128 KiB sequential
 reads at depth 4. Environment: MODE (exitless's --io-mode, default exitless), SECS (seconds
 per run, default 2), HUGE=1 (guest memory and fio's buffers on 2 MiB huge pages: `--hugepages`
-and `--iomem=shmhuge`; the host must have some reserved, /proc/sys/vm/nr_hugepages), BUSY=1 (fio
+and `--iomem=shmhuge`; the host must have some reserved, /proc/sys/vm/nr_hugepages; without it,
+fio's buffers for requests above 4 KiB still go on huge pages where some are free, as
+`exitless bench` does, since guest RAM asks for transparent huge pages), BUSY=1 (fio
 also runs with an idle-class spinner on each of its CPUs, so they stay busy as the guest set-up's
 do but any other thread preempts the spinner at once: on a host that is itself a VM, an idle CPU
 halts and leaves its physical core to the outer host, which may speed the disk up; a second line
@@ -67,7 +69,7 @@ def fio(target, rw, bs, qd, engine):
     command = ["fio", "--name=parity", f"--filename={target}", "--direct=1", f"--rw={rw}", f"--bs={bs}",
                f"--iodepth={depth}", f"--ioengine={engine}", "--time_based", f"--runtime={SECS}",
                f"--cpus_allowed={','.join(FIO_CPUS)}", "--lat_percentiles=1", "--output-format=json"]
-    if HUGE:
+    if HUGE or huge_buffers(bs, depth):
         command.append("--iomem=shmhuge")
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
@@ -85,6 +87,17 @@ def kept_busy(run):
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+def huge_buffers(bs, depth):
+    """fio's buffers go on huge pages as `exitless bench` puts them: for requests larger than a
+    page, when the guest's RAM gets transparent huge pages and enough reserved pages are free."""
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as policy:
+        if bs <= 4096 or "[never]" in policy.read():
+            return False
+    with open("/proc/meminfo") as meminfo:
+        free = next(int(line.split()[1]) for line in meminfo if line.startswith("HugePages_Free:"))
+    return free >= -(-depth * bs // (2 << 20)) + 1
 
 
 def median(runs, index):

