@@ -152,7 +152,8 @@ fn check_size(size: u64, hugepages: bool) -> Result<(), MemoryError> {
 }
 
 /// `HugePages_Free` from /proc/meminfo (2 MiB pages on x86_64).
-fn free_huge_pages() -> io::Result<u64> {
+/// The host's free reserved 2 MiB huge pages (`HugePages_Free`).
+pub fn free_huge_pages() -> io::Result<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo")?;
     Ok(meminfo
         .lines()

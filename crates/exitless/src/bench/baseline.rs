@@ -65,15 +65,9 @@ pub fn buffers_on_huge_pages(block_size: u32, queue_depth: u32) -> bool {
     if policy.is_empty() || policy.contains("[never]") {
         return false;
     }
-    let free = std::fs::read_to_string("/proc/meminfo").ok().and_then(|meminfo| {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("HugePages_Free:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    });
     // fio allocates queue_depth * block_size bytes, plus one page of alignment.
     let needed = (u64::from(queue_depth) * u64::from(block_size)).div_ceil(HUGE_PAGE) + 1;
-    free.is_some_and(|free| free >= needed)
+    vmm::memory::free_huge_pages().is_ok_and(|free| free >= needed)
 }
 
 /// A fio I/O engine the baseline tries.

@@ -26,6 +26,18 @@ use vmm::Counters;
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
 const MARK_LINGER_MS: u64 = 30;
 
+/// QEMU's guest RAM, as exitless's own (the VM config's default).
+const MEM_MIB: u64 = 256;
+
+/// Whether QEMU's guest RAM, a memfd it shares with the vhost-user daemon, goes on reserved
+/// 2 MiB huge pages: for requests larger than a page (see `baseline::buffers_on_huge_pages`:
+/// fio's buffers and exitless's own guest RAM are then on huge pages), where the host has
+/// enough free. A memfd gets transparent huge pages only if the host's `shmem_enabled` policy
+/// allows, which it seldom does, so without this QEMU's rows alone ran on 4 KiB pages.
+fn shared_ram_on_huge_pages(block_size: u32) -> bool {
+    block_size > 4096 && vmm::memory::free_huge_pages().is_ok_and(|free| free >= MEM_MIB / 2)
+}
+
 /// What serves QEMU's disk.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Served {
@@ -121,6 +133,7 @@ impl QemuPeer {
         let mut machine = "microvm,acpi=off".to_string();
         let mut extra: Vec<String> = Vec::new();
         let mut backend = None;
+        let huge_ram = served != Served::Qemu && shared_ram_on_huge_pages(bs);
         if served != Served::Qemu {
             let socket = self.dir.join("vhost-user-blk.sock");
             backend = Some(match served {
@@ -134,10 +147,15 @@ impl QemuPeer {
                 _ => Backend::start(&socket, spec, args.iocore_cpu, args.seccomp)?,
             });
             machine += ",memory-backend=mem";
+            let memory = if huge_ram {
+                format!("memory-backend-memfd,id=mem,size={MEM_MIB}M,share=on,hugetlb=on,hugetlbsize=2M")
+            } else {
+                format!("memory-backend-memfd,id=mem,size={MEM_MIB}M,share=on")
+            };
             extra.extend(
                 [
                     "-object",
-                    "memory-backend-memfd,id=mem,size=256M,share=on",
+                    &memory,
                     "-chardev",
                     &format!("socket,id=vu,path={}", socket.display()),
                     "-device",
@@ -158,7 +176,7 @@ impl QemuPeer {
                 .map(String::from),
             );
         }
-        let mut qemu_args = Qemu::probe_args(&self.elf, &cmdline, 256);
+        let mut qemu_args = Qemu::probe_args(&self.elf, &cmdline, MEM_MIB);
         let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or("unexpected QEMU arguments")?;
         qemu_args[machine_at] = machine;
         qemu_args.extend(["-global".to_string(), "virtio-mmio.force-legacy=false".to_string()]);
@@ -182,6 +200,13 @@ impl QemuPeer {
             _ => run.command_line.clone(),
         });
         drop(backend);
+        if served != Served::Qemu && bs > 4096 && !huge_ram {
+            row.note = Some(format!(
+                "QEMU's guest RAM, a memfd shared with the daemon, on 4 KiB pages: 2 MiB ones need {} free \
+                 reserved huge pages",
+                MEM_MIB / 2
+            ));
+        }
         let line = crate::qemu::blk_result(&run)?;
         let ops = line["ops"].as_u64().unwrap_or(0);
         row.ops = ops;
