@@ -18,9 +18,9 @@ fio's buffers for requests above 4 KiB still go on huge pages where some are fre
 also runs with an idle-class spinner on each of its CPUs, so they stay busy as the guest set-up's
 do but any other thread preempts the spinner at once: on a host that is itself a VM, an idle CPU
 halts and leaves its physical core to the outer host, which may speed the disk up; a second line
-gives the ratios to that run). It runs at the priority it was given: raising it (a nice -20 autogroup) also
-starves the kernel workers that finish requests on the IOCore's core, which cost a loop device's
-reads at depth 1 a third of their rate. Other work on the machine disturbs the runs, and the
+gives the ratios to that run). It runs at the priority it was given: raising it (a nice -20
+autogroup) also starves the kernel workers that finish requests on the IOCore's core, which cost
+a loop device's reads at depth 1 a third of their rate. Other work on the machine disturbs the runs, and the
 disk's speed drifts, so compare within a run. The guest writes to TARGET.
 """
 import json
