@@ -59,11 +59,7 @@ pub struct FioJob {
 /// is one segment either way.
 pub fn buffers_on_huge_pages(block_size: u32, queue_depth: u32) -> bool {
     const HUGE_PAGE: u64 = 2 << 20;
-    if block_size <= 4096 {
-        return false;
-    }
-    let policy = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if policy.is_empty() || policy.contains("[never]") {
+    if block_size <= 4096 || !vmm::memory::transparent_huge_pages() {
         return false;
     }
     // fio allocates queue_depth * block_size bytes, plus one page of alignment.

@@ -30,12 +30,15 @@ const MARK_LINGER_MS: u64 = 30;
 const MEM_MIB: u64 = 256;
 
 /// Whether QEMU's guest RAM, a memfd it shares with the vhost-user daemon, goes on reserved
-/// 2 MiB huge pages: for requests larger than a page (see `baseline::buffers_on_huge_pages`:
-/// fio's buffers and exitless's own guest RAM are then on huge pages), where the host has
-/// enough free. A memfd gets transparent huge pages only if the host's `shmem_enabled` policy
-/// allows, which it seldom does, so without this QEMU's rows alone ran on 4 KiB pages.
+/// 2 MiB huge pages: for requests larger than a page when exitless's own guest RAM gets
+/// transparent huge pages (see `baseline::buffers_on_huge_pages`: fio's buffers then go on huge
+/// pages too), where the host has enough free. A memfd gets transparent huge pages only if the
+/// host's `shmem_enabled` policy allows, which it seldom does, so without this QEMU's rows alone
+/// ran on 4 KiB pages.
 fn shared_ram_on_huge_pages(block_size: u32) -> bool {
-    block_size > 4096 && vmm::memory::free_huge_pages().is_ok_and(|free| free >= MEM_MIB / 2)
+    block_size > 4096
+        && vmm::memory::transparent_huge_pages()
+        && vmm::memory::free_huge_pages().is_ok_and(|free| free >= MEM_MIB / 2)
 }
 
 /// What serves QEMU's disk.
