@@ -146,6 +146,14 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
             "wall_time_s": outcome.wall_time.as_secs_f64(),
             "vcpus": vcpus,
             "devices": outcome.devices.iter().map(device_json).collect::<Vec<_>>(),
+            "iocore": outcome.iocore.map(|io| json!({
+                "work": io.work,
+                "sleeps": io.sleeps,
+                "disk_sleeps": io.disk_sleeps,
+                "worker_yields": io.worker_yields,
+                "yields": io.yields,
+                "held_off": io.held_off,
+            })),
         });
         println!("{summary}");
         return;
@@ -155,6 +163,12 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
         let counters: Vec<String> =
             vcpu.counters.notable().iter().map(|(name, value)| format!("{name}={value}")).collect();
         eprintln!("  vcpu{}: {}", vcpu.index, counters.join(" "));
+    }
+    if let Some(io) = outcome.iocore {
+        eprintln!(
+            "  iocore: work={} sleeps={} disk_sleeps={} worker_yields={} yields={} held_off={}",
+            io.work, io.sleeps, io.disk_sleeps, io.worker_yields, io.yields, io.held_off
+        );
     }
     for device in &outcome.devices {
         let (requests, stats) = (&device.stats.requests, &device.stats);

@@ -12,7 +12,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::contention::{thread_cpu_time, Contention, WakeCost};
 use crate::idle_class::IdleClass;
-use crate::wait::{DiskWait, IdleClock};
+use crate::wait::{DiskWait, IdleClock, WorkerWait};
 use crate::{Command, IoCoreError, IoCoreStats, Policy, Shared};
 
 /// The epoll token of the wake-up eventfd; queues use their index, and their backends' fds their
@@ -99,6 +99,7 @@ impl Engine {
 
         let mut idle_clock = IdleClock::default();
         let mut disk_wait = DiskWait::new();
+        let mut worker_wait = WorkerWait::default();
         let mut yielding = false;
         loop {
             if self.shared.pending.load(Ordering::Acquire) && !self.commands() {
@@ -109,9 +110,22 @@ impl Engine {
             let work = self.poll_all();
             let idle = idle_class.as_mut().is_some_and(IdleClass::pass);
             if work == 0 && self.waits_only_for_backends() {
+                let known_workers = self.waits_on_submitter_workers();
                 if idle {
-                    // Whatever the kernel has to do on this core preempts an idle-class thread.
-                    std::hint::spin_loop();
+                    // Whatever the kernel has to do on this core preempts an idle-class thread,
+                    // but for io_uring's workers, of the thread's own class.
+                    if worker_wait.should_yield(known_workers) {
+                        self.stats.worker_yields += 1;
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                    continue;
+                }
+                if known_workers && !disk_wait.spun_enough(self.stats.work) {
+                    // A batch worker does not preempt a batch thread that spins.
+                    self.stats.worker_yields += 1;
+                    std::thread::yield_now();
                     continue;
                 }
                 if disk_wait.spun_enough(self.stats.work) {
@@ -127,6 +141,7 @@ impl Engine {
                 continue;
             }
             disk_wait.reset();
+            worker_wait.reset();
             match self.policy {
                 Policy::Polling => {
                     if work == 0 {
@@ -194,6 +209,11 @@ impl Engine {
         for entry in &mut self.entries {
             entry.worker.set_polling(polling);
         }
+    }
+
+    /// Does a backend hold requests that io_uring runs in workers created from this thread?
+    fn waits_on_submitter_workers(&self) -> bool {
+        self.entries.iter().any(|e| e.worker.waits_on_submitter_workers())
     }
 
     /// Are requests in flight, all of them in backends that signal their completions on a file

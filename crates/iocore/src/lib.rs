@@ -86,6 +86,9 @@ pub struct IoCoreStats {
     pub disk_sleeps: u64,
     /// Requests started or finished.
     pub work: u64,
+    /// Passes of a disk wait on which it yielded its core to io_uring's workers (see
+    /// `storage::Backend::waits_on_submitter_workers`).
+    pub worker_yields: u64,
     /// Times an adaptive IOCore found other threads waiting for its core and began to sleep
     /// sooner when idle.
     pub yields: u64,

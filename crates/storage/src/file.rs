@@ -74,6 +74,8 @@ struct Slot {
     /// Bytes a complete transfer moves (0 for Flush).
     expected: u32,
     busy: bool,
+    /// io_uring runs it in one of its worker threads (see `Backend::waits_on_submitter_workers`).
+    on_workers: bool,
 }
 
 /// A disk image (a regular file or a block device) served through its own io_uring: requests
@@ -96,6 +98,11 @@ pub struct FileDisk {
     kick_failed: bool,
     /// `submit` kicks once this many entries are queued (`FILE_KICK_BATCH` or never).
     kick_batch: usize,
+    /// Reads and writes go to io_uring's worker threads: buffered I/O, or a file on tmpfs,
+    /// which has no asynchronous path even with O_DIRECT.
+    rw_on_workers: bool,
+    /// Requests in flight that io_uring runs in its worker threads.
+    in_flight_on_workers: usize,
 }
 
 // SAFETY: the raw pointers in `iovecs` point into guest RAM, which outlives every request, and
@@ -141,7 +148,9 @@ impl FileDisk {
         // the completion queue is twice as large, so it never overflows.
         let ring = builder.build(ring_depth).map_err(|source| BackendError::Ring { source })?;
 
-        let idle_slot = Slot { tag: 0, expected: 0, busy: false };
+        let on_memory_file_system = on_memory_file_system(&file)
+            .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?;
+        let idle_slot = Slot { tag: 0, expected: 0, busy: false, on_workers: false };
         let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Ok(FileDisk {
             ring,
@@ -155,6 +164,8 @@ impl FileDisk {
             immediate: CompletionRing::new(depth),
             kick_failed: false,
             kick_batch: if direct && regular { FILE_KICK_BATCH } else { usize::MAX },
+            rw_on_workers: !direct || on_memory_file_system,
+            in_flight_on_workers: 0,
         })
     }
 
@@ -200,6 +211,9 @@ impl FileDisk {
                 continue; // Not ours: cannot happen, and must not free a slot twice.
             };
             slot.busy = false;
+            if slot.on_workers {
+                self.in_flight_on_workers -= 1;
+            }
             self.free_slots.push(index);
             let result = match u32::try_from(entry.result()) {
                 Err(_) => Err(IoError::Errno(entry.result().saturating_neg())),
@@ -211,6 +225,20 @@ impl FileDisk {
         }
         count
     }
+}
+
+/// Is `file` on a file system kept in memory (tmpfs, ramfs)? Its reads and writes have no
+/// asynchronous path, so io_uring runs every one in a worker thread, O_DIRECT or not.
+fn on_memory_file_system(file: &File) -> std::io::Result<bool> {
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct, which fstatfs fills.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open for as long as `file`; `stat` is a valid out-pointer.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // ramfs's magic number (linux/magic.h), which the libc crate lacks.
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
+    Ok(matches!(stat.f_type, libc::TMPFS_MAGIC | RAMFS_MAGIC))
 }
 
 /// Open the file or block device, with O_DIRECT if asked and the file system takes it; returns
@@ -254,7 +282,9 @@ impl Backend for FileDisk {
         };
         let slot = index as usize;
         let entry = self.prepare(slot, op, offset, segments);
-        self.slots[slot] = Slot { tag, expected, busy: true };
+        // io_uring hands every fsync to a worker.
+        let on_workers = op == Op::Flush || self.rw_on_workers;
+        self.slots[slot] = Slot { tag, expected, busy: true, on_workers };
         // SAFETY: the entry's iovecs live in this slot's part of `iovecs`, which is neither
         // freed nor rewritten until the slot is freed by its completion (or Drop waits for it);
         // the buffers they name are guest RAM the caller keeps valid until the completion.
@@ -265,6 +295,7 @@ impl Backend for FileDisk {
             self.free_slots.push(index);
             return false;
         }
+        self.in_flight_on_workers += usize::from(on_workers);
         if self.ring.submission().len() >= self.kick_batch {
             self.kick();
         }
@@ -281,6 +312,10 @@ impl Backend for FileDisk {
 
     fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.ring.as_raw_fd())
+    }
+
+    fn waits_on_submitter_workers(&self) -> bool {
+        self.in_flight_on_workers > 0
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {

@@ -149,6 +149,14 @@ pub trait Backend: Send {
     fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// Are requests in flight that the kernel runs in worker threads it starts from the thread
+    /// that submitted them (io_uring's io-wq: buffered I/O, files on tmpfs, every FLUSH)? Those
+    /// threads inherit that thread's CPU and scheduling class, so an owner spinning on its core
+    /// holds them off until the scheduler's tick (4 ms): it must yield the core while it waits
+    /// for them. Other requests finish from the disk's interrupt or the kernel's own threads.
+    fn waits_on_submitter_workers(&self) -> bool {
+        false
+    }
 }
 
 /// The most segments one request may have (the device's `seg_max`).

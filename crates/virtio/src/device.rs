@@ -30,6 +30,12 @@ pub trait QueueWorker: Send {
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// Does the backend hold requests that run in kernel worker threads started from the
+    /// owner's thread, which inherit its CPU and scheduling class? A waiting owner must then
+    /// yield its core rather than spin (see `storage::Backend::waits_on_submitter_workers`).
+    fn waits_on_submitter_workers(&self) -> bool {
+        false
+    }
     /// Did the last `poll` leave requests in the ring because the device's rate limit was
     /// reached? Its owner then waits a little before polling again rather than spinning.
     fn throttled(&self) -> bool {

@@ -1,6 +1,7 @@
 //! `probe.workload=blk`: block I/O through the virtio-blk driver, timed per request.
 //!
-//! Parameters: `probe.rw=randread|randwrite|read|write|flush|verify` (default randread),
+//! Parameters: `probe.rw=randread|randwrite|read|write|flush|writeflush|verify` (default
+//! randread; `writeflush`: random writes, each followed by a FLUSH, counted as two requests),
 //! `probe.bs=` bytes (a multiple of 512 up to 128K, default 4096; not used by `flush`),
 //! `probe.qd=` (1..=256, default 1; at most as many requests as the queue has room for: with
 //! VIRTIO_F_INDIRECT_DESC (`probe.indirect=on`, the default, and offered by the device) a
@@ -61,6 +62,8 @@ const POISON: u8 = 0x5a;
 /// Reads or writes of whole blocks, at random or in order.
 struct IoJob {
     kind: u32,
+    /// Every second request is a FLUSH (`writeflush`).
+    flush_after_write: bool,
     random: bool,
     rng: XorShift,
     next_block: u64,
@@ -70,8 +73,8 @@ struct IoJob {
 }
 
 impl Job for IoJob {
-    fn prepare(&mut self, _index: u64, _buffer: &mut [u8]) -> (u32, u64, u32) {
-        if self.kind == T_FLUSH {
+    fn prepare(&mut self, index: u64, _buffer: &mut [u8]) -> (u32, u64, u32) {
+        if self.kind == T_FLUSH || (self.flush_after_write && index % 2 == 1) {
             return (T_FLUSH, 0, 0);
         }
         let block = if self.random {
@@ -184,7 +187,7 @@ fn params(env: &Env) -> Params {
     let number =
         |key, default| cmdline::get_u64(env.cmdline, key, default).unwrap_or_else(|k| bad_parameter(k));
     let rw = cmdline::get(env.cmdline, "probe.rw").unwrap_or("randread");
-    if !matches!(rw, "randread" | "randwrite" | "read" | "write" | "flush" | "verify") {
+    if !matches!(rw, "randread" | "randwrite" | "read" | "write" | "flush" | "writeflush" | "verify") {
         bad_parameter("probe.rw");
     }
     let bs = number("probe.bs", 4096);
@@ -246,7 +249,8 @@ pub fn run(env: &Env) -> u8 {
             rw if rw.ends_with("read") => T_IN,
             _ => T_OUT,
         },
-        random: p.rw.starts_with("rand"),
+        flush_after_write: p.rw == "writeflush",
+        random: p.rw.starts_with("rand") || p.rw == "writeflush",
         rng: XorShift::new(common.seed),
         next_block: 0,
         blocks,

@@ -391,6 +391,10 @@ impl QueueWorker for BlockWorker {
         self.backend.completion_fd()
     }
 
+    fn waits_on_submitter_workers(&self) -> bool {
+        self.backend.waits_on_submitter_workers()
+    }
+
     fn throttled(&self) -> bool {
         self.throttled && !self.broken
     }
