@@ -398,3 +398,39 @@ fn flush_writes_buffered_data_back_before_it_completes() {
     assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 2, result: Ok(0) }]);
     assert_eq!(dirty_pages(&path), Some(0), "dirty pages left when the flush completed");
 }
+
+/// Does `submit` of `op` leave the disk saying a request runs in io_uring's workers, until the
+/// completion is reaped?
+fn on_workers_while_in_flight(disk: &mut FileDisk, op: Op, buf: &mut AlignedBuffer) -> bool {
+    let segments = [segment(&mut buf.bytes()[..4096])];
+    let segments: &[Segment] = if op == Op::Flush { &[] } else { &segments };
+    assert!(disk.submit(7, op, 0, segments));
+    let on_workers = disk.waits_on_submitter_workers();
+    let done = wait_for(disk, 1);
+    assert_eq!(done[0].tag, 7);
+    assert!(!disk.waits_on_submitter_workers(), "reaped, yet still waiting on workers");
+    on_workers
+}
+
+#[test]
+fn requests_that_io_uring_runs_in_its_workers_are_announced_while_in_flight() {
+    let mut buf = AlignedBuffer::new(4096, 4096);
+    let ext4 = image("/tmp", 1 << 20);
+    let mut direct = FileDisk::open(&ext4, false, true).unwrap();
+    assert!(direct.direct(), "/tmp must take O_DIRECT");
+    for op in [Op::Read, Op::Write] {
+        assert!(!on_workers_while_in_flight(&mut direct, op, &mut buf), "O_DIRECT {op:?} on ext4");
+    }
+    assert!(
+        on_workers_while_in_flight(&mut direct, Op::Flush, &mut buf),
+        "io_uring runs every fsync in a worker"
+    );
+    let mut buffered = FileDisk::open(&ext4, false, false).unwrap();
+    let tmpfs = image("/dev/shm", 1 << 20);
+    let mut on_tmpfs = FileDisk::open(&tmpfs, false, true).unwrap();
+    for disk in [&mut buffered, &mut on_tmpfs] {
+        for op in [Op::Read, Op::Write, Op::Flush] {
+            assert!(on_workers_while_in_flight(disk, op, &mut buf), "{op:?} without an asynchronous path");
+        }
+    }
+}
