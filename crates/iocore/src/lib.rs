@@ -148,15 +148,15 @@ impl IoCore {
 
     /// CPU time the IOCore thread has used so far; `None` once it has stopped.
     pub fn cpu_time(&self) -> Option<Duration> {
-        let running = self.thread.lock().unwrap_or_else(|p| p.into_inner()).is_some();
-        if !running {
-            return None;
-        }
+        // Held across the clock read: `stop` joins the thread only under this lock.
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        thread.as_ref()?;
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: `clock` is the CPU clock of a thread that has not been joined (checked above,
-        // and `stop` joins it only under the same lock after this returns); `ts` is a valid
-        // out-pointer.
+        // SAFETY: `clock` is the CPU clock of the IOCore thread, which has not been joined: its
+        // handle is still in `thread`, whose lock we hold, and only `stop` takes it out (under
+        // the lock) to join it. `ts` is a valid out-pointer.
         let rc = unsafe { libc::clock_gettime(self.clock, &mut ts) };
+        drop(thread);
         (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
     }
 

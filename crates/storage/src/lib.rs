@@ -48,9 +48,10 @@ impl Segment {
     /// # Safety
     /// Unless `len` is 0, the bytes must be valid for reads and writes from now until every
     /// request given this segment has completed (returned by the backend's `poll`) or the
-    /// backend has been dropped, and no other request in flight may use them. They may be
-    /// shared memory another party writes concurrently (guest RAM): backends copy them with
-    /// volatile accesses or hand them to the kernel.
+    /// backend has been dropped. They may be shared memory that others read and write
+    /// concurrently (guest RAM, which the guest may also name in another request in flight):
+    /// backends never make Rust references to them; they copy them with volatile accesses or
+    /// hand them to the kernel.
     pub unsafe fn new(addr: *mut u8, len: u32) -> Segment {
         Segment { addr, len }
     }

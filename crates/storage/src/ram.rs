@@ -101,10 +101,11 @@ impl RamDisk {
         for segment in segments.iter().filter(|segment| !segment.is_empty()) {
             let len = segment.len() as usize;
             // SAFETY: `at + len <= offset + total <= capacity`, so the disk side lies inside the
-            // mapping this RamDisk owns; the segment's bytes are valid and unshared while the
-            // request runs (the promise of `Segment::new`). Both are volatile slices: the guest
-            // may touch its buffer concurrently (it then reads or stores bytes of its own
-            // making), and host tools may map the file.
+            // mapping this RamDisk owns; the segment's bytes are valid while the request runs
+            // (the promise of `Segment::new`). Both are volatile slices, and no reference is
+            // made to either: the guest may touch its buffer concurrently, or name it in another
+            // request (it then reads or stores bytes of its own making), and host tools may map
+            // the file.
             let (disk, guest) = unsafe {
                 (VolatileSlice::new(self.base.as_ptr().add(at), len), VolatileSlice::new(segment.addr(), len))
             };

@@ -1,8 +1,8 @@
 //! The bare-metal baseline of the block benchmarks: the guest's workload run on the host by fio,
 //! against the same backing file, with O_DIRECT, one job allowed the same CPUs the guest set-up
 //! uses (the vCPU's and the IOCore's cores), once per engine: `psync` (queue depth 1), `libaio`
-//! and `io_uring` (the requested queue depth). The run with the most IOPS counts (DESIGN.md,
-//! "Benchmarks"), and the report names it. For a RAM disk, [`Engine::Mmap`] measures the device
+//! and `io_uring` (the requested queue depth). The run with the most IOPS counts, and
+//! the report names it. For a RAM disk, [`Engine::Mmap`] measures the device
 //! itself: fio's `mmap` engine copies to or from a mapping of the file, no system call per I/O
 //! (and no O_DIRECT: with it fio's mmap engine syncs each I/O, which is no longer a memory copy).
 //!

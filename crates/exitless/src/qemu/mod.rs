@@ -143,7 +143,9 @@ impl Qemu {
                 let started = Instant::now();
                 while !done.load(std::sync::atomic::Ordering::Acquire) {
                     if started.elapsed() > timeout {
-                        // SAFETY: signalling a child we spawned and have not yet reaped.
+                        // SAFETY: kill(2) has no memory effects; `pid` is our child, which is
+                        // not reaped before this thread is joined (see `wait_without_reaping`),
+                        // so the pid cannot name another process.
                         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
                         return true;
                     }
@@ -178,9 +180,11 @@ impl Qemu {
             stdout.push_str(&line);
             stdout.push('\n');
         }
-        let status = child.wait().map_err(spawn_error)?;
+        wait_without_reaping(pid);
         done.store(true, std::sync::atomic::Ordering::Release);
-        if watchdog.join().unwrap_or(false) {
+        let timed_out = watchdog.join().unwrap_or(false);
+        let status = child.wait().map_err(spawn_error)?;
+        if timed_out {
             return Err(QemuError::Timeout(timeout));
         }
         let stderr = err.join().unwrap_or_default();
@@ -192,6 +196,21 @@ impl Qemu {
                 Ok((QemuRun { stdout, guest_status: (code >> 1) as u8, command_line }, marks))
             }
             code => Err(QemuError::Failed { status: code, stderr: stderr.trim().to_string() }),
+        }
+    }
+}
+
+/// Wait until child `pid` has exited, leaving it to be reaped (its pid stays ours until then).
+fn wait_without_reaping(pid: u32) {
+    loop {
+        // SAFETY: an all-zero siginfo_t is a valid out-value for waitid, which fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid out-pointer; WNOWAIT leaves it unreaped.
+        let rc = unsafe {
+            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT)
+        };
+        if rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
         }
     }
 }

@@ -136,8 +136,9 @@ impl Request {
             };
             // SAFETY: the slice is inside the queue's memory, which the queue keeps mapped; the
             // crate hands segments only to its BlockWorker, which owns the queue and lets its
-            // backend finish (or drop) before the queue goes, and no two requests in flight share
-            // a chain (duplicate heads are refused).
+            // backend finish (or drop) before the queue goes. The guest may name the same bytes
+            // in another request, or write them meanwhile: backends only copy them volatilely or
+            // hand them to the kernel (the contract of `Segment::new`).
             self.segments[self.segment_count] =
                 unsafe { Segment::new(slice.ptr_guard_mut().as_ptr(), data.len) };
             self.segment_count += 1;
