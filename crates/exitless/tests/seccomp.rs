@@ -1,7 +1,8 @@
 //! The per-thread seccomp filters in the real processes: `exitless run` and `exitless
 //! vhost-user-blk` confine their vCPU, IOCore and connection threads by default (the kernel shows
-//! it in /proc/PID/task/TID/status) and still do their work; `--seccomp off` confines nothing.
-//! That a forbidden call is refused is shown in crates/sandbox's tests.
+//! it in /proc/PID/task/TID/status) and still do their work; `--seccomp off` confines nothing;
+//! and one call outside its allowlist from any kind of thread (`EXITLESS_SECCOMP_SELF_TEST`)
+//! kills the process.
 
 mod common;
 
@@ -56,10 +57,11 @@ fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start exitless run");
-    let threads = wait_until_confined(&mut child, &["vcpu0", "iocore"]);
+    // The main thread (named after the program) too, once the vCPUs run.
+    let threads = wait_until_confined(&mut child, &["vcpu0", "iocore", "exitless"]);
     let out = child.wait_with_output().expect("exitless run ends");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    for name in ["vcpu0", "iocore"] {
+    for name in ["vcpu0", "iocore", "exitless"] {
         assert_eq!(threads.get(name).map(String::as_str), Some(SECCOMP_MODE_FILTER), "{name}: {threads:?}");
     }
     let line = line_with(&out, "probe", "blk");
@@ -134,4 +136,66 @@ fn seccomp_off_confines_no_thread() {
     assert_eq!(status, Some(0), "{log}");
     assert!(threads.contains_key("iocore"), "{threads:?}");
     assert!(threads.values().all(|v| v == "0"), "{threads:?}");
+}
+
+/// `exitless ARGS` with `EXITLESS_SECCOMP_SELF_TEST=kind`, until it ends (or is killed at the
+/// deadline, failing the test): its exit status.
+fn with_self_test(kind: &str, args: &[&str]) -> std::process::ExitStatus {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(args)
+        .env(sandbox::SELF_TEST_ENV, kind)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start exitless");
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("exitless {args:?} with the {kind} self-test did not end");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vhost.sock");
+    let socket_arg = socket.to_str().unwrap();
+    let daemon = ["vhost-user-blk", "--disk", "ram=16M", "--io-mode", "sidecore", "--socket", socket_arg];
+    let probe = ["run", "--probe", "--disk", "ram=16M", "--io-mode", "exitless", "--timeout", "30"];
+    // The test device's ping-pong responder starts when the guest asks for it.
+    let pingpong =
+        ["run", "--probe", "--timeout", "30", "--cmdline", "probe.workload=exitcost probe.ops=pingpong"];
+    for kind in sandbox::ThreadKind::ALL {
+        let name = kind.name();
+        let status = match kind {
+            sandbox::ThreadKind::Vcpu | sandbox::ThreadKind::IoCore | sandbox::ThreadKind::VmmMain => {
+                with_self_test(name, &probe)
+            }
+            sandbox::ThreadKind::PingPong => with_self_test(name, &pingpong),
+            sandbox::ThreadKind::VhostUserIoCore
+            | sandbox::ThreadKind::VhostUserConnection
+            | sandbox::ThreadKind::StopWatchdog => with_self_test(name, &daemon),
+            sandbox::ThreadKind::VhostUserWatch => {
+                // A healthy daemon, and the self-test in the frontend VMM's watcher.
+                let (daemon, socket) = start_daemon(dir.path(), "kill");
+                get_features(&socket); // Listening, and served.
+                let vhost_user = format!("vhost-user={}", socket.display());
+                let status =
+                    with_self_test(name, &["run", "--probe", "--disk", &vhost_user, "--timeout", "30"]);
+                let _ = stop(daemon);
+                status
+            }
+        };
+        assert_eq!(status.signal(), Some(libc::SIGSYS), "the {kind} thread's forbidden call: {status:?}");
+        let _ = std::fs::remove_file(&socket);
+    }
 }

@@ -168,6 +168,18 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         // Closes its copy of the irqfd when it ends.
         ThreadKind::PingPong => allow(&mut rules, &[libc::SYS_close]),
+        ThreadKind::VmmMain => {
+            // Kick vCPUs out of KVM_RUN (pthread_kill: tgkill on getpid), wait for the IOCore
+            // to drain its backends (io_uring_enter), close every descriptor of the VM.
+            allow(
+                &mut rules,
+                &[libc::SYS_tgkill, libc::SYS_getpid, libc::SYS_io_uring_enter, libc::SYS_close],
+            );
+            // A vhost-user disk's daemon is told the rings stop as the VM goes.
+            allow(&mut rules, VHOST_USER_FRONTEND);
+        }
+        // Waits on the stop signal's descriptor.
+        ThreadKind::StopWatchdog => allow(&mut rules, &[libc::SYS_poll]),
         // Waits on the error eventfd and the socket, drains the eventfd.
         ThreadKind::VhostUserWatch => allow(&mut rules, &[libc::SYS_poll, libc::SYS_read, libc::SYS_close]),
     }

@@ -15,26 +15,6 @@ const INSTALLED: &str = "filter installed";
 /// Printed by the child when the forbidden call returned a descriptor.
 const CALL_ALLOWED: &str = "socket() allowed";
 
-const KINDS: [ThreadKind; 6] = [
-    ThreadKind::Vcpu,
-    ThreadKind::IoCore,
-    ThreadKind::VhostUserIoCore,
-    ThreadKind::VhostUserConnection,
-    ThreadKind::PingPong,
-    ThreadKind::VhostUserWatch,
-];
-
-fn kind_name(kind: ThreadKind) -> &'static str {
-    match kind {
-        ThreadKind::Vcpu => "vcpu",
-        ThreadKind::IoCore => "iocore",
-        ThreadKind::VhostUserIoCore => "vhost-user-iocore",
-        ThreadKind::VhostUserConnection => "vhost-user-connection",
-        ThreadKind::PingPong => "pingpong",
-        ThreadKind::VhostUserWatch => "vhost-user-watch",
-    }
-}
-
 fn mode_name(mode: SeccompMode) -> &'static str {
     match mode {
         SeccompMode::Kill => "kill",
@@ -51,12 +31,7 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, forbidden_call: bool) -> Outpu
         .args(["--exact", "child", "--nocapture", "--test-threads=1"])
         .env(
             CHILD_ENV,
-            format!(
-                "{},{},{}",
-                kind_name(kind),
-                mode_name(mode),
-                if forbidden_call { "socket" } else { "none" }
-            ),
+            format!("{},{},{}", kind.name(), mode_name(mode), if forbidden_call { "socket" } else { "none" }),
         )
         .output()
         .expect("the child test process starts")
@@ -69,7 +44,7 @@ fn child() {
     let [kind, mode, call] = spec.split(',').collect::<Vec<_>>()[..] else {
         panic!("kind,mode,call: {spec}")
     };
-    let kind = KINDS.into_iter().find(|&k| kind_name(k) == kind).expect("a known thread kind");
+    let kind = ThreadKind::ALL.into_iter().find(|&k| k.name() == kind).expect("a known thread kind");
     let mode = [SeccompMode::Kill, SeccompMode::Log, SeccompMode::Off]
         .into_iter()
         .find(|&m| mode_name(m) == mode)
@@ -98,7 +73,7 @@ fn child() {
 
 #[test]
 fn a_confined_thread_runs_and_ends_without_a_forbidden_call() {
-    for kind in KINDS {
+    for kind in ThreadKind::ALL {
         let output = run_child(kind, SeccompMode::Kill, false);
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(stdout.contains(INSTALLED), "{kind}: the filter was not installed: {stdout}");
@@ -108,7 +83,7 @@ fn a_confined_thread_runs_and_ends_without_a_forbidden_call() {
 
 #[test]
 fn kill_mode_kills_the_process_with_sigsys_on_a_forbidden_call() {
-    for kind in KINDS {
+    for kind in ThreadKind::ALL {
         let output = run_child(kind, SeccompMode::Kill, true);
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(stdout.contains(INSTALLED), "{kind}: the filter was not installed: {stdout}");
@@ -119,7 +94,7 @@ fn kill_mode_kills_the_process_with_sigsys_on_a_forbidden_call() {
 
 #[test]
 fn log_mode_lets_a_forbidden_call_through() {
-    for kind in KINDS {
+    for kind in ThreadKind::ALL {
         let output = run_child(kind, SeccompMode::Log, true);
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "{kind}: {:?}: {stdout}", output.status);

@@ -274,6 +274,8 @@ pub struct Vm {
     console: ConsoleWriter,
     control: Arc<RunControl>,
     timeout: Option<Duration>,
+    /// What the calling thread confines itself to once the vCPUs run.
+    main_filter: Filter,
     // Kept open for the VM's lifetime: KVM holds them as irqfds.
     _serial_irq: EventFd,
 }
@@ -415,11 +417,14 @@ impl Vm {
             console,
             control,
             timeout: config.timeout,
+            main_filter: Filter::new(ThreadKind::VmmMain, config.seccomp)?,
             _serial_irq: serial_irq,
         })
     }
 
-    /// Run the VM until the guest exits, crashes, or the timeout passes.
+    /// Run the VM until the guest exits, crashes, or the timeout passes. Once the vCPUs run, the
+    /// calling thread confines itself to what the rest takes (`ThreadKind::VmmMain`): stopping
+    /// and joining the other threads, tearing the VM down, and the caller's report.
     pub fn run(self) -> Result<RunOutcome, VmError> {
         install_kick_handler();
         let started = Instant::now();
@@ -431,6 +436,11 @@ impl Vm {
             let name = format!("vcpu{}", vcpu.index);
             threads
                 .push(std::thread::Builder::new().name(name).spawn(move || vcpu.run(&bus, &control, start))?);
+        }
+        let confined = self.main_filter.install();
+        if confined.is_err() {
+            // Stop the guest at once; the error is returned once the threads are down.
+            self.control.end(Ending::Timeout(Duration::ZERO));
         }
 
         let ending = match self.control.wait(self.timeout) {
@@ -475,6 +485,7 @@ impl Vm {
             .collect();
         let mut console = self.console;
         let _ = std::io::Write::flush(&mut console);
+        confined?;
         Ok(RunOutcome {
             ending,
             vcpus,

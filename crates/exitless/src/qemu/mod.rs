@@ -206,9 +206,8 @@ fn wait_without_reaping(pid: u32) {
         // SAFETY: an all-zero siginfo_t is a valid out-value for waitid, which fills it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: waitid on our own child with a valid out-pointer; WNOWAIT leaves it unreaped.
-        let rc = unsafe {
-            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT)
-        };
+        let rc =
+            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
         if rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             return;
         }

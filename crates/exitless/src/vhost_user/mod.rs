@@ -187,7 +187,8 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     // SIGINT/SIGTERM arrive through a signalfd the servers poll; blocked before any thread
     // starts, so every thread inherits the mask.
     let stop = stop_signals().map_err(|e| format!("cannot set up SIGINT/SIGTERM handling: {e}"))?;
-    exit_after_stop_grace(&stop).map_err(|e| format!("cannot start the stop watchdog: {e}"))?;
+    let watchdog = Filter::new(ThreadKind::StopWatchdog, args.seccomp.mode()).map_err(|e| e.to_string())?;
+    exit_after_stop_grace(&stop, watchdog).map_err(|e| format!("cannot start the stop watchdog: {e}"))?;
     // Measured once, before any thread confines itself (rate limits, service times).
     virtio::clock::ticks_per_second();
     let policy = match args.io_mode {
@@ -289,9 +290,13 @@ const STOP_GRACE: Duration = Duration::from_millis(1500);
 /// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
 /// the process by then: a watchdog thread that polls the same signalfd (the signal stays
 /// pending on it, so the server sees it too).
-fn exit_after_stop_grace(stop: &OwnedFd) -> std::io::Result<()> {
+fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::Result<()> {
     let stop = stop.try_clone()?;
     std::thread::Builder::new().name("stop-watchdog".into()).spawn(move || {
+        if let Err(e) = filter.install() {
+            ::vhost_user::log(format_args!("{e}; stopping"));
+            std::process::exit(1);
+        }
         let mut pollfd = libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd; waits without limit (EINTR cannot happen: the signals this
         // process handles are blocked and come through the signalfd).
