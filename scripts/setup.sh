@@ -6,6 +6,7 @@
 #     backend under QEMU TCG; the test builds its initramfs itself), e2fsprogs (mkfs.ext4: the
 #     small file systems the fault tests fill, and turn read-only, under a running guest)
 #   - the x86_64-unknown-none Rust target (the probe guest)
+#   - tracefs mounted at /sys/kernel/tracing (the FLUSH tests read io_uring's tracepoints)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
 # and checks that /dev/kvm is usable.
 set -euo pipefail
@@ -38,6 +39,13 @@ if ! command -v c++ >/dev/null; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends g++ >/dev/null
 fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version 0.13.2 --locked
+
+# tracefs: tests/flush.rs reads io_uring's tracepoints to show that every FLUSH is an fsync.
+if [ ! -d /sys/kernel/tracing/instances ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo mount -t tracefs nodev /sys/kernel/tracing
+fi
 
 if [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then
     echo "setup: /dev/kvm is missing or not accessible to $(id -un); exitless needs KVM" >&2
