@@ -229,8 +229,9 @@ fn run_workload(device: Device) {
         let log = daemon.stop();
         assert!(!log.contains("needs a reset"), "the daemon broke a queue: {log}");
         // A vring's session ends with a line of what it served. The firmware's (SeaBIOS's) one
-        // request, a read with a zero-length data descriptor, is refused; QEMU's virtio-blk
-        // answers it OK. It is not Linux's: every session past it must be clean.
+        // request, a read with a zero-length data descriptor, is refused (QEMU's virtio-blk,
+        // which offers no size_max, gets a 512-byte read instead; see README). It is not
+        // Linux's: every session past it must be clean.
         let linux: Vec<&str> = log
             .lines()
             .filter(|l| l.contains("stopped at avail index") && !l.contains("stopped at avail index 1:"))
