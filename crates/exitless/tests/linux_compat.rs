@@ -7,10 +7,12 @@
 //! e2fsprogs `mke2fs` and `e2fsck`, util-linux's `blkdiscard` and coreutils' `dd`, copied from the
 //! host with the libraries `ldd` lists. On each disk the guest
 //! - writes and reads back 512 B to 1 MiB blocks with O_DIRECT and through the page cache,
-//!   checked by checksum (Linux builds requests of 128 scattered pages from these: indirect
-//!   tables of 130 descriptors on QEMU's default vhost-user-blk queue of 128);
+//!   checked by checksum;
 //! - zeroes a written range with `blkdiscard -z` and reads zeros back (without WRITE_ZEROES
-//!   Linux writes chains of its zero page, the same page 128 times);
+//!   Linux writes chains of its zero page, the same page 128 times: an indirect table of 130
+//!   descriptors on QEMU's default vhost-user-blk queue of 128; the step that broke the queue
+//!   before indirect tables could be longer than the queue, where the 1 MiB blocks, whose pages
+//!   this fresh guest gives mostly contiguous, did not);
 //! - makes an ext4 file system (`mke2fs -t ext4`), writes files, remounts and checks them, and
 //!   runs `e2fsck -fn`, which must find it clean;
 //!
