@@ -4,14 +4,16 @@
 #     iproute2 (network namespaces, taps and veth pairs for the network tests and benchmark),
 #     Debian's cloud kernel and a static busybox (the Linux guest that tests the vhost-user-blk
 #     backend under QEMU TCG; the test builds its initramfs itself), e2fsprogs (mkfs.ext4: the
-#     small file systems the fault tests fill, and turn read-only, under a running guest)
+#     small file systems the fault tests fill, and turn read-only, under a running guest; mke2fs
+#     and e2fsck in the Linux compatibility suite's guest), util-linux and coreutils (that guest's
+#     blkdiscard and dd)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - tracefs mounted at /sys/kernel/tracing (the FLUSH tests read io_uring's tracepoints)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
-packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs)
+packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs util-linux coreutils)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

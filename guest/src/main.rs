@@ -91,6 +91,7 @@ extern "C" fn probe_main(start_info_addr: u64) -> ! {
         "exitcost" => workloads::exitcost::run(&env),
         "blk" => workloads::blk::run(&env),
         "blk-hostile" => workloads::blk_hostile::run(&env),
+        "blk-chains" => workloads::blk_chains::run(&env),
         "blk-faults" => workloads::blk_faults::run(&env),
         "blk-durable" => workloads::blk_durable::run(&env),
         "udp-rr" => workloads::udp_rr::run(&env),

@@ -199,3 +199,47 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
         let _ = std::fs::remove_file(&socket);
     }
 }
+
+/// The state letter of every thread of `pid` (R, S, T, ...), from /proc/PID/task/TID/stat.
+fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            // "TID (comm) STATE ...": the comm may hold spaces, the state follows its last ')'.
+            stat.rsplit_once(')')?.1.trim_start().chars().next()
+        })
+        .collect()
+}
+
+/// Wait until every thread of `child` is in `state`, or it ends, or the deadline passes.
+fn wait_for_threads(child: &mut Child, state: char) {
+    let start = Instant::now();
+    while !thread_states(child.id()).iter().all(|&s| s == state) {
+        if start.elapsed() > DEADLINE || child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A stopped and continued process (job control, a debugger, a freezer) resumes each sleep it
+/// was in with restart_syscall, which the filters once lacked: the daemon died of SIGSYS.
+#[test]
+fn a_confined_daemon_survives_sigstop_and_sigcont() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, socket) = start_daemon(dir.path(), "kill");
+    get_features(&socket);
+    wait_until_confined(&mut child, &["exitless", "iocore"]);
+    // Every thread asleep in its poll, epoll_wait or futex, to be interrupted there.
+    wait_for_threads(&mut child, 'S');
+    // SAFETY: kill(2) on our own child's pid, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    wait_for_threads(&mut child, 'T');
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    wait_for_threads(&mut child, 'S');
+    let (status, log) = stop(child);
+    assert_eq!(status, Some(0), "the daemon did not survive SIGSTOP and SIGCONT: {log}");
+}

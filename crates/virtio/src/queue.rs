@@ -3,8 +3,9 @@
 //! The rings are validated once, when the driver makes the queue ready: each must lie inside one
 //! guest RAM region, so every later ring access is an index masked by the queue size into memory
 //! known to exist. Descriptors are checked one by one as chains are walked: a chain longer than
-//! the queue, an index out of range, or an indirect descriptor is an error the caller turns into
-//! DEVICE_NEEDS_RESET. Nothing here allocates or locks.
+//! its table (the queue's, or an indirect one), an index out of range, or an indirect descriptor
+//! not negotiated is an error the caller turns into DEVICE_NEEDS_RESET. Nothing here allocates or
+//! locks.
 
 #![warn(missing_docs)]
 
@@ -15,6 +16,11 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 /// The largest queue a device offers.
 pub const MAX_QUEUE_SIZE: u16 = 256;
+/// The most descriptors an indirect table may hold, whatever the queue size: QEMU's
+/// VIRTQUEUE_MAX_SIZE. Drivers rely on it: Linux's virtio_blk puts up to `seg_max` + 2
+/// descriptors (data, header and status) in one table, 130 on a 128-entry queue when the device
+/// offers a `seg_max` of 128.
+pub const MAX_INDIRECT_DESCRIPTORS: u32 = 1024;
 /// Descriptor flag: the chain continues at `next`.
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
 /// Descriptor flag: the device writes this buffer (otherwise it reads it).
@@ -55,7 +61,9 @@ pub enum QueueError {
     ChainTooLong,
     #[error("indirect descriptors were not negotiated")]
     UnexpectedIndirect,
-    #[error("an indirect descriptor table of {0} bytes is empty, not whole descriptors, larger than the queue or outside guest RAM")]
+    #[error(
+        "an indirect descriptor table of {0} bytes is empty, not whole 16-byte descriptors, more than {MAX_INDIRECT_DESCRIPTORS} descriptors or outside guest RAM"
+    )]
     BadIndirectTable(u32),
     #[error(
         "an indirect descriptor table holds an indirect descriptor, or the indirect descriptor has a next"
@@ -289,7 +297,8 @@ impl Queue {
 
     /// Walk the chain starting at `head`, calling `visit` for each buffer descriptor until it
     /// returns `false`; an indirect descriptor (if negotiated) continues the chain in its table,
-    /// as its last element. A chain longer than the queue is a loop.
+    /// as its last element. A chain longer than its table (the queue's, or the indirect one) is a
+    /// loop.
     pub fn walk_chain(&self, head: u16, mut visit: impl FnMut(Descriptor) -> bool) -> Result<(), QueueError> {
         let mut index = head;
         for _ in 0..self.size {
@@ -306,7 +315,8 @@ impl Queue {
     }
 
     /// Walk the table an indirect descriptor points to (virtio 1.x §2.7.5.3): whole
-    /// descriptors, at most the queue size of them, inside guest RAM, none indirect itself.
+    /// descriptors, at most MAX_INDIRECT_DESCRIPTORS of them (not bounded by the queue size, as
+    /// in QEMU), inside guest RAM, none indirect itself. A chain longer than the table is a loop.
     fn walk_indirect(
         &self,
         table: Descriptor,
@@ -320,7 +330,7 @@ impl Queue {
         }
         let bad_table = QueueError::BadIndirectTable(table.len);
         let count = table.len / 16;
-        if count == 0 || !table.len.is_multiple_of(16) || count > u32::from(self.size) {
+        if count == 0 || !table.len.is_multiple_of(16) || count > MAX_INDIRECT_DESCRIPTORS {
             return Err(bad_table);
         }
         let slice =

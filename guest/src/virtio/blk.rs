@@ -94,6 +94,9 @@ pub struct Options {
     pub max_request_bytes: u32,
     /// Requests in flight at most (1..=MAX_IN_FLIGHT).
     pub queue_depth: usize,
+    /// Give the request queue at most this many descriptors (rounded down to a power of two),
+    /// fewer than the device allows: QEMU gives Linux 128 on a vhost-user-blk device.
+    pub queue_size: Option<u16>,
 }
 
 /// The disk as the device describes it.
@@ -108,6 +111,8 @@ pub struct DiskInfo {
     pub indirect: bool,
     /// Logical block size (BLK_SIZE), 512 when not offered.
     pub blk_size: u32,
+    /// Data descriptors one request may have (SEG_MAX), `u32::MAX` when not offered.
+    pub seg_max: u32,
 }
 
 impl DiskInfo {
@@ -215,14 +220,16 @@ impl BlockDevice {
             event_idx: has(F_EVENT_IDX),
             indirect: false,
             blk_size: if has(F_BLK_SIZE) { t.config32(CONFIG_BLK_SIZE) } else { SECTOR_SIZE as u32 },
+            seg_max: if has(F_SEG_MAX) { t.config32(CONFIG_SEG_MAX) } else { u32::MAX },
         };
         let size_max = if has(F_SIZE_MAX) { t.config32(CONFIG_SIZE_MAX) } else { 0 };
-        let seg_max = if has(F_SEG_MAX) { t.config32(CONFIG_SEG_MAX) } else { u32::MAX };
+        let seg_max = self.disk.seg_max;
         self.segment_bytes = match size_max {
             0 => MAX_REQUEST_BYTES,
             n => n.min(MAX_REQUEST_BYTES),
         };
-        let size = SplitQueue::size_for(t.queue_max(REQUEST_QUEUE)?);
+        let wanted_size = self.options.queue_size.map_or(u32::MAX, u32::from);
+        let size = SplitQueue::size_for(t.queue_max(REQUEST_QUEUE)?.min(wanted_size));
         // A FLUSH-only driver (no payload) needs no data descriptor: two per request. A chain
         // is at most the queue size long, in an indirect table too (§2.7.5.3.1).
         let segments = self.options.max_request_bytes.div_ceil(self.segment_bytes);

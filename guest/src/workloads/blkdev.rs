@@ -21,6 +21,9 @@ pub struct Common {
     /// Which virtio-blk device, counting in command-line order (`probe.dev=`, default 0).
     pub dev: u64,
     pub seed: u64,
+    /// At most this many descriptors in the request queue (`probe.queue_size=`, 1..=256; by
+    /// default as many as the device allows).
+    pub queue_size: Option<u16>,
 }
 
 /// `default_timeout_ms` is the workload's default for `probe.timeout_ms=`.
@@ -44,6 +47,13 @@ pub fn common_params(env: &Env, default_timeout_ms: u64) -> Common {
         timeout_ms: number("probe.timeout_ms", default_timeout_ms),
         dev: number("probe.dev", 0),
         seed: number("probe.seed", 1),
+        queue_size: match cmdline::get(env.cmdline, "probe.queue_size") {
+            None => None,
+            Some(v) => match cmdline::parse_u64(v) {
+                Some(n @ 1..=256) => Some(n as u16),
+                _ => bad_parameter("probe.queue_size"),
+            },
+        },
     }
 }
 
@@ -69,6 +79,7 @@ pub fn open(
         indirect: common.indirect,
         max_request_bytes,
         queue_depth,
+        queue_size: common.queue_size,
     };
     BlockDevice::open(transport, options, common.deadline(env))
         .unwrap_or_else(|error| device::fail(probe, error, &transport))

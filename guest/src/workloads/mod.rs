@@ -1,4 +1,5 @@
 pub mod blk;
+pub mod blk_chains;
 pub mod blk_durable;
 pub mod blk_faults;
 pub mod blk_hostile;

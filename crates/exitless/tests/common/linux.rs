@@ -83,10 +83,51 @@ pub fn initramfs_with(kernel: &Kernel, init: &str, files: &[(&str, u32, &[u8])],
         names.push('\n');
     }
     cpio.entry("modules", 0o100644, names.as_bytes(), (0, 0));
+    let mut dirs: Vec<String> = ["bin", "dev", "lib", "lib/modules"].map(String::from).to_vec();
     for (name, mode, data) in files {
+        // The kernel unpacks an archive in order and makes no parent directory itself.
+        let mut parent = String::new();
+        for part in name.split('/').collect::<Vec<_>>().split_last().unwrap().1 {
+            parent = if parent.is_empty() { part.to_string() } else { format!("{parent}/{part}") };
+            if !dirs.contains(&parent) {
+                cpio.entry(&parent, 0o040755, &[], (0, 0));
+                dirs.push(parent.clone());
+            }
+        }
         cpio.entry(name, 0o100000 | mode, data, (0, 0));
     }
     std::fs::write(path, cpio.finish()).unwrap();
+}
+
+/// Host programs for an initramfs, with every shared library `ldd` says they load (the dynamic
+/// loader included), each at its path on the host without the leading `/`: (path, contents).
+/// Panics, naming the package, when a program is missing.
+pub fn host_programs(programs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let add = |path: &str, files: &mut Vec<(String, Vec<u8>)>| {
+        let name = path.trim_start_matches('/').to_owned();
+        if !files.iter().any(|(n, _)| *n == name) {
+            let data = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            files.push((name, data));
+        }
+    };
+    for &(program, package) in programs {
+        assert!(
+            Path::new(program).exists(),
+            "{program} is missing: install {package} (scripts/setup.sh installs it)"
+        );
+        add(program, &mut files);
+        let out = std::process::Command::new("ldd").arg(program).output().expect("ldd (libc-bin)");
+        assert!(out.status.success(), "ldd {program}: {}", String::from_utf8_lossy(&out.stderr));
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)".
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let path = line.split("=>").last().unwrap().split_whitespace().next().unwrap_or("");
+            if path.starts_with('/') {
+                add(path, &mut files);
+            }
+        }
+    }
+    files
 }
 
 /// Does this ELF executable name a dynamic loader (PT_INTERP)?

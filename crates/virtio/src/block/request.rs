@@ -83,17 +83,22 @@ impl Request {
         capacity: u64,
         read_only: bool,
     ) -> Result<Parsed, QueueError> {
-        // Header, data descriptors and status, at most MAX_SEGMENTS + 2.
-        let mut chain = [Descriptor { addr: 0, len: 0, flags: 0, next: 0 }; MAX_SEGMENTS + 2];
-        let mut count = 0;
+        // Header, data descriptors and status, at most MAX_SEGMENTS + 2 kept. A longer chain is
+        // walked to its end all the same (the walk bounds it), for its status descriptor: such a
+        // request is answered IOERR, the queue is not broken.
+        let empty = Descriptor { addr: 0, len: 0, flags: 0, next: 0 };
+        let mut chain = [empty; MAX_SEGMENTS + 2];
+        let (mut count, mut last) = (0, empty);
         let mut too_long = false;
         queue.walk_chain(head, |d| {
-            if count == chain.len() {
-                too_long = true;
-                return false;
+            last = d;
+            match chain.get_mut(count) {
+                Some(slot) => {
+                    *slot = d;
+                    count += 1;
+                }
+                None => too_long = true,
             }
-            chain[count] = d;
-            count += 1;
             true
         })?;
         let mem = queue.memory();
@@ -101,8 +106,7 @@ impl Request {
         self.segment_count = 0;
         self.data_len = 0;
 
-        let status_descriptor = chain[count - 1];
-        let Some(status) = host_status(mem, &status_descriptor).filter(|_| count >= 2) else {
+        let Some(status) = host_status(mem, &last).filter(|_| count >= 2) else {
             return Ok(Parsed::Rejected(Rejection::Unanswerable));
         };
         self.status = status;
