@@ -3,6 +3,7 @@
 
 pub mod console;
 pub mod daemon;
+pub mod disks;
 pub mod linux;
 
 use std::io::Read;

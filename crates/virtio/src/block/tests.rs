@@ -457,6 +457,41 @@ fn a_head_made_available_twice_needs_a_reset() {
     assert!(!rig.worker.has_pending(), "a broken queue is not served until reset");
 }
 
+/// The duplicate head on an io_uring disk (a buffered and an O_DIRECT file): the request that
+/// did start reaches the kernel and finishes, and the reset gets the backend back. Regression:
+/// the pass ended at the duplicate before handing the first copy to the kernel, so nothing ever
+/// finished it and `into_backend` waited for ever.
+#[test]
+fn a_head_made_available_twice_on_an_io_uring_disk_still_lets_the_reset_finish() {
+    for direct in [false, true] {
+        let mut rig = rig(false);
+        let file = tempfile::Builder::new().prefix("exitless-virtio-test").tempfile_in("/tmp").unwrap();
+        file.as_file().set_len(DISK).unwrap();
+        let disk = storage::FileDisk::open(file.path(), false, direct).unwrap();
+        let queue =
+            Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+                .unwrap();
+        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+        rig.worker = BlockWorker::new(queue, Box::new(disk), info, signals(rig.needs_reset.clone()));
+        rig.request(VIRTIO_BLK_T_IN, 0, 4096);
+        rig.submit(0);
+        rig.submit(0);
+        rig.worker.poll();
+        assert!(rig.needs_reset.load(Ordering::Acquire), "direct {direct}");
+        // A thread, so that a reset that never ends fails the test instead of hanging it.
+        let Rig { worker, mem, .. } = rig;
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(worker.into_backend()).unwrap());
+        let backend = finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("direct {direct}: the reset still waits for the first request"));
+        drop(backend);
+        let used_idx: u16 = mem.read_obj(GuestAddress(USED + 2)).unwrap();
+        let status: u8 = mem.read_obj(GuestAddress(STATUS)).unwrap();
+        assert_eq!((used_idx, status), (1, VIRTIO_BLK_S_OK), "direct {direct}: served once");
+    }
+}
+
 #[test]
 fn a_queue_keeps_the_memory_it_reads_mapped() {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();

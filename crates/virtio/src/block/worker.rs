@@ -126,6 +126,8 @@ pub struct BlockWorker {
     limiter: Option<Arc<RateLimiter>>,
     /// The last pass left requests in the ring because a bucket was empty.
     throttled: bool,
+    /// Requests were submitted since the backend was last kicked.
+    unkicked: bool,
     /// The clock when the current pass began: requests taken in it started then.
     now: u64,
 }
@@ -159,6 +161,7 @@ impl BlockWorker {
             batch_limit: usize::MAX,
             limiter: None,
             throttled: false,
+            unkicked: false,
             now: 0,
         }
     }
@@ -183,6 +186,8 @@ impl BlockWorker {
     /// no time limit, because memory the kernel may still write must not be unmapped or reused;
     /// a backend that takes long is reported once.
     pub fn into_backend(mut self) -> Box<dyn Backend> {
+        // Whatever was submitted reaches the kernel, or it would never finish.
+        self.kick();
         let started = Instant::now();
         let mut reported = false;
         while self.in_flight.held > 0 {
@@ -210,6 +215,24 @@ impl BlockWorker {
     /// Take every available request and start it. An error means the guest broke the queue
     /// itself: the device must stop and ask for a reset.
     pub fn process_queue(&mut self) -> Result<usize, QueueError> {
+        let result = self.take_requests();
+        // Also when the pass ended at a broken queue: a request the backend holds but never
+        // handed to the kernel would never finish, and the reset that follows would wait for it
+        // for ever (a head offered twice in one pass did that on io_uring disks).
+        self.kick();
+        result
+    }
+
+    /// Hand the requests submitted since the last kick to the backend's kernel side.
+    fn kick(&mut self) {
+        if self.unkicked {
+            self.unkicked = false;
+            self.backend.kick();
+        }
+    }
+
+    /// `process_queue`'s pass, without the kick.
+    fn take_requests(&mut self) -> Result<usize, QueueError> {
         self.throttled = false;
         self.now = clock::ticks();
         if let Some(limiter) = &self.limiter {
@@ -232,9 +255,6 @@ impl BlockWorker {
                 }
                 started += self.take_available(self.batch_limit - started)?;
             }
-        }
-        if started > 0 {
-            self.backend.kick();
         }
         Ok(started)
     }
@@ -310,6 +330,7 @@ impl BlockWorker {
             self.add_used(head, 1);
             return;
         }
+        self.unkicked = true;
         // At most MAX_SEGMENTS descriptors of u32 lengths: counted saturating.
         let data = u32::try_from(request.data_len).unwrap_or(u32::MAX);
         self.in_flight.insert(head, InFlight { status: request.status, written, data, started: self.now });
@@ -355,12 +376,14 @@ impl BlockWorker {
 
 impl QueueWorker for BlockWorker {
     fn poll(&mut self) -> usize {
+        // Requests started before the queue broke still finish (their buffers are valid), and
+        // what finished is published before the driver is told the device needs a reset. Those
+        // the kernel finishes later are reaped too: their completions would otherwise keep the
+        // backend's descriptor readable, and the owner spinning, until the reset.
         if self.broken {
-            return 0;
+            return self.complete();
         }
         let started = self.process_queue();
-        // Requests started before the queue broke still finish (their buffers are valid), and
-        // what finished is published before the driver is told the device needs a reset.
         let finished = self.complete();
         match started {
             Ok(started) => started + finished,
