@@ -4,13 +4,15 @@
 #     iproute2 (network namespaces, taps and veth pairs for the network tests and benchmark),
 #     Debian's cloud kernel and a static busybox (the Linux guest that tests the vhost-user-blk
 #     backend under QEMU TCG; the test builds its initramfs itself), e2fsprogs (mkfs.ext4: the
-#     small file systems the fault tests fill, and turn read-only, under a running guest)
+#     small file systems the fault tests fill, and turn read-only, under a running guest), gcc
+#     and libc6-dev (`cc -static`: the polled-I/O helper in the Linux guest's initramfs),
+#     util-linux (losetup: the loop devices the hostile-queue and loop-device tests attach)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
-packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs)
+packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs gcc libc6-dev util-linux)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -38,6 +40,25 @@ if ! command -v c++ >/dev/null; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends g++ >/dev/null
 fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version 0.13.2 --locked
+
+# Huge pages, which the tests use for real rather than only checking the error for too few:
+# 2 MiB pages reserved (a 48 MiB guest with --hugepages takes 24, fio's huge-page buffers a
+# few; room for two such guests), as .ci/run does; and transparent huge pages not switched off
+# (guest RAM asks for them).
+# Neither survives a reboot: scripts/test.sh runs this first.
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+huge_pages=64
+if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt "$huge_pages" ]; then
+    echo "setup: reserving $huge_pages 2 MiB huge pages (vm.nr_hugepages)" >&2
+    echo "$huge_pages" | as_root tee /proc/sys/vm/nr_hugepages >/dev/null
+    got=$(cat /proc/sys/vm/nr_hugepages)
+    [ "$got" -ge "$huge_pages" ] || echo "setup: the kernel gave only $got huge pages (memory fragmented?); the --hugepages tests will say what is missing" >&2
+fi
+thp=/sys/kernel/mm/transparent_hugepage/enabled
+if [ -e "$thp" ] && grep -q '\[never\]' "$thp"; then
+    echo "setup: letting programs ask for transparent huge pages ($thp: madvise)" >&2
+    echo madvise | as_root tee "$thp" >/dev/null
+fi
 
 if [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then
     echo "setup: /dev/kvm is missing or not accessible to $(id -un); exitless needs KVM" >&2

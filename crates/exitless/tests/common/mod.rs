@@ -4,6 +4,7 @@
 pub mod console;
 pub mod daemon;
 pub mod disks;
+pub mod huge_pages;
 pub mod linux;
 
 use std::io::Read;
