@@ -6,13 +6,13 @@
 #     backend under QEMU TCG; the test builds its initramfs itself), e2fsprogs (mkfs.ext4: the
 #     small file systems the fault tests fill, and turn read-only, under a running guest), gcc
 #     and libc6-dev (`cc -static`: the polled-I/O helper in the Linux guest's initramfs),
-#     util-linux (losetup: the loop devices the hostile-queue and loop-device tests attach)
+#     mount (losetup: the loop devices the hostile-queue and loop-device tests attach)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
-packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs gcc libc6-dev util-linux)
+packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs gcc libc6-dev mount)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
