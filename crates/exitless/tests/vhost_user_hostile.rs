@@ -278,6 +278,35 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
     }
 }
 
+/// A daemon paused and resumed (SIGSTOP, SIGCONT: a debugger, a cgroup freeze, a noisy
+/// neighbour's job control) while its threads wait with a timeout, with and without a frontend
+/// and requests in flight. Regression: the kernel resumes such a wait with restart_syscall,
+/// which no seccomp filter allowed, so the first thread to resume killed the daemon (SIGSYS).
+#[test]
+fn a_daemon_stopped_and_continued_keeps_serving() {
+    for kind in DISK_KINDS {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = kind.make(DISK_BYTES);
+        let mut daemon = start_daemon_on(dir.path(), "adaptive", &disk);
+        let pause = |daemon: &Daemon| {
+            for signal in [libc::SIGSTOP, libc::SIGCONT] {
+                // SAFETY: kill(2) on our own child's pid.
+                assert_eq!(unsafe { libc::kill(daemon.pid() as i32, signal) }, 0);
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        };
+        pause(&daemon);
+        daemon.assert_alive();
+        let mut frontend = ready(&daemon);
+        write_and_read_back(&mut frontend, 0, 1);
+        pause(&daemon);
+        write_and_read_back(&mut frontend, 8, 2);
+        drop(frontend);
+        next_frontend_is_served(&mut daemon, 3);
+        daemon.stop_within(STOP_LIMIT);
+    }
+}
+
 #[test]
 fn an_idle_frontend_does_not_hold_the_disk() {
     let dir = tempfile::tempdir().unwrap();

@@ -32,7 +32,10 @@ const fn ioc_read(kind: u64, nr: u64, size: usize) -> u64 {
 
 /// What every thread needs from the Rust and C runtime: locks and channels, the allocator,
 /// signal returns, time and sleeps, messages on standard error, and ending the thread (glibc
-/// blocks signals and Rust takes down its alternate signal stack) or the process.
+/// blocks signals and Rust takes down its alternate signal stack) or the process. The kernel
+/// itself makes restart_syscall to resume a timed wait (poll, nanosleep, futex) that a stop
+/// and continue (SIGSTOP/SIGCONT, a debugger, a cgroup freeze) interrupted: without it such a
+/// pause killed the process with SIGSYS.
 const RUNTIME: &[i64] = &[
     libc::SYS_futex,
     libc::SYS_sched_yield,
@@ -41,6 +44,7 @@ const RUNTIME: &[i64] = &[
     libc::SYS_mremap,
     libc::SYS_madvise,
     libc::SYS_rt_sigreturn,
+    libc::SYS_restart_syscall,
     libc::SYS_clock_gettime,
     libc::SYS_clock_nanosleep,
     libc::SYS_nanosleep,
