@@ -5,6 +5,8 @@
 //! daemon's own counters (`--stats-interval --json`), never on the test's clock.
 
 mod common;
+#[path = "../../vhost-user/tests/frontend/mod.rs"]
+mod frontend;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -373,6 +375,107 @@ fn a_queue_at_depth_one_is_not_starved_by_one_at_depth_64() {
     assert!(
         shallow_served * 64.0 >= deep_served,
         "depth 1 starved: {shallow_served} requests against {deep_served} ({both:?})"
+    );
+}
+
+/// Make `heads` available on `frontend`'s vring 0 of `size` entries, without a kick.
+fn make_available(frontend: &mut frontend::Frontend, size: u16, heads: &[u16]) {
+    use std::sync::atomic::Ordering;
+    let (_, avail, _) = frontend.ring(0);
+    let vring = &mut frontend.vrings[0];
+    for &head in heads {
+        frontend.mem.u16(avail + 4 + 2 * (vring.avail_idx % size) as u64).store(head, Ordering::Release);
+        vring.avail_idx = vring.avail_idx.wrapping_add(1);
+    }
+    frontend.mem.u16(avail + 2).store(vring.avail_idx, Ordering::Release);
+}
+
+/// The IOCore's fair share, counted rather than timed: two disks on one RAM disk file, one
+/// IOCore in eventfd mode (asleep until a kick). A ring of 256 entries holds 64 writes of
+/// sector 0, the i-th writing the byte i; a ring at depth 1 on the other disk holds a read of
+/// sector 0. Both are made available before either is kicked, so the IOCore's first pass finds
+/// both: what the read returns is how many writes were served before it. A pass takes at most
+/// FAIR_BATCH from a ring, so that is at most FAIR_BATCH; a pass that took the whole deep ring
+/// first (no batch limit), or an IOCore that serves a busy ring until it runs dry, gives 64.
+#[test]
+fn a_ring_at_depth_one_waits_for_at_most_one_batch_of_a_full_ring() {
+    use frontend::{Frontend, F_PROTOCOL_FEATURES, F_VERSION_1, T_IN, T_OUT};
+    const DEEP: u16 = 256;
+    const WRITES: u16 = 64;
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let disk = tempfile::Builder::new().prefix("exitless-fair").tempfile_in("/dev/shm").unwrap();
+    disk.as_file().set_len(1 << 20).unwrap();
+    let (sa, sb) = (dir.join("deep.sock"), dir.join("shallow.sock"));
+    let args = [
+        format!("--disk=socket={},ram,path={}", sa.display(), disk.path().display()),
+        format!("--disk=socket={},ram,path={}", sb.display(), disk.path().display()),
+        "--io-mode=eventfd".to_string(),
+    ];
+    let daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    // The deep ring first, so that an IOCore pass reaches it before the shallow one.
+    let mut deep = Frontend::connect(&sa);
+    deep.negotiate(F_VERSION_1 | F_PROTOCOL_FEATURES);
+    deep.set_mem_table();
+    deep.start_vring_of_size(0, 0, DEEP);
+    let mut shallow = Frontend::connect(&sb);
+    shallow.negotiate(F_VERSION_1 | F_PROTOCOL_FEATURES);
+    shallow.set_mem_table();
+    shallow.start_vring(0, 0);
+
+    // Deep: chain i is descriptors 3i..3i+2: the shared header, 512 bytes of i+1, a status.
+    let (desc, _, used) = deep.ring(0);
+    let (header, data, status) = (0x1000u64, 0x10000u64, 0x20000u64);
+    let mut bytes = [0u8; 16];
+    bytes[0..4].copy_from_slice(&T_OUT.to_le_bytes());
+    deep.mem.write(header, &bytes);
+    for i in 0..WRITES as u64 {
+        deep.mem.write(data + 512 * i, &[i as u8 + 1; 512]);
+        deep.mem.write(status + i, &[0xff]);
+        let chain = [(header, 16u32, 0u16), (data + 512 * i, 512, 0), (status + i, 1, WRITE)];
+        for (j, (addr, len, flags)) in chain.into_iter().enumerate() {
+            let index = 3 * i + j as u64;
+            let flags = if j < 2 { flags | NEXT } else { flags };
+            let mut d = [0u8; 16];
+            d[0..8].copy_from_slice(&addr.to_le_bytes());
+            d[8..12].copy_from_slice(&len.to_le_bytes());
+            d[12..14].copy_from_slice(&flags.to_le_bytes());
+            d[14..16].copy_from_slice(&(index as u16 + 1).to_le_bytes());
+            deep.mem.write(desc + 16 * index, &d);
+        }
+    }
+    let heads: Vec<u16> = (0..WRITES).map(|i| 3 * i).collect();
+    make_available(&mut deep, DEEP, &heads);
+    let chain = shallow.blk_chain(T_IN, 0, 512);
+    shallow.write_chain(0, &chain);
+    make_available(&mut shallow, frontend::QUEUE_SIZE, &[0]);
+    deep.vrings[0].kick.write(1).unwrap();
+    shallow.vrings[0].kick.write(1).unwrap();
+
+    assert_eq!(shallow.wait_used(0), (0, 513), "the read, answered");
+    assert_eq!(shallow.mem.read(frontend::STATUS, 1), [0], "the read's status");
+    let served_before = shallow.mem.read(frontend::DATA, 1)[0];
+    // Every write is served in the end, in order.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while deep.mem.u16(used + 2).load(std::sync::atomic::Ordering::Acquire) != WRITES {
+        assert!(Instant::now() < deadline, "the deep ring's writes were not all served: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!((0..WRITES as u64).all(|i| deep.mem.read(status + i, 1) == [0]), "every write succeeded");
+    assert_eq!(
+        std::fs::read(disk.path()).unwrap()[..512],
+        [WRITES as u8; 512],
+        "the last write is on the disk"
+    );
+    drop((deep, shallow));
+    daemon.stop();
+    eprintln!("the depth-1 read was served after {served_before} of the deep ring's {WRITES} writes");
+    assert!(
+        u64::from(served_before) <= FAIR_BATCH,
+        "the depth-1 read waited for {served_before} of the deep ring's writes, more than one batch ({FAIR_BATCH})"
     );
 }
 
