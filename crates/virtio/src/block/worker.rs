@@ -114,6 +114,10 @@ pub struct BlockWorker {
     polling: bool,
     /// The driver broke the queue; nothing is served until the device is reset.
     broken: bool,
+    /// Why it broke, until the driver is told: once the requests started before the break
+    /// have finished and are in the used ring, so that it sees the same whatever the backend
+    /// (a RAM disk finishes them at once, an io_uring disk later).
+    unreported_break: Option<QueueError>,
     /// What this worker did since it started.
     pub counters: RequestCounters,
     /// `counters` as last added to the device's stats.
@@ -155,6 +159,7 @@ impl BlockWorker {
             used_since_publish: 0,
             polling: false,
             broken: false,
+            unreported_break: None,
             counters: RequestCounters::default(),
             reported: RequestCounters::default(),
             latency: LocalHistogram::default(),
@@ -203,6 +208,9 @@ impl BlockWorker {
                 );
             }
             std::thread::sleep(Duration::from_micros(20));
+        }
+        if let Some(why) = self.unreported_break.take() {
+            self.signals.queue_broken_at_reset(why);
         }
         self.backend
     }
@@ -352,6 +360,17 @@ impl BlockWorker {
         finished
     }
 
+    /// Tell the driver the queue broke (DEVICE_NEEDS_RESET) once nothing started before the
+    /// break is still in flight. The owner keeps polling while requests are in flight (the
+    /// IOCore waits on the backend's descriptor, trap mode up to its completion wait).
+    fn report_break(&mut self) {
+        if self.in_flight.held == 0 {
+            if let Some(why) = self.unreported_break.take() {
+                self.signals.queue_broken(why);
+            }
+        }
+    }
+
     fn add_used(&mut self, head: u16, written: u32) {
         self.queue.add_used(head, written);
         self.used_since_publish += 1;
@@ -381,7 +400,9 @@ impl QueueWorker for BlockWorker {
         // the kernel finishes later are reaped too: their completions would otherwise keep the
         // backend's descriptor readable, and the owner spinning, until the reset.
         if self.broken {
-            return self.complete();
+            let finished = self.complete();
+            self.report_break();
+            return finished;
         }
         let started = self.process_queue();
         let finished = self.complete();
@@ -389,7 +410,8 @@ impl QueueWorker for BlockWorker {
             Ok(started) => started + finished,
             Err(e) => {
                 self.broken = true;
-                self.signals.queue_broken(e);
+                self.unreported_break = Some(e);
+                self.report_break();
                 finished
             }
         }
