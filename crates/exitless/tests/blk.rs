@@ -260,9 +260,11 @@ fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_servin
             wrong.extend(needs_reset_mismatches(&what, &out));
         }
     }
-    let disk = disk_file("/dev/shm");
-    let out = run_hostile("exitless", &format!("ram,path={},readonly", disk.display()));
-    wrong.extend(blk_hostile_mismatches("exitless, read-only disk", &out, true));
+    for kind in DISK_KINDS {
+        let disk = kind.make(DISK_BYTES);
+        let out = run_hostile("exitless", &format!("{},readonly", disk.spec));
+        wrong.extend(blk_hostile_mismatches(&format!("{} exitless, read-only", kind.name()), &out, true));
+    }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
