@@ -6,14 +6,17 @@
 #     backend under QEMU TCG; the test builds its initramfs itself), e2fsprogs (mkfs.ext4: the
 #     small file systems the fault tests fill, and turn read-only, under a running guest; mke2fs
 #     and e2fsck in the Linux compatibility suite's guest), util-linux and coreutils (that guest's
-#     blkdiscard and dd)
+#     blkdiscard and dd), gcc and libc6-dev (`cc -static`: the polled-I/O helper in the Linux
+#     guest's initramfs), mount (losetup: the loop devices the hostile-queue and loop-device tests
+#     attach)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - tracefs mounted at /sys/kernel/tracing (the FLUSH tests read io_uring's tracepoints)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
-packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs util-linux coreutils)
+packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs util-linux coreutils
+    gcc libc6-dev mount)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -42,11 +45,28 @@ if ! command -v c++ >/dev/null; then
 fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version 0.13.2 --locked
 
+# Huge pages, which the tests use for real rather than only checking the error for too few:
+# 2 MiB pages reserved (a 48 MiB guest with --hugepages takes 24, fio's huge-page buffers a
+# few; room for two such guests), as .ci/run does; and transparent huge pages not switched off
+# (guest RAM asks for them).
+# Neither survives a reboot: scripts/test.sh runs this first.
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+huge_pages=64
+if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt "$huge_pages" ]; then
+    echo "setup: reserving $huge_pages 2 MiB huge pages (vm.nr_hugepages)" >&2
+    echo "$huge_pages" | as_root tee /proc/sys/vm/nr_hugepages >/dev/null
+    got=$(cat /proc/sys/vm/nr_hugepages)
+    [ "$got" -ge "$huge_pages" ] || echo "setup: the kernel gave only $got huge pages (memory fragmented?); the --hugepages tests will say what is missing" >&2
+fi
+thp=/sys/kernel/mm/transparent_hugepage/enabled
+if [ -e "$thp" ] && grep -q '\[never\]' "$thp"; then
+    echo "setup: letting programs ask for transparent huge pages ($thp: madvise)" >&2
+    echo madvise | as_root tee "$thp" >/dev/null
+fi
+
 # tracefs: tests/flush.rs reads io_uring's tracepoints to show that every FLUSH is an fsync.
 if [ ! -d /sys/kernel/tracing/instances ]; then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo mount -t tracefs nodev /sys/kernel/tracing
+    as_root mount -t tracefs nodev /sys/kernel/tracing
 fi
 
 if [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then

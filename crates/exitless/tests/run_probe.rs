@@ -111,25 +111,19 @@ fn pinned_vcpus_with_hlt_and_pause_exits_disabled() {
     line_with(&out, "probe", "hello");
 }
 
-/// Huge pages: the run works when the host has enough reserved, and otherwise says how to get
-/// them. (CI reserves some, so both paths get exercised across machines.)
+/// Huge pages: the run works on them, and a run that needs more than the host has reserved
+/// says how to get them.
 #[test]
-fn hugepages_work_or_say_what_is_missing() {
-    let free: u64 = std::fs::read_to_string("/proc/meminfo")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("HugePages_Free:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+fn hugepages_work_and_too_few_say_what_is_missing() {
     // The probe's static buffers (256 request slots) need more than 32 MiB: 48 MiB is 24 pages.
+    common::huge_pages::require_free(24);
     let out = exitless(&["run", "--probe", "--mem", "48M", "--hugepages"]);
-    if free >= 24 {
-        assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
-        line_with(&out, "probe", "hello");
-    } else {
-        assert_eq!(out.status.code(), Some(125));
-        assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));
-    }
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    line_with(&out, "probe", "hello");
+    let too_many = format!("{}M", 2 * common::huge_pages::more_than_reserved());
+    let out = exitless(&["run", "--probe", "--mem", &too_many, "--hugepages"]);
+    assert_eq!(out.status.code(), Some(125), "{too_many}: {}", stderr(&out));
+    assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));
 }
 
 mod probe_status {

@@ -3,7 +3,7 @@
 //! virtio-blk driver talks to our backend through `vhost-user-blk-pci`, and the guest writes,
 //! reads back and checks a pattern with O_DIRECT, flushes, and powers off; the test then checks
 //! the backing file on the host. Needs what scripts/setup.sh installs (qemu-system-x86,
-//! linux-image-cloud-amd64, busybox-static) and a C compiler for the polled-I/O helper.
+//! linux-image-cloud-amd64, busybox-static, gcc and libc6-dev for the polled-I/O helper).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -182,36 +182,32 @@ fn pattern() -> Vec<u8> {
         .collect()
 }
 
-/// The initramfs: /init, the pattern and (if a C compiler is there) the polled-I/O helper.
-/// Returns whether the helper is in.
-fn initramfs(kernel: &Kernel, dir: &Path) -> (PathBuf, bool) {
+/// The initramfs: /init, the pattern and, with `iopoll`, the polled-I/O helper.
+fn initramfs(kernel: &Kernel, dir: &Path, iopoll: bool) -> PathBuf {
     let pattern = pattern();
-    let iopoll = iopoll_helper(dir).map(|binary| std::fs::read(binary).unwrap());
+    let helper = iopoll.then(|| std::fs::read(iopoll_helper(dir)).unwrap());
     let mut files: Vec<(&str, u32, &[u8])> = vec![("pattern", 0o644, &pattern)];
-    if let Some(iopoll) = &iopoll {
-        files.push(("iopoll", 0o755, iopoll));
+    if let Some(helper) = &helper {
+        files.push(("iopoll", 0o755, helper));
     }
     let path = dir.join("initramfs.cpio");
     common::linux::initramfs_with(kernel, INIT, &files, &path);
-    (path, iopoll.is_some())
+    path
 }
 
-/// Build the polled-I/O helper statically; `None` (reported) without a C compiler.
-fn iopoll_helper(dir: &Path) -> Option<PathBuf> {
+/// Build the polled-I/O helper statically (the initramfs has no C library); the test fails,
+/// saying what is missing, without a C compiler and a static C library.
+fn iopoll_helper(dir: &Path) -> PathBuf {
+    const MISSING: &str =
+        "the polled-I/O helper needs `cc -static`: install gcc and libc6-dev (scripts/setup.sh does)";
     let source = dir.join("iopoll.c");
     std::fs::write(&source, IOPOLL_C).unwrap();
     let binary = dir.join("iopoll");
     let built = Command::new("cc").args(["-static", "-O2", "-o"]).arg(&binary).arg(&source).output();
     match built {
-        Ok(out) if out.status.success() => Some(binary),
-        Ok(out) => {
-            eprintln!("no polled-I/O helper: cc -static failed: {}", String::from_utf8_lossy(&out.stderr));
-            None
-        }
-        Err(e) => {
-            eprintln!("no polled-I/O helper: no C compiler ({e})");
-            None
-        }
+        Ok(out) if out.status.success() => binary,
+        Ok(out) => panic!("{MISSING}; cc -static failed: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => panic!("{MISSING}; cannot run cc: {e}"),
     }
 }
 
@@ -341,7 +337,7 @@ fn has(console: &str, marker: &str) -> bool {
 fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts() {
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let (initramfs, _) = initramfs(&kernel, dir.path());
+    let initramfs = initramfs(&kernel, dir.path(), false);
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
     let socket = dir.path().join("vhost.sock");
@@ -388,7 +384,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
 fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let (initramfs, _) = initramfs(&kernel, dir.path());
+    let initramfs = initramfs(&kernel, dir.path(), false);
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
     let socket = dir.path().join("vhost.sock");
@@ -416,7 +412,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
 fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let (initramfs, iopoll) = initramfs(&kernel, dir.path());
+    let initramfs = initramfs(&kernel, dir.path(), true);
     let socket = dir.path().join("vhost.sock");
     let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
     let backend = start_backend(
@@ -425,16 +421,11 @@ fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
         &dir.path().join("b.log"),
     );
     // virtio_blk gives at most one queue per CPU, and keeps one for interrupt-driven I/O.
-    let steps = if iopoll { "vu.write=1 vu.read=1 vu.iopoll=1" } else { "vu.write=1 vu.read=1" };
-    let console = guest.run(&format!("virtio_blk.poll_queues=1 {steps}"), 2, 2);
+    let console = guest.run("virtio_blk.poll_queues=1 vu.write=1 vu.read=1 vu.iopoll=1", 2, 2);
     let log = backend.stop();
     assert!(line(&console, "VU-QUEUES").ends_with("1/0/1 default/read/poll queues"), "{console}");
     assert!(line(&console, "VU-DISK").ends_with(" poll=1"), "{console}");
     assert!(has(&console, "VU-VERIFY-OK"), "{console}");
-    if !iopoll {
-        eprintln!("skipped polled I/O: no static C compiler for the helper");
-        return;
-    }
     assert!(console.contains("VU-IOPOLL-OK 64"), "{console}");
     // The polled requests went to the poll queue (vring 1): 64 writes and 64 reads.
     let served: u64 = log
@@ -486,7 +477,7 @@ fn bad_command_lines_and_socket_paths_are_refused() {
 fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let (initramfs, _) = initramfs(&kernel, dir.path());
+    let initramfs = initramfs(&kernel, dir.path(), false);
     let (linux_disk, probe_disk) = (dir.path().join("linux.img"), dir.path().join("probe.img"));
     std::fs::File::create(&linux_disk).unwrap().set_len(64 << 20).unwrap();
     std::fs::File::create(&probe_disk).unwrap().set_len(16 << 20).unwrap();

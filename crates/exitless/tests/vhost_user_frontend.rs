@@ -210,29 +210,28 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
     assert!(exits < 0.05, "{exits} exits per request on the I/O path: {phase}");
 }
 
+/// Guest RAM from huge pages, shared with the daemon, serves a verify run; a run that needs more
+/// than the host has reserved says how to get them.
 #[test]
-fn guest_memory_shared_from_huge_pages_works_or_says_what_is_missing() {
+fn guest_memory_shared_from_huge_pages_works_and_too_few_say_what_is_missing() {
     let _one = one_at_a_time();
-    let free: u64 = std::fs::read_to_string("/proc/meminfo")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("HugePages_Free:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+    // A memfd with MFD_HUGETLB, mapped by the daemon too; 48 MiB is 24 pages (see run_probe.rs).
+    common::huge_pages::require_free(24);
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("huge.sock");
     let file = disk_file(dir.path(), "huge.img");
     let daemon_args = ["--disk".to_string(), daemon_disk(&socket, &file)];
     let daemon = Daemon::start(&daemon_args, &[&socket], &dir.path().join("daemon.log"));
-    // A memfd with MFD_HUGETLB, mapped by the daemon too; 48 MiB is 24 pages (see run_probe.rs).
-    let mut args = run_args(&socket, "exitless", &verify_cmdline(400));
-    args.extend(["--mem", "48M", "--hugepages"].map(String::from));
-    let out = exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    if free >= 24 {
-        assert_verified(&out, &format!("huge pages; daemon: {}", daemon.log()));
-        common::assert_holds_only_pattern(&file, 400, 300);
-    } else {
-        assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
-        assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));
-    }
+    let run = |mem: &str| {
+        let mut args = run_args(&socket, "exitless", &verify_cmdline(400));
+        args.extend(["--mem", mem, "--hugepages"].map(String::from));
+        exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let out = run("48M");
+    assert_verified(&out, &format!("huge pages; daemon: {}", daemon.log()));
+    common::assert_holds_only_pattern(&file, 400, 300);
+    let too_many = format!("{}M", 2 * common::huge_pages::more_than_reserved());
+    let out = run(&too_many);
+    assert_eq!(out.status.code(), Some(125), "{too_many}: {}", stderr(&out));
+    assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));
 }

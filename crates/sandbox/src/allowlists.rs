@@ -32,9 +32,10 @@ const fn ioc_read(kind: u64, nr: u64, size: usize) -> u64 {
 
 /// What every thread needs from the Rust and C runtime: locks and channels, the allocator,
 /// signal returns, time and sleeps, messages on standard error, and ending the thread (glibc
-/// blocks signals and Rust takes down its alternate signal stack) or the process. A sleep a stop
-/// interrupted (SIGSTOP and SIGCONT, a debugger, a cgroup freezer) resumes through
-/// restart_syscall, which the kernel makes on the thread's behalf.
+/// blocks signals and Rust takes down its alternate signal stack) or the process. The kernel
+/// itself makes restart_syscall to resume a timed wait (poll, nanosleep, futex) that a stop
+/// and continue (SIGSTOP/SIGCONT, a debugger, a cgroup freeze) interrupted: without it such a
+/// pause killed the process with SIGSYS.
 const RUNTIME: &[i64] = &[
     libc::SYS_futex,
     libc::SYS_restart_syscall,

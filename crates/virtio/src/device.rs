@@ -228,6 +228,14 @@ impl DeviceSignals {
         self.interrupt.fire();
     }
 
+    /// The driver broke the queue, but the device is being reset before it could say so: log
+    /// why and count it, without telling a driver that is resetting it anyway.
+    pub fn queue_broken_at_reset(&self, why: QueueError) {
+        if !self.needs_reset.load(Ordering::Acquire) {
+            self.stats.record_reset(why);
+        }
+    }
+
     /// The driver broke the queue: set DEVICE_NEEDS_RESET and tell it (config-change interrupt,
     /// or the error notifier); log why, once per reset, and count it.
     pub fn queue_broken(&self, why: QueueError) {

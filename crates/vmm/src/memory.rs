@@ -208,10 +208,12 @@ mod tests {
     #[test]
     fn anonymous_ram_asks_for_transparent_huge_pages() {
         use vm_memory::GuestMemoryRegion;
-        if !transparent_huge_pages() {
-            eprintln!("skipped: this host gives no transparent huge pages");
-            return;
-        }
+        assert!(
+            transparent_huge_pages(),
+            "this test needs transparent huge pages, which this host has switched off \
+             (/sys/kernel/mm/transparent_hugepage/enabled is `never` or missing): run scripts/setup.sh \
+             (it sets `madvise`)"
+        );
         let mem = create(64 << 20, false).unwrap();
         let region = mem.iter().next().unwrap();
         let start = region.get_host_address(vm_memory::MemoryRegionAddress(0)).unwrap() as usize;

@@ -463,10 +463,11 @@ mod tests {
     #[test]
     fn large_requests_get_buffers_on_huge_pages_where_the_host_has_them() {
         assert!(!buffers_on_huge_pages(4096, 32), "a page-sized request is one segment either way");
-        if !buffers_on_huge_pages(128 << 10, 4) {
-            eprintln!("skipped: no transparent huge pages, or no reserved huge pages free");
-            return;
-        }
+        assert!(
+            buffers_on_huge_pages(128 << 10, 4),
+            "this test needs transparent huge pages on and 2 free reserved huge pages: run \
+             scripts/setup.sh (it reserves 64)"
+        );
         let file = tempfile::Builder::new().prefix("exitless-baseline").tempfile_in("/dev/shm").unwrap();
         file.as_file().set_len(64 << 20).unwrap();
         let mut job = job(file.path().to_path_buf());

@@ -3,6 +3,8 @@
 
 pub mod console;
 pub mod daemon;
+pub mod disks;
+pub mod huge_pages;
 pub mod linux;
 
 use std::io::Read;
@@ -131,7 +133,7 @@ impl LoopDevice {
             .args(["--find", "--show", "--direct-io=on"])
             .arg(file)
             .output()
-            .expect("losetup (util-linux) must be installed");
+            .expect("losetup must be installed (Debian's mount package: scripts/setup.sh installs it)");
         assert!(out.status.success(), "losetup {}: {}", file.display(), stderr(&out));
         let path = std::path::PathBuf::from(stdout(&out).trim());
         let name = path.file_name().unwrap().to_string_lossy().into_owned();

@@ -263,16 +263,25 @@ impl Frontend {
         self.set(code::SET_MEM_TABLE, &table_payload(&regions), &[fd, fd]);
     }
 
-    fn ring(&self, queue: u16) -> (u64, u64, u64) {
+    /// Where vring `queue`'s descriptor table, avail and used rings are (guest addresses).
+    pub fn ring(&self, queue: u16) -> (u64, u64, u64) {
         let offset = queue as u64 * QUEUE_STRIDE;
         (DESC + offset, AVAIL + offset, USED + offset)
     }
 
     /// Set up and start vring `queue` from avail index `base` (rings as the guest left them).
     pub fn start_vring(&mut self, queue: u16, base: u16) {
+        self.start_vring_of_size(queue, base, QUEUE_SIZE);
+    }
+
+    /// As `start_vring`, with `size` entries (at most 256: the rings fit QUEUE_STRIDE). The
+    /// helpers that lay out chains and publish them assume QUEUE_SIZE; a larger ring's user
+    /// writes its own.
+    pub fn start_vring_of_size(&mut self, queue: u16, base: u16, size: u16) {
+        assert!(size <= 256 && size.is_power_of_two());
         let (desc, avail, used) = self.ring(queue);
         let index = queue as u32;
-        self.set(code::SET_VRING_NUM, &state(index, QUEUE_SIZE as u32), &[]);
+        self.set(code::SET_VRING_NUM, &state(index, size as u32), &[]);
         self.set(code::SET_VRING_BASE, &state(index, base as u32), &[]);
         let addr = VringAddr {
             index,

@@ -457,6 +457,54 @@ fn a_head_made_available_twice_needs_a_reset() {
     assert!(!rig.worker.has_pending(), "a broken queue is not served until reset");
 }
 
+/// The duplicate head on an io_uring disk (a buffered and an O_DIRECT file): the request that
+/// did start reaches the kernel, finishes and is in the used ring before the driver is told the
+/// device needs a reset (as on a RAM disk, which finishes it at once), and the reset gets the
+/// backend back. Regression: the pass ended at the duplicate before handing the first copy to
+/// the kernel, so nothing ever finished it and `into_backend` waited for ever.
+#[test]
+fn a_head_made_available_twice_on_an_io_uring_disk_still_lets_the_reset_finish() {
+    for direct in [false, true] {
+        let mut rig = rig(false);
+        let file = tempfile::Builder::new().prefix("exitless-virtio-test").tempfile_in("/tmp").unwrap();
+        file.as_file().set_len(DISK).unwrap();
+        let disk = storage::FileDisk::open(file.path(), false, direct).unwrap();
+        let queue =
+            Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+                .unwrap();
+        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+        rig.worker = BlockWorker::new(queue, Box::new(disk), info, signals(rig.needs_reset.clone()));
+        rig.request(VIRTIO_BLK_T_IN, 0, 4096);
+        rig.submit(0);
+        rig.submit(0);
+        // The owner polls while requests are in flight (a hang guard, not a speed bound).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !rig.needs_reset.load(Ordering::Acquire) {
+            assert_eq!(
+                rig.used_idx(),
+                0,
+                "direct {direct}: nothing published before the first copy finished"
+            );
+            assert!(std::time::Instant::now() < deadline, "direct {direct}: the first copy never finished");
+            rig.worker.poll();
+        }
+        assert_eq!(
+            (rig.used_idx(), rig.status()),
+            (1, VIRTIO_BLK_S_OK),
+            "direct {direct}: served once, first"
+        );
+        assert_eq!(rig.worker.in_flight(), 0);
+        // A thread, so that a reset that never ends fails the test instead of hanging it.
+        let Rig { worker, .. } = rig;
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(worker.into_backend()).unwrap());
+        let backend = finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("direct {direct}: the reset still waits for a request"));
+        drop(backend);
+    }
+}
+
 #[test]
 fn a_queue_keeps_the_memory_it_reads_mapped() {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();

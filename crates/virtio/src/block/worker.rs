@@ -114,6 +114,10 @@ pub struct BlockWorker {
     polling: bool,
     /// The driver broke the queue; nothing is served until the device is reset.
     broken: bool,
+    /// Why it broke, until the driver is told: once the requests started before the break
+    /// have finished and are in the used ring, so that it sees the same whatever the backend
+    /// (a RAM disk finishes them at once, an io_uring disk later).
+    unreported_break: Option<QueueError>,
     /// What this worker did since it started.
     pub counters: RequestCounters,
     /// `counters` as last added to the device's stats.
@@ -126,6 +130,8 @@ pub struct BlockWorker {
     limiter: Option<Arc<RateLimiter>>,
     /// The last pass left requests in the ring because a bucket was empty.
     throttled: bool,
+    /// Requests were submitted since the backend was last kicked.
+    unkicked: bool,
     /// The clock when the current pass began: requests taken in it started then.
     now: u64,
 }
@@ -153,12 +159,14 @@ impl BlockWorker {
             used_since_publish: 0,
             polling: false,
             broken: false,
+            unreported_break: None,
             counters: RequestCounters::default(),
             reported: RequestCounters::default(),
             latency: LocalHistogram::default(),
             batch_limit: usize::MAX,
             limiter: None,
             throttled: false,
+            unkicked: false,
             now: 0,
         }
     }
@@ -183,6 +191,8 @@ impl BlockWorker {
     /// no time limit, because memory the kernel may still write must not be unmapped or reused;
     /// a backend that takes long is reported once.
     pub fn into_backend(mut self) -> Box<dyn Backend> {
+        // Whatever was submitted reaches the kernel, or it would never finish.
+        self.kick();
         let started = Instant::now();
         let mut reported = false;
         while self.in_flight.held > 0 {
@@ -199,6 +209,9 @@ impl BlockWorker {
             }
             std::thread::sleep(Duration::from_micros(20));
         }
+        if let Some(why) = self.unreported_break.take() {
+            self.signals.queue_broken_at_reset(why);
+        }
         self.backend
     }
 
@@ -210,6 +223,24 @@ impl BlockWorker {
     /// Take every available request and start it. An error means the guest broke the queue
     /// itself: the device must stop and ask for a reset.
     pub fn process_queue(&mut self) -> Result<usize, QueueError> {
+        let result = self.take_requests();
+        // Also when the pass ended at a broken queue: a request the backend holds but never
+        // handed to the kernel would never finish, and the reset that follows would wait for it
+        // for ever (a head offered twice in one pass did that on io_uring disks).
+        self.kick();
+        result
+    }
+
+    /// Hand the requests submitted since the last kick to the backend's kernel side.
+    fn kick(&mut self) {
+        if self.unkicked {
+            self.unkicked = false;
+            self.backend.kick();
+        }
+    }
+
+    /// `process_queue`'s pass, without the kick.
+    fn take_requests(&mut self) -> Result<usize, QueueError> {
         self.throttled = false;
         self.now = clock::ticks();
         if let Some(limiter) = &self.limiter {
@@ -232,9 +263,6 @@ impl BlockWorker {
                 }
                 started += self.take_available(self.batch_limit - started)?;
             }
-        }
-        if started > 0 {
-            self.backend.kick();
         }
         Ok(started)
     }
@@ -310,6 +338,7 @@ impl BlockWorker {
             self.add_used(head, 1);
             return;
         }
+        self.unkicked = true;
         // At most MAX_SEGMENTS descriptors of u32 lengths: counted saturating.
         let data = u32::try_from(request.data_len).unwrap_or(u32::MAX);
         self.in_flight.insert(head, InFlight { status: request.status, written, data, started: self.now });
@@ -329,6 +358,17 @@ impl BlockWorker {
         });
         self.publish();
         finished
+    }
+
+    /// Tell the driver the queue broke (DEVICE_NEEDS_RESET) once nothing started before the
+    /// break is still in flight. The owner keeps polling while requests are in flight (the
+    /// IOCore waits on the backend's descriptor, trap mode up to its completion wait).
+    fn report_break(&mut self) {
+        if self.in_flight.held == 0 {
+            if let Some(why) = self.unreported_break.take() {
+                self.signals.queue_broken(why);
+            }
+        }
     }
 
     fn add_used(&mut self, head: u16, written: u32) {
@@ -355,18 +395,23 @@ impl BlockWorker {
 
 impl QueueWorker for BlockWorker {
     fn poll(&mut self) -> usize {
+        // Requests started before the queue broke still finish (their buffers are valid), and
+        // what finished is published before the driver is told the device needs a reset. Those
+        // the kernel finishes later are reaped too: their completions would otherwise keep the
+        // backend's descriptor readable, and the owner spinning, until the reset.
         if self.broken {
-            return 0;
+            let finished = self.complete();
+            self.report_break();
+            return finished;
         }
         let started = self.process_queue();
-        // Requests started before the queue broke still finish (their buffers are valid), and
-        // what finished is published before the driver is told the device needs a reset.
         let finished = self.complete();
         match started {
             Ok(started) => started + finished,
             Err(e) => {
                 self.broken = true;
-                self.signals.queue_broken(e);
+                self.unreported_break = Some(e);
+                self.report_break();
                 finished
             }
         }
