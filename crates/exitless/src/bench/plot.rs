@@ -529,10 +529,12 @@ fn grouped(value: f64, digits: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::backend::Backend;
     use crate::bench::blk::Scenario;
 
     fn row(vmm: &'static str, mode: &str, qd: u32, iops: Option<f64>) -> Row {
-        let mut row = Row::new(vmm, mode.to_string(), Scenario { disk: "ram", rw: "randread", bs: 4096, qd });
+        let scenario = Scenario { disk: "ram", rw: "randread", bs: 4096, qd, backend: Backend::Null };
+        let mut row = Row::new(vmm, mode.to_string(), scenario);
         row.iops = iops;
         row.p50_us = iops.map(|v| 1e6 / v);
         row.p99_us = iops.map(|v| 2e6 / v);
