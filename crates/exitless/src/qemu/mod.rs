@@ -154,7 +154,9 @@ impl Qemu {
         };
         let mut stdout = String::new();
         let mut marks = Vec::new();
-        let mut qmp_client = None;
+        // Connected now, while the guest boots: at a mark the sample is then one round trip, not
+        // three, inside the guest's linger (a busy host made connecting there miss it).
+        let mut qmp_client = qmp.and_then(|qmp| connect_early(qmp, &mut child));
         let mut sample_error = None;
         for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
             let Ok(line) = line else { break };
@@ -185,7 +187,9 @@ impl Qemu {
         }
         let stderr = err.join().unwrap_or_default();
         if let Some(e) = sample_error {
-            return Err(e);
+            // What QEMU said as it went, if it went: the sample's error alone hides why.
+            let ended = format!("{e}; QEMU then ended with status {:?}: {}", status.code(), stderr.trim());
+            return Err(QemuError::Qmp(ended));
         }
         match status.code() {
             Some(code) if code & 1 == 1 && !stdout.is_empty() => {
@@ -194,6 +198,19 @@ impl Qemu {
             code => Err(QemuError::Failed { status: code, stderr: stderr.trim().to_string() }),
         }
     }
+}
+
+/// Connects to QEMU's QMP socket at `path` as soon as QEMU listens there (within 10 s, while
+/// `child` runs); `None` if it did not, and the first mark tries again.
+fn connect_early(path: &Path, child: &mut std::process::Child) -> Option<qmp::Qmp> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && child.try_wait().ok()?.is_none() {
+        if let Ok(client) = qmp::Qmp::connect(path) {
+            return Some(client);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
 }
 
 /// `{"mark":N}` → N.
