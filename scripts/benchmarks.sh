@@ -37,7 +37,9 @@ links() {
     echo "device that shows what the I/O path itself costs. On the RAM disk a polled guest can exceed"
     echo "100% of bare metal: fio there makes a system call per I/O, the guest's request reaches memory"
     echo "without one; the \`% of mmap\` column compares with the device's own speed, a memory copy"
-    echo "with no system call."
+    echo "with no system call. \`x QEMU\` divides only by QEMU rows on the same backend (the \`backend\`"
+    echo "column): on the RAM disk exitless's rows, a memory copy, against QEMU's null device (\`null-co\`),"
+    echo "not against QEMU reading the RAM disk's tmpfs file through io_uring."
     echo
     "$exitless" bench --markdown --plot "$plots.new/blk"
     links blk "Plots, one per scenario: IOPS per row (bare metal and the best peer marked), exits per I/O by cause, p50/p99 latency:"

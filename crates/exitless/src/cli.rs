@@ -182,7 +182,9 @@ workload on the host with fio against the very same file (the bare-metal baselin
 job allowed the vCPU's and the IOCore's CPUs, the best of psync, libaio and io_uring; the row
 says which won), and in QEMU-KVM (--peers qemu, the default): its own virtio-blk on an iothread
 with interrupt and with polled completion, QEMU with exitless's vhost-user-blk backend, and QEMU
-with qemu-storage-daemon's vhost-user-blk export (its own iothread, pinned to the IOCore's CPU).
+with qemu-storage-daemon's vhost-user-blk export (its own iothread, pinned to the IOCore's CPU);
+beside a RAM disk, QEMU's own virtio-blk and qemu-storage-daemon also on QEMU's null device
+(null-co, read-zeroes=on).
 
 Disks (--disk, repeatable; the default is `--disk scratch --disk ram=1G`, the real disk first):
   scratch[=SIZE]     a real disk: a file of SIZE (default 1G) in --scratch DIR, written with data
@@ -198,11 +200,14 @@ Naming --disk replaces the default pair.
 Per row: IOPS, p50/p99 latency, the latency it adds per I/O (its p50 less bare metal's), exits
 per I/O by cause (KVM's statistics between two marks around the measured phase; QEMU's through
 QMP query-stats), cores used (vCPU plus IOCore CPU time over wall time; QEMU's plus its
-backend's), the ratio to bare metal and to QEMU's best configuration.
+backend's), the backend the I/O ended up on (null: exitless's RAM disk, fio mmap, QEMU's
+null-co; or the file by file system and cache mode), the ratio to bare metal and to QEMU's best
+configuration on the same backend (null against null, a file against the same file and cache
+mode; n/a where QEMU ran on no such backend).
 
 Defaults: 4 KiB random reads at queue depths 1 and 32 on both disks, each run (guest or fio)
-measuring --duration-ms 1000 after --warmup 2000 requests: 54 runs, about 1.5 minutes on a 2-CPU
-host (plus writing the real disk's file the first time).
+measuring --duration-ms 1000 after --warmup 2000 requests: 62 runs, about 1.5 minutes for the 56
+without QEMU's null device on a 2-CPU host (plus writing the real disk's file the first time).
 One progress line per run goes to standard error, with an estimate of the time left. A bad
 --scratch ends the bench at once with status 2. A guest run that fails (or hangs past duration +
 warm-up ms + 15 s) is run once more and its row says so; one that fails twice leaves a row that

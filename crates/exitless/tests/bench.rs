@@ -88,7 +88,13 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
                 assert!(device["command"].as_str().unwrap().contains("--ioengine=mmap"), "{device}");
             }
             let qemu: Vec<&&Value> = rows.iter().filter(|r| r["vmm"] == "qemu").collect();
-            assert_eq!(qemu.len(), 4, "{at}: QEMU's own device two ways, with our backend and with qsd");
+            // On the RAM disk, QEMU's device both ways and qsd once more on its null device.
+            let configs = if disk == "ram" { 7 } else { 4 };
+            assert_eq!(
+                qemu.len(),
+                configs,
+                "{at}: QEMU's own device two ways, with our backend and with qsd"
+            );
             for row in &qemu {
                 assert!(row["iops"].is_number() && row["exits_per_io"].is_number(), "{row}");
                 assert!(row["added_latency_us"].is_number() && row["cpu_cores_used"].is_number(), "{row}");
@@ -104,6 +110,7 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
             );
         }
     }
+    x_qemu_pairs_the_same_backend(results);
     assert!(report["qemu_version"].as_str().unwrap().contains("QEMU"));
     assert!(report["qemu_storage_daemon_version"].as_str().unwrap().contains("qemu-storage-daemon"));
     // One progress line per run, each with the time left.
@@ -227,7 +234,9 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
     assert!(modes.contains(&"qemu + qemu-storage-daemon, poll"), "{modes:?}");
     for row in results {
         assert!(row["iops"].as_f64().is_some_and(|iops| iops > 0.0), "not measured: {row}");
+        assert_eq!(row["backend"], "block-device-direct", "{row}");
     }
+    x_qemu_pairs_the_same_backend(results);
 }
 
 /// At the queue size, 256 requests in flight, every VMM serves the probe: exitless's device and
@@ -253,7 +262,7 @@ fn block_bench_at_the_queue_size_runs_in_every_vmm() {
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
-    assert_eq!(guests.len(), 5, "exitless and QEMU's four set-ups: {results:?}");
+    assert_eq!(guests.len(), 8, "exitless and QEMU's seven set-ups (three on null-co): {results:?}");
     for row in guests {
         assert_eq!(row["queue_depth"], 256, "{row}");
         assert!(row["iops"].as_f64().unwrap() > 0.0, "{row}");
@@ -322,4 +331,84 @@ fn block_bench_plots_one_svg_per_scenario() {
         message.contains("--plot: cannot create the directory") && message.trim().lines().count() == 1,
         "{message}"
     );
+}
+
+/// QEMU's own configurations (its virtio-blk, qemu-storage-daemon), the rows "x QEMU" divides
+/// by; not QEMU with exitless's vhost-user backend.
+fn is_qemu_own(row: &Value) -> bool {
+    row["vmm"] == "qemu" && !row["mode"].as_str().unwrap().contains("exitless")
+}
+
+/// Every row names its backend, and every "x QEMU" divides the row's IOPS by the best of QEMU's
+/// own rows on the same backend in the same scenario; a row with no such QEMU row has none.
+fn x_qemu_pairs_the_same_backend(results: &[Value]) {
+    let scenario = |r: &Value| {
+        [&r["disk"], &r["workload"], &r["block_size"], &r["queue_depth"]].map(|v| v.to_string()).join(" ")
+    };
+    for row in results {
+        let backend = row["backend"].as_str().unwrap_or_else(|| panic!("no backend: {row}"));
+        let best = results
+            .iter()
+            .filter(|r| is_qemu_own(r) && scenario(r) == scenario(row) && r["backend"] == backend)
+            .filter_map(|r| r["iops"].as_f64())
+            .fold(None, |best: Option<f64>, v| Some(best.map_or(v, |b| b.max(v))));
+        match (row["iops"].as_f64(), best) {
+            (Some(iops), Some(best)) => {
+                let ratio = row["ratio_to_qemu"].as_f64().unwrap_or_else(|| panic!("no x QEMU: {row}"));
+                assert!(
+                    (ratio - iops / best).abs() <= 1e-9 * ratio.abs(),
+                    "{ratio} for {iops} / {best}: {row}"
+                );
+            }
+            _ => assert!(row["ratio_to_qemu"].is_null(), "no {backend} QEMU row to compare with: {row}"),
+        }
+    }
+}
+
+/// On the RAM disk, QEMU's own virtio-blk (both completions) and qemu-storage-daemon run on
+/// QEMU's null device (null-co, read-zeroes=on) beside exitless's RAM disk, so exitless's "x
+/// QEMU" compares null device with null device; QEMU's rows on the RAM disk's tmpfs file through
+/// io_uring say so, and compare only with each other.
+#[test]
+fn x_qemu_pairs_rows_on_the_same_backend() {
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--disk",
+        "ram=64M",
+        "--modes",
+        "exitless",
+        "--qd",
+        "1",
+        "--duration-ms",
+        "100",
+        "--warmup",
+        "200",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let results = report["results"].as_array().unwrap();
+    x_qemu_pairs_the_same_backend(results);
+    let mode = |mode: &str| results.iter().find(|r| r["mode"] == mode).unwrap_or_else(|| panic!("{mode}"));
+    let ours = mode("exitless");
+    assert_eq!(ours["backend"], "null", "exitless's RAM disk: {ours}");
+    for name in [
+        "qemu virtio-blk null-co, interrupt",
+        "qemu virtio-blk null-co, poll",
+        "qemu + qemu-storage-daemon null-co, poll",
+    ] {
+        let row = mode(name);
+        assert_eq!(row["backend"], "null", "{row}");
+        assert!(row["iops"].as_f64().is_some_and(|iops| iops > 0.0), "{row}");
+        let command = row["command"].as_str().unwrap();
+        assert!(command.contains("driver=null-co") && command.contains("read-zeroes=on"), "{command}");
+        assert!(!command.contains("/dev/shm"), "no file behind a null device: {command}");
+    }
+    for name in ["qemu virtio-blk, interrupt", "qemu virtio-blk, poll", "qemu + qemu-storage-daemon, poll"] {
+        assert_eq!(mode(name)["backend"], "tmpfs-direct", "QEMU on the RAM disk's file: {}", mode(name));
+    }
+    assert_eq!(mode("qemu + exitless vhost-user-blk, poll")["backend"], "null", "exitless's RAM disk again");
+    let host = results.iter().find(|r| r["vmm"] == "host").unwrap();
+    assert_eq!(host["backend"], "tmpfs-direct", "fio reads the file with O_DIRECT: {host}");
+    assert_eq!(mode("device (fio mmap)")["backend"], "null", "a memory copy, as exitless's RAM disk");
 }

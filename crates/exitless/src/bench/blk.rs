@@ -10,8 +10,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
 
+use super::backend::Backend;
 use super::baseline::{self, Engine, FioJob, FioResult, SYSCALL_ENGINES};
-use super::blk_qemu::{QemuPeer, CONFIGS};
+use super::blk_qemu::{PeerDisk, QemuPeer};
 use super::machine::About;
 use super::progress::{Kind, Progress};
 use super::scratch::{self, ScratchError};
@@ -32,6 +33,8 @@ pub struct Row {
     /// Which of the bench's disks: `ram` (the RAM disk) or `file` (a file on a real disk, O_DIRECT).
     pub disk: &'static str,
     pub device: &'static str,
+    /// What the row's I/O ended up on: "x QEMU" compares only rows on the same one.
+    pub backend: Backend,
     pub vmm: &'static str,
     pub mode: String,
     pub workload: &'static str,
@@ -53,8 +56,8 @@ pub struct Row {
     pub device_iops: Option<f64>,
     /// RAM disk only: IOPS over [`Row::device_iops`].
     pub ratio_to_device: Option<f64>,
-    /// IOPS over the best of QEMU's own configurations (its virtio-blk, qemu-storage-daemon) in
-    /// the same run.
+    /// IOPS over the best of QEMU's own configurations (its virtio-blk, qemu-storage-daemon) on
+    /// the same [`Row::backend`] in the same scenario; none if QEMU ran on no such backend.
     pub ratio_to_qemu: Option<f64>,
     pub cpu_cores_used: Option<f64>,
     /// The command that ran the row (fio, QEMU); exitless's own rows ran in this process.
@@ -69,6 +72,7 @@ impl Row {
         Row {
             disk: scenario.disk,
             device: "virtio-blk",
+            backend: scenario.backend,
             vmm,
             mode,
             workload: scenario.rw,
@@ -101,6 +105,8 @@ pub struct Scenario {
     pub rw: &'static str,
     pub bs: u32,
     pub qd: u32,
+    /// The disk as exitless serves it (its own rows' [`Row::backend`]).
+    pub backend: Backend,
 }
 
 /// One of the bench's disks, as the report describes it.
@@ -180,7 +186,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
         }
     };
     let labels = disk_labels(&args.disks);
-    let mut progress = Progress::new(plan(args, &labels), Duration::from_millis(args.duration_ms));
+    let mut progress = Progress::new(plan(args), Duration::from_millis(args.duration_ms));
     let mut results = Vec::new();
     let mut failures = Vec::new();
     let mut disks = Vec::new();
@@ -193,7 +199,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
         for &rw in &args.rw {
             for &bs in &args.bs {
                 for &qd in &args.qd {
-                    let scenario = Scenario { disk: label, rw: rw.name(), bs, qd };
+                    let scenario = Scenario { disk: label, rw: rw.name(), bs, qd, backend: disk.backend };
                     let first = results.len();
                     let (bare_metal, device) = if args.no_baseline {
                         (None, None)
@@ -213,8 +219,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
                         }));
                     }
                     if let Some(peer) = qemu.as_mut() {
-                        let rows =
-                            peer.rows(scenario, args, (&disk.fio_path, &disk.spec), tsc_khz, &mut progress);
+                        let rows = peer.rows(scenario, args, &disk.peer_disk(), tsc_khz, &mut progress);
                         results.extend(rows);
                     }
                     let bare_metal = match bare_metal {
@@ -306,9 +311,9 @@ fn disk_labels(disks: &[BenchDiskArg]) -> Vec<&'static str> {
 }
 
 /// The runs `run` will make, in order, for the progress estimate.
-fn plan(args: &BlkBenchArgs, labels: &[&str]) -> Vec<Kind> {
+fn plan(args: &BlkBenchArgs) -> Vec<Kind> {
     let mut plan = Vec::new();
-    for _ in labels {
+    for disk in &args.disks {
         let scenarios = args.rw.len() * args.bs.len() * args.qd.len();
         for _ in 0..scenarios {
             if !args.no_baseline {
@@ -318,7 +323,7 @@ fn plan(args: &BlkBenchArgs, labels: &[&str]) -> Vec<Kind> {
             }
             plan.extend(std::iter::repeat_n(Kind::Exitless, args.modes.len()));
             if args.peers.contains(&Peer::Qemu) {
-                plan.extend(std::iter::repeat_n(Kind::Qemu, CONFIGS.len()));
+                plan.extend(std::iter::repeat_n(Kind::Qemu, super::blk_qemu::runs(disk.is_ram())));
             }
         }
     }
@@ -351,6 +356,8 @@ fn baselines(
         format!("bare metal, {}: every fio engine failed: {}", scenario.describe(), failed.join("; "))
     })?;
     let mut rows = vec![host_row(scenario, &best, &runs, &failed, &job.cpus)];
+    // fio's system-call engines open the file with O_DIRECT, whatever the guests do.
+    rows[0].backend = Backend::of_file(&disk.fio_path, true);
     let mut device = None;
     if disk.is_ram {
         progress.start(Kind::Fio, format_args!("device speed, fio mmap, {}", scenario.describe()));
@@ -362,6 +369,7 @@ fn baselines(
             Err(e) => {
                 let mut row = Row::new("host", "device (fio mmap)".into(), scenario);
                 row.device = "host file";
+                row.backend = Backend::Null;
                 row.note = Some(format!("not measured: {e}"));
                 rows.push(row);
             }
@@ -419,14 +427,17 @@ fn baseline_again(
 }
 
 /// Fill in one scenario's comparisons: to bare metal (the best system-call fio run), to the
-/// device itself (fio mmap, RAM disk) and to the best of QEMU's own configurations.
+/// device itself (fio mmap, RAM disk) and to the best of QEMU's own configurations on the row's
+/// backend (null against null, a file against the same file with the same cache mode).
 fn compare(rows: &mut [Row], bare_metal: Option<&FioResult>, device: Option<&FioResult>) {
-    let qemu_best = rows
-        .iter()
-        .filter(|r| is_qemu_own(r))
-        .filter_map(|r| r.iops)
-        .fold(None, |best: Option<f64>, v| Some(best.map_or(v, |b| b.max(v))));
-    for row in rows {
+    let qemu_best = |backend: Backend, rows: &[Row]| {
+        rows.iter()
+            .filter(|r| is_qemu_own(r) && r.backend == backend)
+            .filter_map(|r| r.iops)
+            .fold(None, |best: Option<f64>, v| Some(best.map_or(v, |b| b.max(v))))
+    };
+    let best: Vec<Option<f64>> = rows.iter().map(|row| qemu_best(row.backend, rows)).collect();
+    for (row, qemu_best) in rows.iter_mut().zip(best) {
         row.ratio_to_qemu = row.iops.zip(qemu_best).map(|(ours, theirs)| ours / theirs);
         if let Some(host) = bare_metal {
             row.bare_metal_iops = Some(host.iops);
@@ -459,6 +470,11 @@ struct BenchDisk {
     fio_path: PathBuf,
     size: u64,
     is_ram: bool,
+    /// How exitless serves it: [`Backend::Null`] for a RAM disk (a mapping of the file).
+    backend: Backend,
+    /// Whether the file is opened with O_DIRECT by QEMU's own device and qemu-storage-daemon,
+    /// as exitless opens it (a RAM disk's file: with O_DIRECT, as fio reads it).
+    direct: bool,
     describe: String,
     /// A RAM disk file this run made, removed at the end.
     made: Option<PathBuf>,
@@ -485,6 +501,8 @@ impl BenchDisk {
                 return Ok(BenchDisk {
                     vm_backend: DiskBackend::File { path: path.clone(), read_only: false, direct: true },
                     spec: format!("path={},direct", path.display()),
+                    backend: Backend::of_file(&path, true),
+                    direct: true,
                     fio_path: path.clone(),
                     size: *size,
                     is_ram: false,
@@ -511,6 +529,8 @@ impl BenchDisk {
                     fio_path: path.clone(),
                     size: *size,
                     is_ram: true,
+                    backend: Backend::Null,
+                    direct: true,
                     describe: format!("RAM disk: a {} MiB file in /dev/shm (filled with data)", size >> 20),
                     made: Some(path),
                 }
@@ -521,6 +541,8 @@ impl BenchDisk {
                 fio_path: path.clone(),
                 size: file_size(path)?,
                 is_ram: true,
+                backend: Backend::Null,
+                direct: true,
                 describe: format!("RAM disk: {}", path.display()),
                 made: None,
             },
@@ -530,6 +552,8 @@ impl BenchDisk {
                 fio_path: path.clone(),
                 size: file_size(path)?,
                 is_ram: false,
+                backend: Backend::of_file(path, *direct),
+                direct: *direct,
                 describe: format!(
                     "file {} through io_uring{}",
                     path.display(),
@@ -538,6 +562,17 @@ impl BenchDisk {
                 made: None,
             },
         })
+    }
+
+    /// The disk as QEMU's rows see it.
+    fn peer_disk(&self) -> PeerDisk<'_> {
+        PeerDisk {
+            path: &self.fio_path,
+            spec: &self.spec,
+            direct: self.direct,
+            file_backend: Backend::of_file(&self.fio_path, self.direct),
+            null_size: self.is_ram.then_some(self.size),
+        }
     }
 
     fn fio_job(&self, scenario: Scenario, args: &BlkBenchArgs) -> FioJob {
@@ -611,6 +646,7 @@ fn device_row(scenario: Scenario, run: &FioResult) -> Row {
              baseline: no program reaches a disk this way)"
                 .into(),
         ),
+        backend: Backend::Null,
         ..Row::new("host", "device (fio mmap)".into(), scenario)
     }
 }
@@ -699,8 +735,12 @@ mod tests {
 
     use super::*;
 
+    fn row_scenario() -> Scenario {
+        Scenario { disk: "ram", rw: "randread", bs: 4096, qd: 1, backend: Backend::Null }
+    }
+
     fn row() -> Row {
-        Row::new("exitless", "eventfd".into(), Scenario { disk: "ram", rw: "randread", bs: 4096, qd: 1 })
+        Row::new("exitless", "eventfd".into(), row_scenario())
     }
 
     #[test]
@@ -722,5 +762,46 @@ mod tests {
         let broken = run_twice(|| Err("x".repeat(1000)), row(), || failed = true);
         assert!(failed && broken.iops.is_none());
         assert!(broken.note.unwrap().len() < 1000, "errors are shortened");
+    }
+
+    #[test]
+    fn x_qemu_is_against_the_best_qemu_row_on_the_same_backend() {
+        let at = |vmm, mode: &str, backend, iops| Row {
+            backend,
+            iops,
+            ..Row::new(vmm, mode.into(), row_scenario())
+        };
+        let mut rows = vec![
+            at("host", "bare metal (fio psync)", Backend::TmpfsDirect, Some(200.0)),
+            at("host", "device (fio mmap)", Backend::Null, Some(2000.0)),
+            at("exitless", "exitless", Backend::Null, Some(1000.0)),
+            at("exitless", "trap", Backend::Null, None),
+            // Faster than QEMU's null device: mixed in, it would be the divisor.
+            at("qemu", "qemu virtio-blk, poll", Backend::TmpfsDirect, Some(500.0)),
+            at("qemu", "qemu virtio-blk, interrupt", Backend::TmpfsDirect, Some(250.0)),
+            // Exitless's backend behind QEMU: compared, never the divisor.
+            at("qemu", "qemu + exitless vhost-user-blk, poll", Backend::Null, Some(4000.0)),
+            at("qemu", "qemu virtio-blk null-co, poll", Backend::Null, Some(400.0)),
+            at("qemu", "qemu + qemu-storage-daemon null-co, poll", Backend::Null, Some(320.0)),
+            at("qemu", "qemu virtio-blk null-co, interrupt", Backend::Null, None),
+            // No QEMU row on this backend.
+            at("exitless", "adaptive", Backend::FileBuffered, Some(100.0)),
+        ];
+        compare(&mut rows, None, None);
+        let ratios: Vec<Option<f64>> = rows.iter().map(|r| r.ratio_to_qemu).collect();
+        let expected = [
+            Some(200.0 / 500.0),
+            Some(2000.0 / 400.0),
+            Some(1000.0 / 400.0),
+            None,
+            Some(1.0),
+            Some(250.0 / 500.0),
+            Some(4000.0 / 400.0),
+            Some(1.0),
+            Some(320.0 / 400.0),
+            None,
+            None,
+        ];
+        assert_eq!(ratios, expected);
     }
 }

@@ -1,9 +1,12 @@
 //! QEMU-KVM as a peer in the block ladder: the same probe guest, workload and backing file,
-//! under QEMU's own virtio-blk (microvm, virtio-mmio, an iothread, aio=io_uring, cache=none)
-//! with interrupt and with polled completion, and under QEMU with a vhost-user-blk backend:
-//! exitless's (`exitless vhost-user-blk`, sidecore, its IOCore pinned to the IOCore CPU) and
-//! QEMU's own (`qemu-storage-daemon` exporting the file with its own iothread, aio=io_uring,
-//! O_DIRECT, the whole process pinned to the IOCore CPU). QEMU's vCPU thread runs on the vCPU
+//! under QEMU's own virtio-blk (microvm, virtio-mmio, an iothread, aio=io_uring, the disk's
+//! cache mode: cache=none with O_DIRECT) with interrupt and with polled completion, and under
+//! QEMU with a vhost-user-blk backend: exitless's (`exitless vhost-user-blk`, sidecore, its
+//! IOCore pinned to the IOCore CPU) and QEMU's own (`qemu-storage-daemon` exporting the file with
+//! its own iothread, aio=io_uring, the same cache mode, the whole process pinned to the IOCore
+//! CPU). Beside a RAM disk, whose exitless rows make no system call per request, QEMU's own
+//! device and qemu-storage-daemon also run on QEMU's null device (`null-co`, read-zeroes=on), so
+//! that "x QEMU" can compare null device with null device. QEMU's vCPU thread runs on the vCPU
 //! CPU and its other threads (the iothread) on the IOCore CPU, as exitless's would. Exits come
 //! from QMP `query-stats`, sampled at the probe's marks; cores are QEMU's and the backend's CPU
 //! time over wall time.
@@ -15,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
+// `Backend` here is a vhost-user backend process.
+use super::backend::Backend as RowBackend;
 use super::blk::{Row, Scenario};
 use super::causes_per;
 use super::progress::{Kind, Progress};
@@ -23,8 +28,10 @@ use crate::qemu::{PeerMark, Qemu};
 use crate::seccomp::SeccompArgs;
 use vmm::Counters;
 
-/// How long the probe idles at each mark while the runner samples QEMU's counters.
-const MARK_LINGER_MS: u64 = 30;
+/// How long the probe idles at each mark while the runner samples QEMU's counters: 30 ms was
+/// too short on a busy host, where the guest ran past its last mark and QEMU had exited before
+/// the sample (QMP: broken pipe).
+const MARK_LINGER_MS: u64 = 100;
 
 /// QEMU's guest RAM, as exitless's own (the VM config's default).
 const MEM_MIB: u64 = 256;
@@ -52,13 +59,50 @@ pub enum Served {
     StorageDaemon,
 }
 
-/// The peer configurations, in report order: (mode name, guest completion, backend).
-pub const CONFIGS: [(&str, &str, Served); 4] = [
-    ("qemu virtio-blk, interrupt", "interrupt", Served::Qemu),
-    ("qemu virtio-blk, poll", "poll", Served::Qemu),
-    ("qemu + exitless vhost-user-blk, poll", "poll", Served::Exitless),
-    ("qemu + qemu-storage-daemon, poll", "poll", Served::StorageDaemon),
+/// What QEMU's own configurations read and write.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum On {
+    /// The bench's disk file.
+    File,
+    /// QEMU's null device, `null-co` with `read-zeroes=on`, of the disk's size: RAM disks only.
+    Null,
+}
+
+/// The peer configurations, in report order: (mode name, guest completion, server, what it is
+/// on). exitless's backend is always on the disk as exitless serves it.
+const CONFIGS: [(&str, &str, Served, On); 7] = [
+    ("qemu virtio-blk, interrupt", "interrupt", Served::Qemu, On::File),
+    ("qemu virtio-blk, poll", "poll", Served::Qemu, On::File),
+    ("qemu + exitless vhost-user-blk, poll", "poll", Served::Exitless, On::File),
+    ("qemu + qemu-storage-daemon, poll", "poll", Served::StorageDaemon, On::File),
+    ("qemu virtio-blk null-co, interrupt", "interrupt", Served::Qemu, On::Null),
+    ("qemu virtio-blk null-co, poll", "poll", Served::Qemu, On::Null),
+    ("qemu + qemu-storage-daemon null-co, poll", "poll", Served::StorageDaemon, On::Null),
 ];
+
+/// The configurations run on a disk: the null device's only beside a RAM disk.
+fn configs(ram: bool) -> impl Iterator<Item = &'static (&'static str, &'static str, Served, On)> {
+    CONFIGS.iter().filter(move |c| ram || c.3 == On::File)
+}
+
+/// How many QEMU runs a scenario on a disk takes (RAM disk or not).
+pub fn runs(ram: bool) -> usize {
+    configs(ram).count()
+}
+
+/// The bench's disk, as QEMU's rows use it.
+pub struct PeerDisk<'a> {
+    /// The file (or block device) QEMU's own device and qemu-storage-daemon open.
+    pub path: &'a Path,
+    /// Its `--disk` spec, for `exitless vhost-user-blk`.
+    pub spec: &'a str,
+    /// Whether QEMU opens the file with O_DIRECT (cache=none, cache.direct=on).
+    pub direct: bool,
+    /// [`Row::backend`] of QEMU's own rows on the file.
+    pub file_backend: RowBackend,
+    /// A RAM disk's size: QEMU's own configurations run on a null device of that size too.
+    pub null_size: Option<u64>,
+}
 
 /// QEMU, and qemu-storage-daemon if it is installed, with the probe exported for them.
 pub struct QemuPeer {
@@ -86,43 +130,63 @@ impl QemuPeer {
         self.storage_daemon.as_ref().map(|d| d.version.clone())
     }
 
-    /// One row per configuration for `scenario` on `disk`: the file (for QEMU's own device) and
-    /// its `--disk` spec (for exitless's vhost-user backend).
+    /// One row per configuration for `scenario` on `disk`, with the null device's beside a RAM
+    /// disk.
     pub fn rows(
         &mut self,
         scenario: Scenario,
         args: &BlkBenchArgs,
-        disk: (&Path, &str),
+        disk: &PeerDisk,
         tsc_khz: u32,
         progress: &mut Progress,
     ) -> Vec<Row> {
-        CONFIGS
-            .iter()
-            .map(|&(name, completion, served)| {
+        configs(disk.null_size.is_some())
+            .map(|&(name, completion, served, on)| {
                 let at = format!("{}, {} {} B QD {}", scenario.disk, scenario.rw, scenario.bs, scenario.qd);
                 progress.start(Kind::Qemu, format_args!("{name}, {at}"));
                 let mut row = Row::new("qemu", name.to_string(), scenario);
+                row.backend = match (served, on) {
+                    (Served::Exitless, _) => scenario.backend,
+                    (_, On::Null) => RowBackend::Null,
+                    (_, On::File) => disk.file_backend,
+                };
                 if served != Served::Qemu {
                     row.device = "vhost-user-blk";
                 }
-                if let Err(e) = self.measure(&mut row, scenario, args, disk, tsc_khz, completion, served) {
-                    row.note = Some(format!("not measured: {e}"));
+                let block = match (on, disk.null_size) {
+                    (On::Null, Some(size)) => Block::Null { size },
+                    _ => Block::File { path: disk.path, direct: disk.direct },
+                };
+                let served_on = (served, block, disk.spec);
+                let blank = row.clone();
+                let Err(first) = self.measure(&mut row, scenario, args, served_on, tsc_khz, completion)
+                else {
+                    return row;
+                };
+                // Once more, as exitless's own runs: one failed run must not cost the row.
+                super::progress(format_args!("that run failed ({first}); running it again"));
+                row = blank;
+                match self.measure(&mut row, scenario, args, served_on, tsc_khz, completion) {
+                    Ok(()) => {
+                        let retried = format!("measured on the second attempt; the first failed: {first}");
+                        row.note = Some(row.note.map_or(retried.clone(), |n| format!("{n}; {retried}")));
+                    }
+                    Err(second) => row.note = Some(format!("not measured: {first}; then: {second}")),
                 }
                 row
             })
             .collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Runs one configuration: `served` on `block` (`spec`: the disk for exitless's backend).
     fn measure(
         &mut self,
         row: &mut Row,
         scenario: Scenario,
         args: &BlkBenchArgs,
-        (disk, spec): (&Path, &str),
+        (served, block, spec): (Served, Block, &str),
         tsc_khz: u32,
         completion: &str,
-        served: Served,
     ) -> Result<(), String> {
         let Scenario { rw, bs, qd, .. } = scenario;
         let cmdline = format!(
@@ -145,7 +209,7 @@ impl QemuPeer {
                         "qemu-storage-daemon not found (install qemu-system-common, or set \
                          $EXITLESS_QEMU_STORAGE_DAEMON)",
                     )?;
-                    daemon.start(&socket, disk, args.iocore_cpu)?
+                    daemon.start(&socket, block, args.iocore_cpu)?
                 }
                 _ => Backend::start(&socket, spec, args.iocore_cpu, args.seccomp)?,
             });
@@ -167,12 +231,20 @@ impl QemuPeer {
                 .map(String::from),
             );
         } else {
+            let drive = match block {
+                Block::File { path, direct } => format!(
+                    "file={},format=raw,if=none,id=d0,cache={},aio=io_uring",
+                    path.display(),
+                    if direct { "none" } else { "writeback" }
+                ),
+                Block::Null { size } => format!("driver=null-co,read-zeroes=on,size={size},if=none,id=d0"),
+            };
             extra.extend(
                 [
                     "-object",
                     "iothread,id=io0",
                     "-drive",
-                    &format!("file={},format=raw,if=none,id=d0,cache=none,aio=io_uring", disk.display()),
+                    &drive,
                     "-device",
                     "virtio-blk-device,drive=d0,iothread=io0",
                 ]
@@ -253,6 +325,19 @@ pub(super) fn exits_between(start: &PeerMark, end: &PeerMark) -> Counters {
     )
 }
 
+/// What QEMU's own device or qemu-storage-daemon serves.
+#[derive(Clone, Copy)]
+enum Block<'a> {
+    File {
+        path: &'a Path,
+        direct: bool,
+    },
+    /// `null-co`, read-zeroes=on: reads fill the buffer with zeroes, writes are dropped.
+    Null {
+        size: u64,
+    },
+}
+
 /// A vhost-user-blk backend serving the bench's disk, for QEMU: `exitless vhost-user-blk` or
 /// qemu-storage-daemon.
 struct Backend {
@@ -309,20 +394,27 @@ impl StorageDaemon {
         output.status.success().then_some(StorageDaemon { binary, version })
     }
 
-    /// Exports `file` as vhost-user-blk on `socket`, served by an iothread of its own, through
-    /// io_uring with O_DIRECT (as QEMU's own device in the other rows), every thread of the
-    /// process on `cpu` (as exitless's IOCore).
-    fn start(&self, socket: &Path, file: &Path, cpu: usize) -> Result<Backend, String> {
+    /// Exports `block` as vhost-user-blk on `socket`, served by an iothread of its own (a file
+    /// through io_uring, with O_DIRECT as QEMU's own device in the other rows), every thread of
+    /// the process on `cpu` (as exitless's IOCore).
+    fn start(&self, socket: &Path, block: Block, cpu: usize) -> Result<Backend, String> {
         let _ = std::fs::remove_file(socket);
-        // QEMU's `file` driver takes regular files only; a block device needs `host_device`.
-        let block_device = std::fs::metadata(file).is_ok_and(|m| m.file_type().is_block_device());
-        let driver = if block_device { "host_device" } else { "file" };
+        let blockdev = match block {
+            Block::File { path, direct } => {
+                // QEMU's `file` driver takes regular files only; a block device needs `host_device`.
+                let block_device = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+                let driver = if block_device { "host_device" } else { "file" };
+                format!(
+                    "driver={driver},filename={},aio=io_uring,cache.direct={},node-name=disk0",
+                    path.display(),
+                    if direct { "on" } else { "off" }
+                )
+            }
+            Block::Null { size } => format!("driver=null-co,node-name=disk0,read-zeroes=on,size={size}"),
+        };
         let args = [
             "--blockdev".to_string(),
-            format!(
-                "driver={driver},filename={},aio=io_uring,cache.direct=on,node-name=disk0",
-                file.display()
-            ),
+            blockdev,
             "--object".to_string(),
             "iothread,id=iothread0".to_string(),
             "--export".to_string(),

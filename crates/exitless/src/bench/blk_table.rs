@@ -23,7 +23,16 @@ const RAM_DISK_NOTE: &str = "RAM disk: a null device, it shows what the I/O path
      guest's request reaches memory without a system call, fio's (the bare-metal baseline: the best \
      of psync, libaio and io_uring) with one, so a polled guest can beat bare metal (% of bare metal \
      over 100). `% of mmap` compares with the device's own speed: fio's mmap engine, a memory copy \
-     with no system call, which no program that uses a disk through the kernel gets";
+     with no system call, which no program that uses a disk through the kernel gets. exitless's \
+     rows (and QEMU's with exitless's vhost-user backend) are on the null backend, and their x QEMU \
+     is against QEMU's null-co rows; QEMU's rows on the RAM disk's tmpfs file through io_uring \
+     (tmpfs-direct) compare with each other and with fio's";
+
+/// What x QEMU is, under each table.
+const X_QEMU_NOTE: &str = "added µs/IO: the row's p50 less bare metal's p50; x QEMU: IOPS over the \
+     best of QEMU's own configurations (its virtio-blk, qemu-storage-daemon) on the row's backend \
+     (null against null, a file against the same file with the same cache mode; n/a where QEMU ran \
+     on no such backend)";
 
 pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
     let mut out = String::new();
@@ -44,6 +53,7 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         let mut header = vec![
             "vmm",
             "mode",
+            "backend",
             "IOPS",
             "p50 µs",
             "p99 µs",
@@ -62,6 +72,7 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
                 let mut cells = vec![
                     r.vmm.to_string(),
                     r.mode.clone(),
+                    r.backend.name().to_string(),
                     number(r.iops, 0),
                     number(r.p50_us, 1),
                     number(r.p99_us, 1),
@@ -100,11 +111,14 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         }
         let mut notes: Vec<String> =
             rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
-        notes.push(
-            "added µs/IO: the row's p50 less bare metal's p50; x QEMU: IOPS over the best of QEMU's own \
-             configurations (its virtio-blk, qemu-storage-daemon)"
-                .into(),
-        );
+        notes.push(X_QEMU_NOTE.into());
+        let mut backends: Vec<_> = Vec::new();
+        for row in &rows {
+            if !backends.contains(&row.backend) {
+                backends.push(row.backend);
+            }
+        }
+        notes.extend(backends.iter().map(|b| format!("backend {}", b.describe())));
         if ram {
             notes.push(RAM_DISK_NOTE.into());
         }

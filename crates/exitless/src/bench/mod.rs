@@ -1,5 +1,6 @@
 //! `exitless bench`: scenarios, the machine they ran on, and report formats.
 
+mod backend;
 mod baseline;
 mod blk;
 mod blk_qemu;

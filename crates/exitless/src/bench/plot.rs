@@ -208,14 +208,18 @@ pub struct Bar<'a> {
 
 /// The block bench's rows of one scenario as bars: host rows are bare metal (the one whose
 /// IOPS the guests' ratios are against), rows whose I/O exitless serves are exitless's, and the
-/// fastest of the others is the best peer.
+/// fastest of the others on exitless's backend (as "x QEMU" pairs them) is the best peer.
 fn blk_bars<'a>(rows: &[&'a Row]) -> Vec<Bar<'a>> {
     let ours = |r: &Row| r.vmm == "exitless" || r.mode.contains("exitless");
     let baseline = rows.iter().filter(|r| r.vmm != "host").find_map(|r| r.bare_metal_iops);
     let best_host = rows.iter().filter(|r| r.vmm == "host").filter_map(|r| finite(r.iops)).fold(None, max);
     let bare_metal = baseline.or(best_host);
-    let best_peer =
-        rows.iter().filter(|r| r.vmm != "host" && !ours(r)).filter_map(|r| finite(r.iops)).fold(None, max);
+    let our_backend = rows.iter().find(|r| r.vmm == "exitless").map(|r| r.backend);
+    let best_peer = rows
+        .iter()
+        .filter(|r| r.vmm != "host" && !ours(r) && our_backend.is_none_or(|b| r.backend == b))
+        .filter_map(|r| finite(r.iops))
+        .fold(None, max);
     rows.iter()
         .map(|r| {
             let kind = if r.vmm == "host" {
@@ -529,10 +533,12 @@ fn grouped(value: f64, digits: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::backend::Backend;
     use crate::bench::blk::Scenario;
 
     fn row(vmm: &'static str, mode: &str, qd: u32, iops: Option<f64>) -> Row {
-        let mut row = Row::new(vmm, mode.to_string(), Scenario { disk: "ram", rw: "randread", bs: 4096, qd });
+        let scenario = Scenario { disk: "ram", rw: "randread", bs: 4096, qd, backend: Backend::Null };
+        let mut row = Row::new(vmm, mode.to_string(), scenario);
         row.iops = iops;
         row.p50_us = iops.map(|v| 1e6 / v);
         row.p99_us = iops.map(|v| 2e6 / v);
@@ -607,6 +613,23 @@ mod tests {
         assert_eq!(kind("qemu + exitless vhost-user-blk, poll"), Kind::Exitless);
         assert_eq!(kind("qemu virtio-blk, poll"), Kind::BestPeer);
         assert_eq!(kind("qemu virtio-blk, interrupt"), Kind::Peer);
+    }
+
+    /// On the RAM disk, QEMU on the tmpfs file may outrun QEMU on its null device, but exitless's
+    /// rows are on a null device: the best peer is QEMU's fastest there.
+    #[test]
+    fn the_best_peer_is_on_exitlesss_backend() {
+        let mut tmpfs = row("qemu", "qemu virtio-blk, poll", 1, Some(500_000.0));
+        tmpfs.backend = Backend::TmpfsDirect;
+        let rows = [
+            row("exitless", "exitless", 1, Some(800_000.0)),
+            tmpfs,
+            row("qemu", "qemu virtio-blk null-co, poll", 1, Some(300_000.0)),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let bars = blk_bars(&refs);
+        let kinds: Vec<Kind> = bars.iter().map(|b| b.kind).collect();
+        assert_eq!(kinds, [Kind::Exitless, Kind::Peer, Kind::BestPeer]);
     }
 
     #[test]

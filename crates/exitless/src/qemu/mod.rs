@@ -156,7 +156,9 @@ impl Qemu {
         };
         let mut stdout = String::new();
         let mut marks = Vec::new();
-        let mut qmp_client = None;
+        // Connected now, while the guest boots: at a mark the sample is then one round trip, not
+        // three, inside the guest's linger (a busy host made connecting there miss it).
+        let mut qmp_client = qmp.and_then(|qmp| connect_early(qmp, pid));
         let mut sample_error = None;
         for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
             let Ok(line) = line else { break };
@@ -189,7 +191,9 @@ impl Qemu {
         }
         let stderr = err.join().unwrap_or_default();
         if let Some(e) = sample_error {
-            return Err(e);
+            // What QEMU said as it went, if it went: the sample's error alone hides why.
+            let ended = format!("{e}; QEMU then ended with status {:?}: {}", status.code(), stderr.trim());
+            return Err(QemuError::Qmp(ended));
         }
         match status.code() {
             Some(code) if code & 1 == 1 && !stdout.is_empty() => {
@@ -202,16 +206,40 @@ impl Qemu {
 
 /// Wait until child `pid` has exited, leaving it to be reaped (its pid stays ours until then).
 fn wait_without_reaping(pid: u32) {
+    exited(pid, true);
+}
+
+/// Whether child `pid` has exited, looked at without reaping it (its pid stays ours until
+/// `Child::wait`); with `block`, waits until it has.
+fn exited(pid: u32, block: bool) -> bool {
+    let flags = libc::WEXITED | libc::WNOWAIT | if block { 0 } else { libc::WNOHANG };
     loop {
         // SAFETY: an all-zero siginfo_t is a valid out-value for waitid, which fills it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: waitid on our own child with a valid out-pointer; WNOWAIT leaves it unreaped.
-        let rc =
-            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
-        if rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return;
+        if unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) } == 0 {
+            // SAFETY: waitid filled `info`; si_pid stays 0 when WNOHANG found it running.
+            return unsafe { info.si_pid() } != 0;
+        }
+        // ECHILD: nothing left to wait for; EINTR: ask again.
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return true;
         }
     }
+}
+
+/// Connects to QEMU's QMP socket at `path` as soon as QEMU listens there (within 10 s, while
+/// child `pid` runs: looked at without reaping it); `None` if it did not, and the first mark
+/// tries again.
+fn connect_early(path: &Path, pid: u32) -> Option<qmp::Qmp> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && !exited(pid, false) {
+        if let Ok(client) = qmp::Qmp::connect(path) {
+            return Some(client);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
 }
 
 /// `{"mark":N}` → N.

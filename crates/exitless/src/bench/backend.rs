@@ -1,0 +1,115 @@
+//! What a bench row's I/O ended up on, so that a row is compared with QEMU only on the same kind
+//! of backend: a RAM disk's memory copy against QEMU's null device, not against QEMU reading the
+//! same tmpfs file through io_uring (that compares backends, not VMMs).
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+
+use serde::Serialize;
+
+/// The kind of backend behind a row, with its cache mode where it has one (`--json`: `backend`).
+#[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// No system call per request and no device behind it: exitless's RAM disk (a memory copy
+    /// from a mapping of the file), fio's mmap engine on that file, QEMU's `null-co` with
+    /// `read-zeroes=on` (a memset on reads, nothing on writes).
+    Null,
+    /// A file on a disk's file system, opened with O_DIRECT.
+    FileDirect,
+    /// A file on a disk's file system, through the page cache.
+    FileBuffered,
+    /// A file on tmpfs, read with O_DIRECT (tmpfs takes it since Linux 6.6: a copy from its pages).
+    TmpfsDirect,
+    /// A file on tmpfs, through the page cache.
+    TmpfsBuffered,
+    /// A block device opened with O_DIRECT.
+    BlockDeviceDirect,
+    /// A block device through the page cache.
+    BlockDeviceBuffered,
+}
+
+/// tmpfs's `statfs` magic number (linux/magic.h).
+const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+
+impl Backend {
+    /// `path` (a file on a disk, on tmpfs, or a block device) opened with O_DIRECT or not. A
+    /// path that cannot be examined counts as a file on a disk.
+    pub fn of_file(path: &Path, direct: bool) -> Backend {
+        let block_device = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        match (block_device, on_tmpfs(path), direct) {
+            (true, _, true) => Backend::BlockDeviceDirect,
+            (true, _, false) => Backend::BlockDeviceBuffered,
+            (false, true, true) => Backend::TmpfsDirect,
+            (false, true, false) => Backend::TmpfsBuffered,
+            (false, false, true) => Backend::FileDirect,
+            (false, false, false) => Backend::FileBuffered,
+        }
+    }
+
+    /// The name `--json` and the tables use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Null => "null",
+            Backend::FileDirect => "file-direct",
+            Backend::FileBuffered => "file-buffered",
+            Backend::TmpfsDirect => "tmpfs-direct",
+            Backend::TmpfsBuffered => "tmpfs-buffered",
+            Backend::BlockDeviceDirect => "block-device-direct",
+            Backend::BlockDeviceBuffered => "block-device-buffered",
+        }
+    }
+
+    /// One line for a table's notes: what the name stands for.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Backend::Null => {
+                "null: no device and no system call per I/O: exitless's RAM disk (a memory copy from a \
+                 mapping of the file), fio mmap, QEMU's null-co with read-zeroes=on"
+            }
+            Backend::FileDirect => "file-direct: a file on a disk's file system, O_DIRECT",
+            Backend::FileBuffered => "file-buffered: a file on a disk's file system, through the page cache",
+            Backend::TmpfsDirect => {
+                "tmpfs-direct: the file on tmpfs through a system call or io_uring, O_DIRECT (QEMU: \
+                 cache=none / cache.direct=on)"
+            }
+            Backend::TmpfsBuffered => "tmpfs-buffered: the file on tmpfs, through the page cache",
+            Backend::BlockDeviceDirect => "block-device-direct: the block device, O_DIRECT",
+            Backend::BlockDeviceBuffered => "block-device-buffered: the block device, through the page cache",
+        }
+    }
+}
+
+/// Whether `path` lives on tmpfs (false if it cannot be examined).
+fn on_tmpfs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: statfs is plain old data; all-zero is a valid value for it to overwrite.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is a NUL-terminated string that outlives the call, and `stat` is a valid,
+    // writable statfs of the size statfs(2) fills.
+    let done = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } == 0;
+    done && stat.f_type as libc::c_long == TMPFS_MAGIC
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_told_apart_by_its_file_system_and_cache_mode() {
+        let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+        assert_eq!(Backend::of_file(shm.path(), true), Backend::TmpfsDirect);
+        assert_eq!(Backend::of_file(shm.path(), false), Backend::TmpfsBuffered);
+        // /tmp is on the root file system (ext4) here.
+        let disk = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+        assert_eq!(Backend::of_file(disk.path(), true), Backend::FileDirect);
+        assert_eq!(Backend::of_file(disk.path(), false), Backend::FileBuffered);
+        assert_eq!(serde_json::to_value(Backend::BlockDeviceDirect).unwrap(), "block-device-direct");
+        for backend in
+            [Backend::Null, Backend::FileDirect, Backend::TmpfsBuffered, Backend::BlockDeviceBuffered]
+        {
+            assert_eq!(serde_json::to_value(backend).unwrap(), backend.name());
+        }
+    }
+}
