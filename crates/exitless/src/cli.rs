@@ -476,6 +476,11 @@ pub struct NetBenchArgs {
     /// Skip the bare-metal baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Peer VMMs to run the same guest, workload, tap and responder in (`qemu`: its virtio-net
+    /// on its user-space tap backend with guest interrupts and with the guest polling, and on
+    /// kernel vhost-net with busy polling where the host has /dev/vhost-net), or `none`.
+    #[arg(long, value_delimiter = ',', default_value = "qemu")]
+    pub peers: Vec<Peer>,
     /// Also draw the results: `net-udp-rr-<SIZE>b.svg` in DIR (made if missing), with
     /// transactions/s per row (bare metal marked), exits per transaction stacked by cause, and
     /// p50/p99 latency.

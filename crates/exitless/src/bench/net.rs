@@ -1,6 +1,9 @@
 //! `exitless bench net`: UDP request-response latency through virtio-net and a tap, in each I/O
 //! mode, against the same request-response between two host network namespaces over a veth
-//! pair. The echo responder is the same program (`exitless udp-echo`) in both cases.
+//! pair, and against QEMU-KVM's virtio-net on the same tap (see [`qemu`]). The echo responder
+//! is the same program (`exitless udp-echo`) in every case.
+
+mod qemu;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -13,7 +16,7 @@ use super::machine::About;
 use super::plot::{Bar, Kind, Units};
 use super::table::Table;
 use super::{causes_per, format_causes, progress, GuestRunError};
-use crate::cli::NetBenchArgs;
+use crate::cli::{NetBenchArgs, Peer};
 use crate::{fail, probe};
 
 const RUN_SLACK: Duration = Duration::from_secs(120);
@@ -42,8 +45,38 @@ struct Row {
     ratio_to_bare_metal: Option<f64>,
     /// Guest p50 latency over bare metal's (1.0: equal; the papers' latency comparison).
     p50_ratio_to_bare_metal: Option<f64>,
+    /// For exitless's rows: transactions per second over the best QEMU row's (1.0: equal).
+    ratio_to_qemu: Option<f64>,
     cpu_cores_used: Option<f64>,
+    /// The peer's command line (QEMU's rows).
+    command: Option<String>,
     note: Option<String>,
+}
+
+impl Row {
+    /// A row of `vmm` in `mode`, nothing measured yet.
+    fn new(vmm: &'static str, mode: String, size: u64) -> Row {
+        Row {
+            device: "virtio-net",
+            vmm,
+            mode,
+            workload: "udp-rr",
+            size,
+            transactions_per_s: None,
+            p50_us: None,
+            p99_us: None,
+            transactions: 0,
+            exits_per_transaction: None,
+            exits_by_cause: Map::new(),
+            bare_metal_transactions_per_s: None,
+            ratio_to_bare_metal: None,
+            p50_ratio_to_bare_metal: None,
+            ratio_to_qemu: None,
+            cpu_cores_used: None,
+            command: None,
+            note: None,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -51,8 +84,23 @@ struct Report {
     #[serde(flatten)]
     about: About,
     network: String,
+    /// QEMU's version line, when it was a peer.
+    qemu: Option<String>,
+    /// What the bare-metal rows are, and why a guest can beat them.
+    bare_metal: String,
     results: Vec<Row>,
 }
+
+/// What the bare-metal rows measure, for the table's notes and the JSON report.
+const BARE_METAL: &str = "bare metal is `exitless udp-rr`, a client on kernel UDP sockets (send, then recv \
+     sleeping or busy polling a non-blocking socket) in a network namespace of its own, to the same \
+     responder over a veth pair; ratios are against the client with the lower p50. Each of its \
+     transactions goes through the socket layer and the kernel's UDP and IP stack twice (out and \
+     back) and makes at least two system calls, all on one core; the guest's ring-3 UDP stack \
+     writes frames straight into virtio-net's rings, and the device (exitless's IOCore, QEMU's \
+     main loop) hands them to the tap below the IP layer from a second core, so the client side \
+     of a guest transaction skips the socket layer and is split over two cores. A bare-metal \
+     client that also bypasses the socket layer (AF_PACKET, busy polling) is not one of the rows";
 
 pub fn main(args: NetBenchArgs) -> i32 {
     match run(&args) {
@@ -93,10 +141,26 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
         }
         best
     };
+    // QEMU first looked for, so that a missing QEMU stops the bench before it measures.
+    let qemu = match args.peers.contains(&Peer::Qemu) {
+        true => Some(qemu::QemuNet::new(crate::qemu::Qemu::find().ok_or(
+            "--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)",
+        )?)?),
+        false => None,
+    };
+    let mut guests = Vec::new();
     for &mode in &args.modes {
         let mode = IoMode::from(mode);
         progress(format_args!("exitless {mode}: UDP request-response through the tap, {} B", args.size));
-        let mut row = lab.guest(mode, args, tsc_khz).map_err(|e| format!("{mode}: {e}"))?;
+        guests.push(lab.guest(mode, args, tsc_khz).map_err(|e| format!("{mode}: {e}"))?);
+    }
+    let peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
+    // "x QEMU": against the QEMU configuration with the most transactions per second.
+    let best_peer = peers.iter().filter_map(|r| r.transactions_per_s).reduce(f64::max);
+    for row in guests.iter_mut() {
+        row.ratio_to_qemu = row.transactions_per_s.zip(best_peer).map(|(g, q)| g / q);
+    }
+    for mut row in guests.into_iter().chain(peers) {
         if let Some(host) = &bare_metal {
             // Ratios are against the better of the two bare-metal clients (lower p50).
             row.bare_metal_transactions_per_s = host.transactions_per_s;
@@ -115,14 +179,19 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
             "guest {GUEST_IP} -> tap {TAP} -> {SERVER_TAP_IP}:{PORT}; bare metal {CLIENT_VETH_IP} -> veth -> \
              {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own network namespace"
         ),
+        qemu: qemu.as_ref().map(|q| q.version().to_string()),
+        bare_metal: BARE_METAL.into(),
         results,
     })
 }
 
 /// Draw `rows` into `dir`: the bare-metal client with the lower p50 (the one the ratios are
-/// against) is bare metal; the other is another host row.
+/// against) is bare metal; the other is another host row; the QEMU row with the most
+/// transactions per second is the best peer.
 fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::PathBuf, String> {
     let best_p50 = rows.iter().filter(|r| r.vmm == "host").filter_map(|r| r.p50_us).reduce(f64::min);
+    let best_peer =
+        rows.iter().filter(|r| r.vmm == "qemu").filter_map(|r| r.transactions_per_s).reduce(f64::max);
     let bars: Vec<Bar> = rows
         .iter()
         .map(|r| Bar {
@@ -133,6 +202,10 @@ fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::Pat
             kind: match r.vmm {
                 "host" if r.p50_us.is_some() && r.p50_us == best_p50 => Kind::BareMetal,
                 "host" => Kind::Host,
+                "qemu" if r.transactions_per_s.is_some() && r.transactions_per_s == best_peer => {
+                    Kind::BestPeer
+                }
+                "qemu" => Kind::Peer,
                 _ => Kind::Exitless,
             },
             rate: r.transactions_per_s,
@@ -240,27 +313,18 @@ impl Lab {
             format!("udp-rr printed no result: {}", String::from_utf8_lossy(&output.stderr).trim())
         })?;
         let tps = line["tps"].as_f64();
-        Ok(Row {
-            device: "veth",
-            vmm: "host",
-            mode: format!(
-                "bare metal (veth, {})",
-                if busy_poll { "busy-poll client" } else { "blocking client" }
-            ),
-            workload: "udp-rr",
-            size: args.size,
-            transactions_per_s: tps,
-            p50_us: line["p50_ns"].as_f64().map(|ns| ns / 1000.0),
-            p99_us: line["p99_ns"].as_f64().map(|ns| ns / 1000.0),
-            transactions: line["ops"].as_u64().unwrap_or(0),
-            exits_per_transaction: Some(0.0),
-            exits_by_cause: Map::new(),
-            bare_metal_transactions_per_s: tps,
-            ratio_to_bare_metal: None,
-            p50_ratio_to_bare_metal: None,
-            cpu_cores_used: None,
-            note: Some("client pinned to the vCPU's core; the responder as in the guest runs".into()),
-        })
+        let mode =
+            format!("bare metal (veth, {})", if busy_poll { "busy-poll client" } else { "blocking client" });
+        let mut row = Row::new("host", mode, args.size);
+        row.device = "veth";
+        row.transactions_per_s = tps;
+        row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+        row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+        row.transactions = line["ops"].as_u64().unwrap_or(0);
+        row.exits_per_transaction = Some(0.0);
+        row.bare_metal_transactions_per_s = tps;
+        row.note = Some("client pinned to the vCPU's core; the responder as in the guest runs".into());
+        Ok(row)
     }
 
     fn guest(&self, mode: IoMode, args: &NetBenchArgs, tsc_khz: u32) -> Result<Row, String> {
@@ -284,24 +348,7 @@ impl Lab {
             seccomp: args.seccomp.mode(),
             ..Default::default()
         };
-        let mut row = Row {
-            device: "virtio-net",
-            vmm: "exitless",
-            mode: mode.name().into(),
-            workload: "udp-rr",
-            size: args.size,
-            transactions_per_s: None,
-            p50_us: None,
-            p99_us: None,
-            transactions: 0,
-            exits_per_transaction: None,
-            exits_by_cause: Map::new(),
-            bare_metal_transactions_per_s: None,
-            ratio_to_bare_metal: None,
-            p50_ratio_to_bare_metal: None,
-            cpu_cores_used: None,
-            note: None,
-        };
+        let mut row = Row::new("exitless", mode.name().into(), args.size);
         let run = match super::run_guest(&config, "udp-rr") {
             Ok(run) => run,
             Err(GuestRunError::Vm(e @ VmError::PvEoiUnavailable(_))) => {
@@ -345,6 +392,7 @@ impl Report {
             "exit causes per transaction",
             "% of bare-metal rate",
             "p50 / bare metal",
+            "x QEMU",
             "cores",
         ];
         let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
@@ -361,20 +409,40 @@ impl Report {
                     format_causes(&r.exits_by_cause),
                     number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
                     number(r.p50_ratio_to_bare_metal, 2),
+                    number(r.ratio_to_qemu, 2),
                     number(r.cpu_cores_used, 2),
                 ]
             })
             .collect();
         let mut context = self.about.context();
         context.push(("network".to_string(), self.network.clone()));
+        if let Some(qemu) = &self.qemu {
+            context.push(("QEMU".to_string(), qemu.clone()));
+        }
         if !markdown {
             context.retain(|(k, _)| k == "machine");
         }
-        let notes =
+        let mut notes: Vec<String> =
             self.results.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+        if self.results.iter().any(|r| r.vmm == "host") {
+            notes.push(format!("{}.", self.bare_metal));
+        }
+        if self.results.iter().any(|r| r.vmm == "qemu") {
+            notes.push(
+                "x QEMU: an exitless row's transactions/s over the best QEMU row's (same guest, tap and \
+                 responder)."
+                    .into(),
+            );
+        }
+        if markdown {
+            notes.extend(
+                self.results.iter().filter_map(|r| r.command.as_ref().map(|c| format!("{}: `{c}`", r.mode))),
+            );
+        }
         let size = self.results.first().map_or(0, |r| r.size);
-        let title =
-            format!("net: UDP request-response, {size} B, exitless's I/O modes against bare metal (veth)");
+        let title = format!(
+            "net: UDP request-response, {size} B, exitless's I/O modes against bare metal (veth) and QEMU-KVM"
+        );
         Table { title, context, header, rows, notes }.render(markdown)
     }
 }
