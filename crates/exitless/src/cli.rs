@@ -562,6 +562,22 @@ pub struct UdpRrArgs {
     /// exitless guest).
     #[arg(long)]
     pub busy_poll: bool,
+    /// Go without the socket layer and the kernel's UDP/IP stack, as the guest does: write
+    /// Ethernet frames to an AF_PACKET socket on this interface and busy poll its memory-mapped
+    /// receive ring for the echoes. Needs --from, --from-mac and --to-mac, an address the
+    /// namespace does not own (the echo then bypasses its IP stack), and a neighbour entry for
+    /// it on the responder's side.
+    #[arg(long, value_name = "IFACE", requires_all = ["from", "from_mac", "to_mac"])]
+    pub packet: Option<String>,
+    /// With --packet: the client's IPv4 address and UDP port.
+    #[arg(long, value_name = "IP:PORT")]
+    pub from: Option<std::net::SocketAddrV4>,
+    /// With --packet: the client's MAC address (the requests' source).
+    #[arg(long, value_name = "MAC", value_parser = crate::net::parse_mac)]
+    pub from_mac: Option<[u8; 6]>,
+    /// With --packet: the responder's MAC address (the requests' destination).
+    #[arg(long, value_name = "MAC", value_parser = crate::net::parse_mac)]
+    pub to_mac: Option<[u8; 6]>,
     /// Pin to this host CPU.
     #[arg(long, value_name = "CPU")]
     pub cpu: Option<usize>,

@@ -217,6 +217,17 @@ fn bench_net_measures_qemu_on_the_same_tap() {
         assert!(r["command"].as_str().is_some_and(|c| c.contains("vhost=") && c.contains("ifname=")), "{r}");
         r["transactions_per_s"].as_f64().unwrap()
     };
+    // Every bare-metal client measured, the AF_PACKET one too.
+    for mode in [
+        "bare metal (veth, blocking client)",
+        "bare metal (veth, busy-poll client)",
+        "bare metal (veth, AF_PACKET busy-poll client)",
+        "bare metal (veth, blocking client, responder on its CPU)",
+    ] {
+        let r = row(mode);
+        assert!(r["transactions"].as_u64().is_some_and(|n| n > 0), "{mode}: no transactions: {r}");
+        assert!(r["p50_us"].as_f64().is_some_and(|p| p > 0.0), "{mode}: {r}");
+    }
     let interrupt = measured("qemu virtio-net, tap, interrupt");
     let poll = measured("qemu virtio-net, tap, poll");
     let mut best = interrupt.max(poll);
@@ -237,5 +248,35 @@ fn bench_net_measures_qemu_on_the_same_tap() {
     assert!((ratio - tps / best).abs() < 1e-9 * ratio.max(1.0), "{ratio} is not {tps} / {best}: {ours}");
     for r in rows.iter().filter(|r| r["vmm"] != "exitless") {
         assert!(r["ratio_to_qemu"].is_null(), "x QEMU is for exitless's rows: {r}");
+    }
+}
+
+#[test]
+fn the_af_packet_client_refuses_what_it_cannot_send_on_one_line() {
+    // Without its addresses: a usage error.
+    let out = exitless(&["udp-rr", "--to", "10.0.0.1:7", "--packet", "lo"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let with = |extra: &[&str]| {
+        let mut args = vec![
+            "udp-rr",
+            "--to",
+            "10.0.0.1:7",
+            "--from",
+            "10.0.0.3:40000",
+            "--from-mac",
+            "02:00:00:00:00:03",
+        ];
+        args.extend(["--to-mac", "02:00:00:00:00:01"]);
+        args.extend(extra);
+        exitless(&args)
+    };
+    for (extra, says) in [
+        (&["--packet", "exitless-missing0"][..], "no network interface"),
+        (&["--packet", "lo", "--size", "1473"][..], "at most 1472"),
+    ] {
+        let out = with(extra);
+        assert_eq!(out.status.code(), Some(125), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{extra:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{extra:?}: {}", stderr(&out));
     }
 }
