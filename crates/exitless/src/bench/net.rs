@@ -134,11 +134,10 @@ const BARE_METAL: &str =
      core, to the same responder over a veth pair: on kernel UDP sockets sleeping in recv or busy \
      polling; on AF_PACKET (`--packet`: raw frames, busy polling a mapped receive ring, no socket layer \
      or UDP/IP stack in the client, as in the guest); and sleeping in recv with the responder moved to \
-     its core. Ratios are against the client with the lowest p50. A guest can beat the first three \
-     because nothing in its transaction wakes a thread on another CPU: the device's thread that writes \
-     the tap (exitless's IOCore, QEMU's main loop) runs on the responder's CPU, so the responder wakes \
-     locally, and a polling IOCore keeps that CPU from ever idling. Those clients wake the responder \
-     on the other, idle CPU each time (an inter-processor interrupt, which on a host that is itself a \
+     its core. Ratios are against the client with the lowest p50. A guest in exitless's polling modes can \
+     beat the first three because nothing in its transaction wakes a thread on another CPU: its IOCore, \
+     which writes the tap, spins on the responder's CPU, so the responder wakes locally, on a CPU that \
+     never idles. Those clients wake the responder on the other, idle CPU each time (an inter-processor interrupt, which on a host that is itself a \
      VM means waking a halted vCPU); the last client is bare metal without that cost";
 
 pub fn main(args: NetBenchArgs) -> i32 {
