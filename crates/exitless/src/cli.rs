@@ -333,7 +333,8 @@ pub enum BenchScenario {
     /// exitless and in QEMU-KVM.
     Exitcost(ExitcostArgs),
     /// UDP request-response latency through virtio-net and a tap in each I/O mode, against
-    /// the same request-response between two network namespaces over veth (bare metal).
+    /// the same request-response between two network namespaces over veth (bare metal) and
+    /// QEMU-KVM's virtio-net on the same tap.
     Net(NetBenchArgs),
     /// Many VMs at once, each on its own disk: one shared IOCore (`exitless vhost-user-blk`
     /// with exitless VMs as frontends), an IOCore per VM, QEMU with an iothread per VM, and

@@ -231,7 +231,8 @@ fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::Pat
         .iter()
         .map(|r| Bar {
             label: match r.vmm {
-                "host" => r.mode.clone(),
+                // Their mode names say what they are.
+                "host" | "qemu" => r.mode.clone(),
                 vmm => format!("{vmm} {}", r.mode),
             },
             kind: match r.vmm {
