@@ -338,7 +338,8 @@ pub enum BenchScenario {
     /// exitless and in QEMU-KVM.
     Exitcost(ExitcostArgs),
     /// UDP request-response latency through virtio-net and a tap in each I/O mode, against
-    /// the same request-response between two network namespaces over veth (bare metal).
+    /// the same request-response between two network namespaces over veth (bare metal) and
+    /// QEMU-KVM's virtio-net on the same tap.
     Net(NetBenchArgs),
     /// Many VMs at once, each on its own disk: one shared IOCore (`exitless vhost-user-blk`
     /// with exitless VMs as frontends), an IOCore per VM, QEMU with an iothread per VM, and
@@ -481,6 +482,11 @@ pub struct NetBenchArgs {
     /// Skip the bare-metal baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Peer VMMs to run the same guest, workload, tap and responder in (`qemu`: its virtio-net
+    /// on its user-space tap backend with guest interrupts and with the guest polling, and on
+    /// kernel vhost-net with busy polling where the host has /dev/vhost-net), or `none`.
+    #[arg(long, value_delimiter = ',', default_value = "qemu")]
+    pub peers: Vec<Peer>,
     /// Also draw the results: `net-udp-rr-<SIZE>b.svg` in DIR (made if missing), with
     /// transactions/s per row (bare metal marked), exits per transaction stacked by cause, and
     /// p50/p99 latency.
@@ -562,6 +568,22 @@ pub struct UdpRrArgs {
     /// exitless guest).
     #[arg(long)]
     pub busy_poll: bool,
+    /// Go without the socket layer and the kernel's UDP/IP stack, as the guest does: write
+    /// Ethernet frames to an AF_PACKET socket on this interface and busy poll its memory-mapped
+    /// receive ring for the echoes. Needs --from, --from-mac and --to-mac, an address the
+    /// namespace does not own (the echo then bypasses its IP stack), and a neighbour entry for
+    /// it on the responder's side.
+    #[arg(long, value_name = "IFACE", requires_all = ["from", "from_mac", "to_mac"])]
+    pub packet: Option<String>,
+    /// With --packet: the client's IPv4 address and UDP port.
+    #[arg(long, value_name = "IP:PORT")]
+    pub from: Option<std::net::SocketAddrV4>,
+    /// With --packet: the client's MAC address (the requests' source).
+    #[arg(long, value_name = "MAC", value_parser = crate::net::parse_mac)]
+    pub from_mac: Option<[u8; 6]>,
+    /// With --packet: the responder's MAC address (the requests' destination).
+    #[arg(long, value_name = "MAC", value_parser = crate::net::parse_mac)]
+    pub to_mac: Option<[u8; 6]>,
     /// Pin to this host CPU.
     #[arg(long, value_name = "CPU")]
     pub cpu: Option<usize>,

@@ -35,7 +35,8 @@ pub fn parse(text: &str) -> Result<NetArg, String> {
     Ok(NetArg { tap, netns, mac })
 }
 
-fn parse_mac(text: &str) -> Result<[u8; 6], String> {
+/// `52:54:00:12:34:56` as six bytes; a unicast address only.
+pub fn parse_mac(text: &str) -> Result<[u8; 6], String> {
     let bad = || format!("`{text}` is not a MAC address like 52:54:00:12:34:56");
     let mut mac = [0u8; 6];
     let mut parts = text.split(':');

@@ -2,8 +2,12 @@
 //! bare-metal baseline. The echo responder answers every datagram with itself; the
 //! request-response client sends one datagram, waits for its echo, and repeats, like netperf's
 //! UDP_RR. The same responder serves the guest (through a tap) and the baseline's client
-//! (through a veth pair).
+//! (through a veth pair). With `--packet`, the client goes without the socket layer and the
+//! kernel's UDP/IP stack (see [`packet`]).
 
+mod packet;
+
+use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -59,33 +63,76 @@ pub fn rr(args: UdpRrArgs) -> i32 {
     }
 }
 
+/// How the client sends a request and takes its answer.
+trait Transport {
+    /// Send `payload` as one datagram to the responder.
+    fn send(&mut self, payload: &[u8]) -> io::Result<()>;
+    /// The next answer's payload into `buffer` (its length); `WouldBlock` or `TimedOut` when
+    /// there is none (yet).
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<usize>;
+}
+
+impl Transport for UdpSocket {
+    fn send(&mut self, payload: &[u8]) -> io::Result<()> {
+        UdpSocket::send(self, payload).map(drop)
+    }
+
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        UdpSocket::recv(self, buffer)
+    }
+}
+
 fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, String> {
     if let Some(cpu) = args.cpu {
         vmm::pin_current_thread(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
     }
+    if let Some(interface) = &args.packet {
+        let SocketAddr::V4(to) = args.to else { return Err("--packet speaks IPv4 only".into()) };
+        let (Some(from), Some(from_mac), Some(to_mac)) = (args.from, args.from_mac, args.to_mac) else {
+            return Err("--packet needs --from, --from-mac and --to-mac".into());
+        };
+        let addresses = packet::Addresses { interface: interface.clone(), from, from_mac, to, to_mac };
+        let mut client =
+            packet::PacketClient::open(&addresses, args.size as usize).map_err(|e| e.to_string())?;
+        let mut line = measure(args, &mut client, true)?;
+        line["client"] = "af-packet".into();
+        line["ignored"] = client.ignored.into();
+        return Ok(line);
+    }
     let local: SocketAddr = if args.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
     let socket = UdpSocket::bind(local).map_err(|e| e.to_string())?;
     socket.connect(args.to).map_err(|e| format!("cannot reach {}: {e}", args.to))?;
-    let timeout = Duration::from_millis(args.timeout_ms);
     if args.busy_poll {
         socket.set_nonblocking(true).map_err(|e| e.to_string())?;
     } else {
-        socket.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        socket.set_read_timeout(Some(Duration::from_millis(args.timeout_ms))).map_err(|e| e.to_string())?;
     }
+    let mut socket = socket;
+    let mut line = measure(args, &mut socket, args.busy_poll)?;
+    line["client"] = "socket".into();
+    Ok(line)
+}
+
+/// The warm-up and the measured run through `client`, which spins on `recv` when `busy_poll`.
+fn measure(
+    args: &UdpRrArgs,
+    client: &mut impl Transport,
+    busy_poll: bool,
+) -> Result<serde_json::Value, String> {
+    let timeout = Duration::from_millis(args.timeout_ms);
     let mut request = vec![0u8; args.size as usize];
     let mut answer = vec![0u8; MAX_DATAGRAM];
     let mut latencies = Vec::with_capacity(1 << 20);
     let (mut timeouts, mut mismatches, mut sequence) = (0u64, 0u64, 0u64);
-    let busy_poll = args.busy_poll;
     let mut transaction = |latencies: Option<&mut Vec<u64>>| -> Result<(), String> {
         sequence += 1;
         for (i, byte) in request.iter_mut().enumerate() {
             *byte = (sequence as usize + i) as u8;
         }
         let started = Instant::now();
-        socket.send(&request).map_err(|e| format!("send: {e}"))?;
+        client.send(&request).map_err(|e| format!("send: {e}"))?;
         loop {
-            match socket.recv(&mut answer) {
+            match client.recv(&mut answer) {
                 Ok(n) if n == request.len() && answer[..n] == request[..] => break,
                 Ok(_) => mismatches += 1, // a late answer to an earlier request, or garbage
                 // Busy polling: spin on the non-blocking socket until the timeout.
@@ -136,6 +183,6 @@ fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, String> {
         "size": args.size,
         "timeouts": timeouts,
         "mismatches": mismatches,
-        "busy_poll": args.busy_poll,
+        "busy_poll": busy_poll,
     }))
 }

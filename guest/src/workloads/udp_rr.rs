@@ -275,13 +275,15 @@ pub fn run(env: &Env) -> u8 {
     }
     let warmup_timeouts = rr.timeouts;
     let mut latencies = Histogram::new();
+    rr.station.dev.counters = Default::default();
+    rr.station.counters = Default::default();
+    env.mark(0);
+    // After the mark: under QEMU it idles `probe.mark_linger_ms` while the host samples, which
+    // must not eat into the measured time (a run shorter than the linger measured nothing).
     let limit = match p.duration_ms {
         Some(ms) => Limit::UntilTsc(x86::rdtsc() + ms * env.tsc_khz),
         None => Limit::Transactions(p.ops),
     };
-    rr.station.dev.counters = Default::default();
-    rr.station.counters = Default::default();
-    env.mark(0);
     let tally = Tally::now();
     let (stats, result) = rr.run(limit, Some(&mut latencies));
     let pv_eois = tally.pv_eois_since();

@@ -1,6 +1,9 @@
 //! `exitless bench net`: UDP request-response latency through virtio-net and a tap, in each I/O
 //! mode, against the same request-response between two host network namespaces over a veth
-//! pair. The echo responder is the same program (`exitless udp-echo`) in both cases.
+//! pair, and against QEMU-KVM's virtio-net on the same tap (see [`qemu`]). The echo responder
+//! is the same program (`exitless udp-echo`) in every case.
+
+mod qemu;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -13,7 +16,7 @@ use super::machine::About;
 use super::plot::{Bar, Kind, Units};
 use super::table::Table;
 use super::{causes_per, format_causes, progress, GuestRunError};
-use crate::cli::NetBenchArgs;
+use crate::cli::{NetBenchArgs, Peer};
 use crate::{fail, probe};
 
 const RUN_SLACK: Duration = Duration::from_secs(120);
@@ -22,7 +25,43 @@ const SERVER_TAP_IP: &str = "10.99.0.1";
 const GUEST_IP: &str = "10.99.0.2";
 const SERVER_VETH_IP: &str = "10.98.0.1";
 const CLIENT_VETH_IP: &str = "10.98.0.2";
+/// The responder's veth end's MAC, set so the AF_PACKET client can address it.
+const SERVER_VETH_MAC: &str = "02:65:78:6c:00:01";
+/// The AF_PACKET client's address: on the client's veth end, but not the namespace's own
+/// (the server side has a neighbour entry for it), so the echoes skip the client's IP stack.
+const PACKET_CLIENT_IP: &str = "10.98.0.3";
+const PACKET_CLIENT_MAC: &str = "02:65:78:6c:00:03";
+const PACKET_CLIENT_PORT: u16 = 40000;
 const PORT: u16 = 7;
+
+/// The bare-metal clients, all `exitless udp-rr` in the client namespace.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Client {
+    /// Kernel UDP socket, sleeping in recv (netperf's way).
+    Blocking,
+    /// Kernel UDP socket, non-blocking, spinning on recv (the guest's way of waiting).
+    BusyPoll,
+    /// AF_PACKET, busy polling a receive ring: no socket layer, no UDP/IP stack (the guest's
+    /// way of waiting and of building frames).
+    Packet,
+    /// Kernel UDP socket, sleeping in recv, with the responder moved to the client's CPU for
+    /// the run: no request wakes a thread on another CPU (an inter-processor interrupt), as
+    /// none does in a guest's run, where the device's thread shares the responder's CPU.
+    SameCpu,
+}
+
+impl Client {
+    const ALL: [Client; 4] = [Client::Blocking, Client::BusyPoll, Client::Packet, Client::SameCpu];
+
+    fn name(self) -> &'static str {
+        match self {
+            Client::Blocking => "bare metal (veth, blocking client)",
+            Client::BusyPoll => "bare metal (veth, busy-poll client)",
+            Client::Packet => "bare metal (veth, AF_PACKET busy-poll client)",
+            Client::SameCpu => "bare metal (veth, blocking client, responder on its CPU)",
+        }
+    }
+}
 
 #[derive(Serialize, Clone)]
 struct Row {
@@ -42,8 +81,38 @@ struct Row {
     ratio_to_bare_metal: Option<f64>,
     /// Guest p50 latency over bare metal's (1.0: equal; the papers' latency comparison).
     p50_ratio_to_bare_metal: Option<f64>,
+    /// For exitless's rows: transactions per second over the best QEMU row's (1.0: equal).
+    ratio_to_qemu: Option<f64>,
     cpu_cores_used: Option<f64>,
+    /// The peer's command line (QEMU's rows).
+    command: Option<String>,
     note: Option<String>,
+}
+
+impl Row {
+    /// A row of `vmm` in `mode`, nothing measured yet.
+    fn new(vmm: &'static str, mode: String, size: u64) -> Row {
+        Row {
+            device: "virtio-net",
+            vmm,
+            mode,
+            workload: "udp-rr",
+            size,
+            transactions_per_s: None,
+            p50_us: None,
+            p99_us: None,
+            transactions: 0,
+            exits_per_transaction: None,
+            exits_by_cause: Map::new(),
+            bare_metal_transactions_per_s: None,
+            ratio_to_bare_metal: None,
+            p50_ratio_to_bare_metal: None,
+            ratio_to_qemu: None,
+            cpu_cores_used: None,
+            command: None,
+            note: None,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -51,8 +120,25 @@ struct Report {
     #[serde(flatten)]
     about: About,
     network: String,
+    /// QEMU's version line, when it was a peer.
+    qemu: Option<String>,
+    /// What the bare-metal rows are, and why a guest can beat them.
+    bare_metal: String,
     results: Vec<Row>,
 }
+
+/// What the bare-metal rows measure, and why a guest can beat them, for the table's notes and
+/// the JSON report.
+const BARE_METAL: &str =
+    "bare metal is `exitless udp-rr` in a network namespace of its own, pinned to the vCPU's \
+     core, to the same responder over a veth pair: on kernel UDP sockets sleeping in recv or busy \
+     polling; on AF_PACKET (`--packet`: raw frames, busy polling a mapped receive ring, no socket layer \
+     or UDP/IP stack in the client, as in the guest); and sleeping in recv with the responder moved to \
+     its core. Ratios are against the client with the lowest p50. A guest in exitless's polling modes can \
+     beat the first three because nothing in its transaction wakes a thread on another CPU: its IOCore, \
+     which writes the tap, spins on the responder's CPU, so the responder wakes locally, on a CPU that \
+     never idles. Those clients wake the responder on the other, idle CPU each time (an inter-processor interrupt, which on a host that is itself a \
+     VM means waking a halted vCPU); the last client is bare metal without that cost";
 
 pub fn main(args: NetBenchArgs) -> i32 {
     match run(&args) {
@@ -72,15 +158,12 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
     let bare_metal = if args.no_baseline {
         None
     } else {
-        // A client that sleeps in recv (netperf's way) and one that polls (the guest's way):
-        // the faster one is the baseline.
+        // Clients on kernel sockets that sleep in recv and that poll, and one without the
+        // socket layer: the one with the lowest p50 is the baseline.
         let mut best: Option<Row> = None;
-        for busy_poll in [false, true] {
-            progress(format_args!(
-                "bare metal: UDP request-response over veth, {} B, busy poll {busy_poll}",
-                args.size
-            ));
-            let row = lab.baseline(args, busy_poll)?;
+        for client in Client::ALL {
+            progress(format_args!("{}: UDP request-response over veth, {} B", client.name(), args.size));
+            let row = lab.baseline(args, client)?;
             if best.as_ref().is_none_or(|b| row.p50_us < b.p50_us) {
                 best = Some(row.clone());
             }
@@ -93,10 +176,26 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
         }
         best
     };
+    // QEMU first looked for, so that a missing QEMU stops the bench before it measures.
+    let qemu = match args.peers.contains(&Peer::Qemu) {
+        true => Some(qemu::QemuNet::new(crate::qemu::Qemu::find().ok_or(
+            "--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)",
+        )?)?),
+        false => None,
+    };
+    let mut guests = Vec::new();
     for &mode in &args.modes {
         let mode = IoMode::from(mode);
         progress(format_args!("exitless {mode}: UDP request-response through the tap, {} B", args.size));
-        let mut row = lab.guest(mode, args, tsc_khz).map_err(|e| format!("{mode}: {e}"))?;
+        guests.push(lab.guest(mode, args, tsc_khz).map_err(|e| format!("{mode}: {e}"))?);
+    }
+    let peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
+    // "x QEMU": against the QEMU configuration with the most transactions per second.
+    let best_peer = peers.iter().filter_map(|r| r.transactions_per_s).reduce(f64::max);
+    for row in guests.iter_mut() {
+        row.ratio_to_qemu = row.transactions_per_s.zip(best_peer).map(|(g, q)| g / q);
+    }
+    for mut row in guests.into_iter().chain(peers) {
         if let Some(host) = &bare_metal {
             // Ratios are against the better of the two bare-metal clients (lower p50).
             row.bare_metal_transactions_per_s = host.transactions_per_s;
@@ -115,24 +214,34 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
             "guest {GUEST_IP} -> tap {TAP} -> {SERVER_TAP_IP}:{PORT}; bare metal {CLIENT_VETH_IP} -> veth -> \
              {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own network namespace"
         ),
+        qemu: qemu.as_ref().map(|q| q.version().to_string()),
+        bare_metal: BARE_METAL.into(),
         results,
     })
 }
 
 /// Draw `rows` into `dir`: the bare-metal client with the lower p50 (the one the ratios are
-/// against) is bare metal; the other is another host row.
+/// against) is bare metal; the other is another host row; the QEMU row with the most
+/// transactions per second is the best peer.
 fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::PathBuf, String> {
     let best_p50 = rows.iter().filter(|r| r.vmm == "host").filter_map(|r| r.p50_us).reduce(f64::min);
+    let best_peer =
+        rows.iter().filter(|r| r.vmm == "qemu").filter_map(|r| r.transactions_per_s).reduce(f64::max);
     let bars: Vec<Bar> = rows
         .iter()
         .map(|r| Bar {
             label: match r.vmm {
-                "host" => r.mode.clone(),
+                // Their mode names say what they are.
+                "host" | "qemu" => r.mode.clone(),
                 vmm => format!("{vmm} {}", r.mode),
             },
             kind: match r.vmm {
                 "host" if r.p50_us.is_some() && r.p50_us == best_p50 => Kind::BareMetal,
                 "host" => Kind::Host,
+                "qemu" if r.transactions_per_s.is_some() && r.transactions_per_s == best_peer => {
+                    Kind::BestPeer
+                }
+                "qemu" => Kind::Peer,
                 _ => Kind::Exitless,
             },
             rate: r.transactions_per_s,
@@ -189,6 +298,20 @@ impl Lab {
         ])?;
         ip(&["-n", &server, "addr", "add", &format!("{SERVER_VETH_IP}/24"), "dev", "exlv0"])?;
         ip(&["-n", &client, "addr", "add", &format!("{CLIENT_VETH_IP}/24"), "dev", "exlv1"])?;
+        ip(&["-n", &server, "link", "set", "exlv0", "address", SERVER_VETH_MAC])?;
+        ip(&[
+            "-n",
+            &server,
+            "neigh",
+            "add",
+            PACKET_CLIENT_IP,
+            "lladdr",
+            PACKET_CLIENT_MAC,
+            "dev",
+            "exlv0",
+            "nud",
+            "permanent",
+        ])?;
         ip(&["-n", &server, "link", "set", "exlv0", "up"])?;
         ip(&["-n", &client, "link", "set", "exlv1", "up"])?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -225,42 +348,77 @@ impl Lab {
         Err("the echo responder did not start".into())
     }
 
-    fn baseline(&self, args: &NetBenchArgs, busy_poll: bool) -> Result<Row, String> {
+    fn baseline(&self, args: &NetBenchArgs, client: Client) -> Result<Row, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let output = Command::new("ip")
+        let mut command = Command::new("ip");
+        command
             .args(["netns", "exec", &self.client])
             .arg(&exe)
             .args(["udp-rr", "--to", &format!("{SERVER_VETH_IP}:{PORT}"), "--size", &args.size.to_string()])
-            .args(["--duration-ms", &args.duration_ms.to_string(), "--cpu", &args.vcpu_cpu.to_string()])
-            .args(busy_poll.then_some("--busy-poll"))
-            .output()
-            .map_err(|e| format!("udp-rr: {e}"))?;
+            .args(["--duration-ms", &args.duration_ms.to_string(), "--cpu", &args.vcpu_cpu.to_string()]);
+        let responder_cpu = args.responder_cpu.unwrap_or(args.iocore_cpu);
+        match client {
+            Client::Blocking => {}
+            Client::SameCpu => self.move_responder(args.vcpu_cpu)?,
+            Client::BusyPoll => {
+                command.arg("--busy-poll");
+            }
+            Client::Packet => {
+                command.args([
+                    "--packet",
+                    "exlv1",
+                    "--from",
+                    &format!("{PACKET_CLIENT_IP}:{PACKET_CLIENT_PORT}"),
+                ]);
+                command.args(["--from-mac", PACKET_CLIENT_MAC, "--to-mac", SERVER_VETH_MAC]);
+            }
+        }
+        let output = command.output().map_err(|e| format!("udp-rr: {e}"));
+        if client == Client::SameCpu {
+            self.move_responder(responder_cpu)?;
+        }
+        let output = output?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let line: Value = stdout.lines().find_map(|l| serde_json::from_str(l).ok()).ok_or_else(|| {
             format!("udp-rr printed no result: {}", String::from_utf8_lossy(&output.stderr).trim())
         })?;
         let tps = line["tps"].as_f64();
-        Ok(Row {
-            device: "veth",
-            vmm: "host",
-            mode: format!(
-                "bare metal (veth, {})",
-                if busy_poll { "busy-poll client" } else { "blocking client" }
-            ),
-            workload: "udp-rr",
-            size: args.size,
-            transactions_per_s: tps,
-            p50_us: line["p50_ns"].as_f64().map(|ns| ns / 1000.0),
-            p99_us: line["p99_ns"].as_f64().map(|ns| ns / 1000.0),
-            transactions: line["ops"].as_u64().unwrap_or(0),
-            exits_per_transaction: Some(0.0),
-            exits_by_cause: Map::new(),
-            bare_metal_transactions_per_s: tps,
-            ratio_to_bare_metal: None,
-            p50_ratio_to_bare_metal: None,
-            cpu_cores_used: None,
-            note: Some("client pinned to the vCPU's core; the responder as in the guest runs".into()),
-        })
+        let mut row = Row::new("host", client.name().into(), args.size);
+        row.device = "veth";
+        row.transactions_per_s = tps;
+        row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+        row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+        row.transactions = line["ops"].as_u64().unwrap_or(0);
+        row.exits_per_transaction = Some(0.0);
+        row.bare_metal_transactions_per_s = tps;
+        row.note = Some(match client {
+            Client::SameCpu => "client and responder both on the vCPU's core".into(),
+            _ => "client pinned to the vCPU's core; the responder as in the guest runs".into(),
+        });
+        Ok(row)
+    }
+
+    /// Pin the responder (one thread; `ip netns exec` became it) to `cpu`.
+    fn move_responder(&self, cpu: usize) -> Result<(), String> {
+        let pid = self.responder.as_ref().ok_or("no responder")?.id();
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
+        }
+        // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so CPU_SET stays inside `set`, a
+        // valid cpu_set_t of the size passed, which sched_setaffinity only reads.
+        let done = unsafe {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(pid as libc::pid_t, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        if done != 0 {
+            return Err(format!(
+                "cannot move the responder to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
     }
 
     fn guest(&self, mode: IoMode, args: &NetBenchArgs, tsc_khz: u32) -> Result<Row, String> {
@@ -284,24 +442,7 @@ impl Lab {
             seccomp: args.seccomp.mode(),
             ..Default::default()
         };
-        let mut row = Row {
-            device: "virtio-net",
-            vmm: "exitless",
-            mode: mode.name().into(),
-            workload: "udp-rr",
-            size: args.size,
-            transactions_per_s: None,
-            p50_us: None,
-            p99_us: None,
-            transactions: 0,
-            exits_per_transaction: None,
-            exits_by_cause: Map::new(),
-            bare_metal_transactions_per_s: None,
-            ratio_to_bare_metal: None,
-            p50_ratio_to_bare_metal: None,
-            cpu_cores_used: None,
-            note: None,
-        };
+        let mut row = Row::new("exitless", mode.name().into(), args.size);
         let run = match super::run_guest(&config, "udp-rr") {
             Ok(run) => run,
             Err(GuestRunError::Vm(e @ VmError::PvEoiUnavailable(_))) => {
@@ -345,6 +486,7 @@ impl Report {
             "exit causes per transaction",
             "% of bare-metal rate",
             "p50 / bare metal",
+            "x QEMU",
             "cores",
         ];
         let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
@@ -361,20 +503,41 @@ impl Report {
                     format_causes(&r.exits_by_cause),
                     number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
                     number(r.p50_ratio_to_bare_metal, 2),
+                    number(r.ratio_to_qemu, 2),
                     number(r.cpu_cores_used, 2),
                 ]
             })
             .collect();
         let mut context = self.about.context();
         context.push(("network".to_string(), self.network.clone()));
+        if let Some(qemu) = &self.qemu {
+            context.push(("QEMU".to_string(), qemu.clone()));
+        }
         if !markdown {
             context.retain(|(k, _)| k == "machine");
         }
-        let notes =
+        let mut notes: Vec<String> =
             self.results.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+        if self.results.iter().any(|r| r.vmm == "host") {
+            notes.push(format!("{}.", self.bare_metal));
+        }
+        if self.results.iter().any(|r| r.vmm == "qemu") {
+            notes.push(
+                "x QEMU: an exitless row's transactions/s over the best QEMU row's (same guest, tap and \
+                 responder)."
+                    .into(),
+            );
+        }
+        if markdown {
+            notes.extend(
+                self.results.iter().filter_map(|r| r.command.as_ref().map(|c| format!("{}: `{c}`", r.mode))),
+            );
+        }
         let size = self.results.first().map_or(0, |r| r.size);
-        let title =
-            format!("net: UDP request-response, {size} B, exitless's I/O modes against bare metal (veth)");
+        let peers = if self.qemu.is_some() { " and QEMU-KVM" } else { "" };
+        let title = format!(
+            "net: UDP request-response, {size} B, exitless's I/O modes against bare metal (veth){peers}"
+        );
         Table { title, context, header, rows, notes }.render(markdown)
     }
 }

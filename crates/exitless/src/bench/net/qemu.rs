@@ -1,0 +1,173 @@
+//! QEMU-KVM as the peer in `bench net`: the same probe guest, `udp-rr` workload and responder,
+//! under QEMU's virtio-net (`virtio-net-device` on `-M microvm`, virtio-mmio) on the same tap in
+//! the same network namespace. With QEMU's user-space tap backend (`vhost=off`: its main loop
+//! reads and writes the tap) once with guest interrupts and once with the guest polling; and,
+//! where the host has `/dev/vhost-net`, with kernel vhost-net busy polling (`vhost=on,poll-us=`)
+//! and the guest polling. QEMU's vCPU thread runs on the vCPU CPU and its other threads (the
+//! main loop that serves the tap) on the IOCore CPU, as exitless's would. Exits come from QMP
+//! `query-stats`, sampled at the probe's marks; cores are QEMU's CPU time over wall time.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::super::blk_qemu::{exits_between, find};
+use super::super::causes_per;
+use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, TAP};
+use crate::cli::NetBenchArgs;
+use crate::qemu::Qemu;
+
+/// How long the probe idles at each mark while the runner samples QEMU's counters.
+const MARK_LINGER_MS: u64 = 30;
+
+/// QEMU's guest RAM, as exitless's own (the VM config's default).
+const MEM_MIB: u64 = 256;
+
+/// vhost-net's busy polling (`poll-us`): longer than a round trip through the responder here
+/// (tens of µs), so that the vhost worker that sent a request is still polling when its echo
+/// comes back, as exitless's polling IOCore is.
+const VHOST_POLL_US: u32 = 200;
+
+/// The kernel's vhost-net device, which `vhost=on` opens.
+const VHOST_NET: &str = "/dev/vhost-net";
+
+/// How QEMU's virtio-net reaches the tap.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// QEMU's own user-space tap backend (its main loop).
+    UserSpace,
+    /// Kernel vhost-net with busy polling.
+    VhostNet,
+}
+
+/// The peer configurations, in report order: (mode name, guest completion, backend).
+pub const CONFIGS: [(&str, &str, Backend); 3] = [
+    ("qemu virtio-net, tap, interrupt", "interrupt", Backend::UserSpace),
+    ("qemu virtio-net, tap, poll", "poll", Backend::UserSpace),
+    ("qemu virtio-net, vhost-net poll-us, poll", "poll", Backend::VhostNet),
+];
+
+/// QEMU with the probe exported for it.
+pub struct QemuNet {
+    qemu: Qemu,
+    dir: PathBuf,
+    elf: PathBuf,
+}
+
+impl QemuNet {
+    pub fn new(qemu: Qemu) -> Result<QemuNet, String> {
+        let dir = std::env::temp_dir().join(format!("exitless-bench-net-qemu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let elf = dir.join("exitless-probe.elf");
+        crate::probe::export(&elf).map_err(|e| e.to_string())?;
+        Ok(QemuNet { qemu, dir, elf })
+    }
+
+    pub fn version(&self) -> &str {
+        &self.qemu.version
+    }
+
+    /// One row per configuration, the probe talking to `lab`'s responder through its tap.
+    pub fn rows(&self, args: &NetBenchArgs, lab: &Lab, tsc_khz: u32) -> Vec<Row> {
+        CONFIGS
+            .iter()
+            .map(|&(name, completion, backend)| {
+                super::super::progress(format_args!(
+                    "{name}: UDP request-response through the tap, {} B",
+                    args.size
+                ));
+                let mut row = Row::new("qemu", name.to_string(), args.size);
+                match self.measure(&mut row, args, lab, tsc_khz, completion, backend) {
+                    Ok(()) => {}
+                    Err(e) => row.note = Some(format!("not measured: {e}")),
+                }
+                row
+            })
+            .collect()
+    }
+
+    fn measure(
+        &self,
+        row: &mut Row,
+        args: &NetBenchArgs,
+        lab: &Lab,
+        tsc_khz: u32,
+        completion: &str,
+        backend: Backend,
+    ) -> Result<(), String> {
+        if backend == Backend::VhostNet && !Path::new(VHOST_NET).exists() {
+            return Err(format!(
+                "this host has no {VHOST_NET} (kernel vhost-net; `modprobe vhost_net` where the kernel has it)"
+            ));
+        }
+        let cmdline = format!(
+            "probe.workload=udp-rr probe.ip={GUEST_IP} probe.dst={SERVER_TAP_IP} probe.port={PORT} probe.size={} \
+             probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz} probe.completion={completion} \
+             probe.pv_eoi=off probe.mark_linger_ms={MARK_LINGER_MS}",
+            args.size, args.duration_ms, args.warmup
+        );
+        let vhost = match backend {
+            Backend::UserSpace => "vhost=off".to_string(),
+            Backend::VhostNet => format!("vhost=on,poll-us={VHOST_POLL_US}"),
+        };
+        let mut qemu_args = Qemu::probe_args(&self.elf, &cmdline, MEM_MIB);
+        let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or("unexpected QEMU arguments")?;
+        qemu_args[machine_at] = "microvm,acpi=off".into();
+        qemu_args.extend(
+            [
+                "-global",
+                "virtio-mmio.force-legacy=false",
+                // Thread names, so that `pin_threads` can tell the vCPU thread from the others.
+                "-name",
+                "exitless-bench,debug-threads=on",
+                "-netdev",
+                &format!("tap,id=net0,ifname={TAP},script=no,downscript=no,{vhost}"),
+                "-device",
+                "virtio-net-device,netdev=net0",
+            ]
+            .map(String::from),
+        );
+        // QEMU opens the tap by name, so it must start in the tap's namespace: `ip netns exec`
+        // enters it and execs QEMU, which keeps the process id the pinning and CPU time need.
+        let in_netns = Qemu { binary: "ip".into(), version: self.qemu.version.clone() };
+        let mut wrapped = vec!["netns".to_string(), "exec".into(), lab.server.clone()];
+        wrapped.push(self.qemu.binary.display().to_string());
+        wrapped.extend(qemu_args);
+        let qmp = self.dir.join("qmp.sock");
+        let _ = std::fs::remove_file(&qmp);
+        let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
+        let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
+        let (run, marks) = in_netns
+            .run_marked_with(&wrapped, Some(&qmp), &[], timeout, |pid| {
+                crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
+            })
+            .map_err(|e| e.to_string())?;
+        row.command = Some(run.command_line.clone());
+        let line = run
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["probe"] == "udp-rr")
+            .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
+        if run.guest_status != probe_abi::status::OK {
+            return Err(format!("the probe exited with status {}: {line}", run.guest_status));
+        }
+        let ops = line["ops"].as_u64().unwrap_or(0);
+        row.transactions = ops;
+        row.transactions_per_s = line["tps"].as_f64();
+        row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+        row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+        let (start, end) = (find(&marks, 0)?, find(&marks, 1)?);
+        let counters = exits_between(start, end);
+        row.exits_per_transaction = Some(counters.get("exits") as f64 / ops.max(1) as f64);
+        row.exits_by_cause = causes_per(&counters, ops);
+        let wall = end.at.duration_since(start.at).as_secs_f64();
+        row.cpu_cores_used = (wall > 0.0).then(|| end.cpu.saturating_sub(start.cpu).as_secs_f64() / wall);
+        Ok(())
+    }
+}
+
+impl Drop for QemuNet {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
