@@ -20,7 +20,7 @@ pub enum Command {
     #[command(subcommand)]
     Probe(ProbeCommand),
     /// Measure. Without a scenario: the block I/O ladder (every --io-mode) against bare metal.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// A UDP echo responder: answers every datagram with itself (the network benchmark's
     /// server, for the guest and for the bare-metal baseline alike).
     UdpEcho(UdpEchoArgs),
@@ -197,6 +197,19 @@ Disks (--disk, repeatable; the default is `--disk scratch --disk ram=1G`, the re
   path=FILE[,direct] an existing file through io_uring (direct: O_DIRECT)
 Naming --disk replaces the default pair.
 
+The backend matrix (--backends KIND,..., or all; instead of --disk): the same workloads on each
+kind of disk a user gives, every peer on the same backend with the same caching:
+  direct    a file of --backend-size (1G) in --scratch DIR, O_DIRECT (fio --direct=1, QEMU
+            cache=none)
+  buffered  the same file through the host's page cache, which holds it (fio --direct=0, QEMU
+            cache=writeback, qemu-storage-daemon cache.direct=off)
+  cold      the same file through the page cache, dropped from it (POSIX_FADV_DONTNEED) before
+            every run: reads that miss it
+  tmpfs     a file in /dev/shm served through io_uring (path=), through the page cache
+  loop      a loop device over the scratch file (losetup --direct-io=on), O_DIRECT
+  ram       the RAM disk; QEMU and qemu-storage-daemon on their null device (null-co)
+e.g. exitless bench --backends all --rw randread,randwrite,writeflush --qd 1,32.
+
 Per row: IOPS, p50/p99 latency, the latency it adds per I/O (its p50 less bare metal's), exits
 per I/O by cause (KVM's statistics between two marks around the measured phase; QEMU's through
 QMP query-stats), cores used (vCPU plus IOCore CPU time over wall time; QEMU's plus its
@@ -238,6 +251,14 @@ pub struct BlkBenchArgs {
     /// `path=FILE[,direct]`. Write workloads overwrite what is there.
     #[arg(long = "disk", value_name = "SPEC", default_values = ["scratch", "ram=1G"], value_parser = parse_bench_disk)]
     pub disks: Vec<BenchDiskArg>,
+    /// The backend matrix instead of --disk: the same workloads on each of these kinds of disk
+    /// (`direct`, `buffered`, `cold`, `tmpfs`, `loop`, `ram` or `all`; see below), each against
+    /// fio with the same caching and QEMU on the same backend with the matching cache mode.
+    #[arg(long, value_delimiter = ',', value_name = "KIND", conflicts_with = "disks")]
+    pub backends: Vec<BackendArg>,
+    /// The size of each --backends disk (a multiple of 1 MiB).
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_backend_size)]
+    pub backend_size: u64,
     /// Where the real disk's file lives (default: the system's temporary directory, $TMPDIR or
     /// /tmp); a writable directory on a real file system, not tmpfs.
     #[arg(long, value_name = "DIR")]
@@ -273,20 +294,99 @@ pub struct BlkBenchArgs {
     pub seccomp: crate::seccomp::SeccompArgs,
 }
 
-/// One of the block bench's disks (`--disk`).
+/// One of the block bench's disks (`--disk`, or one of `--backends`).
 #[derive(Clone, Debug)]
 pub enum BenchDiskArg {
     /// A file of `size` bytes in the scratch directory, on a real disk, used with O_DIRECT.
     Scratch { size: u64 },
     /// A disk as `exitless run --disk` takes it.
     Disk(vmm::DiskBackend),
+    /// One kind of disk of the backend matrix, of `size` bytes.
+    Matrix { kind: BackendArg, size: u64 },
 }
 
 impl BenchDiskArg {
     /// Whether it is a RAM disk (memory, not a device).
     pub fn is_ram(&self) -> bool {
-        matches!(self, BenchDiskArg::Disk(vmm::DiskBackend::Ram { .. } | vmm::DiskBackend::RamFile { .. }))
+        matches!(
+            self,
+            BenchDiskArg::Disk(vmm::DiskBackend::Ram { .. } | vmm::DiskBackend::RamFile { .. })
+                | BenchDiskArg::Matrix { kind: BackendArg::Ram, .. }
+        )
     }
+
+    /// Whether it lives in the scratch directory.
+    pub fn in_scratch(&self) -> bool {
+        matches!(self, BenchDiskArg::Scratch { .. })
+            || matches!(self, BenchDiskArg::Matrix { kind, .. } if kind.in_scratch())
+    }
+}
+
+/// A kind of disk of the backend matrix (`--backends`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// A file in --scratch DIR, O_DIRECT (as `--disk scratch`).
+    Direct,
+    /// The same file through the host's page cache, which holds it (read once first).
+    Buffered,
+    /// The same file through the page cache, its pages dropped from it before every run.
+    Cold,
+    /// A file on tmpfs (/dev/shm) through io_uring, through the page cache.
+    Tmpfs,
+    /// A loop device over the scratch file (losetup --direct-io=on), O_DIRECT.
+    Loop,
+    /// The RAM disk; QEMU's rows run on its null device.
+    Ram,
+    /// Every kind above.
+    All,
+}
+
+impl BackendArg {
+    /// The kinds `All` stands for, in the order the bench measures them.
+    pub const EACH: [BackendArg; 6] = [
+        BackendArg::Direct,
+        BackendArg::Buffered,
+        BackendArg::Cold,
+        BackendArg::Tmpfs,
+        BackendArg::Loop,
+        BackendArg::Ram,
+    ];
+
+    /// The disk's label in the tables and `--json` (`disk`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendArg::Direct => "direct",
+            BackendArg::Buffered => "buffered",
+            BackendArg::Cold => "cold",
+            BackendArg::Tmpfs => "tmpfs",
+            BackendArg::Loop => "loop",
+            BackendArg::Ram => "ram",
+            BackendArg::All => "all",
+        }
+    }
+
+    fn in_scratch(self) -> bool {
+        matches!(self, BackendArg::Direct | BackendArg::Buffered | BackendArg::Cold | BackendArg::Loop)
+    }
+
+    /// The disks `--backends KINDS` measures, of `size` bytes: each kind once, in the order of
+    /// `EACH`.
+    pub fn disks(kinds: &[BackendArg], size: u64) -> Vec<BenchDiskArg> {
+        let wanted = |kind| kinds.contains(&BackendArg::All) || kinds.contains(&kind);
+        BackendArg::EACH
+            .into_iter()
+            .filter(|&kind| wanted(kind))
+            .map(|kind| BenchDiskArg::Matrix { kind, size })
+            .collect()
+    }
+}
+
+fn parse_backend_size(text: &str) -> Result<u64, String> {
+    let size = crate::size::parse(text)?;
+    if size == 0 || !size.is_multiple_of(1 << 20) {
+        return Err(format!("--backend-size {text} is not a non-zero multiple of 1 MiB"));
+    }
+    Ok(size)
 }
 
 fn parse_bench_disk(text: &str) -> Result<BenchDiskArg, String> {
@@ -310,6 +410,9 @@ pub enum RwArg {
     Randwrite,
     Read,
     Write,
+    /// Random writes, each followed by a FLUSH (on the host: an fdatasync); both count as
+    /// requests.
+    Writeflush,
 }
 
 impl RwArg {
@@ -319,6 +422,7 @@ impl RwArg {
             RwArg::Randwrite => "randwrite",
             RwArg::Read => "read",
             RwArg::Write => "write",
+            RwArg::Writeflush => "writeflush",
         }
     }
 }

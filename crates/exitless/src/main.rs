@@ -39,7 +39,7 @@ fn main() {
             Ok(()) => 0,
             Err(e) => fail(format_args!("cannot write {}: {e}", file.display())),
         },
-        cli::Command::Bench(args) => bench::main(args),
+        cli::Command::Bench(args) => bench::main(*args),
         cli::Command::UdpEcho(args) => udp::echo(args),
         cli::Command::UdpRr(args) => udp::rr(args),
         cli::Command::VhostUserBlk(args) => vhost_user::main(args),

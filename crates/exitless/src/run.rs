@@ -89,6 +89,8 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
         iocore_cpu: args.io.iocore_cpu,
         idle_budget: Duration::from_micros(args.io.idle_budget_us),
         seccomp: args.seccomp.mode(),
+        // Once the VM runs, this process only waits for it and reports.
+        confine_caller: true,
     })
 }
 

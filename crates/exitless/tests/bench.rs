@@ -412,3 +412,68 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
     assert_eq!(host["backend"], "tmpfs-direct", "fio reads the file with O_DIRECT: {host}");
     assert_eq!(mode("device (fio mmap)")["backend"], "null", "a memory copy, as exitless's RAM disk");
 }
+
+/// `--backends`: each kind of disk gets its own tables, every row on it names the backend it
+/// ended up on, fio runs with the disk's caching (O_DIRECT or not), QEMU with the matching cache
+/// mode, and "x QEMU" pairs the same backend; write+FLUSH pairs count both requests.
+#[test]
+fn the_backend_matrix_runs_every_kind_with_matching_caching() {
+    let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--backends",
+        "all",
+        "--backend-size",
+        "64M",
+        "--modes",
+        "exitless",
+        "--rw",
+        "randread,writeflush",
+        "--qd",
+        "1",
+        "--duration-ms",
+        "50",
+        "--warmup",
+        "50",
+        "--scratch",
+        scratch.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let results = report["results"].as_array().unwrap();
+    x_qemu_pairs_the_same_backend(results);
+    // (disk, exitless's backend, fio's and QEMU's own --direct / cache mode).
+    let kinds = [
+        ("direct", "file-direct", true),
+        ("buffered", "file-buffered", false),
+        ("cold", "file-buffered", false),
+        ("tmpfs", "tmpfs-buffered", false),
+        ("loop", "block-device-direct", true),
+    ];
+    for (disk, backend, direct) in kinds {
+        for workload in ["randread", "writeflush"] {
+            let rows: Vec<&Value> =
+                results.iter().filter(|r| r["disk"] == disk && r["workload"] == workload).collect();
+            let at = format!("{disk} {workload}");
+            let ours = rows.iter().find(|r| r["vmm"] == "exitless").unwrap_or_else(|| panic!("{at}"));
+            assert_eq!(ours["backend"], backend, "{at}: {ours}");
+            assert!(ours["iops"].as_f64().is_some_and(|v| v > 0.0), "{at}: {ours}");
+            let host = rows.iter().find(|r| r["vmm"] == "host").unwrap_or_else(|| panic!("{at}"));
+            assert_eq!(host["backend"], backend, "fio with the disk's caching, {at}: {host}");
+            let command = host["command"].as_str().unwrap();
+            assert!(command.contains(&format!("--direct={}", u8::from(direct))), "{at}: {command}");
+            if workload == "writeflush" {
+                assert!(command.contains("--fdatasync=1") && command.contains("--rw=randwrite"), "{command}");
+            }
+            let qemu =
+                rows.iter().find(|r| r["mode"] == "qemu virtio-blk, poll").unwrap_or_else(|| panic!("{at}"));
+            assert_eq!(qemu["backend"], backend, "QEMU on the same backend, {at}: {qemu}");
+            let cache = if direct { "cache=none" } else { "cache=writeback" };
+            assert!(qemu["command"].as_str().unwrap().contains(cache), "{at}: {}", qemu["command"]);
+            assert!(ours["ratio_to_qemu"].as_f64().is_some(), "{at}: x QEMU against the same backend");
+        }
+    }
+    let ram = results.iter().find(|r| r["disk"] == "ram" && r["vmm"] == "exitless").expect("ram");
+    assert_eq!(ram["backend"], "null", "{ram}");
+}

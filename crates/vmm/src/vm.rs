@@ -74,6 +74,10 @@ pub struct VmConfig {
     /// What the seccomp filters of the VM's threads (vCPUs, IOCore, ping-pong responder) do with
     /// a system call outside their allowlists.
     pub seccomp: SeccompMode,
+    /// Confine the thread that calls `Vm::run` too, once the vCPUs run (`ThreadKind::VmmMain`):
+    /// for a process that does nothing else afterwards (`exitless run`), not for one that goes
+    /// on with other work (the bench, tests).
+    pub confine_caller: bool,
 }
 
 impl Default for VmConfig {
@@ -94,6 +98,7 @@ impl Default for VmConfig {
             iocore_cpu: None,
             idle_budget: iocore::DEFAULT_IDLE_BUDGET,
             seccomp: SeccompMode::Kill,
+            confine_caller: false,
         }
     }
 }
@@ -274,7 +279,7 @@ pub struct Vm {
     console: ConsoleWriter,
     control: Arc<RunControl>,
     timeout: Option<Duration>,
-    /// What the calling thread confines itself to once the vCPUs run.
+    /// What the calling thread confines itself to once the vCPUs run (`confine_caller`).
     main_filter: Filter,
     // Kept open for the VM's lifetime: KVM holds them as irqfds.
     _serial_irq: EventFd,
@@ -417,14 +422,18 @@ impl Vm {
             console,
             control,
             timeout: config.timeout,
-            main_filter: Filter::new(ThreadKind::VmmMain, config.seccomp)?,
+            main_filter: match config.confine_caller {
+                true => Filter::new(ThreadKind::VmmMain, config.seccomp)?,
+                false => Filter::off(ThreadKind::VmmMain),
+            },
             _serial_irq: serial_irq,
         })
     }
 
-    /// Run the VM until the guest exits, crashes, or the timeout passes. Once the vCPUs run, the
-    /// calling thread confines itself to what the rest takes (`ThreadKind::VmmMain`): stopping
-    /// and joining the other threads, tearing the VM down, and the caller's report.
+    /// Run the VM until the guest exits, crashes, or the timeout passes. With
+    /// `VmConfig::confine_caller`, once the vCPUs run the calling thread confines itself to what
+    /// the rest takes (`ThreadKind::VmmMain`): stopping and joining the other threads, tearing
+    /// the VM down, and the caller's report.
     pub fn run(self) -> Result<RunOutcome, VmError> {
         install_kick_handler();
         let started = Instant::now();

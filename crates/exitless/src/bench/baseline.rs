@@ -32,8 +32,12 @@ pub struct FioJob {
     /// The backing file (or block device). It must exist and, if a regular file, hold at least
     /// `size` bytes: fio is told not to create or extend it. Write workloads overwrite its data.
     pub path: PathBuf,
-    /// fio's `--rw`: `randread`, `randwrite`, `read` or `write`.
+    /// The workload: fio's `--rw` (`randread`, `randwrite`, `read` or `write`), or `writeflush`:
+    /// random writes each followed by an fdatasync (`--rw=randwrite --fdatasync=1`), whose IOPS
+    /// count both, as the guest's FLUSHes are requests.
     pub rw: &'static str,
+    /// Open the file with O_DIRECT (as the guest's disk is), or go through the page cache.
+    pub direct: bool,
     /// Bytes per I/O.
     pub block_size: u32,
     /// The queue depth for `libaio` and `io_uring` (`psync` and `mmap` always run at depth 1).
@@ -197,7 +201,9 @@ pub fn fio_version() -> Option<String> {
     (output.status.success() && !version.is_empty()).then_some(version)
 }
 
-const RW: [&str; 4] = ["randread", "randwrite", "read", "write"];
+const RW: [&str; 5] = ["randread", "randwrite", "read", "write", WRITE_FLUSH];
+/// Writes each followed by a FLUSH (an fdatasync on the host).
+const WRITE_FLUSH: &str = "writeflush";
 
 fn check(job: &FioJob) -> Result<(), BaselineError> {
     let invalid = |m: String| Err(BaselineError::InvalidJob(m));
@@ -250,10 +256,11 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
         "--name=exitless-baseline".into(),
         format!("--filename={filename}"),
         "--allow_file_create=0".into(),
-        format!("--direct={}", u8::from(engine != Engine::Mmap)),
+        format!("--direct={}", u8::from(engine != Engine::Mmap && job.direct)),
         format!("--ioengine={}", engine.name()),
         format!("--iodepth={}", engine.queue_depth(job)),
-        format!("--rw={}", job.rw),
+        format!("--rw={}", if job.rw == WRITE_FLUSH { "randwrite" } else { job.rw }),
+        format!("--fdatasync={}", u8::from(job.rw == WRITE_FLUSH)),
         format!("--bs={}", job.block_size),
         format!("--iomem={memory}"),
         format!("--size={}", job.size),
@@ -308,13 +315,19 @@ fn parse(stdout: &str, rw: &str) -> Result<Measured, ParseError> {
     }
     let direction = if rw.contains("read") { "read" } else { "write" };
     let stats = job.get(direction).ok_or_else(|| ParseError::Bad(format!("no jobs[0].{direction}")))?;
-    let iops = stats
-        .get("iops")
-        .and_then(Value::as_f64)
-        .filter(|i| i.is_finite() && *i >= 0.0)
-        .ok_or_else(|| ParseError::Bad(format!("no jobs[0].{direction}.iops")))?;
+    // Writes and flushes alike are requests; the latency is the fdatasync's, the larger part.
+    let (requests_per_io, latencies, latency_of) = match rw {
+        WRITE_FLUSH => (2.0, job.get("sync").ok_or_else(|| bad("no jobs[0].sync"))?, "sync"),
+        _ => (1.0, stats, direction),
+    };
+    let iops = requests_per_io
+        * stats
+            .get("iops")
+            .and_then(Value::as_f64)
+            .filter(|i| i.is_finite() && *i >= 0.0)
+            .ok_or_else(|| ParseError::Bad(format!("no jobs[0].{direction}.iops")))?;
     let percentile_us = |key: &str| {
-        stats
+        latencies
             .get("lat_ns")
             .and_then(|l| l.get("percentile"))
             .and_then(|p| p.get(key))
@@ -323,7 +336,7 @@ fn parse(stdout: &str, rw: &str) -> Result<Measured, ParseError> {
             .map(|ns| ns / 1000.0)
             .ok_or_else(|| {
                 ParseError::Bad(format!(
-                    "no jobs[0].{direction}.lat_ns.percentile[\"{key}\"] (did the job do any {direction}s? \
+                    "no jobs[0].{latency_of}.lat_ns.percentile[\"{key}\"] (did the job do any {latency_of}s? \
                      does this fio know --lat_percentiles?)"
                 ))
             })
@@ -423,6 +436,7 @@ mod tests {
         FioJob {
             path,
             rw: "randread",
+            direct: true,
             block_size: 4096,
             queue_depth: 8,
             runtime: Duration::from_millis(500),

@@ -13,11 +13,12 @@ use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
 use super::backend::Backend;
 use super::baseline::{self, Engine, FioJob, FioResult, SYSCALL_ENGINES};
 use super::blk_qemu::{PeerDisk, QemuPeer};
+use super::loop_device::LoopDevice;
 use super::machine::About;
 use super::progress::{Kind, Progress};
 use super::scratch::{self, ScratchError};
 use super::{causes_per, progress};
-use crate::cli::{BenchDiskArg, BlkBenchArgs, Peer};
+use crate::cli::{BackendArg, BenchDiskArg, BlkBenchArgs, Peer};
 use crate::qemu::Qemu;
 use crate::{fail, probe};
 
@@ -152,7 +153,10 @@ impl From<&str> for BenchError {
     }
 }
 
-pub fn main(args: BlkBenchArgs) -> i32 {
+pub fn main(mut args: BlkBenchArgs) -> i32 {
+    if !args.backends.is_empty() {
+        args.disks = BackendArg::disks(&args.backends, args.backend_size);
+    }
     match run(&args) {
         Ok(report) => match super::print_report(&report, args.output, |markdown| report.tables(markdown)) {
             0 if !report.failures.is_empty() => fail(format_args!(
@@ -169,7 +173,7 @@ pub fn main(args: BlkBenchArgs) -> i32 {
 
 fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     let scratch_dir = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
-    if args.disks.iter().any(|d| matches!(d, BenchDiskArg::Scratch { .. })) {
+    if args.disks.iter().any(BenchDiskArg::in_scratch) {
         scratch::check(&scratch_dir).map_err(BenchError::Scratch)?;
     }
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
@@ -212,7 +216,10 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
                         let mode = IoMode::from(mode);
                         progress
                             .start(Kind::Exitless, format_args!("exitless {mode}, {}", scenario.describe()));
-                        let run = || run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend);
+                        let run = || {
+                            disk.before_run();
+                            run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
+                        };
                         let failed = Row::new("exitless", mode.name().into(), scenario);
                         results.push(run_twice(run, failed, || {
                             failures.push(format!("exitless {mode}, {}", scenario.describe()))
@@ -295,11 +302,16 @@ impl Scenario {
     }
 }
 
-/// Each disk's label: `ram` or `file`, numbered from the second of a kind on (`file2`).
+/// Each disk's label: `ram` or `file`, numbered from the second of a kind on (`file2`); a
+/// backend matrix disk's kind (`direct`, `buffered`, ...).
 fn disk_labels(disks: &[BenchDiskArg]) -> Vec<&'static str> {
     let mut labels: Vec<&'static str> = Vec::new();
     for disk in disks {
-        let kind = if disk.is_ram() { "ram" } else { "file" };
+        let kind = match disk {
+            BenchDiskArg::Matrix { kind, .. } => kind.name(),
+            _ if disk.is_ram() => "ram",
+            _ => "file",
+        };
         let seen = labels.iter().filter(|l| l.trim_end_matches(|c: char| c.is_ascii_digit()) == kind).count();
         labels.push(match seen {
             0 => kind,
@@ -343,6 +355,7 @@ fn baselines(
     let mut failed = Vec::new();
     for engine in SYSCALL_ENGINES {
         progress.start(Kind::Fio, format_args!("bare metal, fio {}, {}", engine.name(), scenario.describe()));
+        disk.before_run();
         match baseline::run(&job, engine) {
             Ok(run) => runs.push(run),
             // fio itself missing or the job impossible: no engine would do better.
@@ -357,7 +370,7 @@ fn baselines(
     })?;
     let mut rows = vec![host_row(scenario, &best, &runs, &failed, &job.cpus)];
     // fio's system-call engines open the file with O_DIRECT, whatever the guests do.
-    rows[0].backend = Backend::of_file(&disk.fio_path, true);
+    rows[0].backend = Backend::of_file(&disk.fio_path, disk.direct);
     let mut device = None;
     if disk.is_ram {
         progress.start(Kind::Fio, format_args!("device speed, fio mmap, {}", scenario.describe()));
@@ -392,10 +405,10 @@ fn baseline_again(
 ) -> FioResult {
     let engine = before.engine;
     progress.start(Kind::Fio, format_args!("bare metal again, fio {engine}, {}", scenario.describe()));
-    let again = SYSCALL_ENGINES
-        .into_iter()
-        .find(|e| e.name() == engine)
-        .map(|e| baseline::run(&disk.fio_job(scenario, args), e).map_err(|e| e.to_string()));
+    let again = SYSCALL_ENGINES.into_iter().find(|e| e.name() == engine).map(|e| {
+        disk.before_run();
+        baseline::run(&disk.fio_job(scenario, args), e).map_err(|e| e.to_string())
+    });
     let after = match again {
         Some(Ok(after)) => after,
         failed => {
@@ -478,6 +491,10 @@ struct BenchDisk {
     describe: String,
     /// A RAM disk file this run made, removed at the end.
     made: Option<PathBuf>,
+    /// Its pages leave the host's page cache before every run (`--backends cold`).
+    cold: bool,
+    /// The loop device it is (`--backends loop`), detached at the end.
+    _loop_device: Option<LoopDevice>,
 }
 
 impl BenchDisk {
@@ -489,6 +506,7 @@ impl BenchDisk {
                 .map_err(|e| PrepareError::Other(format!("{}: {e}", path.display())))
         };
         let spec = match spec {
+            BenchDiskArg::Matrix { kind, size } => return BenchDisk::of_kind(*kind, *size, scratch_dir),
             BenchDiskArg::Scratch { size } => {
                 let path = scratch::prepare(scratch_dir, *size, |path| {
                     progress(format_args!(
@@ -512,6 +530,8 @@ impl BenchDisk {
                         scratch_dir.display()
                     ),
                     made: None,
+                    cold: false,
+                    _loop_device: None,
                 });
             }
             BenchDiskArg::Disk(spec) => spec,
@@ -533,6 +553,8 @@ impl BenchDisk {
                     direct: true,
                     describe: format!("RAM disk: a {} MiB file in /dev/shm (filled with data)", size >> 20),
                     made: Some(path),
+                    cold: false,
+                    _loop_device: None,
                 }
             }
             DiskBackend::RamFile { path, .. } => BenchDisk {
@@ -545,6 +567,8 @@ impl BenchDisk {
                 direct: true,
                 describe: format!("RAM disk: {}", path.display()),
                 made: None,
+                cold: false,
+                _loop_device: None,
             },
             DiskBackend::File { path, direct, .. } => BenchDisk {
                 vm_backend: spec.clone(),
@@ -560,8 +584,70 @@ impl BenchDisk {
                     if *direct { " with O_DIRECT" } else { "" }
                 ),
                 made: None,
+                cold: false,
+                _loop_device: None,
             },
         })
+    }
+
+    /// A disk of the backend matrix, of `size` bytes: the scratch file (O_DIRECT, buffered warm
+    /// or cold, or under a loop device), a file on tmpfs, or a RAM disk.
+    fn of_kind(kind: BackendArg, size: u64, scratch_dir: &Path) -> Result<BenchDisk, PrepareError> {
+        let scratch_file = || {
+            scratch::prepare(scratch_dir, size, |path| {
+                progress(format_args!("writing the {} MiB real disk {} (once)", size >> 20, path.display()))
+            })
+            .map_err(PrepareError::Scratch)
+        };
+        let file = |path: PathBuf, direct: bool| {
+            BenchDiskArg::Disk(DiskBackend::File { path, read_only: false, direct })
+        };
+        let mut disk = match kind {
+            BackendArg::Direct => BenchDisk::prepare(&file(scratch_file()?, true), scratch_dir)?,
+            BackendArg::Buffered | BackendArg::Cold => {
+                let path = scratch_file()?;
+                if kind == BackendArg::Buffered {
+                    progress(format_args!("reading {} into the page cache", path.display()));
+                    std::fs::read(&path)
+                        .map_err(|e| PrepareError::Other(format!("{}: {e}", path.display())))?;
+                }
+                BenchDisk::prepare(&file(path, false), scratch_dir)?
+            }
+            BackendArg::Tmpfs => {
+                let path = PathBuf::from(format!("/dev/shm/exitless-bench-tmpfs-{}.img", std::process::id()));
+                progress(format_args!("filling a {} MiB file on tmpfs at {}", size >> 20, path.display()));
+                scratch::fill(&path, size)
+                    .map_err(|e| PrepareError::Other(format!("cannot make {}: {e}", path.display())))?;
+                let mut disk = BenchDisk::prepare(&file(path.clone(), false), scratch_dir)?;
+                disk.made = Some(path);
+                disk
+            }
+            BackendArg::Loop => {
+                let device = LoopDevice::attach(&scratch_file()?).map_err(PrepareError::Other)?;
+                let mut disk = BenchDisk::prepare(&file(device.path.clone(), true), scratch_dir)?;
+                disk.describe =
+                    format!("{} (a loop device over the scratch file, direct I/O)", disk.describe);
+                disk._loop_device = Some(device);
+                disk
+            }
+            BackendArg::Ram | BackendArg::All => {
+                BenchDisk::prepare(&BenchDiskArg::Disk(DiskBackend::Ram { size }), scratch_dir)?
+            }
+        };
+        if kind == BackendArg::Cold {
+            disk.cold = true;
+            disk.describe += ", its pages dropped from the host's page cache before every run";
+        }
+        Ok(disk)
+    }
+
+    /// Before a run (fio's, a guest's): a cold disk's pages leave the page cache.
+    fn before_run(&self) {
+        if self.cold {
+            if let Err(e) = scratch::drop_page_cache(&self.fio_path) {
+                progress(format_args!("cannot drop {} from the page cache: {e}", self.fio_path.display()));
+            }
+        }
     }
 
     /// The disk as QEMU's rows see it.
@@ -572,6 +658,7 @@ impl BenchDisk {
             direct: self.direct,
             file_backend: Backend::of_file(&self.fio_path, self.direct),
             null_size: self.is_ram.then_some(self.size),
+            cold: self.cold,
         }
     }
 
@@ -586,6 +673,7 @@ impl BenchDisk {
             runtime: Duration::from_millis(args.duration_ms),
             cpus,
             size: self.size / scenario.bs as u64 * scenario.bs as u64,
+            direct: self.direct,
             huge_pages: baseline::buffers_on_huge_pages(scenario.bs, scenario.qd),
         }
     }

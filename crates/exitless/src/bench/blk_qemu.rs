@@ -102,6 +102,19 @@ pub struct PeerDisk<'a> {
     pub file_backend: RowBackend,
     /// A RAM disk's size: QEMU's own configurations run on a null device of that size too.
     pub null_size: Option<u64>,
+    /// The file's pages leave the host's page cache before every run (`--backends cold`).
+    pub cold: bool,
+}
+
+impl PeerDisk<'_> {
+    /// Before a run: a cold disk's pages leave the page cache.
+    fn before_run(&self) {
+        if self.cold {
+            if let Err(e) = super::scratch::drop_page_cache(self.path) {
+                super::progress(format_args!("cannot drop {} from the page cache: {e}", self.path.display()));
+            }
+        }
+    }
 }
 
 /// QEMU, and qemu-storage-daemon if it is installed, with the probe exported for them.
@@ -159,6 +172,7 @@ impl QemuPeer {
                 };
                 let served_on = (served, block, disk.spec);
                 let blank = row.clone();
+                disk.before_run();
                 let Err(first) = self.measure(&mut row, scenario, args, served_on, tsc_khz, completion)
                 else {
                     return row;
@@ -166,6 +180,7 @@ impl QemuPeer {
                 // Once more, as exitless's own runs: one failed run must not cost the row.
                 super::progress(format_args!("that run failed ({first}); running it again"));
                 row = blank;
+                disk.before_run();
                 match self.measure(&mut row, scenario, args, served_on, tsc_khz, completion) {
                     Ok(()) => {
                         let retried = format!("measured on the second attempt; the first failed: {first}");

@@ -6,6 +6,7 @@ mod blk;
 mod blk_qemu;
 mod blk_table;
 mod exitcost;
+mod loop_device;
 mod machine;
 mod net;
 mod plot;

@@ -124,6 +124,13 @@ pub fn fill(path: &Path, size: u64) -> std::io::Result<()> {
     file.sync_all()
 }
 
+/// Writes `path`'s dirty pages back and drops all of its pages from the page cache: the next
+/// reads go to the disk (the backend matrix's `cold` disk, before every run).
+pub fn drop_page_cache(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_data()?;
+    drop_cached(path)
+}
+
 /// Drops a synced file on a real disk from the page cache, so the first O_DIRECT reads find it
 /// on the device and the cache holds no gigabyte of it (not for tmpfs, where the cache is the
 /// file).
