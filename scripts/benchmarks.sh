@@ -43,6 +43,14 @@ links() {
     echo
     "$exitless" bench --markdown --plot "$plots.new/blk"
     links blk "Plots, one per scenario: IOPS per row (bare metal and the best peer marked), exits per I/O by cause, p50/p99 latency:"
+    echo "## The backend matrix"
+    echo
+    echo "Every kind of disk a user gives (an ext4 file with O_DIRECT, the same file through the"
+    echo "page cache warm and cold, a file on tmpfs, a loop device, the RAM disk), random reads and"
+    echo "writes at depth 1 and 32 and write+FLUSH pairs, each against fio with the same caching and"
+    echo "QEMU on the same backend with the matching cache mode."
+    echo
+    "$exitless" bench --backends all --rw randread,randwrite,writeflush --qd 1,32 --duration-ms 500 --markdown
     "$exitless" bench net --markdown --plot "$plots.new/net"
     links net "Plot: transactions/s per row (bare metal marked), exits per transaction by cause, p50/p99 latency:"
     "$exitless" bench exitcost --markdown
