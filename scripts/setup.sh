@@ -8,7 +8,8 @@
 #     and e2fsck in the Linux compatibility suite's guest), util-linux and coreutils (that guest's
 #     blkdiscard and dd)
 #   - the x86_64-unknown-none Rust target (the probe guest)
-#   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
+#   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh; its gcc is also the C
+#     compiler the Linux compatibility suite builds a small helper with
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 
