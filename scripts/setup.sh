@@ -11,7 +11,8 @@
 #     attach)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - tracefs mounted at /sys/kernel/tracing (the FLUSH tests read io_uring's tracepoints)
-#   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh
+#   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh; its gcc is also the C
+#     compiler the Linux compatibility suite builds a small helper with
 # and checks that /dev/kvm is usable.
 set -euo pipefail
 

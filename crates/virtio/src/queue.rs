@@ -57,7 +57,7 @@ pub enum QueueError {
     AvailIndexJump(u16),
     #[error("descriptor index {0} is out of range")]
     BadDescriptorIndex(u16),
-    #[error("descriptor chain is longer than the queue (a loop)")]
+    #[error("descriptor chain is longer than its descriptor table, the ring's or an indirect one (a loop)")]
     ChainTooLong,
     #[error("indirect descriptors were not negotiated")]
     UnexpectedIndirect,

@@ -50,11 +50,13 @@ static CHAINS: DmaStatic<Chains> = DmaStatic::new(Chains {
     back: [0; SEGMENTS * PAGE],
 });
 
-/// The written area (`data`) or the read-back area (`back`): only while no request is with the
-/// device.
+/// The written area (`data`) or the read-back area (`back`). Only between requests (each one
+/// completed, or the workload stopped), one slice of an area at a time.
 fn area(back: bool) -> &'static mut [u8] {
-    // SAFETY: the static is only touched between requests (each case waits for its completion
-    // or gives up on the device), and the probe is single-threaded, so no other reference lives.
+    // SAFETY: callers hold a slice only between requests: every request came back from the
+    // device (`completed`) before the next slice is made, or the workload stopped without
+    // touching the areas again; each slice is gone before another of the same area is made,
+    // and the probe is single-threaded, so no other reference to the area lives.
     unsafe {
         let chains = CHAINS.get();
         if back {
@@ -180,55 +182,67 @@ pub fn run(env: &Env) -> u8 {
     //    reverse order.
     fill_pattern(seed, 0, &mut area(false)[..SEGMENTS * SECTOR]);
     let sectors = |base: u64| (0..SEGMENTS).map(move |i| (base + (i * SECTOR) as u64, SECTOR as u32));
-    let write = request(&mut dev, env, &common, T_OUT, 0, &mut sectors(data));
-    area(true).fill(0);
-    let mut reversed = (0..SEGMENTS).map(|i| (back + ((SEGMENTS - 1 - i) * SECTOR) as u64, SECTOR as u32));
-    let read = request(&mut dev, env, &common, T_IN, 0, &mut reversed);
-    let verified = (0..SEGMENTS).all(|i| {
-        let at = (SEGMENTS - 1 - i) * SECTOR;
-        check_pattern(seed, i as u64, &area(true)[at..at + SECTOR])
-    });
-    all_ok &= served(&write) && served(&read) && verified;
-    report("sectors_512", SEGMENTS, (&write.0, write.1), Some((&read.0, read.1)), Some(verified));
-    if write.0.needs_reset() || read.0.needs_reset() {
+    let reversed =
+        |base: u64| (0..SEGMENTS).map(move |i| (base + ((SEGMENTS - 1 - i) * SECTOR) as u64, SECTOR as u32));
+    let Some(verified) = write_and_read(
+        (&mut dev, env, &common),
+        "sectors_512",
+        0,
+        &mut sectors(data),
+        &mut reversed(back),
+        |back| {
+            (0..SEGMENTS).all(|i| {
+                let at = (SEGMENTS - 1 - i) * SECTOR;
+                check_pattern(seed, i as u64, &back[at..at + SECTOR])
+            })
+        },
+    ) else {
         return status::FAILED;
-    }
+    };
+    all_ok &= verified;
 
     // 2. 128 pages of 4 KiB taken out of order (page 37 * i mod 128): 512 KiB at sector 128.
     let first = SEGMENTS as u64;
     let shuffled =
         |base: u64| (0..SEGMENTS).map(move |i| (base + ((37 * i) % SEGMENTS * PAGE) as u64, PAGE as u32));
+    let written = area(false);
     for i in 0..SEGMENTS {
         let at = (37 * i) % SEGMENTS * PAGE;
-        fill_pattern(seed, first + (i * PAGE / SECTOR) as u64, &mut area(false)[at..at + PAGE]);
+        fill_pattern(seed, first + (i * PAGE / SECTOR) as u64, &mut written[at..at + PAGE]);
     }
-    let write = request(&mut dev, env, &common, T_OUT, first, &mut shuffled(data));
-    area(true).fill(0);
-    let read = request(&mut dev, env, &common, T_IN, first, &mut shuffled(back));
-    let verified = (0..SEGMENTS).all(|i| {
-        let at = (37 * i) % SEGMENTS * PAGE;
-        check_pattern(seed, first + (i * PAGE / SECTOR) as u64, &area(true)[at..at + PAGE])
-    });
-    all_ok &= served(&write) && served(&read) && verified;
-    report("pages_4k_out_of_order", SEGMENTS, (&write.0, write.1), Some((&read.0, read.1)), Some(verified));
-    if write.0.needs_reset() || read.0.needs_reset() {
+    let Some(verified) = write_and_read(
+        (&mut dev, env, &common),
+        "pages_4k_out_of_order",
+        first,
+        &mut shuffled(data),
+        &mut shuffled(back),
+        |back| {
+            (0..SEGMENTS).all(|i| {
+                let at = (37 * i) % SEGMENTS * PAGE;
+                check_pattern(seed, first + (i * PAGE / SECTOR) as u64, &back[at..at + PAGE])
+            })
+        },
+    ) else {
         return status::FAILED;
-    }
+    };
+    all_ok &= verified;
 
     // 3. The same page 128 times in one chain: a write of one sector's bytes 128 times (as Linux
     //    zeroes a range), then a read of the 64 KiB into the same page 128 times.
     let page = [0xa5u8; SECTOR];
     area(false)[..SECTOR].copy_from_slice(&page);
     let same = |base: u64| (0..SEGMENTS).map(move |_| (base, SECTOR as u32));
-    let write = request(&mut dev, env, &common, T_OUT, 0, &mut same(data));
-    area(true).fill(0);
-    let read = request(&mut dev, env, &common, T_IN, 0, &mut same(back));
-    let verified = area(true)[..SECTOR] == page && area(true)[SECTOR..].iter().all(|&b| b == 0);
-    all_ok &= served(&write) && served(&read) && verified;
-    report("same_page_128_times", SEGMENTS, (&write.0, write.1), Some((&read.0, read.1)), Some(verified));
-    if write.0.needs_reset() || read.0.needs_reset() {
+    let Some(verified) = write_and_read(
+        (&mut dev, env, &common),
+        "same_page_128_times",
+        0,
+        &mut same(data),
+        &mut same(back),
+        |back| back[..SECTOR] == page && back[SECTOR..].iter().all(|&b| b == 0),
+    ) else {
         return status::FAILED;
-    }
+    };
+    all_ok &= verified;
 
     // 4. One data segment more than seg_max (if a table holds it): reported, judged by the host.
     let too_many = dev.disk.seg_max as usize + 1;
@@ -244,7 +258,35 @@ pub fn run(env: &Env) -> u8 {
     }
 }
 
-/// Completed with status OK and the queue intact.
-fn served((observed, status_byte): &(Observed, u8)) -> bool {
-    outcome(observed, *status_byte) == "ok"
+/// Both came back from the device, which gave up neither: the areas are the probe's again.
+fn completed((observed, _): &(Observed, u8)) -> bool {
+    observed.used.is_some() && !observed.needs_reset()
+}
+
+/// A case: a write of `written` (in the `data` area) at `sector`, then a read of it into
+/// `read_into` (in the `back` area, zeroed first), `verify` judging the `back` area. Reports the
+/// case; returns whether both were served OK and verified, or `None` when the device did not
+/// give a request back (the workload stops: the device may still own the areas).
+fn write_and_read(
+    (dev, env, common): (&mut BlockDevice, &Env, &Common),
+    name: &str,
+    sector: u64,
+    written: &mut dyn Iterator<Item = (u64, u32)>,
+    read_into: &mut dyn Iterator<Item = (u64, u32)>,
+    verify: impl FnOnce(&[u8]) -> bool,
+) -> Option<bool> {
+    let write = request(dev, env, common, T_OUT, sector, written);
+    if !completed(&write) {
+        report(name, SEGMENTS, (&write.0, write.1), None, None);
+        return None;
+    }
+    area(true).fill(0);
+    let read = request(dev, env, common, T_IN, sector, read_into);
+    if !completed(&read) {
+        report(name, SEGMENTS, (&write.0, write.1), Some((&read.0, read.1)), None);
+        return None;
+    }
+    let verified = verify(area(true));
+    report(name, SEGMENTS, (&write.0, write.1), Some((&read.0, read.1)), Some(verified));
+    Some(write.1 == S_OK && read.1 == S_OK && verified)
 }

@@ -16,8 +16,11 @@ use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
-/// The largest data descriptor the driver may use (`size_max`).
-pub const SIZE_MAX: u32 = 1 << 20;
+/// The largest data descriptor the driver may use (`size_max`). SeaBIOS's virtio-blk driver
+/// takes `size_max * seg_max / blk_size` as its sectors per request in 16 bits: with 1 MiB that
+/// was 2^18, 0 once truncated, and it read the disk at boot with a zero-length buffer (refused,
+/// so it could not boot from the disk). 128 KiB x 128 / 512 = 32768 fits; 256 KiB would not.
+pub const SIZE_MAX: u32 = 128 << 10;
 /// The most data descriptors per request (`seg_max`, storage's MAX_SEGMENTS).
 const SEG_MAX: u32 = 128;
 const _: () = assert!(SEG_MAX as usize == MAX_SEGMENTS);

@@ -909,8 +909,12 @@ fn the_same_guest_page_many_times_in_one_chain_is_served() {
     rig.mem.write_slice(&[0xc3; 4096], GuestAddress(DATA)).unwrap();
     rig.table_request(VIRTIO_BLK_T_OUT, 0, &[(DATA, 4096); 128]);
     rig.run_expecting(VIRTIO_BLK_S_OK);
-    // The 512 KiB written, read back in one piece.
-    rig.table_request(VIRTIO_BLK_T_IN, 0, &[(READBACK, 128 * 4096)]);
+    // The 512 KiB written, read back in pieces of size_max.
+    let size_max = super::device::SIZE_MAX;
+    let pieces: Vec<(u64, u32)> = (0..128 * 4096 / u64::from(size_max))
+        .map(|i| (READBACK + i * u64::from(size_max), size_max))
+        .collect();
+    rig.table_request(VIRTIO_BLK_T_IN, 0, &pieces);
     rig.run_expecting(VIRTIO_BLK_S_OK);
     let mut back = vec![0u8; 128 * 4096];
     rig.mem.read_slice(&mut back, GuestAddress(READBACK)).unwrap();
@@ -924,4 +928,23 @@ fn the_same_guest_page_many_times_in_one_chain_is_served() {
     rig.mem.read_slice(&mut sector, GuestAddress(DATA)).unwrap();
     assert!(sector.iter().all(|&b| b == 0xc3));
     rig.assert_still_serves();
+}
+
+/// SeaBIOS's virtio-blk driver splits its reads by `size_max * seg_max / blk_size` sectors held
+/// in 16 bits: the product must be a sector count above 0 there, or it reads with a zero-length
+/// buffer and cannot boot from the disk (as with a size_max of 1 MiB: 2^18 sectors, 0).
+#[test]
+fn size_max_times_seg_max_fits_seabios_16_bit_sector_count() {
+    use super::Block;
+    use crate::device::VirtioDevice;
+    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let block = Block::new(Box::new(RamDisk::create(&path, DISK).unwrap()), "seabios");
+    let word = |at: usize| {
+        let mut bytes = [0u8; 4];
+        block.read_config(at as u64, &mut bytes);
+        u32::from_le_bytes(bytes)
+    };
+    let (size_max, seg_max, blk_size) = (word(8), word(12), word(20));
+    let sectors = u64::from(size_max) * u64::from(seg_max) / u64::from(blk_size);
+    assert!((1..1 << 16).contains(&sectors), "{size_max} x {seg_max} / {blk_size} = {sectors}");
 }
