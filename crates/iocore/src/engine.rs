@@ -122,22 +122,22 @@ impl Engine {
                     }
                     continue;
                 }
-                if known_workers && !disk_wait.spun_enough(self.stats.work) {
-                    // A batch worker does not preempt a batch thread that spins.
-                    self.stats.worker_yields += 1;
-                    std::thread::yield_now();
+                if !disk_wait.spun_enough(self.stats.work) {
+                    if known_workers {
+                        // A batch worker does not preempt a batch thread that spins.
+                        self.stats.worker_yields += 1;
+                        std::thread::yield_now();
+                    }
                     continue;
                 }
-                if disk_wait.spun_enough(self.stats.work) {
-                    // Notifications wake a notified thread; a polling one must look at its rings
-                    // again soon.
-                    let timeout = match self.policy {
-                        Policy::Notified => self.wait_limit(),
-                        _ => Some(disk_wait.polled_sleep()),
-                    };
-                    self.stats.disk_sleeps += 1;
-                    self.wait(timeout);
-                }
+                // Notifications wake a notified thread; a polling one must look at its rings
+                // again soon.
+                let timeout = match self.policy {
+                    Policy::Notified => self.wait_limit(),
+                    _ => Some(disk_wait.polled_sleep()),
+                };
+                self.stats.disk_sleeps += 1;
+                self.wait(timeout);
                 continue;
             }
             disk_wait.reset();
