@@ -54,9 +54,11 @@ pub struct VhostUserBlkArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub iocores: u16,
     /// Pin the IOCores to these host CPUs (IOCore k to the k-th, round robin). A pinned
-    /// sidecore or exitless IOCore owns its CPU: it runs in the idle scheduling class, so the
+    /// sidecore or eventfd IOCore owns its CPU: it runs in the idle scheduling class, so the
     /// kernel's work there (a disk's completions) runs at once; another busy thread on that CPU
-    /// holds it off (it then falls back to a batch thread for a while and says so).
+    /// holds it off (a sidecore IOCore then falls back to a batch thread for a while and says
+    /// so; an eventfd one, which sleeps between requests, is not seen to be held off and stays
+    /// slow: give it a CPU of its own).
     #[arg(long, value_name = "CPU[,CPU...]", value_delimiter = ',')]
     pub iocore_cpu: Vec<usize>,
     /// adaptive: microseconds an IOCore spins without a request before it sleeps.
