@@ -1,7 +1,8 @@
 //! `probe.workload=blk`: block I/O through the virtio-blk driver, timed per request.
 //!
-//! Parameters: `probe.rw=randread|randwrite|read|write|flush|writeflush|verify` (default
-//! randread; `writeflush`: random writes, each followed by a FLUSH, counted as two requests),
+//! Parameters: `probe.rw=randread|randwrite|read|write|flush|writeflush|seqwriteflush|verify`
+//! (default randread; `writeflush`: random writes, each followed by a FLUSH, counted as two
+//! requests; `seqwriteflush`: the same with the writes in order from block 0),
 //! `probe.bs=` bytes (a multiple of 512 up to 128K, default 4096; not used by `flush`),
 //! `probe.qd=` (1..=256, default 1; at most as many requests as the queue has room for: with
 //! VIRTIO_F_INDIRECT_DESC (`probe.indirect=on`, the default, and offered by the device) a
@@ -187,7 +188,10 @@ fn params(env: &Env) -> Params {
     let number =
         |key, default| cmdline::get_u64(env.cmdline, key, default).unwrap_or_else(|k| bad_parameter(k));
     let rw = cmdline::get(env.cmdline, "probe.rw").unwrap_or("randread");
-    if !matches!(rw, "randread" | "randwrite" | "read" | "write" | "flush" | "writeflush" | "verify") {
+    if !matches!(
+        rw,
+        "randread" | "randwrite" | "read" | "write" | "flush" | "writeflush" | "seqwriteflush" | "verify"
+    ) {
         bad_parameter("probe.rw");
     }
     let bs = number("probe.bs", 4096);
@@ -249,7 +253,7 @@ pub fn run(env: &Env) -> u8 {
             rw if rw.ends_with("read") => T_IN,
             _ => T_OUT,
         },
-        flush_after_write: p.rw == "writeflush",
+        flush_after_write: p.rw.ends_with("writeflush"),
         random: p.rw.starts_with("rand") || p.rw == "writeflush",
         rng: XorShift::new(common.seed),
         next_block: 0,
