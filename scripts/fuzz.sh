@@ -80,10 +80,12 @@ for target in "${targets[@]}"; do
     limit="$runs executions"
     [ "$runs" -lt 0 ] && limit="no execution limit"
     [ "$max_seconds" -gt 0 ] && limit="$limit, $max_seconds s"
+    # shellcheck disable=SC2207
+    command=(nice -n 10 "$bin_dir/$target" $(flags_for "$target") -runs="$runs" -max_total_time="$max_seconds"
+        -print_final_stats=1 "$work/$target" "corpus/$target")
     echo "fuzz long: $target: $limit (log: $log)" >&2
-    # shellcheck disable=SC2046
-    if ! nice -n 10 "$bin_dir/$target" $(flags_for "$target") -runs="$runs" -max_total_time="$max_seconds" \
-        -print_final_stats=1 "$work/$target" "corpus/$target" >"$log" 2>&1; then
+    echo "fuzz long: command (in fuzz/): ${command[*]}" >&2
+    if ! "${command[@]}" >"$log" 2>&1; then
         echo "fuzz long: $target: FAILED; the end of its log:" >&2
         tail -n 40 "$log" >&2
         status=1

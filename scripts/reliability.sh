@@ -42,6 +42,8 @@ logs=target/reliability
 rm -rf "$logs"
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
+# Artifacts (crashes, slow inputs) newer than this are this run's.
+touch "$logs/started"
 # Relative to fuzz/, where fuzz.sh runs: a fresh work corpus, so every target starts from its
 # committed seeds alone.
 fuzz_env+=("FUZZ_WORK_DIR=../target/reliability/fuzz-corpus")
@@ -106,6 +108,19 @@ part durability "$durability_command"
 # fuzz.sh prints its table on stdout and its progress and failures on stderr.
 part fuzz "$fuzz_command 2>$logs/fuzz.stderr"
 load_after=$(cut -d ' ' -f 1-3 /proc/loadavg)
+
+# Every input libFuzzer kept in fuzz/artifacts/ during this run, replayed alone: a slow input's
+# time in the run is wall time, which on a shared machine includes time the fuzzer was not
+# running at all.
+artifacts=()
+while IFS= read -r -d '' unit; do
+    target=$(basename "$(dirname "$unit")")
+    t0=$(date +%s%N)
+    outcome=ok
+    fuzz/target/strict/x86_64-unknown-linux-gnu/release/"$target" "$unit" >"$logs/replay.log" 2>&1 ||
+        outcome="FAILED (exit $?)"
+    artifacts+=("| \`$unit\` | $(((($(date +%s%N) - t0) / 1000000))) | $outcome |")
+done < <(find fuzz/artifacts -type f -newer "$logs/started" -print0 2>/dev/null | sort -z)
 total_seconds=$(($(date +%s) - start))
 
 # `NAME RESULT` for every test libtest ran in log $1.
@@ -125,13 +140,16 @@ result_table() {
     fi
 }
 
-# How part $1 ended, for a heading.
+# How part $1 ended, for a heading: its wall time (builds included) and, for a test part, libtest's
+# count and time.
 verdict() {
-    local name=$1 seconds_var="seconds_$1"
+    local name=$1 seconds_var="seconds_$1" tests
+    tests=$(sed -nE 's/^test result: [a-zA-Z]+\. ([0-9]+ passed; [0-9]+ failed).*finished in ([0-9.]+)s$/, tests: \1 in \2 s/p' \
+        "$logs/$name.log" | tail -n 1)
     if [[ " ${failed[*]} " == *" $name "* ]]; then
-        echo "**FAILED** (${!seconds_var} s; the end of its log is below)"
+        echo "**FAILED** (${!seconds_var} s$tests; the end of its log is below)"
     else
-        echo "passed (${!seconds_var} s, builds included)"
+        echo "passed (${!seconds_var} s$tests)"
     fi
 }
 
@@ -169,7 +187,7 @@ EOF
         echo "- outcome: **FAILED: ${failed[*]}**"
     fi
     echo
-    echo "| part | command | outcome |"
+    echo "| part | command | outcome (wall time, builds included) |"
     echo "|---|---|---|"
     for name in fuzz durability faults flush; do
         command_var="${name}_command"
@@ -224,7 +242,13 @@ EOF
     echo
     echo "\`$fuzz_command\`: $(verdict fuzz). \`cov\` is libFuzzer's count of covered edges and"
     echo "\`ft\` of features (edge hit counts, compared values) at the end; the corpus is what the"
-    echo "run kept; the slowest input is libFuzzer's \`slowest_unit_time_sec\`."
+    echo "run kept; the slowest input is libFuzzer's \`slowest_unit_time_sec\` (wall time)."
+    echo
+    echo "Each target's libFuzzer command, as fuzz.sh ran it:"
+    echo
+    echo '```'
+    sed -n 's/^fuzz long: command (in fuzz\/): //p' "$logs/fuzz.stderr"
+    echo '```'
     echo
     echo "Seeds in \`fuzz/corpus/\` at the start (inputs, bytes):"
     for dir in fuzz/corpus/*/; do
@@ -239,6 +263,19 @@ EOF
         echo "\`$(basename "$log" .log)\` $(sed -nE 's/^INFO: Seed: ([0-9]+).*/\1/p' "$log" | head -n 1)"
     done | paste -sd ',' - | sed 's/,/, /g')
     [ -n "$seeds" ] && echo "libFuzzer's random seeds (\`-seed=N\` repeats a target's run): $seeds." && echo
+    if [ ${#artifacts[@]} -gt 0 ]; then
+        echo "Inputs this run left in \`fuzz/artifacts/\` (\`slow-unit-*\`: slower than 10 s of wall time in the"
+        echo "run, which on a shared machine includes time the fuzzer was not scheduled; \`crash-*\`,"
+        echo "\`timeout-*\`, \`oom-*\`: a failure), each replayed alone after the run:"
+        echo
+        echo "| input | replayed alone (ms) | replay |"
+        echo "|---|---|---|"
+        printf '%s\n' "${artifacts[@]}"
+        echo
+    else
+        echo "The run left no input in \`fuzz/artifacts/\` (no crash, timeout, out-of-memory or slow input)."
+        echo
+    fi
     if [ -s "$logs/fuzz.stderr" ] && grep -q FAILED "$logs/fuzz.stderr"; then
         echo '```'
         grep -A 40 FAILED "$logs/fuzz.stderr" | tail -n 80
