@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The long durability run recorded in RELIABILITY.md: ROUNDS (default 50) rounds of each kill -9
-# test in crates/exitless/tests/durability.rs (the probe under `exitless run`, and a Linux TCG
-# guest through `exitless vhost-user-blk`), then one summary line per test.
+# The durability part of scripts/reliability.sh alone (which records it in RELIABILITY.md):
+# ROUNDS (default 50) rounds of each kill -9 test in crates/exitless/tests/durability.rs (the
+# probe under `exitless run`, and a Linux TCG guest through `exitless vhost-user-blk`), then one
+# summary line per test.
 #   scripts/durability.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."

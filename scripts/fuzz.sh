@@ -8,9 +8,13 @@
 #                                        fuzz/corpus/TARGET; fails on any crash, hang (10 s) or
 #                                        RSS above 2 GiB. For CI.
 #   scripts/fuzz.sh long [TARGET...]     each target, one after the other, to FUZZ_LONG_RUNS
-#                                        (default 10000000) executions, niced, growing
-#                                        fuzz/corpus-work/TARGET; prints executions, time and
-#                                        coverage per target as a Markdown table.
+#                                        (default 10000000; -1: no limit) executions or
+#                                        FUZZ_LONG_SECONDS (default 0: no limit), whichever
+#                                        comes first, niced,
+#                                        growing FUZZ_WORK_DIR/TARGET (default fuzz/corpus-work;
+#                                        a relative path is taken from fuzz/); prints
+#                                        executions, time, coverage, corpus, slowest input and
+#                                        peak RSS per target as a Markdown table.
 #
 # A crash leaves its input in fuzz/artifacts/TARGET/; reproduce it with
 #   fuzz/target/strict/x86_64-unknown-linux-gnu/release/TARGET fuzz/artifacts/TARGET/crash-...
@@ -62,15 +66,26 @@ if [ "$mode" = smoke ]; then
 fi
 
 runs=${FUZZ_LONG_RUNS:-10000000}
+max_seconds=${FUZZ_LONG_SECONDS:-0}
+work=${FUZZ_WORK_DIR:-corpus-work}
+if ! [[ $runs =~ ^-?[0-9]+$ && $max_seconds =~ ^[0-9]+$ ]]; then
+    echo "fuzz long: FUZZ_LONG_RUNS ($runs) and FUZZ_LONG_SECONDS ($max_seconds) must be numbers" >&2
+    exit 2
+fi
 date=$(date -u +%Y-%m-%d)
 rows=()
 for target in "${targets[@]}"; do
-    mkdir -p "artifacts/$target" "corpus-work/$target"
-    log="corpus-work/$target.log"
-    echo "fuzz long: $target: $runs executions (log: fuzz/$log)" >&2
-    # shellcheck disable=SC2046
-    if ! nice -n 10 "$bin_dir/$target" $(flags_for "$target") -runs="$runs" -print_final_stats=1 \
-        "corpus-work/$target" "corpus/$target" >"$log" 2>&1; then
+    mkdir -p "artifacts/$target" "$work/$target"
+    log="$work/$target.log"
+    limit="$runs executions"
+    [ "$runs" -lt 0 ] && limit="no execution limit"
+    [ "$max_seconds" -gt 0 ] && limit="$limit, $max_seconds s"
+    # shellcheck disable=SC2207
+    command=(nice -n 10 "$bin_dir/$target" $(flags_for "$target") -runs="$runs" -max_total_time="$max_seconds"
+        -print_final_stats=1 "$work/$target" "corpus/$target")
+    echo "fuzz long: $target: $limit (log: $log)" >&2
+    echo "fuzz long: command (in fuzz/): ${command[*]}" >&2
+    if ! "${command[@]}" >"$log" 2>&1; then
         echo "fuzz long: $target: FAILED; the end of its log:" >&2
         tail -n 40 "$log" >&2
         status=1
@@ -83,11 +98,12 @@ for target in "${targets[@]}"; do
     corpus=$(sed -E 's/.* corp: ([^ ]+).*/\1/' <<<"$done_line")
     read -r executions seconds < <(sed -nE 's/^Done ([0-9]+) runs in ([0-9]+) second.*/\1 \2/p' "$log")
     rss=$(sed -nE 's/^stat::peak_rss_mb: *([0-9]+)/\1/p' "$log")
+    slowest=$(sed -nE 's/^stat::slowest_unit_time_sec: *([0-9]+)/\1/p' "$log")
     rate=$((executions / (seconds > 0 ? seconds : 1)))
-    rows+=("| $target | $executions | $seconds | $rate | $cov | $ft | $corpus | $rss | $date |")
+    rows+=("| $target | $executions | $seconds | $rate | $cov | $ft | $corpus | $slowest | $rss | $date |")
 done
 echo
-echo "| target | executions | seconds | exec/s | cov | ft | corpus (inputs/size) | peak RSS (MB) | date |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| target | executions | seconds | exec/s | cov | ft | corpus (inputs/size) | slowest input (s) | peak RSS (MB) | date |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 exit $status

@@ -196,6 +196,36 @@ impl Outcome {
         self.steps.iter().map(|s| s.count("writes", "ioerr") + s.count("reads", "ioerr")).sum()
     }
 
+    /// One line of what each side counted, for scripts/reliability.sh (after the checks passed).
+    fn print(&self, fault: &str, frontend: Frontend) {
+        let per_kind = |s: &Seen, kind: &str| {
+            let counts: Vec<String> = ["ok", "ioerr", "other", "mismatches"]
+                .iter()
+                .filter_map(|o| Some(format!("{} {o}", s.0[kind][o].as_u64()?)))
+                .collect();
+            format!("{kind} {}", counts.join(" "))
+        };
+        let steps: Vec<String> = self
+            .steps
+            .iter()
+            .map(|s| {
+                let kinds: Vec<String> =
+                    ["writes", "reads", "control"].iter().map(|k| per_kind(s, k)).collect();
+                format!("step {} ({} rounds): {}", s.0["step"], s.rounds(), kinds.join(", "))
+            })
+            .collect();
+        let host = self.host_io_errors.map_or("-".to_string(), |n| n.to_string());
+        let frontend = match frontend {
+            Frontend::Exitless => "exitless run",
+            Frontend::VhostUser => "exitless vhost-user-blk",
+        };
+        println!(
+            "fault {fault} ({frontend}): guest IOERRs {}, host counted {host}; {}",
+            self.guest_ioerrs(),
+            steps.join("; ")
+        );
+    }
+
     /// The host counted the errors the guest saw, on the disk under test only.
     fn host_counted_the_errors(&self) {
         if let Some(counted) = self.host_io_errors {
@@ -381,6 +411,7 @@ fn out_of_space(frontend: Frontend) {
     outcome.host_counted_the_errors();
     assert_holds_pattern(&disk, written);
     assert_holds_pattern(&disk, fresh);
+    outcome.print("out of space", frontend);
 }
 
 /// The file is cut to half its blocks: reads beyond the new end fail (a short read is no
@@ -409,6 +440,7 @@ fn truncated(frontend: Frontend) {
     }
     outcome.host_counted_the_errors();
     assert_holds_pattern(&disk, all);
+    outcome.print("truncated file", frontend);
 }
 
 /// The file system turns read-only under the guest. Linux refuses `mount -o remount,ro` while a
@@ -441,6 +473,7 @@ fn turned_read_only(frontend: Frontend) {
     }
     outcome.host_counted_the_errors();
     assert_holds_pattern(&disk, written);
+    outcome.print("file system turned read-only", frontend);
 }
 
 #[test]

@@ -1,0 +1,426 @@
+#!/usr/bin/env bash
+# Regenerates RELIABILITY.md from what the reliability runs print (never edited by hand), as
+# scripts/benchmarks.sh does BENCHMARKS.md: the fuzz targets (scripts/fuzz.sh long), the kill -9
+# rounds (tests/durability.rs), the fault cases (tests/faults.rs) and the FLUSH proof
+# (tests/flush.rs), with the commit, the date, the machine and the exact commands.
+#
+#   scripts/reliability.sh short   a few minutes: each fuzz target for FUZZ_SMOKE_SECONDS
+#                                  (default 25, the smoke run's length) from its committed seeds,
+#                                  EXITLESS_DURABILITY_ROUNDS (default 3) kill -9 rounds per case
+#   scripts/reliability.sh long    each fuzz target to FUZZ_LONG_RUNS executions (default
+#                                  10000000) or FUZZ_LONG_SECONDS (default 0: no limit), whichever
+#                                  comes first, and EXITLESS_DURABILITY_ROUNDS (default 50) rounds
+#
+# The fault and FLUSH cases are the same in both forms. Every part runs even when one before it
+# failed; RELIABILITY.md then says which failed, and the script exits 1. Logs (libFuzzer's, the
+# tests') are kept in target/reliability/. Needs root and what scripts/setup.sh installs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+form=${1:-}
+case "$form" in
+short)
+    fuzz_env=(FUZZ_LONG_RUNS=-1 "FUZZ_LONG_SECONDS=${FUZZ_SMOKE_SECONDS:-25}")
+    rounds=${EXITLESS_DURABILITY_ROUNDS:-3}
+    ;;
+long)
+    fuzz_env=("FUZZ_LONG_RUNS=${FUZZ_LONG_RUNS:-10000000}" "FUZZ_LONG_SECONDS=${FUZZ_LONG_SECONDS:-0}")
+    rounds=${EXITLESS_DURABILITY_ROUNDS:-50}
+    ;;
+*)
+    echo "usage: scripts/reliability.sh short|long (see the comment at its top)" >&2
+    exit 2
+    ;;
+esac
+
+if ! [[ $rounds =~ ^[0-9]+$ ]]; then
+    echo "reliability: EXITLESS_DURABILITY_ROUNDS ($rounds) must be a number" >&2
+    exit 2
+fi
+
+logs=target/reliability
+rm -rf "$logs"
+mkdir -p "$logs"
+logs=$(cd "$logs" && pwd)
+# Artifacts (crashes, slow inputs) newer than this are this run's.
+touch "$logs/started"
+# Relative to fuzz/, where fuzz.sh runs: a fresh work corpus, so every target starts from its
+# committed seeds alone.
+fuzz_env+=("FUZZ_WORK_DIR=../target/reliability/fuzz-corpus")
+
+# What the figures were measured on: the tree (RELIABILITY.md itself, the output, aside), the
+# machine as BENCHMARKS.md names it, and how busy it was.
+commit=$(git rev-parse HEAD)
+dirty=$(git status --porcelain -- . ':!RELIABILITY.md' | sed 's/^...//' | paste -sd ' ' -)
+tree="commit $commit"
+[ -n "$dirty" ] && tree="$tree plus uncommitted changes to: $dirty"
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+kvm=unknown
+for module in kvm_pvm kvm_intel kvm_amd; do
+    if [ -e "/sys/module/$module" ]; then
+        kvm=$module
+        break
+    fi
+done
+machine="$cpu ($(nproc) CPUs), Linux $(cat /proc/sys/kernel/osrelease), KVM backend $kvm"
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
+start=$(date +%s)
+load_before=$(cut -d ' ' -f 1-3 /proc/loadavg)
+
+tests=(cargo test --release -p exitless)
+test_flags=(-- --test-threads 1 --show-output)
+fuzz_command="${fuzz_env[*]} scripts/fuzz.sh long"
+durability_command="EXITLESS_DURABILITY_ROUNDS=$rounds ${tests[*]} --test durability ${test_flags[*]}"
+faults_command="${tests[*]} --test faults ${test_flags[*]}"
+flush_command="${tests[*]} --test flush ${test_flags[*]}"
+
+echo "reliability $form: $tree" >&2
+echo "  machine: $machine (load $load_before)" >&2
+echo "  fuzz:       $fuzz_command" >&2
+echo "  durability: $durability_command" >&2
+echo "  faults:     $faults_command" >&2
+echo "  flush:      $flush_command" >&2
+echo "  logs:       $logs/" >&2
+
+scripts/setup.sh >&2
+cargo build --release >&2
+"${tests[@]}" --test durability --test faults --test flush --no-run >&2
+
+failed=()
+# Runs part $1 ($2: its command line, run by bash), its output in $logs/$1.log; records its wall
+# time in seconds_$1 and whether it passed.
+part() {
+    local name=$1 command=$2 start
+    echo "reliability: $name ($command)" >&2
+    start=$(date +%s)
+    if bash -c "$command" >"$logs/$name.log" 2>&1; then
+        echo "reliability: $name passed" >&2
+    else
+        echo "reliability: $name FAILED (log: $logs/$name.log)" >&2
+        failed+=("$name")
+    fi
+    printf -v "seconds_$name" '%s' $(($(date +%s) - start))
+}
+
+part flush "$flush_command"
+part faults "$faults_command"
+part durability "$durability_command"
+# fuzz.sh prints its table on stdout and its progress and failures on stderr.
+part fuzz "$fuzz_command 2>$logs/fuzz.stderr"
+load_after=$(cut -d ' ' -f 1-3 /proc/loadavg)
+
+# Every input libFuzzer kept in fuzz/artifacts/ during this run, replayed alone: a slow input's
+# time in the run is wall time, which on a shared machine includes time the fuzzer was not
+# running at all.
+artifacts=()
+while IFS= read -r -d '' unit; do
+    target=$(basename "$(dirname "$unit")")
+    t0=$(date +%s%N)
+    outcome=ok
+    fuzz/target/strict/x86_64-unknown-linux-gnu/release/"$target" "$unit" >"$logs/replay.log" 2>&1 ||
+        outcome="FAILED (exit $?)"
+    artifacts+=("| \`$unit\` | $(((($(date +%s%N) - t0) / 1000000))) | $outcome |")
+done < <(find fuzz/artifacts -type f -newer "$logs/started" -print0 2>/dev/null | sort -z)
+total_seconds=$(($(date +%s) - start))
+
+# `NAME RESULT` for every test libtest ran in log $1.
+results() {
+    sed -nE 's/^test ([^ ]+) \.\.\. (ok|FAILED|ignored)$/\1 \2/p' "$1"
+}
+
+# A Markdown table of the tests of log $1: name and result.
+result_table() {
+    echo "| test | result |"
+    echo "|---|---|"
+    results "$1" | while read -r name result; do
+        echo "| \`$name\` | $result |"
+    done
+    if [ -z "$(results "$1")" ]; then
+        echo "| (no test ran: see the log) | FAILED |"
+    fi
+}
+
+# How part $1 ended, for a heading: its wall time (builds included) and, for a test part, libtest's
+# count and time.
+verdict() {
+    local name=$1 seconds_var="seconds_$1" tests
+    tests=$(sed -nE 's/^test result: [a-zA-Z]+\. ([0-9]+ passed; [0-9]+ failed).*finished in ([0-9.]+)s$/, tests: \1 in \2 s/p' \
+        "$logs/$name.log" | tail -n 1)
+    if [[ " ${failed[*]} " == *" $name "* ]]; then
+        echo "**FAILED** (${!seconds_var} s$tests; the end of its log is below)"
+    else
+        echo "passed (${!seconds_var} s$tests)"
+    fi
+}
+
+# The last lines of a failed part's log, as a code block.
+failure_tail() {
+    if [[ " ${failed[*]} " == *" $1 "* ]]; then
+        echo
+        echo '```'
+        tail -n 60 "$2"
+        echo '```'
+    fi
+}
+
+# Lines the tests printed that start with $2, from log $1, temporary paths made generic.
+printed() {
+    grep -E "^$2 " "$1" | sed -E 's#path=/[^ ,]*#path=FILE#g' || true
+}
+
+{
+    cat <<'EOF'
+# Reliability
+
+Generated by `scripts/reliability.sh` from what its runs printed; not edited by hand. Every
+figure below comes from the run described here; how each part works is explained with it.
+
+EOF
+    echo "- form: \`scripts/reliability.sh $form\`"
+    echo "- tree: $tree"
+    echo "- started: $started; $total_seconds s in all, builds included; load average $load_before at the start, $load_after at the end"
+    echo "- machine: $machine"
+    echo "- toolchain: $(rustc --version), $(cargo fuzz --version)"
+    if [ ${#failed[@]} -eq 0 ]; then
+        echo "- outcome: every part passed"
+    else
+        echo "- outcome: **FAILED: ${failed[*]}**"
+    fi
+    echo
+    echo "| part | command | outcome (wall time, builds included) |"
+    echo "|---|---|---|"
+    for name in fuzz durability faults flush; do
+        command_var="${name}_command"
+        echo "| $name | \`${!command_var}\` | $(verdict "$name") |"
+    done
+    echo
+
+    cat <<'EOF'
+## Fuzzing
+
+Everything a guest driver or a vhost-user frontend controls is fuzzed with coverage guidance:
+[cargo-fuzz](https://github.com/rust-fuzz/cargo-fuzz) driving libFuzzer, on the **stable**
+toolchain with no sanitizer (`--sanitizer none`; no `RUSTC_BOOTSTRAP`, no nightly), release
+builds with debug assertions and overflow checks (`-O -a`), so an arithmetic overflow is a crash.
+Without a sanitizer there is no AddressSanitizer or LeakSanitizer: out-of-bounds accesses are
+caught only where they fault or where Rust checks them, and a leak only as RSS growing past the
+2 GiB limit or, for descriptors, as running out of them (the vhost-user target creates several
+per input). A hang is an input that runs longer than 10 s.
+
+The targets live in `fuzz/` (their own cargo workspace, outside the project's), share a harness
+(`fuzz/src/lib.rs`: guest RAM of two 64 KiB regions with a hole between them, split rings laid
+out in it, a hostile driver that writes descriptors, requests and ring indices drawn from the
+input, a RAM disk on a memfd) and check behaviour, not only the absence of panics:
+
+| target | what it drives | what it checks besides "no panic" |
+|---|---|---|
+| `split_queue` | `Queue::new` with fuzzed sizes and ring addresses, then any order of `pop_avail`, `walk_chain`, `add_used`, `publish_used`, `needs_interrupt`, `set_notifications`, `descriptor` and driver writes, continued after the driver broke the queue | heads taken are inside the queue and were published; a chain walk visits at most queue-size descriptors; the used index in RAM is always the one last published |
+| `blk_worker` | `BlockWorker` over a RAM disk: requests of every type (read, write, flush, get-id, unknown) with sectors on and off the disk, bent descriptors (direction, length, address, loops, indirect), avail-index jumps, polling on and off, polls in between | after every poll nothing is in flight; answers never outnumber requests; while the queue is not broken every request taken has exactly one used entry; a broken queue is not served |
+| `blk_chains` | `BlockWorker` over a RAM disk on a queue of 1 to 256 that negotiated indirect descriptors: requests each in an indirect table of 0 to 1099 data segments (so tables longer than the queue, up to and past 1024 descriptors), segments of 512 B, 1 KiB, 4 KiB or any length, at consecutive places, the same 512 bytes every time or anywhere, a bent link, a table anywhere; its input is read a byte or word at a time, so its seeds (Linux's 130-descriptor table of 128 x 512 B written and read back, the same page 128 times, 129 and 1022 data segments, a table of 1025, a table of 130 on a queue of 1) are written by hand | nothing in flight after a poll; a well-formed table of at most 1024 descriptors never breaks the queue and gets one used entry, with IOERR when it holds more than 128 data segments and OK when its segments are sectors in RAM and on the disk; a table of more than 1024 breaks the queue |
+| `net_chains` | `NetWorker` over a real datagram socket pair: transmit chains (header + frame over 1-3 descriptors), receive chains, frames of 0 to 70 000 bytes arriving | every frame sent reached the wire with a length in 14..=1518; while no queue broke, each ring's used index counts exactly the chains taken; every frame that arrived was delivered, dropped with a counter, or is still waiting |
+| `vhost_user_messages` | `Message::parse` and `Session::handle` as `server.rs` drives them (a refused message ends the connection; the next gets a new session), messages mostly well formed per request code plus QEMU's ring start-up sequence, with real descriptors (memfds, eventfds, a pipe's read end, a pipe whose reader is gone, sockets, /dev/null); requests posted in the shared memory; the running rings' workers polled | after a poll nothing is in flight; a worker id is never attached twice; when a connection ends every ring it started has been stopped |
+| `mmio_registers` | `MmioTransport` in trap mode with a block device: register reads and writes at any offset, width and value, the driver's status/feature/queue set-up sequence (so queues are activated, and reset again), requests, notifications | the magic value always reads right; a reset clears status, queue-ready and interrupt status; while the device runs, a notification leaves no available request unanswered |
+
+Seeds are in `fuzz/corpus/TARGET/` (hand-written ones, inputs picked from a `-merge=1`
+minimisation of short runs, and every input a target ever found, kept as `regression-*` so that
+each run replays it); this run started from them alone, in a fresh work corpus, one target after
+the other. A crash leaves its input in `fuzz/artifacts/TARGET/`. `scripts/fuzz.sh` (smoke mode)
+is CI's short run of every target from the same seeds.
+
+Issue 9's defect #2 (a duplicate head leaked an in-flight slot) was found by fuzzing three ways:
+by `blk_worker` directly (`regression-blk_worker-duplicate-head-in-flight-leak`), by
+`vhost_user_messages` through a running ring (`regression-vhost_user_messages-in-flight-leak`),
+and by `mmio_registers` through a reset, where a driver that sets the device up again without
+clearing its avail ring has the new queue take the stale entries, one head twice
+(`regression-mmio_registers-duplicate-head-after-reset`, and
+`regression-mmio_registers-in-flight-leak-20s-hang`, which once spun on the leaked count). The
+queue now refuses a head offered again before it was returned (DEVICE_NEEDS_RESET) and a reset
+waits for what the backend really holds; every run below replays these inputs. Defect #1
+(completions past the 64th lost) was not reached by a fuzzer.
+
+EOF
+    echo "### This run"
+    echo
+    echo "\`$fuzz_command\`: $(verdict fuzz). \`cov\` is libFuzzer's count of covered edges and"
+    echo "\`ft\` of features (edge hit counts, compared values) at the end; the corpus is what the"
+    echo "run kept; the slowest input is libFuzzer's \`slowest_unit_time_sec\` (wall time)."
+    echo
+    echo "Each target's libFuzzer command, as fuzz.sh ran it:"
+    echo
+    echo '```'
+    sed -n 's/^fuzz long: command (in fuzz\/): //p' "$logs/fuzz.stderr"
+    echo '```'
+    echo
+    echo "Seeds in \`fuzz/corpus/\` at the start (inputs, bytes):"
+    for dir in fuzz/corpus/*/; do
+        target=$(basename "$dir")
+        echo "\`$target\` $(find "$dir" -type f | wc -l), $(find "$dir" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}');"
+    done | paste -sd ' ' - | sed 's/;$/./'
+    echo
+    sed -n '/^| target /,$p' "$logs/fuzz.log"
+    echo
+    seeds=$(for log in "$logs"/fuzz-corpus/*.log; do
+        [ -e "$log" ] || continue
+        echo "\`$(basename "$log" .log)\` $(sed -nE 's/^INFO: Seed: ([0-9]+).*/\1/p' "$log" | head -n 1)"
+    done | paste -sd ',' - | sed 's/,/, /g')
+    [ -n "$seeds" ] && echo "libFuzzer's random seeds (\`-seed=N\` repeats a target's run): $seeds." && echo
+    if [ ${#artifacts[@]} -gt 0 ]; then
+        echo "Inputs this run left in \`fuzz/artifacts/\` (\`slow-unit-*\`: slower than 10 s of wall time in the"
+        echo "run, which on a shared machine includes time the fuzzer was not scheduled; \`crash-*\`,"
+        echo "\`timeout-*\`, \`oom-*\`: a failure), each replayed alone after the run:"
+        echo
+        echo "| input | replayed alone (ms) | replay |"
+        echo "|---|---|---|"
+        printf '%s\n' "${artifacts[@]}"
+        echo
+    else
+        echo "The run left no input in \`fuzz/artifacts/\` (no crash, timeout, out-of-memory or slow input)."
+        echo
+    fi
+    if [ -s "$logs/fuzz.stderr" ] && grep -q FAILED "$logs/fuzz.stderr"; then
+        echo '```'
+        grep -A 40 FAILED "$logs/fuzz.stderr" | tail -n 80
+        echo '```'
+        echo
+    fi
+
+    cat <<'EOF'
+## Faults
+
+A disk's backing file fails under a running guest. The probe's `blk-faults` workload does
+rounds of 4 KiB writes and read-back checks (pattern `probe_abi::pattern`) on the disk under
+test. The host steers it step by step through a second disk of the same VM (the control disk:
+`probe_abi::fault_control` words in sector 0; a step starts only when two reads in a row agree,
+and runs at least 3 rounds). The host breaks the file while the guest is between steps (the VM
+is running and its control disk is in use), then asks for the next step. At the end the guest prints,
+per step, how each request ended (OK, IOERR, other status, and reads answered OK with wrong
+data), and the host compares its own error count with the guest's.
+
+| fault | how it is made | the guest must see | afterwards |
+|---|---|---|---|
+| out of space | 64 MiB sparse disk on a 16 MiB ext4 (loop device); a filler file takes every free block (and ext4's `reserved_clusters` pool is emptied first) | writes to blocks not yet allocated: IOERR (all but the few blocks ext4 still finds; how many varies); reads and rewrites of blocks already written: OK, right data | filler deleted, `sync -f`: writes to the new blocks OK, read back right; the host file holds the pattern |
+| truncated file | 128-block file cut to 64 blocks (`ftruncate`) | reads past the new end: IOERR (a short read is no success), exactly 64 per round; reads before it: OK, right data | the lost half written again: all 128 blocks read back right |
+| file system turned read-only | ext4 with `errors=remount-ro`, then an error (`/sys/fs/ext4/<loop>/trigger_fs_error`) | every write: IOERR; every read: OK, right data | reads keep working; the blocks written before hold the pattern |
+
+In every case the test also checks that no read answered OK returned wrong data, that the control
+disk served every round (0 errors), that nothing panicked, that `exitless run` ended with the
+probe's status 0 and that the `vhost-user-blk` daemon ended cleanly on SIGTERM. Each fault is
+tested through both frontends:
+
+- `exitless run` with the IOCore polling (`--io-mode exitless`), the disk under test
+  `path=FILE,direct` and the control disk a RAM disk on a /dev/shm file;
+- `exitless vhost-user-blk --io-mode adaptive` (disk `path=FILE,direct`) serving the same probe
+  under QEMU-KVM (`-M microvm`, `vhost-user-blk`), the control disk QEMU's own
+  `virtio-blk-device`.
+
+Host-side counts: the daemon's per-vring log line ("N requests completed, E I/O errors, ...")
+must equal the IOERRs the guest saw. For `exitless run`, `devices[0].io_errors` in
+`run --stats --json` must equal them too, with 0 for the control disk and no `needs_reset`.
+
+What the kernel does not allow: `mount -o remount,ro` fails with EBUSY while any file on the
+file system is open for writing, as the VMM's disk is. So a read-only remount cannot happen
+under a running VMM; what can happen is the file system turning itself read-only on an error,
+which is what the test does. That state lasts until the file system is unmounted
+(`mount -o remount,rw` succeeds but the file system stays `emergency_ro`), so the test does
+not expect writes to work again in that case. A read past the end of a truncated file comes back
+short and is answered IOERR.
+
+EOF
+    echo "### This run"
+    echo
+    echo "\`$faults_command\`: $(verdict faults)."
+    echo
+    result_table "$logs/faults.log"
+    echo
+    echo "What each passing case printed (per step: the guest's counts for the disk under test's"
+    echo "writes and reads and for the control disk; step 2 is the pause in which the host breaks"
+    echo "the file; the host's count of I/O errors on the disk under test):"
+    echo
+    echo '```'
+    printed "$logs/faults.log" fault | sed 's/; step/;\n    step/g'
+    echo '```'
+    failure_tail faults "$logs/faults.log"
+    echo
+
+    cat <<'EOF'
+## Durability under kill -9
+
+A guest writes generations of blocks, each closed by a FLUSH, and says on its console which
+generations' FLUSH completed; the host kills the process that serves the disk with SIGKILL at a
+random moment after the first durable generation, then checks the backing file sector by sector.
+Every block must hold the data of the last durable generation that wrote it (or zeros if none
+did), or of a generation the guest had begun after the last durable one (its writes may or may
+not have landed), and nothing else; the data encodes generation and block, so an old generation
+or a torn sector is caught (the check is itself tested on hand-built files).
+
+- Probe (`probe.workload=blk-durable`, `exitless run --disk path=FILE,direct`, the `exitless`,
+  `eventfd` and `adaptive` modes in turn): up to 64 blocks per generation at queue depth 8, a
+  JSON line before a generation's writes and one after its FLUSH. `exitless run` is killed 0 to
+  0.5 s after the first durable line. Console lines reach the host (line-buffered) before the
+  vCPU resumes, so every line the host saw was reached.
+- Linux (Debian cloud kernel under QEMU TCG, busybox initramfs) through
+  `exitless vhost-user-blk --disk path=FILE,direct`: fio is not in the initramfs the tests
+  build, so the guest runs a busybox loop: up to 32 blocks per generation written with
+  `dd conv=notrunc,fsync` (fsync of the block device: the writes, then a FLUSH), a
+  `DUR-WRITING` line before and a `DUR-DURABLE` line after. The daemon is killed 0 to 2 s after
+  the first durable line; the guest's console is then read until it is quiet (nothing can
+  become durable once the backend is gone), and QEMU is killed.
+
+kill -9 leaves the host's page cache intact, so these rounds show that a write acknowledged
+after a FLUSH was handed to the kernel, not that it reached stable storage; the FLUSH proof
+below shows the latter's first half, that every FLUSH is an fsync that completed first.
+
+("blocks checked": per round, the blocks some durable generation wrote, each checked sector by
+sector against its last durable generation; every other block of the 4 MiB disk was checked
+too, against zeros or a generation begun after the last durable one.)
+
+EOF
+    echo "### This run"
+    echo
+    echo "\`$durability_command\`: $(verdict durability)."
+    echo
+    echo "| guest, killed process | rounds | block writes acknowledged (after a completed FLUSH) | blocks checked | lost |"
+    echo "|---|---|---|---|---|"
+    printed "$logs/durability.log" durability |
+        sed -nE 's/^durability (.*): ([0-9]+) rounds, ([0-9]+) block writes .*, ([0-9]+) blocks checked, ([0-9]+) lost \((.*)\)$/| \1, \6 | \2 | \3 | \4 | \5 |/p'
+    echo
+    result_table "$logs/durability.log"
+    failure_tail durability "$logs/durability.log"
+    echo
+    echo "\`cargo test\` alone runs 3 rounds of each (the default); \`EXITLESS_DURABILITY_ROUNDS=N\`"
+    echo "sets the rounds. \`scripts/durability.sh [ROUNDS]\` runs this part alone."
+    echo
+
+    cat <<'EOF'
+## FLUSH is an fsync that completes before the guest goes on
+
+In every I/O mode of the VMM (`exitless run`: trap, eventfd, pv-eoi, sidecore, exitless,
+adaptive) and of the daemon (`exitless vhost-user-blk`: sidecore, adaptive, eventfd, serving the
+probe through `exitless run --disk vhost-user=`), on a file through the page cache and with
+O_DIRECT, the probe writes and flushes in turn at queue depth 1 (`probe.rw=writeflush`). The
+kernel's own io_uring tracepoints (`io_uring_submit_req`, `io_uring_complete`), recorded in a
+tracefs instance of the test's own for the serving process's rings alone, must show one FSYNC per
+FLUSH the guest made, each completed with result 0, and no other request submitted on that ring
+before the fsync completed: the guest's next write is its answer to the FLUSH's status, so the
+guest went on only after the fsync finished.
+
+EOF
+    echo "### This run"
+    echo
+    echo "\`$flush_command\`: $(verdict flush)."
+    echo
+    echo "| serving process, disk, mode | guest FLUSHes | fsyncs, each completed before the next submission | io_uring submissions traced | completions traced |"
+    echo "|---|---|---|---|---|"
+    printed "$logs/flush.log" flush |
+        sed -E 's/^flush path=/flush exitless run path=/; s/^flush daemon ([a-z-]+) path(,direct)?:/flush exitless vhost-user-blk path=FILE\2 \1:/' |
+        sed -nE 's/^flush (.*): ([0-9]+) FLUSHes, ([0-9]+) fsyncs .*; ([0-9]+) io_uring submissions, ([0-9]+) completions traced$/| \1 | \2 | \3 | \4 | \5 |/p'
+    echo
+    result_table "$logs/flush.log"
+    failure_tail flush "$logs/flush.log"
+} >RELIABILITY.md.new
+mv RELIABILITY.md.new RELIABILITY.md
+echo "RELIABILITY.md updated ($form form; logs in $logs/)" >&2
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "reliability: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
