@@ -32,8 +32,15 @@ pub const VHOST_USER_F_PROTOCOL_FEATURES: u32 = 30;
 
 /// Protocol feature bits.
 pub mod protocol {
+    /// VHOST_USER_PROTOCOL_F_MQ: the backend says how many queues it has (GET_QUEUE_NUM); the
+    /// specification asks every backend to offer it, even with a fixed number of queues.
     pub const MQ: u32 = 0;
+    /// VHOST_USER_PROTOCOL_F_REPLY_ACK: the frontend may set [`crate::message::FLAG_NEED_REPLY`]
+    /// on any request and gets a u64 back, 0 for success, unless the request has a reply of its
+    /// own.
     pub const REPLY_ACK: u32 = 3;
+    /// VHOST_USER_PROTOCOL_F_CONFIG: the frontend reads the device's configuration space with
+    /// GET_CONFIG (and could write it with SET_CONFIG, which this backend refuses).
     pub const CONFIG: u32 = 9;
 }
 
@@ -92,6 +99,7 @@ impl VhostUserBlk {
         self.block.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES
     }
 
+    /// How many queues the device has (GET_QUEUE_NUM's answer).
     pub fn num_queues(&self) -> usize {
         self.block.num_queues()
     }
@@ -222,6 +230,7 @@ impl Session<'_> {
         Error::MemoryShrank
     }
 
+    /// The protocol features the frontend set (SET_PROTOCOL_FEATURES); 0 before.
     pub fn protocol_features(&self) -> u64 {
         self.protocol_features
     }

@@ -10,7 +10,9 @@ use virtio::ActivateError;
 
 use crate::message::{MAX_CONFIG_SIZE, MAX_FDS, MAX_PAYLOAD, MAX_REGIONS};
 
+/// Why a message was refused or a connection (or the server) failed.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum Error {
     // The wire.
     #[error("cannot read from the frontend: {0}")]

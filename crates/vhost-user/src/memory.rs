@@ -108,10 +108,12 @@ impl GuestMemoryTable {
         self.fault.as_fd()
     }
 
+    /// The regions as guest memory, addressed by guest-physical address.
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.memory
     }
 
+    /// The regions as the frontend described them, in the table's order.
     pub fn regions(&self) -> &[MemoryRegion] {
         &self.regions
     }

@@ -19,6 +19,7 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use crate::error::Error;
 use crate::poll::first_ready;
 
+/// The header's length on the wire: request code, flags and payload size, a u32 each.
 pub const HEADER_LEN: usize = 12;
 /// Protocol version in flags bits 0-1.
 pub const VERSION: u32 = 1;
@@ -45,45 +46,94 @@ const REGION_LEN: usize = 32;
 
 /// Request codes (vhost-user specification, "Front-end message types").
 pub mod code {
+    /// Get the virtio features the backend offers (a u64 reply), plus
+    /// VHOST_USER_F_PROTOCOL_FEATURES.
     pub const GET_FEATURES: u32 = 1;
+    /// Set the virtio features the frontend acked: a subset of GET_FEATURES' reply.
     pub const SET_FEATURES: u32 = 2;
+    /// Sent when a connection is established: the sender owns the session. No payload.
     pub const SET_OWNER: u32 = 3;
+    /// Obsolete ("no longer used" in the specification, which recommends that backends ignore it or
+    /// disable every ring, not discard the connection's state); current QEMU never sends it.
     pub const RESET_OWNER: u32 = 4;
+    /// Share the guest's memory: a region table and one descriptor per region.
     pub const SET_MEM_TABLE: u32 = 5;
+    /// Share the dirty-page log for live migration (VHOST_F_LOG_ALL).
     pub const SET_LOG_BASE: u32 = 6;
+    /// Give an eventfd through which the backend may tell the frontend it modified the dirty log.
     pub const SET_LOG_FD: u32 = 7;
+    /// Set a ring's size (number of descriptors).
     pub const SET_VRING_NUM: u32 = 8;
+    /// Set a ring's descriptor, used and available ring addresses, in the frontend's address space.
     pub const SET_VRING_ADDR: u32 = 9;
+    /// Set the available index from which a ring resumes.
     pub const SET_VRING_BASE: u32 = 10;
+    /// Stop a ring and get the available index where it stopped.
     pub const GET_VRING_BASE: u32 = 11;
+    /// Give a ring's kick eventfd (the frontend signals new buffers); receiving it starts the ring.
     pub const SET_VRING_KICK: u32 = 12;
+    /// Give a ring's call eventfd (the backend signals used buffers: the guest interrupt).
     pub const SET_VRING_CALL: u32 = 13;
+    /// Give a ring's error eventfd (the backend signals that the ring failed).
     pub const SET_VRING_ERR: u32 = 14;
+    /// Get the protocol features the backend offers (with VHOST_USER_F_PROTOCOL_FEATURES).
     pub const GET_PROTOCOL_FEATURES: u32 = 15;
+    /// Set the protocol features the frontend uses: a subset of GET_PROTOCOL_FEATURES' reply.
     pub const SET_PROTOCOL_FEATURES: u32 = 16;
+    /// Get the most queues the backend supports (with VHOST_USER_PROTOCOL_F_MQ).
     pub const GET_QUEUE_NUM: u32 = 17;
+    /// Enable (1) or disable (0) a ring (with VHOST_USER_F_PROTOCOL_FEATURES).
     pub const SET_VRING_ENABLE: u32 = 18;
+    /// Ask a net backend to announce the guest's MAC after migration (VHOST_USER_PROTOCOL_F_RARP).
     pub const SEND_RARP: u32 = 19;
+    /// Tell a net backend the MTU the guest uses (VHOST_USER_PROTOCOL_F_MTU).
     pub const NET_SET_MTU: u32 = 20;
+    /// Give a socket on which the backend sends requests of its own
+    /// (VHOST_USER_PROTOCOL_F_BACKEND_REQ).
     pub const SET_BACKEND_REQ_FD: u32 = 21;
+    /// Update or invalidate an IOTLB entry, for a guest behind a vIOMMU (VIRTIO_F_IOMMU_PLATFORM).
     pub const IOTLB_MSG: u32 = 22;
+    /// Set a legacy ring's endianness (VHOST_USER_PROTOCOL_F_CROSS_ENDIAN).
     pub const SET_VRING_ENDIAN: u32 = 23;
+    /// Read part of the device's configuration space (VHOST_USER_PROTOCOL_F_CONFIG).
     pub const GET_CONFIG: u32 = 24;
+    /// Write part of the device's configuration space (VHOST_USER_PROTOCOL_F_CONFIG).
     pub const SET_CONFIG: u32 = 25;
+    /// Create a virtio-crypto session (VHOST_USER_PROTOCOL_F_CRYPTO_SESSION).
     pub const CREATE_CRYPTO_SESSION: u32 = 26;
+    /// Close a virtio-crypto session (VHOST_USER_PROTOCOL_F_CRYPTO_SESSION).
     pub const CLOSE_CRYPTO_SESSION: u32 = 27;
+    /// Prepare for postcopy migration: the backend returns a userfaultfd
+    /// (VHOST_USER_PROTOCOL_F_PAGEFAULT).
     pub const POSTCOPY_ADVISE: u32 = 28;
+    /// Postcopy migration: the backend starts handling faults on the guest memory.
     pub const POSTCOPY_LISTEN: u32 = 29;
+    /// Postcopy migration finished: the backend stops handling faults.
     pub const POSTCOPY_END: u32 = 30;
+    /// Get shared memory where the backend tracks in-flight requests, to resubmit them after it
+    /// reconnects (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
     pub const GET_INFLIGHT_FD: u32 = 31;
+    /// Give back the in-flight tracking memory to a reconnected backend
+    /// (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
     pub const SET_INFLIGHT_FD: u32 = 32;
+    /// Give a vhost-user-gpu backend its socket to the frontend's display.
     pub const GPU_SET_SOCKET: u32 = 33;
+    /// Disable every ring and return the device to its initial state; the frontend stays its
+    /// owner (VHOST_USER_PROTOCOL_F_RESET_DEVICE).
     pub const RESET_DEVICE: u32 = 34;
+    /// Kick a ring in-band, over the socket, instead of through an eventfd
+    /// (VHOST_USER_PROTOCOL_F_INBAND_NOTIFICATIONS).
     pub const VRING_KICK: u32 = 35;
+    /// Get how many memory regions the backend accepts through ADD_MEM_REG
+    /// (VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS).
     pub const GET_MAX_MEM_SLOTS: u32 = 36;
+    /// Add one memory region, with its descriptor (VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS).
     pub const ADD_MEM_REG: u32 = 37;
+    /// Remove one memory region (VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS).
     pub const REM_MEM_REG: u32 = 38;
+    /// Set the virtio device status byte (VHOST_USER_PROTOCOL_F_STATUS).
     pub const SET_STATUS: u32 = 39;
+    /// Get the virtio device status byte (VHOST_USER_PROTOCOL_F_STATUS).
     pub const GET_STATUS: u32 = 40;
 }
 
@@ -135,14 +185,20 @@ pub fn request_name(request: u32) -> Option<&'static str> {
     NAMES.get(index).copied()
 }
 
+/// A message's header, the same for requests and replies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// The request code (one of [`code`]); a reply carries the code of the request it answers.
     pub request: u32,
+    /// The protocol version in bits 0-1 ([`VERSION`]), [`FLAG_REPLY`] and [`FLAG_NEED_REPLY`];
+    /// the other bits are reserved and must be zero.
     pub flags: u32,
+    /// How many payload bytes follow the header.
     pub size: u32,
 }
 
 impl Header {
+    /// The header as it goes on the wire.
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let mut bytes = [0u8; HEADER_LEN];
         bytes[0..4].copy_from_slice(&self.request.to_le_bytes());
@@ -151,6 +207,7 @@ impl Header {
         bytes
     }
 
+    /// Read a header off the wire; any 12 bytes make one, [`Message::parse`] checks it.
     pub fn from_bytes(bytes: &[u8; HEADER_LEN]) -> Header {
         Header { request: u32_at(bytes, 0), flags: u32_at(bytes, 4), size: u32_at(bytes, 8) }
     }
@@ -159,7 +216,9 @@ impl Header {
 /// One region of the frontend's memory table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryRegion {
+    /// Where the region starts in the guest's physical address space.
     pub guest_phys_addr: u64,
+    /// The region's length in bytes.
     pub memory_size: u64,
     /// Where the frontend has it mapped: ring addresses are given in this address space.
     pub userspace_addr: u64,
@@ -168,6 +227,7 @@ pub struct MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// The region as SET_MEM_TABLE carries it: its four fields as little-endian u64s, in order.
     pub fn to_bytes(self) -> [u8; REGION_LEN] {
         let mut bytes = [0u8; REGION_LEN];
         for (i, v) in [self.guest_phys_addr, self.memory_size, self.userspace_addr, self.mmap_offset]
@@ -183,15 +243,23 @@ impl MemoryRegion {
 /// SET_VRING_ADDR's payload: the rings in the frontend's address space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VringAddr {
+    /// Which vring.
     pub index: u32,
+    /// Bit 0 is [`VRING_F_LOG`] (log writes to the used ring at `log`); no other bit is defined.
     pub flags: u32,
+    /// The descriptor table's address.
     pub desc: u64,
+    /// The used ring's address.
     pub used: u64,
+    /// The available ring's address.
     pub avail: u64,
+    /// With [`VRING_F_LOG`]: the used ring's guest-physical address (unlike the three ring
+    /// addresses above), so that writes to it can be marked in the dirty-page log.
     pub log: u64,
 }
 
 impl VringAddr {
+    /// The payload as it goes on the wire: index, flags, then desc, used, avail and log.
     pub fn to_bytes(self) -> [u8; 40] {
         let mut bytes = [0u8; 40];
         bytes[0..4].copy_from_slice(&self.index.to_le_bytes());
@@ -206,46 +274,82 @@ impl VringAddr {
 /// A request, parsed and checked for shape (not yet for meaning: that is the backend's job).
 #[derive(Debug)]
 pub enum Request {
+    /// GET_FEATURES: reply with the virtio features offered.
     GetFeatures,
+    /// SET_FEATURES: the virtio features the frontend acked.
     SetFeatures(u64),
+    /// SET_OWNER: the frontend takes the backend for this connection.
     SetOwner,
+    /// RESET_OWNER: deprecated; see [`code::RESET_OWNER`].
     ResetOwner,
+    /// SET_MEM_TABLE: the guest's memory, each region with the descriptor of the file it lies
+    /// in (1 to [`MAX_REGIONS`] of them).
     SetMemTable(Vec<(MemoryRegion, OwnedFd)>),
+    /// SET_VRING_NUM: a ring's size.
     SetVringNum {
+        /// Which vring.
         index: u32,
+        /// Its number of descriptors.
         num: u32,
     },
+    /// SET_VRING_ADDR: where a ring's parts lie.
     SetVringAddr(VringAddr),
+    /// SET_VRING_BASE: where a ring resumes.
     SetVringBase {
+        /// Which vring.
         index: u32,
+        /// The next available ring index to serve (for split rings; packed rings put a wrap
+        /// counter in bit 15, which this backend does not offer).
         num: u32,
     },
+    /// GET_VRING_BASE: stop a ring and reply with its state (index and next available index).
     GetVringBase {
+        /// Which vring.
         index: u32,
     },
+    /// SET_VRING_KICK: the eventfd the frontend signals when it made buffers available.
     /// `fd: None` with VRING_NOFD (the frontend will not notify through a descriptor).
     SetVringKick {
+        /// Which vring (bits 0-7 of the payload).
         index: u64,
+        /// The kick eventfd; `None`: the ring must be polled.
         fd: Option<OwnedFd>,
     },
+    /// SET_VRING_CALL: the eventfd the backend signals when it used buffers.
     SetVringCall {
+        /// Which vring (bits 0-7 of the payload).
         index: u64,
+        /// The call eventfd, or `None` for VRING_NOFD: the frontend polls the used ring instead.
         fd: Option<OwnedFd>,
     },
+    /// SET_VRING_ERR: the eventfd the backend signals when the ring fails.
     SetVringErr {
+        /// Which vring (bits 0-7 of the payload).
         index: u64,
+        /// The error eventfd, or `None` for VRING_NOFD: errors go unreported.
         fd: Option<OwnedFd>,
     },
+    /// GET_PROTOCOL_FEATURES: reply with the protocol features offered.
     GetProtocolFeatures,
+    /// SET_PROTOCOL_FEATURES: the protocol features the frontend uses.
     SetProtocolFeatures(u64),
+    /// GET_QUEUE_NUM: reply with the number of queues.
     GetQueueNum,
+    /// SET_VRING_ENABLE: enable or disable a ring.
     SetVringEnable {
+        /// Which vring.
         index: u32,
+        /// 1 to enable it, 0 to disable it (anything else is refused by the backend).
         num: u32,
     },
+    /// GET_CONFIG: reply with part of the device's configuration space.
     GetConfig {
+        /// The first byte to read in the configuration space.
         offset: u32,
+        /// How many bytes to read (at most [`MAX_CONFIG_SIZE`]).
         size: u32,
+        /// What the access is for (0: writable fields, 1: live migration); it matters to
+        /// SET_CONFIG, and is only echoed in GET_CONFIG's reply.
         flags: u32,
     },
 }
@@ -267,7 +371,9 @@ impl Request {
 /// A request with the header it came in.
 #[derive(Debug)]
 pub struct Message {
+    /// The header, as received.
     pub header: Header,
+    /// The parsed payload and descriptors.
     pub request: Request,
 }
 
@@ -429,6 +535,8 @@ pub struct Wire<'a> {
 }
 
 impl<'a> Wire<'a> {
+    /// Talk on `stream`, allowing the peer `stall` per pause inside a message, with no stop
+    /// descriptor and no limit on the wait for a message to begin.
     pub fn new(stream: &'a UnixStream, stall: Duration) -> Wire<'a> {
         Wire { stream, stall, stop: None, idle: None }
     }

@@ -40,9 +40,15 @@ pub enum Ending {
     /// A message was refused, the socket failed, the frontend broke a time limit or its memory
     /// shrank; the connection was closed. `request` names the message, when its header was
     /// read and its code is known.
-    Refused { request: Option<&'static str>, error: Error },
+    Refused {
+        /// The refused message's request name; `None` when no known request was read.
+        request: Option<&'static str>,
+        /// Why the connection ended.
+        error: Error,
+    },
 }
 
+/// One disk's vhost-user socket, listening; the socket file is removed when it is dropped.
 pub struct Server {
     listener: UnixListener,
     path: PathBuf,
@@ -68,6 +74,7 @@ impl Server {
         Ok(Server { listener, path: path.to_path_buf() })
     }
 
+    /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
