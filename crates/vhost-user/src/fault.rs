@@ -15,23 +15,61 @@
 //! The handler only reads atomics and calls mmap(2) and write(2), both async-signal-safe.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Regions that can be registered at once: a frontend maps at most 8, 16 while a new memory
 /// table replaces the old one, so 512 is room for 32 frontends of one daemon at once.
 pub const MAX_REGIONS: usize = 512;
 
+/// One registered region. Writers (under `WRITERS`) change it as a sequence lock: `seq` is odd
+/// while they do, and moves on by two each time, so the handler, which cannot wait, takes a
+/// start, length and eventfd only when all three came from one registration.
 struct Slot {
+    seq: AtomicUsize,
     start: AtomicUsize,
-    /// 0: the slot is free. Written last on registration, first on removal.
+    /// 0: the slot is free.
     len: AtomicUsize,
     /// The eventfd to signal when the region faulted.
     event: AtomicI32,
 }
 
+impl Slot {
+    /// Write the slot (the caller holds `WRITERS`).
+    fn set(&self, start: usize, len: usize, event: RawFd) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.start.store(start, Ordering::Relaxed);
+        self.event.store(event, Ordering::Relaxed);
+        self.len.store(len, Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// (start, len, event) as one registration left them; `None` for a free slot or one a
+    /// writer is changing.
+    fn read(&self) -> Option<(usize, usize, RawFd)> {
+        let before = self.seq.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let (start, len, event) = (
+            self.start.load(Ordering::Relaxed),
+            self.len.load(Ordering::Relaxed),
+            self.event.load(Ordering::Relaxed),
+        );
+        fence(Ordering::Acquire);
+        (len != 0 && self.seq.load(Ordering::Relaxed) == before).then_some((start, len, event))
+    }
+}
+
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise SLOTS.
-const FREE: Slot = Slot { start: AtomicUsize::new(0), len: AtomicUsize::new(0), event: AtomicI32::new(-1) };
+const FREE: Slot = Slot {
+    seq: AtomicUsize::new(0),
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    event: AtomicI32::new(-1),
+};
 static SLOTS: [Slot; MAX_REGIONS] = [FREE; MAX_REGIONS];
 /// Serialises registration and removal (never taken by the handler).
 static WRITERS: Mutex<()> = Mutex::new(());
@@ -51,20 +89,17 @@ pub struct Registration(usize);
 pub fn register(start: usize, len: usize, event: RawFd) -> std::io::Result<Option<Registration>> {
     install()?;
     let _writers = WRITERS.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(index) = SLOTS.iter().position(|s| s.len.load(Ordering::Acquire) == 0) else {
+    let Some(index) = SLOTS.iter().position(|s| s.len.load(Ordering::Relaxed) == 0) else {
         return Ok(None);
     };
-    let slot = &SLOTS[index];
-    slot.start.store(start, Ordering::Relaxed);
-    slot.event.store(event, Ordering::Relaxed);
-    slot.len.store(len, Ordering::Release);
+    SLOTS[index].set(start, len, event);
     Ok(Some(Registration(index)))
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         let _writers = WRITERS.lock().unwrap_or_else(|p| p.into_inner());
-        SLOTS[self.0].len.store(0, Ordering::Release);
+        SLOTS[self.0].set(0, 0, -1);
     }
 }
 
@@ -95,9 +130,8 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
     // faulting address for SIGBUS.
     let addr = unsafe { (*info).si_addr() } as usize;
     for slot in &SLOTS {
-        let len = slot.len.load(Ordering::Acquire);
-        let start = slot.start.load(Ordering::Relaxed);
-        if len == 0 || addr < start || addr - start >= len {
+        let Some((start, len, event)) = slot.read() else { continue };
+        if addr < start || addr - start >= len {
             continue;
         }
         // SAFETY: [start, start + len) is a mapping registered by its owner, who keeps it
@@ -119,7 +153,7 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
         let one = 1u64;
         // SAFETY: writes 8 bytes from a live u64 to the registered eventfd (if it was closed
         // meanwhile the write fails harmlessly).
-        unsafe { libc::write(slot.event.load(Ordering::Relaxed), (&one as *const u64).cast(), 8) };
+        unsafe { libc::write(event, (&one as *const u64).cast(), 8) };
         return;
     }
     forward(signal, info, context);
@@ -149,5 +183,24 @@ fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::
     unsafe {
         let default: libc::sigaction = std::mem::zeroed();
         libc::sigaction(signal, &default, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handler_reads_a_slot_only_as_one_registration_left_it() {
+        let slot = FREE;
+        assert_eq!(slot.read(), None, "free");
+        slot.set(0x1000, 0x2000, 7);
+        assert_eq!(slot.read(), Some((0x1000, 0x2000, 7)));
+        // A writer in the middle of a change (an odd sequence number): not to be trusted.
+        slot.seq.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(slot.read(), None, "being written");
+        slot.seq.fetch_add(1, Ordering::Relaxed);
+        slot.set(0, 0, -1);
+        assert_eq!(slot.read(), None, "removed");
     }
 }

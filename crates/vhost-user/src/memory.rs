@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::sync::Arc;
 
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use vmm_sys_util::eventfd::EventFd;
@@ -77,9 +78,11 @@ impl GuestMemoryTable {
         let fault = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd)?;
         // SAFETY: `into_raw_fd` hands over the open descriptor the EventFd owned.
         let fault = unsafe { OwnedFd::from_raw_fd(fault.into_raw_fd()) };
-        let mut registrations = Vec::with_capacity(table.len());
-        let mut regions = Vec::with_capacity(table.len());
         let mut mapped = Vec::with_capacity(table.len());
+        let mut regions = Vec::with_capacity(table.len());
+        // Declared after `mapped`, so that on an early return the registrations go before the
+        // mappings they guard (locals drop in reverse order; see `fault::register`).
+        let mut registrations = Vec::with_capacity(table.len());
         for (index, (region, fd)) in table.into_iter().enumerate() {
             check_file(index, &fd, &region)?;
             let file = File::from(fd);
@@ -87,18 +90,22 @@ impl GuestMemoryTable {
                 .map_err(|_| Error::Map { index, why: "larger than the address space".to_string() })?;
             let mapping = MmapRegion::from_file(FileOffset::new(file, region.mmap_offset), size)
                 .map_err(|e| Error::Map { index, why: e.to_string() })?;
-            let registration = fault::register(mapping.as_ptr() as usize, mapping.size(), fault.as_raw_fd())
+            let guest = Arc::new(
+                GuestRegionMmap::new(mapping, GuestAddress(region.guest_phys_addr))
+                    .ok_or(Error::RegionOverflow(index))?,
+            );
+            let registration = fault::register(guest.as_ptr() as usize, guest.size(), fault.as_raw_fd())
                 .map_err(|e| Error::Map { index, why: format!("cannot install the SIGBUS handler: {e}") })?
                 .ok_or(Error::TooManyMappedRegions(fault::MAX_REGIONS))?;
-            registrations.push(registration);
-            let guest = GuestRegionMmap::new(mapping, GuestAddress(region.guest_phys_addr))
-                .ok_or(Error::RegionOverflow(index))?;
             mapped.push(guest);
+            registrations.push(registration);
             regions.push(region);
         }
-        mapped.sort_by_key(vm_memory::GuestMemoryRegion::start_addr);
-        let memory =
-            GuestMemoryMmap::from_regions(mapped).map_err(|e| Error::Map { index: 0, why: e.to_string() })?;
+        mapped.sort_by_key(|region| vm_memory::GuestMemoryRegion::start_addr(region.as_ref()));
+        // From clones of the regions, which `mapped` keeps mapped until `registrations` is gone
+        // should this fail.
+        let memory = GuestMemoryMmap::from_arc_regions(mapped.clone())
+            .map_err(|e| Error::Map { index: 0, why: e.to_string() })?;
         Ok(GuestMemoryTable { _registrations: registrations, memory, regions, fault })
     }
 
