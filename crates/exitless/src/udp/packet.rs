@@ -30,6 +30,7 @@ const FRAME_SIZE: usize = 2048;
 const BLOCK_SIZE: usize = 4096;
 const BLOCKS: usize = 64;
 
+/// Why the AF_PACKET client could not start.
 #[derive(Debug, Error)]
 pub enum PacketError {
     #[error("no network interface `{0}` in this namespace")]
@@ -66,6 +67,8 @@ pub struct PacketClient {
 }
 
 impl PacketClient {
+    /// Opens the socket on `addresses.interface`, maps its receive ring and binds it, for
+    /// requests of `size` payload bytes.
     pub fn open(addresses: &Addresses, size: usize) -> Result<PacketClient, PacketError> {
         if size > MAX_PAYLOAD {
             return Err(PacketError::TooLarge);

@@ -54,6 +54,7 @@ pub struct QemuNet {
 }
 
 impl QemuNet {
+    /// `qemu`, with the probe ELF exported to a directory of this run's (removed on drop).
     pub fn new(qemu: Qemu) -> Result<QemuNet, String> {
         let dir = std::env::temp_dir().join(format!("exitless-bench-net-qemu-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -62,6 +63,7 @@ impl QemuNet {
         Ok(QemuNet { qemu, dir, elf })
     }
 
+    /// QEMU's version line.
     pub fn version(&self) -> &str {
         &self.qemu.version
     }
@@ -76,9 +78,8 @@ impl QemuNet {
                     args.size
                 ));
                 let mut row = Row::new("qemu", name.to_string(), args.size);
-                match self.measure(&mut row, args, lab, tsc_khz, completion, backend) {
-                    Ok(()) => {}
-                    Err(e) => row.note = Some(format!("not measured: {e}")),
+                if let Err(e) = self.measure(&mut row, args, lab, tsc_khz, completion, backend) {
+                    row.note = Some(format!("not measured: {e}"));
                 }
                 row
             })
