@@ -213,6 +213,32 @@ fn print_passed(cell: &str, events: &[Event]) -> Option<String> {
     None
 }
 
+/// `exitless ARGS` (a `vhost-user-blk` daemon on `socket`), traced by `trace`, serving one run
+/// of the probe with `cmdline`, then stopped with SIGTERM: the guest's run and the daemon's pid.
+fn through_traced_daemon(
+    trace: &IoUringTrace,
+    args: &[&str],
+    socket: &Path,
+    cmdline: &str,
+) -> (std::process::Output, u32) {
+    let mut daemon = trace.spawn(env!("CARGO_BIN_EXE_exitless"), args);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "the daemon did not listen");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let vhost_user = format!("vhost-user={}", socket.display());
+    let out = common::exitless_within(
+        RUN_LIMIT,
+        &["run", "--probe", "--mem", "64M", "--disk", &vhost_user, "--cmdline", cmdline],
+    );
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let _ = daemon.wait();
+    let _ = std::fs::remove_file(socket);
+    (out, daemon.id())
+}
+
 fn probe_cmdline() -> String {
     format!("probe.workload=blk probe.rw=writeflush probe.qd=1 probe.ops={OPS} probe.warmup={WARMUP}")
 }
@@ -283,27 +309,13 @@ fn every_flush_of_the_daemon_is_an_fsync_finished_before_the_guest_goes_on() {
             let trace = IoUringTrace::new("exitless-flush-daemon");
             let spec = format!("socket={},path={}{direct}", socket.display(), image.display());
             let args = ["vhost-user-blk", "--disk", &spec, "--io-mode", mode];
-            let mut daemon = trace.spawn(env!("CARGO_BIN_EXE_exitless"), &args);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !socket.exists() {
-                assert!(Instant::now() < deadline, "the daemon did not listen");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let vhost_user = format!("vhost-user={}", socket.display());
-            let out = common::exitless_within(
-                RUN_LIMIT,
-                &["run", "--probe", "--mem", "64M", "--disk", &vhost_user, "--cmdline", &probe_cmdline()],
-            );
-            // SAFETY: kill(2) on our own child, not yet reaped.
-            unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-            let _ = daemon.wait();
-            let _ = std::fs::remove_file(&socket);
+            let (out, pid) = through_traced_daemon(&trace, &args, &socket, &probe_cmdline());
             let cell = format!("daemon {mode} path{direct}");
             if !out.status.success() {
                 failures.push(format!("{cell}: the guest failed: {}", common::stderr(&out)));
                 continue;
             }
-            let events = trace.events_of(daemon.id());
+            let events = trace.events_of(pid);
             failures.extend(check_flushes(&cell, &events).or_else(|| print_passed(&cell, &events)));
         }
     }
@@ -393,30 +405,14 @@ fn every_write_acknowledged_before_a_flush_survives_a_power_loss_at_that_flush()
         for mode in ["sidecore", "eventfd"] {
             let trace = IoUringTrace::new("exitless-power-loss-daemon");
             let spec = format!("socket={},{disk}", socket.display());
-            let mut daemon = trace.spawn(
-                env!("CARGO_BIN_EXE_exitless"),
-                &["vhost-user-blk", "--disk", &spec, "--io-mode", mode],
-            );
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !socket.exists() {
-                assert!(Instant::now() < deadline, "the daemon did not listen");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let vhost_user = format!("vhost-user={}", socket.display());
-            let out = common::exitless_within(
-                RUN_LIMIT,
-                &["run", "--probe", "--mem", "64M", "--disk", &vhost_user, "--cmdline", &cmdline],
-            );
-            // SAFETY: kill(2) on our own child, not yet reaped.
-            unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-            let _ = daemon.wait();
-            let _ = std::fs::remove_file(&socket);
+            let args = ["vhost-user-blk", "--disk", &spec, "--io-mode", mode];
+            let (out, pid) = through_traced_daemon(&trace, &args, &socket, &cmdline);
             let cell = format!("daemon {mode} {disk}");
             if !out.status.success() {
                 failures.push(format!("{cell}: the guest failed: {}", common::stderr(&out)));
                 continue;
             }
-            failures.extend(check_power_loss(&cell, &dev, &trace.events_of(daemon.id()), 8));
+            failures.extend(check_power_loss(&cell, &dev, &trace.events_of(pid), 8));
         }
     }
     assert_all(failures);
