@@ -29,9 +29,6 @@ pub enum Backend {
     BlockDeviceBuffered,
 }
 
-/// tmpfs's `statfs` magic number (linux/magic.h).
-const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
-
 impl Backend {
     /// `path` (a file on a disk, on tmpfs, or a block device) opened with O_DIRECT or not. A
     /// path that cannot be examined counts as a file on a disk.
@@ -82,14 +79,7 @@ impl Backend {
 
 /// Whether `path` lives on tmpfs (false if it cannot be examined).
 fn on_tmpfs(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
-    // SAFETY: statfs is plain old data; all-zero is a valid value for it to overwrite.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c_path` is a NUL-terminated string that outlives the call, and `stat` is a valid,
-    // writable statfs of the size statfs(2) fills.
-    let done = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } == 0;
-    done && stat.f_type as libc::c_long == TMPFS_MAGIC
+    super::scratch::file_system(path).is_ok_and(|kind| kind == super::scratch::TMPFS_MAGIC)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// `statfs` f_type of tmpfs (and /dev/shm).
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+pub(super) const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// `statfs` f_type of ramfs.
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
@@ -146,8 +146,8 @@ fn drop_cached(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// `dir`'s file system type (statfs f_type).
-fn file_system(dir: &Path) -> std::io::Result<i64> {
+/// `dir`'s file system type (statfs f_type); any path will do.
+pub(super) fn file_system(dir: &Path) -> std::io::Result<i64> {
     let path = c_path(dir)?;
     // SAFETY: statfs is plain old data; all-zero is a valid value.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
