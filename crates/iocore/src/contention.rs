@@ -27,9 +27,9 @@ const HOLD_MAX: Duration = Duration::from_secs(1);
 
 /// Watches the thread's scheduler figures and says when it should leave its core to others.
 pub(crate) struct Contention {
-    /// `/proc/thread-self/schedstat` of the IOCore thread, opened by it; `None` where the kernel
-    /// does not have it (then the IOCore never yields).
-    schedstat: Option<File>,
+    /// The IOCore thread's run delay; `None` where the kernel does not give it (then the IOCore
+    /// never yields).
+    run_delay: Option<RunDelay>,
     /// When the current window began, and the time the thread had waited for a CPU by then.
     window_start: Option<(Instant, u64)>,
     yield_until: Option<Instant>,
@@ -44,7 +44,7 @@ impl Contention {
     /// Open the calling thread's scheduler statistics (before its seccomp filter is installed).
     pub(crate) fn for_current_thread() -> Contention {
         Contention {
-            schedstat: File::open("/proc/thread-self/schedstat").ok(),
+            run_delay: RunDelay::for_current_thread(),
             window_start: None,
             yield_until: None,
             hold: HOLD_MIN,
@@ -94,10 +94,28 @@ impl Contention {
         true
     }
 
-    /// Nanoseconds the thread has waited for a CPU while runnable, from "running_ns waiting_ns
-    /// timeslices".
     fn waited(&self) -> Option<u64> {
-        let file = self.schedstat.as_ref()?;
+        self.run_delay.as_ref()?.total()
+    }
+}
+
+/// The calling thread's run delay: the time it has waited for a CPU while runnable, as the
+/// scheduler accounts it (`/proc/thread-self/schedstat`).
+pub(crate) struct RunDelay {
+    /// Opened by the thread it describes (before its seccomp filter, which allows reading it but
+    /// not opening files).
+    schedstat: File,
+}
+
+impl RunDelay {
+    /// `None` where the kernel does not have the file.
+    pub(crate) fn for_current_thread() -> Option<RunDelay> {
+        File::open("/proc/thread-self/schedstat").ok().map(|schedstat| RunDelay { schedstat })
+    }
+
+    /// Nanoseconds waited so far, from "running_ns waiting_ns timeslices" (one `pread`).
+    pub(crate) fn total(&self) -> Option<u64> {
+        let file = &self.schedstat;
         let mut buf = [0u8; 96];
         // SAFETY: the descriptor is open for as long as `file`; `buf` is writable for its length.
         let n = unsafe { libc::pread(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };

@@ -87,7 +87,8 @@ impl Engine {
             }
         }
         // Pinned, it owns its core: it may spin there as long as the kernel's work comes first.
-        let mut idle_class = if batch && cpu.is_some() { IdleClass::enter() } else { None };
+        let fallback = if self.policy == Policy::Notified { libc::SCHED_OTHER } else { libc::SCHED_BATCH };
+        let mut idle_class = if batch && cpu.is_some() { IdleClass::enter(fallback) } else { None };
         // Opened before the filter, which allows reading it but not opening files.
         let mut contention = Contention::for_current_thread();
         if let Err(e) = filter.install() {
@@ -150,9 +151,12 @@ impl Engine {
                 }
                 Policy::Notified => {
                     if work == 0 && !self.in_flight() {
+                        if let Some(class) = idle_class.as_mut() {
+                            class.sleeping();
+                        }
                         self.sleep(self.wait_limit());
                         if let Some(class) = idle_class.as_mut() {
-                            class.slept();
+                            class.woke();
                         }
                     }
                 }

@@ -15,12 +15,17 @@
 //!
 //! The price: any other busy thread on the core holds an idle-class thread off almost entirely
 //! (1.4 s at a time here, 147 IOPS at depth 8 where a batch thread made 18k). A pinned polling
-//! IOCore is meant to own its core; when it finds it does not (one of its passes came more than
-//! `HELD_OFF` after the one before), it goes back to the batch class for a hold that doubles
-//! while it keeps finding that, and then tries the idle class again.
+//! IOCore is meant to own its core; when it finds it does not, it leaves the idle class for a
+//! hold that doubles while it keeps finding that, and then tries the idle class again. A polling
+//! IOCore finds it from a pass that came more than `HELD_OFF` after the one before, and goes
+//! back to the batch class. A notified one sleeps between requests, so those gaps fall in its
+//! sleeps: it finds it from a wake-up that waited more than `WAKE_HELD_OFF` for its core, and
+//! goes to the normal class, whose wake-ups preempt (a batch thread woken behind a busy one
+//! waits for the next tick).
 
 use std::time::{Duration, Instant};
 
+use crate::contention::RunDelay;
 use crate::set_scheduling_class;
 
 /// Passes between two looks at the clock.
@@ -34,6 +39,14 @@ const HELD_OFF: Duration = Duration::from_millis(50);
 const HOLD_MIN: Duration = Duration::from_secs(1);
 /// ...and at most, doubling each time it is held off again soon after a hold ended.
 const HOLD_MAX: Duration = Duration::from_secs(64);
+/// A wake-up that waited longer than this for the core waited for another thread: the kernel's
+/// own work preempts an idle-class thread in well under a millisecond, while a busy thread held
+/// a woken one off for 2-115 ms (median request times behind a compiler).
+const WAKE_HELD_OFF: Duration = Duration::from_millis(1);
+/// How often, at most, a sleep's wake-up is measured (two `pread`s of the scheduler's figures):
+/// a notified IOCore sleeps once per request at low depth, and one held off waits milliseconds
+/// per wake-up, so sampling finds it within a few requests without a system call per request.
+const WAKE_SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
 /// The IOCore thread's scheduling class while it may use the idle class, and when to try it
 /// again after another thread held it off.
@@ -45,14 +58,25 @@ pub(crate) struct IdleClass {
     hold: Duration,
     /// When the last hold ended: held off again within a hold's time doubles the next one.
     hold_ended: Option<Instant>,
-    /// Times another thread held the IOCore off and it went back to the batch class.
+    /// Times another thread held the IOCore off and it left the idle class.
     pub(crate) held_off: u64,
+    /// The class it serves in while held off: batch for a thread that spins, normal for one that
+    /// sleeps until notified (see the module's doc).
+    fallback: libc::c_int,
+    /// The thread's run delay, to measure its wake-ups; `None` where the kernel does not give it.
+    run_delay: Option<RunDelay>,
+    /// The run delay when the current sleep began, if this sleep's wake-up is measured.
+    run_delay_before_sleep: Option<u64>,
+    /// When a wake-up was last measured.
+    last_wake_sample: Option<Instant>,
 }
 
 impl IdleClass {
     /// Move the calling thread, a batch thread, to the idle class, if it will be allowed back
-    /// (see `may_leave_idle_class`); `None` if it stays a batch thread.
-    pub(crate) fn enter() -> Option<IdleClass> {
+    /// (see `may_leave_idle_class`); `None` if it stays a batch thread. `fallback` is the class
+    /// it serves in while another thread holds it off. Call it before the thread's seccomp
+    /// filter: it opens the thread's scheduler figures.
+    pub(crate) fn enter(fallback: libc::c_int) -> Option<IdleClass> {
         if !may_leave_idle_class() || set_scheduling_class(libc::SCHED_IDLE).is_err() {
             return None;
         }
@@ -63,6 +87,10 @@ impl IdleClass {
             hold: HOLD_MIN,
             hold_ended: None,
             held_off: 0,
+            fallback,
+            run_delay: RunDelay::for_current_thread(),
+            run_delay_before_sleep: None,
+            last_wake_sample: None,
         })
     }
 
@@ -82,36 +110,68 @@ impl IdleClass {
         self.back_at.is_none()
     }
 
-    /// The thread slept of its own accord: the time until its next look is not a gap.
-    pub(crate) fn slept(&mut self) {
+    /// The thread is about to sleep until notified: note its run delay if this sleep's
+    /// wake-up is to be measured.
+    pub(crate) fn sleeping(&mut self) {
+        if !self.idle() {
+            return;
+        }
+        let now = Instant::now();
+        if self.last_wake_sample.is_some_and(|last| now.duration_since(last) < WAKE_SAMPLE_EVERY) {
+            return;
+        }
+        self.last_wake_sample = Some(now);
+        self.run_delay_before_sleep = self.run_delay.as_ref().and_then(RunDelay::total);
+    }
+
+    /// The thread woke from a sleep of its own: the time until its next look is not a gap, but
+    /// the time its wake-up waited for the core may be.
+    pub(crate) fn woke(&mut self) {
+        let before = self.run_delay_before_sleep.take();
+        let after = before.and_then(|_| self.run_delay.as_ref()?.total());
+        let waited =
+            before.zip(after).map(|(before, after)| Duration::from_nanos(after.saturating_sub(before)));
+        self.woke_after(waited, Instant::now());
+    }
+
+    /// `woke`, given how long the wake-up waited for the core if it was measured.
+    fn woke_after(&mut self, waited: Option<Duration>, now: Instant) {
         self.last_look = None;
+        if let Some(waited) = waited.filter(|&waited| waited > WAKE_HELD_OFF) {
+            self.fall_back(waited, now);
+        }
     }
 
     fn look(&mut self, now: Instant) {
         let last = self.last_look.replace(now);
         if self.idle() {
-            let Some(gap) = last.map(|last| now.duration_since(last)).filter(|&gap| gap > HELD_OFF) else {
-                return;
-            };
-            if set_scheduling_class(libc::SCHED_BATCH).is_err() {
-                return;
+            if let Some(gap) = last.map(|last| now.duration_since(last)).filter(|&gap| gap > HELD_OFF) {
+                self.fall_back(gap, now);
             }
-            self.held_off += 1;
-            self.hold = match self.hold_ended.take() {
-                Some(ended) if now.duration_since(ended) < self.hold => (self.hold * 2).min(HOLD_MAX),
-                _ => HOLD_MIN,
-            };
-            self.back_at = Some(now + self.hold);
-            // Rare (at most once a hold), and the operator's to act on: not a hot-path write.
-            eprintln!(
-                "exitless: another thread held the IOCore off its CPU for {} ms; it serves as a \
-                 batch thread for {} s (a pinned IOCore should have its CPU to itself)",
-                gap.as_millis(),
-                self.hold.as_secs()
-            );
         } else if self.back_at.is_some_and(|at| now >= at) && set_scheduling_class(libc::SCHED_IDLE).is_ok() {
             self.hold_ended = self.back_at.take();
         }
+    }
+
+    /// Another thread held the IOCore off for `gap`: leave the idle class for a hold.
+    fn fall_back(&mut self, gap: Duration, now: Instant) {
+        if set_scheduling_class(self.fallback).is_err() {
+            return;
+        }
+        self.held_off += 1;
+        self.hold = match self.hold_ended.take() {
+            Some(ended) if now.duration_since(ended) < self.hold => (self.hold * 2).min(HOLD_MAX),
+            _ => HOLD_MIN,
+        };
+        self.back_at = Some(now + self.hold);
+        let class = if self.fallback == libc::SCHED_BATCH { "batch" } else { "normal" };
+        // Rare (at most once a hold), and the operator's to act on: not a hot-path write.
+        eprintln!(
+            "exitless: another thread held the IOCore off its CPU for {} ms; it serves as a \
+             {class} thread for {} s (a pinned IOCore should have its CPU to itself)",
+            gap.as_millis(),
+            self.hold.as_secs()
+        );
     }
 }
 
@@ -169,7 +229,7 @@ mod tests {
     fn a_long_gap_between_passes_sends_it_back_to_batch_until_the_hold_ends() {
         std::thread::spawn(|| {
             set_scheduling_class(libc::SCHED_BATCH).unwrap();
-            let mut class_state = IdleClass::enter().expect("root may leave the idle class");
+            let mut class_state = IdleClass::enter(libc::SCHED_BATCH).expect("root may leave the idle class");
             assert_eq!(class(), libc::SCHED_IDLE);
             let start = Instant::now();
             class_state.look(start);
@@ -188,6 +248,31 @@ mod tests {
             class_state.look(back + Duration::from_millis(60));
             assert_eq!(class_state.hold, 2 * HOLD_MIN);
             assert_eq!(class(), libc::SCHED_BATCH);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_wake_up_that_waited_for_the_core_sends_a_sleeping_thread_to_the_normal_class() {
+        std::thread::spawn(|| {
+            set_scheduling_class(libc::SCHED_BATCH).unwrap();
+            let mut class_state = IdleClass::enter(libc::SCHED_OTHER).expect("root may leave the idle class");
+            let start = Instant::now();
+            class_state.look(start);
+            // Its own sleep of 200 ms, woken at once: not a gap, not held off.
+            class_state.woke_after(Some(Duration::from_micros(20)), start + Duration::from_millis(200));
+            class_state.look(start + Duration::from_millis(201));
+            class_state.woke_after(None, start + Duration::from_millis(400));
+            class_state.look(start + Duration::from_millis(401));
+            assert!(class_state.idle());
+            assert_eq!((class(), class_state.held_off), (libc::SCHED_IDLE, 0));
+            // Woken, it waited 5 ms for the core.
+            class_state.woke_after(Some(Duration::from_millis(5)), start + Duration::from_millis(600));
+            assert!(!class_state.idle());
+            assert_eq!((class(), class_state.held_off), (libc::SCHED_OTHER, 1));
+            class_state.look(start + Duration::from_millis(1700));
+            assert_eq!(class(), libc::SCHED_IDLE, "back after the hold");
         })
         .join()
         .unwrap();
