@@ -13,6 +13,6 @@ pub mod protocol {
     /// own.
     pub const REPLY_ACK: u32 = 3;
     /// VHOST_USER_PROTOCOL_F_CONFIG: the frontend reads the device's configuration space with
-    /// GET_CONFIG (and could write it with SET_CONFIG, which this backend refuses).
+    /// GET_CONFIG (and could write it with SET_CONFIG, which exitless's backend refuses).
     pub const CONFIG: u32 = 9;
 }
