@@ -13,14 +13,13 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use vhost_user_protocol::message::{
     code, request_name, Header, MemoryRegion, VringAddr, Wire, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
+    VRING_INDEX_MASK,
 };
 
 /// How long connecting may take (a daemon whose listen backlog is full).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the daemon has to answer a request (and to read one).
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
-/// `VRING_NOFD`-free vring index with a descriptor: bits 0-7 are the index.
-const VRING_INDEX_MASK: u64 = 0xff;
 
 /// Why talking to the vhost-user daemon failed.
 #[derive(Debug, Error)]
