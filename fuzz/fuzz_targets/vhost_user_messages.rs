@@ -16,10 +16,10 @@ use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{clear_memfd, queue_config, ram_disk, DriverRing, MAX_STEPS};
 use libfuzzer_sys::fuzz_target;
 use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
-use vhost_user::message::{
+use vhost_user::{Session, VhostUserBlk};
+use vhost_user_protocol::message::{
     code, Header, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD,
 };
-use vhost_user::{Session, VhostUserBlk};
 use virtio::block::Block;
 use virtio::{QueueWorker, WorkerHost};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
@@ -377,7 +377,10 @@ fn connection(
             }
         };
         let refused = messages.into_iter().any(|(header, payload, fds)| {
-            Message::parse(header, &payload, fds).and_then(|m| session.handle(m)).is_err()
+            Message::parse(header, &payload, fds)
+                .map_err(vhost_user::Error::from)
+                .and_then(|m| session.handle(m))
+                .is_err()
         });
         if refused {
             break;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use common::daemon::Daemon;
 use common::disks::{TestDisk, DISK_KINDS};
 use frontend::*;
-use vhost_user::message::{code, Header, VERSION};
+use vhost_user_protocol::message::{code, Header, VERSION};
 use vmm_sys_util::eventfd::EventFd;
 
 const FEATURES: u64 = F_VERSION_1 | F_EVENT_IDX | F_PROTOCOL_FEATURES | F_BLK_FLUSH;

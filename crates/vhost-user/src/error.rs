@@ -5,48 +5,19 @@
 use std::io;
 
 use thiserror::Error;
+use vhost_user_protocol::message::MAX_CONFIG_SIZE;
 use virtio::queue::QueueError;
 use virtio::ActivateError;
-
-use crate::message::{MAX_CONFIG_SIZE, MAX_FDS, MAX_PAYLOAD, MAX_REGIONS};
 
 /// Why a message was refused or a connection (or the server) failed.
 #[derive(Debug, Error)]
 #[allow(missing_docs)] // Each variant's message says what it is.
 pub enum Error {
-    // The wire.
-    #[error("cannot read from the frontend: {0}")]
-    Read(#[source] io::Error),
-    #[error("cannot send to the frontend: {0}")]
-    Write(#[source] io::Error),
-    #[error("the frontend closed the connection in the middle of a message")]
-    Truncated,
-    #[error("the frontend sent part of a message, then nothing for {0} s")]
-    Stalled(u64),
-    #[error("the frontend did not read its replies for {0} s")]
-    ReplyStalled(u64),
-    #[error("the daemon is stopping")]
-    Stopping,
-    #[error("header flags {0:#x}: expected protocol version 1, no reply bit and no reserved bits")]
-    BadFlags(u32),
-    #[error("unknown request code {0} (is the peer a vhost-user frontend?)")]
-    UnknownRequest(u32),
-    #[error("{0} is not supported: its feature was not offered")]
-    Unsupported(&'static str),
-    #[error("payload of {0} bytes is longer than any request's ({MAX_PAYLOAD})")]
-    TooLarge(u32),
-    #[error("{request}: payload of {got} bytes, expected {expected}")]
-    BadSize { request: &'static str, got: usize, expected: usize },
-    #[error("{request}: {got} file descriptors, expected {expected}")]
-    BadFdCount { request: &'static str, got: usize, expected: usize },
-    #[error("{request}: {value:#x} has bits besides the vring index (0-7) and the no-fd flag (8)")]
-    BadVringFile { request: &'static str, value: u64 },
-    #[error("more than {MAX_FDS} file descriptors in one message")]
-    TooManyFds,
+    // The wire: the socket, and messages that are malformed or ask for what was not offered.
+    #[error(transparent)]
+    Protocol(#[from] vhost_user_protocol::Error),
 
     // The memory table.
-    #[error("memory table with {0} regions: give 1 to {MAX_REGIONS}")]
-    RegionCount(u32),
     #[error("memory region {0} has size 0")]
     EmptyRegion(usize),
     #[error("memory region {0} wraps around the end of an address space or its file offset")]

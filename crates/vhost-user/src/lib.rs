@@ -6,7 +6,9 @@
 //! flow guest ring → IOCore → storage backend → IOCore → guest ring exactly as for exitless's
 //! own virtio-mmio device, through the same `BlockWorker`. Only set-up goes over the socket.
 //!
-//! - [`message`]: the wire format, with strict validation.
+//! The wire format (messages, their checks, framing) is the `vhost-user-protocol` crate's, which
+//! the VMM's frontend shares.
+//!
 //! - [`memory`]: the memory table, mapped as one `GuestMemoryMmap`.
 //! - [`fault`]: a frontend that shrinks its shared memory costs it its connection, not the
 //!   daemon its life (SIGBUS handling).
@@ -23,8 +25,6 @@ pub mod backend;
 pub mod error;
 pub mod fault;
 pub mod memory;
-pub mod message;
-mod poll;
 pub mod server;
 
 pub use backend::{Session, VhostUserBlk};

@@ -16,12 +16,12 @@ use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
+use vhost_user_protocol::message::MemoryRegion;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::Error;
 use crate::fault::{self, Registration};
-use crate::message::MemoryRegion;
 
 /// The frontend's memory, mapped. Fields drop in order: the SIGBUS registrations go before
 /// the mappings they describe, the fault eventfd after both.

@@ -18,11 +18,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use vhost_user_protocol::message::{request_name, Message, Wire, FLAG_NEED_REPLY};
+use vhost_user_protocol::poll::first_ready;
+use vhost_user_protocol::Error as ProtocolError;
+
 use crate::backend::{Session, VhostUserBlk};
 use crate::error::Error;
 use crate::log;
-use crate::message::{request_name, Message, Wire, FLAG_NEED_REPLY};
-use crate::poll::first_ready;
 
 /// How long a frontend may pause in the middle of a message, or leave its replies unread.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -152,7 +154,7 @@ impl Server {
                     let error = Error::SetupTimeout(SETUP_TIMEOUT.as_secs());
                     return Ending::Refused { request: None, error };
                 }
-                Err(e) => return Ending::Refused { request: None, error: Error::Read(e) },
+                Err(e) => return Ending::Refused { request: None, error: ProtocolError::Read(e).into() },
             }
         }
     }
@@ -259,12 +261,12 @@ fn serve_message(wire: &Wire, session: &mut Session) -> Option<Ending> {
     let (header, payload, fds) = match wire.recv() {
         Ok(Some(parts)) => parts,
         Ok(None) => return Some(Ending::Closed),
-        Err(Error::Stopping) => return Some(Ending::Stopped),
-        Err(error) => return Some(Ending::Refused { request: None, error }),
+        Err(ProtocolError::Stopping) => return Some(Ending::Stopped),
+        Err(error) => return Some(Ending::Refused { request: None, error: error.into() }),
     };
     let request = request_name(header.request);
     let wants_ack = header.flags & FLAG_NEED_REPLY != 0;
-    let result = Message::parse(header, &payload, fds).and_then(|message| {
+    let result = Message::parse(header, &payload, fds).map_err(Error::from).and_then(|message| {
         let has_reply = message.request.has_reply();
         session.handle(message).map(|reply| (reply, has_reply))
     });
@@ -283,7 +285,7 @@ fn serve_message(wire: &Wire, session: &mut Session) -> Option<Ending> {
     };
     match sent {
         Ok(()) => None,
-        Err(Error::Stopping) => Some(Ending::Stopped),
-        Err(error) => Some(Ending::Refused { request, error }),
+        Err(ProtocolError::Stopping) => Some(Ending::Stopped),
+        Err(error) => Some(Ending::Refused { request, error: error.into() }),
     }
 }

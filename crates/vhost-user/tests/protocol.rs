@@ -14,8 +14,10 @@ use std::time::Duration;
 use frontend::*;
 use iocore::{IoCore, Policy};
 use storage::{Backend, RamDisk};
-use vhost_user::message::{code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION};
 use vhost_user::{Error, Server, VhostUserBlk};
+use vhost_user_protocol::message::{
+    code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
+};
 use virtio::block::Block;
 use vmm_sys_util::eventfd::EventFd;
 

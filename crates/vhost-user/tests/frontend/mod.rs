@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use vhost_user::message::{
+use vhost_user_protocol::message::{
     code, Header, MemoryRegion, VringAddr, Wire, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
 };
 use vmm_sys_util::eventfd::EventFd;

@@ -1,6 +1,6 @@
 //! The VMM's end of a vhost-user connection: the requests a frontend sends, over the message code
-//! of the `vhost-user` crate (the daemon's own), with a time limit on every wait and a strict
-//! check of every reply. The daemon is another trust domain: a reply of the wrong kind, size or
+//! of the `vhost-user-protocol` crate (which the daemon shares), with a time limit on every wait
+//! and a strict check of every reply. The daemon is another trust domain: a reply of the wrong kind, size or
 //! shape, descriptors it had no reason to send, or silence past the limit are errors, and after
 //! the first error the connection is never used again.
 
@@ -11,16 +11,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
-use vhost_user::message::{
+use vhost_user_protocol::message::{
     code, request_name, Header, MemoryRegion, VringAddr, Wire, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
+    VRING_INDEX_MASK,
 };
 
 /// How long connecting may take (a daemon whose listen backlog is full).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the daemon has to answer a request (and to read one).
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
-/// `VRING_NOFD`-free vring index with a descriptor: bits 0-7 are the index.
-const VRING_INDEX_MASK: u64 = 0xff;
 
 /// Why talking to the vhost-user daemon failed.
 #[derive(Debug, Error)]
@@ -231,8 +230,8 @@ impl Frontend {
         FrontendError::BadReply { path: self.path.clone(), request, what }
     }
 
-    fn wire_error(&self, request: &'static str, error: vhost_user::Error) -> FrontendError {
-        use vhost_user::Error as E;
+    fn wire_error(&self, request: &'static str, error: vhost_user_protocol::Error) -> FrontendError {
+        use vhost_user_protocol::Error as E;
         let path = self.path.clone();
         let gone =
             |e: &io::Error| matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset);

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 
 use sandbox::Filter;
 use thiserror::Error;
-use vhost_user::backend::{protocol, VHOST_USER_F_PROTOCOL_FEATURES};
-use vhost_user::message::{code, MemoryRegion, VringAddr};
+use vhost_user_protocol::features::{protocol, VHOST_USER_F_PROTOCOL_FEATURES};
+use vhost_user_protocol::message::{code, MemoryRegion, VringAddr};
 use virtio::block::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
     VIRTIO_ID_BLOCK,

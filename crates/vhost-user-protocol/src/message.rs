@@ -38,7 +38,8 @@ pub const MAX_CONFIG_SIZE: u32 = 256;
 pub const MAX_PAYLOAD: usize = 12 + MAX_CONFIG_SIZE as usize;
 /// In SET_VRING_KICK/CALL/ERR: no descriptor comes with the message.
 pub const VRING_NOFD: u64 = 1 << 8;
-const VRING_INDEX_MASK: u64 = 0xff;
+/// In SET_VRING_KICK/CALL/ERR: the bits that hold the vring index.
+pub const VRING_INDEX_MASK: u64 = 0xff;
 /// VHOST_VRING_F_LOG in SET_VRING_ADDR's flags.
 pub const VRING_F_LOG: u32 = 1;
 /// One memory region on the wire: guest_phys_addr, memory_size, userspace_addr, mmap_offset.

@@ -1,0 +1,18 @@
+//! The feature bits the vhost-user protocol adds to virtio's.
+
+/// The feature bit that says the backend speaks protocol features (not a virtio feature).
+pub const VHOST_USER_F_PROTOCOL_FEATURES: u32 = 30;
+
+/// Protocol feature bits.
+pub mod protocol {
+    /// VHOST_USER_PROTOCOL_F_MQ: the backend says how many queues it has (GET_QUEUE_NUM); the
+    /// specification asks every backend to offer it, even with a fixed number of queues.
+    pub const MQ: u32 = 0;
+    /// VHOST_USER_PROTOCOL_F_REPLY_ACK: the frontend may set [`crate::message::FLAG_NEED_REPLY`]
+    /// on any request and gets a u64 back, 0 for success, unless the request has a reply of its
+    /// own.
+    pub const REPLY_ACK: u32 = 3;
+    /// VHOST_USER_PROTOCOL_F_CONFIG: the frontend reads the device's configuration space with
+    /// GET_CONFIG (and could write it with SET_CONFIG, which exitless's backend refuses).
+    pub const CONFIG: u32 = 9;
+}
