@@ -16,8 +16,9 @@ use super::machine::About;
 use super::plot::{Bar, Kind, Units};
 use super::table::Table;
 use super::{causes_per, format_causes, progress, GuestRunError};
-use crate::cli::{NetBenchArgs, Peer};
-use crate::{fail, probe};
+use crate::args::{NetBenchArgs, Peer};
+use exitless_args::fail;
+use probe_image as probe;
 
 const RUN_SLACK: Duration = Duration::from_secs(120);
 const TAP: &str = "exltap0";
