@@ -6,6 +6,8 @@ use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use exitless_args::fail;
+use probe_image as probe;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
@@ -20,8 +22,6 @@ use super::scratch::{self, ScratchError};
 use super::{causes_per, progress};
 use crate::args::{BackendArg, BenchDiskArg, BlkBenchArgs, Peer};
 use crate::qemu::Qemu;
-use exitless_args::fail;
-use probe_image as probe;
 
 /// How long one guest run (exitless's or QEMU's) may take before it is stopped: its measured
 /// time, 15 s for boot and teardown, and 1 ms per warm-up request (every mode here serves well
