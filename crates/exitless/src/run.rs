@@ -6,8 +6,9 @@ use serde_json::json;
 use vmm::{ConsoleMode, DisableExits, Ending, Kernel, RunOutcome, Vm, VmConfig};
 
 use crate::cli::{ExitKind, RunArgs};
-use crate::disk::RunDisk;
-use crate::{fail, probe, status, usage_error};
+use exitless_args::disk::RunDisk;
+use exitless_args::{fail, status, usage_error};
+use probe_image as probe;
 
 pub fn main(args: RunArgs) -> i32 {
     if let Err(message) = check_cmdline(args.cmdline.as_deref().unwrap_or_default()) {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::cli::{UdpEchoArgs, UdpRrArgs};
-use crate::fail;
+use exitless_args::fail;
 
 /// Largest datagram either tool handles.
 const MAX_DATAGRAM: usize = 65_536;

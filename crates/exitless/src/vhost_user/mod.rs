@@ -73,7 +73,7 @@ pub struct VhostUserBlkArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub seccomp: crate::seccomp::SeccompArgs,
+    pub seccomp: exitless_args::SeccompArgs,
 }
 
 const AFTER_HELP: &str = "\
@@ -123,7 +123,7 @@ pub fn main(args: VhostUserBlkArgs) -> i32 {
     }
     match serve(args) {
         Ok(()) => 0,
-        Err(message) => crate::fail(message),
+        Err(message) => exitless_args::fail(message),
     }
 }
 

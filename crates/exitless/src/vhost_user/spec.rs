@@ -49,7 +49,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
                 limits.iops = Some(n);
             }
             Some(("bw", size)) => {
-                let n = crate::size::parse(size)?;
+                let n = exitless_args::size::parse(size)?;
                 if n < 512 {
                     return Err(format!("bw={size}: at least 512 bytes per second"));
                 }
@@ -58,7 +58,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
             _ => rest.push(option),
         }
     }
-    let disk = crate::disk::parse(&rest.join(","))?;
+    let disk = exitless_args::disk::parse(&rest.join(","))?;
     Ok(VhostDisk { socket, disk, queues, limits })
 }
 

@@ -1,5 +1,13 @@
-//! `exitless bench`: scenarios, the machine they ran on, and report formats.
+//! `exitless bench`: the benchmark harness behind the `exitless` binary's `bench` subcommand.
+//! Its scenarios (the block ladder, the backend matrix, the network ladder, exit costs, many
+//! VMs at once), the bare-metal fio baselines, the QEMU and qemu-storage-daemon peers it drives,
+//! the machine they ran on, and the report formats (tables, Markdown, JSON, SVG plots).
+//!
+//! It runs guests in-process through `vmm` and starts other `exitless` processes (the
+//! vhost-user-blk daemon, `run`, `udp-echo`, `udp-rr`) from the running executable, so it is
+//! meant to be called from the `exitless` binary: [`main`] takes the parsed [`BenchArgs`].
 
+pub mod args;
 mod backend;
 mod baseline;
 mod blk;
@@ -11,6 +19,7 @@ mod machine;
 mod net;
 mod plot;
 mod progress;
+mod qemu;
 mod scale;
 mod scratch;
 mod table;
@@ -19,8 +28,10 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 use vmm::{Counters, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};
 
-use crate::cli::{BenchArgs, BenchScenario};
+pub use args::BenchArgs;
+use args::BenchScenario;
 
+/// Run `exitless bench` as `args` asks; the process's exit status.
 pub fn main(args: BenchArgs) -> i32 {
     match args.scenario {
         Some(BenchScenario::Exitcost(args)) => exitcost::main(args),
@@ -31,12 +42,12 @@ pub fn main(args: BenchArgs) -> i32 {
 }
 
 /// Counters that say what caused the exits, shown per operation.
-pub const CAUSES: [&str; 6] =
+pub(crate) const CAUSES: [&str; 6] =
     ["mmio_exits", "io_exits", "halt_exits", "irq_exits", "insn_emulation", "irq_injections"];
 
 /// vCPU 0's exits between the probe's marks `from` and `to`, less the closing mark's own MMIO
 /// exit (the opening mark's snapshot is taken after its exit was counted).
-pub fn marked_counters(outcome: &RunOutcome, from: u32, to: u32) -> Option<Counters> {
+pub(crate) fn marked_counters(outcome: &RunOutcome, from: u32, to: u32) -> Option<Counters> {
     let marks = &outcome.vcpus.first()?.marks;
     let start = marks.iter().find(|m| m.label == from)?;
     let end = marks.iter().find(|m| m.label == to)?;
@@ -51,7 +62,7 @@ pub fn marked_counters(outcome: &RunOutcome, from: u32, to: u32) -> Option<Count
 
 /// The exit causes per operation, leaving out those under 0.005 (background noise: timer
 /// interrupts and the like).
-pub fn causes_per(counters: &Counters, ops: u64) -> Map<String, Value> {
+pub(crate) fn causes_per(counters: &Counters, ops: u64) -> Map<String, Value> {
     let mut causes = Map::new();
     for cause in CAUSES {
         let value = counters.get(cause) as f64 / ops.max(1) as f64;
@@ -63,7 +74,7 @@ pub fn causes_per(counters: &Counters, ops: u64) -> Map<String, Value> {
 }
 
 /// `name 0.12, other 1.00`, or `-` for none.
-pub fn format_causes(causes: &Map<String, Value>) -> String {
+pub(crate) fn format_causes(causes: &Map<String, Value>) -> String {
     if causes.is_empty() {
         return "-".into();
     }
@@ -71,22 +82,22 @@ pub fn format_causes(causes: &Map<String, Value>) -> String {
 }
 
 /// The command as typed, for reports.
-pub fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!("exitless {}", crate::qemu::shell_words(&args))
 }
 
 /// Print `report` as JSON, or as the tables `tables` renders (Markdown or plain); returns the
 /// process status.
-pub fn print_report(
+pub(crate) fn print_report(
     report: &impl serde::Serialize,
-    format: crate::cli::ReportFormat,
+    format: crate::args::ReportFormat,
     tables: impl Fn(bool) -> String,
 ) -> i32 {
     if format.json {
         match serde_json::to_string_pretty(report) {
             Ok(json) => println!("{json}"),
-            Err(e) => return crate::fail(format_args!("cannot write the report as JSON: {e}")),
+            Err(e) => return exitless_args::fail(format_args!("cannot write the report as JSON: {e}")),
         }
     } else {
         print!("{}", tables(format.markdown));
@@ -98,7 +109,7 @@ pub fn print_report(
 /// same blocks, which a real disk's lower layers (here the cloud host's page cache under the VM's
 /// disk) had cached from the run before, while fio's offsets were new each time; guests then
 /// "beat" bare metal on a real disk by 1.3-3x.
-pub fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(
@@ -108,12 +119,12 @@ pub fn fresh_seed() -> u64 {
 }
 
 /// Progress for long runs, on standard error.
-pub fn progress(message: std::fmt::Arguments) {
+pub(crate) fn progress(message: std::fmt::Arguments) {
     eprintln!("exitless bench: {message}");
 }
 
 #[derive(Debug, Error)]
-pub enum GuestRunError {
+pub(crate) enum GuestRunError {
     #[error("{0}")]
     Vm(#[from] VmError),
     #[error("{ending}; the probe printed no `{probe}` result: {console}")]
@@ -125,7 +136,7 @@ pub enum GuestRunError {
 }
 
 /// What one probe run measured between its marks 0 and 1.
-pub struct GuestRun {
+pub(crate) struct GuestRun {
     /// The probe's JSON result line.
     pub line: Value,
     pub counters: Counters,
@@ -134,8 +145,8 @@ pub struct GuestRun {
 
 /// Boot the probe with `config` (console captured), and take its `probe` result line and the
 /// exits and CPU time of its measured phase.
-pub fn run_guest(config: &VmConfig, probe: &'static str) -> Result<GuestRun, GuestRunError> {
-    let outcome = Vm::new(config, Kernel::Image(crate::probe::PROBE_ELF)).and_then(Vm::run)?;
+pub(crate) fn run_guest(config: &VmConfig, probe: &'static str) -> Result<GuestRun, GuestRunError> {
+    let outcome = Vm::new(config, Kernel::Image(probe_image::PROBE_ELF)).and_then(Vm::run)?;
     let console = String::from_utf8_lossy(&outcome.console);
     let Some(line) =
         console.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|v| v["probe"] == probe)

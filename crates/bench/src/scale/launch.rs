@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::cpu::Sampler;
 use super::Setup;
 use crate::qemu::Qemu;
-use crate::seccomp::SeccompArgs;
+use exitless_args::SeccompArgs;
 use vmm::Counters;
 
 /// Guest memory of every VM (the probe needs about 48 MiB).
@@ -151,7 +151,7 @@ fn workload(qd: u32, ctx: &Context) -> String {
          probe.warmup=0 probe.warmup_ms={} probe.seed={}",
         ctx.duration_ms,
         ctx.warmup_ms,
-        crate::bench::fresh_seed()
+        crate::fresh_seed()
     )
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::super::blk_qemu::{exits_between, find};
 use super::super::causes_per;
 use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, TAP};
-use crate::cli::NetBenchArgs;
+use crate::args::NetBenchArgs;
 use crate::qemu::Qemu;
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
@@ -59,7 +59,7 @@ impl QemuNet {
         let dir = std::env::temp_dir().join(format!("exitless-bench-net-qemu-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let elf = dir.join("exitless-probe.elf");
-        crate::probe::export(&elf).map_err(|e| e.to_string())?;
+        probe_image::export(&elf).map_err(|e| e.to_string())?;
         Ok(QemuNet { qemu, dir, elf })
     }
 

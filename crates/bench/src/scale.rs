@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
-pub use crate::cli::ScaleSetup as Setup;
-use crate::cli::{ScaleBenchArgs, ScaleDiskArg};
+pub use crate::args::ScaleSetup as Setup;
+use crate::args::{ScaleBenchArgs, ScaleDiskArg};
 use crate::qemu::Qemu;
 use launch::{Context, RunResult, VmDisk};
 
@@ -189,9 +189,9 @@ pub fn main(args: ScaleBenchArgs) -> i32 {
     match run(&args) {
         Ok(report) => super::print_report(&report, args.output, |markdown| table::render(&report, markdown)),
         Err(e @ (ScaleError::MixedQd | ScaleError::NoSuchCpu(..) | ScaleError::Scratch(_))) => {
-            crate::usage_error(e)
+            exitless_args::usage_error(e)
         }
-        Err(e) => crate::fail(e),
+        Err(e) => exitless_args::fail(e),
     }
 }
 
@@ -212,7 +212,7 @@ fn run(args: &ScaleBenchArgs) -> Result<Report, ScaleError> {
     let dir = std::env::temp_dir().join(format!("exitless-bench-scale-{}", std::process::id()));
     let _dir = TempDir::make(&dir)?;
     let elf = dir.join("exitless-probe.elf");
-    crate::probe::export(&elf).map_err(|e| ScaleError::Other(e.to_string()))?;
+    probe_image::export(&elf).map_err(|e| ScaleError::Other(e.to_string()))?;
     let disks = Disks::prepare(args, largest as usize)?;
     let ctx = Context {
         exe: std::env::current_exe().map_err(|e| ScaleError::Other(e.to_string()))?,

@@ -34,6 +34,8 @@ pub fn parse_run(text: &str) -> Result<RunDisk, String> {
     }
 }
 
+/// A disk the VMM serves itself: `path=FILE[,readonly][,direct]`, `ram=SIZE` or
+/// `ram,path=FILE[,readonly]`.
 pub fn parse(text: &str) -> Result<DiskBackend, String> {
     let mut path = None;
     let mut ram = None;

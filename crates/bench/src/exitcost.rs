@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use exitless_args::fail;
+use probe_image as probe;
 use serde::Serialize;
 use serde_json::Value;
 use vmm::{ConsoleMode, Ending, Kernel, Vm, VmConfig};
@@ -10,9 +12,8 @@ use vmm::{ConsoleMode, Ending, Kernel, Vm, VmConfig};
 use super::machine::About;
 use super::table::Table;
 use super::{marked_counters, progress};
-use crate::cli::{ExitcostArgs, Peer};
+use crate::args::{ExitcostArgs, Peer};
 use crate::qemu::Qemu;
-use crate::{fail, probe};
 
 /// The exit kinds, in report order: (probe op, what it is).
 const OPS: [(&str, &str); 5] = [

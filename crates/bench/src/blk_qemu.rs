@@ -23,9 +23,9 @@ use super::backend::Backend as RowBackend;
 use super::blk::{Row, Scenario};
 use super::causes_per;
 use super::progress::{Kind, Progress};
-use crate::cli::BlkBenchArgs;
+use crate::args::BlkBenchArgs;
 use crate::qemu::{PeerMark, Qemu};
-use crate::seccomp::SeccompArgs;
+use exitless_args::SeccompArgs;
 use vmm::Counters;
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters: 30 ms was
@@ -130,7 +130,7 @@ impl QemuPeer {
         let dir = std::env::temp_dir().join(format!("exitless-bench-qemu-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let elf = dir.join("exitless-probe.elf");
-        crate::probe::export(&elf).map_err(|e| e.to_string())?;
+        probe_image::export(&elf).map_err(|e| e.to_string())?;
         Ok(QemuPeer { qemu, storage_daemon: StorageDaemon::find(), dir, elf })
     }
 

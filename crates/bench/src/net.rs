@@ -8,6 +8,8 @@ mod qemu;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use exitless_args::fail;
+use probe_image as probe;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use vmm::{ConsoleMode, IoMode, NetConfig, VmConfig, VmError};
@@ -16,8 +18,7 @@ use super::machine::About;
 use super::plot::{Bar, Kind, Units};
 use super::table::Table;
 use super::{causes_per, format_causes, progress, GuestRunError};
-use crate::cli::{NetBenchArgs, Peer};
-use crate::{fail, probe};
+use crate::args::{NetBenchArgs, Peer};
 
 const RUN_SLACK: Duration = Duration::from_secs(120);
 const TAP: &str = "exltap0";

@@ -533,8 +533,8 @@ fn grouped(value: f64, digits: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::backend::Backend;
-    use crate::bench::blk::Scenario;
+    use crate::backend::Backend;
+    use crate::blk::Scenario;
 
     fn row(vmm: &'static str, mode: &str, qd: u32, iops: Option<f64>) -> Row {
         let scenario = Scenario { disk: "ram", rw: "randread", bs: 4096, qd, backend: Backend::Null };

@@ -1,4 +1,5 @@
-//! The probe guest, built by `build.rs` and embedded in the binary.
+//! The probe guest (`guest/`), built by `build.rs` and embedded here, so `exitless run --probe`
+//! and the bench need no other file; and the command line it gets.
 
 use std::path::Path;
 

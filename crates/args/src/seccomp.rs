@@ -3,6 +3,7 @@
 use clap::{Args, ValueEnum};
 use vmm::SeccompMode;
 
+/// `--seccomp ACTION`, flattened into every command that starts threads with filters.
 #[derive(Args, Clone, Copy)]
 pub struct SeccompArgs {
     /// Each vCPU, IOCore and vhost-user thread allows only the system calls it makes (seccomp-bpf);
@@ -11,6 +12,7 @@ pub struct SeccompArgs {
     pub seccomp: SeccompArg,
 }
 
+/// What a filter does with a call it does not allow.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SeccompArg {
     /// The process dies of SIGSYS (status 159 from a shell): a compromised thread gets no further.
@@ -23,6 +25,7 @@ pub enum SeccompArg {
 }
 
 impl SeccompArgs {
+    /// The mode the VMM and the daemon take.
     pub fn mode(self) -> SeccompMode {
         match self.seccomp {
             SeccompArg::Kill => SeccompMode::Kill,

@@ -6,6 +6,8 @@ use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use exitless_args::fail;
+use probe_image as probe;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
@@ -18,9 +20,8 @@ use super::machine::About;
 use super::progress::{Kind, Progress};
 use super::scratch::{self, ScratchError};
 use super::{causes_per, progress};
-use crate::cli::{BackendArg, BenchDiskArg, BlkBenchArgs, Peer};
+use crate::args::{BackendArg, BenchDiskArg, BlkBenchArgs, Peer};
 use crate::qemu::Qemu;
-use crate::{fail, probe};
 
 /// How long one guest run (exitless's or QEMU's) may take before it is stopped: its measured
 /// time, 15 s for boot and teardown, and 1 ms per warm-up request (every mode here serves well
@@ -166,7 +167,7 @@ pub fn main(mut args: BlkBenchArgs) -> i32 {
             )),
             status => status,
         },
-        Err(BenchError::Scratch(e)) => crate::usage_error(e),
+        Err(BenchError::Scratch(e)) => exitless_args::usage_error(e),
         Err(BenchError::Other(e)) => fail(e),
     }
 }

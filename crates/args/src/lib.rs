@@ -1,0 +1,34 @@
+//! The command-line vocabulary the `exitless` binary and its benchmarks share: byte sizes,
+//! `--disk` specs, I/O modes, `--seccomp`, and how `exitless` reports an error and exits.
+
+pub mod disk;
+mod io_mode;
+mod seccomp;
+pub mod size;
+
+pub use io_mode::IoModeArg;
+pub use seccomp::{SeccompArg, SeccompArgs};
+
+/// Exit statuses of `exitless` itself (a guest's debug-exit value passes through unchanged).
+pub mod status {
+    /// The command line was wrong.
+    pub const USAGE: i32 = 2;
+    /// The guest shut down, triple-faulted, reset or crashed.
+    pub const GUEST_STOPPED: i32 = 123;
+    /// `--timeout` passed.
+    pub const TIMEOUT: i32 = 124;
+    /// exitless itself failed.
+    pub const FAILED: i32 = 125;
+}
+
+/// Report a mistake on the command line on one line and return the usage status.
+pub fn usage_error(message: impl std::fmt::Display) -> i32 {
+    eprintln!("exitless: {message} (see `exitless --help`)");
+    status::USAGE
+}
+
+/// Report an error on one line and return the failure status.
+pub fn fail(message: impl std::fmt::Display) -> i32 {
+    eprintln!("exitless: error: {message}");
+    status::FAILED
+}

@@ -1,0 +1,485 @@
+//! The command line of `exitless bench` and its scenarios, which the `exitless` binary nests
+//! under its own (`Command::Bench`): clap `Args`, so `--help` and parsing stay the binary's.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+use exitless_args::{IoModeArg, SeccompArgs};
+
+/// `exitless bench`: a scenario, or without one the block ladder.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, after_help = BENCH_HELP)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub scenario: Option<BenchScenario>,
+    #[command(flatten)]
+    pub blk: BlkBenchArgs,
+}
+
+const BENCH_HELP: &str = "\
+Without a scenario, `exitless bench` runs the probe guest's block workload on a virtio-blk disk
+in every I/O mode of the ladder (trap, eventfd, pv-eoi, sidecore, exitless, adaptive), the same
+workload on the host with fio against the very same file (the bare-metal baseline: O_DIRECT, one
+job allowed the vCPU's and the IOCore's CPUs, the best of psync, libaio and io_uring; the row
+says which won), and in QEMU-KVM (--peers qemu, the default): its own virtio-blk on an iothread
+with interrupt and with polled completion, QEMU with exitless's vhost-user-blk backend, and QEMU
+with qemu-storage-daemon's vhost-user-blk export (its own iothread, pinned to the IOCore's CPU);
+beside a RAM disk, QEMU's own virtio-blk and qemu-storage-daemon also on QEMU's null device
+(null-co, read-zeroes=on).
+
+Disks (--disk, repeatable; the default is `--disk scratch --disk ram=1G`, the real disk first):
+  scratch[=SIZE]     a real disk: a file of SIZE (default 1G) in --scratch DIR, written with data
+                     once and kept for later runs, served with O_DIRECT; DIR must be a writable
+                     directory on a real file system (not tmpfs or ramfs)
+  ram=SIZE           a RAM disk: a new /dev/shm file filled with data, removed at the end; a null
+                     device that shows the I/O path's own cost (fio's mmap engine adds a row with
+                     the device's own speed, a memory copy with no system call)
+  ram,path=FILE      an existing /dev/shm file
+  path=FILE[,direct] an existing file through io_uring (direct: O_DIRECT)
+Naming --disk replaces the default pair.
+
+The backend matrix (--backends KIND,..., or all; instead of --disk): the same workloads on each
+kind of disk a user gives, every peer on the same backend with the same caching:
+  direct    a file of --backend-size (1G) in --scratch DIR, O_DIRECT (fio --direct=1, QEMU
+            cache=none)
+  buffered  the same file through the host's page cache, which holds it (fio --direct=0, QEMU
+            cache=writeback, qemu-storage-daemon cache.direct=off)
+  cold      the same file through the page cache, dropped from it (POSIX_FADV_DONTNEED) before
+            every run: reads that miss it
+  tmpfs     a file in /dev/shm served through io_uring (path=), through the page cache
+  loop      a loop device over the scratch file (losetup --direct-io=on), O_DIRECT
+  ram       the RAM disk; QEMU and qemu-storage-daemon on their null device (null-co)
+e.g. exitless bench --backends all --rw randread,randwrite,writeflush --qd 1,32.
+
+Per row: IOPS, p50/p99 latency, the latency it adds per I/O (its p50 less bare metal's), exits
+per I/O by cause (KVM's statistics between two marks around the measured phase; QEMU's through
+QMP query-stats), cores used (vCPU plus IOCore CPU time over wall time; QEMU's plus its
+backend's), the backend the I/O ended up on (null: exitless's RAM disk, fio mmap, QEMU's
+null-co; or the file by file system and cache mode), the ratio to bare metal and to QEMU's best
+configuration on the same backend (null against null, a file against the same file and cache
+mode; n/a where QEMU ran on no such backend).
+
+Defaults: 4 KiB random reads at queue depths 1 and 32 on both disks, each run (guest or fio)
+measuring --duration-ms 1000 after --warmup 2000 requests: 62 runs, about 1.5 minutes for the 56
+without QEMU's null device on a 2-CPU host (plus writing the real disk's file the first time).
+One progress line per run goes to standard error, with an estimate of the time left. A bad
+--scratch ends the bench at once with status 2. A guest run that fails (or hangs past duration +
+warm-up ms + 15 s) is run once more and its row says so; one that fails twice leaves a row that
+says why, and the bench ends with status 125 after printing its report.
+
+`exitless bench net` measures the network ladder, `exitless bench exitcost` what each kind of
+exit costs.";
+
+/// The block ladder.
+#[derive(Args)]
+pub struct BlkBenchArgs {
+    /// Access patterns.
+    #[arg(long, value_delimiter = ',', default_value = "randread")]
+    pub rw: Vec<RwArg>,
+    /// Block sizes in bytes (multiples of 512, at most 128K).
+    #[arg(long, value_delimiter = ',', default_value = "4096", value_parser = parse_block_size)]
+    pub bs: Vec<u32>,
+    /// Queue depths (1 to 256, the queue size: the probe puts each request in an indirect
+    /// descriptor table, one ring entry; a device without VIRTIO_F_INDIRECT_DESC holds only 85
+    /// requests of one data descriptor, and the probe refuses a deeper queue).
+    #[arg(long, value_delimiter = ',', default_value = "1,32", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub qd: Vec<u32>,
+    /// I/O modes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
+    pub modes: Vec<IoModeArg>,
+    /// A disk to measure (repeat for more; see below): `scratch[=SIZE]` (a real disk: a file in
+    /// --scratch DIR, O_DIRECT), `ram=SIZE` (a new RAM disk), `ram,path=FILE` or
+    /// `path=FILE[,direct]`. Write workloads overwrite what is there.
+    #[arg(long = "disk", value_name = "SPEC", default_values = ["scratch", "ram=1G"], value_parser = parse_bench_disk)]
+    pub disks: Vec<BenchDiskArg>,
+    /// The backend matrix instead of --disk: the same workloads on each of these kinds of disk
+    /// (`direct`, `buffered`, `cold`, `tmpfs`, `loop`, `ram` or `all`; see below), each against
+    /// fio with the same caching and QEMU on the same backend with the matching cache mode.
+    #[arg(long, value_delimiter = ',', value_name = "KIND", conflicts_with = "disks")]
+    pub backends: Vec<BackendArg>,
+    /// The size of each --backends disk (a multiple of 1 MiB).
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_backend_size)]
+    pub backend_size: u64,
+    /// Where the real disk's file lives (default: the system's temporary directory, $TMPDIR or
+    /// /tmp); a writable directory on a real file system, not tmpfs.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// How long each measured run lasts (and each fio run), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub duration_ms: u64,
+    /// Unmeasured requests before each run.
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub warmup: u64,
+    /// Host CPU for the vCPU (fio's job may use it and the IOCore's).
+    #[arg(long, value_name = "CPU", default_value_t = 0)]
+    pub vcpu_cpu: usize,
+    /// Host CPU for the IOCore (and for qemu-storage-daemon's threads).
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub iocore_cpu: usize,
+    /// Skip the bare-metal baseline (fio).
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Peer VMMs to run the same guest and workload in (`qemu`: its own virtio-blk with
+    /// interrupt and polled completion, with exitless's vhost-user-blk backend and with
+    /// qemu-storage-daemon's), or `none`.
+    #[arg(long, value_delimiter = ',', default_value = "qemu")]
+    pub peers: Vec<Peer>,
+    /// Also draw the results: one SVG per scenario in DIR (made if missing), named after it
+    /// (`randread-4k-qd32.svg`), with IOPS per row (bare metal and the best peer marked), exits
+    /// per I/O stacked by cause, and p50/p99 latency.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
+}
+
+/// One of the block bench's disks (`--disk`, or one of `--backends`).
+#[derive(Clone, Debug)]
+pub enum BenchDiskArg {
+    /// A file of `size` bytes in the scratch directory, on a real disk, used with O_DIRECT.
+    Scratch { size: u64 },
+    /// A disk as `exitless run --disk` takes it.
+    Disk(vmm::DiskBackend),
+    /// One kind of disk of the backend matrix, of `size` bytes.
+    Matrix { kind: BackendArg, size: u64 },
+}
+
+impl BenchDiskArg {
+    /// Whether it is a RAM disk (memory, not a device).
+    pub fn is_ram(&self) -> bool {
+        matches!(
+            self,
+            BenchDiskArg::Disk(vmm::DiskBackend::Ram { .. } | vmm::DiskBackend::RamFile { .. })
+                | BenchDiskArg::Matrix { kind: BackendArg::Ram, .. }
+        )
+    }
+
+    /// Whether it lives in the scratch directory.
+    pub fn in_scratch(&self) -> bool {
+        matches!(self, BenchDiskArg::Scratch { .. })
+            || matches!(self, BenchDiskArg::Matrix { kind, .. } if kind.in_scratch())
+    }
+}
+
+/// A kind of disk of the backend matrix (`--backends`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// A file in --scratch DIR, O_DIRECT (as `--disk scratch`).
+    Direct,
+    /// The same file through the host's page cache, which holds it (read once first).
+    Buffered,
+    /// The same file through the page cache, its pages dropped from it before every run.
+    Cold,
+    /// A file on tmpfs (/dev/shm) through io_uring, through the page cache.
+    Tmpfs,
+    /// A loop device over the scratch file (losetup --direct-io=on), O_DIRECT.
+    Loop,
+    /// The RAM disk; QEMU's rows run on its null device.
+    Ram,
+    /// Every kind above.
+    All,
+}
+
+impl BackendArg {
+    /// The kinds `All` stands for, in the order the bench measures them.
+    pub const EACH: [BackendArg; 6] = [
+        BackendArg::Direct,
+        BackendArg::Buffered,
+        BackendArg::Cold,
+        BackendArg::Tmpfs,
+        BackendArg::Loop,
+        BackendArg::Ram,
+    ];
+
+    /// The disk's label in the tables and `--json` (`disk`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendArg::Direct => "direct",
+            BackendArg::Buffered => "buffered",
+            BackendArg::Cold => "cold",
+            BackendArg::Tmpfs => "tmpfs",
+            BackendArg::Loop => "loop",
+            BackendArg::Ram => "ram",
+            BackendArg::All => "all",
+        }
+    }
+
+    fn in_scratch(self) -> bool {
+        matches!(self, BackendArg::Direct | BackendArg::Buffered | BackendArg::Cold | BackendArg::Loop)
+    }
+
+    /// The disks `--backends KINDS` measures, of `size` bytes: each kind once, in the order of
+    /// `EACH`.
+    pub fn disks(kinds: &[BackendArg], size: u64) -> Vec<BenchDiskArg> {
+        let wanted = |kind| kinds.contains(&BackendArg::All) || kinds.contains(&kind);
+        BackendArg::EACH
+            .into_iter()
+            .filter(|&kind| wanted(kind))
+            .map(|kind| BenchDiskArg::Matrix { kind, size })
+            .collect()
+    }
+}
+
+fn parse_backend_size(text: &str) -> Result<u64, String> {
+    let size = exitless_args::size::parse(text)?;
+    if size == 0 || !size.is_multiple_of(1 << 20) {
+        return Err(format!("--backend-size {text} is not a non-zero multiple of 1 MiB"));
+    }
+    Ok(size)
+}
+
+fn parse_bench_disk(text: &str) -> Result<BenchDiskArg, String> {
+    let size = match text.strip_prefix("scratch") {
+        None => return exitless_args::disk::parse(text).map(BenchDiskArg::Disk),
+        Some("") => 1 << 30,
+        Some(rest) => match rest.strip_prefix('=') {
+            Some(size) => exitless_args::size::parse(size)?,
+            None => return Err(format!("unknown disk `{text}`: `scratch` or `scratch=SIZE`")),
+        },
+    };
+    if size == 0 || !size.is_multiple_of(1 << 20) {
+        return Err(format!("scratch disk size {size} is not a non-zero multiple of 1 MiB"));
+    }
+    Ok(BenchDiskArg::Scratch { size })
+}
+
+/// An access pattern of the block bench (`--rw`).
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RwArg {
+    Randread,
+    Randwrite,
+    Read,
+    Write,
+    /// Random writes, each followed by a FLUSH (on the host: an fdatasync); both count as
+    /// requests.
+    Writeflush,
+}
+
+impl RwArg {
+    /// Its name on the command line and in the reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            RwArg::Randread => "randread",
+            RwArg::Randwrite => "randwrite",
+            RwArg::Read => "read",
+            RwArg::Write => "write",
+            RwArg::Writeflush => "writeflush",
+        }
+    }
+}
+
+fn parse_block_size(text: &str) -> Result<u32, String> {
+    let size = exitless_args::size::parse(text)?;
+    if size == 0 || size % 512 != 0 || size > 128 * 1024 {
+        return Err(format!("block size `{text}` must be a multiple of 512 up to 128K"));
+    }
+    Ok(size as u32)
+}
+
+/// The scenarios beside the block ladder.
+#[derive(Subcommand)]
+pub enum BenchScenario {
+    /// Cost of each kind of exit from a ring-3 guest: user-space MMIO, ioeventfd, cpuid, a
+    /// shared-memory ping-pong with a host thread (no exit) and an interrupt round trip, in
+    /// exitless and in QEMU-KVM.
+    Exitcost(ExitcostArgs),
+    /// UDP request-response latency through virtio-net and a tap in each I/O mode, against
+    /// the same request-response between two network namespaces over veth (bare metal) and
+    /// QEMU-KVM's virtio-net on the same tap.
+    Net(NetBenchArgs),
+    /// Many VMs at once, each on its own disk: one shared IOCore (`exitless vhost-user-blk`
+    /// with exitless VMs as frontends), an IOCore per VM, QEMU with an iothread per VM, and
+    /// QEMU with one qemu-storage-daemon; aggregate and per-VM IOPS, Jain's fairness, host
+    /// cores and exits per I/O, and a mixed run (half the VMs at a low queue depth, half high).
+    #[command(after_help = SCALE_HELP)]
+    Scale(ScaleBenchArgs),
+}
+
+/// The most VMs `bench scale` starts at once.
+pub const MAX_SCALE_VMS: u32 = 32;
+
+const SCALE_HELP: &str = "\
+Every VM runs the probe's 4 KiB random reads for --duration-ms after --warmup-ms of unmeasured
+requests (so that all VMs, started together, measure at the same time), on its own disk, its
+vCPU on --vcpu-cpu and the set-up's I/O side on --iocore-cpu:
+  shared-iocore        one `exitless vhost-user-blk` (--io-mode sidecore, one IOCore) serving
+                       every disk; `exitless run --probe --disk vhost-user=SOCKET --io-mode
+                       exitless` VMs (the guest polls)
+  iocore-per-vm        `exitless run --probe --io-mode exitless`, each VM its own IOCore
+  qemu-iothread        QEMU-KVM microvm, each VM its own virtio-blk on its own iothread
+                       (aio=io_uring, cache=none), the guest polling; QEMU's non-vCPU threads on
+                       the I/O CPU
+  qemu-storage-daemon  one qemu-storage-daemon exporting every disk as vhost-user-blk from one
+                       iothread (pinned to the I/O CPU), QEMU VMs as frontends, the guest polling
+Per set-up and VM count: aggregate IOPS, per-VM minimum and maximum, Jain's fairness index
+((sum x)^2 / (n sum x^2)), host cores (CPU time of every process of the set-up over the VMs'
+common measured window), IOPS per core, exits per I/O (KVM's statistics between the probe's
+marks; QEMU's through QMP query-stats). The mixed run (the largest VM count, half the VMs at the
+first --mixed-qd, half at the second) shows the fair share: each half's per-VM IOPS and Jain's
+index. A set-up that cannot run (QEMU missing) gets rows that say why.
+Default: 4 set-ups x (1, 2, 4, 8 VMs + mixed) = 20 runs of about 2 s: under a minute.";
+
+/// `exitless bench scale`.
+#[derive(Args)]
+pub struct ScaleBenchArgs {
+    /// How many VMs run at once, one run per count (1 to 32).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = clap::value_parser!(u32).range(1..=MAX_SCALE_VMS as i64))]
+    pub vms: Vec<u32>,
+    /// Every VM's queue depth (1 to 256).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub qd: u32,
+    /// The mixed run's two queue depths: half the VMs (the largest --vms) at each.
+    #[arg(long, value_name = "LOW,HIGH", value_delimiter = ',', num_args = 1, default_value = "1,32", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub mixed_qd: Vec<u32>,
+    /// Skip the mixed run.
+    #[arg(long)]
+    pub no_mixed: bool,
+    /// Each VM's disk: `ram` (a /dev/shm file, removed at the end) or `file` (a file in
+    /// --scratch DIR on a real disk, kept for later runs, O_DIRECT).
+    #[arg(long, value_name = "KIND", default_value = "ram")]
+    pub disk: ScaleDiskArg,
+    /// Size of each VM's disk.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = exitless_args::size::parse)]
+    pub disk_size: u64,
+    /// Where `--disk file` keeps its files (default: $TMPDIR or /tmp); a real file system.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// How long every VM measures, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub duration_ms: u64,
+    /// Unmeasured time before it, in milliseconds (covers the VMs' staggered boots).
+    #[arg(long, value_name = "MS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub warmup_ms: u64,
+    /// Set-ups to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "shared-iocore,iocore-per-vm,qemu-iothread,qemu-storage-daemon"
+    )]
+    pub setups: Vec<ScaleSetup>,
+    /// Host CPU of every VM's vCPU.
+    #[arg(long, value_name = "CPU", default_value_t = 0)]
+    pub vcpu_cpu: usize,
+    /// Host CPU of the I/O side: IOCores, the daemons, QEMU's iothreads and other threads.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub iocore_cpu: usize,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
+}
+
+/// `bench scale --disk`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScaleDiskArg {
+    Ram,
+    File,
+}
+
+/// One of `bench scale`'s set-ups.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum ScaleSetup {
+    SharedIocore,
+    IocorePerVm,
+    QemuIothread,
+    QemuStorageDaemon,
+}
+
+impl ScaleSetup {
+    /// Its name on the command line and in the reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScaleSetup::SharedIocore => "shared-iocore",
+            ScaleSetup::IocorePerVm => "iocore-per-vm",
+            ScaleSetup::QemuIothread => "qemu-iothread",
+            ScaleSetup::QemuStorageDaemon => "qemu-storage-daemon",
+        }
+    }
+
+    /// Whether its VMs are QEMU's.
+    pub fn is_qemu(self) -> bool {
+        matches!(self, ScaleSetup::QemuIothread | ScaleSetup::QemuStorageDaemon)
+    }
+}
+
+/// `exitless bench net`.
+#[derive(Args)]
+pub struct NetBenchArgs {
+    /// I/O modes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
+    pub modes: Vec<IoModeArg>,
+    /// UDP payload bytes per request (and answer).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1472))]
+    pub size: u64,
+    /// How long each measured run lasts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub duration_ms: u64,
+    /// Unmeasured transactions before each run.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub warmup: u64,
+    /// Host CPU for the vCPU (and the bare-metal client).
+    #[arg(long, value_name = "CPU", default_value_t = 0)]
+    pub vcpu_cpu: usize,
+    /// Host CPU for the IOCore.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub iocore_cpu: usize,
+    /// Host CPU for the echo responder (default: the IOCore's, so that waking it preempts the
+    /// IOCore rather than the vCPU, whose every preemption is a VM exit).
+    #[arg(long, value_name = "CPU")]
+    pub responder_cpu: Option<usize>,
+    /// Skip the bare-metal baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Peer VMMs to run the same guest, workload, tap and responder in (`qemu`: its virtio-net
+    /// on its user-space tap backend with guest interrupts and with the guest polling, and on
+    /// kernel vhost-net with busy polling where the host has /dev/vhost-net), or `none`.
+    #[arg(long, value_delimiter = ',', default_value = "qemu")]
+    pub peers: Vec<Peer>,
+    /// Also draw the results: `net-udp-rr-<SIZE>b.svg` in DIR (made if missing), with
+    /// transactions/s per row (bare metal marked), exits per transaction stacked by cause, and
+    /// p50/p99 latency.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
+}
+
+/// `exitless bench exitcost`.
+#[derive(Args)]
+pub struct ExitcostArgs {
+    /// Operations per exit kind.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub n: u64,
+    /// Ping-pong round trips.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub pingpong_n: u64,
+    /// Peer VMMs to run the same guest in (`qemu`), or `none`.
+    #[arg(long, value_delimiter = ',', default_value = "qemu")]
+    pub peers: Vec<Peer>,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
+}
+
+/// Another VMM to measure beside exitless (`--peers`).
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    Qemu,
+    None,
+}
+
+/// How a benchmark prints its report.
+#[derive(Args, Clone, Copy)]
+pub struct ReportFormat {
+    /// Print one JSON document instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the tables as Markdown, with date, command and machine (for BENCHMARKS.md).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+}
