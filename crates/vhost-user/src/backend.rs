@@ -14,9 +14,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use rate_limiter::RateLimiter;
 use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
-use virtio::limit::RateLimiter;
 use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
 use virtio::{
     DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,

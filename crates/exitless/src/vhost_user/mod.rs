@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use iocore::{IoCore, Policy};
+use rate_limiter::RateLimiter;
 use sandbox::{Filter, SeccompMode, ThreadKind};
 use virtio::block::Block;
-use virtio::limit::RateLimiter;
 use virtio::{DeviceStats, WorkerHost};
 
 use placement::Placement;
@@ -192,7 +192,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     let watchdog = Filter::new(ThreadKind::StopWatchdog, args.seccomp.mode()).map_err(|e| e.to_string())?;
     exit_after_stop_grace(&stop, watchdog).map_err(|e| format!("cannot start the stop watchdog: {e}"))?;
     // Measured once, before any thread confines itself (rate limits, service times).
-    virtio::clock::ticks_per_second();
+    clock::ticks_per_second();
     let policy = match args.io_mode {
         VhostIoMode::Sidecore => Policy::Polling,
         VhostIoMode::Adaptive => Policy::Adaptive { idle: Duration::from_micros(args.idle_budget_us) },
