@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod disk;
+mod logger;
 mod net;
 mod probe;
 mod qemu;
@@ -33,6 +34,13 @@ fn main() {
             std::process::exit(usage_error(first.trim_start_matches("error: ").trim()));
         }
     };
+    let prefix = match cli.command {
+        cli::Command::VhostUserBlk(_) => "exitless vhost-user-blk",
+        _ => "exitless",
+    };
+    if let Err(e) = logger::init(prefix) {
+        std::process::exit(usage_error(e));
+    }
     let code = match cli.command {
         cli::Command::Run(args) => run::main(args),
         cli::Command::Probe(cli::ProbeCommand::Export { file }) => match probe::export(&file) {

@@ -488,10 +488,10 @@ impl Session<'_> {
         vring.base = worker.queue_mut().next_avail();
         let c = worker.counters;
         self.device.block.stop_queue(index, *worker);
-        crate::log(format_args!(
+        log::info!(
             "{}: vring {index} stopped at avail index {}: {} requests completed, {} I/O errors, {} refused, {} interrupts",
             self.device.stats.name(), vring.base, c.completed, c.io_errors, c.rejected, c.interrupts
-        ));
+        );
         Ok(())
     }
 
@@ -517,7 +517,7 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         // A worker the IOCore does not give back keeps its backend; nothing more can be done.
         if let Err(e) = self.stop_all() {
-            crate::log(format_args!("{e}"));
+            log::error!("{e}");
         }
     }
 }

@@ -147,7 +147,7 @@ impl DeviceStats {
         if earlier < LOGGED_RESETS {
             let more =
                 if earlier + 1 == LOGGED_RESETS { " (further resets are counted, not logged)" } else { "" };
-            eprintln!("exitless: {}: {what}: {why}{more}", self.name);
+            log::warn!("{}: {what}: {why}{more}", self.name);
         }
     }
 

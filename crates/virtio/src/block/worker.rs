@@ -200,8 +200,8 @@ impl BlockWorker {
             }
             if !reported && started.elapsed() >= SLOW_DRAIN {
                 reported = true;
-                eprintln!(
-                    "exitless: {}: a reset is waiting for {} request(s) the disk still holds",
+                log::warn!(
+                    "{}: a reset is waiting for {} request(s) the disk still holds",
                     self.signals.stats().name(),
                     self.in_flight.held
                 );
