@@ -7,7 +7,13 @@ use exitless_args::{IoModeArg, SeccompArgs};
 use exitless_bench::BenchArgs;
 
 #[derive(Parser)]
-#[command(name = "exitless", version, about = "A KVM VMM whose guests do I/O without VM exits", long_about = None)]
+#[command(
+    name = "exitless",
+    version,
+    about = "A KVM VMM whose guests do I/O without VM exits",
+    long_about = None,
+    after_help = ENVIRONMENT
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -32,6 +38,11 @@ pub enum Command {
     /// Serve a virtio-blk disk over vhost-user (to QEMU's vhost-user-blk and other frontends).
     VhostUserBlk(crate::vhost_user::VhostUserBlkArgs),
 }
+
+const ENVIRONMENT: &str = "\
+Environment:
+  EXITLESS_LOG=LEVEL  which messages go to standard error: off, error, warn, info (the
+                      default), debug or trace";
 
 const RUN_EXIT_STATUS: &str = "\
 Exit status:

@@ -1,6 +1,7 @@
 //! `exitless`: a KVM VMM whose guests do I/O without VM exits, and the benchmarks that show it.
 
 mod cli;
+mod logger;
 mod net;
 mod run;
 mod udp;
@@ -20,6 +21,13 @@ fn main() {
             std::process::exit(usage_error(first.trim_start_matches("error: ").trim()));
         }
     };
+    let prefix = match cli.command {
+        cli::Command::VhostUserBlk(_) => "exitless vhost-user-blk",
+        _ => "exitless",
+    };
+    if let Err(e) = logger::init(prefix) {
+        std::process::exit(usage_error(e));
+    }
     let code = match cli.command {
         cli::Command::Run(args) => run::main(args),
         cli::Command::Probe(cli::ProbeCommand::Export { file }) => match probe_image::export(&file) {

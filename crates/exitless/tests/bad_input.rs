@@ -173,3 +173,16 @@ fn over_long_or_unprintable_cmdline_says_the_limit() {
     );
     assert_one_line_error(&["run", "--probe", "--cmdline", "a\tb"], 2, "--cmdline has '\\t' at byte 1");
 }
+
+#[test]
+fn a_log_level_that_is_not_one() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["probe", "export", "/nonexistent/probe.elf"])
+        .env("EXITLESS_LOG", "loud")
+        .output()
+        .expect("run exitless");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line expected, got: {err}");
+    assert!(err.starts_with("exitless: EXITLESS_LOG=loud: not a level (off, error, warn"), "{err}");
+}

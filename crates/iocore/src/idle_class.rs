@@ -166,8 +166,8 @@ impl IdleClass {
         self.back_at = Some(now + self.hold);
         let class = if self.fallback == libc::SCHED_BATCH { "batch" } else { "normal" };
         // Rare (at most once a hold), and the operator's to act on: not a hot-path write.
-        eprintln!(
-            "exitless: another thread held the IOCore off its CPU for {} ms; it serves as a \
+        log::warn!(
+            "another thread held the IOCore off its CPU for {} ms; it serves as a \
              {class} thread for {} s (a pinned IOCore should have its CPU to itself)",
             gap.as_millis(),
             self.hold.as_secs()

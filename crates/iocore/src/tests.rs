@@ -339,7 +339,7 @@ fn a_hung_up_notifier_does_not_make_a_notified_iocore_spin() {
 
 #[test]
 fn a_request_held_back_by_a_rate_limit_is_served_later_without_a_notification_or_a_spin() {
-    use virtio::limit::{Limits, RateLimiter};
+    use rate_limiter::{Limits, RateLimiter};
     let (mut guest, worker) = guest_and_block_worker();
     let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(10), bandwidth: None }));
     let worker = worker.with_rate_limiter(limiter.clone());

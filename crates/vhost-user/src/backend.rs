@@ -14,9 +14,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use rate_limiter::RateLimiter;
 use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
-use virtio::limit::RateLimiter;
 use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
 use virtio::{
     DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
@@ -472,10 +472,10 @@ impl Session<'_> {
         vring.base = worker.queue_mut().next_avail();
         let c = worker.counters;
         self.device.block.stop_queue(index, *worker);
-        crate::log(format_args!(
+        log::info!(
             "{}: vring {index} stopped at avail index {}: {} requests completed, {} I/O errors, {} refused, {} interrupts",
             self.device.stats.name(), vring.base, c.completed, c.io_errors, c.rejected, c.interrupts
-        ));
+        );
         Ok(())
     }
 
@@ -501,7 +501,7 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         // A worker the IOCore does not give back keeps its backend; nothing more can be done.
         if let Err(e) = self.stop_all() {
-            crate::log(format_args!("{e}"));
+            log::error!("{e}");
         }
     }
 }

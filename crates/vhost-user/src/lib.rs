@@ -30,9 +30,3 @@ pub mod server;
 pub use backend::{Session, VhostUserBlk};
 pub use error::Error;
 pub use server::{Ending, Server};
-
-/// Log one line on standard error (never panics: a closed stderr loses the line).
-pub fn log(message: std::fmt::Arguments) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "exitless vhost-user-blk: {message}");
-}

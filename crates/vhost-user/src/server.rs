@@ -24,7 +24,6 @@ use vhost_user_protocol::Error as ProtocolError;
 
 use crate::backend::{Session, VhostUserBlk};
 use crate::error::Error;
-use crate::log;
 
 /// How long a frontend may pause in the middle of a message, or leave its replies unread.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -92,31 +91,30 @@ impl Server {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    log(format_args!("cannot accept a frontend: {e}"));
+                    log::error!("cannot accept a frontend: {e}");
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
             };
-            log(format_args!("{}: frontend connected{}", self.path.display(), pid_note(&stream)));
+            log::info!("{}: frontend connected{}", self.path.display(), pid_note(&stream));
             // Replies must never block the server: a frontend that does not read them is
             // waited for (with the stop descriptor) for at most STALL_TIMEOUT.
             if let Err(e) = stream.set_nonblocking(true) {
-                log(format_args!("cannot make the frontend's socket non-blocking: {e}; connection closed"));
+                log::error!("cannot make the frontend's socket non-blocking: {e}; connection closed");
                 continue;
             }
             match self.serve_connection(&stream, device, stop) {
-                Ending::Closed => log(format_args!(
-                    "{}: frontend disconnected; waiting for the next one",
-                    self.path.display()
-                )),
-                Ending::Refused { request: Some(request), error } => log(format_args!(
+                Ending::Closed => {
+                    log::info!("{}: frontend disconnected; waiting for the next one", self.path.display())
+                }
+                Ending::Refused { request: Some(request), error } => log::warn!(
                     "{}: refused {request}: {error}; connection closed, waiting for the next frontend",
                     self.path.display()
-                )),
-                Ending::Refused { request: None, error } => log(format_args!(
+                ),
+                Ending::Refused { request: None, error } => log::warn!(
                     "{}: {error}; connection closed, waiting for the next frontend",
                     self.path.display()
-                )),
+                ),
                 Ending::Stopped => return Ok(()),
             }
         }
@@ -162,14 +160,14 @@ impl Server {
     /// Accept a frontend that connected while another is served, and close its connection.
     fn refuse_another(&self) {
         match self.listener.accept() {
-            Ok((stream, _)) => log(format_args!(
+            Ok((stream, _)) => log::warn!(
                 "{}: refused a frontend{}: another frontend is connected to this disk",
                 self.path.display(),
                 pid_note(&stream)
-            )),
+            ),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                log(format_args!("cannot accept a frontend: {e}"));
+                log::error!("cannot accept a frontend: {e}");
                 // Out of descriptors, say: the listener stays readable; do not spin on it.
                 std::thread::sleep(Duration::from_millis(100));
             }

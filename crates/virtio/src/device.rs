@@ -4,12 +4,12 @@ use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use metrics::latency::{Histogram, SharedHistogram};
 use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::interrupt::{InterruptLine, INT_CONFIG_CHANGE};
-use crate::latency::{Histogram, SharedHistogram};
 use crate::queue::{Queue, QueueError};
 
 /// A device's data path once the driver has set it up: owns its queues and its backend.
@@ -93,7 +93,7 @@ pub struct DeviceStatsSnapshot {
     pub needs_reset: u64,
     /// Why, the first time.
     pub first_reset_reason: Option<String>,
-    /// Service times of the requests answered, in [`crate::clock`] ticks.
+    /// Service times of the requests answered, in ticks of the `clock` crate.
     pub latency: Histogram,
 }
 
@@ -147,7 +147,7 @@ impl DeviceStats {
         if earlier < LOGGED_RESETS {
             let more =
                 if earlier + 1 == LOGGED_RESETS { " (further resets are counted, not logged)" } else { "" };
-            eprintln!("exitless: {}: {what}: {why}{more}", self.name);
+            log::warn!("{}: {what}: {why}{more}", self.name);
         }
     }
 

@@ -6,11 +6,8 @@
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 pub mod block;
-pub mod clock;
 pub mod device;
 pub mod interrupt;
-pub mod latency;
-pub mod limit;
 pub mod mmio;
 pub mod net;
 pub mod queue;

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use iocore::{IoCore, Policy};
+use rate_limiter::RateLimiter;
 use sandbox::{Filter, SeccompMode, ThreadKind};
 use virtio::block::Block;
-use virtio::limit::RateLimiter;
 use virtio::{DeviceStats, WorkerHost};
 
 use placement::Placement;
@@ -192,7 +192,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     let watchdog = Filter::new(ThreadKind::StopWatchdog, args.seccomp.mode()).map_err(|e| e.to_string())?;
     exit_after_stop_grace(&stop, watchdog).map_err(|e| format!("cannot start the stop watchdog: {e}"))?;
     // Measured once, before any thread confines itself (rate limits, service times).
-    virtio::clock::ticks_per_second();
+    clock::ticks_per_second();
     let policy = match args.io_mode {
         VhostIoMode::Sidecore => Policy::Polling,
         VhostIoMode::Adaptive => Policy::Adaptive { idle: Duration::from_micros(args.idle_budget_us) },
@@ -216,13 +216,13 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
     for (index, served) in disks.iter().enumerate() {
         let queues = served.device.num_queues();
-        ::vhost_user::log(format_args!(
+        log::info!(
             "listening on {} (disk {index}, {queues} queue{}, IOCore {} of {}, {mode} mode)",
             served.server.path().display(),
             if queues == 1 { "" } else { "s" },
             served.figures.iocore,
             iocores.len(),
-        ));
+        );
     }
     let mut figures = Vec::with_capacity(disks.len());
     let mut threads = Vec::with_capacity(disks.len());
@@ -242,7 +242,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     while !wait_readable(&stop, interval) {
         reporter.report();
     }
-    ::vhost_user::log(format_args!("stopping"));
+    log::info!("stopping");
     for thread in threads {
         let _ = thread.join();
     }
@@ -265,11 +265,11 @@ fn serve_disk(
 ) {
     // This thread reads the disk's frontends' messages from here on.
     if let Err(e) = sandbox::install(ThreadKind::VhostUserConnection, seccomp) {
-        ::vhost_user::log(format_args!("disk {index}: {e}; not served"));
+        log::error!("disk {index}: {e}; not served");
         return;
     }
     if let Err(e) = server.serve(&mut device, Some(stop.as_fd())) {
-        ::vhost_user::log(format_args!("disk {index} ({}): {e}; no longer served", server.path().display()));
+        log::error!("disk {index} ({}): {e}; no longer served", server.path().display());
     }
 }
 
@@ -296,7 +296,7 @@ fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::Result<()> 
     let stop = stop.try_clone()?;
     std::thread::Builder::new().name("stop-watchdog".into()).spawn(move || {
         if let Err(e) = filter.install() {
-            ::vhost_user::log(format_args!("{e}; stopping"));
+            log::error!("{e}; stopping");
             std::process::exit(1);
         }
         let mut pollfd = libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 };
@@ -304,10 +304,7 @@ fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::Result<()> 
         // process handles are blocked and come through the signalfd).
         while unsafe { libc::poll(&mut pollfd, 1, -1) } <= 0 {}
         std::thread::sleep(STOP_GRACE);
-        ::vhost_user::log(format_args!(
-            "stopping took more than {} ms; exiting without waiting further",
-            STOP_GRACE.as_millis()
-        ));
+        log::warn!("stopping took more than {} ms; exiting without waiting further", STOP_GRACE.as_millis());
         std::process::exit(0);
     })?;
     Ok(())

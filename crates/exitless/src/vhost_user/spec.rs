@@ -7,8 +7,8 @@
 
 use std::path::PathBuf;
 
+use rate_limiter::Limits;
 use storage::DiskSpec;
-use virtio::limit::Limits;
 
 /// The most queues a disk may offer.
 pub const MAX_QUEUES: u16 = 16;

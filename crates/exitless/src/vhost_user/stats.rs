@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use metrics::latency::Histogram;
+use rate_limiter::{Limits, RateLimiter};
 use serde_json::{json, Value};
-use virtio::latency::Histogram;
-use virtio::limit::{Limits, RateLimiter};
-use virtio::{clock, DeviceStats, DeviceStatsSnapshot};
+use virtio::{DeviceStats, DeviceStatsSnapshot};
 
 /// A disk as the statistics see it.
 pub struct DiskFigures {

@@ -785,7 +785,7 @@ fn a_pass_takes_at_most_the_batch_limit_and_leaves_the_rest_pending() {
 
 #[test]
 fn a_rate_limited_queue_leaves_requests_waiting_in_the_ring_not_failed() {
-    use crate::limit::{Limits, RateLimiter};
+    use rate_limiter::{Limits, RateLimiter};
     let mut rig = rig_of_size(false, 64);
     let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(5), bandwidth: None }));
     rig.worker =

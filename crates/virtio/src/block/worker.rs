@@ -7,16 +7,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use metrics::latency::LocalHistogram;
+use rate_limiter::RateLimiter;
 use storage::{Backend, Completion, Op};
 use vm_memory::VolatileSlice;
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
 };
-use crate::clock;
 use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
-use crate::latency::LocalHistogram;
-use crate::limit::RateLimiter;
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 
 /// A reset still waiting this long for the backend says so (it keeps waiting: see `into_backend`).
@@ -201,8 +200,8 @@ impl BlockWorker {
             }
             if !reported && started.elapsed() >= SLOW_DRAIN {
                 reported = true;
-                eprintln!(
-                    "exitless: {}: a reset is waiting for {} request(s) the disk still holds",
+                log::warn!(
+                    "{}: a reset is waiting for {} request(s) the disk still holds",
                     self.signals.stats().name(),
                     self.in_flight.held
                 );

@@ -264,7 +264,7 @@ impl VirtioDevice for VhostUserBlk {
         }
         match self.frontend.get_vring_base(0) {
             Ok(_) | Err(FrontendError::Closed(_)) => {}
-            Err(e) => eprintln!("exitless: vhost-user disk {}: cannot stop the ring: {e}", self.shared.path),
+            Err(e) => log::warn!("vhost-user disk {}: cannot stop the ring: {e}", self.shared.path),
         }
     }
 

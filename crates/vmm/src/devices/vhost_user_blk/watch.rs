@@ -28,7 +28,7 @@ impl Shared {
         let signals = self.signals.lock().unwrap_or_else(|p| p.into_inner());
         match signals.as_ref() {
             Some(signals) => signals.backend_failed(why),
-            None => eprintln!("exitless: vhost-user disk {}: {why}", self.path),
+            None => log::warn!("vhost-user disk {}: {why}", self.path),
         }
     }
 }
@@ -52,7 +52,7 @@ impl Watcher {
         let stop_fd = stop.clone();
         let thread = std::thread::Builder::new().name("vhost-user-watch".into()).spawn(move || {
             if let Err(e) = filter.install() {
-                eprintln!("exitless: vhost-user disk {}: {e}", shared.path);
+                log::error!("vhost-user disk {}: {e}", shared.path);
                 return;
             }
             watch(&socket, &err, &stop_fd, &shared);
@@ -84,8 +84,8 @@ fn watch(socket: &OwnedFd, err: &EventFd, stop: &EventFd, shared: &Shared) {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            eprintln!(
-                "exitless: vhost-user disk {}: cannot watch the daemon: {}",
+            log::error!(
+                "vhost-user disk {}: cannot watch the daemon: {}",
                 shared.path,
                 std::io::Error::last_os_error()
             );

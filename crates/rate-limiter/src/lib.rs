@@ -1,7 +1,7 @@
 //! Per-disk QoS: token buckets for requests per second and bytes per second, as Firecracker's
 //! rate limiter offers, checked by the worker before it takes a request off the ring. A limited
 //! request is not failed: it stays in the ring until the buckets refill. Buckets refill from the
-//! clock value the worker read once for its pass ([`crate::clock`]), so enforcing a limit costs
+//! clock value the worker read once for its pass (the `clock` crate), so enforcing a limit costs
 //! no system call; they hold at most one second's budget (the burst) and start full.
 //!
 //! The request bucket never goes below zero (a request is taken only while a token is left).
@@ -10,9 +10,9 @@
 //! back first: over any run of `t` seconds a disk serves at most `iops * (t + 1)` requests and
 //! `bw * (t + 1)` bytes plus one request's bytes.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
-use crate::clock;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// A disk's limits; `None`: no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

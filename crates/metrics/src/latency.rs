@@ -1,4 +1,4 @@
-//! Service-time histograms: log2 buckets of clock ticks ([`crate::clock`]), which a worker fills
+//! Service-time histograms: log2 buckets of clock ticks (the `clock` crate), which a worker fills
 //! locally (plain adds, per request) and adds to its device's shared histogram once per batch.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,6 +2,8 @@
 //! where the CPU has one, else the monotonic clock. Workers read it once per pass (service-time
 //! histograms, token-bucket refills); [`ticks_per_second`] converts ticks to time.
 
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,6 @@
+//! Metrics of exitless's data path that workers keep without a lock: [`latency`] holds the
+//! service-time histograms (in ticks of the `clock` crate).
+
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
+
+pub mod latency;
