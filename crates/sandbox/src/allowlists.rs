@@ -108,6 +108,11 @@ const CONNECTION: &[i64] = &[
     libc::SYS_unlink,
 ];
 
+/// A queue's start after a reset gave up on a disk that did not answer opens the disk again
+/// (`storage::Backend::reopen`): the same file (fcntl F_DUPFD_CLOEXEC, allowed with fcntl's
+/// commands) on a new io_uring, whose rings are mapped (mmap, allowed without PROT_EXEC).
+const REOPEN_DISK: &[i64] = &[libc::SYS_io_uring_setup];
+
 /// A vhost-user frontend's exchanges with its daemon (the vCPU starts and resets the disk).
 const VHOST_USER_FRONTEND: &[i64] = &[libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_poll];
 
@@ -138,6 +143,7 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             // A vhost-user disk's start (DRIVER_OK) and reset, in the Status write's exit:
             // messages with descriptors, each wait bounded by poll.
             allow(&mut rules, VHOST_USER_FRONTEND);
+            allow(&mut rules, REOPEN_DISK);
         }
         ThreadKind::IoCore => {
             allow(&mut rules, IOCORE);
@@ -153,8 +159,10 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         ThreadKind::VhostUserConnection => {
             allow(&mut rules, CONNECTION);
             allow(&mut rules, DESCRIPTOR_CHECKS);
-            // And close-on-exec on the descriptors a frontend sends.
-            let commands = [FCNTL_COMMANDS, &[libc::F_SETFD as u64]].concat();
+            allow(&mut rules, REOPEN_DISK);
+            // And close-on-exec on the descriptors a frontend sends; F_DUPFD_CLOEXEC to open a
+            // disk again (`REOPEN_DISK`).
+            let commands = [FCNTL_COMMANDS, &[libc::F_SETFD as u64, libc::F_DUPFD_CLOEXEC as u64]].concat();
             one_of(&mut rules, libc::SYS_fcntl, 1, &commands)?;
             // A frontend's socket is made non-blocking (FIONBIO).
             one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;

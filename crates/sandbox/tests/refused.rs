@@ -14,6 +14,8 @@ const CHILD_ENV: &str = "SANDBOX_TEST_CHILD";
 const INSTALLED: &str = "filter installed";
 /// Printed by the child when the forbidden call returned a descriptor.
 const CALL_ALLOWED: &str = "socket() allowed";
+/// Printed by the child when it opened a disk again under its filter.
+const REOPENED: &str = "disk reopened";
 
 fn mode_name(mode: SeccompMode) -> &'static str {
     match mode {
@@ -26,13 +28,15 @@ fn mode_name(mode: SeccompMode) -> &'static str {
 /// Run the `child` test of this binary in a new process, confined as `kind` in `mode`; the
 /// confined thread calls socket() if `forbidden_call`.
 fn run_child(kind: ThreadKind, mode: SeccompMode, forbidden_call: bool) -> Output {
+    run_child_calling(kind, mode, if forbidden_call { "socket" } else { "none" })
+}
+
+/// Run the `child` test confined as `kind` in `mode`, making `call` (socket, reopen or none).
+fn run_child_calling(kind: ThreadKind, mode: SeccompMode, call: &str) -> Output {
     let exe = std::env::current_exe().expect("the test binary's path");
     Command::new(exe)
         .args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env(
-            CHILD_ENV,
-            format!("{},{},{}", kind.name(), mode_name(mode), if forbidden_call { "socket" } else { "none" }),
-        )
+        .env(CHILD_ENV, format!("{},{},{call}", kind.name(), mode_name(mode)))
         .output()
         .expect("the child test process starts")
 }
@@ -52,9 +56,18 @@ fn child() {
     let filter = Filter::new(kind, mode).expect("the filter builds");
     // On a thread of its own, as exitless's threads are.
     let forbidden_call = call == "socket";
+    let image = tempfile::NamedTempFile::new_in("/tmp").expect("a file in /tmp");
+    image.as_file().set_len(1 << 20).expect("a 1 MiB image");
+    let disk = (call == "reopen")
+        .then(|| storage::FileDisk::open(image.path(), false, true).expect("the disk opens"));
     std::thread::spawn(move || {
         filter.install().expect("the filter installs");
         println!("{INSTALLED}");
+        if let Some(disk) = disk {
+            use storage::Backend;
+            drop(disk.reopen().expect("the disk opens again"));
+            println!("{REOPENED}");
+        }
         if !forbidden_call {
             return;
         }
@@ -108,4 +121,16 @@ fn off_mode_installs_nothing() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{:?}: {stdout}", output.status);
     assert!(stdout.contains(CALL_ALLOWED), "socket() was refused: {stdout}");
+}
+
+/// A queue started after a reset gave up on a disk that did not answer opens the disk again,
+/// on the thread that starts it: the vCPU (DRIVER_OK) or a vhost-user connection.
+#[test]
+fn the_threads_that_start_queues_may_open_a_disk_again() {
+    for kind in [ThreadKind::Vcpu, ThreadKind::VhostUserConnection] {
+        let output = run_child_calling(kind, SeccompMode::Kill, "reopen");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{kind}: {:?}: {stdout}", output.status);
+        assert!(stdout.contains(REOPENED), "{kind}: {stdout}");
+    }
 }

@@ -103,6 +103,8 @@ pub struct FileDisk {
     rw_on_workers: bool,
     /// Requests in flight that io_uring runs in its worker threads.
     in_flight_on_workers: usize,
+    /// The ring's kernel polling thread's idle time, if it has one (kept for `reopen`).
+    sqpoll_idle_ms: Option<u32>,
 }
 
 // SAFETY: the raw pointers in `iovecs` point into guest RAM, which outlives every request, and
@@ -140,33 +142,37 @@ impl FileDisk {
             .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?
             == FileKind::Regular;
 
-        let mut builder = IoUring::builder();
-        if let Some(idle) = options.sqpoll_idle_ms {
-            builder.setup_sqpoll(idle);
-        }
-        // The submission queue holds every request in flight, so a push never finds it full;
-        // the completion queue is twice as large, so it never overflows.
-        let ring = builder.build(ring_depth).map_err(|source| BackendError::Ring { source })?;
-
+        let ring =
+            new_ring(ring_depth, options.sqpoll_idle_ms).map_err(|source| BackendError::Ring { source })?;
         let on_memory_file_system = on_memory_file_system(&file)
             .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?;
-        let idle_slot = Slot { tag: 0, expected: 0, busy: false, on_workers: false };
-        let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Ok(FileDisk {
             ring,
             file,
             capacity,
             read_only: options.read_only,
             direct,
-            slots: vec![idle_slot; depth].into_boxed_slice(),
-            iovecs: vec![idle_iovec; depth * MAX_SEGMENTS].into_boxed_slice(),
-            free_slots: (0..ring_depth).rev().collect(),
+            slots: Box::default(),
+            iovecs: Box::default(),
+            free_slots: Vec::new(),
             immediate: CompletionRing::new(depth),
             kick_failed: false,
             kick_batch: if direct && regular { FILE_KICK_BATCH } else { usize::MAX },
             rw_on_workers: !direct || on_memory_file_system,
             in_flight_on_workers: 0,
-        })
+            sqpoll_idle_ms: options.sqpoll_idle_ms,
+        }
+        .with_idle_slots(ring_depth))
+    }
+
+    /// `depth` idle slots, and their iovec table.
+    fn with_idle_slots(mut self, depth: u32) -> FileDisk {
+        let idle_slot = Slot { tag: 0, expected: 0, busy: false, on_workers: false };
+        let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        self.slots = vec![idle_slot; depth as usize].into_boxed_slice();
+        self.iovecs = vec![idle_iovec; depth as usize * MAX_SEGMENTS].into_boxed_slice();
+        self.free_slots = (0..depth).rev().collect();
+        self
     }
 
     /// Whether the file is really open with O_DIRECT (false after a fallback to buffered I/O).
@@ -225,6 +231,16 @@ impl FileDisk {
         }
         count
     }
+}
+
+/// An io_uring of `depth` entries. The submission queue holds every request in flight, so a push
+/// never finds it full; the completion queue is twice as large, so it never overflows.
+fn new_ring(depth: u32, sqpoll_idle_ms: Option<u32>) -> std::io::Result<IoUring> {
+    let mut builder = IoUring::builder();
+    if let Some(idle) = sqpoll_idle_ms {
+        builder.setup_sqpoll(idle);
+    }
+    builder.build(depth)
 }
 
 /// Is `file` on a file system kept in memory (tmpfs, ramfs)? Its reads and writes have no
@@ -316,6 +332,32 @@ impl Backend for FileDisk {
 
     fn waits_on_submitter_workers(&self) -> bool {
         self.in_flight_on_workers > 0
+    }
+
+    fn reopen(&self) -> Result<Box<dyn Backend>, BackendError> {
+        let reopen = |source| BackendError::Reopen { source };
+        // The same open file (and so the same O_DIRECT choice and page cache), a ring of its own.
+        let file = self.file.try_clone().map_err(reopen)?;
+        let depth =
+            u32::try_from(self.slots.len()).map_err(|_| reopen(std::io::ErrorKind::InvalidInput.into()))?;
+        let ring = new_ring(depth, self.sqpoll_idle_ms).map_err(reopen)?;
+        let disk = FileDisk {
+            ring,
+            file,
+            capacity: self.capacity,
+            read_only: self.read_only,
+            direct: self.direct,
+            slots: Box::default(),
+            iovecs: Box::default(),
+            free_slots: Vec::new(),
+            immediate: CompletionRing::new(self.slots.len()),
+            kick_failed: false,
+            kick_batch: self.kick_batch,
+            rw_on_workers: self.rw_on_workers,
+            in_flight_on_workers: 0,
+            sqpoll_idle_ms: self.sqpoll_idle_ms,
+        };
+        Ok(Box::new(disk.with_idle_slots(depth)))
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {

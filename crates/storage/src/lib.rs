@@ -11,6 +11,8 @@ pub mod file;
 pub mod open;
 pub mod ram;
 pub mod spec;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod validate;
 
 use thiserror::Error;
@@ -112,6 +114,10 @@ pub enum BackendError {
     Ring { source: std::io::Error },
     #[error("max_in_flight {requested} is out of range: choose 1 to {limit}")]
     BadQueueDepth { requested: usize, limit: usize },
+    #[error("cannot open the disk again for the next driver: {source}")]
+    Reopen { source: std::io::Error },
+    #[error("this kind of disk cannot be opened again")]
+    CannotReopen,
     #[error("{0}")]
     Other(String),
 }
@@ -157,6 +163,13 @@ pub trait Backend: Send {
     /// for them. Other requests finish from the disk's interrupt or the kernel's own threads.
     fn waits_on_submitter_workers(&self) -> bool {
         false
+    }
+    /// A new backend on the same disk, for a device reset that gave up waiting for this one's
+    /// requests (a disk that does not answer them): this one keeps them until the kernel is
+    /// done, while the device goes on with the new one, which sees every write this one
+    /// completed. A backend that finishes requests itself never needs it.
+    fn reopen(&self) -> Result<Box<dyn Backend>, BackendError> {
+        Err(BackendError::CannotReopen)
     }
 }
 

@@ -267,6 +267,8 @@ pub enum ActivateError {
     Queue { index: usize, source: QueueError },
     #[error("the device's backend is gone (an earlier reset could not take it back)")]
     NoBackend,
+    #[error("a reset gave up on the disk's requests, and the disk cannot be opened again: {0}")]
+    Reopen(storage::BackendError),
     #[error("queue {index} does not exist or is already running")]
     NoSuchQueue { index: usize },
     #[error("this transport runs one worker per device; a {queues}-queue device is started per queue")]

@@ -431,3 +431,88 @@ fn requests_that_io_uring_runs_in_its_workers_are_announced_while_in_flight() {
         }
     }
 }
+
+/// An anonymous page whose first touch stalls until `release` (`testing::Stall`).
+struct StallingPage {
+    page: *mut u8,
+    stall: crate::testing::Stall,
+}
+
+impl StallingPage {
+    const SIZE: usize = 4096;
+
+    fn new() -> StallingPage {
+        // SAFETY: a fresh private anonymous mapping, unmapped in Drop.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        // SAFETY: the page is mapped until Drop, after the stall (a field) has gone.
+        let stall = unsafe { crate::testing::Stall::new(page.cast(), Self::SIZE) };
+        StallingPage { page: page.cast(), stall }
+    }
+
+    fn segment(&self) -> Segment {
+        // SAFETY: the page stays mapped until the StallingPage drops, which the test does after
+        // the disk.
+        unsafe { Segment::new(self.page, Self::SIZE as u32) }
+    }
+
+    fn release(&mut self) {
+        self.stall.release();
+    }
+}
+
+impl Drop for StallingPage {
+    fn drop(&mut self) {
+        self.stall.release();
+        // SAFETY: mapped in `new` with this size; nothing refers to it any more.
+        unsafe { libc::munmap(self.page.cast(), Self::SIZE) };
+    }
+}
+
+/// A device reset that gives up on a disk that does not answer goes on with a new backend on
+/// the same file: it serves at once, and sees every write the old one completed, while the old
+/// one keeps its stalled request until the kernel is done with it.
+#[test]
+fn a_reopened_disk_serves_while_the_old_one_still_holds_a_stalled_request() {
+    let mut stall = StallingPage::new();
+    // On tmpfs io_uring runs requests in its workers (one on a file system that may block is
+    // first tried in the submitting thread, which would stall this test).
+    let path = image("/dev/shm", 1 << 20);
+    let mut old = FileDisk::open(&path, false, false).unwrap();
+    let mut written = AlignedBuffer::new(4096, 4096);
+    written.bytes().fill(0x5a);
+    assert!(old.submit(1, Op::Write, 8192, &[segment(written.bytes())]));
+    assert_eq!(wait_for(&mut old, 1)[0].result, Ok(4096));
+    assert!(old.submit(2, Op::Read, 0, &[stall.segment()]));
+    old.kick();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut done = Vec::new();
+    old.poll(&mut |c| done.push(c));
+    assert!(done.is_empty(), "the stalled read finished: {done:?}");
+
+    let mut new = old.reopen().unwrap();
+    let mut read = AlignedBuffer::new(4096, 4096);
+    assert!(new.submit(3, Op::Read, 8192, &[segment(read.bytes())]));
+    new.kick();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut served = Vec::new();
+    while served.is_empty() && Instant::now() < deadline {
+        new.poll(&mut |c| served.push(c));
+    }
+    assert_eq!(served.first().map(|c| (c.tag, c.result)), Some((3, Ok(4096))));
+    assert!(read.bytes().iter().all(|&b| b == 0x5a), "the new disk sees the old one's write");
+    assert_eq!(old.in_flight(), 1, "the stalled read is still the old disk's");
+
+    stall.release();
+    assert_eq!(wait_for(&mut old, 1)[0].tag, 2);
+    drop(old);
+}

@@ -39,6 +39,9 @@ const CONFIG_NUM_QUEUES: usize = 34;
 pub struct Block {
     /// One per queue: the queue's worker owns it while the queue runs (`None` then).
     backends: Vec<Option<Box<dyn Backend>>>,
+    /// Workers a reset gave up on (`BlockWorker::into_backend`), kept with the guest memory
+    /// the kernel may still write until their backends finish; by queue.
+    abandoned: Vec<(usize, BlockWorker)>,
     queue_sizes: Vec<u16>,
     disk: DiskInfo,
     features: u64,
@@ -93,6 +96,7 @@ impl Block {
         config[CONFIG_NUM_QUEUES..CONFIG_NUM_QUEUES + 2].copy_from_slice(&num_queues.to_le_bytes());
         Block {
             backends: backends.into_iter().map(Some).collect(),
+            abandoned: Vec::new(),
             queue_sizes: vec![MAX_QUEUE_SIZE; queues],
             disk: DiskInfo { capacity, read_only, id: id_bytes },
             features,
@@ -113,15 +117,62 @@ impl Block {
         queue: Queue,
         signals: DeviceSignals,
     ) -> Result<BlockWorker, ActivateError> {
+        self.release_abandoned();
         let slot = self.backends.get_mut(index).ok_or(ActivateError::NoSuchQueue { index })?;
-        let backend = slot.take().ok_or(ActivateError::NoBackend)?;
+        let backend = match slot.take() {
+            Some(backend) => backend,
+            // Its last reset gave up on a disk that did not answer: the disk opened again.
+            None => self
+                .abandoned
+                .iter()
+                .find(|(queue, _)| *queue == index)
+                .ok_or(ActivateError::NoBackend)?
+                .1
+                .reopen_backend()
+                .map_err(ActivateError::Reopen)?,
+        };
         Ok(BlockWorker::new(queue, backend, self.disk.clone(), signals))
     }
 
-    /// Take queue `index`'s backend back from its worker (requests in flight finish first).
+    /// Take queue `index`'s backend back from its worker (requests in flight finish first, or
+    /// within `into_backend`'s bound the worker is kept aside with them, and the queue's next
+    /// start opens the disk again).
     pub fn stop_queue(&mut self, index: usize, worker: BlockWorker) {
-        if let Some(slot) = self.backends.get_mut(index) {
-            *slot = Some(worker.into_backend());
+        match worker.into_backend() {
+            Ok(backend) => {
+                if let Some(slot) = self.backends.get_mut(index) {
+                    *slot = Some(backend);
+                }
+            }
+            Err(worker) => self.abandoned.push((index, *worker)),
+        }
+        self.release_abandoned();
+    }
+
+    /// Requests abandoned by resets that their disks still hold (reaping those finished).
+    pub fn abandoned_requests(&mut self) -> usize {
+        self.release_abandoned();
+        self.abandoned.iter().map(|(_, worker)| worker.in_flight()).sum()
+    }
+
+    /// Drop the abandoned workers whose disks have finished with them (reaped without a system
+    /// call; a worker's drop then frees its backend and, last, its guest memory).
+    fn release_abandoned(&mut self) {
+        self.abandoned.retain_mut(|(_, worker)| {
+            worker.complete();
+            worker.in_flight() > 0
+        });
+    }
+}
+
+impl Drop for Block {
+    /// The device goes with requests a disk still holds: their workers are leaked rather than
+    /// dropped, since a backend's drop waits for the kernel (for ever, for a disk that does not
+    /// answer) and their guest memory must stay mapped while the kernel may write it.
+    fn drop(&mut self) {
+        self.release_abandoned();
+        for (_, worker) in self.abandoned.drain(..) {
+            std::mem::forget(worker);
         }
     }
 }

@@ -18,8 +18,9 @@ use super::request::{
 use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 
-/// A reset still waiting this long for the backend says so (it keeps waiting: see `into_backend`).
-const SLOW_DRAIN: Duration = Duration::from_secs(5);
+/// How long a reset waits for the backend to finish the worker's requests before it gives up on
+/// them (see `into_backend`): a request normally takes micro- to milliseconds.
+const RESET_WAIT: Duration = Duration::from_secs(1);
 
 /// What the device tells the guest about the disk.
 #[derive(Debug, Clone)]
@@ -70,6 +71,13 @@ impl InFlightTable {
 
     /// Answer the request `completion` is for through its status byte and count it; returns
     /// the used element to add. A tag the backend made up, or one already finished, is ignored.
+    /// Drop the request `tag` names without answering it (an abandoned worker's).
+    fn forget(&mut self, tag: u32) {
+        if let Ok(head) = u16::try_from(tag) {
+            self.remove(head);
+        }
+    }
+
     fn finish(
         &mut self,
         completion: Completion,
@@ -133,6 +141,9 @@ pub struct BlockWorker {
     unkicked: bool,
     /// The clock when the current pass began: requests taken in it started then.
     now: u64,
+    /// A reset gave up on the requests in flight: they are only reaped, not answered (the
+    /// driver has moved on, and its rings may serve another worker).
+    abandoned: bool,
 }
 
 // SAFETY: the raw pointers in `in_flight` and `request` point into guest memory that `queue`
@@ -167,6 +178,7 @@ impl BlockWorker {
             throttled: false,
             unkicked: false,
             now: 0,
+            abandoned: false,
         }
     }
 
@@ -186,32 +198,48 @@ impl BlockWorker {
     }
 
     /// Give the backend back (device reset) once it holds none of this worker's requests: those
-    /// write into guest memory this worker keeps mapped, and carry this worker's tags. There is
-    /// no time limit, because memory the kernel may still write must not be unmapped or reused;
-    /// a backend that takes long is reported once.
-    pub fn into_backend(mut self) -> Box<dyn Backend> {
+    /// write into guest memory this worker keeps mapped, and carry this worker's tags. After
+    /// `RESET_WAIT` it gives up and returns itself, abandoned (see [`BlockWorker::abandon`]):
+    /// memory the kernel may still write must stay mapped, so the caller keeps it until
+    /// [`QueueWorker::in_flight`] is 0, and serves the disk through a backend opened again
+    /// ([`BlockWorker::reopen_backend`]).
+    pub fn into_backend(mut self) -> Result<Box<dyn Backend>, Box<BlockWorker>> {
         // Whatever was submitted reaches the kernel, or it would never finish.
         self.kick();
         let started = Instant::now();
-        let mut reported = false;
         while self.in_flight.held > 0 {
             if self.complete() > 0 {
                 continue;
             }
-            if !reported && started.elapsed() >= SLOW_DRAIN {
-                reported = true;
+            if started.elapsed() >= RESET_WAIT {
                 log::warn!(
-                    "{}: a reset is waiting for {} request(s) the disk still holds",
+                    "{}: a reset gave up waiting for {} request(s) the disk still holds after {} ms; \
+                     they are kept until the disk finishes them",
                     self.signals.stats().name(),
-                    self.in_flight.held
+                    self.in_flight.held,
+                    RESET_WAIT.as_millis()
                 );
+                self.abandon();
+                return Err(Box::new(self));
             }
             std::thread::sleep(Duration::from_micros(20));
         }
         if let Some(why) = self.unreported_break.take() {
             self.signals.queue_broken_at_reset(why);
         }
-        self.backend
+        Ok(self.backend)
+    }
+
+    /// Stop answering the driver: requests still in flight are reaped as the backend finishes
+    /// them, without a used entry, a status or an interrupt.
+    pub fn abandon(&mut self) {
+        self.abandoned = true;
+    }
+
+    /// A new backend on this worker's disk (`storage::Backend::reopen`), for the device to go on
+    /// with while this worker keeps the requests it gave up on.
+    pub fn reopen_backend(&self) -> Result<Box<dyn Backend>, storage::BackendError> {
+        self.backend.reopen()
     }
 
     /// The queue, to stop it where vhost-user asks (its avail index).
@@ -348,9 +376,11 @@ impl BlockWorker {
     pub fn complete(&mut self) -> usize {
         // One clock read for the whole batch of completions.
         let now = if self.in_flight.held > 0 { clock::ticks() } else { self.now };
-        let Self { backend, queue, in_flight, counters, latency, used_since_publish, .. } = self;
+        let Self { backend, queue, in_flight, counters, latency, used_since_publish, abandoned, .. } = self;
         let finished = backend.poll(&mut |completion| {
-            if let Some((head, written)) = in_flight.finish(completion, counters, latency, now) {
+            if *abandoned {
+                in_flight.forget(completion.tag);
+            } else if let Some((head, written)) = in_flight.finish(completion, counters, latency, now) {
                 queue.add_used(head, written);
                 *used_since_publish += 1;
             }
