@@ -355,18 +355,17 @@ pub enum Request {
     },
 }
 
-impl Request {
-    /// Does the request have a reply of its own (rather than REPLY_ACK's)?
-    pub fn has_reply(&self) -> bool {
-        matches!(
-            self,
-            Request::GetFeatures
-                | Request::GetVringBase { .. }
-                | Request::GetProtocolFeatures
-                | Request::GetQueueNum
-                | Request::GetConfig { .. }
-        )
-    }
+/// Does request `code` have a reply of its own? REPLY_ACK's acknowledgement is only for those
+/// that do not: a frontend reads what follows one of these as the request's own reply.
+pub fn has_own_reply(code: u32) -> bool {
+    matches!(
+        code,
+        code::GET_FEATURES
+            | code::GET_VRING_BASE
+            | code::GET_PROTOCOL_FEATURES
+            | code::GET_QUEUE_NUM
+            | code::GET_CONFIG
+    )
 }
 
 /// A request with the header it came in.

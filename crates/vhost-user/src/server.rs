@@ -18,7 +18,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use vhost_user_protocol::message::{request_name, Message, Wire, FLAG_NEED_REPLY};
+use vhost_user_protocol::message::{has_own_reply, request_name, Message, Wire, FLAG_NEED_REPLY};
 use vhost_user_protocol::poll::first_ready;
 use vhost_user_protocol::Error as ProtocolError;
 
@@ -263,19 +263,21 @@ fn serve_message(wire: &Wire, session: &mut Session) -> Option<Ending> {
         Err(error) => return Some(Ending::Refused { request: None, error: error.into() }),
     };
     let request = request_name(header.request);
-    let wants_ack = header.flags & FLAG_NEED_REPLY != 0;
-    let result = Message::parse(header, &payload, fds).map_err(Error::from).and_then(|message| {
-        let has_reply = message.request.has_reply();
-        session.handle(message).map(|reply| (reply, has_reply))
-    });
-    let ack = wants_ack && session.reply_ack();
+    // REPLY_ACK, negotiated and asked for, on a known request without a reply of its own.
+    let ack = header.flags & FLAG_NEED_REPLY != 0
+        && session.reply_ack()
+        && request.is_some()
+        && !has_own_reply(header.request);
+    let result = Message::parse(header, &payload, fds)
+        .map_err(Error::from)
+        .and_then(|message| session.handle(message));
     let sent = match result {
-        Ok((Some(reply), _)) => wire.reply(header.request, &reply),
-        Ok((None, has_reply)) if ack && !has_reply => wire.reply(header.request, &0u64.to_le_bytes()),
-        Ok((None, _)) => Ok(()),
+        Ok(Some(reply)) => wire.reply(header.request, &reply),
+        Ok(None) if ack => wire.reply(header.request, &0u64.to_le_bytes()),
+        Ok(None) => Ok(()),
         Err(error) => {
             // A failure acknowledgement first, so the frontend's own log says why.
-            if ack && request.is_some() {
+            if ack {
                 let _ = wire.reply(header.request, &1u64.to_le_bytes());
             }
             return Some(Ending::Refused { request, error });

@@ -405,6 +405,23 @@ fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
     assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
 }
 
+/// Regression: a refused request that has a reply of its own (GET_CONFIG, GET_VRING_BASE, ...)
+/// got REPLY_ACK's failure acknowledgement, which the frontend reads as that reply (a u64 of 1:
+/// config bytes, or a vring base of 1). Only requests without a reply are acknowledged.
+#[test]
+fn a_refused_request_with_its_own_reply_gets_no_acknowledgement() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    let mut frontend = Frontend::connect(&backend.socket);
+    frontend.negotiate(FEATURES);
+    assert!(frontend.reply_ack, "REPLY_ACK negotiated");
+    let mut payload = vec![0u8; 12];
+    payload[0..4].copy_from_slice(&250u32.to_le_bytes());
+    payload[4..8].copy_from_slice(&10u32.to_le_bytes());
+    payload.resize(22, 0);
+    frontend.send_flags(code::GET_CONFIG, VERSION | FLAG_NEED_REPLY, &payload, &[]);
+    assert_eq!(frontend.expect_closed(), None, "nothing the frontend would take for GET_CONFIG's reply");
+}
+
 #[test]
 fn a_frontend_that_stalls_inside_a_message_is_dropped() {
     let backend = TestBackend::start(Policy::Notified, 1, false);
