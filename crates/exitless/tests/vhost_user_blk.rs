@@ -426,9 +426,7 @@ fn bad_command_lines_and_socket_paths_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, b"keep me").unwrap();
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_exitless")).arg("vhost-user-blk").args(args).output().unwrap()
-    };
+    let run = |args: &[&str]| Daemon::builder().args(args, &[]).command().output().unwrap();
     let out = run(&["--socket", file.to_str().unwrap(), "--disk", "ram=1M"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"), "{out:?}");
