@@ -9,13 +9,14 @@ use std::process::{Child, Command, Output, Stdio};
 use super::console::Console;
 use super::linux::Kernel;
 
-/// What to start: `Qemu::linux` or `Qemu::probe`, then disks, then `spawn*`.
+/// What to start: `Qemu::linux` or `Qemu::probe`, then its disks, then `spawn`, `spawn_console`
+/// or `output`.
 pub struct Qemu {
     machine: Machine,
     ram: String,
     /// Guest RAM in a shared memfd, as a vhost-user back-end needs it.
     shared_ram: bool,
-    /// Everything after the machine, RAM and CPUs, in order (devices are numbered in it).
+    /// Everything but the machine and its RAM, in order (devices are numbered in it).
     args: Vec<OsString>,
     /// vhost-user chardevs and drives so far, to name the next one.
     chardevs: usize,
