@@ -2,14 +2,18 @@
 # Regenerates RELIABILITY.md from what the reliability runs print (never edited by hand), as
 # scripts/benchmarks.sh does BENCHMARKS.md: the fuzz targets (scripts/fuzz.sh long), the kill -9
 # rounds (tests/durability.rs), the fault cases (tests/faults.rs) and the FLUSH proof
-# (tests/flush.rs), with the commit, the date, the machine and the exact commands.
+# (tests/flush.rs) and the Linux compatibility suite (tests/linux_compat.rs), with the commit, the
+# date, the machine and the exact commands.
 #
 #   scripts/reliability.sh short   a few minutes: each fuzz target for FUZZ_SMOKE_SECONDS
 #                                  (default 25, the smoke run's length) from its committed seeds,
-#                                  EXITLESS_DURABILITY_ROUNDS (default 3) kill -9 rounds per case
+#                                  EXITLESS_DURABILITY_ROUNDS (default 3) kill -9 rounds per case,
+#                                  and the Linux guests' mixed fio run for
+#                                  EXITLESS_LINUX_MIXED_SECS (default 10) seconds per target
 #   scripts/reliability.sh long    each fuzz target to FUZZ_LONG_RUNS executions (default
 #                                  10000000) or FUZZ_LONG_SECONDS (default 0: no limit), whichever
-#                                  comes first, and EXITLESS_DURABILITY_ROUNDS (default 50) rounds
+#                                  comes first, EXITLESS_DURABILITY_ROUNDS (default 50) rounds, and
+#                                  a mixed fio run of EXITLESS_LINUX_MIXED_SECS (default 60) seconds
 #
 # The fault and FLUSH cases are the same in both forms. Every part runs even when one before it
 # failed; RELIABILITY.md then says which failed, and the script exits 1. Logs (libFuzzer's, the
@@ -22,10 +26,12 @@ case "$form" in
 short)
     fuzz_env=(FUZZ_LONG_RUNS=-1 "FUZZ_LONG_SECONDS=${FUZZ_SMOKE_SECONDS:-25}")
     rounds=${EXITLESS_DURABILITY_ROUNDS:-3}
+    mixed_secs=${EXITLESS_LINUX_MIXED_SECS:-10}
     ;;
 long)
     fuzz_env=("FUZZ_LONG_RUNS=${FUZZ_LONG_RUNS:-10000000}" "FUZZ_LONG_SECONDS=${FUZZ_LONG_SECONDS:-0}")
     rounds=${EXITLESS_DURABILITY_ROUNDS:-50}
+    mixed_secs=${EXITLESS_LINUX_MIXED_SECS:-60}
     ;;
 *)
     echo "usage: scripts/reliability.sh short|long (see the comment at its top)" >&2
@@ -35,6 +41,10 @@ esac
 
 if ! [[ $rounds =~ ^[0-9]+$ ]]; then
     echo "reliability: EXITLESS_DURABILITY_ROUNDS ($rounds) must be a number" >&2
+    exit 2
+fi
+if ! [[ $mixed_secs =~ ^[1-9][0-9]*$ ]]; then
+    echo "reliability: EXITLESS_LINUX_MIXED_SECS ($mixed_secs) must be a number of seconds, at least 1" >&2
     exit 2
 fi
 
@@ -73,6 +83,7 @@ fuzz_command="${fuzz_env[*]} scripts/fuzz.sh long"
 durability_command="EXITLESS_DURABILITY_ROUNDS=$rounds ${tests[*]} --test durability ${test_flags[*]}"
 faults_command="${tests[*]} --test faults ${test_flags[*]}"
 flush_command="${tests[*]} --test flush ${test_flags[*]}"
+linux_command="EXITLESS_LINUX_MIXED_SECS=$mixed_secs ${tests[*]} --test linux_compat ${test_flags[*]}"
 
 echo "reliability $form: $tree" >&2
 echo "  machine: $machine (load $load_before)" >&2
@@ -80,11 +91,12 @@ echo "  fuzz:       $fuzz_command" >&2
 echo "  durability: $durability_command" >&2
 echo "  faults:     $faults_command" >&2
 echo "  flush:      $flush_command" >&2
+echo "  linux:      $linux_command" >&2
 echo "  logs:       $logs/" >&2
 
 scripts/setup.sh >&2
 cargo build --release >&2
-"${tests[@]}" --test durability --test faults --test flush --no-run >&2
+"${tests[@]}" --test durability --test faults --test flush --test linux_compat --no-run >&2
 
 failed=()
 # Runs part $1 ($2: its command line, run by bash), its output in $logs/$1.log; records its wall
@@ -103,6 +115,7 @@ part() {
 }
 
 part flush "$flush_command"
+part linux "$linux_command"
 part faults "$faults_command"
 part durability "$durability_command"
 # fuzz.sh prints its table on stdout and its progress and failures on stderr.
@@ -189,7 +202,7 @@ EOF
     echo
     echo "| part | command | outcome (wall time, builds included) |"
     echo "|---|---|---|"
-    for name in fuzz durability faults flush; do
+    for name in fuzz durability faults flush linux; do
         command_var="${name}_command"
         echo "| $name | \`${!command_var}\` | $(verdict "$name") |"
     done
@@ -359,8 +372,8 @@ or a torn sector is caught (the check is itself tested on hand-built files).
   0.5 s after the first durable line. Console lines reach the host (line-buffered) before the
   vCPU resumes, so every line the host saw was reached.
 - Linux (Debian cloud kernel under QEMU TCG, busybox initramfs) through
-  `exitless vhost-user-blk --disk path=FILE,direct`: fio is not in the initramfs the tests
-  build, so the guest runs a busybox loop: up to 32 blocks per generation written with
+  `exitless vhost-user-blk --disk path=FILE,direct`: fio is not in the initramfs this test
+  builds, so the guest runs a busybox loop: up to 32 blocks per generation written with
   `dd conv=notrunc,fsync` (fsync of the block device: the writes, then a FLUSH), a
   `DUR-WRITING` line before and a `DUR-DURABLE` line after. The daemon is killed 0 to 2 s after
   the first durable line; the guest's console is then read until it is quiet (nothing can
@@ -417,6 +430,40 @@ EOF
     echo
     result_table "$logs/flush.log"
     failure_tail flush "$logs/flush.log"
+    echo
+
+    cat <<'EOF'
+## Linux guests, QEMU's virtio-blk as the reference
+
+Debian's cloud kernel boots under QEMU TCG from a busybox initramfs that holds the host's own
+e2fsprogs, util-linux `blkdiscard`, coreutils `dd` and fio, with their libraries. Its two disks,
+a file and a RAM disk, are served by QEMU's own `virtio-blk-pci` (the reference: whatever it
+handles, the daemon must) and by `exitless vhost-user-blk` in each I/O mode. In one boot the
+guest writes and reads back 512 B to 1 MiB blocks with dd and from buffers that start 512 bytes
+into a page; runs fio with 512 B to 1 MiB blocks, O_DIRECT and through the page cache, from
+buffers that do not start on a page (`--iomem_align`), every block checked by crc32c, and checked
+again from the disk with the page cache dropped; then the mixed run below; then zeroes a range
+with `blkdiscard -z`, makes, fills, remounts and checks an ext4 file system and has `e2fsck -fn`
+find it clean. The mixed run is six fio jobs at once, three per disk, each in its own range, at
+queue depth 32 (libaio), reads and writes mixed half and half: 4 KiB and 512 B to 128 KiB with
+O_DIRECT, 1 MiB through the page cache, every block written checked by crc32c after at most 64
+more (`verify_backlog`). The test requires fio's exit status 0, `err= 0` for every job, no failed
+check, no I/O error in the guest's dmesg, a clean ext4 on the host's e2fsck of the file disk and,
+for the daemon, no broken queue and 0 I/O errors and 0 refused requests in its log.
+
+EOF
+    echo "### This run"
+    echo
+    echo "\`$linux_command\`: $(verdict linux). Read and written: fio's totals for the mixed run"
+    echo "(the reads include those that checked what was written)."
+    echo
+    echo "| disks served by | mixed run | read | written | outcome |"
+    echo "|---|---|---|---|---|"
+    printed "$logs/linux.log" linux-compat |
+        sed -nE 's/^linux-compat (.*): mixed run ([0-9]+) s, [^,]*, read ([^,]+), written ([^,]+), (.*)$/| \1 | \2 s | \3 | \4 | \5 |/p'
+    echo
+    result_table "$logs/linux.log"
+    failure_tail linux "$logs/linux.log"
 } >RELIABILITY.md.new
 mv RELIABILITY.md.new RELIABILITY.md
 echo "RELIABILITY.md updated ($form form; logs in $logs/)" >&2

@@ -24,6 +24,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::console::Console;
+use common::daemon::Daemon;
+use common::qemu::Qemu;
 use serde_json::Value;
 
 const BLOCK: usize = 4096;
@@ -274,33 +276,14 @@ fn vhost_user_daemon_killed_at_random_keeps_every_write_a_linux_guest_flushed() 
     for round in 0..rounds() {
         fresh_disk(&disk);
         let _ = std::fs::remove_file(&socket);
-        let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
-        command
-            .args(["vhost-user-blk", "--io-mode", "adaptive", "--socket"])
-            .arg(&socket)
-            .args(["--disk", &format!("path={},direct", disk.display())]);
-        let daemon = Console::spawn(&mut command, &dir.path().join("daemon.err"));
-        while !socket.exists() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let mut command = Command::new("qemu-system-x86_64");
-        command
-            .args(["-accel", "tcg", "-m", "256M", "-smp", "1"])
-            .args([
-                "-object",
-                "memory-backend-memfd,id=mem,size=256M,share=on",
-                "-machine",
-                "pc,memory-backend=mem",
-            ])
-            .args(["-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"])
-            .arg("-kernel")
-            .arg(&kernel.image)
-            .arg("-initrd")
-            .arg(&initramfs)
-            .args(["-append", "console=ttyS0 panic=-1 quiet"])
-            .args(["-chardev", &format!("socket,id=vu,path={}", socket.display())])
-            .args(["-device", "vhost-user-blk-pci,chardev=vu"]);
-        let mut guest = Console::spawn(&mut command, &dir.path().join("qemu.err"));
+        let daemon = Daemon::builder()
+            .io_mode("adaptive")
+            .socket(&socket)
+            .disk(&format!("path={},direct", disk.display()))
+            .start_console(&dir.path().join("daemon.err"));
+        let mut guest = Qemu::linux(&kernel, &initramfs, "256M", 1, "")
+            .vhost_user_blk(&socket)
+            .spawn_console(&dir.path().join("qemu.err"));
         guest.wait_for(WAIT, |l| l.contains("DUR-DURABLE "));
         std::thread::sleep(Duration::from_millis(rng.below(2000)));
         let (status, _) = daemon.kill(WAIT);

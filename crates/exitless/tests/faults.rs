@@ -20,6 +20,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::console::Console;
+use common::daemon::Daemon;
+use common::qemu::Qemu;
 use probe_abi::fault_control as control;
 use serde_json::Value;
 
@@ -264,33 +266,21 @@ impl Faulty {
             }
             Frontend::VhostUser => {
                 let socket = dir.path().join("vhost.sock");
-                let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
-                command
-                    .args(["vhost-user-blk", "--io-mode", "adaptive", "--socket"])
-                    .arg(&socket)
-                    .args(["--disk", &format!("path={},direct", disk.display())]);
-                let daemon = Console::spawn(&mut command, &dir.path().join("daemon.err"));
-                wait_for_socket(&socket, &daemon);
+                let daemon = Daemon::builder()
+                    .io_mode("adaptive")
+                    .socket(&socket)
+                    .disk(&format!("path={},direct", disk.display()))
+                    .start_console(&dir.path().join("daemon.err"));
                 let elf = dir.path().join("probe.elf");
                 let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
                 assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
                 // The probe counts microvm's virtio-mmio devices in the order they are given: the
                 // disk under test first, the control disk second.
-                let mut command = Command::new("qemu-system-x86_64");
-                command
-                    .args(["-M", "microvm,acpi=off,memory-backend=mem", "-accel", "kvm", "-m", "256M"])
-                    .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
-                    .args(["-nographic", "-nodefaults", "-no-reboot", "-serial", "stdio"])
-                    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
-                    .args(["-global", "virtio-mmio.force-legacy=false"])
-                    .args(["-chardev", &format!("socket,id=vu,path={}", socket.display())])
-                    .args(["-device", "vhost-user-blk,chardev=vu"])
-                    .args(["-drive", &format!("file={},format=raw,if=none,id=ctl", control.0.display())])
-                    .args(["-device", "virtio-blk-device,drive=ctl"])
-                    .arg("-kernel")
-                    .arg(&elf)
-                    .args(["-append", &cmdline]);
-                (Console::spawn(&mut command, &dir.path().join("qemu.err")), Some(daemon))
+                let guest = Qemu::probe(&elf, "256M", &cmdline)
+                    .vhost_user_blk(&socket)
+                    .drive(&control.0)
+                    .spawn_console(&dir.path().join("qemu.err"));
+                (guest, Some(daemon))
             }
         };
         let mut faulty = Faulty { frontend, guest, daemon, control, dir };
@@ -349,16 +339,6 @@ impl Faulty {
         }
         outcome
     }
-}
-
-fn wait_for_socket(socket: &Path, daemon: &Console) {
-    for _ in 0..1000 {
-        if socket.exists() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("the daemon did not listen on {}: {}", socket.display(), daemon.stderr());
 }
 
 /// The I/O errors of every vring, from the daemon's "vring N stopped ..." log lines.

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::{Daemon, DaemonBuilder};
 use common::one_at_a_time;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -63,9 +64,14 @@ impl IoUringTrace {
         std::fs::write(&path, value).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
 
+    /// Start tracing.
+    fn on(&self) {
+        self.write("tracing_on", "1");
+    }
+
     /// Start tracing, then `program ARGS`.
     fn spawn(&self, program: &str, args: &[&str]) -> Child {
-        self.write("tracing_on", "1");
+        self.on();
         Command::new(program)
             .args(args)
             .stdin(Stdio::null())
@@ -213,30 +219,27 @@ fn print_passed(cell: &str, events: &[Event]) -> Option<String> {
     None
 }
 
-/// `exitless ARGS` (a `vhost-user-blk` daemon on `socket`), traced by `trace`, serving one run
-/// of the probe with `cmdline`, then stopped with SIGTERM: the guest's run and the daemon's pid.
+/// The daemon `daemon` (one disk, on its own socket), started traced by `trace` with its log in
+/// `log`, serving one run of the probe with `cmdline`, then stopped with SIGTERM: the guest's run
+/// and the daemon's pid.
 fn through_traced_daemon(
     trace: &IoUringTrace,
-    args: &[&str],
-    socket: &Path,
+    daemon: DaemonBuilder,
+    log: &Path,
     cmdline: &str,
 ) -> (std::process::Output, u32) {
-    let mut daemon = trace.spawn(env!("CARGO_BIN_EXE_exitless"), args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "the daemon did not listen");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    trace.on();
+    let daemon = daemon.start(log);
+    let socket = daemon.socket().to_owned();
     let vhost_user = format!("vhost-user={}", socket.display());
     let out = common::exitless_within(
         RUN_LIMIT,
         &["run", "--probe", "--mem", "64M", "--disk", &vhost_user, "--cmdline", cmdline],
     );
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-    let _ = daemon.wait();
+    let pid = daemon.pid();
+    let _ = daemon.stop_status();
     let _ = std::fs::remove_file(socket);
-    (out, daemon.id())
+    (out, pid)
 }
 
 fn probe_cmdline() -> String {
@@ -307,9 +310,11 @@ fn every_flush_of_the_daemon_is_an_fsync_finished_before_the_guest_goes_on() {
     for direct in ["", ",direct"] {
         for mode in ["sidecore", "adaptive", "eventfd"] {
             let trace = IoUringTrace::new("exitless-flush-daemon");
-            let spec = format!("socket={},path={}{direct}", socket.display(), image.display());
-            let args = ["vhost-user-blk", "--disk", &spec, "--io-mode", mode];
-            let (out, pid) = through_traced_daemon(&trace, &args, &socket, &probe_cmdline());
+            let daemon = Daemon::builder()
+                .disk_on(&socket, &format!("path={}{direct}", image.display()))
+                .io_mode(mode);
+            let log = dir.path().join("daemon.log");
+            let (out, pid) = through_traced_daemon(&trace, daemon, &log, &probe_cmdline());
             let cell = format!("daemon {mode} path{direct}");
             if !out.status.success() {
                 failures.push(format!("{cell}: the guest failed: {}", common::stderr(&out)));
@@ -404,9 +409,9 @@ fn every_write_acknowledged_before_a_flush_survives_a_power_loss_at_that_flush()
         }
         for mode in ["sidecore", "eventfd"] {
             let trace = IoUringTrace::new("exitless-power-loss-daemon");
-            let spec = format!("socket={},{disk}", socket.display());
-            let args = ["vhost-user-blk", "--disk", &spec, "--io-mode", mode];
-            let (out, pid) = through_traced_daemon(&trace, &args, &socket, &cmdline);
+            let daemon = Daemon::builder().disk_on(&socket, &disk).io_mode(mode);
+            let log = dir.path().join("daemon.log");
+            let (out, pid) = through_traced_daemon(&trace, daemon, &log, &cmdline);
             let cell = format!("daemon {mode} {disk}");
             if !out.status.success() {
                 failures.push(format!("{cell}: the guest failed: {}", common::stderr(&out)));

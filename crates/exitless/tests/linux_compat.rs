@@ -4,11 +4,20 @@
 //! and a RAM disk in one boot.
 //!
 //! Debian's cloud kernel boots under QEMU TCG with a busybox initramfs that also holds the real
-//! e2fsprogs `mke2fs` and `e2fsck`, util-linux's `blkdiscard` and coreutils' `dd`, copied from the
-//! host with the libraries `ldd` lists. On each disk the guest
-//! - writes and reads back 512 B to 1 MiB blocks with O_DIRECT and through the page cache,
-//!   checked by checksum, and 512 B to 1 MiB with O_DIRECT from buffers that start 512 bytes
-//!   into a page (a small C program built here);
+//! e2fsprogs `mke2fs` and `e2fsck`, util-linux's `blkdiscard`, coreutils' `dd` and fio, copied
+//! from the host with the libraries `ldd` lists. On each disk the guest writes and reads back
+//! 512 B to 1 MiB blocks with O_DIRECT and through the page cache, checked by checksum, and 512 B
+//! to 1 MiB with O_DIRECT from buffers that start 512 bytes into a page (a small C program built
+//! here); then it runs fio (Debian's, copied in with its ~64 libraries, ~80 MB: they add about
+//! 0.3 s before /init under TCG) on both disks at once:
+//! - 512 B to 1 MiB blocks, O_DIRECT and through the page cache, from buffers that do not start
+//!   on a page (`--iomem_align`), each block checked by crc32c as it is read back and again, with
+//!   the page cache dropped, by a second run that only reads;
+//! - the mixed run: several jobs at queue depth 32 (libaio), reads and writes mixed, every write
+//!   checked by crc32c, for `EXITLESS_LINUX_MIXED_SECS` seconds (default `MIXED_SECS`;
+//!   `scripts/reliability.sh long` runs 60);
+//!
+//! and on each disk
 //! - zeroes a written range with `blkdiscard -z` and reads zeros back (without WRITE_ZEROES
 //!   Linux writes chains of its zero page, the same page 128 times: an indirect table of 130
 //!   descriptors on QEMU's default vhost-user-blk queue of 128; the step that broke the queue
@@ -19,21 +28,40 @@
 //!
 //! and finally finds no I/O error in dmesg; on the host, e2fsck finds the file disk's ext4 clean.
 //! A daemon that breaks its queue fails the test at once (the guest would wait for ever); a guest
-//! that has not finished within `BOOT_LIMIT` fails it.
+//! that has not finished within `BOOT_LIMIT` plus the mixed run fails it.
 //! Needs what scripts/setup.sh installs (qemu-system-x86, linux-image-cloud-amd64,
-//! busybox-static, e2fsprogs, util-linux, coreutils).
+//! busybox-static, e2fsprogs, util-linux, coreutils, fio).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 mod common;
 use common::daemon::Daemon;
 use common::linux::{host_programs, initramfs_with, kernel};
+use common::qemu::Qemu;
 
-/// One boot, both disks: 20 to 50 s under TCG on this 2-CPU host (a run paused by other work
-/// takes longer); a guest still running after this is stuck.
-const BOOT_LIMIT: Duration = Duration::from_secs(240);
+/// One boot, both disks, without the mixed run: 25 to 75 s under TCG on this shared 2-CPU host
+/// (a run paused by other work takes longer); a guest still running after this and the mixed run
+/// is stuck.
+const BOOT_LIMIT: Duration = Duration::from_secs(300);
+/// The guest's RAM: fio and its libraries (about 80 MB) are in the initramfs, unpacked into RAM.
+const GUEST_RAM: &str = "512M";
+/// The mixed run's default length in seconds, as CI runs it; `EXITLESS_LINUX_MIXED_SECS` sets
+/// another (`scripts/reliability.sh long`: 60).
+const MIXED_SECS: u64 = 10;
+
+/// The mixed run's length: `EXITLESS_LINUX_MIXED_SECS`, or `MIXED_SECS`.
+fn mixed_run() -> Duration {
+    let secs = match std::env::var("EXITLESS_LINUX_MIXED_SECS") {
+        Ok(secs) => secs
+            .parse()
+            .unwrap_or_else(|_| panic!("EXITLESS_LINUX_MIXED_SECS={secs}: not a number of seconds")),
+        Err(_) => MIXED_SECS,
+    };
+    assert!(secs > 0, "EXITLESS_LINUX_MIXED_SECS must be at least 1");
+    Duration::from_secs(secs)
+}
 /// Each disk's size: room for the raw I/O, the zeroed range, and a small ext4.
 const DISK_SIZE: u64 = 64 << 20;
 
@@ -49,12 +77,18 @@ mount -t tmpfs tmp /tmp
 ln -s /proc/mounts /etc/mtab
 export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
 fail() { echo "LC-FAIL $*"; dmesg | tail -30; poweroff -f; }
+# Seconds since boot, for the step lines: where the time goes.
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
 for m in $(cat /modules); do insmod /lib/modules/$m || fail insmod-$m; done
 # The host's programs, not busybox's applets of the same names.
 DD=/usr/bin/dd
 MKE2FS=/usr/sbin/mke2fs
 E2FSCK=/usr/sbin/e2fsck
 BLKDISCARD=/usr/sbin/blkdiscard
+FIO=/usr/bin/fio
+# The mixed run's length in seconds, from the host.
+MIXED=$(sed -n 's/.*lc\.mixed=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
+[ -n "$MIXED" ] || fail "no lc.mixed= on the kernel command line"
 sum() { sha256sum | cut -d' ' -f1; }
 $DD if=/dev/urandom of=/tmp/src bs=1M count=4 status=none || fail source
 $DD --version | head -1 | grep -q coreutils || fail "dd is not coreutils' dd"
@@ -77,7 +111,65 @@ raw() {
         done
     done
     /usr/local/bin/unaligned $d $((30 << 20)) || fail "unaligned $1"
-    echo "LC-RAW-OK $1"
+    echo "LC-RAW-OK $1 at $(uptime_s) s"
+}
+
+# fio on both disks at once: 512 B to 1 MiB blocks, O_DIRECT and through the page cache, from
+# buffers that do not start on a page (--iomem_align: 512 bytes in for O_DIRECT, 3 through the
+# page cache), each job in its own range, written with crc32c checksums and read back and checked;
+# then, with the page cache dropped, checked again by a run that only reads (--verify_only: the
+# same offsets, from the same seed).
+sweep() {
+    jobs=""
+    for disk in vda vdb; do
+        for direct in 1 0; do
+            if [ $direct = 1 ]; then align=512; at=0; else align=3; at=16384; fi
+            for bs in 512 4k 32k 256k 1m; do
+                case $bs in 512) size=512;; 4k) size=1024;; 32k) size=2048;; *) size=4096;; esac
+                jobs="$jobs --name=$disk-$bs-direct$direct --filename=/dev/$disk --bs=$bs --direct=$direct"
+                jobs="$jobs --iomem_align=$align --offset=${at}k --size=${size}k"
+                at=$((at + size))
+            done
+        done
+    done
+    args="--rw=randwrite --ioengine=libaio --iodepth=4 --verify=crc32c $jobs"
+    $FIO $args > /tmp/fio 2>&1 || { cat /tmp/fio; fail "fio sweep"; }
+    jobs_ok 20 || fail "fio sweep"
+    for disk in vda vdb; do blockdev --flushbufs /dev/$disk; done
+    echo 3 > /proc/sys/vm/drop_caches
+    $FIO $args --verify_only > /tmp/fio 2>&1 || { cat /tmp/fio; fail "fio sweep, read again"; }
+    jobs_ok 20 || fail "fio sweep, read again"
+    echo "LC-FIO-SWEEP-OK vda at $(uptime_s) s"
+    echo "LC-FIO-SWEEP-OK vdb at $(uptime_s) s"
+}
+
+# fio's output in /tmp/fio has $1 job lines, each with err= 0, and no failed check; printed
+# otherwise.
+jobs_ok() {
+    [ "$(grep -c ': err= 0: ' /tmp/fio)" = "$1" ] && [ "$(grep -c 'err=' /tmp/fio)" = "$1" ] \
+        && ! grep -q 'verify failed' /tmp/fio && return 0
+    cat /tmp/fio
+    return 1
+}
+
+# Several fio jobs at once on both disks, at queue depth 32 (libaio), reads and writes mixed,
+# every block written checked by crc32c after at most 64 more (verify_backlog), for MIXED
+# seconds: 4 KiB and 512 B to 128 KiB with O_DIRECT, 1 MiB through the page cache, each in its
+# own range.
+mixed() {
+    jobs=""
+    for disk in vda vdb; do
+        jobs="$jobs --name=$disk-4k --filename=/dev/$disk --direct=1 --bs=4k --offset=0 --size=8m"
+        jobs="$jobs --name=$disk-mix --filename=/dev/$disk --direct=1 --bsrange=512-128k"
+        jobs="$jobs --offset=8m --size=16m"
+        jobs="$jobs --name=$disk-1m --filename=/dev/$disk --direct=0 --bs=1m --offset=24m --size=32m"
+    done
+    $FIO --ioengine=libaio --iodepth=32 --rw=randrw --rwmixread=50 --time_based --runtime=$MIXED \
+        --verify=crc32c --verify_backlog=64 --iomem_align=512 $jobs > /tmp/fio 2>&1 \
+        || { cat /tmp/fio; fail "fio mixed"; }
+    jobs_ok 6 || fail "fio mixed"
+    grep -E '^ *(READ|WRITE): ' /tmp/fio | sed 's/^ */LC-FIO-MIXED-IO /'
+    echo "LC-FIO-MIXED-OK $MIXED s at $(uptime_s) s"
 }
 
 # blkdiscard -z over 8 MiB the guest wrote first; zeros read back.
@@ -88,7 +180,7 @@ zero() {
     $BLKDISCARD -z -o $((40 << 20)) -l $((8 << 20)) $d || fail "blkdiscard -z $1"
     got=$($DD if=$d bs=1M skip=40 count=8 iflag=direct status=none | sum)
     [ "$got" = "$($DD if=/dev/zero bs=1M count=8 status=none | sum)" ] || fail "zeros $1"
-    echo "LC-ZERO-OK $1"
+    echo "LC-ZERO-OK $1 at $(uptime_s) s"
 }
 
 # ext4: make, fill, remount and check, then e2fsck finds it clean.
@@ -107,7 +199,7 @@ fs() {
     (cd /mnt && sha256sum -c /tmp/sums > /dev/null) || fail "files $1"
     umount /mnt || fail "umount $1"
     $E2FSCK -fn $d > /tmp/fsck 2>&1 || { cat /tmp/fsck; fail "e2fsck $1"; }
-    echo "LC-FS-OK $1"
+    echo "LC-FS-OK $1 at $(uptime_s) s"
 }
 
 for disk in vda vdb; do
@@ -115,6 +207,10 @@ for disk in vda vdb; do
     while [ ! -b /dev/$disk ]; do sleep 0.1; i=$((i + 1)); [ $i -gt 100 ] && fail "no $disk"; done
     echo "LC-DISK $disk size=$(blockdev --getsize64 /dev/$disk) segments=$(cat /sys/block/$disk/queue/max_segments)"
     raw $disk
+done
+sweep
+mixed
+for disk in vda vdb; do
     zero $disk
     fs $disk
 done
@@ -181,11 +277,12 @@ fn unaligned_helper(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The programs the workload needs beyond busybox, and their Debian packages.
-const PROGRAMS: [(&str, &str); 4] = [
+const PROGRAMS: [(&str, &str); 5] = [
     ("/usr/sbin/mke2fs", "e2fsprogs"),
     ("/usr/sbin/e2fsck", "e2fsprogs"),
     ("/usr/sbin/blkdiscard", "util-linux"),
     ("/usr/bin/dd", "coreutils"),
+    ("/usr/bin/fio", "fio"),
 ];
 
 /// Who serves the guest's two disks.
@@ -197,10 +294,21 @@ enum Device {
     Exitless(&'static str),
 }
 
+impl Device {
+    /// How the record (scripts/reliability.sh) names it.
+    fn label(self) -> String {
+        match self {
+            Device::Qemu => "QEMU virtio-blk-pci (reference)".to_owned(),
+            Device::Exitless(mode) => format!("exitless vhost-user-blk --io-mode {mode}"),
+        }
+    }
+}
+
 /// A file disk and a RAM disk served by `device`, the workload run on both in one boot.
 fn run_workload(device: Device) {
     let _serial = common::one_at_a_time();
     let kernel = kernel();
+    let mixed = mixed_run();
     let dir = tempfile::tempdir().unwrap();
     let mut programs = host_programs(&PROGRAMS);
     for (name, data) in unaligned_helper(dir.path()) {
@@ -215,14 +323,8 @@ fn run_workload(device: Device) {
     let file_disk = dir.path().join("disk.img");
     std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
 
-    let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-accel", "tcg", "-m", "256M", "-smp", "1"])
-        .args(["-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"])
-        .arg("-kernel")
-        .arg(&kernel.image)
-        .arg("-initrd")
-        .arg(&initramfs)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"]);
+    let append = format!("lc.mixed={}", mixed.as_secs());
+    let mut qemu = Qemu::linux(&kernel, &initramfs, GUEST_RAM, 1, &append);
     // Kept until the guest is done: the reference's RAM disk, or the daemon.
     let mut daemon = None;
     let _ram_file;
@@ -232,56 +334,57 @@ fn run_workload(device: Device) {
             let ram =
                 tempfile::Builder::new().prefix("exitless-linux-compat").tempfile_in("/dev/shm").unwrap();
             ram.as_file().set_len(DISK_SIZE).unwrap();
-            for (id, path) in [("d0", file_disk.as_path()), ("d1", ram.path())] {
-                qemu.args(["-drive", &format!("file={},format=raw,if=none,id={id}", path.display())])
-                    .args(["-device", &format!("virtio-blk-pci,drive={id}")]);
-            }
+            qemu = qemu.drive(&file_disk).drive(ram.path());
             _ram_file = Some(ram);
         }
         Device::Exitless(mode) => {
             // The file through the host's page cache, and in one mode with O_DIRECT.
             let direct = if mode == "adaptive" { ",direct" } else { "" };
             let sockets = [dir.path().join("file.sock"), dir.path().join("ram.sock")];
-            let args = [
-                "--disk".to_owned(),
-                format!("socket={},path={}{direct}", sockets[0].display(), file_disk.display()),
-                "--disk".to_owned(),
-                format!("socket={},ram={}M", sockets[1].display(), DISK_SIZE >> 20),
-                "--io-mode".to_owned(),
-                mode.to_owned(),
-            ];
-            let socket_refs = [sockets[0].as_path(), sockets[1].as_path()];
-            daemon = Some(Daemon::start(&args, &socket_refs, &dir.path().join("daemon.log")));
-            qemu.args([
-                "-object",
-                "memory-backend-memfd,id=mem,size=256M,share=on",
-                "-machine",
-                "pc,memory-backend=mem",
-            ]);
-            for (i, socket) in sockets.iter().enumerate() {
-                qemu.args(["-chardev", &format!("socket,id=vu{i},path={}", socket.display())])
-                    .args(["-device", &format!("vhost-user-blk-pci,chardev=vu{i}")]);
-            }
+            daemon = Some(
+                Daemon::builder()
+                    .disk_on(&sockets[0], &format!("path={}{direct}", file_disk.display()))
+                    .disk_on(&sockets[1], &format!("ram={}M", DISK_SIZE >> 20))
+                    .io_mode(mode)
+                    .start(&dir.path().join("daemon.log")),
+            );
+            qemu = qemu.vhost_user_blk(&sockets[0]).vhost_user_blk(&sockets[1]);
             _ram_file = None;
         }
     }
     let console = dir.path().join("console.log");
-    let child = qemu
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&console).unwrap())
-        .stderr(std::fs::File::create(dir.path().join("qemu.log")).unwrap())
-        .spawn()
-        .expect("qemu-system-x86_64 must be installed (scripts/setup.sh installs it)");
+    let child = qemu.spawn(&console, std::fs::File::create(dir.path().join("qemu.log")).unwrap());
     let guest = Guest { qemu: child, console, qemu_log: dir.path().join("qemu.log") };
-    let output = guest.finish(device, daemon.as_mut());
+    let output = guest.finish(device, daemon.as_mut(), BOOT_LIMIT + mixed);
 
     for disk in ["vda", "vdb"] {
         let size = format!("LC-DISK {disk} size={DISK_SIZE} ");
         assert!(output.contains(&size), "{disk} is not the {DISK_SIZE}-byte disk: {output}");
-        for step in ["LC-RAW-OK", "LC-ZERO-OK", "LC-FS-OK"] {
+        for step in ["LC-RAW-OK", "LC-FIO-SWEEP-OK", "LC-ZERO-OK", "LC-FS-OK"] {
             assert!(output.contains(&format!("{step} {disk}")), "{step} {disk} missing: {output}");
         }
     }
+    let mixed_ok = format!("LC-FIO-MIXED-OK {} s", mixed.as_secs());
+    assert!(output.contains(&mixed_ok), "{device:?}: {mixed_ok} missing: {output}");
+    // fio's totals for the mixed run (every read, the checking ones included, and every write),
+    // for the record (scripts/reliability.sh).
+    let totals: Vec<&str> = output
+        .lines()
+        .filter_map(|l| l.split_once("LC-FIO-MIXED-IO ").map(|(_, total)| total.trim_end()))
+        .collect();
+    assert_eq!(totals.len(), 2, "{device:?}: fio's READ and WRITE totals of the mixed run: {output}");
+    let io = |total: &str| {
+        total.split("io=").nth(1).and_then(|t| t.split_whitespace().next()).unwrap_or("?").to_owned()
+    };
+    // Printed once every check passed.
+    let record = format!(
+        "linux-compat {}: mixed run {} s, 6 fio jobs at depth 32 on 2 disks, read {}, written {}, \
+         0 errors, 0 verify failures, no I/O error in dmesg",
+        device.label(),
+        mixed.as_secs(),
+        io(totals[0]),
+        io(totals[1])
+    );
     // What the guest wrote reached the file: the host's e2fsck finds the same clean ext4.
     let fsck = Command::new("/usr/sbin/e2fsck").arg("-fn").arg(&file_disk).output().expect("run e2fsck");
     assert!(
@@ -304,6 +407,7 @@ fn run_workload(device: Device) {
             assert!(line.contains(" 0 I/O errors, 0 refused"), "the daemon failed requests: {log}");
         }
     }
+    eprintln!("{record}");
 }
 
 /// A booted guest: QEMU, its console in a file.
@@ -320,8 +424,8 @@ impl Guest {
 
     /// Wait for the guest to power off and return its console, failing at once if the daemon
     /// broke a queue (the guest would wait for ever) or the guest failed a step, and after
-    /// `BOOT_LIMIT` if it never finished.
-    fn finish(mut self, device: Device, mut daemon: Option<&mut Daemon>) -> String {
+    /// `limit` if it never finished.
+    fn finish(mut self, device: Device, mut daemon: Option<&mut Daemon>, limit: Duration) -> String {
         let started = Instant::now();
         let status = loop {
             if let Some(status) = self.qemu.try_wait().unwrap() {
@@ -339,8 +443,8 @@ impl Guest {
             let console = self.console();
             assert!(!console.contains("LC-FAIL"), "{device:?}: the guest failed a step: {console}");
             assert!(
-                started.elapsed() < BOOT_LIMIT,
-                "{device:?}: the guest did not finish within {BOOT_LIMIT:?}: {console}"
+                started.elapsed() < limit,
+                "{device:?}: the guest did not finish within {limit:?}: {console}"
             );
             std::thread::sleep(Duration::from_millis(100));
         };

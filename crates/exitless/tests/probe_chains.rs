@@ -9,10 +9,11 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use common::daemon::Daemon;
+use common::qemu::Qemu;
 use common::{exitless, exitless_within, json_lines, one_at_a_time, stderr, stdout};
 use serde_json::Value;
 
@@ -53,16 +54,7 @@ fn qemus_virtio_blk_serves_linuxs_chain_shapes_on_a_queue_of_128() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let disk = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
     disk.as_file().set_len(8 << 20).unwrap();
-    let out = Command::new("qemu-system-x86_64")
-        .args(["-M", "microvm,acpi=off", "-accel", "kvm", "-m", "128M", "-nographic", "-nodefaults"])
-        .args(["-no-reboot", "-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
-        .arg("-kernel")
-        .arg(&elf)
-        .args(["-append", CMDLINE, "-global", "virtio-mmio.force-legacy=false", "-drive"])
-        .arg(format!("file={},format=raw,if=none,id=d0", disk.path().display()))
-        .args(["-device", "virtio-blk-device,drive=d0"])
-        .output()
-        .expect("qemu-system-x86_64 must be installed (scripts/setup.sh installs it)");
+    let out = Qemu::probe(&elf, "128M", CMDLINE).drive(disk.path()).output();
     // QEMU exits with (V << 1) | 1 for the probe's debug-exit write of V: 1 is OK.
     assert_eq!(out.status.code(), Some(1), "{}\n{}", stdout(&out), stderr(&out));
     assert_served("QEMU virtio-blk", &out, &["ok", "ioerr"]);

@@ -2,21 +2,13 @@
 
 mod common;
 
-use std::process::Command;
-
 use serde_json::Value;
 
+use common::qemu::Qemu;
 use common::{exitless, line_with, stderr};
 
 fn qemu_probe(elf: &std::path::Path, cmdline: &str) -> std::process::Output {
-    Command::new("qemu-system-x86_64")
-        .args(["-M", "microvm", "-accel", "kvm", "-m", "128M", "-nographic", "-nodefaults", "-no-reboot"])
-        .args(["-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
-        .arg("-kernel")
-        .arg(elf)
-        .args(["-append", cmdline])
-        .output()
-        .expect("qemu-system-x86_64 must be installed (the README's test command installs it)")
+    Qemu::probe(elf, "128M", cmdline).output()
 }
 
 #[test]
@@ -71,20 +63,10 @@ fn exitcost_runs_in_qemu_and_skips_what_needs_our_test_device() {
 fn qemu_blk_probe(elf: &std::path::Path, indirect_desc: &str, queue_depth: u32) -> (Option<i32>, Value) {
     let disk = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
     disk.as_file().set_len(8 << 20).unwrap();
-    let out = Command::new("qemu-system-x86_64")
-        .args(["-M", "microvm,acpi=off", "-accel", "kvm", "-m", "128M", "-nographic", "-nodefaults"])
-        .args(["-no-reboot", "-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
-        .arg("-kernel")
-        .arg(elf)
-        .args([
-            "-append",
-            &format!("probe.workload=blk probe.qd={queue_depth} probe.ops=2000 probe.warmup=0"),
-        ])
-        .args(["-global", "virtio-mmio.force-legacy=false", "-drive"])
-        .arg(format!("file={},format=raw,if=none,id=d0", disk.path().display()))
-        .args(["-device", &format!("virtio-blk-device,drive=d0,indirect_desc={indirect_desc}")])
-        .output()
-        .expect("qemu-system-x86_64 must be installed (the README's test command installs it)");
+    let cmdline = format!("probe.workload=blk probe.qd={queue_depth} probe.ops=2000 probe.warmup=0");
+    let out = Qemu::probe(elf, "128M", &cmdline)
+        .drive_with(disk.path(), &format!(",indirect_desc={indirect_desc}"))
+        .output();
     let result = common::json_lines(&out)
         .into_iter()
         .find(|l| l["probe"] == "blk" || l["probe"] == "error")

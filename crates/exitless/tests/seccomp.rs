@@ -9,10 +9,11 @@ mod common;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::Daemon;
 use common::{line_with, stderr};
 
 /// /proc's `Seccomp:` value for a thread confined by a filter.
@@ -69,19 +70,16 @@ fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
     assert_eq!(line["post_idle_errors"], 0, "{line}");
 }
 
-/// `exitless vhost-user-blk` on a socket in `dir`, with `seccomp`.
-fn start_daemon(dir: &Path, seccomp: &str) -> (Child, std::path::PathBuf) {
+/// `exitless vhost-user-blk` on a socket in `dir`, with `seccomp`, listening.
+fn start_daemon(dir: &Path, seccomp: &str) -> (Daemon, PathBuf) {
     let socket = dir.join("vhost.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .args(["vhost-user-blk", "--disk", "ram=16M", "--io-mode", "eventfd", "--seccomp", seccomp])
-        .arg("--socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start exitless vhost-user-blk");
-    (child, socket)
+    let daemon = Daemon::builder()
+        .disk("ram=16M")
+        .io_mode("eventfd")
+        .args(&["--seccomp", seccomp], &[])
+        .socket(&socket)
+        .start(&dir.join("daemon.log"));
+    (daemon, socket)
 }
 
 /// Connect as a frontend and ask for the features (VHOST_USER_GET_FEATURES): once the answer
@@ -104,21 +102,19 @@ fn get_features(socket: &Path) -> u64 {
     u64::from_le_bytes(reply[12..].try_into().unwrap())
 }
 
-/// SIGTERM, then the exit status.
-fn stop(child: Child) -> (Option<i32>, String) {
-    // SAFETY: kill(2) on our own child's pid, not yet reaped.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().expect("the daemon ends");
-    (out.status.code(), stderr(&out))
+/// SIGTERM, then the exit status and the log.
+fn stop(daemon: Daemon) -> (Option<i32>, String) {
+    let (status, log) = daemon.stop_status();
+    (status.code(), log)
 }
 
 #[test]
 fn vhost_user_daemon_confines_its_connection_and_iocore_threads_and_still_serves() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, socket) = start_daemon(dir.path(), "kill");
+    let (mut daemon, socket) = start_daemon(dir.path(), "kill");
     assert_ne!(get_features(&socket), 0, "a frontend's GET_FEATURES is answered");
-    let threads = wait_until_confined(&mut child, &["exitless", "iocore"]);
-    let (status, log) = stop(child);
+    let threads = wait_until_confined(daemon.child(), &["exitless", "iocore"]);
+    let (status, log) = stop(daemon);
     assert_eq!(status, Some(0), "SIGTERM ends the confined daemon cleanly: {log}");
     for name in ["exitless", "iocore"] {
         assert_eq!(threads.get(name).map(String::as_str), Some(SECCOMP_MODE_FILTER), "{name}: {threads:?}");
@@ -129,20 +125,26 @@ fn vhost_user_daemon_confines_its_connection_and_iocore_threads_and_still_serves
 #[test]
 fn seccomp_off_confines_no_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, socket) = start_daemon(dir.path(), "off");
+    let (daemon, socket) = start_daemon(dir.path(), "off");
     get_features(&socket);
-    let threads = seccomp_by_thread(child.id());
-    let (status, log) = stop(child);
+    let threads = seccomp_by_thread(daemon.pid());
+    let (status, log) = stop(daemon);
     assert_eq!(status, Some(0), "{log}");
     assert!(threads.contains_key("iocore"), "{threads:?}");
     assert!(threads.values().all(|v| v == "0"), "{threads:?}");
 }
 
-/// `exitless ARGS` with `EXITLESS_SECCOMP_SELF_TEST=kind`, until it ends (or is killed at the
+/// `exitless ARGS`, to run with a self-test.
+fn exitless(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
+    command.args(args);
+    command
+}
+
+/// `command` with `EXITLESS_SECCOMP_SELF_TEST=kind`, until it ends (or is killed at the
 /// deadline, failing the test): its exit status.
-fn with_self_test(kind: &str, args: &[&str]) -> std::process::ExitStatus {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .args(args)
+fn with_self_test(kind: &str, mut command: Command) -> std::process::ExitStatus {
+    let mut child = command
         .env(sandbox::SELF_TEST_ENV, kind)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -157,7 +159,7 @@ fn with_self_test(kind: &str, args: &[&str]) -> std::process::ExitStatus {
         if start.elapsed() > DEADLINE {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("exitless {args:?} with the {kind} self-test did not end");
+            panic!("{command:?} with the {kind} self-test did not end");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -168,8 +170,7 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vhost.sock");
-    let socket_arg = socket.to_str().unwrap();
-    let daemon = ["vhost-user-blk", "--disk", "ram=16M", "--io-mode", "sidecore", "--socket", socket_arg];
+    let daemon = Daemon::builder().disk("ram=16M").io_mode("sidecore").socket(&socket);
     let probe = ["run", "--probe", "--disk", "ram=16M", "--io-mode", "exitless", "--timeout", "30"];
     // The test device's ping-pong responder starts when the guest asks for it.
     let pingpong =
@@ -178,19 +179,21 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
         let name = kind.name();
         let status = match kind {
             sandbox::ThreadKind::Vcpu | sandbox::ThreadKind::IoCore | sandbox::ThreadKind::VmmMain => {
-                with_self_test(name, &probe)
+                with_self_test(name, exitless(&probe))
             }
-            sandbox::ThreadKind::PingPong => with_self_test(name, &pingpong),
+            sandbox::ThreadKind::PingPong => with_self_test(name, exitless(&pingpong)),
             sandbox::ThreadKind::VhostUserIoCore
             | sandbox::ThreadKind::VhostUserConnection
-            | sandbox::ThreadKind::StopWatchdog => with_self_test(name, &daemon),
+            | sandbox::ThreadKind::StopWatchdog => with_self_test(name, daemon.command()),
             sandbox::ThreadKind::VhostUserWatch => {
                 // A healthy daemon, and the self-test in the frontend VMM's watcher.
                 let (daemon, socket) = start_daemon(dir.path(), "kill");
                 get_features(&socket); // Listening, and served.
                 let vhost_user = format!("vhost-user={}", socket.display());
-                let status =
-                    with_self_test(name, &["run", "--probe", "--disk", &vhost_user, "--timeout", "30"]);
+                let status = with_self_test(
+                    name,
+                    exitless(&["run", "--probe", "--disk", &vhost_user, "--timeout", "30"]),
+                );
                 let _ = stop(daemon);
                 status
             }
@@ -229,17 +232,18 @@ fn wait_for_threads(child: &mut Child, state: char) {
 #[test]
 fn a_confined_daemon_survives_sigstop_and_sigcont() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, socket) = start_daemon(dir.path(), "kill");
+    let (mut daemon, socket) = start_daemon(dir.path(), "kill");
+    let child = daemon.child();
     get_features(&socket);
-    wait_until_confined(&mut child, &["exitless", "iocore"]);
+    wait_until_confined(child, &["exitless", "iocore"]);
     // Every thread asleep in its poll, epoll_wait or futex, to be interrupted there.
-    wait_for_threads(&mut child, 'S');
+    wait_for_threads(child, 'S');
     // SAFETY: kill(2) on our own child's pid, not yet reaped.
     unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
-    wait_for_threads(&mut child, 'T');
+    wait_for_threads(child, 'T');
     // SAFETY: as above.
     unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
-    wait_for_threads(&mut child, 'S');
-    let (status, log) = stop(child);
+    wait_for_threads(child, 'S');
+    let (status, log) = stop(daemon);
     assert_eq!(status, Some(0), "the daemon did not survive SIGSTOP and SIGCONT: {log}");
 }

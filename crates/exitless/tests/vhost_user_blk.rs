@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::daemon::Daemon;
 use common::linux::{kernel, Kernel};
+use common::qemu::Qemu;
 
 const QEMU_TIMEOUT: Duration = Duration::from_secs(180);
 const PATTERN_LEN: usize = 64 * 1024;
@@ -243,28 +244,9 @@ impl Guest<'_> {
     fn spawn(&self, cmdline: &str, vcpus: u32, queues: u32, reconnect: bool) -> Running {
         let console = self.dir.join("console.log");
         let reconnect = if reconnect { ",reconnect=1" } else { "" };
-        let qemu = Command::new("qemu-system-x86_64")
-            .args(["-accel", "tcg", "-m", "256M", "-smp", &vcpus.to_string()])
-            .args([
-                "-object",
-                "memory-backend-memfd,id=mem,size=256M,share=on",
-                "-machine",
-                "pc,memory-backend=mem",
-            ])
-            .args(["-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"])
-            .arg("-kernel")
-            .arg(&self.kernel.image)
-            .arg("-initrd")
-            .arg(self.initramfs)
-            .args(["-append", &format!("console=ttyS0 panic=-1 quiet {cmdline}")])
-            .arg("-chardev")
-            .arg(format!("socket,id=vu,path={}{reconnect}", self.socket.display()))
-            .args(["-device", &format!("vhost-user-blk-pci,chardev=vu,num-queues={queues}")])
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&console).unwrap())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("qemu-system-x86_64 must be installed (scripts/setup.sh installs it)");
+        let qemu = Qemu::linux(self.kernel, self.initramfs, "256M", vcpus, cmdline)
+            .vhost_user_blk_with(self.socket, reconnect, &format!(",num-queues={queues}"))
+            .spawn(&console, Stdio::piped());
         let what = format!("{cmdline}, {vcpus} vCPUs, {queues} queues");
         Running { qemu, console, started: Instant::now(), what }
     }
@@ -444,9 +426,7 @@ fn bad_command_lines_and_socket_paths_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, b"keep me").unwrap();
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_exitless")).arg("vhost-user-blk").args(args).output().unwrap()
-    };
+    let run = |args: &[&str]| Daemon::builder().args(args, &[]).command().output().unwrap();
     let out = run(&["--socket", file.to_str().unwrap(), "--disk", "ram=1M"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"), "{out:?}");

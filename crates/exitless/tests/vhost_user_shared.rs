@@ -9,11 +9,12 @@ mod common;
 mod frontend;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
 use common::one_at_a_time;
+use common::qemu::Qemu;
 use serde_json::Value;
 
 /// A guest that has not finished by then is stuck.
@@ -86,23 +87,7 @@ struct Guest {
 
 impl Guest {
     fn start(elf: &Path, socket: &Path, cmdline: &str, out: PathBuf) -> Guest {
-        let qemu = Command::new("qemu-system-x86_64")
-            .args(["-M", "microvm,acpi=off,memory-backend=mem", "-accel", "kvm", "-m", "256M", "-smp", "1"])
-            .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
-            .args(["-nographic", "-nodefaults", "-no-reboot", "-serial", "stdio"])
-            .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
-            .args(["-global", "virtio-mmio.force-legacy=false"])
-            .arg("-chardev")
-            .arg(format!("socket,id=vu,path={}", socket.display()))
-            .args(["-device", "vhost-user-blk,chardev=vu"])
-            .arg("-kernel")
-            .arg(elf)
-            .args(["-append", cmdline])
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out).unwrap())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("qemu-system-x86_64 must be installed (scripts/setup.sh installs it)");
+        let qemu = Qemu::probe(elf, "256M", cmdline).vhost_user_blk(socket).spawn(&out, Stdio::piped());
         Guest { qemu, out, started: Instant::now() }
     }
 
@@ -548,7 +533,7 @@ fn a_rate_limited_disk_never_exceeds_its_budget_plus_burst() {
 
 #[test]
 fn command_lines_that_give_a_disk_no_socket_of_its_own_are_refused() {
-    let run = |args: &[&str]| common::exitless(&[&["vhost-user-blk"], args].concat());
+    let run = |args: &[&str]| Daemon::builder().args(args, &[]).command().output().unwrap();
     for bad in [
         &["--disk", "ram=1M"][..],
         &["--socket", "/tmp/x.sock", "--disk", "ram=1M", "--disk", "ram=1M"],

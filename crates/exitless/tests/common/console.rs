@@ -41,6 +41,13 @@ impl Console {
         self.child.id() as i32
     }
 
+    /// Panics, naming it `what`, with its output so far, if the process has ended.
+    pub fn assert_running(&mut self, what: &str) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("{what} ended ({status}): {}", self.report());
+        }
+    }
+
     /// Standard error so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()

@@ -1,12 +1,128 @@
-//! `exitless vhost-user-blk` as a child process, for the tests that serve disks through it.
+//! `exitless vhost-user-blk` as a child process, for the tests that serve disks through it: one
+//! way to start it (`Daemon::builder`: its disks, sockets, mode and environment), as a `Daemon`,
+//! as a `Console` whose standard output is read line by line, or as a bare `Command`.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use super::console::Console;
 
 /// A daemon that has not listened on its sockets by then is stuck.
 const LISTEN_LIMIT: Duration = Duration::from_secs(20);
+
+/// How to start `exitless vhost-user-blk`: its arguments in order, the sockets it must listen on
+/// before a test goes on, its environment.
+#[derive(Default)]
+pub struct DaemonBuilder {
+    args: Vec<OsString>,
+    sockets: Vec<PathBuf>,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl DaemonBuilder {
+    /// `--socket SOCKET`: the one socket of a daemon whose disks are given without `socket=`.
+    pub fn socket(mut self, socket: &Path) -> Self {
+        self.args.extend(["--socket".into(), socket.into()]);
+        self.sockets.push(socket.to_owned());
+        self
+    }
+
+    /// `--disk SPEC` (`path=F[,direct]`, `ram=SIZE`, ...), served on the `--socket`.
+    pub fn disk(mut self, spec: &str) -> Self {
+        self.args.extend(["--disk".into(), spec.into()]);
+        self
+    }
+
+    /// `--disk socket=SOCKET,SPEC`: a disk on a socket of its own.
+    pub fn disk_on(mut self, socket: &Path, spec: &str) -> Self {
+        self.args.extend(["--disk".into(), format!("socket={},{spec}", socket.display()).into()]);
+        self.sockets.push(socket.to_owned());
+        self
+    }
+
+    /// `--io-mode MODE`.
+    pub fn io_mode(mut self, mode: &str) -> Self {
+        self.args.extend(["--io-mode".into(), mode.into()]);
+        self
+    }
+
+    /// Arguments as they are, after those given so far; `sockets`: those among them it listens on.
+    pub fn args(mut self, args: &[impl AsRef<OsStr>], sockets: &[&Path]) -> Self {
+        self.args.extend(args.iter().map(|a| a.as_ref().to_owned()));
+        self.sockets.extend(sockets.iter().map(|s| s.to_path_buf()));
+        self
+    }
+
+    /// An environment variable for the daemon.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env.push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// The command, for a test that runs and waits for it its own way (one that must die).
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
+        command.arg("vhost-user-blk").args(&self.args).stdin(Stdio::null());
+        for (key, value) in &self.env {
+            command.env(key, value);
+        }
+        command
+    }
+
+    /// Start it, its standard error in `log` and its standard output discarded; returns once it
+    /// listens on every socket.
+    pub fn start(self, log: &Path) -> Daemon {
+        self.spawn(log, None)
+    }
+
+    /// As `start`, with its standard output in the file `stdout` (read with `Daemon::stdout` and
+    /// `Daemon::stop_with_stdout`).
+    pub fn start_with_stdout(self, log: &Path, stdout: &Path) -> Daemon {
+        self.spawn(log, Some(stdout))
+    }
+
+    /// Start it with its standard output read line by line and its standard error in `log`;
+    /// returns once it listens on every socket.
+    pub fn start_console(self, log: &Path) -> Console {
+        let mut console = Console::spawn(&mut self.command(), log);
+        let deadline = Instant::now() + LISTEN_LIMIT;
+        while !self.sockets.iter().all(|s| s.exists()) {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not listen within {LISTEN_LIMIT:?}: {}",
+                console.stderr()
+            );
+            console.assert_running("the daemon");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        console
+    }
+
+    fn spawn(self, log: &Path, stdout: Option<&Path>) -> Daemon {
+        let output = stdout.map_or_else(Stdio::null, |path| std::fs::File::create(path).unwrap().into());
+        let child = self
+            .command()
+            .stdout(output)
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("run exitless vhost-user-blk");
+        let mut daemon =
+            Daemon { child, sockets: self.sockets, log: log.to_owned(), stdout: stdout.map(Path::to_owned) };
+        let deadline = Instant::now() + LISTEN_LIMIT;
+        while !daemon.sockets.iter().all(|s| s.exists()) {
+            daemon.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not listen within {LISTEN_LIMIT:?}: {}",
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon
+    }
+}
 
 /// A running `exitless vhost-user-blk`, its standard error in a log file. Killed and reaped when
 /// dropped, so a failed test leaves no daemon behind.
@@ -19,10 +135,15 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// What to start: add disks, sockets, mode, environment, then `start` it.
+    pub fn builder() -> DaemonBuilder {
+        DaemonBuilder::default()
+    }
+
     /// `exitless vhost-user-blk ARGS`, its standard error in `log`, its standard output
     /// discarded; returns once every one of `sockets` exists.
     pub fn start(args: &[impl AsRef<OsStr>], sockets: &[&Path], log: &Path) -> Daemon {
-        Daemon::spawn(args, sockets, log, None)
+        Daemon::builder().args(args, sockets).start(log)
     }
 
     /// As `start`, with its standard output in the file `stdout` (read with `stdout` and
@@ -33,36 +154,7 @@ impl Daemon {
         log: &Path,
         stdout: &Path,
     ) -> Daemon {
-        Daemon::spawn(args, sockets, log, Some(stdout))
-    }
-
-    fn spawn(args: &[impl AsRef<OsStr>], sockets: &[&Path], log: &Path, stdout: Option<&Path>) -> Daemon {
-        let output = stdout.map_or_else(Stdio::null, |path| std::fs::File::create(path).unwrap().into());
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .arg("vhost-user-blk")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(output)
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("run exitless vhost-user-blk");
-        let mut daemon = Daemon {
-            child,
-            sockets: sockets.iter().map(|s| s.to_path_buf()).collect(),
-            log: log.to_owned(),
-            stdout: stdout.map(Path::to_owned),
-        };
-        let deadline = Instant::now() + LISTEN_LIMIT;
-        while !sockets.iter().all(|s| s.exists()) {
-            daemon.assert_alive();
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not listen within {LISTEN_LIMIT:?}: {}",
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        daemon
+        Daemon::builder().args(args, sockets).start_with_stdout(log, stdout)
     }
 
     /// The first socket it was started with: a one-disk daemon's only one.
@@ -93,6 +185,15 @@ impl Daemon {
         if let Some(status) = self.child.try_wait().unwrap() {
             panic!("the daemon died ({status}); its log: {}", self.log());
         }
+    }
+
+    /// SIGTERM, and wait: its exit status, whatever it is, and its log.
+    pub fn stop_status(mut self) -> (ExitStatus, String) {
+        // SAFETY: kill(2) touches no memory of ours; the pid is our child's, reaped only by
+        // the wait below (`assert_alive` panics when it finds the daemon ended).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        (status, self.log())
     }
 
     /// SIGTERM; the daemon must exit with status 0. Returns its log.

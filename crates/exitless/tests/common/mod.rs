@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod disks;
 pub mod huge_pages;
 pub mod linux;
+pub mod qemu;
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
