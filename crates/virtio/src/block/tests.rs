@@ -611,7 +611,7 @@ fn dropping_a_worker_lets_the_backend_finish_before_memory_goes() {
 #[test]
 fn a_reset_gives_up_on_a_backend_that_holds_a_request_and_keeps_its_memory() {
     // Longer than the reset waits.
-    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_millis(2500));
+    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_millis(6500));
     let Err(mut worker) = worker.into_backend() else { panic!("the backend still held a request") };
     assert_eq!((worker.in_flight(), held.load(Ordering::Acquire)), (1, 1));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

@@ -19,8 +19,10 @@ use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 
 /// How long a reset waits for the backend to finish the worker's requests before it gives up on
-/// them (see `into_backend`): a request normally takes micro- to milliseconds.
-const RESET_WAIT: Duration = Duration::from_secs(1);
+/// them (see `into_backend`). A request normally takes micro- to milliseconds, but a FLUSH over
+/// much dirty data, or a slow network disk, can take seconds, and a vhost-user frontend that
+/// stops its rings (to pause or migrate the VM) needs every completion a disk still gives.
+const RESET_WAIT: Duration = Duration::from_secs(5);
 
 /// What the device tells the guest about the disk.
 #[derive(Debug, Clone)]
