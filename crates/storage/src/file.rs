@@ -84,9 +84,7 @@ struct Slot {
 pub struct FileDisk {
     ring: IoUring,
     file: File,
-    capacity: u64,
-    read_only: bool,
-    direct: bool,
+    shape: Shape,
     slots: Box<[Slot]>,
     /// `MAX_SEGMENTS` iovecs per slot, read by the kernel until the slot's request completes.
     iovecs: Box<[libc::iovec]>,
@@ -96,14 +94,23 @@ pub struct FileDisk {
     immediate: CompletionRing,
     /// Entries are queued that the last `kick` could not hand to the kernel.
     kick_failed: bool,
+    /// Requests in flight that io_uring runs in its worker threads.
+    in_flight_on_workers: usize,
+}
+
+/// What a FileDisk found out about its file when it opened it, and how it drives its ring: the
+/// same for every FileDisk on that file (see `reopen`).
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    capacity: u64,
+    read_only: bool,
+    direct: bool,
     /// `submit` kicks once this many entries are queued (`FILE_KICK_BATCH` or never).
     kick_batch: usize,
     /// Reads and writes go to io_uring's worker threads: buffered I/O, or a file on tmpfs,
     /// which has no asynchronous path even with O_DIRECT.
     rw_on_workers: bool,
-    /// Requests in flight that io_uring runs in its worker threads.
-    in_flight_on_workers: usize,
-    /// The ring's kernel polling thread's idle time, if it has one (kept for `reopen`).
+    /// The ring's kernel polling thread's idle time, if it has one.
     sqpoll_idle_ms: Option<u32>,
 }
 
@@ -146,38 +153,37 @@ impl FileDisk {
             new_ring(ring_depth, options.sqpoll_idle_ms).map_err(|source| BackendError::Ring { source })?;
         let on_memory_file_system = on_memory_file_system(&file)
             .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?;
-        Ok(FileDisk {
-            ring,
-            file,
+        let shape = Shape {
             capacity,
             read_only: options.read_only,
             direct,
-            slots: Box::default(),
-            iovecs: Box::default(),
-            free_slots: Vec::new(),
-            immediate: CompletionRing::new(depth),
-            kick_failed: false,
             kick_batch: if direct && regular { FILE_KICK_BATCH } else { usize::MAX },
             rw_on_workers: !direct || on_memory_file_system,
-            in_flight_on_workers: 0,
             sqpoll_idle_ms: options.sqpoll_idle_ms,
-        }
-        .with_idle_slots(ring_depth))
+        };
+        Ok(FileDisk::on_ring(file, ring, ring_depth, shape))
     }
 
-    /// `depth` idle slots, and their iovec table.
-    fn with_idle_slots(mut self, depth: u32) -> FileDisk {
+    /// A FileDisk on `file` and `ring` (of `depth` entries), with every slot idle.
+    fn on_ring(file: File, ring: IoUring, depth: u32, shape: Shape) -> FileDisk {
         let idle_slot = Slot { tag: 0, expected: 0, busy: false, on_workers: false };
         let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
-        self.slots = vec![idle_slot; depth as usize].into_boxed_slice();
-        self.iovecs = vec![idle_iovec; depth as usize * MAX_SEGMENTS].into_boxed_slice();
-        self.free_slots = (0..depth).rev().collect();
-        self
+        FileDisk {
+            ring,
+            file,
+            shape,
+            slots: vec![idle_slot; depth as usize].into_boxed_slice(),
+            iovecs: vec![idle_iovec; depth as usize * MAX_SEGMENTS].into_boxed_slice(),
+            free_slots: (0..depth).rev().collect(),
+            immediate: CompletionRing::new(depth as usize),
+            kick_failed: false,
+            in_flight_on_workers: 0,
+        }
     }
 
     /// Whether the file is really open with O_DIRECT (false after a fallback to buffered I/O).
     pub fn direct(&self) -> bool {
-        self.direct
+        self.shape.direct
     }
 
     fn in_flight(&self) -> usize {
@@ -273,11 +279,11 @@ fn open_file(path: &Path, read_only: bool, direct: bool) -> Result<(File, bool),
 
 impl Backend for FileDisk {
     fn capacity(&self) -> u64 {
-        self.capacity
+        self.shape.capacity
     }
 
     fn read_only(&self) -> bool {
-        self.read_only
+        self.shape.read_only
     }
 
     fn max_in_flight(&self) -> usize {
@@ -288,7 +294,7 @@ impl Backend for FileDisk {
         if self.in_flight() >= self.slots.len() {
             return false;
         }
-        let expected = match validate(op, offset, segments, self.capacity, self.read_only) {
+        let expected = match validate(op, offset, segments, self.shape.capacity, self.shape.read_only) {
             Err(error) => return self.immediate.push(Completion { tag, result: Err(error) }),
             Ok(0) if op != Op::Flush => return self.immediate.push(Completion { tag, result: Ok(0) }),
             Ok(expected) => expected,
@@ -299,7 +305,7 @@ impl Backend for FileDisk {
         let slot = index as usize;
         let entry = self.prepare(slot, op, offset, segments);
         // io_uring hands every fsync to a worker.
-        let on_workers = op == Op::Flush || self.rw_on_workers;
+        let on_workers = op == Op::Flush || self.shape.rw_on_workers;
         self.slots[slot] = Slot { tag, expected, busy: true, on_workers };
         // SAFETY: the entry's iovecs live in this slot's part of `iovecs`, which is neither
         // freed nor rewritten until the slot is freed by its completion (or Drop waits for it);
@@ -312,7 +318,7 @@ impl Backend for FileDisk {
             return false;
         }
         self.in_flight_on_workers += usize::from(on_workers);
-        if self.ring.submission().len() >= self.kick_batch {
+        if self.ring.submission().len() >= self.shape.kick_batch {
             self.kick();
         }
         true
@@ -340,24 +346,8 @@ impl Backend for FileDisk {
         let file = self.file.try_clone().map_err(reopen)?;
         let depth =
             u32::try_from(self.slots.len()).map_err(|_| reopen(std::io::ErrorKind::InvalidInput.into()))?;
-        let ring = new_ring(depth, self.sqpoll_idle_ms).map_err(reopen)?;
-        let disk = FileDisk {
-            ring,
-            file,
-            capacity: self.capacity,
-            read_only: self.read_only,
-            direct: self.direct,
-            slots: Box::default(),
-            iovecs: Box::default(),
-            free_slots: Vec::new(),
-            immediate: CompletionRing::new(self.slots.len()),
-            kick_failed: false,
-            kick_batch: self.kick_batch,
-            rw_on_workers: self.rw_on_workers,
-            in_flight_on_workers: 0,
-            sqpoll_idle_ms: self.sqpoll_idle_ms,
-        };
-        Ok(Box::new(disk.with_idle_slots(depth)))
+        let ring = new_ring(depth, self.shape.sqpoll_idle_ms).map_err(reopen)?;
+        Ok(Box::new(FileDisk::on_ring(file, ring, depth, self.shape)))
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
