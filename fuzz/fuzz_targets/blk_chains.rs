@@ -54,7 +54,13 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let config = QueueConfig { size, desc: 0, avail: 0x1000, used: 0x2000 };
     let queue = Queue::new(&mem, config, false).expect("laid-out rings").with_indirect_descriptors(true);
     let disk = ram_disk(false);
-    let info = DiskInfo { capacity: disk.capacity(), read_only: false, id: *b"exitless-fuzz-disk\0\0" };
+    let info = DiskInfo {
+        capacity: disk.capacity(),
+        read_only: false,
+        id: *b"exitless-fuzz-disk\0\0",
+        discard: true,
+        write_zeroes: true,
+    };
     let (signals, needs_reset) = signals();
     let mut worker = BlockWorker::new(queue, Box::new(disk), info, signals);
     let mut ring = DriverRing::new(config, true);

@@ -26,7 +26,13 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let Ok(queue) = Queue::new(&mem, config, u.arbitrary()?) else { return Ok(()) };
     let read_only = u.ratio(1, 8)?;
     let disk = ram_disk(read_only);
-    let info = DiskInfo { capacity: disk.capacity(), read_only, id: *b"exitless-fuzz-disk\0\0" };
+    let info = DiskInfo {
+        capacity: disk.capacity(),
+        read_only,
+        id: *b"exitless-fuzz-disk\0\0",
+        discard: !read_only,
+        write_zeroes: !read_only,
+    };
     let (signals, needs_reset) = signals();
     let mut worker = BlockWorker::new(queue, Box::new(disk), info, signals);
     worker.set_polling(u.arbitrary()?);

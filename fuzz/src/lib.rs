@@ -13,7 +13,10 @@ use std::sync::{Arc, OnceLock};
 
 use arbitrary::{Result, Unstructured};
 use storage::RamDisk;
-use virtio::block::request::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
+use virtio::block::request::{
+    VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_T_WRITE_ZEROES,
+};
 use virtio::interrupt::InterruptLine;
 use virtio::queue::{
     QueueConfig, MAX_QUEUE_SIZE, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
@@ -247,10 +250,18 @@ impl DriverRing {
     }
 
     /// A virtio-blk request: header (a known or unknown type, a sector mostly on the disk), data
-    /// buffers and a status byte, each descriptor sometimes bent out of shape.
+    /// buffers and a status byte, each descriptor sometimes bent out of shape. DISCARD and
+    /// WRITE_ZEROES mostly carry one 16-byte range (mostly on the disk, flags mostly valid).
     pub fn blk_request(&mut self, u: &mut Unstructured, mem: &GuestMemoryMmap) -> Result<()> {
-        const TYPES: [u32; 5] =
-            [VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, 7];
+        const TYPES: [u32; 7] = [
+            VIRTIO_BLK_T_IN,
+            VIRTIO_BLK_T_OUT,
+            VIRTIO_BLK_T_FLUSH,
+            VIRTIO_BLK_T_GET_ID,
+            7,
+            VIRTIO_BLK_T_DISCARD,
+            VIRTIO_BLK_T_WRITE_ZEROES,
+        ];
         let kind = if u.ratio(1, 16)? { u.arbitrary()? } else { *u.choose(&TYPES)? };
         let sector: u64 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=DISK_SIZE / 512)? };
         let header_at = address(u)?;
@@ -269,6 +280,21 @@ impl DriverRing {
         let data = u.int_in_range(0..=4)?;
         for part in &mut parts[1..=data] {
             *part = (address(u)?, length(u)?, bend(u, data_flags)?);
+        }
+        let ranged = matches!(kind, VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES);
+        if ranged && data > 0 && u.ratio(3, 4)? {
+            let sector: u64 =
+                if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=DISK_SIZE / 512)? };
+            let sectors: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=64)? };
+            let flags: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=1)? };
+            let mut range = [0u8; 16];
+            range[0..8].copy_from_slice(&sector.to_le_bytes());
+            range[8..12].copy_from_slice(&sectors.to_le_bytes());
+            range[12..16].copy_from_slice(&flags.to_le_bytes());
+            self.write(mem, parts[1].0, &range);
+            if u.ratio(3, 4)? {
+                parts[1].1 = 16;
+            }
         }
         let status_len = if u.ratio(1, 16)? { length(u)? } else { 1 };
         parts[data + 1] = (address(u)?, status_len, bend(u, VIRTQ_DESC_F_WRITE)?);

@@ -6,17 +6,48 @@
 //! - `ram,path=FILE[,readonly]`: an existing file on a memory file system (/dev/shm), mapped
 //!   and shared with the host, so host tools read the very same bytes.
 //! - `vhost-user=SOCKET` (`exitless run` only): a disk a vhost-user daemon serves.
+//! - `serial=TEXT` with any of the first three: the serial number the guest reads (virtio-blk
+//!   GET_ID, Linux's /sys/block/vdX/serial): 1 to 20 printable ASCII characters, no comma.
 
 use std::path::PathBuf;
 
 use storage::DiskSpec as DiskBackend;
 use vmm::VhostUserDisk;
 
-/// One `exitless run --disk`: served by the VMM, or by a vhost-user daemon.
+/// One `exitless run --disk`: served by the VMM (with its serial number, if given), or by a
+/// vhost-user daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunDisk {
-    Local(DiskBackend),
+    Local(DiskBackend, Option<String>),
     VhostUser(VhostUserDisk),
+}
+
+/// The most bytes of a serial number (virtio-blk's GET_ID answer is 20 bytes).
+pub const MAX_SERIAL_LEN: usize = 20;
+
+/// Check `serial=TEXT`'s TEXT: 1 to 20 printable ASCII characters (a guest shows it as text).
+pub fn parse_serial(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.len() > MAX_SERIAL_LEN {
+        return Err(format!("serial={text}: give 1 to {MAX_SERIAL_LEN} characters"));
+    }
+    if !text.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(format!("serial={text}: only printable ASCII characters"));
+    }
+    Ok(text.to_owned())
+}
+
+/// Take `serial=TEXT` out of a disk's options: the other options, and the serial if given.
+pub fn take_serial(text: &str) -> Result<(String, Option<String>), String> {
+    let mut serial = None;
+    let mut rest = Vec::new();
+    for option in text.split(',') {
+        match option.strip_prefix("serial=") {
+            Some(_) if serial.is_some() => return Err("give `serial=` once".into()),
+            Some(value) => serial = Some(parse_serial(value)?),
+            None => rest.push(option),
+        }
+    }
+    Ok((rest.join(","), serial))
 }
 
 /// `exitless run --disk`: what [`parse`] takes, or `vhost-user=SOCKET` alone.
@@ -30,7 +61,10 @@ pub fn parse_run(text: &str) -> Result<RunDisk, String> {
         None if text.split(',').any(|o| o.starts_with("vhost-user")) => {
             Err("give `vhost-user=SOCKET` on its own, without other disk options".into())
         }
-        None => parse(text).map(RunDisk::Local),
+        None => {
+            let (rest, serial) = take_serial(text)?;
+            parse(&rest).map(|disk| RunDisk::Local(disk, serial))
+        }
     }
 }
 
@@ -96,12 +130,36 @@ mod tests {
             parse_run("vhost-user=/tmp/a.sock").unwrap(),
             RunDisk::VhostUser(VhostUserDisk { socket: "/tmp/a.sock".into() })
         );
-        assert_eq!(parse_run("ram=1G").unwrap(), RunDisk::Local(DiskBackend::Ram { size: 1 << 30 }));
+        assert_eq!(parse_run("ram=1G").unwrap(), RunDisk::Local(DiskBackend::Ram { size: 1 << 30 }, None));
         for bad in ["vhost-user=", "vhost-user=/a,readonly", "path=/x,vhost-user=/a", "vhost-user"] {
             assert!(parse_run(bad).is_err(), "{bad} accepted");
         }
         // The daemon's own --disk does not chain to another daemon.
         assert!(parse("vhost-user=/a").is_err());
+    }
+
+    #[test]
+    fn a_serial_number_is_checked_and_kept() {
+        assert_eq!(
+            parse_run("serial=disk-01 A,ram=1M").unwrap(),
+            RunDisk::Local(DiskBackend::Ram { size: 1 << 20 }, Some("disk-01 A".into()))
+        );
+        let twenty = "x".repeat(20);
+        let disk = parse_run(&format!("path=/a,serial={twenty},readonly")).unwrap();
+        assert!(
+            matches!(disk, RunDisk::Local(DiskBackend::File { read_only: true, .. }, Some(s)) if s == twenty)
+        );
+        for bad in [
+            "ram=1M,serial=",
+            "ram=1M,serial=123456789012345678901",
+            "ram=1M,serial=a\tb",
+            "ram=1M,serial=é",
+            "ram=1M,serial=a,serial=b",
+            "vhost-user=/s,serial=a",
+        ] {
+            let bad = bad.replace("\\t", "\t");
+            assert!(parse_run(&bad).is_err(), "{bad} accepted");
+        }
     }
 
     #[test]

@@ -116,7 +116,9 @@ pub struct IoArgs {
     /// /dev/shm file, shared with the host), or `vhost-user=SOCKET` (served by a vhost-user
     /// daemon such as `exitless vhost-user-blk`; guest memory is then a shared memfd, and the
     /// daemon's --io-mode decides how it serves: --io-mode here only picks the guest's side).
-    /// vhost-user disks come after the others on the bus.
+    /// vhost-user disks come after the others on the bus. `serial=TEXT` (1 to 20 printable ASCII
+    /// characters) sets the serial number the guest reads (Linux: /sys/block/vdX/serial); the
+    /// default is `exitless-diskN`.
     #[arg(long = "disk", value_name = "SPEC", value_parser = exitless_args::disk::parse_run)]
     pub disks: Vec<exitless_args::disk::RunDisk>,
     /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.

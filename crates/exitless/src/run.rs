@@ -72,7 +72,16 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
             .disks
             .iter()
             .filter_map(|d| match d {
-                RunDisk::Local(disk) => Some(disk.clone()),
+                RunDisk::Local(disk, _) => Some(disk.clone()),
+                RunDisk::VhostUser(_) => None,
+            })
+            .collect(),
+        disk_serials: args
+            .io
+            .disks
+            .iter()
+            .filter_map(|d| match d {
+                RunDisk::Local(_, serial) => Some(serial.clone()),
                 RunDisk::VhostUser(_) => None,
             })
             .collect(),
@@ -82,7 +91,7 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
             .iter()
             .filter_map(|d| match d {
                 RunDisk::VhostUser(disk) => Some(disk.clone()),
-                RunDisk::Local(_) => None,
+                RunDisk::Local(..) => None,
             })
             .collect(),
         nets: args.io.nets.iter().enumerate().map(|(i, net)| net.config(args.io.disks.len() + i)).collect(),

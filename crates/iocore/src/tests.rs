@@ -51,7 +51,7 @@ fn guest_and_block_worker_on(disk: Box<dyn Backend>, path: tempfile::TempPath) -
         InterruptLine::new(Arc::new(AtomicU32::new(0)), None),
         Arc::new(AtomicBool::new(false)),
     );
-    let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20] };
+    let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20], ..DiskInfo::default() };
     let worker = BlockWorker::new(queue, disk, info, signals);
     (Guest { mem, avail_idx: 0, _disk: path }, worker)
 }

@@ -19,7 +19,8 @@ use crate::completions::CompletionRing;
 use crate::open::{open_without_blocking, FileKind, OpenError, Wanted};
 use crate::validate::validate;
 use crate::{
-    Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, MAX_SEGMENTS, SECTOR_SIZE,
+    Backend, BackendError, Capabilities, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT,
+    MAX_SEGMENTS, SECTOR_SIZE,
 };
 
 /// The deepest queue `FileDiskOptions::max_in_flight` accepts (the iovec table is
@@ -112,6 +113,105 @@ struct Shape {
     rw_on_workers: bool,
     /// The ring's kernel polling thread's idle time, if it has one.
     sqpoll_idle_ms: Option<u32>,
+    /// How Discard and WriteZeroes are done, where they can be.
+    fallocate: FallocateModes,
+    /// Reported as the disk's physical block size.
+    physical_block_size: u32,
+}
+
+/// The fallocate(2) mode that does each range operation on this file, if one does.
+///
+/// - A regular file: DISCARD punches a hole (PUNCH_HOLE | KEEP_SIZE), if the file system can:
+///   tried at open on the range just past the end of the file, which holds nothing. WRITE_ZEROES
+///   is ZERO_RANGE | KEEP_SIZE on the file systems known to have it (ext4, XFS; trying it would
+///   allocate blocks), and a punched hole where the driver allows unmapping or the file system
+///   has no ZERO_RANGE (tmpfs): a hole reads back as zeros.
+/// - A block device (the kernel's `blkdev_fallocate`): ZERO_RANGE | KEEP_SIZE is a zero-out that
+///   writes zeros where the device cannot offload it, so WRITE_ZEROES always works;
+///   PUNCH_HOLE | KEEP_SIZE is a zero-out that may unmap and fails (EOPNOTSUPP) on a device
+///   without a write-zeroes command, so it serves DISCARD and unmapping WRITE_ZEROES only where
+///   the device has one (`queue/write_zeroes_max_bytes`). A true discard (NO_HIDE_STALE) is
+///   refused by current kernels.
+/// - A read-only disk: none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct FallocateModes {
+    discard: Option<i32>,
+    zeroes: Option<i32>,
+    zeroes_unmap: Option<i32>,
+}
+
+impl FallocateModes {
+    const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+
+    /// Find out what `file` (of `kind`, `size` bytes) can do; see the type's documentation.
+    fn probe(file: &File, kind: FileKind, size: u64) -> FallocateModes {
+        match kind {
+            FileKind::BlockDevice => {
+                let offloads = block_queue_limit(file, "write_zeroes_max_bytes").is_some_and(|max| max > 0);
+                let punch = offloads.then_some(Self::PUNCH_HOLE);
+                FallocateModes {
+                    discard: punch,
+                    zeroes: Some(Self::ZERO_RANGE),
+                    zeroes_unmap: punch.or(Some(Self::ZERO_RANGE)),
+                }
+            }
+            FileKind::Regular => {
+                let punch = punches_holes(file, size).then_some(Self::PUNCH_HOLE);
+                let zero = zeroes_ranges(file).then_some(Self::ZERO_RANGE);
+                FallocateModes { discard: punch, zeroes: zero.or(punch), zeroes_unmap: punch.or(zero) }
+            }
+            _ => FallocateModes::default(),
+        }
+    }
+
+    fn mode(self, op: Op) -> Option<i32> {
+        match op {
+            Op::Discard { .. } => self.discard,
+            Op::WriteZeroes { unmap: false, .. } => self.zeroes,
+            Op::WriteZeroes { unmap: true, .. } => self.zeroes_unmap,
+            Op::Read | Op::Write | Op::Flush => None,
+        }
+    }
+}
+
+/// Does the file system punch holes? Asked by punching one past the end of the file, where
+/// there is nothing to lose (file systems return at once there, or EOPNOTSUPP).
+fn punches_holes(file: &File, size: u64) -> bool {
+    let Ok(offset) = libc::off_t::try_from(size) else { return false };
+    // SAFETY: fallocate on a descriptor `file` owns; no memory is involved.
+    unsafe { libc::fallocate(file.as_raw_fd(), FallocateModes::PUNCH_HOLE, offset, 4096) == 0 }
+}
+
+/// Is the file on a file system known to have FALLOC_FL_ZERO_RANGE (ext4, XFS)?
+fn zeroes_ranges(file: &File) -> bool {
+    const EXT4_SUPER_MAGIC: libc::c_long = 0xef53;
+    const XFS_SUPER_MAGIC: libc::c_long = 0x5846_5342;
+    file_system_magic(file).is_ok_and(|magic| matches!(magic, EXT4_SUPER_MAGIC | XFS_SUPER_MAGIC))
+}
+
+/// A block device's queue limit `name` (/sys/dev/block/MAJOR:MINOR/queue/NAME), if readable.
+fn block_queue_limit(file: &File, name: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let device = file.metadata().ok()?.rdev();
+    // The dev_t encoding of glibc's major() and minor().
+    let major = ((device >> 8) & 0xfff) | ((device >> 32) & !0xfff);
+    let minor = (device & 0xff) | ((device >> 12) & !0xff);
+    let text = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/queue/{name}")).ok()?;
+    text.trim().parse().ok()
+}
+
+/// The physical block size to report: a block device's own, a file's file system block size;
+/// 512 if that is not a power of two from 512 to 64 KiB.
+fn physical_block_size(file: &File, kind: FileKind) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let size = match kind {
+        FileKind::BlockDevice => block_queue_limit(file, "physical_block_size"),
+        _ => file.metadata().ok().map(|m| m.blksize()),
+    };
+    size.and_then(|size| u32::try_from(size).ok())
+        .filter(|size| size.is_power_of_two() && (512..=65536).contains(size))
+        .unwrap_or(512)
 }
 
 // SAFETY: the raw pointers in `iovecs` point into guest RAM, which outlives every request, and
@@ -145,9 +245,14 @@ impl FileDisk {
         if capacity == 0 {
             return Err(BackendError::TooSmall { path: path.display().to_string() });
         }
-        let regular = FileKind::of(&file)
-            .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?
-            == FileKind::Regular;
+        let kind = FileKind::of(&file)
+            .map_err(|source| BackendError::Open { path: path.display().to_string(), source })?;
+        let regular = kind == FileKind::Regular;
+        let fallocate = if options.read_only {
+            FallocateModes::default()
+        } else {
+            FallocateModes::probe(&file, kind, size)
+        };
 
         let ring =
             new_ring(ring_depth, options.sqpoll_idle_ms).map_err(|source| BackendError::Ring { source })?;
@@ -160,6 +265,8 @@ impl FileDisk {
             kick_batch: if direct && regular { FILE_KICK_BATCH } else { usize::MAX },
             rw_on_workers: !direct || on_memory_file_system,
             sqpoll_idle_ms: options.sqpoll_idle_ms,
+            fallocate,
+            physical_block_size: physical_block_size(&file, kind),
         };
         Ok(FileDisk::on_ring(file, ring, ring_depth, shape))
     }
@@ -195,6 +302,11 @@ impl FileDisk {
         let fd = types::Fd(self.file.as_raw_fd());
         let entry = match op {
             Op::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+            Op::Discard { len } | Op::WriteZeroes { len, .. } => {
+                // `submit` found the mode before it took the slot.
+                let mode = self.shape.fallocate.mode(op).unwrap_or(0);
+                opcode::Fallocate::new(fd, len).offset(offset).mode(mode).build()
+            }
             Op::Read | Op::Write => {
                 let table = &mut self.iovecs[slot * MAX_SEGMENTS..(slot + 1) * MAX_SEGMENTS];
                 let mut count = 0;
@@ -204,9 +316,10 @@ impl FileDisk {
                     count += 1;
                 }
                 let iovecs = table.as_ptr();
-                match op {
-                    Op::Read => opcode::Readv::new(fd, iovecs, count).offset(offset).build(),
-                    _ => opcode::Writev::new(fd, iovecs, count).offset(offset).build(),
+                if op == Op::Read {
+                    opcode::Readv::new(fd, iovecs, count).offset(offset).build()
+                } else {
+                    opcode::Writev::new(fd, iovecs, count).offset(offset).build()
                 }
             }
         };
@@ -252,15 +365,20 @@ fn new_ring(depth: u32, sqpoll_idle_ms: Option<u32>) -> std::io::Result<IoUring>
 /// Is `file` on a file system kept in memory (tmpfs, ramfs)? Its reads and writes have no
 /// asynchronous path, so io_uring runs every one in a worker thread, O_DIRECT or not.
 fn on_memory_file_system(file: &File) -> std::io::Result<bool> {
+    // ramfs's magic number (linux/magic.h), which the libc crate lacks.
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
+    Ok(matches!(file_system_magic(file)?, libc::TMPFS_MAGIC | RAMFS_MAGIC))
+}
+
+/// The magic number of the file system `file` is on (statfs's f_type).
+fn file_system_magic(file: &File) -> std::io::Result<libc::c_long> {
     // SAFETY: an all-zero statfs is a valid value of the plain C struct, which fstatfs fills.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: the descriptor is open for as long as `file`; `stat` is a valid out-pointer.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // ramfs's magic number (linux/magic.h), which the libc crate lacks.
-    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
-    Ok(matches!(stat.f_type, libc::TMPFS_MAGIC | RAMFS_MAGIC))
+    Ok(stat.f_type)
 }
 
 /// Open the file or block device, with O_DIRECT if asked and the file system takes it; returns
@@ -286,6 +404,15 @@ impl Backend for FileDisk {
         self.shape.read_only
     }
 
+    fn capabilities(&self) -> Capabilities {
+        let modes = self.shape.fallocate;
+        Capabilities {
+            discard: modes.discard.is_some(),
+            write_zeroes: modes.zeroes.is_some() && modes.zeroes_unmap.is_some(),
+            physical_block_size: self.shape.physical_block_size,
+        }
+    }
+
     fn max_in_flight(&self) -> usize {
         self.slots.len()
     }
@@ -294,9 +421,18 @@ impl Backend for FileDisk {
         if self.in_flight() >= self.slots.len() {
             return false;
         }
+        let nothing_to_do = |expected| match op.range_len() {
+            Some(len) => len == 0,
+            None => expected == 0 && op != Op::Flush,
+        };
         let expected = match validate(op, offset, segments, self.shape.capacity, self.shape.read_only) {
             Err(error) => return self.immediate.push(Completion { tag, result: Err(error) }),
-            Ok(0) if op != Op::Flush => return self.immediate.push(Completion { tag, result: Ok(0) }),
+            Ok(expected) if nothing_to_do(expected) => {
+                return self.immediate.push(Completion { tag, result: Ok(0) })
+            }
+            Ok(_) if op.range_len().is_some() && self.shape.fallocate.mode(op).is_none() => {
+                return self.immediate.push(Completion { tag, result: Err(IoError::Unsupported) })
+            }
             Ok(expected) => expected,
         };
         let Some(index) = self.free_slots.pop() else {
@@ -304,8 +440,8 @@ impl Backend for FileDisk {
         };
         let slot = index as usize;
         let entry = self.prepare(slot, op, offset, segments);
-        // io_uring hands every fsync to a worker.
-        let on_workers = op == Op::Flush || self.shape.rw_on_workers;
+        // io_uring hands every fsync and fallocate to a worker.
+        let on_workers = op == Op::Flush || op.range_len().is_some() || self.shape.rw_on_workers;
         self.slots[slot] = Slot { tag, expected, busy: true, on_workers };
         // SAFETY: the entry's iovecs live in this slot's part of `iovecs`, which is neither
         // freed nor rewritten until the slot is freed by its completion (or Drop waits for it);

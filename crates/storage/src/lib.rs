@@ -30,6 +30,54 @@ pub enum Op {
     Write,
     /// Make earlier completed writes durable (fdatasync for files).
     Flush,
+    /// Let the disk forget `len` bytes at the offset (virtio-blk DISCARD): what they read back
+    /// as afterwards is unspecified (zeros on every backend here). No segments.
+    Discard {
+        /// Bytes, from the request's offset.
+        len: u64,
+    },
+    /// Make `len` bytes at the offset read back as zeros (virtio-blk WRITE_ZEROES); `unmap`:
+    /// the disk may deallocate them to do so. No segments.
+    WriteZeroes {
+        /// Bytes, from the request's offset.
+        len: u64,
+        /// The driver allows deallocation (VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP).
+        unmap: bool,
+    },
+}
+
+impl Op {
+    /// The byte range a Discard or WriteZeroes names; `None` for requests with data or none.
+    pub fn range_len(self) -> Option<u64> {
+        match self {
+            Op::Discard { len } | Op::WriteZeroes { len, .. } => Some(len),
+            Op::Read | Op::Write | Op::Flush => None,
+        }
+    }
+
+    /// Does it change the disk (refused on a read-only one)?
+    pub fn writes(self) -> bool {
+        !matches!(self, Op::Read | Op::Flush)
+    }
+}
+
+/// What a backend can do beyond reads, writes and flushes, and the shape it reports to drivers.
+/// Found out when the backend opens (see each backend); the same for every backend of a disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `Op::Discard` works.
+    pub discard: bool,
+    /// `Op::WriteZeroes` works.
+    pub write_zeroes: bool,
+    /// The disk's physical block size in bytes (a power of two, at least 512): the size below
+    /// which writes cost a read-modify-write, reported as the device's topology.
+    pub physical_block_size: u32,
+}
+
+impl Default for Capabilities {
+    fn default() -> Capabilities {
+        Capabilities { discard: false, write_zeroes: false, physical_block_size: 512 }
+    }
 }
 
 /// One piece of a request's data in host memory (a bounds-checked slice of guest RAM). Making
@@ -95,6 +143,8 @@ pub enum IoError {
     Errno(i32),
     #[error("short transfer")]
     Short,
+    #[error("this disk cannot do that operation")]
+    Unsupported,
 }
 
 /// Why a backend could not be set up (never raised on the request path).
@@ -138,6 +188,11 @@ pub trait Backend: Send {
     /// Size in bytes (a multiple of 512).
     fn capacity(&self) -> u64;
     fn read_only(&self) -> bool;
+    /// What the disk can do beyond reads, writes and flushes; a request it cannot do fails
+    /// with `IoError::Unsupported`.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
     /// How many requests may be in flight at once; `submit` beyond that returns `false`.
     fn max_in_flight(&self) -> usize;
     /// Start `op` at byte `offset` over `segments` (at most `MAX_SEGMENTS`). Returns `false`,

@@ -16,7 +16,9 @@ use vm_memory::VolatileSlice;
 
 use crate::completions::CompletionRing;
 use crate::validate::validate;
-use crate::{Backend, BackendError, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE};
+use crate::{
+    Backend, BackendError, Capabilities, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE,
+};
 
 /// A disk held in a shared-memory file mapped into the process: requests are memory copies,
 /// completed at once and handed over by the next `poll`.
@@ -93,6 +95,10 @@ impl RamDisk {
 
     fn transfer(&mut self, op: Op, offset: u64, segments: &[Segment]) -> Result<u32, IoError> {
         let total = validate(op, offset, segments, self.capacity, self.read_only)?;
+        if let Some(len) = op.range_len() {
+            self.zero(offset, len);
+            return Ok(0);
+        }
         if op == Op::Flush {
             return Ok(0);
         }
@@ -109,13 +115,31 @@ impl RamDisk {
             let (disk, guest) = unsafe {
                 (VolatileSlice::new(self.base.as_ptr().add(at), len), VolatileSlice::new(segment.addr(), len))
             };
-            match op {
-                Op::Read => disk.copy_to_volatile_slice(guest),
-                _ => guest.copy_to_volatile_slice(disk),
+            if op == Op::Read {
+                disk.copy_to_volatile_slice(guest);
+            } else {
+                guest.copy_to_volatile_slice(disk);
             }
             at += len;
         }
         Ok(total)
+    }
+
+    /// Zero `len` bytes at `offset`, a range `validate` has checked against the disk. Both
+    /// Discard and WriteZeroes do this: memory has nothing to deallocate without a system call.
+    fn zero(&mut self, offset: u64, len: u64) {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        // Inside the mapping (checked by `validate`), so both fit in usize.
+        let (Ok(mut at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else { return };
+        let end = at + len;
+        while at < end {
+            let n = (end - at).min(ZEROS.len());
+            // SAFETY: `at + n <= offset + len <= capacity`: inside the mapping this RamDisk owns;
+            // a volatile slice, since host tools may map the file too.
+            let disk = unsafe { VolatileSlice::new(self.base.as_ptr().add(at), n) };
+            disk.copy_from(&ZEROS[..n]);
+            at += n;
+        }
     }
 }
 
@@ -126,6 +150,11 @@ impl Backend for RamDisk {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let writable = !self.read_only;
+        Capabilities { discard: writable, write_zeroes: writable, ..Capabilities::default() }
     }
 
     fn max_in_flight(&self) -> usize {
@@ -247,6 +276,30 @@ mod tests {
             vec![Completion { tag: 1, result: Err(IoError::ReadOnly) }, Completion { tag: 2, result: Ok(0) }];
         assert_eq!(completions(&mut disk), expected);
         assert!(std::fs::read(&path).unwrap().iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn discard_and_write_zeroes_zero_their_range_only() {
+        let path = shm_path();
+        let mut disk = RamDisk::create(&path, 64 << 10).unwrap();
+        assert!(disk.capabilities().discard && disk.capabilities().write_zeroes);
+        let mut data = vec![0xa5u8; 64 << 10];
+        assert!(disk.submit(1, Op::Write, 0, &[segment(&mut data)]));
+        assert!(disk.submit(2, Op::WriteZeroes { len: 8192, unmap: false }, 4096, &[]));
+        assert!(disk.submit(3, Op::Discard { len: 512 }, 20480, &[]));
+        assert!(disk.submit(4, Op::Discard { len: 1024 }, (64 << 10) - 512, &[]));
+        let results: Vec<_> = completions(&mut disk).iter().map(|c| c.result).collect();
+        assert_eq!(results, [Ok(65536), Ok(0), Ok(0), Err(IoError::OutOfRange)]);
+        let file = std::fs::read(&path).unwrap();
+        let zero = |range: std::ops::Range<usize>| file[range].iter().all(|&x| x == 0);
+        let kept = |range: std::ops::Range<usize>| file[range].iter().all(|&x| x == 0xa5);
+        assert!(kept(0..4096) && zero(4096..12288) && kept(12288..20480));
+        assert!(zero(20480..20992) && kept(20992..65536));
+        drop(disk);
+        let mut read_only = RamDisk::open(&path, true).unwrap();
+        assert!(!read_only.capabilities().discard && !read_only.capabilities().write_zeroes);
+        assert!(read_only.submit(5, Op::Discard { len: 512 }, 0, &[]));
+        assert_eq!(completions(&mut read_only)[0].result, Err(IoError::ReadOnly));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 use crate::{IoError, Op, Segment, MAX_SEGMENTS};
 
 /// Check `op` at byte `offset` over `segments` against a disk of `capacity` bytes, and return
-/// the request's total length in bytes (0 for Flush).
+/// the request's total length in bytes (0 for Flush, Discard and WriteZeroes, which move no
+/// data: their range is checked here and they carry no segments).
 pub(crate) fn validate(
     op: Op,
     offset: u64,
@@ -12,9 +13,17 @@ pub(crate) fn validate(
     capacity: u64,
     read_only: bool,
 ) -> Result<u32, IoError> {
+    if op.writes() && read_only {
+        return Err(IoError::ReadOnly);
+    }
     match op {
         Op::Flush => return Ok(0),
-        Op::Write if read_only => return Err(IoError::ReadOnly),
+        Op::Discard { len } | Op::WriteZeroes { len, .. } => {
+            return match offset.checked_add(len) {
+                Some(end) if end <= capacity && segments.is_empty() => Ok(0),
+                _ => Err(IoError::OutOfRange),
+            };
+        }
         Op::Read | Op::Write => {}
     }
     if segments.len() > MAX_SEGMENTS {
@@ -59,6 +68,20 @@ mod tests {
         let many = segments(&[1; MAX_SEGMENTS + 1]);
         assert_eq!(validate(Op::Read, 0, &many, 1 << 20, false), Err(IoError::OutOfRange));
         assert_eq!(validate(Op::Write, 0, &one, 4096, true), Err(IoError::ReadOnly));
+    }
+
+    #[test]
+    fn ranges_without_data_are_checked_against_the_disk() {
+        let discard = |len| Op::Discard { len };
+        let zeroes = |len| Op::WriteZeroes { len, unmap: true };
+        assert_eq!(validate(discard(4096), 0, &[], 4096, false), Ok(0));
+        assert_eq!(validate(zeroes(512), 3584, &[], 4096, false), Ok(0));
+        assert_eq!(validate(discard(0), 4096, &[], 4096, false), Ok(0));
+        assert_eq!(validate(discard(512), 3585, &[], 4096, false), Err(IoError::OutOfRange));
+        assert_eq!(validate(zeroes(u64::MAX), 1, &[], u64::MAX, false), Err(IoError::OutOfRange));
+        assert_eq!(validate(discard(512), 0, &segments(&[512]), 4096, false), Err(IoError::OutOfRange));
+        assert_eq!(validate(discard(512), 0, &[], 4096, true), Err(IoError::ReadOnly));
+        assert_eq!(validate(zeroes(512), 0, &[], 4096, true), Err(IoError::ReadOnly));
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub struct VmConfig {
     pub timeout: Option<Duration>,
     /// virtio-blk disks, in the order the guest sees them.
     pub disks: Vec<DiskBackend>,
+    /// The serial numbers (GET_ID) of `disks`, by index; a disk without one (or beyond the
+    /// list) answers `exitless-diskN`, N its index among the disks.
+    pub disk_serials: Vec<Option<String>>,
     /// Disks a vhost-user daemon serves, on the bus after `disks`. With any, guest memory is
     /// one shared memfd (the daemon maps it).
     pub vhost_user_disks: Vec<VhostUserDisk>,
@@ -92,6 +95,7 @@ impl Default for VmConfig {
             console: ConsoleMode::Stdout,
             timeout: None,
             disks: Vec::new(),
+            disk_serials: Vec::new(),
             vhost_user_disks: Vec::new(),
             nets: Vec::new(),
             io_mode: IoMode::Eventfd,
@@ -363,7 +367,12 @@ impl Vm {
         let virtio = VirtioDevices::create(
             &vm,
             &mem,
-            DeviceList { disks: &config.disks, vhost_user: &config.vhost_user_disks, nets: &config.nets },
+            DeviceList {
+                disks: &config.disks,
+                disk_serials: &config.disk_serials,
+                vhost_user: &config.vhost_user_disks,
+                nets: &config.nets,
+            },
             config.io_mode,
             IoCoreSetup {
                 idle_budget: config.idle_budget,

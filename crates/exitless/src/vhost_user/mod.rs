@@ -36,8 +36,10 @@ pub struct VhostUserBlkArgs {
     /// A disk to serve (repeatable): `socket=PATH,` and `path=FILE[,readonly][,direct]` (raw
     /// file through io_uring), `ram=SIZE` (a new RAM disk, kept across frontend connections
     /// while this runs) or `ram,path=FILE[,readonly]` (an existing /dev/shm file); optionally
-    /// `queues=N`, `iops=N` (requests/s) and `bw=BYTES` (bytes/s, K/M/G suffixes). Without
-    /// `socket=`, the disk is served on `--socket`.
+    /// `queues=N`, `iops=N` (requests/s), `bw=BYTES` (bytes/s, K/M/G suffixes) and
+    /// `serial=TEXT` (the serial number the guest reads, 1 to 20 printable ASCII characters;
+    /// default `exitless-vhost-userN`, N the disk's index). Without `socket=`, the disk is
+    /// served on `--socket`.
     #[arg(long, value_name = "SPEC", value_parser = spec::parse, required = true)]
     pub disk: Vec<VhostDisk>,
     /// Virtqueues offered per disk unless its spec says `queues=` (VIRTIO_BLK_F_MQ above 1);
@@ -168,7 +170,8 @@ fn open_disk(
         .disk
         .open_queues(queues as usize)
         .map_err(|e| format!("cannot open the disk of {}: {e}", what()))?;
-    let block = Block::with_queues(backends, "exitless-vhost-user").ok_or_else(|| {
+    let serial = disk.serial.clone().unwrap_or_else(|| format!("exitless-vhost-user{index}"));
+    let block = Block::with_queues(backends, &serial).ok_or_else(|| {
         format!("{}: the queues disagree on its size (was it resized while opening?)", what())
     })?;
     let stats = Arc::new(DeviceStats::new(what()));

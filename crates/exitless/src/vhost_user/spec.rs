@@ -2,7 +2,8 @@
 //!
 //! `socket=PATH,` followed by a disk as `exitless run --disk` takes it (`path=FILE[,readonly]
 //! [,direct]`, `ram=SIZE`, `ram,path=FILE[,readonly]`), and optionally `queues=N`, `iops=N`
-//! (requests per second) and `bw=BYTES` (bytes per second, with K/M/G suffixes). Without
+//! (requests per second), `bw=BYTES` (bytes per second, with K/M/G suffixes) and `serial=TEXT`
+//! (the serial number the guest reads, 1 to 20 printable ASCII characters). Without
 //! `socket=` the disk is served on `--socket` (the single-disk form).
 
 use std::path::PathBuf;
@@ -22,6 +23,8 @@ pub struct VhostDisk {
     /// Virtqueues offered; `None`: `--queues`.
     pub queues: Option<u16>,
     pub limits: Limits,
+    /// The serial number (GET_ID) given with `serial=`; `None`: `exitless-vhost-user<index>`.
+    pub serial: Option<String>,
 }
 
 pub fn parse(text: &str) -> Result<VhostDisk, String> {
@@ -29,6 +32,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
     let mut queues = None;
     let mut limits = Limits::default();
     let mut rest = Vec::new();
+    let mut serial = None;
     for option in text.split(',') {
         match option.split_once('=') {
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
@@ -48,6 +52,12 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
                 }
                 limits.iops = Some(n);
             }
+            Some(("serial", text)) => {
+                if serial.is_some() {
+                    return Err("give `serial=` once".into());
+                }
+                serial = Some(exitless_args::disk::parse_serial(text)?);
+            }
             Some(("bw", size)) => {
                 let n = exitless_args::size::parse(size)?;
                 if n < 512 {
@@ -59,7 +69,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
         }
     }
     let disk = exitless_args::disk::parse(&rest.join(","))?;
-    Ok(VhostDisk { socket, disk, queues, limits })
+    Ok(VhostDisk { socket, disk, queues, limits, serial })
 }
 
 #[cfg(test)]
@@ -73,6 +83,9 @@ mod tests {
         assert_eq!(d.disk, DiskSpec::File { path: "/tmp/a.img".into(), read_only: false, direct: true });
         assert_eq!(d.queues, Some(2));
         assert_eq!(d.limits, Limits { iops: Some(5000), bandwidth: Some(8 << 20) });
+        assert_eq!(d.serial, None);
+        let d = parse("ram=64M,serial=db-volume-7").unwrap();
+        assert_eq!(d.serial.as_deref(), Some("db-volume-7"));
         let d = parse("ram=64M").unwrap();
         assert_eq!((d.socket, d.disk), (None, DiskSpec::Ram { size: 64 << 20 }));
         assert!(!d.limits.any());
@@ -89,6 +102,9 @@ mod tests {
             "ram=1M,queues=0",
             "ram=1M,queues=17",
             "socket=/a,fast",
+            "ram=1M,serial=",
+            "ram=1M,serial=abcdefghijklmnopqrstu",
+            "ram=1M,serial=a,serial=b",
         ] {
             assert!(parse(bad).is_err(), "{bad} accepted");
         }

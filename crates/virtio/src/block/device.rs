@@ -6,11 +6,12 @@
 use storage::{Backend, MAX_SEGMENTS, SECTOR_SIZE};
 use vm_memory::GuestMemoryMmap;
 
-use super::request::ID_LEN;
+use super::request::{ID_LEN, MAX_RANGES, MAX_RANGE_SECTORS};
 use super::worker::{BlockWorker, DiskInfo};
 use super::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
-    VIRTIO_BLK_F_SIZE_MAX, VIRTIO_ID_BLOCK,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
+    VIRTIO_ID_BLOCK,
 };
 use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
@@ -29,10 +30,17 @@ const BLK_SIZE: u32 = 512;
 const _: () = assert!(BLK_SIZE as u64 == SECTOR_SIZE);
 /// The most queues a device offers (VIRTIO_BLK_F_MQ); each has its own backend.
 pub const MAX_QUEUES: usize = 16;
-/// Configuration space: capacity (u64, sectors), size_max, seg_max, geometry, blk_size,
-/// topology, writeback, num_queues (virtio 1.x §5.2.4; the fields after it stay 0).
-const CONFIG_LEN: usize = 36;
+/// Configuration space (virtio 1.2 §5.2.4, struct virtio_blk_config): capacity (u64, sectors)
+/// at 0, size_max 8, seg_max 12, geometry 16, blk_size 20, topology 24 (physical_block_exp u8,
+/// alignment_offset u8, min_io_size u16, opt_io_size u32), writeback 32, num_queues 34,
+/// max_discard_sectors 36, max_discard_seg 40, discard_sector_alignment 44,
+/// max_write_zeroes_sectors 48, max_write_zeroes_seg 52, write_zeroes_may_unmap 56; the
+/// secure-erase fields after it are not offered.
+const CONFIG_LEN: usize = 60;
+const CONFIG_TOPOLOGY: usize = 24;
 const CONFIG_NUM_QUEUES: usize = 34;
+const CONFIG_DISCARD: usize = 36;
+const CONFIG_WRITE_ZEROES: usize = 48;
 
 /// The virtio-blk device model: features and configuration space, and one backend per queue
 /// that it lends to the queue's worker while the queue runs.
@@ -69,6 +77,7 @@ impl Block {
     fn build(backends: Vec<Box<dyn Backend>>, id: &str) -> Block {
         let capacity = backends[0].capacity();
         let read_only = backends[0].read_only();
+        let capabilities = backends[0].capabilities();
         let queues = backends.len();
         let mut id_bytes = [0u8; ID_LEN];
         let n = id.len().min(ID_LEN);
@@ -79,7 +88,18 @@ impl Block {
             | 1 << VIRTIO_BLK_F_SIZE_MAX
             | 1 << VIRTIO_BLK_F_SEG_MAX
             | 1 << VIRTIO_BLK_F_BLK_SIZE
-            | 1 << VIRTIO_BLK_F_FLUSH;
+            | 1 << VIRTIO_BLK_F_FLUSH
+            | 1 << VIRTIO_BLK_F_TOPOLOGY;
+        // A backend that cannot do them says so (a file system without hole punching); the
+        // driver then does without (Linux writes zeros itself).
+        let discard = capabilities.discard && !read_only;
+        let write_zeroes = capabilities.write_zeroes && !read_only;
+        if discard {
+            features |= 1 << VIRTIO_BLK_F_DISCARD;
+        }
+        if write_zeroes {
+            features |= 1 << VIRTIO_BLK_F_WRITE_ZEROES;
+        }
         if read_only {
             features |= 1 << VIRTIO_BLK_F_RO;
         }
@@ -91,6 +111,27 @@ impl Block {
         config[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
         config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
         config[20..24].copy_from_slice(&BLK_SIZE.to_le_bytes());
+        // Topology: logical blocks per physical block as a power of two, and the physical block
+        // as the smallest I/O that needs no read-modify-write; no alignment offset, no optimum.
+        let blocks_per_physical = (capabilities.physical_block_size / BLK_SIZE).max(1);
+        let exponent = u8::try_from(blocks_per_physical.trailing_zeros()).unwrap_or(0);
+        config[CONFIG_TOPOLOGY] = exponent;
+        let min_io = u16::try_from(blocks_per_physical).unwrap_or(1);
+        config[CONFIG_TOPOLOGY + 2..CONFIG_TOPOLOGY + 4].copy_from_slice(&min_io.to_le_bytes());
+        let ranges = u32::try_from(MAX_RANGES).unwrap_or(1);
+        if discard {
+            let at = CONFIG_DISCARD;
+            config[at..at + 4].copy_from_slice(&MAX_RANGE_SECTORS.to_le_bytes());
+            config[at + 4..at + 8].copy_from_slice(&ranges.to_le_bytes());
+            // Discard granularity: the physical block (a file system block for files).
+            config[at + 8..at + 12].copy_from_slice(&blocks_per_physical.to_le_bytes());
+        }
+        if write_zeroes {
+            let at = CONFIG_WRITE_ZEROES;
+            config[at..at + 4].copy_from_slice(&MAX_RANGE_SECTORS.to_le_bytes());
+            config[at + 4..at + 8].copy_from_slice(&ranges.to_le_bytes());
+            config[at + 8] = 1; // write_zeroes_may_unmap
+        }
         // `with_queues` allows at most MAX_QUEUES.
         let num_queues = u16::try_from(queues).unwrap_or(u16::MAX);
         config[CONFIG_NUM_QUEUES..CONFIG_NUM_QUEUES + 2].copy_from_slice(&num_queues.to_le_bytes());
@@ -98,10 +139,20 @@ impl Block {
             backends: backends.into_iter().map(Some).collect(),
             abandoned: Vec::new(),
             queue_sizes: vec![MAX_QUEUE_SIZE; queues],
-            disk: DiskInfo { capacity, read_only, id: id_bytes },
+            disk: DiskInfo { capacity, read_only, id: id_bytes, discard, write_zeroes },
             features,
             config,
         }
+    }
+
+    /// Serve only the request types the driver took (`features`, those it acked): a DISCARD or
+    /// WRITE_ZEROES from a driver that did not negotiate it is answered UNSUPP, as QEMU does.
+    /// Until this is called (the vhost-user daemon, which starts queues without it) every type
+    /// offered is served.
+    pub fn driver_features(&mut self, features: u64) {
+        let taken = |bit: u32| self.features & features & 1 << bit != 0;
+        self.disk.discard = taken(VIRTIO_BLK_F_DISCARD);
+        self.disk.write_zeroes = taken(VIRTIO_BLK_F_WRITE_ZEROES);
     }
 
     /// How many queues the device offers.
@@ -198,12 +249,13 @@ impl VirtioDevice for Block {
         &mut self,
         _mem: &GuestMemoryMmap,
         queues: Vec<Queue>,
-        _features: u64,
+        features: u64,
         signals: DeviceSignals,
     ) -> Result<Box<dyn QueueWorker>, ActivateError> {
         if self.backends.len() != 1 {
             return Err(ActivateError::MultiQueue { queues: self.backends.len() });
         }
+        self.driver_features(features);
         let queue = queues.into_iter().next().ok_or(ActivateError::NoBackend)?;
         Ok(Box::new(self.start_queue(0, queue, signals)?))
     }

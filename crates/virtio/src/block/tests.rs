@@ -53,7 +53,13 @@ fn rig_of_size(read_only: bool, size: u16) -> Rig {
     if read_only {
         disk = RamDisk::open(&path, true).unwrap();
     }
-    let info = DiskInfo { capacity: DISK, read_only, id: *b"exitless-test-disk\0\0" };
+    let info = DiskInfo {
+        capacity: DISK,
+        read_only,
+        id: *b"exitless-test-disk\0\0",
+        discard: true,
+        write_zeroes: true,
+    };
     let needs_reset = Arc::new(AtomicBool::new(false));
     let worker = BlockWorker::new(queue, Box::new(disk), info, signals(needs_reset.clone()));
     Rig { mem, worker, size, avail_idx: 0, needs_reset, _disk: path }
@@ -297,7 +303,7 @@ fn interrupts_follow_the_drivers_wishes() {
             .unwrap();
         let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
         let disk = RamDisk::create(&path, DISK).unwrap();
-        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20], ..DiskInfo::default() };
         BlockWorker::new(
             queue,
             Box::new(disk),
@@ -336,7 +342,7 @@ fn backend_io_error_answers_ioerr_when_the_file_shrank() {
         let queue =
             Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
                 .unwrap();
-        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20], ..DiskInfo::default() };
         let signals =
             DeviceSignals::new(InterruptLine::new(Arc::new(AtomicU32::new(0)), None), Arc::default());
         BlockWorker::new(queue, Box::new(disk), info, signals)
@@ -472,7 +478,7 @@ fn a_head_made_available_twice_on_an_io_uring_disk_still_lets_the_reset_finish()
         let queue =
             Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
                 .unwrap();
-        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+        let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20], ..DiskInfo::default() };
         rig.worker = BlockWorker::new(queue, Box::new(disk), info, signals(rig.needs_reset.clone()));
         rig.request(VIRTIO_BLK_T_IN, 0, 4096);
         rig.submit(0);
@@ -587,7 +593,7 @@ fn worker_with_a_held_read(hold: std::time::Duration) -> (BlockWorker, Arc<std::
     };
     let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
         .unwrap();
-    let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+    let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20], ..DiskInfo::default() };
     rig.worker = BlockWorker::new(queue, Box::new(backend), info, signals(Arc::default()));
     rig.request(VIRTIO_BLK_T_IN, 0, 65536);
     rig.submit(0);
@@ -747,7 +753,7 @@ fn indirect_rig_of_size(size: u16) -> Rig {
         .with_indirect_descriptors(true);
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
     let disk = RamDisk::create(&path, DISK).unwrap();
-    let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20] };
+    let info = DiskInfo { capacity: DISK, read_only: false, id: [0; 20], ..DiskInfo::default() };
     rig.worker = BlockWorker::new(queue, Box::new(disk), info, signals(rig.needs_reset.clone()));
     rig._disk = path;
     rig
@@ -1029,4 +1035,234 @@ fn size_max_times_seg_max_fits_seabios_16_bit_sector_count() {
     let (size_max, seg_max, blk_size) = (word(8), word(12), word(20));
     let sectors = u64::from(size_max) * u64::from(seg_max) / u64::from(blk_size);
     assert!((1..1 << 16).contains(&sectors), "{size_max} x {seg_max} / {blk_size} = {sectors}");
+}
+
+/// One 16-byte DISCARD / WRITE_ZEROES range.
+fn range(sector: u64, sectors: u32, flags: u32) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[0..8].copy_from_slice(&sector.to_le_bytes());
+    bytes[8..12].copy_from_slice(&sectors.to_le_bytes());
+    bytes[12..16].copy_from_slice(&flags.to_le_bytes());
+    bytes
+}
+
+impl Rig {
+    /// A DISCARD or WRITE_ZEROES at descriptors 0, 1, 2 whose payload is `payload` (a
+    /// device-readable descriptor), served; returns the status.
+    fn range_request(&mut self, kind: u32, payload: &[u8]) -> u8 {
+        self.header(kind, 0);
+        self.mem.write_slice(payload, GuestAddress(DATA)).unwrap();
+        self.desc(0, HEADER, 16, VIRTQ_DESC_F_NEXT, 1);
+        self.desc(1, DATA, payload.len() as u32, VIRTQ_DESC_F_NEXT, 2);
+        self.desc(2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
+        self.submit(0);
+        self.run().unwrap();
+        self.status()
+    }
+
+    /// Write `fill` over the disk's first 64 KiB.
+    fn fill_start(&mut self, fill: u8) {
+        self.mem.write_slice(&[fill; 65536], GuestAddress(DATA + 0x1000)).unwrap();
+        self.header(VIRTIO_BLK_T_OUT, 0);
+        self.desc(0, HEADER, 16, VIRTQ_DESC_F_NEXT, 1);
+        self.desc(1, DATA + 0x1000, 65536, VIRTQ_DESC_F_NEXT, 2);
+        self.desc(2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
+        self.submit(0);
+        self.run().unwrap();
+        assert_eq!(self.status(), VIRTIO_BLK_S_OK);
+    }
+
+    /// The disk's first 64 KiB, read through the device.
+    fn read_start(&mut self) -> Vec<u8> {
+        self.mem.write_slice(&[0xee; 65536], GuestAddress(DATA + 0x1000)).unwrap();
+        self.header(VIRTIO_BLK_T_IN, 0);
+        self.desc(0, HEADER, 16, VIRTQ_DESC_F_NEXT, 1);
+        self.desc(1, DATA + 0x1000, 65536, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 2);
+        self.desc(2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
+        self.submit(0);
+        self.run().unwrap();
+        assert_eq!(self.status(), VIRTIO_BLK_S_OK);
+        let mut back = vec![0u8; 65536];
+        self.mem.read_slice(&mut back, GuestAddress(DATA + 0x1000)).unwrap();
+        back
+    }
+}
+
+#[test]
+fn write_zeroes_and_discard_zero_exactly_their_range() {
+    let mut rig = rig(false);
+    rig.fill_start(0x5a);
+    let used = rig.used_idx();
+    let status = rig.range_request(VIRTIO_BLK_T_WRITE_ZEROES, &range(8, 8, 0));
+    assert_eq!(status, VIRTIO_BLK_S_OK);
+    assert_eq!(rig.used_len(used % SIZE), 1, "only the status is written");
+    assert_eq!(
+        rig.range_request(VIRTIO_BLK_T_WRITE_ZEROES, &range(32, 1, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP)),
+        0
+    );
+    assert_eq!(rig.range_request(VIRTIO_BLK_T_DISCARD, &range(64, 16, 0)), VIRTIO_BLK_S_OK);
+    let back = rig.read_start();
+    for (at, &byte) in back.iter().enumerate() {
+        let zeroed =
+            (4096..8192).contains(&at) || (16384..16896).contains(&at) || (32768..40960).contains(&at);
+        assert_eq!(byte, if zeroed { 0 } else { 0x5a }, "byte {at}");
+    }
+    // A range of no sectors does nothing, as in QEMU; the last sector of the disk is in range.
+    assert_eq!(rig.range_request(VIRTIO_BLK_T_DISCARD, &range(0, 0, 0)), VIRTIO_BLK_S_OK);
+    assert_eq!(rig.range_request(VIRTIO_BLK_T_WRITE_ZEROES, &range(DISK / 512 - 1, 1, 0)), VIRTIO_BLK_S_OK);
+    assert_eq!(rig.range_request(VIRTIO_BLK_T_DISCARD, &range(0, (DISK / 512) as u32, 0)), VIRTIO_BLK_S_OK);
+    assert!(rig.read_start().iter().all(|&b| b == 0), "the whole disk discarded");
+    assert_eq!(rig.worker.counters.rejected, 0);
+    assert_eq!(rig.worker.counters.bytes, 3 * 65536, "ranges move no data");
+}
+
+#[test]
+fn range_flags_other_than_unmap_on_write_zeroes_are_unsupported() {
+    let mut rig = rig(false);
+    rig.fill_start(0x5a);
+    for (kind, flags) in [
+        (VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP),
+        (VIRTIO_BLK_T_DISCARD, 2),
+        (VIRTIO_BLK_T_WRITE_ZEROES, 2),
+        (VIRTIO_BLK_T_WRITE_ZEROES, 3),
+        (VIRTIO_BLK_T_WRITE_ZEROES, 1 << 31),
+        (VIRTIO_BLK_T_DISCARD, u32::MAX),
+    ] {
+        let status = rig.range_request(kind, &range(0, 8, flags));
+        assert_eq!(status, VIRTIO_BLK_S_UNSUPP, "type {kind} flags {flags:#x}");
+    }
+    assert!(rig.read_start().iter().all(|&b| b == 0x5a), "nothing was zeroed");
+    rig.assert_still_serves();
+}
+
+#[test]
+fn range_payloads_that_are_not_one_whole_range_are_io_errors() {
+    let mut rig = rig(false);
+    rig.fill_start(0x5a);
+    let one = range(0, 8, 0);
+    let mut two = one.to_vec();
+    two.extend_from_slice(&range(16, 8, 0));
+    for kind in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
+        for payload in [&one[..15], &one[..1], &[one.as_slice(), &[0]].concat()[..], &two[..]] {
+            let status = rig.range_request(kind, payload);
+            assert_eq!(status, VIRTIO_BLK_S_IOERR, "type {kind}, {} bytes", payload.len());
+        }
+        // No payload at all: header and status only.
+        rig.header(kind, 0);
+        rig.desc(0, HEADER, 16, VIRTQ_DESC_F_NEXT, 2);
+        rig.submit(0);
+        rig.run().unwrap();
+        assert_eq!(rig.status(), VIRTIO_BLK_S_IOERR);
+        // The range in a device-writable descriptor.
+        rig.mem.write_slice(&one, GuestAddress(DATA)).unwrap();
+        rig.header(kind, 0);
+        rig.desc(0, HEADER, 16, VIRTQ_DESC_F_NEXT, 1);
+        rig.desc(1, DATA, 16, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 2);
+        rig.submit(0);
+        rig.run().unwrap();
+        assert_eq!(rig.status(), VIRTIO_BLK_S_IOERR);
+    }
+    assert!(rig.read_start().iter().all(|&b| b == 0x5a), "nothing was zeroed");
+    // One range split over two descriptors is one range.
+    rig.mem.write_slice(&range(8, 8, 0), GuestAddress(DATA)).unwrap();
+    rig.header(VIRTIO_BLK_T_WRITE_ZEROES, 0);
+    rig.desc(0, HEADER, 16, VIRTQ_DESC_F_NEXT, 1);
+    rig.desc(1, DATA, 5, VIRTQ_DESC_F_NEXT, 3);
+    rig.desc(3, DATA + 5, 11, VIRTQ_DESC_F_NEXT, 2);
+    rig.desc(2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
+    rig.submit(0);
+    rig.run().unwrap();
+    assert_eq!(rig.status(), VIRTIO_BLK_S_OK);
+    assert!(rig.read_start()[4096..8192].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn ranges_beyond_the_disk_or_the_maximum_are_io_errors() {
+    let mut rig = rig(false);
+    rig.fill_start(0x5a);
+    let sectors = DISK / 512;
+    for kind in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
+        for (sector, count) in [
+            (sectors, 1),
+            (sectors - 1, 2),
+            (u64::MAX, 1),
+            (u64::MAX / 512 + 1, 1),
+            (u64::MAX - 7, 8),
+            (0, MAX_RANGE_SECTORS + 1),
+            (0, u32::MAX),
+        ] {
+            let status = rig.range_request(kind, &range(sector, count, 0));
+            assert_eq!(status, VIRTIO_BLK_S_IOERR, "type {kind}, sector {sector}, {count} sectors");
+        }
+    }
+    assert!(rig.read_start().iter().all(|&b| b == 0x5a), "nothing was zeroed");
+    rig.assert_still_serves();
+}
+
+#[test]
+fn a_read_only_disk_refuses_ranges_with_io_errors() {
+    let mut rig = rig(true);
+    for kind in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
+        assert_eq!(rig.range_request(kind, &range(0, 8, 0)), VIRTIO_BLK_S_IOERR, "type {kind}");
+    }
+}
+
+#[test]
+fn ranges_the_driver_did_not_negotiate_are_unsupported() {
+    use super::{Block, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_WRITE_ZEROES};
+    use crate::device::VirtioDevice;
+    let path =
+        tempfile::Builder::new().prefix("exitless-wz-test").tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let mut block = Block::new(Box::new(RamDisk::create(&path, DISK).unwrap()), "neg");
+    let offered = block.features();
+    assert_ne!(offered & 1 << VIRTIO_BLK_F_DISCARD, 0);
+    let mut rig = rig(false);
+    let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+        .unwrap();
+    // The driver takes WRITE_ZEROES but not DISCARD.
+    let without_discard = offered & !(1 << VIRTIO_BLK_F_DISCARD);
+    assert_ne!(without_discard & 1 << VIRTIO_BLK_F_WRITE_ZEROES, 0);
+    let worker =
+        block.activate(&rig.mem.clone(), vec![queue], without_discard, signals(rig.needs_reset.clone()));
+    let worker = worker.unwrap().into_any().downcast::<BlockWorker>().unwrap();
+    rig.worker = *worker;
+    assert_eq!(rig.range_request(VIRTIO_BLK_T_DISCARD, &range(0, 8, 0)), VIRTIO_BLK_S_UNSUPP);
+    assert_eq!(rig.range_request(VIRTIO_BLK_T_WRITE_ZEROES, &range(0, 8, 0)), VIRTIO_BLK_S_OK);
+}
+
+#[test]
+fn the_configuration_space_describes_ranges_and_topology() {
+    use super::{Block, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES};
+    use crate::device::VirtioDevice;
+    let path = tempfile::Builder::new()
+        .prefix("exitless-cfg-test")
+        .tempfile_in("/dev/shm")
+        .unwrap()
+        .into_temp_path();
+    let block = Block::new(Box::new(RamDisk::create(&path, DISK).unwrap()), "serial-no-1");
+    let features = block.features();
+    for bit in [VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_F_TOPOLOGY] {
+        assert_ne!(features & 1 << bit, 0, "feature {bit}");
+    }
+    let mut config = [0u8; 60];
+    block.read_config(0, &mut config);
+    let u32_at = |at: usize| u32::from_le_bytes(config[at..at + 4].try_into().unwrap());
+    assert_eq!(
+        (config[24], config[25], u16::from_le_bytes([config[26], config[27]]), u32_at(28)),
+        (0, 0, 1, 0)
+    );
+    assert_eq!((u32_at(36), u32_at(40), u32_at(44)), (MAX_RANGE_SECTORS, 1, 1));
+    assert_eq!((u32_at(48), u32_at(52), config[56]), (MAX_RANGE_SECTORS, 1, 1));
+    // A file on ext4: 4 KiB blocks, 8 sectors each.
+    let file = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+    file.as_file().set_len(1 << 20).unwrap();
+    let disk = storage::FileDisk::open(file.path(), false, false).unwrap();
+    let block = Block::new(Box::new(disk), "f");
+    block.read_config(0, &mut config);
+    let u32_at = |at: usize| u32::from_le_bytes(config[at..at + 4].try_into().unwrap());
+    assert_eq!((config[24], u16::from_le_bytes([config[26], config[27]]), u32_at(44)), (3, 8, 8));
+    // Read-only: neither range request is offered.
+    drop(block);
+    let block = Block::new(Box::new(RamDisk::open(&path, true).unwrap()), "ro");
+    assert_eq!(block.features() & (1 << VIRTIO_BLK_F_DISCARD | 1 << VIRTIO_BLK_F_WRITE_ZEROES), 0);
 }

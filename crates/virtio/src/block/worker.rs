@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use metrics::latency::LocalHistogram;
 use rate_limiter::RateLimiter;
-use storage::{Backend, Completion, Op};
+use storage::{Backend, Completion, IoError, Op};
 use vm_memory::VolatileSlice;
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+    VIRTIO_BLK_S_UNSUPP,
 };
 use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
@@ -25,7 +26,7 @@ use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 const RESET_WAIT: Duration = Duration::from_secs(5);
 
 /// What the device tells the guest about the disk.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DiskInfo {
     /// Size in bytes.
     pub capacity: u64,
@@ -33,6 +34,11 @@ pub struct DiskInfo {
     pub read_only: bool,
     /// GET_ID answer (NUL-padded).
     pub id: [u8; super::request::ID_LEN],
+    /// DISCARD is served: the device offers VIRTIO_BLK_F_DISCARD and the driver took it
+    /// (otherwise such a request is answered UNSUPP).
+    pub discard: bool,
+    /// WRITE_ZEROES is served (VIRTIO_BLK_F_WRITE_ZEROES offered and taken).
+    pub write_zeroes: bool,
 }
 
 /// A request handed to the backend and not yet completed.
@@ -96,6 +102,11 @@ impl InFlightTable {
                 counters.completed += 1;
                 counters.bytes += u64::from(request.data);
                 request.written
+            }
+            Err(IoError::Unsupported) => {
+                request.status.write(VIRTIO_BLK_S_UNSUPP);
+                counters.io_errors += 1;
+                1
             }
             Err(_) => {
                 request.status.write(VIRTIO_BLK_S_IOERR);
@@ -311,7 +322,7 @@ impl BlockWorker {
             }
             let Some(head) = self.queue.pop_avail()? else { break };
             started += 1;
-            let parsed = self.request.parse(&self.queue, head, self.disk.capacity, self.disk.read_only)?;
+            let parsed = self.request.parse(&self.queue, head, &self.disk)?;
             if let Some(limiter) = &self.limiter {
                 let bytes = if matches!(parsed, Parsed::Ready) { self.request.data_len } else { 0 };
                 limiter.consume(bytes);
@@ -339,6 +350,8 @@ impl BlockWorker {
             RequestKind::Read => Op::Read,
             RequestKind::Write => Op::Write,
             RequestKind::Flush => Op::Flush,
+            RequestKind::Discard => Op::Discard { len: request.range_len },
+            RequestKind::WriteZeroes { unmap } => Op::WriteZeroes { len: request.range_len, unmap },
             RequestKind::GetId => {
                 let mut id = &self.disk.id[..];
                 for segment in request.segments() {
@@ -368,8 +381,10 @@ impl BlockWorker {
             return;
         }
         self.unkicked = true;
-        // At most MAX_SEGMENTS descriptors of u32 lengths: counted saturating.
-        let data = u32::try_from(request.data_len).unwrap_or(u32::MAX);
+        // At most MAX_SEGMENTS descriptors of u32 lengths: counted saturating. A range request
+        // moves no data (its 16-byte range is not counted).
+        let moved = if op.range_len().is_some() { 0 } else { request.data_len };
+        let data = u32::try_from(moved).unwrap_or(u32::MAX);
         self.in_flight.insert(head, InFlight { status: request.status, written, data, started: self.now });
     }
 

@@ -194,6 +194,8 @@ fn local_runner(
 /// The devices of a VM, by kind; on the bus in this order.
 pub struct DeviceList<'a> {
     pub disks: &'a [DiskBackend],
+    /// Serial numbers of `disks` by index (see `VmConfig::disk_serials`).
+    pub disk_serials: &'a [Option<String>],
     pub vhost_user: &'a [VhostUserDisk],
     pub nets: &'a [NetConfig],
 }
@@ -233,7 +235,7 @@ impl VirtioDevices {
         iocore_setup: IoCoreSetup,
         watch_filter: sandbox::Filter,
     ) -> Result<VirtioDevices, DeviceError> {
-        let DeviceList { disks, vhost_user, nets } = devices;
+        let DeviceList { disks, disk_serials, vhost_user, nets } = devices;
         let count = disks.len() + vhost_user.len() + nets.len();
         if count > MAX_VIRTIO_DEVICES {
             return Err(DeviceError::TooMany);
@@ -302,7 +304,11 @@ impl VirtioDevices {
                         let backend = disk
                             .open()
                             .map_err(|source| DeviceError::Backend { index: kind_index, source })?;
-                        let device = Box::new(Block::new(backend, &format!("exitless-disk{kind_index}")));
+                        let serial = match disk_serials.get(kind_index) {
+                            Some(Some(serial)) => serial.clone(),
+                            _ => format!("exitless-disk{kind_index}"),
+                        };
+                        let device = Box::new(Block::new(backend, &serial));
                         let (runner, notify) = local_runner(vm, &iocore, mode, true, base, index)?;
                         (device, runner, notify, own_line()?)
                     }

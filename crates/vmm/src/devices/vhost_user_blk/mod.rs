@@ -30,8 +30,8 @@ use thiserror::Error;
 use vhost_user_protocol::features::{protocol, VHOST_USER_F_PROTOCOL_FEATURES};
 use vhost_user_protocol::message::{code, MemoryRegion, VringAddr};
 use virtio::block::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
-    VIRTIO_ID_BLOCK,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+    VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
 use virtio::device::read_config_bytes;
 use virtio::interrupt::INT_USED_BUFFER;
@@ -57,9 +57,18 @@ pub struct VhostUserDisk {
 /// beyond; the driver reads what its features name).
 const CONFIG_SIZE: u32 = 60;
 /// virtio-blk feature bits passed on from the daemon (besides the ring features below): those
-/// that need nothing of the transport or the VMM. Not MQ: this device has one queue.
-const BLK_FEATURES: [u32; 5] =
-    [VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH];
+/// that need nothing of the transport or the VMM (DISCARD and WRITE_ZEROES are requests the
+/// daemon serves, their limits in the configuration space read with GET_CONFIG). Not MQ: this
+/// device has one queue.
+const BLK_FEATURES: [u32; 7] = [
+    VIRTIO_BLK_F_SIZE_MAX,
+    VIRTIO_BLK_F_SEG_MAX,
+    VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_BLK_SIZE,
+    VIRTIO_BLK_F_FLUSH,
+    VIRTIO_BLK_F_DISCARD,
+    VIRTIO_BLK_F_WRITE_ZEROES,
+];
 /// VIRTIO_BLK_F_GEOMETRY and VIRTIO_BLK_F_TOPOLOGY: read-only configuration fields.
 const BLK_CONFIG_FEATURES: [u32; 2] = [4, 10];
 
