@@ -70,7 +70,13 @@ impl Qemu {
     }
 
     /// As `drive`, with more device options (`,indirect_desc=off`).
-    pub fn drive_with(mut self, path: &Path, device_options: &str) -> Qemu {
+    pub fn drive_with(self, path: &Path, device_options: &str) -> Qemu {
+        self.drive_full(path, "", device_options)
+    }
+
+    /// As `drive`, with more drive options (`,discard=unmap`) and device options
+    /// (`,serial=NAME`).
+    pub fn drive_full(mut self, path: &Path, drive_options: &str, device_options: &str) -> Qemu {
         let id = format!("d{}", self.drives);
         self.drives += 1;
         let device = match self.machine {
@@ -79,7 +85,7 @@ impl Qemu {
         };
         self.args.extend([
             "-drive".into(),
-            format!("file={},format=raw,if=none,id={id}", path.display()).into(),
+            format!("file={},format=raw,if=none,id={id}{drive_options}", path.display()).into(),
             "-device".into(),
             format!("{device},drive={id}{device_options}").into(),
         ]);
