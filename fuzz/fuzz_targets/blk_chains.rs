@@ -60,6 +60,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         id: *b"exitless-fuzz-disk\0\0",
         discard: true,
         write_zeroes: true,
+        ..DiskInfo::default()
     };
     let (signals, needs_reset) = signals();
     let mut worker = BlockWorker::new(queue, Box::new(disk), info, signals);

@@ -30,8 +30,10 @@ fn run(u: &mut Unstructured) -> Result<()> {
         capacity: disk.capacity(),
         read_only,
         id: *b"exitless-fuzz-disk\0\0",
-        discard: !read_only,
-        write_zeroes: !read_only,
+        // Negotiated or not, on a disk read-only or not: every answer a range request can get.
+        discard: u.ratio(7, 8)?,
+        write_zeroes: u.ratio(7, 8)?,
+        ..DiskInfo::default()
     };
     let (signals, needs_reset) = signals();
     let mut worker = BlockWorker::new(queue, Box::new(disk), info, signals);

@@ -72,6 +72,11 @@ impl Default for FileDiskOptions {
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     tag: u32,
+    /// Completion queue entries still to come: 2 for a range request written through (its
+    /// fallocate and the fdatasync linked after it), 1 otherwise.
+    pending: u8,
+    /// The first error one of its entries reported.
+    error: Option<IoError>,
     /// Bytes a complete transfer moves (0 for Flush).
     expected: u32,
     busy: bool,
@@ -97,6 +102,8 @@ pub struct FileDisk {
     kick_failed: bool,
     /// Requests in flight that io_uring runs in its worker threads.
     in_flight_on_workers: usize,
+    /// Writes carry RWF_DSYNC and range requests an fdatasync (`Backend::set_write_through`).
+    write_through: bool,
 }
 
 /// What a FileDisk found out about its file when it opened it, and how it drives its ring: the
@@ -273,7 +280,7 @@ impl FileDisk {
 
     /// A FileDisk on `file` and `ring` (of `depth` entries), with every slot idle.
     fn on_ring(file: File, ring: IoUring, depth: u32, shape: Shape) -> FileDisk {
-        let idle_slot = Slot { tag: 0, expected: 0, busy: false, on_workers: false };
+        let idle_slot = Slot { tag: 0, pending: 0, error: None, expected: 0, busy: false, on_workers: false };
         let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         FileDisk {
             ring,
@@ -285,6 +292,7 @@ impl FileDisk {
             immediate: CompletionRing::new(depth as usize),
             kick_failed: false,
             in_flight_on_workers: 0,
+            write_through: false,
         }
     }
 
@@ -319,7 +327,9 @@ impl FileDisk {
                 if op == Op::Read {
                     opcode::Readv::new(fd, iovecs, count).offset(offset).build()
                 } else {
-                    opcode::Writev::new(fd, iovecs, count).offset(offset).build()
+                    // Written through: durable before it completes, as with O_DSYNC.
+                    let flags = if self.write_through { libc::RWF_DSYNC } else { 0 };
+                    opcode::Writev::new(fd, iovecs, count).offset(offset).rw_flags(flags).build()
                 }
             }
         };
@@ -335,15 +345,26 @@ impl FileDisk {
             let Some(slot) = self.slots.get_mut(index as usize).filter(|slot| slot.busy) else {
                 continue; // Not ours: cannot happen, and must not free a slot twice.
             };
+            let result = match u32::try_from(entry.result()) {
+                Err(_) => Err(IoError::Errno(entry.result().saturating_neg())),
+                Ok(moved) if moved < slot.expected => Err(IoError::Short),
+                Ok(_) => Ok(slot.expected),
+            };
+            // A fallocate's linked fdatasync is cancelled (ECANCELED) when the fallocate fails:
+            // the first error is the one to report.
+            slot.error = slot.error.or(result.err());
+            slot.pending = slot.pending.saturating_sub(1);
+            if slot.pending > 0 {
+                continue;
+            }
             slot.busy = false;
             if slot.on_workers {
                 self.in_flight_on_workers -= 1;
             }
             self.free_slots.push(index);
-            let result = match u32::try_from(entry.result()) {
-                Err(_) => Err(IoError::Errno(entry.result().saturating_neg())),
-                Ok(moved) if moved < slot.expected => Err(IoError::Short),
-                Ok(_) => Ok(slot.expected),
+            let result = match slot.error {
+                Some(error) => Err(error),
+                None => Ok(slot.expected),
             };
             done(Completion { tag: slot.tag, result });
             count += 1;
@@ -352,14 +373,16 @@ impl FileDisk {
     }
 }
 
-/// An io_uring of `depth` entries. The submission queue holds every request in flight, so a push
-/// never finds it full; the completion queue is twice as large, so it never overflows.
+/// An io_uring for `depth` requests. A request takes at most two submission queue entries (a
+/// range request written through: its fallocate and an fdatasync), so a submission queue of
+/// `2 * depth` never finds a push full; the completion queue is twice that, so it never
+/// overflows.
 fn new_ring(depth: u32, sqpoll_idle_ms: Option<u32>) -> std::io::Result<IoUring> {
     let mut builder = IoUring::builder();
     if let Some(idle) = sqpoll_idle_ms {
         builder.setup_sqpoll(idle);
     }
-    builder.build(depth)
+    builder.build(depth.saturating_mul(2))
 }
 
 /// Is `file` on a file system kept in memory (tmpfs, ramfs)? Its reads and writes have no
@@ -442,11 +465,25 @@ impl Backend for FileDisk {
         let entry = self.prepare(slot, op, offset, segments);
         // io_uring hands every fsync and fallocate to a worker.
         let on_workers = op == Op::Flush || op.range_len().is_some() || self.shape.rw_on_workers;
-        self.slots[slot] = Slot { tag, expected, busy: true, on_workers };
-        // SAFETY: the entry's iovecs live in this slot's part of `iovecs`, which is neither
+        // Written through, a range request is followed by an fdatasync that runs only once it
+        // succeeded (IO_LINK); a write carries RWF_DSYNC instead (`prepare`).
+        let sync_after = self.write_through && op.range_len().is_some();
+        let entries = if sync_after {
+            let sync = opcode::Fsync::new(types::Fd(self.file.as_raw_fd()))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build()
+                .user_data(slot as u64);
+            [entry.flags(squeue::Flags::IO_LINK), sync]
+        } else {
+            [entry.clone(), entry]
+        };
+        let entries = &entries[..1 + usize::from(sync_after)];
+        let pending = 1 + u8::from(sync_after);
+        self.slots[slot] = Slot { tag, pending, error: None, expected, busy: true, on_workers };
+        // SAFETY: the entries' iovecs live in this slot's part of `iovecs`, which is neither
         // freed nor rewritten until the slot is freed by its completion (or Drop waits for it);
         // the buffers they name are guest RAM the caller keeps valid until the completion.
-        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+        if unsafe { self.ring.submission().push_multiple(entries) }.is_err() {
             // The submission queue holds max_in_flight entries: full means a broken invariant,
             // so refuse the request rather than lose it.
             self.slots[slot].busy = false;
@@ -466,6 +503,10 @@ impl Backend for FileDisk {
         }
         // An error (EINTR, EAGAIN, EBUSY) leaves the entries queued: `poll` tries again.
         self.kick_failed = self.ring.submit().is_err();
+    }
+
+    fn set_write_through(&mut self, write_through: bool) {
+        self.write_through = write_through;
     }
 
     fn completion_fd(&self) -> Option<std::os::fd::RawFd> {

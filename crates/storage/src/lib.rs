@@ -203,6 +203,11 @@ pub trait Backend: Send {
     fn submit(&mut self, tag: u32, op: Op, offset: u64, segments: &[Segment]) -> bool;
     /// Push submitted work to the kernel, if the backend batches it (one system call per batch).
     fn kick(&mut self) {}
+    /// Write through (`true`) or back (`false`, the default): written through, a request that
+    /// changes the disk (Write, Discard, WriteZeroes) completes only once it is durable, as
+    /// after a Flush. Applies to requests submitted from now on. Backends without a volatile
+    /// cache (the RAM disk, whose Flush does nothing either) ignore it.
+    fn set_write_through(&mut self, _write_through: bool) {}
     /// Hand every finished request to `done`; returns how many.
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize;
     /// A file descriptor that becomes readable when a request the kernel works on finishes (an

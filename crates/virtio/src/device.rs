@@ -292,6 +292,9 @@ pub trait VirtioDevice: Send {
     fn queue_max_sizes(&self) -> &[u16];
     /// Read device configuration space at `offset`; bytes beyond it read as 0.
     fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// The driver writes `data` at `offset` in configuration space; what the device does not
+    /// let the driver change is ignored (the default: all of it).
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// Start the data path over queues the driver made ready (already validated).
     fn activate(
         &mut self,

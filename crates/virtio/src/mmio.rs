@@ -188,7 +188,8 @@ impl MmioTransport {
     /// ignored, as a device would.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= CONFIG {
-            return; // virtio-blk's configuration space is read-only for what we offer
+            self.device.write_config(offset - CONFIG, data);
+            return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else { return };
         if !offset.is_multiple_of(4) {

@@ -652,3 +652,37 @@ impl Drop for LoopDevice {
         let _ = std::process::Command::new("losetup").arg("-d").arg(&self.0).status();
     }
 }
+
+#[test]
+fn written_through_writes_and_ranges_are_durable_when_they_complete() {
+    let path = image("/tmp", 4 << 20);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    let mut data = AlignedBuffer::new(1 << 20, 4096);
+    data.bytes().fill(0x5a);
+    let dirty =
+        || dirty_pages(&path).expect("this test needs the cachestat system call (Linux 6.5 or later)");
+    disk.set_write_through(true);
+    assert!(disk.submit(1, Op::Write, 0, &[segment(data.bytes())]));
+    assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 1, result: Ok(1 << 20) }]);
+    assert_eq!(dirty(), 0, "a written-through write left dirty pages");
+    // Written back, a write stays in the page cache, dirty; a range request written through is
+    // followed by an fdatasync of the file, which writes them back before it completes.
+    disk.set_write_through(false);
+    assert!(disk.submit(2, Op::Write, 1 << 20, &[segment(data.bytes())]));
+    assert_eq!(wait_for(&mut disk, 1)[0].result, Ok(1 << 20));
+    assert!(dirty() >= 200, "only {} dirty pages after a 1 MiB buffered write", dirty());
+    disk.set_write_through(true);
+    assert!(disk.submit(3, Op::WriteZeroes { len: 4096, unmap: false }, 3 << 20, &[]));
+    assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 3, result: Ok(0) }], "one completion");
+    assert_eq!(dirty(), 0, "the range's fdatasync did not run before it completed");
+    // A failed fallocate cancels its fdatasync; the request reports the fallocate's error, once.
+    let mut bad_mode = FileDisk::open(&path, false, false).unwrap();
+    bad_mode.set_write_through(true);
+    bad_mode.shape.fallocate.zeroes = Some(-1); // an invalid mode: EINVAL or EOPNOTSUPP
+    assert!(bad_mode.submit(4, Op::WriteZeroes { len: 4096, unmap: false }, 0, &[]));
+    let done = wait_for(&mut bad_mode, 1);
+    assert!(matches!(done[0].result, Err(IoError::Errno(e)) if e != libc::ECANCELED), "{done:?}");
+    // The slot is free again: a request after it still runs.
+    assert!(bad_mode.submit(5, Op::Discard { len: 4096 }, 0, &[]));
+    assert_eq!(wait_for(&mut bad_mode, 1)[0].result, Ok(0));
+}

@@ -3,15 +3,18 @@
 
 #![warn(missing_docs)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use storage::{Backend, MAX_SEGMENTS, SECTOR_SIZE};
 use vm_memory::GuestMemoryMmap;
 
 use super::request::{ID_LEN, MAX_RANGES, MAX_RANGE_SECTORS};
 use super::worker::{BlockWorker, DiskInfo};
 use super::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO,
-    VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
-    VIRTIO_ID_BLOCK,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
+    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY,
+    VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
 use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
@@ -38,6 +41,7 @@ pub const MAX_QUEUES: usize = 16;
 /// secure-erase fields after it are not offered.
 const CONFIG_LEN: usize = 60;
 const CONFIG_TOPOLOGY: usize = 24;
+const CONFIG_WRITEBACK: usize = 32;
 const CONFIG_NUM_QUEUES: usize = 34;
 const CONFIG_DISCARD: usize = 36;
 const CONFIG_WRITE_ZEROES: usize = 48;
@@ -111,6 +115,8 @@ impl Block {
         config[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
         config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
         config[20..24].copy_from_slice(&BLK_SIZE.to_le_bytes());
+        // Write back: completed writes are durable after a FLUSH (FileDisk: fdatasync).
+        config[CONFIG_WRITEBACK] = 1;
         // Topology: logical blocks per physical block as a power of two, and the physical block
         // as the smallest I/O that needs no read-modify-write; no alignment offset, no optimum.
         let blocks_per_physical = (capabilities.physical_block_size / BLK_SIZE).max(1);
@@ -139,7 +145,14 @@ impl Block {
             backends: backends.into_iter().map(Some).collect(),
             abandoned: Vec::new(),
             queue_sizes: vec![MAX_QUEUE_SIZE; queues],
-            disk: DiskInfo { capacity, read_only, id: id_bytes, discard, write_zeroes },
+            disk: DiskInfo {
+                capacity,
+                read_only,
+                id: id_bytes,
+                discard,
+                write_zeroes,
+                write_through: Arc::new(AtomicBool::new(false)),
+            },
             features,
             config,
         }
@@ -153,6 +166,21 @@ impl Block {
         let taken = |bit: u32| self.features & features & 1 << bit != 0;
         self.disk.discard = taken(VIRTIO_BLK_F_DISCARD);
         self.disk.write_zeroes = taken(VIRTIO_BLK_F_WRITE_ZEROES);
+    }
+
+    /// Offer VIRTIO_BLK_F_CONFIG_WCE: the driver may switch the cache between write back and
+    /// write through by writing `writeback` in configuration space. Only for a transport that
+    /// passes configuration writes on (virtio-mmio); the vhost-user daemon does not take
+    /// SET_CONFIG, so its disks stay write back (FLUSH is offered either way).
+    pub fn with_writeback_switch(mut self) -> Block {
+        self.features |= 1 << VIRTIO_BLK_F_CONFIG_WCE;
+        self
+    }
+
+    /// Write back (the default) or through; see `DiskInfo::write_through`.
+    fn set_writeback(&mut self, writeback: bool) {
+        self.config[CONFIG_WRITEBACK] = u8::from(writeback);
+        self.disk.write_through.store(!writeback, Ordering::Relaxed);
     }
 
     /// How many queues the device offers.
@@ -245,6 +273,17 @@ impl VirtioDevice for Block {
         read_config_bytes(&self.config, offset, data)
     }
 
+    /// Only `writeback` is the driver's to write, and only with VIRTIO_BLK_F_CONFIG_WCE
+    /// offered: 0 writes through, anything else back.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        if self.features & 1 << VIRTIO_BLK_F_CONFIG_WCE == 0 {
+            return;
+        }
+        if let (Ok(CONFIG_WRITEBACK), [value]) = (usize::try_from(offset), data) {
+            self.set_writeback(*value != 0);
+        }
+    }
+
     fn activate(
         &mut self,
         _mem: &GuestMemoryMmap,
@@ -264,5 +303,7 @@ impl VirtioDevice for Block {
         if let Ok(worker) = worker.into_any().downcast::<BlockWorker>() {
             self.stop_queue(0, *worker);
         }
+        // A reset device writes back again, as the next driver finds it.
+        self.set_writeback(true);
     }
 }

@@ -59,6 +59,7 @@ fn rig_of_size(read_only: bool, size: u16) -> Rig {
         id: *b"exitless-test-disk\0\0",
         discard: true,
         write_zeroes: true,
+        ..DiskInfo::default()
     };
     let needs_reset = Arc::new(AtomicBool::new(false));
     let worker = BlockWorker::new(queue, Box::new(disk), info, signals(needs_reset.clone()));
@@ -1265,4 +1266,87 @@ fn the_configuration_space_describes_ranges_and_topology() {
     drop(block);
     let block = Block::new(Box::new(RamDisk::open(&path, true).unwrap()), "ro");
     assert_eq!(block.features() & (1 << VIRTIO_BLK_F_DISCARD | 1 << VIRTIO_BLK_F_WRITE_ZEROES), 0);
+}
+
+/// A RAM disk that records the cache mode its worker last gave it.
+struct ModeRecorder {
+    disk: RamDisk,
+    write_through: Arc<AtomicBool>,
+}
+
+impl storage::Backend for ModeRecorder {
+    fn capacity(&self) -> u64 {
+        self.disk.capacity()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn max_in_flight(&self) -> usize {
+        self.disk.max_in_flight()
+    }
+    fn submit(&mut self, tag: u32, op: storage::Op, offset: u64, segments: &[storage::Segment]) -> bool {
+        self.disk.submit(tag, op, offset, segments)
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(storage::Completion)) -> usize {
+        self.disk.poll(done)
+    }
+    fn set_write_through(&mut self, write_through: bool) {
+        self.write_through.store(write_through, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn the_driver_switches_the_cache_mode_through_writeback_and_the_backend_follows() {
+    use super::{Block, VIRTIO_BLK_F_CONFIG_WCE};
+    use crate::device::VirtioDevice;
+    let path = tempfile::Builder::new()
+        .prefix("exitless-wce-test")
+        .tempfile_in("/dev/shm")
+        .unwrap()
+        .into_temp_path();
+    let recorded = Arc::new(AtomicBool::new(true));
+    let backend =
+        ModeRecorder { disk: RamDisk::create(&path, DISK).unwrap(), write_through: recorded.clone() };
+    let writeback = |block: &Block| {
+        let mut byte = [0xffu8];
+        block.read_config(32, &mut byte);
+        byte[0]
+    };
+    // Without the switch offered (the vhost-user daemon's disks) the byte is the device's.
+    let mut fixed = Block::new(Box::new(RamDisk::create(&path, DISK).unwrap()), "fixed");
+    assert_eq!(fixed.features() & 1 << VIRTIO_BLK_F_CONFIG_WCE, 0);
+    fixed.write_config(32, &[0]);
+    assert_eq!(writeback(&fixed), 1, "write back, not the driver's to change");
+
+    let mut block = Block::new(Box::new(backend), "wce").with_writeback_switch();
+    assert_ne!(block.features() & 1 << VIRTIO_BLK_F_CONFIG_WCE, 0);
+    assert_eq!(writeback(&block), 1, "write back at first");
+    let rig = rig(false);
+    let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
+        .unwrap();
+    let mut worker =
+        block.activate(&rig.mem.clone(), vec![queue], block.features(), signals(Arc::default())).unwrap();
+    assert!(!recorded.load(Ordering::SeqCst), "the worker told the backend: write back");
+    // Hostile or misplaced writes change nothing: other offsets, wider writes, the capacity.
+    for (offset, data) in
+        [(32, &[0u8, 0, 0, 0][..]), (33, &[0]), (31, &[0, 0]), (0, &[0; 8]), (u64::MAX, &[0])]
+    {
+        block.write_config(offset, data);
+        assert_eq!(writeback(&block), 1, "a write of {} bytes at {offset}", data.len());
+    }
+    let mut capacity = [0u8; 8];
+    block.read_config(0, &mut capacity);
+    assert_eq!(u64::from_le_bytes(capacity), DISK / 512);
+    block.write_config(32, &[0]);
+    assert_eq!(writeback(&block), 0);
+    worker.poll();
+    assert!(recorded.load(Ordering::SeqCst), "the next pass switched the backend to write through");
+    block.write_config(32, &[7]);
+    assert_eq!(writeback(&block), 1, "any non-zero value writes back");
+    worker.poll();
+    assert!(!recorded.load(Ordering::SeqCst));
+    block.write_config(32, &[0]);
+    // A reset returns to write back.
+    block.deactivate(worker);
+    assert_eq!(writeback(&block), 1);
 }

@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,9 @@ pub struct DiskInfo {
     pub discard: bool,
     /// WRITE_ZEROES is served (VIRTIO_BLK_F_WRITE_ZEROES offered and taken).
     pub write_zeroes: bool,
+    /// The driver switched the cache to writethrough (VIRTIO_BLK_F_CONFIG_WCE, writeback 0):
+    /// set by the device, read by its workers once per pass (`Backend::set_write_through`).
+    pub write_through: Arc<AtomicBool>,
 }
 
 /// A request handed to the backend and not yet completed.
@@ -157,6 +161,8 @@ pub struct BlockWorker {
     /// A reset gave up on the requests in flight: they are only reaped, not answered (the
     /// driver has moved on, and its rings may serve another worker).
     abandoned: bool,
+    /// The cache mode the backend was last told (`DiskInfo::write_through`).
+    write_through: bool,
 }
 
 // SAFETY: the raw pointers in `in_flight` and `request` point into guest memory that `queue`
@@ -168,10 +174,12 @@ impl BlockWorker {
     /// Serve `queue` (and the guest memory it holds) from `backend`.
     pub fn new(
         queue: Queue,
-        backend: Box<dyn Backend>,
+        mut backend: Box<dyn Backend>,
         disk: DiskInfo,
         signals: DeviceSignals,
     ) -> BlockWorker {
+        let write_through = disk.write_through.load(Ordering::Relaxed);
+        backend.set_write_through(write_through);
         BlockWorker {
             backend,
             queue,
@@ -192,6 +200,7 @@ impl BlockWorker {
             unkicked: false,
             now: 0,
             abandoned: false,
+            write_through,
         }
     }
 
@@ -283,6 +292,13 @@ impl BlockWorker {
     fn take_requests(&mut self) -> Result<usize, QueueError> {
         self.throttled = false;
         self.now = clock::ticks();
+        // The driver may switch the cache mode at any time; requests taken from here on follow
+        // it (one atomic load per pass, no lock).
+        let write_through = self.disk.write_through.load(Ordering::Relaxed);
+        if write_through != self.write_through {
+            self.write_through = write_through;
+            self.backend.set_write_through(write_through);
+        }
         if let Some(limiter) = &self.limiter {
             limiter.refill(self.now);
         }

@@ -308,7 +308,7 @@ impl VirtioDevices {
                             Some(Some(serial)) => serial.clone(),
                             _ => format!("exitless-disk{kind_index}"),
                         };
-                        let device = Box::new(Block::new(backend, &serial));
+                        let device = Box::new(Block::new(backend, &serial).with_writeback_switch());
                         let (runner, notify) = local_runner(vm, &iocore, mode, true, base, index)?;
                         (device, runner, notify, own_line()?)
                     }
