@@ -72,6 +72,63 @@ fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_gues
     }
 }
 
+/// WRITE_ZEROES and DISCARD from the probe's ring-3 driver (`probe.rw=zeroes`) in every mode on
+/// both backends: the guest reads zeros back where it zeroed and its pattern elsewhere, and the
+/// file holds the same (a discarded block too: both backends zero what they discard, the RAM
+/// disk by writing zeros, the file by punching a hole).
+#[test]
+fn write_zeroes_and_discard_pass_in_every_mode_on_both_backends_and_reach_the_file() {
+    let _one = one_at_a_time();
+    const BLOCKS: u64 = 300;
+    for (i, mode) in MODES.iter().enumerate() {
+        let seed = 300 + i as u64;
+        let cmdline =
+            format!("probe.workload=blk probe.rw=zeroes probe.ops={BLOCKS} probe.qd=8 probe.seed={seed}");
+        for (backend, path) in [("ram", disk_file("/dev/shm")), ("file", disk_file("/tmp"))] {
+            let disk = match backend {
+                "ram" => format!("ram,path={}", path.display()),
+                _ => format!("path={},direct", path.display()),
+            };
+            let out = run_blk(mode, &disk, &cmdline);
+            let result = blk_result(&out);
+            assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
+            assert_eq!(result["zero_mismatches"], 0, "{mode} {backend}: {result}");
+            assert_eq!(result["zeroed"], BLOCKS / 2, "{mode} {backend}: {result}");
+            assert_eq!(result["discarded"], (BLOCKS - 1).div_ceil(4), "{mode} {backend}: {result}");
+            assert_eq!(result["discarded_zero"], result["discarded"], "{mode} {backend}: {result}");
+            let bytes = std::fs::read(&*path).unwrap();
+            for (block, data) in bytes.chunks_exact(4096).enumerate() {
+                let block = block as u64;
+                let pattern = block < BLOCKS && block % 4 == 3;
+                let holds = if pattern {
+                    probe_abi::pattern::check(seed, block * 8, data)
+                } else {
+                    data.iter().all(|&b| b == 0)
+                };
+                assert!(holds, "{mode} {backend}: block {block} (pattern: {pattern}) in the file");
+            }
+        }
+    }
+}
+
+/// `serial=` reaches the guest's GET_ID; without it the disk is `exitless-diskN`.
+#[test]
+fn a_disks_serial_number_is_its_get_id_answer() {
+    let _one = one_at_a_time();
+    let path = disk_file("/dev/shm");
+    let cmdline = "probe.workload=blk probe.rw=verify probe.ops=8 probe.qd=1";
+    let out = run_blk("exitless", &format!("ram,path={},serial=probe disk #7", path.display()), cmdline);
+    assert_eq!(blk_result(&out)["id"], "probe disk #7");
+    let out = run_probe(
+        "exitless",
+        &format!("ram,path={},serial=123456789012345678901", path.display()),
+        cmdline,
+        "10",
+    );
+    assert_ne!(out.status.code(), Some(0), "a 21-byte serial was accepted");
+    assert!(stderr(&out).contains("1 to 20 characters"), "{}", stderr(&out));
+}
+
 /// A real block device path: a loop device doing direct I/O over an ext4 file. A polling IOCore
 /// used to starve the loop device's worker on its core (5-17% of fio's rate); data must land
 /// in the backing file either way.

@@ -21,6 +21,10 @@ pub const T_IN: u32 = 0;
 pub const T_OUT: u32 = 1;
 pub const T_FLUSH: u32 = 4;
 pub const T_GET_ID: u32 = 8;
+pub const T_DISCARD: u32 = 11;
+pub const T_WRITE_ZEROES: u32 = 13;
+/// WRITE_ZEROES may deallocate (the range's flags).
+pub const WRITE_ZEROES_FLAG_UNMAP: u32 = 1;
 pub const S_OK: u8 = 0;
 pub const S_IOERR: u8 = 1;
 pub const S_UNSUPP: u8 = 2;
@@ -46,10 +50,14 @@ const F_SEG_MAX: u64 = 1 << 2;
 const F_RO: u64 = 1 << 5;
 const F_BLK_SIZE: u64 = 1 << 6;
 const F_FLUSH: u64 = 1 << 9;
+const F_DISCARD: u64 = 1 << 13;
+const F_WRITE_ZEROES: u64 = 1 << 14;
 const CONFIG_CAPACITY: u64 = 0;
 const CONFIG_SIZE_MAX: u64 = 8;
 const CONFIG_SEG_MAX: u64 = 12;
 const CONFIG_BLK_SIZE: u64 = 20;
+const CONFIG_MAX_DISCARD_SECTORS: u64 = 36;
+const CONFIG_MAX_WRITE_ZEROES_SECTORS: u64 = 48;
 const REQUEST_QUEUE: u32 = 0;
 /// The interrupt vector the device's IOAPIC pin is routed to (exitcost's test device uses 0x40).
 const VECTOR: u8 = 0x41;
@@ -113,6 +121,10 @@ pub struct DiskInfo {
     pub blk_size: u32,
     /// Data descriptors one request may have (SEG_MAX), `u32::MAX` when not offered.
     pub seg_max: u32,
+    /// Sectors one DISCARD range may cover (max_discard_sectors); 0: DISCARD not offered.
+    pub max_discard_sectors: u32,
+    /// Sectors one WRITE_ZEROES range may cover; 0: WRITE_ZEROES not offered.
+    pub max_write_zeroes_sectors: u32,
 }
 
 impl DiskInfo {
@@ -204,7 +216,8 @@ impl BlockDevice {
         let t = self.transport;
         t.reset(deadline)?;
         self.in_flight = SlotSet::EMPTY;
-        let mut wanted = F_VERSION_1 | F_RO | F_FLUSH | F_SEG_MAX | F_SIZE_MAX | F_BLK_SIZE;
+        let mut wanted =
+            F_VERSION_1 | F_RO | F_FLUSH | F_SEG_MAX | F_SIZE_MAX | F_BLK_SIZE | F_DISCARD | F_WRITE_ZEROES;
         if self.options.event_idx {
             wanted |= F_EVENT_IDX;
         }
@@ -221,6 +234,12 @@ impl BlockDevice {
             indirect: false,
             blk_size: if has(F_BLK_SIZE) { t.config32(CONFIG_BLK_SIZE) } else { SECTOR_SIZE as u32 },
             seg_max: if has(F_SEG_MAX) { t.config32(CONFIG_SEG_MAX) } else { u32::MAX },
+            max_discard_sectors: if has(F_DISCARD) { t.config32(CONFIG_MAX_DISCARD_SECTORS) } else { 0 },
+            max_write_zeroes_sectors: if has(F_WRITE_ZEROES) {
+                t.config32(CONFIG_MAX_WRITE_ZEROES_SECTORS)
+            } else {
+                0
+            },
         };
         let size_max = if has(F_SIZE_MAX) { t.config32(CONFIG_SIZE_MAX) } else { 0 };
         let seg_max = self.disk.seg_max;

@@ -37,6 +37,13 @@
 //! `verify` writes a pattern derived from (seed, sector, byte offset) over `probe.ops` blocks
 //! (or the whole disk if smaller), flushes if the device can, reads everything back and
 //! compares; it also asks for the device ID.
+//!
+//! `zeroes` (needs VIRTIO_BLK_F_WRITE_ZEROES and VIRTIO_BLK_F_DISCARD: FAILED without) writes the
+//! pattern over `probe.ops` blocks (or the whole disk if smaller), then WRITE_ZEROES every even
+//! block (every second one with the UNMAP flag) and DISCARDs every block 1 mod 4, one range per
+//! request, flushes, reads everything back and checks: even blocks zeros, blocks 3 mod 4 the
+//! pattern, blocks 1 mod 4 either (a discarded block's contents are unspecified; counted as
+//! `discarded_zero`). The result line has `"zeroed"`, `"discarded"`, `"zero_mismatches"`.
 
 use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
 use super::latency::Percentiles;
@@ -46,8 +53,8 @@ use crate::histogram::Histogram;
 use crate::json::{Nanos, Str};
 use crate::pv_eoi::{self, Tally};
 use crate::virtio::blk::{
-    BlockDevice, Counters, DiskInfo, ID_LEN, MAX_IN_FLIGHT, MAX_REQUEST_BYTES, SECTOR_SIZE, S_OK, T_FLUSH,
-    T_GET_ID, T_IN, T_OUT,
+    BlockDevice, Counters, DiskInfo, ID_LEN, MAX_IN_FLIGHT, MAX_REQUEST_BYTES, SECTOR_SIZE, S_OK, T_DISCARD,
+    T_FLUSH, T_GET_ID, T_IN, T_OUT, T_WRITE_ZEROES, WRITE_ZEROES_FLAG_UNMAP,
 };
 use crate::virtio::Error;
 use crate::{bad_parameter, cmdline, print, println, x86, Env};
@@ -132,6 +139,71 @@ impl Job for PatternCheck {
     }
 }
 
+/// Request `index` is a WRITE_ZEROES of block `2 * index` (UNMAP on every second one) or,
+/// for `discard`, a DISCARD of block `4 * index + 1`: one 16-byte range each.
+struct RangeJob {
+    discard: bool,
+    sectors_per_block: u64,
+    failed: u64,
+}
+
+impl Job for RangeJob {
+    fn prepare(&mut self, index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
+        let (kind, block, flags) = if self.discard {
+            (T_DISCARD, 4 * index + 1, 0)
+        } else {
+            let flags = if index % 2 == 1 { WRITE_ZEROES_FLAG_UNMAP } else { 0 };
+            (T_WRITE_ZEROES, 2 * index, flags)
+        };
+        buffer[0..8].copy_from_slice(&(block * self.sectors_per_block).to_le_bytes());
+        // Blocks are at most MAX_REQUEST_BYTES (256 sectors).
+        buffer[8..12].copy_from_slice(&(self.sectors_per_block as u32).to_le_bytes());
+        buffer[12..16].copy_from_slice(&flags.to_le_bytes());
+        (kind, 0, 16)
+    }
+
+    fn complete(&mut self, _index: u64, status: u8, _buffer: &[u8]) {
+        if status != S_OK {
+            self.failed += 1;
+        }
+    }
+}
+
+/// Request `index` reads block `index` back after `zeroes`' ranges and checks it.
+struct ZeroCheck {
+    seed: u64,
+    sectors_per_block: u64,
+    bs: u32,
+    mismatches: u64,
+    first_mismatch: Option<u64>,
+    discarded_zero: u64,
+}
+
+impl Job for ZeroCheck {
+    fn prepare(&mut self, index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
+        buffer[..self.bs as usize].fill(POISON);
+        (T_IN, index * self.sectors_per_block, self.bs)
+    }
+
+    fn complete(&mut self, index: u64, status: u8, buffer: &[u8]) {
+        let sector = index * self.sectors_per_block;
+        let data = &buffer[..self.bs as usize];
+        let zero = data.iter().all(|&b| b == 0);
+        let good = match index % 4 {
+            0 | 2 => zero,
+            1 => {
+                self.discarded_zero += u64::from(zero);
+                zero || check_pattern(self.seed, sector, data)
+            }
+            _ => check_pattern(self.seed, sector, data),
+        };
+        if status == S_OK && !good {
+            self.mismatches += 1;
+            self.first_mismatch.get_or_insert(sector);
+        }
+    }
+}
+
 /// One request, for FLUSH and GET_ID.
 struct Single {
     kind: u32,
@@ -190,7 +262,15 @@ fn params(env: &Env) -> Params {
     let rw = cmdline::get(env.cmdline, "probe.rw").unwrap_or("randread");
     if !matches!(
         rw,
-        "randread" | "randwrite" | "read" | "write" | "flush" | "writeflush" | "seqwriteflush" | "verify"
+        "randread"
+            | "randwrite"
+            | "read"
+            | "write"
+            | "flush"
+            | "writeflush"
+            | "seqwriteflush"
+            | "verify"
+            | "zeroes"
     ) {
         bad_parameter("probe.rw");
     }
@@ -209,11 +289,12 @@ fn params(env: &Env) -> Params {
         _ => bad_parameter("probe.duration_ms"),
     });
     let warmup_ms = number("probe.warmup_ms", 0);
-    if warmup_ms > 0 && (env.tsc_khz == 0 || rw == "verify") {
+    let checks = matches!(rw, "verify" | "zeroes");
+    if warmup_ms > 0 && (env.tsc_khz == 0 || checks) {
         bad_parameter("probe.warmup_ms");
     }
     let idle_ms = number("probe.idle_ms", 0);
-    if idle_ms > 0 && (env.tsc_khz == 0 || rw == "verify") {
+    if idle_ms > 0 && (env.tsc_khz == 0 || checks) {
         bad_parameter("probe.idle_ms");
     }
     Params {
@@ -245,6 +326,9 @@ pub fn run(env: &Env) -> u8 {
     let fail = |dev: &BlockDevice, error: Error| -> ! { blkdev::fail(PROBE, error, dev) };
     if p.rw == "verify" {
         return verify(env, &common, &p, &mut dev, blocks.min(p.ops)).unwrap_or_else(|e| fail(&dev, e));
+    }
+    if p.rw == "zeroes" {
+        return zeroes(env, &common, &p, &mut dev, blocks.min(p.ops)).unwrap_or_else(|e| fail(&dev, e));
     }
 
     let mut job = IoJob {
@@ -377,6 +461,74 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
         print!(",\"id\":{}", Str(core::str::from_utf8(&id[..len]).unwrap_or("")));
     } else {
         print!(",\"id\":null,\"id_status\":{}", get_id.status);
+    }
+    println!("}}");
+    Ok(if stats.errors > 0 || check.mismatches > 0 { status::FAILED } else { status::OK })
+}
+
+fn zeroes(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks: u64) -> Result<u8, Error> {
+    let sectors_per_block = p.bs as u64 / SECTOR_SIZE;
+    let disk = dev.disk;
+    let fits = |max: u32| max > 0 && u64::from(max) >= sectors_per_block;
+    if !fits(disk.max_write_zeroes_sectors) || !fits(disk.max_discard_sectors) {
+        println!(
+            "{{\"probe\":\"blk\",\"error\":\"the device does not offer WRITE_ZEROES and DISCARD of a block\",\"max_write_zeroes_sectors\":{},\"max_discard_sectors\":{}}}",
+            disk.max_write_zeroes_sectors, disk.max_discard_sectors
+        );
+        return Ok(status::FAILED);
+    }
+    let mut latencies = Histogram::new();
+    let mut write = PatternWrite { seed: common.seed, sectors_per_block, bs: p.bs };
+    let mut zero = RangeJob { discard: false, sectors_per_block, failed: 0 };
+    let mut discard = RangeJob { discard: true, sectors_per_block, failed: 0 };
+    let mut flush = Single { kind: T_FLUSH, len: 0, status: 0, answer: [0; ID_LEN as usize] };
+    let mut check = ZeroCheck {
+        seed: common.seed,
+        sectors_per_block,
+        bs: p.bs,
+        mismatches: 0,
+        first_mismatch: None,
+        discarded_zero: 0,
+    };
+    let (tsc_khz, timeout_ms) = (env.tsc_khz, common.timeout_ms);
+
+    dev.counters = Counters::default();
+    env.mark(0);
+    let tally = Tally::now();
+    let written =
+        pipeline::run(dev, &mut write, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
+    let zeroed =
+        pipeline::run(dev, &mut zero, Limit::Requests(blocks.div_ceil(2)), None, tsc_khz, timeout_ms)?;
+    let discarded = pipeline::run(
+        dev,
+        &mut discard,
+        Limit::Requests(blocks.saturating_sub(1).div_ceil(4)),
+        None,
+        tsc_khz,
+        timeout_ms,
+    )?;
+    if disk.flush {
+        pipeline::run(dev, &mut flush, Limit::Requests(1), None, tsc_khz, timeout_ms)?;
+    }
+    let read =
+        pipeline::run(dev, &mut check, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
+    let counts = Counts { device: dev.counters, pv_eois: tally.pv_eois_since() };
+    env.mark(1);
+
+    let flush_errors = u64::from(disk.flush && flush.status != S_OK);
+    let range_errors = zero.failed + discard.failed;
+    let stats = Stats {
+        ops: written.ops + zeroed.ops + discarded.ops + read.ops,
+        errors: written.errors + zeroed.errors + discarded.errors + read.errors + flush_errors + range_errors,
+        cycles: written.cycles + zeroed.cycles + discarded.cycles + read.cycles,
+    };
+    print_result(env, common, p, &dev.disk, counts, &stats, &latencies);
+    print!(
+        ",\"blocks\":{},\"zeroed\":{},\"discarded\":{},\"discarded_zero\":{},\"zero_mismatches\":{}",
+        blocks, zeroed.ops, discarded.ops, check.discarded_zero, check.mismatches
+    );
+    if let Some(sector) = check.first_mismatch {
+        print!(",\"first_mismatch_sector\":{}", sector);
     }
     println!("}}");
     Ok(if stats.errors > 0 || check.mismatches > 0 { status::FAILED } else { status::OK })
