@@ -18,11 +18,11 @@
 //!   `scripts/reliability.sh long` runs 60);
 //!
 //! and on each disk
-//! - zeroes a written range with `blkdiscard -z` and reads zeros back (without WRITE_ZEROES
-//!   Linux writes chains of its zero page, the same page 128 times: an indirect table of 130
-//!   descriptors on QEMU's default vhost-user-blk queue of 128; the step that broke the queue
-//!   before indirect tables could be longer than the queue, where the 1 MiB blocks, whose pages
-//!   this fresh guest gives mostly contiguous, did not);
+//! - zeroes a written range with `blkdiscard -z` and reads zeros back (a WRITE_ZEROES request
+//!   now that both devices offer it; before, Linux wrote chains of its zero page, the same page
+//!   128 times: an indirect table of 130 descriptors on QEMU's default vhost-user-blk queue of
+//!   128, the step that broke the queue before indirect tables could be longer than the queue;
+//!   the probe's `blk-chains` workload keeps sending that shape);
 //! - makes an ext4 file system (`mke2fs -t ext4`), writes files, remounts and checks them, and
 //!   runs `e2fsck -fn`, which must find it clean;
 //!
