@@ -220,3 +220,28 @@ fn odd_accesses_are_ignored() {
     assert_eq!(rig.used_idx(), 1);
     assert_eq!(rig.transport.interrupt_status.load(Ordering::Acquire) & 1, 1);
 }
+
+#[test]
+fn configuration_writes_reach_the_device_which_takes_only_what_it_offers() {
+    let mut rig = rig();
+    let mut byte = [0xffu8];
+    // This device offers no writeback switch: the byte stays the device's (write back).
+    rig.transport.write(CONFIG + 32, &[0]);
+    rig.transport.read(CONFIG + 32, &mut byte);
+    assert_eq!(byte, [1]);
+    // One that offers it takes the driver's byte write, and only that.
+    let stats = Arc::new(DeviceStats::new("virtio-blk 1"));
+    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let device = Block::new(Box::new(RamDisk::create(&path, DISK).unwrap()), "wce").with_writeback_switch();
+    let mut transport = MmioTransport::new(Box::new(device), rig.mem.clone(), Runner::OnNotify, None, stats);
+    transport.write(CONFIG + 32, &[0, 0, 0, 0]);
+    transport.read(CONFIG + 32, &mut byte);
+    assert_eq!(byte, [1], "a 4-byte write over writeback and its neighbours is ignored");
+    transport.write(CONFIG + 32, &[0]);
+    transport.read(CONFIG + 32, &mut byte);
+    assert_eq!(byte, [0], "write through");
+    let mut capacity = [0u8; 8];
+    transport.write(CONFIG, &[0xff; 8]);
+    transport.read(CONFIG, &mut capacity);
+    assert_eq!(u64::from_le_bytes(capacity), DISK / 512, "the capacity is not the driver's");
+}
