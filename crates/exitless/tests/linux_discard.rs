@@ -205,7 +205,7 @@ fn run(device: Device) -> (String, tempfile::TempDir) {
     }
     assert!(output.contains(&format!("LD-SERIAL vda [{SERIAL}]")), "{device:?}: vda's serial: {output}");
     if let Some(daemon) = daemon {
-        assert!(output.contains("LD-SERIAL vdb [exitless-vhost-user1]"), "vdb's default serial: {output}");
+        assert!(output.contains("LD-SERIAL vdb [vhost-user-disk1]"), "vdb's default serial: {output}");
         let log = daemon.stop();
         let stopped: Vec<&str> = log.lines().filter(|l| l.contains("stopped at avail index")).collect();
         assert!(!stopped.is_empty(), "no session ended: {log}");

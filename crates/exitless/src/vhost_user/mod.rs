@@ -38,7 +38,7 @@ pub struct VhostUserBlkArgs {
     /// while this runs) or `ram,path=FILE[,readonly]` (an existing /dev/shm file); optionally
     /// `queues=N`, `iops=N` (requests/s), `bw=BYTES` (bytes/s, K/M/G suffixes) and
     /// `serial=TEXT` (the serial number the guest reads, 1 to 20 printable ASCII characters;
-    /// default `exitless-vhost-userN`, N the disk's index). Without `socket=`, the disk is
+    /// default `vhost-user-diskN`, N the disk's index). Without `socket=`, the disk is
     /// served on `--socket`.
     #[arg(long, value_name = "SPEC", value_parser = spec::parse, required = true)]
     pub disk: Vec<VhostDisk>,
@@ -170,7 +170,7 @@ fn open_disk(
         .disk
         .open_queues(queues as usize)
         .map_err(|e| format!("cannot open the disk of {}: {e}", what()))?;
-    let serial = disk.serial.clone().unwrap_or_else(|| format!("exitless-vhost-user{index}"));
+    let serial = disk.serial.clone().unwrap_or_else(|| format!("vhost-user-disk{index}"));
     let block = Block::with_queues(backends, &serial).ok_or_else(|| {
         format!("{}: the queues disagree on its size (was it resized while opening?)", what())
     })?;

@@ -23,7 +23,8 @@ pub struct VhostDisk {
     /// Virtqueues offered; `None`: `--queues`.
     pub queues: Option<u16>,
     pub limits: Limits,
-    /// The serial number (GET_ID) given with `serial=`; `None`: `exitless-vhost-user<index>`.
+    /// The serial number (GET_ID) given with `serial=`; `None`: `vhost-user-disk<index>`,
+    /// unique per disk (20 bytes at most for indices below 100000).
     pub serial: Option<String>,
 }
 
