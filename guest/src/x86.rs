@@ -48,6 +48,12 @@ pub fn mmio_read8(addr: u64) -> u8 {
     unsafe { (addr as *const u8).read_volatile() }
 }
 
+/// Volatile MMIO write of one byte.
+pub fn mmio_write8(addr: u64, value: u8) {
+    // SAFETY: as in `mmio_write32`.
+    unsafe { (addr as *mut u8).write_volatile(value) }
+}
+
 /// Volatile MMIO write of a 64-bit value.
 pub fn mmio_write64(addr: u64, value: u64) {
     // SAFETY: as in `mmio_write32`.

@@ -50,12 +50,14 @@ const F_SEG_MAX: u64 = 1 << 2;
 const F_RO: u64 = 1 << 5;
 const F_BLK_SIZE: u64 = 1 << 6;
 const F_FLUSH: u64 = 1 << 9;
+const F_CONFIG_WCE: u64 = 1 << 11;
 const F_DISCARD: u64 = 1 << 13;
 const F_WRITE_ZEROES: u64 = 1 << 14;
 const CONFIG_CAPACITY: u64 = 0;
 const CONFIG_SIZE_MAX: u64 = 8;
 const CONFIG_SEG_MAX: u64 = 12;
 const CONFIG_BLK_SIZE: u64 = 20;
+const CONFIG_WRITEBACK: u64 = 32;
 const CONFIG_MAX_DISCARD_SECTORS: u64 = 36;
 const CONFIG_MAX_WRITE_ZEROES_SECTORS: u64 = 48;
 const REQUEST_QUEUE: u32 = 0;
@@ -125,6 +127,9 @@ pub struct DiskInfo {
     pub max_discard_sectors: u32,
     /// Sectors one WRITE_ZEROES range may cover; 0: WRITE_ZEROES not offered.
     pub max_write_zeroes_sectors: u32,
+    /// The cache mode (`writeback`: 1 write back, 0 write through), if the driver may switch it
+    /// (VIRTIO_BLK_F_CONFIG_WCE).
+    pub writeback: Option<u8>,
 }
 
 impl DiskInfo {
@@ -216,8 +221,15 @@ impl BlockDevice {
         let t = self.transport;
         t.reset(deadline)?;
         self.in_flight = SlotSet::EMPTY;
-        let mut wanted =
-            F_VERSION_1 | F_RO | F_FLUSH | F_SEG_MAX | F_SIZE_MAX | F_BLK_SIZE | F_DISCARD | F_WRITE_ZEROES;
+        let mut wanted = F_VERSION_1
+            | F_RO
+            | F_FLUSH
+            | F_SEG_MAX
+            | F_SIZE_MAX
+            | F_BLK_SIZE
+            | F_DISCARD
+            | F_WRITE_ZEROES
+            | F_CONFIG_WCE;
         if self.options.event_idx {
             wanted |= F_EVENT_IDX;
         }
@@ -240,6 +252,11 @@ impl BlockDevice {
             } else {
                 0
             },
+            writeback: has(F_CONFIG_WCE).then(|| {
+                let mut byte = [0u8];
+                t.config_bytes(CONFIG_WRITEBACK, &mut byte);
+                byte[0]
+            }),
         };
         let size_max = if has(F_SIZE_MAX) { t.config32(CONFIG_SIZE_MAX) } else { 0 };
         let seg_max = self.disk.seg_max;
@@ -285,6 +302,17 @@ impl BlockDevice {
     fn fail<T>(&self, error: Error) -> Result<T, Error> {
         self.transport.write_status(self.transport.status() | device_status::FAILED);
         Err(error)
+    }
+
+    /// Switch the cache to write back (`true`) or through, if the device lets the driver
+    /// (VIRTIO_BLK_F_CONFIG_WCE); returns the mode the device then reports, `None` without.
+    pub fn set_writeback(&mut self, writeback: bool) -> Option<u8> {
+        self.disk.writeback?;
+        self.transport.config_write8(CONFIG_WRITEBACK, u8::from(writeback));
+        let mut byte = [0u8];
+        self.transport.config_bytes(CONFIG_WRITEBACK, &mut byte);
+        self.disk.writeback = Some(byte[0]);
+        self.disk.writeback
     }
 
     pub fn transport(&self) -> &Transport {

@@ -9,7 +9,7 @@
 use super::{device_status as ds, Error, F_VERSION_1};
 use crate::cmdline;
 use crate::deadline::Deadline;
-use crate::x86::{mmio_read32, mmio_read8, mmio_write32};
+use crate::x86::{mmio_read32, mmio_read8, mmio_write32, mmio_write8};
 
 const MAGIC_VALUE: u64 = 0x000;
 const VERSION: u64 = 0x004;
@@ -233,6 +233,12 @@ impl Transport {
                 break;
             }
         }
+    }
+
+    /// Write one byte of the device configuration space (an 8-bit field, such as virtio-blk's
+    /// `writeback`).
+    pub fn config_write8(&self, offset: u64, value: u8) {
+        mmio_write8(self.base + CONFIG + offset, value);
     }
 
     /// A 64-bit configuration field, read as two halves and retried while ConfigGeneration

@@ -29,6 +29,10 @@
 //! the status FAILED. The host can thus see what its polling costs while the guest is idle and
 //! that the first request after it is served.
 //!
+//! `probe.writeback=0|1` switches the device's cache to write through (0) or back (1) before
+//! any request (VIRTIO_BLK_F_CONFIG_WCE; a device without it fails the run). The result line's
+//! `"writeback"` is the mode the device reports (null without CONFIG_WCE).
+//!
 //! `probe.pv_eoi=on` enables KVM's paravirtual EOI before the device is set up (it matters
 //! with `probe.completion=interrupt`); when KVM does not offer it, the probe prints an error
 //! line with `"pv_eoi":"unavailable"` and stops with status FAILED (1). The result line says
@@ -236,6 +240,8 @@ struct Params {
     duration_ms: Option<u64>,
     /// Idle time after the measured phase before the post-idle phase; 0: none.
     idle_ms: u64,
+    /// Switch the cache mode first (`probe.writeback`): write back (true) or through.
+    writeback: Option<bool>,
 }
 
 /// What the measured phase counted besides the pipeline's statistics.
@@ -306,6 +312,11 @@ fn params(env: &Env) -> Params {
         warmup_ms,
         duration_ms,
         idle_ms,
+        writeback: cmdline::get(env.cmdline, "probe.writeback").map(|v| match v {
+            "0" => false,
+            "1" => true,
+            _ => bad_parameter("probe.writeback"),
+        }),
     }
 }
 
@@ -314,6 +325,14 @@ pub fn run(env: &Env) -> u8 {
     let p = params(env);
     pv_eoi::from_cmdline(env, PROBE);
     let mut dev = blkdev::open(env, PROBE, &common, p.bs, p.qd);
+    if let Some(writeback) = p.writeback {
+        if dev.set_writeback(writeback) != Some(u8::from(writeback)) {
+            println!(
+                "{{\"probe\":\"blk\",\"error\":\"the device does not let the driver switch its cache (CONFIG_WCE)\"}}"
+            );
+            return status::FAILED;
+        }
+    }
     let sectors_per_block = (p.bs as u64 / SECTOR_SIZE).max(1);
     let blocks = dev.disk.capacity_sectors / sectors_per_block;
     if blocks == 0 {
@@ -569,4 +588,8 @@ fn print_result(
         counts.device.interrupts
     );
     print!(",\"pv_eoi\":{},\"pv_eois\":{}", pv_eoi::enabled(), counts.pv_eois);
+    match disk.writeback {
+        Some(mode) => print!(",\"writeback\":{}", mode),
+        None => print!(",\"writeback\":null"),
+    }
 }
