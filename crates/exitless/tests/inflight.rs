@@ -1,0 +1,226 @@
+//! Restarting `exitless vhost-user-blk` under a running guest (QEMU with a reconnecting
+//! chardev, a Linux guest under TCG) with requests in flight: VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD.
+//!
+//! - The out-of-order case: the guest writes block 1000, which a FUSE file system in front of the
+//!   disk file (`held_disk.c`, built here against libfuse3) holds in the kernel, then reads block
+//!   2000, which completes; the daemon is killed (SIGKILL) with the write still in flight behind a
+//!   completed request, the held write is then failed to the dead daemon, and a new daemon is
+//!   started on the same socket and disk file. It must resubmit the write: the guest's `dd`
+//!   finishes and reads its data back, and the file holds it. (Without in-flight tracking QEMU
+//!   rewinds the ring to the used index, which is past the write: it is never offered again and
+//!   the guest hangs.)
+//! - Restarts under load: fio with crc32c verify at queue depth 32 (libaio, O_DIRECT, on a file
+//!   of an ext4 file system on the disk) while the daemon is killed with SIGKILL and started again
+//!   `EXITLESS_INFLIGHT_RESTARTS` times (default `RESTARTS`; scripts/reliability.sh runs 20):
+//!   fio must finish with no I/O error and no failed verify, and the guest's kernel log must
+//!   hold no I/O error.
+//! - A graceful hand-over: SIGTERM while fio runs; the daemon finishes what it holds, leaves
+//!   none marked in flight, exits 0, and a new daemon takes over. The longest pause the guest
+//!   saw is printed (not asserted).
+//!
+//! Needs root (FUSE mounts), libfuse3-dev and fuse3, a C compiler, QEMU, Debian's cloud kernel,
+//! busybox-static, coreutils, e2fsprogs and fio: what scripts/setup.sh installs.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use common::linux::{host_programs, initramfs_with, kernel, INIT_PRELUDE};
+use common::qemu::Qemu;
+
+/// A hang guard for one step of a guest under TCG on a shared machine.
+const WAIT: Duration = Duration::from_secs(120);
+const BLOCK: usize = 4096;
+
+/// The block the out-of-order case holds: away from what the kernel reads as it probes the disk
+/// (its partition table), which must not be held.
+const HELD_BLOCK: u64 = 1000;
+
+/// What the guest writes to `HELD_BLOCK` in the out-of-order case (busybox `yes | head -c 4096`).
+const HELD_LINE: &str = "exitless in-flight write, held then resubmitted";
+
+fn held_pattern() -> Vec<u8> {
+    format!("{HELD_LINE}\n").repeat(BLOCK / HELD_LINE.len() + 1).into_bytes()[..BLOCK].to_vec()
+}
+
+/// Build `held_disk.c` into `dir`.
+fn held_disk_program(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/held_disk.c");
+    let binary = dir.join("held_disk");
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "fuse3"])
+        .output()
+        .expect("pkg-config (scripts/setup.sh installs it with libfuse3-dev)");
+    assert!(
+        flags.status.success(),
+        "libfuse3 is missing: install libfuse3-dev and fuse3 (scripts/setup.sh does): {}",
+        String::from_utf8_lossy(&flags.stderr)
+    );
+    let flags = String::from_utf8(flags.stdout).unwrap();
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .args(flags.split_whitespace())
+        .output()
+        .expect("a C compiler (cc) must be installed: scripts/setup.sh installs g++");
+    assert!(out.status.success(), "cc held_disk.c: {}", String::from_utf8_lossy(&out.stderr));
+    binary
+}
+
+/// `file` behind a FUSE mount that can hold the requests touching block `HELD_BLOCK`.
+struct HeldDisk {
+    mount: PathBuf,
+    control: PathBuf,
+    server: Child,
+}
+
+impl HeldDisk {
+    fn start(dir: &Path, file: &Path) -> HeldDisk {
+        let program = held_disk_program(dir);
+        let mount = dir.join("held");
+        let control = dir.join("held-control");
+        std::fs::create_dir_all(&mount).unwrap();
+        std::fs::create_dir_all(&control).unwrap();
+        let server = Command::new(program)
+            .arg(&mount)
+            .arg("-f")
+            .env("HELD_BACKING", file)
+            .env("HELD_OFFSET", (HELD_BLOCK * BLOCK as u64).to_string())
+            .env("HELD_CONTROL", &control)
+            .stderr(std::fs::File::create(dir.join("held_disk.err")).unwrap())
+            .spawn()
+            .expect("start held_disk");
+        let disk = HeldDisk { mount, control, server };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !disk.disk().exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the FUSE file system did not come up (needs root and /dev/fuse)"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        disk
+    }
+
+    fn disk(&self) -> PathBuf {
+        self.mount.join("disk")
+    }
+
+    fn hold(&self) {
+        std::fs::write(self.control.join("hold"), b"").unwrap();
+    }
+
+    /// Let held requests go; `drop`: they fail with EIO without reaching the file.
+    fn release(&self, drop: bool) {
+        if drop {
+            std::fs::write(self.control.join("drop"), b"").unwrap();
+        }
+        let _ = std::fs::remove_file(self.control.join("hold"));
+    }
+
+    /// What the request being held is ("write 0 4096"), if one is.
+    fn held(&self) -> Option<String> {
+        std::fs::read_to_string(self.control.join("held")).ok().map(|s| s.trim().to_owned())
+    }
+}
+
+impl Drop for HeldDisk {
+    fn drop(&mut self) {
+        self.release(true);
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// The out-of-order guest: a write of block 1000 (held), then a read of block 2000 that
+/// completes behind it; then it waits for the write and reads block 1000 back. coreutils' dd
+/// for O_DIRECT.
+const OUT_OF_ORDER_INIT: &str = r#"
+mkdir -p /tmp
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+DD=/usr/bin/dd
+yes 'exitless in-flight write, held then resubmitted' | head -c 4096 > /pattern
+$DD if=/pattern of=/dev/vda bs=4096 seek=1000 count=1 oflag=direct conv=notrunc 2>/tmp/first &
+first=$!
+sleep 2
+$DD if=/dev/vda of=/tmp/second bs=4096 skip=2000 count=1 iflag=direct 2>/tmp/second.err \
+    && echo OOO-SECOND-DONE || { echo OOO-SECOND-FAILED; cat /tmp/second.err; }
+wait $first
+echo "OOO-FIRST-DONE rc=$?"
+cat /tmp/first
+$DD if=/dev/vda of=/tmp/back bs=4096 skip=1000 count=1 iflag=direct 2>/dev/null
+cmp /pattern /tmp/back && echo OOO-VERIFY-OK || echo OOO-VERIFY-BAD
+dmesg | grep -i -E 'i/o error|blk_update_request|critical' | sed 's/^/OOO-DMESG /'
+echo OOO-END
+poweroff -f
+"#;
+
+#[test]
+fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_kill_9() {
+    let _one = common::one_at_a_time();
+    let kernel = kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let programs = host_programs(&[("/usr/bin/dd", "coreutils")]);
+    let files: Vec<(&str, u32, &[u8])> =
+        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
+    let initramfs = dir.path().join("initramfs.cpio");
+    initramfs_with(&kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &files, &initramfs);
+    let file = dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
+    let held = HeldDisk::start(dir.path(), &file);
+    held.hold();
+    let socket = dir.path().join("vhost.sock");
+
+    let first = Daemon::builder()
+        .io_mode("adaptive")
+        .socket(&socket)
+        .disk(&format!("path={},direct", held.disk().display()))
+        .start_console(&dir.path().join("daemon1.err"));
+    let mut guest = Qemu::linux(&kernel, &initramfs, "256M", 1, "")
+        .vhost_user_blk_with(&socket, ",reconnect=1", "")
+        .spawn_console(&dir.path().join("qemu.err"));
+    guest.wait_for(WAIT, |l| l.contains("OOO-SECOND-"));
+    let held_request = format!("write {} 4096", HELD_BLOCK * BLOCK as u64);
+    assert_eq!(held.held(), Some(held_request), "the write of block {HELD_BLOCK} is held in the kernel");
+
+    // SIGKILL: from here no thread of the daemon runs user code again, so the held write, once
+    // let go (as a failure: it must not reach the file), is never answered to the guest.
+    let pid = first.pid();
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    held.release(true);
+    let (status, _) = first.finish(WAIT);
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "the first daemon was killed");
+    let held_bytes = |file: &Path| {
+        let at = HELD_BLOCK as usize * BLOCK;
+        std::fs::read(file).unwrap()[at..at + BLOCK].to_vec()
+    };
+    assert_ne!(held_bytes(&file), held_pattern(), "the held write did not land");
+
+    // The next daemon, on the disk file itself now, the same socket.
+    let second = Daemon::builder()
+        .io_mode("adaptive")
+        .socket(&socket)
+        .disk(&format!("path={},direct", file.display()))
+        .start(&dir.path().join("daemon2.err"));
+    guest.wait_for(WAIT, |l| l.contains("OOO-END"));
+    let (_, lines) = guest.finish(WAIT);
+    let console = lines.join("\n");
+    let log = second.stop();
+    assert!(console.contains("OOO-SECOND-DONE"), "the read behind the held write completed: {console}");
+    assert!(console.contains("OOO-FIRST-DONE rc=0"), "the held write completed after the restart: {console}");
+    assert!(console.contains("OOO-VERIFY-OK"), "block {HELD_BLOCK} reads back as written: {console}");
+    assert!(!console.contains("OOO-DMESG"), "no I/O error in the guest: {console}");
+    assert!(
+        log.contains("resubmitting 1 request(s) in flight"),
+        "the new daemon resubmitted the write: {log}"
+    );
+    assert_eq!(held_bytes(&file), held_pattern(), "the disk file holds the write");
+    println!("inflight out-of-order: the write held behind a completed read was resubmitted after kill -9");
+}
