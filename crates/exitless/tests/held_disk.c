@@ -5,7 +5,8 @@
  * it is let go, it fails with EIO without touching the file (its issuer is gone by then). The
  * tests use it to hold one request of a disk in the kernel while later ones complete: a real
  * request, really in flight. (FUSE serialises writes to a file opened for direct I/O, so the
- * requests that complete meanwhile are reads.)
+ * requests that complete meanwhile are reads.) HELD_WRITE_DELAY_US, if set, makes every write
+ * take that much longer: a slow disk, on which a writer always has requests in flight.
  *
  * Built by the tests (cc ... $(pkg-config --cflags --libs fuse3)); run as
  *   HELD_BACKING=file HELD_OFFSET=bytes HELD_CONTROL=dir held_disk MOUNTPOINT -f
@@ -23,6 +24,7 @@
 
 static int backing = -1;
 static off_t held_offset;
+static useconds_t delay_us;
 static char hold_path[4096];
 static char held_path[4096];
 static char drop_path[4096];
@@ -103,6 +105,8 @@ static int disk_write(const char *path, const char *buf, size_t size, off_t offs
     int dropped = maybe_hold(offset, size, "write");
     if (dropped)
         return dropped;
+    if (delay_us)
+        usleep(delay_us);
     ssize_t n = pwrite(backing, buf, size, offset);
     return n < 0 ? -errno : (int)n;
 }
@@ -144,6 +148,8 @@ int main(int argc, char *argv[])
         return 1;
     }
     held_offset = strtoll(offset, NULL, 0);
+    const char *delay = getenv("HELD_WRITE_DELAY_US");
+    delay_us = delay ? (useconds_t)strtoul(delay, NULL, 0) : 0;
     snprintf(hold_path, sizeof(hold_path), "%s/hold", control);
     snprintf(held_path, sizeof(held_path), "%s/held", control);
     snprintf(drop_path, sizeof(drop_path), "%s/drop", control);

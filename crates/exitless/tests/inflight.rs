@@ -81,6 +81,11 @@ struct HeldDisk {
 
 impl HeldDisk {
     fn start(dir: &Path, file: &Path) -> HeldDisk {
+        HeldDisk::start_slow(dir, file, 0)
+    }
+
+    /// As `start`, each write taking `write_delay_us` longer.
+    fn start_slow(dir: &Path, file: &Path, write_delay_us: u64) -> HeldDisk {
         let program = held_disk_program(dir);
         let mount = dir.join("held");
         let control = dir.join("held-control");
@@ -92,6 +97,7 @@ impl HeldDisk {
             .env("HELD_BACKING", file)
             .env("HELD_OFFSET", (HELD_BLOCK * BLOCK as u64).to_string())
             .env("HELD_CONTROL", &control)
+            .env("HELD_WRITE_DELAY_US", write_delay_us.to_string())
             .stderr(std::fs::File::create(dir.join("held_disk.err")).unwrap())
             .spawn()
             .expect("start held_disk");
@@ -223,4 +229,133 @@ fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_
     );
     assert_eq!(held_bytes(&file), held_pattern(), "the disk file holds the write");
     println!("inflight out-of-order: the write held behind a completed read was resubmitted after kill -9");
+}
+
+/// Restarts of the load test by default (CI); `EXITLESS_INFLIGHT_RESTARTS` sets another
+/// (scripts/reliability.sh: 20).
+const RESTARTS: u64 = 3;
+
+fn restarts() -> u64 {
+    match std::env::var("EXITLESS_INFLIGHT_RESTARTS") {
+        Ok(n) => n.parse().unwrap_or_else(|_| panic!("EXITLESS_INFLIGHT_RESTARTS={n}: not a number")),
+        Err(_) => RESTARTS,
+    }
+}
+
+/// The load guest: `inflight.runs=N` fio runs one after the other on /dev/vda (O_DIRECT, libaio,
+/// queue depth 32, 4 KiB random writes over 16 MiB, each checked by crc32c as it is read back
+/// during the run and at its end); each says FIO-RUN-START and FIO-RUN-OK (with fio's completion
+/// latency lines) or FIO-RUN-FAIL; then the kernel's I/O errors, if any.
+const FIO_INIT: &str = r#"
+mkdir -p /tmp
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+runs=$(sed -n 's/.*inflight\.runs=\([0-9]*\).*/\1/p' /proc/cmdline)
+r=1
+while [ "$r" -le "$runs" ]; do
+    echo "FIO-RUN-START $r"
+    /usr/bin/fio --name=restart --filename=/dev/vda --direct=1 --ioengine=libaio --iodepth=32 \
+        --rw=randwrite --bs=4k --size=16M --verify=crc32c --verify_fatal=1 --verify_backlog=256 \
+        --randseed=$r > /tmp/fio 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] || [ "$(grep -c ': err= 0: ' /tmp/fio)" != 1 ] || grep -q -i 'verify' /tmp/fio.err 2>/dev/null; then
+        cat /tmp/fio
+        echo "FIO-RUN-FAIL $r rc=$rc"
+        break
+    fi
+    grep -E '^ +(clat|lat) \((u|m|n)sec\)' /tmp/fio | sed "s/^ */FIO-LAT $r /"
+    grep -E '^ +(READ|WRITE):' /tmp/fio | sed "s/^ */FIO-IO $r /"
+    echo "FIO-RUN-OK $r"
+    r=$((r + 1))
+done
+dmesg | grep -i -E 'i/o error|blk_update_request|critical|not a head' | sed 's/^/FIO-DMESG /'
+echo FIO-END
+poweroff -f
+"#;
+
+/// A Linux guest with fio, on `socket` with a reconnecting chardev, running `runs` fio runs.
+fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> common::console::Console {
+    let kernel = kernel();
+    let programs = host_programs(&[("/usr/bin/fio", "fio")]);
+    let files: Vec<(&str, u32, &[u8])> =
+        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
+    let initramfs = dir.join("initramfs.cpio");
+    initramfs_with(&kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &files, &initramfs);
+    // fio and its libraries (about 80 MB) are unpacked into the guest's RAM.
+    Qemu::linux(&kernel, &initramfs, "512M", 1, &format!("inflight.runs={runs}"))
+        .vhost_user_blk_with(socket, ",reconnect=1", "")
+        .spawn_console(&dir.join("qemu.err"))
+}
+
+fn start_daemon(socket: &Path, file: &Path, log: &Path) -> common::console::Console {
+    Daemon::builder()
+        .io_mode("adaptive")
+        .socket(socket)
+        .disk(&format!("path={},direct", file.display()))
+        .start_console(log)
+}
+
+/// What the guest's fio runs said: every run OK, no kernel I/O error.
+fn check_fio(lines: &[String], runs: u64) -> String {
+    let console = lines.join("\n");
+    assert!(!console.contains("FIO-RUN-FAIL"), "a fio run failed: {console}");
+    assert!(!console.contains("FIO-DMESG"), "the guest's kernel logged I/O errors: {console}");
+    for run in 1..=runs {
+        assert!(console.contains(&format!("FIO-RUN-OK {run}")), "fio run {run} did not finish: {console}");
+    }
+    console
+}
+
+/// "resubmitting N request(s)" summed over a daemon log.
+fn resubmitted(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| l.split("resubmitting ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
+    let _one = common::one_at_a_time();
+    let restarts = restarts();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    // Served through the FUSE file system, holding nothing but answering each write in turn
+    // after 1 ms (a slow disk), so that the daemon holds many of fio's 32 when it is killed.
+    let fuse = HeldDisk::start_slow(dir.path(), &file, 1000);
+    let disk = fuse.disk();
+    let socket = dir.path().join("vhost.sock");
+    let mut daemon = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let runs = restarts + 1;
+    let mut guest = fio_guest(dir.path(), &socket, runs);
+    let mut logs = String::new();
+    let mut rng =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    for restart in 1..=restarts {
+        guest.wait_for(WAIT, |l| l.contains(&format!("FIO-RUN-START {restart}")));
+        // Into the run: fio starts, then writes for a few seconds under TCG.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(1000 + rng % 2000));
+        let (status, _) = daemon.kill(WAIT);
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "restart {restart}: the daemon was killed");
+        logs.push_str(
+            &std::fs::read_to_string(dir.path().join(format!("daemon{}.err", restart - 1))).unwrap(),
+        );
+        daemon = start_daemon(&socket, &disk, &dir.path().join(format!("daemon{restart}.err")));
+    }
+    guest.wait_for(WAIT, |l| l.contains("FIO-END"));
+    let (_, lines) = guest.finish(WAIT);
+    let (_, _) = daemon.kill(WAIT);
+    logs.push_str(&std::fs::read_to_string(dir.path().join(format!("daemon{restarts}.err"))).unwrap());
+    let console = check_fio(&lines, runs);
+    println!(
+        "inflight restarts: {restarts} kill -9 restarts under fio verify at depth 32 ({runs} runs), 0 I/O errors, \
+         0 failed verifies; the daemons resubmitted {} request(s) in all",
+        resubmitted(&logs)
+    );
+    for line in console.lines().filter(|l| l.contains("FIO-LAT") || l.contains("FIO-IO")) {
+        println!("  {}", line.trim());
+    }
 }
