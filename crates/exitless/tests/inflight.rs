@@ -359,3 +359,51 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
         println!("  {}", line.trim());
     }
 }
+
+#[test]
+fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
+    let _one = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    // The slow disk again, so that the daemon holds requests when SIGTERM comes.
+    let fuse = HeldDisk::start_slow(dir.path(), &file, 1000);
+    let disk = fuse.disk();
+    let socket = dir.path().join("vhost.sock");
+    let first = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let runs = 2;
+    let mut guest = fio_guest(dir.path(), &socket, runs);
+    guest.wait_for(WAIT, |l| l.contains("FIO-RUN-START 1"));
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let sent = Instant::now();
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(first.pid(), libc::SIGTERM) };
+    let (status, _) = first.finish(WAIT);
+    let stopped = sent.elapsed();
+    let second = start_daemon(&socket, &disk, &dir.path().join("daemon1.err"));
+    let taken_over = sent.elapsed();
+    assert_eq!(status.code(), Some(0), "the first daemon exits 0 on SIGTERM");
+    let first_log = std::fs::read_to_string(dir.path().join("daemon0.err")).unwrap();
+    assert!(
+        first_log.contains("marks 0 request(s) in flight as the connection ends"),
+        "the first daemon finished every request it held: {first_log}"
+    );
+
+    guest.wait_for(WAIT, |l| l.contains("FIO-END"));
+    let (_, lines) = guest.finish(WAIT);
+    let (_, _) = second.kill(WAIT);
+    let second_log = std::fs::read_to_string(dir.path().join("daemon1.err")).unwrap();
+    let console = check_fio(&lines, runs);
+    assert_eq!(resubmitted(&second_log), 0, "nothing was left to resubmit: {second_log}");
+    assert!(second_log.contains("frontend connected"), "QEMU reconnected to the next daemon: {second_log}");
+    println!(
+        "inflight hand-over: SIGTERM to exit {} ms, SIGTERM to the next daemon listening {} ms; fio run 1 \
+         (across the hand-over) completion latencies:",
+        stopped.as_millis(),
+        taken_over.as_millis()
+    );
+    for line in console.lines().filter(|l| l.contains("FIO-LAT 1 ") && l.contains("max=")) {
+        println!("  {}", line.trim());
+    }
+}

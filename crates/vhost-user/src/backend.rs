@@ -575,5 +575,14 @@ impl Drop for Session<'_> {
         if let Err(e) = self.stop_all() {
             log::error!("{e}");
         }
+        // Every ring stopped has finished its requests: what is still marked was abandoned by
+        // a disk that did not answer, and the next daemon resubmits it.
+        if let Some(region) = &self.inflight {
+            log::info!(
+                "{}: the in-flight region marks {} request(s) in flight as the connection ends",
+                self.device.stats.name(),
+                region.count_in_flight()
+            );
+        }
     }
 }
