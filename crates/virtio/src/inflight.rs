@@ -55,7 +55,7 @@ pub enum InflightError {
     BadInflightByte { head: u16, value: u8 },
     #[error("the last batch holds {batch} used elements, more than the queue's {size}")]
     BatchTooLarge { batch: u16, size: u16 },
-    #[error("the last batch's list reaches head {0}, which was not in flight")]
+    #[error("the last batch's list reaches head {0}, which was not in flight (or twice)")]
     BatchNotInFlight(u16),
 }
 
@@ -210,15 +210,17 @@ impl InflightTracker {
         }
         let mut head = area.last_batch_head().load(Ordering::Acquire);
         let mut batch_heads = [0u16; MAX_QUEUE_SIZE as usize];
+        // Heads met on the list: a loop in it meets one twice.
+        let mut listed = [0u64; MAX_QUEUE_SIZE as usize / 64];
         for slot in batch_heads.iter_mut().take(batch as usize) {
             if head >= queue_size {
                 return Err(InflightError::HeadOutOfRange { head, size: queue_size });
             }
-            if area.inflight(head).load(Ordering::Acquire) != 1 {
+            let (word, bit) = (head as usize / 64, 1u64 << (head % 64));
+            if area.inflight(head).load(Ordering::Acquire) != 1 || listed[word] & bit != 0 {
                 return Err(InflightError::BatchNotInFlight(head));
             }
-            // Cleared below, once the whole list checked out: a loop in it is caught above.
-            area.inflight(head).store(2, Ordering::Relaxed);
+            listed[word] |= bit;
             *slot = head;
             head = area.next(head).load(Ordering::Acquire);
         }
