@@ -472,7 +472,16 @@ impl Session<'_> {
             .map_err(|source| Error::BadQueue { index, source })?
             .with_indirect_descriptors(acked(VIRTIO_F_INDIRECT_DESC));
         queue.resume(vring.base);
-        let tracked = self.inflight_negotiated().then_some(self.inflight.as_ref()).flatten();
+        let mut tracked = self.inflight_negotiated().then_some(self.inflight.as_ref()).flatten();
+        if let Some(region) = tracked.filter(|region| region.queue_size() < vring.size) {
+            // QEMU sizes the region by its queue-size property, but lets a driver pick a larger
+            // ring (up to 1024 on virtio-mmio): serve it, untracked, rather than not at all.
+            log::warn!(
+                "{}: vring {index} has {} descriptors, more than the in-flight region's {}: its requests are not tracked, and a restart of the daemon may lose those in flight",
+                self.device.stats.name(), vring.size, region.queue_size()
+            );
+            tracked = None;
+        }
         let mut resubmits = 0;
         if let Some(area) = tracked.and_then(|region| region.area(index)) {
             match queue.track_inflight(area) {

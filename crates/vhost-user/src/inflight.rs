@@ -202,6 +202,11 @@ impl InflightRegion {
         &self.fd
     }
 
+    /// How many descriptors each queue's area holds.
+    pub fn queue_size(&self) -> u16 {
+        self.queue_size
+    }
+
     /// How many queues it tracks.
     pub fn num_queues(&self) -> u16 {
         self.num_queues

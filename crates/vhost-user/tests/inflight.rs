@@ -543,3 +543,19 @@ fn a_region_that_cannot_be_trusted_stops_the_ring_with_a_device_error() {
     assert_eq!(frontend.blk(0, T_OUT, 0, 4096), 0);
     assert_eq!(region.u16_at(8), 1, "the new region was initialised (version 1)");
 }
+
+/// Regression: QEMU sizes the region by its queue-size property (128), but a driver on
+/// virtio-mmio may make its ring larger (the probe uses 256): the ring was refused with a device
+/// error. It is served, untracked.
+#[test]
+fn a_ring_larger_than_the_region_is_served_untracked() {
+    let backend = TestBackend::start(1);
+    let size = area_size(QUEUE_SIZE / 2);
+    let region = Region::new(size, true);
+    let mut frontend = reconnect(&backend, info(size, 0, 1, QUEUE_SIZE / 2), &region);
+    frontend.start_vring(0, 0);
+    frontend.mem.write(DATA, &[5u8; 4096]);
+    assert_eq!(frontend.blk(0, T_OUT, 0, 4096), 0);
+    assert_eq!(backend.disk_bytes(0, 4096), vec![5u8; 4096]);
+    assert!(region.bytes().iter().enumerate().all(|(i, &b)| b == 0 || (10..12).contains(&i)), "untouched");
+}
