@@ -107,11 +107,16 @@ impl InflightRegion {
             return Err(last_os_error("fcntl(F_ADD_SEALS)"));
         }
         let addr = mmap_shared(&fd, len, 0)?;
-        let region =
-            InflightRegion { addr, len, num_queues: info.num_queues, queue_size: info.queue_size, fd };
+        let region = Arc::new(InflightRegion {
+            addr,
+            len,
+            num_queues: info.num_queues,
+            queue_size: info.queue_size,
+            fd,
+        });
         region.write_desc_nums();
         let reply = InflightInfo { mmap_size: size, mmap_offset: 0, ..info };
-        Ok((Arc::new(region), reply))
+        Ok((region, reply))
     }
 
     /// SET_INFLIGHT_FD: check and map the region the frontend hands back.
@@ -157,15 +162,20 @@ impl InflightRegion {
         }
         let len = usize::try_from(size).map_err(|_| Error::BadInflightRegion("too large".into()))?;
         let addr = mmap_shared(&fd, len, info.mmap_offset)?;
-        let region =
-            InflightRegion { addr, len, num_queues: info.num_queues, queue_size: info.queue_size, fd };
+        let region = Arc::new(InflightRegion {
+            addr,
+            len,
+            num_queues: info.num_queues,
+            queue_size: info.queue_size,
+            fd,
+        });
         region.write_desc_nums();
-        Ok(Arc::new(region))
+        Ok(region)
     }
 
-    fn write_desc_nums(&self) {
+    fn write_desc_nums(self: &Arc<Self>) {
         for index in 0..usize::from(self.num_queues) {
-            if let Some(area) = self.area_unshared(index) {
+            if let Some(area) = self.area(index) {
                 area.set_desc_num();
             }
         }
@@ -178,13 +188,6 @@ impl InflightRegion {
         // areas a multiple of 64 bytes apart), with `queue_region_size(queue_size)` bytes after
         // it; the clone of `self` keeps the mapping.
         Some(unsafe { InflightArea::new(base, self.queue_size, self.clone()) })
-    }
-
-    fn area_unshared(&self, index: usize) -> Option<InflightArea> {
-        let base = self.area_base(index)?;
-        // An area used only while `self` is borrowed: it holds a dummy keep-alive.
-        // SAFETY: as in `area`; the area is dropped before `self` by the caller.
-        Some(unsafe { InflightArea::new(base, self.queue_size, Arc::new(())) })
     }
 
     fn area_base(&self, index: usize) -> Option<*mut u8> {
@@ -213,10 +216,7 @@ impl InflightRegion {
     }
 
     /// How many heads are marked in flight, over every queue.
-    pub fn count_in_flight(&self) -> usize {
-        (0..usize::from(self.num_queues))
-            .filter_map(|i| self.area_unshared(i))
-            .map(|a| a.count_in_flight())
-            .sum()
+    pub fn count_in_flight(self: &Arc<Self>) -> usize {
+        (0..usize::from(self.num_queues)).filter_map(|i| self.area(i)).map(|a| a.count_in_flight()).sum()
     }
 }
