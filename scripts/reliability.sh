@@ -2,18 +2,22 @@
 # Regenerates RELIABILITY.md from what the reliability runs print (never edited by hand), as
 # scripts/benchmarks.sh does BENCHMARKS.md: the fuzz targets (scripts/fuzz.sh long), the kill -9
 # rounds (tests/durability.rs), the fault cases (tests/faults.rs) and the FLUSH proof
-# (tests/flush.rs) and the Linux compatibility suite (tests/linux_compat.rs), with the commit, the
-# date, the machine and the exact commands.
+# (tests/flush.rs), the Linux compatibility suite (tests/linux_compat.rs) and the daemon's
+# restarts with requests in flight (tests/inflight.rs), with the commit, the date, the machine and
+# the exact commands.
 #
 #   scripts/reliability.sh short   a few minutes: each fuzz target for FUZZ_SMOKE_SECONDS
 #                                  (default 25, the smoke run's length) from its committed seeds,
 #                                  EXITLESS_DURABILITY_ROUNDS (default 3) kill -9 rounds per case,
 #                                  and the Linux guests' mixed fio run for
-#                                  EXITLESS_LINUX_MIXED_SECS (default 10) seconds per target
+#                                  EXITLESS_LINUX_MIXED_SECS (default 10) seconds per target, and
+#                                  EXITLESS_INFLIGHT_RESTARTS (default 3) kill -9 restarts of the
+#                                  daemon under fio
 #   scripts/reliability.sh long    each fuzz target to FUZZ_LONG_RUNS executions (default
 #                                  10000000) or FUZZ_LONG_SECONDS (default 0: no limit), whichever
 #                                  comes first, EXITLESS_DURABILITY_ROUNDS (default 50) rounds, and
-#                                  a mixed fio run of EXITLESS_LINUX_MIXED_SECS (default 60) seconds
+#                                  a mixed fio run of EXITLESS_LINUX_MIXED_SECS (default 60) seconds,
+#                                  and EXITLESS_INFLIGHT_RESTARTS (default 20) restarts
 #
 # The fault and FLUSH cases are the same in both forms. Every part runs even when one before it
 # failed; RELIABILITY.md then says which failed, and the script exits 1. Logs (libFuzzer's, the
@@ -27,11 +31,13 @@ short)
     fuzz_env=(FUZZ_LONG_RUNS=-1 "FUZZ_LONG_SECONDS=${FUZZ_SMOKE_SECONDS:-25}")
     rounds=${EXITLESS_DURABILITY_ROUNDS:-3}
     mixed_secs=${EXITLESS_LINUX_MIXED_SECS:-10}
+    restarts=${EXITLESS_INFLIGHT_RESTARTS:-3}
     ;;
 long)
     fuzz_env=("FUZZ_LONG_RUNS=${FUZZ_LONG_RUNS:-10000000}" "FUZZ_LONG_SECONDS=${FUZZ_LONG_SECONDS:-0}")
     rounds=${EXITLESS_DURABILITY_ROUNDS:-50}
     mixed_secs=${EXITLESS_LINUX_MIXED_SECS:-60}
+    restarts=${EXITLESS_INFLIGHT_RESTARTS:-20}
     ;;
 *)
     echo "usage: scripts/reliability.sh short|long (see the comment at its top)" >&2
@@ -41,6 +47,10 @@ esac
 
 if ! [[ $rounds =~ ^[0-9]+$ ]]; then
     echo "reliability: EXITLESS_DURABILITY_ROUNDS ($rounds) must be a number" >&2
+    exit 2
+fi
+if ! [[ $restarts =~ ^[0-9]+$ ]]; then
+    echo "reliability: EXITLESS_INFLIGHT_RESTARTS ($restarts) must be a number" >&2
     exit 2
 fi
 if ! [[ $mixed_secs =~ ^[1-9][0-9]*$ ]]; then
@@ -84,6 +94,7 @@ durability_command="EXITLESS_DURABILITY_ROUNDS=$rounds ${tests[*]} --test durabi
 faults_command="${tests[*]} --test faults ${test_flags[*]}"
 flush_command="${tests[*]} --test flush ${test_flags[*]}"
 linux_command="EXITLESS_LINUX_MIXED_SECS=$mixed_secs ${tests[*]} --test linux_compat ${test_flags[*]}"
+inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test inflight ${test_flags[*]}"
 
 echo "reliability $form: $tree" >&2
 echo "  machine: $machine (load $load_before)" >&2
@@ -92,11 +103,12 @@ echo "  durability: $durability_command" >&2
 echo "  faults:     $faults_command" >&2
 echo "  flush:      $flush_command" >&2
 echo "  linux:      $linux_command" >&2
+echo "  inflight:   $inflight_command" >&2
 echo "  logs:       $logs/" >&2
 
 scripts/setup.sh >&2
 cargo build --release >&2
-"${tests[@]}" --test durability --test faults --test flush --test linux_compat --no-run >&2
+"${tests[@]}" --test durability --test faults --test flush --test linux_compat --test inflight --no-run >&2
 
 failed=()
 # Runs part $1 ($2: its command line, run by bash), its output in $logs/$1.log; records its wall
@@ -116,6 +128,7 @@ part() {
 
 part flush "$flush_command"
 part linux "$linux_command"
+part inflight "$inflight_command"
 part faults "$faults_command"
 part durability "$durability_command"
 # fuzz.sh prints its table on stdout and its progress and failures on stderr.
@@ -202,7 +215,7 @@ EOF
     echo
     echo "| part | command | outcome (wall time, builds included) |"
     echo "|---|---|---|"
-    for name in fuzz durability faults flush linux; do
+    for name in fuzz durability faults flush linux inflight; do
         command_var="${name}_command"
         echo "| $name | \`${!command_var}\` | $(verdict "$name") |"
     done
@@ -464,6 +477,30 @@ EOF
     echo
     result_table "$logs/linux.log"
     failure_tail linux "$logs/linux.log"
+    echo
+
+    cat <<'EOF'
+## The daemon restarted with requests in flight
+
+`exitless vhost-user-blk` keeps the requests it holds in the shared memory of
+VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD; QEMU (`-chardev socket,...,reconnect=1`) hands it to the
+next daemon, which resubmits them. A Linux guest under QEMU TCG runs fio at queue depth 32
+(libaio, O_DIRECT, 4 KiB random writes, each checked by crc32c) while the daemon is killed with
+SIGKILL and started again; its disk file is served through a FUSE file system that answers each
+write after 1 ms, so that the daemon holds requests when it is killed. Every fio run must finish
+with exit status 0, `err= 0` and no failed check, and the guest's kernel must log no I/O error.
+The same test file holds a write back (FUSE) behind a completed read across a kill -9, which
+only resubmission completes, and hands the disk over with SIGTERM under fio.
+
+EOF
+    echo "### This run"
+    echo
+    echo "\`$inflight_command\`: $(verdict inflight)."
+    echo
+    printed "$logs/inflight.log" inflight | sed 's/^/- /'
+    echo
+    result_table "$logs/inflight.log"
+    failure_tail inflight "$logs/inflight.log"
 } >RELIABILITY.md.new
 mv RELIABILITY.md.new RELIABILITY.md
 echo "RELIABILITY.md updated ($form form; logs in $logs/)" >&2

@@ -1,7 +1,9 @@
 //! vhost-user: message parsing (`Message::parse`) and the per-connection state machine
 //! (`Session::handle`), fed sequences of messages as `server.rs` feeds them (a refused message
 //! ends the connection, and the next one gets a new session), with real descriptors attached:
-//! memfds for memory tables, eventfds, pipes (one with its reader gone), sockets, /dev/null.
+//! memfds for memory tables, eventfds, pipes (one with its reader gone), sockets, /dev/null, and
+//! sealed memfds of arbitrary contents as in-flight regions (SET_INFLIGHT_FD), which the next
+//! ring to start recovers from.
 //! Between messages the frontend's guest posts virtio-blk requests in the shared memory, and the
 //! running rings' workers are polled. Nothing may panic; after a poll nothing is left in flight
 //! (RAM disks); when a connection ends, every ring it started has been stopped.
@@ -18,7 +20,7 @@ use libfuzzer_sys::fuzz_target;
 use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
 use vhost_user::{Session, VhostUserBlk};
 use vhost_user_protocol::message::{
-    code, Header, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD,
+    code, Header, InflightInfo, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD,
 };
 use virtio::block::Block;
 use virtio::{QueueWorker, WorkerHost};
@@ -106,6 +108,27 @@ fn pipe() -> (OwnedFd, OwnedFd) {
     // SAFETY: pipe2 writes two descriptors into the array it is given; checked in `owned`.
     unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) };
     (owned(ends[0]), owned(ends[1]))
+}
+
+/// An in-flight region as a frontend hands it back: a memfd of `len` bytes (at most 64 KiB)
+/// sealed against shrinking, its contents from the input (the rest zero).
+fn inflight_region(u: &mut Unstructured, len: u64) -> Result<OwnedFd> {
+    let len = len.min(0x1_0000);
+    // SAFETY: memfd_create with a static name; `owned` checks the result.
+    let fd = unsafe {
+        libc::memfd_create(c"exitless-fuzz-inflight".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    };
+    let file = File::from(owned(fd));
+    file.set_len(len).expect("sizing the in-flight memfd");
+    let available = u.len().min(len as usize);
+    let count = u.int_in_range(0..=available)?;
+    let contents = u.bytes(count)?;
+    std::os::unix::fs::FileExt::write_all_at(&file, contents, 0).expect("filling the in-flight memfd");
+    // SAFETY: fcntl on the memfd we own.
+    let sealed =
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) };
+    assert_eq!(sealed, 0, "sealing the in-flight memfd");
+    Ok(OwnedFd::from(file))
 }
 
 /// A descriptor a frontend might send: mostly the right kind, sometimes a hostile one.
@@ -215,6 +238,33 @@ fn message(
                 };
                 payload.extend_from_slice(&region.to_bytes());
                 fds.push(descriptor(u, memfd, true)?);
+            }
+        }
+        code::GET_INFLIGHT_FD | code::SET_INFLIGHT_FD => {
+            let queue_size: u16 = if u.ratio(1, 8)? { u.arbitrary()? } else { 1 << u.int_in_range(0..=8)? };
+            let num_queues: u16 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(1..=2)? };
+            // libvhost-user's size per queue.
+            let needed = (16 * u64::from(queue_size) + 2).div_ceil(64) * 64 * u64::from(num_queues);
+            let set = request == code::SET_INFLIGHT_FD;
+            let info = InflightInfo {
+                mmap_size: if u.ratio(1, 8)? {
+                    u.arbitrary()?
+                } else if set {
+                    needed
+                } else {
+                    0
+                },
+                mmap_offset: if u.ratio(1, 8)? { u.arbitrary()? } else { 0 },
+                num_queues,
+                queue_size,
+            };
+            payload.extend_from_slice(&info.to_bytes());
+            if set {
+                fds.push(if u.ratio(1, 8)? {
+                    descriptor(u, memfd, false)?
+                } else {
+                    inflight_region(u, needed)?
+                });
             }
         }
         code::GET_CONFIG => {

@@ -106,6 +106,10 @@ const CONNECTION: &[i64] = &[
     libc::SYS_dup3,
     libc::SYS_eventfd2,
     libc::SYS_unlink,
+    // GET_INFLIGHT_FD: the in-flight tracking region is a sealed memfd (sealed with fcntl
+    // F_ADD_SEALS, allowed with fcntl's commands).
+    libc::SYS_memfd_create,
+    libc::SYS_ftruncate,
 ];
 
 /// A queue's start after a reset gave up on a disk that did not answer opens the disk again
@@ -162,7 +166,11 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             allow(&mut rules, REOPEN_DISK);
             // And close-on-exec on the descriptors a frontend sends; F_DUPFD_CLOEXEC to open a
             // disk again (`REOPEN_DISK`).
-            let commands = [FCNTL_COMMANDS, &[libc::F_SETFD as u64, libc::F_DUPFD_CLOEXEC as u64]].concat();
+            let commands = [
+                FCNTL_COMMANDS,
+                &[libc::F_SETFD as u64, libc::F_DUPFD_CLOEXEC as u64, libc::F_ADD_SEALS as u64],
+            ]
+            .concat();
             one_of(&mut rules, libc::SYS_fcntl, 1, &commands)?;
             // A frontend's socket is made non-blocking (FIONBIO).
             one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;

@@ -15,4 +15,8 @@ pub mod protocol {
     /// VHOST_USER_PROTOCOL_F_CONFIG: the frontend reads the device's configuration space with
     /// GET_CONFIG (and could write it with SET_CONFIG, which exitless's backend refuses).
     pub const CONFIG: u32 = 9;
+    /// VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD: the backend keeps which requests it holds in
+    /// memory shared with the frontend (GET_INFLIGHT_FD / SET_INFLIGHT_FD), so that a backend
+    /// restarted after a crash can resubmit them.
+    pub const INFLIGHT_SHMFD: u32 = 12;
 }

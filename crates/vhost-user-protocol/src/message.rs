@@ -259,6 +259,46 @@ pub struct VringAddr {
     pub log: u64,
 }
 
+/// GET_INFLIGHT_FD's and SET_INFLIGHT_FD's payload (QEMU's `VhostUserInflight`: two u64s and
+/// two u16s, padded to 24 bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InflightInfo {
+    /// The region's length in bytes (0 in GET_INFLIGHT_FD's request).
+    pub mmap_size: u64,
+    /// Where the region starts in its file (0 in GET_INFLIGHT_FD's request).
+    pub mmap_offset: u64,
+    /// How many queues the region tracks.
+    pub num_queues: u16,
+    /// Each queue's size: the number of descriptor entries per queue in the region.
+    pub queue_size: u16,
+}
+
+/// The length of [`InflightInfo`] on the wire.
+pub const INFLIGHT_INFO_LEN: usize = 24;
+
+impl InflightInfo {
+    /// The payload as it goes on the wire: mmap_size, mmap_offset, num_queues, queue_size,
+    /// then 4 bytes of padding.
+    pub fn to_bytes(self) -> [u8; INFLIGHT_INFO_LEN] {
+        let mut bytes = [0u8; INFLIGHT_INFO_LEN];
+        bytes[0..8].copy_from_slice(&self.mmap_size.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.mmap_offset.to_le_bytes());
+        bytes[16..18].copy_from_slice(&self.num_queues.to_le_bytes());
+        bytes[18..20].copy_from_slice(&self.queue_size.to_le_bytes());
+        bytes
+    }
+
+    fn from_payload(payload: &[u8]) -> InflightInfo {
+        let u16_at = |at: usize| u16::from_le_bytes([payload[at], payload[at + 1]]);
+        InflightInfo {
+            mmap_size: u64_at(payload, 0),
+            mmap_offset: u64_at(payload, 8),
+            num_queues: u16_at(16),
+            queue_size: u16_at(18),
+        }
+    }
+}
+
 impl VringAddr {
     /// The payload as it goes on the wire: index, flags, then desc, used, avail and log.
     pub fn to_bytes(self) -> [u8; 40] {
@@ -353,6 +393,12 @@ pub enum Request {
         /// SET_CONFIG, and is only echoed in GET_CONFIG's reply.
         flags: u32,
     },
+    /// GET_INFLIGHT_FD: allocate the shared memory that tracks in-flight requests for
+    /// `num_queues` queues of `queue_size` and reply with it (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
+    GetInflightFd(InflightInfo),
+    /// SET_INFLIGHT_FD: the in-flight tracking memory, handed back (also to a new backend
+    /// after a reconnection), with the descriptor of the file it lies in.
+    SetInflightFd(InflightInfo, OwnedFd),
 }
 
 /// Does request `code` have a reply of its own? REPLY_ACK's acknowledgement is only for those
@@ -365,6 +411,7 @@ pub fn has_own_reply(code: u32) -> bool {
             | code::GET_PROTOCOL_FEATURES
             | code::GET_QUEUE_NUM
             | code::GET_CONFIG
+            | code::GET_INFLIGHT_FD
     )
 }
 
@@ -408,6 +455,7 @@ impl Message {
             SET_FEATURES | SET_PROTOCOL_FEATURES => Some(8),
             SET_VRING_NUM | SET_VRING_BASE | GET_VRING_BASE | SET_VRING_ENABLE => Some(8),
             SET_VRING_ADDR => Some(40),
+            GET_INFLIGHT_FD => Some(INFLIGHT_INFO_LEN),
             _ => None,
         };
         if let Some(expected) = fixed {
@@ -498,9 +546,17 @@ impl Message {
                 size(12 + config_size as usize)?;
                 Request::GetConfig { offset, size: config_size, flags }
             }
+            GET_INFLIGHT_FD => Request::GetInflightFd(InflightInfo::from_payload(payload)),
+            SET_INFLIGHT_FD => {
+                size(INFLIGHT_INFO_LEN)?;
+                fd_count(&fds, 1)?;
+                let info = InflightInfo::from_payload(payload);
+                let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
+                Request::SetInflightFd(info, fd)
+            }
             // Known requests for features this backend does not offer (logging, IOTLB, RARP,
-            // MTU, backend requests, cross-endian, writable config, crypto, postcopy, in-flight
-            // tracking, GPU, reset, in-band kicks, memory slots, status).
+            // MTU, backend requests, cross-endian, writable config, crypto, postcopy, GPU,
+            // reset, in-band kicks, memory slots, status).
             _ => return Err(Error::Unsupported(name)),
         };
         Ok(Message { header, request })
@@ -603,11 +659,16 @@ impl<'a> Wire<'a> {
 
     /// Reply to `request` with `payload`.
     pub fn reply(&self, request: u32, payload: &[u8]) -> Result<(), Error> {
+        self.reply_with_fds(request, payload, &[])
+    }
+
+    /// Reply to `request` with `payload` and descriptors (GET_INFLIGHT_FD's region).
+    pub fn reply_with_fds(&self, request: u32, payload: &[u8], fds: &[RawFd]) -> Result<(), Error> {
         // Replies are a few bytes or the configuration space, far below u32::MAX.
         let size = u32::try_from(payload.len())
             .map_err(|_| Error::Write(std::io::ErrorKind::InvalidInput.into()))?;
         let header = Header { request, flags: VERSION | FLAG_REPLY, size };
-        self.send(header, payload, &[])
+        self.send(header, payload, fds)
     }
 
     /// Wait for `events` on the socket (a hang-up counts); `false` when `limit` passed first.

@@ -24,13 +24,14 @@ use virtio::{
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::Error;
+use crate::inflight::InflightRegion;
 use crate::memory::GuestMemoryTable;
 use vhost_user_protocol::features::{protocol, VHOST_USER_F_PROTOCOL_FEATURES};
 use vhost_user_protocol::message::{Message, Request, VringAddr, MAX_CONFIG_SIZE, VRING_F_LOG};
 
 /// The protocol features this backend offers.
 pub const OFFERED_PROTOCOL_FEATURES: u64 =
-    1 << protocol::MQ | 1 << protocol::REPLY_ACK | 1 << protocol::CONFIG;
+    1 << protocol::MQ | 1 << protocol::REPLY_ACK | 1 << protocol::CONFIG | 1 << protocol::INFLIGHT_SHMFD;
 
 /// Worker ids on the IOCore: this, plus 2^16 per device, plus the queue index, so devices can
 /// share an IOCore (each serves one frontend at a time).
@@ -98,6 +99,8 @@ impl VhostUserBlk {
             memory: None,
             vrings: (0..queues).map(|_| Vring::default()).collect(),
             set_up: false,
+            inflight: None,
+            reply_fd: None,
         }
     }
 }
@@ -135,6 +138,10 @@ pub struct Session<'a> {
     vrings: Vec<Vring>,
     /// See [`Session::set_up`].
     set_up: bool,
+    /// The in-flight tracking region (SET_INFLIGHT_FD, or GET_INFLIGHT_FD's own).
+    inflight: Option<Arc<InflightRegion>>,
+    /// A descriptor to send with the reply to the message just handled.
+    reply_fd: Option<std::os::fd::RawFd>,
 }
 
 /// Replace the descriptor behind `slot` with `fd` (or a fresh eventfd nobody reads, for "no
@@ -219,6 +226,21 @@ impl Session<'_> {
         self.protocol_features
     }
 
+    /// The descriptor to attach to the reply `handle` just returned (GET_INFLIGHT_FD's region),
+    /// valid while the session lives.
+    pub fn take_reply_fd(&mut self) -> Option<std::os::fd::RawFd> {
+        self.reply_fd.take()
+    }
+
+    /// The in-flight tracking region, once set.
+    pub fn inflight_region(&self) -> Option<&Arc<InflightRegion>> {
+        self.inflight.as_ref()
+    }
+
+    fn inflight_negotiated(&self) -> bool {
+        self.protocol_features & 1 << protocol::INFLIGHT_SHMFD != 0
+    }
+
     /// Did the frontend negotiate REPLY_ACK?
     pub fn reply_ack(&self) -> bool {
         self.protocol_features & 1 << protocol::REPLY_ACK != 0
@@ -239,7 +261,28 @@ impl Session<'_> {
     /// Handle one message; `Some(payload)` is the reply to send.
     pub fn handle(&mut self, message: Message) -> Result<Option<Vec<u8>>, Error> {
         let u64_reply = |v: u64| Ok(Some(v.to_le_bytes().to_vec()));
+        self.reply_fd = None;
         match message.request {
+            Request::GetInflightFd(info) => {
+                if !self.inflight_negotiated() {
+                    return Err(Error::InflightNotNegotiated("GET_INFLIGHT_FD"));
+                }
+                let (region, reply) = InflightRegion::create(info, self.vrings.len())?;
+                self.reply_fd = Some(region.fd().as_raw_fd());
+                // Rings started from now on track into it; running ones keep their region.
+                self.inflight = Some(region);
+                Ok(Some(reply.to_bytes().to_vec()))
+            }
+            Request::SetInflightFd(info, fd) => {
+                if !self.inflight_negotiated() {
+                    return Err(Error::InflightNotNegotiated("SET_INFLIGHT_FD"));
+                }
+                if let Some(index) = self.vrings.iter().position(|v| v.running) {
+                    return Err(Error::RingRunning(index));
+                }
+                self.inflight = Some(InflightRegion::map(info, fd, self.vrings.len())?);
+                Ok(None)
+            }
             Request::GetFeatures => u64_reply(self.device.features()),
             Request::SetFeatures(features) => {
                 let offered = self.device.features();
@@ -268,6 +311,7 @@ impl Session<'_> {
                 self.features = None;
                 self.protocol_features = 0;
                 self.memory = None;
+                self.inflight = None;
                 self.vrings.iter_mut().for_each(|v| *v = Vring::default());
                 Ok(None)
             }
@@ -428,6 +472,39 @@ impl Session<'_> {
             .map_err(|source| Error::BadQueue { index, source })?
             .with_indirect_descriptors(acked(VIRTIO_F_INDIRECT_DESC));
         queue.resume(vring.base);
+        let mut tracked = self.inflight_negotiated().then_some(self.inflight.as_ref()).flatten();
+        if let Some(region) = tracked.filter(|region| region.queue_size() < vring.size) {
+            // QEMU sizes the region by its queue-size property, but lets a driver pick a larger
+            // ring (up to 1024 on virtio-mmio): serve it, untracked, rather than not at all.
+            log::warn!(
+                "{}: vring {index} has {} descriptors, more than the in-flight region's {}: its requests are not tracked, and a restart of the daemon may lose those in flight",
+                self.device.stats.name(), vring.size, region.queue_size()
+            );
+            tracked = None;
+        }
+        let mut resubmits = 0;
+        if let Some(area) = tracked.and_then(|region| region.area(index)) {
+            match queue.track_inflight(area) {
+                Ok(recovery) => {
+                    resubmits = recovery.count;
+                    if recovery.count > 0 || recovery.next_avail != vring.base {
+                        log::info!(
+                            "{}: vring {index} resumes at avail index {} (the frontend said {}), resubmitting {} request(s) in flight",
+                            self.device.stats.name(), recovery.next_avail, vring.base, recovery.count
+                        );
+                    }
+                }
+                Err(why) => {
+                    // The frontend (or a predecessor) left a region that cannot be trusted: the
+                    // ring is not served, and the frontend hears of it as of a broken queue.
+                    log::error!("{}: vring {index}: {why}; the ring is not served", self.device.stats.name());
+                    if let Some(err) = &vring.err {
+                        let _ = err.write(1);
+                    }
+                    return Ok(());
+                }
+            }
+        }
         let kick = kick.clone();
         // A ring may start before the frontend gave a call or error descriptor: the worker
         // then signals an eventfd nobody reads, until SET_VRING_CALL replaces it.
@@ -452,6 +529,10 @@ impl Session<'_> {
             .with_batch_limit(FAIR_BATCH);
         if let Some(limiter) = &self.device.limiter {
             worker = worker.with_rate_limiter(limiter.clone());
+        }
+        // Resubmitted requests need no new avail entry: wake the worker for them.
+        if let (Some(kick), true) = (&kick, resubmits > 0) {
+            let _ = kick.write(1);
         }
         self.device.host.attach(self.device.worker_ids + index as u64, Box::new(worker), kick);
         self.vrings[index].running = true;
@@ -502,6 +583,15 @@ impl Drop for Session<'_> {
         // A worker the IOCore does not give back keeps its backend; nothing more can be done.
         if let Err(e) = self.stop_all() {
             log::error!("{e}");
+        }
+        // Every ring stopped has finished its requests: what is still marked was abandoned by
+        // a disk that did not answer, and the next daemon resubmits it.
+        if let Some(region) = &self.inflight {
+            log::info!(
+                "{}: the in-flight region marks {} request(s) in flight as the connection ends",
+                self.device.stats.name(),
+                region.count_in_flight()
+            );
         }
     }
 }

@@ -33,6 +33,18 @@ pub enum Error {
     #[error("more than {0} memory regions mapped at once in this process")]
     TooManyMappedRegions(usize),
 
+    // The in-flight tracking region.
+    #[error("in-flight region for {num_queues} queues: this device has 1 to {max}")]
+    BadInflightQueues { num_queues: u16, max: usize },
+    #[error("in-flight region with queue size {queue_size}: give 1 to {max}")]
+    BadInflightQueueSize { queue_size: u16, max: u16 },
+    #[error("in-flight region: {0}")]
+    BadInflightRegion(String),
+    #[error("in-flight region: {what} failed: {source}")]
+    Inflight { what: &'static str, source: io::Error },
+    #[error("{0} before VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD was negotiated")]
+    InflightNotNegotiated(&'static str),
+
     // Rings.
     #[error("vring index {index}: this device has {queues} queues")]
     BadVringIndex { index: u64, queues: usize },

@@ -12,6 +12,8 @@
 //! - [`memory`]: the memory table, mapped as one `GuestMemoryMmap`.
 //! - [`fault`]: a frontend that shrinks its shared memory costs it its connection, not the
 //!   daemon its life (SIGBUS handling).
+//! - [`inflight`]: the shared region in which rings mark the requests they hold, so that a
+//!   restarted daemon resubmits them (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
 //! - [`backend`]: the device across connections, and the per-connection state machine.
 //! - [`server`]: one disk's listening socket, one frontend at a time (others are refused), each
 //!   with a set-up time limit. A daemon serving many disks runs a server per disk on a thread of
@@ -24,6 +26,7 @@
 pub mod backend;
 pub mod error;
 pub mod fault;
+pub mod inflight;
 pub mod memory;
 pub mod server;
 

@@ -272,7 +272,10 @@ fn serve_message(wire: &Wire, session: &mut Session) -> Option<Ending> {
         .map_err(Error::from)
         .and_then(|message| session.handle(message));
     let sent = match result {
-        Ok(Some(reply)) => wire.reply(header.request, &reply),
+        Ok(Some(reply)) => match session.take_reply_fd() {
+            Some(fd) => wire.reply_with_fds(header.request, &reply, &[fd]),
+            None => wire.reply(header.request, &reply),
+        },
         Ok(None) if ack => wire.reply(header.request, &0u64.to_le_bytes()),
         Ok(None) => Ok(()),
         Err(error) => {

@@ -14,6 +14,8 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use thiserror::Error;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+use crate::inflight::{InflightArea, InflightError, InflightTracker, Recovery};
+
 /// The largest queue a device offers.
 pub const MAX_QUEUE_SIZE: u16 = 256;
 /// The most descriptors an indirect table may hold, whatever the queue size: QEMU's
@@ -128,6 +130,9 @@ pub struct Queue {
     /// Heads returned by `add_used` since the last `publish_used`, released when it runs.
     returned: [u16; MAX_QUEUE_SIZE as usize],
     returned_count: usize,
+    /// Heads in flight are also kept in memory shared with a vhost-user frontend, and those a
+    /// crashed predecessor held are served again first (see [`crate::inflight`]).
+    inflight: Option<Box<InflightTracker>>,
 }
 
 // SAFETY: the ring pointers point into regions of `mem`, which the queue holds, so they stay valid
@@ -175,6 +180,7 @@ impl Queue {
             held: [0; MAX_QUEUE_SIZE as usize / 64],
             returned: [0; MAX_QUEUE_SIZE as usize],
             returned_count: 0,
+            inflight: None,
         })
     }
 
@@ -218,6 +224,26 @@ impl Queue {
         self.signalled_used = None;
     }
 
+    /// Track heads in flight in `area` from now on, after `resume`: bring it up to date with the
+    /// used ring (finishing a batch a crashed predecessor left half done), resume at the used
+    /// index plus the heads it holds in flight, and serve those again, in the order they were
+    /// taken, before new avail entries.
+    pub fn track_inflight(&mut self, area: InflightArea) -> Result<Recovery, InflightError> {
+        let (tracker, recovery) = InflightTracker::recover(area, self.size, self.next_used)?;
+        for &head in tracker.pending_resubmits() {
+            // `recover` checked every head against the queue size.
+            self.held[head as usize / 64] |= 1u64 << (head % 64);
+        }
+        self.next_avail = recovery.next_avail;
+        self.inflight = Some(Box::new(tracker));
+        Ok(recovery)
+    }
+
+    /// The in-flight tracker, if the queue has one.
+    pub fn inflight(&self) -> Option<&InflightTracker> {
+        self.inflight.as_deref()
+    }
+
     /// The 16-bit word at `offset` in the avail ring: at most `4 + 2 * size`.
     fn avail_u16(&self, offset: usize) -> &AtomicU16 {
         assert!(offset <= 4 + 2 * self.size as usize);
@@ -254,12 +280,17 @@ impl Queue {
         if pending > self.size {
             return Err(QueueError::AvailIndexJump(pending));
         }
-        Ok(pending != 0)
+        let resubmits = self.inflight.as_ref().is_some_and(|t| !t.pending_resubmits().is_empty());
+        Ok(pending != 0 || resubmits)
     }
 
     /// Take the head of the next available chain. The device holds it until it returns it with
     /// `add_used` and `publish_used`; the driver offering it again meanwhile is an error.
     pub fn pop_avail(&mut self) -> Result<Option<u16>, QueueError> {
+        // Heads a crashed predecessor held come first; they are marked held already.
+        if let Some(head) = self.inflight.as_mut().and_then(|t| t.next_resubmit()) {
+            return Ok(Some(head));
+        }
         if !self.has_avail()? {
             return Ok(None);
         }
@@ -273,6 +304,9 @@ impl Queue {
             return Err(QueueError::HeadInUse(head));
         }
         self.held[word] |= bit;
+        if let Some(tracker) = &mut self.inflight {
+            tracker.mark_in_flight(head);
+        }
         self.next_avail = self.next_avail.wrapping_add(1);
         Ok(Some(head))
     }
@@ -377,8 +411,15 @@ impl Queue {
     /// Make the used elements added so far visible to the driver, which may then offer their
     /// heads again.
     pub fn publish_used(&mut self) {
+        let batch = &self.returned[..self.returned_count];
+        if let Some(tracker) = &mut self.inflight {
+            tracker.link_batch(batch);
+        }
         fence(Ordering::Release);
         self.used_u16(2).store(self.next_used, Ordering::Release);
+        if let Some(tracker) = &mut self.inflight {
+            tracker.clear_batch(batch, self.next_used);
+        }
         for &head in &self.returned[..self.returned_count] {
             if let Some(word) = self.held.get_mut(head as usize / 64) {
                 *word &= !(1u64 << (head % 64));

@@ -90,6 +90,12 @@ descriptors must be eventfds), has not negotiated its features 10 s after connec
 rings get an error eventfd signal; the daemon survives the SIGBUS). Every reason is logged,
 with the disk's socket. SIGINT or SIGTERM stops it within 2 s, whatever the frontends do.
 
+Restarts: the daemon tracks the requests it holds in memory it shares with the frontend
+(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD). Give QEMU a reconnecting chardev (-chardev
+socket,...,reconnect=1) and start the next daemon on the same socket and disk: after a kill -9
+it resubmits what the old one held; after SIGTERM (which finishes the requests held) there is
+nothing to resubmit.
+
 Shared data plane: the rings of all connected frontends are served by --iocores IOCore threads
 (default one). Disks are placed in the order given, each on the IOCore with the fewest queues
 so far (so disk i goes to IOCore i mod N when disks have equal queue counts); a ring joins its

@@ -1,0 +1,409 @@
+//! Restarting `exitless vhost-user-blk` under a running guest (QEMU with a reconnecting
+//! chardev, a Linux guest under TCG) with requests in flight: VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD.
+//!
+//! - The out-of-order case: the guest writes block 1000, which a FUSE file system in front of the
+//!   disk file (`held_disk.c`, built here against libfuse3) holds in the kernel, then reads block
+//!   2000, which completes; the daemon is killed (SIGKILL) with the write still in flight behind a
+//!   completed request, the held write is then failed to the dead daemon, and a new daemon is
+//!   started on the same socket and disk file. It must resubmit the write: the guest's `dd`
+//!   finishes and reads its data back, and the file holds it. (Without in-flight tracking QEMU
+//!   rewinds the ring to the used index, which is past the write: it is never offered again and
+//!   the guest hangs.)
+//! - Restarts under load: fio with crc32c verify at queue depth 32 (libaio, O_DIRECT, on a file
+//!   of an ext4 file system on the disk) while the daemon is killed with SIGKILL and started again
+//!   `EXITLESS_INFLIGHT_RESTARTS` times (default `RESTARTS`; scripts/reliability.sh runs 20):
+//!   fio must finish with no I/O error and no failed verify, and the guest's kernel log must
+//!   hold no I/O error.
+//! - A graceful hand-over: SIGTERM while fio runs; the daemon finishes what it holds, leaves
+//!   none marked in flight, exits 0, and a new daemon takes over. The longest pause the guest
+//!   saw is printed (not asserted).
+//!
+//! Needs root (FUSE mounts), libfuse3-dev and fuse3, a C compiler, QEMU, Debian's cloud kernel,
+//! busybox-static, coreutils, e2fsprogs and fio: what scripts/setup.sh installs.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use common::linux::{host_programs, initramfs_with, kernel, INIT_PRELUDE};
+use common::qemu::Qemu;
+
+/// A hang guard for one step of a guest under TCG on a shared machine.
+const WAIT: Duration = Duration::from_secs(120);
+const BLOCK: usize = 4096;
+
+/// The block the out-of-order case holds: away from what the kernel reads as it probes the disk
+/// (its partition table), which must not be held.
+const HELD_BLOCK: u64 = 1000;
+
+/// What the guest writes to `HELD_BLOCK` in the out-of-order case (busybox `yes | head -c 4096`).
+const HELD_LINE: &str = "exitless in-flight write, held then resubmitted";
+
+fn held_pattern() -> Vec<u8> {
+    format!("{HELD_LINE}\n").repeat(BLOCK / HELD_LINE.len() + 1).into_bytes()[..BLOCK].to_vec()
+}
+
+/// Build `held_disk.c` into `dir`.
+fn held_disk_program(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/held_disk.c");
+    let binary = dir.join("held_disk");
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "fuse3"])
+        .output()
+        .expect("pkg-config (scripts/setup.sh installs it with libfuse3-dev)");
+    assert!(
+        flags.status.success(),
+        "libfuse3 is missing: install libfuse3-dev and fuse3 (scripts/setup.sh does): {}",
+        String::from_utf8_lossy(&flags.stderr)
+    );
+    let flags = String::from_utf8(flags.stdout).unwrap();
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .args(flags.split_whitespace())
+        .output()
+        .expect("a C compiler (cc) must be installed: scripts/setup.sh installs g++");
+    assert!(out.status.success(), "cc held_disk.c: {}", String::from_utf8_lossy(&out.stderr));
+    binary
+}
+
+/// `file` behind a FUSE mount that can hold the requests touching block `HELD_BLOCK`.
+struct HeldDisk {
+    mount: PathBuf,
+    control: PathBuf,
+    server: Child,
+}
+
+impl HeldDisk {
+    fn start(dir: &Path, file: &Path) -> HeldDisk {
+        HeldDisk::start_slow(dir, file, 0)
+    }
+
+    /// As `start`, each write taking `write_delay_us` longer.
+    fn start_slow(dir: &Path, file: &Path, write_delay_us: u64) -> HeldDisk {
+        let program = held_disk_program(dir);
+        let mount = dir.join("held");
+        let control = dir.join("held-control");
+        std::fs::create_dir_all(&mount).unwrap();
+        std::fs::create_dir_all(&control).unwrap();
+        let server = Command::new(program)
+            .arg(&mount)
+            .arg("-f")
+            .env("HELD_BACKING", file)
+            .env("HELD_OFFSET", (HELD_BLOCK * BLOCK as u64).to_string())
+            .env("HELD_CONTROL", &control)
+            .env("HELD_WRITE_DELAY_US", write_delay_us.to_string())
+            .stderr(std::fs::File::create(dir.join("held_disk.err")).unwrap())
+            .spawn()
+            .expect("start held_disk");
+        let disk = HeldDisk { mount, control, server };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !disk.disk().exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the FUSE file system did not come up (needs root and /dev/fuse)"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        disk
+    }
+
+    fn disk(&self) -> PathBuf {
+        self.mount.join("disk")
+    }
+
+    fn hold(&self) {
+        std::fs::write(self.control.join("hold"), b"").unwrap();
+    }
+
+    /// Let held requests go; `drop`: they fail with EIO without reaching the file.
+    fn release(&self, drop: bool) {
+        if drop {
+            std::fs::write(self.control.join("drop"), b"").unwrap();
+        }
+        let _ = std::fs::remove_file(self.control.join("hold"));
+    }
+
+    /// What the request being held is ("write 0 4096"), if one is.
+    fn held(&self) -> Option<String> {
+        std::fs::read_to_string(self.control.join("held")).ok().map(|s| s.trim().to_owned())
+    }
+}
+
+impl Drop for HeldDisk {
+    fn drop(&mut self) {
+        self.release(true);
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// The out-of-order guest: a write of block 1000 (held), then a read of block 2000 that
+/// completes behind it; then it waits for the write and reads block 1000 back. coreutils' dd
+/// for O_DIRECT.
+const OUT_OF_ORDER_INIT: &str = r#"
+mkdir -p /tmp
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+DD=/usr/bin/dd
+yes 'exitless in-flight write, held then resubmitted' | head -c 4096 > /pattern
+$DD if=/pattern of=/dev/vda bs=4096 seek=1000 count=1 oflag=direct conv=notrunc 2>/tmp/first &
+first=$!
+sleep 2
+$DD if=/dev/vda of=/tmp/second bs=4096 skip=2000 count=1 iflag=direct 2>/tmp/second.err \
+    && echo OOO-SECOND-DONE || { echo OOO-SECOND-FAILED; cat /tmp/second.err; }
+wait $first
+echo "OOO-FIRST-DONE rc=$?"
+cat /tmp/first
+$DD if=/dev/vda of=/tmp/back bs=4096 skip=1000 count=1 iflag=direct 2>/dev/null
+cmp /pattern /tmp/back && echo OOO-VERIFY-OK || echo OOO-VERIFY-BAD
+dmesg | grep -i -E 'i/o error|blk_update_request|critical' | sed 's/^/OOO-DMESG /'
+echo OOO-END
+poweroff -f
+"#;
+
+#[test]
+fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_kill_9() {
+    let _one = common::one_at_a_time();
+    let kernel = kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let programs = host_programs(&[("/usr/bin/dd", "coreutils")]);
+    let files: Vec<(&str, u32, &[u8])> =
+        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
+    let initramfs = dir.path().join("initramfs.cpio");
+    initramfs_with(&kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &files, &initramfs);
+    let file = dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
+    let held = HeldDisk::start(dir.path(), &file);
+    held.hold();
+    let socket = dir.path().join("vhost.sock");
+
+    let first = Daemon::builder()
+        .io_mode("adaptive")
+        .socket(&socket)
+        .disk(&format!("path={},direct", held.disk().display()))
+        .start_console(&dir.path().join("daemon1.err"));
+    let mut guest = Qemu::linux(&kernel, &initramfs, "256M", 1, "")
+        .vhost_user_blk_with(&socket, ",reconnect=1", "")
+        .spawn_console(&dir.path().join("qemu.err"));
+    guest.wait_for(WAIT, |l| l.contains("OOO-SECOND-"));
+    let held_request = format!("write {} 4096", HELD_BLOCK * BLOCK as u64);
+    assert_eq!(held.held(), Some(held_request), "the write of block {HELD_BLOCK} is held in the kernel");
+
+    // SIGKILL: from here no thread of the daemon runs user code again, so the held write, once
+    // let go (as a failure: it must not reach the file), is never answered to the guest.
+    let pid = first.pid();
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    held.release(true);
+    let (status, _) = first.finish(WAIT);
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "the first daemon was killed");
+    let held_bytes = |file: &Path| {
+        let at = HELD_BLOCK as usize * BLOCK;
+        std::fs::read(file).unwrap()[at..at + BLOCK].to_vec()
+    };
+    assert_ne!(held_bytes(&file), held_pattern(), "the held write did not land");
+
+    // The next daemon, on the disk file itself now, the same socket.
+    let second = Daemon::builder()
+        .io_mode("adaptive")
+        .socket(&socket)
+        .disk(&format!("path={},direct", file.display()))
+        .start(&dir.path().join("daemon2.err"));
+    guest.wait_for(WAIT, |l| l.contains("OOO-END"));
+    let (_, lines) = guest.finish(WAIT);
+    let console = lines.join("\n");
+    let log = second.stop();
+    assert!(console.contains("OOO-SECOND-DONE"), "the read behind the held write completed: {console}");
+    assert!(console.contains("OOO-FIRST-DONE rc=0"), "the held write completed after the restart: {console}");
+    assert!(console.contains("OOO-VERIFY-OK"), "block {HELD_BLOCK} reads back as written: {console}");
+    assert!(!console.contains("OOO-DMESG"), "no I/O error in the guest: {console}");
+    assert!(
+        log.contains("resubmitting 1 request(s) in flight"),
+        "the new daemon resubmitted the write: {log}"
+    );
+    assert_eq!(held_bytes(&file), held_pattern(), "the disk file holds the write");
+    println!("inflight out-of-order: the write held behind a completed read was resubmitted after kill -9");
+}
+
+/// Restarts of the load test by default (CI); `EXITLESS_INFLIGHT_RESTARTS` sets another
+/// (scripts/reliability.sh: 20).
+const RESTARTS: u64 = 3;
+
+fn restarts() -> u64 {
+    match std::env::var("EXITLESS_INFLIGHT_RESTARTS") {
+        Ok(n) => n.parse().unwrap_or_else(|_| panic!("EXITLESS_INFLIGHT_RESTARTS={n}: not a number")),
+        Err(_) => RESTARTS,
+    }
+}
+
+/// The load guest: `inflight.runs=N` fio runs one after the other on /dev/vda (O_DIRECT, libaio,
+/// queue depth 32, 4 KiB random writes over 16 MiB, each checked by crc32c as it is read back
+/// during the run and at its end); each says FIO-RUN-START and FIO-RUN-OK (with fio's completion
+/// latency lines) or FIO-RUN-FAIL; then the kernel's I/O errors, if any.
+const FIO_INIT: &str = r#"
+mkdir -p /tmp
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+runs=$(sed -n 's/.*inflight\.runs=\([0-9]*\).*/\1/p' /proc/cmdline)
+r=1
+while [ "$r" -le "$runs" ]; do
+    echo "FIO-RUN-START $r"
+    /usr/bin/fio --name=restart --filename=/dev/vda --direct=1 --ioengine=libaio --iodepth=32 \
+        --rw=randwrite --bs=4k --size=16M --verify=crc32c --verify_fatal=1 --verify_backlog=256 \
+        --randseed=$r > /tmp/fio 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] || [ "$(grep -c ': err= 0: ' /tmp/fio)" != 1 ] || grep -q -i 'verify' /tmp/fio.err 2>/dev/null; then
+        cat /tmp/fio
+        echo "FIO-RUN-FAIL $r rc=$rc"
+        break
+    fi
+    grep -E '^ +(clat|lat) \((u|m|n)sec\)' /tmp/fio | sed "s/^ */FIO-LAT $r /"
+    grep -E '^ +(READ|WRITE):' /tmp/fio | sed "s/^ */FIO-IO $r /"
+    echo "FIO-RUN-OK $r"
+    r=$((r + 1))
+done
+dmesg | grep -i -E 'i/o error|blk_update_request|critical|not a head' | sed 's/^/FIO-DMESG /'
+echo FIO-END
+poweroff -f
+"#;
+
+/// A Linux guest with fio, on `socket` with a reconnecting chardev, running `runs` fio runs.
+fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> common::console::Console {
+    let kernel = kernel();
+    let programs = host_programs(&[("/usr/bin/fio", "fio")]);
+    let files: Vec<(&str, u32, &[u8])> =
+        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
+    let initramfs = dir.join("initramfs.cpio");
+    initramfs_with(&kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &files, &initramfs);
+    // fio and its libraries (about 80 MB) are unpacked into the guest's RAM.
+    Qemu::linux(&kernel, &initramfs, "512M", 1, &format!("inflight.runs={runs}"))
+        .vhost_user_blk_with(socket, ",reconnect=1", "")
+        .spawn_console(&dir.join("qemu.err"))
+}
+
+fn start_daemon(socket: &Path, file: &Path, log: &Path) -> common::console::Console {
+    Daemon::builder()
+        .io_mode("adaptive")
+        .socket(socket)
+        .disk(&format!("path={},direct", file.display()))
+        .start_console(log)
+}
+
+/// What the guest's fio runs said: every run OK, no kernel I/O error.
+fn check_fio(lines: &[String], runs: u64) -> String {
+    let console = lines.join("\n");
+    assert!(!console.contains("FIO-RUN-FAIL"), "a fio run failed: {console}");
+    assert!(!console.contains("FIO-DMESG"), "the guest's kernel logged I/O errors: {console}");
+    for run in 1..=runs {
+        assert!(console.contains(&format!("FIO-RUN-OK {run}")), "fio run {run} did not finish: {console}");
+    }
+    console
+}
+
+/// "resubmitting N request(s)" summed over a daemon log.
+fn resubmitted(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| l.split("resubmitting ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
+    let _one = common::one_at_a_time();
+    let restarts = restarts();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    // Served through the FUSE file system, holding nothing but answering each write in turn
+    // after 1 ms (a slow disk), so that the daemon holds many of fio's 32 when it is killed.
+    let fuse = HeldDisk::start_slow(dir.path(), &file, 1000);
+    let disk = fuse.disk();
+    let socket = dir.path().join("vhost.sock");
+    let mut daemon = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let runs = restarts + 1;
+    let mut guest = fio_guest(dir.path(), &socket, runs);
+    let mut logs = String::new();
+    let mut rng =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    for restart in 1..=restarts {
+        guest.wait_for(WAIT, |l| l.contains(&format!("FIO-RUN-START {restart}")));
+        // Into the run: fio starts, then writes for a few seconds under TCG.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(1000 + rng % 2000));
+        let (status, _) = daemon.kill(WAIT);
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "restart {restart}: the daemon was killed");
+        logs.push_str(
+            &std::fs::read_to_string(dir.path().join(format!("daemon{}.err", restart - 1))).unwrap(),
+        );
+        daemon = start_daemon(&socket, &disk, &dir.path().join(format!("daemon{restart}.err")));
+    }
+    guest.wait_for(WAIT, |l| l.contains("FIO-END"));
+    let (_, lines) = guest.finish(WAIT);
+    let (_, _) = daemon.kill(WAIT);
+    logs.push_str(&std::fs::read_to_string(dir.path().join(format!("daemon{restarts}.err"))).unwrap());
+    let console = check_fio(&lines, runs);
+    println!(
+        "inflight restarts: {restarts} kill -9 restarts under fio verify at depth 32 ({runs} runs), 0 I/O errors, \
+         0 failed verifies; the daemons resubmitted {} request(s) in all",
+        resubmitted(&logs)
+    );
+    for line in console.lines().filter(|l| l.contains("FIO-LAT") || l.contains("FIO-IO")) {
+        println!("  {}", line.trim());
+    }
+}
+
+#[test]
+fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
+    let _one = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    // The slow disk again, so that the daemon holds requests when SIGTERM comes.
+    let fuse = HeldDisk::start_slow(dir.path(), &file, 1000);
+    let disk = fuse.disk();
+    let socket = dir.path().join("vhost.sock");
+    let first = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let runs = 2;
+    let mut guest = fio_guest(dir.path(), &socket, runs);
+    guest.wait_for(WAIT, |l| l.contains("FIO-RUN-START 1"));
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let sent = Instant::now();
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(first.pid(), libc::SIGTERM) };
+    let (status, _) = first.finish(WAIT);
+    let stopped = sent.elapsed();
+    let second = start_daemon(&socket, &disk, &dir.path().join("daemon1.err"));
+    let taken_over = sent.elapsed();
+    assert_eq!(status.code(), Some(0), "the first daemon exits 0 on SIGTERM");
+    let first_log = std::fs::read_to_string(dir.path().join("daemon0.err")).unwrap();
+    assert!(
+        first_log.contains("marks 0 request(s) in flight as the connection ends"),
+        "the first daemon finished every request it held: {first_log}"
+    );
+
+    guest.wait_for(WAIT, |l| l.contains("FIO-END"));
+    let (_, lines) = guest.finish(WAIT);
+    let (_, _) = second.kill(WAIT);
+    let second_log = std::fs::read_to_string(dir.path().join("daemon1.err")).unwrap();
+    let console = check_fio(&lines, runs);
+    assert_eq!(resubmitted(&second_log), 0, "nothing was left to resubmit: {second_log}");
+    assert!(second_log.contains("frontend connected"), "QEMU reconnected to the next daemon: {second_log}");
+    println!(
+        "inflight hand-over: SIGTERM to exit {} ms, SIGTERM to the next daemon listening {} ms; fio run 1 \
+         (across the hand-over) completion latencies:",
+        stopped.as_millis(),
+        taken_over.as_millis()
+    );
+    for line in console.lines().filter(|l| l.contains("FIO-LAT 1 ") && l.contains("max=")) {
+        println!("  {}", line.trim());
+    }
+}
