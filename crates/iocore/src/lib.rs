@@ -9,12 +9,13 @@
 
 #![warn(missing_docs)]
 
+mod busy;
 mod contention;
 mod engine;
 mod idle_class;
 mod wait;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -75,6 +76,19 @@ struct Shared {
     commands: Mutex<Vec<Command>>,
     /// Wakes the thread from epoll when a command arrives.
     wake: EventFd,
+    /// Where the thread's time went, in `clock` ticks (see [`IoCore::times`]).
+    busy_ticks: AtomicU64,
+    idle_ticks: AtomicU64,
+}
+
+/// Where an IOCore's time went since it started (see [`IoCore::times`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoCoreTimes {
+    /// In passes over its queues that started or finished a request, and what followed them
+    /// until the next pass.
+    pub busy: Duration,
+    /// In passes that found nothing to do, spinning, yielding or asleep.
+    pub idle: Duration,
 }
 
 /// Counts the thread keeps, read after it stopped.
@@ -125,6 +139,8 @@ impl IoCore {
             stop: AtomicBool::new(false),
             commands: Mutex::new(Vec::new()),
             wake: EventFd::new(libc::EFD_NONBLOCK).map_err(IoCoreError::Setup)?,
+            busy_ticks: AtomicU64::new(0),
+            idle_ticks: AtomicU64::new(0),
         });
         let (started_tx, started_rx) = mpsc::sync_channel(1);
         let engine = engine::Engine::new(policy, shared.clone()).map_err(IoCoreError::Setup)?;
@@ -158,6 +174,15 @@ impl IoCore {
         let rc = unsafe { libc::clock_gettime(self.clock, &mut ts) };
         drop(thread);
         (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+
+    /// Where the thread's time went so far: busy serving requests, or idle. Read while it runs,
+    /// without stopping it (up to the pass it is in).
+    pub fn times(&self) -> IoCoreTimes {
+        IoCoreTimes {
+            busy: clock::to_duration(self.shared.busy_ticks.load(Ordering::Relaxed)),
+            idle: clock::to_duration(self.shared.idle_ticks.load(Ordering::Relaxed)),
+        }
     }
 
     /// Stop the thread (workers still attached are dropped) and return its counts.
