@@ -16,6 +16,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vhost_user_protocol::message::{has_own_reply, request_name, Message, Wire, FLAG_NEED_REPLY};
@@ -53,6 +55,8 @@ pub enum Ending {
 pub struct Server {
     listener: UnixListener,
     path: PathBuf,
+    /// Is a frontend being served? Shared with whoever asks ([`Server::frontend_connected`]).
+    frontend: Arc<AtomicBool>,
 }
 
 impl Server {
@@ -72,12 +76,17 @@ impl Server {
             Err(_) => {}
         }
         let listener = UnixListener::bind(path).map_err(|source| Error::Listen { path: shown(), source })?;
-        Ok(Server { listener, path: path.to_path_buf() })
+        Ok(Server { listener, path: path.to_path_buf(), frontend: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A flag that is set while a frontend is served, for other threads to read.
+    pub fn frontend_connected(&self) -> Arc<AtomicBool> {
+        self.frontend.clone()
     }
 
     /// Serve frontends one after another until `stop` (if given) becomes readable. Each
@@ -103,7 +112,10 @@ impl Server {
                 log::error!("cannot make the frontend's socket non-blocking: {e}; connection closed");
                 continue;
             }
-            match self.serve_connection(&stream, device, stop) {
+            self.frontend.store(true, Ordering::Release);
+            let ending = self.serve_connection(&stream, device, stop);
+            self.frontend.store(false, Ordering::Release);
+            match ending {
                 Ending::Closed => {
                     log::info!("{}: frontend disconnected; waiting for the next one", self.path.display())
                 }
