@@ -105,14 +105,14 @@ impl Engine {
         let mut yielding = false;
         let mut busy_clock = BusyClock::new();
         loop {
-            busy_clock.pass(&self.shared.busy_ticks, &self.shared.idle_ticks);
+            busy_clock.pass(&self.shared.times);
             if self.shared.pending.load(Ordering::Acquire) && !self.commands() {
                 self.stats.yields = contention.found;
                 self.stats.held_off = idle_class.map_or(0, |class| class.held_off);
                 return self.stats;
             }
             let work = self.poll_all();
-            busy_clock.worked(work > 0);
+            busy_clock.worked(work > 0, &self.shared.times);
             let idle = idle_class.as_mut().is_some_and(IdleClass::pass);
             if work == 0 && self.waits_only_for_backends() {
                 let known_workers = self.waits_on_submitter_workers();

@@ -15,7 +15,7 @@ mod engine;
 mod idle_class;
 mod wait;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -76,9 +76,8 @@ struct Shared {
     commands: Mutex<Vec<Command>>,
     /// Wakes the thread from epoll when a command arrives.
     wake: EventFd,
-    /// Where the thread's time went, in `clock` ticks (see [`IoCore::times`]).
-    busy_ticks: AtomicU64,
-    idle_ticks: AtomicU64,
+    /// Where the thread's time went (see [`IoCore::times`]).
+    times: busy::SharedTimes,
 }
 
 /// Where an IOCore's time went since it started (see [`IoCore::times`]).
@@ -139,8 +138,7 @@ impl IoCore {
             stop: AtomicBool::new(false),
             commands: Mutex::new(Vec::new()),
             wake: EventFd::new(libc::EFD_NONBLOCK).map_err(IoCoreError::Setup)?,
-            busy_ticks: AtomicU64::new(0),
-            idle_ticks: AtomicU64::new(0),
+            times: busy::SharedTimes::default(),
         });
         let (started_tx, started_rx) = mpsc::sync_channel(1);
         let engine = engine::Engine::new(policy, shared.clone()).map_err(IoCoreError::Setup)?;
@@ -177,12 +175,10 @@ impl IoCore {
     }
 
     /// Where the thread's time went so far: busy serving requests, or idle. Read while it runs,
-    /// without stopping it (up to the pass it is in).
+    /// without stopping it, up to now.
     pub fn times(&self) -> IoCoreTimes {
-        IoCoreTimes {
-            busy: clock::to_duration(self.shared.busy_ticks.load(Ordering::Relaxed)),
-            idle: clock::to_duration(self.shared.idle_ticks.load(Ordering::Relaxed)),
-        }
+        let (busy, idle) = self.shared.times.read();
+        IoCoreTimes { busy, idle }
     }
 
     /// Stop the thread (workers still attached are dropped) and return its counts.

@@ -192,11 +192,89 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         // Waits on the stop signal's descriptor.
         ThreadKind::StopWatchdog => allow(&mut rules, &[libc::SYS_poll]),
+        ThreadKind::ApiServer => {
+            // Clients: accept, read (recvfrom), answer (sendto) and close; the control thread
+            // is woken by an eventfd write (`write` is in RUNTIME); the socket file is removed
+            // at the end.
+            allow(
+                &mut rules,
+                &[
+                    libc::SYS_poll,
+                    libc::SYS_accept4,
+                    libc::SYS_recvfrom,
+                    libc::SYS_sendto,
+                    libc::SYS_read,
+                    libc::SYS_close,
+                    libc::SYS_unlink,
+                ],
+            );
+            // A client's socket is made non-blocking (FIONBIO).
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
+        }
+        ThreadKind::DaemonControl => daemon_control(&mut rules)?,
         // Waits on the error eventfd and the socket, drains the eventfd.
         ThreadKind::VhostUserWatch => allow(&mut rules, &[libc::SYS_poll, libc::SYS_read, libc::SYS_close]),
     }
     Ok(rules)
 }
+
+/// The daemon's control thread adds disks while it runs: it opens the disk (a file or block
+/// device: its size, O_DIRECT's alignment; a RAM disk's memory file), sets up its io_uring,
+/// listens on its socket (checking first that no live server answers there), and starts its
+/// connection thread, whose own filter (the connection's) is installed on top of this one, so
+/// this one allows all that thread needs too.
+fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
+    allow(rules, THREAD_START);
+    allow(rules, CONNECTION);
+    allow(rules, DESCRIPTOR_CHECKS);
+    allow(rules, REOPEN_DISK);
+    allow(
+        rules,
+        &[
+            libc::SYS_openat,
+            libc::SYS_lseek,
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_fallocate,
+            libc::SYS_ftruncate,
+            libc::SYS_fadvise64,
+            libc::SYS_memfd_create,
+            libc::SYS_io_uring_register,
+            libc::SYS_io_uring_enter,
+            libc::SYS_socket,
+            libc::SYS_bind,
+            libc::SYS_listen,
+            libc::SYS_connect,
+            libc::SYS_getrandom,
+            libc::SYS_fstatfs,
+            libc::SYS_statfs,
+            // A new RAM disk's /dev/shm file is named after the process.
+            libc::SYS_getpid,
+        ],
+    );
+    one_of(rules, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64])?;
+    one_of(rules, libc::SYS_seccomp, 0, &[libc::SECCOMP_SET_MODE_FILTER as u64])?;
+    let commands =
+        [FCNTL_COMMANDS, &[libc::F_SETFD as u64, libc::F_GETFD as u64, libc::F_DUPFD_CLOEXEC as u64]]
+            .concat();
+    one_of(rules, libc::SYS_fcntl, 1, &commands)?;
+    // A block device's size and logical block size; a socket's FIONBIO.
+    one_of(rules, libc::SYS_ioctl, 1, &[BLKGETSIZE64, BLKSSZGET, libc::FIONBIO])?;
+    one_of(rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
+    rules.insert(
+        libc::SYS_getsockopt,
+        vec![SeccompRule::new(vec![
+            condition(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u64)?,
+            condition(2, SeccompCmpOp::Eq, libc::SO_PEERCRED as u64)?,
+        ])?],
+    );
+    Ok(())
+}
+
+/// `_IOR(0x12, 114, size_t)`: a block device's size in bytes.
+const BLKGETSIZE64: u64 = ioc_read(0x12, 114, std::mem::size_of::<usize>());
+/// `_IO(0x12, 104)`: a block device's logical sector size.
+const BLKSSZGET: u64 = 0x1268;
 
 /// Allow `calls` whatever their arguments.
 fn allow(rules: &mut Rules, calls: &[i64]) {

@@ -64,18 +64,7 @@ impl Server {
     /// other file, or a socket a live server answers on, is an error.
     pub fn bind(path: impl AsRef<Path>) -> Result<Server, Error> {
         let path = path.as_ref();
-        let shown = || path.display().to_string();
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if !meta.file_type().is_socket() => return Err(Error::NotASocket { path: shown() }),
-            Ok(_) => {
-                if UnixStream::connect(path).is_ok() {
-                    return Err(Error::SocketInUse { path: shown() });
-                }
-                std::fs::remove_file(path).map_err(|source| Error::Listen { path: shown(), source })?;
-            }
-            Err(_) => {}
-        }
-        let listener = UnixListener::bind(path).map_err(|source| Error::Listen { path: shown(), source })?;
+        let listener = listen(path)?;
         Ok(Server { listener, path: path.to_path_buf(), frontend: Arc::new(AtomicBool::new(false)) })
     }
 
@@ -185,6 +174,23 @@ impl Server {
             }
         }
     }
+}
+
+/// Listen on the Unix socket `path`. A socket file left there by a server that is gone is
+/// replaced; any other file, or a socket a live server answers on, is an error.
+pub fn listen(path: &Path) -> Result<UnixListener, Error> {
+    let shown = || path.display().to_string();
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => return Err(Error::NotASocket { path: shown() }),
+        Ok(_) => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(Error::SocketInUse { path: shown() });
+            }
+            std::fs::remove_file(path).map_err(|source| Error::Listen { path: shown(), source })?;
+        }
+        Err(_) => {}
+    }
+    UnixListener::bind(path).map_err(|source| Error::Listen { path: shown(), source })
 }
 
 impl Drop for Server {
