@@ -8,7 +8,8 @@
 #     and e2fsck in the Linux compatibility suite's guest), util-linux and coreutils (that guest's
 #     blkdiscard and dd), gcc and libc6-dev (`cc -static`: the polled-I/O helper in the Linux
 #     guest's initramfs), mount (losetup: the loop devices the hostile-queue and loop-device tests
-#     attach)
+#     attach), python3-prometheus-client (Prometheus's own parser reads the daemon's /metrics in
+#     the control API's tests)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - tracefs mounted at /sys/kernel/tracing (the FLUSH tests read io_uring's tracepoints)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh; its gcc is also the C
@@ -17,7 +18,7 @@
 set -euo pipefail
 
 packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs util-linux coreutils
-    gcc libc6-dev mount)
+    gcc libc6-dev mount python3-prometheus-client)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
