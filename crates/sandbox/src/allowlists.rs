@@ -219,7 +219,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
 }
 
 /// The daemon's control thread adds disks while it runs: it opens the disk (a file or block
-/// device: its size, O_DIRECT's alignment; a RAM disk's memory file), sets up its io_uring,
+/// device: its size by lseek, O_DIRECT's alignment by fstatfs; a RAM disk's /dev/shm file,
+/// named after the process), sets up its io_uring,
 /// listens on its socket (checking first that no live server answers there), and starts its
 /// connection thread, whose own filter (the connection's) is installed on top of this one, so
 /// this one allows all that thread needs too.
@@ -233,21 +234,12 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
         &[
             libc::SYS_openat,
             libc::SYS_lseek,
-            libc::SYS_pread64,
-            libc::SYS_pwrite64,
-            libc::SYS_fallocate,
             libc::SYS_ftruncate,
-            libc::SYS_fadvise64,
-            libc::SYS_memfd_create,
-            libc::SYS_io_uring_register,
-            libc::SYS_io_uring_enter,
+            libc::SYS_fstatfs,
             libc::SYS_socket,
             libc::SYS_bind,
             libc::SYS_listen,
             libc::SYS_connect,
-            libc::SYS_getrandom,
-            libc::SYS_fstatfs,
-            libc::SYS_statfs,
             // A new RAM disk's /dev/shm file is named after the process.
             libc::SYS_getpid,
         ],
@@ -258,8 +250,8 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
         [FCNTL_COMMANDS, &[libc::F_SETFD as u64, libc::F_GETFD as u64, libc::F_DUPFD_CLOEXEC as u64]]
             .concat();
     one_of(rules, libc::SYS_fcntl, 1, &commands)?;
-    // A block device's size and logical block size; a socket's FIONBIO.
-    one_of(rules, libc::SYS_ioctl, 1, &[BLKGETSIZE64, BLKSSZGET, libc::FIONBIO])?;
+    // The connection thread makes a frontend's socket non-blocking (FIONBIO).
+    one_of(rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
     one_of(rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
     rules.insert(
         libc::SYS_getsockopt,
@@ -270,11 +262,6 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
     );
     Ok(())
 }
-
-/// `_IOR(0x12, 114, size_t)`: a block device's size in bytes.
-const BLKGETSIZE64: u64 = ioc_read(0x12, 114, std::mem::size_of::<usize>());
-/// `_IO(0x12, 104)`: a block device's logical sector size.
-const BLKSSZGET: u64 = 0x1268;
 
 /// Allow `calls` whatever their arguments.
 fn allow(rules: &mut Rules, calls: &[i64]) {
