@@ -90,6 +90,7 @@ impl Disk {
             "iocore": f.iocore,
             "frontend_connected": self.frontend_connected(),
             "figures": f.counts(),
+            "queue_requests": &f.stats.snapshot().per_queue[..usize::from(self.queues).min(virtio::STATS_QUEUES)],
         })
     }
 
