@@ -169,14 +169,7 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             // The SIGBUS handler that survives a shrunk memory file is installed when guest
             // memory is first mapped.
             one_of(&mut rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
-            // SO_PEERCRED: the frontend's pid, for the log.
-            rules.insert(
-                libc::SYS_getsockopt,
-                vec![SeccompRule::new(vec![
-                    condition(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u64)?,
-                    condition(2, SeccompCmpOp::Eq, libc::SO_PEERCRED as u64)?,
-                ])?],
-            );
+            peer_credentials(&mut rules)?;
         }
         // Closes its copy of the irqfd when it ends.
         ThreadKind::PingPong => allow(&mut rules, &[libc::SYS_close]),
@@ -253,6 +246,11 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
     // The connection thread makes a frontend's socket non-blocking (FIONBIO).
     one_of(rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
     one_of(rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
+    peer_credentials(rules)
+}
+
+/// getsockopt(SO_PEERCRED) only: a frontend's pid, for the log.
+fn peer_credentials(rules: &mut Rules) -> Result<(), BackendError> {
     rules.insert(
         libc::SYS_getsockopt,
         vec![SeccompRule::new(vec![

@@ -8,9 +8,11 @@
 
 use std::fmt::Write;
 
+use iocore::IoCoreTimes;
 use metrics::latency::{bucket_limit, BUCKETS};
+use virtio::DeviceStatsSnapshot;
 
-use super::disks::Disks;
+use super::disks::{Disk, Disks};
 
 /// The exposition's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
@@ -20,26 +22,73 @@ pub fn render(disks: &Disks) -> String {
     let mut out = String::with_capacity(16 << 10);
     let all: Vec<_> = disks.iter().map(|d| (d, d.figures.stats.snapshot())).collect();
 
-    family(&mut out, "exitless_disk_requests_total", "counter", "Requests answered, by outcome: completed, io_error (the backend failed it), refused (malformed or unsupported).");
+    family(
+        &mut out,
+        "exitless_disk_requests_total",
+        "counter",
+        "Requests answered, by outcome: completed, io_error (the backend failed it), refused (malformed or unsupported).",
+    );
     for (disk, now) in &all {
         let r = &now.requests;
         for (outcome, n) in [("completed", r.completed), ("io_error", r.io_errors), ("refused", r.rejected)] {
-            sample(
-                &mut out,
-                "exitless_disk_requests_total",
-                &[("disk", &disk.figures.name), ("outcome", outcome)],
-                n,
-            );
+            let labels = [("disk", disk.figures.name.as_str()), ("outcome", outcome)];
+            sample(&mut out, "exitless_disk_requests_total", &labels, n);
         }
     }
-    family(
-        &mut out,
-        "exitless_disk_bytes_total",
-        "counter",
-        "Data bytes read or written by completed requests.",
-    );
+    family(&mut out, "exitless_disk_queue_requests_total", "counter", "Requests answered, by virtqueue.");
     for (disk, now) in &all {
-        sample(&mut out, "exitless_disk_bytes_total", &[("disk", &disk.figures.name)], now.requests.bytes);
+        let queues = usize::from(disk.queues).min(now.per_queue.len());
+        for (queue, &n) in now.per_queue[..queues].iter().enumerate() {
+            let queue = queue.to_string();
+            let labels = [("disk", disk.figures.name.as_str()), ("queue", &queue)];
+            sample(&mut out, "exitless_disk_queue_requests_total", &labels, n);
+        }
+    }
+    let per_disk: [(&str, &str, &str, PerDisk); 6] = [
+        (
+            "exitless_disk_bytes_total",
+            "counter",
+            "Data bytes read or written by completed requests.",
+            |_, now| Some(now.requests.bytes),
+        ),
+        (
+            "exitless_disk_rate_limit_waits_total",
+            "counter",
+            "IOCore passes in which the disk's requests waited for its rate limit.",
+            |disk, _| Some(disk.figures.limiter.as_ref().map_or(0, |l| l.waits())),
+        ),
+        (
+            "exitless_disk_needs_reset_total",
+            "counter",
+            "Times the driver broke a queue and the device asked for a reset.",
+            |_, now| Some(now.needs_reset),
+        ),
+        (
+            "exitless_disk_frontend_connected",
+            "gauge",
+            "1 while a vhost-user frontend is connected to the disk.",
+            |disk, _| Some(u64::from(disk.frontend_connected())),
+        ),
+        (
+            "exitless_disk_iops_limit",
+            "gauge",
+            "The disk's limit in requests per second (absent: none).",
+            |disk, _| disk.figures.limits().iops,
+        ),
+        (
+            "exitless_disk_bandwidth_limit_bytes",
+            "gauge",
+            "The disk's limit in bytes per second (absent: none).",
+            |disk, _| disk.figures.limits().bandwidth,
+        ),
+    ];
+    for (name, kind, help, value) in per_disk {
+        family(&mut out, name, kind, help);
+        for (disk, now) in &all {
+            if let Some(v) = value(disk, now) {
+                sample(&mut out, name, &[("disk", &disk.figures.name)], v);
+            }
+        }
     }
     family(
         &mut out,
@@ -54,92 +103,40 @@ pub fn render(disks: &Disks) -> String {
         for (b, &count) in now.latency.0.iter().enumerate().skip(1) {
             cumulative += count;
             let le = if b == BUCKETS - 1 { "+Inf".to_owned() } else { seconds(bucket_limit(b)) };
-            sample(
-                &mut out,
-                "exitless_disk_request_duration_seconds_bucket",
-                &[("disk", name), ("le", &le)],
-                cumulative,
-            );
+            let labels = [("disk", name), ("le", &le)];
+            sample(&mut out, "exitless_disk_request_duration_seconds_bucket", &labels, cumulative);
         }
         let sum = seconds(disk.figures.stats.latency().sum_ticks());
         let _ =
             writeln!(out, "exitless_disk_request_duration_seconds_sum{{disk=\"{}\"}} {sum}", escape(name));
         sample(&mut out, "exitless_disk_request_duration_seconds_count", &[("disk", name)], cumulative);
     }
-    family(
-        &mut out,
-        "exitless_disk_rate_limit_waits_total",
-        "counter",
-        "IOCore passes in which the disk's requests waited for its rate limit.",
-    );
-    for (disk, _) in &all {
-        let waits = disk.figures.limiter.as_ref().map_or(0, |l| l.waits());
-        sample(&mut out, "exitless_disk_rate_limit_waits_total", &[("disk", &disk.figures.name)], waits);
-    }
-    family(
-        &mut out,
-        "exitless_disk_needs_reset_total",
-        "counter",
-        "Times the driver broke a queue and the device asked for a reset.",
-    );
-    for (disk, now) in &all {
-        sample(&mut out, "exitless_disk_needs_reset_total", &[("disk", &disk.figures.name)], now.needs_reset);
-    }
-    family(
-        &mut out,
-        "exitless_disk_frontend_connected",
-        "gauge",
-        "1 while a vhost-user frontend is connected to the disk.",
-    );
-    for (disk, _) in &all {
-        let connected = u64::from(disk.frontend_connected());
-        sample(&mut out, "exitless_disk_frontend_connected", &[("disk", &disk.figures.name)], connected);
-    }
-    family(
-        &mut out,
-        "exitless_disk_iops_limit",
-        "gauge",
-        "The disk's limit in requests per second (absent: none).",
-    );
-    for (disk, _) in &all {
-        if let Some(iops) = disk.figures.limits().iops {
-            sample(&mut out, "exitless_disk_iops_limit", &[("disk", &disk.figures.name)], iops);
-        }
-    }
-    family(
-        &mut out,
-        "exitless_disk_bandwidth_limit_bytes",
-        "gauge",
-        "The disk's limit in bytes per second (absent: none).",
-    );
-    for (disk, _) in &all {
-        if let Some(bw) = disk.figures.limits().bandwidth {
-            sample(&mut out, "exitless_disk_bandwidth_limit_bytes", &[("disk", &disk.figures.name)], bw);
-        }
-    }
     let times: Vec<_> = disks.iocores().iter().map(|io| io.times()).collect();
-    family(
-        &mut out,
-        "exitless_iocore_busy_seconds_total",
-        "counter",
-        "IOCore time in passes that started or finished a request.",
-    );
-    for (k, t) in times.iter().enumerate() {
-        let _ =
-            writeln!(out, "exitless_iocore_busy_seconds_total{{iocore=\"{k}\"}} {}", t.busy.as_secs_f64());
-    }
-    family(
-        &mut out,
-        "exitless_iocore_idle_seconds_total",
-        "counter",
-        "IOCore time in passes that found nothing to do, spinning or asleep.",
-    );
-    for (k, t) in times.iter().enumerate() {
-        let _ =
-            writeln!(out, "exitless_iocore_idle_seconds_total{{iocore=\"{k}\"}} {}", t.idle.as_secs_f64());
+    let per_iocore: [(&str, &str, PerIoCore); 2] = [
+        (
+            "exitless_iocore_busy_seconds_total",
+            "IOCore time in passes that started or finished a request.",
+            |t| t.busy.as_secs_f64(),
+        ),
+        (
+            "exitless_iocore_idle_seconds_total",
+            "IOCore time in passes that found nothing to do, spinning or asleep.",
+            |t| t.idle.as_secs_f64(),
+        ),
+    ];
+    for (name, help, value) in per_iocore {
+        family(&mut out, name, "counter", help);
+        for (k, t) in times.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{iocore=\"{k}\"}} {}", value(t));
+        }
     }
     out
 }
+
+/// A per-disk value; `None`: no sample for that disk.
+type PerDisk = fn(&Disk, &DeviceStatsSnapshot) -> Option<u64>;
+/// A per-IOCore value, in seconds.
+type PerIoCore = fn(&IoCoreTimes) -> f64;
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
