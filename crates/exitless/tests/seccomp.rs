@@ -123,6 +123,54 @@ fn vhost_user_daemon_confines_its_connection_and_iocore_threads_and_still_serves
 }
 
 #[test]
+fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("api.sock");
+    let mut daemon = Daemon::builder()
+        .io_mode("eventfd")
+        .args(&["--seccomp".as_ref(), "kill".as_ref(), "--api-socket".as_ref(), api.as_os_str()], &[&api])
+        .start(&dir.path().join("daemon.log"));
+    let threads = wait_until_confined(daemon.child(), &["exitless", "iocore", "api"]);
+    for name in ["exitless", "iocore", "api"] {
+        assert_eq!(threads.get(name).map(String::as_str), Some(SECCOMP_MODE_FILTER), "{name}: {threads:?}");
+    }
+    // A file disk and a RAM disk, each added, served and removed under the filters.
+    let image = dir.path().join("disk.img");
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    for (name, disk) in [
+        ("file", format!(r#""path": "{}", "direct": true"#, image.display())),
+        ("ram", r#""ram": "1M""#.into()),
+    ] {
+        let socket = dir.path().join(format!("{name}.sock"));
+        let body = format!(r#"{{"socket": "{}", {disk}}}"#, socket.display());
+        let put = format!("PUT /disks/{name} HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        assert!(http(&api, &put).starts_with("HTTP/1.1 201 "));
+        assert_ne!(get_features(&socket), 0, "the added disk is served");
+        // Its frontend gone (the connection closed above), the disk can go too.
+        let deadline = Instant::now() + DEADLINE;
+        while !http(&api, &format!("DELETE /disks/{name} HTTP/1.1\r\n\r\n")).starts_with("HTTP/1.1 204 ") {
+            assert!(Instant::now() < deadline, "disk {name} never removed: {}", daemon.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let metrics = http(&api, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(metrics.contains("exitless_iocore_busy_seconds_total"), "{metrics}");
+    daemon.assert_alive();
+    let (status, log) = stop(daemon);
+    assert_eq!(status, Some(0), "{log}");
+    assert!(!api.exists(), "the API's socket is removed on the way out");
+}
+
+/// One raw HTTP exchange on the control API's socket: the whole answer.
+fn http(api: &Path, request: &str) -> String {
+    let mut stream = UnixStream::connect(api).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
 fn seccomp_off_confines_no_thread() {
     let dir = tempfile::tempdir().unwrap();
     let (daemon, socket) = start_daemon(dir.path(), "off");
@@ -185,6 +233,14 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
             sandbox::ThreadKind::VhostUserIoCore
             | sandbox::ThreadKind::VhostUserConnection
             | sandbox::ThreadKind::StopWatchdog => with_self_test(name, daemon.command()),
+            sandbox::ThreadKind::ApiServer | sandbox::ThreadKind::DaemonControl => {
+                let api = dir.path().join("api.sock");
+                let mut command = daemon.command();
+                command.arg("--api-socket").arg(&api);
+                let status = with_self_test(name, command);
+                let _ = std::fs::remove_file(&api);
+                status
+            }
             sandbox::ThreadKind::VhostUserWatch => {
                 // A healthy daemon, and the self-test in the frontend VMM's watcher.
                 let (daemon, socket) = start_daemon(dir.path(), "kill");

@@ -10,6 +10,7 @@ use virtio::QueueWorker;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::busy::BusyClock;
 use crate::contention::{thread_cpu_time, Contention, WakeCost};
 use crate::idle_class::IdleClass;
 use crate::wait::{DiskWait, IdleClock, WorkerWait};
@@ -102,13 +103,16 @@ impl Engine {
         let mut disk_wait = DiskWait::new();
         let mut worker_wait = WorkerWait::default();
         let mut yielding = false;
+        let mut busy_clock = BusyClock::new();
         loop {
+            busy_clock.pass(&self.shared.times);
             if self.shared.pending.load(Ordering::Acquire) && !self.commands() {
                 self.stats.yields = contention.found;
                 self.stats.held_off = idle_class.map_or(0, |class| class.held_off);
                 return self.stats;
             }
             let work = self.poll_all();
+            busy_clock.worked(work > 0, &self.shared.times);
             let idle = idle_class.as_mut().is_some_and(IdleClass::pass);
             if work == 0 && self.waits_only_for_backends() {
                 let known_workers = self.waits_on_submitter_workers();

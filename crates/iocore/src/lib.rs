@@ -9,6 +9,7 @@
 
 #![warn(missing_docs)]
 
+mod busy;
 mod contention;
 mod engine;
 mod idle_class;
@@ -75,6 +76,18 @@ struct Shared {
     commands: Mutex<Vec<Command>>,
     /// Wakes the thread from epoll when a command arrives.
     wake: EventFd,
+    /// Where the thread's time went (see [`IoCore::times`]).
+    times: busy::SharedTimes,
+}
+
+/// Where an IOCore's time went since it started (see [`IoCore::times`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoCoreTimes {
+    /// In passes over its queues that started or finished a request, and what followed them
+    /// until the next pass.
+    pub busy: Duration,
+    /// In passes that found nothing to do, spinning, yielding or asleep.
+    pub idle: Duration,
 }
 
 /// Counts the thread keeps, read after it stopped.
@@ -125,6 +138,7 @@ impl IoCore {
             stop: AtomicBool::new(false),
             commands: Mutex::new(Vec::new()),
             wake: EventFd::new(libc::EFD_NONBLOCK).map_err(IoCoreError::Setup)?,
+            times: busy::SharedTimes::default(),
         });
         let (started_tx, started_rx) = mpsc::sync_channel(1);
         let engine = engine::Engine::new(policy, shared.clone()).map_err(IoCoreError::Setup)?;
@@ -158,6 +172,13 @@ impl IoCore {
         let rc = unsafe { libc::clock_gettime(self.clock, &mut ts) };
         drop(thread);
         (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+
+    /// Where the thread's time went so far: busy serving requests, or idle. Read while it runs,
+    /// without stopping it, up to now.
+    pub fn times(&self) -> IoCoreTimes {
+        let (busy, idle) = self.shared.times.read();
+        IoCoreTimes { busy, idle }
     }
 
     /// Stop the thread (workers still attached are dropped) and return its counts.

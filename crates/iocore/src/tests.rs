@@ -118,6 +118,24 @@ fn polling_serves_without_notifications_and_hands_the_worker_back() {
 }
 
 #[test]
+fn its_time_splits_into_busy_and_idle_while_it_runs() {
+    let started = std::time::Instant::now();
+    let (mut guest, worker) = guest_and_worker();
+    let iocore = IoCore::spawn(Policy::Polling, None).unwrap();
+    iocore.attach(7, worker, None);
+    guest.submit_read();
+    assert!(guest.wait_served(1));
+    std::thread::sleep(Duration::from_millis(20));
+    let times = iocore.times();
+    assert!(times.busy > Duration::ZERO, "serving a request is busy time: {times:?}");
+    assert!(times.idle > Duration::ZERO, "spinning with nothing to do is idle time: {times:?}");
+    assert!(times.busy + times.idle <= started.elapsed(), "{times:?} over {:?}", started.elapsed());
+    let later = iocore.times();
+    assert!(later.idle >= times.idle && later.busy >= times.busy, "the counts only grow");
+    iocore.stop();
+}
+
+#[test]
 fn notified_serves_when_the_eventfd_fires() {
     let (mut guest, worker) = guest_and_worker();
     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());

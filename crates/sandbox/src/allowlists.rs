@@ -177,14 +177,7 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             // The SIGBUS handler that survives a shrunk memory file is installed when guest
             // memory is first mapped.
             one_of(&mut rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
-            // SO_PEERCRED: the frontend's pid, for the log.
-            rules.insert(
-                libc::SYS_getsockopt,
-                vec![SeccompRule::new(vec![
-                    condition(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u64)?,
-                    condition(2, SeccompCmpOp::Eq, libc::SO_PEERCRED as u64)?,
-                ])?],
-            );
+            peer_credentials(&mut rules)?;
         }
         // Closes its copy of the irqfd when it ends.
         ThreadKind::PingPong => allow(&mut rules, &[libc::SYS_close]),
@@ -200,10 +193,79 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         // Waits on the stop signal's descriptor.
         ThreadKind::StopWatchdog => allow(&mut rules, &[libc::SYS_poll]),
+        ThreadKind::ApiServer => {
+            // Clients: accept, read (recvfrom), answer (sendto) and close; the control thread
+            // is woken by an eventfd write (`write` is in RUNTIME); the socket file is removed
+            // at the end.
+            allow(
+                &mut rules,
+                &[
+                    libc::SYS_poll,
+                    libc::SYS_accept4,
+                    libc::SYS_recvfrom,
+                    libc::SYS_sendto,
+                    libc::SYS_read,
+                    libc::SYS_close,
+                    libc::SYS_unlink,
+                ],
+            );
+            // A client's socket is made non-blocking (FIONBIO).
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
+        }
+        ThreadKind::DaemonControl => daemon_control(&mut rules)?,
         // Waits on the error eventfd and the socket, drains the eventfd.
         ThreadKind::VhostUserWatch => allow(&mut rules, &[libc::SYS_poll, libc::SYS_read, libc::SYS_close]),
     }
     Ok(rules)
+}
+
+/// The daemon's control thread adds disks while it runs: it opens the disk (a file or block
+/// device: its size by lseek, O_DIRECT's alignment by fstatfs; a RAM disk's /dev/shm file,
+/// named after the process), sets up its io_uring,
+/// listens on its socket (checking first that no live server answers there), and starts its
+/// connection thread, whose own filter (the connection's) is installed on top of this one, so
+/// this one allows all that thread needs too.
+fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
+    allow(rules, THREAD_START);
+    allow(rules, CONNECTION);
+    allow(rules, DESCRIPTOR_CHECKS);
+    allow(rules, REOPEN_DISK);
+    allow(
+        rules,
+        &[
+            libc::SYS_openat,
+            libc::SYS_lseek,
+            libc::SYS_ftruncate,
+            libc::SYS_fstatfs,
+            libc::SYS_socket,
+            libc::SYS_bind,
+            libc::SYS_listen,
+            libc::SYS_connect,
+            // A new RAM disk's /dev/shm file is named after the process.
+            libc::SYS_getpid,
+        ],
+    );
+    one_of(rules, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64])?;
+    one_of(rules, libc::SYS_seccomp, 0, &[libc::SECCOMP_SET_MODE_FILTER as u64])?;
+    // F_ADD_SEALS: the connection thread seals its in-flight region (GET_INFLIGHT_FD).
+    let own = [libc::F_SETFD, libc::F_GETFD, libc::F_DUPFD_CLOEXEC, libc::F_ADD_SEALS].map(|c| c as u64);
+    one_of(rules, libc::SYS_fcntl, 1, &[FCNTL_COMMANDS, &own].concat())?;
+    // The connection thread makes a frontend's socket non-blocking (FIONBIO).
+    one_of(rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
+    one_of(rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
+    peer_credentials(rules)
+}
+
+/// getsockopt(SO_PEERCRED) only: a frontend's pid, for the log.
+fn peer_credentials(rules: &mut Rules) -> Result<(), BackendError> {
+    rules.insert(
+        libc::SYS_getsockopt,
+        vec![SeccompRule::new(vec![
+            condition(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u64)?,
+            condition(2, SeccompCmpOp::Eq, libc::SO_PEERCRED as u64)?,
+        ])?],
+    );
+    Ok(())
 }
 
 /// Allow `calls` whatever their arguments.

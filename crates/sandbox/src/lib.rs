@@ -50,11 +50,17 @@ pub enum ThreadKind {
     /// The vhost-user daemon's stop watchdog: waits for SIGINT/SIGTERM, then ends the process
     /// if the orderly stop takes too long.
     StopWatchdog,
+    /// The vhost-user daemon's control API: accepts local HTTP clients and reads and answers
+    /// their requests, which the control thread carries out.
+    ApiServer,
+    /// The vhost-user daemon's main thread when it has a control API: opens disks, listens on
+    /// their sockets and starts their connection threads while the daemon runs.
+    DaemonControl,
 }
 
 impl ThreadKind {
     /// Every kind, for what iterates over them (tests, the self-test's names).
-    pub const ALL: [ThreadKind; 8] = [
+    pub const ALL: [ThreadKind; 10] = [
         ThreadKind::Vcpu,
         ThreadKind::IoCore,
         ThreadKind::VhostUserIoCore,
@@ -63,6 +69,8 @@ impl ThreadKind {
         ThreadKind::VhostUserWatch,
         ThreadKind::VmmMain,
         ThreadKind::StopWatchdog,
+        ThreadKind::ApiServer,
+        ThreadKind::DaemonControl,
     ];
 
     /// A short name without spaces (`SELF_TEST_ENV`'s values).
@@ -76,6 +84,8 @@ impl ThreadKind {
             ThreadKind::VhostUserWatch => "vhost-user-watch",
             ThreadKind::VmmMain => "vmm-main",
             ThreadKind::StopWatchdog => "stop-watchdog",
+            ThreadKind::ApiServer => "api-server",
+            ThreadKind::DaemonControl => "daemon-control",
         }
     }
 }
@@ -96,6 +106,8 @@ impl fmt::Display for ThreadKind {
             ThreadKind::VhostUserWatch => "vhost-user watcher",
             ThreadKind::VmmMain => "VMM main",
             ThreadKind::StopWatchdog => "stop watchdog",
+            ThreadKind::ApiServer => "control API",
+            ThreadKind::DaemonControl => "daemon control",
         })
     }
 }

@@ -16,6 +16,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vhost_user_protocol::message::{has_own_reply, request_name, Message, Wire, FLAG_NEED_REPLY};
@@ -53,6 +55,8 @@ pub enum Ending {
 pub struct Server {
     listener: UnixListener,
     path: PathBuf,
+    /// Is a frontend being served? Shared with whoever asks ([`Server::frontend_connected`]).
+    frontend: Arc<AtomicBool>,
 }
 
 impl Server {
@@ -60,24 +64,18 @@ impl Server {
     /// other file, or a socket a live server answers on, is an error.
     pub fn bind(path: impl AsRef<Path>) -> Result<Server, Error> {
         let path = path.as_ref();
-        let shown = || path.display().to_string();
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if !meta.file_type().is_socket() => return Err(Error::NotASocket { path: shown() }),
-            Ok(_) => {
-                if UnixStream::connect(path).is_ok() {
-                    return Err(Error::SocketInUse { path: shown() });
-                }
-                std::fs::remove_file(path).map_err(|source| Error::Listen { path: shown(), source })?;
-            }
-            Err(_) => {}
-        }
-        let listener = UnixListener::bind(path).map_err(|source| Error::Listen { path: shown(), source })?;
-        Ok(Server { listener, path: path.to_path_buf() })
+        let listener = listen(path)?;
+        Ok(Server { listener, path: path.to_path_buf(), frontend: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A flag that is set while a frontend is served, for other threads to read.
+    pub fn frontend_connected(&self) -> Arc<AtomicBool> {
+        self.frontend.clone()
     }
 
     /// Serve frontends one after another until `stop` (if given) becomes readable. Each
@@ -103,7 +101,10 @@ impl Server {
                 log::error!("cannot make the frontend's socket non-blocking: {e}; connection closed");
                 continue;
             }
-            match self.serve_connection(&stream, device, stop) {
+            self.frontend.store(true, Ordering::Release);
+            let ending = self.serve_connection(&stream, device, stop);
+            self.frontend.store(false, Ordering::Release);
+            match ending {
                 Ending::Closed => {
                     log::info!("{}: frontend disconnected; waiting for the next one", self.path.display())
                 }
@@ -173,6 +174,23 @@ impl Server {
             }
         }
     }
+}
+
+/// Listen on the Unix socket `path`. A socket file left there by a server that is gone is
+/// replaced; any other file, or a socket a live server answers on, is an error.
+pub fn listen(path: &Path) -> Result<UnixListener, Error> {
+    let shown = || path.display().to_string();
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => return Err(Error::NotASocket { path: shown() }),
+        Ok(_) => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(Error::SocketInUse { path: shown() });
+            }
+            std::fs::remove_file(path).map_err(|source| Error::Listen { path: shown(), source })?;
+        }
+        Err(_) => {}
+    }
+    UnixListener::bind(path).map_err(|source| Error::Listen { path: shown(), source })
 }
 
 impl Drop for Server {

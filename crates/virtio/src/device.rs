@@ -83,7 +83,12 @@ pub struct DeviceStats {
     first_reset_reason: OnceLock<String>,
     /// Service times (taken off the ring to put in the used ring), in clock ticks.
     latency: SharedHistogram,
+    /// Requests answered, per queue (the first [`STATS_QUEUES`]).
+    per_queue: [AtomicU64; STATS_QUEUES],
 }
+
+/// How many queues a device's stats count separately (virtio-blk's most).
+pub const STATS_QUEUES: usize = 16;
 
 /// A copy of a device's [`DeviceStats`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -95,6 +100,8 @@ pub struct DeviceStatsSnapshot {
     pub first_reset_reason: Option<String>,
     /// Service times of the requests answered, in ticks of the `clock` crate.
     pub latency: Histogram,
+    /// Requests answered per queue.
+    pub per_queue: [u64; STATS_QUEUES],
 }
 
 impl DeviceStats {
@@ -110,6 +117,7 @@ impl DeviceStats {
             needs_reset: AtomicU64::new(0),
             first_reset_reason: OnceLock::new(),
             latency: SharedHistogram::default(),
+            per_queue: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -126,6 +134,15 @@ impl DeviceStats {
         self.interrupts.fetch_add(delta.interrupts, Ordering::Relaxed);
         if delta.bytes != 0 {
             self.bytes.fetch_add(delta.bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Add `delta` as the work of queue `queue`: the device's counts, and the queue's own.
+    pub fn add_for_queue(&self, queue: usize, delta: &RequestCounters) {
+        self.add(delta);
+        let answered = delta.completed + delta.io_errors + delta.rejected;
+        if let Some(count) = self.per_queue.get(queue).filter(|_| answered != 0) {
+            count.fetch_add(answered, Ordering::Relaxed);
         }
     }
 
@@ -163,6 +180,7 @@ impl DeviceStats {
             needs_reset: self.needs_reset.load(Ordering::Relaxed),
             first_reset_reason: self.first_reset_reason.get().cloned(),
             latency: self.latency.snapshot(),
+            per_queue: std::array::from_fn(|q| self.per_queue[q].load(Ordering::Relaxed)),
         }
     }
 }

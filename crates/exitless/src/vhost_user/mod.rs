@@ -3,29 +3,36 @@
 //! daemon serves many disks, each on its own socket, to a frontend each; the rings of every
 //! connected frontend are served by a few shared IOCores (the shared data plane).
 //!
-//! - [`spec`]: `--disk socket=PATH,...`.
+//! - [`spec`]: `--disk socket=PATH,...` (and the control API's JSON disks).
+//! - [`disks`]: the disks being served, each with its connection thread.
 //! - [`placement`]: which IOCore serves which disk.
 //! - [`stats`]: `--stats-interval` lines.
+//! - [`api`], [`routes`], [`prometheus`]: `--api-socket`, the control API.
 
+mod api;
+mod disks;
 mod placement;
+mod prometheus;
+mod routes;
 mod spec;
 mod stats;
 
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use iocore::{IoCore, Policy};
-use rate_limiter::RateLimiter;
-use sandbox::{Filter, SeccompMode, ThreadKind};
-use virtio::block::Block;
-use virtio::{DeviceStats, WorkerHost};
+use sandbox::{Filter, ThreadKind};
 
-use placement::Placement;
+use api::{Api, Call};
+use disks::Disks;
 use spec::VhostDisk;
-use stats::{DiskFigures, Reporter};
+use stats::Reporter;
 
 #[derive(Args)]
 #[command(after_help = AFTER_HELP)]
@@ -36,12 +43,18 @@ pub struct VhostUserBlkArgs {
     /// A disk to serve (repeatable): `socket=PATH,` and `path=FILE[,readonly][,direct]` (raw
     /// file through io_uring), `ram=SIZE` (a new RAM disk, kept across frontend connections
     /// while this runs) or `ram,path=FILE[,readonly]` (an existing /dev/shm file); optionally
-    /// `queues=N`, `iops=N` (requests/s), `bw=BYTES` (bytes/s, K/M/G suffixes) and
-    /// `serial=TEXT` (the serial number the guest reads, 1 to 20 printable ASCII characters;
-    /// default `vhost-user-diskN`, N the disk's index). Without `socket=`, the disk is
-    /// served on `--socket`.
-    #[arg(long, value_name = "SPEC", value_parser = spec::parse, required = true)]
+    /// `queues=N`, `iops=N` (requests/s), `bw=BYTES` (bytes/s, K/M/G suffixes), `serial=TEXT`
+    /// (the serial number the guest reads, 1 to 20 printable ASCII characters; default
+    /// `vhost-user-diskN`, N the disk's index) and `name=NAME` (for the control API and metrics;
+    /// default diskN). Without `socket=`, the disk is served on `--socket`. Needed unless
+    /// --api-socket is given.
+    #[arg(long, value_name = "SPEC", value_parser = spec::parse, required_unless_present = "api_socket")]
     pub disk: Vec<VhostDisk>,
+    /// Serve the control API on this Unix socket: HTTP/1.1 with JSON bodies (`curl
+    /// --unix-socket PATH http://localhost/disks`), to list, add, re-limit and remove disks
+    /// while the daemon runs, and Prometheus metrics on /metrics. See below.
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
     /// Virtqueues offered per disk unless its spec says `queues=` (VIRTIO_BLK_F_MQ above 1);
     /// each has its own backend.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=spec::MAX_QUEUES as i64))]
@@ -108,13 +121,32 @@ second's budget (the burst) and starting full. A request over the limit waits in
 is not failed. Over t seconds a disk serves at most N*(t+1) requests and BYTES*(t+1) bytes
 plus one request.
 
+Control API (--api-socket PATH; any local user who may open PATH controls the daemon):
+  GET    /disks            every disk: spec, IOCore, frontend_connected, counts
+  GET    /disks/NAME       one disk
+  PUT    /disks/NAME       add one; the body holds --disk's keys: {\"socket\": \"/tmp/c.sock\",
+                           \"path\": \"c.img\", \"direct\": true, \"iops\": 5000} (201; 409 when the
+                           name or socket is taken)
+  PATCH  /disks/NAME       new limits, {\"iops\": 1000, \"bw\": null} (null: no limit), in force
+                           for the disk's next requests
+  DELETE /disks/NAME       stop serving it, close it, remove its socket (204); refused with 409
+                           while a frontend is connected: detach the disk from its VM first
+  GET    /metrics          Prometheus text format: exitless_disk_requests_total,
+                           _bytes_total, _request_duration_seconds, _rate_limit_waits_total,
+                           exitless_iocore_busy_seconds_total, _idle_seconds_total, ...
+Errors are 4xx with {\"error\": \"...\"}. One request per connection; a client has 5 s to send
+it. Adding or removing a disk leaves the other disks' frontends and rings alone.
+
 Examples:
   exitless vhost-user-blk --socket /tmp/vhost.sock --disk path=disk.img &
   exitless vhost-user-blk --disk socket=/tmp/a.sock,path=a.img,direct \\
       --disk socket=/tmp/b.sock,ram=1G,iops=10000 --stats-interval 10 &
   qemu-system-x86_64 -m 1G -object memory-backend-memfd,id=mem,size=1G,share=on \\
       -machine memory-backend=mem -chardev socket,id=vu,path=/tmp/a.sock \\
-      -device vhost-user-blk-pci,chardev=vu ...";
+      -device vhost-user-blk-pci,chardev=vu ...
+  exitless vhost-user-blk --api-socket /tmp/api.sock &
+  curl --unix-socket /tmp/api.sock -X PUT -d '{\"socket\":\"/tmp/d.sock\",\"ram\":\"1G\"}' \\
+      http://localhost/disks/d";
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum VhostIoMode {
@@ -141,7 +173,7 @@ fn sockets(args: &VhostUserBlkArgs) -> Result<Vec<PathBuf>, String> {
     match (&args.socket, unnamed) {
         (_, n) if n > 1 => return Err("several --disk without socket=: give each its own socket=PATH".into()),
         (None, 1) => return Err("a --disk without socket=PATH needs --socket PATH".into()),
-        (Some(_), 0) => return Err("--socket is given but every --disk names its own socket=".into()),
+        (Some(_), 0) => return Err("--socket is given but no --disk is without its own socket=".into()),
         _ => {}
     }
     let sockets: Vec<PathBuf> = args
@@ -155,41 +187,6 @@ fn sockets(args: &VhostUserBlkArgs) -> Result<Vec<PathBuf>, String> {
         }
     }
     Ok(sockets)
-}
-
-/// A disk ready to serve: its device, its listening socket, and what the statistics show.
-struct Served {
-    device: ::vhost_user::VhostUserBlk,
-    server: ::vhost_user::Server,
-    figures: DiskFigures,
-}
-
-fn open_disk(
-    index: usize,
-    disk: &VhostDisk,
-    socket: PathBuf,
-    queues: u16,
-    iocore: (usize, &Arc<IoCore>),
-) -> Result<Served, String> {
-    let what = || format!("disk {index} ({})", socket.display());
-    let backends = disk
-        .disk
-        .open_queues(queues as usize)
-        .map_err(|e| format!("cannot open the disk of {}: {e}", what()))?;
-    let serial = disk.serial.clone().unwrap_or_else(|| format!("vhost-user-disk{index}"));
-    let block = Block::with_queues(backends, &serial).ok_or_else(|| {
-        format!("{}: the queues disagree on its size (was it resized while opening?)", what())
-    })?;
-    let stats = Arc::new(DeviceStats::new(what()));
-    let host: Arc<dyn WorkerHost> = iocore.1.clone();
-    let mut device = ::vhost_user::VhostUserBlk::new(block, host).with_stats(stats.clone());
-    let limiter = disk.limits.any().then(|| Arc::new(RateLimiter::new(disk.limits)));
-    if let Some(limiter) = &limiter {
-        device = device.with_rate_limiter(limiter.clone());
-    }
-    let server = ::vhost_user::Server::bind(&socket).map_err(|e| e.to_string())?;
-    let figures = DiskFigures::new(socket, stats, disk.limits, limiter, iocore.0);
-    Ok(Served { device, server, figures })
 }
 
 fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
@@ -215,48 +212,56 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
             IoCore::spawn_confined(policy, cpu, filter).map(Arc::new).map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let mut placement = Placement::new(iocores.len());
-    let mut disks = Vec::with_capacity(args.disk.len());
-    for (index, (disk, socket)) in args.disk.iter().zip(sockets).enumerate() {
-        let queues = disk.queues.unwrap_or(args.queues);
-        let k = placement.place(queues as usize);
-        disks.push(open_disk(index, disk, socket, queues, (k, &iocores[k]))?);
-    }
     let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
-    for (index, served) in disks.iter().enumerate() {
-        let queues = served.device.num_queues();
-        log::info!(
-            "listening on {} (disk {index}, {queues} queue{}, IOCore {} of {}, {mode} mode)",
-            served.server.path().display(),
-            if queues == 1 { "" } else { "s" },
-            served.figures.iocore,
-            iocores.len(),
-        );
+    let mut disks = Disks::new(iocores.clone(), args.queues, seccomp, args.api_socket.is_some(), mode);
+    for (disk, socket) in args.disk.iter().zip(sockets) {
+        disks.add(disk.clone(), socket).map_err(|e| e.to_string())?;
     }
-    let mut figures = Vec::with_capacity(disks.len());
-    let mut threads = Vec::with_capacity(disks.len());
-    for (index, Served { device, server, figures: f }) in disks.into_iter().enumerate() {
-        figures.push(f);
-        let stop = stop.try_clone().map_err(|e| format!("cannot share the stop descriptor: {e}"))?;
-        let thread = std::thread::Builder::new()
-            .name(format!("vhost-user-{index}"))
-            .spawn(move || serve_disk(index, device, server, stop, seccomp))
-            .map_err(|e| format!("cannot start disk {index}'s connection thread: {e}"))?;
-        threads.push(thread);
-    }
-    // This thread only waits for the stop signal now, printing figures meanwhile.
-    sandbox::install(ThreadKind::VhostUserConnection, seccomp).map_err(|e| e.to_string())?;
-    let mut reporter = Reporter::new(figures, args.json, started);
+    let (api, calls, wake) = match &args.api_socket {
+        Some(path) => {
+            let (wake_writer, wake) =
+                wake_event().map_err(|e| format!("cannot make the API's eventfd: {e}"))?;
+            let (sender, calls) = mpsc::sync_channel(16);
+            let filter = Filter::new(ThreadKind::ApiServer, seccomp).map_err(|e| e.to_string())?;
+            let stop = stop.try_clone().map_err(|e| format!("cannot share the stop descriptor: {e}"))?;
+            let api = Api::start(path, stop, filter, sender, wake_writer)?;
+            log::info!("control API on {}", path.display());
+            (Some(api), Some(calls), Some(wake))
+        }
+        None => (None, None, None),
+    };
+    // This thread waits for the stop signal now, printing figures and, with the control API,
+    // adding and removing disks: it keeps what that takes.
+    let kind = if api.is_some() { ThreadKind::DaemonControl } else { ThreadKind::VhostUserConnection };
+    sandbox::install(kind, seccomp).map_err(|e| e.to_string())?;
+    let mut reporter = Reporter::new(args.json, started);
     let interval = args.stats_interval.map(Duration::from_secs);
-    while !wait_readable(&stop, interval) {
-        reporter.report();
+    let mut next_report = interval.map(|i| Instant::now() + i);
+    loop {
+        let limit = next_report.map(|at| at.saturating_duration_since(Instant::now()));
+        match wait_for_control(&stop, wake.as_ref(), limit) {
+            Wake::Stop => break,
+            Wake::Call => {
+                if let (Some(calls), Some(wake)) = (&calls, &wake) {
+                    answer_calls(&mut disks, calls, wake);
+                }
+            }
+            Wake::Timeout => {}
+        }
+        if let (Some(at), Some(interval)) = (next_report, interval) {
+            if Instant::now() >= at {
+                reporter.report(disks.figures_mut());
+                next_report = Some(at + interval);
+            }
+        }
     }
     log::info!("stopping");
-    for thread in threads {
-        let _ = thread.join();
+    disks.stop_all();
+    if let Some(api) = api {
+        api.join();
     }
     if interval.is_some() {
-        reporter.report();
+        reporter.report(disks.figures_mut());
     }
     for iocore in &iocores {
         iocore.stop();
@@ -264,33 +269,53 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// One disk's connection thread: frontends one after another until the stop signal.
-fn serve_disk(
-    index: usize,
-    mut device: ::vhost_user::VhostUserBlk,
-    server: ::vhost_user::Server,
-    stop: OwnedFd,
-    seccomp: SeccompMode,
-) {
-    // This thread reads the disk's frontends' messages from here on.
-    if let Err(e) = sandbox::install(ThreadKind::VhostUserConnection, seccomp) {
-        log::error!("disk {index}: {e}; not served");
-        return;
-    }
-    if let Err(e) = server.serve(&mut device, Some(stop.as_fd())) {
-        log::error!("disk {index} ({}): {e}; no longer served", server.path().display());
+fn answer_calls(disks: &mut Disks, calls: &Receiver<Call>, mut wake: &File) {
+    let mut count = [0u8; 8];
+    let _ = wake.read(&mut count);
+    while let Ok(call) = calls.try_recv() {
+        let response = routes::handle(disks, &call.request);
+        let _ = call.reply.send(response);
     }
 }
 
-/// Wait until `fd` is readable (`true`) or `limit` passed (`false`; `None`: no limit).
-fn wait_readable(fd: &OwnedFd, limit: Option<Duration>) -> bool {
-    let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis()).unwrap_or(i32::MAX));
-    let mut pollfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd; poll writes only its `revents`.
-    let n = unsafe { libc::poll(&mut pollfd, 1, ms) };
+/// What woke the control thread.
+enum Wake {
+    Stop,
+    Call,
+    Timeout,
+}
+
+/// Wait for the stop signal, a call from the API (when `wake` is given) or `limit`.
+fn wait_for_control(stop: &OwnedFd, wake: Option<&File>, limit: Option<Duration>) -> Wake {
+    let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis() + 1).unwrap_or(i32::MAX));
+    let mut fds = [
+        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: wake.map_or(-1, |w| w.as_raw_fd()), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: two valid pollfds (a negative fd is ignored); poll writes only their `revents`.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
     // An error (EINTR cannot happen: the handled signals come through the signalfd) counts as
     // the stop, so the daemon never spins on it.
-    n != 0
+    if n < 0 || fds[0].revents != 0 {
+        Wake::Stop
+    } else if fds[1].revents != 0 {
+        Wake::Call
+    } else {
+        Wake::Timeout
+    }
+}
+
+/// The eventfd the API thread writes when it hands over a call: its writing end and the one
+/// the control thread polls and drains.
+fn wake_event() -> std::io::Result<(File, File)> {
+    // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok((File::from(fd.try_clone()?), File::from(fd)))
 }
 
 /// How long stopping may take before the daemon exits without finishing: every write a

@@ -20,6 +20,13 @@ impl Placement {
         self.queues[index] += queues;
         index
     }
+
+    /// A disk of `queues` queues on IOCore `iocore` is gone.
+    pub fn remove(&mut self, iocore: usize, queues: usize) {
+        if let Some(load) = self.queues.get_mut(iocore) {
+            *load = load.saturating_sub(queues);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -35,5 +42,9 @@ mod tests {
         assert_eq!(p.place(1), 0, "4 against 4: the first");
         let mut p = Placement::new(1);
         assert_eq!([2, 3].map(|q| p.place(q)), [0, 0]);
+        let mut p = Placement::new(2);
+        assert_eq!([1, 1].map(|q| p.place(q)), [0, 1]);
+        p.remove(0, 1);
+        assert_eq!(p.place(1), 0, "a removed disk's IOCore is the least loaded again");
     }
 }

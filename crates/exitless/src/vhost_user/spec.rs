@@ -2,21 +2,28 @@
 //!
 //! `socket=PATH,` followed by a disk as `exitless run --disk` takes it (`path=FILE[,readonly]
 //! [,direct]`, `ram=SIZE`, `ram,path=FILE[,readonly]`), and optionally `queues=N`, `iops=N`
-//! (requests per second), `bw=BYTES` (bytes per second, with K/M/G suffixes) and `serial=TEXT`
-//! (the serial number the guest reads, 1 to 20 printable ASCII characters). Without
-//! `socket=` the disk is served on `--socket` (the single-disk form).
+//! (requests per second), `bw=BYTES` (bytes per second, with K/M/G suffixes), `serial=TEXT`
+//! (the serial number the guest reads, 1 to 20 printable ASCII characters) and `name=NAME`
+//! (how the control API and the metrics call it). Without `socket=` the disk is served on
+//! `--socket` (the single-disk form). The control API's disk bodies are JSON objects with the
+//! same keys ([`from_json`]), checked by the same rules.
 
 use std::path::PathBuf;
 
 use rate_limiter::Limits;
+use serde_json::Value;
 use storage::DiskSpec;
 
 /// The most queues a disk may offer.
 pub const MAX_QUEUES: u16 = 16;
+/// The longest disk name.
+const MAX_NAME: usize = 64;
 
 /// One `--disk` of the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VhostDisk {
+    /// Its name; `None`: `diskN`, N counting the disks from 0.
+    pub name: Option<String>,
     /// Where frontends connect; `None`: on `--socket`.
     pub socket: Option<PathBuf>,
     pub disk: DiskSpec,
@@ -29,6 +36,7 @@ pub struct VhostDisk {
 }
 
 pub fn parse(text: &str) -> Result<VhostDisk, String> {
+    let mut name = None;
     let mut socket = None;
     let mut queues = None;
     let mut limits = Limits::default();
@@ -38,6 +46,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
         match option.split_once('=') {
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
             Some(("socket", _)) => return Err("`socket=` needs a path".into()),
+            Some(("name", n)) => name = Some(check_name(n)?.to_owned()),
             Some(("queues", n)) => {
                 let n: u16 = n.parse().map_err(|_| format!("queues={n}: not a number"))?;
                 if !(1..=MAX_QUEUES).contains(&n) {
@@ -70,7 +79,85 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
         }
     }
     let disk = exitless_args::disk::parse(&rest.join(","))?;
-    Ok(VhostDisk { socket, disk, queues, limits, serial })
+    Ok(VhostDisk { name, socket, disk, queues, limits, serial })
+}
+
+/// A disk's name, if it is one: 1 to 64 letters, digits, `.`, `_` or `-`, not starting with a
+/// dot (it appears in URLs and metric labels).
+pub fn check_name(name: &str) -> Result<&str, String> {
+    let fits = (1..=MAX_NAME).contains(&name.len())
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if fits {
+        Ok(name)
+    } else {
+        Err(format!(
+            "disk name {name:?}: use 1 to {MAX_NAME} letters, digits, '.', '_' or '-', not starting with '.'"
+        ))
+    }
+}
+
+/// The keys a disk's JSON body may have, as `--disk` keys; `readonly` and `direct` are flags
+/// (`true` or `false`), `ram` a size or `true` (with `path`: an existing /dev/shm file).
+const JSON_KEYS: &[&str] = &["socket", "path", "ram", "readonly", "direct", "queues", "iops", "bw", "serial"];
+
+/// A disk of the control API: the JSON object `body` turned into the `--disk` it stands for and
+/// parsed as that, so the same rules give the same errors.
+pub fn from_json(name: &str, body: &Value) -> Result<VhostDisk, String> {
+    let object = body.as_object().ok_or("the body must be a JSON object of --disk keys")?;
+    let mut options = vec![format!("name={}", check_name(name)?)];
+    // In the order `--disk` reads best; the parser does not depend on it.
+    for &key in JSON_KEYS {
+        let Some(value) = object.get(key) else { continue };
+        let text = match (key, value) {
+            ("readonly" | "direct", Value::Bool(true)) => Some(key.to_owned()),
+            ("readonly" | "direct", Value::Bool(false)) => None,
+            ("readonly" | "direct", _) => return Err(format!("`{key}` must be true or false")),
+            ("ram", Value::Bool(true)) => Some("ram".to_owned()),
+            (_, Value::String(s)) if s.contains(',') => {
+                return Err(format!("`{key}`: {s:?} holds a comma, which --disk cannot express"))
+            }
+            (_, Value::String(s)) => Some(format!("{key}={s}")),
+            (_, Value::Number(n)) if n.is_u64() => Some(format!("{key}={n}")),
+            _ => return Err(format!("`{key}`: {value} is not a value it takes")),
+        };
+        options.extend(text);
+    }
+    if let Some(unknown) = object.keys().find(|k| !JSON_KEYS.contains(&k.as_str())) {
+        return Err(format!("unknown key `{unknown}`: a disk takes {}", JSON_KEYS.join(", ")));
+    }
+    if !object.contains_key("socket") {
+        return Err("`socket` is missing: the path of the disk's vhost-user socket".into());
+    }
+    parse(&options.join(","))
+}
+
+/// The limits of a PATCH body `{"iops": N or null, "bw": BYTES or null}`: a key left out keeps
+/// its limit, `null` removes it; the values follow `--disk`'s rules.
+pub fn patch_limits(current: Limits, body: &Value) -> Result<Limits, String> {
+    let object = body.as_object().ok_or("the body must be a JSON object with `iops` and/or `bw`")?;
+    if let Some(unknown) = object.keys().find(|k| *k != "iops" && *k != "bw") {
+        return Err(format!("unknown key `{unknown}`: a disk's limits are `iops` and `bw`"));
+    }
+    let mut limits = current;
+    for (key, value) in object {
+        let given = match value {
+            Value::Null => None,
+            Value::Number(n) if n.is_u64() => Some(n.to_string()),
+            Value::String(s) if key == "bw" && !s.contains(',') => Some(s.clone()),
+            _ => return Err(format!("`{key}`: {value} is not a limit (a number, or null for none)")),
+        };
+        let parsed = match given {
+            None => Limits::default(),
+            Some(text) => parse(&format!("ram=1M,{key}={text}"))?.limits,
+        };
+        if key == "iops" {
+            limits.iops = parsed.iops;
+        } else {
+            limits.bandwidth = parsed.bandwidth;
+        }
+    }
+    Ok(limits)
 }
 
 #[cfg(test)]
@@ -87,6 +174,7 @@ mod tests {
         assert_eq!(d.serial, None);
         let d = parse("ram=64M,serial=db-volume-7").unwrap();
         assert_eq!(d.serial.as_deref(), Some("db-volume-7"));
+        assert_eq!(parse("ram=1M,name=db-0.a_b").unwrap().name.as_deref(), Some("db-0.a_b"));
         let d = parse("ram=64M").unwrap();
         assert_eq!((d.socket, d.disk), (None, DiskSpec::Ram { size: 64 << 20 }));
         assert!(!d.limits.any());
@@ -106,8 +194,57 @@ mod tests {
             "ram=1M,serial=",
             "ram=1M,serial=abcdefghijklmnopqrstu",
             "ram=1M,serial=a,serial=b",
+            "ram=1M,name=",
+            "ram=1M,name=.hidden",
+            "ram=1M,name=a/b",
+            "ram=1M,name=a b",
         ] {
             assert!(parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn a_json_disk_is_the_disk_spec_it_stands_for() {
+        let body = serde_json::json!({"socket": "/tmp/a.sock", "path": "/tmp/a.img", "direct": true,
+            "readonly": false, "iops": 5000, "bw": "8M", "queues": 2});
+        let d = from_json("a", &body).unwrap();
+        assert_eq!(
+            d,
+            parse("name=a,socket=/tmp/a.sock,path=/tmp/a.img,direct,iops=5000,bw=8M,queues=2").unwrap()
+        );
+        let d = from_json("r", &serde_json::json!({"socket": "/s", "ram": 1048576})).unwrap();
+        assert_eq!(d.disk, DiskSpec::Ram { size: 1 << 20 });
+        for (name, bad) in [
+            ("a", serde_json::json!([])),
+            ("a", serde_json::json!({"path": "/x"})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "colour": "red"})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "direct": "yes"})),
+            ("a", serde_json::json!({"socket": "/s", "path": "/x,readonly"})),
+            ("a", serde_json::json!({"socket": "/s", "ram": -1})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "iops": 0})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "queues": 99})),
+            ("a", serde_json::json!({"socket": "/s"})),
+            ("a b", serde_json::json!({"socket": "/s", "ram": "1M"})),
+        ] {
+            assert!(from_json(name, &bad).is_err(), "{name} {bad} accepted");
+        }
+    }
+
+    #[test]
+    fn a_patch_sets_or_removes_each_limit_it_names() {
+        let start = Limits { iops: Some(100), bandwidth: Some(1 << 20) };
+        let patch = |v| patch_limits(start, &v);
+        assert_eq!(patch(serde_json::json!({"iops": 50})).unwrap(), Limits { iops: Some(50), ..start });
+        assert_eq!(patch(serde_json::json!({"bw": null})).unwrap(), Limits { bandwidth: None, ..start });
+        assert_eq!(patch(serde_json::json!({"bw": "2M"})).unwrap().bandwidth, Some(2 << 20));
+        for bad in [
+            serde_json::json!({"iops": 0}),
+            serde_json::json!({"bw": 10}),
+            serde_json::json!({"iops": "fast"}),
+            serde_json::json!({"queues": 2}),
+            serde_json::json!(7),
+        ] {
+            assert!(patch(bad.clone()).is_err(), "{bad} accepted");
         }
     }
 }

@@ -16,9 +16,10 @@ use virtio::{DeviceStats, DeviceStatsSnapshot};
 
 /// A disk as the statistics see it.
 pub struct DiskFigures {
+    pub index: usize,
+    pub name: String,
     pub socket: PathBuf,
     pub stats: Arc<DeviceStats>,
-    pub limits: Limits,
     pub limiter: Option<Arc<RateLimiter>>,
     pub iocore: usize,
     last: DeviceStatsSnapshot,
@@ -26,19 +27,41 @@ pub struct DiskFigures {
 
 impl DiskFigures {
     pub fn new(
+        (index, name): (usize, String),
         socket: PathBuf,
         stats: Arc<DeviceStats>,
-        limits: Limits,
         limiter: Option<Arc<RateLimiter>>,
         iocore: usize,
     ) -> DiskFigures {
-        DiskFigures { socket, stats, limits, limiter, iocore, last: DeviceStatsSnapshot::default() }
+        DiskFigures { index, name, socket, stats, limiter, iocore, last: DeviceStatsSnapshot::default() }
+    }
+
+    /// The limits in force (none without a rate limiter).
+    pub fn limits(&self) -> Limits {
+        self.limiter.as_ref().map(|l| l.limits()).unwrap_or_default()
+    }
+
+    /// The counts so far, as `GET /disks` shows them.
+    pub fn counts(&self) -> Value {
+        let now = self.stats.snapshot();
+        let r = &now.requests;
+        let limits = self.limits();
+        json!({
+            "requests": r.completed + r.io_errors + r.rejected,
+            "completed": r.completed,
+            "io_errors": r.io_errors,
+            "rejected": r.rejected,
+            "bytes": r.bytes,
+            "needs_reset": now.needs_reset,
+            "iops_limit": limits.iops,
+            "bw_limit": limits.bandwidth,
+            "rate_limit_waits": self.limiter.as_ref().map_or(0, |l| l.waits()),
+        })
     }
 }
 
 /// Prints the figures of every disk.
 pub struct Reporter {
-    disks: Vec<DiskFigures>,
     json: bool,
     /// The daemon's start, before any rate limiter was made.
     started: Instant,
@@ -46,21 +69,21 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    pub fn new(disks: Vec<DiskFigures>, json: bool, started: Instant) -> Reporter {
-        Reporter { disks, json, started, last: started }
+    pub fn new(json: bool, started: Instant) -> Reporter {
+        Reporter { json, started, last: started }
     }
 
     /// One line per disk: the counts so far, and rates since the previous call.
-    pub fn report(&mut self) {
+    pub fn report<'a>(&mut self, disks: impl Iterator<Item = &'a mut DiskFigures>) {
         let now = Instant::now();
         let uptime = now.duration_since(self.started).as_secs_f64();
         let interval = now.duration_since(self.last).as_secs_f64().max(1e-9);
         self.last = now;
         let json = self.json;
         let mut out = std::io::stdout().lock();
-        for (index, disk) in self.disks.iter_mut().enumerate() {
+        for disk in disks {
             let snapshot = disk.stats.snapshot();
-            let line = figures(index, disk, &snapshot, uptime, interval);
+            let line = figures(disk, &snapshot, uptime, interval);
             disk.last = snapshot;
             let _ = if json { writeln!(out, "{line}") } else { writeln!(out, "{}", text(&line)) };
         }
@@ -72,14 +95,16 @@ fn micros(histogram: &Histogram, permille: u64) -> Option<f64> {
     histogram.quantile_ticks(permille).map(|t| clock::to_duration(t).as_secs_f64() * 1e6)
 }
 
-fn figures(index: usize, disk: &DiskFigures, now: &DeviceStatsSnapshot, uptime: f64, interval: f64) -> Value {
+fn figures(disk: &DiskFigures, now: &DeviceStatsSnapshot, uptime: f64, interval: f64) -> Value {
     let r = &now.requests;
     let delta = r.since(&disk.last.requests);
     let answered = |c: &virtio::RequestCounters| c.completed + c.io_errors + c.rejected;
     let latency = now.latency.since(&disk.last.latency);
+    let limits = disk.limits();
     json!({
         "stats": "disk",
-        "disk": index,
+        "disk": disk.index,
+        "name": disk.name,
         "socket": disk.socket.display().to_string(),
         "iocore": disk.iocore,
         "uptime_s": uptime,
@@ -95,8 +120,8 @@ fn figures(index: usize, disk: &DiskFigures, now: &DeviceStatsSnapshot, uptime: 
         "p50_us": micros(&latency, 500),
         "p99_us": micros(&latency, 990),
         "max_us": micros(&latency, 1000),
-        "iops_limit": disk.limits.iops,
-        "bw_limit": disk.limits.bandwidth,
+        "iops_limit": limits.iops,
+        "bw_limit": limits.bandwidth,
         "rate_limit_waits": disk.limiter.as_ref().map_or(0, |l| l.waits()),
     })
 }
@@ -113,9 +138,9 @@ fn text(v: &Value) -> String {
         ),
     };
     format!(
-        "exitless vhost-user-blk: disk {} ({}, IOCore {}): {} requests, {} bytes, {} I/O errors, {} refused; \
+        "exitless vhost-user-blk: {} ({}, IOCore {}): {} requests, {} bytes, {} I/O errors, {} refused; \
          last {:.1} s: {:.0} IOPS, {:.1} MB/s, service time p50 {} us p99 {} us max {} us{limits}",
-        v["disk"],
+        v["name"].as_str().unwrap_or(""),
         v["socket"].as_str().unwrap_or(""),
         v["iocore"],
         v["requests"],

@@ -210,7 +210,7 @@ impl Block {
                 .reopen_backend()
                 .map_err(ActivateError::Reopen)?,
         };
-        Ok(BlockWorker::new(queue, backend, self.disk.clone(), signals))
+        Ok(BlockWorker::new(queue, backend, self.disk.clone(), signals).for_queue(index))
     }
 
     /// Take queue `index`'s backend back from its worker (requests in flight finish first, or

@@ -163,6 +163,8 @@ pub struct BlockWorker {
     abandoned: bool,
     /// The cache mode the backend was last told (`DiskInfo::write_through`).
     write_through: bool,
+    /// The device's queue this worker serves, for its per-queue counts.
+    queue_index: usize,
 }
 
 // SAFETY: the raw pointers in `in_flight` and `request` point into guest memory that `queue`
@@ -201,7 +203,14 @@ impl BlockWorker {
             now: 0,
             abandoned: false,
             write_through,
+            queue_index: 0,
         }
+    }
+
+    /// Count this worker's requests as queue `index`'s in the device's stats (default 0).
+    pub fn for_queue(mut self, index: usize) -> BlockWorker {
+        self.queue_index = index;
+        self
     }
 
     /// Take at most `limit` (at least 1) requests off the ring per pass, so that an owner that
@@ -449,7 +458,7 @@ impl BlockWorker {
             self.counters.interrupts += 1;
             self.signals.interrupt.signal_used_buffer();
         }
-        self.signals.stats().add(&self.counters.since(&self.reported));
+        self.signals.stats().add_for_queue(self.queue_index, &self.counters.since(&self.reported));
         self.reported = self.counters;
         self.latency.report(self.signals.stats().latency());
     }

@@ -1,0 +1,233 @@
+//! `--api-socket`: the control API's listening thread. It speaks HTTP/1.1 on a Unix socket
+//! (`curl --unix-socket`), one request per connection, and hands each whole request to the
+//! control thread, which owns the disks and answers it ([`super::routes`]).
+//!
+//! The thread never blocks on a client: connections are non-blocking and polled together, at
+//! most [`MAX_CLIENTS`] at once, and each has [`CLIENT_TIME`] to send its request and read the
+//! answer, so a client that connects and never sends, or never reads, only loses its own
+//! connection. The data plane (the IOCores) never waits for this thread or the control thread.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use api_http::{Request, Response};
+use sandbox::Filter;
+
+/// Clients served at once; more wait in the listen backlog.
+const MAX_CLIENTS: usize = 16;
+/// How long a client has to send its request, and again to read the answer.
+const CLIENT_TIME: Duration = Duration::from_secs(5);
+/// How long the control thread may take to answer (opening a disk, say).
+const CONTROL_TIME: Duration = Duration::from_secs(10);
+
+/// A request for the control thread, with where its answer goes.
+pub struct Call {
+    pub request: Request,
+    pub reply: SyncSender<Response>,
+}
+
+/// A JSON error answer: `{"error": "..."}`.
+pub fn error(status: u16, message: impl std::fmt::Display) -> Response {
+    Response::json(status, serde_json::json!({ "error": message.to_string() }).to_string())
+}
+
+/// The API's socket and thread; the socket file is removed when the thread ends.
+pub struct Api {
+    thread: JoinHandle<()>,
+}
+
+impl Api {
+    /// Listen on `path` and serve from a new thread, confined by `filter`, until `stop` is
+    /// readable. Requests go to `calls`, and `wake` is written so the control thread looks.
+    pub fn start(
+        path: &Path,
+        stop: OwnedFd,
+        filter: Filter,
+        calls: SyncSender<Call>,
+        wake: File,
+    ) -> Result<Api, String> {
+        let listener = ::vhost_user::server::listen(path).map_err(|e| format!("--api-socket: {e}"))?;
+        listener.set_nonblocking(true).map_err(|e| format!("--api-socket: {e}"))?;
+        let path = path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("api".into())
+            .spawn(move || {
+                let _socket = RemoveOnDrop(path);
+                if let Err(e) = filter.install() {
+                    log::error!("{e}; the control API is not served");
+                    return;
+                }
+                serve(&listener, &stop, &Control { calls, wake });
+            })
+            .map_err(|e| format!("cannot start the control API's thread: {e}"))?;
+        Ok(Api { thread })
+    }
+
+    /// Wait for the thread, once the stop descriptor fired.
+    pub fn join(self) {
+        let _ = self.thread.join();
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The way to the control thread.
+struct Control {
+    calls: SyncSender<Call>,
+    wake: File,
+}
+
+impl Control {
+    fn answer(&self, request: Request) -> Response {
+        let (reply, answer) = mpsc::sync_channel(1);
+        if self.calls.send(Call { request, reply }).is_err() {
+            return error(503, "the daemon is stopping");
+        }
+        let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
+        answer.recv_timeout(CONTROL_TIME).unwrap_or_else(|_| {
+            error(503, format!("the daemon did not answer within {} s", CONTROL_TIME.as_secs()))
+        })
+    }
+}
+
+/// One client's connection.
+struct Client {
+    stream: UnixStream,
+    /// Read so far, until the request is whole.
+    read: Vec<u8>,
+    /// The answer and how much of it is written, once there is one.
+    answer: Option<(Vec<u8>, usize)>,
+    deadline: Instant,
+    done: bool,
+}
+
+impl Client {
+    fn respond(&mut self, response: &Response) {
+        self.answer = Some((response.to_bytes(), 0));
+        self.deadline = Instant::now() + CLIENT_TIME;
+        self.write();
+    }
+
+    /// Read what arrived; answer once the request is whole or cannot be.
+    fn read(&mut self, control: &Control) {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => {
+                    // The client closed its side before its request was whole.
+                    self.done = true;
+                    return;
+                }
+                Ok(n) => self.read.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.done = true;
+                    return;
+                }
+            }
+            match api_http::parse(&self.read) {
+                Ok(None) => continue,
+                Ok(Some(request)) => return self.respond(&control.answer(request)),
+                Err(e) => return self.respond(&error(e.status(), e)),
+            }
+        }
+    }
+
+    fn write(&mut self) {
+        let Some((bytes, written)) = &mut self.answer else { return };
+        while *written < bytes.len() {
+            match self.stream.write(&bytes[*written..]) {
+                Ok(n) => *written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        self.done = true;
+    }
+
+    fn expire(&mut self, now: Instant) {
+        if now < self.deadline {
+            return;
+        }
+        if self.answer.is_none() {
+            // Best effort: a client too slow to send may still read why it is dropped.
+            let message = format!("the request did not arrive within {} s", CLIENT_TIME.as_secs());
+            let _ = self.stream.write(&error(408, message).to_bytes());
+        }
+        self.done = true;
+    }
+}
+
+fn serve(listener: &UnixListener, stop: &OwnedFd, control: &Control) {
+    let mut clients: Vec<Client> = Vec::with_capacity(MAX_CLIENTS);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CLIENTS + 2);
+    loop {
+        fds.clear();
+        fds.push(pollfd(stop.as_raw_fd(), libc::POLLIN));
+        let accepting = clients.len() < MAX_CLIENTS;
+        fds.push(pollfd(if accepting { listener.as_raw_fd() } else { -1 }, libc::POLLIN));
+        for client in &clients {
+            let events = if client.answer.is_some() { libc::POLLOUT } else { libc::POLLIN };
+            fds.push(pollfd(client.stream.as_raw_fd(), events));
+        }
+        let now = Instant::now();
+        let next = clients.iter().map(|c| c.deadline.saturating_duration_since(now)).min();
+        let timeout = next.map_or(-1, |d| i32::try_from(d.as_millis() + 1).unwrap_or(i32::MAX));
+        let nfds = libc::nfds_t::try_from(fds.len()).unwrap_or(libc::nfds_t::MAX);
+        // SAFETY: `fds` holds `nfds` initialised pollfds; poll writes only their `revents`.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout) };
+        if n < 0 {
+            continue;
+        }
+        if fds[0].revents != 0 {
+            return;
+        }
+        for (client, fd) in clients.iter_mut().zip(&fds[2..]) {
+            if fd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && client.answer.is_none() {
+                client.read(control);
+            } else if fd.revents & (libc::POLLOUT | libc::POLLHUP | libc::POLLERR) != 0 {
+                client.write();
+            }
+            client.expire(Instant::now());
+        }
+        clients.retain(|c| !c.done);
+        if accepting && fds[1].revents != 0 {
+            accept(listener, &mut clients);
+        }
+    }
+}
+
+fn accept(listener: &UnixListener, clients: &mut Vec<Client>) {
+    while clients.len() < MAX_CLIENTS {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if stream.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                let deadline = Instant::now() + CLIENT_TIME;
+                clients.push(Client { stream, read: Vec::new(), answer: None, deadline, done: false });
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            // WouldBlock: none left; anything else (out of descriptors): try on the next wake.
+            Err(_) => return,
+        }
+    }
+}
+
+fn pollfd(fd: i32, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd { fd, events, revents: 0 }
+}

@@ -1,0 +1,309 @@
+//! The daemon's disks while it runs: opened at start from `--disk`, and added, re-limited and
+//! removed through the control API. Only the control (main) thread changes the set; each disk's
+//! connection thread serves its socket until its own stop descriptor fires, so removing one
+//! disk leaves the others' frontends and rings alone.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use iocore::IoCore;
+use rate_limiter::{Limits, RateLimiter};
+use sandbox::{SeccompMode, ThreadKind};
+use serde_json::{json, Value};
+use thiserror::Error;
+use virtio::block::Block;
+use virtio::{DeviceStats, WorkerHost};
+
+use super::placement::Placement;
+use super::spec::VhostDisk;
+use super::stats::DiskFigures;
+
+/// Why a disk could not be added, changed or removed; [`DiskError::status`] is the control
+/// API's answer.
+#[derive(Debug, Error)]
+pub enum DiskError {
+    #[error("a disk named {0} exists already")]
+    NameTaken(String),
+    #[error("disk {name} is served on {socket} already")]
+    SocketTaken { name: String, socket: String },
+    #[error("no disk is named {0}")]
+    NotFound(String),
+    #[error(
+        "a frontend is connected to disk {0}: detach the disk from its VM (or stop the VM) before removing it"
+    )]
+    InUse(String),
+    #[error("cannot open the disk of {what}: {reason}")]
+    Open { what: String, reason: String },
+    #[error("{what}: the queues disagree on its size (was it resized while opening?)")]
+    Size { what: String },
+    #[error("{0}")]
+    Socket(#[from] ::vhost_user::Error),
+    #[error("cannot start {what}'s connection thread: {source}")]
+    Thread { what: String, source: std::io::Error },
+}
+
+impl DiskError {
+    /// The HTTP status that answers it.
+    pub fn status(&self) -> u16 {
+        match self {
+            DiskError::NameTaken(_) | DiskError::SocketTaken { .. } | DiskError::InUse(_) => 409,
+            DiskError::Socket(::vhost_user::Error::SocketInUse { .. }) => 409,
+            DiskError::NotFound(_) => 404,
+            DiskError::Thread { .. } => 500,
+            DiskError::Open { .. } | DiskError::Size { .. } | DiskError::Socket(_) => 400,
+        }
+    }
+}
+
+/// One disk being served.
+pub struct Disk {
+    pub spec: VhostDisk,
+    pub queues: u16,
+    /// The serial number the guest reads (GET_ID).
+    pub serial: String,
+    pub figures: DiskFigures,
+    frontend: Arc<AtomicBool>,
+    /// Written to stop the disk's connection thread.
+    stop: File,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Disk {
+    /// Is a frontend connected?
+    pub fn frontend_connected(&self) -> bool {
+        self.frontend.load(Ordering::Acquire)
+    }
+
+    /// What `GET /disks` shows of it.
+    pub fn describe(&self) -> Value {
+        let f = &self.figures;
+        json!({
+            "name": f.name,
+            "index": f.index,
+            "socket": f.socket.display().to_string(),
+            "disk": storage_json(&self.spec.disk),
+            "queues": self.queues,
+            "serial": self.serial,
+            "iocore": f.iocore,
+            "frontend_connected": self.frontend_connected(),
+            "figures": f.counts(),
+            "queue_requests": &f.stats.snapshot().per_queue[..usize::from(self.queues).min(virtio::STATS_QUEUES)],
+        })
+    }
+
+    /// Stop its connection thread (ending a frontend's connection) and wait for it.
+    fn stop(&mut self) {
+        let _ = self.stop.write_all(&1u64.to_ne_bytes());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn storage_json(disk: &storage::DiskSpec) -> Value {
+    match disk {
+        storage::DiskSpec::File { path, read_only, direct, .. } => {
+            json!({"path": path.display().to_string(), "readonly": read_only, "direct": direct})
+        }
+        storage::DiskSpec::Ram { size, .. } => json!({"ram": size}),
+        storage::DiskSpec::RamFile { path, read_only, .. } => {
+            json!({"ram": true, "path": path.display().to_string(), "readonly": read_only})
+        }
+    }
+}
+
+/// Every disk, and what a new one needs: the IOCores and how to place it on them.
+pub struct Disks {
+    iocores: Vec<Arc<IoCore>>,
+    placement: Placement,
+    /// `--queues`, for a disk whose spec names none.
+    default_queues: u16,
+    seccomp: SeccompMode,
+    /// Give every disk a rate limiter, so the control API may limit one later.
+    limit_every_disk: bool,
+    mode: String,
+    next_index: usize,
+    disks: BTreeMap<String, Disk>,
+}
+
+impl Disks {
+    pub fn new(
+        iocores: Vec<Arc<IoCore>>,
+        default_queues: u16,
+        seccomp: SeccompMode,
+        limit_every_disk: bool,
+        mode: String,
+    ) -> Disks {
+        let placement = Placement::new(iocores.len());
+        Disks {
+            iocores,
+            placement,
+            default_queues,
+            seccomp,
+            limit_every_disk,
+            mode,
+            next_index: 0,
+            disks: BTreeMap::new(),
+        }
+    }
+
+    pub fn iocores(&self) -> &[Arc<IoCore>] {
+        &self.iocores
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Disk> {
+        self.disks.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Disk> {
+        self.disks.values()
+    }
+
+    pub fn figures_mut(&mut self) -> impl Iterator<Item = &mut DiskFigures> {
+        let mut disks: Vec<&mut Disk> = self.disks.values_mut().collect();
+        disks.sort_by_key(|d| d.figures.index);
+        disks.into_iter().map(|d| &mut d.figures)
+    }
+
+    /// Open `spec`'s disk, listen on `socket` and serve it from a thread of its own.
+    pub fn add(&mut self, spec: VhostDisk, socket: PathBuf) -> Result<&Disk, DiskError> {
+        let index = self.next_index;
+        let name = spec.name.clone().unwrap_or_else(|| format!("disk{index}"));
+        if self.disks.contains_key(&name) {
+            return Err(DiskError::NameTaken(name));
+        }
+        if let Some(other) = self.disks.values().find(|d| d.figures.socket == socket) {
+            let socket = socket.display().to_string();
+            return Err(DiskError::SocketTaken { name: other.figures.name.clone(), socket });
+        }
+        let queues = spec.queues.unwrap_or(self.default_queues);
+        let iocore = self.placement.place(usize::from(queues));
+        let disk = self.open(index, &name, &spec, socket, (queues, iocore));
+        let disk = match disk {
+            Ok(disk) => disk,
+            Err(e) => {
+                self.placement.remove(iocore, usize::from(queues));
+                return Err(e);
+            }
+        };
+        self.next_index += 1;
+        log::info!(
+            "listening on {} (disk {index}, {name}, {queues} queue{}, IOCore {iocore} of {}, {} mode)",
+            disk.figures.socket.display(),
+            if queues == 1 { "" } else { "s" },
+            self.iocores.len(),
+            self.mode,
+        );
+        Ok(self.disks.entry(name).or_insert(disk))
+    }
+
+    fn open(
+        &self,
+        index: usize,
+        name: &str,
+        spec: &VhostDisk,
+        socket: PathBuf,
+        (queues, iocore): (u16, usize),
+    ) -> Result<Disk, DiskError> {
+        let what = format!("disk {index} ({})", socket.display());
+        let backends = spec
+            .disk
+            .open_queues(usize::from(queues))
+            .map_err(|e| DiskError::Open { what: what.clone(), reason: e.to_string() })?;
+        let serial = spec.serial.clone().unwrap_or_else(|| format!("vhost-user-disk{index}"));
+        let block =
+            Block::with_queues(backends, &serial).ok_or_else(|| DiskError::Size { what: what.clone() })?;
+        let stats = Arc::new(DeviceStats::new(what.clone()));
+        let host: Arc<dyn WorkerHost> = self.iocores[iocore].clone();
+        let mut device = ::vhost_user::VhostUserBlk::new(block, host).with_stats(stats.clone());
+        let limiter =
+            (self.limit_every_disk || spec.limits.any()).then(|| Arc::new(RateLimiter::new(spec.limits)));
+        if let Some(limiter) = &limiter {
+            device = device.with_rate_limiter(limiter.clone());
+        }
+        let server = ::vhost_user::Server::bind(&socket)?;
+        let frontend = server.frontend_connected();
+        let (stop, stop_reader) =
+            stop_event().map_err(|source| DiskError::Thread { what: what.clone(), source })?;
+        let seccomp = self.seccomp;
+        let thread = std::thread::Builder::new()
+            .name(format!("vhost-user-{index}"))
+            .spawn(move || serve_disk(index, device, server, stop_reader, seccomp))
+            .map_err(|source| DiskError::Thread { what, source })?;
+        let figures = DiskFigures::new((index, name.to_owned()), socket, stats, limiter, iocore);
+        Ok(Disk { spec: spec.clone(), queues, serial, figures, frontend, stop, thread: Some(thread) })
+    }
+
+    /// New limits for a disk, in force for its next requests.
+    pub fn set_limits(&mut self, name: &str, limits: Limits) -> Result<&Disk, DiskError> {
+        let disk = self.disks.get_mut(name).ok_or_else(|| DiskError::NotFound(name.to_owned()))?;
+        match &disk.figures.limiter {
+            Some(limiter) => limiter.set(limits),
+            // Every disk has a limiter when the control API runs; none can be changed otherwise.
+            None => return Err(DiskError::NotFound(name.to_owned())),
+        }
+        disk.spec.limits = limits;
+        log::info!("disk {name}: limits now iops={:?} bw={:?}", limits.iops, limits.bandwidth);
+        Ok(disk)
+    }
+
+    /// Stop serving a disk no frontend is connected to, close it and remove its socket.
+    pub fn remove(&mut self, name: &str) -> Result<(), DiskError> {
+        let disk = self.disks.get(name).ok_or_else(|| DiskError::NotFound(name.to_owned()))?;
+        if disk.frontend_connected() {
+            return Err(DiskError::InUse(name.to_owned()));
+        }
+        let Some(mut disk) = self.disks.remove(name) else { return Ok(()) };
+        disk.stop();
+        self.placement.remove(disk.figures.iocore, usize::from(disk.queues));
+        log::info!("disk {name} removed; {} no longer served", disk.figures.socket.display());
+        Ok(())
+    }
+
+    /// Stop every disk's connection thread.
+    pub fn stop_all(&mut self) {
+        for disk in self.disks.values_mut() {
+            let _ = disk.stop.write_all(&1u64.to_ne_bytes());
+        }
+        for disk in self.disks.values_mut() {
+            disk.stop();
+        }
+    }
+}
+
+/// An eventfd to stop a connection thread: the writing end, and the one the thread polls.
+fn stop_event() -> std::io::Result<(File, OwnedFd)> {
+    // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let reader = fd.try_clone()?;
+    Ok((File::from(fd), reader))
+}
+
+/// One disk's connection thread: frontends one after another until its stop descriptor fires.
+fn serve_disk(
+    index: usize,
+    mut device: ::vhost_user::VhostUserBlk,
+    server: ::vhost_user::Server,
+    stop: OwnedFd,
+    seccomp: SeccompMode,
+) {
+    // This thread reads the disk's frontends' messages from here on.
+    if let Err(e) = sandbox::install(ThreadKind::VhostUserConnection, seccomp) {
+        log::error!("disk {index}: {e}; not served");
+        return;
+    }
+    if let Err(e) = server.serve(&mut device, Some(stop.as_fd())) {
+        log::error!("disk {index} ({}): {e}; no longer served", server.path().display());
+    }
+}

@@ -1,0 +1,356 @@
+//! `exitless vhost-user-blk --api-socket`: the control API. A daemon started with no disk gets
+//! one through `PUT`, serves a QEMU guest (the probe under KVM) on it, has its limit changed
+//! while it runs, and removes it; its `/metrics` are read by Prometheus's own parser
+//! (python3-prometheus-client) and agree with what the guest did. Bad requests get a 4xx and
+//! a JSON error, and a client that connects and never sends holds up nobody.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use common::daemon::Daemon;
+use common::qemu::Qemu;
+use common::{line_with, stderr};
+
+/// One HTTP request on its own connection: the status and the body.
+fn http(api: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut stream = UnixStream::connect(api).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer:?}"));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{head}"));
+    (status, body.to_owned())
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// The samples of `/metrics` as Prometheus's parser reads them: `name{labels}` -> value.
+fn scrape(api: &Path) -> Vec<(String, Value, f64)> {
+    let (status, text) = http(api, "GET", "/metrics", None);
+    assert_eq!(status, 200, "{text}");
+    const PARSE: &str = "import json, sys\n\
+        from prometheus_client.parser import text_string_to_metric_families\n\
+        out = []\n\
+        for family in text_string_to_metric_families(sys.stdin.read()):\n\
+        \x20   for s in family.samples:\n\
+        \x20       out.append([s.name, s.labels, s.value])\n\
+        print(json.dumps(out))\n";
+    // Debian's python3, where its prometheus-client package is installed.
+    let mut parser = Command::new("/usr/bin/python3")
+        .args(["-c", PARSE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3 (scripts/setup.sh installs python3-prometheus-client)");
+    parser.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = parser.wait_with_output().unwrap();
+    assert!(out.status.success(), "Prometheus's parser refused /metrics: {}\n{text}", stderr(&out));
+    let samples: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    samples
+        .into_iter()
+        .map(|s| (s[0].as_str().unwrap().to_owned(), s[1].clone(), s[2].as_f64().unwrap()))
+        .collect()
+}
+
+fn sample(samples: &[(String, Value, f64)], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l[*k] == *v))
+        .unwrap_or_else(|| panic!("no {name} {labels:?} in {samples:?}"))
+        .2
+}
+
+/// Wait until the disk `name` has (`true`) or has not a frontend connected, and, with one, until
+/// it served a request.
+fn wait_for_frontend(api: &Path, name: &str, connected: bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, body) = http(api, "GET", &format!("/disks/{name}"), None);
+        let disk = json(&body);
+        let served = !connected || disk["figures"]["completed"].as_u64() > Some(0);
+        if disk["frontend_connected"] == connected && served {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "frontend_connected never {connected}: {disk}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Rig {
+    dir: tempfile::TempDir,
+    api: PathBuf,
+    daemon: Daemon,
+    elf: PathBuf,
+}
+
+impl Rig {
+    fn start() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let api = dir.path().join("api.sock");
+        let daemon = Daemon::builder()
+            .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
+            .start(&dir.path().join("daemon.log"));
+        let elf = dir.path().join("probe.elf");
+        let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        Rig { dir, api, daemon, elf }
+    }
+
+    fn socket(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.sock"))
+    }
+
+    /// The probe under QEMU-KVM reading `ops` random 4 KiB blocks of the disk on `socket`, no
+    /// warm-up: its result line.
+    fn guest_reads(&self, socket: &Path, ops: u64) -> Value {
+        let cmdline =
+            format!("probe.workload=blk probe.rw=randread probe.qd=1 probe.ops={ops} probe.warmup=0");
+        let out = Qemu::probe(&self.elf, "128M", &cmdline).vhost_user_blk(socket).output();
+        // QEMU exits with (V << 1) | 1 for the probe's exit value V (0: every request done).
+        assert_eq!(out.status.code(), Some(1), "{}\ndaemon: {}", stderr(&out), self.daemon.log());
+        let result = line_with(&out, "probe", "blk");
+        assert_eq!((result["ops"].as_u64(), result["errors"].as_u64()), (Some(ops), Some(0)), "{result}");
+        result
+    }
+}
+
+/// The most IOPS `ops` requests can show under a limit of `iops` per second whose bucket starts
+/// full (one second's worth): over t seconds at most iops * (t + 1) requests.
+fn limited_iops(iops: f64, ops: f64) -> f64 {
+    iops * ops / (ops - iops)
+}
+
+#[test]
+fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_removed() {
+    let mut rig = Rig::start();
+    let (status, body) = http(&rig.api, "GET", "/disks", None);
+    assert_eq!((status, json(&body)), (200, serde_json::json!([])), "no disk at start");
+
+    let socket = rig.socket("vm");
+    let put = format!(r#"{{"socket": "{}", "ram": "64M", "iops": 200}}"#, socket.display());
+    let (status, body) = http(&rig.api, "PUT", "/disks/vm", Some(&put));
+    assert_eq!(status, 201, "{body}");
+    let disk = json(&body);
+    assert_eq!((disk["name"].as_str(), disk["figures"]["iops_limit"].as_u64()), (Some("vm"), Some(200)));
+    assert_eq!(disk["socket"], socket.display().to_string());
+
+    // At 200 IOPS with a one-second burst, 600 reads take at least 2 s.
+    let limited = rig.guest_reads(&socket, 600);
+    let iops = limited["iops"].as_f64().unwrap();
+    assert!(iops <= limited_iops(200.0, 600.0), "{iops} IOPS under a limit of 200: {limited}");
+    let samples = scrape(&rig.api);
+    let waits = sample(&samples, "exitless_disk_rate_limit_waits_total", &[("disk", "vm")]);
+    assert!(waits > 0.0, "the guest waited for the limit");
+    assert_eq!(sample(&samples, "exitless_disk_iops_limit", &[("disk", "vm")]), 200.0);
+
+    // No limit: nothing waits any more.
+    let (status, body) = http(&rig.api, "PATCH", "/disks/vm", Some(r#"{"iops": null}"#));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["figures"]["iops_limit"], Value::Null);
+    rig.guest_reads(&socket, 600);
+    let samples = scrape(&rig.api);
+    assert_eq!(sample(&samples, "exitless_disk_rate_limit_waits_total", &[("disk", "vm")]), waits);
+
+    // A lower limit than at first holds for the next guest.
+    let (status, body) = http(&rig.api, "PATCH", "/disks/vm", Some(r#"{"iops": 100}"#));
+    assert_eq!(status, 200, "{body}");
+    let slower = rig.guest_reads(&socket, 300);
+    let iops = slower["iops"].as_f64().unwrap();
+    assert!(iops <= limited_iops(100.0, 300.0), "{iops} IOPS under a limit of 100: {slower}");
+
+    // What the metrics count is what the guests did: 1500 reads of 4 KiB, nothing failed.
+    let samples = scrape(&rig.api);
+    let requests =
+        |outcome| sample(&samples, "exitless_disk_requests_total", &[("disk", "vm"), ("outcome", outcome)]);
+    assert_eq!((requests("completed"), requests("io_error"), requests("refused")), (1500.0, 0.0, 0.0));
+    assert_eq!(sample(&samples, "exitless_disk_bytes_total", &[("disk", "vm")]), 1500.0 * 4096.0);
+    assert_eq!(sample(&samples, "exitless_disk_request_duration_seconds_count", &[("disk", "vm")]), 1500.0);
+    let inf =
+        sample(&samples, "exitless_disk_request_duration_seconds_bucket", &[("disk", "vm"), ("le", "+Inf")]);
+    assert_eq!(inf, 1500.0);
+    assert!(sample(&samples, "exitless_disk_request_duration_seconds_sum", &[("disk", "vm")]) > 0.0);
+    assert!(sample(&samples, "exitless_iocore_busy_seconds_total", &[("iocore", "0")]) > 0.0);
+    assert!(sample(&samples, "exitless_iocore_idle_seconds_total", &[("iocore", "0")]) > 0.0);
+
+    // The last guest has gone: once the daemon has seen its connection close, the disk goes.
+    wait_for_frontend(&rig.api, "vm", false);
+    let samples = scrape(&rig.api);
+    assert_eq!(sample(&samples, "exitless_disk_frontend_connected", &[("disk", "vm")]), 0.0);
+    let (status, body) = http(&rig.api, "DELETE", "/disks/vm", None);
+    assert_eq!((status, body.as_str()), (204, ""));
+    assert!(!socket.exists(), "the socket file goes with the disk");
+    let (status, body) = http(&rig.api, "GET", "/disks/vm", None);
+    assert_eq!(status, 404, "{body}");
+    rig.daemon.assert_alive();
+    let log = rig.daemon.stop();
+    assert!(log.contains("disk vm removed"), "{log}");
+}
+
+#[test]
+fn a_disk_with_a_frontend_is_not_removed_and_the_others_keep_serving() {
+    let rig = Rig::start();
+    let busy = rig.socket("busy");
+    for (name, socket) in [("busy", &busy), ("other", &rig.socket("other"))] {
+        let put = format!(r#"{{"socket": "{}", "ram": "64M"}}"#, socket.display());
+        let (status, body) = http(&rig.api, "PUT", &format!("/disks/{name}"), Some(&put));
+        assert_eq!(status, 201, "{body}");
+    }
+    // The probe keeps reading "busy" while "other" is removed and added again, and the disk it
+    // uses cannot be removed meanwhile.
+    let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=200000 probe.warmup=0";
+    let guest = Qemu::probe(&rig.elf, "128M", cmdline)
+        .vhost_user_blk(&busy)
+        .spawn_console(&rig.dir.path().join("qemu.err"));
+    wait_for_frontend(&rig.api, "busy", true);
+    let (status, body) = http(&rig.api, "DELETE", "/disks/busy", None);
+    assert_eq!(status, 409, "{body}");
+    assert!(json(&body)["error"].as_str().unwrap().contains("frontend is connected"), "{body}");
+    for _ in 0..3 {
+        let (status, body) = http(&rig.api, "DELETE", "/disks/other", None);
+        assert_eq!(status, 204, "{body}");
+        let put = format!(r#"{{"socket": "{}", "ram": "64M"}}"#, rig.socket("other").display());
+        let (status, body) = http(&rig.api, "PUT", "/disks/other", Some(&put));
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, _) = guest.finish(Duration::from_secs(120));
+    assert_eq!(status.code(), Some(1), "the guest's 200000 reads all succeeded: {}", rig.daemon.log());
+    let (_, body) = http(&rig.api, "GET", "/disks/busy", None);
+    let figures = &json(&body)["figures"];
+    assert_eq!((figures["completed"].as_u64(), figures["io_errors"].as_u64()), (Some(200_000), Some(0)));
+}
+
+#[test]
+fn bad_requests_get_a_4xx_and_say_why() {
+    let rig = Rig::start();
+    let taken = rig.socket("taken");
+    let put = format!(r#"{{"socket": "{}", "ram": "1M"}}"#, taken.display());
+    assert_eq!(http(&rig.api, "PUT", "/disks/a", Some(&put)).0, 201);
+    let file = rig.dir.path().join("plain-file");
+    std::fs::write(&file, b"not a socket").unwrap();
+    let other = rig.socket("other");
+    let cases: Vec<(&str, String, Option<String>, u16, &str)> = vec![
+        ("PUT", "/disks/b".into(), Some("{\"socket\":".into()), 400, "malformed JSON"),
+        ("PUT", "/disks/b".into(), None, 400, "needs a JSON body"),
+        (
+            "PUT",
+            "/disks/b".into(),
+            Some(format!(r#"{{"socket":"{}","ram":"1M","size":1}}"#, other.display())),
+            400,
+            "unknown key `size`",
+        ),
+        (
+            "PUT",
+            "/disks/b".into(),
+            Some(format!(r#"{{"socket":"{}","path":"/no/such/file"}}"#, other.display())),
+            400,
+            "cannot open",
+        ),
+        (
+            "PUT",
+            "/disks/b".into(),
+            Some(format!(r#"{{"socket":"{}","ram":"3"}}"#, other.display())),
+            400,
+            "multiple of 512",
+        ),
+        (
+            "PUT",
+            "/disks/a".into(),
+            Some(format!(r#"{{"socket":"{}","ram":"1M"}}"#, other.display())),
+            409,
+            "exists already",
+        ),
+        ("PUT", "/disks/b".into(), Some(put.clone()), 409, "served on"),
+        (
+            "PUT",
+            "/disks/b".into(),
+            Some(format!(r#"{{"socket":"{}","ram":"1M"}}"#, file.display())),
+            400,
+            "not a socket",
+        ),
+        (
+            "PUT",
+            "/disks/b".into(),
+            Some(format!(r#"{{"socket":"{}","ram":"1M"}}"#, rig.api.display())),
+            409,
+            "in use",
+        ),
+        ("PUT", "/disks/a%2Fb".into(), Some(put.clone()), 404, "no such resource"),
+        ("PUT", "/disks/..".into(), Some(put.clone()), 400, "disk name"),
+        ("PATCH", "/disks/a".into(), Some(r#"{"iops": 0}"#.into()), 400, "iops=0"),
+        ("PATCH", "/disks/a".into(), Some(r#"{"queues": 2}"#.into()), 400, "unknown key"),
+        ("PATCH", "/disks/nope".into(), Some(r#"{"iops": 5}"#.into()), 404, "no disk"),
+        ("DELETE", "/disks/nope".into(), None, 404, "no disk"),
+        ("GET", "/nowhere".into(), None, 404, "no such resource"),
+        ("DELETE", "/metrics".into(), None, 405, "GET"),
+        ("POST", "/disks/a".into(), None, 405, "method POST"),
+    ];
+    for (method, path, body, status, says) in cases {
+        let (got, answer) = http(&rig.api, method, &path, body.as_deref());
+        let error = json(&answer)["error"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(got, status, "{method} {path} {body:?}: {answer}");
+        assert!(error.contains(says), "{method} {path}: {error:?} does not say {says:?}");
+    }
+    // Raw bytes that are not HTTP.
+    let mut stream = UnixStream::connect(&rig.api).unwrap();
+    stream.write_all(b"\x00\x01garbage\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    // Nothing was added, and the disk that was is unchanged.
+    let (_, body) = http(&rig.api, "GET", "/disks", None);
+    let disks = json(&body);
+    assert_eq!(disks.as_array().map(Vec::len), Some(1), "{disks}");
+    assert!(!other.exists());
+}
+
+#[test]
+fn a_client_that_never_sends_holds_up_nobody() {
+    let rig = Rig::start();
+    // Connected, silent, for longer than a client may take.
+    let idle: Vec<UnixStream> = (0..4).map(|_| UnixStream::connect(&rig.api).unwrap()).collect();
+    let mut half = UnixStream::connect(&rig.api).unwrap();
+    half.write_all(b"PUT /disks/x HTTP/1.1\r\nContent-Length: 100\r\n\r\n{").unwrap();
+    for _ in 0..3 {
+        assert_eq!(http(&rig.api, "GET", "/disks", None).0, 200, "served beside silent clients");
+    }
+    // The silent ones are dropped with a 408 once their time is up.
+    for mut stream in idle.into_iter().chain([half]) {
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    }
+    assert_eq!(http(&rig.api, "GET", "/disks", None), (200, "[]".to_owned()));
+}
+
+#[test]
+fn the_api_socket_and_no_disks_are_checked_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::exitless(&["vhost-user-blk"]);
+    assert_eq!(out.status.code(), Some(2), "no --disk and no --api-socket is a usage error");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let out = common::exitless(&["vhost-user-blk", "--api-socket", file.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("--api-socket") && stderr(&out).contains("not a socket"),
+        "{}",
+        stderr(&out)
+    );
+}
