@@ -92,6 +92,8 @@ impl VhostUserBlk {
     /// Start a connection's state.
     pub fn session(&mut self) -> Session<'_> {
         let queues = self.block.num_queues();
+        // Until this frontend's SET_FEATURES, it has taken no optional request type.
+        self.block.driver_features(0);
         Session {
             device: self,
             protocol_features: 0,
@@ -290,6 +292,7 @@ impl Session<'_> {
                     return Err(Error::FeaturesNotOffered { requested: features, offered });
                 }
                 self.features = Some(features);
+                self.device.block.driver_features(features);
                 self.set_up = true;
                 Ok(None)
             }

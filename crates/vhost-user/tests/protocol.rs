@@ -201,6 +201,32 @@ fn a_read_only_disk_is_offered_read_only_and_refuses_writes() {
     assert_eq!(backend.disk_bytes(0, 4096), vec![0u8; 4096]);
 }
 
+/// A WRITE_ZEROES of 8 sectors at sector 0: its one 16-byte segment at DATA.
+fn write_zeroes(frontend: &mut Frontend) -> u8 {
+    let mut segment = [0u8; 16];
+    segment[8..12].copy_from_slice(&8u32.to_le_bytes());
+    frontend.mem.write(DATA, &segment);
+    frontend.blk(0, T_WRITE_ZEROES, 0, 16)
+}
+
+#[test]
+fn write_zeroes_is_served_only_to_a_frontend_that_negotiated_it() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    let mut frontend = ready(&backend, 0);
+    frontend.mem.write(DATA, &pattern(3));
+    assert_eq!(frontend.blk(0, T_OUT, 0, 4096), 0);
+    assert_eq!(write_zeroes(&mut frontend), 2, "VIRTIO_BLK_S_UNSUPP: the feature was offered, not taken");
+    assert_eq!(backend.disk_bytes(0, 4096), pattern(3), "the data is untouched");
+    drop(frontend);
+
+    let mut frontend = Frontend::connect(&backend.socket);
+    assert_ne!(frontend.negotiate(FEATURES | F_BLK_WRITE_ZEROES) & F_BLK_WRITE_ZEROES, 0);
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    assert_eq!(write_zeroes(&mut frontend), 0);
+    assert_eq!(backend.disk_bytes(0, 4096), vec![0u8; 4096]);
+}
+
 #[test]
 fn a_broken_ring_is_reported_through_the_error_eventfd() {
     let backend = TestBackend::start(Policy::Notified, 1, false);

@@ -38,6 +38,7 @@ pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 pub const F_BLK_MQ: u64 = 1 << 12;
 pub const F_BLK_FLUSH: u64 = 1 << 9;
 pub const F_BLK_RO: u64 = 1 << 5;
+pub const F_BLK_WRITE_ZEROES: u64 = 1 << 14;
 pub const P_MQ: u64 = 1;
 pub const P_REPLY_ACK: u64 = 1 << 3;
 pub const P_CONFIG: u64 = 1 << 9;
@@ -45,6 +46,7 @@ pub const P_CONFIG: u64 = 1 << 9;
 pub const T_IN: u32 = 0;
 pub const T_OUT: u32 = 1;
 pub const T_FLUSH: u32 = 4;
+pub const T_WRITE_ZEROES: u32 = 13;
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
 

@@ -160,8 +160,8 @@ impl Block {
 
     /// Serve only the request types the driver took (`features`, those it acked): a DISCARD or
     /// WRITE_ZEROES from a driver that did not negotiate it is answered UNSUPP, as QEMU does.
-    /// Until this is called (the vhost-user daemon, which starts queues without it) every type
-    /// offered is served.
+    /// Transports call it when the driver's features are set (virtio-mmio on activation,
+    /// vhost-user on SET_FEATURES); queues started later serve what it allows.
     pub fn driver_features(&mut self, features: u64) {
         let taken = |bit: u32| self.features & features & 1 << bit != 0;
         self.disk.discard = taken(VIRTIO_BLK_F_DISCARD);
