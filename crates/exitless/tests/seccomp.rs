@@ -144,7 +144,8 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
         let socket = dir.path().join(format!("{name}.sock"));
         let body = format!(r#"{{"socket": "{}", {disk}}}"#, socket.display());
         let put = format!("PUT /disks/{name} HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-        assert!(http(&api, &put).starts_with("HTTP/1.1 201 "));
+        let answer = http(&api, &put);
+        assert!(answer.starts_with("HTTP/1.1 201 "), "{answer}\n{}", daemon.log());
         assert_ne!(get_features(&socket), 0, "the added disk is served");
         // Its frontend gone (the connection closed above), the disk can go too.
         let deadline = Instant::now() + DEADLINE;

@@ -246,6 +246,10 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
         ],
     );
     one_of(rules, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64])?;
+    // A file disk asks its file system whether it punches holes (DISCARD) by punching one past
+    // the end of the file; the data path's fallocates go through io_uring.
+    let punch_hole = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    one_of(rules, libc::SYS_fallocate, 1, &[punch_hole as u64])?;
     one_of(rules, libc::SYS_seccomp, 0, &[libc::SECCOMP_SET_MODE_FILTER as u64])?;
     // F_ADD_SEALS: the connection thread seals its in-flight region (GET_INFLIGHT_FD).
     let own = [libc::F_SETFD, libc::F_GETFD, libc::F_DUPFD_CLOEXEC, libc::F_ADD_SEALS].map(|c| c as u64);
