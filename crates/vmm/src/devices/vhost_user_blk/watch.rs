@@ -2,7 +2,7 @@
 //! daemon found the ring broken) and the connection (the daemon went away).
 //!
 //! When the daemon goes away, the watcher connects to whichever daemon listens on the socket
-//! next, for up to the disk's `reconnect` time (every 100 ms), and sets it up as the old one was
+//! next, for up to the disk's `reconnect` time (every 10 ms), and sets it up as the old one was
 //! ([`super::link`]); the guest's requests wait meanwhile, and those the old daemon had not
 //! answered are served by the new one. A ring error, or no daemon in time, shows the device as
 //! DEVICE_NEEDS_RESET with a configuration-change interrupt, and the host logs one line; the
@@ -83,7 +83,7 @@ impl Drop for Watcher {
 }
 
 /// How often the watcher tries to connect to a new daemon.
-const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
+const RECONNECT_INTERVAL: Duration = Duration::from_millis(10);
 
 fn watch(mut socket: OwnedFd, err: &EventFd, stop: &EventFd, shared: &Shared) {
     let mut fds = [
