@@ -72,6 +72,17 @@ pub struct RunArgs {
     /// Boot the built-in probe guest.
     #[arg(long, group = "kernel-source")]
     pub probe: bool,
+    /// Continue a VM from a snapshot (`source_url=file:///DIR`, as Cloud Hypervisor takes it) in
+    /// this process: its memory, vCPUs, devices and configuration (disks are reopened from the
+    /// paths they had). Options that build a VM (--mem, --disk, --cmdline, --io-mode...) are the
+    /// snapshot's; --timeout, --seccomp, CPU placement and --snapshot-dir are this run's.
+    #[arg(long, value_name = "source_url=file:///DIR", group = "kernel-source")]
+    pub restore: Option<String>,
+    /// Where a snapshot goes: SIGUSR1 pauses the VM (vCPUs stopped, every device drained) and
+    /// writes a snapshot there (state.json and memory); the VM stays paused. SIGUSR2 pauses a
+    /// running VM or resumes a paused one. Local disks (path= or ram,path=) only.
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
     /// Kernel command line (the probe's default: probe.workload=hello).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,

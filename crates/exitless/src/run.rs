@@ -18,11 +18,17 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let kernel = match &args.kernel {
-        Some(path) => Kernel::File(path.clone()),
-        None => Kernel::Image(probe::PROBE_ELF),
+    let vm = match &args.restore {
+        Some(source) => restore(source, config),
+        None => {
+            let kernel = match &args.kernel {
+                Some(path) => Kernel::File(path.clone()),
+                None => Kernel::Image(probe::PROBE_ELF),
+            };
+            Vm::new(&config, kernel)
+        }
     };
-    let outcome = match Vm::new(&config, kernel).and_then(Vm::run) {
+    let outcome = match vm.and_then(Vm::run) {
         Ok(outcome) => outcome,
         Err(e) => return fail(e),
     };
@@ -30,6 +36,16 @@ pub fn main(args: RunArgs) -> i32 {
         report_stats(&outcome, args.json);
     }
     exit_status(&outcome.ending)
+}
+
+/// `--restore source_url=file:///DIR`: the VM in the snapshot, with this run's own settings.
+fn restore(source: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
+    let url = source.strip_prefix("source_url=").unwrap_or(source);
+    let dir = vmm::snapshot::dir_from_url(url)?;
+    let started = std::time::Instant::now();
+    let vm = Vm::restore(&dir, base)?;
+    log::info!("restored from {} in {:.3} ms", dir.display(), started.elapsed().as_secs_f64() * 1e3);
+    Ok(vm)
 }
 
 /// What a kernel command line may hold. Checked here rather than by clap, whose message would
@@ -48,7 +64,8 @@ fn check_cmdline(cmdline: &str) -> Result<(), String> {
 
 fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
     let mut cmdline = args.cmdline.clone().unwrap_or_default();
-    if args.probe {
+    // A restored guest has its command line in its memory; the rest comes from the snapshot.
+    if args.probe && args.restore.is_none() {
         if args.cmdline.is_none() {
             cmdline = probe::DEFAULT_CMDLINE.to_string();
         }
@@ -101,6 +118,7 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
         seccomp: args.seccomp.mode(),
         // Once the VM runs, this process only waits for it and reports.
         confine_caller: true,
+        snapshot_dir: args.snapshot_dir.clone(),
     })
 }
 

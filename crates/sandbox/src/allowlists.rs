@@ -20,6 +20,43 @@ const KVM_GET_REGS: u64 = ioc_read(0xae, 0x81, std::mem::size_of::<kvm_bindings:
 /// completes its requests (vmm's `IrqLine`).
 const KVM_IRQ_LINE: u64 = ioc_write(0xae, 0x61, std::mem::size_of::<kvm_bindings::kvm_irq_level>());
 
+/// What a vCPU reads of itself when it parks for a pause (a snapshot's vCPU state).
+const VCPU_STATE_READS: &[u64] = &[
+    ioc_read(0xae, 0x83, std::mem::size_of::<kvm_bindings::kvm_sregs>()),
+    ioc_readwrite(0xae, 0x88, std::mem::size_of::<kvm_bindings::kvm_msrs>()),
+    ioc_read(0xae, 0x8e, std::mem::size_of::<kvm_bindings::kvm_lapic_state>()),
+    ioc_read(0xae, 0x98, std::mem::size_of::<kvm_bindings::kvm_mp_state>()),
+    ioc_read(0xae, 0x9f, std::mem::size_of::<kvm_bindings::kvm_vcpu_events>()),
+    ioc_read(0xae, 0xa1, std::mem::size_of::<kvm_bindings::kvm_debugregs>()),
+    ioc_read(0xae, 0xa4, std::mem::size_of::<kvm_bindings::kvm_xsave>()),
+    ioc_read(0xae, 0xa6, std::mem::size_of::<kvm_bindings::kvm_xcrs>()),
+];
+
+/// What the VMM's main thread reads of the VM for a snapshot: the irqchip and the KVM clock.
+const VM_STATE_READS: &[u64] = &[
+    ioc_readwrite(0xae, 0x62, std::mem::size_of::<kvm_bindings::kvm_irqchip>()),
+    ioc_read(0xae, 0x7c, std::mem::size_of::<kvm_bindings::kvm_clock_data>()),
+];
+
+/// Writing a snapshot directory: create it and its files, write, sync, rename the state file
+/// into place (std's create_dir_all looks at the path first).
+const SNAPSHOT_FILES: &[i64] = &[
+    libc::SYS_openat,
+    libc::SYS_mkdirat,
+    libc::SYS_mkdir,
+    libc::SYS_statx,
+    libc::SYS_newfstatat,
+    libc::SYS_fsync,
+    libc::SYS_rename,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
+];
+
+const fn ioc_readwrite(kind: u64, nr: u64, size: usize) -> u64 {
+    const IOC_READ_WRITE: u64 = 3;
+    (IOC_READ_WRITE << 30) | ((size as u64) << 16) | (kind << 8) | nr
+}
+
 const fn ioc_write(kind: u64, nr: u64, size: usize) -> u64 {
     const IOC_WRITE: u64 = 1;
     (IOC_WRITE << 30) | ((size as u64) << 16) | (kind << 8) | nr
@@ -131,7 +168,9 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             allow(&mut rules, THREAD_START);
             allow(&mut rules, &[libc::SYS_pread64, libc::SYS_io_uring_enter, libc::SYS_close]);
             // In trap mode the vCPU completes requests, and raises their interrupts, itself.
-            one_of(&mut rules, libc::SYS_ioctl, 1, &[KVM_RUN, KVM_GET_REGS, KVM_IRQ_LINE])?;
+            // And it reads its own state when it parks for a pause.
+            let ioctls = [&[KVM_RUN, KVM_GET_REGS, KVM_IRQ_LINE], VCPU_STATE_READS].concat();
+            one_of(&mut rules, libc::SYS_ioctl, 1, &ioctls)?;
             // The new thread names itself and installs its own filter.
             one_of(
                 &mut rules,
@@ -190,6 +229,9 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             );
             // A vhost-user disk's daemon is told the rings stop as the VM goes.
             allow(&mut rules, VHOST_USER_FRONTEND);
+            // Pause (drains the devices, as at the end) and snapshot (the VM's state, files).
+            allow(&mut rules, SNAPSHOT_FILES);
+            one_of(&mut rules, libc::SYS_ioctl, 1, VM_STATE_READS)?;
         }
         // Waits on the stop signal's descriptor.
         ThreadKind::StopWatchdog => allow(&mut rules, &[libc::SYS_poll]),

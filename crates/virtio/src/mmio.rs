@@ -18,6 +18,7 @@ use crate::device::{DeviceSignals, DeviceStats, QueueWorker, VirtioDevice, Worke
 use crate::interrupt::InterruptLine;
 use crate::queue::{Queue, QueueConfig};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
+use state::{QueueState as SavedQueue, StateError, TransportState, CONFIG_SAVED};
 
 /// The size of one transport's MMIO window.
 pub const MMIO_SIZE: u64 = 0x1000;
@@ -66,6 +67,8 @@ pub mod status {
 /// In `trap` mode a notification is served on the vCPU thread, synchronously: this long at most
 /// for a backend's in-flight requests (a file on a slow disk) before the vCPU goes back.
 const TRAP_COMPLETION_WAIT: Duration = Duration::from_secs(1);
+/// How long a pause waits for a device's backend to complete the requests it holds.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, Default)]
 struct QueueState {
@@ -109,6 +112,10 @@ pub struct MmioTransport {
     local_worker: Option<Box<dyn QueueWorker>>,
     /// Set while a worker is out (here or with the host).
     active: bool,
+    /// The worker taken back from the host while the VM is paused (`pause`).
+    paused_worker: Option<Box<dyn QueueWorker>>,
+    /// Paused: no worker takes requests until `resume`.
+    paused: bool,
 }
 
 impl MmioTransport {
@@ -139,6 +146,8 @@ impl MmioTransport {
             queues,
             local_worker: None,
             active: false,
+            paused_worker: None,
+            paused: false,
         }
     }
 
@@ -269,33 +278,16 @@ impl MmioTransport {
     }
 
     fn activate(&mut self) {
-        let event_idx = self.driver_features & (1 << VIRTIO_F_EVENT_IDX) != 0;
-        let indirect = self.driver_features & (1 << VIRTIO_F_INDIRECT_DESC) != 0;
-        let mut queues = Vec::with_capacity(self.queues.len());
-        for state in &self.queues {
-            let ready = state.ready.then(|| {
-                Queue::new(&self.mem, state.config, event_idx)
-                    .map(|queue| queue.with_indirect_descriptors(indirect))
-            });
-            match ready {
-                Some(Ok(queue)) => queues.push(queue),
-                // A queue not made ready, or one outside guest RAM: the driver must start over.
-                _ => {
-                    self.needs_reset.store(true, Ordering::Release);
-                    return;
-                }
-            }
+        match self.start(None) {
+            Ok(worker) => self.place(worker),
+            // A queue not made ready, one outside guest RAM, or a device that would not start:
+            // the driver must start over.
+            Err(_) => self.needs_reset.store(true, Ordering::Release),
         }
-        let signals = DeviceSignals::new(self.interrupt.clone(), self.needs_reset.clone())
-            .with_stats(self.stats.clone());
-        let mut worker = match self.device.activate(&self.mem, queues, self.driver_features, signals) {
-            Ok(worker) => worker,
-            Err(_) => {
-                self.needs_reset.store(true, Ordering::Release);
-                return;
-            }
-        };
-        self.active = true;
+    }
+
+    /// Hand a started worker to whoever runs it.
+    fn place(&mut self, mut worker: Box<dyn QueueWorker>) {
         match &self.runner {
             Runner::OnNotify => {
                 worker.set_polling(false);
@@ -303,6 +295,41 @@ impl MmioTransport {
             }
             Runner::Host { host, id, notify } => host.attach(*id, worker, notify.clone()),
         }
+    }
+
+    /// Start the device's worker on the queues the driver set up; with `resume_at`, each queue
+    /// continues at that avail index (a restored snapshot) rather than at 0.
+    fn start(&mut self, resume_at: Option<&[u16]>) -> Result<Box<dyn QueueWorker>, StateError> {
+        let event_idx = self.driver_features & (1 << VIRTIO_F_EVENT_IDX) != 0;
+        let indirect = self.driver_features & (1 << VIRTIO_F_INDIRECT_DESC) != 0;
+        let mut queues = Vec::with_capacity(self.queues.len());
+        for (index, state) in self.queues.iter().enumerate() {
+            if !state.ready {
+                return Err(StateError::Queue {
+                    queue: index,
+                    source: crate::queue::QueueError::BadRing("unready"),
+                });
+            }
+            let mut queue = Queue::new(&self.mem, state.config, event_idx)
+                .map_err(|source| StateError::Queue { queue: index, source })?
+                .with_indirect_descriptors(indirect);
+            if let Some(&next_avail) = resume_at.and_then(|at| at.get(index)) {
+                let in_memory = queue.used_index();
+                if in_memory != next_avail {
+                    return Err(StateError::UsedIndex { queue: index, saved: next_avail, in_memory });
+                }
+                queue.resume(next_avail);
+            }
+            queues.push(queue);
+        }
+        let signals = DeviceSignals::new(self.interrupt.clone(), self.needs_reset.clone())
+            .with_stats(self.stats.clone());
+        let worker = self
+            .device
+            .activate(&self.mem, queues, self.driver_features, signals)
+            .map_err(|_| StateError::Activate)?;
+        self.active = true;
+        Ok(worker)
     }
 
     /// QueueNotify reached the transport: serve the queue here (trap mode). With a host the
@@ -325,9 +352,11 @@ impl MmioTransport {
     }
 
     fn reset(&mut self) {
+        self.paused = false;
         if self.active {
             let worker = match &self.runner {
                 Runner::OnNotify => self.local_worker.take(),
+                Runner::Host { .. } if self.paused_worker.is_some() => self.paused_worker.take(),
                 Runner::Host { host, id, .. } => host.detach(*id),
             };
             if let Some(worker) = worker {
@@ -349,6 +378,163 @@ impl MmioTransport {
     pub fn shutdown(&mut self) {
         self.reset();
     }
+
+    /// Stop the data path for a pause (the vCPUs are stopped, so the driver adds no request):
+    /// take the worker back from its host, which then holds nothing of this device, and serve
+    /// it here until its backend has completed every request it took. Requests the driver made
+    /// available and the worker had not taken stay in the ring for after the pause.
+    pub fn pause(&mut self) -> Result<(), StateError> {
+        if self.paused {
+            return Ok(());
+        }
+        if self.active {
+            if let Runner::Host { host, id, .. } = &self.runner {
+                let worker = host.detach(*id).ok_or(StateError::WorkerLost)?;
+                self.paused_worker = Some(worker);
+            }
+        }
+        self.paused = true;
+        let Some(worker) = self.paused_worker.as_mut().or(self.local_worker.as_mut()) else { return Ok(()) };
+        let started = Instant::now();
+        while worker.in_flight() > 0 {
+            if started.elapsed() > DRAIN_WAIT {
+                return Err(StateError::DrainTimeout(worker.in_flight(), DRAIN_WAIT));
+            }
+            if worker.poll() == 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// Give the worker back to its host after `pause`; a notification the driver made while
+    /// paused (none: the vCPUs were stopped) or requests left in the ring are found by the
+    /// host's first pass.
+    pub fn resume(&mut self) {
+        self.paused = false;
+        if let (Some(worker), Runner::Host { host, id, notify }) = (self.paused_worker.take(), &self.runner) {
+            host.attach(*id, worker, notify.clone());
+            if let Some(fd) = notify {
+                let _ = fd.write(1);
+            }
+        }
+    }
+
+    /// The transport's state for a snapshot; only while paused (no request in flight).
+    pub fn save(&self) -> Result<TransportState, StateError> {
+        if !self.paused {
+            return Err(StateError::NotPaused);
+        }
+        let mut config = [0u8; CONFIG_SAVED];
+        self.device.read_config(0, &mut config);
+        let queues = self
+            .queues
+            .iter()
+            .map(|q| SavedQueue {
+                size: q.config.size,
+                ready: q.ready,
+                desc: q.config.desc,
+                avail: q.config.avail,
+                used: q.config.used,
+                // Drained: the used index in guest memory is where the device stands.
+                next_avail: match self.active {
+                    true => used_index_in(&self.mem, q.config.used).unwrap_or(0),
+                    false => 0,
+                },
+            })
+            .collect();
+        Ok(TransportState {
+            device_id: self.device.device_id(),
+            status: self.status,
+            needs_reset: self.needs_reset.load(Ordering::Acquire),
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            driver_features: self.driver_features,
+            queue_sel: self.queue_sel,
+            interrupt_status: self.interrupt_status.load(Ordering::Acquire),
+            queues,
+            config: state::hex(&config),
+        })
+    }
+
+    /// Bring a new transport (the same device, opened afresh, not yet used by a driver) to
+    /// `saved`, guest memory already restored: check it against the device and guest memory, and
+    /// start the worker where the snapshot left each queue. The worker starts paused; `resume`
+    /// gives it to the host.
+    pub fn restore(&mut self, saved: &TransportState) -> Result<(), StateError> {
+        let here = self.device.device_id();
+        if saved.device_id != here {
+            return Err(StateError::DeviceType { saved: saved.device_id, here });
+        }
+        let max_sizes = self.device.queue_max_sizes().to_vec();
+        if saved.queues.len() != max_sizes.len() {
+            return Err(StateError::QueueCount { saved: saved.queues.len(), here: max_sizes.len() });
+        }
+        let offered = self.device.features();
+        if saved.driver_features & !offered != 0 {
+            return Err(StateError::Features { features: saved.driver_features, offered });
+        }
+        let config = state::unhex(&saved.config).map_err(StateError::Config)?;
+        if config.len() != CONFIG_SAVED {
+            return Err(StateError::Config(format!("{} bytes, not {CONFIG_SAVED}", config.len())));
+        }
+        // Bytes the driver may write (virtio-blk's cache mode) are written; the rest must match.
+        let mut current = [0u8; CONFIG_SAVED];
+        self.device.read_config(0, &mut current);
+        for (offset, (&want, &have)) in config.iter().zip(&current).enumerate() {
+            if want != have {
+                self.device.write_config(offset as u64, &[want]);
+            }
+        }
+        self.device.read_config(0, &mut current);
+        if let Some(offset) = (0..CONFIG_SAVED).find(|&i| current[i] != config[i]) {
+            return Err(StateError::ConfigDiffers { offset, saved: config[offset], here: current[offset] });
+        }
+        for (index, (queue, &max)) in saved.queues.iter().zip(&max_sizes).enumerate() {
+            if queue.size > max {
+                return Err(StateError::QueueSize { queue: index, size: queue.size, max });
+            }
+            self.queues[index] = QueueState {
+                config: QueueConfig {
+                    size: queue.size,
+                    desc: queue.desc,
+                    avail: queue.avail,
+                    used: queue.used,
+                },
+                ready: queue.ready,
+            };
+        }
+        self.status = saved.status & !status::NEEDS_RESET;
+        self.device_features_sel = saved.device_features_sel;
+        self.driver_features_sel = saved.driver_features_sel;
+        self.driver_features = saved.driver_features;
+        self.queue_sel = saved.queue_sel;
+        self.interrupt_status.store(saved.interrupt_status, Ordering::Release);
+        self.needs_reset.store(saved.needs_reset, Ordering::Release);
+        if self.status & status::DRIVER_OK != 0 && !saved.needs_reset {
+            if self.status & status::FEATURES_OK == 0 {
+                return Err(StateError::Features { features: saved.driver_features, offered });
+            }
+            let resume_at: Vec<u16> = saved.queues.iter().map(|q| q.next_avail).collect();
+            let mut worker = self.start(Some(&resume_at))?;
+            // Held back (paused) until the VM resumes.
+            match self.runner {
+                Runner::OnNotify => {
+                    worker.set_polling(false);
+                    self.local_worker = Some(worker);
+                }
+                Runner::Host { .. } => self.paused_worker = Some(worker),
+            }
+        }
+        self.paused = true;
+        Ok(())
+    }
+}
+
+/// The used ring's index in guest memory (the ring's second u16).
+fn used_index_in(mem: &GuestMemoryMmap, used: u64) -> Option<u16> {
+    use vm_memory::{Bytes, GuestAddress};
+    mem.read_obj::<u16>(GuestAddress(used.checked_add(2)?)).ok().map(u16::from_le)
 }
 
 fn low_half(value: u64) -> u32 {
@@ -358,6 +544,8 @@ fn low_half(value: u64) -> u32 {
 fn high_half(value: u64) -> u32 {
     value.to_le_bytes()[4..].try_into().map(u32::from_le_bytes).unwrap_or(0)
 }
+
+pub mod state;
 
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ pub mod cpuid;
 pub mod devices;
 pub mod memory;
 pub mod regs;
+pub mod snapshot;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;

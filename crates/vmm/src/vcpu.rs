@@ -8,6 +8,7 @@ use std::time::Duration;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::devices::{Action, Bus};
+use crate::snapshot::VcpuState;
 use crate::stats::{Counters, Snapshot, VcpuStats};
 use crate::vm::Ending;
 
@@ -24,6 +25,78 @@ pub struct RunControl {
     pub stop: Arc<AtomicBool>,
     ending: Mutex<Option<Ending>>,
     ended: Condvar,
+    /// Pausing the vCPUs.
+    pub pause: PauseControl,
+}
+
+/// How long a parked vCPU sleeps between looks at the stop flag (stopping does not wake it).
+const PARKED_TICK: Duration = Duration::from_millis(20);
+
+/// Pausing: the VMM's control thread sets `requested` and kicks the vCPUs out of KVM_RUN; each
+/// parks (its state read for a snapshot) until the request is withdrawn.
+#[derive(Default)]
+pub struct PauseControl {
+    /// Checked by each vCPU once per pass of its loop (per exit), never per request.
+    requested: AtomicBool,
+    parked: Mutex<Parked>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Parked {
+    /// The state each parked vCPU read when it parked, by index (an error as text).
+    states: Vec<Option<Result<VcpuState, String>>>,
+}
+
+impl PauseControl {
+    /// Ask the vCPUs to park.
+    pub fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+    }
+
+    /// Let parked vCPUs go back to the guest.
+    pub fn withdraw(&self) {
+        let _guard = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        self.requested.store(false, Ordering::Release);
+        self.changed.notify_all();
+    }
+
+    /// Is a pause asked for?
+    pub fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    /// Which of `count` vCPUs are parked, after waiting up to `wait` for a change.
+    pub fn parked(&self, count: usize, wait: Duration) -> Vec<bool> {
+        let guard = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let all = |p: &Parked| (0..count).all(|i| p.states.get(i).is_some_and(Option::is_some));
+        let guard = match all(&guard) {
+            true => guard,
+            false => self.changed.wait_timeout(guard, wait).unwrap_or_else(|p| p.into_inner()).0,
+        };
+        (0..count).map(|i| guard.states.get(i).is_some_and(Option::is_some)).collect()
+    }
+
+    /// The states the parked vCPUs read, by index (all of them parked).
+    pub fn states(&self, count: usize) -> Option<Vec<Result<VcpuState, String>>> {
+        let guard = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        (0..count).map(|i| guard.states.get(i).cloned().flatten()).collect()
+    }
+
+    /// A vCPU parks with its state until the pause is withdrawn or the VM stops.
+    fn park(&self, index: u8, state: Result<VcpuState, String>, stop: &AtomicBool) {
+        let index = index as usize;
+        let mut guard = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.states.len() <= index {
+            guard.states.resize(index + 1, None);
+        }
+        guard.states[index] = Some(state);
+        self.changed.notify_all();
+        while self.requested.load(Ordering::Acquire) && !stop.load(Ordering::Acquire) {
+            guard = self.changed.wait_timeout(guard, PARKED_TICK).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        guard.states[index] = None;
+    }
 }
 
 impl RunControl {
@@ -82,6 +155,8 @@ pub struct Vcpu {
     pub iocore_cpu: Option<usize>,
     /// The seccomp filter the thread confines itself with before it first runs the guest.
     pub filter: sandbox::Filter,
+    /// The MSRs KVM lists (KVM_GET_MSR_INDEX_LIST), read when the vCPU parks.
+    pub msr_list: Arc<[u32]>,
 }
 
 impl Vcpu {
@@ -101,6 +176,10 @@ impl Vcpu {
         }
         let mut marks = Vec::new();
         while !control.stop.load(Ordering::Acquire) {
+            if control.pause.requested() {
+                self.park(control);
+                continue;
+            }
             if let Some(ending) = self.run_once(bus, &mut marks) {
                 control.end(ending);
             }
@@ -110,6 +189,18 @@ impl Vcpu {
             Err(_) => Counters::default(),
         };
         VcpuReport { index: self.index, counters, marks }
+    }
+
+    /// Park for a pause: finish the exit being handled, read the vCPU's state, wait.
+    fn park(&mut self, control: &RunControl) {
+        // An MMIO or port read's data reaches the guest's registers only on the next KVM_RUN:
+        // enter once with immediate_exit so KVM completes it and returns at once (EINTR), and
+        // the state read below is the guest's as it will continue.
+        self.fd.set_kvm_immediate_exit(1);
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
+        let state = VcpuState::capture(&self.fd, self.index, &self.msr_list).map_err(|e| e.to_string());
+        control.pause.park(self.index, state, &control.stop);
     }
 
     /// One KVM_RUN; `Some` when the VM should end.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io::Cursor;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -29,16 +29,23 @@ use crate::devices::virtio::{
 };
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
+use crate::snapshot::{self, DeviceState, SavedConfig, Snapshot, SnapshotError, VmState};
 use crate::stats::{StatsError, VcpuStats};
 use crate::vcpu::{RunControl, Vcpu, VcpuReport};
 use crate::{cpuid, regs};
+use std::thread::JoinHandle;
 
 /// Interrupt lines of the IOAPIC; all are routed to it alone (see `route_gsis_to_ioapic`).
 const IOAPIC_PINS: u32 = 24;
 const TSS_ADDR: usize = 0xfffb_d000;
-const MAX_VCPUS: u8 = 64;
+/// The most vCPUs a VM may have.
+pub const MAX_VCPUS: u8 = 64;
 /// How often a stopping VM re-signals vCPU threads that are still in KVM_RUN.
 const KICK_INTERVAL: Duration = Duration::from_millis(2);
+/// How often the VMM's main thread looks for a pause, resume or snapshot request.
+const CONTROL_TICK: Duration = Duration::from_millis(10);
+/// How long a pause waits for the vCPUs to leave KVM_RUN.
+const PAUSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Exits that can be handed to the guest (KVM_CAP_X86_DISABLE_EXITS).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -81,6 +88,9 @@ pub struct VmConfig {
     /// for a process that does nothing else afterwards (`exitless run`), not for one that goes
     /// on with other work (the bench, tests).
     pub confine_caller: bool,
+    /// Where a snapshot goes; with it, SIGUSR1 pauses the VM and writes a snapshot there (the
+    /// VM stays paused), and SIGUSR2 pauses or resumes it.
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 impl Default for VmConfig {
@@ -103,6 +113,7 @@ impl Default for VmConfig {
             idle_budget: iocore::DEFAULT_IDLE_BUDGET,
             seccomp: SeccompMode::Kill,
             confine_caller: false,
+            snapshot_dir: None,
         }
     }
 }
@@ -149,6 +160,10 @@ pub enum VmError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Seccomp(#[from] sandbox::SandboxError),
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    #[error("restore: the snapshot's guest TSC runs at {saved} kHz, this host's at {here} kHz, and KVM would not scale it: {source}")]
+    TscKhz { saved: u32, here: u32, source: kvm_ioctls::Error },
 }
 
 /// How a run ended.
@@ -276,10 +291,16 @@ pub struct VhostUserReport {
 /// starts the vCPUs and returns when the guest ends or the timeout passes.
 #[warn(missing_docs)]
 pub struct Vm {
-    // Held for ownership only. Fields drop in order: the VM fd goes before the RAM it maps.
+    // Fields drop in order: the VM fd goes before the RAM it maps.
     _kvm: Kvm,
-    _vm: VmFd,
-    _mem: GuestMemoryMmap,
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+    /// What a snapshot records of the configuration, or why this VM cannot be snapshotted.
+    saved_config: Result<SavedConfig, String>,
+    snapshot_dir: Option<PathBuf>,
+    /// The guest's TSC frequency in kHz (recorded in a snapshot).
+    tsc_khz: u32,
+    vcpu_count: usize,
     vcpus: Vec<Vcpu>,
     bus: Arc<Bus>,
     console: ConsoleWriter,
@@ -307,6 +328,45 @@ pub fn tsc_khz() -> Result<u32, VmError> {
 impl Vm {
     /// Build the VM `config` describes and load `kernel` into it.
     pub fn new(config: &VmConfig, kernel: Kernel) -> Result<Vm, VmError> {
+        Vm::build(config, Some(kernel))
+    }
+
+    /// Build the VM a snapshot in `dir` describes, in the state it was saved in; `base` gives
+    /// what is this process's own (console, timeout, seccomp, CPU placement, snapshot
+    /// directory). Every part of the snapshot is checked; a bad one is refused with an error.
+    pub fn restore(dir: &std::path::Path, base: VmConfig) -> Result<Vm, VmError> {
+        let snapshot = Snapshot::read(dir)?;
+        let config = snapshot.config.to_vm_config(base)?;
+        let vm = Vm::build(&config, None)?;
+        snapshot.load_memory(dir, &vm.mem)?;
+        snapshot.vm.apply(&vm.vm)?;
+        for (vcpu, state) in vm.vcpus.iter().zip(&snapshot.vcpus) {
+            let here = vcpu.fd.get_tsc_khz().map_err(kvm_err("report the TSC frequency"))?;
+            if here != snapshot.tsc_khz {
+                vcpu.fd.set_tsc_khz(snapshot.tsc_khz).map_err(|source| VmError::TscKhz {
+                    saved: snapshot.tsc_khz,
+                    here,
+                    source,
+                })?;
+            }
+            state.apply(&vcpu.fd)?;
+        }
+        for (slot, saved) in vm.bus.virtio.slots.iter().zip(&snapshot.devices) {
+            let device =
+                |source| SnapshotError::Device { kind: slot.kind.to_string(), index: slot.index, source };
+            if saved.kind != slot.kind || saved.index != slot.index {
+                return Err(SnapshotError::Unsupported(format!(
+                    "device {} {} in the snapshot where this VM has {} {}",
+                    saved.kind, saved.index, slot.kind, slot.index
+                ))
+                .into());
+            }
+            lock(&slot.transport).restore(&saved.transport).map_err(device)?;
+        }
+        Ok(vm)
+    }
+
+    fn build(config: &VmConfig, kernel: Option<Kernel>) -> Result<Vm, VmError> {
         if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
             return Err(VmError::VcpuCount(config.vcpus));
         }
@@ -340,16 +400,21 @@ impl Vm {
         }
 
         let entry = match kernel {
-            Kernel::File(path) => {
+            // Restoring: the kernel and boot information are in the snapshot's memory.
+            None => None,
+            Some(Kernel::File(path)) => {
                 let mut file = open_without_blocking(&path, true, 0, Wanted::RegularFile).map_err(
                     |error| match error {
                         OpenError::Io(source) => VmError::OpenKernel { path: path.clone(), source },
                         kind_error => VmError::KernelNotAFile { path: path.clone(), kind_error },
                     },
                 )?;
-                boot::load_kernel(&mem, &mut file).map_err(|source| VmError::KernelFile { path, source })?
+                Some(
+                    boot::load_kernel(&mem, &mut file)
+                        .map_err(|source| VmError::KernelFile { path, source })?,
+                )
             }
-            Kernel::Image(bytes) => boot::load_kernel(&mem, &mut Cursor::new(bytes))?,
+            Some(Kernel::Image(bytes)) => Some(boot::load_kernel(&mem, &mut Cursor::new(bytes))?),
         };
 
         let control = Arc::new(RunControl::default());
@@ -392,8 +457,10 @@ impl Vm {
         if cmdline.len() > boot::CMDLINE_MAX {
             return Err(VmError::CmdlineTooLong { total: cmdline.len() });
         }
-        boot::write_boot_info(&mem, cmdline)?;
-        regs::write_gdt(&mem)?;
+        if entry.is_some() {
+            boot::write_boot_info(&mem, cmdline)?;
+            regs::write_gdt(&mem)?;
+        }
 
         let console = ConsoleWriter::new(config.console);
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
@@ -402,12 +469,16 @@ impl Vm {
         let bus = Arc::new(Bus { serial: Mutex::new(serial), testdev, virtio });
 
         let vcpu_filter = Filter::new(ThreadKind::Vcpu, config.seccomp)?;
+        // Read when a vCPU parks; an empty list if KVM cannot say (the snapshot then lacks MSRs,
+        // which a restore would notice as a wrong clock or paging mode).
+        let msr_list: Arc<[u32]> =
+            kvm.get_msr_index_list().map(|l| l.as_slice().into()).unwrap_or_else(|_| Arc::from(Vec::new()));
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for index in 0..config.vcpus {
             let fd = vm.create_vcpu(index as u64).map_err(kvm_err("create a vCPU"))?;
             fd.set_cpuid2(&cpuid::for_vcpu(&base_cpuid, index, config.vcpus))
                 .map_err(kvm_err("set CPUID"))?;
-            if index == 0 {
+            if let (0, Some(entry)) = (index, entry) {
                 let sregs = fd.get_sregs().map_err(kvm_err("read special registers"))?;
                 fd.set_sregs(&regs::pvh_sregs(sregs)).map_err(kvm_err("set special registers"))?;
                 fd.set_regs(&regs::pvh_regs(entry)).map_err(kvm_err("set registers"))?;
@@ -421,13 +492,18 @@ impl Vm {
                 pin_cpu: config.pin_vcpus.get(index as usize).copied(),
                 iocore_cpu: config.iocore_cpu,
                 filter: vcpu_filter.clone(),
+                msr_list: msr_list.clone(),
             });
         }
 
         Ok(Vm {
             _kvm: kvm,
-            _vm: vm,
-            _mem: mem,
+            vm,
+            mem,
+            saved_config: SavedConfig::of(config).map_err(|e| e.to_string()),
+            snapshot_dir: config.snapshot_dir.clone(),
+            tsc_khz: vcpus.first().and_then(|v| v.fd.get_tsc_khz().ok()).unwrap_or(0),
+            vcpu_count: vcpus.len(),
             vcpus,
             bus,
             console,
@@ -445,11 +521,16 @@ impl Vm {
     /// `VmConfig::confine_caller`, once the vCPUs run the calling thread confines itself to what
     /// the rest takes (`ThreadKind::VmmMain`): stopping and joining the other threads, tearing
     /// the VM down, and the caller's report.
-    pub fn run(self) -> Result<RunOutcome, VmError> {
+    pub fn run(mut self) -> Result<RunOutcome, VmError> {
         install_kick_handler();
+        if self.snapshot_dir.is_some() {
+            install_control_handlers();
+        }
+        // A restored VM's devices start paused; a new one's are not, and this does nothing.
+        self.bus.virtio.resume();
         let started = Instant::now();
         let mut threads = Vec::with_capacity(self.vcpus.len());
-        for mut vcpu in self.vcpus {
+        for mut vcpu in std::mem::take(&mut self.vcpus) {
             let start = vcpu.stats.snapshot()?;
             let bus = self.bus.clone();
             let control = self.control.clone();
@@ -463,14 +544,23 @@ impl Vm {
             self.control.end(Ending::Timeout(Duration::ZERO));
         }
 
-        let ending = match self.control.wait(self.timeout) {
-            Some(ending) => ending,
-            None => {
+        let ending = loop {
+            let left = self.timeout.map(|t| t.saturating_sub(started.elapsed()));
+            if let Some(ending) = self.control.wait(Some(left.map_or(CONTROL_TICK, |l| l.min(CONTROL_TICK))))
+            {
+                break ending;
+            }
+            if left.is_some_and(|l| l.is_zero()) {
                 let timeout = self.timeout.unwrap_or_default();
                 self.control.end(Ending::Timeout(timeout));
-                Ending::Timeout(timeout)
+                break Ending::Timeout(timeout);
+            }
+            if self.snapshot_dir.is_some() {
+                self.serve_control_signals(&threads);
             }
         };
+        // A paused VM's vCPUs are parked; they see the stop flag within a tick.
+        self.control.pause.withdraw();
         // A vCPU may sit in KVM_RUN (guest code, or a halted/waiting vCPU): signal it until its
         // thread has seen the stop flag. Repeated because a signal that lands just before
         // KVM_RUN starts is not seen by it.
@@ -516,6 +606,136 @@ impl Vm {
             devices,
         })
     }
+}
+
+impl Vm {
+    /// Carry out what SIGUSR1 (snapshot) and SIGUSR2 (pause or resume) asked for, and say how
+    /// it went on standard error (the log).
+    fn serve_control_signals(&self, threads: &[JoinHandle<VcpuReport>]) {
+        if TOGGLE_PAUSE.swap(false, Ordering::AcqRel) {
+            if self.control.pause.requested() {
+                let started = Instant::now();
+                self.resume();
+                log::info!("resumed in {:.3} ms", started.elapsed().as_secs_f64() * 1e3);
+            } else {
+                match self.pause(threads) {
+                    Ok(took) => log::info!("paused in {:.3} ms", took.as_secs_f64() * 1e3),
+                    Err(e) => {
+                        log::error!("pause failed: {e}; resuming");
+                        self.resume();
+                    }
+                }
+            }
+        }
+        if SNAPSHOT.swap(false, Ordering::AcqRel) {
+            let Some(dir) = &self.snapshot_dir else { return };
+            let was_paused = self.control.pause.requested();
+            let paused = match was_paused {
+                true => Ok(Duration::ZERO),
+                false => self.pause(threads),
+            };
+            let started = Instant::now();
+            match paused.and_then(|took| Ok((took, self.snapshot(dir)?))) {
+                Ok((took, bytes)) => log::info!(
+                    "snapshot written to {}: {bytes} bytes in {:.3} ms (paused in {:.3} ms); the VM stays paused",
+                    dir.display(),
+                    started.elapsed().as_secs_f64() * 1e3,
+                    took.as_secs_f64() * 1e3
+                ),
+                Err(e) => {
+                    log::error!("snapshot to {} failed: {e}", dir.display());
+                    if !was_paused {
+                        self.resume();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop the vCPUs (out of KVM_RUN, parked, their state read) and drain every device: no
+    /// request is held by the IOCore or a backend once this returns.
+    fn pause(&self, threads: &[JoinHandle<VcpuReport>]) -> Result<Duration, SnapshotError> {
+        let started = Instant::now();
+        self.control.pause.request();
+        loop {
+            let parked = self.control.pause.parked(threads.len(), KICK_INTERVAL);
+            if parked.iter().all(|&p| p) {
+                break;
+            }
+            if self.control.stop.load(Ordering::Acquire) || started.elapsed() > PAUSE_LIMIT {
+                return Err(SnapshotError::NotPaused);
+            }
+            // As when stopping: a signal that lands just before KVM_RUN is missed, so repeat.
+            for (thread, _) in threads.iter().zip(parked).filter(|(_, p)| !p) {
+                let _ = thread.kill(SIGRTMIN());
+            }
+        }
+        self.bus.virtio.pause().map_err(|(index, source)| {
+            let slot = &self.bus.virtio.slots[index];
+            SnapshotError::Device { kind: slot.kind.to_string(), index: slot.index, source }
+        })?;
+        Ok(started.elapsed())
+    }
+
+    fn resume(&self) {
+        self.bus.virtio.resume();
+        self.control.pause.withdraw();
+    }
+
+    /// Write a snapshot of the paused VM into `dir`; the bytes written.
+    fn snapshot(&self, dir: &std::path::Path) -> Result<u64, SnapshotError> {
+        let config = self.saved_config.clone().map_err(SnapshotError::Unsupported)?;
+        let states = self.control.pause.states(self.vcpu_count).ok_or(SnapshotError::NotPaused)?;
+        let vcpus = states.into_iter().collect::<Result<Vec<_>, _>>().map_err(SnapshotError::Unsupported)?;
+        let devices = self
+            .bus
+            .virtio
+            .slots
+            .iter()
+            .map(|slot| {
+                let transport = lock(&slot.transport).save().map_err(|source| SnapshotError::Device {
+                    kind: slot.kind.to_string(),
+                    index: slot.index,
+                    source,
+                })?;
+                Ok(DeviceState { kind: slot.kind.to_string(), index: slot.index, transport })
+            })
+            .collect::<Result<Vec<_>, SnapshotError>>()?;
+        let snapshot = Snapshot {
+            format: snapshot::FORMAT.to_string(),
+            version: snapshot::VERSION,
+            config,
+            memory_bytes: host_ranges(&self.mem).iter().map(|r| r.1).sum(),
+            tsc_khz: self.tsc_khz,
+            vm: VmState::capture(&self.vm)?,
+            vcpus,
+            devices,
+        };
+        snapshot.write(dir, &self.mem)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static TOGGLE_PAUSE: AtomicBool = AtomicBool::new(false);
+static SNAPSHOT: AtomicBool = AtomicBool::new(false);
+
+/// SIGUSR1 asks for a snapshot, SIGUSR2 for a pause or resume; the main thread carries them out
+/// at its next tick (a signal handler may only set a flag).
+fn install_control_handlers() {
+    static ONCE: Once = Once::new();
+    extern "C" fn snapshot(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        SNAPSHOT.store(true, Ordering::Release);
+    }
+    extern "C" fn toggle(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        TOGGLE_PAUSE.store(true, Ordering::Release);
+    }
+    ONCE.call_once(|| {
+        register_signal_handler(libc::SIGUSR1, snapshot).expect("a SIGUSR1 handler can be installed");
+        register_signal_handler(libc::SIGUSR2, toggle).expect("a SIGUSR2 handler can be installed");
+    });
 }
 
 /// (guest address, length, host address) of each RAM region.

@@ -58,6 +58,13 @@ impl IoMode {
         }
     }
 
+    /// The mode `--io-mode NAME` names.
+    pub fn from_name(name: &str) -> Option<IoMode> {
+        [IoMode::Trap, IoMode::Eventfd, IoMode::PvEoi, IoMode::Sidecore, IoMode::Exitless, IoMode::Adaptive]
+            .into_iter()
+            .find(|mode| mode.name() == name)
+    }
+
     /// The IOCore's policy, or `None` when the vCPU serves the queues itself.
     pub fn policy(self, idle_budget: Duration) -> Option<Policy> {
         match self {
@@ -333,6 +340,22 @@ impl VirtioDevices {
             });
         }
         Ok(VirtioDevices { slots, iocore })
+    }
+
+    /// Pause every transport: its worker taken back from the IOCore and drained (the vCPUs are
+    /// stopped). On error some may be paused; `resume` undoes it all the same.
+    pub fn pause(&self) -> Result<(), (usize, virtio::mmio::state::StateError)> {
+        for (index, slot) in self.slots.iter().enumerate() {
+            slot.transport.lock().unwrap_or_else(|p| p.into_inner()).pause().map_err(|e| (index, e))?;
+        }
+        Ok(())
+    }
+
+    /// Give every worker back to the IOCore after `pause` (or a restore).
+    pub fn resume(&self) {
+        for slot in &self.slots {
+            slot.transport.lock().unwrap_or_else(|p| p.into_inner()).resume();
+        }
     }
 
     /// Take every worker back from the IOCore and stop it (the VM is ending).

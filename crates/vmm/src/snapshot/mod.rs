@@ -1,0 +1,262 @@
+//! Snapshots of a paused VM: a directory with `state.json` (the VM's configuration, each
+//! vCPU's and the irqchip's state as KVM exposes it, each device's transport state; versioned)
+//! and `memory` (guest RAM, byte for byte). A snapshot is untrusted input when restored: its
+//! size, every count and size in it, and its queues against guest memory are checked, and a bad
+//! one is refused with an error.
+
+pub mod config;
+pub mod raw;
+pub mod vcpu;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use kvm_bindings::{
+    kvm_clock_data, kvm_irqchip, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+};
+use kvm_ioctls::VmFd;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use virtio::mmio::state::{StateError, TransportState};
+use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+pub use config::SavedConfig;
+use raw::Raw;
+pub use vcpu::VcpuState;
+
+/// What `state.json` says it is.
+pub const FORMAT: &str = "exitless-snapshot";
+/// The format's version; a snapshot of another is refused.
+pub const VERSION: u32 = 1;
+/// The state file in a snapshot directory.
+pub const STATE_FILE: &str = "state.json";
+/// The guest memory file in a snapshot directory.
+pub const MEMORY_FILE: &str = "memory";
+/// The largest state file read (a 64-vCPU VM's is about 1.5 MiB).
+const MAX_STATE_BYTES: u64 = 16 << 20;
+
+/// Why a snapshot could not be taken or restored.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    #[error("KVM refused to {what}: {source}")]
+    Kvm { what: &'static str, source: kvm_ioctls::Error },
+    #[error("too many {0} for one snapshot")]
+    TooMany(&'static str),
+    #[error("KVM did not take MSR {msr:#x} of vCPU {vcpu}")]
+    MsrRefused { vcpu: u8, msr: u32 },
+    #[error("cannot {what} {path}: {source}")]
+    File { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("{path} is not an exitless snapshot: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("{path} is a snapshot of format version {found}; this exitless reads version {VERSION}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("{path} is {found} bytes; the snapshot's guest memory is {expected} bytes")]
+    MemorySize { path: PathBuf, found: u64, expected: u64 },
+    #[error("the snapshot has {found} {what}, its configuration says {expected}")]
+    Count { what: &'static str, found: usize, expected: usize },
+    #[error("cannot snapshot this VM: {0}")]
+    Unsupported(String),
+    #[error("the VM is not paused: a vCPU has not stopped")]
+    NotPaused,
+    #[error("{kind} {index}: {source}")]
+    Device { kind: String, index: usize, source: StateError },
+    #[error("cannot copy guest memory: {0}")]
+    Memory(#[from] vm_memory::GuestMemoryError),
+    #[error("the snapshot's URL {0:?} is not file:///DIR (the only kind exitless takes)")]
+    Url(String),
+}
+
+/// The irqchip and KVM clock.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct VmState {
+    pub clock: Raw<kvm_clock_data>,
+    pub pic_master: Raw<kvm_irqchip>,
+    pub pic_slave: Raw<kvm_irqchip>,
+    pub ioapic: Raw<kvm_irqchip>,
+}
+
+/// One virtio device in a snapshot.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct DeviceState {
+    /// "virtio-blk".
+    pub kind: String,
+    /// Its index among the devices of its kind.
+    pub index: usize,
+    pub transport: TransportState,
+}
+
+/// `state.json`.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Always `FORMAT`.
+    pub format: String,
+    pub version: u32,
+    /// What the VM was built from.
+    pub config: SavedConfig,
+    /// Bytes in the memory file: guest RAM regions, in address order, back to back.
+    pub memory_bytes: u64,
+    /// The guest's TSC frequency (kHz); the restored VM's must be the same.
+    pub tsc_khz: u32,
+    pub vm: VmState,
+    pub vcpus: Vec<VcpuState>,
+    pub devices: Vec<DeviceState>,
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> SnapshotError {
+    move |source| SnapshotError::Kvm { what, source }
+}
+
+/// The directory of a `file:///DIR` URL (Cloud Hypervisor's `destination_url` and `source_url`).
+pub fn dir_from_url(url: &str) -> Result<PathBuf, SnapshotError> {
+    match url.strip_prefix("file://") {
+        Some(path) if path.starts_with('/') && !path.contains('\0') => Ok(PathBuf::from(path)),
+        _ => Err(SnapshotError::Url(url.to_string())),
+    }
+}
+
+impl VmState {
+    /// Read the VM-wide state (the vCPUs are stopped).
+    pub fn capture(vm: &VmFd) -> Result<VmState, SnapshotError> {
+        let chip = |chip_id| -> Result<Raw<kvm_irqchip>, SnapshotError> {
+            let mut chip = kvm_irqchip { chip_id, ..Default::default() };
+            vm.get_irqchip(&mut chip).map_err(kvm("read the irqchip"))?;
+            Ok(Raw(chip))
+        };
+        Ok(VmState {
+            clock: Raw(vm.get_clock().map_err(kvm("read the KVM clock"))?),
+            pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
+            pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
+            ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
+        })
+    }
+
+    /// Write it into a new VM, before its vCPUs first run.
+    pub fn apply(&self, vm: &VmFd) -> Result<(), SnapshotError> {
+        for (chip, id) in [
+            (&self.pic_master, KVM_IRQCHIP_PIC_MASTER),
+            (&self.pic_slave, KVM_IRQCHIP_PIC_SLAVE),
+            (&self.ioapic, KVM_IRQCHIP_IOAPIC),
+        ] {
+            if chip.0.chip_id != id {
+                return Err(SnapshotError::Unsupported(format!(
+                    "irqchip {id} saved as chip {}",
+                    chip.0.chip_id
+                )));
+            }
+            vm.set_irqchip(&chip.0).map_err(kvm("set the irqchip"))?;
+        }
+        // Only the clock's value: KVM refuses flags it did not set itself.
+        let clock = kvm_clock_data { clock: self.clock.0.clock, ..Default::default() };
+        vm.set_clock(&clock).map_err(kvm("set the KVM clock"))
+    }
+}
+
+impl Snapshot {
+    /// Write `state.json` and `memory` into `dir` (created if missing). The state file is
+    /// written last, under a temporary name then renamed, so a directory with one holds a
+    /// whole snapshot.
+    pub fn write(&self, dir: &Path, mem: &GuestMemoryMmap) -> Result<u64, SnapshotError> {
+        let file_err = |what, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SnapshotError::File { what, path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(file_err("create", dir))?;
+        let memory_path = dir.join(MEMORY_FILE);
+        let mut memory = File::create(&memory_path).map_err(file_err("create", &memory_path))?;
+        for region in mem.iter() {
+            mem.write_all_volatile_to(region.start_addr(), &mut memory, region.len() as usize)?;
+        }
+        memory.sync_all().map_err(file_err("write", &memory_path))?;
+        let state_path = dir.join(STATE_FILE);
+        let partial = dir.join(".state.json.partial");
+        let text = serde_json::to_vec(self).map_err(|e| SnapshotError::Unsupported(e.to_string()))?;
+        let mut file = File::create(&partial).map_err(file_err("create", &partial))?;
+        file.write_all(&text).and_then(|()| file.sync_all()).map_err(file_err("write", &partial))?;
+        std::fs::rename(&partial, &state_path).map_err(file_err("rename", &partial))?;
+        Ok(text.len() as u64 + self.memory_bytes)
+    }
+
+    /// Read and check `state.json` from `dir`: format, version and counts (the memory file's
+    /// size, the vCPU and device counts against the configuration).
+    pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
+        let path = dir.join(STATE_FILE);
+        let file = File::open(&path).map_err(|source| SnapshotError::File {
+            what: "open",
+            path: path.clone(),
+            source,
+        })?;
+        let mut text = Vec::new();
+        file.take(MAX_STATE_BYTES + 1).read_to_end(&mut text).map_err(|source| SnapshotError::File {
+            what: "read",
+            path: path.clone(),
+            source,
+        })?;
+        let corrupt = |reason: String| SnapshotError::Corrupt { path: path.clone(), reason };
+        if text.len() as u64 > MAX_STATE_BYTES {
+            return Err(corrupt(format!("larger than {MAX_STATE_BYTES} bytes")));
+        }
+        // The header first, so that another version is named as such, not as a parse error.
+        #[derive(Deserialize)]
+        struct Header {
+            format: String,
+            version: u32,
+        }
+        let header: Header = serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+        if header.format != FORMAT {
+            return Err(corrupt(format!("its format is {:?}", header.format)));
+        }
+        if header.version != VERSION {
+            return Err(SnapshotError::Version { path, found: header.version });
+        }
+        let snapshot: Snapshot = serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+        snapshot.config.check()?;
+        if snapshot.vcpus.len() != snapshot.config.vcpus as usize {
+            return Err(SnapshotError::Count {
+                what: "vCPU states",
+                found: snapshot.vcpus.len(),
+                expected: snapshot.config.vcpus as usize,
+            });
+        }
+        if let Some((i, v)) = snapshot.vcpus.iter().enumerate().find(|(i, v)| v.index as usize != *i) {
+            return Err(corrupt(format!("vCPU state {i} is for vCPU {}", v.index)));
+        }
+        if snapshot.devices.len() != snapshot.config.disks.len() {
+            return Err(SnapshotError::Count {
+                what: "device states",
+                found: snapshot.devices.len(),
+                expected: snapshot.config.disks.len(),
+            });
+        }
+        let memory_path = dir.join(MEMORY_FILE);
+        let found = std::fs::metadata(&memory_path)
+            .map_err(|source| SnapshotError::File { what: "open", path: memory_path.clone(), source })?
+            .len();
+        if found != snapshot.memory_bytes {
+            return Err(SnapshotError::MemorySize {
+                path: memory_path,
+                found,
+                expected: snapshot.memory_bytes,
+            });
+        }
+        Ok(snapshot)
+    }
+
+    /// Fill guest memory (just created from the same configuration) from `dir`'s memory file.
+    pub fn load_memory(&self, dir: &Path, mem: &GuestMemoryMmap) -> Result<(), SnapshotError> {
+        let path = dir.join(MEMORY_FILE);
+        let total: u64 = mem.iter().map(|r| r.len()).sum();
+        if total != self.memory_bytes {
+            return Err(SnapshotError::MemorySize { path, found: self.memory_bytes, expected: total });
+        }
+        let mut file = File::open(&path).map_err(|source| SnapshotError::File {
+            what: "open",
+            path: path.clone(),
+            source,
+        })?;
+        for region in mem.iter() {
+            mem.read_exact_volatile_from(region.start_addr(), &mut file, region.len() as usize)?;
+        }
+        Ok(())
+    }
+}
