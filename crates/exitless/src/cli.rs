@@ -83,6 +83,11 @@ pub struct RunArgs {
     /// running VM or resumes a paused one. Local disks (path= or ram,path=) only.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
+    /// Serve Cloud Hypervisor's control verbs on this Unix socket (HTTP/1.1, `curl
+    /// --unix-socket`): `PUT /api/v1/vm.pause`, `PUT /api/v1/vm.resume`, and
+    /// `PUT /api/v1/vm.snapshot` with `{"destination_url": "file:///DIR"}` (of a paused VM).
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
     /// Kernel command line (the probe's default: probe.workload=hello).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,

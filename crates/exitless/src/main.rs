@@ -6,6 +6,7 @@ mod net;
 mod run;
 mod udp;
 mod vhost_user;
+mod vm_api;
 
 use clap::Parser;
 use exitless_args::{fail, usage_error};

@@ -19,7 +19,7 @@ pub fn main(args: RunArgs) -> i32 {
         Err(e) => return fail(e),
     };
     let vm = match &args.restore {
-        Some(source) => restore(source, config),
+        Some(source) => restore(source, config.clone()),
         None => {
             let kernel = match &args.kernel {
                 Some(path) => Kernel::File(path.clone()),
@@ -28,7 +28,25 @@ pub fn main(args: RunArgs) -> i32 {
             Vm::new(&config, kernel)
         }
     };
-    let outcome = match vm.and_then(Vm::run) {
+    let mut vm = match vm {
+        Ok(vm) => vm,
+        Err(e) => return fail(e),
+    };
+    let mut api = None;
+    if let Some(path) = &args.api_socket {
+        match crate::vm_api::start(path, config.seccomp) {
+            Ok((server, hook)) => {
+                vm = vm.with_control(hook);
+                api = Some(server);
+            }
+            Err(e) => return fail(e),
+        }
+    }
+    let outcome = vm.run();
+    if let Some(api) = api {
+        api.stop();
+    }
+    let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(e) => return fail(e),
     };

@@ -242,6 +242,13 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
                 let _ = std::fs::remove_file(&api);
                 status
             }
+            sandbox::ThreadKind::VmmApi => {
+                let api = dir.path().join("vm-api.sock");
+                let api = api.to_str().unwrap();
+                let status = with_self_test(name, exitless(&[&probe[..], &["--api-socket", api]].concat()));
+                let _ = std::fs::remove_file(api);
+                status
+            }
             sandbox::ThreadKind::VhostUserWatch => {
                 // A healthy daemon, and the self-test in the frontend VMM's watcher.
                 let (daemon, socket) = start_daemon(dir.path(), "kill");

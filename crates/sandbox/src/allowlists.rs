@@ -235,7 +235,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         // Waits on the stop signal's descriptor.
         ThreadKind::StopWatchdog => allow(&mut rules, &[libc::SYS_poll]),
-        ThreadKind::ApiServer => {
+        // The same HTTP thread serves the daemon's API and the VMM's.
+        ThreadKind::ApiServer | ThreadKind::VmmApi => {
             // Clients: accept, read (recvfrom), answer (sendto) and close; the control thread
             // is woken by an eventfd write (`write` is in RUNTIME); the socket file is removed
             // at the end.

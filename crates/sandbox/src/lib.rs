@@ -53,6 +53,9 @@ pub enum ThreadKind {
     /// The vhost-user daemon's control API: accepts local HTTP clients and reads and answers
     /// their requests, which the control thread carries out.
     ApiServer,
+    /// `exitless run`'s control API: accepts local HTTP clients and reads and answers their
+    /// requests (pause, resume, snapshot), which the VMM's main thread carries out.
+    VmmApi,
     /// The vhost-user daemon's main thread when it has a control API: opens disks, listens on
     /// their sockets and starts their connection threads while the daemon runs.
     DaemonControl,
@@ -60,7 +63,7 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// Every kind, for what iterates over them (tests, the self-test's names).
-    pub const ALL: [ThreadKind; 10] = [
+    pub const ALL: [ThreadKind; 11] = [
         ThreadKind::Vcpu,
         ThreadKind::IoCore,
         ThreadKind::VhostUserIoCore,
@@ -71,6 +74,7 @@ impl ThreadKind {
         ThreadKind::StopWatchdog,
         ThreadKind::ApiServer,
         ThreadKind::DaemonControl,
+        ThreadKind::VmmApi,
     ];
 
     /// A short name without spaces (`SELF_TEST_ENV`'s values).
@@ -86,6 +90,7 @@ impl ThreadKind {
             ThreadKind::StopWatchdog => "stop-watchdog",
             ThreadKind::ApiServer => "api-server",
             ThreadKind::DaemonControl => "daemon-control",
+            ThreadKind::VmmApi => "vmm-api",
         }
     }
 }
@@ -108,6 +113,7 @@ impl fmt::Display for ThreadKind {
             ThreadKind::StopWatchdog => "stop watchdog",
             ThreadKind::ApiServer => "control API",
             ThreadKind::DaemonControl => "daemon control",
+            ThreadKind::VmmApi => "VMM control API",
         })
     }
 }

@@ -19,5 +19,6 @@ pub use sandbox::SeccompMode;
 pub use stats::Counters;
 pub use vcpu::{Mark, VcpuReport};
 pub use vm::{
-    tsc_khz, DeviceReport, DisableExits, Ending, Kernel, RunOutcome, VhostUserReport, Vm, VmConfig, VmError,
+    tsc_khz, ControlError, DeviceReport, DisableExits, Ending, Kernel, RunOutcome, VhostUserReport, Vm,
+    VmConfig, VmControl, VmError,
 };

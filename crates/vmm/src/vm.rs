@@ -301,6 +301,8 @@ pub struct Vm {
     /// The guest's TSC frequency in kHz (recorded in a snapshot).
     tsc_khz: u32,
     vcpu_count: usize,
+    /// Called on every control tick of `run` (`with_control`).
+    control_hook: Option<ControlHook>,
     vcpus: Vec<Vcpu>,
     bus: Arc<Bus>,
     console: ConsoleWriter,
@@ -504,6 +506,7 @@ impl Vm {
             snapshot_dir: config.snapshot_dir.clone(),
             tsc_khz: vcpus.first().and_then(|v| v.fd.get_tsc_khz().ok()).unwrap_or(0),
             vcpu_count: vcpus.len(),
+            control_hook: None,
             vcpus,
             bus,
             console,
@@ -538,6 +541,7 @@ impl Vm {
             threads
                 .push(std::thread::Builder::new().name(name).spawn(move || vcpu.run(&bus, &control, start))?);
         }
+        let mut hook = self.control_hook.take();
         let confined = self.main_filter.install();
         if confined.is_err() {
             // Stop the guest at once; the error is returned once the threads are down.
@@ -555,8 +559,12 @@ impl Vm {
                 self.control.end(Ending::Timeout(timeout));
                 break Ending::Timeout(timeout);
             }
+            let control = VmControl { vm: &self, threads: &threads };
             if self.snapshot_dir.is_some() {
-                self.serve_control_signals(&threads);
+                control.serve_signals();
+            }
+            if let Some(hook) = hook.as_mut() {
+                hook(&control);
             }
         };
         // A paused VM's vCPUs are parked; they see the stop flag within a tick.
@@ -608,78 +616,132 @@ impl Vm {
     }
 }
 
-impl Vm {
-    /// Carry out what SIGUSR1 (snapshot) and SIGUSR2 (pause or resume) asked for, and say how
-    /// it went on standard error (the log).
-    fn serve_control_signals(&self, threads: &[JoinHandle<VcpuReport>]) {
-        if TOGGLE_PAUSE.swap(false, Ordering::AcqRel) {
-            if self.control.pause.requested() {
-                let started = Instant::now();
-                self.resume();
-                log::info!("resumed in {:.3} ms", started.elapsed().as_secs_f64() * 1e3);
-            } else {
-                match self.pause(threads) {
-                    Ok(took) => log::info!("paused in {:.3} ms", took.as_secs_f64() * 1e3),
-                    Err(e) => {
-                        log::error!("pause failed: {e}; resuming");
-                        self.resume();
-                    }
-                }
-            }
-        }
-        if SNAPSHOT.swap(false, Ordering::AcqRel) {
-            let Some(dir) = &self.snapshot_dir else { return };
-            let was_paused = self.control.pause.requested();
-            let paused = match was_paused {
-                true => Ok(Duration::ZERO),
-                false => self.pause(threads),
-            };
-            let started = Instant::now();
-            match paused.and_then(|took| Ok((took, self.snapshot(dir)?))) {
-                Ok((took, bytes)) => log::info!(
-                    "snapshot written to {}: {bytes} bytes in {:.3} ms (paused in {:.3} ms); the VM stays paused",
-                    dir.display(),
-                    started.elapsed().as_secs_f64() * 1e3,
-                    took.as_secs_f64() * 1e3
-                ),
-                Err(e) => {
-                    log::error!("snapshot to {} failed: {e}", dir.display());
-                    if !was_paused {
-                        self.resume();
-                    }
-                }
-            }
-        }
+/// What `Vm::with_control` calls on each control tick.
+type ControlHook = Box<dyn FnMut(&VmControl) + Send>;
+
+/// Why a pause, resume or snapshot was refused or failed.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    #[error("the VM is already paused")]
+    AlreadyPaused,
+    #[error("the VM is not paused (a snapshot is of a paused VM: pause it first)")]
+    NotPaused,
+    #[error("{0}")]
+    Snapshot(#[from] SnapshotError),
+}
+
+/// Pause, resume and snapshot a running VM, from `Vm::run`'s main thread (its control hook, see
+/// `Vm::with_control`, or the control signals).
+pub struct VmControl<'a> {
+    vm: &'a Vm,
+    threads: &'a [JoinHandle<VcpuReport>],
+}
+
+impl VmControl<'_> {
+    /// Is the VM paused?
+    pub fn paused(&self) -> bool {
+        self.vm.control.pause.requested()
     }
 
     /// Stop the vCPUs (out of KVM_RUN, parked, their state read) and drain every device: no
-    /// request is held by the IOCore or a backend once this returns.
-    fn pause(&self, threads: &[JoinHandle<VcpuReport>]) -> Result<Duration, SnapshotError> {
-        let started = Instant::now();
-        self.control.pause.request();
-        loop {
-            let parked = self.control.pause.parked(threads.len(), KICK_INTERVAL);
-            if parked.iter().all(|&p| p) {
-                break;
-            }
-            if self.control.stop.load(Ordering::Acquire) || started.elapsed() > PAUSE_LIMIT {
-                return Err(SnapshotError::NotPaused);
-            }
-            // As when stopping: a signal that lands just before KVM_RUN is missed, so repeat.
-            for (thread, _) in threads.iter().zip(parked).filter(|(_, p)| !p) {
-                let _ = thread.kill(SIGRTMIN());
-            }
+    /// request is held by the IOCore or a backend once this returns. How long it took.
+    pub fn pause(&self) -> Result<Duration, ControlError> {
+        if self.paused() {
+            return Err(ControlError::AlreadyPaused);
         }
-        self.bus.virtio.pause().map_err(|(index, source)| {
-            let slot = &self.bus.virtio.slots[index];
-            SnapshotError::Device { kind: slot.kind.to_string(), index: slot.index, source }
-        })?;
+        let started = Instant::now();
+        let vm = self.vm;
+        vm.control.pause.request();
+        let result = (|| {
+            loop {
+                let parked = vm.control.pause.parked(self.threads.len(), KICK_INTERVAL);
+                if parked.iter().all(|&p| p) {
+                    break;
+                }
+                if vm.control.stop.load(Ordering::Acquire) || started.elapsed() > PAUSE_LIMIT {
+                    return Err(SnapshotError::NotPaused);
+                }
+                // As when stopping: a signal that lands just before KVM_RUN is missed, so repeat.
+                for (thread, _) in self.threads.iter().zip(parked).filter(|(_, p)| !p) {
+                    let _ = thread.kill(SIGRTMIN());
+                }
+            }
+            vm.bus.virtio.pause().map_err(|(index, source)| {
+                let slot = &vm.bus.virtio.slots[index];
+                SnapshotError::Device { kind: slot.kind.to_string(), index: slot.index, source }
+            })
+        })();
+        if let Err(e) = result {
+            // Half paused is no state to leave a VM in.
+            vm.bus.virtio.resume();
+            vm.control.pause.withdraw();
+            return Err(e.into());
+        }
         Ok(started.elapsed())
     }
 
-    fn resume(&self) {
-        self.bus.virtio.resume();
-        self.control.pause.withdraw();
+    /// Let a paused VM go on: the devices' workers back with the IOCore, the vCPUs into the
+    /// guest. How long it took.
+    pub fn resume(&self) -> Result<Duration, ControlError> {
+        if !self.paused() {
+            return Err(ControlError::NotPaused);
+        }
+        let started = Instant::now();
+        self.vm.bus.virtio.resume();
+        self.vm.control.pause.withdraw();
+        Ok(started.elapsed())
+    }
+
+    /// Write a snapshot of the paused VM into `dir`: the bytes written and how long it took.
+    pub fn snapshot(&self, dir: &std::path::Path) -> Result<(u64, Duration), ControlError> {
+        if !self.paused() {
+            return Err(ControlError::NotPaused);
+        }
+        let started = Instant::now();
+        let bytes = self.vm.snapshot(dir)?;
+        Ok((bytes, started.elapsed()))
+    }
+
+    /// Carry out what SIGUSR1 (pause if running, then snapshot) and SIGUSR2 (pause or resume)
+    /// asked for, and say how it went on standard error (the log).
+    fn serve_signals(&self) {
+        if TOGGLE_PAUSE.swap(false, Ordering::AcqRel) {
+            match self.paused() {
+                true => log_outcome("resumed", self.resume()),
+                false => log_outcome("paused", self.pause()),
+            }
+        }
+        if SNAPSHOT.swap(false, Ordering::AcqRel) {
+            let Some(dir) = &self.vm.snapshot_dir else { return };
+            if !self.paused() {
+                log_outcome("paused", self.pause());
+            }
+            match self.snapshot(dir) {
+                Ok((bytes, took)) => log::info!(
+                    "snapshot written to {}: {bytes} bytes in {:.3} ms; the VM stays paused",
+                    dir.display(),
+                    took.as_secs_f64() * 1e3
+                ),
+                Err(e) => log::error!("snapshot to {} failed: {e}", dir.display()),
+            }
+        }
+    }
+}
+
+fn log_outcome(what: &str, outcome: Result<Duration, ControlError>) {
+    match outcome {
+        Ok(took) => log::info!("{what} in {:.3} ms", took.as_secs_f64() * 1e3),
+        Err(e) => log::error!("not {what}: {e}"),
+    }
+}
+
+impl Vm {
+    /// Call `hook` from the VMM's main thread every few milliseconds while the VM runs (and
+    /// while it is paused), with what it may do to the VM: how a control API's requests reach
+    /// the VM.
+    pub fn with_control(mut self, hook: impl FnMut(&VmControl) + Send + 'static) -> Vm {
+        self.control_hook = Some(Box::new(hook));
+        self
     }
 
     /// Write a snapshot of the paused VM into `dir`; the bytes written.

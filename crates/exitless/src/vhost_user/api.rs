@@ -93,12 +93,12 @@ impl Control {
     fn answer(&self, request: Request) -> Response {
         let (reply, answer) = mpsc::sync_channel(1);
         if self.calls.send(Call { request, reply }).is_err() {
-            return error(503, "the daemon is stopping");
+            return error(503, "the process is stopping");
         }
         let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
-        answer.recv_timeout(CONTROL_TIME).unwrap_or_else(|_| {
-            error(503, format!("the daemon did not answer within {} s", CONTROL_TIME.as_secs()))
-        })
+        answer
+            .recv_timeout(CONTROL_TIME)
+            .unwrap_or_else(|_| error(503, format!("no answer within {} s", CONTROL_TIME.as_secs())))
     }
 }
 

@@ -9,7 +9,7 @@
 //! - [`stats`]: `--stats-interval` lines.
 //! - [`api`], [`routes`], [`prometheus`]: `--api-socket`, the control API.
 
-mod api;
+pub mod api;
 mod disks;
 mod placement;
 mod prometheus;

@@ -1,0 +1,106 @@
+//! `exitless run --api-socket`: Cloud Hypervisor's verbs for a running VM, over the same
+//! bounded HTTP thread the vhost-user daemon's API uses ([`crate::vhost_user::api`]):
+//! `PUT /api/v1/vm.pause`, `PUT /api/v1/vm.resume` and `PUT /api/v1/vm.snapshot` with
+//! `{"destination_url": "file:///DIR"}` (of a paused VM). The VMM's main thread answers them
+//! on its control tick; the data plane never waits for either thread.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver};
+
+use api_http::{Method, Request, Response};
+use sandbox::{Filter, SeccompMode, ThreadKind};
+use vmm::{ControlError, VmControl};
+
+use crate::vhost_user::api::{error, Api, Call};
+
+/// The API's thread, and how to stop it once the VM has ended.
+pub struct VmApi {
+    api: Api,
+    stop: File,
+}
+
+/// Listen on `path`; the returned hook (for `Vm::with_control`) answers what arrives.
+pub fn start(path: &Path, seccomp: SeccompMode) -> Result<(VmApi, impl FnMut(&VmControl) + Send), String> {
+    let event = || -> std::io::Result<OwnedFd> {
+        // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let eventfd_error = |e: std::io::Error| format!("--api-socket: cannot make an eventfd: {e}");
+    let stop = event().map_err(eventfd_error)?;
+    // The main thread looks for requests on every control tick; the wake-up is not needed.
+    let wake = File::from(event().map_err(eventfd_error)?);
+    let (sender, calls) = mpsc::sync_channel(16);
+    let filter = Filter::new(ThreadKind::VmmApi, seccomp).map_err(|e| e.to_string())?;
+    let stop_writer = File::from(stop.try_clone().map_err(eventfd_error)?);
+    let api = Api::start(path, stop, filter, sender, wake)?;
+    log::info!("control API on {}", path.display());
+    Ok((VmApi { api, stop: stop_writer }, move |vm: &VmControl| answer_all(&calls, vm)))
+}
+
+impl VmApi {
+    /// Stop the API's thread (the VM has ended) and wait for it.
+    pub fn stop(mut self) {
+        let _ = self.stop.write_all(&1u64.to_ne_bytes());
+        self.api.join();
+    }
+}
+
+fn answer_all(calls: &Receiver<Call>, vm: &VmControl) {
+    while let Ok(Call { request, reply }) = calls.try_recv() {
+        let _ = reply.send(route(&request, vm));
+    }
+}
+
+fn route(request: &Request, vm: &VmControl) -> Response {
+    let verb = match request.path.as_str() {
+        "/api/v1/vm.pause" => "pause",
+        "/api/v1/vm.resume" => "resume",
+        "/api/v1/vm.snapshot" => "snapshot",
+        other => return error(404, format!("no such endpoint: {other} (vm.pause, vm.resume, vm.snapshot)")),
+    };
+    if request.method != Method::Put {
+        return error(405, format!("/api/v1/vm.{verb} takes PUT"));
+    }
+    let outcome = match verb {
+        "pause" => vm.pause().map(|took| log::info!("paused in {:.3} ms", took.as_secs_f64() * 1e3)),
+        "resume" => vm.resume().map(|took| log::info!("resumed in {:.3} ms", took.as_secs_f64() * 1e3)),
+        _ => {
+            let dir = match destination(&request.body) {
+                Ok(dir) => dir,
+                Err(message) => return error(400, message),
+            };
+            vm.snapshot(&dir).map(|(bytes, took)| {
+                log::info!(
+                    "snapshot written to {}: {bytes} bytes in {:.3} ms",
+                    dir.display(),
+                    took.as_secs_f64() * 1e3
+                )
+            })
+        }
+    };
+    match outcome {
+        Ok(()) => Response::empty(204),
+        Err(e @ (ControlError::AlreadyPaused | ControlError::NotPaused)) => error(409, e),
+        Err(e) => error(500, e),
+    }
+}
+
+/// The directory of a vm.snapshot body, `{"destination_url": "file:///DIR"}`.
+fn destination(body: &[u8]) -> Result<std::path::PathBuf, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        destination_url: String,
+    }
+    let body: Body = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not {{\"destination_url\": \"file:///DIR\"}}: {e}"))?;
+    vmm::snapshot::dir_from_url(&body.destination_url).map_err(|e| e.to_string())
+}
