@@ -14,26 +14,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use common::api::http;
 use common::daemon::Daemon;
 use common::qemu::Qemu;
 use common::{line_with, stderr};
-
-/// One HTTP request on its own connection: the status and the body.
-fn http(api: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let mut stream = UnixStream::connect(api).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let body = body.unwrap_or("");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer:?}"));
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{head}"));
-    (status, body.to_owned())
-}
 
 fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))

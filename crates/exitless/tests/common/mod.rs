@@ -1,6 +1,7 @@
 //! Helpers for the tests that run the `exitless` binary against real KVM (and QEMU).
 #![allow(dead_code)]
 
+pub mod api;
 pub mod console;
 pub mod daemon;
 pub mod disks;

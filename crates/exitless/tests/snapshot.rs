@@ -1,0 +1,341 @@
+//! Pause, resume, snapshot and restore of `exitless run` on real KVM: the probe guest's verify
+//! workload on a file disk is paused mid-run through the control API (Cloud Hypervisor's
+//! verbs), snapshotted, its process killed, and restored in a new process, where the verify
+//! goes on and passes; the disk file holds the pattern. A pause and resume alone keeps verify
+//! passing. A corrupt or truncated snapshot is refused with a one-line error. The snapshot's
+//! size and the pause, snapshot and restore times are printed, not asserted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::api::http;
+use common::{exitless_within, line_with, one_at_a_time, stderr};
+use serde_json::Value;
+
+/// Blocks the verify writes and reads back (the disk is exactly this big): long enough that
+/// the pause lands mid-run.
+const BLOCKS: u64 = 16384;
+/// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
+const RUN_LIMIT: Duration = Duration::from_secs(180);
+
+fn verify_cmdline(seed: u64, qd: u32) -> String {
+    // A long per-request timeout: a pause freezes the guest's requests, not its clock.
+    format!(
+        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.seed={seed} probe.timeout_ms=60000"
+    )
+}
+
+/// A running `exitless run` with its output going to files in `dir`.
+struct Vm {
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    api: PathBuf,
+}
+
+impl Vm {
+    fn start(dir: &Path, name: &str, args: &[&str]) -> Vm {
+        let stdout = dir.join(format!("{name}.out"));
+        let stderr = dir.join(format!("{name}.err"));
+        let api = dir.join(format!("{name}.sock"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(args)
+            .arg("--api-socket")
+            .arg(&api)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start exitless");
+        let started = Instant::now();
+        while !api.exists() {
+            let ended = child.try_wait().unwrap();
+            assert!(
+                ended.is_none() && started.elapsed() < RUN_LIMIT,
+                "no API socket; stderr: {}",
+                read(&stderr)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Vm { child, stdout, stderr, api }
+    }
+
+    fn put(&self, verb: &str, body: Option<&str>) -> (u16, String) {
+        http(&self.api, "PUT", &format!("/api/v1/vm.{verb}"), body)
+    }
+
+    /// Wait for the process to end; its status code, standard output and error.
+    fn wait(mut self) -> (Option<i32>, String, String) {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > RUN_LIMIT {
+                let _ = self.child.kill();
+                panic!("exitless did not end; stderr: {}", read(&self.stderr));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status.code(), read(&self.stdout), read(&self.stderr))
+    }
+
+    fn kill(mut self) -> (String, String) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        (read(&self.stdout), read(&self.stderr))
+    }
+}
+
+fn read(path: &Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
+
+/// A disk of exactly `BLOCKS` 4 KiB blocks.
+fn disk(dir: &Path) -> PathBuf {
+    let path = dir.join("disk");
+    std::fs::File::create(&path).unwrap().set_len(BLOCKS * 4096).unwrap();
+    path
+}
+
+/// Wait until the guest has written its first block: the verify is under way.
+fn wait_for_first_write(disk: &Path, vm: &Vm) {
+    let started = Instant::now();
+    let mut first = [0u8; 4096];
+    loop {
+        std::io::Read::read_exact(&mut std::fs::File::open(disk).unwrap(), &mut first).unwrap();
+        if first.iter().any(|&b| b != 0) {
+            return;
+        }
+        assert!(started.elapsed() < RUN_LIMIT, "the guest never wrote; stderr: {}", read(&vm.stderr));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The probe's verify result from standard output.
+fn blk_result(stdout: &str) -> Option<Value> {
+    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
+}
+
+fn assert_verify_passed(stdout: &str, stderr: &str, what: &str) {
+    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
+    assert_eq!(result["mismatches"], 0, "{what}: {result}");
+    assert_eq!(result["errors"], 0, "{what}: {result}");
+    assert_eq!(result["blocks"], BLOCKS, "{what}: {result}");
+}
+
+/// The milliseconds a log line `... <what> ... in X ms` gives, for the report.
+fn logged_ms(stderr: &str, what: &str) -> String {
+    stderr
+        .lines()
+        .find(|l| l.contains(what))
+        .and_then(|l| l.rsplit(" in ").next())
+        .map_or("?".into(), |t| t.trim().to_string())
+}
+
+#[test]
+fn a_vm_paused_mid_verify_snapshotted_killed_and_restored_finishes_its_verify() {
+    let _one = one_at_a_time();
+    for (i, mode) in ["trap", "eventfd", "exitless"].into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let seed = 2200 + i as u64;
+        let disk_arg = format!("path={},direct", disk.display());
+        let cmdline = verify_cmdline(seed, 8);
+        let args =
+            ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
+        let first = Vm::start(dir.path(), "first", &args);
+        wait_for_first_write(&disk, &first);
+
+        let snap = dir.path().join("snap");
+        assert_eq!(first.put("pause", None).0, 204, "{mode}: pause");
+        let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
+        let (status, answer) = first.put("snapshot", Some(&body));
+        assert_eq!(status, 204, "{mode}: snapshot: {answer}");
+        let (stdout, first_err) = first.kill();
+        assert!(
+            blk_result(&stdout).is_none(),
+            "{mode}: the verify ended before the pause; make BLOCKS larger"
+        );
+
+        let restored = Vm::start(
+            dir.path(),
+            "restored",
+            &["run", "--restore", &format!("source_url=file://{}", snap.display())],
+        );
+        let (code, stdout, restored_err) = restored.wait();
+        assert_eq!(code, Some(0), "{mode}: the restored guest's status; stderr: {restored_err}");
+        assert_verify_passed(&stdout, &restored_err, mode);
+        common::assert_holds_only_pattern(&disk, seed, BLOCKS);
+
+        let size = std::fs::metadata(snap.join("memory")).unwrap().len()
+            + std::fs::metadata(snap.join("state.json")).unwrap().len();
+        println!(
+            "{mode}: snapshot {size} bytes (state.json {} bytes); paused in {}, snapshot written in {}, restored in {}",
+            std::fs::metadata(snap.join("state.json")).unwrap().len(),
+            logged_ms(&first_err, "paused"),
+            logged_ms(&first_err, "snapshot written"),
+            logged_ms(&restored_err, "restored from"),
+        );
+    }
+}
+
+#[test]
+fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
+    let _one = one_at_a_time();
+    for (i, mode) in ["eventfd", "sidecore"].into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let seed = 2300 + i as u64;
+        let disk_arg = format!("path={},direct", disk.display());
+        // One request at a time: a run long enough for the rounds below to land inside it.
+        let cmdline = verify_cmdline(seed, 1);
+        let args =
+            ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
+        let vm = Vm::start(dir.path(), "vm", &args);
+        wait_for_first_write(&disk, &vm);
+        let (status, body) = vm.put("resume", None);
+        assert_eq!(status, 409, "{mode}: resume of a running VM: {body}");
+        let (status, body) = vm.put("snapshot", Some(r#"{"destination_url": "file:///nonexistent"}"#));
+        assert_eq!(status, 409, "{mode}: snapshot of a running VM: {body}");
+        for round in 0..3 {
+            assert_eq!(vm.put("pause", None).0, 204, "{mode}: pause {round}");
+            let (status, body) = vm.put("pause", None);
+            assert_eq!(status, 409, "{mode}: a second pause: {body}");
+            // Paused: the guest makes no progress, whatever the wait.
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(vm.put("resume", None).0, 204, "{mode}: resume {round}");
+        }
+        let (code, stdout, err) = vm.wait();
+        assert_eq!(code, Some(0), "{mode}: stderr: {err}");
+        assert_verify_passed(&stdout, &err, mode);
+        common::assert_holds_only_pattern(&disk, seed, BLOCKS);
+        println!(
+            "{mode}: pauses took {:?}",
+            err.lines().filter(|l| l.contains("paused in")).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// `exitless run --restore` of `snap`, which must be refused with one line on standard error.
+fn assert_refused(snap: &Path, what: &str, expect: &str) {
+    let source = format!("source_url=file://{}", snap.display());
+    let out = exitless_within(RUN_LIMIT, &["run", "--restore", &source, "--timeout", "30"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{what}: restored; stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{what}: not one line: {err}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    assert!(err.contains(expect), "{what}: {err:?} does not say {expect:?}");
+    println!("{what}: {}", err.trim_end());
+}
+
+/// A change to a snapshot's state.
+type Edit = Box<dyn FnOnce(&mut Value)>;
+
+/// Copy the snapshot in `from` to `to`, its state changed by `edit`.
+fn edited(from: &Path, to: &Path, edit: impl FnOnce(&mut Value)) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::copy(from.join("memory"), to.join("memory")).unwrap();
+    let mut state: Value = serde_json::from_slice(&std::fs::read(from.join("state.json")).unwrap()).unwrap();
+    edit(&mut state);
+    std::fs::write(to.join("state.json"), serde_json::to_vec(&state).unwrap()).unwrap();
+}
+
+#[test]
+fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = disk(dir.path());
+    let disk_arg = format!("path={}", disk.display());
+    let cmdline = verify_cmdline(2400, 1);
+    let args = [
+        "run",
+        "--probe",
+        "--mem",
+        "64M",
+        "--disk",
+        &disk_arg,
+        "--io-mode",
+        "eventfd",
+        "--cmdline",
+        &cmdline,
+    ];
+    let vm = Vm::start(dir.path(), "vm", &args);
+    wait_for_first_write(&disk, &vm);
+    let snap = dir.path().join("snap");
+    assert_eq!(vm.put("pause", None).0, 204);
+    let (status, body) =
+        vm.put("snapshot", Some(&format!(r#"{{"destination_url": "file://{}"}}"#, snap.display())));
+    assert_eq!(status, 204, "{body}");
+    vm.kill();
+    let bad = |name: &str| dir.path().join(name);
+
+    // Guest memory one page short.
+    edited(&snap, &bad("short-memory"), |_| {});
+    let memory = std::fs::OpenOptions::new().write(true).open(bad("short-memory").join("memory")).unwrap();
+    memory.set_len(memory.metadata().unwrap().len() - 4096).unwrap();
+    assert_refused(&bad("short-memory"), "a truncated memory file", "bytes");
+
+    // The state file cut in half, and one that is not JSON at all.
+    std::fs::create_dir_all(bad("half-state")).unwrap();
+    std::fs::copy(snap.join("memory"), bad("half-state").join("memory")).unwrap();
+    let state = std::fs::read(snap.join("state.json")).unwrap();
+    std::fs::write(bad("half-state").join("state.json"), &state[..state.len() / 2]).unwrap();
+    assert_refused(&bad("half-state"), "a truncated state file", "not an exitless snapshot");
+    std::fs::write(bad("half-state").join("state.json"), b"\x00\xffgarbage").unwrap();
+    assert_refused(&bad("half-state"), "a state file of garbage", "not an exitless snapshot");
+
+    let cases: [(&str, &str, Edit); 7] = [
+        ("another version", "format version 99", Box::new(|s: &mut Value| s["version"] = 99.into())),
+        (
+            "a vCPU count that disagrees",
+            "vCPU states",
+            Box::new(|s: &mut Value| s["config"]["vcpus"] = 2.into()),
+        ),
+        (
+            "a queue outside guest memory",
+            "queue 0",
+            Box::new(|s: &mut Value| s["devices"][0]["transport"]["queues"][0]["desc"] = (1u64 << 40).into()),
+        ),
+        (
+            "a used index that disagrees with guest memory",
+            "used ring",
+            Box::new(|s: &mut Value| {
+                let next = s["devices"][0]["transport"]["queues"][0]["next_avail"].as_u64().unwrap();
+                s["devices"][0]["transport"]["queues"][0]["next_avail"] = ((next + 1) % 65536).into();
+            }),
+        ),
+        (
+            "registers one byte short",
+            "hex digits",
+            Box::new(|s: &mut Value| {
+                let regs = s["vcpus"][0]["regs"].as_str().unwrap().to_string();
+                s["vcpus"][0]["regs"] = regs[2..].into();
+            }),
+        ),
+        (
+            "a memory size that disagrees",
+            "bytes",
+            Box::new(|s: &mut Value| s["memory_bytes"] = (s["memory_bytes"].as_u64().unwrap() * 2).into()),
+        ),
+        (
+            "a device missing",
+            "device states",
+            Box::new(|s: &mut Value| s["devices"] = Value::Array(Vec::new())),
+        ),
+    ];
+    for (i, (what, expect, edit)) in cases.into_iter().enumerate() {
+        let to = bad(&format!("case{i}"));
+        edited(&snap, &to, edit);
+        assert_refused(&to, what, expect);
+    }
+    // And the snapshot itself, untouched, restores (the cases above were refused for their flaw).
+    let source = format!("source_url=file://{}", snap.display());
+    let out = exitless_within(RUN_LIMIT, &["run", "--restore", &source, "--timeout", "120"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = line_with(&out, "probe", "blk");
+    assert_eq!(result["mismatches"], 0, "{result}");
+}
