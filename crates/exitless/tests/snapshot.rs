@@ -115,6 +115,27 @@ fn wait_for_first_write(disk: &Path, vm: &Vm) {
     }
 }
 
+/// A VM running the probe's verify on a new file disk in `dir`, once it has begun writing; the
+/// disk's path.
+fn start_verify(dir: &Path, mode: &str, seed: u64, qd: u32) -> (Vm, PathBuf) {
+    let disk = disk(dir);
+    let disk_arg = format!("path={},direct", disk.display());
+    let cmdline = verify_cmdline(seed, qd);
+    let args =
+        ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
+    let vm = Vm::start(dir, "vm", &args);
+    wait_for_first_write(&disk, &vm);
+    (vm, disk)
+}
+
+/// Pause `vm` and snapshot it into `snap` through the API.
+fn pause_and_snapshot(vm: &Vm, snap: &Path) {
+    assert_eq!(vm.put("pause", None).0, 204, "pause");
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
+    let (status, answer) = vm.put("snapshot", Some(&body));
+    assert_eq!(status, 204, "snapshot: {answer}");
+}
+
 /// The probe's verify result from standard output.
 fn blk_result(stdout: &str) -> Option<Value> {
     stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
@@ -141,20 +162,10 @@ fn a_vm_paused_mid_verify_snapshotted_killed_and_restored_finishes_its_verify() 
     let _one = one_at_a_time();
     for (i, mode) in ["trap", "eventfd", "exitless"].into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
-        let disk = disk(dir.path());
         let seed = 2200 + i as u64;
-        let disk_arg = format!("path={},direct", disk.display());
-        let cmdline = verify_cmdline(seed, 8);
-        let args =
-            ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
-        let first = Vm::start(dir.path(), "first", &args);
-        wait_for_first_write(&disk, &first);
-
+        let (first, disk) = start_verify(dir.path(), mode, seed, 8);
         let snap = dir.path().join("snap");
-        assert_eq!(first.put("pause", None).0, 204, "{mode}: pause");
-        let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
-        let (status, answer) = first.put("snapshot", Some(&body));
-        assert_eq!(status, 204, "{mode}: snapshot: {answer}");
+        pause_and_snapshot(&first, &snap);
         let (stdout, first_err) = first.kill();
         assert!(
             blk_result(&stdout).is_none(),
@@ -188,15 +199,9 @@ fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
     let _one = one_at_a_time();
     for (i, mode) in ["eventfd", "sidecore"].into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
-        let disk = disk(dir.path());
         let seed = 2300 + i as u64;
-        let disk_arg = format!("path={},direct", disk.display());
         // One request at a time: a run long enough for the rounds below to land inside it.
-        let cmdline = verify_cmdline(seed, 1);
-        let args =
-            ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
-        let vm = Vm::start(dir.path(), "vm", &args);
-        wait_for_first_write(&disk, &vm);
+        let (vm, disk) = start_verify(dir.path(), mode, seed, 1);
         let (status, body) = vm.put("resume", None);
         assert_eq!(status, 409, "{mode}: resume of a running VM: {body}");
         let (status, body) = vm.put("snapshot", Some(r#"{"destination_url": "file:///nonexistent"}"#));
@@ -248,28 +253,9 @@ fn edited(from: &Path, to: &Path, edit: impl FnOnce(&mut Value)) {
 fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let disk = disk(dir.path());
-    let disk_arg = format!("path={}", disk.display());
-    let cmdline = verify_cmdline(2400, 1);
-    let args = [
-        "run",
-        "--probe",
-        "--mem",
-        "64M",
-        "--disk",
-        &disk_arg,
-        "--io-mode",
-        "eventfd",
-        "--cmdline",
-        &cmdline,
-    ];
-    let vm = Vm::start(dir.path(), "vm", &args);
-    wait_for_first_write(&disk, &vm);
+    let (vm, _) = start_verify(dir.path(), "eventfd", 2400, 1);
     let snap = dir.path().join("snap");
-    assert_eq!(vm.put("pause", None).0, 204);
-    let (status, body) =
-        vm.put("snapshot", Some(&format!(r#"{{"destination_url": "file://{}"}}"#, snap.display())));
-    assert_eq!(status, 204, "{body}");
+    pause_and_snapshot(&vm, &snap);
     vm.kill();
     let bad = |name: &str| dir.path().join(name);
 
