@@ -18,13 +18,16 @@ use serde_json::Value;
 /// Blocks the verify writes and reads back (the disk is exactly this big): long enough that
 /// the pause lands mid-run.
 const BLOCKS: u64 = 16384;
+/// The pause test's verify: longer still, and one request at a time, so that its pauses and
+/// resumes (a few milliseconds each, back to back) all land inside it with a wide margin.
+const LONG_BLOCKS: u64 = 65536;
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(180);
 
-fn verify_cmdline(seed: u64, qd: u32) -> String {
+fn verify_cmdline(seed: u64, qd: u32, blocks: u64) -> String {
     // A long per-request timeout: a pause freezes the guest's requests, not its clock.
     format!(
-        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.seed={seed} probe.timeout_ms=60000"
+        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.seed={seed} probe.timeout_ms=60000"
     )
 }
 
@@ -94,10 +97,10 @@ fn read(path: &Path) -> String {
     String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
 }
 
-/// A disk of exactly `BLOCKS` 4 KiB blocks.
-fn disk(dir: &Path) -> PathBuf {
+/// A disk of exactly `blocks` 4 KiB blocks.
+fn disk(dir: &Path, blocks: u64) -> PathBuf {
     let path = dir.join("disk");
-    std::fs::File::create(&path).unwrap().set_len(BLOCKS * 4096).unwrap();
+    std::fs::File::create(&path).unwrap().set_len(blocks * 4096).unwrap();
     path
 }
 
@@ -117,10 +120,10 @@ fn wait_for_first_write(disk: &Path, vm: &Vm) {
 
 /// A VM running the probe's verify on a new file disk in `dir`, once it has begun writing; the
 /// disk's path.
-fn start_verify(dir: &Path, mode: &str, seed: u64, qd: u32) -> (Vm, PathBuf) {
-    let disk = disk(dir);
+fn start_verify(dir: &Path, mode: &str, seed: u64, qd: u32, blocks: u64) -> (Vm, PathBuf) {
+    let disk = disk(dir, blocks);
     let disk_arg = format!("path={},direct", disk.display());
-    let cmdline = verify_cmdline(seed, qd);
+    let cmdline = verify_cmdline(seed, qd, blocks);
     let args =
         ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
     let vm = Vm::start(dir, "vm", &args);
@@ -141,11 +144,11 @@ fn blk_result(stdout: &str) -> Option<Value> {
     stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
 }
 
-fn assert_verify_passed(stdout: &str, stderr: &str, what: &str) {
+fn assert_verify_passed(stdout: &str, stderr: &str, what: &str, blocks: u64) {
     let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
     assert_eq!(result["mismatches"], 0, "{what}: {result}");
     assert_eq!(result["errors"], 0, "{what}: {result}");
-    assert_eq!(result["blocks"], BLOCKS, "{what}: {result}");
+    assert_eq!(result["blocks"], blocks, "{what}: {result}");
 }
 
 /// The milliseconds a log line `... <what> ... in X ms` gives, for the report.
@@ -163,7 +166,7 @@ fn a_vm_paused_mid_verify_snapshotted_killed_and_restored_finishes_its_verify() 
     for (i, mode) in ["trap", "eventfd", "exitless"].into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let seed = 2200 + i as u64;
-        let (first, disk) = start_verify(dir.path(), mode, seed, 8);
+        let (first, disk) = start_verify(dir.path(), mode, seed, 8, BLOCKS);
         let snap = dir.path().join("snap");
         pause_and_snapshot(&first, &snap);
         let (stdout, first_err) = first.kill();
@@ -179,7 +182,7 @@ fn a_vm_paused_mid_verify_snapshotted_killed_and_restored_finishes_its_verify() 
         );
         let (code, stdout, restored_err) = restored.wait();
         assert_eq!(code, Some(0), "{mode}: the restored guest's status; stderr: {restored_err}");
-        assert_verify_passed(&stdout, &restored_err, mode);
+        assert_verify_passed(&stdout, &restored_err, mode, BLOCKS);
         common::assert_holds_only_pattern(&disk, seed, BLOCKS);
 
         let size = std::fs::metadata(snap.join("memory")).unwrap().len()
@@ -200,24 +203,21 @@ fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
     for (i, mode) in ["eventfd", "sidecore"].into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let seed = 2300 + i as u64;
-        // One request at a time: a run long enough for the rounds below to land inside it.
-        let (vm, disk) = start_verify(dir.path(), mode, seed, 1);
+        let (vm, disk) = start_verify(dir.path(), mode, seed, 1, LONG_BLOCKS);
         let (status, body) = vm.put("resume", None);
         assert_eq!(status, 409, "{mode}: resume of a running VM: {body}");
         let (status, body) = vm.put("snapshot", Some(r#"{"destination_url": "file:///nonexistent"}"#));
         assert_eq!(status, 409, "{mode}: snapshot of a running VM: {body}");
-        for round in 0..3 {
+        for round in 0..5 {
             assert_eq!(vm.put("pause", None).0, 204, "{mode}: pause {round}");
             let (status, body) = vm.put("pause", None);
             assert_eq!(status, 409, "{mode}: a second pause: {body}");
-            // Paused: the guest makes no progress, whatever the wait.
-            std::thread::sleep(Duration::from_millis(100));
             assert_eq!(vm.put("resume", None).0, 204, "{mode}: resume {round}");
         }
         let (code, stdout, err) = vm.wait();
         assert_eq!(code, Some(0), "{mode}: stderr: {err}");
-        assert_verify_passed(&stdout, &err, mode);
-        common::assert_holds_only_pattern(&disk, seed, BLOCKS);
+        assert_verify_passed(&stdout, &err, mode, LONG_BLOCKS);
+        common::assert_holds_only_pattern(&disk, seed, LONG_BLOCKS);
         println!(
             "{mode}: pauses took {:?}",
             err.lines().filter(|l| l.contains("paused in")).collect::<Vec<_>>()
@@ -253,9 +253,12 @@ fn edited(from: &Path, to: &Path, edit: impl FnOnce(&mut Value)) {
 fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let (vm, _) = start_verify(dir.path(), "eventfd", 2400, 1);
+    let (vm, _) = start_verify(dir.path(), "eventfd", 2400, 1, BLOCKS);
     let snap = dir.path().join("snap");
     pause_and_snapshot(&vm, &snap);
+    // A second snapshot over the first replaces it whole.
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
+    assert_eq!(vm.put("snapshot", Some(&body)).0, 204, "a snapshot over another");
     vm.kill();
     let bad = |name: &str| dir.path().join(name);
 

@@ -38,10 +38,12 @@ const VM_STATE_READS: &[u64] = &[
     ioc_read(0xae, 0x7c, std::mem::size_of::<kvm_bindings::kvm_clock_data>()),
 ];
 
-/// Writing a snapshot directory: create it and its files, write, sync, rename the state file
-/// into place (std's create_dir_all looks at the path first).
+/// Writing a snapshot directory: create it and its files, remove an older state file, write,
+/// sync, rename the new state file into place (std's create_dir_all looks at the path first).
 const SNAPSHOT_FILES: &[i64] = &[
     libc::SYS_openat,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
     libc::SYS_mkdirat,
     libc::SYS_mkdir,
     libc::SYS_statx,
@@ -229,9 +231,10 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             );
             // A vhost-user disk's daemon is told the rings stop as the VM goes.
             allow(&mut rules, VHOST_USER_FRONTEND);
-            // Pause (drains the devices, as at the end) and snapshot (the VM's state, files).
+            // Pause: the devices' workers drained here, whose completions raise interrupts;
+            // snapshot: the VM's state, and the files.
             allow(&mut rules, SNAPSHOT_FILES);
-            one_of(&mut rules, libc::SYS_ioctl, 1, VM_STATE_READS)?;
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[&[KVM_IRQ_LINE], VM_STATE_READS].concat())?;
         }
         // Waits on the stop signal's descriptor.
         ThreadKind::StopWatchdog => allow(&mut rules, &[libc::SYS_poll]),

@@ -305,10 +305,7 @@ impl MmioTransport {
         let mut queues = Vec::with_capacity(self.queues.len());
         for (index, state) in self.queues.iter().enumerate() {
             if !state.ready {
-                return Err(StateError::Queue {
-                    queue: index,
-                    source: crate::queue::QueueError::BadRing("unready"),
-                });
+                return Err(StateError::QueueNotReady(index));
             }
             let mut queue = Queue::new(&self.mem, state.config, event_idx)
                 .map_err(|source| StateError::Queue { queue: index, source })?

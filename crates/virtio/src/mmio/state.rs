@@ -70,6 +70,8 @@ pub enum StateError {
     QueueCount { saved: usize, here: usize },
     #[error("queue {queue}: size {size} is larger than the device's {max}")]
     QueueSize { queue: usize, size: u16, max: u16 },
+    #[error("queue {0} was not made ready before the driver set DRIVER_OK")]
+    QueueNotReady(usize),
     #[error("queue {queue}: {source}")]
     Queue { queue: usize, source: QueueError },
     #[error("queue {queue}: the snapshot says the device took {saved} requests but the used ring in guest memory says {in_memory}")]

@@ -245,3 +245,57 @@ fn configuration_writes_reach_the_device_which_takes_only_what_it_offers() {
     transport.read(CONFIG, &mut capacity);
     assert_eq!(u64::from_le_bytes(capacity), DISK / 512, "the capacity is not the driver's");
 }
+
+/// A second transport over `rig`'s guest memory, on a disk of `disk` bytes: a restore's target.
+fn restore_target(rig: &Rig, disk: u64) -> (MmioTransport, tempfile::TempPath) {
+    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let device = Block::new(Box::new(RamDisk::create(&path, disk).unwrap()), "mmio-test");
+    let stats = Arc::new(DeviceStats::new("virtio-blk 0"));
+    (MmioTransport::new(Box::new(device), rig.mem.clone(), Runner::OnNotify, None, stats), path)
+}
+
+#[test]
+fn a_paused_transport_saves_and_a_new_one_restored_from_it_serves_on() {
+    let mut rig = rig();
+    let features = rig.features();
+    rig.set_up(features, DESC);
+    rig.request(VIRTIO_BLK_T_OUT, 16);
+    assert!(matches!(rig.transport.save(), Err(StateError::NotPaused)));
+    rig.transport.pause().unwrap();
+    let saved = rig.transport.save().unwrap();
+    assert_eq!(saved.queues[0].next_avail, 1);
+    assert_eq!(saved.driver_features, features);
+
+    let (mut restored, _disk) = restore_target(&rig, DISK);
+    restored.restore(&saved).unwrap();
+    restored.resume();
+    rig.transport = restored;
+    rig.request(VIRTIO_BLK_T_IN, 16);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (2, VIRTIO_BLK_S_OK));
+    assert_eq!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+}
+
+#[test]
+fn a_restore_that_disagrees_with_the_device_or_guest_memory_is_refused() {
+    let mut rig = rig();
+    let features = rig.features();
+    rig.set_up(features, DESC);
+    rig.request(VIRTIO_BLK_T_OUT, 16);
+    rig.transport.pause().unwrap();
+    let saved = rig.transport.save().unwrap();
+    let refused = |edit: &dyn Fn(&mut TransportState), disk: u64| {
+        let mut state = saved.clone();
+        edit(&mut state);
+        let (mut target, _disk) = restore_target(&rig, disk);
+        target.restore(&state).unwrap_err()
+    };
+    assert!(matches!(refused(&|s| s.device_id = 1, DISK), StateError::DeviceType { .. }));
+    assert!(matches!(refused(&|s| s.queues.push(s.queues[0]), DISK), StateError::QueueCount { .. }));
+    assert!(matches!(refused(&|s| s.queues[0].size = 512, DISK), StateError::QueueSize { .. }));
+    assert!(matches!(refused(&|s| s.queues[0].used = MEM as u64, DISK), StateError::Queue { .. }));
+    assert!(matches!(refused(&|s| s.queues[0].next_avail = 7, DISK), StateError::UsedIndex { .. }));
+    assert!(matches!(refused(&|s| s.queues[0].ready = false, DISK), StateError::QueueNotReady(0)));
+    assert!(matches!(refused(&|s| s.driver_features = u64::MAX, DISK), StateError::Features { .. }));
+    assert!(matches!(refused(&|s| s.config.truncate(10), DISK), StateError::Config(_)));
+    assert!(matches!(refused(&|_| {}, 2 * DISK), StateError::ConfigDiffers { offset: 0..=7, .. }));
+}

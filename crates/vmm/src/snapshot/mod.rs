@@ -162,13 +162,20 @@ impl Snapshot {
             move |source| SnapshotError::File { what, path, source }
         };
         std::fs::create_dir_all(dir).map_err(file_err("create", dir))?;
+        // An older snapshot's state goes first: it must never sit beside this one's memory.
+        let state_path = dir.join(STATE_FILE);
+        match std::fs::remove_file(&state_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(file_err("remove", &state_path)(e))
+            }
+            _ => {}
+        }
         let memory_path = dir.join(MEMORY_FILE);
         let mut memory = File::create(&memory_path).map_err(file_err("create", &memory_path))?;
         for region in mem.iter() {
             mem.write_all_volatile_to(region.start_addr(), &mut memory, region.len() as usize)?;
         }
         memory.sync_all().map_err(file_err("write", &memory_path))?;
-        let state_path = dir.join(STATE_FILE);
         let partial = dir.join(".state.json.partial");
         let text = serde_json::to_vec(self).map_err(|e| SnapshotError::Unsupported(e.to_string()))?;
         let mut file = File::create(&partial).map_err(file_err("create", &partial))?;
