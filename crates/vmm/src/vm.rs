@@ -651,8 +651,16 @@ impl VmControl<'_> {
         }
         let started = Instant::now();
         let vm = self.vm;
+        // Devices first: a drain's completions raise interrupts, which must reach the local
+        // APICs before the vCPUs park and read them (else the IOAPIC's state, read later, says
+        // an interrupt is in service that no LAPIC has). Requests the guest adds meanwhile wait
+        // in their rings (a trap-mode notification is served in its exit, as always).
+        let drained = vm.bus.virtio.pause().map_err(|(index, source)| {
+            let slot = &vm.bus.virtio.slots[index];
+            SnapshotError::Device { kind: slot.kind.to_string(), index: slot.index, source }
+        });
         vm.control.pause.request();
-        let result = (|| {
+        let result = drained.and_then(|()| {
             loop {
                 let parked = vm.control.pause.parked(self.threads.len(), KICK_INTERVAL);
                 if parked.iter().all(|&p| p) {
@@ -666,11 +674,8 @@ impl VmControl<'_> {
                     let _ = thread.kill(SIGRTMIN());
                 }
             }
-            vm.bus.virtio.pause().map_err(|(index, source)| {
-                let slot = &vm.bus.virtio.slots[index];
-                SnapshotError::Device { kind: slot.kind.to_string(), index: slot.index, source }
-            })
-        })();
+            Ok(())
+        });
         if let Err(e) = result {
             // Half paused is no state to leave a VM in.
             vm.bus.virtio.resume();
