@@ -3,7 +3,8 @@
 //! ends the connection, and the next one gets a new session), with real descriptors attached:
 //! memfds for memory tables, eventfds, pipes (one with its reader gone), sockets, /dev/null, and
 //! sealed memfds of arbitrary contents as in-flight regions (SET_INFLIGHT_FD), which the next
-//! ring to start recovers from.
+//! ring to start recovers from, and as dirty logs (SET_LOG_BASE, of plausible and arbitrary
+//! sizes and offsets), with SET_LOG_FD and VHOST_VRING_F_LOG rings.
 //! Between messages the frontend's guest posts virtio-blk requests in the shared memory, and the
 //! running rings' workers are polled. Nothing may panic; after a poll nothing is left in flight
 //! (RAM disks); when a connection ends, every ring it started has been stopped.
@@ -20,7 +21,8 @@ use libfuzzer_sys::fuzz_target;
 use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
 use vhost_user::{Session, VhostUserBlk};
 use vhost_user_protocol::message::{
-    code, Header, InflightInfo, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD,
+    code, Header, InflightInfo, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_F_LOG,
+    VRING_NOFD,
 };
 use virtio::block::Block;
 use virtio::{QueueWorker, WorkerHost};
@@ -193,14 +195,20 @@ fn message(
                 _ => queue_config(u, u64::from(index.min(1)))?.0,
             };
             let frontend = |addr: u64| FRONTEND_BASE.wrapping_add(addr);
-            let flags = if u.ratio(1, 8)? { u.arbitrary()? } else { 0 };
+            let flags = match u.int_in_range(0..=7)? {
+                0 => u.arbitrary()?,
+                1 | 2 => VRING_F_LOG,
+                _ => 0,
+            };
+            // The used ring's guest address, as QEMU gives it for logging, or anything.
+            let log = if u.ratio(1, 8)? { u.arbitrary()? } else { config.used };
             let addr = VringAddr {
                 index,
                 flags,
                 desc: frontend(config.desc),
                 used: frontend(config.used),
                 avail: frontend(config.avail),
-                log: 0,
+                log,
             };
             payload.extend_from_slice(&addr.to_bytes());
         }
@@ -267,6 +275,19 @@ fn message(
                 });
             }
         }
+        code::SET_LOG_BASE => {
+            // Enough for the memfd's guest memory (a bit per 4 KiB page), or anything.
+            let size: u64 = match u.int_in_range(0..=7)? {
+                0 => u.arbitrary()?,
+                1 => u.int_in_range(0..=8)?,
+                _ => 0x1000,
+            };
+            let offset: u64 = if u.ratio(1, 8)? { u.arbitrary()? } else { 0 };
+            payload.extend_from_slice(&size.to_le_bytes());
+            payload.extend_from_slice(&offset.to_le_bytes());
+            fds.push(if u.ratio(1, 8)? { descriptor(u, memfd, false)? } else { inflight_region(u, 0x1000)? });
+        }
+        code::SET_LOG_FD => fds.push(descriptor(u, memfd, false)?),
         code::GET_CONFIG => {
             let offset: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=64)? };
             let size: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=64)? };

@@ -323,6 +323,18 @@ pub enum Request {
     SetOwner,
     /// RESET_OWNER: deprecated; see [`code::RESET_OWNER`].
     ResetOwner,
+    /// SET_LOG_BASE: the dirty log for a live migration, with the descriptor of the memory file
+    /// it lies in (VHOST_USER_PROTOCOL_F_LOG_SHMFD).
+    SetLogBase {
+        /// How many bytes of the file the log takes.
+        mmap_size: u64,
+        /// Where in the file it starts.
+        mmap_offset: u64,
+        /// The log's memory file.
+        fd: OwnedFd,
+    },
+    /// SET_LOG_FD: an eventfd the backend may signal after it wrote the log.
+    SetLogFd(OwnedFd),
     /// SET_MEM_TABLE: the guest's memory, each region with the descriptor of the file it lies
     /// in (1 to [`MAX_REGIONS`] of them).
     SetMemTable(Vec<(MemoryRegion, OwnedFd)>),
@@ -412,6 +424,7 @@ pub fn has_own_reply(code: u32) -> bool {
             | code::GET_QUEUE_NUM
             | code::GET_CONFIG
             | code::GET_INFLIGHT_FD
+            | code::SET_LOG_BASE
     )
 }
 
@@ -547,6 +560,19 @@ impl Message {
                 Request::GetConfig { offset, size: config_size, flags }
             }
             GET_INFLIGHT_FD => Request::GetInflightFd(InflightInfo::from_payload(payload)),
+            SET_LOG_BASE => {
+                // {mmap_size u64, mmap_offset u64}, and the log's descriptor.
+                size(16)?;
+                fd_count(&fds, 1)?;
+                let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
+                Request::SetLogBase { mmap_size: u64_at(payload, 0), mmap_offset: u64_at(payload, 8), fd }
+            }
+            SET_LOG_FD => {
+                size(0)?;
+                fd_count(&fds, 1)?;
+                let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
+                Request::SetLogFd(fd)
+            }
             SET_INFLIGHT_FD => {
                 size(INFLIGHT_INFO_LEN)?;
                 fd_count(&fds, 1)?;
@@ -554,7 +580,7 @@ impl Message {
                 let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
                 Request::SetInflightFd(info, fd)
             }
-            // Known requests for features this backend does not offer (logging, IOTLB, RARP,
+            // Known requests for features this backend does not offer (IOTLB, RARP,
             // MTU, backend requests, cross-endian, writable config, crypto, postcopy, GPU,
             // reset, in-band kicks, memory slots, status).
             _ => return Err(Error::Unsupported(name)),
@@ -768,7 +794,16 @@ mod tests {
         assert!(matches!(parse(0, 1, &[], 0), Err(Error::UnknownRequest(0))));
         assert!(matches!(parse(41, 1, &[], 0), Err(Error::UnknownRequest(41))));
         assert!(matches!(parse(u32::MAX, 1, &[], 0), Err(Error::UnknownRequest(_))));
-        assert!(matches!(parse(SET_LOG_BASE, 1, &[0; 16], 1), Err(Error::Unsupported("SET_LOG_BASE"))));
+        assert!(matches!(
+            parse(SET_LOG_BASE, 1, &[0; 16], 1),
+            Ok(Message { request: Request::SetLogBase { .. }, .. })
+        ));
+        assert!(matches!(parse(SET_LOG_BASE, 1, &[0; 16], 0), Err(Error::BadFdCount { .. })));
+        assert!(matches!(parse(SET_LOG_BASE, 1, &[0; 8], 1), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(SET_LOG_FD, 1, &[], 1), Ok(Message { request: Request::SetLogFd(_), .. })));
+        assert!(matches!(parse(SET_LOG_FD, 1, &[], 2), Err(Error::BadFdCount { .. })));
+        assert!(matches!(parse(SET_LOG_FD, 1, &[0; 8], 1), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(IOTLB_MSG, 1, &[], 0), Err(Error::Unsupported("IOTLB_MSG"))));
         // Kick with and without a descriptor.
         let kick = |value: u64, fds| parse(SET_VRING_KICK, 1, &value.to_le_bytes(), fds);
         assert!(matches!(

@@ -45,6 +45,20 @@ pub enum Error {
     #[error("{0} before VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD was negotiated")]
     InflightNotNegotiated(&'static str),
 
+    // The dirty log (live migration).
+    #[error("dirty log (SET_LOG_BASE): {0}")]
+    BadLog(String),
+    #[error("dirty log: {what} failed: {source}")]
+    Log { what: &'static str, source: io::Error },
+    #[error("{0} before VHOST_USER_PROTOCOL_F_LOG_SHMFD was negotiated")]
+    LogNotNegotiated(&'static str),
+    #[error(
+        "the dirty log covers guest-physical addresses below {covers:#x}, but guest memory reaches {needed:#x}"
+    )]
+    LogTooSmall { covers: u64, needed: u64 },
+    #[error("SET_LOG_FD: the descriptor is not an eventfd (it is {found})")]
+    LogFdNotEventFd { found: String },
+
     // Rings.
     #[error("vring index {index}: this device has {queues} queues")]
     BadVringIndex { index: u64, queues: usize },
@@ -60,8 +74,8 @@ pub enum Error {
     Unmapped { index: usize, what: &'static str, addr: u64 },
     #[error("vring {index}: {source}")]
     BadQueue { index: usize, source: QueueError },
-    #[error("vring {index}: the frontend asked for logging (VHOST_VRING_F_LOG), which was not offered")]
-    LogNotOffered { index: usize },
+    #[error("vring {index}: flags {flags:#x} has bits besides VHOST_VRING_F_LOG (0)")]
+    BadVringFlags { index: usize, flags: u32 },
     #[error("vring {index}: cannot start it: {source}")]
     Start { index: usize, source: ActivateError },
     #[error("vring {0}: the IOCore did not hand its worker back; the queue's backend is lost")]

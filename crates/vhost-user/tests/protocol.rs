@@ -300,9 +300,9 @@ const CASES: &[Case] = &[
     ("request code 0", true, |f| f.send_flags(0, VERSION, &[], &[])),
     ("reply flag in a request", true, |f| f.send_flags(code::GET_FEATURES, VERSION | FLAG_REPLY, &[], &[])),
     ("protocol version 2", true, |f| f.send_flags(code::GET_FEATURES, 2, &[], &[])),
-    ("request not offered (logging)", true, |f| {
+    ("request not offered (IOTLB)", true, |f| {
         f.negotiate(FEATURES);
-        f.send(code::SET_LOG_BASE, &[0; 16], &[f.mem.file.as_raw_fd()]);
+        f.send(code::IOTLB_MSG, &[0; 16], &[]);
     }),
     ("virtio features not offered", true, |f| {
         f.negotiate(FEATURES);
@@ -474,4 +474,167 @@ fn the_socket_path_is_replaced_only_when_it_is_a_stale_socket() {
     assert!(matches!(Server::bind(&stale), Err(Error::SocketInUse { .. })), "a live one is not");
     drop(server);
     assert!(!Path::new(&stale).exists(), "the server removes its socket");
+}
+
+/// Bytes of dirty log for the test's guest memory (up to 1 GiB + 1 MiB, a bit per 4 KiB).
+const LOG_LEN: usize = ((REGION_B_GPA + MIB) / 4096 / 8) as usize;
+
+/// Connect with LOG_SHMFD, map memory, start vring 0, and share `log` (SET_LOG_BASE, whose
+/// reply QEMU waits for).
+fn ready_with_log(backend: &TestBackend, log: &DirtyLogFile) -> Frontend {
+    let mut frontend = Frontend::connect(&backend.socket);
+    let offered = frontend.negotiate_protocol(FEATURES, P_MQ | P_REPLY_ACK | P_CONFIG | P_LOG_SHMFD);
+    assert_ne!(offered & F_LOG_ALL, 0, "VHOST_F_LOG_ALL offered");
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    frontend.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[log.file.as_raw_fd()]);
+    assert_eq!(frontend.reply(code::SET_LOG_BASE), 0u64.to_le_bytes(), "SET_LOG_BASE's reply");
+    frontend
+}
+
+/// Logging on or off while the ring runs, as QEMU switches it when a migration starts or ends:
+/// SET_FEATURES with or without LOG_ALL, then SET_VRING_ADDR with or without VHOST_VRING_F_LOG.
+fn set_logging(frontend: &Frontend, on: bool) {
+    let features = FEATURES & !(F_BLK_MQ | F_BLK_RO) | if on { F_LOG_ALL } else { 0 };
+    frontend.set(code::SET_FEATURES, &features.to_le_bytes(), &[]);
+    let (_, _, used) = frontend.ring(0);
+    frontend.set_vring_addr(0, if on { 1 } else { 0 }, if on { used } else { 0 });
+}
+
+#[test]
+fn while_logging_a_read_marks_its_data_status_and_used_ring_pages_and_nothing_else() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    std::fs::write(&backend.disk, pattern(3).repeat(256)).unwrap();
+    let log = DirtyLogFile::new(LOG_LEN, true);
+    let mut frontend = ready_with_log(&backend, &log);
+    let (_, _, used) = frontend.ring(0);
+    let page = |gpa: u64| gpa / 4096;
+
+    // Before LOG_ALL: the log is shared, but nothing is marked.
+    assert_eq!(frontend.blk(0, T_IN, 0, 8192), 0);
+    assert_eq!(log.dirty_pages(), Vec::<u64>::new(), "no logging before LOG_ALL");
+
+    set_logging(&frontend, true);
+    log.clear();
+    // An 8 KiB read into DATA: two data pages, the status byte's page, the used ring's page.
+    frontend.mem.write(DATA, &[0u8; 8192]);
+    assert_eq!(frontend.blk(0, T_IN, 8, 8192), 0);
+    assert_eq!(frontend.mem.read(DATA, 4096), pattern(3), "the read's data");
+    let read_pages = vec![page(DATA), page(DATA) + 1, page(STATUS), page(used)];
+    assert_eq!(log.dirty_pages(), read_pages, "data, status and used ring pages of a read");
+    eprintln!("pages logged by one 8 KiB read: {}", read_pages.len());
+
+    // A write: the device writes only the status byte and the used ring.
+    log.clear();
+    frontend.mem.write(DATA, &pattern(4));
+    assert_eq!(frontend.blk(0, T_OUT, 16, 4096), 0);
+    assert_eq!(log.dirty_pages(), vec![page(STATUS), page(used)], "status and used ring of a write");
+
+    // Logging off (migration over): no bits, whatever the device writes.
+    set_logging(&frontend, false);
+    log.clear();
+    assert_eq!(frontend.blk(0, T_IN, 16, 4096), 0);
+    assert_eq!(frontend.mem.read(DATA, 4096), pattern(4));
+    assert_eq!(log.dirty_pages(), Vec::<u64>::new(), "no logging after LOG_ALL is cleared");
+}
+
+/// Hostile dirty-log messages; each closes the connection.
+const LOG_CASES: &[Case] = &[
+    ("SET_LOG_BASE without LOG_SHMFD negotiated", false, |f| {
+        f.negotiate(FEATURES | F_LOG_ALL);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE with an eventfd for a log", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let event = EventFd::new(0).unwrap();
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[event.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE with a memfd not sealed against shrinking", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let log = DirtyLogFile::new(LOG_LEN, false);
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE too small for guest memory", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        f.set_mem_table();
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &log_base_payload(4096, 0), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE reaching past the end of its file", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 4096), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE with an offset that wraps", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        let payload = log_base_payload(LOG_LEN as u64, u64::MAX - 4095);
+        f.send(code::SET_LOG_BASE, &payload, &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE with an unaligned offset", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &log_base_payload(8, 8), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE of size 0", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &log_base_payload(0, 0), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE without a descriptor", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[]);
+    }),
+    ("SET_LOG_BASE with a short payload", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &[0; 8], &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_FD with a pipe", true, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let mut ends = [0; 2];
+        // SAFETY: pipe2 fills two descriptors, closed right after sending.
+        assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        f.send(code::SET_LOG_FD, &[], &[ends[0]]);
+        // SAFETY: the two descriptors pipe2 made, closed once.
+        unsafe { (libc::close(ends[0]), libc::close(ends[1])) };
+    }),
+    ("SET_LOG_FD with a payload", true, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let event = EventFd::new(0).unwrap();
+        f.send(code::SET_LOG_FD, &[0; 8], &[event.as_raw_fd()]);
+    }),
+    ("SET_VRING_ADDR with an unknown flag", true, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        f.send(
+            code::SET_VRING_ADDR,
+            &VringAddr { index: 0, flags: 2, desc: 0, used: 0, avail: 0, log: 0 }.to_bytes(),
+            &[],
+        );
+    }),
+];
+
+#[test]
+fn hostile_dirty_log_messages_are_refused_and_the_next_frontend_is_served() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    for (what, acked, send) in LOG_CASES {
+        let mut frontend = Frontend::connect(&backend.socket);
+        send(&mut frontend);
+        let ack = frontend.expect_closed();
+        if *acked {
+            assert!(ack.is_some_and(|a| a != 0), "{what}: a failure acknowledgement, got {ack:?}");
+        } else {
+            assert_eq!(ack, None, "{what}: no acknowledgement (SET_LOG_BASE has a reply of its own)");
+        }
+        eprintln!("refused as expected: {what}");
+    }
+    // A log eventfd is taken (and closed); the next frontend logs as it should.
+    let log = DirtyLogFile::new(LOG_LEN, true);
+    let mut frontend = ready_with_log(&backend, &log);
+    let event = EventFd::new(0).unwrap();
+    frontend.set(code::SET_LOG_FD, &[], &[event.as_raw_fd()]);
+    set_logging(&frontend, true);
+    write_read_flush(&mut frontend, 0, 100, &pattern(9));
+    assert!(log.dirty_pages().contains(&(DATA / 4096)), "the read's data page is logged");
 }

@@ -7,6 +7,7 @@
 
 pub mod block;
 pub mod device;
+pub mod dirty;
 pub mod inflight;
 pub mod interrupt;
 pub mod mmio;
