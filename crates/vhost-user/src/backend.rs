@@ -561,7 +561,8 @@ impl Session<'_> {
             }
             _ => None,
         };
-        if let Some(log) = log.clone().filter(|_| addr.flags & VRING_F_LOG != 0) {
+        let used_logged = addr.flags & VRING_F_LOG != 0;
+        if let Some(log) = log.clone().filter(|_| used_logged) {
             queue = queue.with_used_log(log, addr.log);
         }
         queue.resume(vring.base);
@@ -624,6 +625,11 @@ impl Session<'_> {
             worker = worker.with_rate_limiter(limiter.clone());
         }
         if let Some(log) = log {
+            log::info!(
+                "{}: vring {index} logs the guest pages it writes{} (live migration)",
+                self.device.stats.name(),
+                if used_logged { ", the used ring's at its log address" } else { "" }
+            );
             worker = worker.with_dirty_log(log);
         }
         // Resubmitted requests need no new avail entry: wake the worker for them.

@@ -447,30 +447,7 @@ pub struct DirtyLogFile {
 
 impl DirtyLogFile {
     pub fn new(len: usize, seal: bool) -> DirtyLogFile {
-        // SAFETY: memfd_create with a static name; the result is checked and then owned.
-        let fd =
-            unsafe { libc::memfd_create(c"vhost-log".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        // SAFETY: `fd` was just created and is ours.
-        let file = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate, fcntl and a shared mapping of our memfd's whole length; checked.
-        let base = unsafe {
-            assert_eq!(libc::ftruncate(fd, len as i64), 0);
-            if seal {
-                let seals = libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-                assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, seals), 0);
-            }
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            p.cast::<u8>()
-        };
+        let (file, base) = shared_memfd(len, seal);
         DirtyLogFile { file, base, len }
     }
 
@@ -513,4 +490,35 @@ impl Drop for DirtyLogFile {
 /// SET_LOG_BASE's payload: mmap_size, mmap_offset.
 pub fn log_base_payload(size: u64, offset: u64) -> Vec<u8> {
     [size.to_le_bytes(), offset.to_le_bytes()].concat()
+}
+
+/// `len` bytes of a new memfd (sealed against resizing if `seal`, as QEMU's dirty log and
+/// GET_INFLIGHT_FD's region are), mapped shared here.
+pub fn shared_memfd(len: usize, seal: bool) -> (OwnedFd, *mut u8) {
+    // SAFETY: memfd_create with a static name; the result is checked and then owned.
+    let fd = unsafe {
+        libc::memfd_create(c"vhost-user-test-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just created and is ours.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate and fcntl on our memfd; checked.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd, len as i64), 0);
+        if seal {
+            assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW), 0);
+        }
+    }
+    let base = map_shared(fd, len);
+    (file, base)
+}
+
+/// Map `len` bytes of `fd` shared, readable and writable; the caller unmaps them.
+pub fn map_shared(fd: RawFd, len: usize) -> *mut u8 {
+    // SAFETY: a new shared mapping at an address the kernel chooses; checked.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+    p.cast()
 }
