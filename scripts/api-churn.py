@@ -83,6 +83,7 @@ def main():
                     if mode != "quiet":
                         thread.join()
                     r = next(json.loads(l) for l in out.splitlines() if '"probe":"blk"' in l)
+                    assert r["errors"] == 0, f"the guest saw {r['errors']} I/O errors in the {mode} run"
                     us = lambda key: f"{r[key] / 1e3:.1f}"
                     print(f"| {mode} | {figures.get('pairs', '-')} | "
                           f"{figures['slowest_ms']:.1f} |" if figures else f"| {mode} | - | - |", end="")

@@ -94,7 +94,7 @@ durability_command="EXITLESS_DURABILITY_ROUNDS=$rounds ${tests[*]} --test durabi
 faults_command="${tests[*]} --test faults ${test_flags[*]}"
 flush_command="${tests[*]} --test flush ${test_flags[*]}"
 linux_command="EXITLESS_LINUX_MIXED_SECS=$mixed_secs ${tests[*]} --test linux_compat ${test_flags[*]}"
-inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test inflight ${test_flags[*]}"
+inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test inflight ${test_flags[*]} && EXITLESS_FRONTEND_RESTARTS=$restarts ${tests[*]} --test vhost_user_frontend daemon_restarts ${test_flags[*]}"
 
 echo "reliability $form: $tree" >&2
 echo "  machine: $machine (load $load_before)" >&2
@@ -108,7 +108,8 @@ echo "  logs:       $logs/" >&2
 
 scripts/setup.sh >&2
 cargo build --release >&2
-"${tests[@]}" --test durability --test faults --test flush --test linux_compat --test inflight --no-run >&2
+"${tests[@]}" --test durability --test faults --test flush --test linux_compat --test inflight \
+    --test vhost_user_frontend --no-run >&2
 
 failed=()
 # Runs part $1 ($2: its command line, run by bash), its output in $logs/$1.log; records its wall
@@ -490,7 +491,11 @@ SIGKILL and started again; its disk file is served through a FUSE file system th
 write after 1 ms, so that the daemon holds requests when it is killed. Every fio run must finish
 with exit status 0, `err= 0` and no failed check, and the guest's kernel must log no I/O error.
 The same test file holds a write back (FUSE) behind a completed read across a kill -9, which
-only resubmission completes, and hands the disk over with SIGTERM under fio.
+only resubmission completes, and hands the disk over with SIGTERM under fio. Then an exitless VM
+(`tests/vhost_user_frontend.rs`) runs the probe's verify while its daemon is killed (two rounds in
+three) or stopped with SIGTERM (every third) as many times, a new daemon started each time: the
+VM reconnects to each, which resubmits what the region marks, and verify must pass with the
+file holding every block.
 
 EOF
     echo "### This run"

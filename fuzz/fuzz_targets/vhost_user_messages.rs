@@ -288,13 +288,36 @@ fn message(
             fds.push(if u.ratio(1, 8)? { descriptor(u, memfd, false)? } else { inflight_region(u, 0x1000)? });
         }
         code::SET_LOG_FD => fds.push(descriptor(u, memfd, false)?),
-        code::GET_CONFIG => {
-            let offset: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=64)? };
-            let size: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=64)? };
-            for v in [offset, size, 0] {
+        code::GET_CONFIG | code::SET_CONFIG => {
+            // SET_CONFIG: now and then exactly QEMU's switch of `writeback` (offset 32, one
+            // byte, flags 0), so the mode changes under running rings.
+            let wce = request == code::SET_CONFIG && u.ratio(1, 2)?;
+            let offset: u32 = if wce {
+                32
+            } else if u.ratio(1, 8)? {
+                u.arbitrary()?
+            } else {
+                u.int_in_range(0..=64)?
+            };
+            let size: u32 = if wce {
+                1
+            } else if u.ratio(1, 8)? {
+                u.arbitrary()?
+            } else {
+                u.int_in_range(0..=64)?
+            };
+            let flags: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { 0 };
+            for v in [offset, size, flags] {
                 payload.extend_from_slice(&v.to_le_bytes());
             }
-            payload.resize(12 + size.min(300) as usize, 0);
+            let len = size.min(300) as usize;
+            // GET_CONFIG's data area is zeros, as QEMU sends it; SET_CONFIG's is the input's.
+            if wce {
+                payload.push(u.int_in_range(0..=2)?);
+            } else if request == code::SET_CONFIG {
+                payload.extend_from_slice(u.bytes(len.min(u.len()))?);
+            }
+            payload.resize(12 + len, 0);
         }
         _ => {}
     }
@@ -391,7 +414,8 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let (memfd, mem) = frontend_memory();
     let queues = u.int_in_range(1..=2)?;
     let backends = (0..queues).map(|_| Box::new(ram_disk(false)) as Box<dyn storage::Backend>).collect();
-    let block = Block::with_queues(backends, "exitless-fuzz-vhost").expect("two queues fit");
+    let block =
+        Block::with_queues(backends, "exitless-fuzz-vhost").expect("two queues fit").with_writeback_switch();
     let host = Arc::new(InlineHost::default());
     let mut device = VhostUserBlk::new(block, host.clone());
     let features = device.features();

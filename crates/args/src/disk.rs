@@ -5,7 +5,9 @@
 //! - `ram=SIZE`: a new RAM disk of SIZE bytes (e.g. 1G), gone when the VM ends.
 //! - `ram,path=FILE[,readonly]`: an existing file on a memory file system (/dev/shm), mapped
 //!   and shared with the host, so host tools read the very same bytes.
-//! - `vhost-user=SOCKET` (`exitless run` only): a disk a vhost-user daemon serves.
+//! - `vhost-user=SOCKET[,reconnect=SECS]` (`exitless run` only): a disk a vhost-user daemon
+//!   serves; when the daemon goes away, the VM waits up to SECS seconds (default 10, 0: not at
+//!   all) for the next daemon on the socket and carries on with it.
 //! - `serial=TEXT` with any of the first three: the serial number the guest reads (virtio-blk
 //!   GET_ID, Linux's /sys/block/vdX/serial): 1 to 20 printable ASCII characters, no comma.
 
@@ -50,14 +52,13 @@ pub fn take_serial(text: &str) -> Result<(String, Option<String>), String> {
     Ok((rest.join(","), serial))
 }
 
-/// `exitless run --disk`: what [`parse`] takes, or `vhost-user=SOCKET` alone.
+/// The longest `reconnect=` a vhost-user disk takes, in seconds.
+const MAX_RECONNECT_SECS: u64 = 3600;
+
+/// `exitless run --disk`: what [`parse`] takes, or `vhost-user=SOCKET[,reconnect=SECS]`.
 pub fn parse_run(text: &str) -> Result<RunDisk, String> {
     match text.strip_prefix("vhost-user=") {
-        Some("") => Err("`vhost-user=` needs the daemon's socket path".into()),
-        Some(socket) if socket.contains(',') => Err(format!(
-            "`vhost-user={socket}`: a vhost-user disk takes no other options (the daemon's --disk sets them)"
-        )),
-        Some(socket) => Ok(RunDisk::VhostUser(VhostUserDisk { socket: PathBuf::from(socket) })),
+        Some(rest) => parse_vhost_user(rest).map(RunDisk::VhostUser),
         None if text.split(',').any(|o| o.starts_with("vhost-user")) => {
             Err("give `vhost-user=SOCKET` on its own, without other disk options".into())
         }
@@ -66,6 +67,31 @@ pub fn parse_run(text: &str) -> Result<RunDisk, String> {
             parse(&rest).map(|disk| RunDisk::Local(disk, serial))
         }
     }
+}
+
+/// `SOCKET[,reconnect=SECS]`, what follows `vhost-user=`.
+fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, String> {
+    let mut options = text.split(',');
+    let socket = options.next().unwrap_or_default();
+    if socket.is_empty() {
+        return Err("`vhost-user=` needs the daemon's socket path".into());
+    }
+    let mut reconnect = None;
+    for option in options {
+        let Some(secs) = option.strip_prefix("reconnect=") else {
+            return Err(format!(
+                "`vhost-user={socket}` takes only `reconnect=SECS`, not `{option}` (the daemon's --disk sets the rest)"
+            ));
+        };
+        let secs = secs.parse::<u64>().ok().filter(|s| *s <= MAX_RECONNECT_SECS).ok_or_else(|| {
+            format!("reconnect={secs}: give whole seconds, 0 (fail at once) to {MAX_RECONNECT_SECS}")
+        })?;
+        if reconnect.replace(std::time::Duration::from_secs(secs)).is_some() {
+            return Err("give `reconnect=` once".into());
+        }
+    }
+    let reconnect = reconnect.unwrap_or(VhostUserDisk::DEFAULT_RECONNECT);
+    Ok(VhostUserDisk { socket: PathBuf::from(socket), reconnect })
 }
 
 /// A disk the VMM serves itself: `path=FILE[,readonly][,direct]`, `ram=SIZE` or
@@ -126,12 +152,30 @@ mod tests {
 
     #[test]
     fn vhost_user_disks_are_a_socket_alone() {
+        let socket = PathBuf::from("/tmp/a.sock");
         assert_eq!(
             parse_run("vhost-user=/tmp/a.sock").unwrap(),
-            RunDisk::VhostUser(VhostUserDisk { socket: "/tmp/a.sock".into() })
+            RunDisk::VhostUser(VhostUserDisk {
+                socket: socket.clone(),
+                reconnect: VhostUserDisk::DEFAULT_RECONNECT
+            })
+        );
+        assert_eq!(
+            parse_run("vhost-user=/tmp/a.sock,reconnect=0").unwrap(),
+            RunDisk::VhostUser(VhostUserDisk { socket, reconnect: std::time::Duration::ZERO })
         );
         assert_eq!(parse_run("ram=1G").unwrap(), RunDisk::Local(DiskBackend::Ram { size: 1 << 30 }, None));
-        for bad in ["vhost-user=", "vhost-user=/a,readonly", "path=/x,vhost-user=/a", "vhost-user"] {
+        for bad in [
+            "vhost-user=",
+            "vhost-user=,reconnect=1",
+            "vhost-user=/a,readonly",
+            "vhost-user=/a,reconnect=",
+            "vhost-user=/a,reconnect=-1",
+            "vhost-user=/a,reconnect=3601",
+            "vhost-user=/a,reconnect=1,reconnect=2",
+            "path=/x,vhost-user=/a",
+            "vhost-user",
+        ] {
             assert!(parse_run(bad).is_err(), "{bad} accepted");
         }
         // The daemon's own --disk does not chain to another daemon.

@@ -113,9 +113,11 @@ pub struct RunArgs {
 pub struct IoArgs {
     /// A virtio-blk disk (repeat for more): `path=FILE[,readonly][,direct]` (raw file through
     /// io_uring), `ram=SIZE` (a new RAM disk), `ram,path=FILE[,readonly]` (an existing
-    /// /dev/shm file, shared with the host), or `vhost-user=SOCKET` (served by a vhost-user
-    /// daemon such as `exitless vhost-user-blk`; guest memory is then a shared memfd, and the
-    /// daemon's --io-mode decides how it serves: --io-mode here only picks the guest's side).
+    /// /dev/shm file, shared with the host), or `vhost-user=SOCKET[,reconnect=SECS]` (served by
+    /// a vhost-user daemon such as `exitless vhost-user-blk`; guest memory is then a shared
+    /// memfd, and the daemon's --io-mode decides how it serves: --io-mode here only picks the
+    /// guest's side; if the daemon goes away, the VM waits up to SECS seconds, default 10, 0
+    /// not at all, for the next one on the socket and carries on).
     /// vhost-user disks come after the others on the bus. `serial=TEXT` (1 to 20 printable ASCII
     /// characters) sets the serial number the guest reads (Linux: /sys/block/vdX/serial); the
     /// default is `exitless-diskN`.

@@ -189,12 +189,13 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
         if let Some(vu) = &device.vhost_user {
             eprintln!(
                 "  {} {}: socket={} served by the daemon (requests and interrupts are its to count) \
-                 activations={} features={:#x} daemon_gone={} needs_reset={}{reason}",
+                 activations={} features={:#x} reconnections={} daemon_gone={} needs_reset={}{reason}",
                 device.kind,
                 device.index,
                 vu.socket.display(),
                 vu.activations,
                 vu.features,
+                vu.reconnections,
                 vu.daemon_gone,
                 stats.needs_reset
             );
@@ -229,6 +230,7 @@ fn device_json(device: &vmm::DeviceReport) -> serde_json::Value {
             "interrupts": null,
             "activations": vu.activations,
             "features": vu.features,
+            "reconnections": vu.reconnections,
             "daemon_gone": vu.daemon_gone,
             "needs_reset": device.stats.needs_reset,
             "needs_reset_reason": device.stats.first_reset_reason,

@@ -111,34 +111,6 @@ fn write_zeroes_and_discard_pass_in_every_mode_on_both_backends_and_reach_the_fi
     }
 }
 
-/// Pages of `path` in the host's page cache not yet written back (dirty or under writeback),
-/// by cachestat(2) (Linux 6.5 and later).
-fn dirty_pages(path: &std::path::Path) -> u64 {
-    use std::os::fd::AsRawFd;
-    #[repr(C)]
-    struct Range {
-        offset: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Cachestat {
-        cache: u64,
-        dirty: u64,
-        writeback: u64,
-        evicted: u64,
-        recently_evicted: u64,
-    }
-    const SYS_CACHESTAT: libc::c_long = 451;
-    let file = std::fs::File::open(path).unwrap();
-    let range = Range { offset: 0, len: 0 }; // to the end of the file
-    let mut stat = Cachestat::default();
-    // SAFETY: cachestat reads `range` and writes `stat`, both live for the call; the fd is open.
-    let rc = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range, &mut stat, 0) };
-    assert_eq!(rc, 0, "cachestat (Linux 6.5 or later): {}", std::io::Error::last_os_error());
-    stat.dirty + stat.writeback
-}
-
 /// The guest switches the VMM's disk to write through (CONFIG_WCE, `writeback` 0): its writes
 /// to a buffered file then leave no dirty page behind, each durable when it completes; written
 /// back (1, the default) the same writes stay dirty in the page cache until a FLUSH.
@@ -155,7 +127,7 @@ fn a_disk_switched_to_write_through_leaves_no_dirty_pages() {
             let result = blk_result(&out);
             assert_eq!(result["errors"], 0, "{mode} writeback={writeback}: {result}");
             assert_eq!(result["writeback"], writeback, "{mode}: the mode the device reports");
-            let dirty = dirty_pages(&path);
+            let dirty = common::dirty_pages(&path);
             if writeback == 0 {
                 assert_eq!(dirty, 0, "{mode}: written through, yet {dirty} pages are dirty");
             } else {

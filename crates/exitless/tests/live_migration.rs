@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 mod common;
 use common::daemon::Daemon;
-use common::linux::{initramfs_with_programs, kernel, INIT_PRELUDE};
+use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
 use common::qemu::Qemu;
 
 /// Booting takes 10 to 20 s under TCG here, the migration of 256 MiB a few more.
@@ -120,7 +120,7 @@ fn a_guest_migrates_between_two_qemus_on_one_daemon_while_doing_io() {
     let dir = tempfile::tempdir().unwrap();
     let initramfs = dir.path().join("initramfs.cpio");
     let init = format!("{INIT_PRELUDE}{MIGRATION_INIT}");
-    initramfs_with_programs(&kernel, &init, &[("/usr/bin/dd", "coreutils")], &initramfs);
+    initramfs_with_programs(&kernel, &init, &host_programs(&[("/usr/bin/dd", "coreutils")]), &initramfs);
     let disk = dir.path().join("disk.img");
     let pattern: Vec<u8> = (0..DISK_SIZE).map(|i| (i / 4096) as u8 ^ (i as u8).wrapping_mul(7)).collect();
     std::fs::write(&disk, &pattern).unwrap();

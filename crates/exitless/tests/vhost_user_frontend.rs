@@ -187,6 +187,92 @@ fn a_missing_socket_a_refused_frontend_and_a_killed_daemon_end_the_vm_with_an_er
     assert_eq!(stats["devices"][0]["daemon_gone"], true, "{stats}");
 }
 
+/// Wait until the daemon logs that a frontend connected.
+fn wait_for_frontend(daemon: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !daemon.log().contains("frontend connected") {
+        assert!(Instant::now() < deadline, "no frontend connected: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many times `a_vm_keeps_its_disk_across_daemon_restarts...` restarts the daemon:
+/// `EXITLESS_FRONTEND_RESTARTS` (default 3; `scripts/reliability.sh long` asks for 20).
+fn restarts() -> usize {
+    std::env::var("EXITLESS_FRONTEND_RESTARTS").map_or(3, |v| v.parse().expect("a number of restarts"))
+}
+
+/// The daemon killed (SIGKILL, two rounds in three) or stopped (SIGTERM, every third round)
+/// under a VM in the middle of its verify run, each time a new daemon started on the same socket
+/// and disk: the VM connects to each, the in-flight region carries over, and verify passes
+/// with every block as written.
+#[test]
+fn a_vm_keeps_its_disk_across_daemon_restarts_by_kill_9_and_sigterm() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("d.sock");
+    let file = dir.path().join("d.img");
+    std::fs::File::create(&file).unwrap().set_len(128 << 20).unwrap();
+    // At 1000 requests per second (each new daemon starts with a second's burst), a round of
+    // 300 ms, a restart and the burst take about 1400 requests: the verify run (writes, then
+    // reads) is sized at twice that per round, so that every restart lands in the middle of it.
+    let rounds = restarts();
+    let blocks = 1536 * (rounds as u64 + 1);
+    assert!(blocks <= 32768, "{rounds} restarts need more than the 128 MiB disk");
+    let daemon_args = ["--disk".to_string(), format!("{},iops=1000", daemon_disk(&socket, &file))];
+    let start = |round: usize| {
+        Daemon::start(&daemon_args, &[&socket], &dir.path().join(format!("daemon{round}.log")))
+    };
+    let mut daemon = start(0);
+    let seed = 700;
+    let cmdline = format!(
+        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed} probe.timeout_ms=30000"
+    );
+    let args = run_args(&socket, "exitless", &cmdline);
+    let vm = std::thread::spawn(move || {
+        exitless_within(Duration::from_secs(600), &args.iter().map(String::as_str).collect::<Vec<_>>())
+    });
+    let mut logs = Vec::new();
+    for round in 1..=rounds {
+        wait_for_frontend(&daemon);
+        std::thread::sleep(Duration::from_millis(300));
+        if round % 3 == 2 {
+            logs.push(daemon.stop());
+        } else {
+            daemon.child().kill().unwrap();
+            daemon.child().wait().unwrap();
+            logs.push(daemon.log());
+        }
+        daemon = start(round);
+    }
+    let out = vm.join().unwrap();
+    let last = daemon.stop();
+    let what = format!("daemons: {}\n{last}", logs.join("\n"));
+    assert_verified(&out, &what);
+    // What each restart cost and carried over, for the reader of the test's output: the time
+    // from the old daemon's hang-up to the new one serving the ring, which the guest's requests
+    // wait (on top of the old daemon's own exit, for SIGTERM).
+    let reconnects =
+        stderr(&out).lines().filter(|l| l.contains("reconnected")).map(String::from).collect::<Vec<_>>();
+    for (round, line) in reconnects.iter().enumerate() {
+        let how = if (round + 1) % 3 == 2 { "SIGTERM" } else { "SIGKILL" };
+        eprintln!("round {} ({how}): {line}", round + 1);
+    }
+    for line in what.lines().filter(|l| l.contains("in flight")) {
+        eprintln!("{line}");
+    }
+    let stats = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
+    assert_eq!(stats["devices"][0]["reconnections"], rounds, "{stats}\n{}", stderr(&out));
+    assert_eq!(stats["devices"][0]["daemon_gone"], false, "{stats}");
+    assert_eq!(stderr(&out).matches("reconnected to a daemon").count(), rounds, "{}", stderr(&out));
+    // A daemon stopped by SIGTERM had been handed the region the first one made (after a
+    // kill -9 in between), and finished every request in it.
+    if rounds >= 2 {
+        assert!(logs[1].contains("marks 0 request(s) in flight as the connection ends"), "{}", logs[1]);
+    }
+    common::assert_holds_only_pattern(&file, seed, blocks);
+}
+
 #[test]
 fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
     let _one = one_at_a_time();

@@ -213,8 +213,16 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
         }
         ThreadKind::DaemonControl => daemon_control(&mut rules)?,
-        // Waits on the error eventfd and the socket, drains the eventfd.
-        ThreadKind::VhostUserWatch => allow(&mut rules, &[libc::SYS_poll, libc::SYS_read, libc::SYS_close]),
+        ThreadKind::VhostUserWatch => {
+            // Waits on the error eventfd and the socket, drains the eventfd; when the daemon
+            // goes away, connects to the next (a Unix socket), sets it up with messages that
+            // carry descriptors and keeps a duplicate of the connection to watch.
+            allow(&mut rules, &[libc::SYS_read, libc::SYS_close, libc::SYS_connect]);
+            allow(&mut rules, VHOST_USER_FRONTEND);
+            one_of(&mut rules, libc::SYS_socket, 0, &[libc::AF_UNIX as u64])?;
+            let own = [libc::F_SETFD, libc::F_DUPFD_CLOEXEC].map(|c| c as u64);
+            one_of(&mut rules, libc::SYS_fcntl, 1, &[FCNTL_COMMANDS, &own].concat())?;
+        }
     }
     Ok(rules)
 }
@@ -237,7 +245,6 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
             libc::SYS_lseek,
             libc::SYS_ftruncate,
             libc::SYS_fstatfs,
-            libc::SYS_socket,
             libc::SYS_bind,
             libc::SYS_listen,
             libc::SYS_connect,
@@ -245,6 +252,8 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
             libc::SYS_getpid,
         ],
     );
+    // Disks' sockets are Unix sockets; no other kind.
+    one_of(rules, libc::SYS_socket, 0, &[libc::AF_UNIX as u64])?;
     one_of(rules, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64])?;
     // A file disk asks its file system whether it punches holes (DISCARD) by punching one past
     // the end of the file; the data path's fallocates go through io_uring.

@@ -20,7 +20,8 @@ pub mod protocol {
     /// own.
     pub const REPLY_ACK: u32 = 3;
     /// VHOST_USER_PROTOCOL_F_CONFIG: the frontend reads the device's configuration space with
-    /// GET_CONFIG (and could write it with SET_CONFIG, which exitless's backend refuses).
+    /// GET_CONFIG and writes it with SET_CONFIG (exitless's backend takes only virtio-blk's
+    /// `writeback` byte, as QEMU sends it for VIRTIO_BLK_F_CONFIG_WCE).
     pub const CONFIG: u32 = 9;
     /// VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD: the backend keeps which requests it holds in
     /// memory shared with the frontend (GET_INFLIGHT_FD / SET_INFLIGHT_FD), so that a backend

@@ -34,7 +34,7 @@ pub const MAX_FDS: usize = 8;
 pub const MAX_REGIONS: usize = 8;
 /// The largest configuration space GET_CONFIG may ask for (QEMU's VHOST_USER_MAX_CONFIG_SIZE).
 pub const MAX_CONFIG_SIZE: u32 = 256;
-/// The longest payload of any request: GET_CONFIG's 12-byte header and its data.
+/// The longest payload of any request: GET_CONFIG's or SET_CONFIG's 12-byte header and data.
 pub const MAX_PAYLOAD: usize = 12 + MAX_CONFIG_SIZE as usize;
 /// In SET_VRING_KICK/CALL/ERR: no descriptor comes with the message.
 pub const VRING_NOFD: u64 = 1 << 8;
@@ -405,6 +405,17 @@ pub enum Request {
         /// SET_CONFIG, and is only echoed in GET_CONFIG's reply.
         flags: u32,
     },
+    /// SET_CONFIG: write part of the device's configuration space (checked by the backend:
+    /// for a block device, only the `writeback` byte).
+    SetConfig {
+        /// The first byte to write in the configuration space.
+        offset: u32,
+        /// What the access is for: 0 (VHOST_SET_CONFIG_TYPE_FRONTEND, "MASTER" in QEMU 7.2)
+        /// for a driver's write, 1 for live migration.
+        flags: u32,
+        /// The bytes to write (at most [`MAX_CONFIG_SIZE`]).
+        data: Vec<u8>,
+    },
     /// GET_INFLIGHT_FD: allocate the shared memory that tracks in-flight requests for
     /// `num_queues` queues of `queue_size` and reply with it (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
     GetInflightFd(InflightInfo),
@@ -544,9 +555,9 @@ impl Message {
                 });
                 Request::SetMemTable(regions.zip(fds).collect())
             }
-            GET_CONFIG => {
-                // {offset u32, size u32, flags u32, data[size]}: the frontend sends the data
-                // area too (zeros), so the payload is exactly 12 + size.
+            GET_CONFIG | SET_CONFIG => {
+                // {offset u32, size u32, flags u32, data[size]}: GET_CONFIG's frontend sends
+                // the data area too (zeros), so both payloads are exactly 12 + size.
                 if payload.len() < 12 {
                     return Err(Error::BadSize { request: name, got: payload.len(), expected: 12 });
                 }
@@ -554,10 +565,14 @@ impl Message {
                 let (offset, config_size, flags) =
                     (u32_at(payload, 0), u32_at(payload, 4), u32_at(payload, 8));
                 if config_size > MAX_CONFIG_SIZE {
-                    return Err(Error::ConfigRange { offset, size: config_size });
+                    return Err(Error::ConfigRange { request: name, offset, size: config_size });
                 }
                 size(12 + config_size as usize)?;
-                Request::GetConfig { offset, size: config_size, flags }
+                if header.request == GET_CONFIG {
+                    Request::GetConfig { offset, size: config_size, flags }
+                } else {
+                    Request::SetConfig { offset, flags, data: payload[12..].to_vec() }
+                }
             }
             GET_INFLIGHT_FD => Request::GetInflightFd(InflightInfo::from_payload(payload)),
             SET_LOG_BASE => {
@@ -581,7 +596,7 @@ impl Message {
                 Request::SetInflightFd(info, fd)
             }
             // Known requests for features this backend does not offer (IOTLB, RARP,
-            // MTU, backend requests, cross-endian, writable config, crypto, postcopy, GPU,
+            // MTU, backend requests, cross-endian, crypto, postcopy, GPU,
             // reset, in-band kicks, memory slots, status).
             _ => return Err(Error::Unsupported(name)),
         };
@@ -847,6 +862,23 @@ mod tests {
         assert!(config(0, 60, 60).is_ok());
         assert!(matches!(config(0, 60, 59), Err(Error::BadSize { .. })));
         assert!(matches!(config(0, 257, 257), Err(Error::ConfigRange { .. })));
+        // Config writes: the same shape, the data kept for the backend to check.
+        let write = |size: u32, data: &[u8]| {
+            let mut payload = vec![];
+            for v in [32, size, 0] {
+                payload.extend_from_slice(&v.to_le_bytes());
+            }
+            payload.extend_from_slice(data);
+            parse(SET_CONFIG, 1, &payload, 0)
+        };
+        assert!(matches!(
+            write(1, &[0]),
+            Ok(Message { request: Request::SetConfig { offset: 32, flags: 0, ref data }, .. }) if data == &[0]
+        ));
+        assert!(matches!(write(1, &[]), Err(Error::BadSize { .. })));
+        assert!(matches!(write(1, &[0, 0]), Err(Error::BadSize { .. })));
+        assert!(matches!(write(300, &[0; 300]), Err(Error::ConfigRange { .. })));
+        assert!(matches!(parse(SET_CONFIG, 1, &[0; 8], 0), Err(Error::BadSize { .. })));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rate_limiter::RateLimiter;
+use virtio::block::device::CONFIG_WRITEBACK;
 use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
 use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
@@ -36,6 +37,10 @@ pub const OFFERED_PROTOCOL_FEATURES: u64 = 1 << protocol::MQ
     | 1 << protocol::REPLY_ACK
     | 1 << protocol::CONFIG
     | 1 << protocol::INFLIGHT_SHMFD;
+
+/// SET_CONFIG's flags for a write by the driver (VHOST_SET_CONFIG_TYPE_FRONTEND, "MASTER" in
+/// QEMU 7.2); 1 is live migration's, which this backend does not take.
+const SET_CONFIG_FROM_DRIVER: u32 = 0;
 
 /// Worker ids on the IOCore: this, plus 2^16 per device, plus the queue index, so devices can
 /// share an IOCore (each serves one frontend at a time).
@@ -517,7 +522,41 @@ impl Session<'_> {
                 self.device.block.read_config(offset as u64, &mut reply[12..]);
                 Ok(Some(reply))
             }
+            Request::SetConfig { offset, flags, data } => {
+                self.set_writeback(offset, flags, &data)?;
+                Ok(None)
+            }
         }
+    }
+
+    /// SET_CONFIG, as QEMU's vhost-user-blk sends it when its driver switches the cache mode
+    /// (VIRTIO_BLK_F_CONFIG_WCE): the 1-byte `writeback` field, 0 (write through) or 1 (write
+    /// back), from the driver (flags 0); nothing else in configuration space is writable. The
+    /// mode is the disk's: every queue's worker takes it at its next pass, and it outlives the
+    /// connection, since QEMU does not send it again when it reconnects.
+    fn set_writeback(&mut self, offset: u32, flags: u32, data: &[u8]) -> Result<(), Error> {
+        if self.protocol_features & 1 << protocol::CONFIG == 0 {
+            return Err(Error::ConfigNotNegotiated);
+        }
+        if !self.device.block.has_writeback_switch() {
+            return Err(Error::NoWritebackSwitch);
+        }
+        let (&[value], Ok(CONFIG_WRITEBACK)) = (data, usize::try_from(offset)) else {
+            return Err(Error::ConfigNotWritable { offset, size: data.len() });
+        };
+        if flags != SET_CONFIG_FROM_DRIVER {
+            return Err(Error::ConfigWriteFlags(flags));
+        }
+        if value > 1 {
+            return Err(Error::BadWriteback(value));
+        }
+        self.device.block.write_config(CONFIG_WRITEBACK as u64, &[value]);
+        log::info!(
+            "{}: the frontend switched the disk to write {}",
+            self.device.stats.name(),
+            if value == 1 { "back" } else { "through" }
+        );
+        Ok(())
     }
 
     /// Is the ring enabled? Without protocol features rings start enabled; with them, disabled

@@ -6,6 +6,7 @@ use std::io;
 
 use thiserror::Error;
 use vhost_user_protocol::message::MAX_CONFIG_SIZE;
+use virtio::block::device::CONFIG_WRITEBACK;
 use virtio::queue::QueueError;
 use virtio::ActivateError;
 
@@ -100,6 +101,18 @@ pub enum Error {
         "GET_CONFIG of {size} bytes at offset {offset}: the configuration space is {MAX_CONFIG_SIZE} bytes"
     )]
     ConfigRange { offset: u32, size: u32 },
+
+    // Configuration writes (SET_CONFIG).
+    #[error("SET_CONFIG before VHOST_USER_PROTOCOL_F_CONFIG was negotiated")]
+    ConfigNotNegotiated,
+    #[error("SET_CONFIG: this disk does not offer VIRTIO_BLK_F_CONFIG_WCE (it is read-only): nothing in its configuration space is writable")]
+    NoWritebackSwitch,
+    #[error("SET_CONFIG of {size} bytes at offset {offset}: only the 1-byte writeback field at offset {CONFIG_WRITEBACK} is writable")]
+    ConfigNotWritable { offset: u32, size: usize },
+    #[error("SET_CONFIG with flags {0}: only 0, a driver's write, is taken (not live migration's 1)")]
+    ConfigWriteFlags(u32),
+    #[error("SET_CONFIG of writeback {0}: expected 0 (write through) or 1 (write back)")]
+    BadWriteback(u8),
 
     // The server.
     #[error("{path} exists and is not a socket: remove it or choose another --socket path")]

@@ -41,7 +41,11 @@ impl TestBackend {
         let backends: Vec<Box<dyn Backend>> = (0..queues)
             .map(|_| Box::new(RamDisk::open(&disk, read_only).unwrap()) as Box<dyn Backend>)
             .collect();
-        let block = Block::with_queues(backends, "vhost-user-test").unwrap();
+        let mut block = Block::with_queues(backends, "vhost-user-test").unwrap();
+        // As the daemon does: writable disks offer the cache-mode switch.
+        if !read_only {
+            block = block.with_writeback_switch();
+        }
         let iocore = Arc::new(IoCore::spawn(policy, None).unwrap());
         let mut device = VhostUserBlk::new(block, iocore.clone());
         let socket = dir.path().join("sock");
@@ -429,6 +433,95 @@ fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
     let mut frontend = ready(&backend, 0);
     write_read_flush(&mut frontend, 0, 100, &pattern(9));
     assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
+}
+
+/// SET_CONFIG as QEMU 7.2's vhost-user-blk sends it (the `writeback` byte, offset 32, size 1,
+/// flags 0) switches the cache mode that GET_CONFIG reports; the mode is the disk's, so the next
+/// frontend finds it (QEMU does not send it again when it reconnects). Writes still land.
+#[test]
+fn set_config_of_writeback_switches_the_cache_mode_for_this_and_the_next_frontend() {
+    let backend = TestBackend::start(Policy::Notified, 2, false);
+    let mut frontend = Frontend::connect(&backend.socket);
+    let offered = frontend.negotiate(FEATURES | F_BLK_CONFIG_WCE);
+    assert_ne!(offered & F_BLK_CONFIG_WCE, 0, "a writable disk offers CONFIG_WCE");
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [1], "write back to begin with");
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    frontend.start_vring(1, 0);
+    frontend.set_writeback(0);
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [0], "write through once switched");
+    // The whole config space, as QEMU reads it, says so too; the rings serve on.
+    assert_eq!(frontend.config(0, 60)[32], 0);
+    write_read_flush(&mut frontend, 0, 8, &pattern(1));
+    write_read_flush(&mut frontend, 1, 16, &pattern(2));
+    drop(frontend);
+
+    let mut frontend = ready(&backend, 0);
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [0], "the next frontend finds write through");
+    frontend.set_writeback(1);
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [1], "and may switch it back");
+    write_read_flush(&mut frontend, 0, 24, &pattern(3));
+    assert_eq!(backend.disk_bytes(8 * 512, 4096), pattern(1));
+    assert_eq!(backend.disk_bytes(16 * 512, 4096), pattern(2));
+    assert_eq!(backend.disk_bytes(24 * 512, 4096), pattern(3));
+}
+
+/// Every SET_CONFIG but the `writeback` switch is refused with a failure acknowledgement and
+/// the connection closed; the mode stays as it was and the next frontend is served.
+#[test]
+fn hostile_set_configs_are_refused_and_the_next_frontend_is_served() {
+    let w = CONFIG_WRITEBACK;
+    let config_write = Frontend::config_write;
+    let cases: [(&str, bool, Vec<u8>); 12] = [
+        ("another offset (capacity)", true, config_write(0, 1, 0, &[0])),
+        ("the byte after writeback", true, config_write(w + 1, 1, 0, &[0])),
+        ("an offset past the configuration space", true, config_write(u32::MAX, 1, 0, &[0])),
+        ("two bytes at writeback", true, config_write(w, 2, 0, &[0, 0])),
+        ("no bytes", true, config_write(w, 0, 0, &[])),
+        ("the whole configuration space", true, config_write(0, 60, 0, &[0; 60])),
+        ("a size over the configuration space", false, config_write(w, 257, 0, &[0; 257])),
+        ("a size longer than the data", true, config_write(w, 4, 0, &[0])),
+        ("a payload shorter than its header", true, vec![32, 0, 0, 0, 1, 0]),
+        ("live migration's flags", true, config_write(w, 1, 1, &[0])),
+        ("writeback 2", true, config_write(w, 1, 0, &[2])),
+        ("writeback 255", true, config_write(w, 1, 0, &[255])),
+    ];
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    // Acknowledged unless the message is longer than any request's: the wire refuses that
+    // before it reads the payload, so not even the header is taken.
+    for (what, acked, payload) in &cases {
+        let mut frontend = Frontend::connect(&backend.socket);
+        frontend.negotiate(FEATURES);
+        frontend.send(code::SET_CONFIG, payload, &[]);
+        let ack = frontend.expect_closed();
+        if *acked {
+            assert!(ack.is_some_and(|a| a != 0), "{what}: a failure acknowledgement, got {ack:?}");
+        } else {
+            assert_eq!(ack, None, "{what}");
+        }
+        eprintln!("refused as expected: {what}");
+    }
+    // Before CONFIG was negotiated.
+    let mut frontend = Frontend::connect(&backend.socket);
+    frontend.send_flags(code::SET_CONFIG, VERSION, &config_write(w, 1, 0, &[0]), &[]);
+    assert_eq!(frontend.expect_closed(), None, "before protocol features");
+    // Still serving, still write back, and the switch still works.
+    let mut frontend = ready(&backend, 0);
+    assert_eq!(frontend.config(w, 1), [1], "no refused SET_CONFIG changed the mode");
+    frontend.set_writeback(0);
+    assert_eq!(frontend.config(w, 1), [0]);
+    write_read_flush(&mut frontend, 0, 100, &pattern(9));
+    assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
+
+    // A read-only disk offers no switch, and refuses it.
+    let backend = TestBackend::start(Policy::Notified, 1, true);
+    let mut frontend = Frontend::connect(&backend.socket);
+    let offered = frontend.negotiate(FEATURES);
+    assert_eq!(offered & F_BLK_CONFIG_WCE, 0, "a read-only disk offers no CONFIG_WCE");
+    frontend.send(code::SET_CONFIG, &config_write(w, 1, 0, &[0]), &[]);
+    assert!(frontend.expect_closed().is_some_and(|a| a != 0), "read-only: refused");
+    let frontend = ready(&backend, 0);
+    assert_eq!(frontend.config(w, 1), [1], "read-only disks stay write back");
 }
 
 /// Regression: a refused request that has a reply of its own (GET_CONFIG, GET_VRING_BASE, ...)

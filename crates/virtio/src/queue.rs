@@ -234,13 +234,19 @@ impl Queue {
         self.next_avail
     }
 
+    /// The used ring's `idx` in guest memory now: how far whoever serves the ring (this queue,
+    /// or a vhost-user daemon given its addresses) has returned requests.
+    pub fn used_index(&self) -> u16 {
+        self.used_u16(2).load(Ordering::Acquire)
+    }
+
     /// Resume a ring another device implementation (or an earlier connection) served: take
     /// requests from avail index `next_avail` on, and continue the used ring where its `idx` in
     /// guest memory says. A new queue starts at 0 for both, which is right for a ring the driver
     /// has just set up.
     pub fn resume(&mut self, next_avail: u16) {
         self.next_avail = next_avail;
-        self.next_used = self.used_u16(2).load(Ordering::Acquire);
+        self.next_used = self.used_index();
         self.signalled_used = None;
     }
 

@@ -265,8 +265,10 @@ pub struct VhostUserReport {
     pub features: u64,
     /// Times the driver started the device and the daemon took the ring.
     pub activations: u64,
-    /// The daemon closed the connection while the VM ran.
+    /// The daemon closed the connection while the VM ran and none took over.
     pub daemon_gone: bool,
+    /// Times a new daemon took the disk over.
+    pub reconnections: u64,
 }
 
 /// A KVM virtual machine built from a `VmConfig`: guest memory, vCPUs, the MMIO bus with the
@@ -498,6 +500,7 @@ impl Vm {
                     features: info.features.load(Ordering::Relaxed),
                     activations: info.activations.load(Ordering::Relaxed),
                     daemon_gone: info.daemon_gone.load(Ordering::Relaxed),
+                    reconnections: info.reconnections.load(Ordering::Relaxed),
                 }),
             })
             .collect();

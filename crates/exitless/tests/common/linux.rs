@@ -99,10 +99,8 @@ pub fn initramfs_with(kernel: &Kernel, init: &str, files: &[(&str, u32, &[u8])],
     std::fs::write(path, cpio.finish()).unwrap();
 }
 
-/// `initramfs` with host `programs` (path, the package that has it) and their libraries,
-/// executable.
-pub fn initramfs_with_programs(kernel: &Kernel, init: &str, programs: &[(&str, &str)], path: &Path) {
-    let programs = host_programs(programs);
+/// `initramfs_with` host programs (as `host_programs` gives them), each executable.
+pub fn initramfs_with_programs(kernel: &Kernel, init: &str, programs: &[(String, Vec<u8>)], path: &Path) {
     let files: Vec<(&str, u32, &[u8])> =
         programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
     initramfs_with(kernel, init, &files, path);

@@ -39,6 +39,9 @@ pub const F_BLK_MQ: u64 = 1 << 12;
 pub const F_BLK_FLUSH: u64 = 1 << 9;
 pub const F_BLK_RO: u64 = 1 << 5;
 pub const F_BLK_WRITE_ZEROES: u64 = 1 << 14;
+pub const F_BLK_CONFIG_WCE: u64 = 1 << 11;
+/// `writeback` in struct virtio_blk_config (QEMU calls it `wce`).
+pub const CONFIG_WRITEBACK: u32 = 32;
 pub const P_MQ: u64 = 1;
 pub const P_REPLY_ACK: u64 = 1 << 3;
 pub const P_CONFIG: u64 = 1 << 9;
@@ -264,6 +267,22 @@ impl Frontend {
         assert_eq!(reply.len(), 12 + size as usize);
         assert_eq!(&reply[..8], &payload[..8]);
         reply[12..].to_vec()
+    }
+
+    /// SET_CONFIG's payload: offset, size, flags, then `data` (`size` need not be its length).
+    pub fn config_write(offset: u32, size: u32, flags: u32, data: &[u8]) -> Vec<u8> {
+        let mut payload = Vec::new();
+        for v in [offset, size, flags] {
+            payload.extend_from_slice(&v.to_le_bytes());
+        }
+        payload.extend_from_slice(data);
+        payload
+    }
+
+    /// Switch the cache mode as QEMU 7.2's vhost-user-blk does when its driver writes `wce`:
+    /// SET_CONFIG of the 1-byte field at offsetof(struct virtio_blk_config, wce), flags 0.
+    pub fn set_writeback(&self, writeback: u8) {
+        self.set(code::SET_CONFIG, &Self::config_write(CONFIG_WRITEBACK, 1, 0, &[writeback]), &[]);
     }
 
     pub fn set_mem_table(&self) {

@@ -41,7 +41,9 @@ pub const MAX_QUEUES: usize = 16;
 /// secure-erase fields after it are not offered.
 const CONFIG_LEN: usize = 60;
 const CONFIG_TOPOLOGY: usize = 24;
-const CONFIG_WRITEBACK: usize = 32;
+/// Where `writeback` lies in configuration space: the one byte VIRTIO_BLK_F_CONFIG_WCE lets
+/// the driver write (offsetof(struct virtio_blk_config, wce) in QEMU).
+pub const CONFIG_WRITEBACK: usize = 32;
 const CONFIG_NUM_QUEUES: usize = 34;
 const CONFIG_DISCARD: usize = 36;
 const CONFIG_WRITE_ZEROES: usize = 48;
@@ -170,11 +172,20 @@ impl Block {
 
     /// Offer VIRTIO_BLK_F_CONFIG_WCE: the driver may switch the cache between write back and
     /// write through by writing `writeback` in configuration space. Only for a transport that
-    /// passes configuration writes on (virtio-mmio); the vhost-user daemon does not take
-    /// SET_CONFIG, so its disks stay write back (FLUSH is offered either way).
+    /// passes configuration writes on (virtio-mmio's registers, vhost-user's SET_CONFIG).
     pub fn with_writeback_switch(mut self) -> Block {
         self.features |= 1 << VIRTIO_BLK_F_CONFIG_WCE;
         self
+    }
+
+    /// Is VIRTIO_BLK_F_CONFIG_WCE offered (`with_writeback_switch`)?
+    pub fn has_writeback_switch(&self) -> bool {
+        self.features & 1 << VIRTIO_BLK_F_CONFIG_WCE != 0
+    }
+
+    /// Is the disk read-only (VIRTIO_BLK_F_RO)?
+    pub fn read_only(&self) -> bool {
+        self.disk.read_only
     }
 
     /// Write back (the default) or through; see `DiskInfo::write_through`.
@@ -276,7 +287,7 @@ impl VirtioDevice for Block {
     /// Only `writeback` is the driver's to write, and only with VIRTIO_BLK_F_CONFIG_WCE
     /// offered: 0 writes through, anything else back.
     fn write_config(&mut self, offset: u64, data: &[u8]) {
-        if self.features & 1 << VIRTIO_BLK_F_CONFIG_WCE == 0 {
+        if !self.has_writeback_switch() {
             return;
         }
         if let (Ok(CONFIG_WRITEBACK), [value]) = (usize::try_from(offset), data) {

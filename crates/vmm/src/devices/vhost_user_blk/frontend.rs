@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use vhost_user_protocol::message::{
-    code, request_name, Header, MemoryRegion, VringAddr, Wire, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
-    VRING_INDEX_MASK,
+    code, request_name, Header, InflightInfo, MemoryRegion, VringAddr, Wire, FLAG_NEED_REPLY, FLAG_REPLY,
+    INFLIGHT_INFO_LEN, VERSION, VRING_INDEX_MASK,
 };
 
 /// How long connecting may take (a daemon whose listen backlog is full).
@@ -148,6 +148,29 @@ impl Frontend {
         self.exchange(code::SET_MEM_TABLE, &payload, &fds, None).map(drop)
     }
 
+    /// GET_INFLIGHT_FD for one queue of `queue_size` descriptors: the daemon's region for
+    /// its requests in flight, which outlives the daemon (the reply's descriptor).
+    pub fn get_inflight_fd(&mut self, queue_size: u16) -> Result<(InflightInfo, OwnedFd), FrontendError> {
+        let request = code::GET_INFLIGHT_FD;
+        let asked = InflightInfo { num_queues: 1, queue_size, ..InflightInfo::default() };
+        let (reply, fd) = self.exchange_fd(request, &asked.to_bytes(), INFLIGHT_INFO_LEN)?;
+        let info = InflightInfo {
+            mmap_size: u64_at(&reply, 0),
+            mmap_offset: u64_at(&reply, 8),
+            num_queues: u16_at(&reply, 16),
+            queue_size: u16_at(&reply, 18),
+        };
+        if info.mmap_size == 0 {
+            return Err(self.bad_reply(request, "an empty region".to_string()));
+        }
+        Ok((info, fd))
+    }
+
+    /// SET_INFLIGHT_FD: hand a (new) daemon the region its predecessor kept.
+    pub fn set_inflight_fd(&mut self, info: InflightInfo, fd: RawFd) -> Result<(), FrontendError> {
+        self.exchange(code::SET_INFLIGHT_FD, &info.to_bytes(), &[fd], None).map(drop)
+    }
+
     /// GET_CONFIG of `size` bytes from offset 0; the reply must be exactly that.
     pub fn get_config(&mut self, size: u32) -> Result<Vec<u8>, FrontendError> {
         let request = code::GET_CONFIG;
@@ -170,21 +193,50 @@ impl Frontend {
         fds: &[RawFd],
         reply_len: Option<usize>,
     ) -> Result<Vec<u8>, FrontendError> {
+        self.checked_exchange(request, payload, fds, reply_len, false).map(|(body, _)| body)
+    }
+
+    /// Send `request` and wait for its reply of `reply_len` bytes with one file descriptor.
+    fn exchange_fd(
+        &mut self,
+        request: u32,
+        payload: &[u8],
+        reply_len: usize,
+    ) -> Result<(Vec<u8>, OwnedFd), FrontendError> {
+        match self.checked_exchange(request, payload, &[], Some(reply_len), true)? {
+            (body, Some(fd)) => Ok((body, fd)),
+            (_, None) => {
+                self.broken = true;
+                Err(self.bad_reply(request, "no file descriptor".to_string()))
+            }
+        }
+    }
+
+    fn checked_exchange(
+        &mut self,
+        request: u32,
+        payload: &[u8],
+        fds: &[RawFd],
+        reply_len: Option<usize>,
+        reply_fd: bool,
+    ) -> Result<(Vec<u8>, Option<OwnedFd>), FrontendError> {
         if self.broken {
             return Err(FrontendError::Broken(self.path.clone()));
         }
-        let result = self.try_exchange(request, payload, fds, reply_len);
+        let result = self.try_exchange(request, payload, fds, reply_len, reply_fd);
         self.broken = result.is_err();
         result
     }
 
+    /// One exchange; the reply may carry a descriptor only when `reply_fd` says it should.
     fn try_exchange(
         &mut self,
         request: u32,
         payload: &[u8],
         fds: &[RawFd],
         reply_len: Option<usize>,
-    ) -> Result<Vec<u8>, FrontendError> {
+        reply_fd: bool,
+    ) -> Result<(Vec<u8>, Option<OwnedFd>), FrontendError> {
         let name = request_name(request).unwrap_or("request");
         let ack = reply_len.is_none() && self.reply_ack;
         let flags = VERSION | if ack { FLAG_NEED_REPLY } else { 0 };
@@ -195,9 +247,9 @@ impl Frontend {
         let expected = match (reply_len, ack) {
             (Some(len), _) => len,
             (None, true) => 8,
-            (None, false) => return Ok(Vec::new()),
+            (None, false) => return Ok((Vec::new(), None)),
         };
-        let (reply, body, reply_fds) = match wire.recv() {
+        let (reply, body, mut reply_fds) = match wire.recv() {
             Ok(Some(message)) => message,
             Ok(None) => return Err(FrontendError::Closed(self.path.clone())),
             Err(e) => return Err(self.wire_error(name, e)),
@@ -209,7 +261,7 @@ impl Frontend {
         if reply.flags != VERSION | FLAG_REPLY {
             return Err(self.bad_reply(request, format!("header flags {:#x}", reply.flags)));
         }
-        if !reply_fds.is_empty() {
+        if reply_fds.len() > usize::from(reply_fd) {
             // Dropping them closes them.
             return Err(self.bad_reply(request, format!("{} file descriptors", reply_fds.len())));
         }
@@ -222,7 +274,7 @@ impl Frontend {
                 return Err(FrontendError::Refused { path: self.path.clone(), request: name, status });
             }
         }
-        Ok(body)
+        Ok((body, reply_fds.pop()))
     }
 
     fn bad_reply(&self, request: u32, what: String) -> FrontendError {
@@ -261,6 +313,10 @@ fn state_bytes(index: u32, num: u32) -> [u8; 8] {
 
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
     bytes.get(at..at + 4).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes)
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> u16 {
+    bytes.get(at..at + 2).and_then(|b| b.try_into().ok()).map_or(0, u16::from_le_bytes)
 }
 
 fn u64_at(bytes: &[u8], at: usize) -> u64 {

@@ -2,33 +2,31 @@
 //! (`exitless vhost-user-blk`, or any vhost-user-blk backend): the guest sees the same device as
 //! a local disk, but requests go from its ring straight to the daemon's IOCore.
 //!
-//! - Set-up, when the VM is built: connect, GET_FEATURES, GET_PROTOCOL_FEATURES (CONFIG is
-//!   needed: the capacity and the rest of the configuration space come from GET_CONFIG),
-//!   SET_PROTOCOL_FEATURES, SET_OWNER, GET_CONFIG.
-//! - DRIVER_OK (on the vCPU, in the Status write's exit): SET_FEATURES with the driver's
-//!   features, SET_MEM_TABLE (guest RAM is one memfd, see `memory::create_shared`), and for the
-//!   queue SET_VRING_NUM/ADDR (addresses in the VMM's mapping)/BASE/CALL/ERR/KICK/ENABLE. The
-//!   kick is the queue's ioeventfd on QueueNotify (a notification never leaves the kernel), the
-//!   call its irqfd (KVM injects the daemon's interrupts itself).
+//! - Set-up, when the VM is built: connect and negotiate ([`link`]).
+//! - DRIVER_OK (on the vCPU, in the Status write's exit): GET_INFLIGHT_FD where the daemon keeps
+//!   its requests in flight in shared memory, then SET_INFLIGHT_FD, SET_FEATURES with the
+//!   driver's features, SET_MEM_TABLE and the queue's SET_VRING_*. The kick is the queue's
+//!   ioeventfd on QueueNotify (a notification never leaves the kernel), the call its irqfd (KVM
+//!   injects the daemon's interrupts itself).
 //! - Device reset: GET_VRING_BASE stops the ring in the daemon.
-//! - While it runs, a thread watches the ring's error eventfd and the connection: see [`watch`].
+//! - While it runs, a thread watches the ring's error eventfd and the connection, and connects
+//!   to the next daemon when this one goes away: see [`watch`].
 //!
 //! The daemon is not trusted: offered features are cut to those this transport can honour,
 //! replies are checked (see [`frontend`]), and every wait has a time limit.
 
 pub mod frontend;
+pub mod link;
 pub mod watch;
 
 use std::any::Any;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sandbox::Filter;
 use thiserror::Error;
-use vhost_user_protocol::features::{protocol, VHOST_USER_F_PROTOCOL_FEATURES};
-use vhost_user_protocol::message::{code, MemoryRegion, VringAddr};
 use virtio::block::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
     VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
@@ -40,10 +38,11 @@ use virtio::{
     ActivateError, DeviceSignals, QueueWorker, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
     VIRTIO_F_VERSION_1,
 };
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use frontend::{Frontend, FrontendError};
+use frontend::FrontendError;
+use link::{Link, RingFds};
 use watch::{Shared, Watcher};
 
 /// A disk served by the vhost-user daemon listening at `socket` (`--disk vhost-user=SOCKET`).
@@ -51,11 +50,17 @@ use watch::{Shared, Watcher};
 pub struct VhostUserDisk {
     /// The daemon's socket for this disk.
     pub socket: PathBuf,
+    /// How long to keep trying to connect to a new daemon on the socket when the daemon goes
+    /// away (zero: fail the device at once).
+    pub reconnect: Duration,
 }
 
-/// Bytes of configuration space asked for (struct virtio_blk_config up to `num_queues` and
-/// beyond; the driver reads what its features name).
-const CONFIG_SIZE: u32 = 60;
+impl VhostUserDisk {
+    /// How long a disk waits for its daemon to come back unless told otherwise: enough for a
+    /// daemon restarted by a supervisor.
+    pub const DEFAULT_RECONNECT: Duration = Duration::from_secs(10);
+}
+
 /// virtio-blk feature bits passed on from the daemon (besides the ring features below): those
 /// that need nothing of the transport or the VMM (DISCARD and WRITE_ZEROES are requests the
 /// daemon serves, their limits in the configuration space read with GET_CONFIG). Not MQ: this
@@ -90,11 +95,13 @@ pub enum VhostUserError {
     Thread(#[source] std::io::Error),
     #[error("guest memory is not shared (no memfd behind region {0}): a vhost-user daemon cannot map it")]
     NotShared(usize),
+    #[error("the new vhost-user daemon changed {0}")]
+    Changed(&'static str),
 }
 
 /// What the VMM knows of a vhost-user disk, for `run --stats`: the daemon serves the requests
 /// and raises the interrupts (through the irqfd, which KVM handles), so the VMM does not see
-/// them; it sees set-up and failures.
+/// them; it sees set-up, reconnections and failures.
 #[derive(Debug)]
 pub struct VhostUserInfo {
     /// The daemon's socket.
@@ -103,22 +110,20 @@ pub struct VhostUserInfo {
     pub features: AtomicU64,
     /// Times the driver started the device and the daemon took the ring (DRIVER_OK).
     pub activations: AtomicU64,
-    /// The daemon closed the connection while the VM ran (set by the watcher).
+    /// The daemon closed the connection while the VM ran, and no other daemon has taken over
+    /// (set by the watcher, cleared when it reconnects).
     pub daemon_gone: AtomicBool,
+    /// Times a new daemon took the disk over after the previous one went away.
+    pub reconnections: AtomicU64,
 }
 
 /// The device model: configuration and features from the daemon, the data path with it.
 pub struct VhostUserBlk {
-    frontend: Frontend,
+    link: Arc<Link>,
     /// Features offered to the driver.
     features: u64,
-    /// VHOST_USER_F_PROTOCOL_FEATURES, acknowledged back with the driver's features.
-    protocol_bit: u64,
     config: Vec<u8>,
     queue_sizes: [u16; 1],
-    kick: Arc<EventFd>,
-    call: Arc<EventFd>,
-    err: Arc<EventFd>,
     shared: Arc<Shared>,
     info: Arc<VhostUserInfo>,
     // Dropped last: stops the watcher, which holds `shared`.
@@ -135,53 +140,34 @@ impl VhostUserBlk {
         call: Arc<EventFd>,
         filter: Filter,
     ) -> Result<VhostUserBlk, VhostUserError> {
-        let mut frontend = Frontend::connect(&disk.socket)?;
-        let missing = |what| FrontendError::Missing { path: disk.socket.clone(), what };
-        let daemon_features = frontend.get_u64(code::GET_FEATURES)?;
-        if daemon_features & 1 << VIRTIO_F_VERSION_1 == 0 {
-            return Err(missing("VIRTIO_F_VERSION_1 (a virtio 1.x device)").into());
-        }
-        if daemon_features & 1 << VHOST_USER_F_PROTOCOL_FEATURES == 0 {
-            return Err(missing("protocol features (VHOST_USER_F_PROTOCOL_FEATURES)").into());
-        }
-        let daemon_protocol = frontend.get_u64(code::GET_PROTOCOL_FEATURES)?;
-        if daemon_protocol & 1 << protocol::CONFIG == 0 {
-            return Err(
-                missing("the CONFIG protocol feature (the disk's capacity comes from GET_CONFIG)").into()
-            );
-        }
-        let protocol = daemon_protocol & (1 << protocol::CONFIG | 1 << protocol::REPLY_ACK);
-        frontend.set_u64(code::SET_PROTOCOL_FEATURES, protocol)?;
-        if protocol & 1 << protocol::REPLY_ACK != 0 {
-            frontend.use_reply_ack();
-        }
-        frontend.set_owner()?;
-        let config = frontend.get_config(CONFIG_SIZE)?;
-
         let err = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(VhostUserError::EventFd)?);
-        let socket = frontend.stream().try_clone().map_err(VhostUserError::Thread)?;
+        let (link, offer) = Link::connect(&disk.socket, RingFds { kick, call, err: err.clone() })?;
+        let link = Arc::new(link);
+        let socket = link.stream().map_err(VhostUserError::Thread)?;
         let info = Arc::new(VhostUserInfo {
             socket: disk.socket.clone(),
             features: AtomicU64::new(0),
             activations: AtomicU64::new(0),
             daemon_gone: AtomicBool::new(false),
+            reconnections: AtomicU64::new(0),
         });
+        let features = passed_on(offer.features);
+        let config = offer.config.clone();
         let shared = Arc::new(Shared {
             path: disk.socket.display().to_string(),
             signals: Mutex::new(None),
             info: info.clone(),
+            link: link.clone(),
+            offer,
+            reconnect: disk.reconnect,
         });
-        let watcher = Watcher::spawn(socket.into(), err.clone(), shared.clone(), filter)
-            .map_err(VhostUserError::Thread)?;
+        let watcher =
+            Watcher::spawn(socket.into(), err, shared.clone(), filter).map_err(VhostUserError::Thread)?;
         Ok(VhostUserBlk {
-            frontend,
-            features: passed_on(daemon_features),
-            protocol_bit: 1 << VHOST_USER_F_PROTOCOL_FEATURES,
+            link,
+            features,
             config,
             queue_sizes: [MAX_QUEUE_SIZE],
-            kick,
-            call,
-            err,
             shared,
             info,
             _watcher: watcher,
@@ -191,33 +177,6 @@ impl VhostUserBlk {
     /// What the VMM knows of the disk, kept up to date while it runs.
     pub fn info(&self) -> Arc<VhostUserInfo> {
         self.info.clone()
-    }
-
-    /// Hand the daemon guest memory and the ring (see the module documentation).
-    fn start(&mut self, mem: &GuestMemoryMmap, queue: &Queue, features: u64) -> Result<(), VhostUserError> {
-        let mut regions = Vec::new();
-        for (index, region) in mem.iter().enumerate() {
-            let file = region.file_offset().ok_or(VhostUserError::NotShared(index))?;
-            let table = MemoryRegion {
-                guest_phys_addr: region.start_addr().0,
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
-                mmap_offset: file.start(),
-            };
-            regions.push((table, file.file().as_raw_fd()));
-        }
-        let f = &mut self.frontend;
-        f.set_u64(code::SET_FEATURES, features | self.protocol_bit)?;
-        f.set_mem_table(&regions)?;
-        let (desc, avail, used) = queue.host_addresses();
-        f.set_vring_state(code::SET_VRING_NUM, 0, u32::from(queue.size()))?;
-        f.set_vring_addr(VringAddr { index: 0, flags: 0, desc, used, avail, log: 0 })?;
-        f.set_vring_state(code::SET_VRING_BASE, 0, 0)?;
-        f.set_vring_fd(code::SET_VRING_CALL, 0, self.call.as_raw_fd())?;
-        f.set_vring_fd(code::SET_VRING_ERR, 0, self.err.as_raw_fd())?;
-        f.set_vring_fd(code::SET_VRING_KICK, 0, self.kick.as_raw_fd())?;
-        f.set_vring_state(code::SET_VRING_ENABLE, 0, 1)?;
-        Ok(())
     }
 
     fn set_signals(&self, signals: Option<DeviceSignals>) {
@@ -244,19 +203,20 @@ impl VirtioDevice for VhostUserBlk {
 
     fn activate(
         &mut self,
-        mem: &GuestMemoryMmap,
+        _mem: &GuestMemoryMmap,
         queues: Vec<Queue>,
         features: u64,
         signals: DeviceSignals,
     ) -> Result<Box<dyn QueueWorker>, ActivateError> {
-        let [queue] = queues.as_slice() else {
-            return Err(ActivateError::MultiQueue { queues: queues.len() });
+        let queue = match <[Queue; 1]>::try_from(queues) {
+            Ok([queue]) => queue,
+            Err(queues) => return Err(ActivateError::MultiQueue { queues: queues.len() }),
         };
         if self.info.daemon_gone.load(Ordering::Acquire) {
             signals.backend_failed("the vhost-user daemon is gone; the disk cannot start");
             return Err(ActivateError::NoBackend);
         }
-        if let Err(e) = self.start(mem, queue, features) {
+        if let Err(e) = self.link.start(queue, features) {
             signals.backend_failed(&format!("cannot start the disk: {e}"));
             return Err(ActivateError::NoBackend);
         }
@@ -268,13 +228,8 @@ impl VirtioDevice for VhostUserBlk {
 
     fn deactivate(&mut self, _worker: Box<dyn QueueWorker>) {
         self.set_signals(None);
-        if self.info.daemon_gone.load(Ordering::Acquire) || self.frontend.broken() {
-            return;
-        }
-        match self.frontend.get_vring_base(0) {
-            Ok(_) | Err(FrontendError::Closed(_)) => {}
-            Err(e) => log::warn!("vhost-user disk {}: cannot stop the ring: {e}", self.shared.path),
-        }
+        // Also while the daemon is away: a daemon that takes over then gets no ring.
+        self.link.stop();
     }
 
     fn interrupt_status_while_active(&self) -> u32 {
@@ -310,6 +265,7 @@ impl QueueWorker for Remote {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vhost_user_protocol::features::VHOST_USER_F_PROTOCOL_FEATURES;
 
     #[test]
     fn only_features_the_transport_honours_are_passed_on() {

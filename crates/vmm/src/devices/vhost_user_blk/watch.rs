@@ -1,12 +1,18 @@
 //! The thread that watches a vhost-user disk while the VM runs: the ring's error eventfd (the
-//! daemon found the ring broken) and the connection (the daemon went away). Either way the
-//! device shows DEVICE_NEEDS_RESET with a configuration-change interrupt and the host logs one
-//! line; the guest's driver sees a device error or, polling, no completion (its own timeout).
+//! daemon found the ring broken) and the connection (the daemon went away).
+//!
+//! When the daemon goes away, the watcher connects to whichever daemon listens on the socket
+//! next, for up to the disk's `reconnect` time (every 10 ms), and sets it up as the old one was
+//! ([`super::link`]); the guest's requests wait meanwhile, and those the old daemon had not
+//! answered are served by the new one. A ring error, or no daemon in time, shows the device as
+//! DEVICE_NEEDS_RESET with a configuration-change interrupt, and the host logs one line; the
+//! guest's driver sees a device error or, polling, no completion (its own timeout).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use sandbox::Filter;
 use virtio::DeviceSignals;
@@ -20,6 +26,12 @@ pub struct Shared {
     pub signals: Mutex<Option<DeviceSignals>>,
     /// Where the watcher notes that the daemon closed the connection.
     pub info: Arc<super::VhostUserInfo>,
+    /// The connection, which the watcher replaces when the daemon restarts.
+    pub link: Arc<super::link::Link>,
+    /// What the first daemon offered: a new one must offer the same.
+    pub offer: super::link::Offer,
+    /// How long to wait for a new daemon (`VhostUserDisk::reconnect`).
+    pub reconnect: Duration,
 }
 
 impl Shared {
@@ -55,7 +67,7 @@ impl Watcher {
                 log::error!("vhost-user disk {}: {e}", shared.path);
                 return;
             }
-            watch(&socket, &err, &stop_fd, &shared);
+            watch(socket, &err, &stop_fd, &shared);
         })?;
         Ok(Watcher { stop, thread: Some(thread) })
     }
@@ -70,7 +82,10 @@ impl Drop for Watcher {
     }
 }
 
-fn watch(socket: &OwnedFd, err: &EventFd, stop: &EventFd, shared: &Shared) {
+/// How often the watcher tries to connect to a new daemon.
+const RECONNECT_INTERVAL: Duration = Duration::from_millis(10);
+
+fn watch(mut socket: OwnedFd, err: &EventFd, stop: &EventFd, shared: &Shared) {
     let mut fds = [
         libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: err.as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -101,8 +116,59 @@ fn watch(socket: &OwnedFd, err: &EventFd, stop: &EventFd, shared: &Shared) {
         }
         if fds[2].revents != 0 {
             shared.info.daemon_gone.store(true, Ordering::Release);
-            fds[2].fd = -1;
-            shared.fail("the vhost-user daemon closed the connection (did it stop?)");
+            match reconnect(stop, shared) {
+                Some(next) => {
+                    socket = next;
+                    fds[2].fd = socket.as_raw_fd();
+                    shared.info.daemon_gone.store(false, Ordering::Release);
+                    shared.info.reconnections.fetch_add(1, Ordering::Relaxed);
+                }
+                None => fds[2].fd = -1,
+            }
+        }
+    }
+}
+
+/// Connect to the next daemon on the socket within `shared.reconnect`, or fail the device.
+/// Returns the new connection to watch; `None` also when told to stop.
+fn reconnect(stop: &EventFd, shared: &Shared) -> Option<OwnedFd> {
+    let limit = shared.reconnect;
+    if limit.is_zero() {
+        shared.fail("the vhost-user daemon closed the connection (did it stop?)");
+        return None;
+    }
+    log::warn!(
+        "vhost-user disk {}: the vhost-user daemon closed the connection; waiting up to {} s for the next one",
+        shared.path,
+        limit.as_secs_f64()
+    );
+    let started = Instant::now();
+    loop {
+        let why = match shared.link.reconnect(&shared.offer) {
+            Ok((stream, resumed)) => {
+                let ring =
+                    resumed.map_or(String::new(), |base| format!(", its ring resumed at used index {base}"));
+                log::warn!(
+                    "vhost-user disk {}: reconnected to a daemon after {} ms{ring}",
+                    shared.path,
+                    started.elapsed().as_millis()
+                );
+                return Some(stream.into());
+            }
+            Err(e) => e,
+        };
+        if started.elapsed() >= limit {
+            shared.fail(&format!(
+                "the vhost-user daemon closed the connection and none took over within {} s ({why})",
+                limit.as_secs_f64()
+            ));
+            return None;
+        }
+        let mut wait = [libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let ms = RECONNECT_INTERVAL.as_millis() as libc::c_int;
+        // SAFETY: one valid pollfd; poll writes only its `revents`.
+        if unsafe { libc::poll(wait.as_mut_ptr(), 1, ms) } > 0 {
+            return None;
         }
     }
 }
