@@ -629,6 +629,20 @@ fn while_logging_a_read_marks_its_data_status_and_used_ring_pages_and_nothing_el
     assert_eq!(frontend.blk(0, T_OUT, 16, 4096), 0);
     assert_eq!(log.dirty_pages(), vec![page(STATUS), page(used)], "status and used ring of a write");
 
+    // GET_ID: the answer's page, the status and the used ring.
+    const T_GET_ID: u32 = 8;
+    log.clear();
+    let mut chain = frontend.blk_chain(T_GET_ID, 0, 20);
+    chain[1].2 = true; // the device writes the answer
+    frontend.submit(0, &chain);
+    frontend.wait_used(0);
+    assert_eq!(frontend.mem.read(STATUS, 1), [0], "GET_ID's status");
+    assert_eq!(log.dirty_pages(), vec![page(DATA), page(STATUS), page(used)], "pages of a GET_ID");
+    // A request refused without reaching the disk (an unknown type: UNSUPP).
+    log.clear();
+    assert_eq!(frontend.blk(0, 99, 0, 0), 2, "UNSUPP");
+    assert_eq!(log.dirty_pages(), vec![page(STATUS), page(used)], "status and used ring of a refusal");
+
     // Logging off (migration over): no bits, whatever the device writes.
     set_logging(&frontend, false);
     log.clear();
