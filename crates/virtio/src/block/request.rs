@@ -64,11 +64,6 @@ pub struct Request {
     /// Bytes a DISCARD or WRITE_ZEROES covers from `offset`.
     pub range_len: u64,
     pub status: StatusByte,
-    /// The data segments' guest-physical ranges (address, length), recorded only while
-    /// `record_gpas` is set: a live migration's dirty log marks the pages a read wrote.
-    gpas: [(u64, u32); MAX_SEGMENTS],
-    /// Record `gpas` (the worker sets it while it logs dirty pages).
-    pub record_gpas: bool,
 }
 
 /// Why a request cannot run; what the guest is told.
@@ -96,24 +91,13 @@ impl Request {
             segment_count: 0,
             data_len: 0,
             range_len: 0,
-            status: StatusByte { ptr: std::ptr::null_mut(), gpa: 0 },
-            gpas: [(0, 0); MAX_SEGMENTS],
-            record_gpas: false,
+            status: StatusByte(std::ptr::null_mut()),
         }
     }
 
     /// The data segments (crate-private: they are valid only while the queue they came from lives).
     pub(crate) fn segments(&self) -> &[Segment] {
         &self.segments[..self.segment_count]
-    }
-
-    /// The data segments' guest-physical ranges, when `record_gpas` was set during `parse`.
-    pub(crate) fn segment_gpas(&self) -> &[(u64, u32)] {
-        if self.record_gpas {
-            &self.gpas[..self.segment_count]
-        } else {
-            &[]
-        }
     }
 
     /// Parse the chain at `head` into `self` (reused: no allocation). A `QueueError` means the
@@ -186,9 +170,6 @@ impl Request {
             // hand them to the kernel (the contract of `Segment::new`).
             self.segments[self.segment_count] =
                 unsafe { Segment::new(slice.ptr_guard_mut().as_ptr(), data.len) };
-            if self.record_gpas {
-                self.gpas[self.segment_count] = (data.addr, data.len);
-            }
             self.segment_count += 1;
             self.data_len += data.len as u64;
         }
@@ -271,8 +252,7 @@ fn host_status(mem: &GuestMemoryMmap, descriptor: &Descriptor) -> Option<StatusB
     }
     // The status is the last byte of the last descriptor.
     let last = descriptor.addr.checked_add(descriptor.len as u64 - 1)?;
-    let slice = mem.get_slice(GuestAddress(last), 1).ok()?;
-    Some(StatusByte { ptr: slice.ptr_guard_mut().as_ptr(), gpa: last })
+    mem.get_slice(GuestAddress(last), 1).ok().map(|s| StatusByte(s.ptr_guard_mut().as_ptr()))
 }
 
 fn read_header(mem: &GuestMemoryMmap, addr: u64) -> Option<(u32, u64)> {
@@ -287,22 +267,18 @@ fn read_header(mem: &GuestMemoryMmap, addr: u64) -> Option<(u32, u64)> {
 
 /// A request's status byte in guest RAM. Only `parse` makes one, from a checked address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatusByte {
-    ptr: *mut u8,
-    /// Its guest-physical address, for the dirty log.
-    gpa: u64,
-}
+pub struct StatusByte(*mut u8);
 
 impl StatusByte {
     pub(crate) fn write(self, code: u8) {
         // SAFETY: the address came from `host_status`: a device-writable byte inside the queue's
         // memory; status bytes are crate-private and used only by the BlockWorker that owns
         // that queue, which keeps the memory mapped.
-        unsafe { self.ptr.write_volatile(code) }
+        unsafe { self.0.write_volatile(code) }
     }
 
-    /// Its guest-physical address.
-    pub(crate) fn gpa(self) -> u64 {
-        self.gpa
+    /// Where it is in this process (the dirty log finds its guest-physical address).
+    pub(crate) fn host_address(self) -> *mut u8 {
+        self.0
     }
 }

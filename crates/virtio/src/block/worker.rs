@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use metrics::latency::LocalHistogram;
 use rate_limiter::RateLimiter;
-use storage::{Backend, Completion, IoError, Op, MAX_SEGMENTS};
-use vm_memory::VolatileSlice;
+use storage::{Backend, Completion, IoError, Op, Segment, MAX_SEGMENTS};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice};
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
@@ -144,19 +144,39 @@ impl DirtyState {
         }
     }
 
-    /// Keep `gpas`, the ranges the disk will write for `head` (a head below the queue size).
-    fn hold(&mut self, head: u16, gpas: &[(u64, u32)]) {
+    /// Keep the guest-physical ranges of `segments`, which the disk will write for `head` (a
+    /// head below the queue size).
+    fn hold(&mut self, mem: &GuestMemoryMmap, head: u16, segments: &[Segment]) {
         let head = usize::from(head);
-        let n = gpas.len().min(MAX_SEGMENTS);
+        let n = segments.len().min(MAX_SEGMENTS);
         if let Some(slots) = self.ranges.get_mut(head * MAX_SEGMENTS..head * MAX_SEGMENTS + n) {
-            slots.copy_from_slice(&gpas[..n]);
+            for (slot, segment) in slots.iter_mut().zip(segments) {
+                // Segments come from the queue's memory; one that did not would mark nothing.
+                *slot = (guest_address(mem, segment.addr()).unwrap_or(u64::MAX), segment.len());
+            }
             // MAX_SEGMENTS (128) fits a u8.
             self.counts[head] = u8::try_from(n).unwrap_or(0);
         }
     }
 
+    /// Mark the pages of `segments`, just written.
+    fn mark_segments(&self, mem: &GuestMemoryMmap, segments: &[Segment]) {
+        for segment in segments {
+            if let Some(gpa) = guest_address(mem, segment.addr()) {
+                self.log.mark(gpa, u64::from(segment.len()));
+            }
+        }
+    }
+
+    /// Mark a status byte just written.
+    fn mark_status(&self, mem: &GuestMemoryMmap, status: StatusByte) {
+        if let Some(gpa) = guest_address(mem, status.host_address()) {
+            self.log.mark(gpa, 1);
+        }
+    }
+
     /// `head` finished: mark the ranges its disk wrote and its status byte.
-    fn mark_finished(&mut self, head: u16, status: StatusByte) {
+    fn mark_finished(&mut self, mem: &GuestMemoryMmap, head: u16, status: StatusByte) {
         let head = usize::from(head);
         if let Some(count) = self.counts.get_mut(head) {
             let n = usize::from(std::mem::take(count));
@@ -164,8 +184,18 @@ impl DirtyState {
                 self.log.mark(gpa, u64::from(len));
             }
         }
-        self.log.mark(status.gpa(), 1);
+        self.mark_status(mem, status);
     }
+}
+
+/// The guest-physical address of `host`, a byte of one of `mem`'s regions as mapped here. Only
+/// while logging: requests carry host addresses, and finding the region costs a few compares.
+fn guest_address(mem: &GuestMemoryMmap, host: *mut u8) -> Option<u64> {
+    let host = host as usize;
+    mem.iter().find_map(|region| {
+        let offset = host.checked_sub(region.as_ptr() as usize)?;
+        (offset < region.size()).then(|| region.start_addr().0 + offset as u64)
+    })
 }
 
 /// One virtio-blk queue's data path: the queue (which keeps guest memory mapped), the backend
@@ -276,7 +306,6 @@ impl BlockWorker {
     /// `log`: a live migration is copying guest memory. The used ring is the queue's to mark
     /// (`Queue::with_used_log`).
     pub fn with_dirty_log(mut self, log: DirtyLog) -> BlockWorker {
-        self.request.record_gpas = true;
         self.dirty = Some(Box::new(DirtyState::new(log, self.queue.size())));
         self
     }
@@ -284,7 +313,7 @@ impl BlockWorker {
     /// Mark a status byte just written, if logging.
     fn log_status(&self, status: StatusByte) {
         if let Some(dirty) = &self.dirty {
-            dirty.log.mark(status.gpa(), 1);
+            dirty.mark_status(self.queue.memory(), status);
         }
     }
 
@@ -458,10 +487,8 @@ impl BlockWorker {
                 let written = self.disk.id.len() - id.len() + 1;
                 request.status.write(VIRTIO_BLK_S_OK);
                 if let Some(dirty) = &self.dirty {
-                    for &(gpa, len) in request.segment_gpas() {
-                        dirty.log.mark(gpa, u64::from(len));
-                    }
-                    dirty.log.mark(request.status.gpa(), 1);
+                    dirty.mark_segments(self.queue.memory(), request.segments());
+                    dirty.mark_status(self.queue.memory(), request.status);
                 }
                 // At most ID_LEN + 1 bytes.
                 self.add_used(head, u32::try_from(written).unwrap_or(u32::MAX));
@@ -482,7 +509,8 @@ impl BlockWorker {
         self.unkicked = true;
         if let Some(dirty) = &mut self.dirty {
             // Reads only: the disk writes no other request's data segments.
-            dirty.hold(head, if op == Op::Read { request.segment_gpas() } else { &[] });
+            let written = if op == Op::Read { request.segments() } else { &[] };
+            dirty.hold(self.queue.memory(), head, written);
         }
         // At most MAX_SEGMENTS descriptors of u32 lengths: counted saturating. A range request
         // moves no data (its 16-byte range is not counted).
@@ -505,7 +533,7 @@ impl BlockWorker {
             } else if let Some((head, written, status)) = in_flight.finish(completion, counters, latency, now)
             {
                 if let Some(dirty) = dirty {
-                    dirty.mark_finished(head, status);
+                    dirty.mark_finished(queue.memory(), head, status);
                 }
                 queue.add_used(head, written);
                 *used_since_publish += 1;
