@@ -588,6 +588,11 @@ fn print_result(
         counts.device.interrupts
     );
     print!(",\"pv_eoi\":{},\"pv_eois\":{}", pv_eoi::enabled(), counts.pv_eois);
+    print!(",\"queues\":{},\"per_queue\":[", common.queues);
+    for (index, completed) in counts.device.per_queue.iter().take(common.queues).enumerate() {
+        print!("{}{}", if index == 0 { "" } else { "," }, completed);
+    }
+    print!("]");
     match disk.writeback {
         Some(mode) => print!(",\"writeback\":{}", mode),
         None => print!(",\"writeback\":null"),
