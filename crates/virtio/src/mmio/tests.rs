@@ -109,13 +109,7 @@ impl Rig {
             (DATA, 4096, data_flags | VIRTQ_DESC_F_NEXT),
             (STATUS_BYTE, 1, VIRTQ_DESC_F_WRITE),
         ];
-        for (i, (addr, len, flags)) in descriptors.into_iter().enumerate() {
-            let at = DESC + 16 * i as u64;
-            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
-            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
-            self.mem.write_obj(i as u16 + 1, GuestAddress(at + 14)).unwrap();
-        }
+        write_chain(&self.mem, DESC, &descriptors);
         self.mem.write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * (self.avail_idx % 16) as u64)).unwrap();
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.mem.write_obj(self.avail_idx, GuestAddress(AVAIL + 2)).unwrap();
@@ -128,6 +122,17 @@ impl Rig {
 
     fn status_byte(&self) -> u8 {
         self.mem.read_obj(GuestAddress(STATUS_BYTE)).unwrap()
+    }
+}
+
+/// Write `descriptors` (address, length, flags) as a chain from entry 0 of the table at `desc`.
+fn write_chain(mem: &GuestMemoryMmap, desc: u64, descriptors: &[(u64, u32, u16)]) {
+    for (i, &(addr, len, flags)) in descriptors.iter().enumerate() {
+        let at = desc + 16 * i as u64;
+        mem.write_obj(addr, GuestAddress(at)).unwrap();
+        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+        mem.write_obj(i as u16 + 1, GuestAddress(at + 14)).unwrap();
     }
 }
 
@@ -306,13 +311,7 @@ fn a_multi_queue_disk_serves_each_ready_queue_on_its_own_notification() {
     rig.mem.write_obj(VIRTIO_BLK_T_IN, GuestAddress(HEADER)).unwrap();
     rig.mem.write_obj(0u64, GuestAddress(HEADER + 8)).unwrap();
     let descriptors = [(HEADER, 16u32, VIRTQ_DESC_F_NEXT), (STATUS_BYTE, 1, VIRTQ_DESC_F_WRITE)];
-    for (i, (addr, len, flags)) in descriptors.into_iter().enumerate() {
-        let at = desc + 16 * i as u64;
-        rig.mem.write_obj(addr, GuestAddress(at)).unwrap();
-        rig.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-        rig.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
-        rig.mem.write_obj(i as u16 + 1, GuestAddress(at + 14)).unwrap();
-    }
+    write_chain(&rig.mem, desc, &descriptors);
     rig.mem.write_obj(0u16, GuestAddress(avail + 4)).unwrap();
     rig.mem.write_obj(1u16, GuestAddress(avail + 2)).unwrap();
     rig.write(QUEUE_NOTIFY, 0);
