@@ -304,20 +304,20 @@ impl VirtioDevice for Block {
     ) -> Result<Workers, ActivateError> {
         self.driver_features(features);
         let multi_queue = features & self.features & 1 << VIRTIO_BLK_F_MQ != 0;
-        let used = if multi_queue { queues.len() } else { 1 };
-        let mut workers: Workers = Vec::with_capacity(self.backends.len());
+        let mut workers: Workers = Vec::with_capacity(queues.len());
         for (index, queue) in queues.into_iter().enumerate() {
-            let worker = match queue.filter(|_| index < used) {
-                Some(queue) => match self.start_queue(index, queue, signals.clone()) {
-                    Ok(worker) => Some(Box::new(worker) as Box<dyn QueueWorker>),
-                    Err(e) => {
-                        self.deactivate(workers);
-                        return Err(e);
-                    }
-                },
-                None => None,
+            // Without MQ the driver knows of queue 0 only.
+            let Some(queue) = queue.filter(|_| multi_queue || index == 0) else {
+                workers.push(None);
+                continue;
             };
-            workers.push(worker);
+            match self.start_queue(index, queue, signals.clone()) {
+                Ok(worker) => workers.push(Some(Box::new(worker))),
+                Err(e) => {
+                    self.deactivate(workers);
+                    return Err(e);
+                }
+            }
         }
         if workers.iter().all(Option::is_none) {
             return Err(ActivateError::NoQueue);
