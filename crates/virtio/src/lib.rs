@@ -16,7 +16,7 @@ pub mod queue;
 
 pub use device::{
     ActivateError, DeviceSignals, DeviceStats, DeviceStatsSnapshot, QueueWorker, RequestCounters,
-    VirtioDevice, WorkerHost, STATS_QUEUES,
+    VirtioDevice, WorkerHost, Workers, STATS_QUEUES,
 };
 
 /// Feature bit: descriptors may point to tables of descriptors.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{DeviceSignals, DeviceStats, QueueWorker, VirtioDevice, WorkerHost};
+use crate::device::{DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, Workers};
 use crate::interrupt::InterruptLine;
 use crate::queue::{Queue, QueueConfig};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
@@ -73,19 +73,28 @@ struct QueueState {
     ready: bool,
 }
 
-/// Who runs the device's worker once the driver is ready.
+/// Who runs the device's workers once the driver is ready.
 pub enum Runner {
     /// The transport itself, on every QueueNotify write (trap-and-emulate).
     OnNotify,
-    /// An IOCore (or I/O thread); `notify` is the ioeventfd on QueueNotify.
+    /// An IOCore (or I/O thread): one [`Hosted`] per worker of the device
+    /// ([`VirtioDevice::worker_count`]).
     Host {
-        /// Who runs the worker.
+        /// Who runs the workers.
         host: Arc<dyn WorkerHost>,
-        /// The worker's id with its host.
-        id: u64,
-        /// The queue's ioeventfd, for the host to wait on.
-        notify: Option<Arc<EventFd>>,
+        /// By worker: its id with the host and its notification.
+        workers: Vec<Hosted>,
     },
+}
+
+/// How a host knows one of the device's workers.
+pub struct Hosted {
+    /// The worker's id with its host (unique among the host's workers).
+    pub id: u64,
+    /// The eventfd that notifications of the worker's queues reach (an ioeventfd on QueueNotify,
+    /// with the queue's index as datamatch when the device has several workers), for the host
+    /// to wait on.
+    pub notify: Option<Arc<EventFd>>,
 }
 
 /// A virtio-mmio transport (virtio 1.x §4.2, version 2): the register interface the driver
@@ -105,10 +114,10 @@ pub struct MmioTransport {
     driver_features: u64,
     queue_sel: u32,
     queues: Vec<QueueState>,
-    /// The worker, while the transport runs it (`Runner::OnNotify`).
-    local_worker: Option<Box<dyn QueueWorker>>,
-    /// Set while a worker is out (here or with the host).
-    active: bool,
+    /// The workers, while the transport runs them (`Runner::OnNotify`), by worker.
+    local_workers: Workers,
+    /// Which workers are out (here or with the host), by worker; empty while inactive.
+    started: Vec<bool>,
 }
 
 impl MmioTransport {
@@ -137,8 +146,8 @@ impl MmioTransport {
             driver_features: 0,
             queue_sel: 0,
             queues,
-            local_worker: None,
-            active: false,
+            local_workers: Vec::new(),
+            started: Vec::new(),
         }
     }
 
@@ -172,7 +181,7 @@ impl MmioTransport {
             }
             QUEUE_READY => queue.is_some_and(|q| q.ready) as u32,
             INTERRUPT_STATUS => {
-                let always = if self.active { self.device.interrupt_status_while_active() } else { 0 };
+                let always = if self.active() { self.device.interrupt_status_while_active() } else { 0 };
                 self.interrupt_status.load(Ordering::Acquire) | always
             }
             STATUS => {
@@ -212,7 +221,7 @@ impl MmioTransport {
             {
                 self.write_queue_register(offset, value)
             }
-            QUEUE_NOTIFY => self.notified(),
+            QUEUE_NOTIFY => self.notified(value),
             INTERRUPT_ACK => {
                 self.interrupt_status.fetch_and(!value, Ordering::AcqRel);
             }
@@ -273,14 +282,15 @@ impl MmioTransport {
         let indirect = self.driver_features & (1 << VIRTIO_F_INDIRECT_DESC) != 0;
         let mut queues = Vec::with_capacity(self.queues.len());
         for state in &self.queues {
-            let ready = state.ready.then(|| {
-                Queue::new(&self.mem, state.config, event_idx)
-                    .map(|queue| queue.with_indirect_descriptors(indirect))
-            });
-            match ready {
-                Some(Ok(queue)) => queues.push(queue),
-                // A queue not made ready, or one outside guest RAM: the driver must start over.
-                _ => {
+            if !state.ready {
+                // The device decides whether it can do without the queue.
+                queues.push(None);
+                continue;
+            }
+            match Queue::new(&self.mem, state.config, event_idx) {
+                Ok(queue) => queues.push(Some(queue.with_indirect_descriptors(indirect))),
+                // A queue outside guest RAM: the driver must start over.
+                Err(_) => {
                     self.needs_reset.store(true, Ordering::Release);
                     return;
                 }
@@ -288,33 +298,47 @@ impl MmioTransport {
         }
         let signals = DeviceSignals::new(self.interrupt.clone(), self.needs_reset.clone())
             .with_stats(self.stats.clone());
-        let mut worker = match self.device.activate(&self.mem, queues, self.driver_features, signals) {
-            Ok(worker) => worker,
+        let mut workers = match self.device.activate(&self.mem, queues, self.driver_features, signals) {
+            Ok(workers) => workers,
             Err(_) => {
                 self.needs_reset.store(true, Ordering::Release);
                 return;
             }
         };
-        self.active = true;
+        self.started = workers.iter().map(Option::is_some).collect();
         match &self.runner {
             Runner::OnNotify => {
-                worker.set_polling(false);
-                self.local_worker = Some(worker);
+                workers.iter_mut().flatten().for_each(|worker| worker.set_polling(false));
+                self.local_workers = workers;
             }
-            Runner::Host { host, id, notify } => host.attach(*id, worker, notify.clone()),
+            Runner::Host { host, workers: hosted } => {
+                for (worker, slot) in workers.into_iter().zip(hosted) {
+                    if let Some(worker) = worker {
+                        host.attach(slot.id, worker, slot.notify.clone());
+                    }
+                }
+            }
         }
     }
 
-    /// QueueNotify reached the transport: serve the queue here (trap mode). With a host the
-    /// notification goes to its ioeventfd and never exits to user space; if it does anyway
-    /// (no ioeventfd), the host polls or wakes on its own.
-    fn notified(&mut self) {
-        let Some(worker) = self.local_worker.as_mut() else {
-            if let Runner::Host { notify: Some(fd), .. } = &self.runner {
+    /// Is the device's data path running (a worker out)?
+    fn active(&self) -> bool {
+        self.started.iter().any(|&started| started)
+    }
+
+    /// QueueNotify of queue `queue` reached the transport: serve the queue here (trap mode).
+    /// With a host the notification goes to its ioeventfd and never exits to user space; if it
+    /// does anyway (no ioeventfd), it is passed on to the worker's eventfd. A queue the device
+    /// does not have is ignored.
+    fn notified(&mut self, queue: u32) {
+        let Some(index) = self.device.worker_of_queue(queue) else { return };
+        if let Runner::Host { workers, .. } = &self.runner {
+            if let Some(Hosted { notify: Some(fd), .. }) = workers.get(index) {
                 let _ = fd.write(1);
             }
             return;
-        };
+        }
+        let Some(Some(worker)) = self.local_workers.get_mut(index) else { return };
         worker.poll();
         let started = Instant::now();
         while worker.in_flight() > 0 && started.elapsed() < TRAP_COMPLETION_WAIT {
@@ -325,15 +349,17 @@ impl MmioTransport {
     }
 
     fn reset(&mut self) {
-        if self.active {
-            let worker = match &self.runner {
-                Runner::OnNotify => self.local_worker.take(),
-                Runner::Host { host, id, .. } => host.detach(*id),
+        if self.active() {
+            let workers = match &self.runner {
+                Runner::OnNotify => std::mem::take(&mut self.local_workers),
+                Runner::Host { host, workers } => workers
+                    .iter()
+                    .zip(&self.started)
+                    .map(|(slot, &started)| if started { host.detach(slot.id) } else { None })
+                    .collect(),
             };
-            if let Some(worker) = worker {
-                self.device.deactivate(worker);
-            }
-            self.active = false;
+            self.device.deactivate(workers);
+            self.started.clear();
         }
         self.status = 0;
         self.device_features_sel = 0;
@@ -345,7 +371,7 @@ impl MmioTransport {
         self.needs_reset.store(false, Ordering::Release);
     }
 
-    /// Stop the data path (the VM is going away): take the worker back from its host.
+    /// Stop the data path (the VM is going away): take the workers back from their host.
     pub fn shutdown(&mut self) {
         self.reset();
     }
