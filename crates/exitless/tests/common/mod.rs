@@ -175,33 +175,7 @@ pub fn dirty_pages(path: &std::path::Path) -> u64 {
     dirty_pages_in(path, 0..0)
 }
 
-/// As `dirty_pages`, for the bytes `range` of the file (`0..0`: all of it).
-pub fn dirty_pages_in(path: &std::path::Path, range: std::ops::Range<u64>) -> u64 {
-    use std::os::fd::AsRawFd;
-    #[repr(C)]
-    struct Range {
-        offset: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Cachestat {
-        cache: u64,
-        dirty: u64,
-        writeback: u64,
-        evicted: u64,
-        recently_evicted: u64,
-    }
-    const SYS_CACHESTAT: libc::c_long = 451;
-    let file = std::fs::File::open(path).unwrap();
-    // A length of 0 reaches the end of the file.
-    let range = Range { offset: range.start, len: range.end - range.start };
-    let mut stat = Cachestat::default();
-    // SAFETY: cachestat reads `range` and writes `stat`, both live for the call; the fd is open.
-    let rc = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range, &mut stat, 0) };
-    assert_eq!(rc, 0, "cachestat (Linux 6.5 or later): {}", std::io::Error::last_os_error());
-    stat.dirty + stat.writeback
-}
+pub use storage::testing::dirty_pages as dirty_pages_in;
 
 /// The exits the I/O path makes between two marks, from a phase's `counters`: MMIO exits
 /// (notifications, register accesses; less the closing mark's own), port I/O and halts, plus
