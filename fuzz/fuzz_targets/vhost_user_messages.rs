@@ -3,7 +3,8 @@
 //! ends the connection, and the next one gets a new session), with real descriptors attached:
 //! memfds for memory tables, eventfds, pipes (one with its reader gone), sockets, /dev/null, and
 //! sealed memfds of arbitrary contents as in-flight regions (SET_INFLIGHT_FD), which the next
-//! ring to start recovers from.
+//! ring to start recovers from, and as dirty logs (SET_LOG_BASE, of plausible and arbitrary
+//! sizes and offsets), with SET_LOG_FD and VHOST_VRING_F_LOG rings.
 //! Between messages the frontend's guest posts virtio-blk requests in the shared memory, and the
 //! running rings' workers are polled. Nothing may panic; after a poll nothing is left in flight
 //! (RAM disks); when a connection ends, every ring it started has been stopped.
@@ -20,7 +21,8 @@ use libfuzzer_sys::fuzz_target;
 use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
 use vhost_user::{Session, VhostUserBlk};
 use vhost_user_protocol::message::{
-    code, Header, InflightInfo, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_NOFD,
+    code, Header, InflightInfo, MemoryRegion, Message, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_F_LOG,
+    VRING_NOFD,
 };
 use virtio::block::Block;
 use virtio::{QueueWorker, WorkerHost};
@@ -193,14 +195,20 @@ fn message(
                 _ => queue_config(u, u64::from(index.min(1)))?.0,
             };
             let frontend = |addr: u64| FRONTEND_BASE.wrapping_add(addr);
-            let flags = if u.ratio(1, 8)? { u.arbitrary()? } else { 0 };
+            let flags = match u.int_in_range(0..=7)? {
+                0 => u.arbitrary()?,
+                1 | 2 => VRING_F_LOG,
+                _ => 0,
+            };
+            // The used ring's guest address, as QEMU gives it for logging, or anything.
+            let log = if u.ratio(1, 8)? { u.arbitrary()? } else { config.used };
             let addr = VringAddr {
                 index,
                 flags,
                 desc: frontend(config.desc),
                 used: frontend(config.used),
                 avail: frontend(config.avail),
-                log: 0,
+                log,
             };
             payload.extend_from_slice(&addr.to_bytes());
         }
@@ -267,13 +275,49 @@ fn message(
                 });
             }
         }
-        code::GET_CONFIG => {
-            let offset: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=64)? };
-            let size: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(0..=64)? };
-            for v in [offset, size, 0] {
+        code::SET_LOG_BASE => {
+            // Enough for the memfd's guest memory (a bit per 4 KiB page), or anything.
+            let size: u64 = match u.int_in_range(0..=7)? {
+                0 => u.arbitrary()?,
+                1 => u.int_in_range(0..=8)?,
+                _ => 0x1000,
+            };
+            let offset: u64 = if u.ratio(1, 8)? { u.arbitrary()? } else { 0 };
+            payload.extend_from_slice(&size.to_le_bytes());
+            payload.extend_from_slice(&offset.to_le_bytes());
+            fds.push(if u.ratio(1, 8)? { descriptor(u, memfd, false)? } else { inflight_region(u, 0x1000)? });
+        }
+        code::SET_LOG_FD => fds.push(descriptor(u, memfd, false)?),
+        code::GET_CONFIG | code::SET_CONFIG => {
+            // SET_CONFIG: now and then exactly QEMU's switch of `writeback` (offset 32, one
+            // byte, flags 0), so the mode changes under running rings.
+            let wce = request == code::SET_CONFIG && u.ratio(1, 2)?;
+            let offset: u32 = if wce {
+                32
+            } else if u.ratio(1, 8)? {
+                u.arbitrary()?
+            } else {
+                u.int_in_range(0..=64)?
+            };
+            let size: u32 = if wce {
+                1
+            } else if u.ratio(1, 8)? {
+                u.arbitrary()?
+            } else {
+                u.int_in_range(0..=64)?
+            };
+            let flags: u32 = if u.ratio(1, 8)? { u.arbitrary()? } else { 0 };
+            for v in [offset, size, flags] {
                 payload.extend_from_slice(&v.to_le_bytes());
             }
-            payload.resize(12 + size.min(300) as usize, 0);
+            let len = size.min(300) as usize;
+            // GET_CONFIG's data area is zeros, as QEMU sends it; SET_CONFIG's is the input's.
+            if wce {
+                payload.push(u.int_in_range(0..=2)?);
+            } else if request == code::SET_CONFIG {
+                payload.extend_from_slice(u.bytes(len.min(u.len()))?);
+            }
+            payload.resize(12 + len, 0);
         }
         _ => {}
     }
@@ -370,7 +414,8 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let (memfd, mem) = frontend_memory();
     let queues = u.int_in_range(1..=2)?;
     let backends = (0..queues).map(|_| Box::new(ram_disk(false)) as Box<dyn storage::Backend>).collect();
-    let block = Block::with_queues(backends, "exitless-fuzz-vhost").expect("two queues fit");
+    let block =
+        Block::with_queues(backends, "exitless-fuzz-vhost").expect("two queues fit").with_writeback_switch();
     let host = Arc::new(InlineHost::default());
     let mut device = VhostUserBlk::new(block, host.clone());
     let features = device.features();

@@ -10,18 +10,32 @@
 //!   all) for the next daemon on the socket and carries on with it.
 //! - `serial=TEXT` with any of the first three: the serial number the guest reads (virtio-blk
 //!   GET_ID, Linux's /sys/block/vdX/serial): 1 to 20 printable ASCII characters, no comma.
+//! - `queues=N` with any of the first three: N virtqueues (1 to 16; VIRTIO_BLK_F_MQ above 1),
+//!   each with a backend and a worker of its own, as the vhost-user daemon's `queues=`.
 
 use std::path::PathBuf;
 
 use storage::DiskSpec as DiskBackend;
-use vmm::VhostUserDisk;
+use vmm::{DiskOptions, VhostUserDisk};
 
-/// One `exitless run --disk`: served by the VMM (with its serial number, if given), or by a
-/// vhost-user daemon.
+/// One `exitless run --disk`: served by the VMM (with its serial number and queue count), or by
+/// a vhost-user daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunDisk {
-    Local(DiskBackend, Option<String>),
+    Local(DiskBackend, DiskOptions),
     VhostUser(VhostUserDisk),
+}
+
+/// The most queues a disk may offer (virtio-blk's `num_queues` as exitless serves it).
+pub const MAX_QUEUES: u16 = 16;
+
+/// Check `queues=N`'s N: 1 to [`MAX_QUEUES`].
+pub fn parse_queues(text: &str) -> Result<u16, String> {
+    let n: u16 = text.parse().map_err(|_| format!("queues={text}: not a number"))?;
+    if !(1..=MAX_QUEUES).contains(&n) {
+        return Err(format!("queues={n}: choose 1 to {MAX_QUEUES}"));
+    }
+    Ok(n)
 }
 
 /// The most bytes of a serial number (virtio-blk's GET_ID answer is 20 bytes).
@@ -38,18 +52,27 @@ pub fn parse_serial(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
-/// Take `serial=TEXT` out of a disk's options: the other options, and the serial if given.
-pub fn take_serial(text: &str) -> Result<(String, Option<String>), String> {
-    let mut serial = None;
+/// Take `serial=TEXT` and `queues=N` out of a disk's options: the other options, and those.
+pub fn take_options(text: &str) -> Result<(String, DiskOptions), String> {
+    let mut options = DiskOptions::default();
+    let (mut serial_given, mut queues_given) = (false, false);
     let mut rest = Vec::new();
     for option in text.split(',') {
-        match option.strip_prefix("serial=") {
-            Some(_) if serial.is_some() => return Err("give `serial=` once".into()),
-            Some(value) => serial = Some(parse_serial(value)?),
-            None => rest.push(option),
+        match option.split_once('=') {
+            Some(("serial", _)) if serial_given => return Err("give `serial=` once".into()),
+            Some(("serial", value)) => {
+                options.serial = Some(parse_serial(value)?);
+                serial_given = true;
+            }
+            Some(("queues", _)) if queues_given => return Err("give `queues=` once".into()),
+            Some(("queues", value)) => {
+                options.queues = parse_queues(value)?;
+                queues_given = true;
+            }
+            _ => rest.push(option),
         }
     }
-    Ok((rest.join(","), serial))
+    Ok((rest.join(","), options))
 }
 
 /// The longest `reconnect=` a vhost-user disk takes, in seconds.
@@ -63,8 +86,8 @@ pub fn parse_run(text: &str) -> Result<RunDisk, String> {
             Err("give `vhost-user=SOCKET` on its own, without other disk options".into())
         }
         None => {
-            let (rest, serial) = take_serial(text)?;
-            parse(&rest).map(|disk| RunDisk::Local(disk, serial))
+            let (rest, options) = take_options(text)?;
+            parse(&rest).map(|disk| RunDisk::Local(disk, options))
         }
     }
 }
@@ -164,7 +187,10 @@ mod tests {
             parse_run("vhost-user=/tmp/a.sock,reconnect=0").unwrap(),
             RunDisk::VhostUser(VhostUserDisk { socket, reconnect: std::time::Duration::ZERO })
         );
-        assert_eq!(parse_run("ram=1G").unwrap(), RunDisk::Local(DiskBackend::Ram { size: 1 << 30 }, None));
+        assert_eq!(
+            parse_run("ram=1G").unwrap(),
+            RunDisk::Local(DiskBackend::Ram { size: 1 << 30 }, DiskOptions::default())
+        );
         for bad in [
             "vhost-user=",
             "vhost-user=,reconnect=1",
@@ -186,12 +212,15 @@ mod tests {
     fn a_serial_number_is_checked_and_kept() {
         assert_eq!(
             parse_run("serial=disk-01 A,ram=1M").unwrap(),
-            RunDisk::Local(DiskBackend::Ram { size: 1 << 20 }, Some("disk-01 A".into()))
+            RunDisk::Local(
+                DiskBackend::Ram { size: 1 << 20 },
+                DiskOptions { serial: Some("disk-01 A".into()), queues: 1 }
+            )
         );
         let twenty = "x".repeat(20);
         let disk = parse_run(&format!("path=/a,serial={twenty},readonly")).unwrap();
         assert!(
-            matches!(disk, RunDisk::Local(DiskBackend::File { read_only: true, .. }, Some(s)) if s == twenty)
+            matches!(disk, RunDisk::Local(DiskBackend::File { read_only: true, .. }, DiskOptions { serial: Some(s), .. }) if s == twenty)
         );
         for bad in [
             "ram=1M,serial=",
@@ -203,6 +232,22 @@ mod tests {
         ] {
             let bad = bad.replace("\\t", "\t");
             assert!(parse_run(&bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn a_queue_count_is_checked_and_kept() {
+        let disk = parse_run("ram=1M,queues=4,serial=q").unwrap();
+        let options = DiskOptions { serial: Some("q".into()), queues: 4 };
+        assert_eq!(disk, RunDisk::Local(DiskBackend::Ram { size: 1 << 20 }, options));
+        for bad in [
+            "ram=1M,queues=0",
+            "ram=1M,queues=17",
+            "ram=1M,queues=x",
+            "ram=1M,queues=",
+            "ram=1M,queues=2,queues=2",
+        ] {
+            assert!(parse_run(bad).is_err(), "{bad} accepted");
         }
     }
 

@@ -111,12 +111,12 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
                 RunDisk::VhostUser(_) => None,
             })
             .collect(),
-        disk_serials: args
+        disk_options: args
             .io
             .disks
             .iter()
             .filter_map(|d| match d {
-                RunDisk::Local(_, serial) => Some(serial.clone()),
+                RunDisk::Local(_, options) => Some(options.clone()),
                 RunDisk::VhostUser(_) => None,
             })
             .collect(),
@@ -237,8 +237,15 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
             );
             continue;
         }
+        let per_queue = match queue_requests(device) {
+            many @ [_, _, ..] => {
+                let counts: Vec<String> = many.iter().map(u64::to_string).collect();
+                format!(" queue_requests={}", counts.join(","))
+            }
+            _ => String::new(),
+        };
         eprintln!(
-            "  {} {}: completed={} io_errors={} rejected={} interrupts={} needs_reset={}{reason}",
+            "  {} {}: completed={} io_errors={} rejected={} interrupts={}{per_queue} needs_reset={}{reason}",
             device.kind,
             device.index,
             requests.completed,
@@ -248,6 +255,11 @@ fn report_stats(outcome: &RunOutcome, json: bool) {
             stats.needs_reset
         );
     }
+}
+
+/// Requests answered per queue, for a disk the VMM serves (empty for other devices).
+fn queue_requests(device: &vmm::DeviceReport) -> &[u64] {
+    &device.stats.per_queue[..device.request_queues.min(virtio::STATS_QUEUES)]
 }
 
 /// A device's counts in `--stats --json`. A vhost-user disk's daemon serves its requests and
@@ -280,6 +292,7 @@ fn device_json(device: &vmm::DeviceReport) -> serde_json::Value {
         "io_errors": requests.io_errors,
         "rejected": requests.rejected,
         "interrupts": requests.interrupts,
+        "queue_requests": queue_requests(device),
         "needs_reset": device.stats.needs_reset,
         "needs_reset_reason": device.stats.first_reset_reason,
     })

@@ -49,26 +49,41 @@ fn blk_result(out: &std::process::Output) -> Value {
     line_with(out, "probe", "blk")
 }
 
+/// `--disk` for the file at `path` with `queues` queues: as a RAM disk ("ram") or a file read
+/// and written with O_DIRECT (anything else).
+fn disk_spec(backend: &str, path: &std::path::Path, queues: u16) -> String {
+    match backend {
+        "ram" => format!("ram,path={},queues={queues}", path.display()),
+        _ => format!("path={},direct,queues={queues}", path.display()),
+    }
+}
+
+/// `probe.rw=verify` over 300 blocks at depth 8 on a disk of `queues` queues, all used, in
+/// `mode`, on a RAM disk and on a file (direct): verify passes, FLUSH is answered and the file
+/// holds what the guest wrote. The runs' output and result line, by backend.
+fn verify_on_both_backends(mode: &str, seed: u64, queues: u16) -> Vec<(std::process::Output, Value)> {
+    let cmdline = format!(
+        "probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.queues={queues} probe.seed={seed}"
+    );
+    let mut runs = Vec::new();
+    for (backend, path) in [("ram", disk_file("/dev/shm")), ("file", disk_file("/tmp"))] {
+        let out = run_blk(mode, &disk_spec(backend, &path, queues), &cmdline);
+        let result = blk_result(&out);
+        assert_eq!(result["mismatches"], 0, "{mode} {backend}: {result}");
+        assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
+        assert_eq!(result["flush"], true, "{mode} {backend}: FLUSH offered and answered");
+        assert_eq!(result["id"], "exitless-disk0");
+        common::assert_holds_only_pattern(&path, seed, 300);
+        runs.push((out, result));
+    }
+    runs
+}
+
 #[test]
 fn verify_passes_in_every_mode_on_both_backends_and_the_file_holds_what_the_guest_wrote() {
     let _one = one_at_a_time();
     for (i, mode) in MODES.iter().enumerate() {
-        let seed = 100 + i as u64;
-        let cmdline =
-            format!("probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed}");
-        for (backend, path) in [("ram", disk_file("/dev/shm")), ("file", disk_file("/tmp"))] {
-            let disk = match backend {
-                "ram" => format!("ram,path={}", path.display()),
-                _ => format!("path={},direct", path.display()),
-            };
-            let out = run_blk(mode, &disk, &cmdline);
-            let result = blk_result(&out);
-            assert_eq!(result["mismatches"], 0, "{mode} {backend}: {result}");
-            assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
-            assert_eq!(result["flush"], true, "{mode} {backend}: FLUSH offered and answered");
-            assert_eq!(result["id"], "exitless-disk0");
-            common::assert_holds_only_pattern(&path, seed, 300);
-        }
+        verify_on_both_backends(mode, 100 + i as u64, 1);
     }
 }
 
@@ -85,11 +100,7 @@ fn write_zeroes_and_discard_pass_in_every_mode_on_both_backends_and_reach_the_fi
         let cmdline =
             format!("probe.workload=blk probe.rw=zeroes probe.ops={BLOCKS} probe.qd=8 probe.seed={seed}");
         for (backend, path) in [("ram", disk_file("/dev/shm")), ("file", disk_file("/tmp"))] {
-            let disk = match backend {
-                "ram" => format!("ram,path={}", path.display()),
-                _ => format!("path={},direct", path.display()),
-            };
-            let out = run_blk(mode, &disk, &cmdline);
+            let out = run_blk(mode, &disk_spec(backend, &path, 1), &cmdline);
             let result = blk_result(&out);
             assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
             assert_eq!(result["zero_mismatches"], 0, "{mode} {backend}: {result}");
@@ -111,34 +122,6 @@ fn write_zeroes_and_discard_pass_in_every_mode_on_both_backends_and_reach_the_fi
     }
 }
 
-/// Pages of `path` in the host's page cache not yet written back (dirty or under writeback),
-/// by cachestat(2) (Linux 6.5 and later).
-fn dirty_pages(path: &std::path::Path) -> u64 {
-    use std::os::fd::AsRawFd;
-    #[repr(C)]
-    struct Range {
-        offset: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Cachestat {
-        cache: u64,
-        dirty: u64,
-        writeback: u64,
-        evicted: u64,
-        recently_evicted: u64,
-    }
-    const SYS_CACHESTAT: libc::c_long = 451;
-    let file = std::fs::File::open(path).unwrap();
-    let range = Range { offset: 0, len: 0 }; // to the end of the file
-    let mut stat = Cachestat::default();
-    // SAFETY: cachestat reads `range` and writes `stat`, both live for the call; the fd is open.
-    let rc = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range, &mut stat, 0) };
-    assert_eq!(rc, 0, "cachestat (Linux 6.5 or later): {}", std::io::Error::last_os_error());
-    stat.dirty + stat.writeback
-}
-
 /// The guest switches the VMM's disk to write through (CONFIG_WCE, `writeback` 0): its writes
 /// to a buffered file then leave no dirty page behind, each durable when it completes; written
 /// back (1, the default) the same writes stay dirty in the page cache until a FLUSH.
@@ -155,7 +138,7 @@ fn a_disk_switched_to_write_through_leaves_no_dirty_pages() {
             let result = blk_result(&out);
             assert_eq!(result["errors"], 0, "{mode} writeback={writeback}: {result}");
             assert_eq!(result["writeback"], writeback, "{mode}: the mode the device reports");
-            let dirty = dirty_pages(&path);
+            let dirty = common::dirty_pages(&path);
             if writeback == 0 {
                 assert_eq!(dirty, 0, "{mode}: written through, yet {dirty} pages are dirty");
             } else {
@@ -223,14 +206,14 @@ fn every_interrupt_a_device_raises_is_injected() {
     }
 }
 
-#[test]
-fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
-    let _one = one_at_a_time();
+/// Exits per request in the measured phase on a RAM disk of `queues` queues, all used (requests
+/// go to them in turn, so each completes its share): `exitless` mode makes none, `trap` mode
+/// several. Trap mode at queue depth 1: the notify exit, the interrupt's EOI and the driver's
+/// two interrupt-status accesses. At depth 32 one notification and one interrupt serve a batch
+/// of requests (EVENT_IDX), so the batch shares those exits.
+fn check_exits_per_request(queues: u16) {
     let disk = disk_file("/dev/shm");
-    let disk = format!("ram,path={}", disk.display());
-    // Trap mode at queue depth 1: the notify exit, the interrupt's EOI and the driver's two
-    // interrupt-status accesses. At depth 32 one notification and one interrupt serve a batch
-    // of requests (EVENT_IDX), so the batch shares those exits.
+    let disk = disk_spec("ram", &disk, queues);
     type Check = fn(f64) -> bool;
     let expectations: [(u32, &str, Check); 4] = [
         (1, "exitless", |e| e < 0.01),
@@ -239,12 +222,81 @@ fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
         (32, "trap", |e| e >= 2.0 / 32.0),
     ];
     for (qd, mode, check) in expectations {
-        let cmdline = format!("probe.workload=blk probe.rw=randread probe.qd={qd} probe.ops=10000");
+        let cmdline = format!(
+            "probe.workload=blk probe.rw=randread probe.qd={qd} probe.ops=10000 probe.queues={queues}"
+        );
         let out = run_blk(mode, &disk, &cmdline);
-        let ops = blk_result(&out)["ops"].as_u64().unwrap();
+        let result = blk_result(&out);
+        let ops = result["ops"].as_u64().unwrap();
         assert_eq!(ops, 10_000);
+        let share = ops / u64::from(queues);
+        assert!(per_queue(&result, queues.into()).iter().all(|&c| c == share), "{mode}: {result}");
         let exits = common::io_path_exits(&common::phase(&out, 0, 1)["counters"]) / ops as f64;
-        assert!(check(exits), "{mode} at queue depth {qd}: {exits} exits per request");
+        assert!(check(exits), "{mode} at queue depth {qd} on {queues} queues: {exits} exits per request");
+    }
+}
+
+#[test]
+fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
+    let _one = one_at_a_time();
+    check_exits_per_request(1);
+}
+
+/// The same on two queues: the IOCore polls both rings, so still no exit per request.
+#[test]
+fn exitless_mode_makes_no_exit_per_request_on_two_queues() {
+    let _one = one_at_a_time();
+    check_exits_per_request(2);
+}
+
+/// The probe's per-queue completions (`per_queue`), checked to be `queues` counts.
+fn per_queue(result: &Value, queues: usize) -> Vec<u64> {
+    let counts: Vec<u64> =
+        result["per_queue"].as_array().expect("per_queue").iter().map(|c| c.as_u64().unwrap()).collect();
+    assert_eq!(counts.len(), queues, "{result}");
+    counts
+}
+
+/// A `queues=2` disk and `probe.queues=2` (VIRTIO_BLK_F_MQ, requests in turn on both queues) in
+/// every mode on both backends: verify passes, the file holds what the guest wrote, both queues
+/// answered requests, and the VMM's per-queue counts (`queue_requests`) cover the guest's and add
+/// up to its total (GET_ID, after the guest's count, is in them).
+#[test]
+fn two_queues_pass_verify_in_every_mode_on_both_backends_and_both_serve() {
+    let _one = one_at_a_time();
+    for (i, mode) in MODES.iter().enumerate() {
+        for (out, result) in verify_on_both_backends(mode, 200 + i as u64, 2) {
+            assert_eq!(result["queues"], 2, "{mode}: {result}");
+            let counts = per_queue(&result, 2);
+            assert!(counts.iter().all(|&c| c > 0), "{mode}: a queue served nothing: {result}");
+            // The writes, the FLUSH and the reads (GET_ID comes after the count).
+            let ops = result["ops"].as_u64().unwrap();
+            assert_eq!(counts.iter().sum::<u64>(), ops + 1, "{mode}: {result}");
+            let stats = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
+            let device = &stats["devices"][0];
+            let served: Vec<u64> =
+                device["queue_requests"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+            assert_eq!(served.len(), 2, "{mode}: {device}");
+            assert!(served.iter().zip(&counts).all(|(vmm, guest)| vmm >= guest), "{served:?} {counts:?}");
+            assert_eq!(served.iter().sum::<u64>(), device["completed"].as_u64().unwrap(), "{device}");
+        }
+    }
+}
+
+/// A probe that asks for more queues than the disk offers stops with an error that says so
+/// and how many there are; so does one asking for two of a single-queue disk (no MQ).
+#[test]
+fn asking_for_more_queues_than_the_disk_offers_is_a_clear_error() {
+    let _one = one_at_a_time();
+    let disk = disk_file("/dev/shm");
+    for (queues, asked) in [(2, 3), (1, 2)] {
+        let spec = disk_spec("ram", &disk, queues);
+        let out = run_probe("exitless", &spec, &format!("probe.workload=blk probe.queues={asked}"), "60");
+        assert_ne!(out.status.code(), Some(0), "{}", common::stdout(&out));
+        let result = blk_result(&out);
+        let error = result["error"].as_str().unwrap_or_default();
+        assert!(error.contains("fewer queues"), "{queues} offered, {asked} asked: {result}");
+        assert_eq!(result["detail"], queues, "{result}");
     }
 }
 
@@ -483,9 +535,15 @@ fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
 
 #[test]
 fn bad_disk_options_are_one_line_errors() {
-    for (spec, code) in
-        [("ram=7", 2), ("size=1G", 2), ("path=/nonexistent/disk.img", 125), ("ram,path=/nonexistent", 125)]
-    {
+    for (spec, code) in [
+        ("ram=7", 2),
+        ("size=1G", 2),
+        ("ram=1M,queues=0", 2),
+        ("ram=1M,queues=17", 2),
+        ("ram=1M,queues=two", 2),
+        ("path=/nonexistent/disk.img", 125),
+        ("ram,path=/nonexistent", 125),
+    ] {
         let out = exitless(&["run", "--probe", "--disk", spec]);
         assert_eq!(out.status.code(), Some(code), "{spec}: {}", stderr(&out));
         let message = stderr(&out);

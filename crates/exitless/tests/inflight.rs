@@ -29,7 +29,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with, kernel, INIT_PRELUDE};
+use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
 use common::qemu::Qemu;
 
 /// A hang guard for one step of a guest under TCG on a shared machine.
@@ -173,10 +173,8 @@ fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let programs = host_programs(&[("/usr/bin/dd", "coreutils")]);
-    let files: Vec<(&str, u32, &[u8])> =
-        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
     let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with(&kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &files, &initramfs);
+    initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &programs, &initramfs);
     let file = dir.path().join("disk.img");
     std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
     let held = HeldDisk::start(dir.path(), &file);
@@ -276,10 +274,8 @@ poweroff -f
 fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> common::console::Console {
     let kernel = kernel();
     let programs = host_programs(&[("/usr/bin/fio", "fio")]);
-    let files: Vec<(&str, u32, &[u8])> =
-        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
     let initramfs = dir.join("initramfs.cpio");
-    initramfs_with(&kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &files, &initramfs);
+    initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &programs, &initramfs);
     // fio and its libraries (about 80 MB) are unpacked into the guest's RAM.
     Qemu::linux(&kernel, &initramfs, "512M", 1, &format!("inflight.runs={runs}"))
         .vhost_user_blk_with(socket, ",reconnect=1", "")

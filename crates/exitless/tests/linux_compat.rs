@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with, kernel};
+use common::linux::{host_programs, initramfs_with_programs, kernel};
 use common::qemu::Qemu;
 
 /// One boot, both disks, without the mixed run: 25 to 75 s under TCG on this shared 2-CPU host
@@ -316,10 +316,8 @@ fn run_workload(device: Device) {
             programs.push((name, data));
         }
     }
-    let files: Vec<(&str, u32, &[u8])> =
-        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
     let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with(&kernel, INIT, &files, &initramfs);
+    initramfs_with_programs(&kernel, INIT, &programs, &initramfs);
     let file_disk = dir.path().join("disk.img");
     std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with, kernel};
+use common::linux::{host_programs, initramfs_with_programs, kernel};
 use common::qemu::Qemu;
 
 /// A boot runs these steps in 12 to 14 s under TCG here (more on a busy host); one not done after
@@ -116,10 +116,8 @@ fn run(device: Device) -> (String, tempfile::TempDir) {
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let programs = host_programs(&PROGRAMS);
-    let files: Vec<(&str, u32, &[u8])> =
-        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
     let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with(&kernel, INIT, &files, &initramfs);
+    initramfs_with_programs(&kernel, INIT, &programs, &initramfs);
     let file_disk = dir.path().join("disk.img");
     std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with, kernel};
+use common::linux::{host_programs, initramfs_with_programs, kernel};
 use common::qemu::Qemu;
 
 /// A guest still running after this is stuck (about 30 s under TCG on this 2-CPU host).
@@ -56,10 +56,8 @@ fn two_queues_from_two_cpus(mode: &str) {
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let programs = host_programs(&[("/usr/bin/fio", "fio")]);
-    let files: Vec<(&str, u32, &[u8])> =
-        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
     let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with(&kernel, INIT, &files, &initramfs);
+    initramfs_with_programs(&kernel, INIT, &programs, &initramfs);
     let image = dir.path().join("disk.img");
     std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
     let (socket, api) = (dir.path().join("mq.sock"), dir.path().join("api.sock"));

@@ -1,4 +1,5 @@
-//! Test support for crates that drive backends: a disk that does not answer.
+//! Test support for crates that drive backends: a disk that does not answer, and how many of a
+//! file's pages the host's page cache holds dirty.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -64,4 +65,33 @@ impl Stall {
     pub fn release(&mut self) {
         self.uffd = None;
     }
+}
+
+/// Dirty and under-writeback pages of the bytes `range` of the file at `path` in the host's page
+/// cache (`0..0`: all of it), by the cachestat system call (Linux 6.5 and later). Panics with
+/// the reason if the file cannot be opened or the kernel lacks the call (a test helper).
+pub fn dirty_pages(path: &std::path::Path, range: std::ops::Range<u64>) -> u64 {
+    #[repr(C)]
+    struct Range {
+        offset: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cachestat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // A length of 0 reaches the end of the file.
+    let range = Range { offset: range.start, len: range.end.saturating_sub(range.start) };
+    let mut stat = Cachestat::default();
+    // SAFETY: cachestat reads `range` and writes `stat`, both live for the call; the fd is open.
+    let rc = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range, &mut stat, 0) };
+    assert_eq!(rc, 0, "cachestat (Linux 6.5 or later): {}", std::io::Error::last_os_error());
+    stat.dirty + stat.writeback
 }

@@ -45,7 +45,7 @@ pub enum Error {
     #[error("memory table with {0} regions: give 1 to {MAX_REGIONS}")]
     RegionCount(u32),
     #[error(
-        "GET_CONFIG of {size} bytes at offset {offset}: the configuration space is {MAX_CONFIG_SIZE} bytes"
+        "{request} of {size} bytes at offset {offset}: the configuration space is {MAX_CONFIG_SIZE} bytes"
     )]
-    ConfigRange { offset: u32, size: u32 },
+    ConfigRange { request: &'static str, offset: u32, size: u32 },
 }

@@ -34,7 +34,7 @@ pub const MAX_FDS: usize = 8;
 pub const MAX_REGIONS: usize = 8;
 /// The largest configuration space GET_CONFIG may ask for (QEMU's VHOST_USER_MAX_CONFIG_SIZE).
 pub const MAX_CONFIG_SIZE: u32 = 256;
-/// The longest payload of any request: GET_CONFIG's 12-byte header and its data.
+/// The longest payload of any request: GET_CONFIG's or SET_CONFIG's 12-byte header and data.
 pub const MAX_PAYLOAD: usize = 12 + MAX_CONFIG_SIZE as usize;
 /// In SET_VRING_KICK/CALL/ERR: no descriptor comes with the message.
 pub const VRING_NOFD: u64 = 1 << 8;
@@ -323,6 +323,18 @@ pub enum Request {
     SetOwner,
     /// RESET_OWNER: deprecated; see [`code::RESET_OWNER`].
     ResetOwner,
+    /// SET_LOG_BASE: the dirty log for a live migration, with the descriptor of the memory file
+    /// it lies in (VHOST_USER_PROTOCOL_F_LOG_SHMFD).
+    SetLogBase {
+        /// How many bytes of the file the log takes.
+        mmap_size: u64,
+        /// Where in the file it starts.
+        mmap_offset: u64,
+        /// The log's memory file.
+        fd: OwnedFd,
+    },
+    /// SET_LOG_FD: an eventfd the backend may signal after it wrote the log.
+    SetLogFd(OwnedFd),
     /// SET_MEM_TABLE: the guest's memory, each region with the descriptor of the file it lies
     /// in (1 to [`MAX_REGIONS`] of them).
     SetMemTable(Vec<(MemoryRegion, OwnedFd)>),
@@ -393,6 +405,17 @@ pub enum Request {
         /// SET_CONFIG, and is only echoed in GET_CONFIG's reply.
         flags: u32,
     },
+    /// SET_CONFIG: write part of the device's configuration space (checked by the backend:
+    /// for a block device, only the `writeback` byte).
+    SetConfig {
+        /// The first byte to write in the configuration space.
+        offset: u32,
+        /// What the access is for: 0 (VHOST_SET_CONFIG_TYPE_FRONTEND, "MASTER" in QEMU 7.2)
+        /// for a driver's write, 1 for live migration.
+        flags: u32,
+        /// The bytes to write (at most [`MAX_CONFIG_SIZE`]).
+        data: Vec<u8>,
+    },
     /// GET_INFLIGHT_FD: allocate the shared memory that tracks in-flight requests for
     /// `num_queues` queues of `queue_size` and reply with it (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
     GetInflightFd(InflightInfo),
@@ -412,6 +435,7 @@ pub fn has_own_reply(code: u32) -> bool {
             | code::GET_QUEUE_NUM
             | code::GET_CONFIG
             | code::GET_INFLIGHT_FD
+            | code::SET_LOG_BASE
     )
 }
 
@@ -531,9 +555,9 @@ impl Message {
                 });
                 Request::SetMemTable(regions.zip(fds).collect())
             }
-            GET_CONFIG => {
-                // {offset u32, size u32, flags u32, data[size]}: the frontend sends the data
-                // area too (zeros), so the payload is exactly 12 + size.
+            GET_CONFIG | SET_CONFIG => {
+                // {offset u32, size u32, flags u32, data[size]}: GET_CONFIG's frontend sends
+                // the data area too (zeros), so both payloads are exactly 12 + size.
                 if payload.len() < 12 {
                     return Err(Error::BadSize { request: name, got: payload.len(), expected: 12 });
                 }
@@ -541,12 +565,29 @@ impl Message {
                 let (offset, config_size, flags) =
                     (u32_at(payload, 0), u32_at(payload, 4), u32_at(payload, 8));
                 if config_size > MAX_CONFIG_SIZE {
-                    return Err(Error::ConfigRange { offset, size: config_size });
+                    return Err(Error::ConfigRange { request: name, offset, size: config_size });
                 }
                 size(12 + config_size as usize)?;
-                Request::GetConfig { offset, size: config_size, flags }
+                if header.request == GET_CONFIG {
+                    Request::GetConfig { offset, size: config_size, flags }
+                } else {
+                    Request::SetConfig { offset, flags, data: payload[12..].to_vec() }
+                }
             }
             GET_INFLIGHT_FD => Request::GetInflightFd(InflightInfo::from_payload(payload)),
+            SET_LOG_BASE => {
+                // {mmap_size u64, mmap_offset u64}, and the log's descriptor.
+                size(16)?;
+                fd_count(&fds, 1)?;
+                let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
+                Request::SetLogBase { mmap_size: u64_at(payload, 0), mmap_offset: u64_at(payload, 8), fd }
+            }
+            SET_LOG_FD => {
+                size(0)?;
+                fd_count(&fds, 1)?;
+                let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
+                Request::SetLogFd(fd)
+            }
             SET_INFLIGHT_FD => {
                 size(INFLIGHT_INFO_LEN)?;
                 fd_count(&fds, 1)?;
@@ -554,8 +595,8 @@ impl Message {
                 let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
                 Request::SetInflightFd(info, fd)
             }
-            // Known requests for features this backend does not offer (logging, IOTLB, RARP,
-            // MTU, backend requests, cross-endian, writable config, crypto, postcopy, GPU,
+            // Known requests for features this backend does not offer (IOTLB, RARP,
+            // MTU, backend requests, cross-endian, crypto, postcopy, GPU,
             // reset, in-band kicks, memory slots, status).
             _ => return Err(Error::Unsupported(name)),
         };
@@ -768,7 +809,16 @@ mod tests {
         assert!(matches!(parse(0, 1, &[], 0), Err(Error::UnknownRequest(0))));
         assert!(matches!(parse(41, 1, &[], 0), Err(Error::UnknownRequest(41))));
         assert!(matches!(parse(u32::MAX, 1, &[], 0), Err(Error::UnknownRequest(_))));
-        assert!(matches!(parse(SET_LOG_BASE, 1, &[0; 16], 1), Err(Error::Unsupported("SET_LOG_BASE"))));
+        assert!(matches!(
+            parse(SET_LOG_BASE, 1, &[0; 16], 1),
+            Ok(Message { request: Request::SetLogBase { .. }, .. })
+        ));
+        assert!(matches!(parse(SET_LOG_BASE, 1, &[0; 16], 0), Err(Error::BadFdCount { .. })));
+        assert!(matches!(parse(SET_LOG_BASE, 1, &[0; 8], 1), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(SET_LOG_FD, 1, &[], 1), Ok(Message { request: Request::SetLogFd(_), .. })));
+        assert!(matches!(parse(SET_LOG_FD, 1, &[], 2), Err(Error::BadFdCount { .. })));
+        assert!(matches!(parse(SET_LOG_FD, 1, &[0; 8], 1), Err(Error::BadSize { .. })));
+        assert!(matches!(parse(IOTLB_MSG, 1, &[], 0), Err(Error::Unsupported("IOTLB_MSG"))));
         // Kick with and without a descriptor.
         let kick = |value: u64, fds| parse(SET_VRING_KICK, 1, &value.to_le_bytes(), fds);
         assert!(matches!(
@@ -812,6 +862,23 @@ mod tests {
         assert!(config(0, 60, 60).is_ok());
         assert!(matches!(config(0, 60, 59), Err(Error::BadSize { .. })));
         assert!(matches!(config(0, 257, 257), Err(Error::ConfigRange { .. })));
+        // Config writes: the same shape, the data kept for the backend to check.
+        let write = |size: u32, data: &[u8]| {
+            let mut payload = vec![];
+            for v in [32, size, 0] {
+                payload.extend_from_slice(&v.to_le_bytes());
+            }
+            payload.extend_from_slice(data);
+            parse(SET_CONFIG, 1, &payload, 0)
+        };
+        assert!(matches!(
+            write(1, &[0]),
+            Ok(Message { request: Request::SetConfig { offset: 32, flags: 0, ref data }, .. }) if data == &[0]
+        ));
+        assert!(matches!(write(1, &[]), Err(Error::BadSize { .. })));
+        assert!(matches!(write(1, &[0, 0]), Err(Error::BadSize { .. })));
+        assert!(matches!(write(300, &[0; 300]), Err(Error::ConfigRange { .. })));
+        assert!(matches!(parse(SET_CONFIG, 1, &[0; 8], 0), Err(Error::BadSize { .. })));
     }
 
     #[test]

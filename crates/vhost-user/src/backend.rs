@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rate_limiter::RateLimiter;
+use virtio::block::device::CONFIG_WRITEBACK;
 use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
 use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
@@ -25,13 +26,21 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::Error;
 use crate::inflight::InflightRegion;
+use crate::log::LogRegion;
 use crate::memory::GuestMemoryTable;
-use vhost_user_protocol::features::{protocol, VHOST_USER_F_PROTOCOL_FEATURES};
+use vhost_user_protocol::features::{protocol, VHOST_F_LOG_ALL, VHOST_USER_F_PROTOCOL_FEATURES};
 use vhost_user_protocol::message::{Message, Request, VringAddr, MAX_CONFIG_SIZE, VRING_F_LOG};
 
 /// The protocol features this backend offers.
-pub const OFFERED_PROTOCOL_FEATURES: u64 =
-    1 << protocol::MQ | 1 << protocol::REPLY_ACK | 1 << protocol::CONFIG | 1 << protocol::INFLIGHT_SHMFD;
+pub const OFFERED_PROTOCOL_FEATURES: u64 = 1 << protocol::MQ
+    | 1 << protocol::LOG_SHMFD
+    | 1 << protocol::REPLY_ACK
+    | 1 << protocol::CONFIG
+    | 1 << protocol::INFLIGHT_SHMFD;
+
+/// SET_CONFIG's flags for a write by the driver (VHOST_SET_CONFIG_TYPE_FRONTEND, "MASTER" in
+/// QEMU 7.2); 1 is live migration's, which this backend does not take.
+const SET_CONFIG_FROM_DRIVER: u32 = 0;
 
 /// Worker ids on the IOCore: this, plus 2^16 per device, plus the queue index, so devices can
 /// share an IOCore (each serves one frontend at a time).
@@ -79,9 +88,10 @@ impl VhostUserBlk {
         &self.stats
     }
 
-    /// The virtio features offered: the device model's, and protocol features.
+    /// The virtio features offered: the device model's, protocol features, and dirty logging
+    /// for live migration.
     pub fn features(&self) -> u64 {
-        self.block.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES
+        self.block.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES | 1 << VHOST_F_LOG_ALL
     }
 
     /// How many queues the device has (GET_QUEUE_NUM's answer).
@@ -102,6 +112,7 @@ impl VhostUserBlk {
             vrings: (0..queues).map(|_| Vring::default()).collect(),
             set_up: false,
             inflight: None,
+            log: None,
             reply_fd: None,
         }
     }
@@ -142,6 +153,8 @@ pub struct Session<'a> {
     set_up: bool,
     /// The in-flight tracking region (SET_INFLIGHT_FD, or GET_INFLIGHT_FD's own).
     inflight: Option<Arc<InflightRegion>>,
+    /// The dirty log (SET_LOG_BASE); rings log into it while VHOST_F_LOG_ALL is acked.
+    log: Option<Arc<LogRegion>>,
     /// A descriptor to send with the reply to the message just handled.
     reply_fd: Option<std::os::fd::RawFd>,
 }
@@ -180,12 +193,7 @@ fn install_fd(slot: &mut Option<Arc<EventFd>>, fd: Option<OwnedFd>) -> Result<()
 /// pipe nobody reads would block it, a hung-up socket would wake it for ever, and even a real
 /// eventfd blocks a writer once the frontend has run its counter up to the maximum.
 fn frontend_eventfd(fd: OwnedFd, index: usize, what: &'static str) -> Result<OwnedFd, Error> {
-    let not_eventfd = |found: String| Error::NotAnEventFd { index, what, found };
-    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(|e| not_eventfd(format!("unknown: /proc/self/fd says {e}")))?;
-    if target.as_os_str() != "anon_inode:[eventfd]" {
-        return Err(not_eventfd(target.display().to_string()));
-    }
+    check_eventfd(&fd).map_err(|found| Error::NotAnEventFd { index, what, found })?;
     // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
     let rc = unsafe {
         let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
@@ -199,6 +207,16 @@ fn frontend_eventfd(fd: OwnedFd, index: usize, what: &'static str) -> Result<Own
         return Err(Error::EventFd(std::io::Error::last_os_error()));
     }
     Ok(fd)
+}
+
+/// Is `fd` an eventfd? `Err`: what it is instead.
+fn check_eventfd(fd: &OwnedFd) -> Result<(), String> {
+    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| format!("unknown: /proc/self/fd says {e}"))?;
+    if target.as_os_str() != "anon_inode:[eventfd]" {
+        return Err(target.display().to_string());
+    }
+    Ok(())
 }
 
 impl Session<'_> {
@@ -237,6 +255,41 @@ impl Session<'_> {
     /// The in-flight tracking region, once set.
     pub fn inflight_region(&self) -> Option<&Arc<InflightRegion>> {
         self.inflight.as_ref()
+    }
+
+    /// Is dirty logging on: VHOST_F_LOG_ALL acked and a log given? Rings started then mark
+    /// every guest page they write.
+    pub fn logging(&self) -> bool {
+        self.log.is_some() && self.features.is_some_and(|f| f & 1 << VHOST_F_LOG_ALL != 0)
+    }
+
+    /// Does the log (if logging) cover every guest-physical address of the memory table?
+    fn check_log_covers_memory(&self) -> Result<(), Error> {
+        let (Some(log), Some(memory)) = (&self.log, &self.memory) else { return Ok(()) };
+        let needed = memory
+            .regions()
+            .iter()
+            .map(|r| r.guest_phys_addr.saturating_add(r.memory_size))
+            .max()
+            .unwrap_or(0);
+        if log.covers() < needed {
+            return Err(Error::LogTooSmall { covers: log.covers(), needed });
+        }
+        Ok(())
+    }
+
+    /// Stop and start again the running rings `which` picks, so that their workers take the
+    /// session's current memory and log; each resumes where it stopped.
+    fn restart(&mut self, which: impl Fn(usize) -> bool) -> Result<(), Error> {
+        let running: Vec<usize> =
+            (0..self.vrings.len()).filter(|&i| self.vrings[i].running && which(i)).collect();
+        for &index in &running {
+            self.stop(index)?;
+        }
+        for index in running {
+            self.try_start(index)?;
+        }
+        Ok(())
     }
 
     fn inflight_negotiated(&self) -> bool {
@@ -291,9 +344,14 @@ impl Session<'_> {
                 if features & !offered != 0 {
                     return Err(Error::FeaturesNotOffered { requested: features, offered });
                 }
+                let was_logging = self.logging();
                 self.features = Some(features);
                 self.device.block.driver_features(features);
                 self.set_up = true;
+                // Migration starts or ends: running rings switch logging on or off.
+                if self.logging() != was_logging {
+                    self.restart(|_| true)?;
+                }
                 Ok(None)
             }
             Request::GetProtocolFeatures => u64_reply(OFFERED_PROTOCOL_FEATURES),
@@ -308,6 +366,31 @@ impl Session<'_> {
                 self.set_up = true;
                 Ok(None)
             }
+            Request::SetLogBase { mmap_size, mmap_offset, fd } => {
+                if self.protocol_features & 1 << protocol::LOG_SHMFD == 0 {
+                    return Err(Error::LogNotNegotiated("SET_LOG_BASE"));
+                }
+                let log = LogRegion::map(mmap_size, mmap_offset, fd)?;
+                let old = self.log.replace(log);
+                if let Err(e) = self.check_log_covers_memory() {
+                    self.log = old;
+                    return Err(e);
+                }
+                // Rings logging into the old log move to the new one (the old stays mapped
+                // until their workers let go of it).
+                if self.logging() {
+                    self.restart(|_| true)?;
+                }
+                // QEMU waits for this reply (libvhost-user sends a u64 0) before it drops the
+                // old log.
+                u64_reply(0)
+            }
+            Request::SetLogFd(fd) => {
+                // The backend does not signal it (the frontend reads the log when it syncs),
+                // but checks it and closes it.
+                check_eventfd(&fd).map_err(|found| Error::LogFdNotEventFd { found })?;
+                Ok(None)
+            }
             Request::SetOwner => Ok(None),
             Request::ResetOwner => {
                 self.stop_all()?;
@@ -315,6 +398,7 @@ impl Session<'_> {
                 self.protocol_features = 0;
                 self.memory = None;
                 self.inflight = None;
+                self.log = None;
                 self.vrings.iter_mut().for_each(|v| *v = Vring::default());
                 Ok(None)
             }
@@ -322,17 +406,10 @@ impl Session<'_> {
             Request::SetMemTable(table) => {
                 let memory = GuestMemoryTable::map(table)?;
                 self.set_up = true;
-                // Running rings move to the new mapping: stop them, then start them again
-                // where they were.
-                let running: Vec<usize> =
-                    (0..self.vrings.len()).filter(|&i| self.vrings[i].running).collect();
-                for &index in &running {
-                    self.stop(index)?;
-                }
                 self.memory = Some(memory);
-                for index in running {
-                    self.try_start(index)?;
-                }
+                // Running rings move to the new mapping (their workers hold the old one until
+                // they stop), where they were.
+                self.restart(|_| true)?;
                 Ok(None)
             }
             Request::SetVringNum { index, num } => {
@@ -351,8 +428,8 @@ impl Session<'_> {
             }
             Request::SetVringAddr(addr) => {
                 let index = self.vring_index(addr.index as u64)?;
-                if addr.flags & VRING_F_LOG != 0 {
-                    return Err(Error::LogNotOffered { index });
+                if addr.flags & !VRING_F_LOG != 0 {
+                    return Err(Error::BadVringFlags { index, flags: addr.flags });
                 }
                 let vring = &mut self.vrings[index];
                 let same_rings =
@@ -360,7 +437,13 @@ impl Session<'_> {
                 if vring.running && !vring.addr.as_ref().is_some_and(same_rings) {
                     return Err(Error::RingRunning(index));
                 }
+                // A running ring may start or stop logging its used ring (migration).
+                let log_changed =
+                    vring.addr.is_some_and(|old| (old.flags, old.log) != (addr.flags, addr.log));
                 vring.addr = Some(addr);
+                if log_changed && self.logging() {
+                    self.restart(|i| i == index)?;
+                }
                 Ok(None)
             }
             Request::SetVringBase { index, num } => {
@@ -439,7 +522,41 @@ impl Session<'_> {
                 self.device.block.read_config(offset as u64, &mut reply[12..]);
                 Ok(Some(reply))
             }
+            Request::SetConfig { offset, flags, data } => {
+                self.set_writeback(offset, flags, &data)?;
+                Ok(None)
+            }
         }
+    }
+
+    /// SET_CONFIG, as QEMU's vhost-user-blk sends it when its driver switches the cache mode
+    /// (VIRTIO_BLK_F_CONFIG_WCE): the 1-byte `writeback` field, 0 (write through) or 1 (write
+    /// back), from the driver (flags 0); nothing else in configuration space is writable. The
+    /// mode is the disk's: every queue's worker takes it at its next pass, and it outlives the
+    /// connection, since QEMU does not send it again when it reconnects.
+    fn set_writeback(&mut self, offset: u32, flags: u32, data: &[u8]) -> Result<(), Error> {
+        if self.protocol_features & 1 << protocol::CONFIG == 0 {
+            return Err(Error::ConfigNotNegotiated);
+        }
+        if !self.device.block.has_writeback_switch() {
+            return Err(Error::NoWritebackSwitch);
+        }
+        let (&[value], Ok(CONFIG_WRITEBACK)) = (data, usize::try_from(offset)) else {
+            return Err(Error::ConfigNotWritable { offset, size: data.len() });
+        };
+        if flags != SET_CONFIG_FROM_DRIVER {
+            return Err(Error::ConfigWriteFlags(flags));
+        }
+        if value > 1 {
+            return Err(Error::BadWriteback(value));
+        }
+        self.device.block.write_config(CONFIG_WRITEBACK as u64, &[value]);
+        log::info!(
+            "{}: the frontend switched the disk to write {}",
+            self.device.stats.name(),
+            if value == 1 { "back" } else { "through" }
+        );
+        Ok(())
     }
 
     /// Is the ring enabled? Without protocol features rings start enabled; with them, disabled
@@ -474,6 +591,19 @@ impl Session<'_> {
         let mut queue = Queue::new(mem, config, acked(VIRTIO_F_EVENT_IDX))
             .map_err(|source| Error::BadQueue { index, source })?
             .with_indirect_descriptors(acked(VIRTIO_F_INDIRECT_DESC));
+        // While logging, every guest page the worker writes is marked: the used ring's at
+        // `log_guest_addr` (VHOST_VRING_F_LOG), the rest by the worker.
+        let log = match &self.log {
+            Some(log) if self.logging() => {
+                self.check_log_covers_memory()?;
+                Some(log.dirty_log())
+            }
+            _ => None,
+        };
+        let used_logged = addr.flags & VRING_F_LOG != 0;
+        if let Some(log) = log.clone().filter(|_| used_logged) {
+            queue = queue.with_used_log(log, addr.log);
+        }
         queue.resume(vring.base);
         let mut tracked = self.inflight_negotiated().then_some(self.inflight.as_ref()).flatten();
         if let Some(region) = tracked.filter(|region| region.queue_size() < vring.size) {
@@ -532,6 +662,14 @@ impl Session<'_> {
             .with_batch_limit(FAIR_BATCH);
         if let Some(limiter) = &self.device.limiter {
             worker = worker.with_rate_limiter(limiter.clone());
+        }
+        if let Some(log) = log {
+            log::info!(
+                "{}: vring {index} logs the guest pages it writes{} (live migration)",
+                self.device.stats.name(),
+                if used_logged { ", the used ring's at its log address" } else { "" }
+            );
+            worker = worker.with_dirty_log(log);
         }
         // Resubmitted requests need no new avail entry: wake the worker for them.
         if let (Some(kick), true) = (&kick, resubmits > 0) {

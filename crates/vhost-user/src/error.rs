@@ -6,6 +6,7 @@ use std::io;
 
 use thiserror::Error;
 use vhost_user_protocol::message::MAX_CONFIG_SIZE;
+use virtio::block::device::CONFIG_WRITEBACK;
 use virtio::queue::QueueError;
 use virtio::ActivateError;
 
@@ -45,6 +46,20 @@ pub enum Error {
     #[error("{0} before VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD was negotiated")]
     InflightNotNegotiated(&'static str),
 
+    // The dirty log (live migration).
+    #[error("dirty log (SET_LOG_BASE): {0}")]
+    BadLog(String),
+    #[error("dirty log: {what} failed: {source}")]
+    Log { what: &'static str, source: io::Error },
+    #[error("{0} before VHOST_USER_PROTOCOL_F_LOG_SHMFD was negotiated")]
+    LogNotNegotiated(&'static str),
+    #[error(
+        "the dirty log covers guest-physical addresses below {covers:#x}, but guest memory reaches {needed:#x}"
+    )]
+    LogTooSmall { covers: u64, needed: u64 },
+    #[error("SET_LOG_FD: the descriptor is not an eventfd (it is {found})")]
+    LogFdNotEventFd { found: String },
+
     // Rings.
     #[error("vring index {index}: this device has {queues} queues")]
     BadVringIndex { index: u64, queues: usize },
@@ -60,8 +75,8 @@ pub enum Error {
     Unmapped { index: usize, what: &'static str, addr: u64 },
     #[error("vring {index}: {source}")]
     BadQueue { index: usize, source: QueueError },
-    #[error("vring {index}: the frontend asked for logging (VHOST_VRING_F_LOG), which was not offered")]
-    LogNotOffered { index: usize },
+    #[error("vring {index}: flags {flags:#x} has bits besides VHOST_VRING_F_LOG (0)")]
+    BadVringFlags { index: usize, flags: u32 },
     #[error("vring {index}: cannot start it: {source}")]
     Start { index: usize, source: ActivateError },
     #[error("vring {0}: the IOCore did not hand its worker back; the queue's backend is lost")]
@@ -86,6 +101,18 @@ pub enum Error {
         "GET_CONFIG of {size} bytes at offset {offset}: the configuration space is {MAX_CONFIG_SIZE} bytes"
     )]
     ConfigRange { offset: u32, size: u32 },
+
+    // Configuration writes (SET_CONFIG).
+    #[error("SET_CONFIG before VHOST_USER_PROTOCOL_F_CONFIG was negotiated")]
+    ConfigNotNegotiated,
+    #[error("SET_CONFIG: this disk does not offer VIRTIO_BLK_F_CONFIG_WCE (it is read-only): nothing in its configuration space is writable")]
+    NoWritebackSwitch,
+    #[error("SET_CONFIG of {size} bytes at offset {offset}: only the 1-byte writeback field at offset {CONFIG_WRITEBACK} is writable")]
+    ConfigNotWritable { offset: u32, size: usize },
+    #[error("SET_CONFIG with flags {0}: only 0, a driver's write, is taken (not live migration's 1)")]
+    ConfigWriteFlags(u32),
+    #[error("SET_CONFIG of writeback {0}: expected 0 (write through) or 1 (write back)")]
+    BadWriteback(u8),
 
     // The server.
     #[error("{path} exists and is not a socket: remove it or choose another --socket path")]

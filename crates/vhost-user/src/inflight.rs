@@ -17,29 +17,15 @@ use virtio::inflight::{queue_region_size, InflightArea};
 use virtio::queue::MAX_QUEUE_SIZE;
 
 use crate::error::Error;
+use crate::shm::SharedMapping;
 
 /// A mapped in-flight region: `num_queues` areas of `queue_size` entries each.
 pub struct InflightRegion {
-    addr: *mut u8,
-    len: usize,
+    mapping: SharedMapping,
     num_queues: u16,
     queue_size: u16,
     /// The file, kept for GET_INFLIGHT_FD's reply.
     fd: OwnedFd,
-}
-
-// SAFETY: the region is a shared mapping owned by this value until it drops; it is accessed
-// only atomically (through `InflightArea`), so any thread may hold it.
-unsafe impl Send for InflightRegion {}
-// SAFETY: as above: no access through `&InflightRegion` is non-atomic.
-unsafe impl Sync for InflightRegion {}
-
-impl Drop for InflightRegion {
-    fn drop(&mut self) {
-        // SAFETY: `addr`/`len` are the mapping made in `mmap_shared`; every `InflightArea` into
-        // it holds an `Arc` of this region, so none is left.
-        unsafe { libc::munmap(self.addr.cast(), self.len) };
-    }
 }
 
 /// The bytes `info`'s queues take, once its counts are checked against `max_queues`.
@@ -57,24 +43,10 @@ fn last_os_error(what: &'static str) -> Error {
     Error::Inflight { what, source: std::io::Error::last_os_error() }
 }
 
-fn mmap_shared(fd: &OwnedFd, len: usize, offset: u64) -> Result<*mut u8, Error> {
+fn mmap_shared(fd: &OwnedFd, len: usize, offset: u64) -> Result<SharedMapping, Error> {
     let offset = libc::off_t::try_from(offset)
         .map_err(|_| Error::BadInflightRegion("its offset is too large".into()))?;
-    // SAFETY: a new shared mapping of a descriptor we hold; the kernel checks the range.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            offset,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(last_os_error("mmap"));
-    }
-    Ok(addr.cast())
+    SharedMapping::map(fd, len, offset).map_err(|source| Error::Inflight { what: "mmap", source })
 }
 
 impl InflightRegion {
@@ -106,10 +78,9 @@ impl InflightRegion {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(last_os_error("fcntl(F_ADD_SEALS)"));
         }
-        let addr = mmap_shared(&fd, len, 0)?;
+        let mapping = mmap_shared(&fd, len, 0)?;
         let region = Arc::new(InflightRegion {
-            addr,
-            len,
+            mapping,
             num_queues: info.num_queues,
             queue_size: info.queue_size,
             fd,
@@ -161,10 +132,9 @@ impl InflightRegion {
             ));
         }
         let len = usize::try_from(size).map_err(|_| Error::BadInflightRegion("too large".into()))?;
-        let addr = mmap_shared(&fd, len, info.mmap_offset)?;
+        let mapping = mmap_shared(&fd, len, info.mmap_offset)?;
         let region = Arc::new(InflightRegion {
-            addr,
-            len,
+            mapping,
             num_queues: info.num_queues,
             queue_size: info.queue_size,
             fd,
@@ -197,7 +167,7 @@ impl InflightRegion {
         let stride = usize::try_from(queue_region_size(self.queue_size)).ok()?;
         // SAFETY: `index < num_queues`, so the offset is inside the `num_queues * stride` bytes
         // mapped.
-        Some(unsafe { self.addr.add(index * stride) })
+        Some(unsafe { self.mapping.addr().add(index * stride) })
     }
 
     /// The region's file (GET_INFLIGHT_FD's reply carries it).

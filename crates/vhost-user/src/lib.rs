@@ -14,6 +14,8 @@
 //!   daemon its life (SIGBUS handling).
 //! - [`inflight`]: the shared region in which rings mark the requests they hold, so that a
 //!   restarted daemon resubmits them (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
+//! - [`log`]: the dirty log a live migration shares (VHOST_F_LOG_ALL), in which rings mark
+//!   every guest page they write while logging is on.
 //! - [`backend`]: the device across connections, and the per-connection state machine.
 //! - [`server`]: one disk's listening socket, one frontend at a time (others are refused), each
 //!   with a set-up time limit. A daemon serving many disks runs a server per disk on a thread of
@@ -27,8 +29,10 @@ pub mod backend;
 pub mod error;
 pub mod fault;
 pub mod inflight;
+pub mod log;
 pub mod memory;
 pub mod server;
+mod shm;
 
 pub use backend::{Session, VhostUserBlk};
 pub use error::Error;

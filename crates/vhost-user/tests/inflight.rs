@@ -6,7 +6,7 @@
 
 mod frontend;
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -103,48 +103,14 @@ struct Region {
 impl Region {
     /// `len` bytes of memfd, sealed against shrinking if `sealed`.
     fn new(len: usize, sealed: bool) -> Region {
-        // SAFETY: memfd_create with a static name; checked, then owned.
-        let raw = unsafe {
-            libc::memfd_create(c"inflight-test".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        assert!(raw >= 0);
-        // SAFETY: a new descriptor, ours.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ftruncate, fcntl and mmap on our memfd; results checked.
-        let base = unsafe {
-            assert_eq!(libc::ftruncate(raw, len as i64), 0);
-            if sealed {
-                assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW), 0);
-            }
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                raw,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            p.cast::<u8>()
-        };
+        let (fd, base) = shared_memfd(len, sealed);
         Region { fd, base, len }
     }
 
     /// Map the region GET_INFLIGHT_FD sent.
     fn map(fd: OwnedFd, len: usize) -> Region {
-        // SAFETY: a shared mapping of the descriptor received; checked.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        Region { fd, base: base.cast(), len }
+        let base = map_shared(fd.as_raw_fd(), len);
+        Region { fd, base, len }
     }
 
     fn bytes(&self) -> &[u8] {

@@ -41,7 +41,11 @@ impl TestBackend {
         let backends: Vec<Box<dyn Backend>> = (0..queues)
             .map(|_| Box::new(RamDisk::open(&disk, read_only).unwrap()) as Box<dyn Backend>)
             .collect();
-        let block = Block::with_queues(backends, "vhost-user-test").unwrap();
+        let mut block = Block::with_queues(backends, "vhost-user-test").unwrap();
+        // As the daemon does: writable disks offer the cache-mode switch.
+        if !read_only {
+            block = block.with_writeback_switch();
+        }
         let iocore = Arc::new(IoCore::spawn(policy, None).unwrap());
         let mut device = VhostUserBlk::new(block, iocore.clone());
         let socket = dir.path().join("sock");
@@ -300,9 +304,9 @@ const CASES: &[Case] = &[
     ("request code 0", true, |f| f.send_flags(0, VERSION, &[], &[])),
     ("reply flag in a request", true, |f| f.send_flags(code::GET_FEATURES, VERSION | FLAG_REPLY, &[], &[])),
     ("protocol version 2", true, |f| f.send_flags(code::GET_FEATURES, 2, &[], &[])),
-    ("request not offered (logging)", true, |f| {
+    ("request not offered (IOTLB)", true, |f| {
         f.negotiate(FEATURES);
-        f.send(code::SET_LOG_BASE, &[0; 16], &[f.mem.file.as_raw_fd()]);
+        f.send(code::IOTLB_MSG, &[0; 16], &[]);
     }),
     ("virtio features not offered", true, |f| {
         f.negotiate(FEATURES);
@@ -411,10 +415,10 @@ const CASES: &[Case] = &[
     }),
 ];
 
-#[test]
-fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
-    let backend = TestBackend::start(Policy::Notified, 1, false);
-    for (what, acked, send) in CASES {
+/// Each case on a new connection: the backend closes it, with a failure acknowledgement where
+/// the case says so and REPLY_ACK was negotiated (never for a request with a reply of its own).
+fn refused(backend: &TestBackend, cases: &[Case]) {
+    for (what, acked, send) in cases {
         let mut frontend = Frontend::connect(&backend.socket);
         send(&mut frontend);
         let ack = frontend.expect_closed();
@@ -425,10 +429,105 @@ fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
         }
         eprintln!("refused as expected: {what}");
     }
+}
+
+#[test]
+fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    refused(&backend, CASES);
     // Still serving, with the backend intact.
     let mut frontend = ready(&backend, 0);
     write_read_flush(&mut frontend, 0, 100, &pattern(9));
     assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
+}
+
+/// SET_CONFIG as QEMU 7.2's vhost-user-blk sends it (the `writeback` byte, offset 32, size 1,
+/// flags 0) switches the cache mode that GET_CONFIG reports; the mode is the disk's, so the next
+/// frontend finds it (QEMU does not send it again when it reconnects). Writes still land.
+#[test]
+fn set_config_of_writeback_switches_the_cache_mode_for_this_and_the_next_frontend() {
+    let backend = TestBackend::start(Policy::Notified, 2, false);
+    let mut frontend = Frontend::connect(&backend.socket);
+    let offered = frontend.negotiate(FEATURES | F_BLK_CONFIG_WCE);
+    assert_ne!(offered & F_BLK_CONFIG_WCE, 0, "a writable disk offers CONFIG_WCE");
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [1], "write back to begin with");
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    frontend.start_vring(1, 0);
+    frontend.set_writeback(0);
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [0], "write through once switched");
+    // The whole config space, as QEMU reads it, says so too; the rings serve on.
+    assert_eq!(frontend.config(0, 60)[32], 0);
+    write_read_flush(&mut frontend, 0, 8, &pattern(1));
+    write_read_flush(&mut frontend, 1, 16, &pattern(2));
+    drop(frontend);
+
+    let mut frontend = ready(&backend, 0);
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [0], "the next frontend finds write through");
+    frontend.set_writeback(1);
+    assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [1], "and may switch it back");
+    write_read_flush(&mut frontend, 0, 24, &pattern(3));
+    assert_eq!(backend.disk_bytes(8 * 512, 4096), pattern(1));
+    assert_eq!(backend.disk_bytes(16 * 512, 4096), pattern(2));
+    assert_eq!(backend.disk_bytes(24 * 512, 4096), pattern(3));
+}
+
+/// Every SET_CONFIG but the `writeback` switch is refused with a failure acknowledgement and
+/// the connection closed; the mode stays as it was and the next frontend is served.
+#[test]
+fn hostile_set_configs_are_refused_and_the_next_frontend_is_served() {
+    let w = CONFIG_WRITEBACK;
+    let config_write = Frontend::config_write;
+    let cases: [(&str, bool, Vec<u8>); 12] = [
+        ("another offset (capacity)", true, config_write(0, 1, 0, &[0])),
+        ("the byte after writeback", true, config_write(w + 1, 1, 0, &[0])),
+        ("an offset past the configuration space", true, config_write(u32::MAX, 1, 0, &[0])),
+        ("two bytes at writeback", true, config_write(w, 2, 0, &[0, 0])),
+        ("no bytes", true, config_write(w, 0, 0, &[])),
+        ("the whole configuration space", true, config_write(0, 60, 0, &[0; 60])),
+        ("a size over the configuration space", false, config_write(w, 257, 0, &[0; 257])),
+        ("a size longer than the data", true, config_write(w, 4, 0, &[0])),
+        ("a payload shorter than its header", true, vec![32, 0, 0, 0, 1, 0]),
+        ("live migration's flags", true, config_write(w, 1, 1, &[0])),
+        ("writeback 2", true, config_write(w, 1, 0, &[2])),
+        ("writeback 255", true, config_write(w, 1, 0, &[255])),
+    ];
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    // Acknowledged unless the message is longer than any request's: the wire refuses that
+    // before it reads the payload, so not even the header is taken.
+    for (what, acked, payload) in &cases {
+        let mut frontend = Frontend::connect(&backend.socket);
+        frontend.negotiate(FEATURES);
+        frontend.send(code::SET_CONFIG, payload, &[]);
+        let ack = frontend.expect_closed();
+        if *acked {
+            assert!(ack.is_some_and(|a| a != 0), "{what}: a failure acknowledgement, got {ack:?}");
+        } else {
+            assert_eq!(ack, None, "{what}");
+        }
+        eprintln!("refused as expected: {what}");
+    }
+    // Before CONFIG was negotiated.
+    let mut frontend = Frontend::connect(&backend.socket);
+    frontend.send_flags(code::SET_CONFIG, VERSION, &config_write(w, 1, 0, &[0]), &[]);
+    assert_eq!(frontend.expect_closed(), None, "before protocol features");
+    // Still serving, still write back, and the switch still works.
+    let mut frontend = ready(&backend, 0);
+    assert_eq!(frontend.config(w, 1), [1], "no refused SET_CONFIG changed the mode");
+    frontend.set_writeback(0);
+    assert_eq!(frontend.config(w, 1), [0]);
+    write_read_flush(&mut frontend, 0, 100, &pattern(9));
+    assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
+
+    // A read-only disk offers no switch, and refuses it.
+    let backend = TestBackend::start(Policy::Notified, 1, true);
+    let mut frontend = Frontend::connect(&backend.socket);
+    let offered = frontend.negotiate(FEATURES);
+    assert_eq!(offered & F_BLK_CONFIG_WCE, 0, "a read-only disk offers no CONFIG_WCE");
+    frontend.send(code::SET_CONFIG, &config_write(w, 1, 0, &[0]), &[]);
+    assert!(frontend.expect_closed().is_some_and(|a| a != 0), "read-only: refused");
+    let frontend = ready(&backend, 0);
+    assert_eq!(frontend.config(w, 1), [1], "read-only disks stay write back");
 }
 
 /// Regression: a refused request that has a reply of its own (GET_CONFIG, GET_VRING_BASE, ...)
@@ -474,4 +573,165 @@ fn the_socket_path_is_replaced_only_when_it_is_a_stale_socket() {
     assert!(matches!(Server::bind(&stale), Err(Error::SocketInUse { .. })), "a live one is not");
     drop(server);
     assert!(!Path::new(&stale).exists(), "the server removes its socket");
+}
+
+/// Bytes of dirty log for the test's guest memory (up to 1 GiB + 1 MiB, a bit per 4 KiB).
+const LOG_LEN: usize = ((REGION_B_GPA + MIB) / 4096 / 8) as usize;
+
+/// Connect with LOG_SHMFD, map memory, start vring 0, and share `log` (SET_LOG_BASE, whose
+/// reply QEMU waits for).
+fn ready_with_log(backend: &TestBackend, log: &DirtyLogFile) -> Frontend {
+    let mut frontend = Frontend::connect(&backend.socket);
+    let offered = frontend.negotiate_protocol(FEATURES, P_MQ | P_REPLY_ACK | P_CONFIG | P_LOG_SHMFD);
+    assert_ne!(offered & F_LOG_ALL, 0, "VHOST_F_LOG_ALL offered");
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    frontend.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[log.file.as_raw_fd()]);
+    assert_eq!(frontend.reply(code::SET_LOG_BASE), 0u64.to_le_bytes(), "SET_LOG_BASE's reply");
+    frontend
+}
+
+/// Logging on or off while the ring runs, as QEMU switches it when a migration starts or ends:
+/// SET_FEATURES with or without LOG_ALL, then SET_VRING_ADDR with or without VHOST_VRING_F_LOG.
+fn set_logging(frontend: &Frontend, on: bool) {
+    let features = FEATURES & !(F_BLK_MQ | F_BLK_RO) | if on { F_LOG_ALL } else { 0 };
+    frontend.set(code::SET_FEATURES, &features.to_le_bytes(), &[]);
+    let (_, _, used) = frontend.ring(0);
+    frontend.set_vring_addr(0, if on { 1 } else { 0 }, if on { used } else { 0 });
+}
+
+#[test]
+fn while_logging_a_read_marks_its_data_status_and_used_ring_pages_and_nothing_else() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    std::fs::write(&backend.disk, pattern(3).repeat(256)).unwrap();
+    let log = DirtyLogFile::new(LOG_LEN, true);
+    let mut frontend = ready_with_log(&backend, &log);
+    let (_, _, used) = frontend.ring(0);
+    let page = |gpa: u64| gpa / 4096;
+
+    // Before LOG_ALL: the log is shared, but nothing is marked.
+    assert_eq!(frontend.blk(0, T_IN, 0, 8192), 0);
+    assert_eq!(log.dirty_pages(), Vec::<u64>::new(), "no logging before LOG_ALL");
+
+    set_logging(&frontend, true);
+    log.clear();
+    // An 8 KiB read into DATA: two data pages, the status byte's page, the used ring's page.
+    frontend.mem.write(DATA, &[0u8; 8192]);
+    assert_eq!(frontend.blk(0, T_IN, 8, 8192), 0);
+    assert_eq!(frontend.mem.read(DATA, 4096), pattern(3), "the read's data");
+    let read_pages = vec![page(DATA), page(DATA) + 1, page(STATUS), page(used)];
+    assert_eq!(log.dirty_pages(), read_pages, "data, status and used ring pages of a read");
+    eprintln!("pages logged by one 8 KiB read: {}", read_pages.len());
+
+    // A write: the device writes only the status byte and the used ring.
+    log.clear();
+    frontend.mem.write(DATA, &pattern(4));
+    assert_eq!(frontend.blk(0, T_OUT, 16, 4096), 0);
+    assert_eq!(log.dirty_pages(), vec![page(STATUS), page(used)], "status and used ring of a write");
+
+    // GET_ID: the answer's page, the status and the used ring.
+    const T_GET_ID: u32 = 8;
+    log.clear();
+    let mut chain = frontend.blk_chain(T_GET_ID, 0, 20);
+    chain[1].2 = true; // the device writes the answer
+    frontend.submit(0, &chain);
+    frontend.wait_used(0);
+    assert_eq!(frontend.mem.read(STATUS, 1), [0], "GET_ID's status");
+    assert_eq!(log.dirty_pages(), vec![page(DATA), page(STATUS), page(used)], "pages of a GET_ID");
+    // A request refused without reaching the disk (an unknown type: UNSUPP).
+    log.clear();
+    assert_eq!(frontend.blk(0, 99, 0, 0), 2, "UNSUPP");
+    assert_eq!(log.dirty_pages(), vec![page(STATUS), page(used)], "status and used ring of a refusal");
+
+    // Logging off (migration over): no bits, whatever the device writes.
+    set_logging(&frontend, false);
+    log.clear();
+    assert_eq!(frontend.blk(0, T_IN, 16, 4096), 0);
+    assert_eq!(frontend.mem.read(DATA, 4096), pattern(4));
+    assert_eq!(log.dirty_pages(), Vec::<u64>::new(), "no logging after LOG_ALL is cleared");
+}
+
+/// Negotiate LOG_SHMFD and send SET_LOG_BASE of `size` bytes at `offset` of a LOG_LEN-byte
+/// memfd, sealed against shrinking if `sealed`.
+fn send_log_base(f: &mut Frontend, size: u64, offset: u64, sealed: bool) {
+    f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+    let log = DirtyLogFile::new(LOG_LEN, sealed);
+    f.send(code::SET_LOG_BASE, &log_base_payload(size, offset), &[log.file.as_raw_fd()]);
+}
+
+/// Hostile dirty-log messages; each closes the connection.
+const LOG_CASES: &[Case] = &[
+    ("SET_LOG_BASE without LOG_SHMFD negotiated", false, |f| {
+        f.negotiate(FEATURES | F_LOG_ALL);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE with an eventfd for a log", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let event = EventFd::new(0).unwrap();
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[event.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE with a memfd not sealed against shrinking", false, |f| {
+        send_log_base(f, LOG_LEN as u64, 0, false)
+    }),
+    ("SET_LOG_BASE too small for guest memory", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        f.set_mem_table();
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &log_base_payload(4096, 0), &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_BASE reaching past the end of its file", false, |f| {
+        send_log_base(f, LOG_LEN as u64, 4096, true)
+    }),
+    ("SET_LOG_BASE with an offset that wraps", false, |f| {
+        send_log_base(f, LOG_LEN as u64, u64::MAX - 4095, true)
+    }),
+    ("SET_LOG_BASE with an unaligned offset", false, |f| send_log_base(f, 8, 8, true)),
+    ("SET_LOG_BASE of size 0", false, |f| send_log_base(f, 0, 0, true)),
+    ("SET_LOG_BASE without a descriptor", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        f.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[]);
+    }),
+    ("SET_LOG_BASE with a short payload", false, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let log = DirtyLogFile::new(LOG_LEN, true);
+        f.send(code::SET_LOG_BASE, &[0; 8], &[log.file.as_raw_fd()]);
+    }),
+    ("SET_LOG_FD with a pipe", true, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let mut ends = [0; 2];
+        // SAFETY: pipe2 fills two descriptors, closed right after sending.
+        assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        f.send(code::SET_LOG_FD, &[], &[ends[0]]);
+        // SAFETY: the two descriptors pipe2 made, closed once.
+        unsafe { (libc::close(ends[0]), libc::close(ends[1])) };
+    }),
+    ("SET_LOG_FD with a payload", true, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        let event = EventFd::new(0).unwrap();
+        f.send(code::SET_LOG_FD, &[0; 8], &[event.as_raw_fd()]);
+    }),
+    ("SET_VRING_ADDR with an unknown flag", true, |f| {
+        f.negotiate_protocol(FEATURES, P_REPLY_ACK | P_LOG_SHMFD);
+        f.send(
+            code::SET_VRING_ADDR,
+            &VringAddr { index: 0, flags: 2, desc: 0, used: 0, avail: 0, log: 0 }.to_bytes(),
+            &[],
+        );
+    }),
+];
+
+#[test]
+fn hostile_dirty_log_messages_are_refused_and_the_next_frontend_is_served() {
+    let backend = TestBackend::start(Policy::Notified, 1, false);
+    // SET_LOG_BASE has a reply of its own: refused, it is not acknowledged.
+    refused(&backend, LOG_CASES);
+    // A log eventfd is taken (and closed); the next frontend logs as it should.
+    let log = DirtyLogFile::new(LOG_LEN, true);
+    let mut frontend = ready_with_log(&backend, &log);
+    let event = EventFd::new(0).unwrap();
+    frontend.set(code::SET_LOG_FD, &[], &[event.as_raw_fd()]);
+    set_logging(&frontend, true);
+    write_read_flush(&mut frontend, 0, 100, &pattern(9));
+    assert!(log.dirty_pages().contains(&(DATA / 4096)), "the read's data page is logged");
 }

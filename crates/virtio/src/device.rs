@@ -289,9 +289,15 @@ pub enum ActivateError {
     Reopen(storage::BackendError),
     #[error("queue {index} does not exist or is already running")]
     NoSuchQueue { index: usize },
-    #[error("this transport runs one worker per device; a {queues}-queue device is started per queue")]
-    MultiQueue { queues: usize },
+    #[error("queue {index} is needed but the driver did not make it ready")]
+    QueueNotReady { index: usize },
+    #[error("the driver made none of the queues the device serves ready (queue 0 without multi-queue)")]
+    NoQueue,
 }
+
+/// What a device's `activate` starts: one slot per worker the device runs (its
+/// [`VirtioDevice::worker_count`]), `None` for a worker whose queue the driver left unready.
+pub type Workers = Vec<Option<Box<dyn QueueWorker>>>;
 
 /// Copy `config[offset..]` into `data`; bytes beyond the configuration space read as 0.
 pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
@@ -313,16 +319,27 @@ pub trait VirtioDevice: Send {
     /// The driver writes `data` at `offset` in configuration space; what the device does not
     /// let the driver change is ignored (the default: all of it).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
-    /// Start the data path over queues the driver made ready (already validated).
+    /// How many workers the device's data path has, each served on its own (a multi-queue
+    /// disk: one per queue, so queues run apart); the transport gives each a notification.
+    fn worker_count(&self) -> usize {
+        1
+    }
+    /// Which worker a notification of queue `queue` (the driver's QueueNotify value) is for;
+    /// `None`: no queue of the device, ignored.
+    fn worker_of_queue(&self, _queue: u32) -> Option<usize> {
+        Some(0)
+    }
+    /// Start the data path over the queues the driver set up, by index (already validated;
+    /// `None`: left unready, which the device refuses or does without).
     fn activate(
         &mut self,
         mem: &GuestMemoryMmap,
-        queues: Vec<Queue>,
+        queues: Vec<Option<Queue>>,
         features: u64,
         signals: DeviceSignals,
-    ) -> Result<Box<dyn QueueWorker>, ActivateError>;
+    ) -> Result<Workers, ActivateError>;
     /// Take back what `activate` handed out (device reset).
-    fn deactivate(&mut self, worker: Box<dyn QueueWorker>);
+    fn deactivate(&mut self, workers: Workers);
     /// InterruptStatus bits the transport shows as set while the device runs, whatever the
     /// driver acknowledged: for a device whose used-buffer interrupts bypass the transport (a
     /// vhost-user daemon writes the irqfd itself, so the transport never learns of them).

@@ -7,6 +7,7 @@
 
 pub mod block;
 pub mod device;
+pub mod dirty;
 pub mod inflight;
 pub mod interrupt;
 pub mod mmio;
@@ -15,7 +16,7 @@ pub mod queue;
 
 pub use device::{
     ActivateError, DeviceSignals, DeviceStats, DeviceStatsSnapshot, QueueWorker, RequestCounters,
-    VirtioDevice, WorkerHost, STATS_QUEUES,
+    VirtioDevice, WorkerHost, Workers, STATS_QUEUES,
 };
 
 /// Feature bit: descriptors may point to tables of descriptors.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{DeviceSignals, DeviceStats, QueueWorker, VirtioDevice, WorkerHost};
+use crate::device::{DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, Workers};
 use crate::interrupt::InterruptLine;
 use crate::queue::{Queue, QueueConfig};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
@@ -76,19 +76,28 @@ struct QueueState {
     ready: bool,
 }
 
-/// Who runs the device's worker once the driver is ready.
+/// Who runs the device's workers once the driver is ready.
 pub enum Runner {
     /// The transport itself, on every QueueNotify write (trap-and-emulate).
     OnNotify,
-    /// An IOCore (or I/O thread); `notify` is the ioeventfd on QueueNotify.
+    /// An IOCore (or I/O thread): one [`Hosted`] per worker of the device
+    /// ([`VirtioDevice::worker_count`]).
     Host {
-        /// Who runs the worker.
+        /// Who runs the workers.
         host: Arc<dyn WorkerHost>,
-        /// The worker's id with its host.
-        id: u64,
-        /// The queue's ioeventfd, for the host to wait on.
-        notify: Option<Arc<EventFd>>,
+        /// By worker: its id with the host and its notification.
+        workers: Vec<Hosted>,
     },
+}
+
+/// How a host knows one of the device's workers.
+pub struct Hosted {
+    /// The worker's id with its host (unique among the host's workers).
+    pub id: u64,
+    /// The eventfd that notifications of the worker's queues reach (an ioeventfd on QueueNotify,
+    /// with the queue's index as datamatch when the device has several workers), for the host
+    /// to wait on.
+    pub notify: Option<Arc<EventFd>>,
 }
 
 /// A virtio-mmio transport (virtio 1.x §4.2, version 2): the register interface the driver
@@ -108,12 +117,13 @@ pub struct MmioTransport {
     driver_features: u64,
     queue_sel: u32,
     queues: Vec<QueueState>,
-    /// The worker, while the transport runs it (`Runner::OnNotify`).
-    local_worker: Option<Box<dyn QueueWorker>>,
-    /// Set while a worker is out (here or with the host).
-    active: bool,
-    /// The worker taken back from the host while the VM is paused (`pause`).
-    paused_worker: Option<Box<dyn QueueWorker>>,
+    /// The workers, while the transport runs them (`Runner::OnNotify`), by worker.
+    local_workers: Workers,
+    /// Which workers are out (here or with the host), by worker; empty while inactive.
+    started: Vec<bool>,
+    /// The workers taken back from the host while the VM is paused (`pause`), by worker; empty
+    /// when the host has them.
+    paused_workers: Workers,
     /// Paused: no worker takes requests until `resume`.
     paused: bool,
 }
@@ -144,9 +154,9 @@ impl MmioTransport {
             driver_features: 0,
             queue_sel: 0,
             queues,
-            local_worker: None,
-            active: false,
-            paused_worker: None,
+            local_workers: Vec::new(),
+            started: Vec::new(),
+            paused_workers: Vec::new(),
             paused: false,
         }
     }
@@ -181,7 +191,7 @@ impl MmioTransport {
             }
             QUEUE_READY => queue.is_some_and(|q| q.ready) as u32,
             INTERRUPT_STATUS => {
-                let always = if self.active { self.device.interrupt_status_while_active() } else { 0 };
+                let always = if self.active() { self.device.interrupt_status_while_active() } else { 0 };
                 self.interrupt_status.load(Ordering::Acquire) | always
             }
             STATUS => {
@@ -221,7 +231,7 @@ impl MmioTransport {
             {
                 self.write_queue_register(offset, value)
             }
-            QUEUE_NOTIFY => self.notified(),
+            QUEUE_NOTIFY => self.notified(value),
             INTERRUPT_ACK => {
                 self.interrupt_status.fetch_and(!value, Ordering::AcqRel);
             }
@@ -279,66 +289,87 @@ impl MmioTransport {
 
     fn activate(&mut self) {
         match self.start(None) {
-            Ok(worker) => self.place(worker),
-            // A queue not made ready, one outside guest RAM, or a device that would not start:
-            // the driver must start over.
+            Ok(workers) => self.place(workers),
+            // A queue outside guest RAM or a device that would not start: the driver must
+            // start over.
             Err(_) => self.needs_reset.store(true, Ordering::Release),
         }
     }
 
-    /// Hand a started worker to whoever runs it.
-    fn place(&mut self, mut worker: Box<dyn QueueWorker>) {
+    /// Hand started workers to whoever runs them.
+    fn place(&mut self, mut workers: Workers) {
         match &self.runner {
             Runner::OnNotify => {
-                worker.set_polling(false);
-                self.local_worker = Some(worker);
+                workers.iter_mut().flatten().for_each(|worker| worker.set_polling(false));
+                self.local_workers = workers;
             }
-            Runner::Host { host, id, notify } => host.attach(*id, worker, notify.clone()),
+            Runner::Host { host, workers: hosted } => {
+                for (worker, slot) in workers.into_iter().zip(hosted) {
+                    if let Some(worker) = worker {
+                        host.attach(slot.id, worker, slot.notify.clone());
+                    }
+                }
+            }
         }
     }
 
-    /// Start the device's worker on the queues the driver set up; with `resume_at`, each queue
-    /// continues at that avail index (a restored snapshot) rather than at 0.
-    fn start(&mut self, resume_at: Option<&[u16]>) -> Result<Box<dyn QueueWorker>, StateError> {
+    /// Start the device's workers on the queues the driver made ready (a queue not made ready
+    /// is `None`: the device decides whether it can do without it); with `resume_at`, each
+    /// ready queue continues at that avail index (a restored snapshot) rather than at 0.
+    fn start(&mut self, resume_at: Option<&[u16]>) -> Result<Workers, StateError> {
         let event_idx = self.driver_features & (1 << VIRTIO_F_EVENT_IDX) != 0;
         let indirect = self.driver_features & (1 << VIRTIO_F_INDIRECT_DESC) != 0;
         let mut queues = Vec::with_capacity(self.queues.len());
         for (index, state) in self.queues.iter().enumerate() {
+            let next_avail = resume_at.and_then(|at| at.get(index)).copied();
             if !state.ready {
-                return Err(StateError::QueueNotReady(index));
+                // The device cannot have taken requests from a queue it never had.
+                if next_avail.is_some_and(|next| next != 0) {
+                    return Err(StateError::QueueNotReady(index));
+                }
+                queues.push(None);
+                continue;
             }
             let mut queue = Queue::new(&self.mem, state.config, event_idx)
                 .map_err(|source| StateError::Queue { queue: index, source })?
                 .with_indirect_descriptors(indirect);
-            if let Some(&next_avail) = resume_at.and_then(|at| at.get(index)) {
+            if let Some(next_avail) = next_avail {
                 let in_memory = queue.used_index();
                 if in_memory != next_avail {
                     return Err(StateError::UsedIndex { queue: index, saved: next_avail, in_memory });
                 }
                 queue.resume(next_avail);
             }
-            queues.push(queue);
+            queues.push(Some(queue));
         }
         let signals = DeviceSignals::new(self.interrupt.clone(), self.needs_reset.clone())
             .with_stats(self.stats.clone());
-        let worker = self
+        let workers = self
             .device
             .activate(&self.mem, queues, self.driver_features, signals)
             .map_err(|_| StateError::Activate)?;
-        self.active = true;
-        Ok(worker)
+        self.started = workers.iter().map(Option::is_some).collect();
+        Ok(workers)
     }
 
-    /// QueueNotify reached the transport: serve the queue here (trap mode). With a host the
-    /// notification goes to its ioeventfd and never exits to user space; if it does anyway
-    /// (no ioeventfd), the host polls or wakes on its own.
-    fn notified(&mut self) {
-        let Some(worker) = self.local_worker.as_mut() else {
-            if let Runner::Host { notify: Some(fd), .. } = &self.runner {
+    /// Is the device's data path running (a worker out)?
+    fn active(&self) -> bool {
+        self.started.iter().any(|&started| started)
+    }
+
+    /// QueueNotify of queue `queue` reached the transport: serve the queue here (trap mode).
+    /// With a host the notification goes to its ioeventfd and never exits to user space; if it
+    /// does anyway (no ioeventfd), it is passed on to the worker's eventfd. A queue the device
+    /// does not have is ignored.
+    fn notified(&mut self, queue: u32) {
+        let Some(index) = self.device.worker_of_queue(queue) else { return };
+        if let Runner::Host { workers, .. } = &self.runner {
+            if let Some(Hosted { notify: Some(fd), .. }) = workers.get(index) {
                 let _ = fd.write(1);
             }
             return;
-        };
+        }
+        let Some(Some(worker)) = self.local_workers.get_mut(index) else { return };
         worker.poll();
         let started = Instant::now();
         while worker.in_flight() > 0 && started.elapsed() < TRAP_COMPLETION_WAIT {
@@ -350,16 +381,20 @@ impl MmioTransport {
 
     fn reset(&mut self) {
         self.paused = false;
-        if self.active {
-            let worker = match &self.runner {
-                Runner::OnNotify => self.local_worker.take(),
-                Runner::Host { .. } if self.paused_worker.is_some() => self.paused_worker.take(),
-                Runner::Host { host, id, .. } => host.detach(*id),
+        if self.active() {
+            let held = std::mem::take(&mut self.paused_workers);
+            let workers = match &self.runner {
+                Runner::OnNotify => std::mem::take(&mut self.local_workers),
+                // Paused: the transport holds the workers, the host has none of them.
+                Runner::Host { .. } if !held.is_empty() => held,
+                Runner::Host { host, workers } => workers
+                    .iter()
+                    .zip(&self.started)
+                    .map(|(slot, &started)| if started { host.detach(slot.id) } else { None })
+                    .collect(),
             };
-            if let Some(worker) = worker {
-                self.device.deactivate(worker);
-            }
-            self.active = false;
+            self.device.deactivate(workers);
+            self.started.clear();
         }
         self.status = 0;
         self.device_features_sel = 0;
@@ -371,48 +406,67 @@ impl MmioTransport {
         self.needs_reset.store(false, Ordering::Release);
     }
 
-    /// Stop the data path (the VM is going away): take the worker back from its host.
+    /// Stop the data path (the VM is going away): take the workers back from their host.
     pub fn shutdown(&mut self) {
         self.reset();
     }
 
     /// Stop the data path for a pause (the vCPUs are stopped, so the driver adds no request):
-    /// take the worker back from its host, which then holds nothing of this device, and serve
-    /// it here until its backend has completed every request it took. Requests the driver made
-    /// available and the worker had not taken stay in the ring for after the pause.
+    /// take every worker back from its host, which then holds nothing of this device, and serve
+    /// them here until their backends have completed every request they took. Requests the
+    /// driver made available and a worker had not taken stay in the ring for after the pause.
     pub fn pause(&mut self) -> Result<(), StateError> {
         if self.paused {
             return Ok(());
         }
-        if self.active {
-            if let Runner::Host { host, id, .. } = &self.runner {
-                let worker = host.detach(*id).ok_or(StateError::WorkerLost)?;
-                self.paused_worker = Some(worker);
+        if let Runner::Host { host, workers } = &self.runner {
+            if self.active() {
+                // All taken back before any is drained: none runs on the host while another drains.
+                self.paused_workers = workers
+                    .iter()
+                    .zip(&self.started)
+                    .map(|(slot, &started)| if started { host.detach(slot.id) } else { None })
+                    .collect();
+                let lost =
+                    self.started.iter().zip(&self.paused_workers).any(|(&out, held)| out && held.is_none());
+                if lost {
+                    return Err(StateError::WorkerLost);
+                }
             }
         }
         self.paused = true;
-        let Some(worker) = self.paused_worker.as_mut().or(self.local_worker.as_mut()) else { return Ok(()) };
+        let held = match self.runner {
+            Runner::OnNotify => &mut self.local_workers,
+            Runner::Host { .. } => &mut self.paused_workers,
+        };
         let started = Instant::now();
-        while worker.in_flight() > 0 {
-            if started.elapsed() > DRAIN_WAIT {
-                return Err(StateError::DrainTimeout(worker.in_flight(), DRAIN_WAIT));
-            }
-            if worker.poll() == 0 {
-                std::thread::sleep(Duration::from_micros(50));
+        for worker in held.iter_mut().flatten() {
+            while worker.in_flight() > 0 {
+                if started.elapsed() > DRAIN_WAIT {
+                    return Err(StateError::DrainTimeout(worker.in_flight(), DRAIN_WAIT));
+                }
+                if worker.poll() == 0 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
             }
         }
         Ok(())
     }
 
-    /// Give the worker back to its host after `pause`; a notification the driver made while
-    /// paused (none: the vCPUs were stopped) or requests left in the ring are found by the
-    /// host's first pass.
+    /// Give every worker back to its host after `pause`; a notification the driver made while
+    /// paused (none: the vCPUs were stopped) or requests left in a ring are found by the host's
+    /// first pass over that worker.
     pub fn resume(&mut self) {
         self.paused = false;
-        if let (Some(worker), Runner::Host { host, id, notify }) = (self.paused_worker.take(), &self.runner) {
-            host.attach(*id, worker, notify.clone());
-            if let Some(fd) = notify {
-                let _ = fd.write(1);
+        let held = std::mem::take(&mut self.paused_workers);
+        if let Runner::Host { host, workers: hosted } = &self.runner {
+            for (worker, slot) in held.into_iter().zip(hosted) {
+                if let Some(worker) = worker {
+                    host.attach(slot.id, worker, slot.notify.clone());
+                    if let Some(fd) = &slot.notify {
+                        let _ = fd.write(1);
+                    }
+                }
             }
         }
     }
@@ -433,8 +487,9 @@ impl MmioTransport {
                 desc: q.config.desc,
                 avail: q.config.avail,
                 used: q.config.used,
-                // Drained: the used index in guest memory is where the device stands.
-                next_avail: match self.active {
+                // Drained: the used index in guest memory is where the device stands. A queue not
+                // made ready was never used.
+                next_avail: match self.active() && q.ready {
                     true => used_index_in(&self.mem, q.config.used).unwrap_or(0),
                     false => 0,
                 },
@@ -456,8 +511,8 @@ impl MmioTransport {
 
     /// Bring a new transport (the same device, opened afresh, not yet used by a driver) to
     /// `saved`, guest memory already restored: check it against the device and guest memory, and
-    /// start the worker where the snapshot left each queue. The worker starts paused; `resume`
-    /// gives it to the host.
+    /// start the workers where the snapshot left each ready queue. The workers start paused;
+    /// `resume` gives them to the host.
     pub fn restore(&mut self, saved: &TransportState) -> Result<(), StateError> {
         let here = self.device.device_id();
         if saved.device_id != here {
@@ -513,14 +568,14 @@ impl MmioTransport {
                 return Err(StateError::Features { features: saved.driver_features, offered });
             }
             let resume_at: Vec<u16> = saved.queues.iter().map(|q| q.next_avail).collect();
-            let mut worker = self.start(Some(&resume_at))?;
+            let mut workers = self.start(Some(&resume_at))?;
             // Held back (paused) until the VM resumes.
             match self.runner {
                 Runner::OnNotify => {
-                    worker.set_polling(false);
-                    self.local_worker = Some(worker);
+                    workers.iter_mut().flatten().for_each(|worker| worker.set_polling(false));
+                    self.local_workers = workers;
                 }
-                Runner::Host { .. } => self.paused_worker = Some(worker),
+                Runner::Host { .. } => self.paused_workers = workers,
             }
         }
         self.paused = true;

@@ -14,6 +14,7 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use thiserror::Error;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+use crate::dirty::DirtyLog;
 use crate::inflight::{InflightArea, InflightError, InflightTracker, Recovery};
 
 /// The largest queue a device offers.
@@ -133,6 +134,9 @@ pub struct Queue {
     /// Heads in flight are also kept in memory shared with a vhost-user frontend, and those a
     /// crashed predecessor held are served again first (see [`crate::inflight`]).
     inflight: Option<Box<InflightTracker>>,
+    /// During a live migration: the dirty log, and the used ring's guest-physical address
+    /// (vhost's `log_guest_addr`), whose pages are marked as the device writes them.
+    used_log: Option<(DirtyLog, u64)>,
 }
 
 // SAFETY: the ring pointers point into regions of `mem`, which the queue holds, so they stay valid
@@ -181,6 +185,7 @@ impl Queue {
             returned: [0; MAX_QUEUE_SIZE as usize],
             returned_count: 0,
             inflight: None,
+            used_log: None,
         })
     }
 
@@ -188,6 +193,21 @@ impl Queue {
     pub fn with_indirect_descriptors(mut self, enabled: bool) -> Queue {
         self.indirect = enabled;
         self
+    }
+
+    /// Mark in `log` every page of the used ring the device writes, the ring lying at
+    /// guest-physical address `used_gpa` (live migration: vhost's VHOST_VRING_F_LOG).
+    pub fn with_used_log(mut self, log: DirtyLog, used_gpa: u64) -> Queue {
+        self.used_log = Some((log, used_gpa));
+        self
+    }
+
+    /// Mark `len` bytes at `offset` in the used ring dirty, if the ring is logged.
+    #[inline]
+    fn log_used(&self, offset: usize, len: u64) {
+        if let Some((log, used)) = &self.used_log {
+            log.mark(used.saturating_add(offset as u64), len);
+        }
     }
 
     /// The guest memory the queue's rings (and its chains' buffers) live in.
@@ -405,6 +425,7 @@ impl Queue {
             elem.cast::<u32>().write_volatile((head as u32).to_le());
             elem.add(4).cast::<u32>().write_volatile(written.to_le());
         }
+        self.log_used(4 + 8 * slot, 8);
         self.next_used = self.next_used.wrapping_add(1);
         // Every head is returned at most once per time it is held, so this has room unless the
         // caller returns heads it never took; those need no release.
@@ -423,6 +444,7 @@ impl Queue {
         }
         fence(Ordering::Release);
         self.used_u16(2).store(self.next_used, Ordering::Release);
+        self.log_used(2, 2);
         if let Some(tracker) = &mut self.inflight {
             tracker.clear_batch(batch, self.next_used);
         }
@@ -455,9 +477,11 @@ impl Queue {
             // avail_event, after the used ring: the driver notifies once avail passes it.
             let event = if enabled { self.next_avail } else { self.next_avail.wrapping_sub(1) };
             self.used_u16(4 + 8 * self.size as usize).store(event, Ordering::Release);
+            self.log_used(4 + 8 * self.size as usize, 2);
         }
         let flags = if enabled { 0 } else { VRING_USED_F_NO_NOTIFY };
         self.used_u16(0).store(flags, Ordering::Release);
+        self.log_used(0, 2);
         // Make the change visible before the caller re-checks the avail ring.
         fence(Ordering::SeqCst);
     }

@@ -13,7 +13,7 @@ pub mod vm;
 
 pub use devices::console::ConsoleMode;
 pub use devices::vhost_user_blk::VhostUserDisk;
-pub use devices::virtio::{DiskBackend, IoMode, NetConfig};
+pub use devices::virtio::{DiskBackend, DiskOptions, IoMode, NetConfig};
 pub use iocore::pin_current_thread;
 pub use sandbox::SeccompMode;
 pub use stats::Counters;

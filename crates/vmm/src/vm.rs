@@ -25,7 +25,7 @@ use crate::devices::serial::{Com1, COM1_IRQ};
 use crate::devices::testdev::TestDevice;
 use crate::devices::vhost_user_blk::VhostUserDisk;
 use crate::devices::virtio::{
-    DeviceError, DeviceList, DiskBackend, IoCoreSetup, IoMode, NetConfig, VirtioDevices,
+    DeviceError, DeviceList, DiskBackend, DiskOptions, IoCoreSetup, IoMode, NetConfig, VirtioDevices,
 };
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
@@ -68,9 +68,9 @@ pub struct VmConfig {
     pub timeout: Option<Duration>,
     /// virtio-blk disks, in the order the guest sees them.
     pub disks: Vec<DiskBackend>,
-    /// The serial numbers (GET_ID) of `disks`, by index; a disk without one (or beyond the
-    /// list) answers `exitless-diskN`, N its index among the disks.
-    pub disk_serials: Vec<Option<String>>,
+    /// The serial numbers and queue counts of `disks`, by index (a disk beyond the list:
+    /// the defaults).
+    pub disk_options: Vec<DiskOptions>,
     /// Disks a vhost-user daemon serves, on the bus after `disks`. With any, guest memory is
     /// one shared memfd (the daemon maps it).
     pub vhost_user_disks: Vec<VhostUserDisk>,
@@ -105,7 +105,7 @@ impl Default for VmConfig {
             console: ConsoleMode::Stdout,
             timeout: None,
             disks: Vec::new(),
-            disk_serials: Vec::new(),
+            disk_options: Vec::new(),
             vhost_user_disks: Vec::new(),
             nets: Vec::new(),
             io_mode: IoMode::Eventfd,
@@ -264,6 +264,9 @@ pub struct DeviceReport {
     pub kind: &'static str,
     /// Its index among the devices of its kind (`--disk`s, `--net`s, in order).
     pub index: usize,
+    /// The request queues it counts separately (`stats.per_queue`): a disk's queues, 0 for
+    /// other devices.
+    pub request_queues: usize,
     /// What the device did. For a vhost-user disk only `needs_reset` and its reason are the
     /// VMM's to know: the daemon serves the requests and raises the interrupts.
     pub stats: virtio::DeviceStatsSnapshot,
@@ -438,7 +441,7 @@ impl Vm {
             &mem,
             DeviceList {
                 disks: &config.disks,
-                disk_serials: &config.disk_serials,
+                disk_options: &config.disk_options,
                 vhost_user: &config.vhost_user_disks,
                 nets: &config.nets,
             },
@@ -592,6 +595,7 @@ impl Vm {
             .map(|slot| DeviceReport {
                 kind: slot.kind,
                 index: slot.index,
+                request_queues: slot.request_queues,
                 stats: slot.stats.snapshot(),
                 vhost_user: slot.vhost_user.as_ref().map(|info| VhostUserReport {
                     socket: info.socket.clone(),

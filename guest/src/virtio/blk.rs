@@ -1,15 +1,17 @@
-//! virtio-blk (virtio 1.x §5.2) over one virtio-mmio transport and its one request queue.
+//! virtio-blk (virtio 1.x §5.2) over one virtio-mmio transport and its request queue, or with
+//! VIRTIO_BLK_F_MQ several (`Options::queues`): requests go to them in turn, round robin.
 //!
 //! Every request slot (up to `MAX_IN_FLIGHT`) owns its descriptors (header, data segments,
 //! status), a static header, a static status byte and a static data buffer, so submitting is a
 //! few stores and completing is a few loads: nothing is allocated or searched. With
 //! VIRTIO_F_INDIRECT_DESC a slot's descriptors live in its own static indirect table and the
 //! request takes one ring descriptor, so a 256-entry queue holds 256 requests; without it they
-//! are a run of ring descriptors, and the ring holds `size / (segments + 2)` requests.
+//! are a run of ring descriptors, and the ring holds `size / (segments + 2)` requests. A slot
+//! has the same descriptors in every queue's table, so any slot may go to any queue.
 
 use core::ptr::addr_of_mut;
 
-use super::interrupts::Interrupts;
+use super::interrupts::{Interrupts, UsedRings};
 use super::mmio::Transport;
 use super::queue::{Descriptor, SplitQueue, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, MAX_QUEUE_SIZE};
 pub use super::Completion;
@@ -53,14 +55,17 @@ const F_FLUSH: u64 = 1 << 9;
 const F_CONFIG_WCE: u64 = 1 << 11;
 const F_DISCARD: u64 = 1 << 13;
 const F_WRITE_ZEROES: u64 = 1 << 14;
+const F_MQ: u64 = 1 << 12;
 const CONFIG_CAPACITY: u64 = 0;
 const CONFIG_SIZE_MAX: u64 = 8;
 const CONFIG_SEG_MAX: u64 = 12;
 const CONFIG_BLK_SIZE: u64 = 20;
 const CONFIG_WRITEBACK: u64 = 32;
+const CONFIG_NUM_QUEUES: u64 = 34;
 const CONFIG_MAX_DISCARD_SECTORS: u64 = 36;
 const CONFIG_MAX_WRITE_ZEROES_SECTORS: u64 = 48;
-const REQUEST_QUEUE: u32 = 0;
+/// The most request queues the driver sets up (`Options::queues`).
+pub const MAX_QUEUES: usize = 4;
 /// The interrupt vector the device's IOAPIC pin is routed to (exitcost's test device uses 0x40).
 const VECTOR: u8 = 0x41;
 
@@ -107,6 +112,9 @@ pub struct Options {
     /// Give the request queue at most this many descriptors (rounded down to a power of two),
     /// fewer than the device allows: QEMU gives Linux 128 on a vhost-user-blk device.
     pub queue_size: Option<u16>,
+    /// Request queues to use (1..=MAX_QUEUES; above 1 the device must offer VIRTIO_BLK_F_MQ
+    /// and as many queues).
+    pub queues: usize,
 }
 
 /// The disk as the device describes it.
@@ -138,11 +146,13 @@ impl DiskInfo {
     }
 }
 
-/// Interrupts and notifications, for exit accounting.
+/// Interrupts and notifications, for exit accounting, and completions by queue.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters {
     pub notifies: u64,
     pub interrupts: u64,
+    /// Requests the device completed, by queue.
+    pub per_queue: [u64; MAX_QUEUES],
 }
 
 /// A set of slots (below `MAX_IN_FLIGHT`), one bit each.
@@ -176,7 +186,14 @@ impl SlotSet {
 
 pub struct BlockDevice {
     transport: Transport,
-    queue: SplitQueue,
+    /// The request queues: the first `options.queues` (claimed at open), the rest `None`.
+    queues: [Option<SplitQueue>; MAX_QUEUES],
+    /// The queue the next request goes to.
+    next_queue: usize,
+    /// Queues with requests pushed since the last kick, one bit each.
+    pushed: u32,
+    /// The queue each slot in flight is on.
+    queue_of: [u8; MAX_IN_FLIGHT],
     options: Options,
     pub disk: DiskInfo,
     pub counters: Counters,
@@ -196,10 +213,16 @@ impl BlockDevice {
     pub fn open(transport: Transport, options: Options, deadline: Deadline) -> Result<BlockDevice, Error> {
         transport.expect_device(DEVICE_ID)?;
         let interrupts = Interrupts::new(&transport, options.completion)?;
-        let queue = SplitQueue::claim(MAX_QUEUE_SIZE, false)?;
+        let mut queues = [const { None }; MAX_QUEUES];
+        for queue in queues.iter_mut().take(options.queues.clamp(1, MAX_QUEUES)) {
+            *queue = Some(SplitQueue::claim(MAX_QUEUE_SIZE, false)?);
+        }
         let mut device = BlockDevice {
             transport,
-            queue,
+            queues,
+            next_queue: 0,
+            pushed: 0,
+            queue_of: [0; MAX_IN_FLIGHT],
             options,
             disk: DiskInfo::default(),
             counters: Counters::default(),
@@ -221,6 +244,7 @@ impl BlockDevice {
         let t = self.transport;
         t.reset(deadline)?;
         self.in_flight = SlotSet::EMPTY;
+        (self.next_queue, self.pushed) = (0, 0);
         let mut wanted = F_VERSION_1
             | F_RO
             | F_FLUSH
@@ -236,8 +260,21 @@ impl BlockDevice {
         if self.options.indirect {
             wanted |= F_INDIRECT_DESC;
         }
+        if self.queue_count() > 1 {
+            wanted |= F_MQ;
+        }
         let features = t.negotiate(wanted)?;
         let has = |bit: u64| features & bit != 0;
+        let offered = if has(F_MQ) {
+            let mut num_queues = [0u8; 2];
+            t.config_bytes(CONFIG_NUM_QUEUES, &mut num_queues);
+            u16::from_le_bytes(num_queues)
+        } else {
+            1
+        };
+        if self.queue_count() > usize::from(offered) {
+            return self.fail(Error::TooFewQueues(u32::from(offered)));
+        }
         self.disk = DiskInfo {
             capacity_sectors: t.config64(CONFIG_CAPACITY),
             read_only: has(F_RO),
@@ -264,8 +301,11 @@ impl BlockDevice {
             0 => MAX_REQUEST_BYTES,
             n => n.min(MAX_REQUEST_BYTES),
         };
-        let wanted_size = self.options.queue_size.map_or(u32::MAX, u32::from);
-        let size = SplitQueue::size_for(t.queue_max(REQUEST_QUEUE)?.min(wanted_size));
+        let mut largest = self.options.queue_size.map_or(u32::MAX, u32::from);
+        for index in 0..self.queue_count() {
+            largest = largest.min(t.queue_max(index as u32)?);
+        }
+        let size = SplitQueue::size_for(largest);
         // A FLUSH-only driver (no payload) needs no data descriptor: two per request. A chain
         // is at most the queue size long, in an indirect table too (§2.7.5.3.1).
         let segments = self.options.max_request_bytes.div_ceil(self.segment_bytes);
@@ -287,12 +327,16 @@ impl BlockDevice {
         for slot in 0..depth {
             self.buffer(slot)[..used].fill(0);
         }
-        self.queue.reset(size, self.disk.event_idx);
-        let (desc, driver, device) = self.queue.addresses();
-        t.setup_queue(REQUEST_QUEUE, size, desc, driver, device);
         if self.interrupts.enabled() {
             self.interrupts.route(&t, VECTOR);
-            self.queue.request_interrupt();
+        }
+        for (index, queue) in self.queues.iter_mut().flatten().enumerate() {
+            queue.reset(size, self.disk.event_idx);
+            let (desc, driver, device) = queue.addresses();
+            t.setup_queue(index as u32, size, desc, driver, device);
+            if self.interrupts.enabled() {
+                queue.request_interrupt();
+            }
         }
         t.driver_ok();
         self.interrupts.forget_pending(&t);
@@ -319,8 +363,19 @@ impl BlockDevice {
         &self.transport
     }
 
+    /// The first request queue (the only one, unless `Options::queues` asked for more).
     pub fn queue_mut(&mut self) -> &mut SplitQueue {
-        &mut self.queue
+        self.queue(0)
+    }
+
+    /// Request queue `index` (below `queue_count`, claimed at open).
+    fn queue(&mut self, index: usize) -> &mut SplitQueue {
+        self.queues[index].as_mut().expect("the device's queues are claimed when it is opened")
+    }
+
+    /// How many request queues the driver uses.
+    pub fn queue_count(&self) -> usize {
+        self.options.queues.clamp(1, MAX_QUEUES)
     }
 
     pub fn queue_depth(&self) -> usize {
@@ -387,9 +442,9 @@ impl BlockDevice {
         unsafe { addr_of_mut!((*INDIRECT_TABLES.get()).0[slot]) }
     }
 
-    /// Write descriptor `index` of slot `slot`'s request: of its indirect table, or of the ring.
-    /// The slot must not be in flight.
-    fn set_request_descriptor(&mut self, slot: usize, index: u16, descriptor: Descriptor) {
+    /// Write descriptor `index` of slot `slot`'s request: of its indirect table, or of queue
+    /// `queue`'s ring. The slot must not be in flight.
+    fn set_request_descriptor(&mut self, queue: usize, slot: usize, index: u16, descriptor: Descriptor) {
         debug_assert!(!self.in_flight.contains(slot));
         if self.disk.indirect {
             let table = Self::indirect_table(slot);
@@ -398,15 +453,17 @@ impl BlockDevice {
             // device reads it by physical address once the request is published.
             unsafe { addr_of_mut!((*table)[index as usize]).write_volatile(descriptor) }
         } else {
-            self.queue.set_descriptor(index, descriptor);
+            self.queue(queue).set_descriptor(index, descriptor);
         }
     }
 
-    /// Queue request `kind` at `sector` for `len` bytes of slot `slot`'s buffer (0 for FLUSH).
-    /// The device sees it after `kick`.
+    /// Queue request `kind` at `sector` for `len` bytes of slot `slot`'s buffer (0 for FLUSH),
+    /// on the next queue in turn. The device sees it after `kick`.
     pub fn submit(&mut self, slot: usize, kind: u32, sector: u64, len: u32) {
         debug_assert!(slot < self.options.queue_depth && !self.in_flight.contains(slot));
         debug_assert!(len <= self.options.max_request_bytes);
+        let queue = self.next_queue;
+        self.next_queue = (queue + 1) % self.queue_count();
         self.write_header(slot, kind, sector);
         let head = self.head(slot);
         let data_flags = if matches!(kind, T_IN | T_GET_ID) { DESC_F_WRITE } else { 0 };
@@ -415,7 +472,7 @@ impl BlockDevice {
         let mut index = first;
         let header =
             Descriptor { addr: self.header_addr(slot), len: HEADER_LEN, flags: DESC_F_NEXT, next: index + 1 };
-        self.set_request_descriptor(slot, index, header);
+        self.set_request_descriptor(queue, slot, index, header);
         let buffer = self.buffer_addr(slot);
         let mut offset = 0;
         while offset < len {
@@ -427,12 +484,12 @@ impl BlockDevice {
                 flags: DESC_F_NEXT | data_flags,
                 next: index + 1,
             };
-            self.set_request_descriptor(slot, index, data);
+            self.set_request_descriptor(queue, slot, index, data);
             offset += chunk;
         }
         index += 1;
         let status = Descriptor { addr: self.status_addr(slot), len: 1, flags: DESC_F_WRITE, next: 0 };
-        self.set_request_descriptor(slot, index, status);
+        self.set_request_descriptor(queue, slot, index, status);
         if self.disk.indirect {
             let descriptors = u32::from(index - first) + 1;
             let table = Descriptor {
@@ -441,36 +498,51 @@ impl BlockDevice {
                 flags: DESC_F_INDIRECT,
                 next: 0,
             };
-            self.queue.set_descriptor(head, table);
+            self.queue(queue).set_descriptor(head, table);
         }
-        self.queue.push(head);
+        self.queue(queue).push(head);
+        self.queue_of[slot] = queue as u8;
+        self.pushed |= 1 << queue;
         self.in_flight.insert(slot);
     }
 
-    /// Publish submitted requests and notify the device if it asked to be.
+    /// Publish submitted requests and notify each queue that got some if it asked to be.
     pub fn kick(&mut self) {
-        if self.queue.publish() {
-            self.notify();
+        for queue in 0..self.queue_count() {
+            if self.pushed & 1 << queue != 0 && self.queue(queue).publish() {
+                self.notify_queue(queue);
+            }
         }
+        self.pushed = 0;
     }
 
-    /// Notify the device, whatever it asked.
+    /// Notify the device of the first queue, whatever it asked.
     pub fn notify(&mut self) {
+        self.notify_queue(0);
+    }
+
+    fn notify_queue(&mut self, queue: usize) {
         self.counters.notifies += 1;
-        self.transport.notify(REQUEST_QUEUE);
+        self.transport.notify(queue as u32);
     }
 
     /// Hand every completed request to `done(slot, status)`; returns how many there were.
     pub fn reap(&mut self, mut done: impl FnMut(usize, u8)) -> Result<usize, Error> {
         let mut count = 0;
-        while let Some((id, _written)) = self.queue.pop_used() {
-            let slot = id as usize / self.descs_per_slot.max(1) as usize;
-            let aligned = id.is_multiple_of(self.descs_per_slot as u32);
-            if !aligned || !self.in_flight.remove(slot) {
-                return Err(Error::BadUsedId(id));
+        for queue in 0..self.queue_count() {
+            while let Some((id, _written)) = self.queue(queue).pop_used() {
+                let slot = id as usize / self.descs_per_slot.max(1) as usize;
+                let aligned = id.is_multiple_of(self.descs_per_slot as u32);
+                // The slot must be in flight on this very queue.
+                let on_queue = self.in_flight.contains(slot) && usize::from(self.queue_of[slot]) == queue;
+                if !aligned || !on_queue {
+                    return Err(Error::BadUsedId(id));
+                }
+                self.in_flight.remove(slot);
+                done(slot, self.status_byte(slot));
+                self.counters.per_queue[queue] += 1;
+                count += 1;
             }
-            done(slot, self.status_byte(slot));
-            count += 1;
         }
         Ok(count)
     }
@@ -478,14 +550,15 @@ impl BlockDevice {
     /// Wait for at least one completion (by polling or by interrupt), then reap as `reap`.
     pub fn wait(&mut self, deadline: Deadline, done: impl FnMut(usize, u8)) -> Result<usize, Error> {
         let counted = &mut self.counters.interrupts;
-        if !self.interrupts.wait_for_used(&self.transport, &mut self.queue, counted, deadline) {
+        let queues = &mut self.queues[..];
+        if !self.interrupts.wait_for_used(&self.transport, queues, counted, deadline) {
             return Err(self.transport.stall_error());
         }
         let count = self.reap(done)?;
         if self.interrupts.enabled() {
             // Interrupt-driven, as Linux's driver is: every completion raises an interrupt, so
             // keep asking for the next one (EVENT_IDX's used_event).
-            self.queue.request_interrupt();
+            self.queues[..].request_interrupt();
         }
         Ok(count)
     }

@@ -11,6 +11,35 @@ use crate::{apic, boot};
 /// Pins of the one IOAPIC the probe programs.
 const IOAPIC_PINS: u32 = 24;
 
+/// The queues a driver waits on for completions: one, or every queue of a multi-queue device.
+pub trait UsedRings {
+    /// Has any of them a used entry the driver has not taken?
+    fn has_used(&self) -> bool;
+    /// Ask for an interrupt at the next used entry of each.
+    fn request_interrupt(&mut self);
+}
+
+impl UsedRings for SplitQueue {
+    fn has_used(&self) -> bool {
+        SplitQueue::has_used(self)
+    }
+
+    fn request_interrupt(&mut self) {
+        SplitQueue::request_interrupt(self)
+    }
+}
+
+/// The queues a multi-queue device's driver set up (the first ones of the array).
+impl UsedRings for [Option<SplitQueue>] {
+    fn has_used(&self) -> bool {
+        self.iter().flatten().any(SplitQueue::has_used)
+    }
+
+    fn request_interrupt(&mut self) {
+        self.iter_mut().flatten().for_each(SplitQueue::request_interrupt)
+    }
+}
+
 /// A driver's completion mode and, with interrupts, what it has acknowledged.
 pub struct Interrupts {
     /// Whether completions come by interrupt (else the driver polls the used ring).
@@ -62,13 +91,13 @@ impl Interrupts {
         new as u64
     }
 
-    /// Wait until `queue` has a used entry (`true`) or `deadline` passes (`false`): spinning on
-    /// the used index, or with interrupts on the interrupt count. Interrupts acknowledged on
-    /// the way are added to `counted`.
-    pub fn wait_for_used(
+    /// Wait until `queue` (one or several) has a used entry (`true`) or `deadline` passes
+    /// (`false`): spinning on the used index, or with interrupts on the interrupt count.
+    /// Interrupts acknowledged on the way are added to `counted`.
+    pub fn wait_for_used<Q: UsedRings + ?Sized>(
         &mut self,
         transport: &Transport,
-        queue: &mut SplitQueue,
+        queue: &mut Q,
         counted: &mut u64,
         deadline: Deadline,
     ) -> bool {

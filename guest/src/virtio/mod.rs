@@ -69,6 +69,8 @@ pub enum Error {
     IrqOutOfRange,
     /// Other queues already hold all of the probe's static ring areas.
     Busy,
+    /// The driver asked for more queues than the device offers (how many it offers).
+    TooFewQueues(u32),
 }
 
 impl Error {
@@ -91,6 +93,9 @@ impl Error {
             Error::BadUsedId(_) => "the device returned a used id that is not in flight",
             Error::IrqOutOfRange => "the device's irq is beyond the first IOAPIC's 24 pins",
             Error::Busy => "no free static ring area for the device's queues (too many devices open)",
+            Error::TooFewQueues(_) => {
+                "the device offers fewer queues than probe.queues asks for (detail: the queues it offers)"
+            }
         }
     }
 }

@@ -45,9 +45,9 @@ struct Rings {
     used: Page,
 }
 
-/// How many queues can be live at once: a block device's one, a network device's two, and
-/// one to spare.
-pub const QUEUE_POOL: usize = 4;
+/// How many queues can be live at once: a block device's (up to `blk::MAX_QUEUES`), a network
+/// device's two, and one to spare.
+pub const QUEUE_POOL: usize = 7;
 
 /// The static ring areas, one per live queue; `RINGS_TAKEN[i]` says whether `RINGS[i]` is
 /// claimed.

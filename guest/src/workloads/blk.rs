@@ -15,8 +15,10 @@
 //! several VMs started together all reach their measured phase after the slowest has booted),
 //! `probe.pv_eoi=on|off` (default off), `probe.idle_ms=` (default 0), and those of every block
 //! workload (`blkdev::Common`): `probe.completion=poll|interrupt`, `probe.dev=`, `probe.seed=`,
-//! `probe.event_idx=on|off`, `probe.indirect=on|off`, `probe.timeout_ms=` (default 5000). The
-//! result line says `"indirect":true|false`: whether requests went in indirect tables.
+//! `probe.event_idx=on|off`, `probe.indirect=on|off`, `probe.timeout_ms=` (default 5000),
+//! `probe.queues=` (1..=4, default 1: requests go to that many queues in turn, VIRTIO_BLK_F_MQ).
+//! The result line says `"indirect":true|false`: whether requests went in indirect tables, and
+//! `"queues"` and `"per_queue"`: the requests each queue completed in the measured phase.
 //!
 //! Marks for the VMM's exit accounting: 0 and 1 around the measured phase. With
 //! `probe.idle_ms=N` (N > 0; needs `probe.tsc_khz=`; not with `verify`), the probe then writes
@@ -588,6 +590,11 @@ fn print_result(
         counts.device.interrupts
     );
     print!(",\"pv_eoi\":{},\"pv_eois\":{}", pv_eoi::enabled(), counts.pv_eois);
+    print!(",\"queues\":{},\"per_queue\":[", common.queues);
+    for (index, completed) in counts.device.per_queue.iter().take(common.queues).enumerate() {
+        print!("{}{}", if index == 0 { "" } else { "," }, completed);
+    }
+    print!("]");
     match disk.writeback {
         Some(mode) => print!(",\"writeback\":{}", mode),
         None => print!(",\"writeback\":null"),

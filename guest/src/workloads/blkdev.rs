@@ -3,7 +3,7 @@
 
 use super::device::{self, Kind};
 use crate::deadline::Deadline;
-use crate::virtio::blk::{BlockDevice, Completion, Options, DEVICE_ID};
+use crate::virtio::blk::{BlockDevice, Completion, Options, DEVICE_ID, MAX_QUEUES};
 use crate::virtio::Error;
 use crate::{bad_parameter, cmdline, Env};
 
@@ -24,6 +24,9 @@ pub struct Common {
     /// At most this many descriptors in the request queue (`probe.queue_size=`, 1..=256; by
     /// default as many as the device allows).
     pub queue_size: Option<u16>,
+    /// Request queues to spread the requests over, in turn (`probe.queues=`, 1..=MAX_QUEUES, default
+    /// 1; above 1 the device must offer VIRTIO_BLK_F_MQ and as many).
+    pub queues: usize,
 }
 
 /// `default_timeout_ms` is the workload's default for `probe.timeout_ms=`.
@@ -54,6 +57,10 @@ pub fn common_params(env: &Env, default_timeout_ms: u64) -> Common {
                 _ => bad_parameter("probe.queue_size"),
             },
         },
+        queues: match usize::try_from(number("probe.queues", 1)) {
+            Ok(n @ 1..=MAX_QUEUES) => n,
+            _ => bad_parameter("probe.queues"),
+        },
     }
 }
 
@@ -80,6 +87,7 @@ pub fn open(
         max_request_bytes,
         queue_depth,
         queue_size: common.queue_size,
+        queues: common.queues,
     };
     BlockDevice::open(transport, options, common.deadline(env))
         .unwrap_or_else(|error| device::fail(probe, error, &transport))

@@ -58,7 +58,7 @@ pub fn fail(probe: &str, error: Error, transport: &Transport) -> ! {
     let device_status = transport.status();
     let detail = match error {
         Error::UnsupportedVersion(v) => v,
-        Error::BadUsedId(n) | Error::QueueTooSmall(n) => n,
+        Error::BadUsedId(n) | Error::QueueTooSmall(n) | Error::TooFewQueues(n) => n,
         _ => 0,
     };
     println!(

@@ -217,8 +217,13 @@ impl Disks {
             .open_queues(usize::from(queues))
             .map_err(|e| DiskError::Open { what: what.clone(), reason: e.to_string() })?;
         let serial = spec.serial.clone().unwrap_or_else(|| format!("vhost-user-disk{index}"));
-        let block =
+        let mut block =
             Block::with_queues(backends, &serial).ok_or_else(|| DiskError::Size { what: what.clone() })?;
+        // A read-only disk takes no writes, so it has no cache mode to switch: it stays without
+        // CONFIG_WCE and the driver sees it write back, as with a fixed cache.
+        if !block.read_only() {
+            block = block.with_writeback_switch();
+        }
         let stats = Arc::new(DeviceStats::new(what.clone()));
         let host: Arc<dyn WorkerHost> = self.iocores[iocore].clone();
         let mut device = ::vhost_user::VhostUserBlk::new(block, host).with_stats(stats.clone());

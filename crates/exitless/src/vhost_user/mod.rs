@@ -109,6 +109,14 @@ socket,...,reconnect=1) and start the next daemon on the same socket and disk: a
 it resubmits what the old one held; after SIGTERM (which finishes the requests held) there is
 nothing to resubmit.
 
+Cache mode: writable disks offer VIRTIO_BLK_F_CONFIG_WCE, so the guest switches a disk between
+write back (the default: writes complete in the page cache, FLUSH makes them durable) and write
+through (each write completes once durable) with SET_CONFIG of the writeback byte, e.g. Linux's
+/sys/block/vda/cache_type. The mode is the disk's, not the connection's: it holds for all its
+queues and for the next frontend (QEMU does not send it again when it reconnects, and reports
+what GET_CONFIG says to a new guest), until the daemon exits; a new daemon starts write back.
+Read-only disks do not offer it. Any other SET_CONFIG is refused.
+
 Shared data plane: the rings of all connected frontends are served by --iocores IOCore threads
 (default one). Disks are placed in the order given, each on the IOCore with the fewest queues
 so far (so disk i goes to IOCore i mod N when disks have equal queue counts); a ring joins its

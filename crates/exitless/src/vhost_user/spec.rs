@@ -14,8 +14,8 @@ use rate_limiter::Limits;
 use serde_json::Value;
 use storage::DiskSpec;
 
-/// The most queues a disk may offer.
-pub const MAX_QUEUES: u16 = 16;
+/// The most queues a disk may offer (as `exitless run --disk` allows).
+pub use exitless_args::disk::MAX_QUEUES;
 /// The longest disk name.
 const MAX_NAME: usize = 64;
 
@@ -47,13 +47,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
             Some(("socket", _)) => return Err("`socket=` needs a path".into()),
             Some(("name", n)) => name = Some(check_name(n)?.to_owned()),
-            Some(("queues", n)) => {
-                let n: u16 = n.parse().map_err(|_| format!("queues={n}: not a number"))?;
-                if !(1..=MAX_QUEUES).contains(&n) {
-                    return Err(format!("queues={n}: choose 1 to {MAX_QUEUES}"));
-                }
-                queues = Some(n);
-            }
+            Some(("queues", n)) => queues = Some(exitless_args::disk::parse_queues(n)?),
             Some(("iops", n)) => {
                 let n: u64 =
                     n.parse().map_err(|_| format!("iops={n}: not a number of requests per second"))?;

@@ -99,6 +99,13 @@ pub fn initramfs_with(kernel: &Kernel, init: &str, files: &[(&str, u32, &[u8])],
     std::fs::write(path, cpio.finish()).unwrap();
 }
 
+/// `initramfs_with` host programs (as `host_programs` gives them), each executable.
+pub fn initramfs_with_programs(kernel: &Kernel, init: &str, programs: &[(String, Vec<u8>)], path: &Path) {
+    let files: Vec<(&str, u32, &[u8])> =
+        programs.iter().map(|(name, data)| (name.as_str(), 0o755, data.as_slice())).collect();
+    initramfs_with(kernel, init, &files, path);
+}
+
 /// Host programs for an initramfs, with every shared library `ldd` says they load (the dynamic
 /// loader included), each at its path on the host without the leading `/`: (path, contents).
 /// Panics, naming the package, when a program is missing.

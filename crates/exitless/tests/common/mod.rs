@@ -170,6 +170,14 @@ pub fn assert_holds_only_pattern(path: &std::path::Path, seed: u64, blocks: u64)
     assert!(rest.iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed in {}", path.display());
 }
 
+/// Pages of `path` in the host's page cache not yet written back (dirty or under writeback),
+/// by cachestat(2) (Linux 6.5 and later).
+pub fn dirty_pages(path: &std::path::Path) -> u64 {
+    dirty_pages_in(path, 0..0)
+}
+
+pub use storage::testing::dirty_pages as dirty_pages_in;
+
 /// The exits the I/O path makes between two marks, from a phase's `counters`: MMIO exits
 /// (notifications, register accesses; less the closing mark's own), port I/O and halts, plus
 /// the interrupts injected. Left out are those a busy host causes whatever the guest does: its

@@ -116,6 +116,12 @@ impl Qemu {
         self
     }
 
+    /// More arguments, as they are (`-qmp`, `-incoming`).
+    pub fn args(mut self, args: &[&str]) -> Qemu {
+        self.args.extend(args.iter().map(OsString::from));
+        self
+    }
+
     /// The command line, standard input from /dev/null.
     pub fn command(&self) -> Command {
         let mut command = Command::new("qemu-system-x86_64");

@@ -353,30 +353,9 @@ fn backends_are_send() {
     assert_send::<crate::RamDisk>();
 }
 
-/// Dirty and under-writeback pages of `path`'s page cache (the cachestat system call, Linux
-/// 6.5 and later); `None` where the kernel lacks it.
-fn dirty_pages(path: &Path) -> Option<u64> {
-    #[repr(C)]
-    struct Range {
-        offset: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Cachestat {
-        cache: u64,
-        dirty: u64,
-        writeback: u64,
-        evicted: u64,
-        recently_evicted: u64,
-    }
-    const SYS_CACHESTAT: libc::c_long = 451;
-    let file = std::fs::File::open(path).unwrap();
-    let range = Range { offset: 0, len: 0 }; // 0: to the end of the file
-    let mut stat = Cachestat::default();
-    // SAFETY: cachestat reads `range` and writes `stat`, both live for the call; the fd is open.
-    let rc = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range, &mut stat, 0) };
-    (rc == 0).then_some(stat.dirty + stat.writeback)
+/// Dirty and under-writeback pages of the whole of `path` in the page cache.
+fn dirty_pages(path: &Path) -> u64 {
+    crate::testing::dirty_pages(path, 0..0)
 }
 
 #[test]
@@ -387,13 +366,12 @@ fn flush_writes_buffered_data_back_before_it_completes() {
     data.bytes().fill(0x5a);
     assert!(disk.submit(1, Op::Write, 1 << 20, &[segment(data.bytes())]));
     assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 1, result: Ok(1 << 20) }]);
-    let dirty = dirty_pages(&path)
-        .expect("this test needs the cachestat system call (Linux 6.5 or later) to see dirty pages with");
+    let dirty = dirty_pages(&path);
     // Buffered: the megabyte sits in the page cache, dirty (writeback waits ~30 s by default).
     assert!(dirty >= 200, "only {dirty} dirty pages after a 1 MiB buffered write");
     assert!(disk.submit(2, Op::Flush, 0, &[]));
     assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 2, result: Ok(0) }]);
-    assert_eq!(dirty_pages(&path), Some(0), "dirty pages left when the flush completed");
+    assert_eq!(dirty_pages(&path), 0, "dirty pages left when the flush completed");
 }
 
 /// Does `submit` of `op` leave the disk saying a request runs in io_uring's workers, until the
@@ -659,8 +637,7 @@ fn written_through_writes_and_ranges_are_durable_when_they_complete() {
     let mut disk = FileDisk::open(&path, false, false).unwrap();
     let mut data = AlignedBuffer::new(1 << 20, 4096);
     data.bytes().fill(0x5a);
-    let dirty =
-        || dirty_pages(&path).expect("this test needs the cachestat system call (Linux 6.5 or later)");
+    let dirty = || dirty_pages(&path);
     disk.set_write_through(true);
     assert!(disk.submit(1, Op::Write, 0, &[segment(data.bytes())]));
     assert_eq!(wait_for(&mut disk, 1), vec![Completion { tag: 1, result: Ok(1 << 20) }]);

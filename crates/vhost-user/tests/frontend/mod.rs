@@ -39,9 +39,14 @@ pub const F_BLK_MQ: u64 = 1 << 12;
 pub const F_BLK_FLUSH: u64 = 1 << 9;
 pub const F_BLK_RO: u64 = 1 << 5;
 pub const F_BLK_WRITE_ZEROES: u64 = 1 << 14;
+pub const F_BLK_CONFIG_WCE: u64 = 1 << 11;
+/// `writeback` in struct virtio_blk_config (QEMU calls it `wce`).
+pub const CONFIG_WRITEBACK: u32 = 32;
 pub const P_MQ: u64 = 1;
 pub const P_REPLY_ACK: u64 = 1 << 3;
 pub const P_CONFIG: u64 = 1 << 9;
+pub const P_LOG_SHMFD: u64 = 1 << 1;
+pub const F_LOG_ALL: u64 = 1 << 26;
 
 pub const T_IN: u32 = 0;
 pub const T_OUT: u32 = 1;
@@ -235,12 +240,17 @@ impl Frontend {
 
     /// The handshake QEMU does on connecting: features, protocol features, queue count, config.
     pub fn negotiate(&mut self, features: u64) -> u64 {
+        self.negotiate_protocol(features, P_MQ | P_REPLY_ACK | P_CONFIG)
+    }
+
+    /// As `negotiate`, taking the protocol features `protocol` (REPLY_ACK among them).
+    pub fn negotiate_protocol(&mut self, features: u64, protocol: u64) -> u64 {
         let offered = self.get_u64(code::GET_FEATURES);
         assert_ne!(offered & F_PROTOCOL_FEATURES, 0);
         self.set(code::SET_OWNER, &[], &[]);
-        let protocol = self.get_u64(code::GET_PROTOCOL_FEATURES);
-        assert_eq!(protocol & (P_MQ | P_REPLY_ACK | P_CONFIG), P_MQ | P_REPLY_ACK | P_CONFIG);
-        self.set(code::SET_PROTOCOL_FEATURES, &(P_MQ | P_REPLY_ACK | P_CONFIG).to_le_bytes(), &[]);
+        let offered_protocol = self.get_u64(code::GET_PROTOCOL_FEATURES);
+        assert_eq!(offered_protocol & protocol, protocol);
+        self.set(code::SET_PROTOCOL_FEATURES, &protocol.to_le_bytes(), &[]);
         self.reply_ack = true;
         self.set(code::SET_FEATURES, &(features & offered).to_le_bytes(), &[]);
         offered
@@ -257,6 +267,22 @@ impl Frontend {
         assert_eq!(reply.len(), 12 + size as usize);
         assert_eq!(&reply[..8], &payload[..8]);
         reply[12..].to_vec()
+    }
+
+    /// SET_CONFIG's payload: offset, size, flags, then `data` (`size` need not be its length).
+    pub fn config_write(offset: u32, size: u32, flags: u32, data: &[u8]) -> Vec<u8> {
+        let mut payload = Vec::new();
+        for v in [offset, size, flags] {
+            payload.extend_from_slice(&v.to_le_bytes());
+        }
+        payload.extend_from_slice(data);
+        payload
+    }
+
+    /// Switch the cache mode as QEMU 7.2's vhost-user-blk does when its driver writes `wce`:
+    /// SET_CONFIG of the 1-byte field at offsetof(struct virtio_blk_config, wce), flags 0.
+    pub fn set_writeback(&self, writeback: u8) {
+        self.set(code::SET_CONFIG, &Self::config_write(CONFIG_WRITEBACK, 1, 0, &[writeback]), &[]);
     }
 
     pub fn set_mem_table(&self) {
@@ -315,6 +341,21 @@ impl Frontend {
         }
         self.vrings[queue as usize] = vring;
         self.set(code::SET_VRING_ENABLE, &state(index, 1), &[]);
+    }
+
+    /// SET_VRING_ADDR for vring `queue` as `start_vring` sets it, with `flags` and
+    /// `log_guest_addr` (the used ring's guest address, for VHOST_VRING_F_LOG).
+    pub fn set_vring_addr(&self, queue: u16, flags: u32, log: u64) {
+        let (desc, avail, used) = self.ring(queue);
+        let addr = VringAddr {
+            index: queue as u32,
+            flags,
+            desc: self.mem.uva(desc),
+            used: self.mem.uva(used),
+            avail: self.mem.uva(avail),
+            log,
+        };
+        self.set(code::SET_VRING_ADDR, &addr.to_bytes(), &[]);
     }
 
     /// Stop vring `queue`; returns the backend's next avail index.
@@ -414,4 +455,89 @@ impl Frontend {
         chain.push((STATUS, 1, true));
         chain
     }
+}
+
+/// A dirty log as QEMU makes one: a memfd of `len` bytes, sealed against resizing, mapped here.
+pub struct DirtyLogFile {
+    pub file: OwnedFd,
+    base: *mut u8,
+    len: usize,
+}
+
+impl DirtyLogFile {
+    pub fn new(len: usize, seal: bool) -> DirtyLogFile {
+        let (file, base) = shared_memfd(len, seal);
+        DirtyLogFile { file, base, len }
+    }
+
+    fn byte(&self, index: usize) -> &std::sync::atomic::AtomicU8 {
+        assert!(index < self.len);
+        // SAFETY: inside the mapping, which lives as long as `self`; the backend sets bits
+        // concurrently, so only atomically.
+        unsafe { std::sync::atomic::AtomicU8::from_ptr(self.base.add(index)) }
+    }
+
+    /// Clear every bit (QEMU does after each sync).
+    pub fn clear(&self) {
+        for i in 0..self.len {
+            self.byte(i).store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// The guest pages (4 KiB) marked dirty.
+    pub fn dirty_pages(&self) -> Vec<u64> {
+        let mut pages = Vec::new();
+        for i in 0..self.len {
+            let bits = self.byte(i).load(Ordering::SeqCst);
+            for bit in 0..8 {
+                if bits & 1 << bit != 0 {
+                    pages.push((i * 8 + bit) as u64);
+                }
+            }
+        }
+        pages
+    }
+}
+
+impl Drop for DirtyLogFile {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// SET_LOG_BASE's payload: mmap_size, mmap_offset.
+pub fn log_base_payload(size: u64, offset: u64) -> Vec<u8> {
+    [size.to_le_bytes(), offset.to_le_bytes()].concat()
+}
+
+/// `len` bytes of a new memfd (sealed against resizing if `seal`, as QEMU's dirty log and
+/// GET_INFLIGHT_FD's region are), mapped shared here.
+pub fn shared_memfd(len: usize, seal: bool) -> (OwnedFd, *mut u8) {
+    // SAFETY: memfd_create with a static name; the result is checked and then owned.
+    let fd = unsafe {
+        libc::memfd_create(c"vhost-user-test-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just created and is ours.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate and fcntl on our memfd; checked.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd, len as i64), 0);
+        if seal {
+            assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW), 0);
+        }
+    }
+    let base = map_shared(fd, len);
+    (file, base)
+}
+
+/// Map `len` bytes of `fd` shared, readable and writable; the caller unmaps them.
+pub fn map_shared(fd: RawFd, len: usize) -> *mut u8 {
+    // SAFETY: a new shared mapping at an address the kernel chooses; checked.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+    p.cast()
 }

@@ -16,7 +16,7 @@ use super::{
     VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY,
     VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
-use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
+use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice, Workers};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
@@ -41,7 +41,9 @@ pub const MAX_QUEUES: usize = 16;
 /// secure-erase fields after it are not offered.
 const CONFIG_LEN: usize = 60;
 const CONFIG_TOPOLOGY: usize = 24;
-const CONFIG_WRITEBACK: usize = 32;
+/// Where `writeback` lies in configuration space: the one byte VIRTIO_BLK_F_CONFIG_WCE lets
+/// the driver write (offsetof(struct virtio_blk_config, wce) in QEMU).
+pub const CONFIG_WRITEBACK: usize = 32;
 const CONFIG_NUM_QUEUES: usize = 34;
 const CONFIG_DISCARD: usize = 36;
 const CONFIG_WRITE_ZEROES: usize = 48;
@@ -170,11 +172,20 @@ impl Block {
 
     /// Offer VIRTIO_BLK_F_CONFIG_WCE: the driver may switch the cache between write back and
     /// write through by writing `writeback` in configuration space. Only for a transport that
-    /// passes configuration writes on (virtio-mmio); the vhost-user daemon does not take
-    /// SET_CONFIG, so its disks stay write back (FLUSH is offered either way).
+    /// passes configuration writes on (virtio-mmio's registers, vhost-user's SET_CONFIG).
     pub fn with_writeback_switch(mut self) -> Block {
         self.features |= 1 << VIRTIO_BLK_F_CONFIG_WCE;
         self
+    }
+
+    /// Is VIRTIO_BLK_F_CONFIG_WCE offered (`with_writeback_switch`)?
+    pub fn has_writeback_switch(&self) -> bool {
+        self.features & 1 << VIRTIO_BLK_F_CONFIG_WCE != 0
+    }
+
+    /// Is the disk read-only (VIRTIO_BLK_F_RO)?
+    pub fn read_only(&self) -> bool {
+        self.disk.read_only
     }
 
     /// Write back (the default) or through; see `DiskInfo::write_through`.
@@ -276,7 +287,7 @@ impl VirtioDevice for Block {
     /// Only `writeback` is the driver's to write, and only with VIRTIO_BLK_F_CONFIG_WCE
     /// offered: 0 writes through, anything else back.
     fn write_config(&mut self, offset: u64, data: &[u8]) {
-        if self.features & 1 << VIRTIO_BLK_F_CONFIG_WCE == 0 {
+        if !self.has_writeback_switch() {
             return;
         }
         if let (Ok(CONFIG_WRITEBACK), [value]) = (usize::try_from(offset), data) {
@@ -284,24 +295,52 @@ impl VirtioDevice for Block {
         }
     }
 
+    fn worker_count(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// One worker per queue: a notification goes to its queue's.
+    fn worker_of_queue(&self, queue: u32) -> Option<usize> {
+        usize::try_from(queue).ok().filter(|&index| index < self.backends.len())
+    }
+
+    /// A worker for each queue the driver made ready: all of them with VIRTIO_BLK_F_MQ (a
+    /// driver may use fewer than offered, as Linux does with fewer CPUs), queue 0 without.
     fn activate(
         &mut self,
         _mem: &GuestMemoryMmap,
-        queues: Vec<Queue>,
+        queues: Vec<Option<Queue>>,
         features: u64,
         signals: DeviceSignals,
-    ) -> Result<Box<dyn QueueWorker>, ActivateError> {
-        if self.backends.len() != 1 {
-            return Err(ActivateError::MultiQueue { queues: self.backends.len() });
-        }
+    ) -> Result<Workers, ActivateError> {
         self.driver_features(features);
-        let queue = queues.into_iter().next().ok_or(ActivateError::NoBackend)?;
-        Ok(Box::new(self.start_queue(0, queue, signals)?))
+        let multi_queue = features & self.features & 1 << VIRTIO_BLK_F_MQ != 0;
+        let mut workers: Workers = Vec::with_capacity(queues.len());
+        for (index, queue) in queues.into_iter().enumerate() {
+            // Without MQ the driver knows of queue 0 only.
+            let Some(queue) = queue.filter(|_| multi_queue || index == 0) else {
+                workers.push(None);
+                continue;
+            };
+            match self.start_queue(index, queue, signals.clone()) {
+                Ok(worker) => workers.push(Some(Box::new(worker))),
+                Err(e) => {
+                    self.deactivate(workers);
+                    return Err(e);
+                }
+            }
+        }
+        if workers.iter().all(Option::is_none) {
+            return Err(ActivateError::NoQueue);
+        }
+        Ok(workers)
     }
 
-    fn deactivate(&mut self, worker: Box<dyn QueueWorker>) {
-        if let Ok(worker) = worker.into_any().downcast::<BlockWorker>() {
-            self.stop_queue(0, *worker);
+    fn deactivate(&mut self, workers: Workers) {
+        for (index, worker) in workers.into_iter().enumerate() {
+            if let Some(Ok(worker)) = worker.map(|w| w.into_any().downcast::<BlockWorker>()) {
+                self.stop_queue(index, *worker);
+            }
         }
         // A reset device writes back again, as the next driver finds it.
         self.set_writeback(true);

@@ -276,4 +276,9 @@ impl StatusByte {
         // that queue, which keeps the memory mapped.
         unsafe { self.0.write_volatile(code) }
     }
+
+    /// Where it is in this process (the dirty log finds its guest-physical address).
+    pub(crate) fn host_address(self) -> *mut u8 {
+        self.0
+    }
 }

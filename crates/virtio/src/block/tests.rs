@@ -407,8 +407,25 @@ fn a_multi_queue_device_offers_mq_and_one_backend_per_queue() {
         )
     };
     let queue = || Queue::new(&mem, config, false).unwrap();
-    // The virtio-mmio path starts one worker per device: not for a multi-queue device.
-    assert!(matches!(two.activate(&mem, vec![queue()], 0, signals()), Err(ActivateError::MultiQueue { .. })));
+    // With MQ negotiated, a worker per queue the driver made ready (here: both, then only 1);
+    // without, queue 0's alone, whatever else is ready; no queue at all is refused.
+    let mq = two.features();
+    let workers = two.activate(&mem, vec![Some(queue()), Some(queue())], mq, signals()).unwrap();
+    assert_eq!(workers.iter().map(Option::is_some).collect::<Vec<_>>(), [true, true]);
+    assert_eq!((two.worker_count(), two.worker_of_queue(1), two.worker_of_queue(2)), (2, Some(1), None));
+    two.deactivate(workers);
+    let workers = two.activate(&mem, vec![None, Some(queue())], mq, signals()).unwrap();
+    assert_eq!(workers.iter().map(Option::is_some).collect::<Vec<_>>(), [false, true]);
+    two.deactivate(workers);
+    let without_mq = mq & !(1 << VIRTIO_BLK_F_MQ);
+    let workers = two.activate(&mem, vec![Some(queue()), Some(queue())], without_mq, signals()).unwrap();
+    assert_eq!(workers.iter().map(Option::is_some).collect::<Vec<_>>(), [true, false]);
+    two.deactivate(workers);
+    assert!(matches!(two.activate(&mem, vec![None, None], mq, signals()), Err(ActivateError::NoQueue)));
+    assert!(matches!(
+        two.activate(&mem, vec![None, Some(queue())], without_mq, signals()),
+        Err(ActivateError::NoQueue)
+    ));
     let worker = two.start_queue(1, queue(), signals()).unwrap();
     assert!(matches!(two.start_queue(1, queue(), signals()), Err(ActivateError::NoBackend)));
     assert!(matches!(two.start_queue(2, queue(), signals()), Err(ActivateError::NoSuchQueue { index: 2 })));
@@ -700,7 +717,7 @@ fn a_reset_over_a_disk_that_does_not_answer_is_bounded_and_the_next_driver_is_se
     assert_eq!((rig.used_idx(), used_head), (1, 3), "the abandoned read touched the used ring");
     assert_eq!(rig.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(), old_status);
     let worker = std::mem::replace(&mut rig.worker, rig_of_size(false, SIZE).worker);
-    block.deactivate(Box::new(worker));
+    block.deactivate(vec![Some(Box::new(worker))]);
 }
 
 #[test]
@@ -1223,9 +1240,13 @@ fn ranges_the_driver_did_not_negotiate_are_unsupported() {
     // The driver takes WRITE_ZEROES but not DISCARD.
     let without_discard = offered & !(1 << VIRTIO_BLK_F_DISCARD);
     assert_ne!(without_discard & 1 << VIRTIO_BLK_F_WRITE_ZEROES, 0);
-    let worker =
-        block.activate(&rig.mem.clone(), vec![queue], without_discard, signals(rig.needs_reset.clone()));
-    let worker = worker.unwrap().into_any().downcast::<BlockWorker>().unwrap();
+    let worker = block.activate(
+        &rig.mem.clone(),
+        vec![Some(queue)],
+        without_discard,
+        signals(rig.needs_reset.clone()),
+    );
+    let worker = worker.unwrap().remove(0).unwrap().into_any().downcast::<BlockWorker>().unwrap();
     rig.worker = *worker;
     assert_eq!(rig.range_request(VIRTIO_BLK_T_DISCARD, &range(0, 8, 0)), VIRTIO_BLK_S_UNSUPP);
     assert_eq!(rig.range_request(VIRTIO_BLK_T_WRITE_ZEROES, &range(0, 8, 0)), VIRTIO_BLK_S_OK);
@@ -1324,8 +1345,10 @@ fn the_driver_switches_the_cache_mode_through_writeback_and_the_backend_follows(
     let rig = rig(false);
     let queue = Queue::new(&rig.mem, QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED }, false)
         .unwrap();
-    let mut worker =
-        block.activate(&rig.mem.clone(), vec![queue], block.features(), signals(Arc::default())).unwrap();
+    let mut workers = block
+        .activate(&rig.mem.clone(), vec![Some(queue)], block.features(), signals(Arc::default()))
+        .unwrap();
+    let mut worker = workers.remove(0).unwrap();
     assert!(!recorded.load(Ordering::SeqCst), "the worker told the backend: write back");
     // Hostile or misplaced writes change nothing: other offsets, wider writes, the capacity.
     for (offset, data) in
@@ -1347,6 +1370,6 @@ fn the_driver_switches_the_cache_mode_through_writeback_and_the_backend_follows(
     assert!(!recorded.load(Ordering::SeqCst));
     block.write_config(32, &[0]);
     // A reset returns to write back.
-    block.deactivate(worker);
+    block.deactivate(vec![Some(worker)]);
     assert_eq!(writeback(&block), 1);
 }

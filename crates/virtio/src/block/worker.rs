@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 
 use metrics::latency::LocalHistogram;
 use rate_limiter::RateLimiter;
-use storage::{Backend, Completion, IoError, Op};
-use vm_memory::VolatileSlice;
+use storage::{Backend, Completion, IoError, Op, Segment, MAX_SEGMENTS};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice};
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
     VIRTIO_BLK_S_UNSUPP,
 };
 use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
+use crate::dirty::DirtyLog;
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 
 /// How long a reset waits for the backend to finish the worker's requests before it gives up on
@@ -96,7 +97,7 @@ impl InFlightTable {
         counters: &mut RequestCounters,
         latency: &mut LocalHistogram,
         now: u64,
-    ) -> Option<(u16, u32)> {
+    ) -> Option<(u16, u32, StatusByte)> {
         let head = u16::try_from(completion.tag).ok()?;
         let request = self.remove(head)?;
         latency.record(now.saturating_sub(request.started));
@@ -118,8 +119,83 @@ impl InFlightTable {
                 1
             }
         };
-        Some((head, written))
+        Some((head, written, request.status))
     }
+}
+
+/// A live migration's dirty log, as a worker keeps it: the log, and the guest-physical ranges
+/// of each read in flight, marked once the disk has written them (marking them earlier would
+/// let the frontend copy a page before the data lands in it, and not again).
+struct DirtyState {
+    log: DirtyLog,
+    /// `MAX_SEGMENTS` ranges per head, allocated when logging starts (never per request).
+    ranges: Box<[(u64, u32)]>,
+    /// How many of a head's ranges are held (0 for requests that write no data).
+    counts: Box<[u8]>,
+}
+
+impl DirtyState {
+    fn new(log: DirtyLog, queue_size: u16) -> DirtyState {
+        let heads = usize::from(queue_size);
+        DirtyState {
+            log,
+            ranges: vec![(0, 0); heads * MAX_SEGMENTS].into_boxed_slice(),
+            counts: vec![0; heads].into_boxed_slice(),
+        }
+    }
+
+    /// Keep the guest-physical ranges of `segments`, which the disk will write for `head` (a
+    /// head below the queue size).
+    fn hold(&mut self, mem: &GuestMemoryMmap, head: u16, segments: &[Segment]) {
+        let head = usize::from(head);
+        let n = segments.len().min(MAX_SEGMENTS);
+        if let Some(slots) = self.ranges.get_mut(head * MAX_SEGMENTS..head * MAX_SEGMENTS + n) {
+            for (slot, segment) in slots.iter_mut().zip(segments) {
+                // Segments come from the queue's memory; one that did not would mark nothing.
+                *slot = (guest_address(mem, segment.addr()).unwrap_or(u64::MAX), segment.len());
+            }
+            // MAX_SEGMENTS (128) fits a u8.
+            self.counts[head] = u8::try_from(n).unwrap_or(0);
+        }
+    }
+
+    /// Mark the pages of `segments`, just written.
+    fn mark_segments(&self, mem: &GuestMemoryMmap, segments: &[Segment]) {
+        for segment in segments {
+            if let Some(gpa) = guest_address(mem, segment.addr()) {
+                self.log.mark(gpa, u64::from(segment.len()));
+            }
+        }
+    }
+
+    /// Mark a status byte just written.
+    fn mark_status(&self, mem: &GuestMemoryMmap, status: StatusByte) {
+        if let Some(gpa) = guest_address(mem, status.host_address()) {
+            self.log.mark(gpa, 1);
+        }
+    }
+
+    /// `head` finished: mark the ranges its disk wrote and its status byte.
+    fn mark_finished(&mut self, mem: &GuestMemoryMmap, head: u16, status: StatusByte) {
+        let head = usize::from(head);
+        if let Some(count) = self.counts.get_mut(head) {
+            let n = usize::from(std::mem::take(count));
+            for &(gpa, len) in &self.ranges[head * MAX_SEGMENTS..head * MAX_SEGMENTS + n] {
+                self.log.mark(gpa, u64::from(len));
+            }
+        }
+        self.mark_status(mem, status);
+    }
+}
+
+/// The guest-physical address of `host`, a byte of one of `mem`'s regions as mapped here. Only
+/// while logging: requests carry host addresses, and finding the region costs a few compares.
+fn guest_address(mem: &GuestMemoryMmap, host: *mut u8) -> Option<u64> {
+    let host = host as usize;
+    mem.iter().find_map(|region| {
+        let offset = host.checked_sub(region.as_ptr() as usize)?;
+        (offset < region.size()).then(|| region.start_addr().0 + offset as u64)
+    })
 }
 
 /// One virtio-blk queue's data path: the queue (which keeps guest memory mapped), the backend
@@ -165,6 +241,9 @@ pub struct BlockWorker {
     write_through: bool,
     /// The device's queue this worker serves, for its per-queue counts.
     queue_index: usize,
+    /// During a live migration, every guest page the worker writes is marked here (the used
+    /// ring's by the queue); `None`: no logging, and no cost.
+    dirty: Option<Box<DirtyState>>,
 }
 
 // SAFETY: the raw pointers in `in_flight` and `request` point into guest memory that `queue`
@@ -204,6 +283,7 @@ impl BlockWorker {
             abandoned: false,
             write_through,
             queue_index: 0,
+            dirty: None,
         }
     }
 
@@ -220,6 +300,21 @@ impl BlockWorker {
     pub fn with_batch_limit(mut self, limit: usize) -> BlockWorker {
         self.batch_limit = limit.max(1);
         self
+    }
+
+    /// Mark every guest page this worker writes (read data, GET_ID answers, status bytes) in
+    /// `log`: a live migration is copying guest memory. The used ring is the queue's to mark
+    /// (`Queue::with_used_log`).
+    pub fn with_dirty_log(mut self, log: DirtyLog) -> BlockWorker {
+        self.dirty = Some(Box::new(DirtyState::new(log, self.queue.size())));
+        self
+    }
+
+    /// Mark a status byte just written, if logging.
+    fn log_status(&self, status: StatusByte) {
+        if let Some(dirty) = &self.dirty {
+            dirty.mark_status(self.queue.memory(), status);
+        }
     }
 
     /// Take requests only while `limiter`'s buckets hold tokens; the rest wait in the ring.
@@ -356,6 +451,7 @@ impl BlockWorker {
                 Parsed::Ready => self.start(),
                 Parsed::Rejected(Rejection::Status { status, code }) => {
                     status.write(code);
+                    self.log_status(status);
                     self.counters.rejected += 1;
                     self.add_used(head, 1);
                 }
@@ -390,6 +486,10 @@ impl BlockWorker {
                 }
                 let written = self.disk.id.len() - id.len() + 1;
                 request.status.write(VIRTIO_BLK_S_OK);
+                if let Some(dirty) = &self.dirty {
+                    dirty.mark_segments(self.queue.memory(), request.segments());
+                    dirty.mark_status(self.queue.memory(), request.status);
+                }
                 // At most ID_LEN + 1 bytes.
                 self.add_used(head, u32::try_from(written).unwrap_or(u32::MAX));
                 return;
@@ -401,11 +501,17 @@ impl BlockWorker {
         if !self.backend.submit(head as u32, op, request.offset, request.segments()) {
             // The backend holds at least a queue's worth of requests, so this is a backend fault.
             request.status.write(VIRTIO_BLK_S_IOERR);
+            self.log_status(request.status);
             self.counters.io_errors += 1;
             self.add_used(head, 1);
             return;
         }
         self.unkicked = true;
+        if let Some(dirty) = &mut self.dirty {
+            // Reads only: the disk writes no other request's data segments.
+            let written = if op == Op::Read { request.segments() } else { &[] };
+            dirty.hold(self.queue.memory(), head, written);
+        }
         // At most MAX_SEGMENTS descriptors of u32 lengths: counted saturating. A range request
         // moves no data (its 16-byte range is not counted).
         let moved = if op.range_len().is_some() { 0 } else { request.data_len };
@@ -418,11 +524,17 @@ impl BlockWorker {
     pub fn complete(&mut self) -> usize {
         // One clock read for the whole batch of completions.
         let now = if self.in_flight.held > 0 { clock::ticks() } else { self.now };
-        let Self { backend, queue, in_flight, counters, latency, used_since_publish, abandoned, .. } = self;
+        let Self {
+            backend, queue, in_flight, counters, latency, used_since_publish, abandoned, dirty, ..
+        } = self;
         let finished = backend.poll(&mut |completion| {
             if *abandoned {
                 in_flight.forget(completion.tag);
-            } else if let Some((head, written)) = in_flight.finish(completion, counters, latency, now) {
+            } else if let Some((head, written, status)) = in_flight.finish(completion, counters, latency, now)
+            {
+                if let Some(dirty) = dirty {
+                    dirty.mark_finished(queue.memory(), head, status);
+                }
                 queue.add_used(head, written);
                 *used_since_publish += 1;
             }

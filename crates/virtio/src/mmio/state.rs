@@ -70,7 +70,7 @@ pub enum StateError {
     QueueCount { saved: usize, here: usize },
     #[error("queue {queue}: size {size} is larger than the device's {max}")]
     QueueSize { queue: usize, size: u16, max: u16 },
-    #[error("queue {0} was not made ready before the driver set DRIVER_OK")]
+    #[error("queue {0} was not made ready, yet the snapshot says the device took requests from it")]
     QueueNotReady(usize),
     #[error("queue {queue}: {source}")]
     Queue { queue: usize, source: QueueError },

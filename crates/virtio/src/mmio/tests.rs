@@ -30,11 +30,19 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with_queues(1)
+}
+
+/// A rig whose disk offers `queues` queues (VIRTIO_BLK_F_MQ above 1).
+fn rig_with_queues(queues: usize) -> Rig {
     let stats = Arc::new(DeviceStats::new("virtio-blk 0"));
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
-    let disk = RamDisk::create(&path, DISK).unwrap();
-    let device = Block::new(Box::new(disk), "mmio-test");
+    drop(RamDisk::create(&path, DISK).unwrap());
+    let backends = (0..queues)
+        .map(|_| Box::new(RamDisk::open(&path, false).unwrap()) as Box<dyn storage::Backend>)
+        .collect();
+    let device = Block::with_queues(backends, "mmio-test").unwrap();
     let transport = MmioTransport::new(Box::new(device), mem.clone(), Runner::OnNotify, None, stats.clone());
     Rig { mem, transport, avail_idx: 0, stats, _disk: path }
 }
@@ -79,6 +87,17 @@ impl Rig {
         self.avail_idx = 0;
     }
 
+    /// Give queue `index` 16 entries at `rings` (descriptors, avail, used) and make it ready.
+    fn set_up_queue(&mut self, index: u32, (desc, avail, used): (u64, u64, u64)) {
+        self.write(QUEUE_SEL, index);
+        self.write(QUEUE_NUM, 16);
+        for (low, value) in [(QUEUE_DESC_LOW, desc), (QUEUE_DRIVER_LOW, avail), (QUEUE_DEVICE_LOW, used)] {
+            self.write(low, value as u32);
+            self.write(low + 4, (value >> 32) as u32);
+        }
+        self.write(QUEUE_READY, 1);
+    }
+
     /// Queue a 4 KiB request on descriptors 0-2 and notify.
     fn request(&mut self, kind: u32, sector: u64) {
         self.mem.write_obj(kind, GuestAddress(HEADER)).unwrap();
@@ -90,13 +109,7 @@ impl Rig {
             (DATA, 4096, data_flags | VIRTQ_DESC_F_NEXT),
             (STATUS_BYTE, 1, VIRTQ_DESC_F_WRITE),
         ];
-        for (i, (addr, len, flags)) in descriptors.into_iter().enumerate() {
-            let at = DESC + 16 * i as u64;
-            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
-            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
-            self.mem.write_obj(i as u16 + 1, GuestAddress(at + 14)).unwrap();
-        }
+        write_chain(&self.mem, DESC, &descriptors);
         self.mem.write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * (self.avail_idx % 16) as u64)).unwrap();
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.mem.write_obj(self.avail_idx, GuestAddress(AVAIL + 2)).unwrap();
@@ -109,6 +122,17 @@ impl Rig {
 
     fn status_byte(&self) -> u8 {
         self.mem.read_obj(GuestAddress(STATUS_BYTE)).unwrap()
+    }
+}
+
+/// Write `descriptors` (address, length, flags) as a chain from entry 0 of the table at `desc`.
+fn write_chain(mem: &GuestMemoryMmap, desc: u64, descriptors: &[(u64, u32, u16)]) {
+    for (i, &(addr, len, flags)) in descriptors.iter().enumerate() {
+        let at = desc + 16 * i as u64;
+        mem.write_obj(addr, GuestAddress(at)).unwrap();
+        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+        mem.write_obj(i as u16 + 1, GuestAddress(at + 14)).unwrap();
     }
 }
 
@@ -298,4 +322,59 @@ fn a_restore_that_disagrees_with_the_device_or_guest_memory_is_refused() {
     assert!(matches!(refused(&|s| s.driver_features = u64::MAX, DISK), StateError::Features { .. }));
     assert!(matches!(refused(&|s| s.config.truncate(10), DISK), StateError::Config(_)));
     assert!(matches!(refused(&|_| {}, 2 * DISK), StateError::ConfigDiffers { offset: 0..=7, .. }));
+}
+
+/// A two-queue disk: a driver may make only some queues ready (Linux with fewer CPUs than
+/// queues); each queue's notification serves that queue, and notifications of queues that do
+/// not run, or do not exist, are ignored.
+#[test]
+fn a_multi_queue_disk_serves_each_ready_queue_on_its_own_notification() {
+    const MQ: u64 = 1 << crate::block::VIRTIO_BLK_F_MQ;
+    const QUEUE_1: (u64, u64, u64) = (0x8000, 0x9000, 0xa000);
+    let mut rig = rig_with_queues(2);
+    assert_ne!(rig.features() & MQ, 0);
+    rig.write(QUEUE_SEL, 7);
+    assert_eq!(rig.read(QUEUE_NUM_MAX), 0, "no queue 7");
+    // Queue 0 alone ready: the device runs, and a notification of queue 1 or 7 does nothing.
+    rig.set_up(VERSION_1 | MQ, DESC);
+    assert_eq!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+    rig.request(VIRTIO_BLK_T_OUT, 0);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (1, VIRTIO_BLK_S_OK));
+    rig.write(QUEUE_NOTIFY, 1);
+    rig.write(QUEUE_NOTIFY, 7);
+    rig.write(QUEUE_NOTIFY, u32::MAX);
+    assert_eq!(rig.stats.snapshot().per_queue[..2], [1, 0]);
+
+    // Both ready (queue 0's rings emptied, as a driver's reset does): a request on queue 1 is
+    // served on queue 1's notification, not on queue 0's.
+    rig.write(STATUS, 0);
+    rig.mem.write_obj(0u16, GuestAddress(AVAIL + 2)).unwrap();
+    rig.mem.write_obj(0u16, GuestAddress(USED + 2)).unwrap();
+    rig.write(STATUS, status::ACKNOWLEDGE);
+    rig.write(STATUS, status::ACKNOWLEDGE | status::DRIVER);
+    rig.write(DRIVER_FEATURES_SEL, 1);
+    rig.write(DRIVER_FEATURES, ((VERSION_1 | MQ) >> 32) as u32);
+    rig.write(DRIVER_FEATURES_SEL, 0);
+    rig.write(DRIVER_FEATURES, (VERSION_1 | MQ) as u32);
+    rig.write(STATUS, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
+    rig.set_up_queue(0, (DESC, AVAIL, USED));
+    rig.set_up_queue(1, QUEUE_1);
+    rig.write(STATUS, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
+    assert_eq!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+    let (desc, avail, used) = QUEUE_1;
+    rig.mem.write_obj(VIRTIO_BLK_T_IN, GuestAddress(HEADER)).unwrap();
+    rig.mem.write_obj(0u64, GuestAddress(HEADER + 8)).unwrap();
+    let descriptors = [(HEADER, 16u32, VIRTQ_DESC_F_NEXT), (STATUS_BYTE, 1, VIRTQ_DESC_F_WRITE)];
+    write_chain(&rig.mem, desc, &descriptors);
+    rig.mem.write_obj(0u16, GuestAddress(avail + 4)).unwrap();
+    rig.mem.write_obj(1u16, GuestAddress(avail + 2)).unwrap();
+    rig.write(QUEUE_NOTIFY, 0);
+    assert_eq!(rig.mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap(), 0, "queue 0's notification");
+    rig.write(QUEUE_NOTIFY, 1);
+    assert_eq!(rig.mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap(), 1);
+    assert_eq!(rig.stats.snapshot().per_queue[..2], [1, 1]);
+    // A reset stops both workers and gives their backends back: the device starts again.
+    rig.set_up(VERSION_1 | MQ, DESC);
+    rig.request(VIRTIO_BLK_T_OUT, 0);
+    assert_eq!(rig.status_byte(), VIRTIO_BLK_S_OK);
 }

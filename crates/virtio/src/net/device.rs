@@ -5,7 +5,7 @@ use vm_memory::GuestMemoryMmap;
 use super::backend::NetBackend;
 use super::worker::NetWorker;
 use super::{VIRTIO_ID_NET, VIRTIO_NET_F_MAC};
-use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice};
+use crate::device::{read_config_bytes, ActivateError, DeviceSignals, VirtioDevice, Workers};
 use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
@@ -46,20 +46,21 @@ impl VirtioDevice for Net {
     fn activate(
         &mut self,
         mem: &GuestMemoryMmap,
-        queues: Vec<Queue>,
+        queues: Vec<Option<Queue>>,
         _features: u64,
         signals: DeviceSignals,
-    ) -> Result<Box<dyn QueueWorker>, ActivateError> {
+    ) -> Result<Workers, ActivateError> {
+        // One worker serves both queues: the driver must have made both ready.
         let mut queues = queues.into_iter();
-        let (Some(rx), Some(tx)) = (queues.next(), queues.next()) else {
-            return Err(ActivateError::NoSuchQueue { index: 1 });
-        };
+        let rx = queues.next().flatten().ok_or(ActivateError::QueueNotReady { index: 0 })?;
+        let tx = queues.next().flatten().ok_or(ActivateError::QueueNotReady { index: 1 })?;
         let backend = self.backend.take().ok_or(ActivateError::NoBackend)?;
-        Ok(Box::new(NetWorker::new(rx, tx, mem.clone(), backend, signals)))
+        Ok(vec![Some(Box::new(NetWorker::new(rx, tx, mem.clone(), backend, signals)))])
     }
 
-    fn deactivate(&mut self, worker: Box<dyn QueueWorker>) {
-        if let Ok(worker) = worker.into_any().downcast::<NetWorker>() {
+    fn deactivate(&mut self, workers: Workers) {
+        let worker = workers.into_iter().next().flatten();
+        if let Some(Ok(worker)) = worker.map(|w| w.into_any().downcast::<NetWorker>()) {
             self.backend = Some(worker.into_backend());
         }
     }

@@ -11,7 +11,7 @@ use storage::{BackendError, DiskSpec};
 use thiserror::Error;
 use virtio::block::Block;
 use virtio::interrupt::Trigger;
-use virtio::mmio::{MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
+use virtio::mmio::{Hosted, MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
 use virtio::net::Net;
 use virtio::{DeviceStats, VirtioDevice, WorkerHost};
 use vm_memory::GuestMemoryMmap;
@@ -95,6 +95,21 @@ impl fmt::Display for IoMode {
 /// Where a disk's bytes live: storage's [`DiskSpec`], under the name the VMM's callers know.
 pub type DiskBackend = DiskSpec;
 
+/// How the VMM serves one of its own disks, besides where its bytes live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskOptions {
+    /// The serial number (GET_ID); `None`: `exitless-diskN`, N the disk's index among the disks.
+    pub serial: Option<String>,
+    /// Virtqueues offered (VIRTIO_BLK_F_MQ above 1), each with its own backend and worker.
+    pub queues: u16,
+}
+
+impl Default for DiskOptions {
+    fn default() -> DiskOptions {
+        DiskOptions { serial: None, queues: 1 }
+    }
+}
+
 /// A virtio-net device on a tap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetConfig {
@@ -121,6 +136,8 @@ pub enum DeviceError {
     Backend { index: usize, source: BackendError },
     #[error("network device {index}: {source}")]
     Tap { index: usize, source: tap::TapError },
+    #[error("disk {index}: cannot serve {queues} queues (1 to {max}; do its queues see the same disk?)", max = virtio::block::MAX_QUEUES)]
+    Queues { index: usize, queues: u16 },
     #[error("cannot start the IOCore: {0}")]
     IoCore(#[from] iocore::IoCoreError),
     #[error("cannot register virtio device {index}'s {what} with KVM: {source}")]
@@ -148,12 +165,15 @@ pub struct VirtioSlot {
     pub kind: &'static str,
     /// The device's index among those of its kind.
     pub index: usize,
+    /// The queues whose requests `stats` counts apart (`per_queue`): the VMM's own disk's
+    /// queues, 0 for other devices.
+    pub request_queues: usize,
     /// What the device did, for `run --stats`.
     pub stats: Arc<DeviceStats>,
     /// For a vhost-user disk, what the VMM knows of it.
     pub vhost_user: Option<Arc<VhostUserInfo>>,
-    // Kept open for the VM's lifetime: KVM holds it as an ioeventfd.
-    _notify_fd: Option<Arc<EventFd>>,
+    // Kept open for the VM's lifetime: KVM holds them as ioeventfds.
+    _notify_fds: Vec<Arc<EventFd>>,
 }
 
 impl VirtioSlot {
@@ -167,42 +187,58 @@ impl VirtioSlot {
     }
 }
 
-/// Who serves the queue of one of the VMM's own devices (slot `index` at `base`), and its
-/// notification eventfd.
+/// How many workers one device may have with the IOCore (their ids are `slot * this + worker`).
+const WORKERS_PER_DEVICE: u64 = 64;
+
+/// Who serves the queues of one of the VMM's own devices (slot `index` at `base`), and the
+/// notification eventfds of its `workers` workers. The VM has one IOCore: a multi-queue disk's
+/// workers all run there, each waiting on its own queue's notification.
 fn local_runner(
     vm: &VmFd,
     iocore: &Option<Arc<IoCore>>,
-    mode: IoMode,
-    is_disk: bool,
-    base: u64,
-    index: usize,
-) -> Result<(Runner, Option<Arc<EventFd>>), DeviceError> {
+    (mode, is_disk): (IoMode, bool),
+    (base, index): (u64, usize),
+    workers: usize,
+) -> Result<(Runner, Vec<Arc<EventFd>>), DeviceError> {
     let iocore = match iocore {
-        // Trap mode: the vCPU serves a disk's queue inside the notification's exit.
-        _ if mode == IoMode::Trap && is_disk => return Ok((Runner::OnNotify, None)),
-        None => return Ok((Runner::OnNotify, None)),
+        // Trap mode: the vCPU serves a disk's queues inside the notification's exit.
+        _ if mode == IoMode::Trap && is_disk => return Ok((Runner::OnNotify, Vec::new())),
+        None => return Ok((Runner::OnNotify, Vec::new())),
         Some(iocore) => iocore,
     };
-    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
-    // Trap mode: no ioeventfd, so the notification exits to user space, where the transport
-    // passes it on to the I/O thread through this eventfd.
-    if mode != IoMode::Trap {
-        let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
-        vm.register_ioevent(&notify, &address, NoDatamatch).map_err(|source| DeviceError::Kvm {
-            index,
-            what: "queue notify (ioeventfd)",
-            source,
-        })?;
+    let mut hosted = Vec::with_capacity(workers);
+    let mut fds = Vec::with_capacity(workers);
+    for worker in 0..workers {
+        let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
+        // Trap mode: no ioeventfd, so the notification exits to user space, where the
+        // transport passes it on to the I/O thread through this eventfd.
+        if mode != IoMode::Trap {
+            let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
+            let registered = match u32::try_from(worker) {
+                // Several workers: each wakes on its own queue's index only (worker i serves
+                // queue i).
+                Ok(queue) if workers > 1 => vm.register_ioevent(&notify, &address, queue),
+                _ => vm.register_ioevent(&notify, &address, NoDatamatch),
+            };
+            registered.map_err(|source| DeviceError::Kvm {
+                index,
+                what: "queue notify (ioeventfd)",
+                source,
+            })?;
+        }
+        let id = index as u64 * WORKERS_PER_DEVICE + worker as u64;
+        hosted.push(Hosted { id, notify: Some(notify.clone()) });
+        fds.push(notify);
     }
     let host: Arc<dyn WorkerHost> = iocore.clone();
-    Ok((Runner::Host { host, id: index as u64, notify: Some(notify.clone()) }, Some(notify)))
+    Ok((Runner::Host { host, workers: hosted }, fds))
 }
 
 /// The devices of a VM, by kind; on the bus in this order.
 pub struct DeviceList<'a> {
     pub disks: &'a [DiskBackend],
-    /// Serial numbers of `disks` by index (see `VmConfig::disk_serials`).
-    pub disk_serials: &'a [Option<String>],
+    /// Serial numbers and queue counts of `disks` by index (see `VmConfig::disk_options`).
+    pub disk_options: &'a [DiskOptions],
     pub vhost_user: &'a [VhostUserDisk],
     pub nets: &'a [NetConfig],
 }
@@ -242,7 +278,7 @@ impl VirtioDevices {
         iocore_setup: IoCoreSetup,
         watch_filter: sandbox::Filter,
     ) -> Result<VirtioDevices, DeviceError> {
-        let DeviceList { disks, disk_serials, vhost_user, nets } = devices;
+        let DeviceList { disks, disk_options, vhost_user, nets } = devices;
         let count = disks.len() + vhost_user.len() + nets.len();
         if count > MAX_VIRTIO_DEVICES {
             return Err(DeviceError::TooMany);
@@ -282,51 +318,57 @@ impl VirtioDevices {
             kind_counts[kind_slot] += 1;
             let stats = Arc::new(DeviceStats::new(format!("{kind} {kind_index}")));
             let mut vhost_user_info = None;
+            let mut request_queues = 0;
             // The VMM's own devices raise their interrupt line themselves (see `irq_line`); a
             // vhost-user daemon can only write an irqfd.
             let own_line = || -> Result<Arc<dyn Trigger>, DeviceError> {
                 let line = IrqLine::new(vm, irq).map_err(|source| DeviceError::IrqLine { index, source })?;
                 Ok(Arc::new(line))
             };
-            let (device, runner, notify_fd, interrupt): (Box<dyn VirtioDevice>, Runner, _, Arc<dyn Trigger>) =
-                match model {
-                    Model::VhostUser(disk) => {
-                        // The daemon serves the queue: the notification goes to it through the
-                        // ioeventfd, and it interrupts through the irqfd.
-                        let irq_fd =
-                            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
-                        vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
-                        let notify =
-                            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
-                        let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
-                        vm.register_ioevent(&notify, &address, NoDatamatch)
-                            .map_err(kvm("queue notify (ioeventfd)"))?;
-                        let device =
-                            VhostUserBlk::connect(disk, notify.clone(), irq_fd.clone(), watch_filter.clone())
-                                .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
-                        vhost_user_info = Some(device.info());
-                        (Box::new(device), Runner::OnNotify, Some(notify), irq_fd)
-                    }
-                    Model::Disk(disk) => {
-                        let backend = disk
-                            .open()
-                            .map_err(|source| DeviceError::Backend { index: kind_index, source })?;
-                        let serial = match disk_serials.get(kind_index) {
-                            Some(Some(serial)) => serial.clone(),
-                            _ => format!("exitless-disk{kind_index}"),
-                        };
-                        let device = Box::new(Block::new(backend, &serial).with_writeback_switch());
-                        let (runner, notify) = local_runner(vm, &iocore, mode, true, base, index)?;
-                        (device, runner, notify, own_line()?)
-                    }
-                    Model::Net(net) => {
-                        let tap = tap::Tap::open(&net.tap, net.netns.as_deref())
-                            .map_err(|source| DeviceError::Tap { index: kind_index, source })?;
-                        let device = Box::new(Net::new(Box::new(tap), net.mac));
-                        let (runner, notify) = local_runner(vm, &iocore, mode, false, base, index)?;
-                        (device, runner, notify, own_line()?)
-                    }
-                };
+            let (device, runner, notify_fds, interrupt): (
+                Box<dyn VirtioDevice>,
+                Runner,
+                _,
+                Arc<dyn Trigger>,
+            ) = match model {
+                Model::VhostUser(disk) => {
+                    // The daemon serves the queue: the notification goes to it through the
+                    // ioeventfd, and it interrupts through the irqfd.
+                    let irq_fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
+                    vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
+                    let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
+                    let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
+                    vm.register_ioevent(&notify, &address, NoDatamatch)
+                        .map_err(kvm("queue notify (ioeventfd)"))?;
+                    let device =
+                        VhostUserBlk::connect(disk, notify.clone(), irq_fd.clone(), watch_filter.clone())
+                            .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
+                    vhost_user_info = Some(device.info());
+                    (Box::new(device), Runner::OnNotify, vec![notify], irq_fd)
+                }
+                Model::Disk(disk) => {
+                    let options = disk_options.get(kind_index).cloned().unwrap_or_default();
+                    let backends = disk
+                        .open_queues(usize::from(options.queues))
+                        .map_err(|source| DeviceError::Backend { index: kind_index, source })?;
+                    let serial = options.serial.unwrap_or_else(|| format!("exitless-disk{kind_index}"));
+                    let device = Block::with_queues(backends, &serial)
+                        .ok_or(DeviceError::Queues { index: kind_index, queues: options.queues })?
+                        .with_writeback_switch();
+                    let workers = device.worker_count();
+                    request_queues = device.num_queues();
+                    let (runner, notify) = local_runner(vm, &iocore, (mode, true), (base, index), workers)?;
+                    (Box::new(device), runner, notify, own_line()?)
+                }
+                Model::Net(net) => {
+                    let tap = tap::Tap::open(&net.tap, net.netns.as_deref())
+                        .map_err(|source| DeviceError::Tap { index: kind_index, source })?;
+                    let device = Box::new(Net::new(Box::new(tap), net.mac));
+                    let workers = device.worker_count();
+                    let (runner, notify) = local_runner(vm, &iocore, (mode, false), (base, index), workers)?;
+                    (device, runner, notify, own_line()?)
+                }
+            };
             let transport = MmioTransport::new(device, mem.clone(), runner, Some(interrupt), stats.clone());
             slots.push(VirtioSlot {
                 base,
@@ -334,15 +376,16 @@ impl VirtioDevices {
                 transport: Mutex::new(transport),
                 kind,
                 index: kind_index,
+                request_queues,
                 stats,
                 vhost_user: vhost_user_info,
-                _notify_fd: notify_fd,
+                _notify_fds: notify_fds,
             });
         }
         Ok(VirtioDevices { slots, iocore })
     }
 
-    /// Pause every transport: its worker taken back from the IOCore and drained (the vCPUs are
+    /// Pause every transport: its workers taken back from the IOCore and drained (the vCPUs are
     /// stopped). On error some may be paused; `resume` undoes it all the same.
     pub fn pause(&self) -> Result<(), (usize, virtio::mmio::state::StateError)> {
         for (index, slot) in self.slots.iter().enumerate() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::SnapshotError;
-use crate::devices::virtio::{DiskBackend, IoMode, MAX_VIRTIO_DEVICES};
+use crate::devices::virtio::{DiskBackend, DiskOptions, IoMode, MAX_VIRTIO_DEVICES};
 use crate::vm::{DisableExits, VmConfig};
 
 /// A disk in a snapshot, reopened from its path on restore.
@@ -21,6 +21,8 @@ pub struct SavedDisk {
     pub direct: bool,
     /// Its serial number, if not the default.
     pub serial: Option<String>,
+    /// Virtqueues it offers (`queues=N`), each with its own worker.
+    pub queues: u16,
 }
 
 /// A VM's configuration in a snapshot.
@@ -56,7 +58,7 @@ impl SavedConfig {
             .iter()
             .enumerate()
             .map(|(i, disk)| {
-                let serial = config.disk_serials.get(i).cloned().flatten();
+                let DiskOptions { serial, queues } = config.disk_options.get(i).cloned().unwrap_or_default();
                 match disk {
                     DiskBackend::File { path, read_only, direct } => Ok(SavedDisk {
                         kind: "file".into(),
@@ -64,6 +66,7 @@ impl SavedConfig {
                         read_only: *read_only,
                         direct: *direct,
                         serial,
+                        queues,
                     }),
                     DiskBackend::RamFile { path, read_only } => Ok(SavedDisk {
                         kind: "ram-file".into(),
@@ -71,6 +74,7 @@ impl SavedConfig {
                         read_only: *read_only,
                         direct: false,
                         serial,
+                        queues,
                     }),
                     DiskBackend::Ram { .. } => Err(SnapshotError::Unsupported(
                         "a new RAM disk (ram=SIZE) is gone with the process; use ram,path=FILE".into(),
@@ -109,6 +113,11 @@ impl SavedConfig {
         if let Some(d) = self.disks.iter().find(|d| !matches!(d.kind.as_str(), "file" | "ram-file")) {
             return bad(format!("a disk of kind {:?}", d.kind));
         }
+        if let Some(d) =
+            self.disks.iter().find(|d| !(1..=virtio::block::MAX_QUEUES).contains(&usize::from(d.queues)))
+        {
+            return bad(format!("a disk of {} queues", d.queues));
+        }
         Ok(())
     }
 
@@ -130,7 +139,11 @@ impl SavedConfig {
                     _ => DiskBackend::File { path: d.path.clone(), read_only: d.read_only, direct: d.direct },
                 })
                 .collect(),
-            disk_serials: self.disks.iter().map(|d| d.serial.clone()).collect(),
+            disk_options: self
+                .disks
+                .iter()
+                .map(|d| DiskOptions { serial: d.serial.clone(), queues: d.queues })
+                .collect(),
             vhost_user_disks: Vec::new(),
             nets: Vec::new(),
             io_mode: IoMode::from_name(&self.io_mode).unwrap_or(IoMode::Eventfd),

@@ -35,8 +35,8 @@ use virtio::device::read_config_bytes;
 use virtio::interrupt::INT_USED_BUFFER;
 use virtio::queue::{Queue, MAX_QUEUE_SIZE};
 use virtio::{
-    ActivateError, DeviceSignals, QueueWorker, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
-    VIRTIO_F_VERSION_1,
+    ActivateError, DeviceSignals, QueueWorker, VirtioDevice, Workers, VIRTIO_F_EVENT_IDX,
+    VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1,
 };
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
@@ -204,13 +204,13 @@ impl VirtioDevice for VhostUserBlk {
     fn activate(
         &mut self,
         _mem: &GuestMemoryMmap,
-        queues: Vec<Queue>,
+        queues: Vec<Option<Queue>>,
         features: u64,
         signals: DeviceSignals,
-    ) -> Result<Box<dyn QueueWorker>, ActivateError> {
-        let queue = match <[Queue; 1]>::try_from(queues) {
-            Ok([queue]) => queue,
-            Err(queues) => return Err(ActivateError::MultiQueue { queues: queues.len() }),
+    ) -> Result<Workers, ActivateError> {
+        // The frontend offers one queue (`queue_max_sizes`).
+        let Some(Some(queue)) = queues.into_iter().next() else {
+            return Err(ActivateError::QueueNotReady { index: 0 });
         };
         if self.info.daemon_gone.load(Ordering::Acquire) {
             signals.backend_failed("the vhost-user daemon is gone; the disk cannot start");
@@ -223,10 +223,10 @@ impl VirtioDevice for VhostUserBlk {
         self.info.features.store(features, Ordering::Relaxed);
         self.info.activations.fetch_add(1, Ordering::Relaxed);
         self.set_signals(Some(signals));
-        Ok(Box::new(Remote))
+        Ok(vec![Some(Box::new(Remote))])
     }
 
-    fn deactivate(&mut self, _worker: Box<dyn QueueWorker>) {
+    fn deactivate(&mut self, _workers: Workers) {
         self.set_signals(None);
         // Also while the daemon is away: a daemon that takes over then gets no ring.
         self.link.stop();

@@ -1,0 +1,84 @@
+//! The dirty log of a live migration (VHOST_F_LOG_ALL with VHOST_USER_PROTOCOL_F_LOG_SHMFD):
+//! a bitmap, one bit per 4 KiB page of guest-physical memory, in a memory file the frontend
+//! shares with SET_LOG_BASE. Rings started while logging is on mark in it every guest page
+//! their worker writes (`virtio::dirty`).
+//!
+//! SET_LOG_BASE is the frontend's word: it is refused, before anything is mapped, unless its
+//! size is not 0, its offset is page-aligned, and its descriptor is a memory file sealed
+//! against shrinking (QEMU's is: so no access can raise SIGBUS) that reaches that far. Whether
+//! the log covers guest memory is checked against the memory table (`Session`).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use virtio::dirty::{DirtyLog, LOG_PAGE};
+
+use crate::error::Error;
+use crate::shm::SharedMapping;
+
+/// The largest log accepted: enough for 64 TiB of guest memory.
+pub const MAX_LOG_SIZE: u64 = 1 << 31;
+
+/// A mapped dirty log, accessed only atomically (through `DirtyLog`).
+pub struct LogRegion {
+    mapping: SharedMapping,
+}
+
+fn bad(why: impl Into<String>) -> Error {
+    Error::BadLog(why.into())
+}
+
+impl LogRegion {
+    /// SET_LOG_BASE: check and map `mmap_size` bytes at `mmap_offset` of `fd`. The descriptor
+    /// is closed once mapped (the mapping keeps the file).
+    pub fn map(mmap_size: u64, mmap_offset: u64, fd: OwnedFd) -> Result<Arc<LogRegion>, Error> {
+        if mmap_size == 0 || mmap_size > MAX_LOG_SIZE {
+            return Err(bad(format!("mmap_size {mmap_size:#x}: give 1 to {MAX_LOG_SIZE:#x} bytes")));
+        }
+        // SAFETY: sysconf has no side effects.
+        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        if !mmap_offset.is_multiple_of(page) {
+            return Err(bad(format!("mmap_offset {mmap_offset:#x} is not a multiple of the page size")));
+        }
+        // SAFETY: an all-zero stat is valid; fstat fills it for a descriptor we own.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open (owned); `stat` is a valid out-pointer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } != 0 {
+            return Err(Error::Log { what: "fstat", source: std::io::Error::last_os_error() });
+        }
+        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(bad("its descriptor is not a memory file"));
+        }
+        // SAFETY: F_GET_SEALS on a descriptor we own (fails on files that are not memfds).
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(bad(
+                "its file is not a memfd sealed against shrinking (F_SEAL_SHRINK), so it could vanish under the daemon",
+            ));
+        }
+        let end = mmap_offset.checked_add(mmap_size);
+        if end.is_none_or(|end| u64::try_from(stat.st_size).is_ok_and(|file| file < end)) {
+            return Err(bad(format!(
+                "offset {mmap_offset:#x} + {mmap_size:#x} bytes reach past the end of its file ({:#x} bytes)",
+                stat.st_size
+            )));
+        }
+        let len = usize::try_from(mmap_size).map_err(|_| bad("too large"))?;
+        let offset = libc::off_t::try_from(mmap_offset).map_err(|_| bad("its offset is too large"))?;
+        let mapping =
+            SharedMapping::map(&fd, len, offset).map_err(|source| Error::Log { what: "mmap", source })?;
+        Ok(Arc::new(LogRegion { mapping }))
+    }
+
+    /// The bytes of guest-physical address space the log covers, from 0.
+    pub fn covers(&self) -> u64 {
+        (self.mapping.len() as u64).saturating_mul(8 * LOG_PAGE)
+    }
+
+    /// A handle for a worker, which keeps the log mapped.
+    pub fn dirty_log(self: &Arc<Self>) -> DirtyLog {
+        // SAFETY: the mapping's bytes live as long as this region, which the clone handed over
+        // keeps; the log is accessed only atomically.
+        unsafe { DirtyLog::new(self.mapping.addr(), self.mapping.len(), self.clone()) }
+    }
+}
