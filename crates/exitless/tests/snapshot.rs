@@ -24,10 +24,12 @@ const LONG_BLOCKS: u64 = 65536;
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(180);
 
-fn verify_cmdline(seed: u64, qd: u32, blocks: u64) -> String {
+/// The probe's verify over `blocks` blocks at depth `qd`, its requests in turn on `queues`
+/// queues.
+fn verify_cmdline(seed: u64, qd: u32, blocks: u64, queues: u16) -> String {
     // A long per-request timeout: a pause freezes the guest's requests, not its clock.
     format!(
-        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.seed={seed} probe.timeout_ms=60000"
+        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.timeout_ms=60000"
     )
 }
 
@@ -118,12 +120,22 @@ fn wait_for_first_write(disk: &Path, vm: &Vm) {
     }
 }
 
+/// What a verify run is: its seed, queue depth, blocks, and the disk's queues (all used).
+#[derive(Clone, Copy)]
+struct Verify {
+    seed: u64,
+    qd: u32,
+    blocks: u64,
+    queues: u16,
+}
+
 /// A VM running the probe's verify on a new file disk in `dir`, once it has begun writing; the
 /// disk's path.
-fn start_verify(dir: &Path, mode: &str, seed: u64, qd: u32, blocks: u64) -> (Vm, PathBuf) {
+fn start_verify(dir: &Path, mode: &str, verify: Verify) -> (Vm, PathBuf) {
+    let Verify { seed, qd, blocks, queues } = verify;
     let disk = disk(dir, blocks);
-    let disk_arg = format!("path={},direct", disk.display());
-    let cmdline = verify_cmdline(seed, qd, blocks);
+    let disk_arg = format!("path={},direct,queues={queues}", disk.display());
+    let cmdline = verify_cmdline(seed, qd, blocks, queues);
     let args =
         ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
     let vm = Vm::start(dir, "vm", &args);
@@ -160,39 +172,80 @@ fn logged_ms(stderr: &str, what: &str) -> String {
         .map_or("?".into(), |t| t.trim().to_string())
 }
 
+/// What a run paused, snapshotted, killed and restored left: the restored run's verify result
+/// and the snapshot's state.
+struct Restored {
+    result: Value,
+    state: Value,
+}
+
+/// Start `verify` in `mode`, pause and snapshot it mid-run, kill it, restore the snapshot in a
+/// new process and wait for it: the verify must pass and the disk hold its pattern. Prints the
+/// snapshot's size and the logged times.
+fn pause_snapshot_kill_restore(mode: &str, verify: Verify) -> Restored {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, disk) = start_verify(dir.path(), mode, verify);
+    let snap = dir.path().join("snap");
+    pause_and_snapshot(&first, &snap);
+    let (stdout, first_err) = first.kill();
+    assert!(blk_result(&stdout).is_none(), "{mode}: the verify ended before the pause; make BLOCKS larger");
+
+    let restored = Vm::start(
+        dir.path(),
+        "restored",
+        &["run", "--restore", &format!("source_url=file://{}", snap.display())],
+    );
+    let (code, stdout, restored_err) = restored.wait();
+    assert_eq!(code, Some(0), "{mode}: the restored guest's status; stderr: {restored_err}");
+    assert_verify_passed(&stdout, &restored_err, mode, verify.blocks);
+    common::assert_holds_only_pattern(&disk, verify.seed, verify.blocks);
+
+    let state_bytes = std::fs::metadata(snap.join("state.json")).unwrap().len();
+    let size = std::fs::metadata(snap.join("memory")).unwrap().len() + state_bytes;
+    println!(
+        "{mode}, {} queues: snapshot {size} bytes (state.json {state_bytes} bytes); paused in {}, snapshot written in {}, restored in {}",
+        verify.queues,
+        logged_ms(&first_err, "paused"),
+        logged_ms(&first_err, "snapshot written"),
+        logged_ms(&restored_err, "restored from"),
+    );
+    Restored {
+        result: blk_result(&stdout).unwrap(),
+        state: serde_json::from_slice(&std::fs::read(snap.join("state.json")).unwrap()).unwrap(),
+    }
+}
+
 #[test]
 fn a_vm_paused_mid_verify_snapshotted_killed_and_restored_finishes_its_verify() {
     let _one = one_at_a_time();
     for (i, mode) in ["trap", "eventfd", "exitless"].into_iter().enumerate() {
-        let dir = tempfile::tempdir().unwrap();
-        let seed = 2200 + i as u64;
-        let (first, disk) = start_verify(dir.path(), mode, seed, 8, BLOCKS);
-        let snap = dir.path().join("snap");
-        pause_and_snapshot(&first, &snap);
-        let (stdout, first_err) = first.kill();
+        let verify = Verify { seed: 2200 + i as u64, qd: 8, blocks: BLOCKS, queues: 1 };
+        pause_snapshot_kill_restore(mode, verify);
+    }
+}
+
+/// The same on a `queues=2` disk with the probe's requests in turn on both queues: the pause
+/// takes back and drains both workers, the snapshot records where each queue stands, and the
+/// restore restarts both there.
+#[test]
+fn a_two_queue_disk_paused_mid_verify_snapshotted_killed_and_restored_finishes_its_verify() {
+    let _one = one_at_a_time();
+    for (i, mode) in ["trap", "eventfd", "exitless"].into_iter().enumerate() {
+        let verify = Verify { seed: 2250 + i as u64, qd: 8, blocks: BLOCKS, queues: 2 };
+        let Restored { result, state } = pause_snapshot_kill_restore(mode, verify);
+        assert_eq!(result["queues"], 2, "{mode}: {result}");
+        let counts: Vec<u64> =
+            result["per_queue"].as_array().expect("per_queue").iter().map(|c| c.as_u64().unwrap()).collect();
         assert!(
-            blk_result(&stdout).is_none(),
-            "{mode}: the verify ended before the pause; make BLOCKS larger"
+            counts.len() == 2 && counts.iter().all(|&c| c > 0),
+            "{mode}: a queue served nothing: {result}"
         );
-
-        let restored = Vm::start(
-            dir.path(),
-            "restored",
-            &["run", "--restore", &format!("source_url=file://{}", snap.display())],
-        );
-        let (code, stdout, restored_err) = restored.wait();
-        assert_eq!(code, Some(0), "{mode}: the restored guest's status; stderr: {restored_err}");
-        assert_verify_passed(&stdout, &restored_err, mode, BLOCKS);
-        common::assert_holds_only_pattern(&disk, seed, BLOCKS);
-
-        let size = std::fs::metadata(snap.join("memory")).unwrap().len()
-            + std::fs::metadata(snap.join("state.json")).unwrap().len();
+        let queues = state["devices"][0]["transport"]["queues"].as_array().expect("saved queues");
+        assert_eq!(queues.len(), 2, "{mode}: {queues:?}");
+        assert!(queues.iter().all(|q| q["ready"] == true), "{mode}: {queues:?}");
         println!(
-            "{mode}: snapshot {size} bytes (state.json {} bytes); paused in {}, snapshot written in {}, restored in {}",
-            std::fs::metadata(snap.join("state.json")).unwrap().len(),
-            logged_ms(&first_err, "paused"),
-            logged_ms(&first_err, "snapshot written"),
-            logged_ms(&restored_err, "restored from"),
+            "{mode}: next avail indices at the snapshot {:?}",
+            queues.iter().map(|q| &q["next_avail"]).collect::<Vec<_>>()
         );
     }
 }
@@ -205,7 +258,8 @@ fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
     for (i, mode) in ["eventfd"].into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let seed = 2300 + i as u64;
-        let (vm, disk) = start_verify(dir.path(), mode, seed, 1, LONG_BLOCKS);
+        let (vm, disk) =
+            start_verify(dir.path(), mode, Verify { seed, qd: 1, blocks: LONG_BLOCKS, queues: 1 });
         let (status, body) = vm.put("resume", None);
         assert_eq!(status, 409, "{mode}: resume of a running VM: {body}");
         let (status, body) = vm.put("snapshot", Some(r#"{"destination_url": "file:///nonexistent"}"#));
@@ -255,7 +309,8 @@ fn edited(from: &Path, to: &Path, edit: impl FnOnce(&mut Value)) {
 fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let (vm, _) = start_verify(dir.path(), "eventfd", 2400, 1, BLOCKS);
+    let (vm, _) =
+        start_verify(dir.path(), "eventfd", Verify { seed: 2400, qd: 1, blocks: BLOCKS, queues: 1 });
     let snap = dir.path().join("snap");
     pause_and_snapshot(&vm, &snap);
     // A second snapshot over the first replaces it whole.

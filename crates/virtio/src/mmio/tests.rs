@@ -37,14 +37,19 @@ fn rig() -> Rig {
 fn rig_with_queues(queues: usize) -> Rig {
     let stats = Arc::new(DeviceStats::new("virtio-blk 0"));
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
+    let (device, path) = disk_with_queues(DISK, queues);
+    let transport = MmioTransport::new(Box::new(device), mem.clone(), Runner::OnNotify, None, stats.clone());
+    Rig { mem, transport, avail_idx: 0, stats, _disk: path }
+}
+
+/// A new RAM disk of `disk` bytes in /dev/shm offering `queues` queues, and its file.
+fn disk_with_queues(disk: u64, queues: usize) -> (Block, tempfile::TempPath) {
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
-    drop(RamDisk::create(&path, DISK).unwrap());
+    drop(RamDisk::create(&path, disk).unwrap());
     let backends = (0..queues)
         .map(|_| Box::new(RamDisk::open(&path, false).unwrap()) as Box<dyn storage::Backend>)
         .collect();
-    let device = Block::with_queues(backends, "mmio-test").unwrap();
-    let transport = MmioTransport::new(Box::new(device), mem.clone(), Runner::OnNotify, None, stats.clone());
-    Rig { mem, transport, avail_idx: 0, stats, _disk: path }
+    (Block::with_queues(backends, "mmio-test").unwrap(), path)
 }
 
 impl Rig {
@@ -272,8 +277,12 @@ fn configuration_writes_reach_the_device_which_takes_only_what_it_offers() {
 
 /// A second transport over `rig`'s guest memory, on a disk of `disk` bytes: a restore's target.
 fn restore_target(rig: &Rig, disk: u64) -> (MmioTransport, tempfile::TempPath) {
-    let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
-    let device = Block::new(Box::new(RamDisk::create(&path, disk).unwrap()), "mmio-test");
+    restore_target_with_queues(rig, disk, 1)
+}
+
+/// The same with `queues` queues.
+fn restore_target_with_queues(rig: &Rig, disk: u64, queues: usize) -> (MmioTransport, tempfile::TempPath) {
+    let (device, path) = disk_with_queues(disk, queues);
     let stats = Arc::new(DeviceStats::new("virtio-blk 0"));
     (MmioTransport::new(Box::new(device), rig.mem.clone(), Runner::OnNotify, None, stats), path)
 }
@@ -330,7 +339,6 @@ fn a_restore_that_disagrees_with_the_device_or_guest_memory_is_refused() {
 #[test]
 fn a_multi_queue_disk_serves_each_ready_queue_on_its_own_notification() {
     const MQ: u64 = 1 << crate::block::VIRTIO_BLK_F_MQ;
-    const QUEUE_1: (u64, u64, u64) = (0x8000, 0x9000, 0xa000);
     let mut rig = rig_with_queues(2);
     assert_ne!(rig.features() & MQ, 0);
     rig.write(QUEUE_SEL, 7);
@@ -350,6 +358,26 @@ fn a_multi_queue_disk_serves_each_ready_queue_on_its_own_notification() {
     rig.write(STATUS, 0);
     rig.mem.write_obj(0u16, GuestAddress(AVAIL + 2)).unwrap();
     rig.mem.write_obj(0u16, GuestAddress(USED + 2)).unwrap();
+    set_up_two_queues(&mut rig);
+    offer_on_queue_1(&mut rig, 1);
+    rig.write(QUEUE_NOTIFY, 0);
+    assert_eq!(used_index_of_queue_1(&rig), 0, "queue 0's notification");
+    rig.write(QUEUE_NOTIFY, 1);
+    assert_eq!(used_index_of_queue_1(&rig), 1);
+    assert_eq!(rig.stats.snapshot().per_queue[..2], [1, 1]);
+    // A reset stops both workers and gives their backends back: the device starts again.
+    rig.set_up(VERSION_1 | MQ, DESC);
+    rig.request(VIRTIO_BLK_T_OUT, 0);
+    assert_eq!(rig.status_byte(), VIRTIO_BLK_S_OK);
+}
+
+/// Queue 1's rings in the two-queue tests.
+const QUEUE_1: (u64, u64, u64) = (0x8000, 0x9000, 0xa000);
+
+/// The driver's set-up of a two-queue disk with both queues ready (queue 0 at the rig's rings).
+fn set_up_two_queues(rig: &mut Rig) {
+    const MQ: u64 = 1 << crate::block::VIRTIO_BLK_F_MQ;
+    rig.write(STATUS, 0);
     rig.write(STATUS, status::ACKNOWLEDGE);
     rig.write(STATUS, status::ACKNOWLEDGE | status::DRIVER);
     rig.write(DRIVER_FEATURES_SEL, 1);
@@ -361,20 +389,80 @@ fn a_multi_queue_disk_serves_each_ready_queue_on_its_own_notification() {
     rig.set_up_queue(1, QUEUE_1);
     rig.write(STATUS, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
     assert_eq!(rig.read(STATUS) & status::NEEDS_RESET, 0);
-    let (desc, avail, used) = QUEUE_1;
+}
+
+/// Make a read of no data (a header and a status byte) available on queue 1, the `n`th there.
+fn offer_on_queue_1(rig: &mut Rig, n: u16) {
+    let (desc, avail, _) = QUEUE_1;
     rig.mem.write_obj(VIRTIO_BLK_T_IN, GuestAddress(HEADER)).unwrap();
     rig.mem.write_obj(0u64, GuestAddress(HEADER + 8)).unwrap();
     let descriptors = [(HEADER, 16u32, VIRTQ_DESC_F_NEXT), (STATUS_BYTE, 1, VIRTQ_DESC_F_WRITE)];
     write_chain(&rig.mem, desc, &descriptors);
-    rig.mem.write_obj(0u16, GuestAddress(avail + 4)).unwrap();
-    rig.mem.write_obj(1u16, GuestAddress(avail + 2)).unwrap();
-    rig.write(QUEUE_NOTIFY, 0);
-    assert_eq!(rig.mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap(), 0, "queue 0's notification");
+    rig.mem.write_obj(0u16, GuestAddress(avail + 4 + 2 * u64::from((n - 1) % 16))).unwrap();
+    rig.mem.write_obj(n, GuestAddress(avail + 2)).unwrap();
+}
+
+fn used_index_of_queue_1(rig: &Rig) -> u16 {
+    rig.mem.read_obj(GuestAddress(QUEUE_1.2 + 2)).unwrap()
+}
+
+/// `offer_on_queue_1` and notify queue 1; its used index after.
+fn request_on_queue_1(rig: &mut Rig, n: u16) -> u16 {
+    offer_on_queue_1(rig, n);
     rig.write(QUEUE_NOTIFY, 1);
-    assert_eq!(rig.mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap(), 1);
-    assert_eq!(rig.stats.snapshot().per_queue[..2], [1, 1]);
-    // A reset stops both workers and gives their backends back: the device starts again.
-    rig.set_up(VERSION_1 | MQ, DESC);
-    rig.request(VIRTIO_BLK_T_OUT, 0);
-    assert_eq!(rig.status_byte(), VIRTIO_BLK_S_OK);
+    used_index_of_queue_1(rig)
+}
+
+/// A two-queue disk with both queues in use: the snapshot has each queue's own index, and the
+/// restored transport serves both from there; one with only queue 0 ready restores queue 1 as
+/// absent, and a snapshot that says queue 1 was used though not ready is refused.
+#[test]
+fn a_two_queue_transport_saves_each_queue_and_restores_both() {
+    let mut rig = rig_with_queues(2);
+    set_up_two_queues(&mut rig);
+    rig.request(VIRTIO_BLK_T_OUT, 16);
+    rig.request(VIRTIO_BLK_T_OUT, 24);
+    assert_eq!(request_on_queue_1(&mut rig, 1), 1);
+    rig.transport.pause().unwrap();
+    let saved = rig.transport.save().unwrap();
+    let indices: Vec<_> = saved.queues.iter().map(|q| (q.ready, q.next_avail)).collect();
+    assert_eq!(indices, [(true, 2), (true, 1)]);
+
+    let refused = |edit: &dyn Fn(&mut TransportState)| {
+        let mut state = saved.clone();
+        edit(&mut state);
+        let (mut target, _disk) = restore_target_with_queues(&rig, DISK, 2);
+        target.restore(&state).unwrap_err()
+    };
+    assert!(matches!(refused(&|s| s.queues[1].next_avail = 5), StateError::UsedIndex { queue: 1, .. }));
+    assert!(matches!(refused(&|s| s.queues[1].ready = false), StateError::QueueNotReady(1)));
+    assert!(matches!(refused(&|s| s.queues.truncate(1)), StateError::QueueCount { .. }));
+
+    let (mut restored, _disk) = restore_target_with_queues(&rig, DISK, 2);
+    restored.restore(&saved).unwrap();
+    restored.resume();
+    rig.transport = restored;
+    rig.request(VIRTIO_BLK_T_IN, 16);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (3, VIRTIO_BLK_S_OK));
+    assert_eq!(request_on_queue_1(&mut rig, 2), 2);
+    assert_eq!(rig.read(STATUS) & status::NEEDS_RESET, 0);
+
+    // Only queue 0 made ready: queue 1 is saved unused and restored absent.
+    let mut rig = rig_with_queues(2);
+    rig.set_up(VERSION_1 | (1 << crate::block::VIRTIO_BLK_F_MQ), DESC);
+    rig.request(VIRTIO_BLK_T_OUT, 16);
+    rig.transport.pause().unwrap();
+    let saved = rig.transport.save().unwrap();
+    let indices: Vec<_> = saved.queues.iter().map(|q| (q.ready, q.next_avail)).collect();
+    assert_eq!(indices, [(true, 1), (false, 0)]);
+    let mut used_elsewhere = saved.clone();
+    used_elsewhere.queues[1].next_avail = 3;
+    let (mut target, _disk) = restore_target_with_queues(&rig, DISK, 2);
+    assert!(matches!(target.restore(&used_elsewhere), Err(StateError::QueueNotReady(1))));
+    let (mut restored, _disk) = restore_target_with_queues(&rig, DISK, 2);
+    restored.restore(&saved).unwrap();
+    restored.resume();
+    rig.transport = restored;
+    rig.request(VIRTIO_BLK_T_IN, 16);
+    assert_eq!((rig.used_idx(), rig.status_byte()), (2, VIRTIO_BLK_S_OK));
 }
