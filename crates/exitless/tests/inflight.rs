@@ -148,8 +148,6 @@ impl Drop for HeldDisk {
 /// completes behind it; then it waits for the write and reads block 1000 back. coreutils' dd
 /// for O_DIRECT.
 const OUT_OF_ORDER_INIT: &str = r#"
-mkdir -p /tmp
-export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
 DD=/usr/bin/dd
 yes 'exitless in-flight write, held then resubmitted' | head -c 4096 > /pattern
 $DD if=/pattern of=/dev/vda bs=4096 seek=1000 count=1 oflag=direct conv=notrunc 2>/tmp/first &
@@ -245,8 +243,6 @@ fn restarts() -> u64 {
 /// during the run and at its end); each says FIO-RUN-START and FIO-RUN-OK (with fio's completion
 /// latency lines) or FIO-RUN-FAIL; then the kernel's I/O errors, if any.
 const FIO_INIT: &str = r#"
-mkdir -p /tmp
-export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
 runs=$(sed -n 's/.*inflight\.runs=\([0-9]*\).*/\1/p' /proc/cmdline)
 r=1
 while [ "$r" -le "$runs" ]; do

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel};
+use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
 use common::qemu::Qemu;
 
 /// One boot, both disks, without the mixed run: 25 to 75 s under TCG on this shared 2-CPU host
@@ -65,17 +65,10 @@ fn mixed_run() -> Duration {
 /// Each disk's size: room for the raw I/O, the zeroed range, and a small ext4.
 const DISK_SIZE: u64 = 64 << 20;
 
-/// The guest's /init: the workload on /dev/vda (the file disk) and /dev/vdb (the RAM disk). Every
-/// step prints an LC-... line, a failed one `LC-FAIL <step>`, and the guest powers off either way.
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin /tmp /mnt /etc
-/bin/busybox --install -s
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mount -t tmpfs tmp /tmp
-ln -s /proc/mounts /etc/mtab
-export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+/// The guest's /init after `INIT_MOUNTS`: the workload on /dev/vda (the file disk) and /dev/vdb (the RAM
+/// disk). Every step prints an LC-... line, a failed one `LC-FAIL <step>`, and the guest powers off either
+/// way.
+const INIT: &str = r#"
 fail() { echo "LC-FAIL $*"; dmesg | tail -30; poweroff -f; }
 # Seconds since boot, for the step lines: where the time goes.
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
@@ -317,7 +310,7 @@ fn run_workload(device: Device) {
         }
     }
     let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, INIT, &programs, &initramfs);
+    initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
     let file_disk = dir.path().join("disk.img");
     std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
 

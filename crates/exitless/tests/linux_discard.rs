@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel};
+use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
 use common::qemu::Qemu;
 
 /// A boot runs these steps in 12 to 14 s under TCG here (more on a busy host); one not done after
@@ -37,15 +37,8 @@ const SERIAL: &str = "lc-file-disk-01";
 /// Where the guest zeroes with `blkdiscard -z`: the last 8 MiB.
 const ZEROED: std::ops::Range<u64> = (56 << 20)..(64 << 20);
 
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin /tmp /mnt /etc
-/bin/busybox --install -s
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mount -t tmpfs tmp /tmp
-ln -s /proc/mounts /etc/mtab
-export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+/// The guest's /init after `INIT_MOUNTS`.
+const INIT: &str = r#"
 fail() { echo "LD-FAIL $*"; dmesg | tail -30; poweroff -f; }
 for m in $(cat /modules); do insmod /lib/modules/$m || fail insmod-$m; done
 DD=/usr/bin/dd
@@ -117,7 +110,7 @@ fn run(device: Device) -> (String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let programs = host_programs(&PROGRAMS);
     let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, INIT, &programs, &initramfs);
+    initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
     let file_disk = dir.path().join("disk.img");
     std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");

@@ -11,22 +11,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel};
+use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
 use common::qemu::Qemu;
 
 /// A guest still running after this is stuck (about 30 s under TCG on this 2-CPU host).
 const LIMIT: Duration = Duration::from_secs(300);
 
-/// The guest's /init: one fio job pinned to each CPU, each writing its own range with crc32c
-/// checksums and reading it back; the hardware queues Linux made and fio's result.
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /tmp
-/bin/busybox --install -s
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mount -t tmpfs tmp /tmp
-export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+/// The guest's /init after `INIT_MOUNTS`: one fio job pinned to each CPU, each writing its own range with
+/// crc32c checksums and reading it back; the hardware queues Linux made and fio's result.
+const INIT: &str = r#"
 fail() { echo "MQ-FAIL $*"; dmesg | tail -30; poweroff -f; }
 for m in $(cat /modules); do insmod /lib/modules/$m || fail insmod-$m; done
 i=0
@@ -57,7 +50,7 @@ fn two_queues_from_two_cpus(mode: &str) {
     let dir = tempfile::tempdir().unwrap();
     let programs = host_programs(&[("/usr/bin/fio", "fio")]);
     let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, INIT, &programs, &initramfs);
+    initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
     let image = dir.path().join("disk.img");
     std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
     let (socket, api) = (dir.path().join("mq.sock"), dir.path().join("api.sock"));

@@ -35,7 +35,6 @@ const DIRTY_CONTROL: u64 = 256;
 
 /// After `INIT_PRELUDE` (mounts, modules, /dev/vda).
 const INIT: &str = r#"
-export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
 fail() { echo "LW-FAIL $*"; dmesg | tail -30; poweroff -f; }
 DD=/usr/bin/dd
 c=/sys/block/vda/cache_type

@@ -38,8 +38,6 @@ const MARKER: &[u8] = b"MIGRATED";
 
 /// The guest's /init after `INIT_PRELUDE` (mounts, modules, /dev/vda there).
 const MIGRATION_INIT: &str = r#"
-mkdir -p /tmp
-mount -t tmpfs tmp /tmp
 fail() { echo "MG-FAIL $*"; dmesg | tail -30; poweroff -f; }
 DD=/usr/bin/dd
 sum() { sha256sum | cut -d' ' -f1; }

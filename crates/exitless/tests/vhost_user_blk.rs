@@ -20,14 +20,9 @@ const PATTERN_LEN: usize = 64 * 1024;
 /// Where the guest writes the pattern on the disk (4 KiB blocks).
 const PATTERN_BLOCK: usize = 256;
 
-/// The guest's /init. Steps come from the kernel command line (`vu.write=1` ...); every step
-/// prints a VU-... line, a failed one `VU-FAIL <step>`, and the guest powers off either way.
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin
-/bin/busybox --install -s
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
+/// The guest's /init after `INIT_MOUNTS`. Steps come from the kernel command line (`vu.write=1` ...); every
+/// step prints a VU-... line, a failed one `VU-FAIL <step>`, and the guest powers off either way.
+const INIT: &str = r#"
 fail() { echo "VU-FAIL $1"; poweroff -f; }
 opts=""
 for w in $(cat /proc/cmdline); do
@@ -192,7 +187,7 @@ fn initramfs(kernel: &Kernel, dir: &Path, iopoll: bool) -> PathBuf {
         files.push(("iopoll", 0o755, helper));
     }
     let path = dir.join("initramfs.cpio");
-    common::linux::initramfs_with(kernel, INIT, &files, &path);
+    common::linux::initramfs_with(kernel, &format!("{}{INIT}", common::linux::INIT_MOUNTS), &files, &path);
     path
 }
 

@@ -121,6 +121,13 @@ impl Job for PatternWrite {
     fn complete(&mut self, _index: u64, _status: u8, _buffer: &[u8]) {}
 }
 
+/// A read of `bs` bytes at `sector` into a poisoned buffer, so a read that writes nothing
+/// cannot pass a check.
+fn poisoned_read(sector: u64, bs: u32, buffer: &mut [u8]) -> (u32, u64, u32) {
+    buffer[..bs as usize].fill(POISON);
+    (T_IN, sector, bs)
+}
+
 /// Request `index` reads block `index` back and checks its pattern.
 struct PatternCheck {
     seed: u64,
@@ -132,8 +139,7 @@ struct PatternCheck {
 
 impl Job for PatternCheck {
     fn prepare(&mut self, index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
-        buffer[..self.bs as usize].fill(POISON);
-        (T_IN, index * self.sectors_per_block, self.bs)
+        poisoned_read(index * self.sectors_per_block, self.bs, buffer)
     }
 
     fn complete(&mut self, index: u64, status: u8, buffer: &[u8]) {
@@ -187,8 +193,7 @@ struct ZeroCheck {
 
 impl Job for ZeroCheck {
     fn prepare(&mut self, index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
-        buffer[..self.bs as usize].fill(POISON);
-        (T_IN, index * self.sectors_per_block, self.bs)
+        poisoned_read(index * self.sectors_per_block, self.bs, buffer)
     }
 
     fn complete(&mut self, index: u64, status: u8, buffer: &[u8]) {

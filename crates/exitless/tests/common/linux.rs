@@ -145,17 +145,34 @@ fn has_interpreter(elf: &[u8]) -> bool {
     (0..phnum).any(|i| elf[phoff + i * phentsize..][..4] == 3u32.to_le_bytes())
 }
 
-/// The start of an /init: mounts, modules, and a wait for /dev/vda.
-pub const INIT_PRELUDE: &str = r#"#!/bin/busybox sh
-/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin
+/// The opening of every /init, as a literal for `concat!`.
+macro_rules! init_mounts {
+    () => {
+        r#"#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin /tmp /mnt /etc
 /bin/busybox --install -s
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev 2>/dev/null
-for m in $(cat /modules); do insmod /lib/modules/$m; done
+mount -t tmpfs tmp /tmp
+ln -s /proc/mounts /etc/mtab
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu
+"#
+    };
+}
+
+/// The start of an /init that loads its modules itself: busybox's applets, /proc, /sys, /dev,
+/// a tmpfs /tmp, /etc/mtab and the host programs' libraries.
+pub const INIT_MOUNTS: &str = init_mounts!();
+
+/// The start of an /init: `INIT_MOUNTS`, the modules, and a wait for /dev/vda.
+pub const INIT_PRELUDE: &str = concat!(
+    init_mounts!(),
+    r#"for m in $(cat /modules); do insmod /lib/modules/$m; done
 i=0
 while [ ! -b /dev/vda ]; do sleep 0.1; i=$((i + 1)); [ $i -gt 100 ] && { echo NO-VDA; poweroff -f; }; done
-"#;
+"#
+);
 
 /// A cpio "newc" archive (what the kernel unpacks as initramfs).
 #[derive(Default)]

@@ -193,7 +193,8 @@ impl Frontend {
         fds: &[RawFd],
         reply_len: Option<usize>,
     ) -> Result<Vec<u8>, FrontendError> {
-        self.checked_exchange(request, payload, fds, reply_len, false).map(|(body, _)| body)
+        let ask = Ask { request, payload, fds, reply_len, reply_fd: false };
+        self.checked_exchange(&ask).map(|(body, _)| body)
     }
 
     /// Send `request` and wait for its reply of `reply_len` bytes with one file descriptor.
@@ -203,7 +204,8 @@ impl Frontend {
         payload: &[u8],
         reply_len: usize,
     ) -> Result<(Vec<u8>, OwnedFd), FrontendError> {
-        match self.checked_exchange(request, payload, &[], Some(reply_len), true)? {
+        let ask = Ask { request, payload, fds: &[], reply_len: Some(reply_len), reply_fd: true };
+        match self.checked_exchange(&ask)? {
             (body, Some(fd)) => Ok((body, fd)),
             (_, None) => {
                 self.broken = true;
@@ -212,31 +214,18 @@ impl Frontend {
         }
     }
 
-    fn checked_exchange(
-        &mut self,
-        request: u32,
-        payload: &[u8],
-        fds: &[RawFd],
-        reply_len: Option<usize>,
-        reply_fd: bool,
-    ) -> Result<(Vec<u8>, Option<OwnedFd>), FrontendError> {
+    fn checked_exchange(&mut self, ask: &Ask) -> Result<(Vec<u8>, Option<OwnedFd>), FrontendError> {
         if self.broken {
             return Err(FrontendError::Broken(self.path.clone()));
         }
-        let result = self.try_exchange(request, payload, fds, reply_len, reply_fd);
+        let result = self.try_exchange(ask);
         self.broken = result.is_err();
         result
     }
 
-    /// One exchange; the reply may carry a descriptor only when `reply_fd` says it should.
-    fn try_exchange(
-        &mut self,
-        request: u32,
-        payload: &[u8],
-        fds: &[RawFd],
-        reply_len: Option<usize>,
-        reply_fd: bool,
-    ) -> Result<(Vec<u8>, Option<OwnedFd>), FrontendError> {
+    /// One exchange; the reply may carry a descriptor only when `ask.reply_fd` says it should.
+    fn try_exchange(&mut self, ask: &Ask) -> Result<(Vec<u8>, Option<OwnedFd>), FrontendError> {
+        let Ask { request, payload, fds, reply_len, reply_fd } = *ask;
         let name = request_name(request).unwrap_or("request");
         let ack = reply_len.is_none() && self.reply_ack;
         let flags = VERSION | if ack { FLAG_NEED_REPLY } else { 0 };
@@ -302,6 +291,18 @@ impl Frontend {
         };
         FrontendError::Wire { path, request, why }
     }
+}
+
+/// One request to the daemon and the reply it expects.
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    request: u32,
+    payload: &'a [u8],
+    fds: &'a [RawFd],
+    /// A reply of its own of exactly this many bytes; `None`: an acknowledgement, if negotiated.
+    reply_len: Option<usize>,
+    /// The reply carries one file descriptor.
+    reply_fd: bool,
 }
 
 fn state_bytes(index: u32, num: u32) -> [u8; 8] {
