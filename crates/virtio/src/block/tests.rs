@@ -629,14 +629,18 @@ fn dropping_a_worker_lets_the_backend_finish_before_memory_goes() {
     assert_eq!(held.load(Ordering::Acquire), 0);
 }
 
-/// A reset waits for the backend a bounded time (`RESET_WAIT`), then gives up: the worker
-/// comes back abandoned, still holding the request and the guest memory it reads into, and
-/// answers nothing when the backend finishes it late.
+/// A reset waits for the backend a bounded time (its reset timeout, then as long again for the
+/// cancels, which this backend ignores), then gives up: the worker comes back abandoned, still
+/// holding the request and the guest memory it reads into, and answers nothing when the backend
+/// finishes it late. The stats count the request quarantined, then released.
 #[test]
 fn a_reset_gives_up_on_a_backend_that_holds_a_request_and_keeps_its_memory() {
-    // Longer than the reset waits.
-    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_millis(6500));
+    // Well beyond the 2 x 200 ms the reset waits.
+    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_millis(3000));
+    let worker = worker.with_reset_timeout(std::time::Duration::from_millis(200));
     let Err(mut worker) = worker.into_backend() else { panic!("the backend still held a request") };
+    let stats = worker.stats_snapshot();
+    assert_eq!((stats.reset_timeouts, stats.reset_cancelled, stats.quarantined), (1, 0, 1));
     assert_eq!((worker.in_flight(), held.load(Ordering::Acquire)), (1, 1));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while worker.in_flight() > 0 {
@@ -646,6 +650,7 @@ fn a_reset_gives_up_on_a_backend_that_holds_a_request_and_keeps_its_memory() {
     }
     assert_eq!(worker.counters.completed, 0, "an abandoned request is not answered");
     assert_eq!(worker.queue_mut().next_avail(), 1);
+    assert_eq!(worker.stats_snapshot().quarantined, 0, "the quarantine is released");
 }
 
 /// Regression: a device reset waited as long as the disk did, for ever for one that does not
