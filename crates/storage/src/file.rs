@@ -304,6 +304,24 @@ impl FileDisk {
         }
     }
 
+    /// A 1 MiB "disk" whose file is `pipe`, the read end of a pipe, on a ring of 8: a read waits
+    /// until someone writes to the pipe (io_uring parks it on the pipe's poll queue), so it is
+    /// a request a disk holds, but one a cancel ends (`testing::disk_on_a_pipe`).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn on_pipe(pipe: File) -> std::io::Result<FileDisk> {
+        let shape = Shape {
+            capacity: 1 << 20,
+            read_only: false,
+            direct: false,
+            kick_batch: usize::MAX,
+            rw_on_workers: false,
+            sqpoll_idle_ms: None,
+            fallocate: FallocateModes::default(),
+            physical_block_size: 512,
+        };
+        Ok(FileDisk::on_ring(pipe, new_ring(8, None)?, 8, shape))
+    }
+
     /// Whether the file is really open with O_DIRECT (false after a fallback to buffered I/O).
     pub fn direct(&self) -> bool {
         self.shape.direct

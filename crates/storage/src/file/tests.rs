@@ -3,7 +3,6 @@
 
 use std::alloc::Layout;
 use std::collections::BTreeSet;
-use std::os::fd::FromRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -665,34 +664,12 @@ fn written_through_writes_and_ranges_are_durable_when_they_complete() {
     assert_eq!(wait_for(&mut bad_mode, 1)[0].result, Ok(0));
 }
 
-/// A FileDisk whose "file" is the read end of a pipe nobody writes to: a read of it is held
-/// until someone does (io_uring parks it on the pipe's poll queue), the disk that never answers.
-fn disk_on_a_pipe() -> (FileDisk, File) {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills two descriptors, which the Files below then own.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: both are open descriptors nobody else owns.
-    let (read_end, write_end) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
-    let shape = Shape {
-        capacity: 1 << 20,
-        read_only: false,
-        direct: false,
-        kick_batch: usize::MAX,
-        rw_on_workers: false,
-        sqpoll_idle_ms: None,
-        fallocate: FallocateModes::default(),
-        physical_block_size: 512,
-    };
-    let ring = new_ring(8, None).unwrap();
-    (FileDisk::on_ring(read_end, ring, 8, shape), write_end)
-}
-
 /// `cancel_all` ends reads the disk holds: each completes, through `poll`, with ECANCELED, and
 /// the disk serves again afterwards (its slots are free).
 #[test]
 fn cancel_all_ends_held_reads_with_ecanceled() {
     use std::io::Write;
-    let (mut disk, mut write_end) = disk_on_a_pipe();
+    let (mut disk, mut write_end) = crate::testing::disk_on_a_pipe();
     let mut buffers = [AlignedBuffer::new(512, 512), AlignedBuffer::new(512, 512)];
     for (tag, buf) in buffers.iter_mut().enumerate() {
         assert!(disk.submit(tag as u32, Op::Read, 0, &[segment(buf.bytes())]));

@@ -653,6 +653,38 @@ fn a_reset_gives_up_on_a_backend_that_holds_a_request_and_keeps_its_memory() {
     assert_eq!(worker.stats_snapshot().quarantined, 0, "the quarantine is released");
 }
 
+/// A reset that waited longer than its timeout cancels what the disk holds: a read the cancel
+/// ends (a real io_uring read of a pipe nobody writes) is answered VIRTIO_BLK_S_IOERR in the used
+/// ring, which the driver still reads (a vhost-user frontend stopping a ring with
+/// GET_VRING_BASE), and the backend comes back for the next driver: nothing is quarantined.
+#[test]
+fn a_reset_cancels_a_read_the_disk_holds_too_long_and_answers_it_ioerr() {
+    let mut rig = rig(false);
+    let (disk, _writer) = storage::testing::disk_on_a_pipe();
+    let config = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
+    let queue = Queue::new(&rig.mem, config, false).unwrap();
+    let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20], ..DiskInfo::default() };
+    let stats = Arc::new(crate::DeviceStats::new("pipe disk"));
+    let signals = signals(Arc::default()).with_stats(stats.clone());
+    let worker = BlockWorker::new(queue, Box::new(disk), info, signals);
+    rig.worker = worker.with_reset_timeout(std::time::Duration::from_millis(200));
+    rig.request(VIRTIO_BLK_T_IN, 0, 512);
+    rig.submit(0);
+    rig.run().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    rig.run().unwrap();
+    assert_eq!((rig.used_idx(), rig.worker.in_flight()), (0, 1), "the pipe answered the read");
+
+    let worker = std::mem::replace(&mut rig.worker, rig_of_size(false, SIZE).worker);
+    let Ok(backend) = worker.into_backend() else { panic!("the cancelled read was quarantined") };
+    assert_eq!(backend.max_in_flight(), 8, "the pipe disk came back");
+    assert_eq!(rig.used_idx(), 1, "the cancelled read is in the used ring");
+    assert_eq!(rig.status(), VIRTIO_BLK_S_IOERR);
+    let stats = stats.snapshot();
+    assert_eq!((stats.reset_timeouts, stats.reset_cancelled, stats.quarantined), (1, 1, 0));
+    assert_eq!(stats.requests.io_errors, 1);
+}
+
 /// Regression: a device reset waited as long as the disk did, for ever for one that does not
 /// answer, and the disk's next driver was never served. A read into guest memory whose page
 /// fault nobody answers (userfaultfd) holds an io_uring worker as such a disk would. The reset
