@@ -24,8 +24,7 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
