@@ -242,6 +242,8 @@ mod tests {
         );
         let d = from_json("r", &serde_json::json!({"socket": "/s", "ram": 1048576})).unwrap();
         assert_eq!(d.disk, DiskSpec::Ram { size: 1 << 20 });
+        let body = serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": 1.5});
+        assert_eq!(from_json("r", &body).unwrap().reset_timeout, Some(Duration::from_millis(1500)));
         for (name, bad) in [
             ("a", serde_json::json!([])),
             ("a", serde_json::json!({"path": "/x"})),
@@ -251,6 +253,8 @@ mod tests {
             ("a", serde_json::json!({"socket": "/s", "ram": -1})),
             ("a", serde_json::json!({"socket": "/s", "ram": "1M", "iops": 0})),
             ("a", serde_json::json!({"socket": "/s", "ram": "1M", "queues": 99})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": 0})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": -2})),
             ("a", serde_json::json!({"socket": "/s"})),
             ("a b", serde_json::json!({"socket": "/s", "ram": "1M"})),
         ] {
