@@ -24,11 +24,11 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
+use common::held_disk::HeldDisk;
 use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
 use common::qemu::Qemu;
 
@@ -45,103 +45,6 @@ const HELD_LINE: &str = "exitless in-flight write, held then resubmitted";
 
 fn held_pattern() -> Vec<u8> {
     format!("{HELD_LINE}\n").repeat(BLOCK / HELD_LINE.len() + 1).into_bytes()[..BLOCK].to_vec()
-}
-
-/// Build `held_disk.c` into `dir`.
-fn held_disk_program(dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/held_disk.c");
-    let binary = dir.join("held_disk");
-    let flags = Command::new("pkg-config")
-        .args(["--cflags", "--libs", "fuse3"])
-        .output()
-        .expect("pkg-config (scripts/setup.sh installs it with libfuse3-dev)");
-    assert!(
-        flags.status.success(),
-        "libfuse3 is missing: install libfuse3-dev and fuse3 (scripts/setup.sh does): {}",
-        String::from_utf8_lossy(&flags.stderr)
-    );
-    let flags = String::from_utf8(flags.stdout).unwrap();
-    let out = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .args(flags.split_whitespace())
-        .output()
-        .expect("a C compiler (cc) must be installed: scripts/setup.sh installs g++");
-    assert!(out.status.success(), "cc held_disk.c: {}", String::from_utf8_lossy(&out.stderr));
-    binary
-}
-
-/// `file` behind a FUSE mount that can hold the requests touching block `HELD_BLOCK`.
-struct HeldDisk {
-    mount: PathBuf,
-    control: PathBuf,
-    server: Child,
-}
-
-impl HeldDisk {
-    fn start(dir: &Path, file: &Path) -> HeldDisk {
-        HeldDisk::start_slow(dir, file, 0)
-    }
-
-    /// As `start`, each write taking `write_delay_us` longer.
-    fn start_slow(dir: &Path, file: &Path, write_delay_us: u64) -> HeldDisk {
-        let program = held_disk_program(dir);
-        let mount = dir.join("held");
-        let control = dir.join("held-control");
-        std::fs::create_dir_all(&mount).unwrap();
-        std::fs::create_dir_all(&control).unwrap();
-        let server = Command::new(program)
-            .arg(&mount)
-            .arg("-f")
-            .env("HELD_BACKING", file)
-            .env("HELD_OFFSET", (HELD_BLOCK * BLOCK as u64).to_string())
-            .env("HELD_CONTROL", &control)
-            .env("HELD_WRITE_DELAY_US", write_delay_us.to_string())
-            .stderr(std::fs::File::create(dir.join("held_disk.err")).unwrap())
-            .spawn()
-            .expect("start held_disk");
-        let disk = HeldDisk { mount, control, server };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !disk.disk().exists() {
-            assert!(
-                Instant::now() < deadline,
-                "the FUSE file system did not come up (needs root and /dev/fuse)"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        disk
-    }
-
-    fn disk(&self) -> PathBuf {
-        self.mount.join("disk")
-    }
-
-    fn hold(&self) {
-        std::fs::write(self.control.join("hold"), b"").unwrap();
-    }
-
-    /// Let held requests go; `drop`: they fail with EIO without reaching the file.
-    fn release(&self, drop: bool) {
-        if drop {
-            std::fs::write(self.control.join("drop"), b"").unwrap();
-        }
-        let _ = std::fs::remove_file(self.control.join("hold"));
-    }
-
-    /// What the request being held is ("write 0 4096"), if one is.
-    fn held(&self) -> Option<String> {
-        std::fs::read_to_string(self.control.join("held")).ok().map(|s| s.trim().to_owned())
-    }
-}
-
-impl Drop for HeldDisk {
-    fn drop(&mut self) {
-        self.release(true);
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-    }
 }
 
 /// The out-of-order guest: a write of block 1000 (held), then a read of block 2000 that
@@ -175,7 +78,7 @@ fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_
     initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &programs, &initramfs);
     let file = dir.path().join("disk.img");
     std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
-    let held = HeldDisk::start(dir.path(), &file);
+    let held = HeldDisk::start(dir.path(), &file, HELD_BLOCK * BLOCK as u64);
     held.hold();
     let socket = dir.path().join("vhost.sock");
 
@@ -314,7 +217,7 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
     std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
     // Served through the FUSE file system, holding nothing but answering each write in turn
     // after 1 ms (a slow disk), so that the daemon holds many of fio's 32 when it is killed.
-    let fuse = HeldDisk::start_slow(dir.path(), &file, 1000);
+    let fuse = HeldDisk::start_slow(dir.path(), &file, HELD_BLOCK * BLOCK as u64, 1000);
     let disk = fuse.disk();
     let socket = dir.path().join("vhost.sock");
     let mut daemon = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
@@ -359,7 +262,7 @@ fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     let file = dir.path().join("disk.img");
     std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
     // The slow disk again, so that the daemon holds requests when SIGTERM comes.
-    let fuse = HeldDisk::start_slow(dir.path(), &file, 1000);
+    let fuse = HeldDisk::start_slow(dir.path(), &file, HELD_BLOCK * BLOCK as u64, 1000);
     let disk = fuse.disk();
     let socket = dir.path().join("vhost.sock");
     let first = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));

@@ -388,3 +388,109 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
         }
     }
 }
+
+/// The sector `a_disk_that_never_answers_*` holds (2 MiB into the 4 MiB disk): away from sector
+/// 0, which the next frontend writes and reads.
+const HELD_SECTOR: u64 = 4096;
+
+/// A frontend leaves while the disk holds one of its requests for ever (a FUSE file whose
+/// server does not answer: `held_disk.c`): the reset at its disconnection waits for the disk's
+/// requests only up to the disk's `reset-timeout` (1 s here), then cancels what the disk holds
+/// and, since a FUSE request already sent to its server cannot be cancelled, quarantines it
+/// with the old session's memory. The next frontend is served at once (its GET_FEATURES is
+/// answered, its I/O elsewhere on the disk done), the operator reads why in the log, and the
+/// late completion, when the FUSE server at last answers, is reaped without harm. Regression:
+/// the daemon waited for the held request as long as the disk held it.
+/// The daemon serving `held`'s file as disk "held" with `reset-timeout=1`, and its control API.
+fn start_daemon_on_held(dir: &Path, held: &common::held_disk::HeldDisk) -> (Daemon, std::path::PathBuf) {
+    let spec = format!("path={},reset-timeout=1,name=held", held.disk().display());
+    let socket = dir.join("vhost.sock");
+    let api = dir.join("api.sock");
+    let args = [
+        "--disk",
+        &spec,
+        "--io-mode",
+        "eventfd",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--api-socket",
+        api.to_str().unwrap(),
+    ];
+    (Daemon::start(&args, &[&socket, &api], &dir.join("daemon.log")), api)
+}
+
+/// Disk "held"'s reset_timeouts, reset_cancelled and quarantined, as GET /disks/held shows them.
+fn reset_figures(api: &Path) -> [u64; 3] {
+    let (status, body) = common::api::http(api, "GET", "/disks/held", None);
+    assert_eq!(status, 200, "{body}");
+    let disk: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let f = &disk["figures"];
+    [&f["reset_timeouts"], &f["reset_cancelled"], &f["quarantined"]].map(|v| v.as_u64().unwrap())
+}
+
+/// A frontend with vring 0 running and a read of HELD_SECTOR in it, which `held` holds.
+fn frontend_with_a_held_read(daemon: &Daemon, held: &common::held_disk::HeldDisk) -> Frontend {
+    held.hold();
+    let mut frontend = ready(daemon);
+    let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
+    frontend.write_chain(0, &chain);
+    frontend.publish(0, &[0]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held.held().is_none() {
+        assert!(Instant::now() < deadline, "the read never reached the FUSE server: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(held.held().as_deref(), Some(format!("read {} 4096", HELD_SECTOR * 512).as_str()));
+    frontend
+}
+
+#[test]
+fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("backing.img");
+    std::fs::File::create(&file).unwrap().set_len(DISK_BYTES).unwrap();
+    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let (mut daemon, api) = start_daemon_on_held(dir.path(), &held);
+    let figures = || reset_figures(&api);
+    assert_eq!(figures(), [0, 0, 0]);
+    let first = frontend_with_a_held_read(&daemon, &held);
+    drop(first);
+
+    // The bound is 1 s, then the cancels get at most as long again: 4 s is generous, and still
+    // tells the bound from the default 5 s wait (or the unbounded one before that).
+    let started = Instant::now();
+    let mut next = Frontend::connect(daemon.socket());
+    next.negotiate(FEATURES);
+    next.set_mem_table();
+    next.start_vring(0, 0);
+    write_and_read_back(&mut next, 0, 7);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "the next frontend waited {took:?}: {}", daemon.log());
+    let log = daemon.log();
+    assert!(
+        log.contains("disk 0")
+            && log.contains("1 request(s) still held after 1 s at reset; cancelled 0, quarantined 1"),
+        "the log says what happened: {log}"
+    );
+    // The operator sees it: one reset timed out, nothing it cancelled ended (a FUSE request its
+    // server took waits out an interrupt), one request quarantined.
+    assert_eq!(figures(), [1, 0, 1]);
+    let (status, metrics) = common::api::http(&api, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    for line in [
+        "exitless_disk_reset_timeouts_total{disk=\"held\"} 1",
+        "exitless_disk_quarantined_requests{disk=\"held\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    drop(next);
+
+    // The FUSE server answers at last: the late completion lands in the quarantined memory and
+    // is reaped; the daemon goes on serving.
+    held.release(false);
+    std::thread::sleep(Duration::from_millis(300));
+    next_frontend_is_served(&mut daemon, 3);
+    assert_eq!(figures(), [1, 0, 0], "the quarantine is released");
+    let log = daemon.stop_within(STOP_LIMIT);
+    assert!(log.contains("released"), "the quarantine's release is logged: {log}");
+}

@@ -151,10 +151,12 @@ const CONNECTION: &[i64] = &[
     libc::SYS_ftruncate,
 ];
 
-/// A queue's start after a reset gave up on a disk that did not answer opens the disk again
-/// (`storage::Backend::reopen`): the same file (fcntl F_DUPFD_CLOEXEC, allowed with fcntl's
+/// A disk that does not answer: a reset that waited longer than the disk's reset timeout
+/// cancels its requests (`storage::Backend::cancel_all`: IORING_OP_ASYNC_CANCEL, handed to the
+/// kernel with io_uring_enter), and a queue's start after a reset gave up on some opens the disk
+/// again (`storage::Backend::reopen`): the same file (fcntl F_DUPFD_CLOEXEC, allowed with fcntl's
 /// commands) on a new io_uring, whose rings are mapped (mmap, allowed without PROT_EXEC).
-const REOPEN_DISK: &[i64] = &[libc::SYS_io_uring_setup];
+const REOPEN_DISK: &[i64] = &[libc::SYS_io_uring_setup, libc::SYS_io_uring_enter];
 
 /// A vhost-user frontend's exchanges with its daemon (the vCPU starts and resets the disk).
 const VHOST_USER_FRONTEND: &[i64] = &[libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_poll];

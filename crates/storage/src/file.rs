@@ -104,7 +104,14 @@ pub struct FileDisk {
     in_flight_on_workers: usize,
     /// Writes carry RWF_DSYNC and range requests an fdatasync (`Backend::set_write_through`).
     write_through: bool,
+    /// The kernel refused a cancel of everything at once (IORING_ASYNC_CANCEL_ANY, Linux 5.19):
+    /// `cancel_all` cancels request by request instead.
+    cancel_each: bool,
 }
+
+/// The user_data of `cancel_all`'s entries: above every slot index (a u32), so `reap` never
+/// takes their completions for a request's.
+const CANCEL_USER_DATA: u64 = u64::MAX;
 
 /// What a FileDisk found out about its file when it opened it, and how it drives its ring: the
 /// same for every FileDisk on that file (see `reopen`).
@@ -293,7 +300,26 @@ impl FileDisk {
             kick_failed: false,
             in_flight_on_workers: 0,
             write_through: false,
+            cancel_each: false,
         }
+    }
+
+    /// A 1 MiB "disk" whose file is `pipe`, the read end of a pipe, on a ring of 8: a read waits
+    /// until someone writes to the pipe (io_uring parks it on the pipe's poll queue), so it is
+    /// a request a disk holds, but one a cancel ends (`testing::disk_on_a_pipe`).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn on_pipe(pipe: File) -> std::io::Result<FileDisk> {
+        let shape = Shape {
+            capacity: 1 << 20,
+            read_only: false,
+            direct: false,
+            kick_batch: usize::MAX,
+            rw_on_workers: false,
+            sqpoll_idle_ms: None,
+            fallocate: FallocateModes::default(),
+            physical_block_size: 512,
+        };
+        Ok(FileDisk::on_ring(pipe, new_ring(8, None)?, 8, shape))
     }
 
     /// Whether the file is really open with O_DIRECT (false after a fallback to buffered I/O).
@@ -339,9 +365,15 @@ impl FileDisk {
     /// Take every completion the kernel has posted; returns how many were handed to `done`.
     fn reap(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
         let mut count = 0;
+        let mut cancel_refused = false;
         for entry in self.ring.completion() {
             // Slots are numbered below the ring depth, a u32.
-            let Ok(index) = u32::try_from(entry.user_data()) else { continue };
+            let Ok(index) = u32::try_from(entry.user_data()) else {
+                // A cancel's own completion (`cancel_all`): EINVAL from a kernel without
+                // IORING_ASYNC_CANCEL_ANY, which is then asked once per request.
+                cancel_refused |= entry.user_data() == CANCEL_USER_DATA && entry.result() == -libc::EINVAL;
+                continue;
+            };
             let Some(slot) = self.slots.get_mut(index as usize).filter(|slot| slot.busy) else {
                 continue; // Not ours: cannot happen, and must not free a slot twice.
             };
@@ -369,7 +401,25 @@ impl FileDisk {
             done(Completion { tag: slot.tag, result });
             count += 1;
         }
+        if cancel_refused && !self.cancel_each {
+            self.cancel_each = true;
+            self.cancel_all();
+        }
         count
+    }
+
+    /// Queue a cancel of every request with `user_data` (`CANCEL_USER_DATA`: of every request),
+    /// handing the queue to the kernel first if it is full. `false` if it stayed full.
+    fn push_cancel(&mut self, entry: squeue::Entry) -> bool {
+        let entry = entry.user_data(CANCEL_USER_DATA);
+        for _ in 0..2 {
+            // SAFETY: a cancel names requests by user_data or file and points at no memory.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return true;
+            }
+            let _ = self.ring.submit();
+        }
+        false
     }
 }
 
@@ -515,6 +565,34 @@ impl Backend for FileDisk {
 
     fn waits_on_submitter_workers(&self) -> bool {
         self.in_flight_on_workers > 0
+    }
+
+    /// One IORING_OP_ASYNC_CANCEL with IORING_ASYNC_CANCEL_ANY (every request on the ring,
+    /// Linux 5.19 and later); where the kernel refuses it (`reap` sees EINVAL), one per request,
+    /// by its slot (the fdatasync linked after a range request written through is cancelled
+    /// with it, by the link).
+    /// io_uring cancels a request waiting to be polled at once, and interrupts one its worker
+    /// thread runs (the wait then ends if it is interruptible); the cancel's own completion is
+    /// ignored. Kicks.
+    fn cancel_all(&mut self) -> usize {
+        let in_flight = self.slots.len() - self.free_slots.len();
+        if in_flight == 0 {
+            return 0;
+        }
+        self.kick();
+        if self.cancel_each {
+            for index in 0..self.slots.len() {
+                if self.slots[index].busy {
+                    let builder = types::CancelBuilder::user_data(index as u64);
+                    self.push_cancel(opcode::AsyncCancel2::new(builder).build());
+                }
+            }
+        } else {
+            self.push_cancel(opcode::AsyncCancel2::new(types::CancelBuilder::any()).build());
+        }
+        // The kernel takes the cancels now: the caller only polls from here on.
+        self.kick_failed = self.ring.submit().is_err();
+        in_flight
     }
 
     fn reopen(&self) -> Result<Box<dyn Backend>, BackendError> {

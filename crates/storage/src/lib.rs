@@ -224,6 +224,16 @@ pub trait Backend: Send {
     fn waits_on_submitter_workers(&self) -> bool {
         false
     }
+    /// Ask the kernel to cancel every request in flight, for a device reset that has waited too
+    /// long for them (a disk that does not answer); returns how many were in flight. Each
+    /// cancelled request still completes through `poll`, with `IoError::Errno(ECANCELED)` (or
+    /// EINTR, for one interrupted in a kernel worker); one the kernel cannot cancel (a FUSE
+    /// request its server already took, an uninterruptible device wait) completes whenever the
+    /// disk answers. Never on the request path. Backends that finish requests themselves hold
+    /// none: the default does nothing.
+    fn cancel_all(&mut self) -> usize {
+        0
+    }
     /// A new backend on the same disk, for a device reset that gave up waiting for this one's
     /// requests (a disk that does not answer them): this one keeps them until the kernel is
     /// done, while the device goes on with the new one, which sees every write this one

@@ -95,3 +95,17 @@ pub fn dirty_pages(path: &std::path::Path, range: std::ops::Range<u64>) -> u64 {
     assert_eq!(rc, 0, "cachestat (Linux 6.5 or later): {}", std::io::Error::last_os_error());
     stat.dirty + stat.writeback
 }
+
+/// A FileDisk (1 MiB, 8 requests deep) whose reads wait until someone writes to the returned
+/// pipe: a disk that holds a read until told to, whose held reads `Backend::cancel_all` ends
+/// (with ECANCELED: io_uring parks a read of a pipe on its poll queue, where a cancel finds it).
+/// Panics with the reason if the kernel refuses (a test helper).
+pub fn disk_on_a_pipe() -> (crate::FileDisk, std::fs::File) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors, which the Files below then own.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2");
+    // SAFETY: both are open descriptors nobody else owns.
+    let (read_end, write_end) =
+        unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+    (crate::FileDisk::on_pipe(read_end).expect("an io_uring for the pipe disk"), write_end)
+}

@@ -81,6 +81,12 @@ pub struct DeviceStats {
     bytes: AtomicU64,
     needs_reset: AtomicU64,
     first_reset_reason: OnceLock<String>,
+    /// Resets that waited longer than their bound for the disk (see [`DeviceStats::reset_timed_out`]).
+    reset_timeouts: AtomicU64,
+    /// Requests such resets cancelled (they completed once cancelled).
+    reset_cancelled: AtomicU64,
+    /// Requests such resets left with the disk, quarantined with their guest memory: a gauge.
+    quarantined: AtomicU64,
     /// Service times (taken off the ring to put in the used ring), in clock ticks.
     latency: SharedHistogram,
     /// Requests answered, per queue (the first [`STATS_QUEUES`]).
@@ -98,6 +104,14 @@ pub struct DeviceStatsSnapshot {
     pub needs_reset: u64,
     /// Why, the first time.
     pub first_reset_reason: Option<String>,
+    /// Resets (a frontend leaving, a ring stopped, a driver's reset) that waited longer than the
+    /// disk's bound for its requests and cancelled them.
+    pub reset_timeouts: u64,
+    /// Requests those resets cancelled (answered VIRTIO_BLK_S_IOERR where the ring still ran).
+    pub reset_cancelled: u64,
+    /// Requests the disk still holds that no cancel ended: kept, with the guest memory and the
+    /// io_uring they use, until the disk finishes them.
+    pub quarantined: u64,
     /// Service times of the requests answered, in ticks of the `clock` crate.
     pub latency: Histogram,
     /// Requests answered per queue.
@@ -116,6 +130,9 @@ impl DeviceStats {
             bytes: AtomicU64::new(0),
             needs_reset: AtomicU64::new(0),
             first_reset_reason: OnceLock::new(),
+            reset_timeouts: AtomicU64::new(0),
+            reset_cancelled: AtomicU64::new(0),
+            quarantined: AtomicU64::new(0),
             latency: SharedHistogram::default(),
             per_queue: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -151,6 +168,22 @@ impl DeviceStats {
         &self.latency
     }
 
+    /// A reset waited longer than its bound for the disk: it cancelled `cancelled` requests and
+    /// quarantined `quarantined` more (never on the request path).
+    pub fn reset_timed_out(&self, cancelled: u64, quarantined: u64) {
+        self.reset_timeouts.fetch_add(1, Ordering::Relaxed);
+        self.reset_cancelled.fetch_add(cancelled, Ordering::Relaxed);
+        self.quarantined.fetch_add(quarantined, Ordering::Relaxed);
+    }
+
+    /// `count` quarantined requests finished at last (reaped by their abandoned worker).
+    pub fn quarantine_released(&self, count: u64) {
+        // Saturating: a release is never counted before its quarantine, but never wrap if so.
+        let _ = self
+            .quarantined
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| Some(held.saturating_sub(count)));
+    }
+
     /// Count a NEEDS_RESET and log why; a driver that breaks its queue again after every reset
     /// is logged the first `LOGGED_RESETS` times only, so it cannot flood the host's log.
     fn record_reset(&self, why: QueueError) {
@@ -179,6 +212,9 @@ impl DeviceStats {
             },
             needs_reset: self.needs_reset.load(Ordering::Relaxed),
             first_reset_reason: self.first_reset_reason.get().cloned(),
+            reset_timeouts: self.reset_timeouts.load(Ordering::Relaxed),
+            reset_cancelled: self.reset_cancelled.load(Ordering::Relaxed),
+            quarantined: self.quarantined.load(Ordering::Relaxed),
             latency: self.latency.snapshot(),
             per_queue: std::array::from_fn(|q| self.per_queue[q].load(Ordering::Relaxed)),
         }

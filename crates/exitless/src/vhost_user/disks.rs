@@ -90,6 +90,7 @@ impl Disk {
             "disk": storage_json(&self.spec.disk),
             "queues": self.queues,
             "serial": self.serial,
+            "reset_timeout_s": self.spec.reset_timeout.unwrap_or(virtio::block::worker::RESET_WAIT).as_secs_f64(),
             "iocore": f.iocore,
             "frontend_connected": self.frontend_connected(),
             "figures": f.counts(),
@@ -223,6 +224,9 @@ impl Disks {
         // CONFIG_WCE and the driver sees it write back, as with a fixed cache.
         if !block.read_only() {
             block = block.with_writeback_switch();
+        }
+        if let Some(timeout) = spec.reset_timeout {
+            block = block.with_reset_timeout(timeout);
         }
         let stats = Arc::new(DeviceStats::new(what.clone()));
         let host: Arc<dyn WorkerHost> = self.iocores[iocore].clone();

@@ -46,8 +46,9 @@ pub struct VhostUserBlkArgs {
     /// `queues=N`, `iops=N` (requests/s), `bw=BYTES` (bytes/s, K/M/G suffixes), `serial=TEXT`
     /// (the serial number the guest reads, 1 to 20 printable ASCII characters; default
     /// `vhost-user-diskN`, N the disk's index) and `name=NAME` (for the control API and metrics;
-    /// default diskN). Without `socket=`, the disk is served on `--socket`. Needed unless
-    /// --api-socket is given.
+    /// default diskN) and `reset-timeout=SECS` (how long a reset, such as a frontend leaving,
+    /// waits for the requests the disk holds before it cancels them; default 5, see below).
+    /// Without `socket=`, the disk is served on `--socket`. Needed unless --api-socket is given.
     #[arg(long, value_name = "SPEC", value_parser = spec::parse, required_unless_present = "api_socket")]
     pub disk: Vec<VhostDisk>,
     /// Serve the control API on this Unix socket: HTTP/1.1 with JSON bodies (`curl
@@ -123,6 +124,15 @@ so far (so disk i goes to IOCore i mod N when disks have equal queue counts); a 
 IOCore when the frontend starts it and leaves when it stops, while the IOCore keeps serving
 the others. Each pass of an IOCore takes at most 16 requests from each ring in turn, so a ring
 at queue depth 64 cannot starve one at depth 1.
+
+A disk that does not answer: a reset (the frontend leaving, GET_VRING_BASE, RESET_OWNER)
+waits for the requests the disk holds, since they write into the frontend's memory. After
+reset-timeout=SECS (default 5) it cancels them (a cancelled request is answered with an I/O
+error), waits up to 1 s more, and quarantines what no cancel ended (a FUSE or NFS request its
+server never answers): the old guest memory and io_uring stay with those requests until the
+disk finishes them, and the disk is opened again for the next frontend, which is served at once.
+A warning says how many were held, cancelled and quarantined; GET /disks/NAME and /metrics
+count them (reset_timeouts, reset_cancelled, quarantined).
 
 QoS: iops=N and bw=BYTES are token buckets per disk (shared by its queues), holding one
 second's budget (the burst) and starting full. A request over the limit waits in the ring; it

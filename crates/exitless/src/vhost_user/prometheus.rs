@@ -44,7 +44,7 @@ pub fn render(disks: &Disks) -> String {
             sample(&mut out, "exitless_disk_queue_requests_total", &labels, n);
         }
     }
-    let per_disk: [(&str, &str, &str, PerDisk); 6] = [
+    let per_disk: [(&str, &str, &str, PerDisk); 9] = [
         (
             "exitless_disk_bytes_total",
             "counter",
@@ -62,6 +62,24 @@ pub fn render(disks: &Disks) -> String {
             "counter",
             "Times the driver broke a queue and the device asked for a reset.",
             |_, now| Some(now.needs_reset),
+        ),
+        (
+            "exitless_disk_reset_timeouts_total",
+            "counter",
+            "Resets that waited longer than the disk's reset-timeout for its requests and cancelled them.",
+            |_, now| Some(now.reset_timeouts),
+        ),
+        (
+            "exitless_disk_reset_cancelled_total",
+            "counter",
+            "Requests that ended once such a reset cancelled them.",
+            |_, now| Some(now.reset_cancelled),
+        ),
+        (
+            "exitless_disk_quarantined_requests",
+            "gauge",
+            "Requests the disk still holds that no cancel ended, kept with their old guest memory until it finishes them.",
+            |_, now| Some(now.quarantined),
         ),
         (
             "exitless_disk_frontend_connected",

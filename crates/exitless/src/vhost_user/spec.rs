@@ -3,12 +3,14 @@
 //! `socket=PATH,` followed by a disk as `exitless run --disk` takes it (`path=FILE[,readonly]
 //! [,direct]`, `ram=SIZE`, `ram,path=FILE[,readonly]`), and optionally `queues=N`, `iops=N`
 //! (requests per second), `bw=BYTES` (bytes per second, with K/M/G suffixes), `serial=TEXT`
-//! (the serial number the guest reads, 1 to 20 printable ASCII characters) and `name=NAME`
-//! (how the control API and the metrics call it). Without `socket=` the disk is served on
+//! (the serial number the guest reads, 1 to 20 printable ASCII characters), `name=NAME`
+//! (how the control API and the metrics call it) and `reset-timeout=SECS` (how long a reset
+//! waits for the requests the disk holds before it cancels them; default 5). Without `socket=` the disk is served on
 //! `--socket` (the single-disk form). The control API's disk bodies are JSON objects with the
 //! same keys ([`from_json`]), checked by the same rules.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use rate_limiter::Limits;
 use serde_json::Value;
@@ -18,6 +20,9 @@ use storage::DiskSpec;
 pub use exitless_args::disk::MAX_QUEUES;
 /// The longest disk name.
 const MAX_NAME: usize = 64;
+/// The longest `reset-timeout=`: a frontend waits that long (and up to 1 s more for the cancels)
+/// to be served after one that left requests on a disk that does not answer.
+const MAX_RESET_TIMEOUT_S: f64 = 3600.0;
 
 /// One `--disk` of the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +38,9 @@ pub struct VhostDisk {
     /// The serial number (GET_ID) given with `serial=`; `None`: `vhost-user-disk<index>`,
     /// unique per disk (20 bytes at most for indices below 100000).
     pub serial: Option<String>,
+    /// `reset-timeout=`: how long a reset waits for the disk's requests before it cancels them
+    /// (and, if the cancels do not end them, quarantines them); `None`: 5 s.
+    pub reset_timeout: Option<Duration>,
 }
 
 pub fn parse(text: &str) -> Result<VhostDisk, String> {
@@ -42,6 +50,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
     let mut limits = Limits::default();
     let mut rest = Vec::new();
     let mut serial = None;
+    let mut reset_timeout = None;
     for option in text.split(',') {
         match option.split_once('=') {
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
@@ -62,6 +71,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
                 }
                 serial = Some(exitless_args::disk::parse_serial(text)?);
             }
+            Some(("reset-timeout", secs)) => reset_timeout = Some(parse_reset_timeout(secs)?),
             Some(("bw", size)) => {
                 let n = exitless_args::size::parse(size)?;
                 if n < 512 {
@@ -73,7 +83,18 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
         }
     }
     let disk = exitless_args::disk::parse(&rest.join(","))?;
-    Ok(VhostDisk { name, socket, disk, queues, limits, serial })
+    Ok(VhostDisk { name, socket, disk, queues, limits, serial, reset_timeout })
+}
+
+/// `reset-timeout=SECS`: seconds, fractions allowed, above 0 and at most an hour.
+fn parse_reset_timeout(secs: &str) -> Result<Duration, String> {
+    match secs.parse::<f64>() {
+        Ok(s) if s > 0.0 && s <= MAX_RESET_TIMEOUT_S => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!(
+            "reset-timeout={secs}: give the seconds a reset waits for the disk's requests before it \
+             cancels them, above 0 and at most {MAX_RESET_TIMEOUT_S} (default 5)"
+        )),
+    }
 }
 
 /// A disk's name, if it is one: 1 to 64 letters, digits, `.`, `_` or `-`, not starting with a
@@ -93,7 +114,8 @@ pub fn check_name(name: &str) -> Result<&str, String> {
 
 /// The keys a disk's JSON body may have, as `--disk` keys; `readonly` and `direct` are flags
 /// (`true` or `false`), `ram` a size or `true` (with `path`: an existing /dev/shm file).
-const JSON_KEYS: &[&str] = &["socket", "path", "ram", "readonly", "direct", "queues", "iops", "bw", "serial"];
+const JSON_KEYS: &[&str] =
+    &["socket", "path", "ram", "readonly", "direct", "queues", "iops", "bw", "serial", "reset-timeout"];
 
 /// A disk of the control API: the JSON object `body` turned into the `--disk` it stands for and
 /// parsed as that, so the same rules give the same errors.
@@ -112,7 +134,7 @@ pub fn from_json(name: &str, body: &Value) -> Result<VhostDisk, String> {
                 return Err(format!("`{key}`: {s:?} holds a comma, which --disk cannot express"))
             }
             (_, Value::String(s)) => Some(format!("{key}={s}")),
-            (_, Value::Number(n)) if n.is_u64() => Some(format!("{key}={n}")),
+            (_, Value::Number(n)) if n.is_u64() || key == "reset-timeout" => Some(format!("{key}={n}")),
             _ => return Err(format!("`{key}`: {value} is not a value it takes")),
         };
         options.extend(text);
@@ -169,7 +191,14 @@ mod tests {
         let d = parse("ram=64M,serial=db-volume-7").unwrap();
         assert_eq!(d.serial.as_deref(), Some("db-volume-7"));
         assert_eq!(parse("ram=1M,name=db-0.a_b").unwrap().name.as_deref(), Some("db-0.a_b"));
+        let d = parse("ram=1M,reset-timeout=1").unwrap();
+        assert_eq!(d.reset_timeout, Some(Duration::from_secs(1)));
+        assert_eq!(
+            parse("ram=1M,reset-timeout=0.25").unwrap().reset_timeout,
+            Some(Duration::from_millis(250))
+        );
         let d = parse("ram=64M").unwrap();
+        assert_eq!(d.reset_timeout, None);
         assert_eq!((d.socket, d.disk), (None, DiskSpec::Ram { size: 64 << 20 }));
         assert!(!d.limits.any());
     }
@@ -192,6 +221,11 @@ mod tests {
             "ram=1M,name=.hidden",
             "ram=1M,name=a/b",
             "ram=1M,name=a b",
+            "ram=1M,reset-timeout=0",
+            "ram=1M,reset-timeout=-1",
+            "ram=1M,reset-timeout=soon",
+            "ram=1M,reset-timeout=NaN",
+            "ram=1M,reset-timeout=3601",
         ] {
             assert!(parse(bad).is_err(), "{bad} accepted");
         }
@@ -208,6 +242,8 @@ mod tests {
         );
         let d = from_json("r", &serde_json::json!({"socket": "/s", "ram": 1048576})).unwrap();
         assert_eq!(d.disk, DiskSpec::Ram { size: 1 << 20 });
+        let body = serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": 1.5});
+        assert_eq!(from_json("r", &body).unwrap().reset_timeout, Some(Duration::from_millis(1500)));
         for (name, bad) in [
             ("a", serde_json::json!([])),
             ("a", serde_json::json!({"path": "/x"})),
@@ -217,6 +253,8 @@ mod tests {
             ("a", serde_json::json!({"socket": "/s", "ram": -1})),
             ("a", serde_json::json!({"socket": "/s", "ram": "1M", "iops": 0})),
             ("a", serde_json::json!({"socket": "/s", "ram": "1M", "queues": 99})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": 0})),
+            ("a", serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": -2})),
             ("a", serde_json::json!({"socket": "/s"})),
             ("a b", serde_json::json!({"socket": "/s", "ram": "1M"})),
         ] {

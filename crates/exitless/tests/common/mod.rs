@@ -5,6 +5,7 @@ pub mod api;
 pub mod console;
 pub mod daemon;
 pub mod disks;
+pub mod held_disk;
 pub mod huge_pages;
 pub mod linux;
 pub mod qemu;

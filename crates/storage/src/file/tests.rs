@@ -663,3 +663,35 @@ fn written_through_writes_and_ranges_are_durable_when_they_complete() {
     assert!(bad_mode.submit(5, Op::Discard { len: 4096 }, 0, &[]));
     assert_eq!(wait_for(&mut bad_mode, 1)[0].result, Ok(0));
 }
+
+/// `cancel_all` ends reads the disk holds: each completes, through `poll`, with ECANCELED, and
+/// the disk serves again afterwards (its slots are free).
+#[test]
+fn cancel_all_ends_held_reads_with_ecanceled() {
+    use std::io::Write;
+    let (mut disk, mut write_end) = crate::testing::disk_on_a_pipe();
+    let mut buffers = [AlignedBuffer::new(512, 512), AlignedBuffer::new(512, 512)];
+    for (tag, buf) in buffers.iter_mut().enumerate() {
+        assert!(disk.submit(tag as u32, Op::Read, 0, &[segment(buf.bytes())]));
+    }
+    disk.kick();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut done = Vec::new();
+    disk.poll(&mut |c| done.push(c));
+    assert!(done.is_empty(), "a read of an empty pipe finished: {done:?}");
+
+    assert_eq!(disk.cancel_all(), 2);
+    let mut cancelled = wait_for(&mut disk, 2);
+    cancelled.sort_by_key(|c| c.tag);
+    let expected = Err(IoError::Errno(libc::ECANCELED));
+    assert_eq!(cancelled, [Completion { tag: 0, result: expected }, Completion { tag: 1, result: expected }]);
+    assert_eq!(disk.in_flight(), 0);
+    assert_eq!(disk.cancel_all(), 0, "nothing left to cancel");
+
+    // Served again: a read that the pipe answers.
+    let mut buf = AlignedBuffer::new(512, 512);
+    assert!(disk.submit(7, Op::Read, 0, &[segment(buf.bytes())]));
+    write_end.write_all(&[0x42; 512]).unwrap();
+    assert_eq!(wait_for(&mut disk, 1)[0], Completion { tag: 7, result: Ok(512) });
+    assert!(buf.bytes().iter().all(|&b| b == 0x42));
+}

@@ -10,7 +10,7 @@ use storage::{Backend, MAX_SEGMENTS, SECTOR_SIZE};
 use vm_memory::GuestMemoryMmap;
 
 use super::request::{ID_LEN, MAX_RANGES, MAX_RANGE_SECTORS};
-use super::worker::{BlockWorker, DiskInfo};
+use super::worker::{BlockWorker, DiskInfo, RESET_WAIT};
 use super::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
     VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY,
@@ -57,6 +57,8 @@ pub struct Block {
     /// the kernel may still write until their backends finish; by queue.
     abandoned: Vec<(usize, BlockWorker)>,
     queue_sizes: Vec<u16>,
+    /// How long a queue's reset waits for its backend before it cancels what the disk holds.
+    reset_timeout: std::time::Duration,
     disk: DiskInfo,
     features: u64,
     config: [u8; CONFIG_LEN],
@@ -147,6 +149,7 @@ impl Block {
             backends: backends.into_iter().map(Some).collect(),
             abandoned: Vec::new(),
             queue_sizes: vec![MAX_QUEUE_SIZE; queues],
+            reset_timeout: RESET_WAIT,
             disk: DiskInfo {
                 capacity,
                 read_only,
@@ -175,6 +178,14 @@ impl Block {
     /// passes configuration writes on (virtio-mmio's registers, vhost-user's SET_CONFIG).
     pub fn with_writeback_switch(mut self) -> Block {
         self.features |= 1 << VIRTIO_BLK_F_CONFIG_WCE;
+        self
+    }
+
+    /// Let a queue's reset wait `timeout` (default 5 s) for the requests its disk holds before
+    /// it cancels them and, if the cancels do not end them, quarantines them with their guest
+    /// memory (`BlockWorker::into_backend`).
+    pub fn with_reset_timeout(mut self, timeout: std::time::Duration) -> Block {
+        self.reset_timeout = timeout;
         self
     }
 
@@ -221,7 +232,9 @@ impl Block {
                 .reopen_backend()
                 .map_err(ActivateError::Reopen)?,
         };
-        Ok(BlockWorker::new(queue, backend, self.disk.clone(), signals).for_queue(index))
+        Ok(BlockWorker::new(queue, backend, self.disk.clone(), signals)
+            .for_queue(index)
+            .with_reset_timeout(self.reset_timeout))
     }
 
     /// Take queue `index`'s backend back from its worker (requests in flight finish first, or
@@ -248,9 +261,17 @@ impl Block {
     /// Drop the abandoned workers whose disks have finished with them (reaped without a system
     /// call; a worker's drop then frees its backend and, last, its guest memory).
     fn release_abandoned(&mut self) {
-        self.abandoned.retain_mut(|(_, worker)| {
+        self.abandoned.retain_mut(|(index, worker)| {
             worker.complete();
-            worker.in_flight() > 0
+            let held = worker.in_flight() > 0;
+            if !held {
+                log::warn!(
+                    "{}: the disk finished the last request quarantined at queue {index}'s reset; \
+                     its old guest memory and io_uring are released",
+                    worker.device_name()
+                );
+            }
+            held
         });
     }
 }

@@ -629,14 +629,18 @@ fn dropping_a_worker_lets_the_backend_finish_before_memory_goes() {
     assert_eq!(held.load(Ordering::Acquire), 0);
 }
 
-/// A reset waits for the backend a bounded time (`RESET_WAIT`), then gives up: the worker
-/// comes back abandoned, still holding the request and the guest memory it reads into, and
-/// answers nothing when the backend finishes it late.
+/// A reset waits for the backend a bounded time (its reset timeout, then as long again for the
+/// cancels, which this backend ignores), then gives up: the worker comes back abandoned, still
+/// holding the request and the guest memory it reads into, and answers nothing when the backend
+/// finishes it late. The stats count the request quarantined, then released.
 #[test]
 fn a_reset_gives_up_on_a_backend_that_holds_a_request_and_keeps_its_memory() {
-    // Longer than the reset waits.
-    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_millis(6500));
+    // Well beyond the 2 x 200 ms the reset waits.
+    let (worker, held) = worker_with_a_held_read(std::time::Duration::from_millis(3000));
+    let worker = worker.with_reset_timeout(std::time::Duration::from_millis(200));
     let Err(mut worker) = worker.into_backend() else { panic!("the backend still held a request") };
+    let stats = worker.stats_snapshot();
+    assert_eq!((stats.reset_timeouts, stats.reset_cancelled, stats.quarantined), (1, 0, 1));
     assert_eq!((worker.in_flight(), held.load(Ordering::Acquire)), (1, 1));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while worker.in_flight() > 0 {
@@ -646,6 +650,39 @@ fn a_reset_gives_up_on_a_backend_that_holds_a_request_and_keeps_its_memory() {
     }
     assert_eq!(worker.counters.completed, 0, "an abandoned request is not answered");
     assert_eq!(worker.queue_mut().next_avail(), 1);
+    assert_eq!(worker.stats_snapshot().quarantined, 0, "the quarantine is released");
+}
+
+/// A reset that waited longer than its timeout cancels what the disk holds: a read the cancel
+/// ends (a real io_uring read of a pipe nobody writes) is answered VIRTIO_BLK_S_IOERR in the used
+/// ring, which the driver still reads (a vhost-user frontend stopping a ring with
+/// GET_VRING_BASE), and the backend comes back for the next driver: nothing is quarantined.
+#[test]
+fn a_reset_cancels_a_read_the_disk_holds_too_long_and_answers_it_ioerr() {
+    let mut rig = rig(false);
+    let (disk, _writer) = storage::testing::disk_on_a_pipe();
+    let config = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
+    let queue = Queue::new(&rig.mem, config, false).unwrap();
+    let info = DiskInfo { capacity: 1 << 20, read_only: false, id: [0; 20], ..DiskInfo::default() };
+    let stats = Arc::new(crate::DeviceStats::new("pipe disk"));
+    let signals = signals(Arc::default()).with_stats(stats.clone());
+    let worker = BlockWorker::new(queue, Box::new(disk), info, signals);
+    rig.worker = worker.with_reset_timeout(std::time::Duration::from_millis(200));
+    rig.request(VIRTIO_BLK_T_IN, 0, 512);
+    rig.submit(0);
+    rig.run().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    rig.run().unwrap();
+    assert_eq!((rig.used_idx(), rig.worker.in_flight()), (0, 1), "the pipe answered the read");
+
+    let worker = std::mem::replace(&mut rig.worker, rig_of_size(false, SIZE).worker);
+    let Ok(backend) = worker.into_backend() else { panic!("the cancelled read was quarantined") };
+    assert_eq!(backend.max_in_flight(), 8, "the pipe disk came back");
+    assert_eq!(rig.used_idx(), 1, "the cancelled read is in the used ring");
+    assert_eq!(rig.status(), VIRTIO_BLK_S_IOERR);
+    let stats = stats.snapshot();
+    assert_eq!((stats.reset_timeouts, stats.reset_cancelled, stats.quarantined), (1, 1, 0));
+    assert_eq!(stats.requests.io_errors, 1);
 }
 
 /// Regression: a device reset waited as long as the disk did, for ever for one that does not

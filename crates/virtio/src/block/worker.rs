@@ -21,11 +21,17 @@ use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
 use crate::dirty::DirtyLog;
 use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 
-/// How long a reset waits for the backend to finish the worker's requests before it gives up on
-/// them (see `into_backend`). A request normally takes micro- to milliseconds, but a FLUSH over
-/// much dirty data, or a slow network disk, can take seconds, and a vhost-user frontend that
-/// stops its rings (to pause or migrate the VM) needs every completion a disk still gives.
-const RESET_WAIT: Duration = Duration::from_secs(5);
+/// How long a reset waits for the backend to finish the worker's requests before it cancels
+/// them, unless the disk is configured otherwise ([`BlockWorker::with_reset_timeout`]; see
+/// `into_backend`). A request normally takes micro- to milliseconds, but a FLUSH over much dirty
+/// data, or a slow network disk, can take seconds, and a vhost-user frontend that stops its
+/// rings (to pause or migrate the VM) needs every completion a disk still gives.
+pub const RESET_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a reset that cancelled the disk's requests waits for the cancels, at most (never
+/// longer than its own bound): a cancel the kernel can do ends a request within microseconds
+/// (a poll it removes) or milliseconds (a worker thread it interrupts).
+const CANCEL_WAIT: Duration = Duration::from_secs(1);
 
 /// What the device tells the guest about the disk.
 #[derive(Debug, Clone, Default)]
@@ -85,10 +91,9 @@ impl InFlightTable {
     /// Answer the request `completion` is for through its status byte and count it; returns
     /// the used element to add. A tag the backend made up, or one already finished, is ignored.
     /// Drop the request `tag` names without answering it (an abandoned worker's).
-    fn forget(&mut self, tag: u32) {
-        if let Ok(head) = u16::try_from(tag) {
-            self.remove(head);
-        }
+    /// `true` if it was held.
+    fn forget(&mut self, tag: u32) -> bool {
+        u16::try_from(tag).is_ok_and(|head| self.remove(head).is_some())
     }
 
     fn finish(
@@ -244,6 +249,8 @@ pub struct BlockWorker {
     /// During a live migration, every guest page the worker writes is marked here (the used
     /// ring's by the queue); `None`: no logging, and no cost.
     dirty: Option<Box<DirtyState>>,
+    /// How long a reset waits for the backend before it cancels what it holds.
+    reset_timeout: Duration,
 }
 
 // SAFETY: the raw pointers in `in_flight` and `request` point into guest memory that `queue`
@@ -284,7 +291,25 @@ impl BlockWorker {
             write_through,
             queue_index: 0,
             dirty: None,
+            reset_timeout: RESET_WAIT,
         }
+    }
+
+    /// Let a reset wait `timeout` (rather than `RESET_WAIT`) for the backend before it cancels
+    /// the requests it holds (see [`BlockWorker::into_backend`]).
+    pub fn with_reset_timeout(mut self, timeout: Duration) -> BlockWorker {
+        self.reset_timeout = timeout;
+        self
+    }
+
+    /// The device's stats as they stand (what its workers reported so far).
+    pub fn stats_snapshot(&self) -> crate::DeviceStatsSnapshot {
+        self.signals.stats().snapshot()
+    }
+
+    /// The device's name in logs.
+    pub fn device_name(&self) -> &str {
+        self.signals.stats().name()
     }
 
     /// Count this worker's requests as queue `index`'s in the device's stats (default 0).
@@ -324,36 +349,68 @@ impl BlockWorker {
     }
 
     /// Give the backend back (device reset) once it holds none of this worker's requests: those
-    /// write into guest memory this worker keeps mapped, and carry this worker's tags. After
-    /// `RESET_WAIT` it gives up and returns itself, abandoned (see [`BlockWorker::abandon`]):
-    /// memory the kernel may still write must stay mapped, so the caller keeps it until
-    /// [`QueueWorker::in_flight`] is 0, and serves the disk through a backend opened again
-    /// ([`BlockWorker::reopen_backend`]).
+    /// write into guest memory this worker keeps mapped, and carry this worker's tags. After the
+    /// reset timeout (`with_reset_timeout`) it asks the backend to cancel them
+    /// (`storage::Backend::cancel_all`) and waits for the cancels a little longer (`CANCEL_WAIT`,
+    /// at most the timeout again): a cancelled request completes with an error, answered to the
+    /// driver as VIRTIO_BLK_S_IOERR. If the disk still holds some (a wait the kernel cannot
+    /// cancel), it gives up and returns itself, abandoned (see [`BlockWorker::abandon`]): the
+    /// worker is then their quarantine, since it owns the guest memory the kernel may still
+    /// write (`queue`) and the backend whose ring and iovec table the kernel still reads. The
+    /// caller keeps it until [`QueueWorker::in_flight`] is 0, and serves the disk through a
+    /// backend opened again ([`BlockWorker::reopen_backend`]). Logged on one line at warn
+    /// level, and counted in the device's stats ([`DeviceStats::reset_timed_out`]).
+    ///
+    /// [`DeviceStats::reset_timed_out`]: crate::DeviceStats::reset_timed_out
     pub fn into_backend(mut self) -> Result<Box<dyn Backend>, Box<BlockWorker>> {
         // Whatever was submitted reaches the kernel, or it would never finish.
         self.kick();
-        let started = Instant::now();
-        while self.in_flight.held > 0 {
-            if self.complete() > 0 {
-                continue;
-            }
-            if started.elapsed() >= RESET_WAIT {
-                log::warn!(
-                    "{}: a reset gave up waiting for {} request(s) the disk still holds after {} ms; \
-                     they are kept until the disk finishes them",
-                    self.signals.stats().name(),
-                    self.in_flight.held,
-                    RESET_WAIT.as_millis()
-                );
+        if !self.wait_for_backend(self.reset_timeout) {
+            let held = self.in_flight.held;
+            self.backend.cancel_all();
+            self.wait_for_backend(self.reset_timeout.min(CANCEL_WAIT));
+            let quarantined = self.in_flight.held;
+            // Ended after the cancel: cancelled, or finished meanwhile.
+            let cancelled = held.saturating_sub(quarantined);
+            let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+            self.signals.stats().reset_timed_out(count(cancelled), count(quarantined));
+            log::warn!(
+                "{}: {held} request(s) still held after {} s at reset; cancelled {cancelled}, \
+                 quarantined {quarantined}{}",
+                self.signals.stats().name(),
+                self.reset_timeout.as_secs_f64(),
+                if quarantined > 0 {
+                    " (kept with the old guest memory and io_uring until the disk finishes them; \
+                     the disk is opened again for the next driver)"
+                } else {
+                    ""
+                }
+            );
+            if quarantined > 0 {
                 self.abandon();
                 return Err(Box::new(self));
             }
-            std::thread::sleep(Duration::from_micros(20));
         }
         if let Some(why) = self.unreported_break.take() {
             self.signals.queue_broken_at_reset(why);
         }
         Ok(self.backend)
+    }
+
+    /// Reap and answer completions until the backend holds none of this worker's requests
+    /// (`true`) or `limit` has passed (`false`). Only while a reset waits.
+    fn wait_for_backend(&mut self, limit: Duration) -> bool {
+        let started = Instant::now();
+        while self.in_flight.held > 0 {
+            if self.complete() > 0 {
+                continue;
+            }
+            if started.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        true
     }
 
     /// Stop answering the driver: requests still in flight are reaped as the backend finishes
@@ -527,9 +584,10 @@ impl BlockWorker {
         let Self {
             backend, queue, in_flight, counters, latency, used_since_publish, abandoned, dirty, ..
         } = self;
+        let mut released = 0u64;
         let finished = backend.poll(&mut |completion| {
             if *abandoned {
-                in_flight.forget(completion.tag);
+                released += u64::from(in_flight.forget(completion.tag));
             } else if let Some((head, written, status)) = in_flight.finish(completion, counters, latency, now)
             {
                 if let Some(dirty) = dirty {
@@ -539,6 +597,9 @@ impl BlockWorker {
                 *used_since_publish += 1;
             }
         });
+        if released > 0 {
+            self.signals.stats().quarantine_released(released);
+        }
         self.publish();
         finished
     }
