@@ -551,3 +551,42 @@ fn bad_disk_options_are_one_line_errors() {
         assert!(!message.contains("panicked"), "{message}");
     }
 }
+
+/// Trap mode serves a notification on the vCPU thread and waits there at most a second for the
+/// disk. A request the disk holds longer must still complete: the guest, waiting for it, sends
+/// no further notification. Here the 11th write of a verify is held by a FUSE disk for two
+/// seconds, well past that wait; the guest must see it complete and the verify pass (before the
+/// VMM reaped late completions, it waited until its own timeout).
+#[test]
+fn a_trap_mode_request_the_disk_holds_past_the_exit_completes() {
+    const BLOCKS: u64 = 64;
+    const HELD_BLOCK: u64 = 10;
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("backing");
+    std::fs::File::create(&file).unwrap().set_len(BLOCKS * 4096).unwrap();
+    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_BLOCK * 4096);
+    held.hold();
+    let disk = format!("path={},direct", held.disk().display());
+    let cmdline = format!(
+        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=1 probe.seed=77 probe.timeout_ms=60000"
+    );
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let started = std::time::Instant::now();
+            while held.held().is_none() {
+                assert!(started.elapsed() < RUN_LIMIT, "the disk was never asked for block {HELD_BLOCK}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            println!("held: {:?}", held.held());
+            std::thread::sleep(Duration::from_secs(2));
+            held.release(false);
+        });
+        run_blk("trap", &disk, &cmdline)
+    });
+    let result = blk_result(&out);
+    assert_eq!(result["mismatches"], 0, "{result}");
+    assert_eq!(result["errors"], 0, "{result}");
+    assert_eq!(result["blocks"], BLOCKS, "{result}");
+    common::assert_holds_only_pattern(&file, 77, BLOCKS);
+}

@@ -65,7 +65,8 @@ pub mod status {
 }
 
 /// In `trap` mode a notification is served on the vCPU thread, synchronously: this long at most
-/// for a backend's in-flight requests (a file on a slow disk) before the vCPU goes back.
+/// for a backend's in-flight requests (a file on a slow disk) before the vCPU goes back; what
+/// is still in flight then is completed by `reap_late_completions`.
 const TRAP_COMPLETION_WAIT: Duration = Duration::from_secs(1);
 /// How long a pause waits for a device's backend to complete the requests it holds.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
@@ -404,6 +405,21 @@ impl MmioTransport {
         self.queues.iter_mut().for_each(|q| *q = QueueState::default());
         self.interrupt_status.store(0, Ordering::Release);
         self.needs_reset.store(false, Ordering::Release);
+    }
+
+    /// Trap mode: complete what a notification's exit left in flight (a request slower than
+    /// TRAP_COMPLETION_WAIT), as the driver may send no further notification until it is
+    /// complete. Called on the VMM's control tick; nothing to do in any other mode or while
+    /// paused.
+    pub fn reap_late_completions(&mut self) {
+        if self.paused || !matches!(self.runner, Runner::OnNotify) {
+            return;
+        }
+        for worker in self.local_workers.iter_mut().flatten() {
+            if worker.in_flight() > 0 {
+                worker.poll();
+            }
+        }
     }
 
     /// Stop the data path (the VM is going away): take the workers back from their host.

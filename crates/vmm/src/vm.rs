@@ -562,6 +562,7 @@ impl Vm {
                 self.control.end(Ending::Timeout(timeout));
                 break Ending::Timeout(timeout);
             }
+            self.bus.virtio.reap_late_completions();
             let control = VmControl { vm: &self, threads: &threads };
             if self.snapshot_dir.is_some() {
                 control.serve_signals();

@@ -394,6 +394,14 @@ impl VirtioDevices {
         Ok(())
     }
 
+    /// Trap mode: complete the requests a notification's exit left in flight (see
+    /// `MmioTransport::reap_late_completions`). The VMM's main thread calls it on each tick.
+    pub fn reap_late_completions(&self) {
+        for slot in &self.slots {
+            slot.transport.lock().unwrap_or_else(|p| p.into_inner()).reap_late_completions();
+        }
+    }
+
     /// Give every worker back to the IOCore after `pause` (or a restore).
     pub fn resume(&self) {
         for slot in &self.slots {
