@@ -340,6 +340,9 @@ pub struct UpgradeBenchArgs {
     /// The daemon's rate limit (`iops=N`; each daemon starts with a second's worth).
     #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
     pub iops: u64,
+    /// The daemon's `--io-mode`.
+    #[arg(long, value_name = "MODE", default_value = "adaptive")]
+    pub daemon_io_mode: DaemonIoMode,
     /// How long after the guest's first write the daemon is replaced, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub restart_after_ms: u64,
@@ -359,6 +362,28 @@ pub enum UpgradeFrontend {
     Exitless,
     /// QEMU-KVM with a reconnecting chardev (`reconnect=1`).
     Qemu,
+}
+
+/// `exitless vhost-user-blk --io-mode`, as `bench upgrade` runs the daemon.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum DaemonIoMode {
+    /// Its IOCore polls the rings.
+    Sidecore,
+    /// It polls while busy and waits on the kicks when idle.
+    Adaptive,
+    /// It waits on the kicks.
+    Eventfd,
+}
+
+impl DaemonIoMode {
+    /// Its name on the daemon's command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            DaemonIoMode::Sidecore => "sidecore",
+            DaemonIoMode::Adaptive => "adaptive",
+            DaemonIoMode::Eventfd => "eventfd",
+        }
+    }
 }
 
 /// How `bench upgrade` ends the old daemon.

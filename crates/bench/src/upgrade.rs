@@ -184,6 +184,7 @@ fn run(args: &UpgradeBenchArgs) -> Result<Report, Error> {
         blocks: args.blocks,
         qd: args.qd,
         iops: args.iops,
+        io_mode: args.daemon_io_mode.name(),
         restart_after: Duration::from_millis(args.restart_after_ms),
         seccomp: args.seccomp,
     };
@@ -196,11 +197,12 @@ fn run(args: &UpgradeBenchArgs) -> Result<Report, Error> {
     Ok(Report {
         about: About::now("upgrade"),
         backend: format!(
-            "{}: `exitless vhost-user-blk --disk socket=SOCKET,path={},direct,iops={}`, a {} MiB file \
-             (filled with data, kept for later runs) through io_uring, capped at {} requests/s",
+            "{}: `exitless vhost-user-blk --disk socket=SOCKET,path={},direct,iops={} --io-mode {}`, a {} \
+             MiB file (filled with data, kept for later runs) through io_uring, capped at {} requests/s",
             crate::backend::Backend::of_file(&disk, true).name(),
             disk.display(),
             args.iops,
+            args.daemon_io_mode.name(),
             DISK_SIZE >> 20,
             args.iops
         ),

@@ -59,7 +59,11 @@ fn every_row_measures_a_pause_with_no_guest_error() {
             assert!(pause + 1.0 >= reconnected[0].as_f64().unwrap(), "{row}");
         }
     }
-    assert!(processes_with("exitless-bench-upgrade-").is_empty(), "{:?}", processes_with("exitless-bench-upgrade-"));
+    assert!(
+        processes_with("exitless-bench-upgrade-").is_empty(),
+        "{:?}",
+        processes_with("exitless-bench-upgrade-")
+    );
 }
 
 #[test]

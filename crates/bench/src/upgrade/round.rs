@@ -38,6 +38,8 @@ pub struct Context {
     pub blocks: u64,
     pub qd: u32,
     pub iops: u64,
+    /// The daemon's `--io-mode`.
+    pub io_mode: &'static str,
     pub restart_after: Duration,
     pub seccomp: SeccompArgs,
 }
@@ -130,6 +132,7 @@ fn start_daemon(ctx: &Context, socket: &Path, name: &str) -> Result<Backend, Str
     command
         .args(["vhost-user-blk", "--disk"])
         .arg(format!("socket={},path={},direct,iops={}", socket.display(), ctx.disk.display(), ctx.iops))
+        .args(["--io-mode", ctx.io_mode])
         .args(ctx.seccomp.flag());
     Backend::start(
         command,
