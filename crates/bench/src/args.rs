@@ -311,7 +311,8 @@ lasts long enough on any host; --restart-after-ms after the guest's first write 
 the daemon is stopped (SIGTERM: it finishes what it holds and exits; or kill -9) and a new one
 started on the same socket and disk. The frontends:
   exitless  `exitless run --probe --disk vhost-user=SOCKET,reconnect=10` (retries every 10 ms)
-  qemu      QEMU-KVM microvm, `-chardev socket,...,reconnect=1` (QEMU 7.2 retries each second)
+  qemu      QEMU-KVM microvm, `-chardev socket,...,reconnect=1` (QEMU 7.2 retries a second
+            after the hang-up, and each second after that)
 Per row, over --rounds rounds: the guest's I/O pause (the longest request of the round's run,
 the probe's max_ns: the request that waited through the restart) as min/median/max, the
 frontend's own `reconnected to a daemon after N ms` (exitless only), the old daemon's time from

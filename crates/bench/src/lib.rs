@@ -122,6 +122,16 @@ pub(crate) fn fresh_seed() -> u64 {
     hasher.finish() | 1
 }
 
+/// An error message on one line of at most 300 characters (`...` where it was cut), for a row's
+/// note.
+pub(crate) fn one_line(error: &str) -> String {
+    let line = error.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(300) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line,
+    }
+}
+
 /// Progress for long runs, on standard error.
 pub(crate) fn progress(message: std::fmt::Arguments) {
     eprintln!("exitless bench: {message}");

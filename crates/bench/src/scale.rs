@@ -327,13 +327,7 @@ fn run_twice(
     disks: &[VmDisk],
     ctx: &Context,
 ) -> Result<(RunResult, Option<String>), String> {
-    let short = |e: String| {
-        let line = e.split_whitespace().collect::<Vec<_>>().join(" ");
-        match line.char_indices().nth(300) {
-            Some((at, _)) => format!("{}...", &line[..at]),
-            None => line,
-        }
-    };
+    let short = |e: String| super::one_line(&e);
     // Nothing to retry when the set-up's programs are missing.
     let missing = |e: &str| e.contains("not found");
     match launch::run(setup, qds, disks, ctx) {

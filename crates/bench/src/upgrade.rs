@@ -127,7 +127,8 @@ fn describe(frontend: Frontend) -> &'static str {
         }
         Frontend::Qemu => {
             "QEMU-KVM microvm, `-chardev socket,...,reconnect=1` and `-device vhost-user-blk,queue-size=256`: \
-             QEMU retries the socket once a second (7.2 counts in whole seconds), then replays the set-up"
+             QEMU tries the socket again a second after the hang-up (7.2 counts in whole seconds), then replays \
+             the set-up"
         }
     }
 }
@@ -234,7 +235,11 @@ fn measure(frontend: Frontend, stop: Stop, rounds: u32, ctx: &Context) -> Row {
         let name = |attempt: u32| usize::try_from(index * 2 + attempt).unwrap_or(usize::MAX);
         let measured = round::run(frontend, stop, name(0), ctx).or_else(|first| {
             crate::progress(format_args!("that round failed ({first}); running it again"));
-            notes.push(format!("round {} was run twice; the first failed: {}", index + 1, short(&first)));
+            notes.push(format!(
+                "round {} was run twice; the first failed: {}",
+                index + 1,
+                crate::one_line(&first)
+            ));
             round::run(frontend, stop, name(1), ctx).map_err(|second| (first, second))
         });
         match measured {
@@ -244,8 +249,8 @@ fn measure(frontend: Frontend, stop: Stop, rounds: u32, ctx: &Context) -> Row {
                 notes.push(format!(
                     "round {} failed twice: {}; then: {}",
                     index + 1,
-                    short(&first),
-                    short(&second)
+                    crate::one_line(&first),
+                    crate::one_line(&second)
                 ));
                 break;
             }
@@ -254,15 +259,6 @@ fn measure(frontend: Frontend, stop: Stop, rounds: u32, ctx: &Context) -> Row {
     row.summarize(&p50s);
     row.note = (!notes.is_empty()).then(|| notes.join("; "));
     row
-}
-
-/// An error on one line of at most 300 characters.
-fn short(error: &str) -> String {
-    let line = error.split_whitespace().collect::<Vec<_>>().join(" ");
-    match line.char_indices().nth(300) {
-        Some((at, _)) => format!("{}...", &line[..at]),
-        None => line,
-    }
 }
 
 #[cfg(test)]

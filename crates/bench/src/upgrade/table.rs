@@ -87,9 +87,9 @@ const NOTES: [&str; 6] = [
     "pause: the guest's longest request in the round's verify run (the probe's max_ns), the one that \
      waited through the restart; min/median/max over the rounds. It is the old daemon's exit (SIGTERM: it \
      finishes the requests it holds; kill -9: none), the new daemon's start (its process, the disk file \
-     opened, the socket bound), the frontend's connect retry (exitless: every 10 ms; QEMU: every second, \
-     7.2 counts reconnect= in whole seconds, so its pause is mostly where in that second the socket came \
-     back), and the set-up replayed on the new connection (features, memory table, in-flight region, rings)",
+     opened, the socket bound), the frontend's connect retry (exitless: every 10 ms from the hang-up; QEMU: \
+     a timer of reconnect=1 s started at the hang-up, 7.2 counting in whole seconds, so its pause is that \
+     second however soon the new daemon listens), and the set-up replayed on the new connection (features, memory table, in-flight region, rings)",
     "reconnected after: the exitless frontend's own figure (`reconnected to a daemon after N ms`), from \
      the hang-up it saw to the new daemon serving the ring, median (min-max); QEMU logs none",
     "SIGTERM to exit: the old daemon's time from the signal to its exit status, as the harness saw it; the \
