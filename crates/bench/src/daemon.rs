@@ -34,6 +34,7 @@ impl Backend {
     ) -> Result<Backend, String> {
         let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(file);
+        dies_with_parent(&mut command);
         let child = command.spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
         let mut backend = Backend { child, log: log.to_owned(), name: name.to_string() };
         let deadline = Instant::now() + LISTEN_LIMIT;
@@ -96,6 +97,23 @@ impl Backend {
             }
         }
     }
+}
+
+/// Makes `command`'s child get SIGKILL when the thread that started it ends (the bench stopped
+/// by Ctrl-C or killed: no drop runs then), so that no daemon or VM outlives the bench. Start it
+/// from a thread that lives as long as the child should (the bench's main thread).
+pub fn dies_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl, which
+    // is async-signal-safe, with plain integer arguments; it allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
 }
 
 /// A directory of one run's sockets and logs, removed at the end.

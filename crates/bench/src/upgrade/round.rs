@@ -259,7 +259,8 @@ impl ExitlessVm {
         let stdout = ctx.dir.join(format!("vm{index}.out"));
         let stderr = ctx.dir.join(format!("vm{index}.err"));
         let file = |path: &Path| std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()));
-        let child = Command::new(&ctx.exe)
+        let mut command = Command::new(&ctx.exe);
+        command
             .args(["run", "--probe", "--mem", &format!("{MEM_MIB}M"), "--io-mode", "eventfd"])
             .args(["--disk", &format!("vhost-user={},reconnect=10", socket.display())])
             .args(["--timeout", &VM_LIMIT.as_secs().to_string(), "--stats", "--json"])
@@ -267,9 +268,9 @@ impl ExitlessVm {
             .args(ctx.seccomp.flag())
             .stdin(Stdio::null())
             .stdout(file(&stdout)?)
-            .stderr(file(&stderr)?)
-            .spawn()
-            .map_err(|e| format!("cannot start exitless run: {e}"))?;
+            .stderr(file(&stderr)?);
+        crate::daemon::dies_with_parent(&mut command);
+        let child = command.spawn().map_err(|e| format!("cannot start exitless run: {e}"))?;
         Ok(ExitlessVm { child, started: Instant::now(), stdout, stderr })
     }
 
