@@ -113,6 +113,7 @@ fn frontend_name(frontend: Frontend) -> &'static str {
 
 fn stop_name(stop: Stop) -> &'static str {
     match stop {
+        Stop::None => "none",
         Stop::Sigterm => "sigterm",
         Stop::Kill => "kill -9",
     }
@@ -195,6 +196,7 @@ fn run(args: &UpgradeBenchArgs) -> Result<Report, Error> {
             results.push(measure(frontend, stop, args.rounds, &ctx));
         }
     }
+    flag_noise(&mut results);
     Ok(Report {
         about: About::now("upgrade"),
         backend: format!(
@@ -217,6 +219,27 @@ fn run(args: &UpgradeBenchArgs) -> Result<Report, Error> {
         qemu_version: ctx.qemu.as_ref().map(|q| q.version.clone()),
         results,
     })
+}
+
+/// Notes the restart rows whose median pause is under twice their frontend's control (the same
+/// run with no restart): the host's own hiccups, not the restart, set those figures.
+fn flag_noise(rows: &mut [Row]) {
+    let controls: Vec<(&'static str, f64)> = rows
+        .iter()
+        .filter(|r| r.stop == stop_name(Stop::None))
+        .filter_map(|r| Some((r.frontend, r.pause_median_ms?)))
+        .collect();
+    for row in rows.iter_mut().filter(|r| r.stop != stop_name(Stop::None)) {
+        let control = controls.iter().find(|(frontend, _)| *frontend == row.frontend).map(|&(_, ms)| ms);
+        let (Some(control), Some(pause)) = (control, row.pause_median_ms) else { continue };
+        if control * 2.0 > pause {
+            let noisy = format!(
+                "noisy: with no restart the longest request was already {control:.1} ms (median), so the host's \
+                 own stalls, not the restart, set this row"
+            );
+            row.note = Some(row.note.take().map_or(noisy.clone(), |note| format!("{note}; {noisy}")));
+        }
+    }
 }
 
 /// `rounds` rounds of `frontend` with the daemon ended by `stop`; a round that fails is run once

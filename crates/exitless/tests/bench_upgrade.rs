@@ -1,5 +1,6 @@
 //! `exitless bench upgrade`: one round of every row (the exitless frontend and QEMU-KVM, the
-//! daemon ended by SIGTERM and by kill -9) with real KVM and QEMU; what each row carries (a
+//! daemon ended by SIGTERM and by kill -9, and the control with no restart) with real KVM and
+//! QEMU; what each row carries (a
 //! pause was measured, the guest saw no error, the exitless frontend reconnected once a round),
 //! not how long the pause is. And no daemon or VM is left behind.
 
@@ -38,7 +39,14 @@ fn every_row_measures_a_pause_with_no_guest_error() {
         rows.iter().map(|r| (r["frontend"].as_str().unwrap(), r["stop"].as_str().unwrap())).collect();
     assert_eq!(
         kinds,
-        [("exitless", "sigterm"), ("exitless", "kill -9"), ("qemu", "sigterm"), ("qemu", "kill -9")]
+        [
+            ("exitless", "none"),
+            ("exitless", "sigterm"),
+            ("exitless", "kill -9"),
+            ("qemu", "none"),
+            ("qemu", "sigterm"),
+            ("qemu", "kill -9")
+        ]
     );
     for row in rows {
         assert_eq!(row["rounds"], 1, "{row}\n{}", stderr(&out));
@@ -50,6 +58,15 @@ fn every_row_measures_a_pause_with_no_guest_error() {
         if row["stop"] == "sigterm" {
             assert_eq!(row["sigterm_to_exit_ms"].as_array().unwrap().len(), 1, "{row}");
             assert_eq!(row["resubmitted"], 0, "SIGTERM leaves nothing in flight: {row}");
+        }
+        if row["stop"] == "none" {
+            // The control: no restart, nothing to reconnect or resubmit.
+            assert_eq!(row["resubmitted"], 0, "{row}");
+            assert!(row["sigterm_to_exit_ms"].as_array().unwrap().is_empty(), "{row}");
+            if row["frontend"] == "exitless" {
+                assert_eq!(row["reconnections"], 0, "{row}");
+            }
+            continue;
         }
         if row["frontend"] == "exitless" {
             assert_eq!(row["reconnections"], 1, "one reconnection a round: {row}");

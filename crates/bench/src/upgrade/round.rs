@@ -64,7 +64,8 @@ pub struct Round {
 }
 
 /// Runs one round: `frontend` on a daemon that `stop` ends in the middle of its verify run,
-/// a new daemon started on the same socket. `index` names its logs.
+/// a new daemon started on the same socket (with `Stop::None`, the control, the first daemon
+/// serves the whole run). `index` names its logs.
 pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Result<Round, String> {
     let socket = ctx.dir.join("upgrade.sock");
     let old = start_daemon(ctx, &socket, &format!("daemon{index}-old"))?;
@@ -87,16 +88,21 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
                 vm.finish()?.stdout.trim()
             ));
         }
-        let sigterm_to_exit = match stop {
-            Stop::Sigterm => Some(old.terminate(STOP_LIMIT)?.0),
+        // The daemon that serves the rest of the run: the new one, or the old one when there
+        // is no restart (the control).
+        let (sigterm_to_exit, serving) = match stop {
+            Stop::None => (None, old),
+            Stop::Sigterm => {
+                let took = old.terminate(STOP_LIMIT)?.0;
+                (Some(took), start_daemon(ctx, &socket, &format!("daemon{index}-new"))?)
+            }
             Stop::Kill => {
                 old.kill()?;
-                None
+                (None, start_daemon(ctx, &socket, &format!("daemon{index}-new"))?)
             }
         };
-        let new = start_daemon(ctx, &socket, &format!("daemon{index}-new"))?;
         let out = vm.finish()?;
-        let new_log = new.terminate(STOP_LIMIT)?.1;
+        let serving_log = serving.terminate(STOP_LIMIT)?.1;
         let line = out.result().ok_or_else(|| format!("the probe printed no result: {}", out.describe()))?;
         let figure = |name: &str| line[name].as_u64();
         let ms = |name: &str| line[name].as_f64().map(|ns| ns / 1e6);
@@ -106,17 +112,17 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
             reconnected_ms: reconnected_ms(&out.stderr),
             reconnections: out.stats().and_then(|s| s["devices"][0]["reconnections"].as_u64()),
             sigterm_to_exit,
-            resubmitted: resubmitted(&new_log),
+            resubmitted: resubmitted(&serving_log),
             errors: figure("errors").unwrap_or(0),
             mismatches: figure("mismatches").unwrap_or(0),
         };
         if !out.ok {
             return Err(format!(
-                "the guest's verify run failed ({} errors, {} mismatches): {}; the new daemon: {}",
+                "the guest's verify run failed ({} errors, {} mismatches): {}; the daemon after the restart: {}",
                 round.errors,
                 round.mismatches,
                 out.describe(),
-                new_log.trim()
+                serving_log.trim()
             ));
         }
         Ok(round)

@@ -8,7 +8,7 @@ pub(super) fn render(report: &Report, markdown: bool) -> String {
     context.push(("backend".into(), report.backend.clone()));
     context.push(("workload".into(), report.workload.clone()));
     context.push((
-        "restart".into(),
+        "restart at".into(),
         format!(
             "{} ms after the guest's first write reached the file, once per round; {} round(s) per row, \
              one VM and one verify run per round",
@@ -26,7 +26,7 @@ pub(super) fn render(report: &Report, markdown: bool) -> String {
         context,
         header: vec![
             "frontend",
-            "daemon ended by",
+            "restart",
             "rounds",
             "pause min ms",
             "pause median ms",
@@ -83,7 +83,10 @@ fn spread(values: &[f64]) -> String {
     format!("{mid:.1} ({min:.1}-{max:.1})")
 }
 
-const NOTES: [&str; 6] = [
+const NOTES: [&str; 7] = [
+    "restart: how the old daemon was ended before a new one was started on the same socket (sigterm: a \
+     graceful upgrade; kill -9: a crash); none: no restart, the same run on one daemon, the control: its \
+     longest request is what the host's own hiccups give, the floor under the others' pause",
     "pause: the guest's longest request in the round's verify run (the probe's max_ns), the one that \
      waited through the restart; min/median/max over the rounds. It is the old daemon's exit (SIGTERM: it \
      finishes the requests it holds; kill -9: none), the new daemon's start (its process, the disk file \
