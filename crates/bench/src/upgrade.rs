@@ -292,4 +292,25 @@ mod tests {
         assert_eq!(super::median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(super::median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
     }
+
+    #[test]
+    fn a_pause_no_longer_than_the_controls_is_flagged_as_noise() {
+        use super::{Frontend, Row, Stop};
+        let row = |frontend, stop, median| {
+            let mut row = Row::new(frontend, stop);
+            row.pause_median_ms = Some(median);
+            row
+        };
+        let mut rows = [
+            row(Frontend::Exitless, Stop::None, 20.0),
+            row(Frontend::Exitless, Stop::Sigterm, 35.0),
+            row(Frontend::Exitless, Stop::Kill, 45.0),
+            row(Frontend::Qemu, Stop::Kill, 1000.0),
+        ];
+        super::flag_noise(&mut rows);
+        assert!(rows[1].note.as_deref().is_some_and(|n| n.starts_with("noisy")), "35 < 2 x 20");
+        assert_eq!(rows[2].note, None, "45 > 2 x 20");
+        assert_eq!(rows[0].note, None, "the control itself");
+        assert_eq!(rows[3].note, None, "no QEMU control");
+    }
 }
