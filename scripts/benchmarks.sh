@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates BENCHMARKS.md from what `exitless bench` prints (never edited by hand):
 # the block ladder with QEMU and qemu-storage-daemon as peers (the main job; its default order puts
-# the real disk's tables first, then the RAM disk's), the network ladder and the exit-cost table,
-# and their plots (one SVG per scenario, `--plot`) in docs/plots/, linked from BENCHMARKS.md.
+# the real disk's tables first, then the RAM disk's), the network ladder, the exit-cost table, many
+# VMs at once, the pause of a daemon replaced under a guest, and their plots (one SVG per
+# scenario, `--plot`) in docs/plots/, linked from BENCHMARKS.md.
 # The real disk is a 1 GiB file in $TMPDIR (or /tmp), which must be on a real file system.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,14 @@ links() {
     echo "half at QD 32, for the fair share."
     echo
     "$exitless" bench scale --markdown
+    echo "## Replacing the vhost-user-blk daemon under a guest"
+    echo
+    echo "A probe VM's verify run on a file served by \`exitless vhost-user-blk\` (O_DIRECT), the daemon"
+    echo "stopped by SIGTERM (a graceful upgrade) or killed (kill -9) once per round and a new one started"
+    echo "on the same socket: the guest's I/O pause (its longest request), with the exitless VMM and"
+    echo "QEMU-KVM as frontends."
+    echo
+    "$exitless" bench upgrade --markdown
 } > BENCHMARKS.md.new
 rm -rf "$plots"
 mv "$plots.new" "$plots"

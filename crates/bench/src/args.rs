@@ -295,6 +295,110 @@ pub enum BenchScenario {
     /// cores and exits per I/O, and a mixed run (half the VMs at a low queue depth, half high).
     #[command(after_help = SCALE_HELP)]
     Scale(ScaleBenchArgs),
+    /// How long a guest's I/O stops while its vhost-user-blk daemon is replaced: the exitless
+    /// VMM and QEMU-KVM as frontends of `exitless vhost-user-blk`, the daemon stopped by
+    /// SIGTERM (a graceful upgrade) or killed (kill -9) and a new one started on the same socket,
+    /// once per round.
+    #[command(after_help = UPGRADE_HELP)]
+    Upgrade(UpgradeBenchArgs),
+}
+
+const UPGRADE_HELP: &str = "\
+Each round boots one probe VM doing `probe.rw=verify` (writes a pattern over --blocks 4 KiB
+blocks at --qd, flushes, reads them back and compares) on a file in --scratch DIR served by
+`exitless vhost-user-blk` with O_DIRECT, capped at --iops requests per second so that the run
+lasts long enough on any host; --restart-after-ms after the guest's first write reached the file,
+the daemon is stopped (SIGTERM: it finishes what it holds and exits; or kill -9) and a new one
+started on the same socket and disk; or, in the control row (`--stops none`), left to serve the
+whole run. The frontends:
+  exitless  `exitless run --probe --disk vhost-user=SOCKET,reconnect=10` (retries every 10 ms)
+  qemu      QEMU-KVM microvm, `-chardev socket,...,reconnect=1` (QEMU 7.2 retries a second
+            after the hang-up, and each second after that)
+Per row, over --rounds rounds: the guest's I/O pause (the longest request of the round's run,
+the probe's max_ns: the request that waited through the restart; in the control row, the
+longest with no restart) as min/median/max, the
+frontend's own `reconnected to a daemon after N ms` (exitless only), the old daemon's time from
+SIGTERM to its exit, the requests the new daemons resubmitted from the in-flight region, and the
+guest's errors and mismatches (0, or the round fails). A frontend that cannot run (QEMU missing)
+gets rows that say why.";
+
+/// `exitless bench upgrade`.
+#[derive(Args)]
+pub struct UpgradeBenchArgs {
+    /// Restarts per row: one probe run, with one restart in it, per round (1 to 100).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
+    /// Frontends to measure.
+    #[arg(long, value_delimiter = ',', default_value = "exitless,qemu")]
+    pub frontends: Vec<UpgradeFrontend>,
+    /// How the old daemon is ended (`none`: no restart, the control row).
+    #[arg(long, value_delimiter = ',', default_value = "none,sigterm,kill")]
+    pub stops: Vec<UpgradeStop>,
+    /// 4 KiB blocks the verify run writes and reads back (at most the disk's 16384).
+    #[arg(long, value_name = "N", default_value_t = 4000, value_parser = clap::value_parser!(u64).range(100..=16_384))]
+    pub blocks: u64,
+    /// The guest's queue depth (1 to 128).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub qd: u32,
+    /// The daemon's rate limit (`iops=N`; each daemon starts with a second's worth).
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
+    pub iops: u64,
+    /// The daemon's `--io-mode`.
+    #[arg(long, value_name = "MODE", default_value = "adaptive")]
+    pub daemon_io_mode: DaemonIoMode,
+    /// How long after the guest's first write the daemon is replaced, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub restart_after_ms: u64,
+    /// Where the disk's file lives (default: $TMPDIR or /tmp); a real file system, not tmpfs.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
+}
+
+/// A frontend of `bench upgrade`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum UpgradeFrontend {
+    /// `exitless run --disk vhost-user=SOCKET,reconnect=10`.
+    Exitless,
+    /// QEMU-KVM with a reconnecting chardev (`reconnect=1`).
+    Qemu,
+}
+
+/// `exitless vhost-user-blk --io-mode`, as `bench upgrade` runs the daemon.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum DaemonIoMode {
+    /// Its IOCore polls the rings.
+    Sidecore,
+    /// It polls while busy and waits on the kicks when idle.
+    Adaptive,
+    /// It waits on the kicks.
+    Eventfd,
+}
+
+impl DaemonIoMode {
+    /// Its name on the daemon's command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            DaemonIoMode::Sidecore => "sidecore",
+            DaemonIoMode::Adaptive => "adaptive",
+            DaemonIoMode::Eventfd => "eventfd",
+        }
+    }
+}
+
+/// How `bench upgrade` ends the old daemon.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum UpgradeStop {
+    /// No restart: the same run on one daemon, the control (its longest request is the floor
+    /// under the others' pause).
+    None,
+    /// SIGTERM: the daemon finishes the requests it holds and exits (a graceful upgrade).
+    Sigterm,
+    /// SIGKILL (kill -9): a crash.
+    Kill,
 }
 
 /// The most VMs `bench scale` starts at once.

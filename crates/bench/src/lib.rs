@@ -1,7 +1,8 @@
 //! `exitless bench`: the benchmark harness behind the `exitless` binary's `bench` subcommand.
 //! Its scenarios (the block ladder, the backend matrix, the network ladder, exit costs, many
-//! VMs at once), the bare-metal fio baselines, the QEMU and qemu-storage-daemon peers it drives,
-//! the machine they ran on, and the report formats (tables, Markdown, JSON, SVG plots).
+//! VMs at once, the pause of a daemon replaced under a guest), the bare-metal fio baselines, the
+//! QEMU and qemu-storage-daemon peers it drives, the machine they ran on, and the report formats
+//! (tables, Markdown, JSON, SVG plots).
 //!
 //! It runs guests in-process through `vmm` and starts other `exitless` processes (the
 //! vhost-user-blk daemon, `run`, `udp-echo`, `udp-rr`) from the running executable, so it is
@@ -13,6 +14,7 @@ mod baseline;
 mod blk;
 mod blk_qemu;
 mod blk_table;
+mod daemon;
 mod exitcost;
 mod loop_device;
 mod machine;
@@ -23,6 +25,7 @@ mod qemu;
 mod scale;
 mod scratch;
 mod table;
+mod upgrade;
 
 use serde_json::{Map, Value};
 use thiserror::Error;
@@ -37,6 +40,7 @@ pub fn main(args: BenchArgs) -> i32 {
         Some(BenchScenario::Exitcost(args)) => exitcost::main(args),
         Some(BenchScenario::Net(args)) => net::main(args),
         Some(BenchScenario::Scale(args)) => scale::main(args),
+        Some(BenchScenario::Upgrade(args)) => upgrade::main(args),
         None => blk::main(args.blk),
     }
 }
@@ -116,6 +120,16 @@ pub(crate) fn fresh_seed() -> u64 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
     );
     hasher.finish() | 1
+}
+
+/// An error message on one line of at most 300 characters (`...` where it was cut), for a row's
+/// note.
+pub(crate) fn one_line(error: &str) -> String {
+    let line = error.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(300) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line,
+    }
 }
 
 /// Progress for long runs, on standard error.

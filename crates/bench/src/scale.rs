@@ -210,7 +210,7 @@ fn run(args: &ScaleBenchArgs) -> Result<Report, ScaleError> {
     let mixed = !args.no_mixed;
     let tsc_khz = vmm::tsc_khz().map_err(|e| ScaleError::Other(e.to_string()))?;
     let dir = std::env::temp_dir().join(format!("exitless-bench-scale-{}", std::process::id()));
-    let _dir = TempDir::make(&dir)?;
+    let _dir = super::daemon::TempDir::make(&dir).map_err(ScaleError::Other)?;
     let elf = dir.join("exitless-probe.elf");
     probe_image::export(&elf).map_err(|e| ScaleError::Other(e.to_string()))?;
     let disks = Disks::prepare(args, largest as usize)?;
@@ -327,13 +327,7 @@ fn run_twice(
     disks: &[VmDisk],
     ctx: &Context,
 ) -> Result<(RunResult, Option<String>), String> {
-    let short = |e: String| {
-        let line = e.split_whitespace().collect::<Vec<_>>().join(" ");
-        match line.char_indices().nth(300) {
-            Some((at, _)) => format!("{}...", &line[..at]),
-            None => line,
-        }
-    };
+    let short = |e: String| super::one_line(&e);
     // Nothing to retry when the set-up's programs are missing.
     let missing = |e: &str| e.contains("not found");
     match launch::run(setup, qds, disks, ctx) {
@@ -430,22 +424,6 @@ impl Drop for Disks {
         for path in &self.made {
             let _ = std::fs::remove_file(path);
         }
-    }
-}
-
-/// A directory of this run's sockets, removed at the end.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn make(dir: &Path) -> Result<TempDir, ScaleError> {
-        std::fs::create_dir_all(dir).map_err(|e| ScaleError::Other(format!("{}: {e}", dir.display())))?;
-        Ok(TempDir(dir.to_path_buf()))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::cpu::Sampler;
 use super::Setup;
+use crate::daemon::Backend;
 use crate::qemu::Qemu;
 use exitless_args::SeccompArgs;
 use vmm::Counters;
@@ -83,7 +84,7 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
         Setup::IocorePerVm | Setup::QemuIothread => None,
     };
     if let Some(backend) = &_backend {
-        sampler.watch(backend.0.id());
+        sampler.watch(backend.id());
     }
     let results: Vec<Result<VmResult, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = qds
@@ -302,37 +303,6 @@ fn run_qemu(
         counters: super::super::blk_qemu::exits_between(start, end),
         window: (start.at, end.at),
     })
-}
-
-/// A backend process, killed when dropped.
-struct Backend(Child);
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Backend {
-    /// Starts `command` with its messages in `log`, and waits until every socket exists (10 s
-    /// at most).
-    fn start(mut command: Command, sockets: &[PathBuf], log: &Path, name: &str) -> Result<Backend, String> {
-        let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(file);
-        let mut child = command.spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !sockets.iter().all(|s| s.exists()) {
-            if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
-                let _ = child.kill();
-                let _ = child.wait();
-                let said = std::fs::read_to_string(log).unwrap_or_default();
-                return Err(format!("{name} did not create its sockets: {}", said.trim()));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(Backend(child))
-    }
 }
 
 /// `exitless vhost-user-blk` serving every disk from one IOCore (sidecore) on the I/O CPU.

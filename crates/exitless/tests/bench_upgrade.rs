@@ -1,0 +1,93 @@
+//! `exitless bench upgrade`: one round of every row (the exitless frontend and QEMU-KVM, the
+//! daemon ended by SIGTERM and by kill -9, and the control with no restart) with real KVM and
+//! QEMU; what each row carries (a
+//! pause was measured, the guest saw no error, the exitless frontend reconnected once a round),
+//! not how long the pause is. And no daemon or VM is left behind.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{exitless, exitless_within, stderr, stdout};
+use serde_json::Value;
+
+/// Processes whose command line holds `needle` (this test's own sockets' directory).
+fn processes_with(needle: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(needle))
+        .collect()
+}
+
+#[test]
+fn every_row_measures_a_pause_with_no_guest_error() {
+    let _one = common::one_at_a_time();
+    // /tmp is on the root file system (ext4) here, as a scratch directory must be.
+    let scratch = tempfile::tempdir_in("/tmp").unwrap();
+    let out = exitless_within(
+        Duration::from_secs(300),
+        &["bench", "upgrade", "--rounds", "1", "--json", "--scratch", scratch.path().to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    assert!(report["backend"].as_str().unwrap().starts_with("file-direct"), "{}", report["backend"]);
+    let rows = report["results"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> =
+        rows.iter().map(|r| (r["frontend"].as_str().unwrap(), r["stop"].as_str().unwrap())).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("exitless", "none"),
+            ("exitless", "sigterm"),
+            ("exitless", "kill -9"),
+            ("qemu", "none"),
+            ("qemu", "sigterm"),
+            ("qemu", "kill -9")
+        ]
+    );
+    for row in rows {
+        assert_eq!(row["rounds"], 1, "{row}\n{}", stderr(&out));
+        let pause = row["pause_max_ms"].as_f64().unwrap();
+        assert!(pause > 0.0, "{row}");
+        assert_eq!(row["pause_ms"].as_array().unwrap().len(), 1, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+        assert_eq!(row["mismatches"], 0, "{row}");
+        if row["stop"] == "sigterm" {
+            assert_eq!(row["sigterm_to_exit_ms"].as_array().unwrap().len(), 1, "{row}");
+            assert_eq!(row["resubmitted"], 0, "SIGTERM leaves nothing in flight: {row}");
+        }
+        if row["stop"] == "none" {
+            // The control: no restart, nothing to reconnect or resubmit.
+            assert_eq!(row["resubmitted"], 0, "{row}");
+            assert!(row["sigterm_to_exit_ms"].as_array().unwrap().is_empty(), "{row}");
+            if row["frontend"] == "exitless" {
+                assert_eq!(row["reconnections"], 0, "{row}");
+            }
+            continue;
+        }
+        if row["frontend"] == "exitless" {
+            assert_eq!(row["reconnections"], 1, "one reconnection a round: {row}");
+            let reconnected = row["reconnected_ms"].as_array().unwrap();
+            assert_eq!(reconnected.len(), 1, "{row}");
+            // The pause the guest saw covers the frontend's reconnection.
+            assert!(pause + 1.0 >= reconnected[0].as_f64().unwrap(), "{row}");
+        }
+    }
+    assert!(
+        processes_with("exitless-bench-upgrade-").is_empty(),
+        "{:?}",
+        processes_with("exitless-bench-upgrade-")
+    );
+}
+
+#[test]
+fn rounds_out_of_range_are_refused() {
+    for rounds in ["0", "101", "x"] {
+        let out = exitless(&["bench", "upgrade", "--rounds", rounds]);
+        assert_eq!(out.status.code(), Some(2), "--rounds {rounds}");
+        assert!(stderr(&out).contains("--rounds"), "--rounds {rounds}: {}", stderr(&out));
+    }
+}
