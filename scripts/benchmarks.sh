@@ -61,6 +61,13 @@ links() {
     echo "half at QD 32, for the fair share."
     echo
     "$exitless" bench scale --markdown
+    echo "## Live migration"
+    echo
+    echo "A 256 MiB probe guest migrated mid-verify between two exitless processes on this host"
+    echo "(pre-copy with KVM's dirty log and the IOCore's, then stop-and-copy), in each I/O mode;"
+    echo "the verify then finishes on the destination."
+    echo
+    "$exitless" bench migrate --markdown
 } > BENCHMARKS.md.new
 rm -rf "$plots"
 mv "$plots.new" "$plots"

@@ -295,6 +295,29 @@ pub enum BenchScenario {
     /// cores and exits per I/O, and a mixed run (half the VMs at a low queue depth, half high).
     #[command(after_help = SCALE_HELP)]
     Scale(ScaleBenchArgs),
+    /// Live migration of a probe guest mid-verify between two `exitless run` processes, per I/O
+    /// mode: downtime (source pause to destination resume) and the pause in it, total time,
+    /// pre-copy rounds and pages per round, the pages the IOCore and KVM reported dirty, and
+    /// the verify's verdict on the destination.
+    Migrate(MigrateBenchArgs),
+}
+
+/// `exitless bench migrate`.
+#[derive(Args)]
+pub struct MigrateBenchArgs {
+    /// Guest memory.
+    #[arg(long, default_value = "256M")]
+    pub mem: String,
+    /// I/O modes to migrate in, one migration each.
+    #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,exitless")]
+    pub modes: Vec<IoModeArg>,
+    /// Where the disk files and sockets go (a local file system that takes O_DIRECT).
+    #[arg(long, value_name = "DIR", default_value = "/tmp")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
 }
 
 /// The most VMs `bench scale` starts at once.

@@ -1,6 +1,6 @@
 //! `exitless bench`: the benchmark harness behind the `exitless` binary's `bench` subcommand.
 //! Its scenarios (the block ladder, the backend matrix, the network ladder, exit costs, many
-//! VMs at once), the bare-metal fio baselines, the QEMU and qemu-storage-daemon peers it drives,
+//! VMs at once, live migration), the bare-metal fio baselines, the QEMU and qemu-storage-daemon peers it drives,
 //! the machine they ran on, and the report formats (tables, Markdown, JSON, SVG plots).
 //!
 //! It runs guests in-process through `vmm` and starts other `exitless` processes (the
@@ -16,6 +16,7 @@ mod blk_table;
 mod exitcost;
 mod loop_device;
 mod machine;
+mod migrate;
 mod net;
 mod plot;
 mod progress;
@@ -37,6 +38,7 @@ pub fn main(args: BenchArgs) -> i32 {
         Some(BenchScenario::Exitcost(args)) => exitcost::main(args),
         Some(BenchScenario::Net(args)) => net::main(args),
         Some(BenchScenario::Scale(args)) => scale::main(args),
+        Some(BenchScenario::Migrate(args)) => migrate::main(args),
         None => blk::main(args.blk),
     }
 }

@@ -269,7 +269,10 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         ThreadKind::Migration => {
             // Connect to the destination (a Unix socket), bound every wait with socket
             // timeouts, send pages (write) and read the destination's answers, close at the end.
-            allow(&mut rules, &[libc::SYS_connect, libc::SYS_sendto, libc::SYS_read, libc::SYS_recvfrom, libc::SYS_close]);
+            allow(
+                &mut rules,
+                &[libc::SYS_connect, libc::SYS_sendto, libc::SYS_read, libc::SYS_recvfrom, libc::SYS_close],
+            );
             one_of(&mut rules, libc::SYS_socket, 0, &[libc::AF_UNIX as u64])?;
             one_of(&mut rules, libc::SYS_setsockopt, 1, &[libc::SOL_SOCKET as u64])?;
             one_of(&mut rules, libc::SYS_ioctl, 1, DIRTY_LOG_IOCTLS)?;

@@ -360,10 +360,7 @@ impl Vm {
     /// Build the VM a live migration on `url` (`unix:/PATH`) brings, as it was when the source
     /// paused it; `base` as for `restore`. Waits for one source; every part of what it sends
     /// is checked, and a bad stream is refused with an error (the source is told, and resumes).
-    pub fn receive_migration(
-        url: &str,
-        base: VmConfig,
-    ) -> Result<(Vm, crate::migration::Received), VmError> {
+    pub fn receive_migration(url: &str, base: VmConfig) -> Result<(Vm, crate::migration::Received), VmError> {
         crate::migration::receive(url, base)
     }
 

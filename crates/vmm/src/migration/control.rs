@@ -51,7 +51,9 @@ impl VmControl<'_> {
         }
         // Stop-and-copy: the downtime starts here.
         let paused = Instant::now();
-        let state = self.pause().map_err(|e| e.to_string()).and_then(|_| {
+        let mut pause_ms = 0.0;
+        let state = self.pause().map_err(|e| e.to_string()).and_then(|took| {
+            pause_ms = took.as_secs_f64() * 1e3;
             let state = vm.state().map_err(|e| e.to_string())?;
             serde_json::to_vec(&state).map_err(|e| e.to_string())
         });
@@ -71,6 +73,7 @@ impl VmControl<'_> {
         match done {
             Ok(mut report) => {
                 report.downtime_ms = paused.elapsed().as_secs_f64() * 1e3;
+                report.pause_ms = pause_ms;
                 report.total_ms = started.elapsed().as_secs_f64() * 1e3;
                 vm.control.end(Ending::Migrated(url.to_string()));
                 Ok(report)
@@ -111,7 +114,9 @@ impl VmControl<'_> {
             match step.recv_timeout(WAIT_TICK) {
                 Ok(step) => return Ok(step),
                 Err(RecvTimeoutError::Disconnected) => return Err(MigrationError::ThreadGone),
-                Err(RecvTimeoutError::Timeout) if self.vm.control.stop.load(std::sync::atomic::Ordering::Acquire) => {
+                Err(RecvTimeoutError::Timeout)
+                    if self.vm.control.stop.load(std::sync::atomic::Ordering::Acquire) =>
+                {
                     return Err(MigrationError::VmEnded)
                 }
                 Err(RecvTimeoutError::Timeout) => {}

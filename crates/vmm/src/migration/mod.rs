@@ -57,6 +57,9 @@ pub struct MigrationReport {
     pub total_ms: f64,
     /// From the source's pause to the destination's word that it resumed the guest.
     pub downtime_ms: f64,
+    /// Of the downtime, the pause: the devices drained (the requests in flight finish), the
+    /// vCPUs parked.
+    pub pause_ms: f64,
     /// Pre-copy rounds while the guest ran (the first, of all memory, included).
     pub rounds: usize,
     /// Pages sent in each pre-copy round, then in the stop-and-copy.

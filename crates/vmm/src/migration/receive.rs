@@ -82,9 +82,9 @@ fn take(
                 let len = u64::from(pages) * PAGE;
                 // Whole inside one region, or refused before a byte is written.
                 let inside = gpa.checked_add(len).is_some()
-                    && mem.find_region(GuestAddress(gpa)).is_some_and(|r| {
-                        gpa - r.start_addr().0 + len <= r.len()
-                    });
+                    && mem
+                        .find_region(GuestAddress(gpa))
+                        .is_some_and(|r| gpa - r.start_addr().0 + len <= r.len());
                 if !inside {
                     return Err(MigrationError::Stream(format!(
                         "{pages} pages at {gpa:#x} are not inside guest memory"

@@ -70,7 +70,11 @@ impl Sender {
 
     /// Hand the thread a job.
     pub fn start(&self, job: Job) -> Result<(), MigrationError> {
-        self.jobs.as_ref().ok_or(MigrationError::ThreadGone)?.send(job).map_err(|_| MigrationError::ThreadGone)
+        self.jobs
+            .as_ref()
+            .ok_or(MigrationError::ThreadGone)?
+            .send(job)
+            .map_err(|_| MigrationError::ThreadGone)
     }
 }
 
@@ -147,7 +151,8 @@ impl Stream<'_> {
     /// Send the `pages` pages at `gpa` (inside one region), straight from guest memory.
     fn run(&mut self, gpa: u64, pages: u32) -> Result<(), MigrationError> {
         wire::write_pages_header(&mut self.out, gpa, pages)?;
-        let len = usize::try_from(u64::from(pages) * PAGE).map_err(|_| MigrationError::Stream("run".into()))?;
+        let len =
+            usize::try_from(u64::from(pages) * PAGE).map_err(|_| MigrationError::Stream("run".into()))?;
         self.mem
             .write_all_volatile_to(GuestAddress(gpa), &mut self.out, len)
             .map_err(|e| MigrationError::Io { what: "sending pages", source: std::io::Error::other(e) })?;
@@ -164,7 +169,9 @@ impl Stream<'_> {
             let pages = slot.len / PAGE;
             let mut run: Option<(u64, u32)> = None;
             for i in 0..pages {
-                let set = map.get(usize::try_from(i / 64).unwrap_or(usize::MAX)).is_some_and(|w| w >> (i % 64) & 1 != 0);
+                let set = map
+                    .get(usize::try_from(i / 64).unwrap_or(usize::MAX))
+                    .is_some_and(|w| w >> (i % 64) & 1 != 0);
                 let gpa = slot.gpa + i * PAGE;
                 let wanted = set
                     && !(skip_zero
@@ -210,7 +217,9 @@ fn collect(vm: &VmFd, slots: &[Slot], device_log: &DirtyBitmap) -> Result<(Dirty
     let mut device = 0;
     device_log.take(|gpa| {
         device += 1;
-        if let Some((slot, map)) = slots.iter().zip(maps.iter_mut()).find(|(s, _)| gpa >= s.gpa && gpa - s.gpa < s.len) {
+        if let Some((slot, map)) =
+            slots.iter().zip(maps.iter_mut()).find(|(s, _)| gpa >= s.gpa && gpa - s.gpa < s.len)
+        {
             let page = (gpa - slot.gpa) / PAGE;
             if let Some(word) = map.get_mut(usize::try_from(page / 64).unwrap_or(usize::MAX)) {
                 *word |= 1 << (page % 64);
@@ -240,8 +249,9 @@ fn run(job: Job, vm: &VmFd, mem: &GuestMemoryMmap) {
         Ok(mut stream) => {
             let _ = job.steps.send(Step::Converged(Ok(())));
             match job.finish.recv() {
-                Ok(Some(state)) => stop_and_copy(&mut stream, vm, &slots, &job.device_log, &state, &mut report)
-                    .map_err(Some),
+                Ok(Some(state)) => {
+                    stop_and_copy(&mut stream, vm, &slots, &job.device_log, &state, &mut report).map_err(Some)
+                }
                 // The pause failed (or the main thread went): the source goes on.
                 _ => Err(None),
             }
@@ -290,7 +300,12 @@ fn precopy<'a>(
     *logging = true;
     // Round 0: all of memory (its zero pages left out), with both logs on, so a page written
     // from now on is sent again.
-    let all = Dirty { maps: slots.iter().map(|s| vec![u64::MAX; usize::try_from(s.len.div_ceil(PAGE * 64)).unwrap_or(0)]).collect() };
+    let all = Dirty {
+        maps: slots
+            .iter()
+            .map(|s| vec![u64::MAX; usize::try_from(s.len.div_ceil(PAGE * 64)).unwrap_or(0)])
+            .collect(),
+    };
     let first = stream.send(slots, &all, true)?;
     report.pages_per_round.push(first);
     report.rounds = 1;

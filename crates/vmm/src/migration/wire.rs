@@ -206,6 +206,9 @@ mod tests {
         let mut r = stream.as_slice();
         read_reply(&mut r, "test").unwrap();
         assert!(read_reply(&mut r, "test").unwrap_err().to_string().contains("no disk"));
-        assert!(read_hello(&mut &b"EXLMIGR0\0\0\0\0"[..]).unwrap_err().to_string().contains("not an exitless"));
+        assert!(read_hello(&mut &b"EXLMIGR0\0\0\0\0"[..])
+            .unwrap_err()
+            .to_string()
+            .contains("not an exitless"));
     }
 }

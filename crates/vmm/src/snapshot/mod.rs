@@ -200,7 +200,10 @@ impl Snapshot {
             source,
         })?;
         if text.len() as u64 > MAX_STATE_BYTES {
-            return Err(SnapshotError::Corrupt { path, reason: format!("larger than {MAX_STATE_BYTES} bytes") });
+            return Err(SnapshotError::Corrupt {
+                path,
+                reason: format!("larger than {MAX_STATE_BYTES} bytes"),
+            });
         }
         let snapshot = Snapshot::parse(&text, &path)?;
         let memory_path = dir.join(MEMORY_FILE);
