@@ -67,14 +67,15 @@ fn read_u32(r: &mut impl Read, what: &'static str) -> Result<u32, MigrationError
     Ok(u32::from_le_bytes(bytes))
 }
 
-/// A u32 length, then that many bytes (at most `max`).
-fn read_sized(r: &mut impl Read, max: u32, what: &'static str) -> Result<Vec<u8>, MigrationError> {
-    let len = read_u32(r, what)?;
+/// A u32 length, then that many bytes (at most `max`) of `what` (`(noun, reading it)`).
+fn read_sized(r: &mut impl Read, max: u32, what: (&str, &'static str)) -> Result<Vec<u8>, MigrationError> {
+    let (noun, reading) = what;
+    let len = read_u32(r, reading)?;
     if len > max {
-        return Err(bad(format!("{what} of {len} bytes, more than the {max} allowed")));
+        return Err(bad(format!("{noun} of {len} bytes, more than the {max} allowed")));
     }
     let mut bytes = vec![0u8; usize::try_from(len).map_err(|_| bad("length"))?];
-    r.read_exact(&mut bytes).map_err(io(what))?;
+    r.read_exact(&mut bytes).map_err(io(reading))?;
     Ok(bytes)
 }
 
@@ -97,7 +98,7 @@ pub fn read_hello(r: &mut impl Read) -> Result<Hello, MigrationError> {
     if magic != MAGIC {
         return Err(bad(format!("it starts with {magic:02x?}, not an exitless migration ({MAGIC:02x?})")));
     }
-    let json = read_sized(r, MAX_JSON, "the hello")?;
+    let json = read_sized(r, MAX_JSON, ("the hello", "reading the hello"))?;
     let hello: Hello = serde_json::from_slice(&json).map_err(|e| bad(format!("the hello: {e}")))?;
     hello.config.check()?;
     Ok(hello)
@@ -123,7 +124,7 @@ pub fn write_reply(w: &mut impl Write, outcome: Result<(), &str>) -> Result<(), 
 pub fn read_reply(r: &mut impl Read, what: &'static str) -> Result<(), MigrationError> {
     let mut status = [0u8; 1];
     r.read_exact(&mut status).map_err(io(what))?;
-    let message = read_sized(r, MAX_REPLY, what)?;
+    let message = read_sized(r, MAX_REPLY, ("a reply", what))?;
     let message = String::from_utf8_lossy(&message).into_owned();
     match status[0] {
         0 => Ok(()),
@@ -167,7 +168,7 @@ pub fn read_record(r: &mut impl Read) -> Result<Record, MigrationError> {
             }
             Ok(Record::Pages { gpa, pages })
         }
-        TAG_STATE => Ok(Record::State(read_sized(r, MAX_JSON, "the state")?)),
+        TAG_STATE => Ok(Record::State(read_sized(r, MAX_JSON, ("the state", "reading the state"))?)),
         other => Err(bad(format!("a record of unknown kind {other}"))),
     }
 }
