@@ -70,6 +70,13 @@ links() {
     echo "QEMU-KVM as frontends."
     echo
     "$exitless" bench upgrade --markdown
+    echo "## Live migration"
+    echo
+    echo "A 256 MiB probe guest migrated mid-verify between two exitless processes on this host"
+    echo "(pre-copy with KVM's dirty log and the IOCore's, then stop-and-copy), in each I/O mode;"
+    echo "the verify then finishes on the destination."
+    echo
+    "$exitless" bench migrate --markdown
 } > BENCHMARKS.md.new
 rm -rf "$plots"
 mv "$plots.new" "$plots"

@@ -301,6 +301,11 @@ pub enum BenchScenario {
     /// once per round.
     #[command(after_help = UPGRADE_HELP)]
     Upgrade(UpgradeBenchArgs),
+    /// Live migration of a probe guest mid-verify between two `exitless run` processes, per I/O
+    /// mode: downtime (source pause to destination resume) and the pause in it, total time,
+    /// pre-copy rounds and pages per round, the pages the IOCore and KVM reported dirty, and
+    /// the verify's verdict on the destination.
+    Migrate(MigrateBenchArgs),
 }
 
 const UPGRADE_HELP: &str = "\
@@ -352,6 +357,24 @@ pub struct UpgradeBenchArgs {
     /// Where the disk's file lives (default: $TMPDIR or /tmp); a real file system, not tmpfs.
     #[arg(long, value_name = "DIR")]
     pub scratch: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: ReportFormat,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
+}
+
+/// `exitless bench migrate`.
+#[derive(Args)]
+pub struct MigrateBenchArgs {
+    /// Guest memory.
+    #[arg(long, default_value = "256M")]
+    pub mem: String,
+    /// I/O modes to migrate in, one migration each.
+    #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,exitless")]
+    pub modes: Vec<IoModeArg>,
+    /// Where the disk files and sockets go (a local file system that takes O_DIRECT).
+    #[arg(long, value_name = "DIR", default_value = "/tmp")]
+    pub scratch: PathBuf,
     #[command(flatten)]
     pub output: ReportFormat,
     #[command(flatten)]

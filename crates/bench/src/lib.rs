@@ -1,8 +1,8 @@
 //! `exitless bench`: the benchmark harness behind the `exitless` binary's `bench` subcommand.
 //! Its scenarios (the block ladder, the backend matrix, the network ladder, exit costs, many
-//! VMs at once, the pause of a daemon replaced under a guest), the bare-metal fio baselines, the
-//! QEMU and qemu-storage-daemon peers it drives, the machine they ran on, and the report formats
-//! (tables, Markdown, JSON, SVG plots).
+//! VMs at once, the pause of a daemon replaced under a guest, live migration), the bare-metal fio
+//! baselines, the QEMU and qemu-storage-daemon peers it drives, the machine they ran on, and the
+//! report formats (tables, Markdown, JSON, SVG plots).
 //!
 //! It runs guests in-process through `vmm` and starts other `exitless` processes (the
 //! vhost-user-blk daemon, `run`, `udp-echo`, `udp-rr`) from the running executable, so it is
@@ -18,6 +18,7 @@ mod daemon;
 mod exitcost;
 mod loop_device;
 mod machine;
+mod migrate;
 mod net;
 mod plot;
 mod progress;
@@ -41,6 +42,7 @@ pub fn main(args: BenchArgs) -> i32 {
         Some(BenchScenario::Net(args)) => net::main(args),
         Some(BenchScenario::Scale(args)) => scale::main(args),
         Some(BenchScenario::Upgrade(args)) => upgrade::main(args),
+        Some(BenchScenario::Migrate(args)) => migrate::main(args),
         None => blk::main(args.blk),
     }
 }

@@ -78,6 +78,12 @@ pub struct RunArgs {
     /// snapshot's; --timeout, --seccomp, CPU placement and --snapshot-dir are this run's.
     #[arg(long, value_name = "source_url=file:///DIR", group = "kernel-source")]
     pub restore: Option<String>,
+    /// Wait on this Unix socket (`unix:/PATH`) for a live migration from another exitless (its
+    /// `PUT /api/v1/vm.send-migration`), then run the VM it brings. As with --restore, options
+    /// that build a VM are the source's (disks are reopened from the same paths: shared
+    /// storage); --timeout, --seccomp, CPU placement, --api-socket are this run's.
+    #[arg(long, value_name = "unix:/PATH", group = "kernel-source")]
+    pub receive_migration: Option<String>,
     /// Where a snapshot goes: SIGUSR1 pauses the VM (vCPUs stopped, every device drained) and
     /// writes a snapshot there (state.json and memory); the VM stays paused. SIGUSR2 pauses a
     /// running VM or resumes a paused one. Local disks (path= or ram,path=) only.
@@ -85,7 +91,10 @@ pub struct RunArgs {
     pub snapshot_dir: Option<PathBuf>,
     /// Serve Cloud Hypervisor's control verbs on this Unix socket (HTTP/1.1, `curl
     /// --unix-socket`): `PUT /api/v1/vm.pause`, `PUT /api/v1/vm.resume`, and
-    /// `PUT /api/v1/vm.snapshot` with `{"destination_url": "file:///DIR"}` (of a paused VM).
+    /// `PUT /api/v1/vm.snapshot` with `{"destination_url": "file:///DIR"}` (of a paused VM), and
+    /// `PUT /api/v1/vm.send-migration` with `{"destination_url": "unix:/PATH"}`: a live
+    /// migration to an exitless started with `--receive-migration unix:/PATH` (local disks only;
+    /// answers with the migration's times and page counts as JSON).
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
     /// Kernel command line (the probe's default: probe.workload=hello).

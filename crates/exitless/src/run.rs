@@ -18,9 +18,10 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let vm = match &args.restore {
-        Some(source) => restore(source, config.clone()),
-        None => {
+    let vm = match (&args.restore, &args.receive_migration) {
+        (Some(source), _) => restore(source, config.clone()),
+        (None, Some(url)) => receive(url, config.clone()),
+        (None, None) => {
             let kernel = match &args.kernel {
                 Some(path) => Kernel::File(path.clone()),
                 None => Kernel::Image(probe::PROBE_ELF),
@@ -66,6 +67,18 @@ fn restore(source: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
     Ok(vm)
 }
 
+/// `--receive-migration unix:/PATH`: wait for a source there and build the VM it sends.
+fn receive(url: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
+    let (vm, received) = Vm::receive_migration(url, base)?;
+    log::info!(
+        "live migration received on {url}: {} pages in {} records; state applied in {:.3} ms",
+        received.pages,
+        received.records,
+        received.apply_ms
+    );
+    Ok(vm)
+}
+
 /// What a kernel command line may hold. Checked here rather than by clap, whose message would
 /// quote the whole (maybe 5000-byte) value back.
 fn check_cmdline(cmdline: &str) -> Result<(), String> {
@@ -83,7 +96,7 @@ fn check_cmdline(cmdline: &str) -> Result<(), String> {
 fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
     let mut cmdline = args.cmdline.clone().unwrap_or_default();
     // A restored guest has its command line in its memory; the rest comes from the snapshot.
-    if args.probe && args.restore.is_none() {
+    if args.probe && args.restore.is_none() && args.receive_migration.is_none() {
         if args.cmdline.is_none() {
             cmdline = probe::DEFAULT_CMDLINE.to_string();
         }
@@ -145,6 +158,10 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
 pub fn exit_status(ending: &Ending) -> i32 {
     match ending {
         Ending::GuestExit(v) => *v as i32,
+        Ending::Migrated(_) => {
+            eprintln!("exitless: {ending}");
+            0
+        }
         Ending::Timeout(_) => {
             eprintln!("exitless: {ending}");
             status::TIMEOUT

@@ -1,7 +1,8 @@
 //! `exitless run --api-socket`: Cloud Hypervisor's verbs for a running VM, over the same
 //! bounded HTTP thread the vhost-user daemon's API uses ([`crate::vhost_user::api`]):
 //! `PUT /api/v1/vm.pause`, `PUT /api/v1/vm.resume` and `PUT /api/v1/vm.snapshot` with
-//! `{"destination_url": "file:///DIR"}` (of a paused VM). The VMM's main thread answers them
+//! `{"destination_url": "file:///DIR"}` (of a paused VM), and `PUT /api/v1/vm.send-migration`
+//! with `{"destination_url": "unix:/PATH"}` (a live migration, see `vmm::migration`). The VMM's main thread answers them
 //! on its control tick; the data plane never waits for either thread.
 
 use std::fs::File;
@@ -64,7 +65,13 @@ fn route(request: &Request, vm: &VmControl) -> Response {
         "/api/v1/vm.pause" => "pause",
         "/api/v1/vm.resume" => "resume",
         "/api/v1/vm.snapshot" => "snapshot",
-        other => return error(404, format!("no such endpoint: {other} (vm.pause, vm.resume, vm.snapshot)")),
+        "/api/v1/vm.send-migration" => "send-migration",
+        other => {
+            return error(
+                404,
+                format!("no such endpoint: {other} (vm.pause, vm.resume, vm.snapshot, vm.send-migration)"),
+            )
+        }
     };
     if request.method != Method::Put {
         return error(405, format!("/api/v1/vm.{verb} takes PUT"));
@@ -72,6 +79,27 @@ fn route(request: &Request, vm: &VmControl) -> Response {
     let outcome = match verb {
         "pause" => vm.pause().map(|took| log::info!("paused in {:.3} ms", took.as_secs_f64() * 1e3)),
         "resume" => vm.resume().map(|took| log::info!("resumed in {:.3} ms", took.as_secs_f64() * 1e3)),
+        "send-migration" => {
+            let url = match migration_destination(&request.body) {
+                Ok(url) => url,
+                Err(message) => return error(400, message),
+            };
+            return match vm.send_migration(&url) {
+                Ok(report) => {
+                    log::info!(
+                        "migrated to {url} in {:.3} ms, downtime {:.3} ms, {} pre-copy rounds",
+                        report.total_ms,
+                        report.downtime_ms,
+                        report.rounds
+                    );
+                    Response::json(200, serde_json::to_string(&report).unwrap_or_default())
+                }
+                Err(e) => {
+                    log::error!("migration to {url} failed; the VM runs on here: {e}");
+                    error(500, e)
+                }
+            };
+        }
         _ => {
             let dir = match destination(&request.body) {
                 Ok(dir) => dir,
@@ -91,6 +119,19 @@ fn route(request: &Request, vm: &VmControl) -> Response {
         Err(e @ (ControlError::AlreadyPaused | ControlError::NotPaused)) => error(409, e),
         Err(e) => error(500, e),
     }
+}
+
+/// The URL of a vm.send-migration body, `{"destination_url": "unix:/PATH"}`.
+fn migration_destination(body: &[u8]) -> Result<String, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        destination_url: String,
+    }
+    let body: Body = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not {{\"destination_url\": \"unix:/PATH\"}}: {e}"))?;
+    vmm::migration::socket_from_url(&body.destination_url).map_err(|e| e.to_string())?;
+    Ok(body.destination_url)
 }
 
 /// The directory of a vm.snapshot body, `{"destination_url": "file:///DIR"}`.

@@ -477,3 +477,30 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
     let ram = results.iter().find(|r| r["disk"] == "ram" && r["vmm"] == "exitless").expect("ram");
     assert_eq!(ram["backend"], "null", "{ram}");
 }
+
+/// `exitless bench migrate` on one mode: its report's fields are sane counts (not speeds), and
+/// the verify passed on the destination.
+#[test]
+fn migrate_bench_reports_rounds_pages_and_downtime() {
+    let out = exitless(&["bench", "migrate", "--json", "--modes", "eventfd,exitless"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    assert_eq!(report["bench"], "migrate");
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{report}");
+    for row in results {
+        assert_eq!(row["verify"], "passed", "{row}");
+        let rounds = row["rounds"].as_u64().unwrap();
+        assert!(rounds >= 1, "{row}");
+        let pages: Vec<u64> =
+            row["pages_per_round"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
+        assert_eq!(pages.len() as u64, rounds + 1, "{row}");
+        assert!(pages[0] > 0, "{row}");
+        let downtime = row["downtime_ms"].as_f64().unwrap();
+        let pause = row["pause_ms"].as_f64().unwrap();
+        assert!(downtime > 0.0 && pause >= 0.0 && pause <= downtime, "{row}");
+        assert!(row["total_ms"].as_f64().unwrap() >= downtime, "{row}");
+        assert!(row["bytes"].as_u64().unwrap() >= pages.iter().sum::<u64>() * 4096, "{row}");
+        println!("{}: downtime {downtime:.3} ms, {rounds} rounds, pages {pages:?}", row["mode"]);
+    }
+}

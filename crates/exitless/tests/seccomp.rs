@@ -249,6 +249,16 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
                 let _ = std::fs::remove_file(api);
                 status
             }
+            sandbox::ThreadKind::Migration => {
+                // The live-migration sender starts with a VM that has a control API and can be
+                // migrated (no disk here), idle until asked to migrate.
+                let api = dir.path().join("vm-api-migration.sock");
+                let api = api.to_str().unwrap();
+                let args = ["run", "--probe", "--timeout", "30", "--api-socket", api];
+                let status = with_self_test(name, exitless(&args));
+                let _ = std::fs::remove_file(api);
+                status
+            }
             sandbox::ThreadKind::VhostUserWatch => {
                 // A healthy daemon, and the self-test in the frontend VMM's watcher.
                 let (daemon, socket) = start_daemon(dir.path(), "kill");

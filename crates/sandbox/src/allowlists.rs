@@ -38,6 +38,13 @@ const VM_STATE_READS: &[u64] = &[
     ioc_read(0xae, 0x7c, std::mem::size_of::<kvm_bindings::kvm_clock_data>()),
 ];
 
+/// A live migration's sender: dirty logging switched on and off on each memory slot
+/// (KVM_SET_USER_MEMORY_REGION), and the log read and cleared (KVM_GET_DIRTY_LOG).
+const DIRTY_LOG_IOCTLS: &[u64] = &[
+    ioc_write(0xae, 0x46, std::mem::size_of::<kvm_bindings::kvm_userspace_memory_region>()),
+    ioc_write(0xae, 0x42, std::mem::size_of::<kvm_bindings::kvm_dirty_log>()),
+];
+
 /// Writing a snapshot directory: create it and its files, remove an older state file, write,
 /// sync, rename the new state file into place (std's create_dir_all looks at the path first).
 const SNAPSHOT_FILES: &[i64] = &[
@@ -261,6 +268,19 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
         }
         ThreadKind::DaemonControl => daemon_control(&mut rules)?,
+        ThreadKind::Migration => {
+            // Connect to the destination (a Unix socket), bound every wait with socket
+            // timeouts, send pages (write) and read the destination's answers, close at the end.
+            allow(
+                &mut rules,
+                &[libc::SYS_connect, libc::SYS_sendto, libc::SYS_read, libc::SYS_recvfrom, libc::SYS_close],
+            );
+            one_of(&mut rules, libc::SYS_socket, 0, &[libc::AF_UNIX as u64])?;
+            one_of(&mut rules, libc::SYS_setsockopt, 1, &[libc::SOL_SOCKET as u64])?;
+            one_of(&mut rules, libc::SYS_ioctl, 1, DIRTY_LOG_IOCTLS)?;
+            // The connection's second handle, for the destination's answers (try_clone).
+            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
+        }
         ThreadKind::VhostUserWatch => {
             // Waits on the error eventfd and the socket, drains the eventfd; when the daemon
             // goes away, connects to the next (a Unix socket), sets it up with messages that

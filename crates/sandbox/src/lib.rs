@@ -59,11 +59,14 @@ pub enum ThreadKind {
     /// The vhost-user daemon's main thread when it has a control API: opens disks, listens on
     /// their sockets and starts their connection threads while the daemon runs.
     DaemonControl,
+    /// `exitless run`'s live-migration sender: connects to the destination, reads KVM's dirty
+    /// log and sends guest pages and the VM's state.
+    Migration,
 }
 
 impl ThreadKind {
     /// Every kind, for what iterates over them (tests, the self-test's names).
-    pub const ALL: [ThreadKind; 11] = [
+    pub const ALL: [ThreadKind; 12] = [
         ThreadKind::Vcpu,
         ThreadKind::IoCore,
         ThreadKind::VhostUserIoCore,
@@ -75,6 +78,7 @@ impl ThreadKind {
         ThreadKind::ApiServer,
         ThreadKind::DaemonControl,
         ThreadKind::VmmApi,
+        ThreadKind::Migration,
     ];
 
     /// A short name without spaces (`SELF_TEST_ENV`'s values).
@@ -91,6 +95,7 @@ impl ThreadKind {
             ThreadKind::ApiServer => "api-server",
             ThreadKind::DaemonControl => "daemon-control",
             ThreadKind::VmmApi => "vmm-api",
+            ThreadKind::Migration => "migration",
         }
     }
 }
@@ -114,6 +119,7 @@ impl fmt::Display for ThreadKind {
             ThreadKind::ApiServer => "control API",
             ThreadKind::DaemonControl => "daemon control",
             ThreadKind::VmmApi => "VMM control API",
+            ThreadKind::Migration => "live-migration sender",
         })
     }
 }

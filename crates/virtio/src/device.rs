@@ -41,6 +41,11 @@ pub trait QueueWorker: Send {
     fn throttled(&self) -> bool {
         false
     }
+    /// Mark every guest page the worker writes in `log` from now on (`None`: stop); called only
+    /// on a drained worker. `false`: this worker cannot log (its device cannot be migrated).
+    fn set_dirty_log(&mut self, _log: Option<crate::dirty::DirtyLog>) -> bool {
+        false
+    }
     /// Give the device model its resources back (downcast by the model that made the worker).
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }

@@ -8,7 +8,7 @@
 //! marked (never an access outside it); the backend refuses a log too small for guest memory
 //! before any worker gets one.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// Bytes of guest memory per bit of the log (vhost's VHOST_LOG_PAGE).
@@ -81,6 +81,48 @@ impl DirtyLog {
     }
 }
 
+/// A dirty log a VMM keeps for itself (its own live migration): a bitmap in this process's
+/// memory, in 64-bit words so that it is read and cleared a word at a time while workers mark
+/// it through [`DirtyLog`] handles.
+pub struct DirtyBitmap {
+    words: Arc<[AtomicU64]>,
+}
+
+impl DirtyBitmap {
+    /// A clear bitmap covering guest-physical addresses `[0, covers)`.
+    pub fn new(covers: u64) -> DirtyBitmap {
+        let pages = covers.div_ceil(LOG_PAGE);
+        let words = usize::try_from(pages.div_ceil(64)).unwrap_or(0);
+        DirtyBitmap { words: (0..words).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// A handle for workers to mark pages with.
+    pub fn log(&self) -> DirtyLog {
+        let base = self.words.as_ptr() as *mut u8;
+        let len = self.words.len() * 8;
+        // SAFETY: the words are `len` bytes that the `Arc` handed over keeps alive; AtomicU64 has
+        // the layout of u64 and allows shared mutation, and a little-endian word's byte `i` holds
+        // its bits `8i..8i+8`, so `mark`'s byte-wise bits are the word's bits in page order.
+        unsafe { DirtyLog::new(base, len, Arc::new(self.words.clone())) }
+    }
+
+    /// Clear the bitmap, calling `dirty` with the guest-physical address of each page that was
+    /// marked (in address order). A page marked meanwhile is either reported now or stays marked.
+    pub fn take(&self, mut dirty: impl FnMut(u64)) {
+        for (index, word) in self.words.iter().enumerate() {
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                let bit = u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                dirty((index as u64 * 64 + bit) * LOG_PAGE);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +147,20 @@ mod tests {
         assert_eq!(bits, vec![0b0000_0110, 0b1000_0000]);
         assert!(log.is_marked(0x2000) && !log.is_marked(0x3000) && !log.is_marked(1 << 40));
         assert_eq!(log.covers(), 16 * LOG_PAGE);
+    }
+
+    #[test]
+    fn an_owned_bitmap_reports_what_its_handles_marked_once() {
+        let bitmap = DirtyBitmap::new(1 << 20);
+        let log = bitmap.log();
+        log.mark(0x1fff, 2);
+        log.mark(0x41000, 1);
+        log.mark(1 << 20, 1); // beyond
+        let mut seen = Vec::new();
+        bitmap.take(|gpa| seen.push(gpa));
+        assert_eq!(seen, vec![0x1000, 0x2000, 0x41000]);
+        seen.clear();
+        bitmap.take(|gpa| seen.push(gpa));
+        assert!(seen.is_empty());
     }
 }

@@ -120,6 +120,8 @@ pub struct MmioTransport {
     queues: Vec<QueueState>,
     /// The workers, while the transport runs them (`Runner::OnNotify`), by worker.
     local_workers: Workers,
+    /// A live migration's dirty log, given to every worker started while it is on.
+    dirty_log: Option<crate::dirty::DirtyLog>,
     /// Which workers are out (here or with the host), by worker; empty while inactive.
     started: Vec<bool>,
     /// The workers taken back from the host while the VM is paused (`pause`), by worker; empty
@@ -156,6 +158,7 @@ impl MmioTransport {
             queue_sel: 0,
             queues,
             local_workers: Vec::new(),
+            dirty_log: None,
             started: Vec::new(),
             paused_workers: Vec::new(),
             paused: false,
@@ -299,6 +302,11 @@ impl MmioTransport {
 
     /// Hand started workers to whoever runs them.
     fn place(&mut self, mut workers: Workers) {
+        if let Some(log) = &self.dirty_log {
+            workers.iter_mut().flatten().for_each(|worker| {
+                worker.set_dirty_log(Some(log.clone()));
+            });
+        }
         match &self.runner {
             Runner::OnNotify => {
                 workers.iter_mut().flatten().for_each(|worker| worker.set_polling(false));
@@ -485,6 +493,36 @@ impl MmioTransport {
                 }
             }
         }
+    }
+
+    /// Start (`Some`) or stop (`None`) marking in `log` every guest page the device's workers
+    /// write (a live migration). The workers are drained first (a pause), their log switched,
+    /// then given back unless the transport was paused already. On error the transport is
+    /// left as it was found, workers logging nothing.
+    pub fn set_dirty_log(&mut self, log: Option<crate::dirty::DirtyLog>) -> Result<(), StateError> {
+        let was_paused = self.paused;
+        let outcome = self.pause().and_then(|()| {
+            let held = match self.runner {
+                Runner::OnNotify => &mut self.local_workers,
+                Runner::Host { .. } => &mut self.paused_workers,
+            };
+            let mut refused = false;
+            for worker in held.iter_mut().flatten() {
+                refused |= !worker.set_dirty_log(log.clone());
+            }
+            if refused {
+                held.iter_mut().flatten().for_each(|w| {
+                    w.set_dirty_log(None);
+                });
+                return Err(StateError::NoDirtyLog);
+            }
+            Ok(())
+        });
+        if !was_paused {
+            self.resume();
+        }
+        self.dirty_log = if outcome.is_ok() { log } else { None };
+        outcome
     }
 
     /// The transport's state for a snapshot; only while paused (no request in flight).

@@ -202,6 +202,12 @@ impl Queue {
         self
     }
 
+    /// Start (`Some`) or stop (`None`) marking the used ring's pages in a dirty log, on a running
+    /// queue (a VMM's own live migration); the ring lies at guest-physical `used_gpa`.
+    pub fn set_used_log(&mut self, log: Option<(DirtyLog, u64)>) {
+        self.used_log = log;
+    }
+
     /// Mark `len` bytes at `offset` in the used ring dirty, if the ring is logged.
     #[inline]
     fn log_used(&self, offset: usize, len: u64) {

@@ -5,6 +5,7 @@ pub mod boot;
 pub mod cpuid;
 pub mod devices;
 pub mod memory;
+pub mod migration;
 pub mod regs;
 pub mod snapshot;
 pub mod stats;

@@ -162,6 +162,8 @@ pub enum VmError {
     Seccomp(#[from] sandbox::SandboxError),
     #[error("snapshot: {0}")]
     Snapshot(#[from] SnapshotError),
+    #[error("live migration: {0}")]
+    Migration(#[from] crate::migration::MigrationError),
     #[error("restore: the snapshot's guest TSC runs at {saved} kHz, this host's at {here} kHz, and KVM would not scale it: {source}")]
     TscKhz { saved: u32, here: u32, source: kvm_ioctls::Error },
 }
@@ -200,6 +202,8 @@ pub enum Ending {
     },
     Timeout(Duration),
     HostError(String),
+    /// The VM went on in another process (a live migration to this URL).
+    Migrated(String),
 }
 
 impl fmt::Display for Ending {
@@ -239,6 +243,7 @@ impl fmt::Display for Ending {
                 write!(f, "the guest was stopped at the timeout of {:.1} s", t.as_secs_f64())
             }
             Ending::HostError(e) => write!(f, "{e}"),
+            Ending::Migrated(url) => write!(f, "the VM migrated to {url} and runs there"),
         }
     }
 }
@@ -296,10 +301,14 @@ pub struct VhostUserReport {
 pub struct Vm {
     // Fields drop in order: the VM fd goes before the RAM it maps.
     _kvm: Kvm,
-    vm: VmFd,
-    mem: GuestMemoryMmap,
+    /// Shared with the live-migration thread, which reads the dirty log (joined before the VM
+    /// drops).
+    vm: Arc<VmFd>,
+    pub(crate) mem: GuestMemoryMmap,
+    /// What the live-migration thread confines itself to.
+    migration_filter: Filter,
     /// What a snapshot records of the configuration, or why this VM cannot be snapshotted.
-    saved_config: Result<SavedConfig, String>,
+    pub(crate) saved_config: Result<SavedConfig, String>,
     snapshot_dir: Option<PathBuf>,
     /// The guest's TSC frequency in kHz (recorded in a snapshot).
     tsc_khz: u32,
@@ -307,9 +316,9 @@ pub struct Vm {
     /// Called on every control tick of `run` (`with_control`).
     control_hook: Option<ControlHook>,
     vcpus: Vec<Vcpu>,
-    bus: Arc<Bus>,
+    pub(crate) bus: Arc<Bus>,
     console: ConsoleWriter,
-    control: Arc<RunControl>,
+    pub(crate) control: Arc<RunControl>,
     timeout: Option<Duration>,
     /// What the calling thread confines itself to once the vCPUs run (`confine_caller`).
     main_filter: Filter,
@@ -344,6 +353,27 @@ impl Vm {
         let config = snapshot.config.to_vm_config(base)?;
         let vm = Vm::build(&config, None)?;
         snapshot.load_memory(dir, &vm.mem)?;
+        vm.apply_snapshot(&snapshot)?;
+        Ok(vm)
+    }
+
+    /// Build the VM a live migration on `url` (`unix:/PATH`) brings, as it was when the source
+    /// paused it; `base` as for `restore`. Waits for one source; every part of what it sends
+    /// is checked, and a bad stream is refused with an error (the source is told, and resumes).
+    pub fn receive_migration(url: &str, base: VmConfig) -> Result<(Vm, crate::migration::Received), VmError> {
+        crate::migration::receive(url, base)
+    }
+
+    /// Guest memory.
+    pub(crate) fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    /// Bring a VM just built from `snapshot`'s configuration, its memory filled, to the
+    /// snapshot's state: the irqchip and clock, each vCPU, each device (its workers paused
+    /// until `run`).
+    pub(crate) fn apply_snapshot(&self, snapshot: &Snapshot) -> Result<(), VmError> {
+        let vm = self;
         snapshot.vm.apply(&vm.vm)?;
         for (vcpu, state) in vm.vcpus.iter().zip(&snapshot.vcpus) {
             let here = vcpu.fd.get_tsc_khz().map_err(kvm_err("report the TSC frequency"))?;
@@ -368,10 +398,10 @@ impl Vm {
             }
             lock(&slot.transport).restore(&saved.transport).map_err(device)?;
         }
-        Ok(vm)
+        Ok(())
     }
 
-    fn build(config: &VmConfig, kernel: Option<Kernel>) -> Result<Vm, VmError> {
+    pub(crate) fn build(config: &VmConfig, kernel: Option<Kernel>) -> Result<Vm, VmError> {
         if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
             return Err(VmError::VcpuCount(config.vcpus));
         }
@@ -503,8 +533,9 @@ impl Vm {
 
         Ok(Vm {
             _kvm: kvm,
-            vm,
+            vm: Arc::new(vm),
             mem,
+            migration_filter: Filter::new(ThreadKind::Migration, config.seccomp)?,
             saved_config: SavedConfig::of(config).map_err(|e| e.to_string()),
             snapshot_dir: config.snapshot_dir.clone(),
             tsc_khz: vcpus.first().and_then(|v| v.fd.get_tsc_khz().ok()).unwrap_or(0),
@@ -545,6 +576,16 @@ impl Vm {
                 .push(std::thread::Builder::new().name(name).spawn(move || vcpu.run(&bus, &control, start))?);
         }
         let mut hook = self.control_hook.take();
+        // A VM with a control API may be migrated: its sender thread starts now, before this
+        // thread confines itself (a thread it started later would be bound by that filter).
+        let migration = match (&hook, &self.saved_config) {
+            (Some(_), Ok(_)) => Some(crate::migration::Sender::spawn(
+                self.vm.clone(),
+                self.mem.clone(),
+                self.migration_filter.clone(),
+            )?),
+            _ => None,
+        };
         let confined = self.main_filter.install();
         if confined.is_err() {
             // Stop the guest at once; the error is returned once the threads are down.
@@ -563,7 +604,7 @@ impl Vm {
                 break Ending::Timeout(timeout);
             }
             self.bus.virtio.reap_late_completions();
-            let control = VmControl { vm: &self, threads: &threads };
+            let control = VmControl { vm: &self, threads: &threads, migration: migration.as_ref() };
             if self.snapshot_dir.is_some() {
                 control.serve_signals();
             }
@@ -571,6 +612,7 @@ impl Vm {
                 hook(&control);
             }
         };
+        drop(migration);
         // A paused VM's vCPUs are parked; they see the stop flag within a tick.
         self.control.pause.withdraw();
         // A vCPU may sit in KVM_RUN (guest code, or a halted/waiting vCPU): signal it until its
@@ -633,13 +675,17 @@ pub enum ControlError {
     NotPaused,
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
+    #[error("live migration: {0}")]
+    Migration(#[from] crate::migration::MigrationError),
 }
 
 /// Pause, resume and snapshot a running VM, from `Vm::run`'s main thread (its control hook, see
 /// `Vm::with_control`, or the control signals).
 pub struct VmControl<'a> {
-    vm: &'a Vm,
+    pub(crate) vm: &'a Vm,
     threads: &'a [JoinHandle<VcpuReport>],
+    /// The live-migration sender, for a VM that can be migrated.
+    pub(crate) migration: Option<&'a crate::migration::Sender>,
 }
 
 impl VmControl<'_> {
@@ -756,6 +802,11 @@ impl Vm {
 
     /// Write a snapshot of the paused VM into `dir`; the bytes written.
     fn snapshot(&self, dir: &std::path::Path) -> Result<u64, SnapshotError> {
+        self.state()?.write(dir, &self.mem)
+    }
+
+    /// The paused VM's state, as a snapshot records it (its memory aside).
+    pub(crate) fn state(&self) -> Result<Snapshot, SnapshotError> {
         let config = self.saved_config.clone().map_err(SnapshotError::Unsupported)?;
         let states = self.control.pause.states(self.vcpu_count).ok_or(SnapshotError::NotPaused)?;
         let vcpus = states.into_iter().collect::<Result<Vec<_>, _>>().map_err(SnapshotError::Unsupported)?;
@@ -783,11 +834,11 @@ impl Vm {
             vcpus,
             devices,
         };
-        snapshot.write(dir, &self.mem)
+        Ok(snapshot)
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -811,7 +862,7 @@ fn install_control_handlers() {
 }
 
 /// (guest address, length, host address) of each RAM region.
-fn host_ranges(mem: &GuestMemoryMmap) -> Vec<(u64, u64, u64)> {
+pub(crate) fn host_ranges(mem: &GuestMemoryMmap) -> Vec<(u64, u64, u64)> {
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
     mem.iter().map(|r| (r.start_addr().0, r.len(), r.as_ptr() as u64)).collect()
 }

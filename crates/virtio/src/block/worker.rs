@@ -335,6 +335,19 @@ impl BlockWorker {
         self
     }
 
+    /// Start (`Some`) or stop (`None`) marking the guest pages this worker writes, used ring
+    /// included, on a worker that holds no request (drained: a read in flight when logging
+    /// starts would not be marked when it lands).
+    pub fn set_dirty_log(&mut self, log: Option<DirtyLog>) {
+        let used = log.as_ref().and_then(|log| {
+            let (_, _, used) = self.queue.host_addresses();
+            let gpa = guest_address(self.queue.memory(), used as *mut u8)?;
+            Some((log.clone(), gpa))
+        });
+        self.queue.set_used_log(used);
+        self.dirty = log.map(|log| Box::new(DirtyState::new(log, self.queue.size())));
+    }
+
     /// Mark a status byte just written, if logging.
     fn log_status(&self, status: StatusByte) {
         if let Some(dirty) = &self.dirty {
@@ -659,6 +672,11 @@ impl QueueWorker for BlockWorker {
                 finished
             }
         }
+    }
+
+    fn set_dirty_log(&mut self, log: Option<DirtyLog>) -> bool {
+        BlockWorker::set_dirty_log(self, log);
+        true
     }
 
     fn set_polling(&mut self, polling: bool) {

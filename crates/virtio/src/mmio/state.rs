@@ -84,6 +84,8 @@ pub enum StateError {
     Features { features: u64, offered: u64 },
     #[error("the device refused to start from the snapshot")]
     Activate,
+    #[error("its data path cannot log the guest pages it writes (a live migration needs that)")]
+    NoDirtyLog,
 }
 
 /// Lower-case hexadecimal of `bytes`.

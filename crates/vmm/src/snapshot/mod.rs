@@ -199,24 +199,46 @@ impl Snapshot {
             path: path.clone(),
             source,
         })?;
-        let corrupt = |reason: String| SnapshotError::Corrupt { path: path.clone(), reason };
         if text.len() as u64 > MAX_STATE_BYTES {
-            return Err(corrupt(format!("larger than {MAX_STATE_BYTES} bytes")));
+            return Err(SnapshotError::Corrupt {
+                path,
+                reason: format!("larger than {MAX_STATE_BYTES} bytes"),
+            });
         }
+        let snapshot = Snapshot::parse(&text, &path)?;
+        let memory_path = dir.join(MEMORY_FILE);
+        let found = std::fs::metadata(&memory_path)
+            .map_err(|source| SnapshotError::File { what: "open", path: memory_path.clone(), source })?
+            .len();
+        if found != snapshot.memory_bytes {
+            return Err(SnapshotError::MemorySize {
+                path: memory_path,
+                found,
+                expected: snapshot.memory_bytes,
+            });
+        }
+        Ok(snapshot)
+    }
+
+    /// Parse and check a state (`state.json`'s text, or a live migration's state record, from
+    /// `path`): format, version, the configuration, and the vCPU and device counts against it.
+    pub fn parse(text: &[u8], path: &Path) -> Result<Snapshot, SnapshotError> {
+        let path = path.to_path_buf();
+        let corrupt = |reason: String| SnapshotError::Corrupt { path: path.clone(), reason };
         // The header first, so that another version is named as such, not as a parse error.
         #[derive(Deserialize)]
         struct Header {
             format: String,
             version: u32,
         }
-        let header: Header = serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+        let header: Header = serde_json::from_slice(text).map_err(|e| corrupt(e.to_string()))?;
         if header.format != FORMAT {
             return Err(corrupt(format!("its format is {:?}", header.format)));
         }
         if header.version != VERSION {
             return Err(SnapshotError::Version { path, found: header.version });
         }
-        let snapshot: Snapshot = serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+        let snapshot: Snapshot = serde_json::from_slice(text).map_err(|e| corrupt(e.to_string()))?;
         snapshot.config.check()?;
         if snapshot.vcpus.len() != snapshot.config.vcpus as usize {
             return Err(SnapshotError::Count {
@@ -233,17 +255,6 @@ impl Snapshot {
                 what: "device states",
                 found: snapshot.devices.len(),
                 expected: snapshot.config.disks.len(),
-            });
-        }
-        let memory_path = dir.join(MEMORY_FILE);
-        let found = std::fs::metadata(&memory_path)
-            .map_err(|source| SnapshotError::File { what: "open", path: memory_path.clone(), source })?
-            .len();
-        if found != snapshot.memory_bytes {
-            return Err(SnapshotError::MemorySize {
-                path: memory_path,
-                found,
-                expected: snapshot.memory_bytes,
             });
         }
         Ok(snapshot)

@@ -1,0 +1,289 @@
+//! `exitless bench migrate`: live migration of a probe guest during its verify workload on a
+//! file disk, between two `exitless run` processes started from this executable: the source
+//! (`--api-socket`, `PUT /api/v1/vm.send-migration`) and the destination
+//! (`--receive-migration unix:PATH`). Per I/O mode: the downtime (source pause to the
+//! destination's word that it resumed the guest), of which the pause (drain and park), the
+//! total time, the pre-copy rounds and the pages each sent, the pages the devices' workers and
+//! KVM reported dirty, and whether the verify then passed on the destination.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use exitless_args::fail;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::machine::About;
+use super::progress;
+use super::table::Table;
+use crate::args::MigrateBenchArgs;
+
+/// The verify's disk: 16384 blocks of 4 KiB, long enough for the migration to land mid-run.
+const BLOCKS: u64 = 16384;
+/// Far beyond what a run takes.
+const LIMIT: Duration = Duration::from_secs(180);
+
+#[derive(Serialize)]
+struct Row {
+    mode: String,
+    downtime_ms: Option<f64>,
+    pause_ms: Option<f64>,
+    total_ms: Option<f64>,
+    rounds: Option<u64>,
+    pages_per_round: Vec<u64>,
+    device_dirty_pages: Option<u64>,
+    kvm_dirty_pages: Option<u64>,
+    bytes: Option<u64>,
+    /// "passed", or why not.
+    verify: String,
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(flatten)]
+    about: About,
+    mem: String,
+    blocks: u64,
+    results: Vec<Row>,
+}
+
+pub fn main(args: MigrateBenchArgs) -> i32 {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return fail(format_args!("cannot find this executable: {e}")),
+    };
+    let mut results = Vec::new();
+    for mode in &args.modes {
+        let mode = vmm::IoMode::from(*mode).name().to_string();
+        progress(format_args!("migrate: {mode}, {} guest, verify of {BLOCKS} blocks", args.mem));
+        let dir = args.scratch.join(format!("exitless-bench-migrate-{}-{mode}", std::process::id()));
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return fail(format_args!("cannot make {}: {e}", dir.display()));
+        }
+        let row = run(&exe, &dir, &mode, &args);
+        let _ = std::fs::remove_dir_all(&dir);
+        let row = row.unwrap_or_else(|why| Row {
+            mode: mode.clone(),
+            downtime_ms: None,
+            pause_ms: None,
+            total_ms: None,
+            rounds: None,
+            pages_per_round: Vec::new(),
+            device_dirty_pages: None,
+            kvm_dirty_pages: None,
+            bytes: None,
+            verify: why,
+        });
+        results.push(row);
+    }
+    let report = Report { about: About::now("migrate"), mem: args.mem.clone(), blocks: BLOCKS, results };
+    super::print_report(&report, args.output, |markdown| report.table(markdown))
+}
+
+/// A child process killed if still running when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(exe: &Path, args: &[&str], out: &Path, err: &Path) -> Result<Running, String> {
+    let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+    Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(file(out)?)
+        .stderr(file(err)?)
+        .spawn()
+        .map(Running)
+        .map_err(|e| format!("cannot start {}: {e}", exe.display()))
+}
+
+fn wait_for(what: &str, ready: impl Fn() -> bool, child: &mut Running, err: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    while !ready() {
+        if child.0.try_wait().ok().flatten().is_some() || started.elapsed() > LIMIT {
+            return Err(format!("{what}: {}", last_line(err)));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn last_line(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().last().unwrap_or("no output").to_string()
+}
+
+fn wait_exit(child: &mut Running) -> Result<Option<i32>, String> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
+            return Ok(status.code());
+        }
+        if started.elapsed() > LIMIT {
+            return Err("did not end".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `PUT path` with `body` on the API socket `api`: the status and body.
+fn put(api: &Path, path: &str, body: &str) -> Result<(u16, String), String> {
+    let mut stream = UnixStream::connect(api).map_err(|e| format!("{}: {e}", api.display()))?;
+    stream.set_read_timeout(Some(LIMIT)).map_err(|e| e.to_string())?;
+    let request =
+        format!("PUT {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    stream.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+    let (head, body) = answer.split_once("\r\n\r\n").ok_or("no HTTP answer")?;
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or("no HTTP status")?;
+    Ok((status, body.to_string()))
+}
+
+fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Row, String> {
+    let disk = dir.join("disk");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(BLOCKS * 4096))
+        .map_err(|e| format!("{}: {e}", disk.display()))?;
+    let socket = dir.join("migration.sock");
+    let api = dir.join("source.api");
+    let seccomp = clap::ValueEnum::to_possible_value(&args.seccomp.seccomp)
+        .map_or("kill".to_string(), |v| v.get_name().to_string());
+    let seccomp = seccomp.as_str();
+    let url = format!("unix:{}", socket.display());
+    let (dst_out, dst_err) = (dir.join("destination.out"), dir.join("destination.err"));
+    let mut destination = spawn(
+        exe,
+        &["run", "--receive-migration", &url, "--seccomp", seccomp, "--timeout", "170"],
+        &dst_out,
+        &dst_err,
+    )?;
+    wait_for("the destination", || socket.exists(), &mut destination, &dst_err)?;
+    let disk_arg = format!("path={},direct", disk.display());
+    let cmdline = format!(
+        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=8 probe.seed={} probe.timeout_ms=60000",
+        super::fresh_seed()
+    );
+    let (src_out, src_err) = (dir.join("source.out"), dir.join("source.err"));
+    let source_args = [
+        "run",
+        "--probe",
+        "--mem",
+        &args.mem,
+        "--disk",
+        &disk_arg,
+        "--io-mode",
+        mode,
+        "--cmdline",
+        &cmdline,
+        "--api-socket",
+        api.to_str().unwrap_or_default(),
+        "--seccomp",
+        seccomp,
+        "--timeout",
+        "170",
+    ];
+    let mut source = spawn(exe, &source_args, &src_out, &src_err)?;
+    wait_for("the source", || api.exists(), &mut source, &src_err)?;
+    // Mid-verify: once the guest has written its first block.
+    let written = || {
+        let mut first = [0u8; 4096];
+        std::fs::File::open(&disk).and_then(|mut f| f.read_exact(&mut first)).is_ok()
+            && first.iter().any(|&b| b != 0)
+    };
+    wait_for("the source's verify", written, &mut source, &src_err)?;
+    let body = format!(r#"{{"destination_url": "{url}"}}"#);
+    let (status, answer) = put(&api, "/api/v1/vm.send-migration", &body)?;
+    if status != 200 {
+        return Err(format!("send-migration answered {status}: {answer}"));
+    }
+    let report: Value = serde_json::from_str(&answer).map_err(|e| format!("{e}: {answer}"))?;
+    let source_code = wait_exit(&mut source)?;
+    let dest_code = wait_exit(&mut destination)?;
+    let stdout = std::fs::read_to_string(&dst_out).unwrap_or_default();
+    let result =
+        stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk");
+    let verify = match (source_code, dest_code, result) {
+        (Some(0), Some(0), Some(r)) if r["mismatches"] == 0 && r["errors"] == 0 => "passed".to_string(),
+        (Some(0), Some(0), Some(r)) => {
+            format!("FAILED: {} mismatches, {} errors", r["mismatches"], r["errors"])
+        }
+        (s, d, _) => {
+            format!("FAILED: source status {s:?}, destination status {d:?}: {}", last_line(&dst_err))
+        }
+    };
+    Ok(Row {
+        mode: mode.to_string(),
+        downtime_ms: report["downtime_ms"].as_f64(),
+        pause_ms: report["pause_ms"].as_f64(),
+        total_ms: report["total_ms"].as_f64(),
+        rounds: report["rounds"].as_u64(),
+        pages_per_round: report["pages_per_round"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default(),
+        device_dirty_pages: report["device_dirty_pages"].as_u64(),
+        kvm_dirty_pages: report["kvm_dirty_pages"].as_u64(),
+        bytes: report["bytes"].as_u64(),
+        verify,
+    })
+}
+
+impl Report {
+    fn table(&self, markdown: bool) -> String {
+        let header = vec![
+            "I/O mode",
+            "downtime ms",
+            "of which pause ms",
+            "total ms",
+            "pre-copy rounds",
+            "pages per round (last: stop-and-copy)",
+            "IOCore dirty pages",
+            "KVM dirty pages",
+            "MiB sent",
+            "verify on the destination",
+        ];
+        let ms = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.1}"));
+        let count = |v: Option<u64>| v.map_or("n/a".into(), |v| v.to_string());
+        let rows = self
+            .results
+            .iter()
+            .map(|r| {
+                let pages: Vec<String> = r.pages_per_round.iter().map(u64::to_string).collect();
+                vec![
+                    r.mode.clone(),
+                    ms(r.downtime_ms),
+                    ms(r.pause_ms),
+                    ms(r.total_ms),
+                    count(r.rounds),
+                    if pages.is_empty() { "n/a".into() } else { pages.join(" / ") },
+                    count(r.device_dirty_pages),
+                    count(r.kvm_dirty_pages),
+                    r.bytes.map_or("n/a".into(), |b| format!("{:.2}", b as f64 / f64::from(1u32 << 20))),
+                    r.verify.clone(),
+                ]
+            })
+            .collect();
+        let title = format!(
+            "migrate: live migration of a {} probe guest mid-verify ({} blocks, qd 8, O_DIRECT file disk) between two exitless processes",
+            self.mem, self.blocks
+        );
+        let mut context = self.about.context();
+        if !markdown {
+            context.retain(|(k, _)| k == "machine");
+        }
+        let notes = vec![
+            "downtime: from the source's pause (devices drained, vCPUs parked) to the destination's word that the VM is ready to run; the pause waits for the disk requests in flight".into(),
+            "round 1 sends all guest memory but pages that read as zero; IOCore dirty pages are those the devices' workers wrote (KVM's log does not see them)".into(),
+        ];
+        Table { title, context, header, rows, notes }.render(markdown)
+    }
+}

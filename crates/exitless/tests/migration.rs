@@ -1,0 +1,392 @@
+//! Live migration between two `exitless run` processes on real KVM: the probe guest's verify
+//! workload on a file disk is migrated mid-run (`PUT /api/v1/vm.send-migration` on the source,
+//! `run --receive-migration unix:PATH` on the destination), finishes on the destination and
+//! passes; the disk file holds the pattern. A damaged stream is refused by the destination with
+//! a one-line error, and the source, told so, goes on running and finishes its verify. What a
+//! migration cannot carry (a new RAM disk) is refused up front. Counts are asserted, never
+//! speed; the downtimes are printed.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::api::http;
+use common::one_at_a_time;
+use serde_json::Value;
+
+/// Blocks the verify writes and reads back (the disk is exactly this big).
+const BLOCKS: u64 = 16384;
+/// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
+const RUN_LIMIT: Duration = Duration::from_secs(180);
+
+/// A running `exitless run` with its output going to files in `dir`.
+struct Proc {
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+fn read(path: &Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
+
+impl Proc {
+    /// Start `exitless ARGS` and wait until `ready` exists (a socket it listens on).
+    fn start(dir: &Path, name: &str, args: &[&str], ready: &Path) -> Proc {
+        let stdout = dir.join(format!("{name}.out"));
+        let stderr = dir.join(format!("{name}.err"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start exitless");
+        let started = Instant::now();
+        while !ready.exists() {
+            let ended = child.try_wait().unwrap();
+            assert!(
+                ended.is_none() && started.elapsed() < RUN_LIMIT,
+                "{name}: no {}; stderr: {}",
+                ready.display(),
+                read(&stderr)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Proc { child, stdout, stderr }
+    }
+
+    /// Wait for the process to end; its status code, standard output and error.
+    fn wait(mut self) -> (Option<i32>, String, String) {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > RUN_LIMIT {
+                let _ = self.child.kill();
+                panic!("exitless did not end; stderr: {}", read(&self.stderr));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status.code(), read(&self.stdout), read(&self.stderr))
+    }
+
+    fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        read(&self.stderr)
+    }
+}
+
+/// A destination waiting on `dir/NAME.mig`.
+fn destination(dir: &Path, name: &str) -> (Proc, PathBuf) {
+    let socket = dir.join(format!("{name}.mig"));
+    let url = format!("unix:{}", socket.display());
+    let proc = Proc::start(dir, name, &["run", "--receive-migration", &url, "--timeout", "170"], &socket);
+    (proc, socket)
+}
+
+/// What a verify run is.
+#[derive(Clone, Copy)]
+struct Verify {
+    seed: u64,
+    qd: u32,
+    queues: u16,
+}
+
+/// A 256 MiB VM running the probe's verify on a new file disk in `dir`, with a control API,
+/// once it has begun writing; the VM, its API socket and its disk.
+fn source(dir: &Path, mode: &str, verify: Verify) -> (Proc, PathBuf, PathBuf) {
+    let Verify { seed, qd, queues } = verify;
+    let disk = dir.join("disk");
+    std::fs::File::create(&disk).unwrap().set_len(BLOCKS * 4096).unwrap();
+    let disk_arg = format!("path={},direct,queues={queues}", disk.display());
+    let cmdline = format!(
+        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.timeout_ms=60000"
+    );
+    let api = dir.join("source.api");
+    let api_arg = api.to_str().unwrap();
+    let args = [
+        "run",
+        "--probe",
+        "--mem",
+        "256M",
+        "--disk",
+        &disk_arg,
+        "--io-mode",
+        mode,
+        "--cmdline",
+        &cmdline,
+        "--api-socket",
+        api_arg,
+        "--timeout",
+        "170",
+    ];
+    let vm = Proc::start(dir, "source", &args, &api);
+    wait_for_first_write(&disk, &vm);
+    (vm, api, disk)
+}
+
+fn wait_for_first_write(disk: &Path, vm: &Proc) {
+    let started = Instant::now();
+    let mut first = [0u8; 4096];
+    loop {
+        std::fs::File::open(disk).unwrap().read_exact(&mut first).unwrap();
+        if first.iter().any(|&b| b != 0) {
+            return;
+        }
+        assert!(started.elapsed() < RUN_LIMIT, "the guest never wrote; stderr: {}", read(&vm.stderr));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn send_migration(api: &Path, socket: &Path) -> (u16, String) {
+    let body = format!(r#"{{"destination_url": "unix:{}"}}"#, socket.display());
+    http(api, "PUT", "/api/v1/vm.send-migration", Some(&body))
+}
+
+/// The probe's verify result from standard output.
+fn blk_result(stdout: &str) -> Option<Value> {
+    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
+}
+
+fn assert_verify_passed(stdout: &str, stderr: &str, what: &str) -> Value {
+    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
+    assert_eq!(result["mismatches"], 0, "{what}: {result}");
+    assert_eq!(result["errors"], 0, "{what}: {result}");
+    assert_eq!(result["blocks"], BLOCKS, "{what}: {result}");
+    result
+}
+
+/// Migrate `verify` in `mode` mid-run; the destination's verify result.
+fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let (dst, socket) = destination(dir.path(), "destination");
+    let (src, api, disk) = source(dir.path(), mode, verify);
+    let (status, body) = send_migration(&api, &socket);
+    assert_eq!(status, 200, "{mode}: send-migration: {body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    let rounds = report["rounds"].as_u64().unwrap();
+    let per_round: Vec<u64> =
+        report["pages_per_round"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
+    assert!(rounds >= 1, "{mode}: {report}");
+    // Each pre-copy round, then the stop-and-copy.
+    assert_eq!(per_round.len() as u64, rounds + 1, "{mode}: {report}");
+    assert!(per_round[0] > 0, "{mode}: the first round sent nothing: {report}");
+    assert!(report["downtime_ms"].as_f64().unwrap() > 0.0, "{mode}: {report}");
+    assert!(report["state_bytes"].as_u64().unwrap() > 0, "{mode}: {report}");
+
+    let (code, stdout, err) = src.wait();
+    assert_eq!(code, Some(0), "{mode}: the source's status; stderr: {err}");
+    assert!(err.contains("migrated to"), "{mode}: {err}");
+    assert!(blk_result(&stdout).is_none(), "{mode}: the verify ended on the source: make BLOCKS larger");
+    let (code, stdout, dst_err) = dst.wait();
+    assert_eq!(code, Some(0), "{mode}: the destination's status; stderr: {dst_err}");
+    let result = assert_verify_passed(&stdout, &dst_err, mode);
+    common::assert_holds_only_pattern(&disk, verify.seed, BLOCKS);
+    println!(
+        "{mode}, {} queues: downtime {:.3} ms (pause {:.3} ms), total {:.1} ms, {rounds} pre-copy rounds, pages per round {per_round:?}, device-dirtied pages {}, KVM-dirtied pages {}",
+        verify.queues,
+        report["downtime_ms"].as_f64().unwrap(),
+        report["pause_ms"].as_f64().unwrap(),
+        report["total_ms"].as_f64().unwrap(),
+        report["device_dirty_pages"],
+        report["kvm_dirty_pages"],
+    );
+    result
+}
+
+#[test]
+fn a_vm_migrated_mid_verify_finishes_its_verify_on_the_destination() {
+    let _one = one_at_a_time();
+    for (i, mode) in ["trap", "eventfd", "exitless"].into_iter().enumerate() {
+        migrate_mid_verify(mode, Verify { seed: 3100 + i as u64, qd: 8, queues: 1 });
+    }
+}
+
+#[test]
+fn a_two_queue_disk_migrated_mid_verify_finishes_its_verify() {
+    let _one = one_at_a_time();
+    for (i, mode) in ["eventfd", "exitless"].into_iter().enumerate() {
+        let result = migrate_mid_verify(mode, Verify { seed: 3150 + i as u64, qd: 8, queues: 2 });
+        assert_eq!(result["queues"], 2, "{mode}: {result}");
+        let counts: Vec<u64> =
+            result["per_queue"].as_array().expect("per_queue").iter().map(|c| c.as_u64().unwrap()).collect();
+        assert!(
+            counts.len() == 2 && counts.iter().all(|&c| c > 0),
+            "{mode}: a queue served nothing: {result}"
+        );
+    }
+}
+
+/// A destination fed `stream` directly must end with a one-line error saying `expect`.
+fn assert_destination_refuses(what: &str, stream: &[u8], expect: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (dst, socket) = destination(dir.path(), "destination");
+    let mut conn = UnixStream::connect(&socket).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    // A peer that has gone may refuse the rest: what matters is what the destination says.
+    let _ = conn.write_all(stream);
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    let mut answer = Vec::new();
+    let _ = conn.read_to_end(&mut answer);
+    let (code, _, err) = dst.wait();
+    assert_ne!(code, Some(0), "{what}: the destination ran the VM; stderr: {err}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.contains("waiting for a live migration")).collect();
+    assert_eq!(lines.len(), 1, "{what}: not one line: {err}");
+    assert!(lines[0].contains(expect), "{what}: {:?} does not say {expect:?}", lines[0]);
+    // The destination's last answer refuses, with the same reason.
+    let refusal =
+        answer.iter().rposition(|&b| b == 1).map(|at| String::from_utf8_lossy(&answer[at..]).into_owned());
+    println!("{what}: {} (the source was told {refusal:?})", lines[0]);
+}
+
+/// The hello of a 64 MiB VM without disks.
+fn hello() -> Vec<u8> {
+    let json = serde_json::json!({
+        "config": {
+            "mem_bytes": 64u64 << 20, "vcpus": 1, "hugepages": false, "cmdline": "",
+            "io_mode": "eventfd", "idle_budget_us": 50, "disable_hlt_exits": false,
+            "disable_pause_exits": false, "disks": []
+        },
+        "memory_bytes": 64u64 << 20
+    })
+    .to_string();
+    let mut bytes = b"EXLMIGR1".to_vec();
+    bytes.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
+    bytes.extend_from_slice(json.as_bytes());
+    bytes
+}
+
+fn pages_record(gpa: u64, pages: u32, data: usize) -> Vec<u8> {
+    let mut bytes = vec![1u8];
+    bytes.extend_from_slice(&gpa.to_le_bytes());
+    bytes.extend_from_slice(&pages.to_le_bytes());
+    bytes.extend(std::iter::repeat_n(0xa5, data));
+    bytes
+}
+
+#[test]
+fn a_damaged_stream_is_refused_by_the_destination_with_a_one_line_error() {
+    let _one = one_at_a_time();
+    let with_hello = |rest: &[u8]| [hello(), rest.to_vec()].concat();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("not a migration stream", b"GET / HTTP/1.1\r\n\r\n".to_vec(), "not an exitless migration"),
+        ("a hello cut short", hello()[..40].to_vec(), "connection broke"),
+        ("a hello of 2 GiB", [b"EXLMIGR1".as_slice(), &[0, 0, 0, 0x80]].concat(), "more than"),
+        (
+            "pages beyond guest memory",
+            with_hello(&pages_record(64 << 20, 1, 4096)),
+            "not inside guest memory",
+        ),
+        (
+            "pages across the end of memory",
+            with_hello(&pages_record((64 << 20) - 4096, 2, 8192)),
+            "not inside",
+        ),
+        ("a page count of 2^32-1", with_hello(&pages_record(0, u32::MAX, 0)), "pages (1 to"),
+        ("pages cut short", with_hello(&pages_record(0x10000, 4, 5000)), "connection broke"),
+        ("a record of unknown kind", with_hello(&[7, 0, 0]), "unknown kind"),
+        (
+            "a state that is not JSON",
+            with_hello(&[2, 4, 0, 0, 0, b'{', b'x', 0, 0]),
+            "not an exitless snapshot",
+        ),
+        ("no state at all", hello(), "connection broke"),
+    ];
+    for (what, stream, expect) in cases {
+        assert_destination_refuses(what, &stream, expect);
+    }
+}
+
+/// Forward a source's connection to `to`, but only its first `limit` bytes: then both ends are
+/// shut, a stream cut mid-migration. Replies go back unchanged.
+fn cutting_proxy(listen: &Path, to: PathBuf, limit: usize) -> std::thread::JoinHandle<usize> {
+    let listener = UnixListener::bind(listen).unwrap();
+    std::thread::spawn(move || {
+        let (mut from_source, _) = listener.accept().unwrap();
+        let mut to_destination = UnixStream::connect(&to).unwrap();
+        let (mut replies_in, mut replies_out) =
+            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+        std::thread::spawn(move || std::io::copy(&mut replies_in, &mut replies_out));
+        let mut forwarded = 0;
+        let mut buffer = vec![0u8; 65536];
+        while forwarded < limit {
+            let n = match from_source.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n.min(limit - forwarded),
+            };
+            if to_destination.write_all(&buffer[..n]).is_err() {
+                break;
+            }
+            forwarded += n;
+        }
+        let _ = to_destination.shutdown(std::net::Shutdown::Both);
+        let _ = from_source.shutdown(std::net::Shutdown::Both);
+        forwarded
+    })
+}
+
+#[test]
+fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (dst, socket) = destination(dir.path(), "destination");
+    let seed = 3200;
+    let (src, api, disk) = source(dir.path(), "eventfd", Verify { seed, qd: 8, queues: 1 });
+    // Cut after the hello and some pages (the first round alone is over 200 KiB).
+    let proxy = dir.path().join("proxy.mig");
+    let forwarded = cutting_proxy(&proxy, socket, 100_000);
+    let (status, body) = send_migration(&api, &proxy);
+    assert_eq!(status, 500, "a cut migration: {body}");
+    println!("the source was told: {body} ({} bytes forwarded)", forwarded.join().unwrap());
+    let (code, _, dst_err) = dst.wait();
+    assert_ne!(code, Some(0), "the destination ran a VM it did not have whole: {dst_err}");
+    assert!(!dst_err.contains("panicked"), "{dst_err}");
+    println!("the destination said: {}", dst_err.lines().last().unwrap_or_default());
+
+    // The source runs on: a pause and resume work, and its verify finishes and passes.
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.resume", None).0, 204);
+    let (code, stdout, err) = src.wait();
+    assert_eq!(code, Some(0), "the source's status; stderr: {err}");
+    assert!(err.contains("failed; the VM runs on here"), "{err}");
+    assert_verify_passed(&stdout, &err, "the source after a failed migration");
+    common::assert_holds_only_pattern(&disk, seed, BLOCKS);
+}
+
+#[test]
+fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("ram.api");
+    let args = [
+        "run",
+        "--probe",
+        "--disk",
+        "ram=16M",
+        "--api-socket",
+        api.to_str().unwrap(),
+        "--timeout",
+        "60",
+        "--cmdline",
+        "probe.workload=blk probe.rw=randread probe.ops=100000000 probe.qd=1",
+    ];
+    let vm = Proc::start(dir.path(), "ram", &args, &api);
+    let (status, body) = send_migration(&api, &dir.path().join("nobody.mig"));
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("RAM disk"), "{body}");
+    let body = r#"{"destination_url": "tcp:1.2.3.4:5"}"#;
+    let (status, answer) = http(&api, "PUT", "/api/v1/vm.send-migration", Some(body));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("unix:/PATH"), "{answer}");
+    // Still running: it pauses.
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
+    vm.kill();
+}
