@@ -457,17 +457,19 @@ fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
     std::fs::File::create(&linux_disk).unwrap().set_len(64 << 20).unwrap();
     std::fs::File::create(&probe_disk).unwrap().set_len(16 << 20).unwrap();
     let (socket, probe_socket) = (dir.path().join("linux.sock"), dir.path().join("probe.sock"));
-    let backend = start_backend(
-        &socket,
+    // Each disk's socket listens in turn: wait for both, not only the first.
+    let backend = Daemon::start(
         &[
+            "--socket",
+            socket.to_str().unwrap(),
             "--disk",
             &format!("path={}", linux_disk.display()),
             "--disk",
             &format!("socket={},path={},direct", probe_socket.display(), probe_disk.display()),
         ],
+        &[&socket, &probe_socket],
         &dir.path().join("daemon.log"),
     );
-    assert!(probe_socket.exists(), "both sockets listen: {}", backend.log());
     let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
     let mut linux = guest.spawn("vu.write=1 vu.waitgo=1 vu.read=1", 1, 1, false);
     linux.wait_for("VU-WAITING");
