@@ -11,83 +11,21 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::api::http;
+use common::background::Background;
 use common::one_at_a_time;
 use serde_json::Value;
 
 /// Blocks the verify writes and reads back (the disk is exactly this big).
 const BLOCKS: u64 = 16384;
-/// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
-const RUN_LIMIT: Duration = Duration::from_secs(180);
-
-/// A running `exitless run` with its output going to files in `dir`.
-struct Proc {
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-fn read(path: &Path) -> String {
-    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
-}
-
-impl Proc {
-    /// Start `exitless ARGS` and wait until `ready` exists (a socket it listens on).
-    fn start(dir: &Path, name: &str, args: &[&str], ready: &Path) -> Proc {
-        let stdout = dir.join(format!("{name}.out"));
-        let stderr = dir.join(format!("{name}.err"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).unwrap())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("start exitless");
-        let started = Instant::now();
-        while !ready.exists() {
-            let ended = child.try_wait().unwrap();
-            assert!(
-                ended.is_none() && started.elapsed() < RUN_LIMIT,
-                "{name}: no {}; stderr: {}",
-                ready.display(),
-                read(&stderr)
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Proc { child, stdout, stderr }
-    }
-
-    /// Wait for the process to end; its status code, standard output and error.
-    fn wait(mut self) -> (Option<i32>, String, String) {
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if started.elapsed() > RUN_LIMIT {
-                let _ = self.child.kill();
-                panic!("exitless did not end; stderr: {}", read(&self.stderr));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        (status.code(), read(&self.stdout), read(&self.stderr))
-    }
-
-    fn kill(mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        read(&self.stderr)
-    }
-}
-
 /// A destination waiting on `dir/NAME.mig`.
-fn destination(dir: &Path, name: &str) -> (Proc, PathBuf) {
+fn destination(dir: &Path, name: &str) -> (Background, PathBuf) {
     let socket = dir.join(format!("{name}.mig"));
     let url = format!("unix:{}", socket.display());
-    let proc = Proc::start(dir, name, &["run", "--receive-migration", &url, "--timeout", "170"], &socket);
+    let proc =
+        Background::start(dir, name, &["run", "--receive-migration", &url, "--timeout", "170"], &socket);
     (proc, socket)
 }
 
@@ -101,7 +39,7 @@ struct Verify {
 
 /// A 256 MiB VM running the probe's verify on a new file disk in `dir`, with a control API,
 /// once it has begun writing; the VM, its API socket and its disk.
-fn source(dir: &Path, mode: &str, verify: Verify) -> (Proc, PathBuf, PathBuf) {
+fn source(dir: &Path, mode: &str, verify: Verify) -> (Background, PathBuf, PathBuf) {
     let Verify { seed, qd, queues } = verify;
     let disk = dir.join("disk");
     std::fs::File::create(&disk).unwrap().set_len(BLOCKS * 4096).unwrap();
@@ -127,22 +65,9 @@ fn source(dir: &Path, mode: &str, verify: Verify) -> (Proc, PathBuf, PathBuf) {
         "--timeout",
         "170",
     ];
-    let vm = Proc::start(dir, "source", &args, &api);
-    wait_for_first_write(&disk, &vm);
+    let vm = Background::start(dir, "source", &args, &api);
+    vm.wait_for_first_write(&disk);
     (vm, api, disk)
-}
-
-fn wait_for_first_write(disk: &Path, vm: &Proc) {
-    let started = Instant::now();
-    let mut first = [0u8; 4096];
-    loop {
-        std::fs::File::open(disk).unwrap().read_exact(&mut first).unwrap();
-        if first.iter().any(|&b| b != 0) {
-            return;
-        }
-        assert!(started.elapsed() < RUN_LIMIT, "the guest never wrote; stderr: {}", read(&vm.stderr));
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn send_migration(api: &Path, socket: &Path) -> (u16, String) {
@@ -378,7 +303,7 @@ fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
         "--cmdline",
         "probe.workload=blk probe.rw=randread probe.ops=100000000 probe.qd=1",
     ];
-    let vm = Proc::start(dir.path(), "ram", &args, &api);
+    let vm = Background::start(dir.path(), "ram", &args, &api);
     let (status, body) = send_migration(&api, &dir.path().join("nobody.mig"));
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("RAM disk"), "{body}");

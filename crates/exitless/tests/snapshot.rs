@@ -8,10 +8,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::api::http;
+use common::background::{Background, RUN_LIMIT};
 use common::{exitless_within, line_with, one_at_a_time, stderr};
 use serde_json::Value;
 
@@ -23,8 +22,6 @@ const BLOCKS: u64 = 16384;
 /// keep every pause inside the run however loaded the host is; a longer run only tests the
 /// host's speed (65536 blocks in eventfd mode ran past RUN_LIMIT on a loaded two-CPU host).
 const PAUSE_BLOCKS: u64 = 4096;
-/// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
-const RUN_LIMIT: Duration = Duration::from_secs(180);
 
 /// The probe's verify over `blocks` blocks at depth `qd`, its requests in turn on `queues`
 /// queues.
@@ -35,39 +32,17 @@ fn verify_cmdline(seed: u64, qd: u32, blocks: u64, queues: u16) -> String {
     )
 }
 
-/// A running `exitless run` with its output going to files in `dir`.
+/// A running `exitless run` with its API socket at `dir/NAME.sock`.
 struct Vm {
-    child: Child,
-    stdout: PathBuf,
-    stderr: PathBuf,
+    process: Background,
     api: PathBuf,
 }
 
 impl Vm {
     fn start(dir: &Path, name: &str, args: &[&str]) -> Vm {
-        let stdout = dir.join(format!("{name}.out"));
-        let stderr = dir.join(format!("{name}.err"));
         let api = dir.join(format!("{name}.sock"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .args(args)
-            .arg("--api-socket")
-            .arg(&api)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout).unwrap())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .expect("start exitless");
-        let started = Instant::now();
-        while !api.exists() {
-            let ended = child.try_wait().unwrap();
-            assert!(
-                ended.is_none() && started.elapsed() < RUN_LIMIT,
-                "no API socket; stderr: {}",
-                read(&stderr)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Vm { child, stdout, stderr, api }
+        let args = [args, &["--api-socket", api.to_str().unwrap()]].concat();
+        Vm { process: Background::start(dir, name, &args, &api), api }
     }
 
     fn put(&self, verb: &str, body: Option<&str>) -> (u16, String) {
@@ -75,30 +50,13 @@ impl Vm {
     }
 
     /// Wait for the process to end; its status code, standard output and error.
-    fn wait(mut self) -> (Option<i32>, String, String) {
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if started.elapsed() > RUN_LIMIT {
-                let _ = self.child.kill();
-                panic!("exitless did not end; stderr: {}", read(&self.stderr));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        (status.code(), read(&self.stdout), read(&self.stderr))
+    fn wait(self) -> (Option<i32>, String, String) {
+        self.process.wait()
     }
 
-    fn kill(mut self) -> (String, String) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-        (read(&self.stdout), read(&self.stderr))
+    fn kill(self) -> (String, String) {
+        self.process.kill()
     }
-}
-
-fn read(path: &Path) -> String {
-    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
 }
 
 /// A disk of exactly `blocks` 4 KiB blocks.
@@ -106,20 +64,6 @@ fn disk(dir: &Path, blocks: u64) -> PathBuf {
     let path = dir.join("disk");
     std::fs::File::create(&path).unwrap().set_len(blocks * 4096).unwrap();
     path
-}
-
-/// Wait until the guest has written its first block: the verify is under way.
-fn wait_for_first_write(disk: &Path, vm: &Vm) {
-    let started = Instant::now();
-    let mut first = [0u8; 4096];
-    loop {
-        std::io::Read::read_exact(&mut std::fs::File::open(disk).unwrap(), &mut first).unwrap();
-        if first.iter().any(|&b| b != 0) {
-            return;
-        }
-        assert!(started.elapsed() < RUN_LIMIT, "the guest never wrote; stderr: {}", read(&vm.stderr));
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// What a verify run is: its seed, queue depth, blocks, and the disk's queues (all used).
@@ -141,7 +85,7 @@ fn start_verify(dir: &Path, mode: &str, verify: Verify) -> (Vm, PathBuf) {
     let args =
         ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
     let vm = Vm::start(dir, "vm", &args);
-    wait_for_first_write(&disk, &vm);
+    vm.process.wait_for_first_write(&disk);
     (vm, disk)
 }
 

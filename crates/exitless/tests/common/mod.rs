@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod background;
 pub mod console;
 pub mod daemon;
 pub mod disks;

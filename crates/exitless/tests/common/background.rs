@@ -1,0 +1,90 @@
+//! An `exitless` process running in the background while a test talks to it (an API socket, a
+//! migration socket), its standard output and error going to files.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
+pub const RUN_LIMIT: Duration = Duration::from_secs(180);
+
+/// A running `exitless` with its output in `dir/NAME.out` and `dir/NAME.err`.
+pub struct Background {
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Background {
+    /// Start `exitless ARGS` and wait until `ready` exists (a socket it listens on).
+    pub fn start(dir: &Path, name: &str, args: &[&str], ready: &Path) -> Background {
+        let stdout = dir.join(format!("{name}.out"));
+        let stderr = dir.join(format!("{name}.err"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start exitless");
+        let started = Instant::now();
+        while !ready.exists() {
+            let ended = child.try_wait().unwrap();
+            assert!(
+                ended.is_none() && started.elapsed() < RUN_LIMIT,
+                "{name}: no {}; stderr: {}",
+                ready.display(),
+                read(&stderr)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Background { child, stdout, stderr }
+    }
+
+    /// What it wrote to standard error so far.
+    pub fn stderr(&self) -> String {
+        read(&self.stderr)
+    }
+
+    /// Wait for the process to end; its status code, standard output and error.
+    pub fn wait(mut self) -> (Option<i32>, String, String) {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > RUN_LIMIT {
+                let _ = self.child.kill();
+                panic!("exitless did not end; stderr: {}", read(&self.stderr));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status.code(), read(&self.stdout), read(&self.stderr))
+    }
+
+    /// Kill it; its standard output and error.
+    pub fn kill(mut self) -> (String, String) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        (read(&self.stdout), read(&self.stderr))
+    }
+
+    /// Wait until the guest has written the first block of `disk`: its verify is under way.
+    pub fn wait_for_first_write(&self, disk: &Path) {
+        let started = Instant::now();
+        let mut first = [0u8; 4096];
+        loop {
+            std::fs::File::open(disk).unwrap().read_exact(&mut first).unwrap();
+            if first.iter().any(|&b| b != 0) {
+                return;
+            }
+            assert!(started.elapsed() < RUN_LIMIT, "the guest never wrote; stderr: {}", self.stderr());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn read(path: &Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
