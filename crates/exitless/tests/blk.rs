@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::disks::DISK_KINDS;
-use common::{exitless, exitless_within, json_lines, line_with, one_at_a_time, stderr};
+use common::{exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr};
 use serde_json::Value;
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
@@ -247,14 +247,6 @@ fn exitless_mode_makes_no_exit_per_request_and_trap_mode_several() {
 fn exitless_mode_makes_no_exit_per_request_on_two_queues() {
     let _one = one_at_a_time();
     check_exits_per_request(2);
-}
-
-/// The probe's per-queue completions (`per_queue`), checked to be `queues` counts.
-fn per_queue(result: &Value, queues: usize) -> Vec<u64> {
-    let counts: Vec<u64> =
-        result["per_queue"].as_array().expect("per_queue").iter().map(|c| c.as_u64().unwrap()).collect();
-    assert_eq!(counts.len(), queues, "{result}");
-    counts
 }
 
 /// A `queues=2` disk and `probe.queues=2` (VIRTIO_BLK_F_MQ, requests in turn on both queues) in

@@ -180,6 +180,14 @@ pub fn dirty_pages(path: &std::path::Path) -> u64 {
 
 pub use storage::testing::dirty_pages as dirty_pages_in;
 
+/// A probe result's per-queue completions (`per_queue`), checked to be `queues` counts.
+pub fn per_queue(result: &Value, queues: usize) -> Vec<u64> {
+    let counts: Vec<u64> =
+        result["per_queue"].as_array().expect("per_queue").iter().map(|c| c.as_u64().unwrap()).collect();
+    assert_eq!(counts.len(), queues, "{result}");
+    counts
+}
+
 /// The exits the I/O path makes between two marks, from a phase's `counters`: MMIO exits
 /// (notifications, register accesses; less the closing mark's own), port I/O and halts, plus
 /// the interrupts injected. Left out are those a busy host causes whatever the guest does: its

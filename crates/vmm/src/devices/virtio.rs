@@ -172,6 +172,9 @@ pub struct VirtioSlot {
     pub stats: Arc<DeviceStats>,
     /// For a vhost-user disk, what the VMM knows of it.
     pub vhost_user: Option<Arc<VhostUserInfo>>,
+    /// Does the transport run the workers itself (`Runner::OnNotify`), so that the main thread
+    /// must reap what a notification's exit left in flight?
+    serves_on_notify: bool,
     // Kept open for the VM's lifetime: KVM holds them as ioeventfds.
     _notify_fds: Vec<Arc<EventFd>>,
 }
@@ -369,6 +372,7 @@ impl VirtioDevices {
                     (device, runner, notify, own_line()?)
                 }
             };
+            let serves_on_notify = matches!(runner, Runner::OnNotify);
             let transport = MmioTransport::new(device, mem.clone(), runner, Some(interrupt), stats.clone());
             slots.push(VirtioSlot {
                 base,
@@ -379,6 +383,7 @@ impl VirtioDevices {
                 request_queues,
                 stats,
                 vhost_user: vhost_user_info,
+                serves_on_notify,
                 _notify_fds: notify_fds,
             });
         }
@@ -395,9 +400,10 @@ impl VirtioDevices {
     }
 
     /// Trap mode: complete the requests a notification's exit left in flight (see
-    /// `MmioTransport::reap_late_completions`). The VMM's main thread calls it on each tick.
+    /// `MmioTransport::reap_late_completions`). The VMM's main thread calls it on each tick;
+    /// it takes the lock of only the transports that run their workers themselves.
     pub fn reap_late_completions(&self) {
-        for slot in &self.slots {
+        for slot in self.slots.iter().filter(|slot| slot.serves_on_notify) {
             slot.transport.lock().unwrap_or_else(|p| p.into_inner()).reap_late_completions();
         }
     }
