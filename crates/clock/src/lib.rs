@@ -1,6 +1,7 @@
 //! A cheap clock for the data path: the time-stamp counter (one `rdtsc`, ~10 ns, no system call)
 //! where the CPU has one, else the monotonic clock. Workers read it once per pass (service-time
-//! histograms, token-bucket refills); [`ticks_per_second`] converts ticks to time.
+//! histograms, token-bucket refills); [`ticks_per_second`] converts ticks to time. Also, for
+//! telling another process when something happened, [`monotonic_at`] and [`instant_of`].
 
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
@@ -56,6 +57,35 @@ pub fn to_duration(ticks: u64) -> Duration {
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
+/// The host's monotonic clock (CLOCK_MONOTONIC, which `Instant` reads on Linux) at `at`: a
+/// time that another process on the same host turns back into an `Instant` of its own with
+/// [`instant_of`] (a report's measured window, for a harness that samples CPU time meanwhile).
+pub fn monotonic_at(at: Instant) -> Duration {
+    let (now, monotonic_now) = (Instant::now(), monotonic_now());
+    match now.checked_duration_since(at) {
+        Some(ago) => monotonic_now.saturating_sub(ago),
+        None => monotonic_now + (at - now),
+    }
+}
+
+/// The `Instant` at which the host's monotonic clock read `monotonic` (see [`monotonic_at`]).
+pub fn instant_of(monotonic: Duration) -> Instant {
+    let (now, monotonic_now) = (Instant::now(), monotonic_now());
+    match monotonic_now.checked_sub(monotonic) {
+        Some(ago) => now.checked_sub(ago).unwrap_or(now),
+        None => now + (monotonic - monotonic_now),
+    }
+}
+
+fn monotonic_now() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec for the call to fill; CLOCK_MONOTONIC always exists
+    // (read through the vDSO, no system call).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let secs = u64::try_from(now.tv_sec).unwrap_or(0);
+    Duration::new(secs, u32::try_from(now.tv_nsec).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +99,17 @@ mod tests {
         let measured = to_duration(t1 - t0);
         let ratio = measured.as_secs_f64() / wall.as_secs_f64();
         assert!((0.9..1.1).contains(&ratio), "rate {rate}: {measured:?} of ticks for {wall:?}");
+    }
+
+    #[test]
+    fn a_monotonic_time_turns_back_into_the_same_instant() {
+        let now = Instant::now();
+        for at in [now - Duration::from_millis(1500), now, now + Duration::from_millis(1500)] {
+            let back = instant_of(monotonic_at(at));
+            // Off by the few instructions between two reads of the clock in each call; the
+            // bound only has to catch a wrong sign or unit (3 s off).
+            let off = back.max(at) - back.min(at);
+            assert!(off < Duration::from_secs(1), "{off:?}");
+        }
     }
 }

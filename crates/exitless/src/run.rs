@@ -189,6 +189,9 @@ fn phases(marks: &[vmm::Mark]) -> Vec<serde_json::Value> {
                 "from": start.label,
                 "to": end.label,
                 "wall_s": end.at.duration_since(start.at).as_secs_f64(),
+                // When the phase began on the host's monotonic clock, so that a harness can
+                // place it among its own samples (`exitless bench scale`).
+                "from_monotonic_s": clock::monotonic_at(start.at).as_secs_f64(),
                 "vcpu_cpu_s": end.vcpu_cpu.saturating_sub(start.vcpu_cpu).as_secs_f64(),
                 "iocore_cpu_s": iocore,
                 "counters": end.snapshot.since(&start.snapshot),

@@ -198,7 +198,6 @@ fn run_exitless(
     let mut stdout = String::new();
     let _ = child.stdout.take().ok_or("no stdout")?.read_to_string(&mut stdout);
     let status = child.wait().map_err(|e| e.to_string())?;
-    let ended = Instant::now();
     let stderr = err.join().unwrap_or_default();
     let lines: Vec<Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let result = lines.iter().find(|v| v["probe"] == "blk");
@@ -228,11 +227,18 @@ fn run_exitless(
             .collect(),
     );
     let wall = Duration::from_secs_f64(phase["wall_s"].as_f64().unwrap_or(0.0).max(0.0));
+    // Where the phase lay on the host's clock: not counted back from the process's end, which
+    // a loaded host delays past the phase (its window would then hold only the teardown).
+    let from = phase["from_monotonic_s"]
+        .as_f64()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| clock::instant_of(Duration::from_secs_f64(s)))
+        .ok_or("no from_monotonic_s in the measured phase")?;
     Ok(VmResult {
         iops: result["iops"].as_f64().unwrap_or(0.0),
         ops: result["ops"].as_u64().unwrap_or(0),
         counters,
-        window: (ended.checked_sub(wall).unwrap_or(ended), ended),
+        window: (from, from + wall),
     })
 }
 
