@@ -141,8 +141,8 @@ pub fn parse(text: &str) -> Result<DiskBackend, String> {
     }
     if let Some(size) = null {
         if path.is_some() || ram.is_some() || direct {
-            return Err("`null=SIZE` takes only `readonly` (and `serial=`, `queues=`): it has no file, \
-                        is not a RAM disk and has nothing to open with `direct`"
+            return Err("a null disk (`null=SIZE`) holds no data: give it no `path=`, `ram` or `direct` \
+                        (it takes `readonly`, `serial=` and `queues=`)"
                 .into());
         }
         if size == 0 || !size.is_multiple_of(512) {
@@ -214,7 +214,7 @@ mod tests {
             assert!(parse_run(bad).is_err(), "{bad} accepted");
         }
         let mixed = parse("null=1G,path=/x").unwrap_err();
-        assert!(mixed.contains("`null=SIZE` takes only `readonly`") && !mixed.contains('\n'), "{mixed}");
+        assert!(mixed.contains("give it no `path=`, `ram` or `direct`") && !mixed.contains('\n'), "{mixed}");
     }
 
     #[test]

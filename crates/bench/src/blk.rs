@@ -719,6 +719,27 @@ impl Drop for BenchDisk {
     }
 }
 
+/// A host row of one fio run, `mode` in the table, on `backend`, with `note`.
+fn fio_row(scenario: Scenario, mode: String, run: &FioResult, backend: Backend, note: String) -> Row {
+    Row {
+        device: "host file",
+        backend,
+        iops: Some(run.iops),
+        p50_us: Some(run.p50_us),
+        p99_us: Some(run.p99_us),
+        exits_per_io: Some(0.0),
+        cpu_cores_used: run.cores,
+        command: Some(run.command.clone()),
+        note: Some(note),
+        ..Row::new("host", mode, scenario)
+    }
+}
+
+/// fio's `--cpus_allowed` list, as the notes show it.
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
 /// The bare-metal row: the best system-call fio run, and in its note every run and which won.
 fn host_row(
     scenario: Scenario,
@@ -727,69 +748,40 @@ fn host_row(
     failed: &[String],
     cpus: &[usize],
 ) -> Row {
-    let cpus = cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let tried: Vec<String> = all
         .iter()
         .map(|r| format!("{} qd {}: {:.0} IOPS, p50 {:.1} µs", r.engine, r.queue_depth, r.iops, r.p50_us))
         .chain(failed.iter().cloned())
         .collect();
-    Row {
-        device: "host file",
-        iops: Some(best.iops),
-        p50_us: Some(best.p50_us),
-        p99_us: Some(best.p99_us),
-        exits_per_io: Some(0.0),
-        cpu_cores_used: best.cores,
-        command: Some(best.command.clone()),
-        note: Some(format!(
-            "fio on CPUs {cpus}, O_DIRECT, buffers on {}, the best of {}: {} won",
-            if best.huge_pages { "2 MiB huge pages, as exitless's guest RAM" } else { "4 KiB pages" },
-            tried.join("; "),
-            best.engine
-        )),
-        ..Row::new("host", format!("bare metal (fio {})", best.engine), scenario)
-    }
+    let note = format!(
+        "fio on CPUs {}, O_DIRECT, buffers on {}, the best of {}: {} won",
+        cpu_list(cpus),
+        if best.huge_pages { "2 MiB huge pages, as exitless's guest RAM" } else { "4 KiB pages" },
+        tried.join("; "),
+        best.engine
+    );
+    fio_row(scenario, format!("bare metal (fio {})", best.engine), best, scenario.backend, note)
 }
 
 /// The RAM disk's own speed: fio's `mmap` engine, a memory copy with no system call.
 fn device_row(scenario: Scenario, run: &FioResult) -> Row {
-    Row {
-        device: "host file",
-        iops: Some(run.iops),
-        p50_us: Some(run.p50_us),
-        p99_us: Some(run.p99_us),
-        exits_per_io: Some(0.0),
-        cpu_cores_used: run.cores,
-        command: Some(run.command.clone()),
-        note: Some(
-            "the device itself: a memory copy from a mapping of the file, no system call (not the \
-             baseline: no program reaches a disk this way)"
-                .into(),
-        ),
-        backend: Backend::Ram,
-        ..Row::new("host", "device (fio mmap)".into(), scenario)
-    }
+    let note = "the device itself: a memory copy from a mapping of the file, no system call (not the \
+                baseline: no program reaches a disk this way)";
+    fio_row(scenario, "device (fio mmap)".into(), run, Backend::Ram, note.into())
 }
 
 /// A null disk's bare-metal row: fio's null engine, which has no file and completes each I/O at
 /// once (fio's own cost of an I/O).
 fn null_row(scenario: Scenario, run: &FioResult, cpus: &[usize]) -> Row {
-    let cpus = cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let note = format!(
+        "fio's null engine on CPUs {} at queue depth {}: no file and no system call, every I/O done \
+         at once",
+        cpu_list(cpus),
+        run.queue_depth
+    );
     Row {
-        device: "fio null",
-        iops: Some(run.iops),
-        p50_us: Some(run.p50_us),
-        p99_us: Some(run.p99_us),
-        exits_per_io: Some(0.0),
-        cpu_cores_used: run.cores,
-        command: Some(run.command.clone()),
-        note: Some(format!(
-            "fio's null engine on CPUs {cpus} at queue depth {}: no file and no system call, every I/O \
-             done at once",
-            run.queue_depth
-        )),
-        backend: Backend::Null,
-        ..Row::new("host", "bare metal (fio null)".into(), scenario)
+        device: "host, no file",
+        ..fio_row(scenario, "bare metal (fio null)".into(), run, Backend::Null, note)
     }
 }
 

@@ -31,11 +31,9 @@ const RAM_DISK_NOTE: &str = "RAM disk: a memory copy from a mapping of a /dev/sh
      (tmpfs-direct) compare with each other and with fio's; the null disk's table compares \
      exitless's null disk with QEMU's null-co";
 
-/// What a null disk's table measures, under it.
-const NULL_DISK_NOTE: &str = "null disk: holds nothing, so every row measures its I/O path alone: \
-     exitless's null disk zeroes the guest's buffer on reads and drops writes, QEMU's null-co \
-     (read-zeroes=on) memsets on reads and drops writes, and the bare-metal baseline is fio's \
-     null engine (no file, no system call: fio's own cost of an I/O)";
+/// What a null disk's table measures, under it (what each side does is the backend's note).
+const NULL_DISK_NOTE: &str = "null disk: it holds nothing, so every row measures its I/O path alone; \
+     bare metal is fio's null engine (no file, no system call: fio's own cost of an I/O)";
 
 /// What x QEMU is, under each table.
 const X_QEMU_NOTE: &str = "added µs/IO: the row's p50 less bare metal's p50; x QEMU: IOPS over the \
