@@ -1,5 +1,6 @@
 //! What a VM was built from, in a snapshot: enough to build the same machine again (memory,
-//! vCPUs, disks by path or, for a null disk, by size; I/O mode). The kernel is not needed: it is in guest memory.
+//! vCPUs, disks by path or, for a null disk, by size; I/O mode). The kernel is not needed: it is
+//! in guest memory.
 
 use std::path::PathBuf;
 use std::time::Duration;
