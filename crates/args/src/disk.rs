@@ -5,12 +5,16 @@
 //! - `ram=SIZE`: a new RAM disk of SIZE bytes (e.g. 1G), gone when the VM ends.
 //! - `ram,path=FILE[,readonly]`: an existing file on a memory file system (/dev/shm), mapped
 //!   and shared with the host, so host tools read the very same bytes.
+//! - `null=SIZE[,readonly]`: a null disk of SIZE bytes that holds nothing: reads return zeros,
+//!   writes (and flushes, discards, write-zeroes) are accepted and dropped. Every request is
+//!   checked (range, read-only) and completes at once, with no system call: the I/O path's own
+//!   cost, the peer of QEMU's `null-co,read-zeroes=on`.
 //! - `vhost-user=SOCKET[,reconnect=SECS]` (`exitless run` only): a disk a vhost-user daemon
 //!   serves; when the daemon goes away, the VM waits up to SECS seconds (default 10, 0: not at
 //!   all) for the next daemon on the socket and carries on with it.
-//! - `serial=TEXT` with any of the first three: the serial number the guest reads (virtio-blk
+//! - `serial=TEXT` with any of the first four: the serial number the guest reads (virtio-blk
 //!   GET_ID, Linux's /sys/block/vdX/serial): 1 to 20 printable ASCII characters, no comma.
-//! - `queues=N` with any of the first three: N virtqueues (1 to 16; VIRTIO_BLK_F_MQ above 1),
+//! - `queues=N` with any of the first four: N virtqueues (1 to 16; VIRTIO_BLK_F_MQ above 1),
 //!   each with a backend and a worker of its own, as the vhost-user daemon's `queues=`.
 
 use std::path::PathBuf;
@@ -117,21 +121,34 @@ fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, String> {
     Ok(VhostUserDisk { socket: PathBuf::from(socket), reconnect })
 }
 
-/// A disk the VMM serves itself: `path=FILE[,readonly][,direct]`, `ram=SIZE` or
-/// `ram,path=FILE[,readonly]`.
+/// A disk the VMM serves itself: `path=FILE[,readonly][,direct]`, `ram=SIZE`,
+/// `ram,path=FILE[,readonly]` or `null=SIZE[,readonly]`.
 pub fn parse(text: &str) -> Result<DiskBackend, String> {
     let mut path = None;
     let mut ram = None;
+    let mut null = None;
     let (mut read_only, mut direct) = (false, false);
     for option in text.split(',') {
         match option.split_once('=') {
             Some(("path", value)) if !value.is_empty() => path = Some(PathBuf::from(value)),
             Some(("ram", size)) => ram = Some(Some(crate::size::parse(size)?)),
+            Some(("null", size)) => null = Some(crate::size::parse(size)?),
             None if option == "ram" => ram = Some(None),
             None if option == "readonly" => read_only = true,
             None if option == "direct" => direct = true,
             _ => return Err(format!("unknown disk option `{option}`; see `exitless run --help`")),
         }
+    }
+    if let Some(size) = null {
+        if path.is_some() || ram.is_some() || direct {
+            return Err("a null disk (`null=SIZE`) holds no data: give it no `path=`, `ram` or `direct` \
+                        (it takes `readonly`, `serial=` and `queues=`)"
+                .into());
+        }
+        if size == 0 || !size.is_multiple_of(512) {
+            return Err(format!("null disk size {size} is not a non-zero multiple of 512 bytes"));
+        }
+        return Ok(DiskBackend::Null { size, read_only });
     }
     if ram.is_some() && direct {
         return Err("`direct` applies to `path=FILE` disks, not RAM disks".into());
@@ -152,7 +169,7 @@ pub fn parse(text: &str) -> Result<DiskBackend, String> {
         (Some(None), None) => {
             Err("`ram` needs a size (`ram=1G`) or a file (`ram,path=/dev/shm/disk`)".into())
         }
-        (None, None) => Err("a disk needs `path=FILE` or `ram=SIZE`".into()),
+        (None, None) => Err("a disk needs `path=FILE`, `ram=SIZE` or `null=SIZE`".into()),
     }
 }
 
@@ -171,6 +188,33 @@ mod tests {
             parse("ram,path=/dev/shm/x").unwrap(),
             DiskBackend::RamFile { path: "/dev/shm/x".into(), read_only: false }
         );
+    }
+
+    #[test]
+    fn a_null_disk_takes_a_size_and_readonly() {
+        assert_eq!(parse("null=64M").unwrap(), DiskBackend::Null { size: 64 << 20, read_only: false });
+        assert_eq!(parse("readonly,null=1G").unwrap(), DiskBackend::Null { size: 1 << 30, read_only: true });
+        let options = DiskOptions { serial: Some("n0".into()), queues: 4 };
+        assert_eq!(
+            parse_run("null=512,queues=4,serial=n0").unwrap(),
+            RunDisk::Local(DiskBackend::Null { size: 512, read_only: false }, options)
+        );
+        for bad in [
+            "null",
+            "null=",
+            "null=0",
+            "null=1000",
+            "null=1G,path=/x",
+            "null=1G,ram",
+            "null=1G,ram=1G",
+            "null=1G,direct",
+            "null=1G,fast",
+            "null=1G,queues=0",
+        ] {
+            assert!(parse_run(bad).is_err(), "{bad} accepted");
+        }
+        let mixed = parse("null=1G,path=/x").unwrap_err();
+        assert!(mixed.contains("give it no `path=`, `ram` or `direct`") && !mixed.contains('\n'), "{mixed}");
     }
 
     #[test]

@@ -23,20 +23,25 @@ workload on the host with fio against the very same file (the bare-metal baselin
 job allowed the vCPU's and the IOCore's CPUs, the best of psync, libaio and io_uring; the row
 says which won), and in QEMU-KVM (--peers qemu, the default): its own virtio-blk on an iothread
 with interrupt and with polled completion, QEMU with exitless's vhost-user-blk backend, and QEMU
-with qemu-storage-daemon's vhost-user-blk export (its own iothread, pinned to the IOCore's CPU);
-beside a RAM disk, QEMU's own virtio-blk and qemu-storage-daemon also on QEMU's null device
-(null-co, read-zeroes=on).
+with qemu-storage-daemon's vhost-user-blk export (its own iothread, pinned to the IOCore's CPU).
+On a null disk QEMU's own virtio-blk and qemu-storage-daemon run on QEMU's null device (null-co,
+read-zeroes=on), and the bare-metal baseline is fio's null engine.
 
-Disks (--disk, repeatable; the default is `--disk scratch --disk ram=1G`, the real disk first):
+Disks (--disk, repeatable; the default is `--disk scratch --disk ram=1G --disk null=1G`, the real
+disk first):
   scratch[=SIZE]     a real disk: a file of SIZE (default 1G) in --scratch DIR, written with data
                      once and kept for later runs, served with O_DIRECT; DIR must be a writable
                      directory on a real file system (not tmpfs or ramfs)
-  ram=SIZE           a RAM disk: a new /dev/shm file filled with data, removed at the end; a null
-                     device that shows the I/O path's own cost (fio's mmap engine adds a row with
-                     the device's own speed, a memory copy with no system call)
+  ram=SIZE           a RAM disk: a new /dev/shm file filled with data, removed at the end, served
+                     as a memory copy from a mapping of it (fio's mmap engine adds a row with the
+                     same copy on the host); QEMU cannot map the file, so its rows read it through
+                     io_uring (tmpfs-direct) and the RAM disk's own rows have no x QEMU
   ram,path=FILE      an existing /dev/shm file
+  null=SIZE          a null disk: holds nothing, reads return zeros, writes are dropped, no
+                     system call per request: the I/O path's own cost, against fio's null engine
+                     and QEMU's null-co (virtio-blk and qemu-storage-daemon)
   path=FILE[,direct] an existing file through io_uring (direct: O_DIRECT)
-Naming --disk replaces the default pair.
+Naming --disk replaces the default three.
 
 The backend matrix (--backends KIND,..., or all; instead of --disk): the same workloads on each
 kind of disk a user gives, every peer on the same backend with the same caching:
@@ -48,20 +53,22 @@ kind of disk a user gives, every peer on the same backend with the same caching:
             every run: reads that miss it
   tmpfs     a file in /dev/shm served through io_uring (path=), through the page cache
   loop      a loop device over the scratch file (losetup --direct-io=on), O_DIRECT
-  ram       the RAM disk; QEMU and qemu-storage-daemon on their null device (null-co)
+  ram       the RAM disk (a memory copy; fio mmap; QEMU on its file through io_uring)
+  null      the null disk; fio's null engine, QEMU and qemu-storage-daemon on null-co
 e.g. exitless bench --backends all --rw randread,randwrite,writeflush --qd 1,32.
 
 Per row: IOPS, p50/p99 latency, the latency it adds per I/O (its p50 less bare metal's), exits
 per I/O by cause (KVM's statistics between two marks around the measured phase; QEMU's through
 QMP query-stats), cores used (vCPU plus IOCore CPU time over wall time; QEMU's plus its
-backend's), the backend the I/O ended up on (null: exitless's RAM disk, fio mmap, QEMU's
-null-co; or the file by file system and cache mode), the ratio to bare metal and to QEMU's best
-configuration on the same backend (null against null, a file against the same file and cache
-mode; n/a where QEMU ran on no such backend).
+backend's), the backend the I/O ended up on (null: exitless's null disk, fio's null engine,
+QEMU's null-co; ram: exitless's RAM disk, fio mmap; or the file by file system and cache mode),
+the ratio to bare metal and to QEMU's best configuration on the same backend (null against
+null, a file against the same file and cache mode; n/a where QEMU ran on no such backend, as on
+ram).
 
-Defaults: 4 KiB random reads at queue depths 1 and 32 on both disks, each run (guest or fio)
-measuring --duration-ms 1000 after --warmup 2000 requests: 62 runs, about 1.5 minutes for the 56
-without QEMU's null device on a 2-CPU host (plus writing the real disk's file the first time).
+Defaults: 4 KiB random reads at queue depths 1 and 32 on the three disks, each run (guest or
+fio) measuring --duration-ms 1000 after --warmup 2000 requests: 78 runs, about 2 minutes on a
+2-CPU host (plus writing the real disk's file the first time).
 One progress line per run goes to standard error, with an estimate of the time left. A bad
 --scratch ends the bench at once with status 2. A guest run that fails (or hangs past duration +
 warm-up ms + 15 s) is run once more and its row says so; one that fails twice leaves a row that
@@ -88,12 +95,12 @@ pub struct BlkBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
     pub modes: Vec<IoModeArg>,
     /// A disk to measure (repeat for more; see below): `scratch[=SIZE]` (a real disk: a file in
-    /// --scratch DIR, O_DIRECT), `ram=SIZE` (a new RAM disk), `ram,path=FILE` or
-    /// `path=FILE[,direct]`. Write workloads overwrite what is there.
-    #[arg(long = "disk", value_name = "SPEC", default_values = ["scratch", "ram=1G"], value_parser = parse_bench_disk)]
+    /// --scratch DIR, O_DIRECT), `ram=SIZE` (a new RAM disk), `ram,path=FILE`, `null=SIZE` (a
+    /// null disk) or `path=FILE[,direct]`. Write workloads overwrite what is there.
+    #[arg(long = "disk", value_name = "SPEC", default_values = ["scratch", "ram=1G", "null=1G"], value_parser = parse_bench_disk)]
     pub disks: Vec<BenchDiskArg>,
     /// The backend matrix instead of --disk: the same workloads on each of these kinds of disk
-    /// (`direct`, `buffered`, `cold`, `tmpfs`, `loop`, `ram` or `all`; see below), each against
+    /// (`direct`, `buffered`, `cold`, `tmpfs`, `loop`, `ram`, `null` or `all`; see below), each against
     /// fio with the same caching and QEMU on the same backend with the matching cache mode.
     #[arg(long, value_delimiter = ',', value_name = "KIND", conflicts_with = "disks")]
     pub backends: Vec<BackendArg>,
@@ -156,6 +163,15 @@ impl BenchDiskArg {
         )
     }
 
+    /// Whether it is a null disk (it holds nothing).
+    pub fn is_null(&self) -> bool {
+        matches!(
+            self,
+            BenchDiskArg::Disk(vmm::DiskBackend::Null { .. })
+                | BenchDiskArg::Matrix { kind: BackendArg::Null, .. }
+        )
+    }
+
     /// Whether it lives in the scratch directory.
     pub fn in_scratch(&self) -> bool {
         matches!(self, BenchDiskArg::Scratch { .. })
@@ -176,21 +192,24 @@ pub enum BackendArg {
     Tmpfs,
     /// A loop device over the scratch file (losetup --direct-io=on), O_DIRECT.
     Loop,
-    /// The RAM disk; QEMU's rows run on its null device.
+    /// The RAM disk (a memory copy); QEMU's rows read its file through io_uring.
     Ram,
+    /// The null disk; fio's null engine, QEMU's rows on its null device (null-co).
+    Null,
     /// Every kind above.
     All,
 }
 
 impl BackendArg {
     /// The kinds `All` stands for, in the order the bench measures them.
-    pub const EACH: [BackendArg; 6] = [
+    pub const EACH: [BackendArg; 7] = [
         BackendArg::Direct,
         BackendArg::Buffered,
         BackendArg::Cold,
         BackendArg::Tmpfs,
         BackendArg::Loop,
         BackendArg::Ram,
+        BackendArg::Null,
     ];
 
     /// The disk's label in the tables and `--json` (`disk`).
@@ -202,6 +221,7 @@ impl BackendArg {
             BackendArg::Tmpfs => "tmpfs",
             BackendArg::Loop => "loop",
             BackendArg::Ram => "ram",
+            BackendArg::Null => "null",
             BackendArg::All => "all",
         }
     }

@@ -1,6 +1,7 @@
 //! What a bench row's I/O ended up on, so that a row is compared with QEMU only on the same kind
-//! of backend: a RAM disk's memory copy against QEMU's null device, not against QEMU reading the
-//! same tmpfs file through io_uring (that compares backends, not VMMs).
+//! of backend: exitless's null disk against QEMU's null device, a file against the same file
+//! with the same cache mode; never a RAM disk's memory copy against QEMU reading the same tmpfs
+//! file through io_uring, nor against QEMU's null device (that compares backends, not VMMs).
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
@@ -11,10 +12,14 @@ use serde::Serialize;
 #[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backend {
-    /// No system call per request and no device behind it: exitless's RAM disk (a memory copy
-    /// from a mapping of the file), fio's mmap engine on that file, QEMU's `null-co` with
-    /// `read-zeroes=on` (a memset on reads, nothing on writes).
+    /// A disk that holds nothing, no system call per request: exitless's null disk (reads zero
+    /// the guest's buffer, writes are dropped), fio's `null` engine, QEMU's `null-co` with
+    /// `read-zeroes=on` (a memset on reads, nothing on writes) in its own virtio-blk and in
+    /// qemu-storage-daemon.
     Null,
+    /// A memory copy to or from a mapping of a /dev/shm file, no system call per request:
+    /// exitless's RAM disk, fio's `mmap` engine on the same file. QEMU has no such backend.
+    Ram,
     /// A file on a disk's file system, opened with O_DIRECT.
     FileDirect,
     /// A file on a disk's file system, through the page cache.
@@ -48,6 +53,7 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Null => "null",
+            Backend::Ram => "ram",
             Backend::FileDirect => "file-direct",
             Backend::FileBuffered => "file-buffered",
             Backend::TmpfsDirect => "tmpfs-direct",
@@ -61,8 +67,15 @@ impl Backend {
     pub fn describe(self) -> &'static str {
         match self {
             Backend::Null => {
-                "null: no device and no system call per I/O: exitless's RAM disk (a memory copy from a \
-                 mapping of the file), fio mmap, QEMU's null-co with read-zeroes=on"
+                "null: a disk that holds nothing, no system call per I/O: exitless's null disk (reads \
+                 zero the buffer, writes are dropped), fio's null engine, QEMU's null-co with \
+                 read-zeroes=on (its virtio-blk and qemu-storage-daemon)"
+            }
+            Backend::Ram => {
+                "ram: a memory copy to or from a mapping of the /dev/shm file, no system call per I/O: \
+                 exitless's RAM disk, fio mmap; no x QEMU: QEMU cannot map a /dev/shm file as a disk \
+                 (its rows on that file go through io_uring, tmpfs-direct), and its null-co is the null \
+                 disk's peer"
             }
             Backend::FileDirect => "file-direct: a file on a disk's file system, O_DIRECT",
             Backend::FileBuffered => "file-buffered: a file on a disk's file system, through the page cache",
@@ -96,9 +109,13 @@ mod tests {
         assert_eq!(Backend::of_file(disk.path(), true), Backend::FileDirect);
         assert_eq!(Backend::of_file(disk.path(), false), Backend::FileBuffered);
         assert_eq!(serde_json::to_value(Backend::BlockDeviceDirect).unwrap(), "block-device-direct");
-        for backend in
-            [Backend::Null, Backend::FileDirect, Backend::TmpfsBuffered, Backend::BlockDeviceBuffered]
-        {
+        for backend in [
+            Backend::Null,
+            Backend::Ram,
+            Backend::FileDirect,
+            Backend::TmpfsBuffered,
+            Backend::BlockDeviceBuffered,
+        ] {
             assert_eq!(serde_json::to_value(backend).unwrap(), backend.name());
         }
     }

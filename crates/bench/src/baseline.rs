@@ -5,6 +5,8 @@
 //! the report names it. For a RAM disk, [`Engine::Mmap`] measures the device
 //! itself: fio's `mmap` engine copies to or from a mapping of the file, no system call per I/O
 //! (and no O_DIRECT: with it fio's mmap engine syncs each I/O, which is no longer a memory copy).
+//! For a null disk, [`Engine::Null`] is the baseline: fio's `null` engine, which has no file and
+//! completes every I/O at once (fio's own cost of an I/O on the host).
 //!
 //! Cores: fio's job thread may run on any of [`FioJob::cpus`]. With `io_uring`, I/O the kernel
 //! cannot complete without blocking is handed to an `iou-wrk` worker thread, which inherits the
@@ -83,6 +85,9 @@ pub enum Engine {
     /// A memory copy to or from a mapping of the file, one I/O at a time, no system call and no
     /// O_DIRECT: the speed of a memory-backed device itself.
     Mmap,
+    /// No file and no system call: every I/O completes at once, at the job's queue depth (the
+    /// host's peer of a null disk). The job's path is not used.
+    Null,
 }
 
 /// The engines whose best run is the bare-metal baseline: each I/O is a system call, as it is for
@@ -97,13 +102,14 @@ impl Engine {
             Engine::Libaio => "libaio",
             Engine::IoUring => "io_uring",
             Engine::Mmap => "mmap",
+            Engine::Null => "null",
         }
     }
 
     fn queue_depth(self, job: &FioJob) -> u32 {
         match self {
             Engine::Psync | Engine::Mmap => 1,
-            Engine::Libaio | Engine::IoUring => job.queue_depth,
+            Engine::Libaio | Engine::IoUring | Engine::Null => job.queue_depth,
         }
     }
 }
@@ -111,7 +117,7 @@ impl Engine {
 /// What one fio run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct FioResult {
-    /// fio's engine name (`psync`, `libaio`, `io_uring`, `mmap`).
+    /// fio's engine name (`psync`, `libaio`, `io_uring`, `mmap`, `null`).
     pub engine: &'static str,
     pub iops: f64,
     /// Median total latency (submission to completion), microseconds.
@@ -146,7 +152,7 @@ pub enum BaselineError {
 
 /// Runs `job` once with `engine` and returns what fio measured.
 pub fn run(job: &FioJob, engine: Engine) -> Result<FioResult, BaselineError> {
-    check(job)?;
+    check(job, engine)?;
     let args = fio_args(job, engine)?;
     let command = std::iter::once("fio".to_string())
         .chain(args.iter().cloned())
@@ -205,7 +211,7 @@ const RW: [&str; 5] = ["randread", "randwrite", "read", "write", WRITE_FLUSH];
 /// Writes each followed by a FLUSH (an fdatasync on the host).
 const WRITE_FLUSH: &str = "writeflush";
 
-fn check(job: &FioJob) -> Result<(), BaselineError> {
+fn check(job: &FioJob, engine: Engine) -> Result<(), BaselineError> {
     let invalid = |m: String| Err(BaselineError::InvalidJob(m));
     if !RW.contains(&job.rw) {
         return invalid(format!("rw {:?} is none of {}", job.rw, RW.join(", ")));
@@ -218,6 +224,9 @@ fn check(job: &FioJob) -> Result<(), BaselineError> {
     }
     if job.size < u64::from(job.block_size) {
         return invalid(format!("size {} is smaller than one block ({} bytes)", job.size, job.block_size));
+    }
+    if engine == Engine::Null {
+        return Ok(());
     }
     let path = job.path.display().to_string();
     let meta = std::fs::metadata(&job.path).map_err(|e| BaselineError::BackingFile {
@@ -238,25 +247,26 @@ fn check(job: &FioJob) -> Result<(), BaselineError> {
 }
 
 fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> {
-    let path = job.path.to_str().ok_or_else(|| {
-        BaselineError::InvalidJob(format!(
-            "path {} is not UTF-8, which fio's command line needs",
-            job.path.display()
-        ))
-    })?;
-    // fio splits --filename on ':' unless escaped.
-    let filename = path.replace(':', "\\:");
     if job.cpus.is_empty() {
         return Err(BaselineError::InvalidJob("no CPU to run on".into()));
     }
+    let mut args = vec!["--output-format=json".to_string(), "--name=exitless-baseline".to_string()];
+    if engine != Engine::Null {
+        let path = job.path.to_str().ok_or_else(|| {
+            BaselineError::InvalidJob(format!(
+                "path {} is not UTF-8, which fio's command line needs",
+                job.path.display()
+            ))
+        })?;
+        // fio splits --filename on ':' unless escaped.
+        let filename = path.replace(':', "\\:");
+        args.extend([format!("--filename={filename}"), "--allow_file_create=0".into()]);
+    }
     let cpus = job.cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let memory = if job.huge_pages { "shmhuge" } else { "malloc" };
-    Ok(vec![
-        "--output-format=json".into(),
-        "--name=exitless-baseline".into(),
-        format!("--filename={filename}"),
-        "--allow_file_create=0".into(),
-        format!("--direct={}", u8::from(engine != Engine::Mmap && job.direct)),
+    let with_file = !matches!(engine, Engine::Mmap | Engine::Null);
+    args.extend([
+        format!("--direct={}", u8::from(with_file && job.direct)),
         format!("--ioengine={}", engine.name()),
         format!("--iodepth={}", engine.queue_depth(job)),
         format!("--rw={}", if job.rw == WRITE_FLUSH { "randwrite" } else { job.rw }),
@@ -275,7 +285,8 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
         "--randrepeat=0".into(),
         "--lat_percentiles=1".into(),
         "--percentile_list=50:99".into(),
-    ])
+    ]);
+    Ok(args)
 }
 
 #[derive(Debug, PartialEq)]
@@ -470,6 +481,21 @@ mod tests {
         assert_eq!(best(&all).unwrap().iops, max);
         assert!(best(&[]).is_none());
         assert!(all.iter().all(|r| !r.huge_pages && r.command.contains("--iomem=malloc")));
+    }
+
+    /// fio's null engine needs no file: it runs every workload at the job's queue depth.
+    #[test]
+    fn the_null_engine_runs_without_a_file() {
+        let mut job = job(PathBuf::from("/nonexistent/exitless-null"));
+        job.runtime = Duration::from_millis(100);
+        for rw in ["randread", "writeflush"] {
+            job.rw = rw;
+            let result = run(&job, Engine::Null).unwrap();
+            assert_eq!((result.engine, result.queue_depth), ("null", 8));
+            assert!(result.iops > 0.0 && result.p50_us <= result.p99_us, "{result:?}");
+            assert!(result.command.contains("--ioengine=null --iodepth=8"), "{}", result.command);
+            assert!(!result.command.contains("--filename"), "{}", result.command);
+        }
     }
 
     /// Requests larger than a page get huge-page buffers where the host has them to give, and

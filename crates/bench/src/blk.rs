@@ -1,6 +1,6 @@
 //! `exitless bench` (the default scenario): the block I/O ladder. The probe guest runs the same
 //! block workload on a virtio-blk disk in each I/O mode, and fio runs it on the host against
-//! the very same file: the bare-metal baseline.
+//! the very same file (on a null disk, with its null engine): the bare-metal baseline.
 
 use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -32,7 +32,8 @@ pub fn run_timeout(args: &BlkBenchArgs) -> Duration {
 
 #[derive(Serialize, Clone)]
 pub struct Row {
-    /// Which of the bench's disks: `ram` (the RAM disk) or `file` (a file on a real disk, O_DIRECT).
+    /// Which of the bench's disks: `file` (a file on a real disk, O_DIRECT), `ram` (the RAM disk),
+    /// `null` (the null disk), or a backend matrix kind.
     pub disk: &'static str,
     pub device: &'static str,
     /// What the row's I/O ended up on: "x QEMU" compares only rows on the same one.
@@ -231,7 +232,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
                         results.extend(rows);
                     }
                     let bare_metal = match bare_metal {
-                        Some(before) if !disk.is_ram => Some(baseline_again(
+                        Some(before) if !disk.in_memory() => Some(baseline_again(
                             &disk,
                             scenario,
                             args,
@@ -303,14 +304,15 @@ impl Scenario {
     }
 }
 
-/// Each disk's label: `ram` or `file`, numbered from the second of a kind on (`file2`); a
-/// backend matrix disk's kind (`direct`, `buffered`, ...).
+/// Each disk's label: `ram`, `null` or `file`, numbered from the second of a kind on (`file2`);
+/// a backend matrix disk's kind (`direct`, `buffered`, ...).
 fn disk_labels(disks: &[BenchDiskArg]) -> Vec<&'static str> {
     let mut labels: Vec<&'static str> = Vec::new();
     for disk in disks {
         let kind = match disk {
             BenchDiskArg::Matrix { kind, .. } => kind.name(),
             _ if disk.is_ram() => "ram",
+            _ if disk.is_null() => "null",
             _ => "file",
         };
         let seen = labels.iter().filter(|l| l.trim_end_matches(|c: char| c.is_ascii_digit()) == kind).count();
@@ -330,13 +332,14 @@ fn plan(args: &BlkBenchArgs) -> Vec<Kind> {
         let scenarios = args.rw.len() * args.bs.len() * args.qd.len();
         for _ in 0..scenarios {
             if !args.no_baseline {
-                // On a RAM disk also mmap; on a real disk the winner once more, after the guests.
-                let engines = SYSCALL_ENGINES.len() + 1;
+                // On a RAM disk also mmap; on a real disk the winner once more, after the guests;
+                // on a null disk fio's null engine alone.
+                let engines = if disk.is_null() { 1 } else { SYSCALL_ENGINES.len() + 1 };
                 plan.extend(std::iter::repeat_n(Kind::Fio, engines));
             }
             plan.extend(std::iter::repeat_n(Kind::Exitless, args.modes.len()));
             if args.peers.contains(&Peer::Qemu) {
-                plan.extend(std::iter::repeat_n(Kind::Qemu, super::blk_qemu::runs(disk.is_ram())));
+                plan.extend(std::iter::repeat_n(Kind::Qemu, super::blk_qemu::runs(disk.is_null())));
             }
         }
     }
@@ -344,7 +347,8 @@ fn plan(args: &BlkBenchArgs) -> Vec<Kind> {
 }
 
 /// fio on the host: every system-call engine (the best is the bare-metal baseline) and, on a RAM
-/// disk, `mmap` (the device's own speed). Returns the rows, the baseline and the device run.
+/// disk, `mmap` (the device's own speed); on a null disk, its `null` engine, the baseline.
+/// Returns the rows, the baseline and the device run.
 fn baselines(
     disk: &BenchDisk,
     scenario: Scenario,
@@ -352,6 +356,12 @@ fn baselines(
     progress: &mut Progress,
 ) -> Result<(Vec<Row>, FioResult, Option<FioResult>), String> {
     let job = disk.fio_job(scenario, args);
+    if disk.backend == Backend::Null {
+        progress.start(Kind::Fio, format_args!("bare metal, fio null, {}", scenario.describe()));
+        let run = baseline::run(&job, Engine::Null)
+            .map_err(|e| format!("bare metal, {}: {e}", scenario.describe()))?;
+        return Ok((vec![null_row(scenario, &run, &job.cpus)], run, None));
+    }
     let mut runs = Vec::new();
     let mut failed = Vec::new();
     for engine in SYSCALL_ENGINES {
@@ -373,7 +383,7 @@ fn baselines(
     // fio's system-call engines open the file with O_DIRECT, whatever the guests do.
     rows[0].backend = Backend::of_file(&disk.fio_path, disk.direct);
     let mut device = None;
-    if disk.is_ram {
+    if disk.backend == Backend::Ram {
         progress.start(Kind::Fio, format_args!("device speed, fio mmap, {}", scenario.describe()));
         match baseline::run(&job, Engine::Mmap) {
             Ok(run) => {
@@ -383,7 +393,7 @@ fn baselines(
             Err(e) => {
                 let mut row = Row::new("host", "device (fio mmap)".into(), scenario);
                 row.device = "host file";
-                row.backend = Backend::Null;
+                row.backend = Backend::Ram;
                 row.note = Some(format!("not measured: {e}"));
                 rows.push(row);
             }
@@ -481,10 +491,11 @@ struct BenchDisk {
     vm_backend: DiskBackend,
     /// The same disk as a `--disk` spec, for `exitless vhost-user-blk`.
     spec: String,
+    /// The file fio and QEMU use (empty for a null disk: there is none).
     fio_path: PathBuf,
     size: u64,
-    is_ram: bool,
-    /// How exitless serves it: [`Backend::Null`] for a RAM disk (a mapping of the file).
+    /// How exitless serves it: [`Backend::Ram`] for a RAM disk (a mapping of the file),
+    /// [`Backend::Null`] for a null disk.
     backend: Backend,
     /// Whether the file is opened with O_DIRECT by QEMU's own device and qemu-storage-daemon,
     /// as exitless opens it (a RAM disk's file: with O_DIRECT, as fio reads it).
@@ -524,7 +535,6 @@ impl BenchDisk {
                     direct: true,
                     fio_path: path.clone(),
                     size: *size,
-                    is_ram: false,
                     describe: format!(
                         "real disk: a {} MiB file in {} (filled with data) through io_uring with O_DIRECT",
                         size >> 20,
@@ -549,8 +559,7 @@ impl BenchDisk {
                     spec: format!("ram,path={}", path.display()),
                     fio_path: path.clone(),
                     size: *size,
-                    is_ram: true,
-                    backend: Backend::Null,
+                    backend: Backend::Ram,
                     direct: true,
                     describe: format!("RAM disk: a {} MiB file in /dev/shm (filled with data)", size >> 20),
                     made: Some(path),
@@ -563,8 +572,7 @@ impl BenchDisk {
                 spec: format!("ram,path={}", path.display()),
                 fio_path: path.clone(),
                 size: file_size(path)?,
-                is_ram: true,
-                backend: Backend::Null,
+                backend: Backend::Ram,
                 direct: true,
                 describe: format!("RAM disk: {}", path.display()),
                 made: None,
@@ -576,7 +584,6 @@ impl BenchDisk {
                 spec: format!("path={}{}", path.display(), if *direct { ",direct" } else { "" }),
                 fio_path: path.clone(),
                 size: file_size(path)?,
-                is_ram: false,
                 backend: Backend::of_file(path, *direct),
                 direct: *direct,
                 describe: format!(
@@ -588,11 +595,31 @@ impl BenchDisk {
                 cold: false,
                 _loop_device: None,
             },
+            DiskBackend::Null { size, .. } => BenchDisk {
+                vm_backend: DiskBackend::Null { size: *size, read_only: false },
+                spec: format!("null={size}"),
+                fio_path: PathBuf::new(),
+                size: *size,
+                backend: Backend::Null,
+                direct: false,
+                describe: format!(
+                    "null disk: {} MiB that hold nothing (reads return zeros, writes are dropped)",
+                    size >> 20
+                ),
+                made: None,
+                cold: false,
+                _loop_device: None,
+            },
         })
     }
 
+    /// Whether it is memory (a RAM or null disk), whose speed does not drift as a device's.
+    fn in_memory(&self) -> bool {
+        matches!(self.backend, Backend::Ram | Backend::Null)
+    }
+
     /// A disk of the backend matrix, of `size` bytes: the scratch file (O_DIRECT, buffered warm
-    /// or cold, or under a loop device), a file on tmpfs, or a RAM disk.
+    /// or cold, or under a loop device), a file on tmpfs, a RAM disk or a null disk.
     fn of_kind(kind: BackendArg, size: u64, scratch_dir: &Path) -> Result<BenchDisk, PrepareError> {
         let scratch_file = || {
             scratch::prepare(scratch_dir, size, |path| {
@@ -634,6 +661,10 @@ impl BenchDisk {
             BackendArg::Ram | BackendArg::All => {
                 BenchDisk::prepare(&BenchDiskArg::Disk(DiskBackend::Ram { size }), scratch_dir)?
             }
+            BackendArg::Null => {
+                let null = DiskBackend::Null { size, read_only: false };
+                BenchDisk::prepare(&BenchDiskArg::Disk(null), scratch_dir)?
+            }
         };
         if kind == BackendArg::Cold {
             disk.cold = true;
@@ -658,7 +689,7 @@ impl BenchDisk {
             spec: &self.spec,
             direct: self.direct,
             file_backend: Backend::of_file(&self.fio_path, self.direct),
-            null_size: self.is_ram.then_some(self.size),
+            null_size: (self.backend == Backend::Null).then_some(self.size),
             cold: self.cold,
         }
     }
@@ -688,6 +719,27 @@ impl Drop for BenchDisk {
     }
 }
 
+/// A host row of one fio run, `mode` in the table, on `backend`, with `note`.
+fn fio_row(scenario: Scenario, mode: String, run: &FioResult, backend: Backend, note: String) -> Row {
+    Row {
+        device: "host file",
+        backend,
+        iops: Some(run.iops),
+        p50_us: Some(run.p50_us),
+        p99_us: Some(run.p99_us),
+        exits_per_io: Some(0.0),
+        cpu_cores_used: run.cores,
+        command: Some(run.command.clone()),
+        note: Some(note),
+        ..Row::new("host", mode, scenario)
+    }
+}
+
+/// fio's `--cpus_allowed` list, as the notes show it.
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
 /// The bare-metal row: the best system-call fio run, and in its note every run and which won.
 fn host_row(
     scenario: Scenario,
@@ -696,47 +748,40 @@ fn host_row(
     failed: &[String],
     cpus: &[usize],
 ) -> Row {
-    let cpus = cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let tried: Vec<String> = all
         .iter()
         .map(|r| format!("{} qd {}: {:.0} IOPS, p50 {:.1} µs", r.engine, r.queue_depth, r.iops, r.p50_us))
         .chain(failed.iter().cloned())
         .collect();
-    Row {
-        device: "host file",
-        iops: Some(best.iops),
-        p50_us: Some(best.p50_us),
-        p99_us: Some(best.p99_us),
-        exits_per_io: Some(0.0),
-        cpu_cores_used: best.cores,
-        command: Some(best.command.clone()),
-        note: Some(format!(
-            "fio on CPUs {cpus}, O_DIRECT, buffers on {}, the best of {}: {} won",
-            if best.huge_pages { "2 MiB huge pages, as exitless's guest RAM" } else { "4 KiB pages" },
-            tried.join("; "),
-            best.engine
-        )),
-        ..Row::new("host", format!("bare metal (fio {})", best.engine), scenario)
-    }
+    let note = format!(
+        "fio on CPUs {}, O_DIRECT, buffers on {}, the best of {}: {} won",
+        cpu_list(cpus),
+        if best.huge_pages { "2 MiB huge pages, as exitless's guest RAM" } else { "4 KiB pages" },
+        tried.join("; "),
+        best.engine
+    );
+    fio_row(scenario, format!("bare metal (fio {})", best.engine), best, scenario.backend, note)
 }
 
 /// The RAM disk's own speed: fio's `mmap` engine, a memory copy with no system call.
 fn device_row(scenario: Scenario, run: &FioResult) -> Row {
+    let note = "the device itself: a memory copy from a mapping of the file, no system call (not the \
+                baseline: no program reaches a disk this way)";
+    fio_row(scenario, "device (fio mmap)".into(), run, Backend::Ram, note.into())
+}
+
+/// A null disk's bare-metal row: fio's null engine, which has no file and completes each I/O at
+/// once (fio's own cost of an I/O).
+fn null_row(scenario: Scenario, run: &FioResult, cpus: &[usize]) -> Row {
+    let note = format!(
+        "fio's null engine on CPUs {} at queue depth {}: no file and no system call, every I/O done \
+         at once",
+        cpu_list(cpus),
+        run.queue_depth
+    );
     Row {
-        device: "host file",
-        iops: Some(run.iops),
-        p50_us: Some(run.p50_us),
-        p99_us: Some(run.p99_us),
-        exits_per_io: Some(0.0),
-        cpu_cores_used: run.cores,
-        command: Some(run.command.clone()),
-        note: Some(
-            "the device itself: a memory copy from a mapping of the file, no system call (not the \
-             baseline: no program reaches a disk this way)"
-                .into(),
-        ),
-        backend: Backend::Null,
-        ..Row::new("host", "device (fio mmap)".into(), scenario)
+        device: "host, no file",
+        ..fio_row(scenario, "bare metal (fio null)".into(), run, Backend::Null, note)
     }
 }
 
@@ -862,14 +907,18 @@ mod tests {
         };
         let mut rows = vec![
             at("host", "bare metal (fio psync)", Backend::TmpfsDirect, Some(200.0)),
-            at("host", "device (fio mmap)", Backend::Null, Some(2000.0)),
+            at("host", "device (fio mmap)", Backend::Ram, Some(2000.0)),
+            at("host", "bare metal (fio null)", Backend::Null, Some(3000.0)),
             at("exitless", "exitless", Backend::Null, Some(1000.0)),
             at("exitless", "trap", Backend::Null, None),
+            // The RAM disk's memory copy: QEMU has no such backend, so no x QEMU.
+            at("exitless", "sidecore", Backend::Ram, Some(900.0)),
             // Faster than QEMU's null device: mixed in, it would be the divisor.
             at("qemu", "qemu virtio-blk, poll", Backend::TmpfsDirect, Some(500.0)),
             at("qemu", "qemu virtio-blk, interrupt", Backend::TmpfsDirect, Some(250.0)),
             // Exitless's backend behind QEMU: compared, never the divisor.
             at("qemu", "qemu + exitless vhost-user-blk, poll", Backend::Null, Some(4000.0)),
+            at("qemu", "qemu + exitless vhost-user-blk, poll", Backend::Ram, Some(4000.0)),
             at("qemu", "qemu virtio-blk null-co, poll", Backend::Null, Some(400.0)),
             at("qemu", "qemu + qemu-storage-daemon null-co, poll", Backend::Null, Some(320.0)),
             at("qemu", "qemu virtio-blk null-co, interrupt", Backend::Null, None),
@@ -880,12 +929,15 @@ mod tests {
         let ratios: Vec<Option<f64>> = rows.iter().map(|r| r.ratio_to_qemu).collect();
         let expected = [
             Some(200.0 / 500.0),
-            Some(2000.0 / 400.0),
+            None,
+            Some(3000.0 / 400.0),
             Some(1000.0 / 400.0),
+            None,
             None,
             Some(1.0),
             Some(250.0 / 500.0),
             Some(4000.0 / 400.0),
+            None,
             Some(1.0),
             Some(320.0 / 400.0),
             None,

@@ -4,9 +4,9 @@
 //! QEMU with a vhost-user-blk backend: exitless's (`exitless vhost-user-blk`, sidecore, its
 //! IOCore pinned to the IOCore CPU) and QEMU's own (`qemu-storage-daemon` exporting the file with
 //! its own iothread, aio=io_uring, the same cache mode, the whole process pinned to the IOCore
-//! CPU). Beside a RAM disk, whose exitless rows make no system call per request, QEMU's own
-//! device and qemu-storage-daemon also run on QEMU's null device (`null-co`, read-zeroes=on), so
-//! that "x QEMU" can compare null device with null device. QEMU's vCPU thread runs on the vCPU
+//! CPU). On a null disk, QEMU's own device and qemu-storage-daemon run on QEMU's null device
+//! (`null-co`, read-zeroes=on) instead, so that "x QEMU" compares null device with null device
+//! (exitless's vhost-user-blk backend serves the null disk itself). QEMU's vCPU thread runs on the vCPU
 //! CPU and its other threads (the iothread) on the IOCore CPU, as exitless's would. Exits come
 //! from QMP `query-stats`, sampled at the probe's marks; cores are QEMU's and the backend's CPU
 //! time over wall time.
@@ -64,30 +64,34 @@ pub enum Served {
 enum On {
     /// The bench's disk file.
     File,
-    /// QEMU's null device, `null-co` with `read-zeroes=on`, of the disk's size: RAM disks only.
+    /// QEMU's null device, `null-co` with `read-zeroes=on`, of the disk's size: null disks only.
     Null,
+    /// Whatever exitless's vhost-user-blk backend serves: the disk as exitless serves it.
+    Disk,
 }
 
 /// The peer configurations, in report order: (mode name, guest completion, server, what it is
-/// on). exitless's backend is always on the disk as exitless serves it.
+/// on).
 const CONFIGS: [(&str, &str, Served, On); 7] = [
     ("qemu virtio-blk, interrupt", "interrupt", Served::Qemu, On::File),
     ("qemu virtio-blk, poll", "poll", Served::Qemu, On::File),
-    ("qemu + exitless vhost-user-blk, poll", "poll", Served::Exitless, On::File),
-    ("qemu + qemu-storage-daemon, poll", "poll", Served::StorageDaemon, On::File),
     ("qemu virtio-blk null-co, interrupt", "interrupt", Served::Qemu, On::Null),
     ("qemu virtio-blk null-co, poll", "poll", Served::Qemu, On::Null),
+    ("qemu + exitless vhost-user-blk, poll", "poll", Served::Exitless, On::Disk),
+    ("qemu + qemu-storage-daemon, poll", "poll", Served::StorageDaemon, On::File),
     ("qemu + qemu-storage-daemon null-co, poll", "poll", Served::StorageDaemon, On::Null),
 ];
 
-/// The configurations run on a disk: the null device's only beside a RAM disk.
-fn configs(ram: bool) -> impl Iterator<Item = &'static (&'static str, &'static str, Served, On)> {
-    CONFIGS.iter().filter(move |c| ram || c.3 == On::File)
+/// The configurations run on a disk: QEMU's own on null-co for a null disk, on the file for the
+/// others; exitless's backend on every disk.
+fn configs(null: bool) -> impl Iterator<Item = &'static (&'static str, &'static str, Served, On)> {
+    let wanted = if null { On::Null } else { On::File };
+    CONFIGS.iter().filter(move |c| c.3 == On::Disk || c.3 == wanted)
 }
 
-/// How many QEMU runs a scenario on a disk takes (RAM disk or not).
-pub fn runs(ram: bool) -> usize {
-    configs(ram).count()
+/// How many QEMU runs a scenario on a disk takes (a null disk or not).
+pub fn runs(null: bool) -> usize {
+    configs(null).count()
 }
 
 /// The bench's disk, as QEMU's rows use it.
@@ -100,7 +104,7 @@ pub struct PeerDisk<'a> {
     pub direct: bool,
     /// [`Row::backend`] of QEMU's own rows on the file.
     pub file_backend: RowBackend,
-    /// A RAM disk's size: QEMU's own configurations run on a null device of that size too.
+    /// A null disk's size: QEMU's own configurations run on a null device of that size.
     pub null_size: Option<u64>,
     /// The file's pages leave the host's page cache before every run (`--backends cold`).
     pub cold: bool,
@@ -143,8 +147,8 @@ impl QemuPeer {
         self.storage_daemon.as_ref().map(|d| d.version.clone())
     }
 
-    /// One row per configuration for `scenario` on `disk`, with the null device's beside a RAM
-    /// disk.
+    /// One row per configuration for `scenario` on `disk` (QEMU's own on its null device for a
+    /// null disk).
     pub fn rows(
         &mut self,
         scenario: Scenario,
@@ -158,10 +162,10 @@ impl QemuPeer {
                 let at = format!("{}, {} {} B QD {}", scenario.disk, scenario.rw, scenario.bs, scenario.qd);
                 progress.start(Kind::Qemu, format_args!("{name}, {at}"));
                 let mut row = Row::new("qemu", name.to_string(), scenario);
-                row.backend = match (served, on) {
-                    (Served::Exitless, _) => scenario.backend,
-                    (_, On::Null) => RowBackend::Null,
-                    (_, On::File) => disk.file_backend,
+                row.backend = match on {
+                    On::Disk => scenario.backend,
+                    On::Null => RowBackend::Null,
+                    On::File => disk.file_backend,
                 };
                 if served != Served::Qemu {
                     row.device = "vhost-user-blk";

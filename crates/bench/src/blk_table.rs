@@ -1,6 +1,7 @@
 //! The block ladder's tables: one per disk and scenario, the real disk's first when the bench ran
 //! it first (the default order).
 
+use super::backend::Backend;
 use super::blk::Row;
 use super::format_causes;
 use super::machine::About;
@@ -19,14 +20,20 @@ pub struct Context<'a> {
 }
 
 /// Why a RAM disk's ratio to bare metal can exceed 1, under each RAM-disk table.
-const RAM_DISK_NOTE: &str = "RAM disk: a null device, it shows what the I/O path itself costs. The \
-     guest's request reaches memory without a system call, fio's (the bare-metal baseline: the best \
-     of psync, libaio and io_uring) with one, so a polled guest can beat bare metal (% of bare metal \
-     over 100). `% of mmap` compares with the device's own speed: fio's mmap engine, a memory copy \
-     with no system call, which no program that uses a disk through the kernel gets. exitless's \
-     rows (and QEMU's with exitless's vhost-user backend) are on the null backend, and their x QEMU \
-     is against QEMU's null-co rows; QEMU's rows on the RAM disk's tmpfs file through io_uring \
-     (tmpfs-direct) compare with each other and with fio's";
+const RAM_DISK_NOTE: &str = "RAM disk: a memory copy from a mapping of a /dev/shm file, it shows \
+     what the I/O path costs on top of a copy. The guest's request reaches memory without a system \
+     call, fio's (the bare-metal baseline: the best of psync, libaio and io_uring) with one, so a \
+     polled guest can beat bare metal (% of bare metal over 100). `% of mmap` compares with the \
+     device's own speed: fio's mmap engine, the same copy with no system call, which no program \
+     that uses a disk through the kernel gets. exitless's rows (and QEMU's with exitless's \
+     vhost-user backend) are on the ram backend, which QEMU has no peer for (it cannot map a \
+     /dev/shm file as a disk): they have no x QEMU. QEMU's rows on the file through io_uring \
+     (tmpfs-direct) compare with each other and with fio's; the null disk's table compares \
+     exitless's null disk with QEMU's null-co";
+
+/// What a null disk's table measures, under it (what each side does is the backend's note).
+const NULL_DISK_NOTE: &str = "null disk: it holds nothing, so every row measures its I/O path alone; \
+     bare metal is fio's null engine (no file, no system call: fio's own cost of an I/O)";
 
 /// What x QEMU is, under each table.
 const X_QEMU_NOTE: &str = "added µs/IO: the row's p50 less bare metal's p50; x QEMU: IOPS over the \
@@ -50,6 +57,7 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
             .filter(|r| (r.disk, r.workload, r.block_size, r.queue_depth) == (disk, rw, bs, qd))
             .collect();
         let ram = rows.iter().any(|r| r.device_iops.is_some());
+        let null = rows.iter().any(|r| r.vmm == "host" && r.backend == Backend::Null);
         let mut header = vec![
             "vmm",
             "mode",
@@ -94,12 +102,17 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         let [vcpu, iocore] = context.cpus;
         lines.push(("CPUs".into(), format!("vCPU on {vcpu}, IOCore on {iocore}")));
         if let Some(v) = context.fio_version {
+            let how = match null {
+                true => "its null engine (no file)",
+                false => "O_DIRECT",
+            };
+            let engines = match null {
+                true => "at the row's queue depth",
+                false => "the best of psync, libaio and io_uring",
+            };
             lines.push((
                 "baseline".into(),
-                format!(
-                    "{v}, O_DIRECT, one job allowed CPUs {vcpu},{iocore} (the guest set-up's), the best of \
-                     psync, libaio and io_uring"
-                ),
+                format!("{v}, {how}, one job allowed CPUs {vcpu},{iocore} (the guest set-up's), {engines}"),
             ));
         }
         if let Some(v) = context.qemu_version {
@@ -121,6 +134,9 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         notes.extend(backends.iter().map(|b| format!("backend {}", b.describe())));
         if ram {
             notes.push(RAM_DISK_NOTE.into());
+        }
+        if null {
+            notes.push(NULL_DISK_NOTE.into());
         }
         if markdown {
             notes

@@ -86,7 +86,7 @@ pub struct RunArgs {
     pub receive_migration: Option<String>,
     /// Where a snapshot goes: SIGUSR1 pauses the VM (vCPUs stopped, every device drained) and
     /// writes a snapshot there (state.json and memory); the VM stays paused. SIGUSR2 pauses a
-    /// running VM or resumes a paused one. Local disks (path= or ram,path=) only.
+    /// running VM or resumes a paused one. Local disks (path=, ram,path= or null=) only.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
     /// Serve Cloud Hypervisor's control verbs on this Unix socket (HTTP/1.1, `curl
@@ -138,7 +138,9 @@ pub struct RunArgs {
 pub struct IoArgs {
     /// A virtio-blk disk (repeat for more): `path=FILE[,readonly][,direct]` (raw file through
     /// io_uring), `ram=SIZE` (a new RAM disk), `ram,path=FILE[,readonly]` (an existing
-    /// /dev/shm file, shared with the host), or `vhost-user=SOCKET[,reconnect=SECS]` (served by
+    /// /dev/shm file, shared with the host), `null=SIZE[,readonly]` (a null disk: reads return
+    /// zeros, writes are accepted and dropped, every request completes at once with no system
+    /// call; the I/O path's own cost), or `vhost-user=SOCKET[,reconnect=SECS]` (served by
     /// a vhost-user daemon such as `exitless vhost-user-blk`; guest memory is then a shared
     /// memfd, and the daemon's --io-mode decides how it serves: --io-mode here only picks the
     /// guest's side; if the daemon goes away, the VM waits up to SECS seconds, default 10, 0

@@ -1,6 +1,7 @@
-//! `exitless bench`, the project's main job, end to end on its default scenario (shortened): both
-//! disks (a real disk in --scratch and the RAM disk), every I/O mode, the fio baselines and QEMU
-//! (with qemu-storage-daemon) as peers, in one JSON document; and the refusal of a bad --scratch.
+//! `exitless bench`, the project's main job, end to end on its default scenario (shortened): the
+//! three disks (a real disk in --scratch, the RAM disk and the null disk), every I/O mode, the fio
+//! baselines and QEMU (with qemu-storage-daemon) as peers, in one JSON document; and the refusal
+//! of a bad --scratch.
 
 mod common;
 
@@ -26,6 +27,8 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
         "scratch=64M",
         "--disk",
         "ram=64M",
+        "--disk",
+        "null=64M",
         "--scratch",
         scratch.path().to_str().unwrap(),
         "--plot",
@@ -41,12 +44,14 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
     let names = [
         "file-randread-4k-qd1.svg",
         "file-randread-4k-qd32.svg",
+        "null-randread-4k-qd1.svg",
+        "null-randread-4k-qd32.svg",
         "ram-randread-4k-qd1.svg",
         "ram-randread-4k-qd32.svg",
     ];
     assert_eq!(files, names, "one plot per disk and scenario");
-    assert_eq!(report["disks"].as_array().unwrap().len(), 2, "{}", report["disks"]);
-    for disk in ["file", "ram"] {
+    assert_eq!(report["disks"].as_array().unwrap().len(), 3, "{}", report["disks"]);
+    for disk in ["file", "ram", "null"] {
         for qd in [1, 32] {
             let rows: Vec<&Value> =
                 results.iter().filter(|r| r["queue_depth"] == qd && r["disk"] == disk).collect();
@@ -61,11 +66,12 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
                     "exits_per_io",
                     "bare_metal_iops",
                     "ratio_to_bare_metal",
-                    "ratio_to_qemu",
                     "cpu_cores_used",
                 ] {
                     assert!(row[field].is_number(), "{mode} {at}: {field} in {row}");
                 }
+                // QEMU has no peer of the RAM disk's memory copy; the others have theirs.
+                assert_eq!(row["ratio_to_qemu"].is_number(), disk != "ram", "{mode} {at}: {row}");
                 assert!(row["exits_by_cause"].is_object());
                 let added = row["p50_us"].as_f64().unwrap() - row["added_latency_us"].as_f64().unwrap();
                 let host = rows.iter().find(|r| r["vmm"] == "host").expect("the bare-metal baseline");
@@ -76,7 +82,12 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
             let host = rows.iter().find(|r| r["vmm"] == "host").unwrap();
             assert!(host["mode"].as_str().unwrap().starts_with("bare metal (fio "), "{host}");
             let note = host["note"].as_str().unwrap();
-            for engine in ["psync qd 1", "libaio qd", "io_uring qd", "won"] {
+            let engines: &[&str] = if disk == "null" {
+                &["null engine"]
+            } else {
+                &["psync qd 1", "libaio qd", "io_uring qd", "won"]
+            };
+            for engine in engines {
                 assert!(note.contains(engine), "{at}: {engine} in {note}");
             }
             assert!(host["command"].as_str().unwrap().contains("--cpus_allowed=0,1"), "{host}");
@@ -88,26 +99,22 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
                 assert!(device["command"].as_str().unwrap().contains("--ioengine=mmap"), "{device}");
             }
             let qemu: Vec<&&Value> = rows.iter().filter(|r| r["vmm"] == "qemu").collect();
-            // On the RAM disk, QEMU's device both ways and qsd once more on its null device.
-            let configs = if disk == "ram" { 7 } else { 4 };
-            assert_eq!(
-                qemu.len(),
-                configs,
-                "{at}: QEMU's own device two ways, with our backend and with qsd"
-            );
+            assert_eq!(qemu.len(), 4, "{at}: QEMU's own device two ways, with our backend and with qsd");
             for row in &qemu {
                 assert!(row["iops"].is_number() && row["exits_per_io"].is_number(), "{row}");
                 assert!(row["added_latency_us"].is_number() && row["cpu_cores_used"].is_number(), "{row}");
                 assert!(row["command"].as_str().unwrap().contains("qemu-system-x86_64 -M microvm"), "{row}");
             }
-            let qsd = qemu.iter().find(|r| r["mode"] == "qemu + qemu-storage-daemon, poll").expect("qsd");
+            let qsd_mode = match disk {
+                "null" => "qemu + qemu-storage-daemon null-co, poll",
+                _ => "qemu + qemu-storage-daemon, poll",
+            };
+            let qsd = qemu.iter().find(|r| r["mode"] == qsd_mode).expect("qsd");
             assert_eq!(qsd["device"], "vhost-user-blk");
             let command = qsd["command"].as_str().unwrap();
             assert!(command.starts_with("taskset -c 1 qemu-storage-daemon --blockdev"), "{command}");
-            assert!(
-                command.contains("iothread=iothread0") && command.contains("cache.direct=on"),
-                "{command}"
-            );
+            let block = if disk == "null" { "driver=null-co" } else { "cache.direct=on" };
+            assert!(command.contains("iothread=iothread0") && command.contains(block), "{command}");
         }
     }
     x_qemu_pairs_the_same_backend(results);
@@ -262,7 +269,7 @@ fn block_bench_at_the_queue_size_runs_in_every_vmm() {
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
-    assert_eq!(guests.len(), 8, "exitless and QEMU's seven set-ups (three on null-co): {results:?}");
+    assert_eq!(guests.len(), 5, "exitless and QEMU's four set-ups: {results:?}");
     for row in guests {
         assert_eq!(row["queue_depth"], 256, "{row}");
         assert!(row["iops"].as_f64().unwrap() > 0.0, "{row}");
@@ -365,10 +372,11 @@ fn x_qemu_pairs_the_same_backend(results: &[Value]) {
     }
 }
 
-/// On the RAM disk, QEMU's own virtio-blk (both completions) and qemu-storage-daemon run on
-/// QEMU's null device (null-co, read-zeroes=on) beside exitless's RAM disk, so exitless's "x
-/// QEMU" compares null device with null device; QEMU's rows on the RAM disk's tmpfs file through
-/// io_uring say so, and compare only with each other.
+/// Null against null: on the null disk, QEMU's own virtio-blk (both completions) and
+/// qemu-storage-daemon run on QEMU's null device (null-co, read-zeroes=on), fio on its null
+/// engine, and exitless's "x QEMU" divides by the best null-co row. On the RAM disk (a memory
+/// copy, which QEMU has no peer for) exitless's rows and fio mmap have no x QEMU, and QEMU's rows
+/// read the file through io_uring (tmpfs-direct) and compare only with each other.
 #[test]
 fn x_qemu_pairs_rows_on_the_same_backend() {
     let out = exitless(&[
@@ -376,6 +384,8 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
         "--json",
         "--disk",
         "ram=64M",
+        "--disk",
+        "null=64M",
         "--modes",
         "exitless",
         "--qd",
@@ -389,28 +399,60 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
-    let mode = |mode: &str| results.iter().find(|r| r["mode"] == mode).unwrap_or_else(|| panic!("{mode}"));
-    let ours = mode("exitless");
-    assert_eq!(ours["backend"], "null", "exitless's RAM disk: {ours}");
-    for name in [
+    let row = |disk: &str, mode: &str| {
+        results
+            .iter()
+            .find(|r| r["disk"] == disk && r["mode"] == mode)
+            .unwrap_or_else(|| panic!("{disk} {mode} in {results:?}"))
+    };
+    let iops = |r: &Value| r["iops"].as_f64().filter(|&v| v > 0.0).unwrap_or_else(|| panic!("{r}"));
+
+    let null_co = [
         "qemu virtio-blk null-co, interrupt",
         "qemu virtio-blk null-co, poll",
         "qemu + qemu-storage-daemon null-co, poll",
-    ] {
-        let row = mode(name);
-        assert_eq!(row["backend"], "null", "{row}");
-        assert!(row["iops"].as_f64().is_some_and(|iops| iops > 0.0), "{row}");
-        let command = row["command"].as_str().unwrap();
+    ];
+    let mut best = 0.0f64;
+    for name in null_co {
+        let qemu = row("null", name);
+        assert_eq!(qemu["backend"], "null", "{qemu}");
+        best = best.max(iops(qemu));
+        let command = qemu["command"].as_str().unwrap();
         assert!(command.contains("driver=null-co") && command.contains("read-zeroes=on"), "{command}");
         assert!(!command.contains("/dev/shm"), "no file behind a null device: {command}");
     }
-    for name in ["qemu virtio-blk, interrupt", "qemu virtio-blk, poll", "qemu + qemu-storage-daemon, poll"] {
-        assert_eq!(mode(name)["backend"], "tmpfs-direct", "QEMU on the RAM disk's file: {}", mode(name));
+    for mode in ["exitless", "qemu + exitless vhost-user-blk, poll"] {
+        let ours = row("null", mode);
+        assert_eq!(ours["backend"], "null", "exitless's null disk: {ours}");
+        let ratio = ours["ratio_to_qemu"].as_f64().unwrap_or_else(|| panic!("no x QEMU: {ours}"));
+        assert!((ratio - iops(ours) / best).abs() <= 1e-9 * ratio, "{ratio} is not {} / {best}", iops(ours));
     }
-    assert_eq!(mode("qemu + exitless vhost-user-blk, poll")["backend"], "null", "exitless's RAM disk again");
-    let host = results.iter().find(|r| r["vmm"] == "host").unwrap();
+    let host = row("null", "bare metal (fio null)");
+    let command = host["command"].as_str().unwrap();
+    assert_eq!(host["backend"], "null", "{host}");
+    assert!(command.contains("--ioengine=null") && !command.contains("--filename"), "{command}");
+    let null_modes: Vec<&str> =
+        results.iter().filter(|r| r["disk"] == "null").map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(null_modes.len(), 6, "fio null, exitless, QEMU's four set-ups: {null_modes:?}");
+    assert!(!null_modes.iter().any(|m| m.contains("fio psync") || m.contains("mmap")), "{null_modes:?}");
+
+    for mode in ["exitless", "qemu + exitless vhost-user-blk, poll", "device (fio mmap)"] {
+        let ram = row("ram", mode);
+        assert_eq!(ram["backend"], "ram", "a memory copy: {ram}");
+        iops(ram);
+        assert!(ram["ratio_to_qemu"].is_null(), "QEMU has no peer of the RAM disk's copy: {ram}");
+    }
+    for name in ["qemu virtio-blk, interrupt", "qemu virtio-blk, poll", "qemu + qemu-storage-daemon, poll"] {
+        let qemu = row("ram", name);
+        assert_eq!(qemu["backend"], "tmpfs-direct", "QEMU on the RAM disk's file: {qemu}");
+        assert!(qemu["ratio_to_qemu"].as_f64().is_some_and(|r| r > 0.0 && r <= 1.0), "{qemu}");
+    }
+    assert!(
+        !results.iter().any(|r| r["disk"] == "ram" && r["mode"].as_str().unwrap().contains("null-co")),
+        "null-co is the null disk's peer, not the RAM disk's"
+    );
+    let host = results.iter().find(|r| r["disk"] == "ram" && r["vmm"] == "host").unwrap();
     assert_eq!(host["backend"], "tmpfs-direct", "fio reads the file with O_DIRECT: {host}");
-    assert_eq!(mode("device (fio mmap)")["backend"], "null", "a memory copy, as exitless's RAM disk");
 }
 
 /// `--backends`: each kind of disk gets its own tables, every row on it names the backend it
@@ -475,7 +517,22 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
         }
     }
     let ram = results.iter().find(|r| r["disk"] == "ram" && r["vmm"] == "exitless").expect("ram");
-    assert_eq!(ram["backend"], "null", "{ram}");
+    assert_eq!(ram["backend"], "ram", "{ram}");
+    assert!(ram["ratio_to_qemu"].is_null(), "no QEMU peer of a memory copy: {ram}");
+    for workload in ["randread", "writeflush"] {
+        let null = |mode: &str| {
+            results
+                .iter()
+                .find(|r| r["disk"] == "null" && r["workload"] == workload && r["mode"] == mode)
+                .unwrap_or_else(|| panic!("null {workload} {mode}"))
+        };
+        let ours = null("exitless");
+        assert_eq!(ours["backend"], "null", "{ours}");
+        assert!(ours["ratio_to_qemu"].as_f64().is_some(), "x QEMU against null-co: {ours}");
+        let host = null("bare metal (fio null)");
+        assert!(host["command"].as_str().unwrap().contains("--ioengine=null"), "{host}");
+        assert_eq!(null("qemu virtio-blk null-co, poll")["backend"], "null");
+    }
 }
 
 /// `exitless bench migrate` on one mode: its report's fields are sane counts (not speeds), and

@@ -36,6 +36,9 @@ enum Kind {
     Loop,
     /// exitless's RAM disk.
     Ram,
+    /// exitless's null disk: reads return zeros and writes are dropped, so it takes only
+    /// workloads that do not check what they read back (the matrix has no verify workload).
+    Null,
 }
 
 /// A workload: (probe.rw, queue depth).
@@ -68,7 +71,8 @@ impl Disk {
             );
         }
         let image = dir.path().join("disk.img");
-        if kind != Kind::Ram {
+        let in_memory = matches!(kind, Kind::Ram | Kind::Null);
+        if !in_memory {
             let data: Vec<u8> = (0..DISK_BYTES).map(|i| (i / 4096) as u8).collect();
             std::fs::write(&image, data).unwrap();
         }
@@ -82,8 +86,9 @@ impl Disk {
                 (format!("path={},direct", device.path.display()), Some(device))
             }
             Kind::Ram => (format!("ram={DISK_BYTES}"), None),
+            Kind::Null => (format!("null={DISK_BYTES}"), None),
         };
-        let file = (kind != Kind::Ram).then_some(image);
+        let file = (!in_memory).then_some(image);
         Disk { kind, spec, file, _loop_device: loop_device, _dir: dir }
     }
 
@@ -258,4 +263,10 @@ fn loop_device_every_mode() {
 #[test]
 fn ram_disk_every_mode() {
     assert_cells(Kind::Ram);
+}
+
+#[test]
+fn null_disk_every_mode() {
+    assert!(WORKLOADS.iter().all(|(rw, _)| !rw.contains("verify")), "a null disk reads zeros");
+    assert_cells(Kind::Null);
 }

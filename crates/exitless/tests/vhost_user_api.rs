@@ -186,6 +186,28 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
     assert!(log.contains("disk vm removed"), "{log}");
 }
 
+/// A null disk through the control API: its JSON key, its spec as `GET /disks` shows it, and a
+/// QEMU guest's reads served from it (zeros, no file behind it).
+#[test]
+fn a_null_disk_added_through_the_api_serves_a_qemu_guest() {
+    let rig = Rig::start();
+    let socket = rig.socket("null");
+    let put = format!(r#"{{"socket": "{}", "null": "64M"}}"#, socket.display());
+    let (status, body) = http(&rig.api, "PUT", "/disks/zero", Some(&put));
+    assert_eq!(status, 201, "{body}");
+    rig.guest_reads(&socket, 500);
+    let (status, body) = http(&rig.api, "GET", "/disks", None);
+    assert_eq!(status, 200, "{body}");
+    let disk = &json(&body)[0];
+    assert_eq!(disk["disk"], serde_json::json!({"null": 64 << 20, "readonly": false}), "{disk}");
+    let figures = &disk["figures"];
+    assert_eq!(
+        (figures["completed"].as_u64(), figures["io_errors"].as_u64()),
+        (Some(500), Some(0)),
+        "{disk}"
+    );
+}
+
 #[test]
 fn a_disk_with_a_frontend_is_not_removed_and_the_others_keep_serving() {
     let rig = Rig::start();

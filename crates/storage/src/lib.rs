@@ -2,22 +2,25 @@
 //!
 //! A backend takes requests whose data lives in guest RAM (host pointers the device model has
 //! already bounds-checked) and completes them, possibly later. The hot path (submit, poll)
-//! allocates nothing, takes no lock and, for the RAM disk, makes no system call.
+//! allocates nothing, takes no lock and, for the RAM and null disks, makes no system call.
 
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 mod completions;
 pub mod file;
+pub mod null;
 pub mod open;
 pub mod ram;
 pub mod spec;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod validate;
+mod zeros;
 
 use thiserror::Error;
 
 pub use file::{FileDisk, FileDiskOptions};
+pub use null::NullDisk;
 pub use ram::RamDisk;
 pub use spec::DiskSpec;
 
@@ -197,7 +200,7 @@ pub trait Backend: Send {
     fn max_in_flight(&self) -> usize;
     /// Start `op` at byte `offset` over `segments` (at most `MAX_SEGMENTS`). Returns `false`,
     /// doing nothing, when `max_in_flight` requests are already in flight. A backend may complete
-    /// the request at once (the RAM disk does); the completion is then returned by the next
+    /// the request at once (the RAM and null disks do); the completion is then returned by the next
     /// `poll`. Range and read-only checks happen here and fail the request through its
     /// completion, not a panic.
     fn submit(&mut self, tag: u32, op: Op, offset: u64, segments: &[Segment]) -> bool;
@@ -206,7 +209,7 @@ pub trait Backend: Send {
     /// Write through (`true`) or back (`false`, the default): written through, a request that
     /// changes the disk (Write, Discard, WriteZeroes) completes only once it is durable, as
     /// after a Flush. Applies to requests submitted from now on. Backends without a volatile
-    /// cache (the RAM disk, whose Flush does nothing either) ignore it.
+    /// cache (the RAM and null disks, whose Flush does nothing either) ignore it.
     fn set_write_through(&mut self, _write_through: bool) {}
     /// Hand every finished request to `done`; returns how many.
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize;

@@ -16,6 +16,7 @@ use vm_memory::VolatileSlice;
 
 use crate::completions::CompletionRing;
 use crate::validate::validate;
+use crate::zeros;
 use crate::{
     Backend, BackendError, Capabilities, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE,
 };
@@ -128,18 +129,12 @@ impl RamDisk {
     /// Zero `len` bytes at `offset`, a range `validate` has checked against the disk. Both
     /// Discard and WriteZeroes do this: memory has nothing to deallocate without a system call.
     fn zero(&mut self, offset: u64, len: u64) {
-        static ZEROS: [u8; 4096] = [0; 4096];
         // Inside the mapping (checked by `validate`), so both fit in usize.
-        let (Ok(mut at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else { return };
-        let end = at + len;
-        while at < end {
-            let n = (end - at).min(ZEROS.len());
-            // SAFETY: `at + n <= offset + len <= capacity`: inside the mapping this RamDisk owns;
-            // a volatile slice, since host tools may map the file too.
-            let disk = unsafe { VolatileSlice::new(self.base.as_ptr().add(at), n) };
-            disk.copy_from(&ZEROS[..n]);
-            at += n;
-        }
+        let (Ok(at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else { return };
+        // SAFETY: `at + len <= capacity`: inside the mapping this RamDisk owns; a volatile
+        // slice, since host tools may map the file too.
+        let disk = unsafe { VolatileSlice::new(self.base.as_ptr().add(at), len) };
+        zeros::fill(&disk);
     }
 }
 

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::open::{open_without_blocking, Wanted};
-use crate::{Backend, BackendError, FileDisk, RamDisk};
+use crate::{Backend, BackendError, FileDisk, NullDisk, RamDisk};
 
 /// Where a disk's bytes live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +31,13 @@ pub enum DiskSpec {
         /// Writes fail.
         read_only: bool,
     },
+    /// A disk of `size` bytes that holds nothing: reads return zeros, writes are dropped.
+    Null {
+        /// Bytes, a non-zero multiple of 512.
+        size: u64,
+        /// Writes fail.
+        read_only: bool,
+    },
 }
 
 impl DiskSpec {
@@ -42,7 +49,7 @@ impl DiskSpec {
 
     /// Open the disk `count` times (at least once), one backend per queue of a multi-queue
     /// device: a queue's worker owns its backend, so each is opened on its own (its own io_uring
-    /// for a file, its own mapping of one shared RAM disk file).
+    /// for a file, its own mapping of one shared RAM disk file, its own null disk).
     pub fn open_queues(&self, count: usize) -> Result<Vec<Box<dyn Backend>>, BackendError> {
         let count = count.max(1);
         let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(count);
@@ -73,6 +80,11 @@ impl DiskSpec {
                     .map_err(|e| BackendError::opening(path, e))?;
                 for _ in 0..count {
                     backends.push(Box::new(RamDisk::open(path, *read_only)?));
+                }
+            }
+            DiskSpec::Null { size, read_only } => {
+                for _ in 0..count {
+                    backends.push(Box::new(NullDisk::new(*size, *read_only)?));
                 }
             }
         }
@@ -108,6 +120,15 @@ mod tests {
         assert!(backends[2].submit(2, crate::Op::Read, 4096, &[segment]));
         backends[2].poll(&mut |c| assert_eq!(c.result, Ok(512)));
         assert_eq!(back, block);
+    }
+
+    #[test]
+    fn a_null_disk_has_a_backend_per_queue() {
+        let backends = DiskSpec::Null { size: 1 << 20, read_only: true }.open_queues(4).unwrap();
+        assert_eq!(backends.len(), 4);
+        assert!(backends.iter().all(|b| b.capacity() == 1 << 20 && b.read_only()));
+        let error = DiskSpec::Null { size: 100, read_only: false }.open().err().unwrap().to_string();
+        assert!(error.contains("100"), "{error}");
     }
 
     #[test]

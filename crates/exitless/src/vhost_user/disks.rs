@@ -116,6 +116,7 @@ fn storage_json(disk: &storage::DiskSpec) -> Value {
         storage::DiskSpec::RamFile { path, read_only, .. } => {
             json!({"ram": true, "path": path.display().to_string(), "readonly": read_only})
         }
+        storage::DiskSpec::Null { size, read_only } => json!({"null": size, "readonly": read_only}),
     }
 }
 
@@ -314,5 +315,19 @@ fn serve_disk(
     }
     if let Err(e) = server.serve(&mut device, Some(stop.as_fd())) {
         log::error!("disk {index} ({}): {e}; no longer served", server.path().display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_null_disk_is_shown_as_the_keys_that_make_it_again() {
+        let disk = storage::DiskSpec::Null { size: 64 << 20, read_only: true };
+        let mut shown = storage_json(&disk);
+        assert_eq!(shown, json!({"null": 64 << 20, "readonly": true}));
+        shown["socket"] = json!("/tmp/n.sock");
+        assert_eq!(crate::vhost_user::spec::from_json("n", &shown).unwrap().disk, disk);
     }
 }

@@ -42,7 +42,9 @@ pub struct VhostUserBlkArgs {
     pub socket: Option<PathBuf>,
     /// A disk to serve (repeatable): `socket=PATH,` and `path=FILE[,readonly][,direct]` (raw
     /// file through io_uring), `ram=SIZE` (a new RAM disk, kept across frontend connections
-    /// while this runs) or `ram,path=FILE[,readonly]` (an existing /dev/shm file); optionally
+    /// while this runs), `ram,path=FILE[,readonly]` (an existing /dev/shm file) or
+    /// `null=SIZE[,readonly]` (a null disk: reads return zeros, writes are dropped, no system
+    /// call per request; the peer of QEMU's null-co); optionally
     /// `queues=N`, `iops=N` (requests/s), `bw=BYTES` (bytes/s, K/M/G suffixes), `serial=TEXT`
     /// (the serial number the guest reads, 1 to 20 printable ASCII characters; default
     /// `vhost-user-diskN`, N the disk's index) and `name=NAME` (for the control API and metrics;

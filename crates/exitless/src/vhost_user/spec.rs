@@ -1,13 +1,14 @@
 //! `exitless vhost-user-blk --disk`: which disk, on which socket, with which limits.
 //!
 //! `socket=PATH,` followed by a disk as `exitless run --disk` takes it (`path=FILE[,readonly]
-//! [,direct]`, `ram=SIZE`, `ram,path=FILE[,readonly]`), and optionally `queues=N`, `iops=N`
-//! (requests per second), `bw=BYTES` (bytes per second, with K/M/G suffixes), `serial=TEXT`
-//! (the serial number the guest reads, 1 to 20 printable ASCII characters), `name=NAME`
-//! (how the control API and the metrics call it) and `reset-timeout=SECS` (how long a reset
-//! waits for the requests the disk holds before it cancels them; default 5). Without `socket=` the disk is served on
-//! `--socket` (the single-disk form). The control API's disk bodies are JSON objects with the
-//! same keys ([`from_json`]), checked by the same rules.
+//! [,direct]`, `ram=SIZE`, `ram,path=FILE[,readonly]`, `null=SIZE[,readonly]`), and optionally
+//! `queues=N`, `iops=N` (requests per second), `bw=BYTES` (bytes per second, with K/M/G
+//! suffixes), `serial=TEXT` (the serial number the guest reads, 1 to 20 printable ASCII
+//! characters), `name=NAME` (how the control API and the metrics call it) and
+//! `reset-timeout=SECS` (how long a reset waits for the requests the disk holds before it
+//! cancels them; default 5). Without `socket=` the disk is served on `--socket` (the single-disk
+//! form). The control API's disk bodies are JSON objects with the same keys ([`from_json`]),
+//! checked by the same rules.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -113,9 +114,21 @@ pub fn check_name(name: &str) -> Result<&str, String> {
 }
 
 /// The keys a disk's JSON body may have, as `--disk` keys; `readonly` and `direct` are flags
-/// (`true` or `false`), `ram` a size or `true` (with `path`: an existing /dev/shm file).
-const JSON_KEYS: &[&str] =
-    &["socket", "path", "ram", "readonly", "direct", "queues", "iops", "bw", "serial", "reset-timeout"];
+/// (`true` or `false`), `ram` a size or `true` (with `path`: an existing /dev/shm file), `null`
+/// a size (a null disk).
+const JSON_KEYS: &[&str] = &[
+    "socket",
+    "path",
+    "ram",
+    "null",
+    "readonly",
+    "direct",
+    "queues",
+    "iops",
+    "bw",
+    "serial",
+    "reset-timeout",
+];
 
 /// A disk of the control API: the JSON object `body` turned into the `--disk` it stands for and
 /// parsed as that, so the same rules give the same errors.
@@ -242,6 +255,11 @@ mod tests {
         );
         let d = from_json("r", &serde_json::json!({"socket": "/s", "ram": 1048576})).unwrap();
         assert_eq!(d.disk, DiskSpec::Ram { size: 1 << 20 });
+        let d =
+            from_json("n", &serde_json::json!({"socket": "/s", "null": "64M", "readonly": true})).unwrap();
+        assert_eq!(d.disk, DiskSpec::Null { size: 64 << 20, read_only: true });
+        let d = from_json("n", &serde_json::json!({"socket": "/s", "null": 4096, "queues": 2})).unwrap();
+        assert_eq!((d.disk, d.queues), (DiskSpec::Null { size: 4096, read_only: false }, Some(2)));
         let body = serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": 1.5});
         assert_eq!(from_json("r", &body).unwrap().reset_timeout, Some(Duration::from_millis(1500)));
         for (name, bad) in [
@@ -256,6 +274,9 @@ mod tests {
             ("a", serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": 0})),
             ("a", serde_json::json!({"socket": "/s", "ram": "1M", "reset-timeout": -2})),
             ("a", serde_json::json!({"socket": "/s"})),
+            ("a", serde_json::json!({"socket": "/s", "null": "1M", "path": "/x"})),
+            ("a", serde_json::json!({"socket": "/s", "null": "1M", "direct": true})),
+            ("a", serde_json::json!({"socket": "/s", "null": true})),
             ("a b", serde_json::json!({"socket": "/s", "ram": "1M"})),
         ] {
             assert!(from_json(name, &bad).is_err(), "{name} {bad} accepted");

@@ -1,5 +1,6 @@
 //! What a VM was built from, in a snapshot: enough to build the same machine again (memory,
-//! vCPUs, disks by path, I/O mode). The kernel is not needed: it is in guest memory.
+//! vCPUs, disks by path or, for a null disk, by size; I/O mode). The kernel is not needed: it is
+//! in guest memory.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,9 +14,14 @@ use crate::vm::{DisableExits, VmConfig};
 /// A disk in a snapshot, reopened from its path on restore.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedDisk {
-    /// "file" (a raw file or block device through io_uring) or "ram-file" (a /dev/shm file).
+    /// "file" (a raw file or block device through io_uring), "ram-file" (a /dev/shm file) or
+    /// "null" (a null disk, which holds no data: made again from its size).
     pub kind: String,
+    /// The file (empty for a null disk).
     pub path: PathBuf,
+    /// A null disk's size in bytes (0 for the others, and in snapshots from before null disks).
+    #[serde(default)]
+    pub size: u64,
     pub read_only: bool,
     /// O_DIRECT (files only).
     pub direct: bool,
@@ -43,7 +49,7 @@ pub struct SavedConfig {
 }
 
 impl SavedConfig {
-    /// The configuration of a VM that can be snapshotted: local file disks only.
+    /// The configuration of a VM that can be snapshotted: local file and null disks only.
     pub fn of(config: &VmConfig) -> Result<SavedConfig, SnapshotError> {
         let unsupported =
             |what: &str| Err(SnapshotError::Unsupported(format!("{what} are not supported yet")));
@@ -63,6 +69,7 @@ impl SavedConfig {
                     DiskBackend::File { path, read_only, direct } => Ok(SavedDisk {
                         kind: "file".into(),
                         path: path.clone(),
+                        size: 0,
                         read_only: *read_only,
                         direct: *direct,
                         serial,
@@ -71,6 +78,16 @@ impl SavedConfig {
                     DiskBackend::RamFile { path, read_only } => Ok(SavedDisk {
                         kind: "ram-file".into(),
                         path: path.clone(),
+                        size: 0,
+                        read_only: *read_only,
+                        direct: false,
+                        serial,
+                        queues,
+                    }),
+                    DiskBackend::Null { size, read_only } => Ok(SavedDisk {
+                        kind: "null".into(),
+                        path: PathBuf::new(),
+                        size: *size,
                         read_only: *read_only,
                         direct: false,
                         serial,
@@ -110,8 +127,14 @@ impl SavedConfig {
         if self.cmdline.len() > crate::boot::CMDLINE_MAX {
             return bad(format!("a command line of {} bytes", self.cmdline.len()));
         }
-        if let Some(d) = self.disks.iter().find(|d| !matches!(d.kind.as_str(), "file" | "ram-file")) {
+        if let Some(d) = self.disks.iter().find(|d| !matches!(d.kind.as_str(), "file" | "ram-file" | "null"))
+        {
             return bad(format!("a disk of kind {:?}", d.kind));
+        }
+        if let Some(d) =
+            self.disks.iter().find(|d| d.kind == "null" && (d.size == 0 || !d.size.is_multiple_of(512)))
+        {
+            return bad(format!("a null disk of {} bytes", d.size));
         }
         if let Some(d) =
             self.disks.iter().find(|d| !(1..=virtio::block::MAX_QUEUES).contains(&usize::from(d.queues)))
@@ -136,6 +159,7 @@ impl SavedConfig {
                 .iter()
                 .map(|d| match d.kind.as_str() {
                     "ram-file" => DiskBackend::RamFile { path: d.path.clone(), read_only: d.read_only },
+                    "null" => DiskBackend::Null { size: d.size, read_only: d.read_only },
                     _ => DiskBackend::File { path: d.path.clone(), read_only: d.read_only, direct: d.direct },
                 })
                 .collect(),
@@ -150,5 +174,35 @@ impl SavedConfig {
             idle_budget: Duration::from_micros(self.idle_budget_us),
             ..base
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_null_disk_is_saved_by_its_size_and_made_again() {
+        let null = DiskBackend::Null { size: 64 << 20, read_only: true };
+        let config = VmConfig {
+            disks: vec![null.clone()],
+            disk_options: vec![DiskOptions { serial: Some("n0".into()), queues: 2 }],
+            ..VmConfig::default()
+        };
+        let saved = SavedConfig::of(&config).unwrap();
+        assert_eq!((saved.disks[0].kind.as_str(), saved.disks[0].size), ("null", 64 << 20));
+        let text = serde_json::to_string(&saved).unwrap();
+        let again: SavedConfig = serde_json::from_str(&text).unwrap();
+        let rebuilt = again.to_vm_config(VmConfig::default()).unwrap();
+        assert_eq!(rebuilt.disks, [null]);
+        assert_eq!(rebuilt.disk_options, config.disk_options);
+
+        let mut bad = again.clone();
+        bad.disks[0].size = 1000;
+        assert!(bad.check().unwrap_err().to_string().contains("a null disk of 1000 bytes"));
+        // A snapshot from before null disks has no `size`: its file disks still load.
+        let old = text.replace(r#""kind":"null""#, r#""kind":"file""#).replace(r#""size":67108864,"#, "");
+        let old: SavedConfig = serde_json::from_str(&old).unwrap();
+        assert_eq!((old.disks[0].kind.as_str(), old.disks[0].size), ("file", 0));
     }
 }
