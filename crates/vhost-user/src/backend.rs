@@ -115,6 +115,7 @@ impl VhostUserBlk {
             log: None,
             reply_fd: None,
             held: false,
+            handed_over: false,
         }
     }
 
@@ -183,6 +184,8 @@ pub struct Session<'a> {
     reply_fd: Option<std::os::fd::RawFd>,
     /// Rings are not started while held (see [`Session::hold`]).
     held: bool,
+    /// The session went to a successor, which serves its rings (and in-flight region) now.
+    handed_over: bool,
 }
 
 /// Replace the descriptor behind `slot` with `fd` (or a fresh eventfd nobody reads, for "no
@@ -615,9 +618,23 @@ impl Session<'_> {
     }
 
     /// Stop every ring, each finishing the requests it holds (within the disk's reset
-    /// timeout), keeping what restarts them.
+    /// timeout), keeping what restarts them; logs what the in-flight region still marks.
     pub(crate) fn stop_rings(&mut self) -> Result<(), Error> {
-        self.stop_all()
+        self.stop_all()?;
+        if let Some(region) = &self.inflight {
+            log::info!(
+                "{}: rings stopped for a hand-over; the in-flight region marks {} request(s) in flight",
+                self.device.stats.name(),
+                region.count_in_flight()
+            );
+        }
+        Ok(())
+    }
+
+    /// The successor has the session: its rings and in-flight region are no longer this
+    /// session's to report on.
+    pub(crate) fn set_handed_over(&mut self) {
+        self.handed_over = true;
     }
 
     /// Start serving ring `index` if everything it needs is there.
@@ -783,8 +800,9 @@ impl Drop for Session<'_> {
             log::error!("{e}");
         }
         // Every ring stopped has finished its requests: what is still marked was abandoned by
-        // a disk that did not answer, and the next daemon resubmits it.
-        if let Some(region) = &self.inflight {
+        // a disk that did not answer, and the next daemon resubmits it. (After a hand-over the
+        // successor's requests are marked there.)
+        if let Some(region) = self.inflight.as_ref().filter(|_| !self.handed_over) {
             log::info!(
                 "{}: the in-flight region marks {} request(s) in flight as the connection ends",
                 self.device.stats.name(),

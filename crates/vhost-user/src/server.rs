@@ -300,6 +300,7 @@ impl Server {
                         Some((stream, &mut *session)),
                     );
                     if self.hand_over(port, attempt, state) == Outcome::Commit {
+                        session.set_handed_over();
                         return Ending::HandedOver;
                     }
                     // Not handed over: the rings start again where they stopped.

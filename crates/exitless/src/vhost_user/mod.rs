@@ -130,7 +130,7 @@ the new one starts the rings and serves on, listening on PATH for its own succes
 frontend's connection never closes (QEMU sees no reconnection); a hand-over happens only
 between two of its messages, and a message it sent meanwhile waits in the socket for the new
 daemon. The new daemon must be given the same disks (sockets, files, queues, serial numbers)
-in the same order: otherwise it is refused with one line saying why, exits with status 1, and
+in the same order: otherwise it is refused with one line saying why, exits with status 125, and
 the old daemon serves on. So does a hand-over while a live migration's dirty logging is on, or
 of a new RAM disk (ram=SIZE; serve a /dev/shm file instead). If the new daemon fails or dies
 before the commit, the old one starts its rings again where they stopped and logs why; a new
