@@ -385,7 +385,7 @@ fn accepts_connections(fd: BorrowedFd) -> bool {
 }
 
 /// " (pid N)" for the connected process (SO_PEERCRED), or nothing, for the log.
-fn pid_note(stream: &UnixStream) -> String {
+pub fn pid_note(stream: &UnixStream) -> String {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let Ok(mut len) = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()) else {
         return String::new();

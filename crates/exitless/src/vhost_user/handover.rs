@@ -78,12 +78,18 @@ impl HandoverSocket {
         self.attempts += 1;
         match self.hand_over(&stream, disks, self.attempts) {
             Ok(()) => {
-                log::info!("handed every disk over to the successor{}; exiting", peer(&stream));
+                log::info!(
+                    "handed every disk over to the successor{}; exiting",
+                    ::vhost_user::server::pid_note(&stream)
+                );
                 self.remove_on_drop = false;
                 true
             }
             Err(why) => {
-                log::warn!("hand-over to the successor{} did not happen: {why}; serving on", peer(&stream));
+                log::warn!(
+                    "hand-over to the successor{} did not happen: {why}; serving on",
+                    ::vhost_user::server::pid_note(&stream)
+                );
                 false
             }
         }
@@ -172,29 +178,6 @@ fn compare(hello: &[u8], ours: &[Value]) -> Result<(), String> {
             theirs[index], ours[index]
         )),
         None => Ok(()),
-    }
-}
-
-/// " (pid N)" of the peer, for the log.
-fn peer(stream: &UnixStream) -> String {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let Ok(mut len) = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()) else {
-        return String::new();
-    };
-    // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid pointer.
-    let rc = unsafe {
-        libc::getsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(stream),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 && cred.pid > 0 {
-        format!(" (pid {})", cred.pid)
-    } else {
-        String::new()
     }
 }
 
