@@ -95,6 +95,8 @@ pub enum HandoverError {
     Stop(#[source] crate::Error),
     #[error("cannot duplicate a descriptor to hand it over: {0}")]
     Dup(#[source] io::Error),
+    #[error("cannot make the adopted frontend socket non-blocking: {0}")]
+    Socket(#[source] io::Error),
     #[error("the hand-over channel failed: {0}")]
     Channel(#[from] vhost_user_protocol::Error),
     #[error("the other daemon closed the hand-over channel")]
@@ -197,7 +199,7 @@ pub(crate) fn export(session: &mut Session) -> Result<Vec<RawMessage>, HandoverE
         out.push(message(vu::SET_INFLIGHT_FD, &region.info().to_bytes(), vec![dup(region.fd().as_fd())?]));
     }
     for (index, vring) in session.vrings.iter().enumerate() {
-        // Queue indices fit in a byte (at most 256 queues... and the vring file's index field).
+        // A device has at most a few dozen queues.
         let index = u32::try_from(index).unwrap_or(u32::MAX);
         if vring.size != 0 {
             out.push(message(vu::SET_VRING_NUM, &u32_pair(index, vring.size.into()), vec![]));

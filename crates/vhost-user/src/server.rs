@@ -227,7 +227,7 @@ impl Server {
         let mut session = device.session();
         let rebuilt = stream
             .set_nonblocking(true)
-            .map_err(HandoverError::Dup)
+            .map_err(HandoverError::Socket)
             .and_then(|()| handover::replay(&mut session, connection.messages));
         let refused = rebuilt.is_err();
         let _ = replayed.send(rebuilt.map_err(|e| e.to_string()));

@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::vhost_user::handover::{
     Adopted, DiskState, FromPredecessor, HandoverError, Outcome, ToPredecessor, ToSuccessor,
@@ -77,10 +77,11 @@ impl HandoverSocket {
         }
         self.attempts += 1;
         match self.hand_over(&stream, disks, self.attempts) {
-            Ok(()) => {
+            Ok(stopped) => {
                 log::info!(
-                    "handed every disk over to the successor{}; exiting",
-                    ::vhost_user::server::pid_note(&stream)
+                    "handed every disk over to the successor{} (the rings stopped {:.1} ms before the commit); exiting",
+                    ::vhost_user::server::pid_note(&stream),
+                    stopped.as_secs_f64() * 1e3
                 );
                 self.remove_on_drop = false;
                 true
@@ -95,7 +96,8 @@ impl HandoverSocket {
         }
     }
 
-    fn hand_over(&self, stream: &UnixStream, disks: &Disks, attempt: u64) -> Result<(), String> {
+    /// Hand the disks over; `Ok`: how long before the commit the rings were asked to stop.
+    fn hand_over(&self, stream: &UnixStream, disks: &Disks, attempt: u64) -> Result<Duration, String> {
         let successor = ToSuccessor::new(stream);
         let hello = successor.hello(HELLO_LIMIT).map_err(|e| e.to_string())?;
         let ours = disks.in_order();
@@ -112,6 +114,7 @@ impl HandoverSocket {
             return Err(why.into());
         }
         // Every ring of every disk stops taking requests and drains, each on its own thread.
+        let asked = Instant::now();
         handles.iter().for_each(|h| h.ask(attempt));
         let limit = MARGIN + ours.iter().map(|d| reset_timeout(&d.spec)).max().unwrap_or_default();
         let states: Vec<Result<DiskState, HandoverError>> =
@@ -123,7 +126,7 @@ impl HandoverSocket {
         });
         let outcome = if sent.is_ok() { Outcome::Commit } else { Outcome::Resume };
         handles.iter().for_each(|h| h.decide(attempt, outcome));
-        sent
+        sent.map(|()| asked.elapsed())
     }
 }
 
@@ -192,6 +195,7 @@ pub fn take_over(
     let fail = |e: &dyn std::fmt::Display| format!("hand-over from the daemon on {}: {e}", path.display());
     stream.set_nonblocking(true).map_err(|e| fail(&e))?;
     let predecessor = ToPredecessor::new(stream);
+    let asked = Instant::now();
     let description: Vec<Value> = specs
         .iter()
         .enumerate()
@@ -249,7 +253,11 @@ pub fn take_over(
     for (_, commit) in &waiting {
         let _ = commit.send(true);
     }
-    log::info!("took every disk over from the daemon on {}", path.display());
+    log::info!(
+        "took every disk over from the daemon on {} ({:.1} ms from the request to the commit)",
+        path.display(),
+        asked.elapsed().as_secs_f64() * 1e3
+    );
     adopt(handover_listener, path).map_err(|e| fail(&e))
 }
 
