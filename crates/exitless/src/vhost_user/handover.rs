@@ -271,3 +271,36 @@ fn adopt(listener: OwnedFd, path: &Path) -> Result<HandoverSocket, String> {
     listener.set_nonblocking(false).map_err(|e| e.to_string())?;
     Ok(HandoverSocket { listener, path: path.to_owned(), remove_on_drop: true, attempts: 0 })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{compare, eligible};
+    use crate::vhost_user::spec;
+    use serde_json::json;
+
+    #[test]
+    fn a_successor_must_describe_the_same_disks_in_the_same_order() {
+        let a = json!({"socket": "/a.sock", "disk": {"path": "a.img"}, "queues": 1, "serial": "s0"});
+        let b = json!({"socket": "/b.sock", "disk": {"path": "b.img"}, "queues": 1, "serial": "s1"});
+        let ours = [a.clone(), b.clone()];
+        let hello = |disks: &[serde_json::Value]| serde_json::to_vec(disks).unwrap();
+        assert_eq!(compare(&hello(&ours), &ours), Ok(()));
+        let swapped = compare(&hello(&[b.clone(), a.clone()]), &ours).unwrap_err();
+        assert!(swapped.starts_with("disk 0 differs"), "{swapped}");
+        let fewer = compare(&hello(std::slice::from_ref(&a)), &ours).unwrap_err();
+        assert_eq!(fewer, "the successor has 1 disk(s), this daemon 2");
+        let mut more_queues = b.clone();
+        more_queues["queues"] = json!(2);
+        assert!(compare(&hello(&[a, more_queues]), &ours).unwrap_err().starts_with("disk 1 differs"));
+        assert!(compare(b"not json", &ours).unwrap_err().contains("not a JSON array"));
+    }
+
+    #[test]
+    fn a_new_ram_disk_cannot_be_handed_over() {
+        let file = spec::parse("socket=/a.sock,path=/tmp/a.img").unwrap();
+        let ram = spec::parse("socket=/b.sock,ram=1M").unwrap();
+        assert_eq!(eligible([&file].into_iter()), Ok(()));
+        let refused = eligible([&file, &ram].into_iter()).unwrap_err();
+        assert!(refused.starts_with("disk 1 is a new RAM disk (ram=SIZE)"), "{refused}");
+    }
+}
