@@ -133,7 +133,9 @@ pub fn identity(spec: &VhostDisk, socket: &std::path::Path, queues: u16, serial:
 /// How a disk's connection thread starts: on a socket of its own, or on one a predecessor handed
 /// over, with the session to take over.
 pub enum Listen {
+    /// Bind the disk's socket (a stale socket file there is replaced).
     Bind,
+    /// Serve on `listener`, the predecessor's socket, taking over what `adopted` holds.
     Adopt { listener: OwnedFd, adopted: Adopted },
 }
 
