@@ -1,10 +1,12 @@
 //! A disk handed from one server to another (`vhost_user::handover`) under a test frontend that
-//! stays connected: the frontend's ring, memory and writes carry over, a hand-over that is not
+//! stays connected: the frontend's ring, memory and writes carry over, so does half a message
+//! it sent while the disk changed hands, a hand-over that is not
 //! committed leaves the first server serving, and a successor refuses state that is not a
 //! session's. Real sockets, IOCore threads and RAM disks; no VM.
 
 mod frontend;
 
+use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -137,6 +139,10 @@ fn a_connected_frontend_is_handed_over_and_served_on_without_reconnecting() {
 
     let state = pass_state(&old, 1);
     assert!(state.connection.as_ref().is_some_and(|c| !c.messages.is_empty()));
+    // The old server has stopped reading: the first half of a GET_FEATURES it never sees waits
+    // in the socket for the new one.
+    let get_features = Header { request: 1, flags: VERSION, size: 0 }.to_bytes();
+    (&frontend.stream).write_all(&get_features[..7]).unwrap();
     assert_eq!(state.writeback, Some(0), "the driver's write-through mode goes along");
     let (new, replay_result, commit) = adopt(&rig, state);
     assert_eq!(replay_result.recv_timeout(LIMIT).unwrap(), Ok(()));
@@ -149,6 +155,10 @@ fn a_connected_frontend_is_handed_over_and_served_on_without_reconnecting() {
     drop(old);
     assert!(rig.socket.exists());
 
+    // The rest of that message, and the new server answers it.
+    (&frontend.stream).write_all(&get_features[7..]).unwrap();
+    let features = u64::from_le_bytes(frontend.reply(1).try_into().unwrap());
+    assert_ne!(features & F_PROTOCOL_FEATURES, 0, "{features:#x}");
     // The same connection, the same ring (its next avail index carried over), a new server.
     write_and_read_back(&mut frontend, 16, 2);
     assert_eq!(frontend.config(32, 1), [0], "write through, as the driver left it");
