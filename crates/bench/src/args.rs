@@ -334,16 +334,19 @@ blocks at --qd, flushes, reads them back and compares) on a file in --scratch DI
 `exitless vhost-user-blk` with O_DIRECT, capped at --iops requests per second so that the run
 lasts long enough on any host; --restart-after-ms after the guest's first write reached the file,
 the daemon is stopped (SIGTERM: it finishes what it holds and exits; or kill -9) and a new one
-started on the same socket and disk; or, in the control row (`--stops none`), left to serve the
-whole run. The frontends:
+started on the same socket and disk; or a new one is started with the old one's
+--handover-socket and takes the disk, its socket and the frontend's connection over (the old one
+then exits; the frontend does not reconnect); or, in the control row (`--stops none`), left to
+serve the whole run. The frontends:
   exitless  `exitless run --probe --disk vhost-user=SOCKET,reconnect=10` (retries every 10 ms)
   qemu      QEMU-KVM microvm, `-chardev socket,...,reconnect=1` (QEMU 7.2 retries a second
             after the hang-up, and each second after that)
 Per row, over --rounds rounds: the guest's I/O pause (the longest request of the round's run,
 the probe's max_ns: the request that waited through the restart; in the control row, the
 longest with no restart) as min/median/max, the
-frontend's own `reconnected to a daemon after N ms` (exitless only), the old daemon's time from
-SIGTERM to its exit, the requests the new daemons resubmitted from the in-flight region, and the
+frontend's own `reconnected to a daemon after N ms` (exitless only), the reconnections (the
+exitless frontend's count; for QEMU, the daemons' logged connections less the first), the old
+daemon's time from SIGTERM (or from the successor's start) to its exit, the requests the new daemons resubmitted from the in-flight region, and the
 guest's errors and mismatches (0, or the round fails). A frontend that cannot run (QEMU missing)
 gets rows that say why.";
 
@@ -357,7 +360,7 @@ pub struct UpgradeBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "exitless,qemu")]
     pub frontends: Vec<UpgradeFrontend>,
     /// How the old daemon is ended (`none`: no restart, the control row).
-    #[arg(long, value_delimiter = ',', default_value = "none,sigterm,kill")]
+    #[arg(long, value_delimiter = ',', default_value = "none,sigterm,kill,handover")]
     pub stops: Vec<UpgradeStop>,
     /// 4 KiB blocks the verify run writes and reads back (at most the disk's 16384).
     #[arg(long, value_name = "N", default_value_t = 4000, value_parser = clap::value_parser!(u64).range(100..=16_384))]
@@ -442,6 +445,9 @@ pub enum UpgradeStop {
     Sigterm,
     /// SIGKILL (kill -9): a crash.
     Kill,
+    /// A new daemon started with the old one's `--handover-socket` takes its disks, sockets
+    /// and connected frontends over; the old one exits (an upgrade without a hang-up).
+    Handover,
 }
 
 /// The most VMs `bench scale` starts at once.

@@ -73,6 +73,16 @@ impl Backend {
         Ok((took, self.log()))
     }
 
+    /// Wait for it to exit by itself with status 0 (within `limit` of `since`): how long after
+    /// `since` it did, and its log.
+    pub fn exited(mut self, limit: Duration, since: Instant) -> Result<(Duration, String), String> {
+        let status = self.wait_within(limit, since)?;
+        if !status.success() {
+            return Err(format!("{} ended with {status}: {}", self.name, self.log().trim()));
+        }
+        Ok((since.elapsed(), self.log()))
+    }
+
     /// SIGKILL (kill -9), and reap it: its log.
     pub fn kill(mut self) -> Result<String, String> {
         self.child.kill().map_err(|e| format!("cannot kill {}: {e}", self.name))?;
@@ -88,7 +98,7 @@ impl Backend {
                 Ok(None) if since.elapsed() < limit => std::thread::sleep(Duration::from_millis(1)),
                 Ok(None) => {
                     return Err(format!(
-                        "{} did not exit within {limit:?} of SIGTERM (killed): {}",
+                        "{} did not exit within {limit:?} (killed): {}",
                         self.name,
                         self.log().trim()
                     ))

@@ -1,6 +1,7 @@
 //! `exitless bench upgrade`: how long a guest's I/O stops while its vhost-user-blk daemon is
 //! replaced under it: the exitless VMM and QEMU-KVM as frontends, the old daemon stopped by
-//! SIGTERM (a graceful upgrade) or killed (kill -9), a new one started on the same socket. One
+//! SIGTERM (a graceful upgrade) or killed (kill -9), a new one started on the same socket; or
+//! the new one taking the disk and the frontend's connection over (`--handover-socket`). One
 //! probe verify run per round with one restart in it; min/median/max over the rounds.
 
 mod round;
@@ -35,10 +36,14 @@ pub struct Row {
     pub p50_median_ms: Option<f64>,
     /// The frontend's own "reconnected to a daemon after N ms" per round (exitless only).
     pub reconnected_ms: Vec<u64>,
-    /// Reconnections the frontend counted over the rounds (exitless only).
+    /// Reconnections over the rounds: the exitless frontend's own count; for QEMU, the
+    /// connections the daemons logged less the first of each round.
     pub reconnections: Option<u64>,
     /// From SIGTERM to the old daemon's exit, per round (SIGTERM rows only), in ms.
     pub sigterm_to_exit_ms: Vec<f64>,
+    /// From the successor's start to the old daemon's exit, per round (hand-over rows only), in
+    /// ms.
+    pub handover_to_exit_ms: Vec<f64>,
     /// Requests the new daemons resubmitted from the in-flight region, over the rounds.
     pub resubmitted: u64,
     /// The guest's I/O errors and verify mismatches over the rounds (0 when it passed).
@@ -61,6 +66,7 @@ impl Row {
             reconnected_ms: Vec::new(),
             reconnections: None,
             sigterm_to_exit_ms: Vec::new(),
+            handover_to_exit_ms: Vec::new(),
             resubmitted: 0,
             errors: 0,
             mismatches: 0,
@@ -78,6 +84,7 @@ impl Row {
             self.reconnections = Some(self.reconnections.unwrap_or(0) + n);
         }
         self.sigterm_to_exit_ms.extend(round.sigterm_to_exit.map(|d| d.as_secs_f64() * 1e3));
+        self.handover_to_exit_ms.extend(round.handover_to_exit.map(|d| d.as_secs_f64() * 1e3));
         self.resubmitted += round.resubmitted;
         self.errors += round.errors;
         self.mismatches += round.mismatches;
@@ -116,6 +123,7 @@ fn stop_name(stop: Stop) -> &'static str {
         Stop::None => "none",
         Stop::Sigterm => "sigterm",
         Stop::Kill => "kill -9",
+        Stop::Handover => "handover",
     }
 }
 

@@ -17,6 +17,9 @@
 //! - A graceful hand-over: SIGTERM while fio runs; the daemon finishes what it holds, leaves
 //!   none marked in flight, exits 0, and a new daemon takes over. The longest pause the guest
 //!   saw is printed (not asserted).
+//! - Hand-overs without a hang-up (`--handover-socket`) while fio runs on the slow disk: each
+//!   old daemon drains what it holds and exits 0, QEMU connects once over the whole run and sees
+//!   no hang-up, and fio verifies.
 //!
 //! Needs root (FUSE mounts), libfuse3-dev and fuse3, a C compiler, QEMU, Debian's cloud kernel,
 //! busybox-static, coreutils, e2fsprogs and fio: what scripts/setup.sh installs.
@@ -301,4 +304,66 @@ fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     for line in console.lines().filter(|l| l.contains("FIO-LAT 1 ") && l.contains("max=")) {
         println!("  {}", line.trim());
     }
+}
+
+/// A daemon with `--handover-socket handover`: the first one listens there, the next ones take
+/// its disk and QEMU's connection over.
+fn start_handover_daemon(
+    socket: &Path,
+    file: &Path,
+    handover: &Path,
+    log: &Path,
+) -> common::console::Console {
+    // The first one is waited for until it listens there too.
+    let listens: Vec<&Path> = if handover.exists() { vec![] } else { vec![handover] };
+    Daemon::builder()
+        .io_mode("adaptive")
+        .socket(socket)
+        .disk(&format!("path={},direct", file.display()))
+        .args(&["--handover-socket".as_ref(), handover.as_os_str()], &listens)
+        .start_console(log)
+}
+
+#[test]
+fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_holds() {
+    let _one = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    // The slow disk, so that the daemon holds many of fio's 32 requests when it hands over.
+    let fuse = HeldDisk::start_slow(dir.path(), &file, HELD_BLOCK * BLOCK as u64, 1000);
+    let disk = fuse.disk();
+    let socket = dir.path().join("vhost.sock");
+    let handover = dir.path().join("handover.sock");
+    let log = |n: usize| dir.path().join(format!("daemon{n}.err"));
+    let mut daemon = start_handover_daemon(&socket, &disk, &handover, &log(0));
+    let runs = 2;
+    let mut guest = fio_guest(dir.path(), &socket, runs);
+    guest.wait_for(WAIT, |l| l.contains("FIO-RUN-START 1"));
+    for round in 1..=2 {
+        std::thread::sleep(Duration::from_millis(1000));
+        let next = start_handover_daemon(&socket, &disk, &handover, &log(round));
+        let (status, _) = daemon.finish(WAIT);
+        let old_log = std::fs::read_to_string(log(round - 1)).unwrap();
+        assert_eq!(status.code(), Some(0), "the old daemon exits 0 after the hand-over: {old_log}");
+        assert!(
+            old_log.contains("rings stopped for a hand-over; the in-flight region marks 0 request(s)"),
+            "the old daemon finished every request it held before handing over: {old_log}"
+        );
+        daemon = next;
+    }
+    guest.wait_for(WAIT, |l| l.contains("FIO-END"));
+    let (_, lines) = guest.finish(WAIT);
+    let (_, _) = daemon.kill(WAIT);
+    check_fio(&lines, runs);
+    let logs: Vec<String> = (0..=2).map(|n| std::fs::read_to_string(log(n)).unwrap()).collect();
+    let all = logs.join("\n----\n");
+    // QEMU connected once; each successor took its connection over and had nothing to resubmit.
+    assert_eq!(all.matches("frontend connected").count(), 1, "{all}");
+    for successor in &logs[1..] {
+        assert!(successor.contains("took over the frontend's connection"), "{successor}");
+        assert_eq!(resubmitted(successor), 0, "{successor}");
+    }
+    let qemu_err = std::fs::read_to_string(dir.path().join("qemu.err")).unwrap();
+    assert!(!qemu_err.contains("msg fds") && !qemu_err.contains("ring restore failed"), "{qemu_err}");
 }

@@ -34,7 +34,7 @@ pub enum Error {
     UnknownRequest(u32),
     #[error("{0} is not supported: its feature was not offered")]
     Unsupported(&'static str),
-    #[error("payload of {0} bytes is longer than any request's ({MAX_PAYLOAD})")]
+    #[error("payload of {0} bytes is longer than any request's ({MAX_PAYLOAD}, or the channel's own limit)")]
     TooLarge(u32),
     #[error("{request}: payload of {got} bytes, expected {expected}")]
     BadSize { request: &'static str, got: usize, expected: usize },

@@ -629,13 +629,15 @@ pub struct Wire<'a> {
     stop: Option<BorrowedFd<'a>>,
     /// How long `recv` waits for a message to begin; `None`: no limit.
     idle: Option<Duration>,
+    /// The longest payload `recv` takes.
+    max_payload: usize,
 }
 
 impl<'a> Wire<'a> {
     /// Talk on `stream`, allowing the peer `stall` per pause inside a message, with no stop
     /// descriptor and no limit on the wait for a message to begin.
     pub fn new(stream: &'a UnixStream, stall: Duration) -> Wire<'a> {
-        Wire { stream, stall, stop: None, idle: None }
+        Wire { stream, stall, stop: None, idle: None, max_payload: MAX_PAYLOAD }
     }
 
     /// Give up any wait, with [`Error::Stopping`], once `stop` is readable.
@@ -646,6 +648,12 @@ impl<'a> Wire<'a> {
     /// Give up waiting for a message to begin after `idle` (a read error, "timed out").
     pub fn with_idle_limit(self, idle: Duration) -> Wire<'a> {
         Wire { idle: Some(idle), ..self }
+    }
+
+    /// Take payloads of up to `max` bytes instead of [`MAX_PAYLOAD`] (for a channel that
+    /// carries messages of its own besides vhost-user's, such as a daemon's hand-over).
+    pub fn with_max_payload(self, max: usize) -> Wire<'a> {
+        Wire { max_payload: max, ..self }
     }
 
     /// Receive one message's parts: header, payload and descriptors. `Ok(None)` when the peer
@@ -665,7 +673,7 @@ impl<'a> Wire<'a> {
         };
         self.recv_exact(&mut header, first, &mut fds)?;
         let header = Header::from_bytes(&header);
-        if header.size as usize > MAX_PAYLOAD {
+        if header.size as usize > self.max_payload {
             return Err(Error::TooLarge(header.size));
         }
         let mut payload = vec![0u8; header.size as usize];

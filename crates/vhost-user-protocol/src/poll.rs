@@ -1,12 +1,12 @@
 //! Waiting on a few descriptors at once (the socket, the listener, the stop signal, a memory
-//! fault), with a time limit.
+//! fault, a hand-over request), with a time limit.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 /// The most descriptors one wait watches.
-const MAX_FDS: usize = 4;
+const MAX_FDS: usize = 5;
 
 /// Wait until one of `fds` (descriptor, poll events) is ready, or until `timeout` has passed
 /// (`None`: no limit). Returns the index of the first ready descriptor, in the order given (so

@@ -114,49 +114,78 @@ impl VhostUserBlk {
             inflight: None,
             log: None,
             reply_fd: None,
+            held: false,
+            handed_over: false,
         }
+    }
+
+    /// The driver's cache mode, when the disk has the switch (VIRTIO_BLK_F_CONFIG_WCE): 1 for
+    /// write back, 0 for write through.
+    pub fn writeback(&self) -> Option<u8> {
+        if !self.block.has_writeback_switch() {
+            return None;
+        }
+        let mut value = [0u8];
+        self.block.read_config(CONFIG_WRITEBACK as u64, &mut value);
+        Some(value[0])
+    }
+
+    /// Set the cache mode a predecessor's driver chose (see [`VhostUserBlk::writeback`]).
+    pub fn set_writeback(&mut self, value: u8) -> Result<(), Error> {
+        if !self.block.has_writeback_switch() {
+            return Err(Error::NoWritebackSwitch);
+        }
+        if value > 1 {
+            return Err(Error::BadWriteback(value));
+        }
+        self.block.write_config(CONFIG_WRITEBACK as u64, &[value]);
+        Ok(())
     }
 }
 
 /// One vring's state in a session.
 #[derive(Default)]
-struct Vring {
+pub(crate) struct Vring {
     /// 0 until SET_VRING_NUM.
-    size: u16,
-    addr: Option<VringAddr>,
+    pub(crate) size: u16,
+    pub(crate) addr: Option<VringAddr>,
     /// The next avail index to serve: set by SET_VRING_BASE, updated when the ring stops.
-    base: u16,
+    pub(crate) base: u16,
     /// Set by SET_VRING_KICK (`Some(None)`: no descriptor, the IOCore must poll); `None` while
     /// the ring is stopped.
-    kick: Option<Option<Arc<EventFd>>>,
+    pub(crate) kick: Option<Option<Arc<EventFd>>>,
     /// The call and error eventfds the worker writes. Their descriptor numbers stay fixed for
     /// the session; a new SET_VRING_CALL/ERR duplicates the frontend's descriptor onto them
     /// (dup3 replaces it atomically), so a running worker follows the change with no
     /// synchronisation on its path.
-    call: Option<Arc<EventFd>>,
-    err: Option<Arc<EventFd>>,
+    pub(crate) call: Option<Arc<EventFd>>,
+    pub(crate) err: Option<Arc<EventFd>>,
     /// SET_VRING_ENABLE's last word; before it, the protocol's default applies.
-    enabled: Option<bool>,
+    pub(crate) enabled: Option<bool>,
     /// The worker is with the IOCore.
-    running: bool,
+    pub(crate) running: bool,
 }
 
 /// One connection's protocol state. Dropping it stops every running ring.
 pub struct Session<'a> {
-    device: &'a mut VhostUserBlk,
-    protocol_features: u64,
+    pub(crate) device: &'a mut VhostUserBlk,
+    pub(crate) protocol_features: u64,
     /// Acked virtio features (SET_FEATURES).
-    features: Option<u64>,
-    memory: Option<GuestMemoryTable>,
-    vrings: Vec<Vring>,
+    pub(crate) features: Option<u64>,
+    pub(crate) memory: Option<GuestMemoryTable>,
+    pub(crate) vrings: Vec<Vring>,
     /// See [`Session::set_up`].
     set_up: bool,
     /// The in-flight tracking region (SET_INFLIGHT_FD, or GET_INFLIGHT_FD's own).
-    inflight: Option<Arc<InflightRegion>>,
+    pub(crate) inflight: Option<Arc<InflightRegion>>,
     /// The dirty log (SET_LOG_BASE); rings log into it while VHOST_F_LOG_ALL is acked.
     log: Option<Arc<LogRegion>>,
     /// A descriptor to send with the reply to the message just handled.
     reply_fd: Option<std::os::fd::RawFd>,
+    /// Rings are not started while held (see [`Session::hold`]).
+    held: bool,
+    /// The session went to a successor, which serves its rings (and in-flight region) now.
+    handed_over: bool,
 }
 
 /// Replace the descriptor behind `slot` with `fd` (or a fresh eventfd nobody reads, for "no
@@ -566,8 +595,53 @@ impl Session<'_> {
         self.vrings[index].enabled.unwrap_or(!protocol)
     }
 
+    /// Start no ring until [`Session::release`]: a successor rebuilding the session a
+    /// predecessor hands over replays its messages while the predecessor may still take the
+    /// rings back.
+    pub fn hold(&mut self) {
+        self.held = true;
+    }
+
+    /// Start every ring that can start (after [`Session::hold`], or after they were stopped
+    /// for a hand-over that did not happen), and wake each once: a kick the frontend sent while
+    /// the rings changed hands may have been taken by the IOCore that stopped serving them.
+    pub fn release(&mut self) -> Result<(), Error> {
+        self.held = false;
+        for index in 0..self.vrings.len() {
+            self.try_start(index)?;
+            if let Some(Some(kick)) = self.vrings[index].kick.as_ref().filter(|_| self.vrings[index].running)
+            {
+                let _ = kick.write(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop every ring, each finishing the requests it holds (within the disk's reset
+    /// timeout), keeping what restarts them; logs what the in-flight region still marks.
+    pub(crate) fn stop_rings(&mut self) -> Result<(), Error> {
+        self.stop_all()?;
+        if let Some(region) = &self.inflight {
+            log::info!(
+                "{}: rings stopped for a hand-over; the in-flight region marks {} request(s) in flight",
+                self.device.stats.name(),
+                region.count_in_flight()
+            );
+        }
+        Ok(())
+    }
+
+    /// The successor has the session: its rings and in-flight region are no longer this
+    /// session's to report on.
+    pub(crate) fn set_handed_over(&mut self) {
+        self.handed_over = true;
+    }
+
     /// Start serving ring `index` if everything it needs is there.
     fn try_start(&mut self, index: usize) -> Result<(), Error> {
+        if self.held {
+            return Ok(());
+        }
         let enabled = self.enabled(index);
         let vring = &self.vrings[index];
         let (Some(memory), Some(addr), Some(kick)) = (&self.memory, vring.addr, &vring.kick) else {
@@ -726,8 +800,9 @@ impl Drop for Session<'_> {
             log::error!("{e}");
         }
         // Every ring stopped has finished its requests: what is still marked was abandoned by
-        // a disk that did not answer, and the next daemon resubmits it.
-        if let Some(region) = &self.inflight {
+        // a disk that did not answer, and the next daemon resubmits it. (After a hand-over the
+        // successor's requests are marked there.)
+        if let Some(region) = self.inflight.as_ref().filter(|_| !self.handed_over) {
             log::info!(
                 "{}: the in-flight region marks {} request(s) in flight as the connection ends",
                 self.device.stats.name(),

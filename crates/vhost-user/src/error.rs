@@ -121,4 +121,6 @@ pub enum Error {
     SocketInUse { path: String },
     #[error("cannot listen on {path}: {source}")]
     Listen { path: String, source: io::Error },
+    #[error("the socket handed over for {path} is not listening there (it is {found})")]
+    NotTheSocket { path: String, found: String },
 }

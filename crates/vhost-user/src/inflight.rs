@@ -26,6 +26,8 @@ pub struct InflightRegion {
     queue_size: u16,
     /// The file, kept for GET_INFLIGHT_FD's reply.
     fd: OwnedFd,
+    /// Where the region lies in its file (`mmap_size`, `mmap_offset`) and its counts.
+    info: InflightInfo,
 }
 
 /// The bytes `info`'s queues take, once its counts are checked against `max_queues`.
@@ -84,9 +86,10 @@ impl InflightRegion {
             num_queues: info.num_queues,
             queue_size: info.queue_size,
             fd,
+            info: InflightInfo { mmap_size: size, mmap_offset: 0, ..info },
         });
         region.write_desc_nums();
-        let reply = InflightInfo { mmap_size: size, mmap_offset: 0, ..info };
+        let reply = region.info;
         Ok((region, reply))
     }
 
@@ -138,6 +141,7 @@ impl InflightRegion {
             num_queues: info.num_queues,
             queue_size: info.queue_size,
             fd,
+            info,
         });
         region.write_desc_nums();
         Ok(region)
@@ -173,6 +177,11 @@ impl InflightRegion {
     /// The region's file (GET_INFLIGHT_FD's reply carries it).
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// Where the region lies in its file, as SET_INFLIGHT_FD gives it.
+    pub fn info(&self) -> InflightInfo {
+        self.info
     }
 
     /// How many descriptors each queue's area holds.

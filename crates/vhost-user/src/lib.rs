@@ -17,6 +17,8 @@
 //! - [`log`]: the dirty log a live migration shares (VHOST_F_LOG_ALL), in which rings mark
 //!   every guest page they write while logging is on.
 //! - [`backend`]: the device across connections, and the per-connection state machine.
+//! - [`handover`]: an upgrade without a hang-up: a daemon hands its sockets, connected
+//!   frontends and sessions to its successor, which rebuilds each session by replaying it.
 //! - [`server`]: one disk's listening socket, one frontend at a time (others are refused), each
 //!   with a set-up time limit. A daemon serving many disks runs a server per disk on a thread of
 //!   its own; their rings share the IOCores (`WorkerHost`), which take at most
@@ -28,6 +30,7 @@
 pub mod backend;
 pub mod error;
 pub mod fault;
+pub mod handover;
 pub mod inflight;
 pub mod log;
 pub mod memory;

@@ -29,6 +29,8 @@ pub struct GuestMemoryTable {
     _registrations: Vec<Registration>,
     memory: GuestMemoryMmap,
     regions: Vec<MemoryRegion>,
+    /// The mapped regions in the table's order, for their files (a hand-over sends them on).
+    mapped: Vec<Arc<GuestRegionMmap>>,
     fault: OwnedFd,
 }
 
@@ -101,12 +103,13 @@ impl GuestMemoryTable {
             registrations.push(registration);
             regions.push(region);
         }
+        let in_table_order = mapped.clone();
         mapped.sort_by_key(|region| vm_memory::GuestMemoryRegion::start_addr(region.as_ref()));
         // From clones of the regions, which `mapped` keeps mapped until `registrations` is gone
         // should this fail.
         let memory = GuestMemoryMmap::from_arc_regions(mapped.clone())
             .map_err(|e| Error::Map { index: 0, why: e.to_string() })?;
-        Ok(GuestMemoryTable { _registrations: registrations, memory, regions, fault })
+        Ok(GuestMemoryTable { _registrations: registrations, memory, regions, mapped: in_table_order, fault })
     }
 
     /// Readable once an access to one of the regions raised SIGBUS (the frontend shrank its
@@ -123,6 +126,15 @@ impl GuestMemoryTable {
     /// The regions as the frontend described them, in the table's order.
     pub fn regions(&self) -> &[MemoryRegion] {
         &self.regions
+    }
+
+    /// Each region's file, in the table's order (as SET_MEM_TABLE gave them).
+    pub fn files(&self) -> Vec<BorrowedFd<'_>> {
+        self.mapped
+            .iter()
+            .filter_map(|region| vm_memory::GuestMemoryRegion::file_offset(region.as_ref()))
+            .map(|file| file.file().as_fd())
+            .collect()
     }
 
     /// The guest-physical address of `len` bytes at frontend address `addr`, if they lie inside

@@ -12,7 +12,7 @@
 //! also watches the stop descriptor, so stopping never waits for a frontend.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -26,6 +26,7 @@ use vhost_user_protocol::Error as ProtocolError;
 
 use crate::backend::{Session, VhostUserBlk};
 use crate::error::Error;
+use crate::handover::{self, Adopted, DiskState, HandoverError, Outcome, Port};
 
 /// How long a frontend may pause in the middle of a message, or leave its replies unread.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -40,6 +41,8 @@ pub enum Ending {
     Closed,
     /// The stop descriptor became readable.
     Stopped,
+    /// The disk was handed over to a successor, which serves the connection on.
+    HandedOver,
     /// A message was refused, the socket failed, the frontend broke a time limit or its memory
     /// shrank; the connection was closed. `request` names the message, when its header was
     /// read and its code is known.
@@ -57,6 +60,9 @@ pub struct Server {
     path: PathBuf,
     /// Is a frontend being served? Shared with whoever asks ([`Server::frontend_connected`]).
     frontend: Arc<AtomicBool>,
+    /// Remove the socket file when dropped: not once the socket is handed over, nor while an
+    /// adopted one may still be the predecessor's.
+    remove_on_drop: AtomicBool,
 }
 
 impl Server {
@@ -65,7 +71,32 @@ impl Server {
     pub fn bind(path: impl AsRef<Path>) -> Result<Server, Error> {
         let path = path.as_ref();
         let listener = listen(path)?;
-        Ok(Server { listener, path: path.to_path_buf(), frontend: Arc::new(AtomicBool::new(false)) })
+        Ok(Server {
+            listener,
+            path: path.to_path_buf(),
+            frontend: Arc::new(AtomicBool::new(false)),
+            remove_on_drop: AtomicBool::new(true),
+        })
+    }
+
+    /// Serve on the listening socket a predecessor handed over, which must be a listening Unix
+    /// socket bound to `path`. Its socket file is left alone until the predecessor commits.
+    pub fn adopt(listener: OwnedFd, path: impl AsRef<Path>) -> Result<Server, Error> {
+        let path = path.as_ref();
+        let shown = || path.display().to_string();
+        let listener = UnixListener::from(listener);
+        let bound = listener.local_addr().map_err(|source| Error::Listen { path: shown(), source })?;
+        if bound.as_pathname() != Some(path) || !accepts_connections(listener.as_fd()) {
+            let found =
+                bound.as_pathname().map_or_else(|| "an unnamed socket".into(), |p| p.display().to_string());
+            return Err(Error::NotTheSocket { path: shown(), found });
+        }
+        Ok(Server {
+            listener,
+            path: path.to_path_buf(),
+            frontend: Arc::new(AtomicBool::new(false)),
+            remove_on_drop: AtomicBool::new(false),
+        })
     }
 
     /// The socket's path.
@@ -81,13 +112,43 @@ impl Server {
     /// Serve frontends one after another until `stop` (if given) becomes readable. Each
     /// connection's end is logged on standard error.
     pub fn serve(&self, device: &mut VhostUserBlk, stop: Option<BorrowedFd>) -> Result<(), Error> {
-        loop {
-            if wait(self.listener.as_fd(), stop).map_err(|source| self.listen_error(source))? == Ready::Stop {
+        self.serve_with(device, stop, None, None)
+    }
+
+    /// [`Server::serve`], also handing the disk over to a successor when `port` asks (and
+    /// returning once the successor has it), and first, with `adopted`, taking over the session
+    /// and frontend a predecessor handed over (see [`crate::handover`]).
+    pub fn serve_with(
+        &self,
+        device: &mut VhostUserBlk,
+        stop: Option<BorrowedFd>,
+        port: Option<&Port>,
+        adopted: Option<Adopted>,
+    ) -> Result<(), Error> {
+        if let Some(adopted) = adopted {
+            if self.take_over(device, stop, port, adopted) {
                 return Ok(());
+            }
+        }
+        loop {
+            let ready = wait(self.listener.as_fd(), stop, port.map(Port::fd))
+                .map_err(|source| self.listen_error(source))?;
+            match (ready, port) {
+                (Ready::Stop, _) => return Ok(()),
+                (Ready::Handover, Some(port)) => {
+                    let attempt = port.take();
+                    let state = handover::export_disk(self.listener.as_fd(), device.writeback(), None);
+                    if self.hand_over(port, attempt, state) == Outcome::Commit {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                _ => {}
             }
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => {
                     log::error!("cannot accept a frontend: {e}");
                     std::thread::sleep(Duration::from_millis(100));
@@ -102,23 +163,102 @@ impl Server {
                 continue;
             }
             self.frontend.store(true, Ordering::Release);
-            let ending = self.serve_connection(&stream, device, stop);
+            let mut session = device.session();
+            let ending = self.serve_connection(&stream, &mut session, stop, port, Instant::now());
+            // The rings stop (and give their backends back) before the end is logged.
+            drop(session);
             self.frontend.store(false, Ordering::Release);
-            match ending {
-                Ending::Closed => {
-                    log::info!("{}: frontend disconnected; waiting for the next one", self.path.display())
-                }
-                Ending::Refused { request: Some(request), error } => log::warn!(
-                    "{}: refused {request}: {error}; connection closed, waiting for the next frontend",
-                    self.path.display()
-                ),
-                Ending::Refused { request: None, error } => log::warn!(
-                    "{}: {error}; connection closed, waiting for the next frontend",
-                    self.path.display()
-                ),
-                Ending::Stopped => return Ok(()),
+            if self.ended(ending) {
+                return Ok(());
             }
         }
+    }
+
+    /// Log how a connection ended; `true` when serving ends with it (stopped, or handed over).
+    fn ended(&self, ending: Ending) -> bool {
+        match ending {
+            Ending::Closed => {
+                log::info!("{}: frontend disconnected; waiting for the next one", self.path.display())
+            }
+            Ending::Refused { request: Some(request), error } => log::warn!(
+                "{}: refused {request}: {error}; connection closed, waiting for the next frontend",
+                self.path.display()
+            ),
+            Ending::Refused { request: None, error } => log::warn!(
+                "{}: {error}; connection closed, waiting for the next frontend",
+                self.path.display()
+            ),
+            Ending::Stopped | Ending::HandedOver => return true,
+        }
+        false
+    }
+
+    /// Give the control thread this disk's state for hand-over `attempt` and do what it decides:
+    /// on a commit the successor owns the socket file; otherwise the caller serves on.
+    fn hand_over(&self, port: &Port, attempt: u64, state: Result<DiskState, HandoverError>) -> Outcome {
+        let outcome = port.hand_over(attempt, state);
+        if outcome == Outcome::Commit {
+            self.remove_on_drop.store(false, Ordering::Release);
+            log::info!("{}: handed over to the successor", self.path.display());
+        }
+        outcome
+    }
+
+    /// Take over a predecessor's disk: rebuild its session (rings held), report, and on the
+    /// predecessor's commit start the rings and serve its frontend's connection. `true` when
+    /// serving ends (stopped, handed over again, or the predecessor kept the disk).
+    fn take_over(
+        &self,
+        device: &mut VhostUserBlk,
+        stop: Option<BorrowedFd>,
+        port: Option<&Port>,
+        adopted: Adopted,
+    ) -> bool {
+        if let Err(e) = adopted.apply_writeback(device) {
+            let _ = adopted.replayed.send(Err(e.to_string()));
+            return true;
+        }
+        let Adopted { connection, replayed, commit, .. } = adopted;
+        let Some(connection) = connection else {
+            let _ = replayed.send(Ok(()));
+            return !self.committed(&commit);
+        };
+        let stream = UnixStream::from(connection.stream);
+        let mut session = device.session();
+        let rebuilt = stream
+            .set_nonblocking(true)
+            .map_err(HandoverError::Socket)
+            .and_then(|()| handover::replay(&mut session, connection.messages));
+        let refused = rebuilt.is_err();
+        let _ = replayed.send(rebuilt.map_err(|e| e.to_string()));
+        // Refused or not committed: nothing was started, and the predecessor keeps the disk.
+        if refused || !self.committed(&commit) {
+            return true;
+        }
+        self.frontend.store(true, Ordering::Release);
+        let ending = match session.release() {
+            Ok(()) => {
+                log::info!(
+                    "{}: took over the frontend's connection{}",
+                    self.path.display(),
+                    pid_note(&stream)
+                );
+                self.serve_connection(&stream, &mut session, stop, port, Instant::now())
+            }
+            Err(error) => Ending::Refused { request: None, error },
+        };
+        drop(session);
+        self.frontend.store(false, Ordering::Release);
+        self.ended(ending)
+    }
+
+    /// Wait for the predecessor's decision; on a commit the socket file is this server's.
+    fn committed(&self, commit: &std::sync::mpsc::Receiver<bool>) -> bool {
+        let committed = commit.recv().unwrap_or(false);
+        if committed {
+            self.remove_on_drop.store(true, Ordering::Release);
+        }
+        committed
     }
 
     fn listen_error(&self, source: io::Error) -> Error {
@@ -126,25 +266,51 @@ impl Server {
     }
 
     /// Serve one frontend on `stream` until it closes, a message is refused, it breaks a time
-    /// limit, its memory shrinks, or `stop` fires.
+    /// limit, its memory shrinks, `stop` fires or the disk is handed over.
     fn serve_connection(
         &self,
         stream: &UnixStream,
-        device: &mut VhostUserBlk,
+        session: &mut Session,
         stop: Option<BorrowedFd>,
+        port: Option<&Port>,
+        connected: Instant,
     ) -> Ending {
-        let connected = Instant::now();
         let wire = Wire::new(stream, STALL_TIMEOUT).with_stop(stop);
-        let mut session = device.session();
         loop {
             let setup_left = (!session.set_up()).then(|| SETUP_TIMEOUT.saturating_sub(connected.elapsed()));
-            match wait_connection(stream, self.listener.as_fd(), stop, session.memory_fault(), setup_left) {
+            let watched = Watched {
+                stop,
+                fault: session.memory_fault(),
+                handover: port.map(Port::fd),
+                listener: self.listener.as_fd(),
+            };
+            match wait_connection(stream, watched, setup_left) {
                 Ok(Some(Event::Stop)) => return Ending::Stopped,
                 Ok(Some(Event::MemoryFault)) => {
                     return Ending::Refused { request: None, error: session.memory_shrank() };
                 }
+                // Between two messages: whatever the frontend sent since stays in the socket.
+                Ok(Some(Event::Handover)) => {
+                    let Some(port) = port else { continue };
+                    let attempt = port.take();
+                    let writeback = session.device.writeback();
+                    let state = handover::export_disk(
+                        self.listener.as_fd(),
+                        writeback,
+                        Some((stream, &mut *session)),
+                    );
+                    if self.hand_over(port, attempt, state) == Outcome::Commit {
+                        session.set_handed_over();
+                        return Ending::HandedOver;
+                    }
+                    // Not handed over: the rings start again where they stopped.
+                    if let Err(error) = session.release() {
+                        return Ending::Refused { request: None, error };
+                    }
+                    log::info!("{}: the hand-over did not happen; serving on", self.path.display());
+                }
                 Ok(Some(Event::Message)) => {
-                    if let Some(ending) = serve_message(&wire, &mut session) {
+                    if let Some(ending) = serve_message(&wire, session) {
                         return ending;
                     }
                 }
@@ -195,12 +361,31 @@ pub fn listen(path: &Path) -> Result<UnixListener, Error> {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.remove_on_drop.load(Ordering::Acquire) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
+/// Is `fd` a listening socket (SO_ACCEPTCONN)?
+fn accepts_connections(fd: BorrowedFd) -> bool {
+    let mut value: libc::c_int = 0;
+    let Ok(mut len) = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()) else { return false };
+    // SAFETY: SO_ACCEPTCONN fills an int of `len` bytes at a valid pointer.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    rc == 0 && value == 1
+}
+
 /// " (pid N)" for the connected process (SO_PEERCRED), or nothing, for the log.
-fn pid_note(stream: &UnixStream) -> String {
+pub fn pid_note(stream: &UnixStream) -> String {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let Ok(mut len) = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()) else {
         return String::new();
@@ -222,22 +407,22 @@ fn pid_note(stream: &UnixStream) -> String {
     }
 }
 
-#[derive(PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Ready {
     Fd,
     Stop,
+    Handover,
 }
 
-/// Wait until `fd` is readable (or hung up), or `stop` is.
-fn wait(fd: BorrowedFd, stop: Option<BorrowedFd>) -> io::Result<Ready> {
-    let fd = (fd, libc::POLLIN);
-    match stop {
-        Some(stop) => match first_ready(&[(stop, libc::POLLIN), fd], None)? {
-            Some(0) => Ok(Ready::Stop),
-            _ => Ok(Ready::Fd),
-        },
-        None => first_ready(&[fd], None).map(|_| Ready::Fd),
-    }
+/// Wait until `fd` is readable (or hung up), or `stop` or `handover` is.
+fn wait(fd: BorrowedFd, stop: Option<BorrowedFd>, handover: Option<BorrowedFd>) -> io::Result<Ready> {
+    let watched: Vec<(BorrowedFd, Ready)> =
+        [(stop, Ready::Stop), (handover, Ready::Handover), (Some(fd), Ready::Fd)]
+            .into_iter()
+            .filter_map(|(fd, ready)| Some((fd?, ready)))
+            .collect();
+    let fds: Vec<(BorrowedFd, i16)> = watched.iter().map(|&(fd, _)| (fd, libc::POLLIN)).collect();
+    Ok(first_ready(&fds, None)?.map_or(Ready::Fd, |index| watched[index].1))
 }
 
 /// What woke a connection's wait.
@@ -245,26 +430,38 @@ fn wait(fd: BorrowedFd, stop: Option<BorrowedFd>) -> io::Result<Ready> {
 enum Event {
     Stop,
     MemoryFault,
+    /// The daemon asks for the disk's hand-over to a successor.
+    Handover,
     /// A message (or the end of the connection) on the frontend's socket.
     Message,
     /// Another frontend is connecting.
     Another,
 }
 
+/// The descriptors a connection's wait watches besides the frontend's socket.
+struct Watched<'a> {
+    stop: Option<BorrowedFd<'a>>,
+    fault: Option<BorrowedFd<'a>>,
+    handover: Option<BorrowedFd<'a>>,
+    listener: BorrowedFd<'a>,
+}
+
 /// Wait for what matters to a connection, most important first; `None` when `limit` passed.
 fn wait_connection(
     stream: &UnixStream,
-    listener: BorrowedFd,
-    stop: Option<BorrowedFd>,
-    fault: Option<BorrowedFd>,
+    watched: Watched,
     limit: Option<Duration>,
 ) -> io::Result<Option<Event>> {
-    let watched = [(stop, Event::Stop), (fault, Event::MemoryFault)]
-        .into_iter()
-        .filter_map(|(fd, event)| Some((fd?, event)))
-        .chain([(stream.as_fd(), Event::Message), (listener, Event::Another)]);
-    let mut fds = Vec::with_capacity(4);
-    let mut events = Vec::with_capacity(4);
+    let watched = [
+        (watched.stop, Event::Stop),
+        (watched.fault, Event::MemoryFault),
+        (watched.handover, Event::Handover),
+    ]
+    .into_iter()
+    .filter_map(|(fd, event)| Some((fd?, event)))
+    .chain([(stream.as_fd(), Event::Message), (watched.listener, Event::Another)]);
+    let mut fds = Vec::with_capacity(5);
+    let mut events = Vec::with_capacity(5);
     for (fd, event) in watched {
         fds.push((fd, libc::POLLIN));
         events.push(event);

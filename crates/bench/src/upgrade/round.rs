@@ -53,10 +53,13 @@ pub struct Round {
     pub p50_ms: f64,
     /// The frontend's own "reconnected to a daemon after N ms" (exitless only).
     pub reconnected_ms: Option<u64>,
-    /// Reconnections the frontend counted (`--stats`; exitless only).
+    /// Reconnections: the exitless frontend's count (`--stats`); for QEMU, the connections the
+    /// daemons logged less the first.
     pub reconnections: Option<u64>,
     /// From SIGTERM to the old daemon's exit (SIGTERM rounds only).
     pub sigterm_to_exit: Option<Duration>,
+    /// From the successor's start to the old daemon's exit (hand-over rounds only).
+    pub handover_to_exit: Option<Duration>,
     /// Requests the new daemon resubmitted from the in-flight region.
     pub resubmitted: u64,
     pub errors: u64,
@@ -68,7 +71,8 @@ pub struct Round {
 /// serves the whole run). `index` names its logs.
 pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Result<Round, String> {
     let socket = ctx.dir.join("upgrade.sock");
-    let old = start_daemon(ctx, &socket, &format!("daemon{index}-old"))?;
+    let handover = (stop == Stop::Handover).then(|| ctx.dir.join("handover.sock"));
+    let old = start_daemon(ctx, &socket, &format!("daemon{index}-old"), handover.as_deref(), false)?;
     let before = modified(&ctx.disk)?;
     std::thread::scope(|scope| {
         let vm = match frontend {
@@ -90,19 +94,29 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
         }
         // The daemon that serves the rest of the run: the new one, or the old one when there
         // is no restart (the control).
-        let (sigterm_to_exit, serving) = match stop {
-            Stop::None => (None, old),
+        let new = format!("daemon{index}-new");
+        let (mut sigterm_to_exit, mut handover_to_exit) = (None, None);
+        let (old_log, serving) = match stop {
+            Stop::None => (String::new(), old),
             Stop::Sigterm => {
-                let took = old.terminate(STOP_LIMIT)?.0;
-                (Some(took), start_daemon(ctx, &socket, &format!("daemon{index}-new"))?)
+                let (took, log) = old.terminate(STOP_LIMIT)?;
+                sigterm_to_exit = Some(took);
+                (log, start_daemon(ctx, &socket, &new, None, false)?)
             }
-            Stop::Kill => {
-                old.kill()?;
-                (None, start_daemon(ctx, &socket, &format!("daemon{index}-new"))?)
+            Stop::Kill => (old.kill()?, start_daemon(ctx, &socket, &new, None, false)?),
+            Stop::Handover => {
+                let started = Instant::now();
+                let successor = start_daemon(ctx, &socket, &new, handover.as_deref(), true)?;
+                let (took, log) = old.exited(STOP_LIMIT, started)?;
+                handover_to_exit = Some(took);
+                (log, successor)
             }
         };
         let out = vm.finish()?;
         let serving_log = serving.terminate(STOP_LIMIT)?.1;
+        let connections =
+            [&old_log, &serving_log].into_iter().map(|log| log.matches("frontend connected").count());
+        let connections = u64::try_from(connections.sum::<usize>()).unwrap_or(u64::MAX);
         let line = out.result().ok_or_else(|| format!("the probe printed no result: {}", out.describe()))?;
         let figure = |name: &str| line[name].as_u64();
         let ms = |name: &str| line[name].as_f64().map(|ns| ns / 1e6);
@@ -110,8 +124,12 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
             pause_ms: ms("max_ns").ok_or_else(|| format!("no max_ns in the probe's result: {line}"))?,
             p50_ms: ms("p50_ns").unwrap_or(0.0),
             reconnected_ms: reconnected_ms(&out.stderr),
-            reconnections: out.stats().and_then(|s| s["devices"][0]["reconnections"].as_u64()),
+            reconnections: match frontend {
+                Frontend::Exitless => out.stats().and_then(|s| s["devices"][0]["reconnections"].as_u64()),
+                Frontend::Qemu => Some(connections.saturating_sub(1)),
+            },
             sigterm_to_exit,
+            handover_to_exit,
             resubmitted: resubmitted(&serving_log),
             errors: figure("errors").unwrap_or(0),
             mismatches: figure("mismatches").unwrap_or(0),
@@ -129,17 +147,33 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
     })
 }
 
-/// `exitless vhost-user-blk` serving the disk on `socket`, its log `<name>.log`.
-fn start_daemon(ctx: &Context, socket: &Path, name: &str) -> Result<Backend, String> {
+/// `exitless vhost-user-blk` serving the disk on `socket`, its log `<name>.log`; with
+/// `--handover-socket` when `handover` is given, and as the successor of the daemon listening
+/// there when `successor` is set.
+fn start_daemon(
+    ctx: &Context,
+    socket: &Path,
+    name: &str,
+    handover: Option<&Path>,
+    successor: bool,
+) -> Result<Backend, String> {
     // The old daemon's socket file may outlive it (kill -9): the new one must not be mistaken
-    // for listening before it does.
-    let _ = std::fs::remove_file(socket);
+    // for listening before it does. A successor takes the live one over.
+    if !successor {
+        let _ = std::fs::remove_file(socket);
+        if let Some(handover) = handover {
+            let _ = std::fs::remove_file(handover);
+        }
+    }
     let mut command = Command::new(&ctx.exe);
     command
         .args(["vhost-user-blk", "--disk"])
         .arg(format!("socket={},path={},direct,iops={}", socket.display(), ctx.disk.display(), ctx.iops))
         .args(["--io-mode", ctx.io_mode])
         .args(ctx.seccomp.flag());
+    if let Some(handover) = handover {
+        command.arg("--handover-socket").arg(handover);
+    }
     Backend::start(
         command,
         &[socket.to_owned()],

@@ -32,7 +32,8 @@ pub(super) fn render(report: &Report, markdown: bool) -> String {
             "pause median ms",
             "pause max ms",
             "reconnected after ms",
-            "SIGTERM to exit ms",
+            "reconnections",
+            "to exit ms",
             "request p50 ms",
             "resubmitted",
             "errors",
@@ -59,7 +60,12 @@ fn cells(row: &Row) -> Vec<String> {
         fixed(row.pause_median_ms),
         fixed(row.pause_max_ms),
         spread(&reconnected),
-        spread(&row.sigterm_to_exit_ms),
+        row.reconnections.map_or("-".into(), |n| n.to_string()),
+        spread(if row.handover_to_exit_ms.is_empty() {
+            &row.sigterm_to_exit_ms
+        } else {
+            &row.handover_to_exit_ms
+        }),
         fixed(row.p50_median_ms),
         if row.rounds > 0 { row.resubmitted.to_string() } else { "-".into() },
         if row.rounds > 0 { row.errors.to_string() } else { "-".into() },
@@ -83,9 +89,11 @@ fn spread(values: &[f64]) -> String {
     format!("{mid:.1} ({min:.1}-{max:.1})")
 }
 
-const NOTES: [&str; 7] = [
+const NOTES: [&str; 9] = [
     "restart: how the old daemon was ended before a new one was started on the same socket (sigterm: a \
-     graceful upgrade; kill -9: a crash); none: no restart, the same run on one daemon, the control: its \
+     graceful upgrade; kill -9: a crash); handover: the new daemon, started with the old one's \
+     --handover-socket, took the disk's socket, the frontend's connection and its session over, and the old \
+     one exited, the frontend not reconnecting; none: no restart, the same run on one daemon, the control: its \
      longest request is what the host's own hiccups give, the floor under the others' pause",
     "pause: the guest's longest request in the round's verify run (the probe's max_ns), the one that \
      waited through the restart; min/median/max over the rounds. It is the old daemon's exit (SIGTERM: it \
@@ -95,8 +103,14 @@ const NOTES: [&str; 7] = [
      second however soon the new daemon listens), and the set-up replayed on the new connection (features, memory table, in-flight region, rings)",
     "reconnected after: the exitless frontend's own figure (`reconnected to a daemon after N ms`), from \
      the hang-up it saw to the new daemon serving the ring, median (min-max); QEMU logs none",
-    "SIGTERM to exit: the old daemon's time from the signal to its exit status, as the harness saw it; the \
-     new daemon is started after it (both want the socket)",
+    "to exit: the old daemon's time from SIGTERM to its exit status, as the harness saw it (the new daemon is \
+     started after it: both want the socket); for handover, from the new daemon's start (its process, disk \
+     file and IOCore) to the old one's exit, the hand-over itself being the end of that",
+    "handover pause: the old daemon stops taking requests and drains its ring only once the new one, \
+     started, asks; then the ring, its eventfds, the memory table and the in-flight region are passed \
+     over the hand-over socket and replayed, and the new daemon serves the ring without a reconnection",
+    "reconnections: the exitless frontend's own count; for QEMU the connections the daemons logged (\
+     \"frontend connected\"), less the first of each round",
     "resubmitted: requests the new daemons took again from the in-flight region (kill -9 leaves the ones \
      the old daemon held; SIGTERM none)",
     "request p50: the median request of the runs, for scale: the daemon's rate limit spaces requests so \

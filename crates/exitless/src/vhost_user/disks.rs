@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use ::vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
 use iocore::IoCore;
 use rate_limiter::{Limits, RateLimiter};
 use sandbox::{SeccompMode, ThreadKind};
@@ -72,6 +73,8 @@ pub struct Disk {
     /// Written to stop the disk's connection thread.
     stop: File,
     thread: Option<JoinHandle<()>>,
+    /// Asks the connection thread for the disk's state, to hand it over to a successor.
+    handover: Option<HandoverHandle>,
 }
 
 impl Disk {
@@ -98,6 +101,16 @@ impl Disk {
         })
     }
 
+    /// The control thread's end of the disk's hand-over (with `--handover-socket`).
+    pub fn handover(&self) -> Option<&HandoverHandle> {
+        self.handover.as_ref()
+    }
+
+    /// How it compares with a successor's disk: what a hand-over must find the same.
+    pub fn identity(&self) -> Value {
+        identity(&self.spec, &self.figures.socket, self.queues, &self.serial)
+    }
+
     /// Stop its connection thread (ending a frontend's connection) and wait for it.
     fn stop(&mut self) {
         let _ = self.stop.write_all(&1u64.to_ne_bytes());
@@ -105,6 +118,25 @@ impl Disk {
             let _ = thread.join();
         }
     }
+}
+
+/// A disk as a hand-over compares it: socket, storage, queues and serial number.
+pub fn identity(spec: &VhostDisk, socket: &std::path::Path, queues: u16, serial: &str) -> Value {
+    json!({
+        "socket": socket.display().to_string(),
+        "disk": storage_json(&spec.disk),
+        "queues": queues,
+        "serial": serial,
+    })
+}
+
+/// How a disk's connection thread starts: on a socket of its own, or on one a predecessor handed
+/// over, with the session to take over.
+pub enum Listen {
+    /// Bind the disk's socket (a stale socket file there is replaced).
+    Bind,
+    /// Serve on `listener`, the predecessor's socket, taking over what `adopted` holds.
+    Adopt { listener: OwnedFd, adopted: Adopted },
 }
 
 fn storage_json(disk: &storage::DiskSpec) -> Value {
@@ -132,6 +164,8 @@ pub struct Disks {
     mode: String,
     next_index: usize,
     disks: BTreeMap<String, Disk>,
+    /// Give every disk a hand-over port (`--handover-socket`).
+    handover: bool,
 }
 
 impl Disks {
@@ -152,7 +186,26 @@ impl Disks {
             mode,
             next_index: 0,
             disks: BTreeMap::new(),
+            handover: false,
         }
+    }
+
+    /// Let every disk added from now on be handed over to a successor.
+    pub fn with_handover(mut self) -> Disks {
+        self.handover = true;
+        self
+    }
+
+    /// `--queues`, for a disk whose spec names none.
+    pub fn default_queues(&self) -> u16 {
+        self.default_queues
+    }
+
+    /// The disks in the order they were added.
+    pub fn in_order(&self) -> Vec<&Disk> {
+        let mut disks: Vec<&Disk> = self.disks.values().collect();
+        disks.sort_by_key(|d| d.figures.index);
+        disks
     }
 
     pub fn iocores(&self) -> &[Arc<IoCore>] {
@@ -175,6 +228,12 @@ impl Disks {
 
     /// Open `spec`'s disk, listen on `socket` and serve it from a thread of its own.
     pub fn add(&mut self, spec: VhostDisk, socket: PathBuf) -> Result<&Disk, DiskError> {
+        self.add_on(spec, socket, Listen::Bind)
+    }
+
+    /// Open `spec`'s disk and serve it from a thread of its own, on `socket` or, as `listen`
+    /// says, on the socket (and frontend) a predecessor handed over.
+    pub fn add_on(&mut self, spec: VhostDisk, socket: PathBuf, listen: Listen) -> Result<&Disk, DiskError> {
         let index = self.next_index;
         let name = spec.name.clone().unwrap_or_else(|| format!("disk{index}"));
         if self.disks.contains_key(&name) {
@@ -186,7 +245,7 @@ impl Disks {
         }
         let queues = spec.queues.unwrap_or(self.default_queues);
         let iocore = self.placement.place(usize::from(queues));
-        let disk = self.open(index, &name, &spec, socket, (queues, iocore));
+        let disk = self.open(index, &name, &spec, socket, (queues, iocore), listen);
         let disk = match disk {
             Ok(disk) => disk,
             Err(e) => {
@@ -212,6 +271,7 @@ impl Disks {
         spec: &VhostDisk,
         socket: PathBuf,
         (queues, iocore): (u16, usize),
+        listen: Listen,
     ) -> Result<Disk, DiskError> {
         let what = format!("disk {index} ({})", socket.display());
         let backends = spec
@@ -237,17 +297,40 @@ impl Disks {
         if let Some(limiter) = &limiter {
             device = device.with_rate_limiter(limiter.clone());
         }
-        let server = ::vhost_user::Server::bind(&socket)?;
+        let (server, adopted) = match listen {
+            Listen::Bind => (::vhost_user::Server::bind(&socket)?, None),
+            Listen::Adopt { listener, adopted } => {
+                (::vhost_user::Server::adopt(listener, &socket)?, Some(adopted))
+            }
+        };
         let frontend = server.frontend_connected();
         let (stop, stop_reader) =
             stop_event().map_err(|source| DiskError::Thread { what: what.clone(), source })?;
+        let (handover, port) = match self.handover {
+            true => {
+                let (handle, port) =
+                    port().map_err(|source| DiskError::Thread { what: what.clone(), source })?;
+                (Some(handle), Some(port))
+            }
+            false => (None, None),
+        };
         let seccomp = self.seccomp;
+        let serving = Serving { index, server, stop: stop_reader, port, adopted };
         let thread = std::thread::Builder::new()
             .name(format!("vhost-user-{index}"))
-            .spawn(move || serve_disk(index, device, server, stop_reader, seccomp))
+            .spawn(move || serve_disk(device, serving, seccomp))
             .map_err(|source| DiskError::Thread { what, source })?;
         let figures = DiskFigures::new((index, name.to_owned()), socket, stats, limiter, iocore);
-        Ok(Disk { spec: spec.clone(), queues, serial, figures, frontend, stop, thread: Some(thread) })
+        Ok(Disk {
+            spec: spec.clone(),
+            queues,
+            serial,
+            figures,
+            frontend,
+            stop,
+            thread: Some(thread),
+            handover,
+        })
     }
 
     /// New limits for a disk, in force for its next requests.
@@ -300,20 +383,28 @@ fn stop_event() -> std::io::Result<(File, OwnedFd)> {
     Ok((File::from(fd), reader))
 }
 
-/// One disk's connection thread: frontends one after another until its stop descriptor fires.
-fn serve_disk(
+/// What a disk's connection thread serves.
+struct Serving {
     index: usize,
-    mut device: ::vhost_user::VhostUserBlk,
     server: ::vhost_user::Server,
     stop: OwnedFd,
-    seccomp: SeccompMode,
-) {
-    // This thread reads the disk's frontends' messages from here on.
+    port: Option<Port>,
+    adopted: Option<Adopted>,
+}
+
+/// One disk's connection thread: frontends one after another until its stop descriptor fires
+/// or the disk is handed over.
+fn serve_disk(mut device: ::vhost_user::VhostUserBlk, serving: Serving, seccomp: SeccompMode) {
+    let Serving { index, server, stop, port, adopted } = serving;
+    // This thread reads the disk's frontends' messages (and a predecessor's) from here on.
     if let Err(e) = sandbox::install(ThreadKind::VhostUserConnection, seccomp) {
         log::error!("disk {index}: {e}; not served");
+        if let Some(adopted) = adopted {
+            let _ = adopted.replayed.send(Err(e.to_string()));
+        }
         return;
     }
-    if let Err(e) = server.serve(&mut device, Some(stop.as_fd())) {
+    if let Err(e) = server.serve_with(&mut device, Some(stop.as_fd()), port.as_ref(), adopted) {
         log::error!("disk {index} ({}): {e}; no longer served", server.path().display());
     }
 }

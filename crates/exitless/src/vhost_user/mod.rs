@@ -5,12 +5,14 @@
 //!
 //! - [`spec`]: `--disk socket=PATH,...` (and the control API's JSON disks).
 //! - [`disks`]: the disks being served, each with its connection thread.
+//! - [`handover`]: `--handover-socket`, an upgrade the frontends do not see.
 //! - [`placement`]: which IOCore serves which disk.
 //! - [`stats`]: `--stats-interval` lines.
 //! - [`api`], [`routes`], [`prometheus`]: `--api-socket`, the control API.
 
 pub mod api;
 mod disks;
+mod handover;
 mod placement;
 mod prometheus;
 mod routes;
@@ -19,7 +21,7 @@ mod stats;
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use sandbox::{Filter, ThreadKind};
 
 use api::{Api, Call};
 use disks::Disks;
+use handover::HandoverSocket;
 use spec::VhostDisk;
 use stats::Reporter;
 
@@ -58,6 +61,11 @@ pub struct VhostUserBlkArgs {
     /// while the daemon runs, and Prometheus metrics on /metrics. See below.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
+    /// Upgrade without a hang-up: if a daemon started with the same option listens on PATH,
+    /// take its disks over (sockets, connected frontends and their sessions) instead of opening
+    /// sockets anew; then listen on PATH for the next daemon. Give the same disks. See below.
+    #[arg(long, value_name = "PATH", conflicts_with = "api_socket")]
+    pub handover_socket: Option<PathBuf>,
     /// Virtqueues offered per disk unless its spec says `queues=` (VIRTIO_BLK_F_MQ above 1);
     /// each has its own backend.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=spec::MAX_QUEUES as i64))]
@@ -110,7 +118,26 @@ Restarts: the daemon tracks the requests it holds in memory it shares with the f
 (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD). Give QEMU a reconnecting chardev (-chardev
 socket,...,reconnect=1) and start the next daemon on the same socket and disk: after a kill -9
 it resubmits what the old one held; after SIGTERM (which finishes the requests held) there is
-nothing to resubmit.
+nothing to resubmit. QEMU 7.2 retries once a second, so its guest's I/O pauses about 1 s.
+
+Upgrades without a hang-up (--handover-socket PATH): start every daemon with the same
+--handover-socket. A daemon started while another listens on PATH takes the disks over
+instead of binding their sockets: the old daemon stops taking requests on every ring, lets them
+finish what they hold (bounded by reset-timeout), and passes each disk's listening socket, its
+frontend's connected socket and the session (features, memory table, in-flight region, rings
+with their next avail index and eventfds, cache mode) to the new one over PATH (SCM_RIGHTS).
+The new one rebuilds each session by replaying it as vhost-user messages through the checks a
+frontend's messages get, then says it is ready; the old one commits, exits with status 0, and
+the new one starts the rings and serves on, listening on PATH for its own successor. The
+frontend's connection never closes (QEMU sees no reconnection); a hand-over happens only
+between two of its messages, and a message it sent meanwhile waits in the socket for the new
+daemon. The new daemon must be given the same disks (sockets, files, queues, serial numbers)
+in the same order: otherwise it is refused with one line saying why, exits with status 125, and
+the old daemon serves on. So does a hand-over while a live migration's dirty logging is on, or
+of a new RAM disk (ram=SIZE; serve a /dev/shm file instead). If the new daemon fails or dies
+before the commit, the old one starts its rings again where they stopped and logs why; a new
+daemon that dies after it leaves the frontend to reconnect as after a crash. Without a
+successor, SIGTERM stops the daemon as usual. Not with --api-socket.
 
 Cache mode: writable disks offer VIRTIO_BLK_F_CONFIG_WCE, so the guest switches a disk between
 write back (the default: writes complete in the page cache, FLUSH makes them durable) and write
@@ -234,9 +261,23 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
         .collect::<Result<Vec<_>, String>>()?;
     let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
     let mut disks = Disks::new(iocores.clone(), args.queues, seccomp, args.api_socket.is_some(), mode);
-    for (disk, socket) in args.disk.iter().zip(sockets) {
-        disks.add(disk.clone(), socket).map_err(|e| e.to_string())?;
-    }
+    let specs: Vec<(VhostDisk, PathBuf)> = args.disk.iter().cloned().zip(sockets).collect();
+    let mut successors = match &args.handover_socket {
+        Some(path) => {
+            disks = disks.with_handover();
+            match handover::connect(path) {
+                Some(stream) => Some(handover::take_over(&stream, path, &mut disks, &specs)?),
+                None => {
+                    add_disks(&mut disks, specs)?;
+                    Some(HandoverSocket::bind(path)?)
+                }
+            }
+        }
+        None => {
+            add_disks(&mut disks, specs)?;
+            None
+        }
+    };
     let (api, calls, wake) = match &args.api_socket {
         Some(path) => {
             let (wake_writer, wake) =
@@ -257,10 +298,20 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     let mut reporter = Reporter::new(args.json, started);
     let interval = args.stats_interval.map(Duration::from_secs);
     let mut next_report = interval.map(|i| Instant::now() + i);
+    let mut handed_over = false;
     loop {
         let limit = next_report.map(|at| at.saturating_duration_since(Instant::now()));
-        match wait_for_control(&stop, wake.as_ref(), limit) {
+        let handover_fd = successors.as_ref().map(HandoverSocket::fd);
+        match wait_for_control(&stop, [wake.as_ref().map(AsFd::as_fd), handover_fd], limit) {
             Wake::Stop => break,
+            Wake::Successor => {
+                if let Some(socket) = successors.as_mut() {
+                    if socket.serve_successor(&disks) {
+                        handed_over = true;
+                        break;
+                    }
+                }
+            }
             Wake::Call => {
                 if let (Some(calls), Some(wake)) = (&calls, &wake) {
                     answer_calls(&mut disks, calls, wake);
@@ -275,7 +326,10 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
             }
         }
     }
-    log::info!("stopping");
+    if !handed_over {
+        log::info!("stopping");
+    }
+    // After a hand-over the disks' threads have ended already, leaving their sockets alone.
     disks.stop_all();
     if let Some(api) = api {
         api.join();
@@ -298,28 +352,46 @@ fn answer_calls(disks: &mut Disks, calls: &Receiver<Call>, mut wake: &File) {
     }
 }
 
+/// Open the disks of the command line and serve each on its socket.
+fn add_disks(disks: &mut Disks, specs: Vec<(VhostDisk, PathBuf)>) -> Result<(), String> {
+    for (disk, socket) in specs {
+        disks.add(disk, socket).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// What woke the control thread.
 enum Wake {
     Stop,
     Call,
+    Successor,
     Timeout,
 }
 
-/// Wait for the stop signal, a call from the API (when `wake` is given) or `limit`.
-fn wait_for_control(stop: &OwnedFd, wake: Option<&File>, limit: Option<Duration>) -> Wake {
+/// Wait for the stop signal, a call from the API or a successor (each when its descriptor is
+/// given: `[wake, handover]`), or `limit`.
+fn wait_for_control(
+    stop: &OwnedFd,
+    [wake, handover]: [Option<BorrowedFd>; 2],
+    limit: Option<Duration>,
+) -> Wake {
     let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis() + 1).unwrap_or(i32::MAX));
+    let raw = |fd: Option<BorrowedFd>| fd.map_or(-1, |fd| fd.as_raw_fd());
     let mut fds = [
         libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: wake.map_or(-1, |w| w.as_raw_fd()), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: raw(wake), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: raw(handover), events: libc::POLLIN, revents: 0 },
     ];
-    // SAFETY: two valid pollfds (a negative fd is ignored); poll writes only their `revents`.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    // SAFETY: three valid pollfds (a negative fd is ignored); poll writes only their `revents`.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
     // An error (EINTR cannot happen: the handled signals come through the signalfd) counts as
     // the stop, so the daemon never spins on it.
     if n < 0 || fds[0].revents != 0 {
         Wake::Stop
     } else if fds[1].revents != 0 {
         Wake::Call
+    } else if fds[2].revents != 0 {
+        Wake::Successor
     } else {
         Wake::Timeout
     }

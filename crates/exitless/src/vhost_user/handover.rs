@@ -1,0 +1,306 @@
+//! `--handover-socket PATH`: upgrading the daemon without a hang-up (see
+//! `vhost_user::handover` for the exchange).
+//!
+//! A daemon started with it first connects to PATH. If a live daemon answers there, this one is
+//! its successor: it asks for the disks it was started with ([`take_over`]), adopts their
+//! listening sockets, frontends and sessions, and, once the predecessor commits, serves them
+//! and listens on PATH (the predecessor's socket, handed over too) for its own successor.
+//! Otherwise it opens its disks as usual and listens on PATH ([`HandoverSocket::bind`]).
+//! A listening daemon answers one successor at a time from its control thread
+//! ([`HandoverSocket::serve_successor`]): it refuses one whose disks differ, and serves on
+//! whenever the hand-over fails before the commit point.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ::vhost_user::handover::{
+    Adopted, DiskState, FromPredecessor, HandoverError, Outcome, ToPredecessor, ToSuccessor,
+};
+use serde_json::Value;
+
+use super::disks::{identity, Disks, Listen};
+use super::spec::VhostDisk;
+
+/// How long a successor has to say what it wants once connected.
+const HELLO_LIMIT: Duration = Duration::from_secs(5);
+/// Beyond the disks' reset timeouts (how long their rings may take to drain), how long the
+/// predecessor may take to send the disks' state, and the successor to rebuild it.
+const MARGIN: Duration = Duration::from_secs(20);
+
+/// A test hook: a successor with this variable set exits (status 3) once it has taken every
+/// disk's state, before it tells the predecessor it is ready: the predecessor must serve on.
+pub const TEST_EXIT_BEFORE_READY: &str = "EXITLESS_TEST_HANDOVER_EXIT_BEFORE_READY";
+
+/// The socket a daemon listens on for its successor.
+pub struct HandoverSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    /// Remove the socket file when dropped (not once a successor has it).
+    remove_on_drop: bool,
+    /// Hand-overs asked for so far (so late answers of an earlier one are told apart).
+    attempts: u64,
+}
+
+/// Connect to `path` if a live daemon listens there.
+pub fn connect(path: &Path) -> Option<UnixStream> {
+    UnixStream::connect(path).ok()
+}
+
+impl HandoverSocket {
+    /// Listen on `path` (a stale socket file there is replaced).
+    pub fn bind(path: &Path) -> Result<HandoverSocket, String> {
+        let listener = ::vhost_user::server::listen(path).map_err(|e| format!("--handover-socket: {e}"))?;
+        Ok(HandoverSocket { listener, path: path.to_owned(), remove_on_drop: true, attempts: 0 })
+    }
+
+    /// The listening descriptor, for the control thread's wait.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+
+    /// Answer the successor that is connecting: `true` when it has the disks now (this daemon
+    /// then exits), `false` when this daemon serves on (the reason is logged).
+    pub fn serve_successor(&mut self, disks: &Disks) -> bool {
+        let stream = match self.listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                log::warn!("hand-over: cannot accept a successor: {e}");
+                return false;
+            }
+        };
+        if let Err(e) = stream.set_nonblocking(true) {
+            log::warn!("hand-over: {e}; serving on");
+            return false;
+        }
+        self.attempts += 1;
+        match self.hand_over(&stream, disks, self.attempts) {
+            Ok(stopped) => {
+                log::info!(
+                    "handed every disk over to the successor{} (the rings stopped {:.1} ms before the commit); exiting",
+                    ::vhost_user::server::pid_note(&stream),
+                    stopped.as_secs_f64() * 1e3
+                );
+                self.remove_on_drop = false;
+                true
+            }
+            Err(why) => {
+                log::warn!(
+                    "hand-over to the successor{} did not happen: {why}; serving on",
+                    ::vhost_user::server::pid_note(&stream)
+                );
+                false
+            }
+        }
+    }
+
+    /// Hand the disks over; `Ok`: how long before the commit the rings were asked to stop.
+    fn hand_over(&self, stream: &UnixStream, disks: &Disks, attempt: u64) -> Result<Duration, String> {
+        let successor = ToSuccessor::new(stream);
+        let hello = successor.hello(HELLO_LIMIT).map_err(|e| e.to_string())?;
+        let ours = disks.in_order();
+        if let Err(why) = compare(&hello, &ours.iter().map(|d| d.identity()).collect::<Vec<_>>())
+            .and_then(|()| eligible(ours.iter().map(|d| &d.spec)))
+        {
+            let _ = successor.refuse(&why);
+            return Err(format!("refused: {why}"));
+        }
+        let handles: Vec<_> = ours.iter().filter_map(|d| d.handover()).collect();
+        if handles.len() != ours.len() {
+            let why = "a disk added through the control API cannot be handed over";
+            let _ = successor.refuse(why);
+            return Err(why.into());
+        }
+        // Every ring of every disk stops taking requests and drains, each on its own thread.
+        let asked = Instant::now();
+        handles.iter().for_each(|h| h.ask(attempt));
+        let limit = MARGIN + ours.iter().map(|d| reset_timeout(&d.spec)).max().unwrap_or_default();
+        let states: Vec<Result<DiskState, HandoverError>> =
+            handles.iter().map(|h| h.state(attempt, limit)).collect();
+        let sent = send_states(&successor, &states).and_then(|()| {
+            successor.done(self.listener.as_fd(), limit).map_err(|e| e.to_string())?;
+            // The commit point.
+            successor.commit().map_err(|e| e.to_string())
+        });
+        let outcome = if sent.is_ok() { Outcome::Commit } else { Outcome::Resume };
+        handles.iter().for_each(|h| h.decide(attempt, outcome));
+        sent.map(|()| asked.elapsed())
+    }
+}
+
+/// Send every disk's state, or refuse with the first disk's reason for having none.
+fn send_states(successor: &ToSuccessor, states: &[Result<DiskState, HandoverError>]) -> Result<(), String> {
+    if let Some((index, Err(e))) = states.iter().enumerate().find(|(_, s)| s.is_err()) {
+        let why = format!("disk {index}: {e}");
+        let _ = successor.refuse(&why);
+        return Err(why);
+    }
+    for (index, state) in states.iter().enumerate() {
+        if let Ok(state) = state {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            successor.disk(index, state).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+impl Drop for HandoverSocket {
+    fn drop(&mut self) {
+        if self.remove_on_drop {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn reset_timeout(spec: &VhostDisk) -> Duration {
+    spec.reset_timeout.unwrap_or(virtio::block::worker::RESET_WAIT)
+}
+
+/// Can these disks be handed over? A new RAM disk's contents live only in its daemon.
+fn eligible<'a>(mut specs: impl Iterator<Item = &'a VhostDisk>) -> Result<(), String> {
+    match specs.position(|s| matches!(s.disk, storage::DiskSpec::Ram { .. })) {
+        Some(index) => Err(format!(
+            "disk {index} is a new RAM disk (ram=SIZE), whose contents live only in this daemon; serve a /dev/shm file (ram,path=FILE) to upgrade without losing them"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Does the successor's description name the same disks, in the same order?
+fn compare(hello: &[u8], ours: &[Value]) -> Result<(), String> {
+    let theirs: Vec<Value> = serde_json::from_slice(hello)
+        .map_err(|e| format!("the successor's description of its disks is not a JSON array: {e}"))?;
+    if theirs.len() != ours.len() {
+        return Err(format!("the successor has {} disk(s), this daemon {}", theirs.len(), ours.len()));
+    }
+    match theirs.iter().zip(ours).position(|(a, b)| a != b) {
+        Some(index) => Err(format!(
+            "disk {index} differs: the successor has {}, this daemon {}: start it with the same disks",
+            theirs[index], ours[index]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Take the disks over from the daemon answering on `path` (connected on `stream`): adopt each
+/// disk into `disks`, and return the hand-over socket once the predecessor has committed.
+pub fn take_over(
+    stream: &UnixStream,
+    path: &Path,
+    disks: &mut Disks,
+    specs: &[(VhostDisk, PathBuf)],
+) -> Result<HandoverSocket, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("hand-over from the daemon on {}: {e}", path.display());
+    stream.set_nonblocking(true).map_err(|e| fail(&e))?;
+    let predecessor = ToPredecessor::new(stream);
+    let asked = Instant::now();
+    let description: Vec<Value> = specs
+        .iter()
+        .enumerate()
+        .map(|(index, (spec, socket))| {
+            let queues = spec.queues.unwrap_or(disks.default_queues());
+            let serial = spec.serial.clone().unwrap_or_else(|| format!("vhost-user-disk{index}"));
+            identity(spec, socket, queues, &serial)
+        })
+        .collect();
+    let description = serde_json::to_vec(&description).map_err(|e| fail(&e))?;
+    predecessor.hello(&description).map_err(|e| fail(&e))?;
+    let limit = MARGIN + specs.iter().map(|(s, _)| reset_timeout(s)).max().unwrap_or_default();
+    let mut waiting = Vec::new();
+    let handover_listener = loop {
+        match predecessor.next(limit).map_err(|e| fail(&e))? {
+            FromPredecessor::Disk(index, state) => {
+                let Some((spec, socket)) =
+                    specs.get(waiting.len()).filter(|_| index as usize == waiting.len())
+                else {
+                    return Err(fail(&format!("disk {index} came out of order")));
+                };
+                let (replayed, replay_result) = mpsc::channel();
+                let (commit_tx, commit) = mpsc::channel();
+                let adopted =
+                    Adopted { connection: state.connection, writeback: state.writeback, replayed, commit };
+                let listen = Listen::Adopt { listener: state.listener, adopted };
+                if let Err(e) = disks.add_on(spec.clone(), socket.clone(), listen) {
+                    let _ = predecessor.abort(&e.to_string());
+                    return Err(fail(&e));
+                }
+                waiting.push((replay_result, commit_tx));
+            }
+            FromPredecessor::Done(listener) => break listener,
+        }
+    };
+    if waiting.len() != specs.len() {
+        let why = format!("{} disk(s) were handed over, {} expected", waiting.len(), specs.len());
+        let _ = predecessor.abort(&why);
+        return Err(fail(&why));
+    }
+    for (index, (replay_result, _)) in waiting.iter().enumerate() {
+        let result = replay_result.recv_timeout(limit).unwrap_or_else(|_| Err("no answer".into()));
+        if let Err(why) = result {
+            let why = format!("disk {index}: cannot take its session over: {why}");
+            let _ = predecessor.abort(&why);
+            return Err(fail(&why));
+        }
+    }
+    if std::env::var_os(TEST_EXIT_BEFORE_READY).is_some() {
+        log::warn!("{TEST_EXIT_BEFORE_READY} is set: exiting before the hand-over's commit");
+        std::process::exit(3);
+    }
+    predecessor.ready().map_err(|e| fail(&e))?;
+    predecessor.committed(limit).map_err(|e| fail(&e))?;
+    for (_, commit) in &waiting {
+        let _ = commit.send(true);
+    }
+    log::info!(
+        "took every disk over from the daemon on {} ({:.1} ms from the request to the commit)",
+        path.display(),
+        asked.elapsed().as_secs_f64() * 1e3
+    );
+    adopt(handover_listener, path).map_err(|e| fail(&e))
+}
+
+/// The hand-over socket the predecessor listened on, as this daemon's.
+fn adopt(listener: OwnedFd, path: &Path) -> Result<HandoverSocket, String> {
+    let listener = UnixListener::from(listener);
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    if bound.as_pathname() != Some(path) {
+        return Err(format!("the hand-over socket it sent is not bound to {}", path.display()));
+    }
+    listener.set_nonblocking(false).map_err(|e| e.to_string())?;
+    Ok(HandoverSocket { listener, path: path.to_owned(), remove_on_drop: true, attempts: 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{compare, eligible};
+    use crate::vhost_user::spec;
+    use serde_json::json;
+
+    #[test]
+    fn a_successor_must_describe_the_same_disks_in_the_same_order() {
+        let a = json!({"socket": "/a.sock", "disk": {"path": "a.img"}, "queues": 1, "serial": "s0"});
+        let b = json!({"socket": "/b.sock", "disk": {"path": "b.img"}, "queues": 1, "serial": "s1"});
+        let ours = [a.clone(), b.clone()];
+        let hello = |disks: &[serde_json::Value]| serde_json::to_vec(disks).unwrap();
+        assert_eq!(compare(&hello(&ours), &ours), Ok(()));
+        let swapped = compare(&hello(&[b.clone(), a.clone()]), &ours).unwrap_err();
+        assert!(swapped.starts_with("disk 0 differs"), "{swapped}");
+        let fewer = compare(&hello(std::slice::from_ref(&a)), &ours).unwrap_err();
+        assert_eq!(fewer, "the successor has 1 disk(s), this daemon 2");
+        let mut more_queues = b.clone();
+        more_queues["queues"] = json!(2);
+        assert!(compare(&hello(&[a, more_queues]), &ours).unwrap_err().starts_with("disk 1 differs"));
+        assert!(compare(b"not json", &ours).unwrap_err().contains("not a JSON array"));
+    }
+
+    #[test]
+    fn a_new_ram_disk_cannot_be_handed_over() {
+        let file = spec::parse("socket=/a.sock,path=/tmp/a.img").unwrap();
+        let ram = spec::parse("socket=/b.sock,ram=1M").unwrap();
+        assert_eq!(eligible([&file].into_iter()), Ok(()));
+        let refused = eligible([&file, &ram].into_iter()).unwrap_err();
+        assert!(refused.starts_with("disk 1 is a new RAM disk (ram=SIZE)"), "{refused}");
+    }
+}
