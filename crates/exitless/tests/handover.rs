@@ -271,6 +271,9 @@ fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
         nonsense.write_all(&[0xff; 64]).unwrap();
         let _ = std::io::Read::read(&mut nonsense, &mut [0u8; 64]);
     }
+    // A process of another user that reaches the socket (here made reachable to all) is
+    // refused before anything is read from it or sent to it.
+    connect_as_nobody(&rig);
     // Each failure is logged as the old daemon serves on, in order.
     let deadline = Instant::now() + WAIT;
     while daemon.log().matches("hand-over to the successor").count() < 4 {
@@ -282,6 +285,7 @@ fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
     assert!(log.contains("did not happen: refused: disk 0 differs"), "{log}");
     assert!(log.contains("the hand-over did not happen; serving on"), "the ring started again: {log}");
     assert!(log.contains("the other daemon closed the hand-over channel"), "{log}");
+    assert!(log.contains("refused a successor of another user (uid 65534"), "{log}");
 
     // And a real hand-over still works after all that.
     let (new, old_log) = rig.hand_over(daemon, 3);
@@ -290,4 +294,20 @@ fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
     assert_verified_without_reconnection(&out, &all);
     assert_eq!(connections(&all), 1, "{all}");
     common::assert_holds_pattern(&rig.disk, seed, blocks);
+}
+
+/// Connect to the hand-over socket as user nobody (65534), once the test has let every user
+/// reach it (the daemon makes it its owner's alone), and wait for the daemon to close it.
+fn connect_as_nobody(rig: &Rig) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(rig.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&rig.handover, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let connect = "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); \
+                   sys.exit(0 if s.recv(1) == b'' else 1)";
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", connect])
+        .arg(&rig.handover)
+        .output()
+        .expect("setpriv (util-linux) and /usr/bin/python3 (scripts/setup.sh installs both)");
+    assert!(out.status.success(), "nobody's connection: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -384,12 +384,10 @@ fn accepts_connections(fd: BorrowedFd) -> bool {
     rc == 0 && value == 1
 }
 
-/// " (pid N)" for the connected process (SO_PEERCRED), or nothing, for the log.
-pub fn pid_note(stream: &UnixStream) -> String {
+/// The connected process's credentials (SO_PEERCRED, as they were when it connected).
+pub fn peer_credentials(stream: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let Ok(mut len) = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()) else {
-        return String::new();
-    };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).ok()?;
     // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid pointer.
     let rc = unsafe {
         libc::getsockopt(
@@ -400,10 +398,14 @@ pub fn pid_note(stream: &UnixStream) -> String {
             &mut len,
         )
     };
-    if rc == 0 && cred.pid > 0 {
-        format!(" (pid {})", cred.pid)
-    } else {
-        String::new()
+    (rc == 0).then_some(cred)
+}
+
+/// " (pid N)" for the connected process (SO_PEERCRED), or nothing, for the log.
+pub fn pid_note(stream: &UnixStream) -> String {
+    match peer_credentials(stream) {
+        Some(cred) if cred.pid > 0 => format!(" (pid {})", cred.pid),
+        _ => String::new(),
     }
 }
 

@@ -42,6 +42,9 @@ pub struct HandoverSocket {
     remove_on_drop: bool,
     /// Hand-overs asked for so far (so late answers of an earlier one are told apart).
     attempts: u64,
+    /// This daemon's effective user, the only one a successor may run as (read at set-up,
+    /// before the thread's seccomp filter).
+    own_user: libc::uid_t,
 }
 
 /// Connect to `path` if a live daemon listens there.
@@ -53,7 +56,17 @@ impl HandoverSocket {
     /// Listen on `path` (a stale socket file there is replaced).
     pub fn bind(path: &Path) -> Result<HandoverSocket, String> {
         let listener = ::vhost_user::server::listen(path).map_err(|e| format!("--handover-socket: {e}"))?;
-        Ok(HandoverSocket { listener, path: path.to_owned(), remove_on_drop: true, attempts: 0 })
+        // Only this daemon's user may connect (and so be handed the disks).
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(|e| {
+            format!("--handover-socket: cannot make {} its owner's alone: {e}", path.display())
+        })?;
+        Ok(HandoverSocket {
+            listener,
+            path: path.to_owned(),
+            remove_on_drop: true,
+            attempts: 0,
+            own_user: own_user(),
+        })
     }
 
     /// The listening descriptor, for the control thread's wait.
@@ -71,6 +84,16 @@ impl HandoverSocket {
                 return false;
             }
         };
+        // The disks' memory and sockets go to whoever connects: only to a process of this
+        // daemon's own user (the socket file is the user's alone too).
+        if let Err(uid) = same_user(&stream, self.own_user) {
+            log::warn!(
+                "hand-over: refused a successor of another user ({}, this daemon's uid {}); serving on",
+                uid_text(uid),
+                self.own_user
+            );
+            return false;
+        }
         if let Err(e) = stream.set_nonblocking(true) {
             log::warn!("hand-over: {e}; serving on");
             return false;
@@ -193,6 +216,9 @@ pub fn take_over(
     specs: &[(VhostDisk, PathBuf)],
 ) -> Result<HandoverSocket, String> {
     let fail = |e: &dyn std::fmt::Display| format!("hand-over from the daemon on {}: {e}", path.display());
+    if let Err(uid) = same_user(stream, own_user()) {
+        return Err(fail(&format!("it runs as another user ({}); its disks are not taken", uid_text(uid))));
+    }
     stream.set_nonblocking(true).map_err(|e| fail(&e))?;
     let predecessor = ToPredecessor::new(stream);
     let asked = Instant::now();
@@ -269,7 +295,31 @@ fn adopt(listener: OwnedFd, path: &Path) -> Result<HandoverSocket, String> {
         return Err(format!("the hand-over socket it sent is not bound to {}", path.display()));
     }
     listener.set_nonblocking(false).map_err(|e| e.to_string())?;
-    Ok(HandoverSocket { listener, path: path.to_owned(), remove_on_drop: true, attempts: 0 })
+    Ok(HandoverSocket {
+        listener,
+        path: path.to_owned(),
+        remove_on_drop: true,
+        attempts: 0,
+        own_user: own_user(),
+    })
+}
+
+/// Does the process at the other end of `stream` run as `user`? `Err`: its user, if known.
+fn same_user(stream: &UnixStream, user: libc::uid_t) -> Result<(), Option<libc::uid_t>> {
+    match ::vhost_user::server::peer_credentials(stream) {
+        Some(cred) if cred.uid == user => Ok(()),
+        cred => Err(cred.map(|c| c.uid)),
+    }
+}
+
+fn uid_text(uid: Option<libc::uid_t>) -> String {
+    uid.map_or_else(|| "uid unknown".into(), |uid| format!("uid {uid}"))
+}
+
+/// This process's effective user.
+fn own_user() -> libc::uid_t {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 #[cfg(test)]

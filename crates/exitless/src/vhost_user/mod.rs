@@ -137,7 +137,8 @@ the old daemon serves on. So does a hand-over while a live migration's dirty log
 of a new RAM disk (ram=SIZE; serve a /dev/shm file instead). If the new daemon fails or dies
 before the commit, the old one starts its rings again where they stopped and logs why; a new
 daemon that dies after it leaves the frontend to reconnect as after a crash. Without a
-successor, SIGTERM stops the daemon as usual. Not with --api-socket.
+successor, SIGTERM stops the daemon as usual. Not with --api-socket. PATH is made its owner's
+alone (mode 0600), and each daemon checks that the other runs as its own user.
 
 Cache mode: writable disks offer VIRTIO_BLK_F_CONFIG_WCE, so the guest switches a disk between
 write back (the default: writes complete in the page cache, FLUSH makes them durable) and write
