@@ -63,6 +63,9 @@ pub struct Row {
     /// the same [`Row::backend`] in the same scenario; none if QEMU ran on no such backend.
     pub ratio_to_qemu: Option<f64>,
     pub cpu_cores_used: Option<f64>,
+    /// A guest's row: one cache line's round trip between the vCPU's and the IOCore's CPUs, in
+    /// nanoseconds, measured just before the run (see [`super::cache_line`]).
+    pub cpu_round_trip_ns: Option<f64>,
     /// The command that ran the row (fio, QEMU); exitless's own rows ran in this process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
@@ -94,6 +97,7 @@ impl Row {
             ratio_to_device: None,
             ratio_to_qemu: None,
             cpu_cores_used: None,
+            cpu_round_trip_ns: None,
             command: None,
             note: None,
         }
@@ -812,6 +816,7 @@ fn run_mode(
         ..Default::default()
     };
     let mut row = Row::new("exitless", mode.name().to_string(), scenario);
+    row.cpu_round_trip_ns = super::cache_line::round_trip_ns(args.vcpu_cpu, args.iocore_cpu);
     let run = match super::run_guest(&config, "blk") {
         Ok(run) => run,
         Err(super::GuestRunError::Vm(e @ VmError::PvEoiUnavailable(_))) => {

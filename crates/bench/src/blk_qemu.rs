@@ -175,6 +175,7 @@ impl QemuPeer {
                     _ => Block::File { path: disk.path, direct: disk.direct },
                 };
                 let served_on = (served, block, disk.spec);
+                row.cpu_round_trip_ns = super::cache_line::round_trip_ns(args.vcpu_cpu, args.iocore_cpu);
                 let blank = row.clone();
                 disk.before_run();
                 let Err(first) = self.measure(&mut row, scenario, args, served_on, tsc_khz, completion)

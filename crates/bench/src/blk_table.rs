@@ -41,6 +41,13 @@ const X_QEMU_NOTE: &str = "added µs/IO: the row's p50 less bare metal's p50; x 
      (null against null, a file against the same file with the same cache mode; n/a where QEMU ran \
      on no such backend)";
 
+/// What the CPU RTT column is, under each table.
+const CPU_ROUND_TRIP_NOTE: &str = "CPU RTT ns: one cache line's round trip between the vCPU's CPU and \
+     the IOCore's, measured just before the guest's run. A polled request waits on several such \
+     crossings in turn, so its latency follows this figure, which on a virtual machine depends on \
+     where the hypervisor placed the two CPUs at that moment: compare rows with like figures, and \
+     read a gap between rows with unlike ones as the host's, not the modes'";
+
 pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
     let mut out = String::new();
     let mut scenarios: Vec<(&str, &str, u32, u32)> = Vec::new();
@@ -73,7 +80,7 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         if ram {
             header.push("% of mmap");
         }
-        header.extend(["x QEMU", "cores"]);
+        header.extend(["x QEMU", "cores", "CPU RTT ns"]);
         let cells = rows
             .iter()
             .map(|r| {
@@ -92,7 +99,11 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
                 if ram {
                     cells.push(number(r.ratio_to_device.map(|x| x * 100.0), 1));
                 }
-                cells.extend([number(r.ratio_to_qemu, 2), number(r.cpu_cores_used, 2)]);
+                cells.extend([
+                    number(r.ratio_to_qemu, 2),
+                    number(r.cpu_cores_used, 2),
+                    number(r.cpu_round_trip_ns, 0),
+                ]);
                 cells
             })
             .collect();
@@ -125,6 +136,7 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         let mut notes: Vec<String> =
             rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
         notes.push(X_QEMU_NOTE.into());
+        notes.push(CPU_ROUND_TRIP_NOTE.into());
         let mut backends: Vec<_> = Vec::new();
         for row in &rows {
             if !backends.contains(&row.backend) {

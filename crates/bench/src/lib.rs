@@ -14,6 +14,7 @@ mod baseline;
 mod blk;
 mod blk_qemu;
 mod blk_table;
+mod cache_line;
 mod daemon;
 mod exitcost;
 mod loop_device;

@@ -67,6 +67,7 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
                     "bare_metal_iops",
                     "ratio_to_bare_metal",
                     "cpu_cores_used",
+                    "cpu_round_trip_ns",
                 ] {
                     assert!(row[field].is_number(), "{mode} {at}: {field} in {row}");
                 }
@@ -92,6 +93,8 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
             }
             assert!(host["command"].as_str().unwrap().contains("--cpus_allowed=0,1"), "{host}");
             assert_eq!(host["added_latency_us"], 0.0, "{host}");
+            // A round trip between the guest set-up's CPUs belongs to the guests' rows only.
+            assert!(host["cpu_round_trip_ns"].is_null(), "{host}");
             let device = rows.iter().find(|r| r["mode"] == "device (fio mmap)");
             assert_eq!(device.is_some(), disk == "ram", "{at}: the mmap row");
             if let Some(device) = device {
@@ -103,6 +106,7 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
             for row in &qemu {
                 assert!(row["iops"].is_number() && row["exits_per_io"].is_number(), "{row}");
                 assert!(row["added_latency_us"].is_number() && row["cpu_cores_used"].is_number(), "{row}");
+                assert!(row["cpu_round_trip_ns"].as_f64().unwrap() > 0.0, "{row}");
                 assert!(row["command"].as_str().unwrap().contains("qemu-system-x86_64 -M microvm"), "{row}");
             }
             let qsd_mode = match disk {
