@@ -6,6 +6,7 @@
 
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
+pub mod at_once;
 mod completions;
 pub mod file;
 pub mod null;

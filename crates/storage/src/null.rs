@@ -7,19 +7,17 @@
 
 use vm_memory::VolatileSlice;
 
-use crate::completions::CompletionRing;
-use crate::validate::validate;
+use crate::at_once::{AtOnce, Medium};
 use crate::zeros;
-use crate::{
-    Backend, BackendError, Capabilities, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE,
-};
+use crate::{BackendError, Op, Segment, SECTOR_SIZE};
 
 /// A disk of `capacity` bytes that reads as zeros and forgets what is written to it.
-pub struct NullDisk {
+pub type NullDisk = AtOnce<NullMedium>;
+
+/// What a null disk holds: its size, and nothing else.
+pub struct NullMedium {
     capacity: u64,
     read_only: bool,
-    /// Finished requests waiting for `poll`.
-    done: CompletionRing,
 }
 
 impl NullDisk {
@@ -28,25 +26,11 @@ impl NullDisk {
         if size == 0 || !size.is_multiple_of(SECTOR_SIZE) {
             return Err(BackendError::BadSize { size });
         }
-        Ok(NullDisk { capacity: size, read_only, done: CompletionRing::new(DEFAULT_MAX_IN_FLIGHT) })
-    }
-
-    fn transfer(&self, op: Op, offset: u64, segments: &[Segment]) -> Result<u32, IoError> {
-        let total = validate(op, offset, segments, self.capacity, self.read_only)?;
-        if op == Op::Read {
-            for segment in segments.iter().filter(|segment| !segment.is_empty()) {
-                // SAFETY: the segment's bytes are valid while the request runs (the promise of
-                // `Segment::new`); a volatile slice, with no reference made, since the guest may
-                // touch its buffer concurrently.
-                let guest = unsafe { VolatileSlice::new(segment.addr(), segment.len() as usize) };
-                zeros::fill(&guest);
-            }
-        }
-        Ok(total)
+        Ok(AtOnce::over(NullMedium { capacity: size, read_only }))
     }
 }
 
-impl Backend for NullDisk {
+impl Medium for NullMedium {
     fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -55,32 +39,24 @@ impl Backend for NullDisk {
         self.read_only
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let writable = !self.read_only;
-        Capabilities { discard: writable, write_zeroes: writable, ..Capabilities::default() }
-    }
-
-    fn max_in_flight(&self) -> usize {
-        DEFAULT_MAX_IN_FLIGHT
-    }
-
-    fn submit(&mut self, tag: u32, op: Op, offset: u64, segments: &[Segment]) -> bool {
-        if self.done.is_full() {
-            return false;
+    unsafe fn transfer(&mut self, op: Op, _offset: u64, segments: &[Segment], total: u32) -> u32 {
+        if op == Op::Read {
+            for segment in segments.iter().filter(|segment| !segment.is_empty()) {
+                // SAFETY: the segment's bytes are valid while the request runs (this method's
+                // contract); a volatile slice, with no reference made, since the guest may
+                // touch its buffer concurrently.
+                let guest = unsafe { VolatileSlice::new(segment.addr(), segment.len() as usize) };
+                zeros::fill(&guest);
+            }
         }
-        let result = self.transfer(op, offset, segments);
-        self.done.push(Completion { tag, result })
-    }
-
-    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
-        self.done.drain(done)
+        total
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MAX_SEGMENTS;
+    use crate::{Backend, IoError, MAX_SEGMENTS};
 
     fn segment(buf: &mut [u8]) -> Segment {
         // SAFETY: every test keeps `buf` alive and untouched until the request completes.

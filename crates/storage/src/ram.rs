@@ -14,16 +14,16 @@ use std::ptr::NonNull;
 
 use vm_memory::VolatileSlice;
 
-use crate::completions::CompletionRing;
-use crate::validate::validate;
+use crate::at_once::{AtOnce, Medium};
 use crate::zeros;
-use crate::{
-    Backend, BackendError, Capabilities, Completion, IoError, Op, Segment, DEFAULT_MAX_IN_FLIGHT, SECTOR_SIZE,
-};
+use crate::{BackendError, Op, Segment, SECTOR_SIZE};
 
 /// A disk held in a shared-memory file mapped into the process: requests are memory copies,
 /// completed at once and handed over by the next `poll`.
-pub struct RamDisk {
+pub type RamDisk = AtOnce<RamMapping>;
+
+/// A RAM disk's bytes: the shared mapping of its file, owned (and unmapped on drop).
+pub struct RamMapping {
     base: NonNull<u8>,
     /// The mapping's length: `capacity` bytes.
     length: usize,
@@ -31,13 +31,11 @@ pub struct RamDisk {
     read_only: bool,
     /// Kept open for the life of the mapping (and so the file's identity is clear in /proc).
     _file: File,
-    /// Finished requests waiting for `poll`.
-    done: CompletionRing,
 }
 
-// SAFETY: the mapping is owned by the RamDisk and moves with it; the RamDisk is used by one
-// thread at a time (`&mut self` for every access to the mapping).
-unsafe impl Send for RamDisk {}
+// SAFETY: the mapping is owned by the RamMapping and moves with it; it is used by one thread at
+// a time (`&mut self` for every access to the mapping).
+unsafe impl Send for RamMapping {}
 
 impl RamDisk {
     /// Create (or truncate) `path` with `size` bytes, a non-zero multiple of 512, and map it.
@@ -55,7 +53,7 @@ impl RamDisk {
             .open(path)
             .map_err(open_error)?;
         file.set_len(size).map_err(open_error)?;
-        Self::map(path, file, size, false)
+        RamMapping::map(path, file, size, false).map(AtOnce::over)
     }
 
     /// Map an existing RAM disk file; its size is rounded down to whole sectors.
@@ -67,10 +65,12 @@ impl RamDisk {
         if size == 0 {
             return Err(BackendError::TooSmall { path: path.display().to_string() });
         }
-        Self::map(path, file, size, read_only)
+        RamMapping::map(path, file, size, read_only).map(AtOnce::over)
     }
+}
 
-    fn map(path: &Path, file: File, size: u64, read_only: bool) -> Result<RamDisk, BackendError> {
+impl RamMapping {
+    fn map(path: &Path, file: File, size: u64, read_only: bool) -> Result<RamMapping, BackendError> {
         let map_error = |source| BackendError::Map { path: path.display().to_string(), source };
         let length =
             usize::try_from(size).map_err(|_| map_error(std::io::Error::from_raw_os_error(libc::ENOMEM)))?;
@@ -84,35 +84,50 @@ impl RamDisk {
             return Err(map_error(std::io::Error::last_os_error()));
         }
         let base = NonNull::new(base.cast()).ok_or_else(|| map_error(std::io::ErrorKind::Other.into()))?;
-        Ok(RamDisk {
-            base,
-            length,
-            capacity: size,
-            read_only,
-            _file: file,
-            done: CompletionRing::new(DEFAULT_MAX_IN_FLIGHT),
-        })
+        Ok(RamMapping { base, length, capacity: size, read_only, _file: file })
     }
 
-    fn transfer(&mut self, op: Op, offset: u64, segments: &[Segment]) -> Result<u32, IoError> {
-        let total = validate(op, offset, segments, self.capacity, self.read_only)?;
+    /// Zero `len` bytes at `offset`. Both Discard and WriteZeroes do this: memory has nothing
+    /// to deallocate without a system call.
+    ///
+    /// # Safety
+    /// `offset + len <= capacity`.
+    unsafe fn zero(&mut self, offset: u64, len: u64) {
+        // Inside the mapping (the contract), so both fit in usize.
+        let (Ok(at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else { return };
+        // SAFETY: `at + len <= capacity` (the contract): inside the mapping this RamMapping
+        // owns; a volatile slice, since host tools may map the file too.
+        let disk = unsafe { VolatileSlice::new(self.base.as_ptr().add(at), len) };
+        zeros::fill(&disk);
+    }
+}
+
+impl Medium for RamMapping {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    unsafe fn transfer(&mut self, op: Op, offset: u64, segments: &[Segment], total: u32) -> u32 {
         if let Some(len) = op.range_len() {
-            self.zero(offset, len);
-            return Ok(0);
+            // SAFETY: the range passed `validate` against this disk (the contract).
+            unsafe { self.zero(offset, len) };
+            return 0;
         }
-        if op == Op::Flush {
-            return Ok(0);
-        }
-        // `offset + total <= capacity`, which fits in usize (the mapping exists).
-        let mut at = usize::try_from(offset).map_err(|_| IoError::OutOfRange)?;
+        // `offset + total <= capacity` (this method's contract), which fits in usize (the
+        // mapping exists).
+        let (Op::Read | Op::Write, Ok(mut at)) = (op, usize::try_from(offset)) else { return 0 };
         for segment in segments.iter().filter(|segment| !segment.is_empty()) {
             let len = segment.len() as usize;
-            // SAFETY: `at + len <= offset + total <= capacity`, so the disk side lies inside the
-            // mapping this RamDisk owns; the segment's bytes are valid while the request runs
-            // (the promise of `Segment::new`). Both are volatile slices, and no reference is
-            // made to either: the guest may touch its buffer concurrently, or name it in another
-            // request (it then reads or stores bytes of its own making), and host tools may map
-            // the file.
+            // SAFETY: `at + len <= offset + total <= capacity` (this method's contract), so the
+            // disk side lies inside the mapping this RamMapping owns; the segment's bytes are
+            // valid while the call runs (the contract too). Both are volatile slices, and no
+            // reference is made to either: the guest may touch its buffer concurrently, or name
+            // it in another request (it then reads or stores bytes of its own making), and host
+            // tools may map the file.
             let (disk, guest) = unsafe {
                 (VolatileSlice::new(self.base.as_ptr().add(at), len), VolatileSlice::new(segment.addr(), len))
             };
@@ -123,56 +138,14 @@ impl RamDisk {
             }
             at += len;
         }
-        Ok(total)
-    }
-
-    /// Zero `len` bytes at `offset`, a range `validate` has checked against the disk. Both
-    /// Discard and WriteZeroes do this: memory has nothing to deallocate without a system call.
-    fn zero(&mut self, offset: u64, len: u64) {
-        // Inside the mapping (checked by `validate`), so both fit in usize.
-        let (Ok(at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else { return };
-        // SAFETY: `at + len <= capacity`: inside the mapping this RamDisk owns; a volatile
-        // slice, since host tools may map the file too.
-        let disk = unsafe { VolatileSlice::new(self.base.as_ptr().add(at), len) };
-        zeros::fill(&disk);
+        total
     }
 }
 
-impl Backend for RamDisk {
-    fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    fn read_only(&self) -> bool {
-        self.read_only
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        let writable = !self.read_only;
-        Capabilities { discard: writable, write_zeroes: writable, ..Capabilities::default() }
-    }
-
-    fn max_in_flight(&self) -> usize {
-        DEFAULT_MAX_IN_FLIGHT
-    }
-
-    fn submit(&mut self, tag: u32, op: Op, offset: u64, segments: &[Segment]) -> bool {
-        if self.done.is_full() {
-            return false;
-        }
-        let result = self.transfer(op, offset, segments);
-        self.done.push(Completion { tag, result })
-    }
-
-    fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
-        self.done.drain(done)
-    }
-}
-
-impl Drop for RamDisk {
+impl Drop for RamMapping {
     fn drop(&mut self) {
         // SAFETY: `base` is the mapping of `length` bytes made in `map`, unmapped once here;
-        // no reference into it outlives the RamDisk.
+        // no reference into it outlives the RamMapping.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.length) };
     }
 }
@@ -180,7 +153,7 @@ impl Drop for RamDisk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MAX_SEGMENTS;
+    use crate::{Backend, Completion, IoError, MAX_SEGMENTS};
 
     fn segment(buf: &mut [u8]) -> Segment {
         // SAFETY: every test keeps `buf` alive and untouched until the request completes.

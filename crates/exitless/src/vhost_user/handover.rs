@@ -60,13 +60,18 @@ impl HandoverSocket {
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(|e| {
             format!("--handover-socket: cannot make {} its owner's alone: {e}", path.display())
         })?;
-        Ok(HandoverSocket {
+        Ok(HandoverSocket::listening(listener, path))
+    }
+
+    /// A socket listening at `path`, which this daemon now owns (and removes when dropped).
+    fn listening(listener: UnixListener, path: &Path) -> HandoverSocket {
+        HandoverSocket {
             listener,
             path: path.to_owned(),
             remove_on_drop: true,
             attempts: 0,
             own_user: own_user(),
-        })
+        }
     }
 
     /// The listening descriptor, for the control thread's wait.
@@ -295,13 +300,7 @@ fn adopt(listener: OwnedFd, path: &Path) -> Result<HandoverSocket, String> {
         return Err(format!("the hand-over socket it sent is not bound to {}", path.display()));
     }
     listener.set_nonblocking(false).map_err(|e| e.to_string())?;
-    Ok(HandoverSocket {
-        listener,
-        path: path.to_owned(),
-        remove_on_drop: true,
-        attempts: 0,
-        own_user: own_user(),
-    })
+    Ok(HandoverSocket::listening(listener, path))
 }
 
 /// Does the process at the other end of `stream` run as `user`? `Err`: its user, if known.
