@@ -27,7 +27,7 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
@@ -211,17 +211,23 @@ fn resubmitted(log: &str) -> u64 {
         .sum()
 }
 
+/// A 64 MiB disk file in `dir` served through the FUSE file system, holding nothing back but
+/// answering each write in turn after 1 ms (a slow disk), so that a daemon holds many of fio's
+/// 32 requests at any moment: the mount (kept while the test runs) and the path to serve.
+fn slow_disk(dir: &Path) -> (HeldDisk, PathBuf) {
+    let file = dir.join("disk.img");
+    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    let fuse = HeldDisk::start_slow(dir, &file, HELD_BLOCK * BLOCK as u64, 1000);
+    let disk = fuse.disk();
+    (fuse, disk)
+}
+
 #[test]
 fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
     let _one = common::one_at_a_time();
     let restarts = restarts();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("disk.img");
-    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
-    // Served through the FUSE file system, holding nothing but answering each write in turn
-    // after 1 ms (a slow disk), so that the daemon holds many of fio's 32 when it is killed.
-    let fuse = HeldDisk::start_slow(dir.path(), &file, HELD_BLOCK * BLOCK as u64, 1000);
-    let disk = fuse.disk();
+    let (_fuse, disk) = slow_disk(dir.path());
     let socket = dir.path().join("vhost.sock");
     let mut daemon = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
     let runs = restarts + 1;
@@ -262,11 +268,8 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
 fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     let _one = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("disk.img");
-    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
-    // The slow disk again, so that the daemon holds requests when SIGTERM comes.
-    let fuse = HeldDisk::start_slow(dir.path(), &file, HELD_BLOCK * BLOCK as u64, 1000);
-    let disk = fuse.disk();
+    // The daemon holds requests when SIGTERM comes.
+    let (_fuse, disk) = slow_disk(dir.path());
     let socket = dir.path().join("vhost.sock");
     let first = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
     let runs = 2;
@@ -328,11 +331,8 @@ fn start_handover_daemon(
 fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_holds() {
     let _one = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("disk.img");
-    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
-    // The slow disk, so that the daemon holds many of fio's 32 requests when it hands over.
-    let fuse = HeldDisk::start_slow(dir.path(), &file, HELD_BLOCK * BLOCK as u64, 1000);
-    let disk = fuse.disk();
+    // The daemon holds many of fio's 32 requests when it hands over.
+    let (_fuse, disk) = slow_disk(dir.path());
     let socket = dir.path().join("vhost.sock");
     let handover = dir.path().join("handover.sock");
     let log = |n: usize| dir.path().join(format!("daemon{n}.err"));
