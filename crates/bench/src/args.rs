@@ -47,8 +47,9 @@ The backend matrix (--backends KIND,..., or all; instead of --disk): the same wo
 kind of disk a user gives, every peer on the same backend with the same caching:
   direct    a file of --backend-size (1G) in --scratch DIR, O_DIRECT (fio --direct=1, QEMU
             cache=none)
-  buffered  the same file through the host's page cache, which holds it (fio --direct=0, QEMU
-            cache=writeback, qemu-storage-daemon cache.direct=off)
+  buffered  the same file through the host's page cache, read into it before every run: reads
+            that hit it (fio --direct=0, QEMU cache=writeback, qemu-storage-daemon
+            cache.direct=off)
   cold      the same file through the page cache, dropped from it (POSIX_FADV_DONTNEED) before
             every run: reads that miss it
   tmpfs     a file in /dev/shm served through io_uring (path=), through the page cache
@@ -184,7 +185,7 @@ impl BenchDiskArg {
 pub enum BackendArg {
     /// A file in --scratch DIR, O_DIRECT (as `--disk scratch`).
     Direct,
-    /// The same file through the host's page cache, which holds it (read once first).
+    /// The same file through the host's page cache, read into it before every run.
     Buffered,
     /// The same file through the page cache, its pages dropped from it before every run.
     Cold,

@@ -18,7 +18,7 @@ use super::blk_qemu::{PeerDisk, QemuPeer};
 use super::loop_device::LoopDevice;
 use super::machine::About;
 use super::progress::{Kind, Progress};
-use super::scratch::{self, ScratchError};
+use super::scratch::{self, PageCache, ScratchError};
 use super::{causes_per, progress};
 use crate::args::{BackendArg, BenchDiskArg, BlkBenchArgs, Peer};
 use crate::qemu::Qemu;
@@ -507,8 +507,8 @@ struct BenchDisk {
     describe: String,
     /// A RAM disk file this run made, removed at the end.
     made: Option<PathBuf>,
-    /// Its pages leave the host's page cache before every run (`--backends cold`).
-    cold: bool,
+    /// What its pages in the host's page cache are made before every run.
+    page_cache: PageCache,
     /// The loop device it is (`--backends loop`), detached at the end.
     _loop_device: Option<LoopDevice>,
 }
@@ -545,7 +545,7 @@ impl BenchDisk {
                         scratch_dir.display()
                     ),
                     made: None,
-                    cold: false,
+                    page_cache: PageCache::AsIs,
                     _loop_device: None,
                 });
             }
@@ -567,7 +567,7 @@ impl BenchDisk {
                     direct: true,
                     describe: format!("RAM disk: a {} MiB file in /dev/shm (filled with data)", size >> 20),
                     made: Some(path),
-                    cold: false,
+                    page_cache: PageCache::AsIs,
                     _loop_device: None,
                 }
             }
@@ -580,7 +580,7 @@ impl BenchDisk {
                 direct: true,
                 describe: format!("RAM disk: {}", path.display()),
                 made: None,
-                cold: false,
+                page_cache: PageCache::AsIs,
                 _loop_device: None,
             },
             DiskBackend::File { path, direct, .. } => BenchDisk {
@@ -596,7 +596,7 @@ impl BenchDisk {
                     if *direct { " with O_DIRECT" } else { "" }
                 ),
                 made: None,
-                cold: false,
+                page_cache: PageCache::AsIs,
                 _loop_device: None,
             },
             DiskBackend::Null { size, .. } => BenchDisk {
@@ -611,7 +611,7 @@ impl BenchDisk {
                     size >> 20
                 ),
                 made: None,
-                cold: false,
+                page_cache: PageCache::AsIs,
                 _loop_device: None,
             },
         })
@@ -634,16 +634,17 @@ impl BenchDisk {
         let file = |path: PathBuf, direct: bool| {
             BenchDiskArg::Disk(DiskBackend::File { path, read_only: false, direct })
         };
-        let mut disk = match kind {
+        let disk = match kind {
             BackendArg::Direct => BenchDisk::prepare(&file(scratch_file()?, true), scratch_dir)?,
             BackendArg::Buffered | BackendArg::Cold => {
-                let path = scratch_file()?;
-                if kind == BackendArg::Buffered {
-                    progress(format_args!("reading {} into the page cache", path.display()));
-                    std::fs::read(&path)
-                        .map_err(|e| PrepareError::Other(format!("{}: {e}", path.display())))?;
-                }
-                BenchDisk::prepare(&file(path, false), scratch_dir)?
+                let mut disk = BenchDisk::prepare(&file(scratch_file()?, false), scratch_dir)?;
+                let (page_cache, how) = match kind {
+                    BackendArg::Buffered => (PageCache::Warm, "read into the host's page cache"),
+                    _ => (PageCache::Cold, "its pages dropped from the host's page cache"),
+                };
+                disk.page_cache = page_cache;
+                disk.describe += &format!(", {how} before every run");
+                disk
             }
             BackendArg::Tmpfs => {
                 let path = PathBuf::from(format!("/dev/shm/exitless-bench-tmpfs-{}.img", std::process::id()));
@@ -670,20 +671,12 @@ impl BenchDisk {
                 BenchDisk::prepare(&BenchDiskArg::Disk(null), scratch_dir)?
             }
         };
-        if kind == BackendArg::Cold {
-            disk.cold = true;
-            disk.describe += ", its pages dropped from the host's page cache before every run";
-        }
         Ok(disk)
     }
 
-    /// Before a run (fio's, a guest's): a cold disk's pages leave the page cache.
+    /// Before a run (fio's, a guest's).
     fn before_run(&self) {
-        if self.cold {
-            if let Err(e) = scratch::drop_page_cache(&self.fio_path) {
-                progress(format_args!("cannot drop {} from the page cache: {e}", self.fio_path.display()));
-            }
-        }
+        self.page_cache.prepare(&self.fio_path);
     }
 
     /// The disk as QEMU's rows see it.
@@ -694,7 +687,7 @@ impl BenchDisk {
             direct: self.direct,
             file_backend: Backend::of_file(&self.fio_path, self.direct),
             null_size: (self.backend == Backend::Null).then_some(self.size),
-            cold: self.cold,
+            page_cache: self.page_cache,
         }
     }
 

@@ -23,6 +23,7 @@ use super::backend::Backend as RowBackend;
 use super::blk::{Row, Scenario};
 use super::causes_per;
 use super::progress::{Kind, Progress};
+use super::scratch::PageCache;
 use crate::args::BlkBenchArgs;
 use crate::qemu::{PeerMark, Qemu};
 use exitless_args::SeccompArgs;
@@ -106,18 +107,13 @@ pub struct PeerDisk<'a> {
     pub file_backend: RowBackend,
     /// A null disk's size: QEMU's own configurations run on a null device of that size.
     pub null_size: Option<u64>,
-    /// The file's pages leave the host's page cache before every run (`--backends cold`).
-    pub cold: bool,
+    /// What the file's pages in the host's page cache are made before every run.
+    pub page_cache: PageCache,
 }
 
 impl PeerDisk<'_> {
-    /// Before a run: a cold disk's pages leave the page cache.
     fn before_run(&self) {
-        if self.cold {
-            if let Err(e) = super::scratch::drop_page_cache(self.path) {
-                super::progress(format_args!("cannot drop {} from the page cache: {e}", self.path.display()));
-            }
-        }
+        self.page_cache.prepare(self.path);
     }
 }
 

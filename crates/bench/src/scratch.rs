@@ -2,7 +2,7 @@
 //! ramfs), filled with data once and kept for later runs, served with O_DIRECT.
 
 use std::ffi::CString;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -124,9 +124,43 @@ pub fn fill(path: &Path, size: u64) -> std::io::Result<()> {
     file.sync_all()
 }
 
+/// What the bench makes of a disk file's pages in the host's page cache before every run (fio's
+/// or a guest's), so that each run finds the cache as its row says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageCache {
+    /// Nothing: the disk's I/O bypasses the cache (O_DIRECT), or the disk is memory.
+    AsIs,
+    /// The whole file is read into it: every read hits (the backend matrix's `buffered` disk).
+    Warm,
+    /// Its dirty pages are written back and all of them dropped: reads go to the disk (`cold`).
+    Cold,
+}
+
+impl PageCache {
+    /// Bring `path`'s pages to this state; a failure is reported, and the run goes on.
+    pub fn prepare(self, path: &Path) {
+        let done = match self {
+            PageCache::AsIs => return,
+            PageCache::Warm => read_through(path),
+            PageCache::Cold => drop_page_cache(path),
+        };
+        if let Err(e) = done {
+            super::progress(format_args!("cannot make {}'s page cache {self:?}: {e}", path.display()));
+        }
+    }
+}
+
+/// Reads all of `path`, so that its pages are in the page cache (a cached file costs a copy).
+fn read_through(path: &Path) -> std::io::Result<()> {
+    let mut file = std::fs::File::open(path)?;
+    let mut chunk = vec![0u8; 1 << 20];
+    while file.read(&mut chunk)? != 0 {}
+    Ok(())
+}
+
 /// Writes `path`'s dirty pages back and drops all of its pages from the page cache: the next
-/// reads go to the disk (the backend matrix's `cold` disk, before every run).
-pub fn drop_page_cache(path: &Path) -> std::io::Result<()> {
+/// reads go to the disk.
+fn drop_page_cache(path: &Path) -> std::io::Result<()> {
     std::fs::File::open(path)?.sync_data()?;
     drop_cached(path)
 }
@@ -178,8 +212,41 @@ fn c_path(path: &Path) -> std::io::Result<CString> {
 }
 
 #[cfg(test)]
+/// The share of `file`'s pages in the page cache (mincore over a mapping of it).
+pub(crate) fn cached_share(file: &std::fs::File, len: usize) -> f64 {
+    use std::os::fd::AsRawFd;
+    let page = 4096;
+    let mut resident = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a fresh read-only shared mapping of `len` bytes of an open file, at an address
+    // the kernel chooses; only mincore reads it, and it is unmapped before returning.
+    unsafe {
+        let base =
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(base, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        assert_eq!(libc::mincore(base, len, resident.as_mut_ptr()), 0);
+        libc::munmap(base, len);
+    }
+    resident.iter().filter(|&&page| page & 1 == 1).count() as f64 / resident.len() as f64
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_cache_makes_a_file_cached_or_not_before_a_run() {
+        let dir = Path::new("/var/tmp");
+        assert_ne!(file_system(dir).unwrap(), TMPFS_MAGIC, "{} is on tmpfs", dir.display());
+        let file = tempfile::Builder::new().prefix("exitless-page-cache").tempfile_in(dir).unwrap();
+        let len = 16 << 20;
+        file.as_file().write_all(&vec![0x5a; len]).unwrap();
+        PageCache::Cold.prepare(file.path());
+        assert!(cached_share(file.as_file(), len) < 0.1, "dropped");
+        PageCache::Warm.prepare(file.path());
+        assert!(cached_share(file.as_file(), len) > 0.9, "read into the cache");
+        PageCache::AsIs.prepare(file.path());
+        assert!(cached_share(file.as_file(), len) > 0.9, "left alone");
+    }
 
     #[test]
     fn refuses_memory_and_missing_directories() {

@@ -509,6 +509,8 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
             assert_eq!(host["backend"], backend, "fio with the disk's caching, {at}: {host}");
             let command = host["command"].as_str().unwrap();
             assert!(command.contains(&format!("--direct={}", u8::from(direct))), "{at}: {command}");
+            // The bench, not fio, decides what the page cache holds when a run starts.
+            assert!(command.contains("--invalidate=0"), "{at}: {command}");
             if workload == "writeflush" {
                 assert!(command.contains("--fdatasync=1") && command.contains("--rw=randwrite"), "{command}");
             }
@@ -520,6 +522,13 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
             assert!(ours["ratio_to_qemu"].as_f64().is_some(), "{at}: x QEMU against the same backend");
         }
     }
+    let describe = |label: &str| {
+        let disks = report["disks"].as_array().unwrap();
+        let disk = disks.iter().find(|d| d["disk"] == label).unwrap_or_else(|| panic!("{label}"));
+        disk["describe"].as_str().unwrap().to_owned()
+    };
+    assert!(describe("buffered").ends_with(", read into the host's page cache before every run"));
+    assert!(describe("cold").ends_with(", its pages dropped from the host's page cache before every run"));
     let ram = results.iter().find(|r| r["disk"] == "ram" && r["vmm"] == "exitless").expect("ram");
     assert_eq!(ram["backend"], "ram", "{ram}");
     assert!(ram["ratio_to_qemu"].is_null(), "no QEMU peer of a memory copy: {ram}");
