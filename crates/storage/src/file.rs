@@ -8,6 +8,8 @@
 
 #![warn(missing_docs)]
 
+mod flushes;
+
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
@@ -15,6 +17,7 @@ use std::path::Path;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use self::flushes::{Arrival, CompletedWrites, Flushes};
 use crate::completions::CompletionRing;
 use crate::open::{open_without_blocking, FileKind, OpenError, Wanted};
 use crate::validate::validate;
@@ -68,10 +71,25 @@ impl Default for FileDiskOptions {
     }
 }
 
-/// The request that owns a slot, while the kernel works on it.
+/// What a slot's request is to the FLUSH bookkeeping (see `flushes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A read: nothing to count.
+    Read,
+    /// A write, Discard or WriteZeroes: counted as it completes.
+    Write,
+    /// A FLUSH whose fdatasync runs in this slot.
+    Sync,
+    /// A FLUSH waiting for the running fdatasync, not in the kernel: it needs the writes
+    /// counted up to `needs`.
+    Waiting { needs: u64 },
+}
+
+/// The request that owns a slot, while the kernel works on it (or it waits to be handed over).
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     tag: u32,
+    role: Role,
     /// Completion queue entries still to come: 2 for a range request written through (its
     /// fallocate and the fdatasync linked after it), 1 otherwise.
     pending: u8,
@@ -107,6 +125,10 @@ pub struct FileDisk {
     /// The kernel refused a cancel of everything at once (IORING_ASYNC_CANCEL_ANY, Linux 5.19):
     /// `cancel_all` cancels request by request instead.
     cancel_each: bool,
+    /// The fdatasync this disk runs for FLUSHes, and what is durable.
+    flushes: Flushes,
+    /// fdatasyncs handed to the kernel for FLUSHes.
+    fdatasyncs: u64,
 }
 
 /// The user_data of `cancel_all`'s entries: above every slot index (a u32), so `reap` never
@@ -242,7 +264,26 @@ impl FileDisk {
     /// Open `path` as `options` say: without blocking, refusing anything but a regular file or a
     /// block device.
     pub fn open_with(path: impl AsRef<Path>, options: FileDiskOptions) -> Result<FileDisk, BackendError> {
-        let path = path.as_ref();
+        Self::open_counting(path.as_ref(), options, CompletedWrites::new())
+    }
+
+    /// Open `path` `count` times (at least once), one backend per queue of a multi-queue device,
+    /// each with its own io_uring: a FLUSH on one queue covers the writes completed on all.
+    pub fn open_queues(
+        path: impl AsRef<Path>,
+        options: FileDiskOptions,
+        count: usize,
+    ) -> Result<Vec<FileDisk>, BackendError> {
+        let writes = CompletedWrites::new();
+        (0..count.max(1)).map(|_| Self::open_counting(path.as_ref(), options, writes.clone())).collect()
+    }
+
+    /// `open_with`, counting completed writes in `writes` (shared with the disk's other backends).
+    fn open_counting(
+        path: &Path,
+        options: FileDiskOptions,
+        writes: CompletedWrites,
+    ) -> Result<FileDisk, BackendError> {
         let depth = options.max_in_flight;
         let bad_depth = BackendError::BadQueueDepth { requested: depth, limit: MAX_QUEUE_DEPTH };
         let ring_depth = u32::try_from(depth).map_err(|_| bad_depth)?;
@@ -282,12 +323,21 @@ impl FileDisk {
             fallocate,
             physical_block_size: physical_block_size(&file, kind),
         };
-        Ok(FileDisk::on_ring(file, ring, ring_depth, shape))
+        Ok(FileDisk::on_ring(file, ring, ring_depth, shape, writes))
     }
 
-    /// A FileDisk on `file` and `ring` (of `depth` entries), with every slot idle.
-    fn on_ring(file: File, ring: IoUring, depth: u32, shape: Shape) -> FileDisk {
-        let idle_slot = Slot { tag: 0, pending: 0, error: None, expected: 0, busy: false, on_workers: false };
+    /// A FileDisk on `file` and `ring` (of `depth` entries), with every slot idle, counting
+    /// completed writes in `writes`.
+    fn on_ring(file: File, ring: IoUring, depth: u32, shape: Shape, writes: CompletedWrites) -> FileDisk {
+        let idle_slot = Slot {
+            tag: 0,
+            role: Role::Read,
+            pending: 0,
+            error: None,
+            expected: 0,
+            busy: false,
+            on_workers: false,
+        };
         let idle_iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         FileDisk {
             ring,
@@ -301,6 +351,8 @@ impl FileDisk {
             in_flight_on_workers: 0,
             write_through: false,
             cancel_each: false,
+            flushes: Flushes::new(writes),
+            fdatasyncs: 0,
         }
     }
 
@@ -319,12 +371,18 @@ impl FileDisk {
             fallocate: FallocateModes::default(),
             physical_block_size: 512,
         };
-        Ok(FileDisk::on_ring(pipe, new_ring(8, None)?, 8, shape))
+        Ok(FileDisk::on_ring(pipe, new_ring(8, None)?, 8, shape, CompletedWrites::new()))
     }
 
     /// Whether the file is really open with O_DIRECT (false after a fallback to buffered I/O).
     pub fn direct(&self) -> bool {
         self.shape.direct
+    }
+
+    /// How many fdatasyncs this disk has handed to the kernel for FLUSHes: fewer than the
+    /// FLUSHes when some found their writes durable already (see `flushes`).
+    pub fn fdatasyncs(&self) -> u64 {
+        self.fdatasyncs
     }
 
     fn in_flight(&self) -> usize {
@@ -362,10 +420,13 @@ impl FileDisk {
         entry.user_data(slot as u64)
     }
 
-    /// Take every completion the kernel has posted; returns how many were handed to `done`.
+    /// Take every completion the kernel has posted; returns how many were handed to `done`
+    /// (FLUSHes that waited for an fdatasync that ended included).
     fn reap(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
         let mut count = 0;
         let mut cancel_refused = false;
+        // The fdatasync that ended, if one did (one runs at a time): its result.
+        let mut synced = None;
         for entry in self.ring.completion() {
             // Slots are numbered below the ring depth, a u32.
             let Ok(index) = u32::try_from(entry.user_data()) else {
@@ -398,14 +459,85 @@ impl FileDisk {
                 Some(error) => Err(error),
                 None => Ok(slot.expected),
             };
+            match slot.role {
+                // Counted before the driver hears of it, so its next FLUSH covers it.
+                Role::Write => self.flushes.writes().add(),
+                Role::Sync => synced = Some(result),
+                Role::Read | Role::Waiting { .. } => {}
+            }
             done(Completion { tag: slot.tag, result });
             count += 1;
+        }
+        if let Some(result) = synced {
+            count += self.end_sync(result, done);
         }
         if cancel_refused && !self.cancel_each {
             self.cancel_each = true;
             self.cancel_all();
         }
         count
+    }
+
+    /// The running fdatasync ended with `result`: the waiting FLUSHes it covers complete with
+    /// it, and the others share a new one. Returns how many completed.
+    fn end_sync(&mut self, result: Result<u32, IoError>, done: &mut dyn FnMut(Completion)) -> usize {
+        let covers = self.flushes.synced(result.is_ok());
+        let mut count = 0;
+        let mut still_waiting = None;
+        for index in self.slot_indices() {
+            let slot = &mut self.slots[index as usize];
+            let Role::Waiting { needs } = slot.role else { continue };
+            if !slot.busy {
+                continue;
+            }
+            if needs > covers {
+                still_waiting = still_waiting.or(Some(index as usize));
+                continue;
+            }
+            slot.busy = false;
+            self.free_slots.push(index);
+            done(Completion { tag: slot.tag, result: result.map(|_| 0) });
+            count += 1;
+        }
+        if let Some(index) = still_waiting {
+            // The fdatasync runs in one waiting FLUSH's slot and covers every one still waiting.
+            let entry = self.prepare(index, Op::Flush, 0, &[]);
+            // SAFETY: an fsync entry points at no memory.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                self.flushes.sync_the_waiting();
+                self.fdatasyncs += 1;
+                let slot = &mut self.slots[index];
+                (slot.role, slot.pending, slot.on_workers) = (Role::Sync, 1, true);
+                self.in_flight_on_workers += 1;
+                self.kick();
+            } else {
+                // Cannot happen (the queue has room for two entries per slot): the FLUSHes fail
+                // rather than wait for ever (the next `poll` hands them over).
+                self.end_waiting(IoError::Errno(libc::EBUSY));
+            }
+        }
+        count
+    }
+
+    /// Complete every FLUSH waiting for the running fdatasync with `error`, through `immediate`
+    /// (they are not in the kernel). Returns how many.
+    fn end_waiting(&mut self, error: IoError) -> usize {
+        let mut count = 0;
+        for index in self.slot_indices() {
+            let slot = &mut self.slots[index as usize];
+            if slot.busy && matches!(slot.role, Role::Waiting { .. }) {
+                slot.busy = false;
+                self.free_slots.push(index);
+                self.immediate.push(Completion { tag: slot.tag, result: Err(error) });
+                count += 1;
+            }
+        }
+        count
+    }
+
+    /// Every slot's index (slots are numbered below the ring depth, a u32).
+    fn slot_indices(&self) -> std::ops::Range<u32> {
+        0..u32::try_from(self.slots.len()).unwrap_or(u32::MAX)
     }
 
     /// Queue a cancel of every request with `user_data` (`CANCEL_USER_DATA`: of every request),
@@ -508,10 +640,25 @@ impl Backend for FileDisk {
             }
             Ok(expected) => expected,
         };
+        let role = match op {
+            Op::Read => Role::Read,
+            Op::Flush => match self.flushes.arrive() {
+                Arrival::Durable => return self.immediate.push(Completion { tag, result: Ok(0) }),
+                Arrival::Wait { needs } => Role::Waiting { needs },
+                Arrival::Sync { .. } => Role::Sync,
+            },
+            Op::Write | Op::Discard { .. } | Op::WriteZeroes { .. } => Role::Write,
+        };
         let Some(index) = self.free_slots.pop() else {
             return false; // Cannot happen: fewer than max_in_flight are in flight.
         };
         let slot = index as usize;
+        if let Role::Waiting { .. } = role {
+            // Not in the kernel: the running fdatasync's completion ends it or starts its own.
+            self.slots[slot] =
+                Slot { tag, role, pending: 0, error: None, expected: 0, busy: true, on_workers: false };
+            return true;
+        }
         let entry = self.prepare(slot, op, offset, segments);
         // io_uring hands every fsync and fallocate to a worker.
         let on_workers = op == Op::Flush || op.range_len().is_some() || self.shape.rw_on_workers;
@@ -529,7 +676,7 @@ impl Backend for FileDisk {
         };
         let entries = &entries[..1 + usize::from(sync_after)];
         let pending = 1 + u8::from(sync_after);
-        self.slots[slot] = Slot { tag, pending, error: None, expected, busy: true, on_workers };
+        self.slots[slot] = Slot { tag, role, pending, error: None, expected, busy: true, on_workers };
         // SAFETY: the entries' iovecs live in this slot's part of `iovecs`, which is neither
         // freed nor rewritten until the slot is freed by its completion (or Drop waits for it);
         // the buffers they name are guest RAM the caller keeps valid until the completion.
@@ -541,6 +688,7 @@ impl Backend for FileDisk {
             return false;
         }
         self.in_flight_on_workers += usize::from(on_workers);
+        self.fdatasyncs += u64::from(role == Role::Sync);
         if self.ring.submission().len() >= self.shape.kick_batch {
             self.kick();
         }
@@ -579,6 +727,8 @@ impl Backend for FileDisk {
         if in_flight == 0 {
             return 0;
         }
+        // FLUSHes waiting for the running fdatasync are not in the kernel: they end here.
+        self.end_waiting(IoError::Errno(libc::ECANCELED));
         self.kick();
         if self.cancel_each {
             for index in 0..self.slots.len() {
@@ -602,7 +752,8 @@ impl Backend for FileDisk {
         let depth =
             u32::try_from(self.slots.len()).map_err(|_| reopen(std::io::ErrorKind::InvalidInput.into()))?;
         let ring = new_ring(depth, self.shape.sqpoll_idle_ms).map_err(reopen)?;
-        Ok(Box::new(FileDisk::on_ring(file, ring, depth, self.shape)))
+        let writes = self.flushes.writes().clone();
+        Ok(Box::new(FileDisk::on_ring(file, ring, depth, self.shape, writes)))
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(Completion)) -> usize {
@@ -617,6 +768,7 @@ impl Drop for FileDisk {
     /// Wait for the kernel to finish with every slot, since it may still read the iovecs and
     /// write the buffers. Completions still owed are dropped (this is a device reset).
     fn drop(&mut self) {
+        self.end_waiting(IoError::Errno(libc::ECANCELED));
         while self.free_slots.len() < self.slots.len() {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}

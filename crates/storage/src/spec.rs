@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::open::{open_without_blocking, Wanted};
-use crate::{Backend, BackendError, FileDisk, NullDisk, RamDisk};
+use crate::{Backend, BackendError, FileDisk, FileDiskOptions, NullDisk, RamDisk};
 
 /// Where a disk's bytes live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,8 +69,10 @@ impl DiskSpec {
                 result?;
             }
             DiskSpec::File { path, read_only, direct } => {
-                for _ in 0..count {
-                    backends.push(Box::new(FileDisk::open(path, *read_only, *direct)?));
+                let options =
+                    FileDiskOptions { read_only: *read_only, direct: *direct, ..Default::default() };
+                for disk in FileDisk::open_queues(path, options, count)? {
+                    backends.push(Box::new(disk));
                 }
             }
             DiskSpec::RamFile { path, read_only } => {

@@ -151,6 +151,86 @@ fn flush_completes() {
     assert_eq!(done, expected);
 }
 
+/// Write one block at `offset` and wait for it.
+fn write_block(disk: &mut FileDisk, tag: u32, offset: u64) {
+    let mut data = [0x3cu8; 512];
+    assert!(disk.submit(tag, Op::Write, offset, &[segment(&mut data)]));
+    assert_eq!(wait_for(disk, 1), [Completion { tag, result: Ok(512) }]);
+}
+
+/// Submit FLUSHes tagged `tags` back to back, then wait for them all: every one succeeds.
+fn flush_all(disk: &mut FileDisk, tags: std::ops::Range<u32>) {
+    for tag in tags.clone() {
+        assert!(disk.submit(tag, Op::Flush, 0, &[]));
+    }
+    let mut done = wait_for(disk, tags.len());
+    done.sort_by_key(|c| c.tag);
+    assert_eq!(done, tags.map(|tag| Completion { tag, result: Ok(0) }).collect::<Vec<_>>());
+}
+
+#[test]
+fn flushes_share_one_fdatasync_and_skip_it_when_nothing_was_written_since() {
+    let path = image("/var/tmp", 1 << 20);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    // The first FLUSH syncs, written to or not: an earlier process may have left writes.
+    flush_all(&mut disk, 1..2);
+    assert_eq!(disk.fdatasyncs(), 1);
+    write_block(&mut disk, 2, 0);
+    // Eight at once: the first starts an fdatasync, the others wait for it, which covers them.
+    flush_all(&mut disk, 10..18);
+    assert_eq!(disk.fdatasyncs(), 2);
+    flush_all(&mut disk, 20..22);
+    assert_eq!(disk.fdatasyncs(), 2, "nothing was written since: durable already");
+    write_block(&mut disk, 3, 4096);
+    flush_all(&mut disk, 30..31);
+    assert_eq!(disk.fdatasyncs(), 3, "a write completed since the last fdatasync");
+}
+
+#[test]
+fn a_flush_on_one_queue_covers_writes_completed_on_another() {
+    let path = image("/var/tmp", 1 << 20);
+    let mut queues = FileDisk::open_queues(&path, FileDiskOptions::default(), 2).unwrap();
+    let (first, second) = queues.split_at_mut(1);
+    let (one, other) = (&mut first[0], &mut second[0]);
+    flush_all(one, 1..2);
+    flush_all(other, 2..3);
+    write_block(one, 3, 0);
+    flush_all(other, 4..5);
+    assert_eq!(other.fdatasyncs(), 2, "the other queue's write needs an fdatasync here too");
+    flush_all(other, 5..6);
+    assert_eq!(other.fdatasyncs(), 2);
+    // A backend reopened after a reset counts the same writes, and syncs at its first FLUSH.
+    let mut reopened = other.reopen().unwrap();
+    assert!(reopened.submit(6, Op::Flush, 0, &[]));
+    reopened.kick();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut done = Vec::new();
+    while done.is_empty() {
+        reopened.poll(&mut |c| done.push(c));
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(done, [Completion { tag: 6, result: Ok(0) }]);
+}
+
+#[test]
+fn flushes_waiting_for_an_fdatasync_end_with_a_cancel_or_a_drop() {
+    let path = image("/var/tmp", 1 << 20);
+    let mut disk = FileDisk::open(&path, false, false).unwrap();
+    for tag in 1..5 {
+        assert!(disk.submit(tag, Op::Flush, 0, &[]));
+    }
+    assert_eq!(disk.cancel_all(), 4, "the running fdatasync and the three waiting for it");
+    let done = wait_for(&mut disk, 4);
+    let cancelled = Err(IoError::Errno(libc::ECANCELED));
+    // The fdatasync itself may have finished before the cancel reached it.
+    assert!(done.iter().all(|c| c.result == cancelled || c.tag == 1), "{done:?}");
+    assert!(done.iter().filter(|c| c.result == cancelled).count() >= 3, "{done:?}");
+    for tag in 10..14 {
+        assert!(disk.submit(tag, Op::Flush, 0, &[]));
+    }
+    drop(disk); // Returns: the waiting FLUSHes hold nothing the kernel has.
+}
+
 #[test]
 fn out_of_range_and_malformed_requests_fail_through_completions() {
     let path = image("/tmp", 4096);
