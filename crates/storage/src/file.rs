@@ -502,9 +502,10 @@ impl FileDisk {
         if let Some(index) = still_waiting {
             // The fdatasync runs in one waiting FLUSH's slot and covers every one still waiting.
             let entry = self.prepare(index, Op::Flush, 0, &[]);
+            let covers = self.flushes.covered_now();
             // SAFETY: an fsync entry points at no memory.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                self.flushes.sync_the_waiting();
+                self.flushes.started(covers);
                 self.fdatasyncs += 1;
                 let slot = &mut self.slots[index];
                 (slot.role, slot.pending, slot.on_workers) = (Role::Sync, 1, true);
@@ -640,12 +641,17 @@ impl Backend for FileDisk {
             }
             Ok(expected) => expected,
         };
+        // An fdatasync this FLUSH starts, and what it covers.
+        let mut sync_covers = None;
         let role = match op {
             Op::Read => Role::Read,
             Op::Flush => match self.flushes.arrive() {
                 Arrival::Durable => return self.immediate.push(Completion { tag, result: Ok(0) }),
                 Arrival::Wait { needs } => Role::Waiting { needs },
-                Arrival::Sync { .. } => Role::Sync,
+                Arrival::Sync { covers } => {
+                    sync_covers = Some(covers);
+                    Role::Sync
+                }
             },
             Op::Write | Op::Discard { .. } | Op::WriteZeroes { .. } => Role::Write,
         };
@@ -688,7 +694,10 @@ impl Backend for FileDisk {
             return false;
         }
         self.in_flight_on_workers += usize::from(on_workers);
-        self.fdatasyncs += u64::from(role == Role::Sync);
+        if let Some(covers) = sync_covers {
+            self.flushes.started(covers);
+            self.fdatasyncs += 1;
+        }
         if self.ring.submission().len() >= self.shape.kick_batch {
             self.kick();
         }

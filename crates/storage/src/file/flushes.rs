@@ -69,17 +69,22 @@ impl Flushes {
         &self.writes
     }
 
-    /// A FLUSH arrived: what to do with it.
-    pub(super) fn arrive(&mut self) -> Arrival {
+    /// A FLUSH arrived: what to do with it. For `Sync`, call [`Flushes::started`] once the
+    /// fdatasync is handed to the kernel.
+    pub(super) fn arrive(&self) -> Arrival {
         let needs = self.writes.now();
         if needs <= self.durable {
             return Arrival::Durable;
         }
-        if self.running.is_some() {
-            return Arrival::Wait { needs };
+        match self.running {
+            Some(_) => Arrival::Wait { needs },
+            None => Arrival::Sync { covers: needs },
         }
-        self.running = Some(needs);
-        Arrival::Sync { covers: needs }
+    }
+
+    /// An fdatasync covering the writes counted up to `covers` was handed to the kernel.
+    pub(super) fn started(&mut self, covers: u64) {
+        self.running = Some(covers);
     }
 
     /// The running fdatasync ended (`ok`: with success). Returns what it covered: a waiting
@@ -92,12 +97,10 @@ impl Flushes {
         covers
     }
 
-    /// FLUSHes still wait that the last fdatasync did not cover: start one for all of them.
-    /// Returns its coverage, which is every waiting FLUSH's need.
-    pub(super) fn sync_the_waiting(&mut self) -> u64 {
-        let covers = self.writes.now();
-        self.running = Some(covers);
-        covers
+    /// What an fdatasync started now covers: every FLUSH waiting has arrived by now, so it
+    /// covers them all.
+    pub(super) fn covered_now(&self) -> u64 {
+        self.writes.now()
     }
 }
 
@@ -109,6 +112,7 @@ mod tests {
     fn the_first_flush_syncs_and_a_flush_with_no_write_since_does_not() {
         let mut flushes = Flushes::new(CompletedWrites::new());
         let Arrival::Sync { covers } = flushes.arrive() else { panic!("the first FLUSH syncs") };
+        flushes.started(covers);
         assert_eq!(flushes.synced(true), covers);
         assert_eq!(flushes.arrive(), Arrival::Durable, "nothing written since");
         flushes.writes().add();
@@ -120,6 +124,7 @@ mod tests {
         let writes = CompletedWrites::new();
         let mut flushes = Flushes::new(writes.clone());
         let Arrival::Sync { covers: first } = flushes.arrive() else { panic!() };
+        flushes.started(first);
         // Covered by the running sync (no write completed since it started)...
         let Arrival::Wait { needs: same } = flushes.arrive() else { panic!() };
         assert_eq!(same, first);
@@ -128,7 +133,8 @@ mod tests {
         let Arrival::Wait { needs: more } = flushes.arrive() else { panic!() };
         assert!(more > first);
         assert_eq!(flushes.synced(true), first, "the first FLUSH and `same` complete with it");
-        let next = flushes.sync_the_waiting();
+        let next = flushes.covered_now();
+        flushes.started(next);
         assert!(next >= more, "one sync covers every FLUSH still waiting");
         assert_eq!(flushes.arrive(), Arrival::Wait { needs: next }, "another arrives meanwhile");
         assert_eq!(flushes.synced(true), next);
@@ -139,6 +145,7 @@ mod tests {
     fn a_failed_sync_makes_nothing_durable() {
         let mut flushes = Flushes::new(CompletedWrites::new());
         let Arrival::Sync { covers } = flushes.arrive() else { panic!() };
+        flushes.started(covers);
         assert_eq!(flushes.synced(false), covers);
         assert_eq!(flushes.arrive(), Arrival::Sync { covers }, "the next FLUSH syncs again");
     }
@@ -147,10 +154,12 @@ mod tests {
     fn writes_on_a_sibling_backend_count() {
         let writes = CompletedWrites::new();
         let (mut one, mut other) = (Flushes::new(writes.clone()), Flushes::new(writes.clone()));
-        let Arrival::Sync { .. } = one.arrive() else { panic!() };
+        let Arrival::Sync { covers } = one.arrive() else { panic!() };
+        one.started(covers);
         one.synced(true);
         assert_eq!(one.arrive(), Arrival::Durable);
-        assert!(matches!(other.arrive(), Arrival::Sync { .. }), "its first FLUSH syncs");
+        let Arrival::Sync { covers } = other.arrive() else { panic!("its first FLUSH syncs") };
+        other.started(covers);
         other.synced(true);
         other.writes().add();
         assert!(matches!(one.arrive(), Arrival::Sync { .. }), "the sibling's write needs a sync here");
