@@ -211,8 +211,8 @@ fn c_path(path: &Path) -> std::io::Result<CString> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path holds a NUL byte"))
 }
 
-#[cfg(test)]
 /// The share of `file`'s pages in the page cache (mincore over a mapping of it).
+#[cfg(test)]
 pub(crate) fn cached_share(file: &std::fs::File, len: usize) -> f64 {
     use std::os::fd::AsRawFd;
     let page = 4096;
