@@ -41,9 +41,16 @@ enum Kind {
     Null,
 }
 
-/// A workload: (probe.rw, queue depth).
-const WORKLOADS: &[(&str, u32)] =
-    &[("randread", 1), ("randread", 32), ("randwrite", 1), ("randwrite", 32), ("writeflush", 1)];
+/// A workload: (probe.rw, queue depth). Write+FLUSH pairs at depth 32 have FLUSHes arrive while
+/// an fdatasync runs, which then share one.
+const WORKLOADS: &[(&str, u32)] = &[
+    ("randread", 1),
+    ("randread", 32),
+    ("randwrite", 1),
+    ("randwrite", 32),
+    ("writeflush", 1),
+    ("writeflush", 32),
+];
 const VMM_MODES: &[&str] = &["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 const DAEMON_MODES: &[&str] = &["sidecore", "adaptive", "eventfd"];
 
