@@ -111,7 +111,7 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     assert!(err.contains("migrated to"), "{mode}: {err}");
     assert!(blk_result(&stdout).is_none(), "{mode}: the verify ended on the source: make BLOCKS larger");
     let (code, stdout, dst_err) = dst.wait();
-    assert_eq!(code, Some(0), "{mode}: the destination's status; stderr: {dst_err}");
+    assert_eq!(code, Some(0), "{mode}: the destination's status; stderr: {dst_err}; stdout: {stdout}");
     let result = assert_verify_passed(&stdout, &dst_err, mode);
     common::assert_holds_only_pattern(&disk, verify.seed, BLOCKS);
     println!(
