@@ -280,8 +280,8 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
         "--numjobs=1".into(),
         "--thread".into(),
         "--group_reporting".into(),
-        // The bench decides what the page cache holds (a buffered disk is read into it once, a
-        // cold one dropped before every run); fio's default drops the file's pages first.
+        // The bench decides what the page cache holds (a buffered disk is read into it and a
+        // cold one dropped from it before every run); fio's default drops the file's pages first.
         "--invalidate=0".into(),
         // No map of blocks already hit (less work per I/O), and a fresh random seed per run.
         "--norandommap".into(),
@@ -379,8 +379,6 @@ fn shell_quote(word: &str) -> String {
 mod tests {
     use super::*;
     use crate::scratch;
-    use std::io::Write;
-    use std::path::Path;
 
     /// Trimmed from a real run: `fio-3.33 ... --ioengine=psync --rw=randread --bs=4096
     /// --lat_percentiles=1 --percentile_list=50:99` on a tmpfs file, with the note fio prints on
@@ -468,12 +466,7 @@ mod tests {
     /// disk (25k IOPS at depth 32 where the cache gives 320k).
     #[test]
     fn a_buffered_run_leaves_the_page_cache_as_it_found_it() {
-        let dir = Path::new("/var/tmp");
-        assert_ne!(scratch::file_system(dir).unwrap(), scratch::TMPFS_MAGIC, "{} is on tmpfs", dir.display());
-        let file = tempfile::Builder::new().prefix("exitless-baseline").tempfile_in(dir).unwrap();
-        let len = 16 << 20;
-        file.as_file().write_all(&vec![0x5a; len]).unwrap();
-        file.as_file().sync_all().unwrap();
+        let (file, len) = scratch::file_on_disk();
         assert!(
             scratch::cached_share(file.as_file(), len) > 0.9,
             "just written, the file is in the page cache"

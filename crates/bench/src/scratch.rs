@@ -211,6 +211,19 @@ fn c_path(path: &Path) -> std::io::Result<CString> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path holds a NUL byte"))
 }
 
+/// A 16 MiB file of data in /var/tmp, which must be on a real file system (on tmpfs the cache
+/// is the file), just written and synced: the file and its length.
+#[cfg(test)]
+pub(crate) fn file_on_disk() -> (tempfile::NamedTempFile, usize) {
+    let dir = Path::new("/var/tmp");
+    assert_ne!(file_system(dir).unwrap(), TMPFS_MAGIC, "{} is on tmpfs", dir.display());
+    let file = tempfile::Builder::new().prefix("exitless-page-cache").tempfile_in(dir).unwrap();
+    let len = 16 << 20;
+    file.as_file().write_all(&vec![0x5a; len]).unwrap();
+    file.as_file().sync_all().unwrap();
+    (file, len)
+}
+
 /// The share of `file`'s pages in the page cache (mincore over a mapping of it).
 #[cfg(test)]
 pub(crate) fn cached_share(file: &std::fs::File, len: usize) -> f64 {
@@ -235,11 +248,7 @@ mod tests {
 
     #[test]
     fn page_cache_makes_a_file_cached_or_not_before_a_run() {
-        let dir = Path::new("/var/tmp");
-        assert_ne!(file_system(dir).unwrap(), TMPFS_MAGIC, "{} is on tmpfs", dir.display());
-        let file = tempfile::Builder::new().prefix("exitless-page-cache").tempfile_in(dir).unwrap();
-        let len = 16 << 20;
-        file.as_file().write_all(&vec![0x5a; len]).unwrap();
+        let (file, len) = file_on_disk();
         PageCache::Cold.prepare(file.path());
         assert!(cached_share(file.as_file(), len) < 0.1, "dropped");
         PageCache::Warm.prepare(file.path());
