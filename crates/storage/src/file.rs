@@ -570,7 +570,7 @@ fn new_ring(depth: u32, sqpoll_idle_ms: Option<u32>) -> std::io::Result<IoUring>
 
 /// Is `file` on a file system kept in memory (tmpfs, ramfs)? Its reads and writes have no
 /// asynchronous path, so io_uring runs every one in a worker thread, O_DIRECT or not.
-fn on_memory_file_system(file: &File) -> std::io::Result<bool> {
+pub(crate) fn on_memory_file_system(file: &File) -> std::io::Result<bool> {
     // ramfs's magic number (linux/magic.h), which the libc crate lacks.
     const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
     Ok(matches!(file_system_magic(file)?, libc::TMPFS_MAGIC | RAMFS_MAGIC))

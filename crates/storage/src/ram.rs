@@ -30,7 +30,7 @@ pub struct RamMapping {
     capacity: u64,
     read_only: bool,
     /// Kept open for the life of the mapping (and so the file's identity is clear in /proc).
-    _file: File,
+    file: File,
 }
 
 // SAFETY: the mapping is owned by the RamMapping and moves with it; it is used by one thread at
@@ -84,7 +84,7 @@ impl RamMapping {
             return Err(map_error(std::io::Error::last_os_error()));
         }
         let base = NonNull::new(base.cast()).ok_or_else(|| map_error(std::io::ErrorKind::Other.into()))?;
-        let mapping = RamMapping { base, length, capacity: size, read_only, _file: file };
+        let mapping = RamMapping { base, length, capacity: size, read_only, file };
         mapping.populate_allocated();
         Ok(mapping)
     }
@@ -93,10 +93,15 @@ impl RamMapping {
     /// fault: a write into a fresh shared mapping faults once per 4 KiB page, which costs more
     /// than the copy. Holes stay holes (populating them would allocate the whole disk at once);
     /// a request's first write there allocates the page, as it would on any sparse file.
-    /// Best effort: where the kernel refuses, pages fault in as requests touch them.
+    /// Best effort: where the kernel refuses, pages fault in as requests touch them. Only on a
+    /// file system kept in memory: elsewhere a write fault is how the kernel learns a page is
+    /// dirty, and populating for writing would dirty, and so write back, the whole file.
     fn populate_allocated(&self) {
+        if !crate::file::on_memory_file_system(&self.file).unwrap_or(false) {
+            return;
+        }
         let advice = if self.read_only { libc::MADV_POPULATE_READ } else { libc::MADV_POPULATE_WRITE };
-        let fd = self._file.as_raw_fd();
+        let fd = self.file.as_raw_fd();
         let Ok(end) = libc::off_t::try_from(self.length) else { return };
         let mut at: libc::off_t = 0;
         while at < end {
