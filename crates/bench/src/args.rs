@@ -118,6 +118,12 @@ pub struct BlkBenchArgs {
     /// Unmeasured requests before each run.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub warmup: u64,
+    /// Measure each scenario's guest rows N times in turn (exitless's modes, then QEMU's
+    /// configurations, then all again) and report each row's median run, with every round's
+    /// IOPS: this host's speed drifts within minutes, and rows measured in turn share the drift.
+    /// fio's baseline runs before the rounds (and on a disk, once more after them), as with one.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub rounds: u32,
     /// Host CPU for the vCPU (fio's job may use it and the IOCore's).
     #[arg(long, value_name = "CPU", default_value_t = 0)]
     pub vcpu_cpu: usize,

@@ -66,6 +66,10 @@ pub struct Row {
     /// A guest's row: one cache line's round trip between the vCPU's and the IOCore's CPUs, in
     /// nanoseconds, measured just before the run (see [`super::cache_line`]).
     pub cpu_round_trip_ns: Option<f64>,
+    /// With `--rounds N` (N > 1), a guest row's IOPS in each round, in round order (`None`: that
+    /// run failed); the row itself is the median run ([`super::rounds`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub round_iops: Vec<Option<f64>>,
     /// The command that ran the row (fio, QEMU); exitless's own rows ran in this process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
@@ -98,6 +102,7 @@ impl Row {
             ratio_to_qemu: None,
             cpu_cores_used: None,
             cpu_round_trip_ns: None,
+            round_iops: Vec::new(),
             command: None,
             note: None,
         }
@@ -218,22 +223,38 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
                         results.extend(rows);
                         (Some(bare_metal), device)
                     };
-                    for &mode in &args.modes {
-                        let mode = IoMode::from(mode);
-                        progress
-                            .start(Kind::Exitless, format_args!("exitless {mode}, {}", scenario.describe()));
-                        let run = || {
-                            disk.before_run();
-                            run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
-                        };
-                        let failed = Row::new("exitless", mode.name().into(), scenario);
-                        results.push(run_twice(run, failed, || {
-                            failures.push(format!("exitless {mode}, {}", scenario.describe()))
-                        }));
+                    let mut rounds = Vec::new();
+                    for _ in 0..args.rounds {
+                        let mut round = Vec::new();
+                        for &mode in &args.modes {
+                            let mode = IoMode::from(mode);
+                            progress.start(
+                                Kind::Exitless,
+                                format_args!("exitless {mode}, {}", scenario.describe()),
+                            );
+                            let run = || {
+                                disk.before_run();
+                                run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
+                            };
+                            let failed = Row::new("exitless", mode.name().into(), scenario);
+                            round.push(run_twice(run, failed, || {
+                                failures.push(format!("exitless {mode}, {}", scenario.describe()))
+                            }));
+                        }
+                        if let Some(peer) = qemu.as_mut() {
+                            round.extend(peer.rows(
+                                scenario,
+                                args,
+                                &disk.peer_disk(),
+                                tsc_khz,
+                                &mut progress,
+                            ));
+                        }
+                        rounds.push(round);
                     }
-                    if let Some(peer) = qemu.as_mut() {
-                        let rows = peer.rows(scenario, args, &disk.peer_disk(), tsc_khz, &mut progress);
-                        results.extend(rows);
+                    match args.rounds {
+                        1 => results.extend(rounds.into_iter().flatten()),
+                        _ => results.extend(super::rounds::median_rows(rounds)),
                     }
                     let bare_metal = match bare_metal {
                         Some(before) if !disk.in_memory() => Some(baseline_again(
@@ -341,9 +362,11 @@ fn plan(args: &BlkBenchArgs) -> Vec<Kind> {
                 let engines = if disk.is_null() { 1 } else { SYSCALL_ENGINES.len() + 1 };
                 plan.extend(std::iter::repeat_n(Kind::Fio, engines));
             }
-            plan.extend(std::iter::repeat_n(Kind::Exitless, args.modes.len()));
-            if args.peers.contains(&Peer::Qemu) {
-                plan.extend(std::iter::repeat_n(Kind::Qemu, super::blk_qemu::runs(disk.is_null())));
+            for _ in 0..args.rounds {
+                plan.extend(std::iter::repeat_n(Kind::Exitless, args.modes.len()));
+                if args.peers.contains(&Peer::Qemu) {
+                    plan.extend(std::iter::repeat_n(Kind::Qemu, super::blk_qemu::runs(disk.is_null())));
+                }
             }
         }
     }

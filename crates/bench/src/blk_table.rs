@@ -48,6 +48,16 @@ const CPU_ROUND_TRIP_NOTE: &str = "CPU RTT ns: one cache line's round trip betwe
      where the hypervisor placed the two CPUs at that moment: compare rows with like figures, and \
      read a gap between rows with unlike ones as the host's, not the modes'";
 
+/// A row's IOPS in each round (`-` for a row measured once, `failed` for a round that failed).
+fn per_round(round_iops: &[Option<f64>]) -> String {
+    if round_iops.is_empty() {
+        return "-".into();
+    }
+    let each: Vec<String> =
+        round_iops.iter().map(|iops| iops.map_or("failed".into(), |iops| format!("{iops:.0}"))).collect();
+    each.join(", ")
+}
+
 pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
     let mut out = String::new();
     let mut scenarios: Vec<(&str, &str, u32, u32)> = Vec::new();
@@ -65,18 +75,19 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
             .collect();
         let ram = rows.iter().any(|r| r.device_iops.is_some());
         let null = rows.iter().any(|r| r.vmm == "host" && r.backend == Backend::Null);
-        let mut header = vec![
-            "vmm",
-            "mode",
-            "backend",
-            "IOPS",
+        let rounds = rows.iter().map(|r| r.round_iops.len()).max().unwrap_or(0);
+        let mut header = vec!["vmm", "mode", "backend", "IOPS"];
+        if rounds > 0 {
+            header.push("IOPS per round");
+        }
+        header.extend([
             "p50 µs",
             "p99 µs",
             "added µs/IO",
             "exits/IO",
             "exit causes per IO",
             "% of bare metal",
-        ];
+        ]);
         if ram {
             header.push("% of mmap");
         }
@@ -84,18 +95,19 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         let cells = rows
             .iter()
             .map(|r| {
-                let mut cells = vec![
-                    r.vmm.to_string(),
-                    r.mode.clone(),
-                    r.backend.name().to_string(),
-                    number(r.iops, 0),
+                let mut cells =
+                    vec![r.vmm.to_string(), r.mode.clone(), r.backend.name().to_string(), number(r.iops, 0)];
+                if rounds > 0 {
+                    cells.push(per_round(&r.round_iops));
+                }
+                cells.extend([
                     number(r.p50_us, 1),
                     number(r.p99_us, 1),
                     r.added_latency_us.map_or("n/a".into(), |v| format!("{v:+.1}")),
                     number(r.exits_per_io, 3),
                     format_causes(&r.exits_by_cause),
                     number(r.ratio_to_bare_metal.map(|x| x * 100.0), 1),
-                ];
+                ]);
                 if ram {
                     cells.push(number(r.ratio_to_device.map(|x| x * 100.0), 1));
                 }
@@ -135,6 +147,14 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         }
         let mut notes: Vec<String> =
             rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+        if rounds > 0 {
+            notes.push(format!(
+                "IOPS per round: each guest row ran {rounds} times, every guest row of this table in \
+                 turn each round; the row is its run with the median IOPS (its latency, exits and \
+                 cores that run's), x QEMU compares those medians. fio ran before the rounds (and on a disk, \
+                 once more after them), not in each"
+            ));
+        }
         notes.push(X_QEMU_NOTE.into());
         notes.push(CPU_ROUND_TRIP_NOTE.into());
         let mut backends: Vec<_> = Vec::new();

@@ -24,6 +24,7 @@ mod net;
 mod plot;
 mod progress;
 mod qemu;
+mod rounds;
 mod scale;
 mod scratch;
 mod table;

@@ -212,6 +212,45 @@ fn a_ram_disk_alone_needs_no_scratch_directory() {
     assert_eq!(report["results"][0]["disk"], "ram");
 }
 
+/// `--rounds 3`: every guest row, exitless's and QEMU's, ran three times and is reported by its
+/// median run, with each round's IOPS; fio's rows ran once.
+#[test]
+fn rounds_report_every_guest_row_by_its_median_run() {
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--disk",
+        "null=16M",
+        "--modes",
+        "exitless,adaptive",
+        "--qd",
+        "1",
+        "--rounds",
+        "3",
+        "--duration-ms",
+        "20",
+        "--warmup",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let results = report["results"].as_array().unwrap();
+    let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
+    // exitless's two modes and QEMU's four configurations, once each.
+    assert_eq!(guests.len(), 6, "{results:#?}");
+    assert!(guests.iter().any(|r| r["vmm"] == "qemu"));
+    for row in guests {
+        let rounds: Vec<f64> =
+            row["round_iops"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!(rounds.len(), 3, "{row}");
+        let mut sorted = rounds.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert_eq!(row["iops"].as_f64(), Some(sorted[1]), "{row}: not the median of {rounds:?}");
+    }
+    let host = results.iter().find(|r| r["vmm"] == "host").expect("fio's row");
+    assert!(host.get("round_iops").is_none(), "{host}");
+}
+
 /// A block device measures like a file: its size comes from the device (its metadata length is
 /// 0), fio's baseline runs on it, and every VMM serves it (qemu-storage-daemon needs its
 /// `host_device` driver for it).
