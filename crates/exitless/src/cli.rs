@@ -166,10 +166,10 @@ pub struct IoArgs {
     /// Pin the IOCore (polling or I/O thread) to this host CPU, which it then owns: vCPUs not
     /// pinned by --pin-vcpu stay off it, and a polling or notified IOCore runs there in the idle
     /// scheduling class, so the kernel's work on that CPU (a disk's completions) runs at once.
-    /// Another busy thread on that CPU holds it off: a polling IOCore then falls back to a batch
-    /// thread for a while and says so on standard error; an eventfd or pv-eoi one, which sleeps
-    /// between requests, is not seen to be held off and stays slow (milliseconds per request),
-    /// so give it a CPU of its own.
+    /// Another busy thread on that CPU would hold it off for about a second at a time: a watcher
+    /// thread sees it stall while it wants to run and, within about 40 ms, moves it to the
+    /// batch class (an eventfd or pv-eoi one to the normal class) for a while, which the IOCore
+    /// reports on standard error. It then shares the CPU: give it a CPU of its own.
     #[arg(long, value_name = "CPU")]
     pub iocore_cpu: Option<usize>,
     /// adaptive: microseconds the IOCore spins without a request before it sleeps.

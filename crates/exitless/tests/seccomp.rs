@@ -231,6 +231,10 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
                 with_self_test(name, exitless(&probe))
             }
             sandbox::ThreadKind::PingPong => with_self_test(name, exitless(&pingpong)),
+            // A pinned polling IOCore is watched while it is in the idle class.
+            sandbox::ThreadKind::IoCoreWatch => {
+                with_self_test(name, exitless(&[&probe[..], &["--iocore-cpu", "0"]].concat()))
+            }
             sandbox::ThreadKind::VhostUserIoCore
             | sandbox::ThreadKind::VhostUserConnection
             | sandbox::ThreadKind::StopWatchdog => with_self_test(name, daemon.command()),

@@ -115,12 +115,21 @@ impl RunDelay {
 
     /// Nanoseconds waited so far, from "running_ns waiting_ns timeslices" (one `pread`).
     pub(crate) fn total(&self) -> Option<u64> {
+        self.field(1)
+    }
+
+    /// Nanoseconds on a CPU so far (one `pread`).
+    pub(crate) fn running(&self) -> Option<u64> {
+        self.field(0)
+    }
+
+    fn field(&self, index: usize) -> Option<u64> {
         let file = &self.schedstat;
         let mut buf = [0u8; 96];
         // SAFETY: the descriptor is open for as long as `file`; `buf` is writable for its length.
         let n = unsafe { libc::pread(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         let text = buf.get(..usize::try_from(n).ok()?)?;
-        text.split(|b| b.is_ascii_whitespace()).nth(1).and_then(parse_u64)
+        text.split(|b| b.is_ascii_whitespace()).nth(index).and_then(parse_u64)
     }
 }
 

@@ -89,7 +89,10 @@ impl Engine {
         }
         // Pinned, it owns its core: it may spin there as long as the kernel's work comes first.
         let fallback = if self.policy == Policy::Notified { libc::SCHED_OTHER } else { libc::SCHED_BATCH };
-        let mut idle_class = if batch && cpu.is_some() { IdleClass::enter(fallback) } else { None };
+        let mut idle_class = match batch && cpu.is_some() {
+            true => IdleClass::enter(fallback, filter.for_kind(sandbox::ThreadKind::IoCoreWatch).ok()),
+            false => None,
+        };
         // Opened before the filter, which allows reading it but not opening files.
         let mut contention = Contention::for_current_thread();
         if let Err(e) = filter.install() {

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::contention::RunDelay;
 use crate::set_scheduling_class;
+use crate::watch::Watcher;
 
 /// Passes between two looks at the clock.
 const PASSES_PER_LOOK: u32 = 64;
@@ -69,18 +70,23 @@ pub(crate) struct IdleClass {
     run_delay_before_sleep: Option<u64>,
     /// When a wake-up was last measured.
     last_wake_sample: Option<Instant>,
+    /// Moves the thread out of the idle class while a busy thread holds it off, without
+    /// waiting for it to run again (`watch`).
+    watcher: Option<Watcher>,
 }
 
 impl IdleClass {
     /// Move the calling thread, a batch thread, to the idle class, if it will be allowed back
     /// (see `may_leave_idle_class`); `None` if it stays a batch thread. `fallback` is the class
-    /// it serves in while another thread holds it off. Call it before the thread's seccomp
-    /// filter: it opens the thread's scheduler figures.
-    pub(crate) fn enter(fallback: libc::c_int) -> Option<IdleClass> {
+    /// it serves in while another thread holds it off; `watch`, the filter of the thread that
+    /// watches for that (`watch`; `None`: no watcher). Call it before the thread's seccomp
+    /// filter: it opens the thread's scheduler figures and starts the watcher.
+    pub(crate) fn enter(fallback: libc::c_int, watch: Option<sandbox::Filter>) -> Option<IdleClass> {
         if !may_leave_idle_class() || set_scheduling_class(libc::SCHED_IDLE).is_err() {
             return None;
         }
         Some(IdleClass {
+            watcher: watch.and_then(|filter| Watcher::start(fallback, filter)),
             passes: 0,
             last_look: None,
             back_at: None,
@@ -99,6 +105,9 @@ impl IdleClass {
     /// waits may spin).
     pub(crate) fn pass(&mut self) -> bool {
         self.passes = self.passes.wrapping_add(1);
+        if let Some(watcher) = &self.watcher {
+            watcher.pass(self.passes);
+        }
         if self.passes.is_multiple_of(PASSES_PER_LOOK) {
             self.look(Instant::now());
         }
@@ -137,7 +146,9 @@ impl IdleClass {
     /// `woke`, given how long the wake-up waited for the core if it was measured.
     fn woke_after(&mut self, waited: Option<Duration>, now: Instant) {
         self.last_look = None;
-        if let Some(waited) = waited.filter(|&waited| waited > WAKE_HELD_OFF) {
+        let moved = self.watcher.as_ref().is_some_and(Watcher::took_it_off);
+        let waited = waited.unwrap_or_default();
+        if moved || waited > WAKE_HELD_OFF {
             self.fall_back(waited, now);
         }
     }
@@ -145,11 +156,16 @@ impl IdleClass {
     fn look(&mut self, now: Instant) {
         let last = self.last_look.replace(now);
         if self.idle() {
-            if let Some(gap) = last.map(|last| now.duration_since(last)).filter(|&gap| gap > HELD_OFF) {
+            let gap = last.map_or(Duration::ZERO, |last| now.duration_since(last));
+            let moved = self.watcher.as_ref().is_some_and(Watcher::took_it_off);
+            if moved || gap > HELD_OFF {
                 self.fall_back(gap, now);
             }
         } else if self.back_at.is_some_and(|at| now >= at) && set_scheduling_class(libc::SCHED_IDLE).is_ok() {
             self.hold_ended = self.back_at.take();
+            if let Some(watcher) = &self.watcher {
+                watcher.idle_class(true);
+            }
         }
     }
 
@@ -157,6 +173,9 @@ impl IdleClass {
     fn fall_back(&mut self, gap: Duration, now: Instant) {
         if set_scheduling_class(self.fallback).is_err() {
             return;
+        }
+        if let Some(watcher) = &self.watcher {
+            watcher.idle_class(false);
         }
         self.held_off += 1;
         self.hold = match self.hold_ended.take() {
@@ -229,7 +248,8 @@ mod tests {
     fn a_long_gap_between_passes_sends_it_back_to_batch_until_the_hold_ends() {
         std::thread::spawn(|| {
             set_scheduling_class(libc::SCHED_BATCH).unwrap();
-            let mut class_state = IdleClass::enter(libc::SCHED_BATCH).expect("root may leave the idle class");
+            let mut class_state =
+                IdleClass::enter(libc::SCHED_BATCH, None).expect("root may leave the idle class");
             assert_eq!(class(), libc::SCHED_IDLE);
             let start = Instant::now();
             class_state.look(start);
@@ -257,7 +277,8 @@ mod tests {
     fn a_wake_up_that_waited_for_the_core_sends_a_sleeping_thread_to_the_normal_class() {
         std::thread::spawn(|| {
             set_scheduling_class(libc::SCHED_BATCH).unwrap();
-            let mut class_state = IdleClass::enter(libc::SCHED_OTHER).expect("root may leave the idle class");
+            let mut class_state =
+                IdleClass::enter(libc::SCHED_OTHER, None).expect("root may leave the idle class");
             let start = Instant::now();
             class_state.look(start);
             // Its own sleep of 200 ms, woken at once: not a gap, not held off.

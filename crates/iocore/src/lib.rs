@@ -14,6 +14,7 @@ mod contention;
 mod engine;
 mod idle_class;
 mod wait;
+mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};

@@ -294,6 +294,60 @@ fn a_busy_thread_on_its_core_sends_an_idle_class_iocore_back_to_the_batch_class(
     assert_eq!(stats.held_off, 1, "{stats:?}");
 }
 
+/// Regression: an idle-class IOCore found a busy thread on its core only once it ran again, and
+/// behind a busy thread it got the core for a moment about once a second: a request waited that
+/// long (a whole second, in a bench test whose fio shared the IOCore's core). Its watcher now
+/// moves it to the batch class within a few looks, while the busy thread still spins.
+#[test]
+fn a_request_behind_a_busy_thread_on_its_core_is_served_while_that_thread_still_runs() {
+    let _one = ONE_BUSY_CORE.lock().unwrap_or_else(|p| p.into_inner());
+    let cpu = *allowed_cpus().last().unwrap();
+    let (mut guest, worker) = guest_and_worker();
+    let filter = sandbox::Filter::new(sandbox::ThreadKind::IoCore, sandbox::SeccompMode::Kill).unwrap();
+    let iocore = IoCore::spawn_confined(Policy::Polling, Some(cpu), filter).unwrap();
+    iocore.attach(1, worker, None);
+    guest.submit_read();
+    assert!(guest.wait_served(1));
+    assert_eq!(scheduling_class(&iocore), libc::SCHED_IDLE);
+
+    // Busy on the IOCore's core for 700 ms, the request made 100 ms in, once the busy thread
+    // has the core: an idle-class thread behind it gets the core back after about a second
+    // (0.9-1.4 s seen), the watcher moves it within tens of milliseconds.
+    let busy_for = Duration::from_millis(700);
+    let running = Arc::new(AtomicBool::new(true));
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let busy = {
+        let running = running.clone();
+        std::thread::spawn(move || {
+            pin_current_thread(cpu).unwrap();
+            let until = Instant::now() + busy_for;
+            started_tx.send(()).unwrap();
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            running.store(false, std::sync::atomic::Ordering::Release);
+        })
+    };
+    started_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    guest.submit_read();
+    let served_while_busy = loop {
+        let still_busy = running.load(std::sync::atomic::Ordering::Acquire);
+        if guest.used_idx() == 2 {
+            break still_busy;
+        }
+        if !still_busy {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    busy.join().unwrap();
+    assert!(guest.wait_served(2));
+    let stats = iocore.stop().unwrap();
+    assert!(served_while_busy, "the request waited for the busy thread to leave the core: {stats:?}");
+    assert_eq!(stats.held_off, 1, "{stats:?}");
+}
+
 /// Regression: a pinned notified IOCore in the idle class sleeps between requests, so the gaps a
 /// busy thread on its core made fell in its sleeps and it never saw them: woken by each
 /// notification, it waited for the busy thread to leave the core (matrix medians of 2-115 ms

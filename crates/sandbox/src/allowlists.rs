@@ -247,6 +247,18 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         // Waits on the stop signal's descriptor.
         ThreadKind::StopWatchdog => allow(&mut rules, &[libc::SYS_poll]),
+        // Reads the IOCore's /proc figures (opened by the IOCore, closed at the end) and moves
+        // the IOCore, which is another thread (pid argument), to its fallback class: batch or
+        // normal, never a real-time one.
+        ThreadKind::IoCoreWatch => {
+            allow(&mut rules, &[libc::SYS_pread64, libc::SYS_close]);
+            one_of(
+                &mut rules,
+                libc::SYS_sched_setscheduler,
+                1,
+                &[libc::SCHED_BATCH as u64, libc::SCHED_OTHER as u64],
+            )?;
+        }
         // The same HTTP thread serves the daemon's API and the VMM's.
         ThreadKind::ApiServer | ThreadKind::VmmApi => {
             // Clients: accept, read (recvfrom), answer (sendto) and close; the control thread

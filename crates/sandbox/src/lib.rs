@@ -62,11 +62,14 @@ pub enum ThreadKind {
     /// `exitless run`'s live-migration sender: connects to the destination, reads KVM's dirty
     /// log and sends guest pages and the VM's state.
     Migration,
+    /// The watcher of a pinned idle-class IOCore: reads the IOCore's scheduler figures and
+    /// moves it out of the idle class when a busy thread holds it off its core.
+    IoCoreWatch,
 }
 
 impl ThreadKind {
     /// Every kind, for what iterates over them (tests, the self-test's names).
-    pub const ALL: [ThreadKind; 12] = [
+    pub const ALL: [ThreadKind; 13] = [
         ThreadKind::Vcpu,
         ThreadKind::IoCore,
         ThreadKind::VhostUserIoCore,
@@ -79,6 +82,7 @@ impl ThreadKind {
         ThreadKind::DaemonControl,
         ThreadKind::VmmApi,
         ThreadKind::Migration,
+        ThreadKind::IoCoreWatch,
     ];
 
     /// A short name without spaces (`SELF_TEST_ENV`'s values).
@@ -96,6 +100,7 @@ impl ThreadKind {
             ThreadKind::DaemonControl => "daemon-control",
             ThreadKind::VmmApi => "vmm-api",
             ThreadKind::Migration => "migration",
+            ThreadKind::IoCoreWatch => "iocore-watch",
         }
     }
 }
@@ -120,6 +125,7 @@ impl fmt::Display for ThreadKind {
             ThreadKind::DaemonControl => "daemon control",
             ThreadKind::VmmApi => "VMM control API",
             ThreadKind::Migration => "live-migration sender",
+            ThreadKind::IoCoreWatch => "IOCore watcher",
         })
     }
 }
@@ -139,6 +145,7 @@ pub enum SandboxError {
 #[derive(Debug, Clone)]
 pub struct Filter {
     thread: ThreadKind,
+    mode: SeccompMode,
     program: Option<BpfProgram>,
 }
 
@@ -148,19 +155,25 @@ impl Filter {
         let refuse = match mode {
             SeccompMode::Kill => SeccompAction::KillProcess,
             SeccompMode::Log => SeccompAction::Log,
-            SeccompMode::Off => return Ok(Filter { thread, program: None }),
+            SeccompMode::Off => return Ok(Filter::off(thread)),
         };
         let build = |source| SandboxError::Build { thread, source };
         let rules = allowlists::rules(thread).map_err(build)?;
         let filter =
             SeccompFilter::new(rules, refuse, SeccompAction::Allow, TargetArch::x86_64).map_err(build)?;
         let program = BpfProgram::try_from(filter).map_err(build)?;
-        Ok(Filter { thread, program: Some(program) })
+        Ok(Filter { thread, mode, program: Some(program) })
     }
 
     /// A filter that installs nothing.
     pub fn off(thread: ThreadKind) -> Filter {
-        Filter { thread, program: None }
+        Filter { thread, mode: SeccompMode::Off, program: None }
+    }
+
+    /// The filter of another kind of thread, in this one's mode: for a thread that starts a
+    /// helper of its own.
+    pub fn for_kind(&self, thread: ThreadKind) -> Result<Filter, SandboxError> {
+        Filter::new(thread, self.mode)
     }
 
     /// Confine the calling thread (and the threads it starts from now on) to the allowlist.

@@ -82,9 +82,9 @@ pub struct VhostUserBlkArgs {
     /// Pin the IOCores to these host CPUs (IOCore k to the k-th, round robin). A pinned
     /// sidecore or eventfd IOCore owns its CPU: it runs in the idle scheduling class, so the
     /// kernel's work there (a disk's completions) runs at once; another busy thread on that CPU
-    /// holds it off (a sidecore IOCore then falls back to a batch thread for a while and says
-    /// so; an eventfd one, which sleeps between requests, is not seen to be held off and stays
-    /// slow: give it a CPU of its own).
+    /// would hold it off for about a second at a time (a watcher thread moves it, within about
+    /// 40 ms, to the batch class, an eventfd one to the normal class, for a while, and the
+    /// IOCore says so; it then shares the CPU: give it a CPU of its own).
     #[arg(long, value_name = "CPU[,CPU...]", value_delimiter = ',')]
     pub iocore_cpu: Vec<usize>,
     /// adaptive: microseconds an IOCore spins without a request before it sleeps.
