@@ -99,8 +99,8 @@ impl Contention {
     }
 }
 
-/// The calling thread's run delay: the time it has waited for a CPU while runnable, as the
-/// scheduler accounts it (`/proc/thread-self/schedstat`).
+/// The calling thread's scheduler figures (`/proc/thread-self/schedstat`): its run delay, the
+/// time it has waited for a CPU while runnable, and its time on a CPU.
 pub(crate) struct RunDelay {
     /// Opened by the thread it describes (before its seccomp filter, which allows reading it but
     /// not opening files).

@@ -21,7 +21,8 @@
 //! back to the batch class. A notified one sleeps between requests, so those gaps fall in its
 //! sleeps: it finds it from a wake-up that waited more than `WAKE_HELD_OFF` for its core, and
 //! goes to the normal class, whose wake-ups preempt (a batch thread woken behind a busy one
-//! waits for the next tick).
+//! waits for the next tick). Both find it only once they run again; a watcher thread (`watch`)
+//! moves them sooner, and they take its move as a hold of their own.
 
 use std::time::{Duration, Instant};
 
