@@ -252,6 +252,18 @@ fn pinned_polling_and_notified_iocores_run_in_the_idle_class() {
     }
 }
 
+/// A confined polling IOCore pinned to `cpu`, in the idle class, its guest's first request served.
+fn polling_in_the_idle_class(cpu: usize) -> (Guest, IoCore) {
+    let (mut guest, worker) = guest_and_worker();
+    let filter = sandbox::Filter::new(sandbox::ThreadKind::IoCore, sandbox::SeccompMode::Kill).unwrap();
+    let iocore = IoCore::spawn_confined(Policy::Polling, Some(cpu), filter).unwrap();
+    iocore.attach(1, worker, None);
+    guest.submit_read();
+    assert!(guest.wait_served(1));
+    assert_eq!(scheduling_class(&iocore), libc::SCHED_IDLE);
+    (guest, iocore)
+}
+
 /// Regression: an idle-class IOCore behind a busy thread on its core got the core for a moment
 /// every 1.4 s (4 KiB reads at depth 8: 147 IOPS, where a batch thread made 18k). It now finds
 /// the gap, becomes a batch thread again (which its seccomp filter allows), and serves at its
@@ -260,13 +272,7 @@ fn pinned_polling_and_notified_iocores_run_in_the_idle_class() {
 fn a_busy_thread_on_its_core_sends_an_idle_class_iocore_back_to_the_batch_class() {
     let _one = ONE_BUSY_CORE.lock().unwrap_or_else(|p| p.into_inner());
     let cpu = *allowed_cpus().last().unwrap();
-    let (mut guest, worker) = guest_and_worker();
-    let filter = sandbox::Filter::new(sandbox::ThreadKind::IoCore, sandbox::SeccompMode::Kill).unwrap();
-    let iocore = IoCore::spawn_confined(Policy::Polling, Some(cpu), filter).unwrap();
-    iocore.attach(1, worker, None);
-    guest.submit_read();
-    assert!(guest.wait_served(1));
-    assert_eq!(scheduling_class(&iocore), libc::SCHED_IDLE);
+    let (mut guest, iocore) = polling_in_the_idle_class(cpu);
 
     let stop = Arc::new(AtomicBool::new(false));
     let busy = {
@@ -302,13 +308,7 @@ fn a_busy_thread_on_its_core_sends_an_idle_class_iocore_back_to_the_batch_class(
 fn a_request_behind_a_busy_thread_on_its_core_is_served_while_that_thread_still_runs() {
     let _one = ONE_BUSY_CORE.lock().unwrap_or_else(|p| p.into_inner());
     let cpu = *allowed_cpus().last().unwrap();
-    let (mut guest, worker) = guest_and_worker();
-    let filter = sandbox::Filter::new(sandbox::ThreadKind::IoCore, sandbox::SeccompMode::Kill).unwrap();
-    let iocore = IoCore::spawn_confined(Policy::Polling, Some(cpu), filter).unwrap();
-    iocore.attach(1, worker, None);
-    guest.submit_read();
-    assert!(guest.wait_served(1));
-    assert_eq!(scheduling_class(&iocore), libc::SCHED_IDLE);
+    let (mut guest, iocore) = polling_in_the_idle_class(cpu);
 
     // Busy on the IOCore's core for 700 ms, the request made 100 ms in, once the busy thread
     // has the core: an idle-class thread behind it gets the core back after about a second
