@@ -47,9 +47,8 @@ const SET_CONFIG_FROM_DRIVER: u32 = 0;
 const WORKER_ID_BASE: u64 = 0x7668_0000_0000;
 
 /// The most requests a ring's worker takes off the ring per IOCore pass, so that the rings of
-/// every disk an IOCore serves get their turn: a ring at queue depth 64 holds the others up for
-/// at most this many requests per pass (see `BlockWorker::with_batch_limit`).
-pub const FAIR_BATCH: usize = 16;
+/// every disk an IOCore serves get their turn.
+pub use virtio::block::FAIR_BATCH;
 
 /// The block device served over vhost-user, across connections.
 pub struct VhostUserBlk {
@@ -68,7 +67,7 @@ impl VhostUserBlk {
         static DEVICES: AtomicU64 = AtomicU64::new(0);
         let worker_ids = WORKER_ID_BASE + (DEVICES.fetch_add(1, Ordering::Relaxed) << 16);
         let stats = Arc::new(DeviceStats::new("vhost-user-blk"));
-        VhostUserBlk { block, host, worker_ids, stats, limiter: None }
+        VhostUserBlk { block: block.with_batch_limit(FAIR_BATCH), host, worker_ids, stats, limiter: None }
     }
 
     /// Count what the disk does into `stats` (named after the disk in logs).
@@ -732,8 +731,7 @@ impl Session<'_> {
             .device
             .block
             .start_queue(index, queue, signals)
-            .map_err(|source| Error::Start { index, source })?
-            .with_batch_limit(FAIR_BATCH);
+            .map_err(|source| Error::Start { index, source })?;
         if let Some(limiter) = &self.device.limiter {
             worker = worker.with_rate_limiter(limiter.clone());
         }

@@ -48,6 +48,14 @@ const CONFIG_NUM_QUEUES: usize = 34;
 const CONFIG_DISCARD: usize = 36;
 const CONFIG_WRITE_ZEROES: usize = 48;
 
+/// The most requests an IOCore takes off one ring per pass, in the VMM and in the vhost-user
+/// daemon ([`Block::with_batch_limit`]). Every other ring the IOCore serves waits for at most
+/// this many of a deep ring's requests. It also keeps the guest busy while the device works: a
+/// driver at depth 32 that posts its whole queue at once gets its first 16 completions back
+/// while the device takes the next 16, instead of waiting for all 32 (on the null disk at depth
+/// 32, 1.3M IOPS without a limit against 1.6-2.1M with it).
+pub const FAIR_BATCH: usize = 16;
+
 /// The virtio-blk device model: features and configuration space, and one backend per queue
 /// that it lends to the queue's worker while the queue runs.
 pub struct Block {
@@ -59,6 +67,8 @@ pub struct Block {
     queue_sizes: Vec<u16>,
     /// How long a queue's reset waits for its backend before it cancels what the disk holds.
     reset_timeout: std::time::Duration,
+    /// The most requests a queue's worker takes off its ring per pass (`with_batch_limit`).
+    batch_limit: usize,
     disk: DiskInfo,
     features: u64,
     config: [u8; CONFIG_LEN],
@@ -150,6 +160,7 @@ impl Block {
             abandoned: Vec::new(),
             queue_sizes: vec![MAX_QUEUE_SIZE; queues],
             reset_timeout: RESET_WAIT,
+            batch_limit: usize::MAX,
             disk: DiskInfo {
                 capacity,
                 read_only,
@@ -186,6 +197,15 @@ impl Block {
     /// memory (`BlockWorker::into_backend`).
     pub fn with_reset_timeout(mut self, timeout: std::time::Duration) -> Block {
         self.reset_timeout = timeout;
+        self
+    }
+
+    /// Let each queue's worker take at most `limit` requests off its ring per pass (see
+    /// `BlockWorker::with_batch_limit`; default: no limit). Only for queues served by an owner
+    /// that polls again while requests are left, as the IOCore does; [`FAIR_BATCH`] is the
+    /// IOCore's share.
+    pub fn with_batch_limit(mut self, limit: usize) -> Block {
+        self.batch_limit = limit;
         self
     }
 
@@ -234,7 +254,8 @@ impl Block {
         };
         Ok(BlockWorker::new(queue, backend, self.disk.clone(), signals)
             .for_queue(index)
-            .with_reset_timeout(self.reset_timeout))
+            .with_reset_timeout(self.reset_timeout)
+            .with_batch_limit(self.batch_limit))
     }
 
     /// Take queue `index`'s backend back from its worker (requests in flight finish first, or

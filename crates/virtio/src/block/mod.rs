@@ -4,7 +4,7 @@ pub mod device;
 pub mod request;
 pub mod worker;
 
-pub use device::{Block, MAX_QUEUES};
+pub use device::{Block, FAIR_BATCH, MAX_QUEUES};
 pub use worker::{BlockWorker, DiskInfo};
 
 pub const VIRTIO_ID_BLOCK: u32 = 2;

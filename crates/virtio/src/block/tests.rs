@@ -926,6 +926,30 @@ fn a_pass_takes_at_most_the_batch_limit_and_leaves_the_rest_pending() {
     assert_eq!(rig.worker.counters.bytes, 10 * 4096);
 }
 
+/// The device's batch limit (the IOCore's share in the VMM and the daemon) holds for the
+/// worker of every queue it starts, a restarted one too.
+#[test]
+fn a_devices_batch_limit_holds_for_every_queue_it_starts() {
+    use super::Block;
+    let mut rig = rig_of_size(false, 64);
+    let path =
+        tempfile::Builder::new().prefix("exitless-batch").tempfile_in("/dev/shm").unwrap().into_temp_path();
+    let mut block = Block::new(Box::new(RamDisk::create(&path, DISK).unwrap()), "batch").with_batch_limit(4);
+    let queue = || {
+        Queue::new(&rig.mem, QueueConfig { size: 64, desc: DESC, avail: AVAIL, used: USED }, false).unwrap()
+    };
+    let first = block.start_queue(0, queue(), signals(Arc::default())).unwrap();
+    block.stop_queue(0, first);
+    rig.worker = block.start_queue(0, queue(), signals(Arc::default())).unwrap();
+    post_reads(&mut rig, 10);
+    let mut passes = Vec::new();
+    while rig.worker.has_pending() {
+        passes.push(rig.run().unwrap());
+    }
+    assert_eq!(passes, [4, 4, 2]);
+    assert_eq!(rig.used_idx(), 10);
+}
+
 #[test]
 fn a_rate_limited_queue_leaves_requests_waiting_in_the_ring_not_failed() {
     use rate_limiter::{Limits, RateLimiter};

@@ -9,7 +9,7 @@ use iocore::{IoCore, Policy};
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use storage::{BackendError, DiskSpec};
 use thiserror::Error;
-use virtio::block::Block;
+use virtio::block::{Block, FAIR_BATCH};
 use virtio::interrupt::Trigger;
 use virtio::mmio::{Hosted, MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
 use virtio::net::Net;
@@ -355,12 +355,17 @@ impl VirtioDevices {
                         .open_queues(usize::from(options.queues))
                         .map_err(|source| DeviceError::Backend { index: kind_index, source })?;
                     let serial = options.serial.unwrap_or_else(|| format!("exitless-disk{kind_index}"));
-                    let device = Block::with_queues(backends, &serial)
+                    let mut device = Block::with_queues(backends, &serial)
                         .ok_or(DeviceError::Queues { index: kind_index, queues: options.queues })?
                         .with_writeback_switch();
                     let workers = device.worker_count();
                     request_queues = device.num_queues();
                     let (runner, notify) = local_runner(vm, &iocore, (mode, true), (base, index), workers)?;
+                    if matches!(runner, Runner::Host { .. }) {
+                        // The IOCore serves every disk's queues in turn (the vCPU, in trap
+                        // mode, serves one queue per notification and takes all it finds).
+                        device = device.with_batch_limit(FAIR_BATCH);
+                    }
                     (Box::new(device), runner, notify, own_line()?)
                 }
                 Model::Net(net) => {
