@@ -911,16 +911,21 @@ fn post_reads(rig: &mut Rig, n: u16) {
     }
 }
 
+/// Run passes while requests wait in the ring; how many requests each took off it.
+fn passes_until_drained(rig: &mut Rig) -> Vec<usize> {
+    let mut passes = Vec::new();
+    while rig.worker.has_pending() {
+        passes.push(rig.run().unwrap());
+    }
+    passes
+}
+
 #[test]
 fn a_pass_takes_at_most_the_batch_limit_and_leaves_the_rest_pending() {
     let mut rig = rig_of_size(false, 64);
     rig.worker = std::mem::replace(&mut rig.worker, rig_of_size(false, 64).worker).with_batch_limit(4);
     post_reads(&mut rig, 10);
-    let mut passes = Vec::new();
-    while rig.worker.has_pending() {
-        passes.push(rig.run().unwrap());
-    }
-    assert_eq!(passes, [4, 4, 2]);
+    assert_eq!(passes_until_drained(&mut rig), [4, 4, 2]);
     assert_eq!(rig.used_idx(), 10);
     assert_eq!(rig.worker.counters.completed, 10);
     assert_eq!(rig.worker.counters.bytes, 10 * 4096);
@@ -942,11 +947,7 @@ fn a_devices_batch_limit_holds_for_every_queue_it_starts() {
     block.stop_queue(0, first);
     rig.worker = block.start_queue(0, queue(), signals(Arc::default())).unwrap();
     post_reads(&mut rig, 10);
-    let mut passes = Vec::new();
-    while rig.worker.has_pending() {
-        passes.push(rig.run().unwrap());
-    }
-    assert_eq!(passes, [4, 4, 2]);
+    assert_eq!(passes_until_drained(&mut rig), [4, 4, 2]);
     assert_eq!(rig.used_idx(), 10);
 }
 
