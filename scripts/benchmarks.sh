@@ -42,8 +42,11 @@ links() {
     echo "speed, a memory copy with no system call. \`x QEMU\` divides only by QEMU rows on the same"
     echo "backend (the \`backend\` column): on the null disk exitless's null disk against QEMU's null"
     echo "device (\`null-co\`); the RAM disk's rows have none, as QEMU cannot map its file."
+    echo "Each row of these tables is the median of three runs taken in turn with the other rows'"
+    echo "(\`--rounds 3\`, the \`IOPS per round\` column), so that a disk whose speed moves during the"
+    echo "run moves every row alike."
     echo
-    "$exitless" bench --markdown --plot "$plots.new/blk"
+    "$exitless" bench --rounds 3 --markdown --plot "$plots.new/blk"
     links blk "Plots, one per scenario: IOPS per row (bare metal and the best peer marked), exits per I/O by cause, p50/p99 latency:"
     echo "## The backend matrix"
     echo
