@@ -53,9 +53,10 @@ links() {
     echo "Every kind of disk a user gives (an ext4 file with O_DIRECT, the same file through the"
     echo "page cache warm and cold, a file on tmpfs, a loop device, the RAM disk, the null disk), random reads and"
     echo "writes at depth 1 and 32 and write+FLUSH pairs, each against fio with the same caching and"
-    echo "QEMU on the same backend with the matching cache mode."
+    echo "QEMU on the same backend with the matching cache mode. As above, each row is the median of"
+    echo "three runs taken in turn (\`--rounds 3\`)."
     echo
-    "$exitless" bench --backends all --rw randread,randwrite,writeflush --qd 1,32 --duration-ms 500 --markdown
+    "$exitless" bench --backends all --rw randread,randwrite,writeflush --qd 1,32 --duration-ms 500 --rounds 3 --markdown
     "$exitless" bench net --markdown --plot "$plots.new/net"
     links net "Plot: transactions/s per row (bare metal marked), exits per transaction by cause, p50/p99 latency:"
     "$exitless" bench exitcost --markdown

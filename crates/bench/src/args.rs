@@ -19,8 +19,8 @@ pub struct BenchArgs {
 const BENCH_HELP: &str = "\
 Without a scenario, `exitless bench` runs the probe guest's block workload on a virtio-blk disk
 in every I/O mode of the ladder (trap, eventfd, pv-eoi, sidecore, exitless, adaptive), the same
-workload on the host with fio against the very same file (the bare-metal baseline: O_DIRECT, one
-job allowed the vCPU's and the IOCore's CPUs, the best of psync, libaio and io_uring; the row
+workload on the host with fio against the very same file (the bare-metal baseline: with the
+disk's caching, O_DIRECT or through the page cache, one job allowed the vCPU's and the IOCore's CPUs, the best of psync, libaio and io_uring; the row
 says which won), and in QEMU-KVM (--peers qemu, the default): its own virtio-blk on an iothread
 with interrupt and with polled completion, QEMU with exitless's vhost-user-blk backend, and QEMU
 with qemu-storage-daemon's vhost-user-blk export (its own iothread, pinned to the IOCore's CPU).

@@ -63,6 +63,18 @@ impl Backend {
         }
     }
 
+    /// How the backend's file is opened, for the baseline's description: "O_DIRECT" or
+    /// "through the page cache" (the null and RAM disks' baselines count as O_DIRECT: fio's null
+    /// engine has no file, and the RAM disk's system-call engines read its file with O_DIRECT).
+    pub fn caching(self) -> &'static str {
+        match self {
+            Backend::FileBuffered | Backend::TmpfsBuffered | Backend::BlockDeviceBuffered => {
+                "through the page cache"
+            }
+            _ => "O_DIRECT",
+        }
+    }
+
     /// One line for a table's notes: what the name stands for.
     pub fn describe(self) -> &'static str {
         match self {

@@ -1,5 +1,6 @@
 //! The bare-metal baseline of the block benchmarks: the guest's workload run on the host by fio,
-//! against the same backing file, with O_DIRECT, one job allowed the same CPUs the guest set-up
+//! against the same backing file, with the disk's caching (O_DIRECT, or through the page cache
+//! for the matrix's buffered disks), one job allowed the same CPUs the guest set-up
 //! uses (the vCPU's and the IOCore's cores), once per engine: `psync` (queue depth 1), `libaio`
 //! and `io_uring` (the requested queue depth). The run with the most IOPS counts, and
 //! the report names it. For a RAM disk, [`Engine::Mmap`] measures the device

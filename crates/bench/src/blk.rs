@@ -406,9 +406,9 @@ fn baselines(
     let best = baseline::best(&runs).cloned().ok_or_else(|| {
         format!("bare metal, {}: every fio engine failed: {}", scenario.describe(), failed.join("; "))
     })?;
-    let mut rows = vec![host_row(scenario, &best, &runs, &failed, &job.cpus)];
-    // fio's system-call engines open the file with O_DIRECT, whatever the guests do.
-    rows[0].backend = Backend::of_file(&disk.fio_path, disk.direct);
+    // fio's system-call engines open the file as the guests' devices do: O_DIRECT or buffered.
+    let backend = Backend::of_file(&disk.fio_path, disk.direct);
+    let mut rows = vec![host_row(scenario, backend, &best, &runs, &failed, &job.cpus)];
     let mut device = None;
     if disk.backend == Backend::Ram {
         progress.start(Kind::Fio, format_args!("device speed, fio mmap, {}", scenario.describe()));
@@ -763,6 +763,7 @@ fn cpu_list(cpus: &[usize]) -> String {
 /// The bare-metal row: the best system-call fio run, and in its note every run and which won.
 fn host_row(
     scenario: Scenario,
+    backend: Backend,
     best: &FioResult,
     all: &[FioResult],
     failed: &[String],
@@ -774,13 +775,14 @@ fn host_row(
         .chain(failed.iter().cloned())
         .collect();
     let note = format!(
-        "fio on CPUs {}, O_DIRECT, buffers on {}, the best of {}: {} won",
+        "fio on CPUs {}, {}, buffers on {}, the best of {}: {} won",
         cpu_list(cpus),
+        backend.caching(),
         if best.huge_pages { "2 MiB huge pages, as exitless's guest RAM" } else { "4 KiB pages" },
         tried.join("; "),
         best.engine
     );
-    fio_row(scenario, format!("bare metal (fio {})", best.engine), best, scenario.backend, note)
+    fio_row(scenario, format!("bare metal (fio {})", best.engine), best, backend, note)
 }
 
 /// The RAM disk's own speed: fio's `mmap` engine, a memory copy with no system call.

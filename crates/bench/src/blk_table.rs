@@ -125,9 +125,9 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         let [vcpu, iocore] = context.cpus;
         lines.push(("CPUs".into(), format!("vCPU on {vcpu}, IOCore on {iocore}")));
         if let Some(v) = context.fio_version {
-            let how = match null {
-                true => "its null engine (no file)",
-                false => "O_DIRECT",
+            let how = match (null, rows.iter().find(|r| r.vmm == "host")) {
+                (true, _) => "its null engine (no file)",
+                (false, host) => host.map_or("O_DIRECT", |host| host.backend.caching()),
             };
             let engines = match null {
                 true => "at the row's queue depth",

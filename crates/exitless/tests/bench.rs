@@ -548,6 +548,8 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
             assert_eq!(host["backend"], backend, "fio with the disk's caching, {at}: {host}");
             let command = host["command"].as_str().unwrap();
             assert!(command.contains(&format!("--direct={}", u8::from(direct))), "{at}: {command}");
+            let caching = if direct { "O_DIRECT" } else { "through the page cache" };
+            assert!(host["note"].as_str().unwrap().contains(caching), "the note says so, {at}: {host}");
             // The bench, not fio, decides what the page cache holds when a run starts.
             assert!(command.contains("--invalidate=0"), "{at}: {command}");
             if workload == "writeflush" {
