@@ -456,8 +456,8 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     let first = frontend_with_a_held_read(&daemon, &held);
     drop(first);
 
-    // The bound is 1 s, then the cancels get at most as long again: 4 s is generous, and still
-    // tells the bound from the default 5 s wait (or the unbounded one before that).
+    // The bound is 1 s, then the cancels get at most as long again; the log line below tells
+    // which bound was used, the elapsed time only guards against a hang.
     let started = Instant::now();
     let mut next = Frontend::connect(daemon.socket());
     next.negotiate(FEATURES);
@@ -465,7 +465,7 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     next.start_vring(0, 0);
     write_and_read_back(&mut next, 0, 7);
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(4), "the next frontend waited {took:?}: {}", daemon.log());
+    assert!(took < Duration::from_secs(30), "the next frontend waited {took:?}: {}", daemon.log());
     let log = daemon.log();
     assert!(
         log.contains("disk 0")
@@ -486,11 +486,15 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     drop(next);
 
     // The FUSE server answers at last: the late completion lands in the quarantined memory and
-    // is reaped; the daemon goes on serving.
+    // is reaped with no frontend connecting (it used to wait for the next connection); the
+    // daemon goes on serving.
     held.release(false);
-    std::thread::sleep(Duration::from_millis(300));
-    next_frontend_is_served(&mut daemon, 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while figures() != [1, 0, 0] && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(figures(), [1, 0, 0], "the quarantine is released");
+    next_frontend_is_served(&mut daemon, 3);
     let log = daemon.stop_within(STOP_LIMIT);
     assert!(log.contains("released"), "the quarantine's release is logged: {log}");
 }

@@ -98,6 +98,12 @@ impl VhostUserBlk {
         self.block.num_queues()
     }
 
+    /// Reap the requests quarantined at a reset that the disk has finished since (their
+    /// memory and io_uring go with the last); how many it still holds.
+    pub fn reap_quarantined(&mut self) -> usize {
+        self.block.abandoned_requests()
+    }
+
     /// Start a connection's state.
     pub fn session(&mut self) -> Session<'_> {
         let queues = self.block.num_queues();

@@ -33,6 +33,10 @@ pub const STALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a new frontend has to negotiate its features. QEMU does it as it connects; the
 /// margin is for a QEMU still starting on a loaded host.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the server reaps requests quarantined at a reset (a disk that did not answer) while
+/// there are some: their memory is freed, and the operator's figures drop, soon after the disk
+/// answers at last, not at the next connection.
+const QUARANTINE_REAP: Duration = Duration::from_millis(100);
 
 /// How a connection ended.
 #[derive(Debug)]
@@ -131,10 +135,12 @@ impl Server {
             }
         }
         loop {
-            let ready = wait(self.listener.as_fd(), stop, port.map(Port::fd))
+            let reap = (device.reap_quarantined() > 0).then_some(QUARANTINE_REAP);
+            let ready = wait(self.listener.as_fd(), stop, port.map(Port::fd), reap)
                 .map_err(|source| self.listen_error(source))?;
             match (ready, port) {
                 (Ready::Stop, _) => return Ok(()),
+                (Ready::TimedOut, _) => continue,
                 (Ready::Handover, Some(port)) => {
                     let attempt = port.take();
                     let state = handover::export_disk(self.listener.as_fd(), device.writeback(), None);
@@ -278,13 +284,18 @@ impl Server {
         let wire = Wire::new(stream, STALL_TIMEOUT).with_stop(stop);
         loop {
             let setup_left = (!session.set_up()).then(|| SETUP_TIMEOUT.saturating_sub(connected.elapsed()));
+            let reap = (session.device.reap_quarantined() > 0).then_some(QUARANTINE_REAP);
+            let limit = match (setup_left, reap) {
+                (Some(left), Some(reap)) => Some(left.min(reap)),
+                (left, reap) => left.or(reap),
+            };
             let watched = Watched {
                 stop,
                 fault: session.memory_fault(),
                 handover: port.map(Port::fd),
                 listener: self.listener.as_fd(),
             };
-            match wait_connection(stream, watched, setup_left) {
+            match wait_connection(stream, watched, limit) {
                 Ok(Some(Event::Stop)) => return Ending::Stopped,
                 Ok(Some(Event::MemoryFault)) => {
                     return Ending::Refused { request: None, error: session.memory_shrank() };
@@ -315,6 +326,8 @@ impl Server {
                     }
                 }
                 Ok(Some(Event::Another)) => self.refuse_another(),
+                // Time to reap the quarantine again.
+                Ok(None) if session.set_up() || connected.elapsed() < SETUP_TIMEOUT => {}
                 Ok(None) => {
                     let error = Error::SetupTimeout(SETUP_TIMEOUT.as_secs());
                     return Ending::Refused { request: None, error };
@@ -414,17 +427,23 @@ enum Ready {
     Fd,
     Stop,
     Handover,
+    TimedOut,
 }
 
-/// Wait until `fd` is readable (or hung up), or `stop` or `handover` is.
-fn wait(fd: BorrowedFd, stop: Option<BorrowedFd>, handover: Option<BorrowedFd>) -> io::Result<Ready> {
+/// Wait until `fd` is readable (or hung up), or `stop` or `handover` is, for at most `limit`.
+fn wait(
+    fd: BorrowedFd,
+    stop: Option<BorrowedFd>,
+    handover: Option<BorrowedFd>,
+    limit: Option<Duration>,
+) -> io::Result<Ready> {
     let watched: Vec<(BorrowedFd, Ready)> =
         [(stop, Ready::Stop), (handover, Ready::Handover), (Some(fd), Ready::Fd)]
             .into_iter()
             .filter_map(|(fd, ready)| Some((fd?, ready)))
             .collect();
     let fds: Vec<(BorrowedFd, i16)> = watched.iter().map(|&(fd, _)| (fd, libc::POLLIN)).collect();
-    Ok(first_ready(&fds, None)?.map_or(Ready::Fd, |index| watched[index].1))
+    Ok(first_ready(&fds, limit)?.map_or(Ready::TimedOut, |index| watched[index].1))
 }
 
 /// What woke a connection's wait.
