@@ -58,7 +58,8 @@ DD=/usr/bin/dd
 yes 'exitless in-flight write, held then resubmitted' | head -c 4096 > /pattern
 $DD if=/pattern of=/dev/vda bs=4096 seek=1000 count=1 oflag=direct conv=notrunc 2>/tmp/first &
 first=$!
-sleep 2
+# The read goes only once the write is in flight on the disk, however long dd takes to start.
+while read reads writes < /sys/block/vda/inflight && [ "$writes" -eq 0 ]; do sleep 0.1; done
 $DD if=/dev/vda of=/tmp/second bs=4096 skip=2000 count=1 iflag=direct 2>/tmp/second.err \
     && echo OOO-SECOND-DONE || { echo OOO-SECOND-FAILED; cat /tmp/second.err; }
 wait $first
@@ -94,7 +95,13 @@ fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_
         .vhost_user_blk_with(&socket, ",reconnect=1", "")
         .spawn_console(&dir.path().join("qemu.err"));
     guest.wait_for(WAIT, |l| l.contains("OOO-SECOND-"));
+    // The daemon handed the write to the kernel before the read behind it; the held disk may
+    // record it a moment later.
     let held_request = format!("write {} 4096", HELD_BLOCK * BLOCK as u64);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held.held().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(held.held(), Some(held_request), "the write of block {HELD_BLOCK} is held in the kernel");
 
     // SIGKILL: from here no thread of the daemon runs user code again, so the held write, once

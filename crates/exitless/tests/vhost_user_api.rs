@@ -101,15 +101,19 @@ impl Rig {
     }
 
     /// The probe under QEMU-KVM reading `ops` random 4 KiB blocks of the disk on `socket`, no
-    /// warm-up: its result line.
+    /// warm-up: its result line, whose `iops` the probe measures with the TSC (QEMU does not
+    /// tell the guest its frequency, so the test does).
     fn guest_reads(&self, socket: &Path, ops: u64) -> Value {
-        let cmdline =
-            format!("probe.workload=blk probe.rw=randread probe.qd=1 probe.ops={ops} probe.warmup=0");
+        let tsc_khz = vmm::tsc_khz().unwrap();
+        let cmdline = format!(
+            "probe.workload=blk probe.rw=randread probe.qd=1 probe.ops={ops} probe.warmup=0 probe.tsc_khz={tsc_khz}"
+        );
         let out = Qemu::probe(&self.elf, "128M", &cmdline).vhost_user_blk(socket).output();
         // QEMU exits with (V << 1) | 1 for the probe's exit value V (0: every request done).
         assert_eq!(out.status.code(), Some(1), "{}\ndaemon: {}", stderr(&out), self.daemon.log());
         let result = line_with(&out, "probe", "blk");
         assert_eq!((result["ops"].as_u64(), result["errors"].as_u64()), (Some(ops), Some(0)), "{result}");
+        assert!(result["iops"].as_f64().is_some_and(|iops| iops > 0.0), "timed: {result}");
         result
     }
 }

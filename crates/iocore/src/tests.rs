@@ -297,7 +297,7 @@ fn a_busy_thread_on_its_core_sends_an_idle_class_iocore_back_to_the_batch_class(
     let stats = iocore.stop().unwrap();
     assert_eq!(class, libc::SCHED_BATCH, "still in the idle class behind a busy thread: {stats:?}");
     assert!(served, "served behind a busy thread: {stats:?}");
-    assert_eq!(stats.held_off, 1, "{stats:?}");
+    assert!(stats.held_off >= 1, "held off by the busy thread: {stats:?}");
 }
 
 /// Regression: an idle-class IOCore found a busy thread on its core only once it ran again, and
@@ -345,7 +345,7 @@ fn a_request_behind_a_busy_thread_on_its_core_is_served_while_that_thread_still_
     assert!(guest.wait_served(2));
     let stats = iocore.stop().unwrap();
     assert!(served_while_busy, "the request waited for the busy thread to leave the core: {stats:?}");
-    assert_eq!(stats.held_off, 1, "{stats:?}");
+    assert!(stats.held_off >= 1, "held off by the busy thread: {stats:?}");
 }
 
 /// Regression: a pinned notified IOCore in the idle class sleeps between requests, so the gaps a
@@ -403,24 +403,24 @@ fn a_busy_thread_on_its_core_sends_a_notified_idle_class_iocore_to_the_normal_cl
 fn a_request_held_back_by_a_rate_limit_is_served_later_without_a_notification_or_a_spin() {
     use rate_limiter::{Limits, RateLimiter};
     let (mut guest, worker) = guest_and_block_worker();
-    let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(10), bandwidth: None }));
+    // One request a second: the second request waits about a second for its token, however slowly
+    // this host served the first.
+    let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(1), bandwidth: None }));
     let worker = worker.with_rate_limiter(limiter.clone());
     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
     let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
     iocore.attach(1, Box::new(worker), Some(notify.clone()));
-    for n in 1..=10 {
-        guest.submit_read();
-        notify.write(1).unwrap();
-        assert!(guest.wait_served(n), "request {n}: within the burst");
-    }
+    guest.submit_read();
+    notify.write(1).unwrap();
+    assert!(guest.wait_served(1), "the first request: within the burst");
     let before = iocore.cpu_time().unwrap();
     guest.submit_read();
     notify.write(1).unwrap();
-    // Held back until a token comes (0.1 s at 10/s); no further notification.
-    assert!(guest.wait_served(11), "the 11th request is served once a token comes");
+    // Held back until a token comes; no further notification.
+    assert!(guest.wait_served(2), "the second request is served once a token comes");
     assert!(limiter.waits() >= 1, "it did wait for a token");
     let used = iocore.cpu_time().unwrap() - before;
-    assert!(used < Duration::from_millis(60), "{used:?} of CPU while one request waited ~0.1 s");
+    assert!(used < Duration::from_millis(60), "{used:?} of CPU while one request waited ~1 s");
     iocore.stop().unwrap();
 }
 
