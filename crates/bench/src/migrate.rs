@@ -21,7 +21,8 @@ use super::progress;
 use super::table::Table;
 use crate::args::MigrateBenchArgs;
 
-/// The verify's disk: 16384 blocks of 4 KiB, long enough for the migration to land mid-run.
+/// The verify's blocks of 4 KiB. The disk has one more, the verify's gate (`probe.gate_block`):
+/// the guest reads back only once the migration has ended, so it lands mid-run on any disk.
 const BLOCKS: u64 = 16384;
 /// Far beyond what a run takes.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -148,10 +149,20 @@ fn put(api: &Path, path: &str, body: &str) -> Result<(u16, String), String> {
     Ok((status, body.to_string()))
 }
 
+/// Lets the verify read back, on whichever side runs it.
+fn open_gate(disk: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let file =
+        std::fs::OpenOptions::new().write(true).open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+    file.write_all_at(&probe_abi::verify_gate::OPEN.to_le_bytes(), BLOCKS * 4096)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| format!("open the verify's gate in {}: {e}", disk.display()))
+}
+
 fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Row, String> {
     let disk = dir.join("disk");
     std::fs::File::create(&disk)
-        .and_then(|f| f.set_len(BLOCKS * 4096))
+        .and_then(|f| f.set_len((BLOCKS + 1) * 4096))
         .map_err(|e| format!("{}: {e}", disk.display()))?;
     let socket = dir.join("migration.sock");
     let api = dir.join("source.api");
@@ -169,7 +180,7 @@ fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Ro
     wait_for("the destination", || socket.exists(), &mut destination, &dst_err)?;
     let disk_arg = format!("path={},direct", disk.display());
     let cmdline = format!(
-        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=8 probe.seed={} probe.timeout_ms=60000",
+        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=8 probe.seed={} probe.gate_block={BLOCKS} probe.timeout_ms=60000",
         super::fresh_seed()
     );
     let (src_out, src_err) = (dir.join("source.out"), dir.join("source.err"));
@@ -202,6 +213,7 @@ fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Ro
     wait_for("the source's verify", written, &mut source, &src_err)?;
     let body = format!(r#"{{"destination_url": "{url}"}}"#);
     let (status, answer) = put(&api, "/api/v1/vm.send-migration", &body)?;
+    open_gate(&disk)?;
     if status != 200 {
         return Err(format!("send-migration answered {status}: {answer}"));
     }

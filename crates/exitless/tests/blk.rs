@@ -292,6 +292,41 @@ fn asking_for_more_queues_than_the_disk_offers_is_a_clear_error() {
     }
 }
 
+/// A verify's gate (`probe.gate_block`) holds it between writing and reading back: a gate the
+/// host never opens fails the run with a line that says so, once every block is written; an
+/// open one lets it pass; a gate among the blocks it checks, or past the disk, is a bad command
+/// line.
+#[test]
+fn a_verify_waits_at_its_gate_until_the_host_opens_it() {
+    let _one = one_at_a_time();
+    let blocks = DISK_BYTES / 4096;
+    let verify = |seed: u64, gate: u64| {
+        format!(
+            "probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed} probe.gate_block={gate} probe.timeout_ms=500"
+        )
+    };
+    let disk = disk_file("/dev/shm");
+    let spec = format!("ram,path={}", disk.display());
+
+    let out = run_probe("eventfd", &spec, &verify(9, 300), "60");
+    assert_eq!(out.status.code(), Some(1), "{}", common::stdout(&out));
+    let result = blk_result(&out);
+    assert_eq!(result["gate_block"], 300, "{result}");
+    assert!(result["error"].as_str().unwrap_or_default().contains("gate block stayed shut"), "{result}");
+    common::assert_holds_pattern(&disk, 9, 300);
+
+    common::open_gate(&disk, blocks - 1);
+    let result = blk_result(&run_blk("eventfd", &spec, &verify(10, blocks - 1)));
+    assert_eq!((result["mismatches"].as_u64(), result["errors"].as_u64()), (Some(0), Some(0)), "{result}");
+    assert_eq!(result["blocks"], 300, "{result}");
+
+    for gate in [299, blocks] {
+        let out = run_probe("eventfd", &spec, &verify(11, gate), "60");
+        assert_eq!(out.status.code(), Some(2), "gate {gate}: {}", common::stdout(&out));
+        assert_eq!(line_with(&out, "probe", "error")["parameter"], "probe.gate_block");
+    }
+}
+
 #[test]
 fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
     let _one = one_at_a_time();

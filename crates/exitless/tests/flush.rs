@@ -84,6 +84,8 @@ impl IoUringTrace {
     /// The events on the rings process `pid` submitted to, in order.
     fn events_of(&self, pid: u32) -> Vec<Event> {
         self.write("tracing_on", "0");
+        let lost = self.lost_events();
+        assert_eq!(lost, 0, "{lost} events lost in {}: make buffer_size_kb larger", self.dir.display());
         let text = std::fs::read_to_string(self.dir.join("trace")).unwrap();
         let events: Vec<Event> = text.lines().filter_map(Event::parse).collect();
         let rings: Vec<String> = events
@@ -93,6 +95,22 @@ impl IoUringTrace {
             .collect();
         // Block events stay: a test looks only at its own device's.
         events.into_iter().filter(|e| e.ring().is_none_or(|ring| rings.iter().any(|r| r == ring))).collect()
+    }
+
+    /// Events overwritten or dropped because a CPU's buffer was full, summed over the CPUs: a
+    /// trace with any is not the whole story.
+    fn lost_events(&self) -> u64 {
+        let cpus = std::fs::read_dir(self.dir.join("per_cpu")).unwrap();
+        let mut lost = 0;
+        for cpu in cpus {
+            let stats = std::fs::read_to_string(cpu.unwrap().path().join("stats")).unwrap();
+            for line in stats.lines() {
+                if let Some(("overrun" | "commit overrun" | "dropped events", n)) = line.split_once(": ") {
+                    lost += n.trim().parse::<u64>().unwrap();
+                }
+            }
+        }
+        lost
     }
 }
 

@@ -18,7 +18,8 @@ use common::background::Background;
 use common::{one_at_a_time, per_queue};
 use serde_json::Value;
 
-/// Blocks the verify writes and reads back (the disk is exactly this big).
+/// Blocks the verify writes and reads back; the disk has one more, the verify's gate
+/// (`probe.gate_block`): the guest reads back only once the test has opened it.
 const BLOCKS: u64 = 16384;
 /// A destination waiting on `dir/NAME.mig`.
 fn destination(dir: &Path, name: &str) -> (Background, PathBuf) {
@@ -38,14 +39,15 @@ struct Verify {
 }
 
 /// A 256 MiB VM running the probe's verify on a new file disk in `dir`, with a control API,
-/// once it has begun writing; the VM, its API socket and its disk.
+/// once it has begun writing; the VM, its API socket and its disk. The verify waits at its gate
+/// after writing, whatever the disk's speed, until the test calls `common::open_gate`.
 fn source(dir: &Path, mode: &str, verify: Verify) -> (Background, PathBuf, PathBuf) {
     let Verify { seed, qd, queues } = verify;
     let disk = dir.join("disk");
-    std::fs::File::create(&disk).unwrap().set_len(BLOCKS * 4096).unwrap();
+    std::fs::File::create(&disk).unwrap().set_len((BLOCKS + 1) * 4096).unwrap();
     let disk_arg = format!("path={},direct,queues={queues}", disk.display());
     let cmdline = format!(
-        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.timeout_ms=60000"
+        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.gate_block={BLOCKS} probe.timeout_ms=60000"
     );
     let api = dir.join("source.api");
     let api_arg = api.to_str().unwrap();
@@ -105,15 +107,16 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     assert!(per_round[0] > 0, "{mode}: the first round sent nothing: {report}");
     assert!(report["downtime_ms"].as_f64().unwrap() > 0.0, "{mode}: {report}");
     assert!(report["state_bytes"].as_u64().unwrap() > 0, "{mode}: {report}");
+    common::open_gate(&disk, BLOCKS);
 
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "{mode}: the source's status; stderr: {err}");
     assert!(err.contains("migrated to"), "{mode}: {err}");
-    assert!(blk_result(&stdout).is_none(), "{mode}: the verify ended on the source: make BLOCKS larger");
+    assert!(blk_result(&stdout).is_none(), "{mode}: the verify passed its gate on the source: {stdout}");
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "{mode}: the destination's status; stderr: {dst_err}; stdout: {stdout}");
     let result = assert_verify_passed(&stdout, &dst_err, mode);
-    common::assert_holds_only_pattern(&disk, verify.seed, BLOCKS);
+    common::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
     println!(
         "{mode}, {} queues: downtime {:.3} ms (pause {:.3} ms), total {:.1} ms, {rounds} pre-copy rounds, pages per round {per_round:?}, device-dirtied pages {}, KVM-dirtied pages {}",
         verify.queues,
@@ -274,11 +277,12 @@ fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     // The source runs on: a pause and resume work, and its verify finishes and passes.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     assert_eq!(http(&api, "PUT", "/api/v1/vm.resume", None).0, 204);
+    common::open_gate(&disk, BLOCKS);
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("failed; the VM runs on here"), "{err}");
     assert_verify_passed(&stdout, &err, "the source after a failed migration");
-    common::assert_holds_only_pattern(&disk, seed, BLOCKS);
+    common::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 
 #[test]

@@ -14,22 +14,21 @@ use common::background::{Background, RUN_LIMIT};
 use common::{exitless_within, line_with, one_at_a_time, per_queue, stderr};
 use serde_json::Value;
 
-/// Blocks the verify writes and reads back (the disk is exactly this big): long enough that
-/// the pause lands mid-run.
+/// Blocks the verify writes and reads back at depth 8. Every verify here waits at its gate
+/// (`probe.gate_block`, the block after these) until the test has done what it does mid-run,
+/// so the sizes only set how much I/O is under way meanwhile, not whether the run is.
 const BLOCKS: u64 = 16384;
 /// The verify of the tests that run one request at a time (pause/resume rounds, and the
-/// snapshot the corruption cases are made from). The guest runs only between a resume and
-/// the next pause (an HTTP round trip each, a few hundred requests at most), so 8192 requests
-/// keep every pause inside the run however loaded the host is; a longer run only tests the
-/// host's speed (65536 blocks in eventfd mode ran past RUN_LIMIT on a loaded two-CPU host).
+/// snapshot the corruption cases are made from).
 const PAUSE_BLOCKS: u64 = 4096;
 
 /// The probe's verify over `blocks` blocks at depth `qd`, its requests in turn on `queues`
-/// queues.
+/// queues, its gate in block `blocks`.
 fn verify_cmdline(seed: u64, qd: u32, blocks: u64, queues: u16) -> String {
-    // A long per-request timeout: a pause freezes the guest's requests, not its clock.
+    // A long timeout: a pause freezes the guest's requests, not its clock, and the gate stays
+    // shut until the test is done with the VM.
     format!(
-        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.timeout_ms=60000"
+        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.gate_block={blocks} probe.timeout_ms=60000"
     )
 }
 
@@ -60,10 +59,10 @@ impl Vm {
     }
 }
 
-/// A disk of exactly `blocks` 4 KiB blocks.
+/// A disk of `blocks` 4 KiB blocks and the verify's gate block after them.
 fn disk(dir: &Path, blocks: u64) -> PathBuf {
     let path = dir.join("disk");
-    std::fs::File::create(&path).unwrap().set_len(blocks * 4096).unwrap();
+    std::fs::File::create(&path).unwrap().set_len((blocks + 1) * 4096).unwrap();
     path
 }
 
@@ -77,7 +76,7 @@ struct Verify {
 }
 
 /// A VM running the probe's verify on a new file disk in `dir`, once it has begun writing; the
-/// disk's path.
+/// disk's path. The verify reads back only after `common::open_gate(disk, blocks)`.
 fn start_verify(dir: &Path, mode: &str, verify: Verify) -> (Vm, PathBuf) {
     let Verify { seed, qd, blocks, queues } = verify;
     let disk = disk(dir, blocks);
@@ -135,17 +134,18 @@ fn pause_snapshot_kill_restore(mode: &str, verify: Verify) -> Restored {
     let snap = dir.path().join("snap");
     pause_and_snapshot(&first, &snap);
     let (stdout, first_err) = first.kill();
-    assert!(blk_result(&stdout).is_none(), "{mode}: the verify ended before the pause; make BLOCKS larger");
+    assert!(blk_result(&stdout).is_none(), "{mode}: the verify passed its gate before the pause: {stdout}");
 
     let restored = Vm::start(
         dir.path(),
         "restored",
         &["run", "--restore", &format!("source_url=file://{}", snap.display())],
     );
+    common::open_gate(&disk, verify.blocks);
     let (code, stdout, restored_err) = restored.wait();
     assert_eq!(code, Some(0), "{mode}: the restored guest's status; stderr: {restored_err}");
     assert_verify_passed(&stdout, &restored_err, mode, verify.blocks);
-    common::assert_holds_only_pattern(&disk, verify.seed, verify.blocks);
+    common::assert_holds_pattern_and_open_gate(&disk, verify.seed, verify.blocks);
 
     let state_bytes = std::fs::metadata(snap.join("state.json")).unwrap().len();
     let size = std::fs::metadata(snap.join("memory")).unwrap().len() + state_bytes;
@@ -209,10 +209,11 @@ fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
             assert_eq!(status, 409, "{mode}: a second pause: {body}");
             assert_eq!(vm.put("resume", None).0, 204, "{mode}: resume {round}");
         }
+        common::open_gate(&disk, blocks);
         let (code, stdout, err) = vm.wait();
         assert_eq!(code, Some(0), "{mode}: stderr: {err}");
         assert_verify_passed(&stdout, &err, mode, blocks);
-        common::assert_holds_only_pattern(&disk, seed, blocks);
+        common::assert_holds_pattern_and_open_gate(&disk, seed, blocks);
         println!(
             "{mode}: pauses took {:?}",
             err.lines().filter(|l| l.contains("paused in")).collect::<Vec<_>>()
@@ -248,7 +249,7 @@ fn edited(from: &Path, to: &Path, edit: impl FnOnce(&mut Value)) {
 fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let (vm, _) =
+    let (vm, disk) =
         start_verify(dir.path(), "eventfd", Verify { seed: 2400, qd: 1, blocks: PAUSE_BLOCKS, queues: 1 });
     let snap = dir.path().join("snap");
     pause_and_snapshot(&vm, &snap);
@@ -320,6 +321,7 @@ fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     // And the snapshot itself, untouched, restores (the cases above were refused for their flaw)
     // and finishes its verify: PAUSE_BLOCKS at depth 1, not BLOCKS, whose 32768 requests a loaded
     // two-CPU host did not finish within the timeout.
+    common::open_gate(&disk, PAUSE_BLOCKS);
     let source = format!("source_url=file://{}", snap.display());
     let out = exitless_within(RUN_LIMIT, &["run", "--restore", &source, "--timeout", "170"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -76,6 +76,12 @@ pub mod fault_control {
     pub const WORDS: usize = 6;
 }
 
+/// How the host lets `probe.rw=verify` with `probe.gate_block=N` go on from writing to reading
+/// back: it writes this little-endian u64 at the start of block N.
+pub mod verify_gate {
+    pub const OPEN: u64 = 0x6e65_706f_6574_6167; // "gateopen"
+}
+
 /// The data the block workloads write and verify: the host checks a disk with the same function.
 pub mod pattern {
     pub const SECTOR_SIZE: u64 = 512;

@@ -42,7 +42,10 @@
 //!
 //! `verify` writes a pattern derived from (seed, sector, byte offset) over `probe.ops` blocks
 //! (or the whole disk if smaller), flushes if the device can, reads everything back and
-//! compares; it also asks for the device ID.
+//! compares; it also asks for the device ID. With `probe.gate_block=N` (a block past those it
+//! checks), it reads block N between the two halves until the host opens the gate by writing
+//! `probe_abi::verify_gate::OPEN` there, so the host can act while the verify is surely mid-run
+//! (migrate, snapshot); a gate still shut after `probe.timeout_ms` fails the run.
 //!
 //! `zeroes` (needs VIRTIO_BLK_F_WRITE_ZEROES and VIRTIO_BLK_F_DISCARD: FAILED without) writes the
 //! pattern over `probe.ops` blocks (or the whole disk if smaller), then WRITE_ZEROES every even
@@ -64,7 +67,7 @@ use crate::virtio::blk::{
 };
 use crate::virtio::Error;
 use crate::{bad_parameter, cmdline, print, println, x86, Env};
-use probe_abi::status;
+use probe_abi::{status, verify_gate};
 
 const PROBE: &str = "blk";
 /// Default bound on any one wait for the device.
@@ -126,6 +129,44 @@ impl Job for PatternWrite {
 fn poisoned_read(sector: u64, bs: u32, buffer: &mut [u8]) -> (u32, u64, u32) {
     buffer[..bs as usize].fill(POISON);
     (T_IN, sector, bs)
+}
+
+/// A read of the gate block (`probe.gate_block`) that keeps its first word.
+struct GateRead {
+    sector: u64,
+    bs: u32,
+    word: Option<u64>,
+}
+
+impl Job for GateRead {
+    fn prepare(&mut self, _index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
+        poisoned_read(self.sector, self.bs, buffer)
+    }
+
+    fn complete(&mut self, _index: u64, status: u8, buffer: &[u8]) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&buffer[..8]);
+        self.word = (status == S_OK).then_some(u64::from_le_bytes(word));
+    }
+}
+
+/// Reads the gate block until the host opens it; false if it stays shut for `timeout_ms`.
+fn wait_for_gate(
+    dev: &mut BlockDevice,
+    gate: &mut GateRead,
+    tsc_khz: u64,
+    timeout_ms: u64,
+) -> Result<bool, Error> {
+    let deadline = Deadline::after_ms(tsc_khz, timeout_ms);
+    loop {
+        pipeline::run(dev, gate, Limit::Requests(1), None, tsc_khz, timeout_ms)?;
+        if gate.word == Some(verify_gate::OPEN) {
+            return Ok(true);
+        }
+        if deadline.passed() {
+            return Ok(false);
+        }
+    }
 }
 
 /// Request `index` reads block `index` back and checks its pattern.
@@ -249,6 +290,8 @@ struct Params {
     idle_ms: u64,
     /// Switch the cache mode first (`probe.writeback`): write back (true) or through.
     writeback: Option<bool>,
+    /// The block `verify` waits on between writing and reading back (`probe.gate_block`).
+    gate_block: Option<u64>,
 }
 
 /// What the measured phase counted besides the pipeline's statistics.
@@ -310,6 +353,10 @@ fn params(env: &Env) -> Params {
     if idle_ms > 0 && (env.tsc_khz == 0 || checks) {
         bad_parameter("probe.idle_ms");
     }
+    let gate_block = cmdline::get(env.cmdline, "probe.gate_block").map(|v| match cmdline::parse_u64(v) {
+        Some(block) if rw == "verify" => block,
+        _ => bad_parameter("probe.gate_block"),
+    });
     Params {
         rw,
         bs: bs as u32,
@@ -324,6 +371,7 @@ fn params(env: &Env) -> Params {
             "1" => true,
             _ => bad_parameter("probe.writeback"),
         }),
+        gate_block,
     }
 }
 
@@ -351,7 +399,11 @@ pub fn run(env: &Env) -> u8 {
     }
     let fail = |dev: &BlockDevice, error: Error| -> ! { blkdev::fail(PROBE, error, dev) };
     if p.rw == "verify" {
-        return verify(env, &common, &p, &mut dev, blocks.min(p.ops)).unwrap_or_else(|e| fail(&dev, e));
+        let checked = blocks.min(p.ops);
+        if p.gate_block.is_some_and(|gate| gate < checked || gate >= blocks) {
+            bad_parameter("probe.gate_block");
+        }
+        return verify(env, &common, &p, &mut dev, checked).unwrap_or_else(|e| fail(&dev, e));
     }
     if p.rw == "zeroes" {
         return zeroes(env, &common, &p, &mut dev, blocks.min(p.ops)).unwrap_or_else(|e| fail(&dev, e));
@@ -458,6 +510,16 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
     } else {
         false
     };
+    if let Some(block) = p.gate_block {
+        let mut gate = GateRead { sector: block * sectors_per_block, bs: p.bs, word: None };
+        if !wait_for_gate(dev, &mut gate, tsc_khz, timeout_ms)? {
+            println!(
+                "{{\"probe\":\"blk\",\"error\":\"the gate block stayed shut for probe.timeout_ms\",\"gate_block\":{}}}",
+                block
+            );
+            return Ok(status::FAILED);
+        }
+    }
     let read =
         pipeline::run(dev, &mut check, Limit::Requests(blocks), Some(&mut latencies), tsc_khz, timeout_ms)?;
     let counts = Counts { device: dev.counters, pv_eois: tally.pv_eois_since() };

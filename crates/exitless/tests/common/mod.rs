@@ -172,6 +172,26 @@ pub fn assert_holds_only_pattern(path: &std::path::Path, seed: u64, blocks: u64)
     assert!(rest.iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed in {}", path.display());
 }
 
+/// Lets a probe verify with `probe.gate_block=BLOCK` on the disk file `path` go on to its
+/// read-back: until then it waits, so what the host does meanwhile surely lands mid-verify.
+pub fn open_gate(path: &std::path::Path, block: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(&probe_abi::verify_gate::OPEN.to_le_bytes(), block * 4096).unwrap();
+    // On the disk, not only in the page cache, for a VMM that reads with O_DIRECT.
+    file.sync_all().unwrap();
+}
+
+/// As `assert_holds_pattern`, then the open gate (`open_gate`) in the next block, and nothing
+/// after it.
+pub fn assert_holds_pattern_and_open_gate(path: &std::path::Path, seed: u64, blocks: u64) {
+    assert_holds_pattern(path, seed, blocks);
+    let mut gate = vec![0u8; 4096];
+    gate[..8].copy_from_slice(&probe_abi::verify_gate::OPEN.to_le_bytes());
+    let bytes = std::fs::read(path).unwrap();
+    assert!(bytes[(blocks * 4096) as usize..] == gate[..], "the gate block of {} changed", path.display());
+}
+
 /// Pages of `path` in the host's page cache not yet written back (dirty or under writeback),
 /// by cachestat(2) (Linux 6.5 and later).
 pub fn dirty_pages(path: &std::path::Path) -> u64 {
