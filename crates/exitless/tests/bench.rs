@@ -1,7 +1,9 @@
 //! `exitless bench`, the project's main job, end to end on its default scenario (shortened): the
 //! three disks (a real disk in --scratch, the RAM disk and the null disk), every I/O mode, the fio
 //! baselines and QEMU (with qemu-storage-daemon) as peers, in one JSON document; and the refusal
-//! of a bad --scratch.
+//! of a bad --scratch. One bench at a time, as in every suite that runs VMs: two at once share
+//! this machine's two CPUs and its disk (a migration once took over 10 s while other benches
+//! ran beside it).
 
 mod common;
 
@@ -13,6 +15,7 @@ use serde_json::Value;
 
 #[test]
 fn default_block_bench_with_qemu_peers_reports_every_row() {
+    let _one = common::one_at_a_time();
     // /tmp is on the root file system (ext4) here, as a scratch directory must be.
     let scratch = tempfile::tempdir_in("/tmp").unwrap();
     let plots = scratch.path().join("plots");
@@ -188,6 +191,7 @@ fn a_bad_scratch_directory_is_refused_on_one_line() {
 /// The scratch directory matters only when a real disk is asked for.
 #[test]
 fn a_ram_disk_alone_needs_no_scratch_directory() {
+    let _one = common::one_at_a_time();
     let out = exitless(&[
         "bench",
         "--json",
@@ -216,6 +220,7 @@ fn a_ram_disk_alone_needs_no_scratch_directory() {
 /// median run, with each round's IOPS; fio's rows ran once.
 #[test]
 fn rounds_report_every_guest_row_by_its_median_run() {
+    let _one = common::one_at_a_time();
     let out = exitless(&[
         "bench",
         "--json",
@@ -256,6 +261,7 @@ fn rounds_report_every_guest_row_by_its_median_run() {
 /// `host_device` driver for it).
 #[test]
 fn block_bench_measures_a_block_device_in_every_vmm() {
+    let _one = common::one_at_a_time();
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let file = dir.path().join("loop.img");
     std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
@@ -294,6 +300,7 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
 /// request, and each row reports that depth.
 #[test]
 fn block_bench_at_the_queue_size_runs_in_every_vmm() {
+    let _one = common::one_at_a_time();
     let out = exitless(&[
         "bench",
         "--json",
@@ -323,6 +330,7 @@ fn block_bench_at_the_queue_size_runs_in_every_vmm() {
 /// holding every row's label, the axes and the exit causes the run measured.
 #[test]
 fn block_bench_plots_one_svg_per_scenario() {
+    let _one = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let plots = dir.path().join("plots/new");
     let out = exitless(&[
@@ -422,6 +430,7 @@ fn x_qemu_pairs_the_same_backend(results: &[Value]) {
 /// read the file through io_uring (tmpfs-direct) and compare only with each other.
 #[test]
 fn x_qemu_pairs_rows_on_the_same_backend() {
+    let _one = common::one_at_a_time();
     let out = exitless(&[
         "bench",
         "--json",
@@ -503,6 +512,7 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
 /// mode, and "x QEMU" pairs the same backend; write+FLUSH pairs count both requests.
 #[test]
 fn the_backend_matrix_runs_every_kind_with_matching_caching() {
+    let _one = common::one_at_a_time();
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
     let out = exitless(&[
         "bench",
@@ -593,6 +603,7 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
 /// the verify passed on the destination.
 #[test]
 fn migrate_bench_reports_rounds_pages_and_downtime() {
+    let _one = common::one_at_a_time();
     let out = exitless(&["bench", "migrate", "--json", "--modes", "eventfd,exitless"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");

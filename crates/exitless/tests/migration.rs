@@ -256,6 +256,56 @@ fn cutting_proxy(listen: &Path, to: PathBuf, limit: usize) -> std::thread::JoinH
     })
 }
 
+/// Forward a source's connection to `to`, holding back the destination's first reply (that it
+/// built the VM) for `hold`.
+fn delaying_proxy(listen: &Path, to: PathBuf, hold: Duration) -> std::thread::JoinHandle<()> {
+    let listener = UnixListener::bind(listen).unwrap();
+    std::thread::spawn(move || {
+        let (mut from_source, _) = listener.accept().unwrap();
+        let mut to_destination = UnixStream::connect(&to).unwrap();
+        let (mut replies_in, mut replies_out) =
+            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+        let replies = std::thread::spawn(move || {
+            let mut first = [0u8; 1];
+            if replies_in.read_exact(&mut first).is_ok() {
+                std::thread::sleep(hold);
+                let _ = replies_out.write_all(&first);
+                let _ = std::io::copy(&mut replies_in, &mut replies_out);
+            }
+        });
+        let _ = std::io::copy(&mut from_source, &mut to_destination);
+        let _ = to_destination.shutdown(std::net::Shutdown::Write);
+        let _ = replies.join();
+    })
+}
+
+/// A migration that takes longer than 10 s (its destination's first reply held back 11 s) is
+/// answered when it ends, with its report. The API used to give up after 10 s with a 503 while
+/// the migration went on and succeeded: the client was told of a failure that did not happen.
+#[test]
+fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (dst, socket) = destination(dir.path(), "destination");
+    let seed = 3300;
+    let (src, api, disk) = source(dir.path(), "eventfd", Verify { seed, qd: 8, queues: 1 });
+    let proxy = dir.path().join("slow.mig");
+    let forwarding = delaying_proxy(&proxy, socket, Duration::from_secs(11));
+    let (status, body) = send_migration(&api, &proxy);
+    assert_eq!(status, 200, "a slow migration: {body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    assert!(report["total_ms"].as_f64().unwrap() >= 11_000.0, "{report}");
+    common::open_gate(&disk, BLOCKS);
+    let (code, _, err) = src.wait();
+    assert_eq!(code, Some(0), "the source's status; stderr: {err}");
+    assert!(err.contains("migrated to"), "{err}");
+    let (code, stdout, dst_err) = dst.wait();
+    assert_eq!(code, Some(0), "the destination's status; stderr: {dst_err}");
+    assert_verify_passed(&stdout, &dst_err, "after a slow migration");
+    forwarding.join().unwrap();
+    common::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
+}
+
 #[test]
 fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     let _one = one_at_a_time();

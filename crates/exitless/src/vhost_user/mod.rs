@@ -31,7 +31,7 @@ use clap::{Args, ValueEnum};
 use iocore::{IoCore, Policy};
 use sandbox::{Filter, ThreadKind};
 
-use api::{Api, Call};
+use api::{AnswerWithin, Api, Call};
 use disks::Disks;
 use handover::HandoverSocket;
 use spec::VhostDisk;
@@ -287,7 +287,8 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
             let (sender, calls) = mpsc::sync_channel(16);
             let filter = Filter::new(ThreadKind::ApiServer, seccomp).map_err(|e| e.to_string())?;
             let stop = stop.try_clone().map_err(|e| format!("cannot share the stop descriptor: {e}"))?;
-            let api = Api::start(path, stop, filter, sender, wake_writer)?;
+            let api =
+                Api::start(path, stop, filter, sender, wake_writer, AnswerWithin::Seconds(CONTROL_SECONDS))?;
             log::info!("control API on {}", path.display());
             (Some(api), Some(calls), Some(wake))
         }
@@ -416,6 +417,8 @@ fn wake_event() -> std::io::Result<(File, File)> {
 /// frontend saw completed is in the disk already (RAM disk pages are in /dev/shm, file writes
 /// in the page cache or, after FLUSH, on the disk), so an orderly stop only tidies up.
 const STOP_GRACE: Duration = Duration::from_millis(1500);
+/// How long the control API waits for the control thread to answer (opening a disk, say).
+const CONTROL_SECONDS: u64 = 10;
 
 /// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
 /// the process by then: a watchdog thread that polls the same signalfd (the signal stays
