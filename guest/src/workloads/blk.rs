@@ -131,36 +131,19 @@ fn poisoned_read(sector: u64, bs: u32, buffer: &mut [u8]) -> (u32, u64, u32) {
     (T_IN, sector, bs)
 }
 
-/// A read of the gate block (`probe.gate_block`) that keeps its first word.
-struct GateRead {
-    sector: u64,
-    bs: u32,
-    word: Option<u64>,
-}
-
-impl Job for GateRead {
-    fn prepare(&mut self, _index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
-        poisoned_read(self.sector, self.bs, buffer)
-    }
-
-    fn complete(&mut self, _index: u64, status: u8, buffer: &[u8]) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&buffer[..8]);
-        self.word = (status == S_OK).then_some(u64::from_le_bytes(word));
-    }
-}
-
-/// Reads the gate block until the host opens it; false if it stays shut for `timeout_ms`.
+/// Reads the gate block (a `Single` read) until the host opens it; false if it stays shut for
+/// `timeout_ms`.
 fn wait_for_gate(
     dev: &mut BlockDevice,
-    gate: &mut GateRead,
+    gate: &mut Single,
     tsc_khz: u64,
     timeout_ms: u64,
 ) -> Result<bool, Error> {
     let deadline = Deadline::after_ms(tsc_khz, timeout_ms);
+    let open = verify_gate::OPEN.to_le_bytes();
     loop {
         pipeline::run(dev, gate, Limit::Requests(1), None, tsc_khz, timeout_ms)?;
-        if gate.word == Some(verify_gate::OPEN) {
+        if gate.status == S_OK && gate.answer[..open.len()] == open {
             return Ok(true);
         }
         if deadline.passed() {
@@ -256,9 +239,11 @@ impl Job for ZeroCheck {
     }
 }
 
-/// One request, for FLUSH and GET_ID.
+/// One request, for FLUSH, GET_ID and the read of a verify's gate; `answer` keeps the start
+/// of what the device wrote (the buffer is zeroed first).
 struct Single {
     kind: u32,
+    sector: u64,
     len: u32,
     status: u8,
     answer: [u8; ID_LEN as usize],
@@ -267,7 +252,7 @@ struct Single {
 impl Job for Single {
     fn prepare(&mut self, _index: u64, buffer: &mut [u8]) -> (u32, u64, u32) {
         buffer[..self.len as usize].fill(0);
-        (self.kind, 0, self.len)
+        (self.kind, self.sector, self.len)
     }
 
     fn complete(&mut self, _index: u64, status: u8, buffer: &[u8]) {
@@ -495,8 +480,9 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
     let mut write = PatternWrite { seed: common.seed, sectors_per_block, bs: p.bs };
     let mut check =
         PatternCheck { seed: common.seed, sectors_per_block, bs: p.bs, mismatches: 0, first_mismatch: None };
-    let mut flush = Single { kind: T_FLUSH, len: 0, status: 0, answer: [0; ID_LEN as usize] };
-    let mut get_id = Single { kind: T_GET_ID, len: ID_LEN, status: 0, answer: [0; ID_LEN as usize] };
+    let mut flush = Single { kind: T_FLUSH, sector: 0, len: 0, status: 0, answer: [0; ID_LEN as usize] };
+    let mut get_id =
+        Single { kind: T_GET_ID, sector: 0, len: ID_LEN, status: 0, answer: [0; ID_LEN as usize] };
     let (tsc_khz, timeout_ms) = (env.tsc_khz, common.timeout_ms);
 
     dev.counters = Counters::default();
@@ -511,7 +497,8 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
         false
     };
     if let Some(block) = p.gate_block {
-        let mut gate = GateRead { sector: block * sectors_per_block, bs: p.bs, word: None };
+        let sector = block * sectors_per_block;
+        let mut gate = Single { kind: T_IN, sector, len: p.bs, status: 0, answer: [0; ID_LEN as usize] };
         if !wait_for_gate(dev, &mut gate, tsc_khz, timeout_ms)? {
             println!(
                 "{{\"probe\":\"blk\",\"error\":\"the gate block stayed shut for probe.timeout_ms\",\"gate_block\":{}}}",
@@ -569,7 +556,7 @@ fn zeroes(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
     let mut write = PatternWrite { seed: common.seed, sectors_per_block, bs: p.bs };
     let mut zero = RangeJob { discard: false, sectors_per_block, failed: 0 };
     let mut discard = RangeJob { discard: true, sectors_per_block, failed: 0 };
-    let mut flush = Single { kind: T_FLUSH, len: 0, status: 0, answer: [0; ID_LEN as usize] };
+    let mut flush = Single { kind: T_FLUSH, sector: 0, len: 0, status: 0, answer: [0; ID_LEN as usize] };
     let mut check = ZeroCheck {
         seed: common.seed,
         sectors_per_block,
