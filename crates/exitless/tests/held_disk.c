@@ -5,7 +5,8 @@
  * it is let go, it fails with EIO without touching the file (its issuer is gone by then). The
  * tests use it to hold one request of a disk in the kernel while later ones complete: a real
  * request, really in flight. (FUSE serialises writes to a file opened for direct I/O, so the
- * requests that complete meanwhile are reads.) HELD_WRITE_DELAY_US, if set, makes every write
+ * requests that complete meanwhile are reads.) While HELD_CONTROL/one exists too, only one request
+ * is held at a time: the others touching the byte pass. HELD_WRITE_DELAY_US, if set, makes every write
  * take that much longer: a slow disk, on which a writer always has requests in flight.
  *
  * Built by the tests (cc ... $(pkg-config --cflags --libs fuse3)); run as
@@ -28,6 +29,9 @@ static useconds_t delay_us;
 static char hold_path[4096];
 static char held_path[4096];
 static char drop_path[4096];
+static char one_path[4096];
+/* Requests waiting in maybe_hold. */
+static int holding;
 
 static int disk_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
@@ -77,6 +81,13 @@ static int maybe_hold(off_t offset, size_t size, const char *what)
         return 0;
     if (access(hold_path, F_OK) != 0)
         return 0;
+    int none = 0;
+    if (access(one_path, F_OK) == 0) {
+        if (!__atomic_compare_exchange_n(&holding, &none, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            return 0;
+    } else {
+        __atomic_add_fetch(&holding, 1, __ATOMIC_SEQ_CST);
+    }
     FILE *marker = fopen(held_path, "w");
     if (marker) {
         fprintf(marker, "%s %lld %zu\n", what, (long long)offset, size);
@@ -84,6 +95,7 @@ static int maybe_hold(off_t offset, size_t size, const char *what)
     }
     while (access(hold_path, F_OK) == 0)
         usleep(10000);
+    __atomic_sub_fetch(&holding, 1, __ATOMIC_SEQ_CST);
     return access(drop_path, F_OK) == 0 ? -EIO : 0;
 }
 
@@ -153,5 +165,6 @@ int main(int argc, char *argv[])
     snprintf(hold_path, sizeof(hold_path), "%s/hold", control);
     snprintf(held_path, sizeof(held_path), "%s/held", control);
     snprintf(drop_path, sizeof(drop_path), "%s/drop", control);
+    snprintf(one_path, sizeof(one_path), "%s/one", control);
     return fuse_main(argc, argv, &operations, NULL);
 }

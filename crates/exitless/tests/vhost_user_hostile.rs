@@ -389,6 +389,103 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
     }
 }
 
+/// VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD.
+const P_INFLIGHT: u64 = 1 << 12;
+
+/// A frontend with in-flight tracking (GET_INFLIGHT_FD's region, as QEMU takes it) and vring 0
+/// running.
+fn ready_with_inflight(daemon: &Daemon) -> Frontend {
+    use vhost_user_protocol::message::{InflightInfo, Wire, FLAG_REPLY};
+    let mut frontend = Frontend::connect(daemon.socket());
+    frontend.negotiate_protocol(FEATURES, P_MQ | P_REPLY_ACK | P_CONFIG | P_INFLIGHT);
+    let request = InflightInfo { mmap_size: 0, mmap_offset: 0, num_queues: 1, queue_size: QUEUE_SIZE };
+    frontend.send_flags(code::GET_INFLIGHT_FD, VERSION, &request.to_bytes(), &[]);
+    let (header, _, fds) = Wire::new(&frontend.stream, TIMEOUT)
+        .with_idle_limit(TIMEOUT)
+        .recv()
+        .unwrap()
+        .expect("GET_INFLIGHT_FD's reply");
+    assert_eq!((header.request, header.flags, fds.len()), (code::GET_INFLIGHT_FD, VERSION | FLAG_REPLY, 1));
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    frontend
+}
+
+/// Has the daemon answered a request on vring 0 that the frontend has not yet seen?
+fn answered(frontend: &Frontend) -> bool {
+    let (_, _, used) = frontend.ring(0);
+    frontend.mem.u16(used + 2).load(std::sync::atomic::Ordering::Acquire) != frontend.vrings[0].used_seen
+}
+
+/// A read the disk holds past the reset timeout is quarantined when the frontend stops the
+/// ring; the frontend starts the ring again on the same in-flight region, which marks the read.
+/// The daemon must not resubmit it while the disk may still carry out the original: the driver
+/// would be answered, reuse the buffer, and the late original would then overwrite it (for a
+/// write: land over a newer write of the block). The ring waits until the disk finishes the
+/// quarantined request, then resubmits. Regression: the read was resubmitted at once (the
+/// copy passes the FUSE hold), answered, and the late original overwrote the buffer the driver
+/// had been given back. (The test holds a read: FUSE serialises direct writes to a file, so a
+/// resubmitted write would wait behind the held one there.)
+#[test]
+fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("backing.img");
+    std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
+    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let (daemon, api) = start_daemon_on_held(dir.path(), &held);
+    let mut frontend = ready_with_inflight(&daemon);
+    held.hold_one();
+    frontend.mem.write(DATA, &[0; 4096]);
+    let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
+    frontend.submit(0, &chain);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held.held().is_none() {
+        assert!(Instant::now() < deadline, "the read never reached the FUSE server: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // The ring restarts (as on a new memory table or a frontend's stop and start): the stop
+    // gives up on the held read after 1 s and quarantines it.
+    assert_eq!(frontend.stop_vring(0), 1);
+    assert_eq!(reset_figures(&api), [1, 0, 1], "one request quarantined: {}", daemon.log());
+    frontend.start_vring(0, 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiting = "waits to start until the disk finishes the 1 request(s) quarantined";
+    while !answered(&frontend) && !daemon.log().contains(waiting) {
+        assert!(Instant::now() < deadline, "neither answered nor waiting: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let answered_while_held = answered(&frontend);
+    let reused = pattern(77);
+    if answered_while_held {
+        // The driver has its answer: it reuses the buffer.
+        frontend.mem.write(DATA, &reused);
+    }
+    held.release(false);
+    if !answered_while_held {
+        let (head, written) = frontend.wait_used(0);
+        assert_eq!((head, written), (0, 4097), "the resubmitted read's answer");
+        assert_eq!(frontend.mem.read(STATUS, 1), [0]);
+        assert_eq!(frontend.mem.read(DATA, 4096), pattern(9), "the resubmitted read's data");
+        frontend.mem.write(DATA, &reused);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reset_figures(&api) != [1, 0, 0] {
+        assert!(Instant::now() < deadline, "the quarantine was never released: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        frontend.mem.read(DATA, 4096) == reused,
+        "the late original read overwrote the buffer the driver had been given back (answered while the disk held the original: {answered_while_held}): {}",
+        daemon.log()
+    );
+    assert!(daemon.log().contains("vring 0 starts: the disk finished the requests quarantined"));
+    // And the ring serves on.
+    write_and_read_back(&mut frontend, 0, 4);
+    drop(frontend);
+    daemon.stop_within(STOP_LIMIT);
+}
+
 /// The sector `a_disk_that_never_answers_*` holds (2 MiB into the 4 MiB disk): away from sector
 /// 0, which the next frontend writes and reads.
 const HELD_SECTOR: u64 = 4096;

@@ -169,6 +169,9 @@ pub(crate) struct Vring {
     pub(crate) enabled: Option<bool>,
     /// The worker is with the IOCore.
     pub(crate) running: bool,
+    /// The ring waits to start until its disk finishes the requests quarantined at its last
+    /// reset (see `Session::try_start`).
+    awaiting_quarantine: bool,
 }
 
 /// One connection's protocol state. Dropping it stops every running ring.
@@ -289,6 +292,11 @@ impl Session<'_> {
     /// The in-flight tracking region, once set.
     pub fn inflight_region(&self) -> Option<&Arc<InflightRegion>> {
         self.inflight.as_ref()
+    }
+
+    /// The dirty log the frontend gave (SET_LOG_BASE), whether or not logging is on.
+    pub(crate) fn dirty_log(&self) -> Option<&Arc<LogRegion>> {
+        self.log.as_ref()
     }
 
     /// Is dirty logging on: VHOST_F_LOG_ALL acked and a log given? Rings started then mark
@@ -694,8 +702,26 @@ impl Session<'_> {
             );
             tracked = None;
         }
+        let area = tracked.and_then(|region| region.area(index));
+        if area.as_ref().is_some_and(|area| area.count_in_flight() > 0) {
+            // The region asks for requests to be resubmitted that a reset may have left with
+            // the disk: were one resubmitted and answered, the driver could write the block
+            // again, and the late original would then overwrite that newer write (or a late
+            // read land in memory no log marked). The ring waits for the disk instead.
+            let quarantined = self.device.block.abandoned_requests_of(index);
+            if quarantined > 0 {
+                if !self.vrings[index].awaiting_quarantine {
+                    log::warn!(
+                        "{}: vring {index} waits to start until the disk finishes the {quarantined} request(s) quarantined at its reset: the in-flight region asks for requests to be resubmitted, which the late originals could overwrite",
+                        self.device.stats.name()
+                    );
+                }
+                self.vrings[index].awaiting_quarantine = true;
+                return Ok(());
+            }
+        }
         let mut resubmits = 0;
-        if let Some(area) = tracked.and_then(|region| region.area(index)) {
+        if let Some(area) = area {
             match queue.track_inflight(area) {
                 Ok(recovery) => {
                     resubmits = recovery.count;
@@ -755,7 +781,29 @@ impl Session<'_> {
         }
         self.device.host.attach(self.device.worker_ids + index as u64, Box::new(worker), kick);
         self.vrings[index].running = true;
+        if std::mem::take(&mut self.vrings[index].awaiting_quarantine) {
+            log::info!(
+                "{}: vring {index} starts: the disk finished the requests quarantined at its reset",
+                self.device.stats.name()
+            );
+        }
         Ok(())
+    }
+
+    /// Start the rings that wait for their disk to finish the requests quarantined at a reset
+    /// (see [`Session::try_start`]) once it has; the server calls it each time it wakes.
+    pub fn start_awaiting(&mut self) -> Result<(), Error> {
+        for index in 0..self.vrings.len() {
+            if self.vrings[index].awaiting_quarantine {
+                self.try_start(index)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests the disk still holds from resets of this session's rings (or earlier ones').
+    pub(crate) fn quarantined(&mut self) -> usize {
+        self.device.reap_quarantined()
     }
 
     /// Stop serving ring `index`: take the worker back (its in-flight requests finish), note

@@ -9,7 +9,8 @@
 //!    finish what they hold (a ring's stop, bounded by the disk's reset timeout), then sends per
 //!    disk a DISK message, carrying the listening socket and, when a frontend is connected, its
 //!    connected socket (SCM_RIGHTS), followed by the vhost-user messages that rebuild the
-//!    session: SET_PROTOCOL_FEATURES, SET_FEATURES, SET_MEM_TABLE, SET_INFLIGHT_FD and per ring
+//!    session: SET_PROTOCOL_FEATURES, SET_FEATURES, SET_MEM_TABLE, SET_LOG_BASE (a dirty log the
+//!    frontend gave, so that its later LOG_ALL logs in the successor), SET_INFLIGHT_FD and per ring
 //!    SET_VRING_NUM/ADDR/BASE (the next avail index after the drain)/CALL/ERR/ENABLE/KICK, with
 //!    their descriptors. Then DONE, carrying its hand-over listening socket.
 //! 3. The successor replays each disk's messages through its own [`Session::handle`], with the
@@ -71,10 +72,11 @@ pub const STALL: Duration = Duration::from_secs(5);
 /// The most vhost-user messages one disk's session is rebuilt with (a few per ring).
 const MAX_SESSION_MESSAGES: u32 = 16 + 8 * 256;
 /// The requests a session is rebuilt with; anything else in a hand-over is refused.
-const REPLAYED: [u32; 11] = [
+const REPLAYED: [u32; 12] = [
     vu::SET_PROTOCOL_FEATURES,
     vu::SET_FEATURES,
     vu::SET_MEM_TABLE,
+    vu::SET_LOG_BASE,
     vu::SET_INFLIGHT_FD,
     vu::SET_VRING_NUM,
     vu::SET_VRING_ADDR,
@@ -91,6 +93,8 @@ const REPLAYED: [u32; 11] = [
 pub enum HandoverError {
     #[error("dirty logging is on (a live migration is under way): hand over once it has ended")]
     Logging,
+    #[error("the disk still holds {0} request(s) quarantined at a reset, which the successor would resubmit: hand over once the disk has finished them")]
+    Quarantined(usize),
     #[error("the rings could not be stopped: {0}")]
     Stop(#[source] crate::Error),
     #[error("cannot duplicate a descriptor to hand it over: {0}")]
@@ -180,6 +184,12 @@ pub(crate) fn export(session: &mut Session) -> Result<Vec<RawMessage>, HandoverE
         return Err(HandoverError::Logging);
     }
     session.stop_rings().map_err(HandoverError::Stop)?;
+    // The successor would resubmit what the region marks while this process's disk may still
+    // carry the originals out (see `Session::try_start`).
+    let quarantined = session.quarantined();
+    if quarantined > 0 {
+        return Err(HandoverError::Quarantined(quarantined));
+    }
     let mut out = Vec::new();
     if session.protocol_features != 0 {
         out.push(message(vu::SET_PROTOCOL_FEATURES, &session.protocol_features.to_le_bytes(), vec![]));
@@ -194,6 +204,13 @@ pub(crate) fn export(session: &mut Session) -> Result<Vec<RawMessage>, HandoverE
         regions.iter().for_each(|r| payload.extend_from_slice(&r.to_bytes()));
         let fds = memory.files().into_iter().map(dup).collect::<Result<Vec<_>, _>>()?;
         out.push(message(vu::SET_MEM_TABLE, &payload, fds));
+    }
+    // QEMU gives the log (SET_LOG_BASE) before it acks LOG_ALL: a hand-over in between must
+    // carry the log, or the successor would take LOG_ALL with no log and mark nothing.
+    if let Some(log) = session.dirty_log() {
+        let (size, offset) = log.placement();
+        let payload = [size.to_le_bytes(), offset.to_le_bytes()].concat();
+        out.push(message(vu::SET_LOG_BASE, &payload, vec![dup(log.file())?]));
     }
     if let Some(region) = &session.inflight {
         out.push(message(vu::SET_INFLIGHT_FD, &region.info().to_bytes(), vec![dup(region.fd().as_fd())?]));

@@ -8,7 +8,7 @@
 //! against shrinking (QEMU's is: so no access can raise SIGBUS) that reaches that far. Whether
 //! the log covers guest memory is checked against the memory table (`Session`).
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use virtio::dirty::{DirtyLog, LOG_PAGE};
@@ -22,6 +22,10 @@ pub const MAX_LOG_SIZE: u64 = 1 << 31;
 /// A mapped dirty log, accessed only atomically (through `DirtyLog`).
 pub struct LogRegion {
     mapping: SharedMapping,
+    /// The frontend's memory file, kept to hand the log to a successor daemon.
+    file: OwnedFd,
+    /// Where in `file` the log starts.
+    offset: u64,
 }
 
 fn bad(why: impl Into<String>) -> Error {
@@ -30,7 +34,7 @@ fn bad(why: impl Into<String>) -> Error {
 
 impl LogRegion {
     /// SET_LOG_BASE: check and map `mmap_size` bytes at `mmap_offset` of `fd`. The descriptor
-    /// is closed once mapped (the mapping keeps the file).
+    /// is kept, so that a hand-over can give the log to the successor.
     pub fn map(mmap_size: u64, mmap_offset: u64, fd: OwnedFd) -> Result<Arc<LogRegion>, Error> {
         if mmap_size == 0 || mmap_size > MAX_LOG_SIZE {
             return Err(bad(format!("mmap_size {mmap_size:#x}: give 1 to {MAX_LOG_SIZE:#x} bytes")));
@@ -67,7 +71,17 @@ impl LogRegion {
         let offset = libc::off_t::try_from(mmap_offset).map_err(|_| bad("its offset is too large"))?;
         let mapping =
             SharedMapping::map(&fd, len, offset).map_err(|source| Error::Log { what: "mmap", source })?;
-        Ok(Arc::new(LogRegion { mapping }))
+        Ok(Arc::new(LogRegion { mapping, file: fd, offset: mmap_offset }))
+    }
+
+    /// The memory file the frontend shared the log in.
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// SET_LOG_BASE's `mmap_size` and `mmap_offset`, as the frontend gave them.
+    pub fn placement(&self) -> (u64, u64) {
+        (self.mapping.len() as u64, self.offset)
     }
 
     /// The bytes of guest-physical address space the log covers, from 0.

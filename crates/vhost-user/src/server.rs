@@ -285,6 +285,9 @@ impl Server {
         loop {
             let setup_left = (!session.set_up()).then(|| SETUP_TIMEOUT.saturating_sub(connected.elapsed()));
             let reap = (session.device.reap_quarantined() > 0).then_some(QUARANTINE_REAP);
+            if let Err(error) = session.start_awaiting() {
+                return Ending::Refused { request: None, error };
+            }
             let limit = match (setup_left, reap) {
                 (Some(left), Some(reap)) => Some(left.min(reap)),
                 (left, reap) => left.or(reap),

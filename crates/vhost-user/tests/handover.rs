@@ -22,7 +22,7 @@ use vhost_user::handover::{
     port, Adopted, DiskState, FromPredecessor, Handle, Outcome, ToPredecessor, ToSuccessor,
 };
 use vhost_user::{Server, VhostUserBlk};
-use vhost_user_protocol::message::{Header, VERSION};
+use vhost_user_protocol::message::{code, Header, VERSION};
 use virtio::block::Block;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -168,6 +168,53 @@ fn a_connected_frontend_is_handed_over_and_served_on_without_reconnecting() {
     write_and_read_back(&mut frontend, 24, 3);
     drop(new);
     assert!(!rig.socket.exists(), "the new server removes the socket file it now owns");
+}
+
+/// Bytes of dirty log for the test's guest memory (up to 1 GiB + 1 MiB, a bit per 4 KiB).
+const LOG_LEN: usize = ((REGION_B_GPA + MIB) / 4096 / 8) as usize;
+
+/// QEMU gives its dirty log (SET_LOG_BASE) and only then acks LOG_ALL (SET_FEATURES): a disk
+/// handed over between the two carries the log, so the successor marks the pages its ring
+/// writes once LOG_ALL comes. Regression: the log stayed with the predecessor, the successor
+/// took LOG_ALL with no log, and a read marked nothing (a live migration would copy stale
+/// pages).
+#[test]
+fn a_dirty_log_given_before_a_handover_is_marked_by_the_successor() {
+    let rig = Rig::new();
+    std::fs::write(&rig.disk, pattern(5).repeat(256)).unwrap();
+    let old = Serving::start(&rig.disk, Server::bind(&rig.socket).unwrap(), None);
+    let mut frontend = Frontend::connect(&rig.socket);
+    frontend.negotiate_protocol(FEATURES, P_MQ | P_REPLY_ACK | P_CONFIG | P_LOG_SHMFD);
+    frontend.set_mem_table();
+    frontend.start_vring(0, 0);
+    let log = DirtyLogFile::new(LOG_LEN, true);
+    frontend.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[log.file.as_raw_fd()]);
+    assert_eq!(frontend.reply(code::SET_LOG_BASE), 0u64.to_le_bytes(), "SET_LOG_BASE's reply");
+
+    let (new, replay_result, commit) = adopt(&rig, pass_state(&old, 1));
+    assert_eq!(replay_result.recv_timeout(LIMIT).unwrap(), Ok(()));
+    old.handle.decide(1, Outcome::Commit);
+    commit.send(true).unwrap();
+    while !old.ended() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(old);
+
+    // The migration goes on with the successor: LOG_ALL, and the used ring logged.
+    frontend.set(code::SET_FEATURES, &(FEATURES | F_LOG_ALL).to_le_bytes(), &[]);
+    let (_, _, used) = frontend.ring(0);
+    frontend.set_vring_addr(0, 1, used);
+    log.clear();
+    frontend.mem.write(DATA, &[0u8; 4096]);
+    assert_eq!(frontend.blk(0, T_IN, 8, 4096), 0);
+    assert_eq!(frontend.mem.read(DATA, 4096), pattern(5), "the read's data");
+    let page = |gpa: u64| gpa / 4096;
+    assert_eq!(
+        log.dirty_pages(),
+        vec![page(DATA), page(STATUS), page(used)],
+        "the successor marks the read's data, status and used ring pages"
+    );
+    drop(new);
 }
 
 #[test]

@@ -161,7 +161,9 @@ reset-timeout=SECS (default 5) it cancels them (a cancelled request is answered 
 error), waits up to 1 s more, and quarantines what no cancel ended (a FUSE or NFS request its
 server never answers): the old guest memory and io_uring stay with those requests until the
 disk finishes them (looked at every 0.1 s, connected or not), and the disk is opened again for
-the next frontend, which is served at once.
+the next frontend, which is served at once. A ring whose in-flight region asks for requests
+to be resubmitted waits to start until its quarantine is empty, so that no late original can
+land over what the resubmitted copy was answered for.
 A warning says how many were held, cancelled and quarantined; GET /disks/NAME and /metrics
 count them (reset_timeouts, reset_cancelled, quarantined).
 

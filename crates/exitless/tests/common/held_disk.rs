@@ -81,12 +81,19 @@ impl HeldDisk {
         std::fs::write(self.control.join("hold"), b"").unwrap();
     }
 
+    /// Hold the first request touching the byte, and let the later ones pass while it waits.
+    pub fn hold_one(&self) {
+        std::fs::write(self.control.join("one"), b"").unwrap();
+        self.hold();
+    }
+
     /// Let held requests go; `drop`: they fail with EIO without reaching the file.
     pub fn release(&self, drop: bool) {
         if drop {
             std::fs::write(self.control.join("drop"), b"").unwrap();
         }
         let _ = std::fs::remove_file(self.control.join("hold"));
+        let _ = std::fs::remove_file(self.control.join("one"));
     }
 
     /// What the request being held is ("write 0 4096"), if one is.

@@ -279,21 +279,36 @@ impl Block {
         self.abandoned.iter().map(|(_, worker)| worker.in_flight()).sum()
     }
 
+    /// Requests abandoned by resets of queue `index` that its disk still holds (reaping those
+    /// finished). While there are any, the disk may still carry out a request the driver was
+    /// never answered for: a write resubmitted for it could be overwritten by the late original.
+    pub fn abandoned_requests_of(&mut self, index: usize) -> usize {
+        self.release_abandoned();
+        self.abandoned.iter().filter(|(queue, _)| *queue == index).map(|(_, worker)| worker.in_flight()).sum()
+    }
+
     /// Drop the abandoned workers whose disks have finished with them (reaped without a system
-    /// call; a worker's drop then frees its backend and, last, its guest memory).
+    /// call; a worker's drop then frees its guest memory). A queue that has no backend (its
+    /// reset gave up, and it has not started since) takes the worker's back: nothing holds it now.
     fn release_abandoned(&mut self) {
-        self.abandoned.retain_mut(|(index, worker)| {
+        let mut at = 0;
+        while at < self.abandoned.len() {
+            let worker = &mut self.abandoned[at].1;
             worker.complete();
-            let held = worker.in_flight() > 0;
-            if !held {
-                log::warn!(
-                    "{}: the disk finished the last request quarantined at queue {index}'s reset; \
-                     its old guest memory and io_uring are released",
-                    worker.device_name()
-                );
+            if worker.in_flight() > 0 {
+                at += 1;
+                continue;
             }
-            held
-        });
+            let (index, worker) = self.abandoned.swap_remove(at);
+            log::warn!(
+                "{}: the disk finished the last request quarantined at queue {index}'s reset; \
+                 its old guest memory is released",
+                worker.device_name()
+            );
+            if let Some(slot @ None) = self.backends.get_mut(index) {
+                *slot = worker.into_backend().ok();
+            }
+        }
     }
 }
 

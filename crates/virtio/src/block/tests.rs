@@ -685,16 +685,19 @@ fn a_reset_cancels_a_read_the_disk_holds_too_long_and_answers_it_ioerr() {
     assert_eq!(stats.requests.io_errors, 1);
 }
 
-/// Regression: a device reset waited as long as the disk did, for ever for one that does not
-/// answer, and the disk's next driver was never served. A read into guest memory whose page
-/// fault nobody answers (userfaultfd) holds an io_uring worker as such a disk would. The reset
-/// now gives up within its bound, the next start opens the disk again and serves at once, and
-/// the abandoned read, once it finishes, is reaped without touching the rings.
-#[test]
-fn a_reset_over_a_disk_that_does_not_answer_is_bounded_and_the_next_driver_is_served() {
-    use crate::device::VirtioDevice;
+const STALL_CONFIG: QueueConfig = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
+
+fn start_queue_0(block: &mut super::Block, mem: &GuestMemoryMmap) -> BlockWorker {
+    block.start_queue(0, Queue::new(mem, STALL_CONFIG, false).unwrap(), signals(Arc::default())).unwrap()
+}
+
+/// A block device on a tmpfs file whose queue 0 was reset while the disk held a read into guest
+/// memory whose page fault nobody answers (userfaultfd), as a disk that does not answer would:
+/// the device, the stall (to release the read) and the file.
+fn block_with_a_quarantined_read(
+    rig: &mut Rig,
+) -> (super::Block, storage::testing::Stall, tempfile::NamedTempFile) {
     use vm_memory::GuestMemoryBackend;
-    let mut rig = rig(false);
     let image = tempfile::Builder::new().prefix("exitless-virtio-test").tempfile_in("/dev/shm").unwrap();
     image.as_file().set_len(DISK).unwrap();
     // tmpfs: io_uring runs the read in its worker, which stalls, not this thread.
@@ -702,12 +705,8 @@ fn a_reset_over_a_disk_that_does_not_answer_is_bounded_and_the_next_driver_is_se
     let mut block = super::Block::new(Box::new(disk), "stalled");
     let host_data = rig.mem.get_host_address(GuestAddress(DATA)).unwrap();
     // SAFETY: guest memory stays mapped for the whole test (rig.mem, and every worker's queue).
-    let mut stall = unsafe { storage::testing::Stall::new(host_data, 4096) };
-    let config = QueueConfig { size: SIZE, desc: DESC, avail: AVAIL, used: USED };
-    let start = |block: &mut super::Block, mem: &GuestMemoryMmap| {
-        block.start_queue(0, Queue::new(mem, config, false).unwrap(), signals(Arc::default())).unwrap()
-    };
-    rig.worker = start(&mut block, &rig.mem);
+    let stall = unsafe { storage::testing::Stall::new(host_data, 4096) };
+    rig.worker = start_queue_0(&mut block, &rig.mem);
     rig.request(VIRTIO_BLK_T_IN, 0, 4096);
     rig.submit(0);
     rig.run().unwrap();
@@ -722,12 +721,16 @@ fn a_reset_over_a_disk_that_does_not_answer_is_bounded_and_the_next_driver_is_se
     // A hang guard, far above the bound, not a speed check.
     assert!(reset.elapsed() < std::time::Duration::from_secs(30));
     assert_eq!(block.abandoned_requests(), 1);
+    (block, stall, image)
+}
 
-    // The driver sets the queue up again: a read at head 3 into its own buffer and status.
+/// The driver sets queue 0 up again and reads at head 3 into its own buffer and status: it is
+/// served.
+fn next_driver_is_served(rig: &mut Rig, block: &mut super::Block) {
     rig.mem.write_obj(0u16, GuestAddress(AVAIL + 2)).unwrap();
     rig.mem.write_obj(0u16, GuestAddress(USED + 2)).unwrap();
     rig.avail_idx = 0;
-    rig.worker = start(&mut block, &rig.mem);
+    rig.worker = start_queue_0(block, &rig.mem);
     let (data, status) = (DATA + 0x10000, STATUS + 0x100);
     rig.header(VIRTIO_BLK_T_IN, 8);
     rig.mem.write_obj(0xffu8, GuestAddress(status)).unwrap();
@@ -742,17 +745,53 @@ fn a_reset_over_a_disk_that_does_not_answer_is_bounded_and_the_next_driver_is_se
     }
     let used_head: u32 = rig.mem.read_obj(GuestAddress(USED + 4)).unwrap();
     assert_eq!((used_head, rig.mem.read_obj::<u8>(GuestAddress(status)).unwrap()), (3, VIRTIO_BLK_S_OK));
+}
 
-    // The disk answers the abandoned read at last: it is reaped, and answers nothing.
-    let old_status = rig.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap();
-    stall.release();
+/// Wait until the disk has finished the quarantined requests (they are reaped).
+fn wait_for_quarantine_release(block: &mut super::Block) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while block.abandoned_requests() > 0 {
         assert!(std::time::Instant::now() < deadline, "the released read never finished");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// Regression: a device reset waited as long as the disk did, for ever for one that does not
+/// answer, and the disk's next driver was never served. The reset now gives up within its
+/// bound, the next start opens the disk again and serves at once, and the abandoned read, once
+/// it finishes, is reaped without touching the rings.
+#[test]
+fn a_reset_over_a_disk_that_does_not_answer_is_bounded_and_the_next_driver_is_served() {
+    let mut rig = rig(false);
+    let (mut block, mut stall, _image) = block_with_a_quarantined_read(&mut rig);
+    next_driver_is_served(&mut rig, &mut block);
+
+    // The disk answers the abandoned read at last: it is reaped, and answers nothing.
+    let old_status = rig.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap();
+    stall.release();
+    wait_for_quarantine_release(&mut block);
     let used_head: u32 = rig.mem.read_obj(GuestAddress(USED + 4)).unwrap();
     assert_eq!((rig.used_idx(), used_head), (1, 3), "the abandoned read touched the used ring");
     assert_eq!(rig.mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(), old_status);
+    deactivate(&mut rig, &mut block);
+}
+
+/// A queue whose quarantine drains before it starts again takes the drained worker's backend
+/// back and serves. Regression: the drained worker went with its backend, and the start failed
+/// ("the device's backend is gone"): a vhost-user ring that waited for its quarantine to drain
+/// (so as not to resubmit what the disk still held) could then never start.
+#[test]
+fn a_queue_whose_quarantine_drained_before_its_next_start_is_served() {
+    let mut rig = rig(false);
+    let (mut block, mut stall, _image) = block_with_a_quarantined_read(&mut rig);
+    stall.release();
+    wait_for_quarantine_release(&mut block);
+    next_driver_is_served(&mut rig, &mut block);
+    deactivate(&mut rig, &mut block);
+}
+
+fn deactivate(rig: &mut Rig, block: &mut super::Block) {
+    use crate::device::VirtioDevice;
     let worker = std::mem::replace(&mut rig.worker, rig_of_size(false, SIZE).worker);
     block.deactivate(vec![Some(Box::new(worker))]);
 }
