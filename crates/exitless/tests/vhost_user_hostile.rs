@@ -486,6 +486,66 @@ fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
     daemon.stop_within(STOP_LIMIT);
 }
 
+/// A hand-over whose rings' stop gives up on a held read (quarantined) is refused: the
+/// successor would resubmit the read while this daemon's disk may still carry out the original.
+/// The successor exits saying why, and the daemon serves on: its ring waits for the disk, then
+/// resubmits the read and answers it.
+#[test]
+fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("backing.img");
+    std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
+    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let spec = format!("path={},reset-timeout=1,name=held", held.disk().display());
+    let socket = dir.path().join("vhost.sock");
+    let handover = dir.path().join("handover.sock");
+    let args = [
+        "--disk",
+        &spec,
+        "--io-mode",
+        "eventfd",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--handover-socket",
+        handover.to_str().unwrap(),
+    ];
+    let daemon = Daemon::start(&args, &[&socket, &handover], &dir.path().join("daemon.log"));
+    let mut frontend = ready_with_inflight(&daemon);
+    held.hold_one();
+    frontend.mem.write(DATA, &[0; 4096]);
+    let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
+    frontend.submit(0, &chain);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held.held().is_none() {
+        assert!(Instant::now() < deadline, "the read never reached the FUSE server: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let mut successor = Daemon::start(&args, &[], &dir.path().join("successor.log"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = successor.child().try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the successor did not exit: {}", successor.log());
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(!status.success(), "the successor took the disk over: {}", successor.log());
+    assert!(
+        successor.log().contains("quarantined at a reset, which the successor would resubmit"),
+        "the successor says why: {}",
+        successor.log()
+    );
+    assert!(!answered(&frontend), "the read was answered while the disk held it: {}", daemon.log());
+    held.release(false);
+    let (head, written) = frontend.wait_used(0);
+    assert_eq!((head, written), (0, 4097), "the resubmitted read's answer: {}", daemon.log());
+    assert_eq!(frontend.mem.read(DATA, 4096), pattern(9), "the read's data");
+    write_and_read_back(&mut frontend, 0, 4);
+    drop(frontend);
+    daemon.stop_within(STOP_LIMIT);
+}
+
 /// The sector `a_disk_that_never_answers_*` holds (2 MiB into the 4 MiB disk): away from sector
 /// 0, which the next frontend writes and reads.
 const HELD_SECTOR: u64 = 4096;
