@@ -1,8 +1,8 @@
 //! The per-thread seccomp filters in the real processes: `exitless run` and `exitless
-//! vhost-user-blk` confine their vCPU, IOCore and connection threads by default (the kernel shows
-//! it in /proc/PID/task/TID/status) and still do their work; `--seccomp off` confines nothing;
-//! and one call outside its allowlist from any kind of thread (`EXITLESS_SECCOMP_SELF_TEST`)
-//! kills the process.
+//! vhost-user-blk` confine every thread they run by default, each under its own kind's filter
+//! (the kernel shows the filter mode in /proc/PID/task/TID/status and the program to a tracer),
+//! and still do their work; `--seccomp off` confines nothing; and one call outside its
+//! allowlist from any kind of thread (`EXITLESS_SECCOMP_SELF_TEST`) kills the process.
 
 mod common;
 
@@ -34,6 +34,144 @@ fn seccomp_by_thread(pid: u32) -> HashMap<String, String> {
         .collect()
 }
 
+/// PTRACE_SECCOMP_GET_FILTER (linux/ptrace.h), which the libc crate does not name.
+const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+/// PF_IO_WORKER and PF_USER_WORKER (linux/sched.h), in /proc/PID/task/TID/stat's flags: a kernel
+/// thread in the process (an io_uring worker, KVM's `kvm-nx-lpage-recovery`) that never returns
+/// to user space, so runs none of exitless's code.
+const PF_KERNEL_WORKER: u64 = 0x10 | 0x4000;
+
+/// A seccomp filter's BPF program, as `(code, jt, jf, k)` instructions.
+type Program = Vec<(u16, u8, u8, u32)>;
+
+/// One thread of a process, as /proc shows it.
+#[derive(Debug)]
+struct Task {
+    tid: i32,
+    name: String,
+    /// The `Seccomp:` value of its status.
+    seccomp: String,
+    /// A kernel thread (`PF_KERNEL_WORKER`).
+    kernel_worker: bool,
+}
+
+/// Every thread of `pid`, by TID (not by name: names repeat, and a new thread may have any).
+fn tasks(pid: u32) -> Vec<Task> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's /proc/PID/task");
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let tid = task.file_name().to_str()?.parse().ok()?;
+            // A thread that ended since the directory was read has no files left: skipped.
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let field =
+                |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string());
+            // "TID (comm) STATE PPID PGRP SESSION TTY TPGID FLAGS ...": the comm may hold
+            // spaces; the fields after its last ')' are STATE onwards.
+            let flags: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(6)?.parse().ok()?;
+            Some(Task {
+                tid,
+                name: field("Name:")?,
+                seccomp: field("Seccomp:")?,
+                kernel_worker: flags & PF_KERNEL_WORKER != 0,
+            })
+        })
+        .collect()
+}
+
+/// The programs of the filters thread `tid` runs under, oldest first (the newest, installed by
+/// the thread itself, is the one its kind names; the older ones it inherited), read by ptrace:
+/// the thread is seized, stopped for a moment and let go (a system call it sleeps in is
+/// restarted, as after SIGSTOP).
+fn filters(tid: i32) -> Result<Vec<Program>, String> {
+    let fail = |what: &str| format!("{what} of thread {tid}: {}", std::io::Error::last_os_error());
+    // SAFETY: ptrace requests on a thread of our own child, with no pointers.
+    if unsafe { libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize) } != 0 {
+        return Err(fail("PTRACE_SEIZE"));
+    }
+    // SAFETY: as above.
+    if unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize) } != 0 {
+        return Err(fail("PTRACE_INTERRUPT"));
+    }
+    let mut status = 0;
+    // SAFETY: waits for our tracee; `status` is a valid out-pointer.
+    if unsafe { libc::waitpid(tid, &mut status, libc::__WALL) } != tid || !libc::WIFSTOPPED(status) {
+        return Err(format!("thread {tid} did not stop for its tracer (wait status {status:#x})"));
+    }
+    // A signal that arrived first stopped it instead of the interrupt: delivered on detach.
+    let signal = if status >> 16 == 0 { libc::WSTOPSIG(status) } else { 0 };
+    // The kernel numbers a thread's filters from its oldest (0); past the newest: ENOENT.
+    let mut programs = Vec::new();
+    let read_error = loop {
+        let index = programs.len();
+        // SAFETY: with a null buffer, PTRACE_SECCOMP_GET_FILTER only counts the instructions.
+        let count =
+            unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, tid, index, std::ptr::null_mut::<u8>()) };
+        if count < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+            break None;
+        }
+        let Ok(len) = usize::try_from(count) else { break Some(fail("PTRACE_SECCOMP_GET_FILTER")) };
+        let mut program = vec![libc::sock_filter { code: 0, jt: 0, jf: 0, k: 0 }; len];
+        // SAFETY: the buffer holds the `count` instructions the kernel said this filter has.
+        if unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, tid, index, program.as_mut_ptr()) } != count {
+            break Some(fail("PTRACE_SECCOMP_GET_FILTER"));
+        }
+        programs.push(program.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect());
+    };
+    // SAFETY: lets our stopped tracee go, with the signal it stopped for (if any).
+    if unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, signal as usize) } != 0 {
+        return Err(fail("PTRACE_DETACH"));
+    }
+    match read_error {
+        Some(error) => Err(error),
+        None => Ok(programs),
+    }
+}
+
+/// Assert that every thread of `pid` (found by TID) runs under a filter (`Seccomp: 2`), and that
+/// the filter it installed last is the one of the kind `kind_of(is_main_thread, name)` gives it,
+/// compiled here as the process compiled it (kill mode). A thread `kind_of` does not know fails
+/// too: each new thread must be given its kind here. Kernel threads of the process (io_uring's
+/// workers, KVM's), which run none of exitless's code, are left out. Returns `TID name: kind`
+/// for each thread checked.
+fn assert_every_thread_confined(
+    pid: u32,
+    kind_of: impl Fn(bool, &str) -> Option<sandbox::ThreadKind>,
+) -> Vec<String> {
+    let programs: Vec<_> = sandbox::ThreadKind::ALL
+        .iter()
+        .map(|&kind| (kind, sandbox::Filter::new(kind, sandbox::SeccompMode::Kill).unwrap().instructions()))
+        .collect();
+    let tasks = tasks(pid);
+    let mut checked = Vec::new();
+    for task in tasks.iter().filter(|task| !task.kernel_worker) {
+        let Task { tid, name, .. } = task;
+        assert_eq!(
+            task.seccomp, SECCOMP_MODE_FILTER,
+            "thread {tid} ({name}) runs under no filter: {tasks:?}"
+        );
+        let kind = kind_of(*tid == pid as i32, name).unwrap_or_else(|| {
+            panic!("thread {tid} ({name}) is of no known kind: give it one here: {tasks:?}")
+        });
+        // Each filter the thread runs under, by the kind whose program it is.
+        let under: Vec<String> = filters(*tid)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .iter()
+            .map(|filter| {
+                programs.iter().find(|(_, p)| p == filter).map_or("no kind's".into(), |(k, _)| k.to_string())
+            })
+            .collect();
+        assert_eq!(
+            under.last().map(String::as_str),
+            Some(kind.to_string().as_str()),
+            "thread {tid} ({name}): the filter it installed last is not the {kind} filter (its filters, oldest first: {under:?})"
+        );
+        checked.push(format!("{tid} {name}: {kind}"));
+    }
+    checked
+}
+
 /// Wait until every thread named in `names` shows up confined, or `child` ends, or the deadline.
 fn wait_until_confined(child: &mut Child, names: &[&str]) -> HashMap<String, String> {
     let start = Instant::now();
@@ -49,8 +187,9 @@ fn wait_until_confined(child: &mut Child, names: &[&str]) -> HashMap<String, Str
 
 #[test]
 fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
-    // The probe idles after its requests, so the threads are there to look at.
-    let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=2000 probe.idle_ms=1000";
+    // The probe idles after its requests, so the threads are there to look at (for much longer
+    // than looking takes).
+    let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=2000 probe.idle_ms=10000";
     let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
         .args(["run", "--probe", "--disk", "ram=16M", "--io-mode", "adaptive", "--timeout", "120"])
         .args(["--cmdline", cmdline])
@@ -60,11 +199,19 @@ fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
         .expect("start exitless run");
     // The main thread (named after the program) too, once the vCPUs run.
     let threads = wait_until_confined(&mut child, &["vcpu0", "iocore", "exitless"]);
-    let out = child.wait_with_output().expect("exitless run ends");
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     for name in ["vcpu0", "iocore", "exitless"] {
         assert_eq!(threads.get(name).map(String::as_str), Some(SECCOMP_MODE_FILTER), "{name}: {threads:?}");
     }
+    use sandbox::ThreadKind;
+    let checked = assert_every_thread_confined(child.id(), |main, name| match name {
+        _ if main => Some(ThreadKind::VmmMain),
+        "iocore" => Some(ThreadKind::IoCore),
+        name if name.strip_prefix("vcpu").is_some_and(|n| n.parse::<u32>().is_ok()) => Some(ThreadKind::Vcpu),
+        _ => None,
+    });
+    eprintln!("threads checked: {checked:?}");
+    let out = child.wait_with_output().expect("exitless run ends");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let line = line_with(&out, "probe", "blk");
     assert_eq!(line["errors"], 0, "{line}");
     assert_eq!(line["post_idle_errors"], 0, "{line}");
@@ -134,20 +281,42 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
     for name in ["exitless", "iocore", "api"] {
         assert_eq!(threads.get(name).map(String::as_str), Some(SECCOMP_MODE_FILTER), "{name}: {threads:?}");
     }
-    // A file disk and a RAM disk, each added, served and removed under the filters.
+    // A file disk and a RAM disk, each added and served under the filters.
     let image = dir.path().join("disk.img");
     std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
-    for (name, disk) in [
+    let disks = [
         ("file", format!(r#""path": "{}", "direct": true"#, image.display())),
         ("ram", r#""ram": "1M""#.into()),
-    ] {
+    ];
+    for (name, disk) in &disks {
         let socket = dir.path().join(format!("{name}.sock"));
         let body = format!(r#"{{"socket": "{}", {disk}}}"#, socket.display());
         let put = format!("PUT /disks/{name} HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         let answer = http(&api, &put);
         assert!(answer.starts_with("HTTP/1.1 201 "), "{answer}\n{}", daemon.log());
         assert_ne!(get_features(&socket), 0, "the added disk is served");
-        // Its frontend gone (the connection closed above), the disk can go too.
+    }
+    // Every thread the daemon now runs (its disks' connection threads too), by TID, under the
+    // filter of its kind.
+    use sandbox::ThreadKind;
+    let checked = assert_every_thread_confined(daemon.pid(), |main, name| match name {
+        _ if main => Some(ThreadKind::DaemonControl),
+        "iocore" => Some(ThreadKind::VhostUserIoCore),
+        "api" => Some(ThreadKind::ApiServer),
+        "stop-watchdog" => Some(ThreadKind::StopWatchdog),
+        name if name.strip_prefix("vhost-user-").is_some_and(|n| n.parse::<u32>().is_ok()) => {
+            Some(ThreadKind::VhostUserConnection)
+        }
+        _ => None,
+    });
+    eprintln!("threads checked: {checked:?}");
+    assert_eq!(
+        checked.iter().filter(|thread| thread.ends_with(": vhost-user connection")).count(),
+        disks.len(),
+        "a connection thread per disk: {checked:?}"
+    );
+    // Their frontends gone (the connections closed above), the disks can go too.
+    for (name, _) in &disks {
         let deadline = Instant::now() + DEADLINE;
         while !http(&api, &format!("DELETE /disks/{name} HTTP/1.1\r\n\r\n")).starts_with("HTTP/1.1 204 ") {
             assert!(Instant::now() < deadline, "disk {name} never removed: {}", daemon.log());

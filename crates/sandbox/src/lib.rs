@@ -176,6 +176,13 @@ impl Filter {
         Filter::new(thread, self.mode)
     }
 
+    /// The filter's BPF program as `(code, jt, jf, k)` instructions, as the kernel keeps it once
+    /// installed and shows it to a tracer (PTRACE_SECCOMP_GET_FILTER); empty in
+    /// [`SeccompMode::Off`]. For tests that check which filter a running thread is under.
+    pub fn instructions(&self) -> Vec<(u16, u8, u8, u32)> {
+        self.program.iter().flatten().map(|i| (i.code, i.jt, i.jf, i.k)).collect()
+    }
+
     /// Confine the calling thread (and the threads it starts from now on) to the allowlist.
     pub fn install(&self) -> Result<(), SandboxError> {
         if let Some(program) = &self.program {

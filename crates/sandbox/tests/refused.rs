@@ -41,10 +41,20 @@ fn run_child_calling(kind: ThreadKind, mode: SeccompMode, call: &str) -> Output 
         .expect("the child test process starts")
 }
 
-/// Not a test by itself: the body of the child process (does nothing unless `CHILD_ENV` is set).
+/// In a run of the suite: a thread confined in kill mode that calls socket() kills its process
+/// with SIGSYS, before the call returns (run in a child process, as the other tests do). In the
+/// child process (`CHILD_ENV` set): the child's body, which itself fails if a filter in kill
+/// mode let the forbidden call through.
 #[test]
 fn child() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        let output = run_child(ThreadKind::VhostUserConnection, SeccompMode::Kill, true);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains(INSTALLED), "the filter was not installed: {stdout}");
+        assert!(!stdout.contains(CALL_ALLOWED), "socket() went through the filter: {stdout}");
+        assert_eq!(output.status.signal(), Some(libc::SIGSYS), "{:?}: {stdout}", output.status);
+        return;
+    };
     let [kind, mode, call] = spec.split(',').collect::<Vec<_>>()[..] else {
         panic!("kind,mode,call: {spec}")
     };
@@ -79,6 +89,9 @@ fn child() {
             // SAFETY: `fd` was just opened here and is not used again.
             unsafe { libc::close(fd) };
         }
+        // Kill mode must not have come back here: the child fails (exit status 101), so that
+        // the test that ran it fails even if it looked only at the status.
+        assert_ne!(mode, SeccompMode::Kill, "kill mode let socket() through (it returned {fd})");
     })
     .join()
     .expect("the confined thread ends");

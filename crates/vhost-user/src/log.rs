@@ -4,14 +4,15 @@
 //! their worker writes (`virtio::dirty`).
 //!
 //! SET_LOG_BASE is the frontend's word: it is refused, before anything is mapped, unless its
-//! size is not 0, its offset is page-aligned, and its descriptor is a memory file sealed
+//! size is not 0 and a whole number of 64-bit words (the log is accessed only in 64-bit words,
+//! see `virtio::dirty`), its offset is page-aligned, and its descriptor is a memory file sealed
 //! against shrinking (QEMU's is: so no access can raise SIGBUS) that reaches that far. Whether
 //! the log covers guest memory is checked against the memory table (`Session`).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use virtio::dirty::{DirtyLog, LOG_PAGE};
+use virtio::dirty::{DirtyLog, LOG_WORD};
 
 use crate::error::Error;
 use crate::shm::SharedMapping;
@@ -19,13 +20,14 @@ use crate::shm::SharedMapping;
 /// The largest log accepted: enough for 64 TiB of guest memory.
 pub const MAX_LOG_SIZE: u64 = 1 << 31;
 
-/// A mapped dirty log, accessed only atomically (through `DirtyLog`).
+/// A mapped dirty log, accessed only atomically and only in 64-bit words (through `DirtyLog`).
 pub struct LogRegion {
-    mapping: SharedMapping,
+    /// The handle every worker gets a clone of; it holds the mapping.
+    log: DirtyLog,
     /// The frontend's memory file, kept to hand the log to a successor daemon.
     file: OwnedFd,
-    /// Where in `file` the log starts.
-    offset: u64,
+    /// SET_LOG_BASE's `mmap_size` and `mmap_offset`.
+    placement: (u64, u64),
 }
 
 fn bad(why: impl Into<String>) -> Error {
@@ -38,6 +40,11 @@ impl LogRegion {
     pub fn map(mmap_size: u64, mmap_offset: u64, fd: OwnedFd) -> Result<Arc<LogRegion>, Error> {
         if mmap_size == 0 || mmap_size > MAX_LOG_SIZE {
             return Err(bad(format!("mmap_size {mmap_size:#x}: give 1 to {MAX_LOG_SIZE:#x} bytes")));
+        }
+        if !mmap_size.is_multiple_of(LOG_WORD as u64) {
+            return Err(bad(format!(
+                "mmap_size {mmap_size:#x} is not a multiple of 8 bytes: the log is accessed in 64-bit words"
+            )));
         }
         // SAFETY: sysconf has no side effects.
         let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
@@ -69,9 +76,17 @@ impl LogRegion {
         }
         let len = usize::try_from(mmap_size).map_err(|_| bad("too large"))?;
         let offset = libc::off_t::try_from(mmap_offset).map_err(|_| bad("its offset is too large"))?;
-        let mapping =
-            SharedMapping::map(&fd, len, offset).map_err(|source| Error::Log { what: "mmap", source })?;
-        Ok(Arc::new(LogRegion { mapping, file: fd, offset: mmap_offset }))
+        let mapping = Arc::new(
+            SharedMapping::map(&fd, len, offset).map_err(|source| Error::Log { what: "mmap", source })?,
+        );
+        // SAFETY: the mapping's `len` bytes stay mapped until the last `Arc` of it drops, and
+        // the handle holds one (as does each clone a worker gets); in this process they are
+        // accessed only through `DirtyLog`, atomically in 64-bit words. The frontend writes them
+        // from its own process; whatever it writes is just bits, and the sealed file cannot
+        // shrink under the mapping.
+        let log = unsafe { DirtyLog::new(mapping.addr(), mapping.len(), mapping.clone()) }
+            .map_err(|layout| bad(layout.to_string()))?;
+        Ok(Arc::new(LogRegion { log, file: fd, placement: (mmap_size, mmap_offset) }))
     }
 
     /// The memory file the frontend shared the log in.
@@ -81,18 +96,16 @@ impl LogRegion {
 
     /// SET_LOG_BASE's `mmap_size` and `mmap_offset`, as the frontend gave them.
     pub fn placement(&self) -> (u64, u64) {
-        (self.mapping.len() as u64, self.offset)
+        self.placement
     }
 
     /// The bytes of guest-physical address space the log covers, from 0.
     pub fn covers(&self) -> u64 {
-        (self.mapping.len() as u64).saturating_mul(8 * LOG_PAGE)
+        self.log.covers()
     }
 
     /// A handle for a worker, which keeps the log mapped.
-    pub fn dirty_log(self: &Arc<Self>) -> DirtyLog {
-        // SAFETY: the mapping's bytes live as long as this region, which the clone handed over
-        // keeps; the log is accessed only atomically.
-        unsafe { DirtyLog::new(self.mapping.addr(), self.mapping.len(), self.clone()) }
+    pub fn dirty_log(&self) -> DirtyLog {
+        self.log.clone()
     }
 }
