@@ -18,6 +18,7 @@ use std::sync::mpsc::{self, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ::vhost_user::server::{check_peer, listen, remove_socket, Access};
 use api_http::{Request, Response};
 use sandbox::Filter;
 
@@ -66,18 +67,21 @@ impl Api {
         wake: File,
         within: AnswerWithin,
     ) -> Result<Api, String> {
-        let listener = ::vhost_user::server::listen(path).map_err(|e| format!("--api-socket: {e}"))?;
+        // Whoever may write to the socket controls the process (PUT /disks opens any path it
+        // can): the socket is its owner's alone, and only its user and root are served.
+        let access = Access::owner_only();
+        let listener = listen(path, &access).map_err(|e| format!("--api-socket: {e}"))?;
         listener.set_nonblocking(true).map_err(|e| format!("--api-socket: {e}"))?;
         let path = path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
-                let _socket = RemoveOnDrop(path);
+                let _socket = RemoveOnDrop(path, access.clone());
                 if let Err(e) = filter.install() {
                     log::error!("{e}; the control API is not served");
                     return;
                 }
-                serve(&listener, &stop, &Control { calls, wake, within });
+                serve(&listener, &stop, &Control { calls, wake, within }, &access);
             })
             .map_err(|e| format!("cannot start the control API's thread: {e}"))?;
         Ok(Api { thread })
@@ -89,11 +93,12 @@ impl Api {
     }
 }
 
-struct RemoveOnDrop(PathBuf);
+/// The socket's path, removed as the thread ends if it is still our socket.
+struct RemoveOnDrop(PathBuf, Access);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        remove_socket(&self.0, &self.1);
     }
 }
 
@@ -192,7 +197,7 @@ impl Client {
     }
 }
 
-fn serve(listener: &UnixListener, stop: &OwnedFd, control: &Control) {
+fn serve(listener: &UnixListener, stop: &OwnedFd, control: &Control, access: &Access) {
     let mut clients: Vec<Client> = Vec::with_capacity(MAX_CLIENTS);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CLIENTS + 2);
     loop {
@@ -226,15 +231,20 @@ fn serve(listener: &UnixListener, stop: &OwnedFd, control: &Control) {
         }
         clients.retain(|c| !c.done);
         if accepting && fds[1].revents != 0 {
-            accept(listener, &mut clients);
+            accept(listener, &mut clients, access);
         }
     }
 }
 
-fn accept(listener: &UnixListener, clients: &mut Vec<Client>) {
+fn accept(listener: &UnixListener, clients: &mut Vec<Client>, access: &Access) {
     while clients.len() < MAX_CLIENTS {
         match listener.accept() {
             Ok((stream, _)) => {
+                // Another user's client is closed before a byte of its request is read.
+                if let Err(refused) = check_peer(&stream, access) {
+                    log::warn!("control API: {refused}; connection closed");
+                    continue;
+                }
                 if stream.set_nonblocking(true).is_err() {
                     continue;
                 }

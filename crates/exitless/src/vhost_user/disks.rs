@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use ::vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
+use ::vhost_user::server::Access;
 use iocore::IoCore;
 use rate_limiter::{Limits, RateLimiter};
 use sandbox::{SeccompMode, ThreadKind};
@@ -166,6 +167,8 @@ pub struct Disks {
     disks: BTreeMap<String, Disk>,
     /// Give every disk a hand-over port (`--handover-socket`).
     handover: bool,
+    /// Who may use the disks' sockets (`--socket-owner`, `--socket-mode`).
+    access: Access,
 }
 
 impl Disks {
@@ -187,7 +190,14 @@ impl Disks {
             next_index: 0,
             disks: BTreeMap::new(),
             handover: false,
+            access: Access::owner_only(),
         }
+    }
+
+    /// Give every disk's socket added from now on this access (mode, owner, peers served).
+    pub fn with_access(mut self, access: Access) -> Disks {
+        self.access = access;
+        self
     }
 
     /// Let every disk added from now on be handed over to a successor.
@@ -298,9 +308,9 @@ impl Disks {
             device = device.with_rate_limiter(limiter.clone());
         }
         let (server, adopted) = match listen {
-            Listen::Bind => (::vhost_user::Server::bind(&socket)?, None),
+            Listen::Bind => (::vhost_user::Server::bind_with(&socket, self.access.clone())?, None),
             Listen::Adopt { listener, adopted } => {
-                (::vhost_user::Server::adopt(listener, &socket)?, Some(adopted))
+                (::vhost_user::Server::adopt(listener, &socket, self.access.clone())?, Some(adopted))
             }
         };
         let frontend = server.frontend_connected();
