@@ -28,6 +28,8 @@ static useconds_t delay_us;
 static char hold_path[4096];
 static char held_path[4096];
 static char drop_path[4096];
+static char hold_open_path[4096];
+static char opening_path[4096];
 
 static int disk_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
@@ -65,6 +67,14 @@ static int disk_open(const char *path, struct fuse_file_info *fi)
 {
     if (strcmp(path, "/disk") != 0)
         return -ENOENT;
+    /* HELD_CONTROL/hold-open: opens wait while it exists (HELD_CONTROL/opening marks one). */
+    if (access(hold_open_path, F_OK) == 0) {
+        FILE *marker = fopen(opening_path, "w");
+        if (marker)
+            fclose(marker);
+        while (access(hold_open_path, F_OK) == 0)
+            usleep(10000);
+    }
     fi->direct_io = 1;
     return 0;
 }
@@ -153,5 +163,7 @@ int main(int argc, char *argv[])
     snprintf(hold_path, sizeof(hold_path), "%s/hold", control);
     snprintf(held_path, sizeof(held_path), "%s/held", control);
     snprintf(drop_path, sizeof(drop_path), "%s/drop", control);
+    snprintf(hold_open_path, sizeof(hold_open_path), "%s/hold-open", control);
+    snprintf(opening_path, sizeof(opening_path), "%s/opening", control);
     return fuse_main(argc, argv, &operations, NULL);
 }

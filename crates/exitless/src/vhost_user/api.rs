@@ -6,8 +6,13 @@
 //! most [`MAX_CLIENTS`] at once, and each has [`CLIENT_TIME`] to send its request and read the
 //! answer, so a client that connects and never sends, or never reads, only loses its own
 //! connection. The data plane (the IOCores) never waits for this thread or the control thread.
-//! While the control thread works on a request, this thread waits for its answer, as long as
-//! its owner allows ([`AnswerWithin`]).
+//! While the control thread works on a request, this thread waits for its answer, however long
+//! it takes: an answer given before the work ends could tell a client that something failed
+//! which then goes on and succeeds. Each owner bounds its own work instead: the daemon gives up
+//! opening a disk after `disks::OPEN_LIMIT` (and then adds nothing), the VMM's verbs bound
+//! their waits (a pause gives up after 5 s for the vCPUs and 10 s for a disk's requests, a
+//! migration after 30 s without word from its peer), and a migration or a snapshot takes as
+//! long as the guest's memory takes to send or write.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
@@ -26,19 +31,6 @@ use sandbox::Filter;
 const MAX_CLIENTS: usize = 16;
 /// How long a client has to send its request, and again to read the answer.
 const CLIENT_TIME: Duration = Duration::from_secs(5);
-
-/// How long the API waits for the control thread's answer before it answers 503 itself.
-#[derive(Clone, Copy, Debug)]
-pub enum AnswerWithin {
-    /// The daemon's: its control thread's work (opening a disk, say) is short.
-    Seconds(u64),
-    /// Until the answer comes, or the control thread drops the request: for the VMM, whose
-    /// main thread's verbs bound themselves (a pause gives up after 5 s for the vCPUs and 10 s
-    /// for a disk's requests, a migration after 30 s without word from its peer), while a
-    /// migration or a snapshot takes as long as the guest's memory takes to send or write. An
-    /// early 503 would tell the client a migration failed that then goes on and succeeds.
-    TheAnswer,
-}
 
 /// A request for the control thread, with where its answer goes.
 pub struct Call {
@@ -65,7 +57,6 @@ impl Api {
         filter: Filter,
         calls: SyncSender<Call>,
         wake: File,
-        within: AnswerWithin,
     ) -> Result<Api, String> {
         // Whoever may write to the socket controls the process (PUT /disks opens any path it
         // can): the socket is its owner's alone, and only its user and root are served.
@@ -81,7 +72,7 @@ impl Api {
                     log::error!("{e}; the control API is not served");
                     return;
                 }
-                serve(&listener, &stop, &Control { calls, wake, within }, &access);
+                serve(&listener, &stop, &Control { calls, wake }, &access);
             })
             .map_err(|e| format!("cannot start the control API's thread: {e}"))?;
         Ok(Api { thread })
@@ -106,7 +97,6 @@ impl Drop for RemoveOnDrop {
 struct Control {
     calls: SyncSender<Call>,
     wake: File,
-    within: AnswerWithin,
 }
 
 impl Control {
@@ -116,14 +106,7 @@ impl Control {
             return error(503, "the process is stopping");
         }
         let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
-        match self.within {
-            AnswerWithin::Seconds(s) => answer
-                .recv_timeout(Duration::from_secs(s))
-                .unwrap_or_else(|_| error(503, format!("no answer within {s} s"))),
-            AnswerWithin::TheAnswer => answer
-                .recv()
-                .unwrap_or_else(|_| error(503, "the request was dropped: the process is stopping")),
-        }
+        answer.recv().unwrap_or_else(|_| error(503, "the request was dropped: the process is stopping"))
     }
 }
 

@@ -32,7 +32,7 @@ use clap::{Args, ValueEnum};
 use iocore::{IoCore, Policy};
 use sandbox::{Filter, ThreadKind};
 
-use api::{AnswerWithin, Api, Call};
+use api::{Api, Call};
 use disks::Disks;
 use handover::HandoverSocket;
 use spec::VhostDisk;
@@ -212,7 +212,9 @@ user; never loosen it):
                            _bytes_total, _request_duration_seconds, _rate_limit_waits_total,
                            exitless_iocore_busy_seconds_total, _idle_seconds_total, ...
 Errors are 4xx with {\"error\": \"...\"}. One request per connection; a client has 5 s to send
-it. Adding or removing a disk leaves the other disks' frontends and rings alone.
+it. A request is answered once it is done: an open of a disk that takes over 30 s (a file system
+that does not answer) is given up with 504, and that disk is not added. Adding or removing a
+disk leaves the other disks' frontends and rings alone.
 
 Examples:
   exitless vhost-user-blk --socket /tmp/vhost.sock --disk path=disk.img &
@@ -356,8 +358,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
             let (sender, calls) = mpsc::sync_channel(16);
             let filter = Filter::new(ThreadKind::ApiServer, seccomp).map_err(|e| e.to_string())?;
             let stop = stop.try_clone().map_err(|e| format!("cannot share the stop descriptor: {e}"))?;
-            let api =
-                Api::start(path, stop, filter, sender, wake_writer, AnswerWithin::Seconds(CONTROL_SECONDS))?;
+            let api = Api::start(path, stop, filter, sender, wake_writer)?;
             log::info!("control API on {}", path.display());
             (Some(api), Some(calls), Some(wake))
         }
@@ -486,8 +487,6 @@ fn wake_event() -> std::io::Result<(File, File)> {
 /// frontend saw completed is in the disk already (RAM disk pages are in /dev/shm, file writes
 /// in the page cache or, after FLUSH, on the disk), so an orderly stop only tidies up.
 const STOP_GRACE: Duration = Duration::from_millis(1500);
-/// How long the control API waits for the control thread to answer (opening a disk, say).
-const CONTROL_SECONDS: u64 = 10;
 
 /// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
 /// the process by then: a watchdog thread that polls the same signalfd (the signal stays
