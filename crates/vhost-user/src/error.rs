@@ -115,7 +115,7 @@ pub enum Error {
     BadWriteback(u8),
 
     // The server.
-    #[error("{path} exists and is {found}, not a socket: it is left alone; remove it or choose another socket path")]
+    #[error("{path} exists and is not a socket (it is {found}): it is left alone; remove it or choose another socket path")]
     NotASocket { path: String, found: &'static str },
     #[error("{path} is a socket of another user's (uid {uid}): it is left alone; remove it as that user or choose another socket path")]
     ForeignSocket { path: String, uid: u32 },
