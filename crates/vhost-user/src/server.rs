@@ -763,3 +763,28 @@ fn serve_message(wire: &Wire, session: &mut Session) -> Option<Ending> {
         Err(error) => Some(Ending::Refused { request, error: error.into() }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Access;
+
+    #[test]
+    fn access_serves_our_user_root_and_only_whom_the_operator_names() {
+        let own = Access::owner_only();
+        let (uid, gid) = (own.own_uid, own.own_gid);
+        let stranger = uid.wrapping_add(4321);
+        assert!(own.admits(uid, gid) && own.admits(0, 0));
+        assert!(!own.admits(stranger, gid), "mode 0600 serves no one of our group");
+
+        let owner = Access::new(0o600, Some(stranger), None);
+        assert!(owner.admits(stranger, 999) && !owner.admits(stranger + 1, 999));
+        assert!(owner.describe().contains(&format!("uid {stranger}")), "{}", owner.describe());
+
+        let group = Access::new(0o660, None, Some(4242));
+        assert!(group.admits(stranger, 4242) && !group.admits(stranger, 4243));
+        // A group with no write bit lets nobody in by group.
+        assert!(!Access::new(0o640, None, Some(4242)).admits(stranger, 4242));
+        // Bits for other users are dropped: never a socket open to every user.
+        assert_eq!(Access::new(0o666, None, None).mode(), 0o660);
+    }
+}

@@ -529,3 +529,20 @@ fn stop_signals() -> std::io::Result<OwnedFd> {
         Ok(OwnedFd::from_raw_fd(fd))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_mode, parse_owner, SocketOwner};
+
+    #[test]
+    fn socket_owner_and_mode_take_numbers_and_refuse_a_socket_open_to_all() {
+        assert_eq!(parse_owner("64055"), Ok(SocketOwner { uid: Some(64055), gid: None }));
+        assert_eq!(parse_owner("1:2"), Ok(SocketOwner { uid: Some(1), gid: Some(2) }));
+        assert_eq!(parse_owner(":2"), Ok(SocketOwner { uid: None, gid: Some(2) }));
+        assert!(parse_owner(":").is_err() && parse_owner("qemu").unwrap_err().contains("id -u"));
+        assert_eq!((parse_mode("600"), parse_mode("0660")), (Ok(0o600), Ok(0o660)));
+        assert!(parse_mode("666").unwrap_err().contains("every user"));
+        assert!(parse_mode("060").unwrap_err().contains("owner"));
+        assert!(parse_mode("9").is_err());
+    }
+}
