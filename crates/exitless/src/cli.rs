@@ -94,7 +94,9 @@ pub struct RunArgs {
     /// `PUT /api/v1/vm.snapshot` with `{"destination_url": "file:///DIR"}` (of a paused VM), and
     /// `PUT /api/v1/vm.send-migration` with `{"destination_url": "unix:/PATH"}`: a live
     /// migration to an exitless started with `--receive-migration unix:/PATH` (local disks only;
-    /// answers with the migration's times and page counts as JSON).
+    /// answers with the migration's times and page counts as JSON). The socket is made 0600
+    /// whatever the umask, and only this process's user and root are served (others are logged
+    /// and closed unread): the verbs write snapshots and send guest memory where asked.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
     /// Kernel command line (the probe's default: probe.workload=hello).

@@ -15,7 +15,7 @@ use api_http::{Method, Request, Response};
 use sandbox::{Filter, SeccompMode, ThreadKind};
 use vmm::{ControlError, VmControl};
 
-use crate::vhost_user::api::{error, AnswerWithin, Api, Call};
+use crate::vhost_user::api::{error, Api, Call};
 
 /// The API's thread, and how to stop it once the VM has ended.
 pub struct VmApi {
@@ -41,7 +41,7 @@ pub fn start(path: &Path, seccomp: SeccompMode) -> Result<(VmApi, impl FnMut(&Vm
     let (sender, calls) = mpsc::sync_channel(16);
     let filter = Filter::new(ThreadKind::VmmApi, seccomp).map_err(|e| e.to_string())?;
     let stop_writer = File::from(stop.try_clone().map_err(eventfd_error)?);
-    let api = Api::start(path, stop, filter, sender, wake, AnswerWithin::TheAnswer)?;
+    let api = Api::start(path, stop, filter, sender, wake)?;
     log::info!("control API on {}", path.display());
     Ok((VmApi { api, stop: stop_writer }, move |vm: &VmControl| answer_all(&calls, vm)))
 }

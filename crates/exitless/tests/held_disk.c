@@ -32,6 +32,8 @@ static char drop_path[4096];
 static char one_path[4096];
 /* Requests waiting in maybe_hold. */
 static int holding;
+static char hold_open_path[4096];
+static char opening_path[4096];
 
 static int disk_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
@@ -69,6 +71,14 @@ static int disk_open(const char *path, struct fuse_file_info *fi)
 {
     if (strcmp(path, "/disk") != 0)
         return -ENOENT;
+    /* HELD_CONTROL/hold-open: opens wait while it exists (HELD_CONTROL/opening marks one). */
+    if (access(hold_open_path, F_OK) == 0) {
+        FILE *marker = fopen(opening_path, "w");
+        if (marker)
+            fclose(marker);
+        while (access(hold_open_path, F_OK) == 0)
+            usleep(10000);
+    }
     fi->direct_io = 1;
     return 0;
 }
@@ -166,5 +176,7 @@ int main(int argc, char *argv[])
     snprintf(held_path, sizeof(held_path), "%s/held", control);
     snprintf(drop_path, sizeof(drop_path), "%s/drop", control);
     snprintf(one_path, sizeof(one_path), "%s/one", control);
+    snprintf(hold_open_path, sizeof(hold_open_path), "%s/hold-open", control);
+    snprintf(opening_path, sizeof(opening_path), "%s/opening", control);
     return fuse_main(argc, argv, &operations, NULL);
 }

@@ -364,3 +364,87 @@ fn the_api_socket_and_no_disks_are_checked_at_start() {
         stderr(&out)
     );
 }
+
+/// `PUT /disks/NAME` with `body` on its own connection, waiting as long as the daemon takes.
+fn put_disk(api: &Path, name: &str, body: &str) -> (u16, String) {
+    let mut stream = UnixStream::connect(api).unwrap();
+    // Beyond the daemon's bound on opening a disk; only a hang reaches it.
+    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let request = format!(
+        "PUT /disks/{name} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer:?}"));
+    (head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), body.to_owned())
+}
+
+/// A daemon with a control API, and a FUSE disk whose opens are held.
+fn held_open_rig(dir: &Path) -> (Daemon, PathBuf, common::held_disk::HeldDisk) {
+    let api = dir.join("api.sock");
+    let daemon = Daemon::builder()
+        .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
+        .start(&dir.join("daemon.log"));
+    let file = dir.join("backing");
+    std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
+    let held = common::held_disk::HeldDisk::start(dir, &file, 0);
+    held.hold_open();
+    (daemon, api, held)
+}
+
+/// Wait until the daemon's open of the held disk is held.
+fn wait_for_held_open(held: &common::held_disk::HeldDisk, daemon: &Daemon) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !held.open_held() {
+        assert!(std::time::Instant::now() < deadline, "the daemon never opened the disk: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, api, held) = held_open_rig(dir.path());
+    let socket = dir.path().join("slow.sock");
+    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
+    let put = {
+        let api = api.clone();
+        std::thread::spawn(move || put_disk(&api, "slow", &body))
+    };
+    wait_for_held_open(&held, &daemon);
+    // Longer than the 10 s after which the API used to answer 503 while the PUT went on.
+    std::thread::sleep(Duration::from_secs(11));
+    held.release_open();
+    let (status, answer) = put.join().unwrap();
+    assert_eq!(status, 201, "the disk was added, and the client must be told so: {answer}");
+    assert_eq!(json(&answer)["name"], "slow", "{answer}");
+    let (status, listed) = http(&api, "GET", "/disks/slow", None);
+    assert_eq!(status, 200, "{listed}");
+    assert!(socket.exists());
+}
+
+#[test]
+fn a_put_whose_open_never_ends_fails_and_adds_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, api, held) = held_open_rig(dir.path());
+    let socket = dir.path().join("stuck.sock");
+    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
+    let put = {
+        let api = api.clone();
+        std::thread::spawn(move || put_disk(&api, "stuck", &body))
+    };
+    wait_for_held_open(&held, &daemon);
+    // Held until the daemon gives up on it (its bound, 30 s): the client is told it failed.
+    let (status, answer) = put.join().unwrap();
+    assert_eq!(status, 504, "{answer}");
+    assert!(json(&answer)["error"].as_str().unwrap().contains("did not answer"), "{answer}");
+    // The open ends at last: the disk is still not added, and the daemon serves on.
+    held.release_open();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(http(&api, "GET", "/disks", None), (200, "[]".to_owned()));
+    assert!(!socket.exists(), "no socket for a disk that was not added");
+    let null = format!(r#"{{"socket": "{}", "null": "1M"}}"#, dir.path().join("null.sock").display());
+    assert_eq!(put_disk(&api, "null", &null).0, 201);
+}

@@ -278,6 +278,10 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             );
             // A client's socket is made non-blocking (FIONBIO).
             one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
+            // Each client's user is checked before its request is read; the socket file is
+            // removed at the end only if it is still a socket of ours (lstat).
+            peer_credentials(&mut rules)?;
+            allow(&mut rules, &[libc::SYS_newfstatat, libc::SYS_statx]);
         }
         ThreadKind::DaemonControl => daemon_control(&mut rules)?,
         ThreadKind::Migration => {
@@ -308,8 +312,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
 }
 
 /// The daemon's control thread adds disks while it runs: it opens the disk (a file or block
-/// device: its size by lseek, O_DIRECT's alignment by fstatfs; a RAM disk's /dev/shm file,
-/// named after the process), sets up its io_uring,
+/// device: its size by lseek, O_DIRECT's alignment by fstatfs; a new RAM disk is a memfd,
+/// memfd_create being in `CONNECTION`), sets up its io_uring,
 /// listens on its socket (checking first that no live server answers there), and starts its
 /// connection thread, whose own filter (the connection's) is installed on top of this one, so
 /// this one allows all that thread needs too.
@@ -328,8 +332,13 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
             libc::SYS_bind,
             libc::SYS_listen,
             libc::SYS_connect,
-            // A new RAM disk's /dev/shm file is named after the process.
-            libc::SYS_getpid,
+            // A disk's socket is made 0600 before it is bound (fchmod), then given the
+            // operator's owner and mode (--socket-owner, --socket-mode).
+            libc::SYS_fchmod,
+            libc::SYS_chmod,
+            libc::SYS_fchmodat,
+            libc::SYS_lchown,
+            libc::SYS_fchownat,
         ],
     );
     // Disks' sockets are Unix sockets; no other kind.

@@ -8,7 +8,8 @@
 #![warn(missing_docs)]
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
 
@@ -38,22 +39,61 @@ pub struct RamMapping {
 unsafe impl Send for RamMapping {}
 
 impl RamDisk {
-    /// Create (or truncate) `path` with `size` bytes, a non-zero multiple of 512, and map it.
+    /// Create `path` with `size` bytes, a non-zero multiple of 512, and map it; a regular file
+    /// of this user's already there is truncated to that size (a test's temporary file). The
+    /// path is not followed if it is a symbolic link, a new file is mode 0600, and anything but
+    /// a regular file of this user's (a FIFO, a device, another user's file) is refused
+    /// untouched. A disk no other process needs by path is better made with
+    /// [`RamDisk::anonymous_queues`].
     pub fn create(path: impl AsRef<Path>, size: u64) -> Result<RamDisk, BackendError> {
         let path = path.as_ref();
         if size == 0 || !size.is_multiple_of(SECTOR_SIZE) {
             return Err(BackendError::BadSize { size });
         }
         let open_error = |source| BackendError::Open { path: path.display().to_string(), source };
+        // O_NONBLOCK: a FIFO planted at the path is opened without waiting, then refused.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
             .map_err(open_error)?;
-        file.set_len(size).map_err(open_error)?;
+        let meta = file.metadata().map_err(open_error)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let own = unsafe { libc::geteuid() };
+        if !meta.file_type().is_file() || meta.uid() != own {
+            return Err(open_error(std::io::Error::from_raw_os_error(libc::EPERM)));
+        }
+        file.set_len(0).and_then(|()| file.set_len(size)).map_err(open_error)?;
         RamMapping::map(path, file, size, false).map(AtOnce::over)
+    }
+
+    /// A new RAM disk of `size` bytes, a non-zero multiple of 512, mapped `count` times (at
+    /// least once: a backend per queue). Its memory is a memfd: no path on the host leads to
+    /// it, no other user can open it, and it is gone with its last mapping.
+    pub fn anonymous_queues(size: u64, count: usize) -> Result<Vec<RamDisk>, BackendError> {
+        const SHOWN: &str = "a new RAM disk (memfd)";
+        if size == 0 || !size.is_multiple_of(SECTOR_SIZE) {
+            return Err(BackendError::BadSize { size });
+        }
+        let open_error = |source| BackendError::Open { path: SHOWN.into(), source };
+        // SAFETY: memfd_create reads the NUL-terminated name only; the descriptor it returns is
+        // checked, then owned.
+        let fd = unsafe { libc::memfd_create(c"exitless-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(open_error(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(size).map_err(open_error)?;
+        (0..count.max(1))
+            .map(|_| {
+                let file = file.try_clone().map_err(open_error)?;
+                RamMapping::map(Path::new(SHOWN), file, size, false).map(AtOnce::over)
+            })
+            .collect()
     }
 
     /// Map an existing RAM disk file; its size is rounded down to whole sectors.
@@ -362,6 +402,51 @@ mod tests {
         let tags: Vec<u32> = completions(&mut disk).iter().map(|c| c.tag).collect();
         assert_eq!(tags, (0..disk.max_in_flight() as u32).collect::<Vec<_>>());
         assert!(disk.submit(1000, Op::Flush, 0, &[]));
+    }
+
+    #[test]
+    fn create_follows_no_symlink_and_takes_no_other_users_file() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"someone's data").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(matches!(RamDisk::create(&link, 4096), Err(BackendError::Open { .. })));
+        assert_eq!(std::fs::read(&target).unwrap(), b"someone's data", "the link's target is untouched");
+        let fifo = dir.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path only.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert!(matches!(RamDisk::create(&fifo, 4096), Err(BackendError::Open { .. })));
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&target, Some(65534), Some(65534)).unwrap();
+            assert!(matches!(RamDisk::create(&target, 4096), Err(BackendError::Open { .. })));
+            assert_eq!(
+                std::fs::read(&target).unwrap(),
+                b"someone's data",
+                "another user's file is untouched"
+            );
+        }
+        // A new file is its owner's alone.
+        let new = dir.path().join("new");
+        drop(RamDisk::create(&new, 4096).unwrap());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o7777, 0o600);
+    }
+
+    #[test]
+    fn an_anonymous_disk_is_one_disk_across_its_mappings_and_no_file() {
+        let mut disks = RamDisk::anonymous_queues(64 << 10, 2).unwrap();
+        let mut data = [0x3cu8; 512];
+        assert!(disks[0].submit(1, Op::Write, 8192, &[segment(&mut data)]));
+        assert_eq!(completions(&mut disks[0])[0].result, Ok(512));
+        let mut back = [0u8; 512];
+        assert!(disks[1].submit(2, Op::Read, 8192, &[segment(&mut back)]));
+        assert_eq!(completions(&mut disks[1])[0].result, Ok(512));
+        assert_eq!(back, data);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(maps.contains("/memfd:exitless-ram"), "{maps}");
     }
 
     #[test]

@@ -19,7 +19,8 @@ pub enum DiskSpec {
         /// Bypass the host page cache (O_DIRECT) where the file system allows it.
         direct: bool,
     },
-    /// A new RAM disk of `size` bytes, gone when its last backend is dropped.
+    /// A new RAM disk of `size` bytes (a memfd, which no path leads to), gone when its last
+    /// backend is dropped.
     Ram {
         /// Bytes, a non-zero multiple of 512.
         size: u64,
@@ -55,18 +56,11 @@ impl DiskSpec {
         let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(count);
         match self {
             DiskSpec::Ram { size } => {
-                // One file, mapped once per queue; the name goes once every mapping is made
-                // (the mappings keep the bytes).
-                let path = temporary_ram_path();
-                let result = (|| {
-                    backends.push(Box::new(RamDisk::create(&path, *size)?));
-                    for _ in 1..count {
-                        backends.push(Box::new(RamDisk::open(&path, false)?));
-                    }
-                    Ok(())
-                })();
-                let _ = std::fs::remove_file(&path);
-                result?;
+                // One memfd, mapped once per queue: no file another user could plant, open or
+                // read.
+                for disk in RamDisk::anonymous_queues(*size, count)? {
+                    backends.push(Box::new(disk));
+                }
             }
             DiskSpec::File { path, read_only, direct } => {
                 let options =
@@ -92,14 +86,6 @@ impl DiskSpec {
         }
         Ok(backends)
     }
-}
-
-/// A /dev/shm name no other RAM disk of this process uses.
-fn temporary_ram_path() -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    PathBuf::from(format!("/dev/shm/exitless-ram-{}-{n}", std::process::id()))
 }
 
 #[cfg(test)]

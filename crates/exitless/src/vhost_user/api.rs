@@ -6,8 +6,13 @@
 //! most [`MAX_CLIENTS`] at once, and each has [`CLIENT_TIME`] to send its request and read the
 //! answer, so a client that connects and never sends, or never reads, only loses its own
 //! connection. The data plane (the IOCores) never waits for this thread or the control thread.
-//! While the control thread works on a request, this thread waits for its answer, as long as
-//! its owner allows ([`AnswerWithin`]).
+//! While the control thread works on a request, this thread waits for its answer, however long
+//! it takes: an answer given before the work ends could tell a client that something failed
+//! which then goes on and succeeds. Each owner bounds its own work instead: the daemon gives up
+//! opening a disk after `disks::OPEN_LIMIT` (and then adds nothing), the VMM's verbs bound
+//! their waits (a pause gives up after 5 s for the vCPUs and 10 s for a disk's requests, a
+//! migration after 30 s without word from its peer), and a migration or a snapshot takes as
+//! long as the guest's memory takes to send or write.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
@@ -18,6 +23,7 @@ use std::sync::mpsc::{self, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ::vhost_user::server::{check_peer, listen, remove_socket, Access};
 use api_http::{Request, Response};
 use sandbox::Filter;
 
@@ -25,19 +31,6 @@ use sandbox::Filter;
 const MAX_CLIENTS: usize = 16;
 /// How long a client has to send its request, and again to read the answer.
 const CLIENT_TIME: Duration = Duration::from_secs(5);
-
-/// How long the API waits for the control thread's answer before it answers 503 itself.
-#[derive(Clone, Copy, Debug)]
-pub enum AnswerWithin {
-    /// The daemon's: its control thread's work (opening a disk, say) is short.
-    Seconds(u64),
-    /// Until the answer comes, or the control thread drops the request: for the VMM, whose
-    /// main thread's verbs bound themselves (a pause gives up after 5 s for the vCPUs and 10 s
-    /// for a disk's requests, a migration after 30 s without word from its peer), while a
-    /// migration or a snapshot takes as long as the guest's memory takes to send or write. An
-    /// early 503 would tell the client a migration failed that then goes on and succeeds.
-    TheAnswer,
-}
 
 /// A request for the control thread, with where its answer goes.
 pub struct Call {
@@ -64,20 +57,22 @@ impl Api {
         filter: Filter,
         calls: SyncSender<Call>,
         wake: File,
-        within: AnswerWithin,
     ) -> Result<Api, String> {
-        let listener = ::vhost_user::server::listen(path).map_err(|e| format!("--api-socket: {e}"))?;
+        // Whoever may write to the socket controls the process (PUT /disks opens any path it
+        // can): the socket is its owner's alone, and only its user and root are served.
+        let access = Access::owner_only();
+        let listener = listen(path, &access).map_err(|e| format!("--api-socket: {e}"))?;
         listener.set_nonblocking(true).map_err(|e| format!("--api-socket: {e}"))?;
         let path = path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
-                let _socket = RemoveOnDrop(path);
+                let _socket = RemoveOnDrop(path, access.clone());
                 if let Err(e) = filter.install() {
                     log::error!("{e}; the control API is not served");
                     return;
                 }
-                serve(&listener, &stop, &Control { calls, wake, within });
+                serve(&listener, &stop, &Control { calls, wake }, &access);
             })
             .map_err(|e| format!("cannot start the control API's thread: {e}"))?;
         Ok(Api { thread })
@@ -89,11 +84,12 @@ impl Api {
     }
 }
 
-struct RemoveOnDrop(PathBuf);
+/// The socket's path, removed as the thread ends if it is still our socket.
+struct RemoveOnDrop(PathBuf, Access);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        remove_socket(&self.0, &self.1);
     }
 }
 
@@ -101,7 +97,6 @@ impl Drop for RemoveOnDrop {
 struct Control {
     calls: SyncSender<Call>,
     wake: File,
-    within: AnswerWithin,
 }
 
 impl Control {
@@ -111,14 +106,7 @@ impl Control {
             return error(503, "the process is stopping");
         }
         let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
-        match self.within {
-            AnswerWithin::Seconds(s) => answer
-                .recv_timeout(Duration::from_secs(s))
-                .unwrap_or_else(|_| error(503, format!("no answer within {s} s"))),
-            AnswerWithin::TheAnswer => answer
-                .recv()
-                .unwrap_or_else(|_| error(503, "the request was dropped: the process is stopping")),
-        }
+        answer.recv().unwrap_or_else(|_| error(503, "the request was dropped: the process is stopping"))
     }
 }
 
@@ -192,7 +180,7 @@ impl Client {
     }
 }
 
-fn serve(listener: &UnixListener, stop: &OwnedFd, control: &Control) {
+fn serve(listener: &UnixListener, stop: &OwnedFd, control: &Control, access: &Access) {
     let mut clients: Vec<Client> = Vec::with_capacity(MAX_CLIENTS);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CLIENTS + 2);
     loop {
@@ -226,15 +214,20 @@ fn serve(listener: &UnixListener, stop: &OwnedFd, control: &Control) {
         }
         clients.retain(|c| !c.done);
         if accepting && fds[1].revents != 0 {
-            accept(listener, &mut clients);
+            accept(listener, &mut clients, access);
         }
     }
 }
 
-fn accept(listener: &UnixListener, clients: &mut Vec<Client>) {
+fn accept(listener: &UnixListener, clients: &mut Vec<Client>, access: &Access) {
     while clients.len() < MAX_CLIENTS {
         match listener.accept() {
             Ok((stream, _)) => {
+                // Another user's client is closed before a byte of its request is read.
+                if let Err(refused) = check_peer(&stream, access) {
+                    log::warn!("control API: {refused}; connection closed");
+                    continue;
+                }
                 if stream.set_nonblocking(true).is_err() {
                     continue;
                 }

@@ -9,10 +9,12 @@ use std::io::Write;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use ::vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
+use ::vhost_user::server::Access;
 use iocore::IoCore;
 use rate_limiter::{Limits, RateLimiter};
 use sandbox::{SeccompMode, ThreadKind};
@@ -47,6 +49,42 @@ pub enum DiskError {
     Socket(#[from] ::vhost_user::Error),
     #[error("cannot start {what}'s connection thread: {source}")]
     Thread { what: String, source: std::io::Error },
+    #[error(
+        "opening the disk of {what} did not answer within {} s (a FUSE or NFS file system that does not answer?): it is not added; try again once its file system answers",
+        OPEN_LIMIT.as_secs()
+    )]
+    OpenTimeout { what: String },
+}
+
+/// How long opening a disk (its file, its io_uring, its checks) may take: past it the disk is
+/// not added, and an open that ends later is closed again. The control thread, and the API
+/// client waiting for its answer, are never held longer by a file system that does not answer.
+pub const OPEN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Open `disk` `count` times (a backend per queue) on a thread of its own, waiting at most
+/// `limit` for it.
+fn open_within(
+    disk: &storage::DiskSpec,
+    count: usize,
+    what: &str,
+    limit: Duration,
+) -> Result<Vec<Box<dyn storage::Backend>>, DiskError> {
+    let (opened, result) = mpsc::channel();
+    let disk = disk.clone();
+    std::thread::Builder::new()
+        .name("disk-open".into())
+        // A late open finds nobody waiting: what it opened is dropped (closed) here.
+        .spawn(move || drop(opened.send(disk.open_queues(count))))
+        .map_err(|source| DiskError::Thread { what: what.to_owned(), source })?;
+    match result.recv_timeout(limit) {
+        Ok(backends) => {
+            backends.map_err(|e| DiskError::Open { what: what.to_owned(), reason: e.to_string() })
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(DiskError::OpenTimeout { what: what.to_owned() }),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err(DiskError::Open { what: what.to_owned(), reason: "the opening thread failed".into() })
+        }
+    }
 }
 
 impl DiskError {
@@ -57,6 +95,7 @@ impl DiskError {
             DiskError::Socket(::vhost_user::Error::SocketInUse { .. }) => 409,
             DiskError::NotFound(_) => 404,
             DiskError::Thread { .. } => 500,
+            DiskError::OpenTimeout { .. } => 504,
             DiskError::Open { .. } | DiskError::Size { .. } | DiskError::Socket(_) => 400,
         }
     }
@@ -166,6 +205,8 @@ pub struct Disks {
     disks: BTreeMap<String, Disk>,
     /// Give every disk a hand-over port (`--handover-socket`).
     handover: bool,
+    /// Who may use the disks' sockets (`--socket-owner`, `--socket-mode`).
+    access: Access,
 }
 
 impl Disks {
@@ -187,7 +228,14 @@ impl Disks {
             next_index: 0,
             disks: BTreeMap::new(),
             handover: false,
+            access: Access::owner_only(),
         }
+    }
+
+    /// Give every disk's socket added from now on this access (mode, owner, peers served).
+    pub fn with_access(mut self, access: Access) -> Disks {
+        self.access = access;
+        self
     }
 
     /// Let every disk added from now on be handed over to a successor.
@@ -274,10 +322,7 @@ impl Disks {
         listen: Listen,
     ) -> Result<Disk, DiskError> {
         let what = format!("disk {index} ({})", socket.display());
-        let backends = spec
-            .disk
-            .open_queues(usize::from(queues))
-            .map_err(|e| DiskError::Open { what: what.clone(), reason: e.to_string() })?;
+        let backends = open_within(&spec.disk, usize::from(queues), &what, OPEN_LIMIT)?;
         let serial = spec.serial.clone().unwrap_or_else(|| format!("vhost-user-disk{index}"));
         let mut block =
             Block::with_queues(backends, &serial).ok_or_else(|| DiskError::Size { what: what.clone() })?;
@@ -298,9 +343,9 @@ impl Disks {
             device = device.with_rate_limiter(limiter.clone());
         }
         let (server, adopted) = match listen {
-            Listen::Bind => (::vhost_user::Server::bind(&socket)?, None),
+            Listen::Bind => (::vhost_user::Server::bind_with(&socket, self.access.clone())?, None),
             Listen::Adopt { listener, adopted } => {
-                (::vhost_user::Server::adopt(listener, &socket)?, Some(adopted))
+                (::vhost_user::Server::adopt(listener, &socket, self.access.clone())?, Some(adopted))
             }
         };
         let frontend = server.frontend_connected();

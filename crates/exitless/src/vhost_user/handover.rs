@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use ::vhost_user::handover::{
     Adopted, DiskState, FromPredecessor, HandoverError, Outcome, ToPredecessor, ToSuccessor,
 };
+use ::vhost_user::server::Access;
 use serde_json::Value;
 
 use super::disks::{identity, Disks, Listen};
@@ -45,6 +46,8 @@ pub struct HandoverSocket {
     /// This daemon's effective user, the only one a successor may run as (read at set-up,
     /// before the thread's seccomp filter).
     own_user: libc::uid_t,
+    /// The socket file's access, to remove it only if it is still ours.
+    access: Access,
 }
 
 /// Connect to `path` if a live daemon listens there.
@@ -55,11 +58,10 @@ pub fn connect(path: &Path) -> Option<UnixStream> {
 impl HandoverSocket {
     /// Listen on `path` (a stale socket file there is replaced).
     pub fn bind(path: &Path) -> Result<HandoverSocket, String> {
-        let listener = ::vhost_user::server::listen(path).map_err(|e| format!("--handover-socket: {e}"))?;
-        // Only this daemon's user may connect (and so be handed the disks).
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(|e| {
-            format!("--handover-socket: cannot make {} its owner's alone: {e}", path.display())
-        })?;
+        // Only this daemon's user may connect (and so be handed the disks): the file is made
+        // 0600 from the start, and `serve_successor` checks the successor's user.
+        let listener = ::vhost_user::server::listen(path, &Access::owner_only())
+            .map_err(|e| format!("--handover-socket: {e}"))?;
         Ok(HandoverSocket::listening(listener, path))
     }
 
@@ -71,6 +73,7 @@ impl HandoverSocket {
             remove_on_drop: true,
             attempts: 0,
             own_user: own_user(),
+            access: Access::owner_only(),
         }
     }
 
@@ -177,7 +180,7 @@ fn send_states(successor: &ToSuccessor, states: &[Result<DiskState, HandoverErro
 impl Drop for HandoverSocket {
     fn drop(&mut self) {
         if self.remove_on_drop {
-            let _ = std::fs::remove_file(&self.path);
+            ::vhost_user::server::remove_socket(&self.path, &self.access);
         }
     }
 }

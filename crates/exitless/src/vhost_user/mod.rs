@@ -27,11 +27,12 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ::vhost_user::server::Access;
 use clap::{Args, ValueEnum};
 use iocore::{IoCore, Policy};
 use sandbox::{Filter, ThreadKind};
 
-use api::{AnswerWithin, Api, Call};
+use api::{Api, Call};
 use disks::Disks;
 use handover::HandoverSocket;
 use spec::VhostDisk;
@@ -56,9 +57,22 @@ pub struct VhostUserBlkArgs {
     /// Without `socket=`, the disk is served on `--socket`. Needed unless --api-socket is given.
     #[arg(long, value_name = "SPEC", value_parser = spec::parse, required_unless_present = "api_socket")]
     pub disk: Vec<VhostDisk>,
+    /// Give every disk's socket to this user and/or group once it is made (numbers: `UID`,
+    /// `UID:GID` or `:GID`; e.g. `$(id -u libvirt-qemu)` for libvirt's QEMU), and serve that
+    /// user's processes too. Without it only the daemon's own user and root may connect. Giving
+    /// a socket to another user needs root; a group, membership of it. See "Who may connect".
+    #[arg(long, value_name = "[UID][:GID]", value_parser = parse_owner)]
+    pub socket_owner: Option<SocketOwner>,
+    /// The disks' socket files' permission bits, in octal: 600 (the default: the owner's alone)
+    /// or 660 (the group may connect too: processes whose group is --socket-owner's GID, or the
+    /// daemon's group, are then served). Bits for other users are refused.
+    #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
+    pub socket_mode: u32,
     /// Serve the control API on this Unix socket: HTTP/1.1 with JSON bodies (`curl
     /// --unix-socket PATH http://localhost/disks`), to list, add, re-limit and remove disks
-    /// while the daemon runs, and Prometheus metrics on /metrics. See below.
+    /// while the daemon runs, and Prometheus metrics on /metrics. The socket is made 0600 and
+    /// only the daemon's user and root are served: the API opens any file the daemon can
+    /// (PUT /disks), so whoever may use it has the daemon's rights. See below.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
     /// Upgrade without a hang-up: if a daemon started with the same option listens on PATH,
@@ -148,6 +162,18 @@ queues and for the next frontend (QEMU does not send it again when it reconnects
 what GET_CONFIG says to a new guest), until the daemon exits; a new daemon starts write back.
 Read-only disks do not offer it. Any other SET_CONFIG is refused.
 
+Who may connect: every socket the daemon makes (disks, --api-socket, --handover-socket) is
+created mode 0600 whatever the umask (never wider, not for an instant), and each connection's
+user (SO_PEERCRED) is checked before a byte of it is read: only the daemon's own user and root
+are served unless the operator says otherwise for the disks' sockets. A refused process is
+logged with its uid, gid and pid, and its connection closed; the daemon serves on. QEMU run by
+another user (libvirt's): --socket-owner UID gives each disk's socket to that user (root
+only) and serves it too; or --socket-owner :GID --socket-mode 660 gives the sockets to a group
+of the daemon's and serves processes of that group. A path is only replaced when it holds a
+stale socket of the daemon's user (or of --socket-owner's): a regular file, a symbolic link, a
+directory or another user's socket there is an error, left alone. Put the sockets in a
+directory only the daemon's user may write (or a sticky one, such as /tmp).
+
 Shared data plane: the rings of all connected frontends are served by --iocores IOCore threads
 (default one). Disks are placed in the order given, each on the IOCore with the fewest queues
 so far (so disk i goes to IOCore i mod N when disks have equal queue counts); a ring joins its
@@ -172,7 +198,9 @@ second's budget (the burst) and starting full. A request over the limit waits in
 is not failed. Over t seconds a disk serves at most N*(t+1) requests and BYTES*(t+1) bytes
 plus one request.
 
-Control API (--api-socket PATH; any local user who may open PATH controls the daemon):
+Control API (--api-socket PATH; made 0600 whatever the umask, and only the daemon's user and
+root are served: the API opens any file the daemon can, so it is as powerful as the daemon's
+user; never loosen it):
   GET    /disks            every disk: spec, IOCore, frontend_connected, counts
   GET    /disks/NAME       one disk
   PUT    /disks/NAME       add one; the body holds --disk's keys: {\"socket\": \"/tmp/c.sock\",
@@ -186,7 +214,9 @@ Control API (--api-socket PATH; any local user who may open PATH controls the da
                            _bytes_total, _request_duration_seconds, _rate_limit_waits_total,
                            exitless_iocore_busy_seconds_total, _idle_seconds_total, ...
 Errors are 4xx with {\"error\": \"...\"}. One request per connection; a client has 5 s to send
-it. Adding or removing a disk leaves the other disks' frontends and rings alone.
+it. A request is answered once it is done: an open of a disk that takes over 30 s (a file system
+that does not answer) is given up with 504, and that disk is not added. Adding or removing a
+disk leaves the other disks' frontends and rings alone.
 
 Examples:
   exitless vhost-user-blk --socket /tmp/vhost.sock --disk path=disk.img &
@@ -198,6 +228,44 @@ Examples:
   exitless vhost-user-blk --api-socket /tmp/api.sock &
   curl --unix-socket /tmp/api.sock -X PUT -d '{\"socket\":\"/tmp/d.sock\",\"ram\":\"1G\"}' \\
       http://localhost/disks/d";
+
+/// `--socket-owner [UID][:GID]`: who the disks' sockets are given to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketOwner {
+    /// The user, if named.
+    pub uid: Option<u32>,
+    /// The group, if named.
+    pub gid: Option<u32>,
+}
+
+fn parse_owner(text: &str) -> Result<SocketOwner, String> {
+    let number = |part: &str, what: &str| -> Result<Option<u32>, String> {
+        if part.is_empty() {
+            return Ok(None);
+        }
+        part.parse().map(Some).map_err(|_| format!("{what} {part:?} is not a number (see `id -u USER`)"))
+    };
+    let (uid, gid) = text.split_once(':').unwrap_or((text, ""));
+    let owner = SocketOwner { uid: number(uid, "the user")?, gid: number(gid, "the group")? };
+    if owner.uid.is_none() && owner.gid.is_none() {
+        return Err("give UID, UID:GID or :GID".into());
+    }
+    Ok(owner)
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{text:?} is not an octal mode such as 600 or 660"))?;
+    if mode & !0o770 != 0 {
+        return Err(format!(
+            "{text}: a socket is never open to every user; give 600 or 660 (and --socket-owner)"
+        ));
+    }
+    if mode & 0o600 != 0o600 {
+        return Err(format!("{text}: the owner needs read and write (6 in the first digit)"));
+    }
+    Ok(mode)
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum VhostIoMode {
@@ -264,7 +332,10 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
-    let mut disks = Disks::new(iocores.clone(), args.queues, seccomp, args.api_socket.is_some(), mode);
+    let owner = args.socket_owner.unwrap_or(SocketOwner { uid: None, gid: None });
+    let access = Access::new(args.socket_mode, owner.uid, owner.gid);
+    let mut disks = Disks::new(iocores.clone(), args.queues, seccomp, args.api_socket.is_some(), mode)
+        .with_access(access);
     let specs: Vec<(VhostDisk, PathBuf)> = args.disk.iter().cloned().zip(sockets).collect();
     let mut successors = match &args.handover_socket {
         Some(path) => {
@@ -289,8 +360,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
             let (sender, calls) = mpsc::sync_channel(16);
             let filter = Filter::new(ThreadKind::ApiServer, seccomp).map_err(|e| e.to_string())?;
             let stop = stop.try_clone().map_err(|e| format!("cannot share the stop descriptor: {e}"))?;
-            let api =
-                Api::start(path, stop, filter, sender, wake_writer, AnswerWithin::Seconds(CONTROL_SECONDS))?;
+            let api = Api::start(path, stop, filter, sender, wake_writer)?;
             log::info!("control API on {}", path.display());
             (Some(api), Some(calls), Some(wake))
         }
@@ -419,8 +489,6 @@ fn wake_event() -> std::io::Result<(File, File)> {
 /// frontend saw completed is in the disk already (RAM disk pages are in /dev/shm, file writes
 /// in the page cache or, after FLUSH, on the disk), so an orderly stop only tidies up.
 const STOP_GRACE: Duration = Duration::from_millis(1500);
-/// How long the control API waits for the control thread to answer (opening a disk, say).
-const CONTROL_SECONDS: u64 = 10;
 
 /// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
 /// the process by then: a watchdog thread that polls the same signalfd (the signal stays
@@ -461,5 +529,22 @@ fn stop_signals() -> std::io::Result<OwnedFd> {
             return Err(std::io::Error::last_os_error());
         }
         Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_mode, parse_owner, SocketOwner};
+
+    #[test]
+    fn socket_owner_and_mode_take_numbers_and_refuse_a_socket_open_to_all() {
+        assert_eq!(parse_owner("64055"), Ok(SocketOwner { uid: Some(64055), gid: None }));
+        assert_eq!(parse_owner("1:2"), Ok(SocketOwner { uid: Some(1), gid: Some(2) }));
+        assert_eq!(parse_owner(":2"), Ok(SocketOwner { uid: None, gid: Some(2) }));
+        assert!(parse_owner(":").is_err() && parse_owner("qemu").unwrap_err().contains("id -u"));
+        assert_eq!((parse_mode("600"), parse_mode("0660")), (Ok(0o600), Ok(0o660)));
+        assert!(parse_mode("666").unwrap_err().contains("every user"));
+        assert!(parse_mode("060").unwrap_err().contains("owner"));
+        assert!(parse_mode("9").is_err());
     }
 }

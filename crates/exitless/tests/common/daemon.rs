@@ -19,6 +19,8 @@ pub struct DaemonBuilder {
     args: Vec<OsString>,
     sockets: Vec<PathBuf>,
     env: Vec<(OsString, OsString)>,
+    /// The daemon's umask, when the test sets one.
+    umask: Option<libc::mode_t>,
 }
 
 impl DaemonBuilder {
@@ -61,12 +63,29 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's umask (the test's own otherwise).
+    pub fn umask(mut self, umask: libc::mode_t) -> Self {
+        self.umask = Some(umask);
+        self
+    }
+
     /// The command, for a test that runs and waits for it its own way (one that must die).
     pub fn command(&self) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
         command.arg("vhost-user-blk").args(&self.args).stdin(Stdio::null());
         for (key, value) in &self.env {
             command.env(key, value);
+        }
+        if let Some(umask) = self.umask {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask is async-signal-safe and touches no memory; nothing else runs in
+            // the child between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    libc::umask(umask);
+                    Ok(())
+                })
+            };
         }
         command
     }

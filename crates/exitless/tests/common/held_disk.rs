@@ -96,6 +96,21 @@ impl HeldDisk {
         let _ = std::fs::remove_file(self.control.join("one"));
     }
 
+    /// Hold every open of the disk from now on, until `release_open`.
+    pub fn hold_open(&self) {
+        std::fs::write(self.control.join("hold-open"), b"").unwrap();
+    }
+
+    /// Let held opens go.
+    pub fn release_open(&self) {
+        let _ = std::fs::remove_file(self.control.join("hold-open"));
+    }
+
+    /// Has an open of the disk been held?
+    pub fn open_held(&self) -> bool {
+        self.control.join("opening").exists()
+    }
+
     /// What the request being held is ("write 0 4096"), if one is.
     pub fn held(&self) -> Option<String> {
         std::fs::read_to_string(self.control.join("held")).ok().map(|s| s.trim().to_owned())
@@ -104,6 +119,7 @@ impl HeldDisk {
 
 impl Drop for HeldDisk {
     fn drop(&mut self) {
+        self.release_open();
         self.release(true);
         let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
         let _ = self.server.kill();
