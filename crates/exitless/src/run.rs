@@ -113,6 +113,7 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
             pause: args.disable_exits.iter().any(|e| matches!(e, ExitKind::Pause)),
         },
         cmdline,
+        testdev: args.probe || args.testdev,
         console: ConsoleMode::Stdout,
         timeout: args.timeout.map(Duration::from_secs_f64),
         disks: args

@@ -263,6 +263,15 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
                 let _ = std::fs::remove_file(api);
                 status
             }
+            sandbox::ThreadKind::StateReader => {
+                // A destination's stream reader confines itself before it accepts its source.
+                let socket = dir.path().join("self-test.mig");
+                let url = format!("unix:{}", socket.display());
+                let status =
+                    with_self_test(name, exitless(&["run", "--receive-migration", &url, "--timeout", "30"]));
+                let _ = std::fs::remove_file(&socket);
+                status
+            }
             sandbox::ThreadKind::VhostUserWatch => {
                 // A healthy daemon, and the self-test in the frontend VMM's watcher.
                 let (daemon, socket) = start_daemon(dir.path(), "kill");
