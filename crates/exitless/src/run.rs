@@ -71,10 +71,12 @@ fn restore(source: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
 fn receive(url: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
     let (vm, received) = Vm::receive_migration(url, base)?;
     log::info!(
-        "live migration received on {url}: {} pages in {} records; state applied in {:.3} ms",
+        "live migration received on {url}: {} pages in {} records; state applied in {:.3} ms; \
+         {} connections from other users refused",
         received.pages,
         received.records,
-        received.apply_ms
+        received.apply_ms,
+        received.refused_peers
     );
     Ok(vm)
 }
