@@ -158,7 +158,8 @@ pub struct IoArgs {
     /// not at all, for the next one on the socket and carries on).
     /// vhost-user disks come after the others on the bus. `serial=TEXT` (1 to 20 printable ASCII
     /// characters) sets the serial number the guest reads (Linux: /sys/block/vdX/serial); the
-    /// default is `exitless-diskN`.
+    /// default is `exitless-diskN`. With --restore or --receive-migration: the VM's own disks, in
+    /// its order.
     #[arg(long = "disk", value_name = "SPEC", value_parser = exitless_args::disk::parse_run)]
     pub disks: Vec<exitless_args::disk::RunDisk>,
     /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.
