@@ -366,3 +366,40 @@ fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     let result = line_with(&out, "probe", "blk");
     assert_eq!(result["mismatches"], 0, "{result}");
 }
+
+/// Threads of `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
+        })
+        .count()
+}
+
+/// The test device's ping-pong responder spins on a host core and writes guest memory through
+/// the host mapping, which no dirty log sees: a pause ends it (the pause answers once it has
+/// ended, so nothing changes the paused VM's memory behind a snapshot), and while the VM is
+/// paused it stays ended. It used to spin on through the pause.
+#[test]
+fn a_pause_ends_the_test_devices_responder() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let cmdline = "probe.workload=exitcost probe.ops=pingpong probe.pingpong_n=2000000000";
+    let vm = Vm::start(dir.path(), "vm", &["run", "--probe", "--timeout", "170", "--cmdline", cmdline]);
+    let pid = vm.process.pid();
+    // The thread's name, as /proc shows it (15 bytes).
+    let responder = "testdev-pingpon";
+    let started = std::time::Instant::now();
+    while threads_named(pid, responder) == 0 {
+        assert!(started.elapsed() < RUN_LIMIT, "no responder started: {}", vm.process.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(vm.put("pause", None).0, 204, "pause");
+    assert_eq!(threads_named(pid, responder), 0, "the responder runs on in the paused VM");
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.path().join("snap").display());
+    assert_eq!(vm.put("snapshot", Some(&body)).0, 204, "snapshot");
+    assert_eq!(threads_named(pid, responder), 0, "a responder started in the paused VM");
+    vm.kill();
+}
