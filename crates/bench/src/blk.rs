@@ -826,6 +826,8 @@ fn run_mode(
     );
     let config = VmConfig {
         cmdline: probe::with_io_mode(&cmdline, mode),
+        // The probe guest: its exit marks and ping-pong are the test device's.
+        testdev: true,
         console: ConsoleMode::Capture,
         timeout: Some(run_timeout(args)),
         pin_vcpus: vec![args.vcpu_cpu],

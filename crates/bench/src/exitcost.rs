@@ -81,6 +81,8 @@ fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> 
     );
     let config = VmConfig {
         cmdline,
+        // The probe guest: its exit marks and ping-pong are the test device's.
+        testdev: true,
         console: ConsoleMode::Capture,
         timeout: Some(RUN_TIMEOUT),
         seccomp: args.seccomp.mode(),

@@ -171,14 +171,27 @@ fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Ro
     let seccomp = seccomp.as_str();
     let url = format!("unix:{}", socket.display());
     let (dst_out, dst_err) = (dir.join("destination.out"), dir.join("destination.err"));
+    // The destination names the VM's disk (the same file: shared storage) and gives it the
+    // probe's test device.
+    let disk_arg = format!("path={},direct", disk.display());
     let mut destination = spawn(
         exe,
-        &["run", "--receive-migration", &url, "--seccomp", seccomp, "--timeout", "170"],
+        &[
+            "run",
+            "--receive-migration",
+            &url,
+            "--disk",
+            &disk_arg,
+            "--testdev",
+            "--seccomp",
+            seccomp,
+            "--timeout",
+            "170",
+        ],
         &dst_out,
         &dst_err,
     )?;
     wait_for("the destination", || socket.exists(), &mut destination, &dst_err)?;
-    let disk_arg = format!("path={},direct", disk.display());
     let cmdline = format!(
         "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=8 probe.seed={} probe.gate_block={BLOCKS} probe.timeout_ms=60000",
         super::fresh_seed()

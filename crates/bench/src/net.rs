@@ -430,6 +430,8 @@ impl Lab {
         );
         let config = VmConfig {
             cmdline: probe::with_io_mode(&cmdline, mode),
+            // The probe guest: its exit marks and ping-pong are the test device's.
+            testdev: true,
             console: ConsoleMode::Capture,
             timeout: Some(Duration::from_millis(args.duration_ms) + RUN_SLACK),
             pin_vcpus: vec![args.vcpu_cpu],

@@ -54,8 +54,8 @@ Exit status:
   125  exitless failed (bad kernel file, KVM error, ...)
 
 The guest's serial console (COM1) goes to standard output, messages to standard error.
-exitless appends `exitless.testdev=<address>` to the command line (the probe's test device),
-`virtio_mmio.device=4K@<address>:<irq>` for each --disk and, with --probe, `probe.tsc_khz=<kHz>`
+exitless appends `exitless.testdev=<address>` to the command line when the VM has the test
+device (--probe or --testdev), `virtio_mmio.device=4K@<address>:<irq>` for each --disk and, with --probe, `probe.tsc_khz=<kHz>`
 so the probe can report nanoseconds, and the guest half of --io-mode (`probe.completion=` and
 `probe.pv_eoi=`) unless the command line sets them. For another kernel, the guest half of a mode
 (polled or interrupt completion) is that kernel's driver's choice.
@@ -73,19 +73,30 @@ pub struct RunArgs {
     #[arg(long, group = "kernel-source")]
     pub probe: bool,
     /// Continue a VM from a snapshot (`source_url=file:///DIR`, as Cloud Hypervisor takes it) in
-    /// this process: its memory, vCPUs, devices and configuration (disks are reopened from the
-    /// paths they had). Options that build a VM (--mem, --disk, --cmdline, --io-mode...) are the
+    /// this process: its memory, vCPUs, devices and configuration. Its disks are the ones named
+    /// here with --disk, in the snapshot's order, each of the saved disk's kind, size, queues=
+    /// and readonly (a path in the snapshot is never opened); --testdev if it had the test
+    /// device. Its other options that build a VM (--mem, --cmdline, --io-mode...) are the
     /// snapshot's; --timeout, --seccomp, CPU placement and --snapshot-dir are this run's.
     #[arg(long, value_name = "source_url=file:///DIR", group = "kernel-source")]
     pub restore: Option<String>,
-    /// Wait on this Unix socket (`unix:/PATH`) for a live migration from another exitless (its
-    /// `PUT /api/v1/vm.send-migration`), then run the VM it brings. As with --restore, options
-    /// that build a VM are the source's (disks are reopened from the same paths: shared
-    /// storage); --timeout, --seccomp, CPU placement, --api-socket are this run's.
+    /// Wait on this Unix socket (`unix:/PATH`, created with mode 0600) for a live migration from
+    /// another exitless of the same user or root (its `PUT /api/v1/vm.send-migration`; other
+    /// users' connections are closed unread), then run the VM it brings. As with --restore, its
+    /// disks are the ones named here with --disk (the same files: shared storage), and
+    /// --testdev if it has the test device; other options that build a VM are the source's;
+    /// --timeout, --seccomp, CPU placement, --api-socket are this run's.
     #[arg(long, value_name = "unix:/PATH", group = "kernel-source")]
     pub receive_migration: Option<String>,
+    /// Give the VM the test device (exit-cost registers and a bounded ping-pong responder, for
+    /// the probe) with --kernel, or to a --restore or --receive-migration of a VM that had it.
+    /// --probe has it always; other VMs have none.
+    #[arg(long)]
+    pub testdev: bool,
     /// Where a snapshot goes: SIGUSR1 pauses the VM (vCPUs stopped, every device drained) and
-    /// writes a snapshot there (state.json and memory); the VM stays paused. SIGUSR2 pauses a
+    /// writes a snapshot there (state.json and memory, mode 0600, in a directory of mode 0700
+    /// that exitless creates; an existing one must be this user's, 0700, not a link); the VM
+    /// stays paused. SIGUSR2 pauses a
     /// running VM or resumes a paused one. Local disks (path=, ram,path= or null=) only.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
@@ -149,7 +160,8 @@ pub struct IoArgs {
     /// not at all, for the next one on the socket and carries on).
     /// vhost-user disks come after the others on the bus. `serial=TEXT` (1 to 20 printable ASCII
     /// characters) sets the serial number the guest reads (Linux: /sys/block/vdX/serial); the
-    /// default is `exitless-diskN`.
+    /// default is `exitless-diskN`. With --restore or --receive-migration: the VM's own disks, in
+    /// its order.
     #[arg(long = "disk", value_name = "SPEC", value_parser = exitless_args::disk::parse_run)]
     pub disks: Vec<exitless_args::disk::RunDisk>,
     /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.

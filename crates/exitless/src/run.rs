@@ -71,10 +71,12 @@ fn restore(source: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
 fn receive(url: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
     let (vm, received) = Vm::receive_migration(url, base)?;
     log::info!(
-        "live migration received on {url}: {} pages in {} records; state applied in {:.3} ms",
+        "live migration received on {url}: {} pages in {} records; state applied in {:.3} ms; \
+         {} connections from other users refused",
         received.pages,
         received.records,
-        received.apply_ms
+        received.apply_ms,
+        received.refused_peers
     );
     Ok(vm)
 }
@@ -113,6 +115,7 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
             pause: args.disable_exits.iter().any(|e| matches!(e, ExitKind::Pause)),
         },
         cmdline,
+        testdev: args.probe || args.testdev,
         console: ConsoleMode::Stdout,
         timeout: args.timeout.map(Duration::from_secs_f64),
         disks: args

@@ -21,13 +21,22 @@ use serde_json::Value;
 /// Blocks the verify writes and reads back; the disk has one more, the verify's gate
 /// (`probe.gate_block`): the guest reads back only once the test has opened it.
 const BLOCKS: u64 = 16384;
-/// A destination waiting on `dir/NAME.mig`.
-fn destination(dir: &Path, name: &str) -> (Background, PathBuf) {
+/// A destination waiting on `dir/NAME.mig`, for a VM with `disks` (`--disk` specs, as the
+/// source's) and the test device.
+fn destination(dir: &Path, name: &str, disks: &[String]) -> (Background, PathBuf) {
     let socket = dir.join(format!("{name}.mig"));
     let url = format!("unix:{}", socket.display());
-    let proc =
-        Background::start(dir, name, &["run", "--receive-migration", &url, "--timeout", "170"], &socket);
+    let mut args = vec!["run", "--receive-migration", &url, "--testdev", "--timeout", "170"];
+    for disk in disks {
+        args.extend(["--disk", disk.as_str()]);
+    }
+    let proc = Background::start(dir, name, &args, &socket);
     (proc, socket)
+}
+
+/// The `--disk` spec of `source`'s disk in `dir`, for the source and the destination.
+fn disk_spec(dir: &Path, verify: Verify) -> String {
+    format!("path={},direct,queues={}", dir.join("disk").display(), verify.queues)
 }
 
 /// What a verify run is.
@@ -45,7 +54,7 @@ fn source(dir: &Path, mode: &str, verify: Verify) -> (Background, PathBuf, PathB
     let Verify { seed, qd, queues } = verify;
     let disk = dir.join("disk");
     std::fs::File::create(&disk).unwrap().set_len((BLOCKS + 1) * 4096).unwrap();
-    let disk_arg = format!("path={},direct,queues={queues}", disk.display());
+    let disk_arg = disk_spec(dir, verify);
     let cmdline = format!(
         "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.gate_block={BLOCKS} probe.timeout_ms=60000"
     );
@@ -93,7 +102,7 @@ fn assert_verify_passed(stdout: &str, stderr: &str, what: &str) -> Value {
 /// Migrate `verify` in `mode` mid-run; the destination's verify result.
 fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let (dst, socket) = destination(dir.path(), "destination");
+    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
     let (src, api, disk) = source(dir.path(), mode, verify);
     let (status, body) = send_migration(&api, &socket);
     assert_eq!(status, 200, "{mode}: send-migration: {body}");
@@ -101,11 +110,21 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     let rounds = report["rounds"].as_u64().unwrap();
     let per_round: Vec<u64> =
         report["pages_per_round"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
-    assert!(rounds >= 1, "{mode}: {report}");
+    // Round 0 (all of memory) and at least one round of dirty pages; pre-copy stopped because
+    // its last round sent at most 1024 pages, or after its 30 rounds.
+    assert!(rounds >= 2, "{mode}: no round of dirty pages: {report}");
     // Each pre-copy round, then the stop-and-copy.
     assert_eq!(per_round.len() as u64, rounds + 1, "{mode}: {report}");
     assert!(per_round[0] > 0, "{mode}: the first round sent nothing: {report}");
-    assert!(report["downtime_ms"].as_f64().unwrap() > 0.0, "{mode}: {report}");
+    let last = per_round[rounds as usize - 1];
+    assert!(last <= 1024 || rounds == 30, "{mode}: pre-copy stopped before it converged: {report}");
+    // The guest reads the verify's gate block over and over while pre-copy runs: the device
+    // writes each answer into guest memory through the host mapping, which only the devices'
+    // own log sees. The guest's own writes are KVM's to log.
+    assert!(report["device_dirty_pages"].as_u64().unwrap() > 0, "{mode}: no device-dirtied page: {report}");
+    assert!(report["kvm_dirty_pages"].as_u64().unwrap() > 0, "{mode}: no KVM-dirtied page: {report}");
+    let (downtime, pause) = (report["downtime_ms"].as_f64().unwrap(), report["pause_ms"].as_f64().unwrap());
+    assert!(pause > 0.0 && pause <= downtime, "{mode}: the pause is not part of the downtime: {report}");
     assert!(report["state_bytes"].as_u64().unwrap() > 0, "{mode}: {report}");
     common::open_gate(&disk, BLOCKS);
 
@@ -150,7 +169,7 @@ fn a_two_queue_disk_migrated_mid_verify_finishes_its_verify() {
 /// A destination fed `stream` directly must end with a one-line error saying `expect`.
 fn assert_destination_refuses(what: &str, stream: &[u8], expect: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (dst, socket) = destination(dir.path(), "destination");
+    let (dst, socket) = destination(dir.path(), "destination", &[]);
     let mut conn = UnixStream::connect(&socket).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     // A peer that has gone may refuse the rest: what matters is what the destination says.
@@ -172,11 +191,16 @@ fn assert_destination_refuses(what: &str, stream: &[u8], expect: &str) {
 
 /// The hello of a 64 MiB VM without disks.
 fn hello() -> Vec<u8> {
+    hello_with_disks(serde_json::json!([]))
+}
+
+/// The hello of a 64 MiB VM with `disks`.
+fn hello_with_disks(disks: Value) -> Vec<u8> {
     let json = serde_json::json!({
         "config": {
             "mem_bytes": 64u64 << 20, "vcpus": 1, "hugepages": false, "cmdline": "",
             "io_mode": "eventfd", "idle_budget_us": 50, "disable_hlt_exits": false,
-            "disable_pause_exits": false, "disks": []
+            "disable_pause_exits": false, "disks": disks
         },
         "memory_bytes": 64u64 << 20
     })
@@ -222,6 +246,16 @@ fn a_damaged_stream_is_refused_by_the_destination_with_a_one_line_error() {
             "not an exitless snapshot",
         ),
         ("no state at all", hello(), "connection broke"),
+        // The destination opens the disks its operator names, never a path from the stream
+        // (it used to open this one, read-write).
+        (
+            "a disk the destination did not name",
+            hello_with_disks(serde_json::json!([{
+                "kind": "file", "path": "/nonexistent/victim", "size": 0, "read_only": false,
+                "direct": false, "serial": null, "queues": 1
+            }])),
+            "were named with --disk",
+        ),
     ];
     for (what, stream, expect) in cases {
         assert_destination_refuses(what, &stream, expect);
@@ -286,9 +320,10 @@ fn delaying_proxy(listen: &Path, to: PathBuf, hold: Duration) -> std::thread::Jo
 fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let (dst, socket) = destination(dir.path(), "destination");
     let seed = 3300;
-    let (src, api, disk) = source(dir.path(), "eventfd", Verify { seed, qd: 8, queues: 1 });
+    let verify = Verify { seed, qd: 8, queues: 1 };
+    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
+    let (src, api, disk) = source(dir.path(), "eventfd", verify);
     let proxy = dir.path().join("slow.mig");
     let forwarding = delaying_proxy(&proxy, socket, Duration::from_secs(11));
     let (status, body) = send_migration(&api, &proxy);
@@ -310,9 +345,10 @@ fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
 fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let (dst, socket) = destination(dir.path(), "destination");
     let seed = 3200;
-    let (src, api, disk) = source(dir.path(), "eventfd", Verify { seed, qd: 8, queues: 1 });
+    let verify = Verify { seed, qd: 8, queues: 1 };
+    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
+    let (src, api, disk) = source(dir.path(), "eventfd", verify);
     // Cut after the hello and some pages (the first round alone is over 200 KiB).
     let proxy = dir.path().join("proxy.mig");
     let forwarded = cutting_proxy(&proxy, socket, 100_000);
@@ -363,4 +399,84 @@ fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
     // Still running: it pauses.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     vm.kill();
+}
+
+/// Threads of `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
+        })
+        .count()
+}
+
+/// Forward a source's connection to `to`; once the destination's first reply (the VM built)
+/// has come, say so on `replied` and hold it until `release` says go.
+fn holding_proxy(
+    listen: &Path,
+    to: PathBuf,
+    replied: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<()> {
+    let listener = UnixListener::bind(listen).unwrap();
+    std::thread::spawn(move || {
+        let (mut from_source, _) = listener.accept().unwrap();
+        let mut to_destination = UnixStream::connect(&to).unwrap();
+        let (mut replies_in, mut replies_out) =
+            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+        let replies = std::thread::spawn(move || {
+            let mut first = [0u8; 1];
+            if replies_in.read_exact(&mut first).is_ok() {
+                let _ = replied.send(());
+                let _ = release.recv();
+                let _ = replies_out.write_all(&first);
+                let _ = std::io::copy(&mut replies_in, &mut replies_out);
+            }
+        });
+        let _ = std::io::copy(&mut from_source, &mut to_destination);
+        let _ = to_destination.shutdown(std::net::Shutdown::Write);
+        let _ = replies.join();
+    })
+}
+
+/// The test device's ping-pong responder writes guest memory through the host mapping, which
+/// no dirty log sees: while a migration's logging is on it is ended, and none starts. It used
+/// to spin on, writing pages no round would send again.
+#[test]
+fn a_migration_ends_the_test_devices_responder_while_it_logs() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (dst, socket) = destination(dir.path(), "destination", &[]);
+    let api = dir.path().join("source.api");
+    let cmdline = "probe.workload=exitcost probe.ops=pingpong probe.pingpong_n=2000000000";
+    let args =
+        ["run", "--probe", "--api-socket", api.to_str().unwrap(), "--timeout", "170", "--cmdline", cmdline];
+    let src = Background::start(dir.path(), "source", &args, &api);
+    let responder = "testdev-pingpon"; // The thread's name as /proc shows it (15 bytes).
+    let started = std::time::Instant::now();
+    while threads_named(src.pid(), responder) == 0 {
+        assert!(started.elapsed() < common::background::RUN_LIMIT, "no responder: {}", src.stderr());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (replied_tx, replied) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let proxy = dir.path().join("holding.mig");
+    let forwarding = holding_proxy(&proxy, socket, replied_tx, release_rx);
+    let migration = std::thread::spawn({
+        let (api, proxy) = (api.clone(), proxy.clone());
+        move || send_migration(&api, &proxy)
+    });
+    // The source has sent its hello, so its logging is on; the destination's answer is held.
+    replied.recv_timeout(common::background::RUN_LIMIT).expect("the destination never answered the hello");
+    let during = threads_named(src.pid(), responder);
+    release.send(()).unwrap();
+    let (status, body) = migration.join().unwrap();
+    assert_eq!(during, 0, "the responder ran on while the migration logged");
+    assert_eq!(status, 200, "{body}");
+    forwarding.join().unwrap();
+    let (code, _, err) = src.wait();
+    assert_eq!(code, Some(0), "the source: {err}");
+    dst.kill();
 }

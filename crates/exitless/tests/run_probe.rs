@@ -21,6 +21,26 @@ fn hello_boots_and_reports_what_it_found() {
     assert!(hello["tsc_khz"].as_u64().unwrap() > 0);
 }
 
+/// The test device (and its spinning ping-pong responder) is in a VM only when asked for:
+/// `--probe` has it; the same probe booted with `--kernel` has it with `--testdev` only. It used
+/// to be in every VM.
+#[test]
+fn the_test_device_is_there_only_when_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let elf = dir.path().join("probe.elf");
+    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "export: {}", stderr(&out));
+    for (extra, has) in [(None, false), (Some("--testdev"), true)] {
+        let mut args = vec!["run", "--kernel", elf.to_str().unwrap(), "--cmdline", "probe.workload=hello"];
+        args.extend(extra);
+        let out = exitless(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        let hello = line_with(&out, "probe", "hello");
+        let cmdline = hello["cmdline"].as_str().unwrap();
+        assert_eq!(cmdline.contains("exitless.testdev="), has, "{args:?}: {cmdline}");
+    }
+}
+
 #[test]
 fn user_cmdline_reaches_the_guest_and_exit_status_passes_through() {
     let out = exitless(&["run", "--probe", "--cmdline", "probe.workload=nonsense"]);

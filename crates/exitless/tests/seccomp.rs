@@ -217,6 +217,30 @@ fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
     assert_eq!(line["post_idle_errors"], 0, "{line}");
 }
 
+/// A migration's destination waits for its source on a thread already confined by its filter,
+/// which reads and parses every byte of the stream; the main thread used to accept and parse it
+/// unconfined.
+#[test]
+fn a_migration_destination_reads_its_stream_on_a_confined_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("destination.mig");
+    let url = format!("unix:{}", socket.display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["run", "--receive-migration", &url, "--timeout", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start exitless run");
+    let threads = wait_until_confined(&mut child, &["state-reader"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        threads.get("state-reader").map(String::as_str),
+        Some(SECCOMP_MODE_FILTER),
+        "no confined reader waits for the source: {threads:?}"
+    );
+}
+
 /// `exitless vhost-user-blk` on a socket in `dir`, with `seccomp`, listening.
 fn start_daemon(dir: &Path, seccomp: &str) -> (Daemon, PathBuf) {
     let socket = dir.join("vhost.sock");
@@ -430,6 +454,15 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
                 let args = ["run", "--probe", "--timeout", "30", "--api-socket", api];
                 let status = with_self_test(name, exitless(&args));
                 let _ = std::fs::remove_file(api);
+                status
+            }
+            sandbox::ThreadKind::StateReader => {
+                // A destination's stream reader confines itself before it accepts its source.
+                let socket = dir.path().join("self-test.mig");
+                let url = format!("unix:{}", socket.display());
+                let status =
+                    with_self_test(name, exitless(&["run", "--receive-migration", &url, "--timeout", "30"]));
+                let _ = std::fs::remove_file(&socket);
                 status
             }
             sandbox::ThreadKind::VhostUserWatch => {

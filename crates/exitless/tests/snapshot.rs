@@ -136,10 +136,19 @@ fn pause_snapshot_kill_restore(mode: &str, verify: Verify) -> Restored {
     let (stdout, first_err) = first.kill();
     assert!(blk_result(&stdout).is_none(), "{mode}: the verify passed its gate before the pause: {stdout}");
 
+    // The restore names the VM's disk itself, and gives it the test device it had.
+    let disk_arg = format!("path={},direct,queues={}", disk.display(), verify.queues);
     let restored = Vm::start(
         dir.path(),
         "restored",
-        &["run", "--restore", &format!("source_url=file://{}", snap.display())],
+        &[
+            "run",
+            "--restore",
+            &format!("source_url=file://{}", snap.display()),
+            "--disk",
+            &disk_arg,
+            "--testdev",
+        ],
     );
     common::open_gate(&disk, verify.blocks);
     let (code, stdout, restored_err) = restored.wait();
@@ -221,10 +230,17 @@ fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
     }
 }
 
-/// `exitless run --restore` of `snap`, which must be refused with one line on standard error.
-fn assert_refused(snap: &Path, what: &str, expect: &str) {
+/// `exitless run --restore` of `snap` with `disk` (the VM's, as `--disk` names it), which must
+/// be refused with one line on standard error.
+fn assert_refused(snap: &Path, disk: &str, what: &str, expect: &str) {
+    assert_restore_refused(snap, &["--disk", disk], what, expect);
+}
+
+/// `exitless run --restore` of `snap` with `disk_args`, refused with one line saying `expect`.
+fn assert_restore_refused(snap: &Path, disk_args: &[&str], what: &str, expect: &str) {
     let source = format!("source_url=file://{}", snap.display());
-    let out = exitless_within(RUN_LIMIT, &["run", "--restore", &source, "--timeout", "30"]);
+    let args = [&["run", "--restore", &source, "--testdev", "--timeout", "30"], disk_args].concat();
+    let out = exitless_within(RUN_LIMIT, &args);
     let err = stderr(&out);
     assert!(!out.status.success(), "{what}: restored; stderr: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{what}: not one line: {err}");
@@ -258,6 +274,9 @@ fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     assert_eq!(vm.put("snapshot", Some(&body)).0, 204, "a snapshot over another");
     vm.kill();
     let bad = |name: &str| dir.path().join(name);
+    let disk_arg = format!("path={},direct", disk.display());
+    let assert_refused =
+        |snap: &Path, what: &str, expect: &str| assert_refused(snap, &disk_arg, what, expect);
 
     // Guest memory one page short.
     edited(&snap, &bad("short-memory"), |_| {});
@@ -318,13 +337,69 @@ fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
         edited(&snap, &to, edit);
         assert_refused(&to, what, expect);
     }
+    // The restore opens the disks its operator names, never the snapshot's paths (it used to
+    // reopen them, read-write, whatever they were): none named, one of another size, one of
+    // another kind, and a VM with the test device restored without it, are refused.
+    assert_restore_refused(&snap, &[], "no disk named", "were named with --disk");
+    let small = bad("small-disk");
+    std::fs::File::create(&small).unwrap().set_len(4096).unwrap();
+    let small_arg = format!("path={}", small.display());
+    assert_restore_refused(&snap, &["--disk", &small_arg], "a disk of another size", "bytes");
+    assert_restore_refused(
+        &snap,
+        &["--disk", "null=64M"],
+        "a disk of another kind",
+        "name it with --disk path=FILE",
+    );
+    let source = format!("source_url=file://{}", snap.display());
+    let out =
+        exitless_within(RUN_LIMIT, &["run", "--restore", &source, "--disk", &disk_arg, "--timeout", "30"]);
+    assert!(!out.status.success() && stderr(&out).contains("give --testdev"), "{}", stderr(&out));
     // And the snapshot itself, untouched, restores (the cases above were refused for their flaw)
     // and finishes its verify: PAUSE_BLOCKS at depth 1, not BLOCKS, whose 32768 requests a loaded
     // two-CPU host did not finish within the timeout.
     common::open_gate(&disk, PAUSE_BLOCKS);
     let source = format!("source_url=file://{}", snap.display());
-    let out = exitless_within(RUN_LIMIT, &["run", "--restore", &source, "--timeout", "170"]);
+    let args = ["run", "--restore", &source, "--disk", &disk_arg, "--testdev", "--timeout", "170"];
+    let out = exitless_within(RUN_LIMIT, &args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let result = line_with(&out, "probe", "blk");
     assert_eq!(result["mismatches"], 0, "{result}");
+}
+
+/// Threads of `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
+        })
+        .count()
+}
+
+/// The test device's ping-pong responder spins on a host core and writes guest memory through
+/// the host mapping, which no dirty log sees: a pause ends it (the pause answers once it has
+/// ended, so nothing changes the paused VM's memory behind a snapshot), and while the VM is
+/// paused it stays ended. It used to spin on through the pause.
+#[test]
+fn a_pause_ends_the_test_devices_responder() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let cmdline = "probe.workload=exitcost probe.ops=pingpong probe.pingpong_n=2000000000";
+    let vm = Vm::start(dir.path(), "vm", &["run", "--probe", "--timeout", "170", "--cmdline", cmdline]);
+    let pid = vm.process.pid();
+    // The thread's name, as /proc shows it (15 bytes).
+    let responder = "testdev-pingpon";
+    let started = std::time::Instant::now();
+    while threads_named(pid, responder) == 0 {
+        assert!(started.elapsed() < RUN_LIMIT, "no responder started: {}", vm.process.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(vm.put("pause", None).0, 204, "pause");
+    assert_eq!(threads_named(pid, responder), 0, "the responder runs on in the paused VM");
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.path().join("snap").display());
+    assert_eq!(vm.put("snapshot", Some(&body)).0, 204, "snapshot");
+    assert_eq!(threads_named(pid, responder), 0, "a responder started in the paused VM");
+    vm.kill();
 }

@@ -59,6 +59,8 @@ const SNAPSHOT_FILES: &[i64] = &[
     libc::SYS_rename,
     libc::SYS_renameat,
     libc::SYS_renameat2,
+    // The directory must be this user's (`vmm::snapshot::SnapshotDir`).
+    libc::SYS_geteuid,
 ];
 
 const fn ioc_readwrite(kind: u64, nr: u64, size: usize) -> u64 {
@@ -296,6 +298,32 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             one_of(&mut rules, libc::SYS_ioctl, 1, DIRTY_LOG_IOCTLS)?;
             // The connection's second handle, for the destination's answers (try_clone).
             one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
+            // Who listens on the destination's socket (SO_PEERCRED), checked before any byte.
+            peer_credentials(&mut rules)?;
+        }
+        ThreadKind::StateReader => {
+            // A snapshot: read its files (opened by the main thread; std looks at a file's
+            // size and position before reading it whole). A migration: accept connections on
+            // the listening socket (opened by the main thread), ask who each peer is, bound
+            // every wait with socket timeouts, read the stream and answer, close at the end.
+            allow(
+                &mut rules,
+                &[
+                    libc::SYS_read,
+                    libc::SYS_statx,
+                    libc::SYS_fstat,
+                    libc::SYS_lseek,
+                    libc::SYS_accept,
+                    libc::SYS_accept4,
+                    libc::SYS_recvfrom,
+                    libc::SYS_sendto,
+                    libc::SYS_close,
+                ],
+            );
+            one_of(&mut rules, libc::SYS_setsockopt, 1, &[libc::SOL_SOCKET as u64])?;
+            // The connection's second handle, for the answers (try_clone).
+            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
+            peer_credentials(&mut rules)?;
         }
         ThreadKind::VhostUserWatch => {
             // Waits on the error eventfd and the socket, drains the eventfd; when the daemon
@@ -358,7 +386,7 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
     peer_credentials(rules)
 }
 
-/// getsockopt(SO_PEERCRED) only: a frontend's pid, for the log.
+/// getsockopt(SO_PEERCRED) only: a peer's uid (checked) and pid (for the log).
 fn peer_credentials(rules: &mut Rules) -> Result<(), BackendError> {
     rules.insert(
         libc::SYS_getsockopt,

@@ -65,11 +65,15 @@ pub enum ThreadKind {
     /// The watcher of a pinned idle-class IOCore: reads the IOCore's scheduler figures and
     /// moves it out of the idle class when a busy thread holds it off its core.
     IoCoreWatch,
+    /// `exitless run --restore` and `--receive-migration`'s reader: reads the snapshot's files
+    /// or accepts the source and reads its stream, and parses and checks every byte of it
+    /// before the VMM's main thread builds anything from it.
+    StateReader,
 }
 
 impl ThreadKind {
     /// Every kind, for what iterates over them (tests, the self-test's names).
-    pub const ALL: [ThreadKind; 13] = [
+    pub const ALL: [ThreadKind; 14] = [
         ThreadKind::Vcpu,
         ThreadKind::IoCore,
         ThreadKind::VhostUserIoCore,
@@ -83,6 +87,7 @@ impl ThreadKind {
         ThreadKind::VmmApi,
         ThreadKind::Migration,
         ThreadKind::IoCoreWatch,
+        ThreadKind::StateReader,
     ];
 
     /// A short name without spaces (`SELF_TEST_ENV`'s values).
@@ -101,6 +106,7 @@ impl ThreadKind {
             ThreadKind::VmmApi => "vmm-api",
             ThreadKind::Migration => "migration",
             ThreadKind::IoCoreWatch => "iocore-watch",
+            ThreadKind::StateReader => "state-reader",
         }
     }
 }
@@ -126,6 +132,7 @@ impl fmt::Display for ThreadKind {
             ThreadKind::VmmApi => "VMM control API",
             ThreadKind::Migration => "live-migration sender",
             ThreadKind::IoCoreWatch => "IOCore watcher",
+            ThreadKind::StateReader => "snapshot and migration reader",
         })
     }
 }

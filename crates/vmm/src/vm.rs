@@ -29,7 +29,7 @@ use crate::devices::virtio::{
 };
 use crate::devices::Bus;
 use crate::memory::{self, MemoryError};
-use crate::snapshot::{self, DeviceState, SavedConfig, Snapshot, SnapshotError, VmState};
+use crate::snapshot::{self, DeviceState, SavedConfig, Snapshot, SnapshotError, SnapshotFiles, VmState};
 use crate::stats::{StatsError, VcpuStats};
 use crate::vcpu::{RunControl, Vcpu, VcpuReport};
 use crate::{cpuid, regs};
@@ -62,8 +62,12 @@ pub struct VmConfig {
     /// Host CPU for vCPU `i` at index `i`; vCPUs beyond the list float.
     pub pin_vcpus: Vec<usize>,
     pub disable_exits: DisableExits,
-    /// The kernel command line; exitless appends `exitless.testdev=<address>`.
+    /// The kernel command line; exitless appends `exitless.testdev=<address>` when the VM has
+    /// the test device.
     pub cmdline: String,
+    /// Give the VM the test device (the probe's exit-cost registers and ping-pong responder);
+    /// only when asked for (`--probe`, `--testdev`).
+    pub testdev: bool,
     pub console: ConsoleMode,
     pub timeout: Option<Duration>,
     /// virtio-blk disks, in the order the guest sees them.
@@ -102,6 +106,7 @@ impl Default for VmConfig {
             pin_vcpus: Vec::new(),
             disable_exits: DisableExits::default(),
             cmdline: String::new(),
+            testdev: false,
             console: ConsoleMode::Stdout,
             timeout: None,
             disks: Vec::new(),
@@ -315,6 +320,8 @@ pub struct Vm {
     vcpu_count: usize,
     /// Called on every control tick of `run` (`with_control`).
     control_hook: Option<ControlHook>,
+    /// Set while a live migration's dirty logging is on (the test device is held meanwhile).
+    pub(crate) migrating: AtomicBool,
     vcpus: Vec<Vcpu>,
     pub(crate) bus: Arc<Bus>,
     console: ConsoleWriter,
@@ -347,14 +354,62 @@ impl Vm {
 
     /// Build the VM a snapshot in `dir` describes, in the state it was saved in; `base` gives
     /// what is this process's own (console, timeout, seccomp, CPU placement, snapshot
-    /// directory). Every part of the snapshot is checked; a bad one is refused with an error.
+    /// directory) and the disks its operator named, which take the saved disks' places
+    /// (`SavedConfig::to_vm_config`). Every part of the snapshot is checked; a bad one is
+    /// refused with an error.
     pub fn restore(dir: &std::path::Path, base: VmConfig) -> Result<Vm, VmError> {
-        let snapshot = Snapshot::read(dir)?;
-        let config = snapshot.config.to_vm_config(base)?;
-        let vm = Vm::build(&config, None)?;
-        snapshot.load_memory(dir, &vm.mem)?;
+        let files = SnapshotFiles::open(dir)?;
+        let filter = Filter::new(ThreadKind::StateReader, base.seccomp)?;
+        let (to_main, parsed) = std::sync::mpsc::channel();
+        let (to_reader, built) = std::sync::mpsc::channel::<GuestMemoryMmap>();
+        // Every byte of the snapshot is read, and the state parsed, by a thread confined by its
+        // filter first; this one only builds from what it parsed and checked.
+        let reader = std::thread::Builder::new().name("state-reader".into()).spawn(move || {
+            let mut files = files;
+            let snapshot =
+                filter.install().map_err(VmError::from).and_then(|()| Ok(Snapshot::read(&mut files)?));
+            let memory_bytes = snapshot.as_ref().map(|s| s.memory_bytes).ok();
+            let _ = to_main.send(snapshot);
+            match (memory_bytes, built.recv()) {
+                (Some(bytes), Ok(mem)) => files.load_memory(bytes, &mem),
+                _ => Ok(()),
+            }
+        })?;
+        let outcome = (|| -> Result<(Vm, Snapshot), VmError> {
+            let snapshot = parsed.recv().map_err(|_| crate::migration::MigrationError::ThreadGone)??;
+            let config = snapshot.config.to_vm_config(base)?;
+            let vm = Vm::build(&config, None)?;
+            vm.check_disk_sizes(&snapshot.config)?;
+            to_reader.send(vm.mem.clone()).map_err(|_| crate::migration::MigrationError::ThreadGone)?;
+            Ok((vm, snapshot))
+        })();
+        drop(to_reader);
+        let loaded =
+            reader.join().map_err(|_| VmError::Io(std::io::Error::other("the snapshot reader panicked")))?;
+        let (vm, snapshot) = outcome?;
+        loaded?;
         vm.apply_snapshot(&snapshot)?;
         Ok(vm)
+    }
+
+    /// Check that each disk of the VM (built from `saved` with the operator's disks) has the
+    /// size the saved one had: a guest must find its disk as it left it.
+    pub(crate) fn check_disk_sizes(&self, saved: &SavedConfig) -> Result<(), VmError> {
+        let disks = self.bus.virtio.slots.iter().filter(|s| s.kind == "virtio-blk");
+        for (index, (slot, saved)) in disks.zip(&saved.disks).enumerate() {
+            if saved.size != 0 && slot.capacity != saved.size {
+                return Err(SnapshotError::Disk {
+                    index,
+                    reason: format!(
+                        "the VM's disk was {} bytes, the one named with --disk is {} bytes: name the \
+                         VM's disk (or a copy of it)",
+                        saved.size, slot.capacity
+                    ),
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Build the VM a live migration on `url` (`unix:/PATH`) brings, as it was when the source
@@ -453,13 +508,19 @@ impl Vm {
         };
 
         let control = Arc::new(RunControl::default());
-        let testdev = TestDevice::new(
-            probe_abi::testdev::DEFAULT_BASE,
-            mem.clone(),
-            control.stop.clone(),
-            Filter::new(ThreadKind::PingPong, config.seccomp)?,
-        )?;
-        testdev.register(&vm).map_err(kvm_err("register the test device doorbell and interrupt"))?;
+        let testdev = match config.testdev {
+            true => {
+                let testdev = TestDevice::new(
+                    probe_abi::testdev::DEFAULT_BASE,
+                    mem.clone(),
+                    control.stop.clone(),
+                    Filter::new(ThreadKind::PingPong, config.seccomp)?,
+                )?;
+                testdev.register(&vm).map_err(kvm_err("register the test device doorbell and interrupt"))?;
+                Some(testdev)
+            }
+            false => None,
+        };
         let base_cpuid = cpuid::supported(&kvm).map_err(kvm_err("report supported CPUID"))?;
         let has_devices =
             !config.disks.is_empty() || !config.vhost_user_disks.is_empty() || !config.nets.is_empty();
@@ -487,7 +548,9 @@ impl Vm {
         for slot in &virtio.slots {
             cmdline = format!("{cmdline} {}", slot.cmdline_entry());
         }
-        let cmdline = format!("{cmdline} {}={:#x}", probe_abi::param::TESTDEV, testdev.base());
+        if let Some(testdev) = &testdev {
+            cmdline = format!("{cmdline} {}={:#x}", probe_abi::param::TESTDEV, testdev.base());
+        }
         let cmdline = cmdline.trim();
         if cmdline.len() > boot::CMDLINE_MAX {
             return Err(VmError::CmdlineTooLong { total: cmdline.len() });
@@ -501,13 +564,14 @@ impl Vm {
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK)?;
         vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(kvm_err("register the serial irqfd"))?;
         let serial = Com1::new(serial_irq.try_clone()?, console.clone());
+        let disk_sizes: Vec<u64> =
+            virtio.slots.iter().filter(|s| s.kind == "virtio-blk").map(|s| s.capacity).collect();
         let bus = Arc::new(Bus { serial: Mutex::new(serial), testdev, virtio });
 
         let vcpu_filter = Filter::new(ThreadKind::Vcpu, config.seccomp)?;
-        // Read when a vCPU parks; an empty list if KVM cannot say (the snapshot then lacks MSRs,
-        // which a restore would notice as a wrong clock or paging mode).
+        // Read when a vCPU parks: every MSR KVM lists as saveable goes in a snapshot.
         let msr_list: Arc<[u32]> =
-            kvm.get_msr_index_list().map(|l| l.as_slice().into()).unwrap_or_else(|_| Arc::from(Vec::new()));
+            kvm.get_msr_index_list().map_err(kvm_err("list the MSRs to save"))?.as_slice().into();
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for index in 0..config.vcpus {
             let fd = vm.create_vcpu(index as u64).map_err(kvm_err("create a vCPU"))?;
@@ -536,11 +600,12 @@ impl Vm {
             vm: Arc::new(vm),
             mem,
             migration_filter: Filter::new(ThreadKind::Migration, config.seccomp)?,
-            saved_config: SavedConfig::of(config).map_err(|e| e.to_string()),
+            saved_config: SavedConfig::of(config, &disk_sizes).map_err(|e| e.to_string()),
             snapshot_dir: config.snapshot_dir.clone(),
             tsc_khz: vcpus.first().and_then(|v| v.fd.get_tsc_khz().ok()).unwrap_or(0),
             vcpu_count: vcpus.len(),
             control_hook: None,
+            migrating: AtomicBool::new(false),
             vcpus,
             bus,
             console,
@@ -628,7 +693,9 @@ impl Vm {
             .into_iter()
             .map(|t| t.join().map_err(|_| VmError::Io(std::io::Error::other("a vCPU thread panicked"))))
             .collect::<Result<Vec<_>, _>>()?;
-        self.bus.testdev.join();
+        if let Some(testdev) = &self.bus.testdev {
+            testdev.join();
+        }
         let iocore = self.bus.virtio.shutdown();
         let devices = self
             .bus
@@ -733,6 +800,11 @@ impl VmControl<'_> {
             vm.control.pause.withdraw();
             return Err(e.into());
         }
+        // The vCPUs are parked, so none is starting a responder: end the one that runs, whose
+        // writes would change the paused VM's memory behind the snapshot's back.
+        if let Some(testdev) = &vm.bus.testdev {
+            testdev.hold();
+        }
         Ok(started.elapsed())
     }
 
@@ -744,6 +816,9 @@ impl VmControl<'_> {
         }
         let started = Instant::now();
         self.vm.bus.virtio.resume();
+        if let (Some(testdev), false) = (&self.vm.bus.testdev, self.migrating()) {
+            testdev.release();
+        }
         self.vm.control.pause.withdraw();
         Ok(started.elapsed())
     }

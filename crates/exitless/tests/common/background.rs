@@ -42,6 +42,11 @@ impl Background {
         Background { child, stdout, stderr }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// What it wrote to standard error so far.
     pub fn stderr(&self) -> String {
         read(&self.stderr)

@@ -29,7 +29,8 @@ pub enum Action {
 /// The devices reached through port I/O and MMIO exits.
 pub struct Bus {
     pub serial: Mutex<Com1>,
-    pub testdev: TestDevice,
+    /// The test device, in a VM that asked for it.
+    pub testdev: Option<TestDevice>,
     pub virtio: VirtioDevices,
 }
 
@@ -58,8 +59,8 @@ impl Bus {
     }
 
     pub fn mmio_write(&self, addr: u64, data: &[u8]) -> Action {
-        if self.testdev.owns(addr) {
-            return self.testdev.write(addr, data);
+        if let Some(testdev) = self.testdev.as_ref().filter(|t| t.owns(addr)) {
+            return testdev.write(addr, data);
         }
         if let Some(slot) = self.virtio.slots.iter().find(|s| s.owns(addr)) {
             lock(&slot.transport).write(addr - slot.base, data);

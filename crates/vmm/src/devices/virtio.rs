@@ -172,6 +172,8 @@ pub struct VirtioSlot {
     pub stats: Arc<DeviceStats>,
     /// For a vhost-user disk, what the VMM knows of it.
     pub vhost_user: Option<Arc<VhostUserInfo>>,
+    /// A disk's size in bytes (0 for other devices).
+    pub capacity: u64,
     /// Does the transport run the workers itself (`Runner::OnNotify`), so that the main thread
     /// must reap what a notification's exit left in flight?
     serves_on_notify: bool,
@@ -322,6 +324,7 @@ impl VirtioDevices {
             let stats = Arc::new(DeviceStats::new(format!("{kind} {kind_index}")));
             let mut vhost_user_info = None;
             let mut request_queues = 0;
+            let mut capacity = 0;
             // The VMM's own devices raise their interrupt line themselves (see `irq_line`); a
             // vhost-user daemon can only write an irqfd.
             let own_line = || -> Result<Arc<dyn Trigger>, DeviceError> {
@@ -354,6 +357,7 @@ impl VirtioDevices {
                     let backends = disk
                         .open_queues(usize::from(options.queues))
                         .map_err(|source| DeviceError::Backend { index: kind_index, source })?;
+                    capacity = backends.first().map_or(0, |b| b.capacity());
                     let serial = options.serial.unwrap_or_else(|| format!("exitless-disk{kind_index}"));
                     let mut device = Block::with_queues(backends, &serial)
                         .ok_or(DeviceError::Queues { index: kind_index, queues: options.queues })?
@@ -388,6 +392,7 @@ impl VirtioDevices {
                 request_queues,
                 stats,
                 vhost_user: vhost_user_info,
+                capacity,
                 serves_on_notify,
                 _notify_fds: notify_fds,
             });

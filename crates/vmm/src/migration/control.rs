@@ -88,8 +88,22 @@ impl VmControl<'_> {
         }
     }
 
+    /// Is a migration's dirty logging on?
+    pub(crate) fn migrating(&self) -> bool {
+        self.vm.migrating.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Switch every device's dirty logging into `bitmap` on, or off (`None`); on error, all off.
+    /// The test device's responder, whose writes no log sees, is held while the log is on.
     fn device_logging(&self, bitmap: Option<&Arc<DirtyBitmap>>) -> Result<(), ControlError> {
+        self.vm.migrating.store(bitmap.is_some(), std::sync::atomic::Ordering::Release);
+        if let Some(testdev) = &self.vm.bus.testdev {
+            match bitmap {
+                Some(_) => testdev.hold(),
+                None if !self.paused() => testdev.release(),
+                None => {}
+            }
+        }
         for slot in &self.vm.bus.virtio.slots {
             let log = bitmap.map(|b| b.log());
             let switched = crate::vm::lock(&slot.transport).set_dirty_log(log);

@@ -32,6 +32,16 @@ pub enum MigrationError {
     Url(String),
     #[error("cannot {what} {path}: {source}")]
     Socket { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error(
+        "refused to migrate to {path}: the process listening there runs as uid {peer}, not as this \
+         process's uid {own} or root (did another user bind that path first?); nothing was sent"
+    )]
+    UntrustedPeer { path: PathBuf, peer: u32, own: u32 },
+    #[error(
+        "cannot listen on {path}: it exists (a stale socket or another user's file); remove it or \
+         name another path"
+    )]
+    PathTaken { path: PathBuf },
     #[error("the connection broke while {what}: {source}")]
     Io { what: &'static str, source: std::io::Error },
     #[error("bad migration stream: {0}")]
@@ -82,6 +92,92 @@ pub fn socket_from_url(url: &str) -> Result<PathBuf, MigrationError> {
         Some(path) if path.starts_with('/') && !path.contains('\0') => Ok(PathBuf::from(path)),
         _ => Err(MigrationError::Url(url.to_string())),
     }
+}
+
+/// The uid of the process at the other end of `stream` (SO_PEERCRED: as it was when it
+/// connected, or when it listened, for the side that connected).
+pub(crate) fn peer_uid(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid, writable pointer; the
+    // descriptor is the stream's, open for the call.
+    let done = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if done != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// This process's effective uid: the only user, besides root, a migration peer may be.
+pub(crate) fn own_uid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether a peer running as `peer` may take part in a migration of a VM of `own`'s.
+pub(crate) fn trusted_peer(peer: u32, own: u32) -> bool {
+    peer == own || peer == 0
+}
+
+/// Listen on `path` with a socket file of mode 0600 from the first moment it is reachable:
+/// bound in a new 0700 directory beside `path` (whatever the umask, no other user can reach it
+/// there), made 0600, then renamed into place without replacing anything already at `path`.
+pub(crate) fn listen_private(
+    path: &std::path::Path,
+) -> Result<std::os::unix::net::UnixListener, MigrationError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let socket = |what| {
+        let path = path.to_path_buf();
+        move |source| MigrationError::Socket { what, path, source }
+    };
+    let parent = path.parent().unwrap_or(std::path::Path::new("/"));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let private = parent.join(format!(".{name}.{}.binding", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(socket("make a private directory beside"))?;
+    let inner = private.join("socket");
+    let bound =
+        std::os::unix::net::UnixListener::bind(&inner).map_err(socket("listen on")).and_then(|listener| {
+            std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o600))
+                .map_err(socket("set mode 0600 on"))?;
+            rename_no_replace(&inner, path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => MigrationError::PathTaken { path: path.to_path_buf() },
+                _ => socket("move the socket to")(e),
+            })?;
+            Ok(listener)
+        });
+    let _ = std::fs::remove_file(&inner);
+    let _ = std::fs::remove_dir(&private);
+    bound
+}
+
+/// rename(2) that fails with EEXIST rather than replace what is at `to`.
+fn rename_no_replace(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &std::path::Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both paths are NUL-terminated strings that live across the call.
+    let done = unsafe {
+        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE)
+    };
+    if done != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// How long either side waits for the other to send or take a message before giving up.

@@ -2,12 +2,21 @@
 //! describes, fill guest memory from its records and apply its state. Every record is checked
 //! against the VM built (a page run must lie inside one RAM region; the state must describe the
 //! same machine); the first bad one ends the migration with an error, which the source is told.
+//!
+//! The socket is 0600 from the moment it exists, and a connection from a process of another
+//! user (not root) is closed unread while the destination waits on for its source. Every byte
+//! of the stream is read and parsed by a thread of its own, confined by its seccomp filter
+//! (`ThreadKind::StateReader`) before it accepts: the main thread, which builds the VM, only
+//! ever sees what that thread has parsed and checked.
 
 use std::io::BufReader;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Instant;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use sandbox::{Filter, ThreadKind};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::wire::{self, Hello, Record, PAGE};
 use super::{socket_from_url, MigrationError, PEER_TIMEOUT};
@@ -22,59 +31,227 @@ pub struct Received {
     pub pages: u64,
     /// From the state record's arrival to the VM ready to run.
     pub apply_ms: f64,
+    /// Connections refused because their process was another user's.
+    pub refused_peers: u64,
 }
 
-/// Wait on `url` (`unix:/PATH`; the socket file is created, and removed once a source
-/// connected) for a source, and build the VM it sends; `base` gives what is this process's own
-/// (console, timeout, seccomp, CPU placement). The source is told whether it worked.
+/// What the reading thread tells the main thread.
+enum FromReader {
+    /// The source's hello, parsed and checked.
+    Hello(Hello),
+    /// The VM's state, parsed and checked against the hello; what came before it.
+    State(Box<Snapshot>, Received),
+    /// The source was told the VM runs here (`Ok`), or could not be.
+    Answered(Result<(), MigrationError>),
+    /// The stream (or the thread) failed; the source was told, if it could be.
+    Failed(VmError),
+}
+
+/// What the main thread tells the reading thread.
+enum ToReader {
+    /// The VM is built: its guest memory, to fill.
+    Built(GuestMemoryMmap),
+    /// The state is applied: tell the source.
+    Applied,
+    /// Building or applying failed: tell the source why.
+    Refused(String),
+}
+
+/// Wait on `url` (`unix:/PATH`; the socket file is created with mode 0600, and removed once a
+/// source connected) for a source, and build the VM it sends; `base` gives what is this
+/// process's own (console, timeout, seccomp, CPU placement) and the disks the operator named
+/// (`SavedConfig::to_vm_config`). The source is told whether it worked.
 pub fn receive(url: &str, base: VmConfig) -> Result<(Vm, Received), VmError> {
     let path = socket_from_url(url)?;
-    let socket = |what| {
-        let path = path.clone();
-        move |source| MigrationError::Socket { what, path, source }
-    };
-    let listener = UnixListener::bind(&path).map_err(socket("listen on"))?;
+    let filter = Filter::new(ThreadKind::StateReader, base.seccomp)?;
+    let listener = super::listen_private(&path)?;
     log::info!("waiting for a live migration on {}", path.display());
-    let accepted = listener.accept().map_err(socket("accept a source on"));
-    drop(listener);
-    let _ = std::fs::remove_file(&path);
-    let (conn, _) = accepted?;
-    conn.set_read_timeout(Some(PEER_TIMEOUT)).map_err(socket("set a timeout on"))?;
-    conn.set_write_timeout(Some(PEER_TIMEOUT)).map_err(socket("set a timeout on"))?;
-    let mut reply = conn.try_clone().map_err(socket("use"))?;
-    let mut reader = BufReader::with_capacity(1 << 16, conn);
-    let outcome = take(&mut reader, &mut reply, base, url);
-    let answer = match &outcome {
-        Ok(_) => wire::write_reply(&mut reply, Ok(())),
-        Err(e) => wire::write_reply(&mut reply, Err(&e.to_string())),
+    let (to_main, from_reader) = mpsc::channel();
+    let (to_reader, from_main) = mpsc::channel();
+    let own = super::own_uid();
+    let name = url.to_string();
+    let reader = std::thread::Builder::new()
+        .name("state-reader".into())
+        .spawn(move || read_stream(listener, (own, filter, name), &to_main, &from_main))
+        .map_err(VmError::Io);
+    let reader = match reader {
+        Ok(reader) => reader,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
     };
-    let received = outcome?;
-    // The source ends its VM only on this answer: if it cannot be sent, the source resumes,
-    // and this side must not run the guest too.
-    answer?;
-    Ok(received)
+    let outcome = build(&path, base, &from_reader, &to_reader);
+    drop(to_reader);
+    let _ = reader.join();
+    outcome
 }
 
+/// The main thread's part: build the VM the reader's hello describes, hand it guest memory, and
+/// apply the state it parsed.
+fn build(
+    path: &PathBuf,
+    base: VmConfig,
+    from_reader: &Receiver<FromReader>,
+    to_reader: &Sender<ToReader>,
+) -> Result<(Vm, Received), VmError> {
+    let next = || from_reader.recv().map_err(|_| VmError::from(MigrationError::ThreadGone));
+    let first = next();
+    // A source has connected (or the reader gave up): nobody else is to find the socket.
+    let _ = std::fs::remove_file(path);
+    let hello = match first? {
+        FromReader::Hello(hello) => hello,
+        FromReader::Failed(e) => return Err(e),
+        _ => return Err(MigrationError::ThreadGone.into()),
+    };
+    let refuse = |e: VmError| {
+        let _ = to_reader.send(ToReader::Refused(e.to_string()));
+        e
+    };
+    let vm = hello
+        .config
+        .to_vm_config(base)
+        .map_err(VmError::from)
+        .and_then(|config| Vm::build(&config, None))
+        .and_then(|vm| {
+            vm.check_disk_sizes(&hello.config)?;
+            let total: u64 = vm.memory().iter().map(|r| r.len()).sum();
+            match total == hello.memory_bytes {
+                true => Ok(vm),
+                false => Err(MigrationError::Stream(format!(
+                    "the hello says {} bytes of guest memory, its configuration {total}",
+                    hello.memory_bytes
+                ))
+                .into()),
+            }
+        })
+        .map_err(refuse)?;
+    let _ = to_reader.send(ToReader::Built(vm.memory().clone()));
+    let (snapshot, mut received) = match next()? {
+        FromReader::State(snapshot, received) => (snapshot, received),
+        FromReader::Failed(e) => return Err(e),
+        _ => return Err(MigrationError::ThreadGone.into()),
+    };
+    let started = Instant::now();
+    vm.apply_snapshot(&snapshot).map_err(refuse)?;
+    received.apply_ms = started.elapsed().as_secs_f64() * 1e3;
+    let _ = to_reader.send(ToReader::Applied);
+    match next()? {
+        // The source ends its VM only on this answer: if it could not be sent, the source
+        // resumes, and this side must not run the guest too.
+        FromReader::Answered(answered) => answered?,
+        FromReader::Failed(e) => return Err(e),
+        _ => return Err(MigrationError::ThreadGone.into()),
+    }
+    Ok((vm, received))
+}
+
+/// The reading thread: confine itself, accept the source (a process of this uid or root), and
+/// read, parse and check its stream, telling the source how it went.
+fn read_stream(
+    listener: UnixListener,
+    (own, filter, url): (u32, Filter, String),
+    to_main: &Sender<FromReader>,
+    from_main: &Receiver<ToReader>,
+) {
+    let failed = |e: VmError| {
+        let _ = to_main.send(FromReader::Failed(e));
+    };
+    if let Err(e) = filter.install() {
+        return failed(e.into());
+    }
+    let (conn, refused_peers) = match accept_trusted(&listener, own) {
+        Ok(accepted) => accepted,
+        Err(e) => return failed(e.into()),
+    };
+    drop(listener);
+    let mut reply = match conn
+        .set_read_timeout(Some(PEER_TIMEOUT))
+        .and_then(|()| conn.set_write_timeout(Some(PEER_TIMEOUT)))
+        .and_then(|()| conn.try_clone())
+    {
+        Ok(reply) => reply,
+        Err(source) => {
+            return failed(MigrationError::Io { what: "setting up the connection", source }.into())
+        }
+    };
+    let mut reader = BufReader::with_capacity(1 << 16, conn);
+    let mut tell_source = |outcome: Result<(), String>| {
+        wire::write_reply(&mut reply, outcome.as_ref().map(|_| ()).map_err(String::as_str))
+    };
+    let hello = match wire::read_hello(&mut reader) {
+        Ok(hello) => hello,
+        Err(e) => {
+            let _ = tell_source(Err(e.to_string()));
+            return failed(e.into());
+        }
+    };
+    if let Err(e) = hello.config.check() {
+        let _ = tell_source(Err(e.to_string()));
+        return failed(e.into());
+    }
+    let _ = to_main.send(FromReader::Hello(hello.clone()));
+    let mem = match from_main.recv() {
+        Ok(ToReader::Built(mem)) => mem,
+        Ok(ToReader::Refused(why)) => {
+            let _ = tell_source(Err(why));
+            return;
+        }
+        _ => return,
+    };
+    if let Err(e) = tell_source(Ok(())) {
+        return failed(e.into());
+    }
+    let received = Received { refused_peers, ..Received::default() };
+    match take(&mut reader, &mem, &hello, &url, received) {
+        Ok((snapshot, received)) => {
+            let _ = to_main.send(FromReader::State(Box::new(snapshot), received));
+        }
+        Err(e) => {
+            let _ = tell_source(Err(e.to_string()));
+            return failed(e);
+        }
+    }
+    match from_main.recv() {
+        Ok(ToReader::Applied) => {
+            let _ = to_main.send(FromReader::Answered(tell_source(Ok(()))));
+        }
+        Ok(ToReader::Refused(why)) => {
+            let _ = tell_source(Err(why));
+        }
+        _ => {}
+    }
+}
+
+/// Accept connections until one comes from a process of this uid (`own`) or root; the others
+/// are closed unread, and logged. The connection, and how many were refused.
+fn accept_trusted(listener: &UnixListener, own: u32) -> Result<(UnixStream, u64), MigrationError> {
+    let mut refused = 0;
+    loop {
+        let (conn, _) =
+            listener.accept().map_err(|source| MigrationError::Io { what: "accepting a source", source })?;
+        match super::peer_uid(&conn) {
+            Ok(peer) if super::trusted_peer(peer, own) => return Ok((conn, refused)),
+            Ok(peer) => log::warn!(
+                "refused a migration connection from uid {peer} (only uid {own} or root may send a VM \
+                 here); still waiting for the source"
+            ),
+            Err(e) => {
+                log::warn!("refused a migration connection whose sender cannot be known ({e}); still waiting")
+            }
+        }
+        refused += 1;
+    }
+}
+
+/// Read the records into `mem` up to the state, and parse and check the state.
 fn take(
     reader: &mut BufReader<UnixStream>,
-    reply: &mut UnixStream,
-    base: VmConfig,
+    mem: &GuestMemoryMmap,
+    hello: &Hello,
     url: &str,
-) -> Result<(Vm, Received), VmError> {
-    let hello: Hello = wire::read_hello(reader)?;
-    let config = hello.config.to_vm_config(base)?;
-    let vm = Vm::build(&config, None)?;
-    let mem = vm.memory().clone();
-    let total: u64 = mem.iter().map(|r| r.len()).sum();
-    if total != hello.memory_bytes {
-        return Err(MigrationError::Stream(format!(
-            "the hello says {} bytes of guest memory, its configuration {total}",
-            hello.memory_bytes
-        ))
-        .into());
-    }
-    wire::write_reply(reply, Ok(()))?;
-    let mut received = Received::default();
+    mut received: Received,
+) -> Result<(Snapshot, Received), VmError> {
     let mut buffer = Vec::new();
     loop {
         match wire::read_record(reader)? {
@@ -99,7 +276,6 @@ fn take(
                 received.pages += u64::from(pages);
             }
             Record::State(json) => {
-                let started = Instant::now();
                 let snapshot = Snapshot::parse(&json, std::path::Path::new(url))?;
                 if snapshot.config != hello.config || snapshot.memory_bytes != hello.memory_bytes {
                     return Err(MigrationError::Stream(
@@ -107,9 +283,7 @@ fn take(
                     )
                     .into());
                 }
-                vm.apply_snapshot(&snapshot)?;
-                received.apply_ms = started.elapsed().as_secs_f64() * 1e3;
-                return Ok((vm, received));
+                return Ok((snapshot, received));
             }
         }
     }

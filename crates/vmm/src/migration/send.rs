@@ -56,13 +56,14 @@ impl Sender {
     /// comes later, so the thread is not bound by it).
     pub fn spawn(vm: Arc<VmFd>, mem: GuestMemoryMmap, filter: Filter) -> std::io::Result<Sender> {
         let (jobs, receiver) = mpsc::sync_channel::<Job>(1);
+        let own = super::own_uid();
         let thread = std::thread::Builder::new().name("migration".into()).spawn(move || {
             if let Err(e) = filter.install() {
                 log::error!("the migration thread cannot confine itself: {e}");
                 return;
             }
             while let Ok(job) = receiver.recv() {
-                run(job, &vm, &mem);
+                run(job, &vm, &mem, own);
             }
         })?;
         Ok(Sender { jobs: Some(jobs), thread: Some(thread) })
@@ -235,12 +236,12 @@ fn round(stream: &mut Stream, vm: &VmFd, slots: &[Slot], log: &DirtyBitmap) -> R
     Ok(Sent { pages, kvm, device })
 }
 
-fn run(job: Job, vm: &VmFd, mem: &GuestMemoryMmap) {
+fn run(job: Job, vm: &VmFd, mem: &GuestMemoryMmap, own: u32) {
     let started = Instant::now();
     let slots = slots(mem);
     let mut report = MigrationReport::default();
     let mut logging = false;
-    let outcome = precopy(&job, vm, mem, &slots, &mut report, &mut logging);
+    let outcome = precopy(&job, (vm, mem, own), &slots, &mut report, &mut logging);
     let outcome = match outcome {
         Err(e) => {
             let _ = job.steps.send(Step::Converged(Err(e)));
@@ -274,11 +275,11 @@ fn run(job: Job, vm: &VmFd, mem: &GuestMemoryMmap) {
     }
 }
 
-/// Connect, say hello, and copy memory while the guest runs until a round sends few pages.
+/// Connect (to a peer of this process's uid or root only), say hello, and copy memory while the
+/// guest runs until a round sends few pages.
 fn precopy<'a>(
     job: &Job,
-    vm: &VmFd,
-    mem: &'a GuestMemoryMmap,
+    (vm, mem, own): (&VmFd, &'a GuestMemoryMmap, u32),
     slots: &[Slot],
     report: &mut MigrationReport,
     logging: &mut bool,
@@ -289,6 +290,12 @@ fn precopy<'a>(
         move |source| MigrationError::Socket { what, path, source }
     };
     let conn = UnixStream::connect(&path).map_err(socket("connect to"))?;
+    // Before a byte goes: whoever bound the path first (in a world-writable directory, any
+    // local user) would get the VM's configuration and memory, and could end it for good.
+    let peer = super::peer_uid(&conn).map_err(socket("ask who listens on"))?;
+    if !super::trusted_peer(peer, own) {
+        return Err(MigrationError::UntrustedPeer { path, peer, own });
+    }
     conn.set_read_timeout(Some(PEER_TIMEOUT)).map_err(socket("set a timeout on"))?;
     conn.set_write_timeout(Some(PEER_TIMEOUT)).map_err(socket("set a timeout on"))?;
     let reader = conn.try_clone().map_err(socket("use"))?;

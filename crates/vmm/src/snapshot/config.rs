@@ -17,9 +17,11 @@ pub struct SavedDisk {
     /// "file" (a raw file or block device through io_uring), "ram-file" (a /dev/shm file) or
     /// "null" (a null disk, which holds no data: made again from its size).
     pub kind: String,
-    /// The file (empty for a null disk).
+    /// The file (empty for a null disk), for the record: a restore or a migration's destination
+    /// opens the disk its operator names (`--disk`), never this path.
     pub path: PathBuf,
-    /// A null disk's size in bytes (0 for the others, and in snapshots from before null disks).
+    /// The disk's size in bytes, which the disk named on restore must have (0 in snapshots from
+    /// before sizes were recorded: not checked).
     #[serde(default)]
     pub size: u64,
     pub read_only: bool,
@@ -46,11 +48,15 @@ pub struct SavedConfig {
     pub disable_hlt_exits: bool,
     pub disable_pause_exits: bool,
     pub disks: Vec<SavedDisk>,
+    /// Whether the VM has the test device (`--probe` or `--testdev`).
+    #[serde(default)]
+    pub testdev: bool,
 }
 
 impl SavedConfig {
-    /// The configuration of a VM that can be snapshotted: local file and null disks only.
-    pub fn of(config: &VmConfig) -> Result<SavedConfig, SnapshotError> {
+    /// The configuration of a VM that can be snapshotted: local file and null disks only;
+    /// `sizes`: each disk's size in bytes, by index.
+    pub fn of(config: &VmConfig, sizes: &[u64]) -> Result<SavedConfig, SnapshotError> {
         let unsupported =
             |what: &str| Err(SnapshotError::Unsupported(format!("{what} are not supported yet")));
         if !config.vhost_user_disks.is_empty() {
@@ -65,11 +71,12 @@ impl SavedConfig {
             .enumerate()
             .map(|(i, disk)| {
                 let DiskOptions { serial, queues } = config.disk_options.get(i).cloned().unwrap_or_default();
+                let size = sizes.get(i).copied().unwrap_or(0);
                 match disk {
                     DiskBackend::File { path, read_only, direct } => Ok(SavedDisk {
                         kind: "file".into(),
                         path: path.clone(),
-                        size: 0,
+                        size,
                         read_only: *read_only,
                         direct: *direct,
                         serial,
@@ -78,7 +85,7 @@ impl SavedConfig {
                     DiskBackend::RamFile { path, read_only } => Ok(SavedDisk {
                         kind: "ram-file".into(),
                         path: path.clone(),
-                        size: 0,
+                        size,
                         read_only: *read_only,
                         direct: false,
                         serial,
@@ -109,6 +116,7 @@ impl SavedConfig {
             disable_hlt_exits: config.disable_exits.hlt,
             disable_pause_exits: config.disable_exits.pause,
             disks,
+            testdev: config.testdev,
         })
     }
 
@@ -145,24 +153,56 @@ impl SavedConfig {
     }
 
     /// The VM configuration to build again; `base` gives what is the new process's own (console,
-    /// timeout, seccomp, CPU placement).
+    /// timeout, seccomp, CPU placement) and the disks its operator named (`--disk`), which take
+    /// the saved disks' places in order: a saved path is never opened. Each named disk must be of
+    /// the saved one's kind, read-only or not as it was, and of its size (checked once open,
+    /// `Vm::check_disk_sizes`); the test device is there only if the operator asked for it.
     pub fn to_vm_config(&self, base: VmConfig) -> Result<VmConfig, SnapshotError> {
         self.check()?;
+        if !base.vhost_user_disks.is_empty() || !base.nets.is_empty() {
+            return Err(SnapshotError::Unsupported(
+                "a restored or migrated VM takes local disks only: no vhost-user disk, no --net".into(),
+            ));
+        }
+        if base.disks.len() != self.disks.len() {
+            return Err(SnapshotError::DisksNotNamed {
+                saved: self.disks.len(),
+                named: base.disks.len(),
+                list: self.disks.iter().map(SavedDisk::describe).collect::<Vec<_>>().join(", "),
+            });
+        }
+        let disks = self
+            .disks
+            .iter()
+            .zip(&base.disks)
+            .enumerate()
+            .map(|(index, (saved, named))| {
+                saved.take(named).map_err(|reason| SnapshotError::Disk { index, reason })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for (index, (saved, named)) in self.disks.iter().zip(&base.disk_options).enumerate() {
+            if named.queues != saved.queues {
+                return Err(SnapshotError::Disk {
+                    index,
+                    reason: format!(
+                        "the VM's disk has {} queues, --disk says queues={}: give it queues={}",
+                        saved.queues, named.queues, saved.queues
+                    ),
+                });
+            }
+        }
+        if self.testdev && !base.testdev {
+            return Err(SnapshotError::Unsupported(
+                "the VM has the test device (it ran the probe, or with --testdev): give --testdev too".into(),
+            ));
+        }
         Ok(VmConfig {
             mem_bytes: self.mem_bytes,
             vcpus: self.vcpus,
             hugepages: self.hugepages,
             disable_exits: DisableExits { hlt: self.disable_hlt_exits, pause: self.disable_pause_exits },
             cmdline: self.cmdline.clone(),
-            disks: self
-                .disks
-                .iter()
-                .map(|d| match d.kind.as_str() {
-                    "ram-file" => DiskBackend::RamFile { path: d.path.clone(), read_only: d.read_only },
-                    "null" => DiskBackend::Null { size: d.size, read_only: d.read_only },
-                    _ => DiskBackend::File { path: d.path.clone(), read_only: d.read_only, direct: d.direct },
-                })
-                .collect(),
+            disks,
             disk_options: self
                 .disks
                 .iter()
@@ -174,6 +214,48 @@ impl SavedConfig {
             idle_budget: Duration::from_micros(self.idle_budget_us),
             ..base
         })
+    }
+}
+
+impl SavedDisk {
+    /// `file /PATH (N bytes)`, for messages (the path quoted: it is the snapshot's, untrusted).
+    fn describe(&self) -> String {
+        let ro = if self.read_only { ", readonly" } else { "" };
+        match self.kind.as_str() {
+            "null" => format!("null {} bytes{ro}", self.size),
+            kind => format!("{kind} {:?} ({} bytes{ro})", self.path, self.size),
+        }
+    }
+
+    /// The disk the operator named for this saved one, if it can take its place.
+    fn take(&self, named: &DiskBackend) -> Result<DiskBackend, String> {
+        let read_only = match named {
+            DiskBackend::File { read_only, .. }
+            | DiskBackend::RamFile { read_only, .. }
+            | DiskBackend::Null { read_only, .. } => *read_only,
+            DiskBackend::Ram { .. } => false,
+        };
+        let fits = match (self.kind.as_str(), named) {
+            ("file", DiskBackend::File { .. }) | ("ram-file", DiskBackend::RamFile { .. }) => true,
+            ("null", DiskBackend::Null { size, .. }) => *size == self.size,
+            _ => false,
+        };
+        let want = match self.kind.as_str() {
+            "file" => "path=FILE",
+            "ram-file" => "ram,path=FILE",
+            _ => "null=SIZE (its size)",
+        };
+        if !fits {
+            return Err(format!("the VM's disk is {}: name it with --disk {want}", self.describe()));
+        }
+        if read_only != self.read_only {
+            return Err(format!(
+                "the VM's disk is {}: --disk must {}say readonly",
+                self.describe(),
+                if self.read_only { "" } else { "not " }
+            ));
+        }
+        Ok(named.clone())
     }
 }
 
@@ -189,11 +271,12 @@ mod tests {
             disk_options: vec![DiskOptions { serial: Some("n0".into()), queues: 2 }],
             ..VmConfig::default()
         };
-        let saved = SavedConfig::of(&config).unwrap();
+        let saved = SavedConfig::of(&config, &[64 << 20]).unwrap();
         assert_eq!((saved.disks[0].kind.as_str(), saved.disks[0].size), ("null", 64 << 20));
         let text = serde_json::to_string(&saved).unwrap();
         let again: SavedConfig = serde_json::from_str(&text).unwrap();
-        let rebuilt = again.to_vm_config(VmConfig::default()).unwrap();
+        let named = VmConfig { disks: vec![null.clone()], ..VmConfig::default() };
+        let rebuilt = again.to_vm_config(named).unwrap();
         assert_eq!(rebuilt.disks, [null]);
         assert_eq!(rebuilt.disk_options, config.disk_options);
 

@@ -5,6 +5,7 @@
 //! one is refused with an error.
 
 pub mod config;
+pub mod files;
 pub mod raw;
 pub mod vcpu;
 
@@ -22,6 +23,7 @@ use virtio::mmio::state::{StateError, TransportState};
 use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 pub use config::SavedConfig;
+pub use files::SnapshotDir;
 use raw::Raw;
 pub use vcpu::VcpuState;
 
@@ -33,6 +35,8 @@ pub const VERSION: u32 = 1;
 pub const STATE_FILE: &str = "state.json";
 /// The guest memory file in a snapshot directory.
 pub const MEMORY_FILE: &str = "memory";
+/// The state file while it is written.
+const PARTIAL_STATE_FILE: &str = ".state.json.partial";
 /// The largest state file read (a 64-vCPU VM's is about 1.5 MiB).
 const MAX_STATE_BYTES: u64 = 16 << 20;
 
@@ -45,6 +49,11 @@ pub enum SnapshotError {
     TooMany(&'static str),
     #[error("KVM did not take MSR {msr:#x} of vCPU {vcpu}")]
     MsrRefused { vcpu: u8, msr: u32 },
+    #[error(
+        "KVM would not read MSR {msr:#x} of vCPU {vcpu}, which it lists as saveable: no snapshot \
+         without it (a restored guest would find it reset)"
+    )]
+    MsrUnreadable { vcpu: u8, msr: u32 },
     #[error("cannot {what} {path}: {source}")]
     File { what: &'static str, path: PathBuf, source: std::io::Error },
     #[error("{path} is not an exitless snapshot: {reason}")]
@@ -65,6 +74,19 @@ pub enum SnapshotError {
     Memory(#[from] vm_memory::GuestMemoryError),
     #[error("the snapshot's URL {0:?} is not file:///DIR (the only kind exitless takes)")]
     Url(String),
+    #[error(
+        "the VM has {saved} disk(s) ({list}) and {named} were named with --disk: name each of its \
+         disks, in order, with --disk (a restored or migrated VM opens only the disks its operator \
+         names, never a path from the snapshot or the stream)"
+    )]
+    DisksNotNamed { saved: usize, named: usize, list: String },
+    #[error("disk {index}: {reason}")]
+    Disk { index: usize, reason: String },
+    #[error(
+        "{path} cannot hold a snapshot: {reason}; a snapshot directory is this user's, mode 0700, \
+         and not a symbolic link (exitless makes it so when it creates it: name a new one)"
+    )]
+    UnsafeDir { path: PathBuf, reason: String },
 }
 
 /// The irqchip and KVM clock.
@@ -153,52 +175,43 @@ impl VmState {
 }
 
 impl Snapshot {
-    /// Write `state.json` and `memory` into `dir` (created if missing). The state file is
-    /// written last, under a temporary name then renamed, so a directory with one holds a
-    /// whole snapshot.
+    /// Write `state.json` and `memory` into `dir` (created with mode 0700 if missing; refused if
+    /// it is a link, another user's or open to others: `SnapshotDir::create`). Each file is
+    /// created new with mode 0600. The state file is written last, under a temporary name then
+    /// renamed, so a directory with one holds a whole snapshot.
     pub fn write(&self, dir: &Path, mem: &GuestMemoryMmap) -> Result<u64, SnapshotError> {
-        let file_err = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| SnapshotError::File { what, path, source }
-        };
-        std::fs::create_dir_all(dir).map_err(file_err("create", dir))?;
+        let dir = SnapshotDir::create(dir)?;
         // An older snapshot's state goes first: it must never sit beside this one's memory.
-        let state_path = dir.join(STATE_FILE);
-        match std::fs::remove_file(&state_path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(file_err("remove", &state_path)(e))
-            }
-            _ => {}
-        }
-        let memory_path = dir.join(MEMORY_FILE);
-        let mut memory = File::create(&memory_path).map_err(file_err("create", &memory_path))?;
+        dir.remove(STATE_FILE)?;
+        dir.remove(MEMORY_FILE)?;
+        dir.remove(PARTIAL_STATE_FILE)?;
+        let mut memory = dir.create_new(MEMORY_FILE)?;
         for region in mem.iter() {
             mem.write_all_volatile_to(region.start_addr(), &mut memory, region.len() as usize)?;
         }
-        memory.sync_all().map_err(file_err("write", &memory_path))?;
-        let partial = dir.join(".state.json.partial");
+        let write_err = |name: &str| {
+            let path = dir.path_of(name);
+            move |source| SnapshotError::File { what: "write", path, source }
+        };
+        memory.sync_all().map_err(write_err(MEMORY_FILE))?;
         let text = serde_json::to_vec(self).map_err(|e| SnapshotError::Unsupported(e.to_string()))?;
-        let mut file = File::create(&partial).map_err(file_err("create", &partial))?;
-        file.write_all(&text).and_then(|()| file.sync_all()).map_err(file_err("write", &partial))?;
-        std::fs::rename(&partial, &state_path).map_err(file_err("rename", &partial))?;
+        let mut file = dir.create_new(PARTIAL_STATE_FILE)?;
+        file.write_all(&text).and_then(|()| file.sync_all()).map_err(write_err(PARTIAL_STATE_FILE))?;
+        dir.rename(PARTIAL_STATE_FILE, STATE_FILE)?;
+        dir.sync()?;
         Ok(text.len() as u64 + self.memory_bytes)
     }
 
-    /// Read and check `state.json` from `dir`: format, version and counts (the memory file's
-    /// size, the vCPU and device counts against the configuration).
-    pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
-        let path = dir.join(STATE_FILE);
-        let file = File::open(&path).map_err(|source| SnapshotError::File {
-            what: "open",
-            path: path.clone(),
-            source,
-        })?;
+    /// Read and check `state.json` (open in `files`): format, version and counts (the memory
+    /// file's size, the vCPU and device counts against the configuration). Untrusted bytes:
+    /// called on a thread confined by its filter (`Vm::restore`).
+    pub fn read(files: &mut SnapshotFiles) -> Result<Snapshot, SnapshotError> {
+        let path = files.state_path.clone();
         let mut text = Vec::new();
-        file.take(MAX_STATE_BYTES + 1).read_to_end(&mut text).map_err(|source| SnapshotError::File {
-            what: "read",
-            path: path.clone(),
-            source,
-        })?;
+        (&mut files.state)
+            .take(MAX_STATE_BYTES + 1)
+            .read_to_end(&mut text)
+            .map_err(|source| SnapshotError::File { what: "read", path: path.clone(), source })?;
         if text.len() as u64 > MAX_STATE_BYTES {
             return Err(SnapshotError::Corrupt {
                 path,
@@ -206,14 +219,10 @@ impl Snapshot {
             });
         }
         let snapshot = Snapshot::parse(&text, &path)?;
-        let memory_path = dir.join(MEMORY_FILE);
-        let found = std::fs::metadata(&memory_path)
-            .map_err(|source| SnapshotError::File { what: "open", path: memory_path.clone(), source })?
-            .len();
-        if found != snapshot.memory_bytes {
+        if files.memory_len != snapshot.memory_bytes {
             return Err(SnapshotError::MemorySize {
-                path: memory_path,
-                found,
+                path: files.memory_path.clone(),
+                found: files.memory_len,
                 expected: snapshot.memory_bytes,
             });
         }
@@ -259,21 +268,45 @@ impl Snapshot {
         }
         Ok(snapshot)
     }
+}
 
-    /// Fill guest memory (just created from the same configuration) from `dir`'s memory file.
-    pub fn load_memory(&self, dir: &Path, mem: &GuestMemoryMmap) -> Result<(), SnapshotError> {
-        let path = dir.join(MEMORY_FILE);
+/// A snapshot's two files, opened (without following links) by the thread that builds the VM,
+/// to be read by a confined one.
+pub struct SnapshotFiles {
+    state: File,
+    state_path: PathBuf,
+    memory: File,
+    memory_path: PathBuf,
+    memory_len: u64,
+}
+
+impl SnapshotFiles {
+    /// Open `dir`'s `state.json` and `memory`.
+    pub fn open(dir: &Path) -> Result<SnapshotFiles, SnapshotError> {
+        let dir = SnapshotDir::open(dir)?;
+        let state = dir.open_file(STATE_FILE)?;
+        let memory = dir.open_file(MEMORY_FILE)?;
+        let memory_path = dir.path_of(MEMORY_FILE);
+        let memory_len = memory
+            .metadata()
+            .map_err(|source| SnapshotError::File { what: "look at", path: memory_path.clone(), source })?
+            .len();
+        Ok(SnapshotFiles { state, state_path: dir.path_of(STATE_FILE), memory, memory_path, memory_len })
+    }
+
+    /// Fill guest memory (just created from the snapshot's configuration, `memory_bytes` as it
+    /// says) from the memory file.
+    pub fn load_memory(&mut self, memory_bytes: u64, mem: &GuestMemoryMmap) -> Result<(), SnapshotError> {
         let total: u64 = mem.iter().map(|r| r.len()).sum();
-        if total != self.memory_bytes {
-            return Err(SnapshotError::MemorySize { path, found: self.memory_bytes, expected: total });
+        if total != memory_bytes {
+            return Err(SnapshotError::MemorySize {
+                path: self.memory_path.clone(),
+                found: memory_bytes,
+                expected: total,
+            });
         }
-        let mut file = File::open(&path).map_err(|source| SnapshotError::File {
-            what: "open",
-            path: path.clone(),
-            source,
-        })?;
         for region in mem.iter() {
-            mem.read_exact_volatile_from(region.start_addr(), &mut file, region.len() as usize)?;
+            mem.read_exact_volatile_from(region.start_addr(), &mut self.memory, region.len() as usize)?;
         }
         Ok(())
     }
