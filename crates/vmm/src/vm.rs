@@ -354,7 +354,9 @@ impl Vm {
 
     /// Build the VM a snapshot in `dir` describes, in the state it was saved in; `base` gives
     /// what is this process's own (console, timeout, seccomp, CPU placement, snapshot
-    /// directory). Every part of the snapshot is checked; a bad one is refused with an error.
+    /// directory) and the disks its operator named, which take the saved disks' places
+    /// (`SavedConfig::to_vm_config`). Every part of the snapshot is checked; a bad one is
+    /// refused with an error.
     pub fn restore(dir: &std::path::Path, base: VmConfig) -> Result<Vm, VmError> {
         let files = SnapshotFiles::open(dir)?;
         let filter = Filter::new(ThreadKind::StateReader, base.seccomp)?;
