@@ -400,3 +400,83 @@ fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     vm.kill();
 }
+
+/// Threads of `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
+        })
+        .count()
+}
+
+/// Forward a source's connection to `to`; once the destination's first reply (the VM built)
+/// has come, say so on `replied` and hold it until `release` says go.
+fn holding_proxy(
+    listen: &Path,
+    to: PathBuf,
+    replied: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<()> {
+    let listener = UnixListener::bind(listen).unwrap();
+    std::thread::spawn(move || {
+        let (mut from_source, _) = listener.accept().unwrap();
+        let mut to_destination = UnixStream::connect(&to).unwrap();
+        let (mut replies_in, mut replies_out) =
+            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+        let replies = std::thread::spawn(move || {
+            let mut first = [0u8; 1];
+            if replies_in.read_exact(&mut first).is_ok() {
+                let _ = replied.send(());
+                let _ = release.recv();
+                let _ = replies_out.write_all(&first);
+                let _ = std::io::copy(&mut replies_in, &mut replies_out);
+            }
+        });
+        let _ = std::io::copy(&mut from_source, &mut to_destination);
+        let _ = to_destination.shutdown(std::net::Shutdown::Write);
+        let _ = replies.join();
+    })
+}
+
+/// The test device's ping-pong responder writes guest memory through the host mapping, which
+/// no dirty log sees: while a migration's logging is on it is ended, and none starts. It used
+/// to spin on, writing pages no round would send again.
+#[test]
+fn a_migration_ends_the_test_devices_responder_while_it_logs() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (dst, socket) = destination(dir.path(), "destination", &[]);
+    let api = dir.path().join("source.api");
+    let cmdline = "probe.workload=exitcost probe.ops=pingpong probe.pingpong_n=2000000000";
+    let args =
+        ["run", "--probe", "--api-socket", api.to_str().unwrap(), "--timeout", "170", "--cmdline", cmdline];
+    let src = Background::start(dir.path(), "source", &args, &api);
+    let responder = "testdev-pingpon"; // The thread's name as /proc shows it (15 bytes).
+    let started = std::time::Instant::now();
+    while threads_named(src.pid(), responder) == 0 {
+        assert!(started.elapsed() < common::background::RUN_LIMIT, "no responder: {}", src.stderr());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (replied_tx, replied) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let proxy = dir.path().join("holding.mig");
+    let forwarding = holding_proxy(&proxy, socket, replied_tx, release_rx);
+    let migration = std::thread::spawn({
+        let (api, proxy) = (api.clone(), proxy.clone());
+        move || send_migration(&api, &proxy)
+    });
+    // The source has sent its hello, so its logging is on; the destination's answer is held.
+    replied.recv_timeout(common::background::RUN_LIMIT).expect("the destination never answered the hello");
+    let during = threads_named(src.pid(), responder);
+    release.send(()).unwrap();
+    let (status, body) = migration.join().unwrap();
+    assert_eq!(during, 0, "the responder ran on while the migration logged");
+    assert_eq!(status, 200, "{body}");
+    forwarding.join().unwrap();
+    let (code, _, err) = src.wait();
+    assert_eq!(code, Some(0), "the source: {err}");
+    dst.kill();
+}
