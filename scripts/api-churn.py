@@ -61,7 +61,9 @@ def main():
         api = f"{d}/api.sock"
         with open(f"{d}/b.img", "wb") as f:
             f.truncate(64 << 20)
-        daemon = subprocess.Popen([args.binary, "vhost-user-blk", "--api-socket", api], stderr=subprocess.DEVNULL)
+        # The churned disk's file is in d: the API opens files only in an --api-disk-dir.
+        daemon = subprocess.Popen([args.binary, "vhost-user-blk", "--api-socket", api, "--api-disk-dir", d],
+                                  stderr=subprocess.DEVNULL)
         try:
             while not os.path.exists(api):
                 time.sleep(0.01)

@@ -300,6 +300,8 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
     let mut daemon = Daemon::builder()
         .io_mode("eventfd")
         .args(&["--seccomp".as_ref(), "kill".as_ref(), "--api-socket".as_ref(), api.as_os_str()], &[&api])
+        // The file disk is looked up beneath this directory (openat2) under the filter.
+        .args(&["--api-disk-dir".as_ref(), dir.path().as_os_str()], &[])
         .start(&dir.path().join("daemon.log"));
     let threads = wait_until_confined(daemon.child(), &["exitless", "iocore", "api"]);
     for name in ["exitless", "iocore", "api"] {

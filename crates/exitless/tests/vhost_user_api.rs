@@ -2,7 +2,9 @@
 //! one through `PUT`, serves a QEMU guest (the probe under KVM) on it, has its limit changed
 //! while it runs, and removes it; its `/metrics` are read by Prometheus's own parser
 //! (python3-prometheus-client) and agree with what the guest did. Bad requests get a 4xx and
-//! a JSON error, and a client that connects and never sends holds up nobody.
+//! a JSON error, and a client that connects and never sends holds up nobody. A disk added
+//! through it opens a file only inside an `--api-disk-dir`, whatever links or `..` the path
+//! holds.
 
 mod common;
 
@@ -84,12 +86,22 @@ struct Rig {
 }
 
 impl Rig {
+    /// A daemon whose API may open files in DIR/disks (`Rig::disks`).
     fn start() -> Rig {
+        Rig::start_allowing(true)
+    }
+
+    /// A daemon with a control API, and `--api-disk-dir DIR/disks` if `allow_disks`.
+    fn start_allowing(allow_disks: bool) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let api = dir.path().join("api.sock");
-        let daemon = Daemon::builder()
-            .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
-            .start(&dir.path().join("daemon.log"));
+        let disks = dir.path().join("disks");
+        std::fs::create_dir(&disks).unwrap();
+        let mut args = vec!["--api-socket".as_ref(), api.as_os_str()];
+        if allow_disks {
+            args.extend(["--api-disk-dir".as_ref(), disks.as_os_str()]);
+        }
+        let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.path().join("daemon.log"));
         let elf = dir.path().join("probe.elf");
         let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -98,6 +110,11 @@ impl Rig {
 
     fn socket(&self, name: &str) -> PathBuf {
         self.dir.path().join(format!("{name}.sock"))
+    }
+
+    /// DIR/disks, the directory `--api-disk-dir` allows.
+    fn disks(&self) -> PathBuf {
+        self.dir.path().join("disks")
     }
 
     /// The probe under QEMU-KVM reading `ops` random 4 KiB blocks of the disk on `socket`, no
@@ -268,8 +285,19 @@ fn bad_requests_get_a_4xx_and_say_why() {
             "PUT",
             "/disks/b".into(),
             Some(format!(r#"{{"socket":"{}","path":"/no/such/file"}}"#, other.display())),
+            403,
+            "not inside any --api-disk-dir",
+        ),
+        (
+            "PUT",
+            "/disks/b".into(),
+            Some(format!(
+                r#"{{"socket":"{}","path":"{}"}}"#,
+                other.display(),
+                rig.disks().join("no-such-file").display()
+            )),
             400,
-            "cannot open",
+            "No such file",
         ),
         (
             "PUT",
@@ -362,7 +390,24 @@ fn the_api_socket_and_no_disks_are_checked_at_start() {
         stderr(&out).contains("--api-socket") && stderr(&out).contains("not a socket"),
         "{}",
         stderr(&out)
-    );
+    ); // --api-disk-dir only with --api-socket, and only a directory that is there.
+    let disks = dir.path().to_str().unwrap();
+    let out = common::exitless(&[
+        "vhost-user-blk",
+        "--disk",
+        "ram=1M",
+        "--socket",
+        "/tmp/x",
+        "--api-disk-dir",
+        disks,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let api = dir.path().join("api.sock");
+    let api = api.to_str().unwrap();
+    let out =
+        common::exitless(&["vhost-user-blk", "--api-socket", api, "--api-disk-dir", "/nonexistent/disks"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("--api-disk-dir /nonexistent/disks"), "{}", stderr(&out));
 }
 
 /// `PUT /disks/NAME` with `body` on its own connection, waiting as long as the daemon takes.
@@ -381,12 +426,12 @@ fn put_disk(api: &Path, name: &str, body: &str) -> (u16, String) {
     (head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), body.to_owned())
 }
 
-/// A daemon with a control API, and a FUSE disk whose opens are held.
-fn held_open_rig(dir: &Path) -> (Daemon, PathBuf, common::held_disk::HeldDisk) {
+/// A daemon with a control API that may open files in `allowed`, and a FUSE disk (in `dir`)
+/// whose opens are held.
+fn held_open_rig(dir: &Path, allowed: &Path) -> (Daemon, PathBuf, common::held_disk::HeldDisk) {
     let api = dir.join("api.sock");
-    let daemon = Daemon::builder()
-        .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
-        .start(&dir.join("daemon.log"));
+    let args = ["--api-socket".as_ref(), api.as_os_str(), "--api-disk-dir".as_ref(), allowed.as_os_str()];
+    let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.join("daemon.log"));
     let file = dir.join("backing");
     std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
     let held = common::held_disk::HeldDisk::start(dir, &file, 0);
@@ -406,7 +451,7 @@ fn wait_for_held_open(held: &common::held_disk::HeldDisk, daemon: &Daemon) {
 #[test]
 fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
     let dir = tempfile::tempdir().unwrap();
-    let (daemon, api, held) = held_open_rig(dir.path());
+    let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
     let socket = dir.path().join("slow.sock");
     let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
     let put = {
@@ -428,7 +473,7 @@ fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
 #[test]
 fn a_put_whose_open_never_ends_fails_and_adds_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (daemon, api, held) = held_open_rig(dir.path());
+    let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
     let socket = dir.path().join("stuck.sock");
     let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
     let put = {
@@ -447,4 +492,107 @@ fn a_put_whose_open_never_ends_fails_and_adds_nothing() {
     assert!(!socket.exists(), "no socket for a disk that was not added");
     let null = format!(r#"{{"socket": "{}", "null": "1M"}}"#, dir.path().join("null.sock").display());
     assert_eq!(put_disk(&api, "null", &null).0, 201);
+}
+
+/// The disks `GET /disks` lists, by name.
+fn listed(api: &Path) -> Vec<String> {
+    let (status, body) = http(api, "GET", "/disks", None);
+    assert_eq!(status, 200, "{body}");
+    json(&body).as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_owned()).collect()
+}
+
+/// `PUT /disks/NAME` of a disk on DIR/NAME.sock opening `path` (`ram` with `path` if `ram`).
+fn put_path(rig: &Rig, name: &str, path: &Path, ram: bool) -> (u16, String) {
+    let ram = if ram { r#", "ram": true"# } else { "" };
+    let body =
+        format!(r#"{{"socket": "{}", "path": "{}"{ram}}}"#, rig.socket(name).display(), path.display());
+    http(&rig.api, "PUT", &format!("/disks/{name}"), Some(&body))
+}
+
+/// Assert a 403 whose error says `says`, and that nothing was added: not listed, no socket.
+fn assert_refused(rig: &Rig, name: &str, (status, answer): (u16, String), says: &str) {
+    assert_eq!(status, 403, "{name}: {answer}");
+    let error = json(&answer)["error"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains(says), "{name}: {error:?} does not say {says:?}");
+    assert!(!listed(&rig.api).contains(&name.to_owned()), "{name} was added");
+    assert!(!rig.socket(name).exists(), "{name}: a socket for a refused disk");
+}
+
+#[test]
+fn without_api_disk_dir_the_api_adds_no_disk_that_opens_a_file() {
+    let rig = Rig::start_allowing(false);
+    let image = rig.disks().join("a.img");
+    std::fs::File::create(&image).unwrap().set_len(1 << 20).unwrap();
+    assert_refused(&rig, "file", put_path(&rig, "file", &image, false), "--api-disk-dir");
+    assert_refused(&rig, "ramfile", put_path(&rig, "ramfile", &image, true), "--api-disk-dir");
+    // Disks that open no file are the API's to add.
+    for (name, disk) in [("ram", r#""ram": "1M""#), ("null", r#""null": "1M""#)] {
+        let body = format!(r#"{{"socket": "{}", {disk}}}"#, rig.socket(name).display());
+        let (status, answer) = http(&rig.api, "PUT", &format!("/disks/{name}"), Some(&body));
+        assert_eq!(status, 201, "{name}: {answer}");
+    }
+    assert_eq!(listed(&rig.api), ["null", "ram"]);
+}
+
+#[test]
+fn an_api_disk_opens_a_file_only_inside_api_disk_dir() {
+    let rig = Rig::start();
+    let disks = rig.disks();
+    let image = |path: &Path| std::fs::File::create(path).unwrap().set_len(1 << 20).unwrap();
+    let outside = rig.dir.path().join("outside.img");
+    image(&outside);
+    image(&disks.join("inside.img"));
+    std::fs::create_dir(disks.join("sub")).unwrap();
+    std::os::unix::fs::symlink(&outside, disks.join("absolute-link")).unwrap();
+    std::os::unix::fs::symlink("../outside.img", disks.join("relative-link")).unwrap();
+    std::os::unix::fs::symlink("../inside.img", disks.join("sub/link-inside")).unwrap();
+
+    let refusals = [
+        ("outside", outside.clone(), "not inside any --api-disk-dir"),
+        ("dotdot", disks.join("../outside.img"), "leads out of --api-disk-dir"),
+        ("subdotdot", disks.join("sub/../../outside.img"), "leads out of --api-disk-dir"),
+        ("abslink", disks.join("absolute-link"), "leads out of --api-disk-dir"),
+        ("rellink", disks.join("relative-link"), "leads out of --api-disk-dir"),
+        ("etc", PathBuf::from("/etc/passwd"), "not inside any --api-disk-dir"),
+    ];
+    for (name, path, says) in &refusals {
+        assert_refused(&rig, name, put_path(&rig, name, path, false), says);
+        let ramfile = format!("{name}-ram");
+        assert_refused(&rig, &ramfile, put_path(&rig, &ramfile, path, true), says);
+    }
+
+    // Inside: the file itself, through `..` that stays inside, and through a link to it.
+    for (name, path) in [
+        ("inside", disks.join("inside.img")),
+        ("inside-dotdot", disks.join("sub/../inside.img")),
+        ("inside-link", disks.join("sub/link-inside")),
+    ] {
+        let (status, answer) = put_path(&rig, name, &path, false);
+        assert_eq!(status, 201, "{name}: {answer}");
+        // Shown as the client named it.
+        assert_eq!(json(&answer)["disk"]["path"], path.display().to_string(), "{answer}");
+        assert!(rig.socket(name).exists(), "{name} is served");
+        assert_eq!(http(&rig.api, "DELETE", &format!("/disks/{name}"), None).0, 204);
+    }
+}
+
+#[test]
+fn a_path_outside_api_disk_dir_is_never_opened() {
+    // The FUSE disk holds every open of its file: a refused PUT that opened it would hang.
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = dir.path().join("allowed");
+    std::fs::create_dir(&allowed).unwrap();
+    let (daemon, api, held) = held_open_rig(dir.path(), &allowed);
+    std::os::unix::fs::symlink(held.disk(), allowed.join("link")).unwrap();
+    let through_dotdot = allowed.join("../held/disk");
+    for (name, path) in [("direct", held.disk()), ("link", allowed.join("link")), ("dotdot", through_dotdot)]
+    {
+        let socket = dir.path().join(format!("{name}.sock"));
+        let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), path.display());
+        let (status, answer) = put_disk(&api, name, &body);
+        assert_eq!(status, 403, "{name}: {answer}\n{}", daemon.log());
+        assert!(!held.open_held(), "{name}: the daemon opened the refused file");
+        assert!(!socket.exists());
+    }
+    assert_eq!(http(&api, "GET", "/disks", None), (200, "[]".to_owned()));
 }

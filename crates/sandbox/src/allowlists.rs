@@ -341,7 +341,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
 
 /// The daemon's control thread adds disks while it runs: it opens the disk (a file or block
 /// device: its size by lseek, O_DIRECT's alignment by fstatfs; a new RAM disk is a memfd,
-/// memfd_create being in `CONNECTION`), sets up its io_uring,
+/// memfd_create being in `CONNECTION`; a file the control API names is first looked up
+/// beneath an `--api-disk-dir` with openat2), sets up its io_uring,
 /// listens on its socket (checking first that no live server answers there), and starts its
 /// connection thread, whose own filter (the connection's) is installed on top of this one, so
 /// this one allows all that thread needs too.
@@ -354,6 +355,7 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
         rules,
         &[
             libc::SYS_openat,
+            libc::SYS_openat2,
             libc::SYS_lseek,
             libc::SYS_ftruncate,
             libc::SYS_fstatfs,

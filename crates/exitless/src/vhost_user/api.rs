@@ -58,8 +58,9 @@ impl Api {
         calls: SyncSender<Call>,
         wake: File,
     ) -> Result<Api, String> {
-        // Whoever may write to the socket controls the process (PUT /disks opens any path it
-        // can): the socket is its owner's alone, and only its user and root are served.
+        // Whoever may write to the socket controls every disk, the files in --api-disk-dir and
+        // where disks' sockets are bound: the socket is its owner's alone, and only its user and
+        // root are served.
         let access = Access::owner_only();
         let listener = listen(path, &access).map_err(|e| format!("--api-socket: {e}"))?;
         listener.set_nonblocking(true).map_err(|e| format!("--api-socket: {e}"))?;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -23,6 +23,7 @@ use thiserror::Error;
 use virtio::block::Block;
 use virtio::{DeviceStats, WorkerHost};
 
+use super::api_dirs::{self, ApiDiskDirs, DiskDirError};
 use super::placement::Placement;
 use super::spec::VhostDisk;
 use super::stats::DiskFigures;
@@ -43,6 +44,9 @@ pub enum DiskError {
     InUse(String),
     #[error("cannot open the disk of {what}: {reason}")]
     Open { what: String, reason: String },
+    /// The control API named a file the operator did not allow (`--api-disk-dir`).
+    #[error("{0}")]
+    NotAllowed(#[from] DiskDirError),
     #[error("{what}: the queues disagree on its size (was it resized while opening?)")]
     Size { what: String },
     #[error("{0}")]
@@ -61,25 +65,34 @@ pub enum DiskError {
 /// client waiting for its answer, are never held longer by a file system that does not answer.
 pub const OPEN_LIMIT: Duration = Duration::from_secs(30);
 
+/// Who named a disk: the operator (`--disk`), whose files are opened as named, or a client of
+/// the control API, whose files are opened only inside the operator's `--api-disk-dir`s.
+#[derive(Clone)]
+enum Origin {
+    Operator,
+    Api(Arc<ApiDiskDirs>),
+}
+
 /// Open `disk` `count` times (a backend per queue) on a thread of its own, waiting at most
-/// `limit` for it.
+/// `limit` for it. The allow-list's lookup runs on that thread too, so a file system that does
+/// not answer holds neither of them past `limit`.
 fn open_within(
     disk: &storage::DiskSpec,
     count: usize,
     what: &str,
     limit: Duration,
+    origin: Origin,
 ) -> Result<Vec<Box<dyn storage::Backend>>, DiskError> {
     let (opened, result) = mpsc::channel();
     let disk = disk.clone();
+    let named = what.to_owned();
     std::thread::Builder::new()
         .name("disk-open".into())
         // A late open finds nobody waiting: what it opened is dropped (closed) here.
-        .spawn(move || drop(opened.send(disk.open_queues(count))))
+        .spawn(move || drop(opened.send(open_disk(&disk, count, &named, &origin))))
         .map_err(|source| DiskError::Thread { what: what.to_owned(), source })?;
     match result.recv_timeout(limit) {
-        Ok(backends) => {
-            backends.map_err(|e| DiskError::Open { what: what.to_owned(), reason: e.to_string() })
-        }
+        Ok(backends) => backends,
         Err(mpsc::RecvTimeoutError::Timeout) => Err(DiskError::OpenTimeout { what: what.to_owned() }),
         Err(mpsc::RecvTimeoutError::Disconnected) => {
             Err(DiskError::Open { what: what.to_owned(), reason: "the opening thread failed".into() })
@@ -87,10 +100,33 @@ fn open_within(
     }
 }
 
+/// Open `disk` `count` times; a file an API client named only through the descriptor
+/// `--api-disk-dir`'s lookup found, so that what is opened is what was checked.
+fn open_disk(
+    disk: &storage::DiskSpec,
+    count: usize,
+    what: &str,
+    origin: &Origin,
+) -> Result<Vec<Box<dyn storage::Backend>>, DiskError> {
+    let open_error = |reason: String| DiskError::Open { what: what.to_owned(), reason };
+    let (Origin::Api(dirs), Some(path)) = (origin, api_dirs::path_of(disk)) else {
+        return disk.open_queues(count).map_err(|e| open_error(e.to_string()));
+    };
+    let file = dirs.resolve(path)?;
+    // Opening the descriptor's /proc link opens the very file the lookup found, afresh with
+    // the disk's own flags (read-write or not, O_DIRECT), and checks its type as any disk's.
+    let through = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let opened = api_dirs::with_path(disk, PathBuf::from(&through)).open_queues(count);
+    drop(file);
+    // Errors name the file as the client did, not the descriptor.
+    opened.map_err(|e| open_error(e.to_string().replace(&through, &path.display().to_string())))
+}
+
 impl DiskError {
     /// The HTTP status that answers it.
     pub fn status(&self) -> u16 {
         match self {
+            DiskError::NotAllowed(refused) => refused.status(),
             DiskError::NameTaken(_) | DiskError::SocketTaken { .. } | DiskError::InUse(_) => 409,
             DiskError::Socket(::vhost_user::Error::SocketInUse { .. }) => 409,
             DiskError::NotFound(_) => 404,
@@ -205,6 +241,8 @@ pub struct Disks {
     disks: BTreeMap<String, Disk>,
     /// Give every disk a hand-over port (`--handover-socket`).
     handover: bool,
+    /// Where the control API's disks may open their files (`--api-disk-dir`).
+    api_dirs: Arc<ApiDiskDirs>,
     /// Who may use the disks' sockets (`--socket-owner`, `--socket-mode`).
     access: Access,
 }
@@ -229,7 +267,14 @@ impl Disks {
             disks: BTreeMap::new(),
             handover: false,
             access: Access::owner_only(),
+            api_dirs: Arc::default(),
         }
+    }
+
+    /// Let the control API's disks open files inside these directories (none by default).
+    pub fn with_api_disk_dirs(mut self, dirs: ApiDiskDirs) -> Disks {
+        self.api_dirs = Arc::new(dirs);
+        self
     }
 
     /// Give every disk's socket added from now on this access (mode, owner, peers served).
@@ -274,14 +319,32 @@ impl Disks {
         disks.into_iter().map(|d| &mut d.figures)
     }
 
-    /// Open `spec`'s disk, listen on `socket` and serve it from a thread of its own.
+    /// Open `spec`'s disk, the operator's own, listen on `socket` and serve it from a thread
+    /// of its own.
     pub fn add(&mut self, spec: VhostDisk, socket: PathBuf) -> Result<&Disk, DiskError> {
         self.add_on(spec, socket, Listen::Bind)
     }
 
-    /// Open `spec`'s disk and serve it from a thread of its own, on `socket` or, as `listen`
-    /// says, on the socket (and frontend) a predecessor handed over.
+    /// As `add`, for a disk a control API client named: a file it names is opened only inside
+    /// an `--api-disk-dir` (403 otherwise, and nothing is opened).
+    pub fn add_from_api(&mut self, spec: VhostDisk, socket: PathBuf) -> Result<&Disk, DiskError> {
+        let origin = Origin::Api(self.api_dirs.clone());
+        self.add_with(spec, socket, Listen::Bind, origin)
+    }
+
+    /// Open `spec`'s disk, the operator's own, and serve it from a thread of its own, on
+    /// `socket` or, as `listen` says, on the socket (and frontend) a predecessor handed over.
     pub fn add_on(&mut self, spec: VhostDisk, socket: PathBuf, listen: Listen) -> Result<&Disk, DiskError> {
+        self.add_with(spec, socket, listen, Origin::Operator)
+    }
+
+    fn add_with(
+        &mut self,
+        spec: VhostDisk,
+        socket: PathBuf,
+        listen: Listen,
+        origin: Origin,
+    ) -> Result<&Disk, DiskError> {
         let index = self.next_index;
         let name = spec.name.clone().unwrap_or_else(|| format!("disk{index}"));
         if self.disks.contains_key(&name) {
@@ -293,7 +356,7 @@ impl Disks {
         }
         let queues = spec.queues.unwrap_or(self.default_queues);
         let iocore = self.placement.place(usize::from(queues));
-        let disk = self.open(index, &name, &spec, socket, (queues, iocore), listen);
+        let disk = self.open((index, &name), &spec, socket, (queues, iocore), listen, origin);
         let disk = match disk {
             Ok(disk) => disk,
             Err(e) => {
@@ -314,15 +377,15 @@ impl Disks {
 
     fn open(
         &self,
-        index: usize,
-        name: &str,
+        (index, name): (usize, &str),
         spec: &VhostDisk,
         socket: PathBuf,
         (queues, iocore): (u16, usize),
         listen: Listen,
+        origin: Origin,
     ) -> Result<Disk, DiskError> {
         let what = format!("disk {index} ({})", socket.display());
-        let backends = open_within(&spec.disk, usize::from(queues), &what, OPEN_LIMIT)?;
+        let backends = open_within(&spec.disk, usize::from(queues), &what, OPEN_LIMIT, origin)?;
         let serial = spec.serial.clone().unwrap_or_else(|| format!("vhost-user-disk{index}"));
         let mut block =
             Block::with_queues(backends, &serial).ok_or_else(|| DiskError::Size { what: what.clone() })?;

@@ -9,8 +9,10 @@
 //! - [`placement`]: which IOCore serves which disk.
 //! - [`stats`]: `--stats-interval` lines.
 //! - [`api`], [`routes`], [`prometheus`]: `--api-socket`, the control API.
+//! - [`api_dirs`]: `--api-disk-dir`, where the control API's disks may open files.
 
 pub mod api;
+mod api_dirs;
 mod disks;
 mod handover;
 mod placement;
@@ -33,6 +35,7 @@ use iocore::{IoCore, Policy};
 use sandbox::{Filter, ThreadKind};
 
 use api::{Api, Call};
+use api_dirs::ApiDiskDirs;
 use disks::Disks;
 use handover::HandoverSocket;
 use spec::VhostDisk;
@@ -71,10 +74,17 @@ pub struct VhostUserBlkArgs {
     /// Serve the control API on this Unix socket: HTTP/1.1 with JSON bodies (`curl
     /// --unix-socket PATH http://localhost/disks`), to list, add, re-limit and remove disks
     /// while the daemon runs, and Prometheus metrics on /metrics. The socket is made 0600 and
-    /// only the daemon's user and root are served: the API opens any file the daemon can
-    /// (PUT /disks), so whoever may use it has the daemon's rights. See below.
+    /// only the daemon's user and root are served. A disk it adds opens a file only inside an
+    /// --api-disk-dir. See below.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
+    /// A directory in which a disk added through the control API may open its file
+    /// (repeatable). PUT /disks with `path` (or `ram` with `path`) opens the file only if it
+    /// lies inside one of them: symbolic links and `..` are resolved beneath the directory,
+    /// and one that leads out of it is refused (403). Without it the API adds only disks that
+    /// open no file (`ram=SIZE`, `null=SIZE`). --disk is not restricted.
+    #[arg(long, value_name = "DIR", requires = "api_socket")]
+    pub api_disk_dir: Vec<PathBuf>,
     /// Upgrade without a hang-up: if a daemon started with the same option listens on PATH,
     /// take its disks over (sockets, connected frontends and their sessions) instead of opening
     /// sockets anew; then listen on PATH for the next daemon. Give the same disks. See below.
@@ -199,13 +209,18 @@ is not failed. Over t seconds a disk serves at most N*(t+1) requests and BYTES*(
 plus one request.
 
 Control API (--api-socket PATH; made 0600 whatever the umask, and only the daemon's user and
-root are served: the API opens any file the daemon can, so it is as powerful as the daemon's
-user; never loosen it):
+root are served; never loosen it). A disk added through it opens a file (`path`, or `ram`:
+true with `path`) only if the file lies inside an --api-disk-dir DIR: the path is resolved
+beneath DIR's descriptor (openat2 RESOLVE_BENEATH), so `..` or a symbolic link leading out of
+DIR is refused with 403, and the disk is opened through what that lookup found. Without
+--api-disk-dir, only ram=SIZE and null=SIZE disks may be added. --disk is the operator's own
+and is not restricted.
   GET    /disks            every disk: spec, IOCore, frontend_connected, counts
   GET    /disks/NAME       one disk
   PUT    /disks/NAME       add one; the body holds --disk's keys: {\"socket\": \"/tmp/c.sock\",
-                           \"path\": \"c.img\", \"direct\": true, \"iops\": 5000} (201; 409 when the
-                           name or socket is taken)
+                           \"path\": \"/srv/disks/c.img\", \"direct\": true, \"iops\": 5000} (201;
+                           409 when the name or socket is taken; 403 for a file outside
+                           every --api-disk-dir)
   PATCH  /disks/NAME       new limits, {\"iops\": 1000, \"bw\": null} (null: no limit), in force
                            for the disk's next requests
   DELETE /disks/NAME       stop serving it, close it, remove its socket (204); refused with 409
@@ -225,9 +240,11 @@ Examples:
   qemu-system-x86_64 -m 1G -object memory-backend-memfd,id=mem,size=1G,share=on \\
       -machine memory-backend=mem -chardev socket,id=vu,path=/tmp/a.sock \\
       -device vhost-user-blk-pci,chardev=vu ...
-  exitless vhost-user-blk --api-socket /tmp/api.sock &
+  exitless vhost-user-blk --api-socket /tmp/api.sock --api-disk-dir /srv/disks &
   curl --unix-socket /tmp/api.sock -X PUT -d '{\"socket\":\"/tmp/d.sock\",\"ram\":\"1G\"}' \\
-      http://localhost/disks/d";
+      http://localhost/disks/d
+  curl --unix-socket /tmp/api.sock -X PUT \\
+      -d '{\"socket\":\"/tmp/e.sock\",\"path\":\"/srv/disks/e.img\"}' http://localhost/disks/e";
 
 /// `--socket-owner [UID][:GID]`: who the disks' sockets are given to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,8 +351,12 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
     let owner = args.socket_owner.unwrap_or(SocketOwner { uid: None, gid: None });
     let access = Access::new(args.socket_mode, owner.uid, owner.gid);
+    // Opened now, before this thread confines itself, and held: what the operator allowed is
+    // what the API's lookups start from, whatever is renamed later.
+    let api_dirs = ApiDiskDirs::open(&args.api_disk_dir).map_err(|e| e.to_string())?;
     let mut disks = Disks::new(iocores.clone(), args.queues, seccomp, args.api_socket.is_some(), mode)
-        .with_access(access);
+        .with_access(access)
+        .with_api_disk_dirs(api_dirs);
     let specs: Vec<(VhostDisk, PathBuf)> = args.disk.iter().cloned().zip(sockets).collect();
     let mut successors = match &args.handover_socket {
         Some(path) => {

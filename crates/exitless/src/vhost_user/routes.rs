@@ -46,7 +46,7 @@ fn disk(disks: &mut Disks, method: Method, name: &str, body: &[u8]) -> Response 
         Method::Put => json(body).and_then(|body| {
             let spec = spec::from_json(name, &body).map_err(|message| error(400, message))?;
             let socket = spec.socket.clone().unwrap_or_default();
-            disks.add(spec, socket).map(|d| (201, d.describe())).map_err(|e| error(e.status(), e))
+            disks.add_from_api(spec, socket).map(|d| (201, d.describe())).map_err(|e| error(e.status(), e))
         }),
         Method::Patch => json(body).and_then(|body| {
             let current = disks.get(name).ok_or_else(|| error(404, format!("no disk is named {name}")))?;
