@@ -72,8 +72,10 @@ pub struct Server {
 }
 
 impl Server {
-    /// Listen on `path`. A socket file left there by a server that is gone is replaced; any
-    /// other file, or a socket a live server answers on, is an error.
+    /// Listen on `path`. A socket file of this user's left there by a server that is gone is
+    /// replaced; any other file, another user's socket, or a socket a live server answers on,
+    /// is an error ([`listen`]).
+    ///
     /// The socket is its owner's alone (mode 0600) and serves only this user's and root's
     /// processes; see [`Server::bind_with`].
     pub fn bind(path: impl AsRef<Path>) -> Result<Server, Error> {
