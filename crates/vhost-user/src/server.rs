@@ -505,9 +505,9 @@ pub fn listen(path: &Path, access: &Access) -> Result<UnixListener, Error> {
         return Err(listen_error(io::Error::last_os_error()));
     }
     let listener = UnixListener::from(socket);
-    // From here on the file is ours: removed again if anything below fails.
+    // From here on the file is ours: removed again (if it still is) when anything below fails.
     let remove = |error: Error| {
-        let _ = std::fs::remove_file(path);
+        remove_socket(path, access);
         error
     };
     give_access(path, access).map_err(remove)?;
