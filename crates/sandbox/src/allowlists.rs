@@ -385,7 +385,25 @@ fn daemon_control(rules: &mut Rules) -> Result<(), BackendError> {
     // The connection thread makes a frontend's socket non-blocking (FIONBIO).
     one_of(rules, libc::SYS_ioctl, 1, &[libc::FIONBIO])?;
     one_of(rules, libc::SYS_rt_sigaction, 0, &[libc::SIGBUS as u64])?;
-    peer_credentials(rules)
+    // A successor takes its predecessor's disks over under this filter: it checks the sockets
+    // handed over (getsockname, SO_ACCEPTCONN) and the predecessor's user against its own.
+    allow(rules, &[libc::SYS_getsockname, libc::SYS_geteuid, libc::SYS_getegid]);
+    socket_options(rules, &[libc::SO_PEERCRED, libc::SO_ACCEPTCONN])
+}
+
+/// getsockopt(SOL_SOCKET, one of `options`) only.
+fn socket_options(rules: &mut Rules, options: &[libc::c_int]) -> Result<(), BackendError> {
+    let alternatives = options
+        .iter()
+        .map(|&option| {
+            SeccompRule::new(vec![
+                condition(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u64)?,
+                condition(2, SeccompCmpOp::Eq, option as u64)?,
+            ])
+        })
+        .collect::<Result<_, _>>()?;
+    rules.insert(libc::SYS_getsockopt, alternatives);
+    Ok(())
 }
 
 /// getsockopt(SO_PEERCRED) only: a peer's uid (checked) and pid (for the log).

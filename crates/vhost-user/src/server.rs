@@ -72,8 +72,10 @@ pub struct Server {
 }
 
 impl Server {
-    /// Listen on `path`. A socket file left there by a server that is gone is replaced; any
-    /// other file, or a socket a live server answers on, is an error.
+    /// Listen on `path`. A socket file of this user's left there by a server that is gone is
+    /// replaced; any other file, another user's socket, or a socket a live server answers on,
+    /// is an error ([`listen`]).
+    ///
     /// The socket is its owner's alone (mode 0600) and serves only this user's and root's
     /// processes; see [`Server::bind_with`].
     pub fn bind(path: impl AsRef<Path>) -> Result<Server, Error> {
@@ -506,9 +508,9 @@ pub fn listen(path: &Path, access: &Access) -> Result<UnixListener, Error> {
         return Err(listen_error(io::Error::last_os_error()));
     }
     let listener = UnixListener::from(socket);
-    // From here on the file is ours: removed again if anything below fails.
+    // From here on the file is ours: removed again (if it still is) when anything below fails.
     let remove = |error: Error| {
-        let _ = std::fs::remove_file(path);
+        remove_socket(path, access);
         error
     };
     give_access(path, access).map_err(remove)?;

@@ -362,7 +362,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
         Some(path) => {
             disks = disks.with_handover();
             match handover::connect(path) {
-                Some(stream) => Some(handover::take_over(&stream, path, &mut disks, &specs)?),
+                Some(stream) => Some(take_over_confined(&stream, path, &mut disks, &specs, seccomp)?),
                 None => {
                     add_disks(&mut disks, specs)?;
                     Some(HandoverSocket::bind(path)?)
@@ -446,6 +446,30 @@ fn answer_calls(disks: &mut Disks, calls: &Receiver<Call>, mut wake: &File) {
         let response = routes::handle(disks, &call.request);
         let _ = call.reply.send(response);
     }
+}
+
+/// Take the disks over from the predecessor on `stream` ([`handover::take_over`]) on a thread
+/// confined first: the predecessor's messages (states, descriptors, sessions) are bytes from
+/// another process, read only under the control thread's filter, which allows all that adding
+/// a disk takes.
+fn take_over_confined(
+    stream: &std::os::unix::net::UnixStream,
+    path: &std::path::Path,
+    disks: &mut Disks,
+    specs: &[(VhostDisk, PathBuf)],
+    seccomp: sandbox::SeccompMode,
+) -> Result<HandoverSocket, String> {
+    let filter = Filter::new(ThreadKind::DaemonControl, seccomp).map_err(|e| e.to_string())?;
+    std::thread::scope(|scope| {
+        let taker = std::thread::Builder::new().name("handover".into()).spawn_scoped(scope, || {
+            filter.install().map_err(|e| e.to_string())?;
+            handover::take_over(stream, path, disks, specs)
+        });
+        match taker {
+            Ok(taker) => taker.join().unwrap_or_else(|_| Err("the hand-over's thread panicked".into())),
+            Err(e) => Err(format!("cannot start the hand-over's thread: {e}")),
+        }
+    })
 }
 
 /// Open the disks of the command line and serve each on its socket.
