@@ -9,9 +9,11 @@
 //!   writes (and flushes, discards, write-zeroes) are accepted and dropped. Every request is
 //!   checked (range, read-only) and completes at once, with no system call: the I/O path's own
 //!   cost, the peer of QEMU's `null-co,read-zeroes=on`.
-//! - `vhost-user=SOCKET[,reconnect=SECS]` (`exitless run` only): a disk a vhost-user daemon
-//!   serves; when the daemon goes away, the VM waits up to SECS seconds (default 10, 0: not at
-//!   all) for the next daemon on the socket and carries on with it.
+//! - `vhost-user=SOCKET[,reconnect=SECS][,daemon-uid=UID]` (`exitless run` only): a disk a
+//!   vhost-user daemon serves; when the daemon goes away, the VM waits up to SECS seconds
+//!   (default 10, 0: not at all) for the next daemon on the socket and carries on with it. The
+//!   daemon must run as the VMM's user or root, or as UID if given: the connection carries the
+//!   guest's memory.
 //! - `serial=TEXT` with any of the first four: the serial number the guest reads (virtio-blk
 //!   GET_ID, Linux's /sys/block/vdX/serial): 1 to 20 printable ASCII characters, no comma.
 //! - `queues=N` with any of the first four: N virtqueues (1 to 16; VIRTIO_BLK_F_MQ above 1),
@@ -96,29 +98,35 @@ pub fn parse_run(text: &str) -> Result<RunDisk, String> {
     }
 }
 
-/// `SOCKET[,reconnect=SECS]`, what follows `vhost-user=`.
+/// `SOCKET[,reconnect=SECS][,daemon-uid=UID]`, what follows `vhost-user=`.
 fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, String> {
     let mut options = text.split(',');
     let socket = options.next().unwrap_or_default();
     if socket.is_empty() {
         return Err("`vhost-user=` needs the daemon's socket path".into());
     }
-    let mut reconnect = None;
+    let (mut reconnect, mut daemon_uid) = (None, None);
     for option in options {
-        let Some(secs) = option.strip_prefix("reconnect=") else {
+        if let Some(secs) = option.strip_prefix("reconnect=") {
+            let secs = secs.parse::<u64>().ok().filter(|s| *s <= MAX_RECONNECT_SECS).ok_or_else(|| {
+                format!("reconnect={secs}: give whole seconds, 0 (fail at once) to {MAX_RECONNECT_SECS}")
+            })?;
+            if reconnect.replace(std::time::Duration::from_secs(secs)).is_some() {
+                return Err("give `reconnect=` once".into());
+            }
+        } else if let Some(uid) = option.strip_prefix("daemon-uid=") {
+            let uid = uid.parse::<u32>().map_err(|_| format!("daemon-uid={uid}: give a numeric user id"))?;
+            if daemon_uid.replace(uid).is_some() {
+                return Err("give `daemon-uid=` once".into());
+            }
+        } else {
             return Err(format!(
-                "`vhost-user={socket}` takes only `reconnect=SECS`, not `{option}` (the daemon's --disk sets the rest)"
+                "`vhost-user={socket}` takes only `reconnect=SECS` and `daemon-uid=UID`, not `{option}` (the daemon's --disk sets the rest)"
             ));
-        };
-        let secs = secs.parse::<u64>().ok().filter(|s| *s <= MAX_RECONNECT_SECS).ok_or_else(|| {
-            format!("reconnect={secs}: give whole seconds, 0 (fail at once) to {MAX_RECONNECT_SECS}")
-        })?;
-        if reconnect.replace(std::time::Duration::from_secs(secs)).is_some() {
-            return Err("give `reconnect=` once".into());
         }
     }
     let reconnect = reconnect.unwrap_or(VhostUserDisk::DEFAULT_RECONNECT);
-    Ok(VhostUserDisk { socket: PathBuf::from(socket), reconnect })
+    Ok(VhostUserDisk { socket: PathBuf::from(socket), reconnect, daemon_uid })
 }
 
 /// A disk the VMM serves itself: `path=FILE[,readonly][,direct]`, `ram=SIZE`,
@@ -224,12 +232,17 @@ mod tests {
             parse_run("vhost-user=/tmp/a.sock").unwrap(),
             RunDisk::VhostUser(VhostUserDisk {
                 socket: socket.clone(),
-                reconnect: VhostUserDisk::DEFAULT_RECONNECT
+                reconnect: VhostUserDisk::DEFAULT_RECONNECT,
+                daemon_uid: None,
             })
         );
         assert_eq!(
-            parse_run("vhost-user=/tmp/a.sock,reconnect=0").unwrap(),
-            RunDisk::VhostUser(VhostUserDisk { socket, reconnect: std::time::Duration::ZERO })
+            parse_run("vhost-user=/tmp/a.sock,reconnect=0,daemon-uid=107").unwrap(),
+            RunDisk::VhostUser(VhostUserDisk {
+                socket,
+                reconnect: std::time::Duration::ZERO,
+                daemon_uid: Some(107)
+            })
         );
         assert_eq!(
             parse_run("ram=1G").unwrap(),
@@ -243,6 +256,8 @@ mod tests {
             "vhost-user=/a,reconnect=-1",
             "vhost-user=/a,reconnect=3601",
             "vhost-user=/a,reconnect=1,reconnect=2",
+            "vhost-user=/a,daemon-uid=qemu",
+            "vhost-user=/a,daemon-uid=1,daemon-uid=2",
             "path=/x,vhost-user=/a",
             "vhost-user",
         ] {

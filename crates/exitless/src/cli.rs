@@ -153,11 +153,12 @@ pub struct IoArgs {
     /// io_uring), `ram=SIZE` (a new RAM disk), `ram,path=FILE[,readonly]` (an existing
     /// /dev/shm file, shared with the host), `null=SIZE[,readonly]` (a null disk: reads return
     /// zeros, writes are accepted and dropped, every request completes at once with no system
-    /// call; the I/O path's own cost), or `vhost-user=SOCKET[,reconnect=SECS]` (served by
-    /// a vhost-user daemon such as `exitless vhost-user-blk`; guest memory is then a shared
-    /// memfd, and the daemon's --io-mode decides how it serves: --io-mode here only picks the
-    /// guest's side; if the daemon goes away, the VM waits up to SECS seconds, default 10, 0
-    /// not at all, for the next one on the socket and carries on).
+    /// call; the I/O path's own cost), or `vhost-user=SOCKET[,reconnect=SECS][,daemon-uid=UID]`
+    /// (served by a vhost-user daemon such as `exitless vhost-user-blk`; guest memory is then a
+    /// shared memfd, and the daemon's --io-mode decides how it serves: --io-mode here only picks
+    /// the guest's side; if the daemon goes away, the VM waits up to SECS seconds, default 10, 0
+    /// not at all, for the next one on the socket and carries on; the daemon must run as this
+    /// user or root, or as UID: a process of anyone else listening there is sent nothing).
     /// vhost-user disks come after the others on the bus. `serial=TEXT` (1 to 20 printable ASCII
     /// characters) sets the serial number the guest reads (Linux: /sys/block/vdX/serial); the
     /// default is `exitless-diskN`. With --restore or --receive-migration: the VM's own disks, in

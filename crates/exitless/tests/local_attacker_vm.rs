@@ -228,6 +228,43 @@ fn a_migration_to_a_path_another_user_bound_first_sends_nothing() {
     vm.kill();
 }
 
+/// A vhost-user disk whose socket path another user bound first sends that user nothing (the
+/// connection would carry the guest's memory): the VMM checks who listens before its first
+/// message and refuses to start, naming the uid. `daemon-uid=` names a daemon of another user,
+/// which is then talked to.
+#[test]
+fn a_vhost_user_disk_on_a_path_another_user_bound_first_sends_nothing() {
+    let _one = one_at_a_time();
+    let dir = shared_dir();
+    for (allowance, refused) in [("", true), (",daemon-uid=65534", false)] {
+        let trap = dir.path().join(format!("trap{}.sock", allowance.len()));
+        let helper = std::thread::spawn({
+            let trap = trap.clone();
+            move || as_nobody("listen", &trap)
+        });
+        let deadline = std::time::Instant::now() + HELPER_WAIT;
+        while !trap.exists() {
+            assert!(std::time::Instant::now() < deadline, "nobody's listener did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let disk = format!("vhost-user={},reconnect=0{allowance}", trap.display());
+        let out = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(["run", "--probe", "--timeout", "30", "--disk", &disk])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the VM ran on nobody's daemon: {stderr}");
+        helper.join().unwrap();
+        let got: usize = std::fs::read_to_string(trap.with_extension("got")).unwrap().parse().unwrap();
+        if refused {
+            assert!(stderr.contains("runs as uid 65534"), "{stderr}");
+            assert_eq!(got, 0, "bytes nobody received from the VMM");
+        } else {
+            assert!(got > 0, "with daemon-uid=65534 the VMM talks to that user's daemon: {stderr}");
+        }
+    }
+}
+
 /// A snapshot's directory is 0700 and its files 0600 whatever the umask, so another user can
 /// neither list nor read them; a directory another user made, one open to others, or a
 /// symbolic link in its place is refused, and nothing is written there.

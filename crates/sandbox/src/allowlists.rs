@@ -334,6 +334,8 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             one_of(&mut rules, libc::SYS_socket, 0, &[libc::AF_UNIX as u64])?;
             let own = [libc::F_SETFD, libc::F_DUPFD_CLOEXEC].map(|c| c as u64);
             one_of(&mut rules, libc::SYS_fcntl, 1, &[FCNTL_COMMANDS, &own].concat())?;
+            // Who listens there (SO_PEERCRED), checked before the guest's memory is sent.
+            peer_credentials(&mut rules)?;
         }
     }
     Ok(rules)

@@ -6,6 +6,7 @@ pub mod cpuid;
 pub mod devices;
 pub mod memory;
 pub mod migration;
+mod peer;
 pub mod regs;
 pub mod snapshot;
 pub mod stats;

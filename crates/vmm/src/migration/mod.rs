@@ -94,40 +94,6 @@ pub fn socket_from_url(url: &str) -> Result<PathBuf, MigrationError> {
     }
 }
 
-/// The uid of the process at the other end of `stream` (SO_PEERCRED: as it was when it
-/// connected, or when it listened, for the side that connected).
-pub(crate) fn peer_uid(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid, writable pointer; the
-    // descriptor is the stream's, open for the call.
-    let done = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &mut len,
-        )
-    };
-    if done != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
-
-/// This process's effective uid: the only user, besides root, a migration peer may be.
-pub(crate) fn own_uid() -> u32 {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// Whether a peer running as `peer` may take part in a migration of a VM of `own`'s.
-pub(crate) fn trusted_peer(peer: u32, own: u32) -> bool {
-    peer == own || peer == 0
-}
-
 /// Listen on `path` with a socket file of mode 0600 from the first moment it is reachable:
 /// bound in a new 0700 directory beside `path` (whatever the umask, no other user can reach it
 /// there), made 0600, then renamed into place without replacing anything already at `path`.

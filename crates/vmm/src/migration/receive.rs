@@ -68,7 +68,7 @@ pub fn receive(url: &str, base: VmConfig) -> Result<(Vm, Received), VmError> {
     log::info!("waiting for a live migration on {}", path.display());
     let (to_main, from_reader) = mpsc::channel();
     let (to_reader, from_main) = mpsc::channel();
-    let own = super::own_uid();
+    let own = crate::peer::own_uid();
     let name = url.to_string();
     let reader = std::thread::Builder::new()
         .name("state-reader".into())
@@ -230,8 +230,8 @@ fn accept_trusted(listener: &UnixListener, own: u32) -> Result<(UnixStream, u64)
     loop {
         let (conn, _) =
             listener.accept().map_err(|source| MigrationError::Io { what: "accepting a source", source })?;
-        match super::peer_uid(&conn) {
-            Ok(peer) if super::trusted_peer(peer, own) => return Ok((conn, refused)),
+        match crate::peer::peer_uid(&conn) {
+            Ok(peer) if crate::peer::trusted_peer(peer, own) => return Ok((conn, refused)),
             Ok(peer) => log::warn!(
                 "refused a migration connection from uid {peer} (only uid {own} or root may send a VM \
                  here); still waiting for the source"

@@ -56,7 +56,7 @@ impl Sender {
     /// comes later, so the thread is not bound by it).
     pub fn spawn(vm: Arc<VmFd>, mem: GuestMemoryMmap, filter: Filter) -> std::io::Result<Sender> {
         let (jobs, receiver) = mpsc::sync_channel::<Job>(1);
-        let own = super::own_uid();
+        let own = crate::peer::own_uid();
         let thread = std::thread::Builder::new().name("migration".into()).spawn(move || {
             if let Err(e) = filter.install() {
                 log::error!("the migration thread cannot confine itself: {e}");
@@ -292,8 +292,8 @@ fn precopy<'a>(
     let conn = UnixStream::connect(&path).map_err(socket("connect to"))?;
     // Before a byte goes: whoever bound the path first (in a world-writable directory, any
     // local user) would get the VM's configuration and memory, and could end it for good.
-    let peer = super::peer_uid(&conn).map_err(socket("ask who listens on"))?;
-    if !super::trusted_peer(peer, own) {
+    let peer = crate::peer::peer_uid(&conn).map_err(socket("ask who listens on"))?;
+    if !crate::peer::trusted_peer(peer, own) {
         return Err(MigrationError::UntrustedPeer { path, peer, own });
     }
     conn.set_read_timeout(Some(PEER_TIMEOUT)).map_err(socket("set a timeout on"))?;

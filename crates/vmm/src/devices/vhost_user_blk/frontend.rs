@@ -34,6 +34,14 @@ pub enum FrontendError {
     PathTooLong(PathBuf),
     #[error("cannot connect to the vhost-user socket {path}: {source}")]
     Connect { path: PathBuf, source: io::Error },
+    #[error(
+        "the process listening on the vhost-user socket {path} runs as uid {peer}, not as this VMM's \
+         user ({own}) or root: it is not sent the guest's memory (a daemon of another user is named \
+         with `vhost-user=SOCKET,daemon-uid=UID`)"
+    )]
+    UntrustedDaemon { path: PathBuf, peer: u32, own: u32 },
+    #[error("cannot tell who listens on the vhost-user socket {path}: {source}")]
+    PeerUnknown { path: PathBuf, source: io::Error },
     #[error("the vhost-user daemon at {0} accepted no connection within {1} s")]
     ConnectTimeout(PathBuf, u64),
     #[error(
@@ -66,9 +74,17 @@ pub struct Frontend {
 }
 
 impl Frontend {
-    /// Connect to the daemon listening at `path`, within [`CONNECT_TIMEOUT`].
-    pub fn connect(path: &Path) -> Result<Frontend, FrontendError> {
+    /// Connect to the daemon listening at `path`, within [`CONNECT_TIMEOUT`], if it runs as this
+    /// process's user, root or `daemon_uid`: the connection carries the guest's memory, so
+    /// whoever else bound the path (in a shared directory, say) gets not a byte.
+    pub fn connect(path: &Path, daemon_uid: Option<u32>) -> Result<Frontend, FrontendError> {
         let stream = connect_unix(path)?;
+        let peer = crate::peer::peer_uid(&stream)
+            .map_err(|source| FrontendError::PeerUnknown { path: path.to_path_buf(), source })?;
+        let own = crate::peer::own_uid();
+        if !crate::peer::trusted_peer(peer, own) && daemon_uid != Some(peer) {
+            return Err(FrontendError::UntrustedDaemon { path: path.to_path_buf(), peer, own });
+        }
         Ok(Frontend { stream, path: path.to_path_buf(), reply_ack: false, broken: false })
     }
 

@@ -53,6 +53,8 @@ pub struct RingFds {
 /// The connection to a disk's daemon, replaced when the daemon restarts.
 pub struct Link {
     path: PathBuf,
+    /// A user besides the VMM's own and root the daemon may run as (`daemon-uid=`).
+    daemon_uid: Option<u32>,
     fds: RingFds,
     state: Mutex<State>,
 }
@@ -76,11 +78,16 @@ struct Ring {
 }
 
 impl Link {
-    /// Connect to the daemon at `path` and negotiate what can be before the driver starts.
-    pub fn connect(path: &Path, fds: RingFds) -> Result<(Link, Offer), FrontendError> {
-        let (frontend, protocol, offer) = handshake(path)?;
+    /// Connect to the daemon at `path` (running as the VMM's user, root or `daemon_uid`) and
+    /// negotiate what can be before the driver starts.
+    pub fn connect(
+        path: &Path,
+        daemon_uid: Option<u32>,
+        fds: RingFds,
+    ) -> Result<(Link, Offer), FrontendError> {
+        let (frontend, protocol, offer) = handshake(path, daemon_uid)?;
         let state = Mutex::new(State { frontend, protocol, ring: None });
-        Ok((Link { path: path.to_path_buf(), fds, state }, offer))
+        Ok((Link { path: path.to_path_buf(), daemon_uid, fds, state }, offer))
     }
 
     /// The daemon's socket.
@@ -128,7 +135,7 @@ impl Link {
     /// must still hold the driver's features and the disk's capacity. Returns a handle on the
     /// new connection to watch, and the used index the ring resumed at, if one runs.
     pub fn reconnect(&self, expected: &Offer) -> Result<(UnixStream, Option<u16>), VhostUserError> {
-        let (mut frontend, protocol, offer) = handshake(&self.path)?;
+        let (mut frontend, protocol, offer) = handshake(&self.path, self.daemon_uid)?;
         if offer.config.get(CAPACITY) != expected.config.get(CAPACITY) {
             return Err(VhostUserError::Changed("the disk's capacity"));
         }
@@ -160,8 +167,8 @@ impl Link {
 
 /// Connect, GET_FEATURES, GET_PROTOCOL_FEATURES (CONFIG is needed: the capacity and the rest of
 /// the configuration space come from GET_CONFIG), SET_PROTOCOL_FEATURES, SET_OWNER, GET_CONFIG.
-fn handshake(path: &Path) -> Result<(Frontend, u64, Offer), FrontendError> {
-    let mut frontend = Frontend::connect(path)?;
+fn handshake(path: &Path, daemon_uid: Option<u32>) -> Result<(Frontend, u64, Offer), FrontendError> {
+    let mut frontend = Frontend::connect(path, daemon_uid)?;
     let missing = |what| FrontendError::Missing { path: path.to_path_buf(), what };
     let features = frontend.get_u64(code::GET_FEATURES)?;
     if features & 1 << VIRTIO_F_VERSION_1 == 0 {

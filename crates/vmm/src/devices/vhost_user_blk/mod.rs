@@ -53,6 +53,9 @@ pub struct VhostUserDisk {
     /// How long to keep trying to connect to a new daemon on the socket when the daemon goes
     /// away (zero: fail the device at once).
     pub reconnect: Duration,
+    /// A user the daemon may run as besides the VMM's own and root (`daemon-uid=UID`): the
+    /// connection carries the guest's memory, so nobody else who listens there is served.
+    pub daemon_uid: Option<u32>,
 }
 
 impl VhostUserDisk {
@@ -141,7 +144,8 @@ impl VhostUserBlk {
         filter: Filter,
     ) -> Result<VhostUserBlk, VhostUserError> {
         let err = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(VhostUserError::EventFd)?);
-        let (link, offer) = Link::connect(&disk.socket, RingFds { kick, call, err: err.clone() })?;
+        let (link, offer) =
+            Link::connect(&disk.socket, disk.daemon_uid, RingFds { kick, call, err: err.clone() })?;
         let link = Arc::new(link);
         let socket = link.stream().map_err(VhostUserError::Thread)?;
         let info = Arc::new(VhostUserInfo {
