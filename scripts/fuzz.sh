@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of the guest- and frontend-facing parsers (fuzz/, cargo-fuzz with
+# Coverage-guided fuzzing of the parsers of untrusted input (guest, vhost-user frontend, snapshot
+# file, migration stream, hand-over channel, in-flight region; fuzz/, cargo-fuzz with
 # libFuzzer on the stable toolchain: no sanitizer, release build with debug assertions and
 # overflow checks).
 #
@@ -9,8 +10,8 @@
 #                                        RSS above 2 GiB. For CI.
 #   scripts/fuzz.sh long [TARGET...]     each target, one after the other, to FUZZ_LONG_RUNS
 #                                        (default 10000000; -1: no limit) executions or
-#                                        FUZZ_LONG_SECONDS (default 0: no limit), whichever
-#                                        comes first, niced,
+#                                        FUZZ_LONG_SECONDS (default 3600: one hour; 0: no
+#                                        limit), whichever comes first, niced,
 #                                        growing FUZZ_WORK_DIR/TARGET (default fuzz/corpus-work;
 #                                        a relative path is taken from fuzz/); prints
 #                                        executions, time, coverage, corpus, slowest input and
@@ -66,7 +67,7 @@ if [ "$mode" = smoke ]; then
 fi
 
 runs=${FUZZ_LONG_RUNS:-10000000}
-max_seconds=${FUZZ_LONG_SECONDS:-0}
+max_seconds=${FUZZ_LONG_SECONDS:-3600}
 work=${FUZZ_WORK_DIR:-corpus-work}
 if ! [[ $runs =~ ^-?[0-9]+$ && $max_seconds =~ ^[0-9]+$ ]]; then
     echo "fuzz long: FUZZ_LONG_RUNS ($runs) and FUZZ_LONG_SECONDS ($max_seconds) must be numbers" >&2

@@ -14,8 +14,8 @@
 #                                  EXITLESS_INFLIGHT_RESTARTS (default 3) kill -9 restarts of the
 #                                  daemon under fio
 #   scripts/reliability.sh long    each fuzz target to FUZZ_LONG_RUNS executions (default
-#                                  10000000) or FUZZ_LONG_SECONDS (default 0: no limit), whichever
-#                                  comes first, EXITLESS_DURABILITY_ROUNDS (default 50) rounds, and
+#                                  10000000) or FUZZ_LONG_SECONDS (default 3600: one hour),
+#                                  whichever comes first, EXITLESS_DURABILITY_ROUNDS (default 50) rounds, and
 #                                  a mixed fio run of EXITLESS_LINUX_MIXED_SECS (default 60) seconds,
 #                                  and EXITLESS_INFLIGHT_RESTARTS (default 20) restarts
 #
@@ -34,7 +34,7 @@ short)
     restarts=${EXITLESS_INFLIGHT_RESTARTS:-3}
     ;;
 long)
-    fuzz_env=("FUZZ_LONG_RUNS=${FUZZ_LONG_RUNS:-10000000}" "FUZZ_LONG_SECONDS=${FUZZ_LONG_SECONDS:-0}")
+    fuzz_env=("FUZZ_LONG_RUNS=${FUZZ_LONG_RUNS:-10000000}" "FUZZ_LONG_SECONDS=${FUZZ_LONG_SECONDS:-3600}")
     rounds=${EXITLESS_DURABILITY_ROUNDS:-50}
     mixed_secs=${EXITLESS_LINUX_MIXED_SECS:-60}
     restarts=${EXITLESS_INFLIGHT_RESTARTS:-20}
@@ -225,7 +225,8 @@ EOF
     cat <<'EOF'
 ## Fuzzing
 
-Everything a guest driver or a vhost-user frontend controls is fuzzed with coverage guidance:
+Everything a guest driver, a vhost-user frontend, a snapshot file, a migration source or a
+predecessor daemon controls is fuzzed with coverage guidance:
 [cargo-fuzz](https://github.com/rust-fuzz/cargo-fuzz) driving libFuzzer, on the **stable**
 toolchain with no sanitizer (`--sanitizer none`; no `RUSTC_BOOTSTRAP`, no nightly), release
 builds with debug assertions and overflow checks (`-O -a`), so an arithmetic overflow is a crash.
@@ -246,6 +247,10 @@ input, a RAM disk on a memfd) and check behaviour, not only the absence of panic
 | `blk_chains` | `BlockWorker` over a RAM disk on a queue of 1 to 256 that negotiated indirect descriptors: requests each in an indirect table of 0 to 1099 data segments (so tables longer than the queue, up to and past 1024 descriptors), segments of 512 B, 1 KiB, 4 KiB or any length, at consecutive places, the same 512 bytes every time or anywhere, a bent link, a table anywhere; its input is read a byte or word at a time, so its seeds (Linux's 130-descriptor table of 128 x 512 B written and read back, the same page 128 times, 129 and 1022 data segments, a table of 1025, a table of 130 on a queue of 1) are written by hand | nothing in flight after a poll; a well-formed table of at most 1024 descriptors never breaks the queue and gets one used entry, with IOERR when it holds more than 128 data segments and OK when its segments are sectors in RAM and on the disk; a table of more than 1024 breaks the queue |
 | `net_chains` | `NetWorker` over a real datagram socket pair: transmit chains (header + frame over 1-3 descriptors), receive chains, frames of 0 to 70 000 bytes arriving | every frame sent reached the wire with a length in 14..=1518; while no queue broke, each ring's used index counts exactly the chains taken; every frame that arrived was delivered, dropped with a counter, or is still waiting |
 | `vhost_user_messages` | `Message::parse` and `Session::handle` as `server.rs` drives them (a refused message ends the connection; the next gets a new session), messages mostly well formed per request code plus QEMU's ring start-up sequence, with real descriptors (memfds, eventfds, a pipe's read end, a pipe whose reader is gone, sockets, /dev/null); requests posted in the shared memory; the running rings' workers polled | after a poll nothing is in flight; a worker id is never attached twice; when a connection ends every ring it started has been stopped |
+| `snapshot_state` | a snapshot's `state.json` as a restore reads it: `Snapshot::parse` (format, version, the configuration's checks, counts, each KVM structure's exact length), the configuration made into a VM's, each saved transport restored (`MmioTransport::restore`) into a block device of its disk's queue count over guest RAM, resumed and notified; inputs that start with `{` are state files (seeds: real ones from `vm.snapshot`), others build a state that restores and bend its fields and its JSON text | a state that parses makes a VM configuration and writes back as text that parses to the same text; a restored transport saves the registers, features and queues it was restored from; a state built to restore and not bent is taken |
+| `migration_stream` | the destination's reading of a live-migration stream (`migration::wire::parse_stream`, the checks `receive` makes, without a VM): hello, page records against the RAM layout, the state record against the hello; inputs that start with the magic are streams (seeds written from a real state), others build a stream and bend it (records anywhere, lengths that lie, unknown tags, JSON bytes changed, the stream cut short) | a stream built here and not bent is taken, with the records, pages, vCPU and device states it holds |
+| `handover_messages` | a successor daemon reading its predecessor (`handover::read_as_successor`): DISK messages with their sockets, each disk's vhost-user messages replayed into a session with its rings held, DONE, REFUSE, unknown codes, bytes that are no message; mostly QEMU's ring start-up and SET_INFLIGHT_FD with arbitrary regions, sometimes counts that lie, descriptors missing or of the wrong kind, requests a hand-over never replays | no ring is started before a commit; a channel of well-formed disks without a frontend that ends with DONE is taken, with every disk |
+| `inflight_region` | `Queue::track_inflight` (`InflightTracker::recover`) over an in-flight area every byte of which comes from the input, for a queue of fuzzed size and used index; then the queue serves (recovered heads first, driver heads, batches returned) and the backend "crashes" | recovered heads are in the queue, distinct, marked in flight and oldest first, and the queue resumes at the used index plus their count; after the crash a new queue recovers exactly the heads taken and not returned, in the order taken, and resumes where the first stood |
 | `mmio_registers` | `MmioTransport` in trap mode with a block device: register reads and writes at any offset, width and value, the driver's status/feature/queue set-up sequence (so queues are activated, and reset again), requests, notifications | the magic value always reads right; a reset clears status, queue-ready and interrupt status; while the device runs, a notification leaves no available request unanswered |
 
 Seeds are in `fuzz/corpus/TARGET/` (hand-written ones, inputs picked from a `-merge=1`

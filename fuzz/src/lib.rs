@@ -6,6 +6,8 @@
 //! sectors, powers of two) and some from anywhere, so both the accepting and the refusing paths
 //! are reached quickly.
 
+pub mod vhost;
+
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32};

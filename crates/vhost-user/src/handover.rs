@@ -579,3 +579,120 @@ impl<'a> ToPredecessor<'a> {
         }
     }
 }
+
+/// What a successor reads from its predecessor, for fuzzing: every message on `stream` read as
+/// [`ToPredecessor::next`] reads them (DISK messages with their sessions' vhost-user messages,
+/// up to DONE), each disk's cache mode applied to `device` and its session rebuilt by replaying
+/// its messages into a new session of `device` with the rings held, as a successor's server
+/// thread does before the commit. Nothing is answered, no ring is started and nothing served:
+/// each session is dropped once rebuilt. The first error ends it, as it ends a hand-over.
+/// Returns the count of disks read; waits at most `limit` for each message to begin.
+pub fn read_as_successor(
+    stream: &UnixStream,
+    device: &mut VhostUserBlk,
+    limit: Duration,
+) -> Result<usize, HandoverError> {
+    let channel = ToPredecessor::new(stream);
+    let mut disks = 0;
+    loop {
+        match channel.next(limit)? {
+            FromPredecessor::Done(_listener) => return Ok(disks),
+            FromPredecessor::Disk(_index, DiskState { writeback, connection, .. }) => {
+                disks += 1;
+                if let Some(value) = writeback {
+                    device.set_writeback(value).map_err(|error| HandoverError::Replay {
+                        request: "the cache mode (SET_CONFIG)",
+                        error,
+                    })?;
+                }
+                if let Some(connection) = connection {
+                    replay(&mut device.session(), connection.messages)?;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    use virtio::block::Block;
+    use virtio::{QueueWorker, WorkerHost};
+
+    use super::*;
+
+    /// A host that counts the workers attached to it (a started ring) and serves none.
+    #[derive(Default)]
+    struct Counting(Mutex<usize>);
+
+    impl WorkerHost for Counting {
+        fn attach(&self, _id: u64, _worker: Box<dyn QueueWorker>, _notify: Option<Arc<EventFd>>) {
+            *self.0.lock().unwrap() += 1;
+        }
+
+        fn detach(&self, _id: u64) -> Option<Box<dyn QueueWorker>> {
+            None
+        }
+    }
+
+    fn device(host: Arc<Counting>) -> VhostUserBlk {
+        let disk = storage::NullDisk::new(1 << 20, false).unwrap();
+        let block =
+            Block::with_queues(vec![Box::new(disk)], "handover-unit").unwrap().with_writeback_switch();
+        VhostUserBlk::new(block, host)
+    }
+
+    fn socket() -> OwnedFd {
+        UnixStream::pair().unwrap().0.into()
+    }
+
+    #[test]
+    fn a_successor_reads_its_predecessors_disks_and_starts_nothing() {
+        let host = Arc::new(Counting::default());
+        let mut device = device(host.clone());
+        let (predecessor, successor) = UnixStream::pair().unwrap();
+        let to_successor = ToSuccessor::new(&predecessor);
+        // A disk without a frontend, one whose session is a ring's start-up, then DONE.
+        let plain = DiskState { listener: socket(), writeback: Some(0), connection: None };
+        to_successor.disk(0, &plain).unwrap();
+        let features = device.features();
+        let messages = vec![
+            message(vu::SET_FEATURES, &features.to_le_bytes(), vec![]),
+            message(vu::SET_VRING_NUM, &u32_pair(0, 8), vec![]),
+            message(vu::SET_VRING_BASE, &u32_pair(0, 0), vec![]),
+        ];
+        let connected = DiskState {
+            listener: socket(),
+            writeback: None,
+            connection: Some(Connection { stream: socket(), messages }),
+        };
+        to_successor.disk(1, &connected).unwrap();
+        send(&to_successor.wire(), code::DONE, &[], &[socket().as_raw_fd()]).unwrap();
+        assert_eq!(read_as_successor(&successor, &mut device, STALL).unwrap(), 2);
+        assert_eq!(*host.0.lock().unwrap(), 0, "no ring started before a commit");
+
+        // A session with a request a hand-over never replays is refused.
+        let (predecessor, successor) = UnixStream::pair().unwrap();
+        let to_successor = ToSuccessor::new(&predecessor);
+        let messages = vec![message(vu::GET_FEATURES, &[], vec![])];
+        let bad = DiskState {
+            listener: socket(),
+            writeback: None,
+            connection: Some(Connection { stream: socket(), messages }),
+        };
+        to_successor.disk(0, &bad).unwrap();
+        let error = read_as_successor(&successor, &mut device, STALL).unwrap_err();
+        assert!(matches!(error, HandoverError::NotReplayed { .. }), "{error}");
+
+        // A channel that ends before DONE, or mid-message.
+        let (predecessor, successor) = UnixStream::pair().unwrap();
+        ToSuccessor::new(&predecessor)
+            .disk(0, &DiskState { listener: socket(), writeback: None, connection: None })
+            .unwrap();
+        (&predecessor).write_all(&code::DONE.to_le_bytes()).unwrap();
+        drop(predecessor);
+        assert!(read_as_successor(&successor, &mut device, STALL).is_err());
+    }
+}

@@ -173,6 +173,70 @@ pub fn read_record(r: &mut impl Read) -> Result<Record, MigrationError> {
     }
 }
 
+/// What [`parse_stream`] found in a stream the destination would have taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedStream {
+    /// The hello.
+    pub hello: Hello,
+    /// Page records, and the pages in them.
+    pub records: u64,
+    pub pages: u64,
+    /// The state record's vCPU and device states (its counts, checked against the hello's
+    /// configuration).
+    pub vcpus: usize,
+    pub devices: usize,
+}
+
+/// Read a whole migration stream from `r` as the destination reads it, without building a VM:
+/// the hello (its configuration checked and made into a VM configuration, its memory size
+/// against the RAM that configuration lays out), each page record against that layout (whole
+/// pages inside one RAM region; the pages themselves read and dropped), and the state record
+/// (checked as a restore checks a snapshot's state, and against the hello). Parsing only: no VM,
+/// no guest memory, no reply; the first bad byte is an error, as it is for `receive`, which makes
+/// the same checks on a live connection. For fuzzing the receiver's parsing.
+pub fn parse_stream(r: &mut impl Read) -> Result<ParsedStream, MigrationError> {
+    let hello = read_hello(r)?;
+    let config = hello.config.to_vm_config(crate::vm::VmConfig::default())?;
+    let ranges = crate::memory::ram_ranges(config.mem_bytes);
+    let total: u64 = ranges.iter().map(|&(_, len)| len).sum();
+    if total != hello.memory_bytes {
+        return Err(bad(format!(
+            "the hello says {} bytes of guest memory, its configuration {total}",
+            hello.memory_bytes
+        )));
+    }
+    let (mut records, mut pages_taken) = (0, 0);
+    loop {
+        match read_record(r)? {
+            Record::Pages { gpa, pages } => {
+                let len = u64::from(pages) * PAGE;
+                let inside = gpa.checked_add(len).is_some_and(|end| {
+                    ranges.iter().any(|&(start, size)| gpa >= start.0 && end <= start.0 + size)
+                });
+                if !inside {
+                    return Err(bad(format!("{pages} pages at {gpa:#x} are not inside guest memory")));
+                }
+                let read =
+                    std::io::copy(&mut r.take(len), &mut std::io::sink()).map_err(io("reading pages"))?;
+                if read != len {
+                    let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                    return Err(io("reading pages")(eof));
+                }
+                records += 1;
+                pages_taken += u64::from(pages);
+            }
+            Record::State(json) => {
+                let snapshot = crate::snapshot::Snapshot::parse(&json, std::path::Path::new("the stream"))?;
+                if snapshot.config != hello.config || snapshot.memory_bytes != hello.memory_bytes {
+                    return Err(bad("the state describes another machine than the hello"));
+                }
+                let (vcpus, devices) = (snapshot.vcpus.len(), snapshot.devices.len());
+                return Ok(ParsedStream { hello, records, pages: pages_taken, vcpus, devices });
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +261,104 @@ mod tests {
         assert!(refused(&[TAG_STATE, 0xff, 0xff, 0xff, 0xff]).contains("more than"));
         assert!(refused(&[9]).contains("unknown kind"));
         assert!(refused(&[TAG_PAGES, 0, 0]).contains("connection broke"));
+    }
+
+    /// A VM of `mem_bytes` and one vCPU, no disk: its hello's configuration.
+    fn config(mem_bytes: u64) -> SavedConfig {
+        SavedConfig {
+            mem_bytes,
+            vcpus: 1,
+            hugepages: false,
+            cmdline: String::new(),
+            io_mode: "eventfd".into(),
+            idle_budget_us: 50,
+            disable_hlt_exits: false,
+            disable_pause_exits: false,
+            disks: Vec::new(),
+        }
+    }
+
+    /// The state record's JSON for `config` (KVM's structures zeroed: only parsed here).
+    fn state(config: &SavedConfig, memory_bytes: u64) -> Vec<u8> {
+        use crate::snapshot::{Snapshot, VcpuState, VmState, FORMAT, VERSION};
+        let snapshot = Snapshot {
+            format: FORMAT.into(),
+            version: VERSION,
+            config: config.clone(),
+            memory_bytes,
+            tsc_khz: 1_000_000,
+            vm: VmState {
+                clock: Default::default(),
+                pic_master: Default::default(),
+                pic_slave: Default::default(),
+                ioapic: Default::default(),
+            },
+            vcpus: vec![VcpuState {
+                index: 0,
+                regs: Default::default(),
+                sregs: Default::default(),
+                msrs: Vec::new(),
+                lapic: Default::default(),
+                xsave: Default::default(),
+                events: Default::default(),
+                xcrs: Default::default(),
+                mp_state: Default::default(),
+                debugregs: Default::default(),
+            }],
+            devices: Vec::new(),
+        };
+        serde_json::to_vec(&snapshot).unwrap()
+    }
+
+    /// A stream: the hello for `config` (saying `memory_bytes`), `records` of zero pages, the
+    /// state `state`.
+    fn stream(config: &SavedConfig, memory_bytes: u64, records: &[(u64, u32)], state: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_hello(&mut out, &Hello { config: config.clone(), memory_bytes }).unwrap();
+        for &(gpa, pages) in records {
+            write_pages_header(&mut out, gpa, pages).unwrap();
+            out.resize(out.len() + pages as usize * PAGE as usize, 0);
+        }
+        write_state(&mut out, state).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_whole_stream_parses_as_the_destination_reads_it_and_bad_ones_are_refused() {
+        const MIB: u64 = 1 << 20;
+        let small = config(64 * MIB);
+        let good = stream(&small, 64 * MIB, &[(0x1000, 2), (64 * MIB - PAGE, 1)], &state(&small, 64 * MIB));
+        let parsed = parse_stream(&mut good.as_slice()).unwrap();
+        assert_eq!((parsed.records, parsed.pages, parsed.vcpus, parsed.devices), (2, 3, 1, 0));
+        assert_eq!(parsed.hello.config, small);
+
+        let refused = |bytes: Vec<u8>| parse_stream(&mut bytes.as_slice()).unwrap_err().to_string();
+        let state_small = state(&small, 64 * MIB);
+        // A page past the end of RAM, and one straddling it.
+        assert!(refused(stream(&small, 64 * MIB, &[(64 * MIB, 1)], &state_small)).contains("not inside"));
+        assert!(
+            refused(stream(&small, 64 * MIB, &[(64 * MIB - PAGE, 2)], &state_small)).contains("not inside")
+        );
+        // Above 3 GiB, RAM continues at 4 GiB: the MMIO hole between is no RAM.
+        let large = config(5 << 30);
+        let state_large = state(&large, 5 << 30);
+        let hole = [(3 << 30, 1)];
+        assert!(refused(stream(&large, 5 << 30, &hole, &state_large)).contains("not inside"));
+        let across = [((3 << 30) - PAGE, 2)];
+        assert!(refused(stream(&large, 5 << 30, &across, &state_large)).contains("not inside"));
+        let above = [(4 << 30, 1), ((5 << 30) + (1 << 30) - PAGE, 1)];
+        assert_eq!(
+            parse_stream(&mut stream(&large, 5 << 30, &above, &state_large).as_slice()).unwrap().pages,
+            2
+        );
+        // The hello's memory size against its configuration's; the state against the hello.
+        assert!(refused(stream(&small, 32 * MIB, &[], &state(&small, 32 * MIB))).contains("guest memory"));
+        assert!(refused(stream(&small, 64 * MIB, &[], &state(&config(128 * MIB), 128 * MIB)))
+            .contains("another machine"));
+        // Pages cut short, and a stream that ends before its state.
+        let mut short = stream(&small, 64 * MIB, &[(0, 2)], &state_small);
+        short.truncate(short.len() - state_small.len() - 5 - 100);
+        assert!(refused(short).contains("connection broke"));
     }
 
     #[test]
