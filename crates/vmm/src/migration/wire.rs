@@ -275,6 +275,7 @@ mod tests {
             disable_hlt_exits: false,
             disable_pause_exits: false,
             disks: Vec::new(),
+            testdev: false,
         }
     }
 
