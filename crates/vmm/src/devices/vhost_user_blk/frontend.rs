@@ -63,6 +63,25 @@ pub enum FrontendError {
     Broken(PathBuf),
 }
 
+/// The users a disk's daemon may run as: the VMM's own, root, and the one `daemon-uid=` names.
+#[derive(Debug, Clone, Copy)]
+pub struct DaemonUsers {
+    own: u32,
+    named: Option<u32>,
+}
+
+impl DaemonUsers {
+    /// This process's user (read now: a reconnection runs on a thread whose filter has no
+    /// geteuid), root and `named`.
+    pub fn of_this_process_and(named: Option<u32>) -> DaemonUsers {
+        DaemonUsers { own: crate::peer::own_uid(), named }
+    }
+
+    fn allows(&self, uid: u32) -> bool {
+        crate::peer::trusted_peer(uid, self.own) || self.named == Some(uid)
+    }
+}
+
 /// One connection to a vhost-user daemon (one disk).
 pub struct Frontend {
     stream: UnixStream,
@@ -74,16 +93,15 @@ pub struct Frontend {
 }
 
 impl Frontend {
-    /// Connect to the daemon listening at `path`, within [`CONNECT_TIMEOUT`], if it runs as this
-    /// process's user, root or `daemon_uid`: the connection carries the guest's memory, so
-    /// whoever else bound the path (in a shared directory, say) gets not a byte.
-    pub fn connect(path: &Path, daemon_uid: Option<u32>) -> Result<Frontend, FrontendError> {
+    /// Connect to the daemon listening at `path`, within [`CONNECT_TIMEOUT`], if it runs as one
+    /// of `users`: the connection carries the guest's memory, so whoever else bound the path (in
+    /// a shared directory, say) gets not a byte.
+    pub fn connect(path: &Path, users: DaemonUsers) -> Result<Frontend, FrontendError> {
         let stream = connect_unix(path)?;
         let peer = crate::peer::peer_uid(&stream)
             .map_err(|source| FrontendError::PeerUnknown { path: path.to_path_buf(), source })?;
-        let own = crate::peer::own_uid();
-        if !crate::peer::trusted_peer(peer, own) && daemon_uid != Some(peer) {
-            return Err(FrontendError::UntrustedDaemon { path: path.to_path_buf(), peer, own });
+        if !users.allows(peer) {
+            return Err(FrontendError::UntrustedDaemon { path: path.to_path_buf(), peer, own: users.own });
         }
         Ok(Frontend { stream, path: path.to_path_buf(), reply_ack: false, broken: false })
     }

@@ -23,7 +23,7 @@ use virtio::VIRTIO_F_VERSION_1;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::frontend::{Frontend, FrontendError};
+use super::frontend::{DaemonUsers, Frontend, FrontendError};
 use super::VhostUserError;
 
 /// Bytes of configuration space asked for (struct virtio_blk_config up to `num_queues` and
@@ -53,8 +53,8 @@ pub struct RingFds {
 /// The connection to a disk's daemon, replaced when the daemon restarts.
 pub struct Link {
     path: PathBuf,
-    /// A user besides the VMM's own and root the daemon may run as (`daemon-uid=`).
-    daemon_uid: Option<u32>,
+    /// Who the daemon may run as.
+    users: DaemonUsers,
     fds: RingFds,
     state: Mutex<State>,
 }
@@ -85,9 +85,10 @@ impl Link {
         daemon_uid: Option<u32>,
         fds: RingFds,
     ) -> Result<(Link, Offer), FrontendError> {
-        let (frontend, protocol, offer) = handshake(path, daemon_uid)?;
+        let users = DaemonUsers::of_this_process_and(daemon_uid);
+        let (frontend, protocol, offer) = handshake(path, users)?;
         let state = Mutex::new(State { frontend, protocol, ring: None });
-        Ok((Link { path: path.to_path_buf(), daemon_uid, fds, state }, offer))
+        Ok((Link { path: path.to_path_buf(), users, fds, state }, offer))
     }
 
     /// The daemon's socket.
@@ -135,7 +136,7 @@ impl Link {
     /// must still hold the driver's features and the disk's capacity. Returns a handle on the
     /// new connection to watch, and the used index the ring resumed at, if one runs.
     pub fn reconnect(&self, expected: &Offer) -> Result<(UnixStream, Option<u16>), VhostUserError> {
-        let (mut frontend, protocol, offer) = handshake(&self.path, self.daemon_uid)?;
+        let (mut frontend, protocol, offer) = handshake(&self.path, self.users)?;
         if offer.config.get(CAPACITY) != expected.config.get(CAPACITY) {
             return Err(VhostUserError::Changed("the disk's capacity"));
         }
@@ -167,8 +168,8 @@ impl Link {
 
 /// Connect, GET_FEATURES, GET_PROTOCOL_FEATURES (CONFIG is needed: the capacity and the rest of
 /// the configuration space come from GET_CONFIG), SET_PROTOCOL_FEATURES, SET_OWNER, GET_CONFIG.
-fn handshake(path: &Path, daemon_uid: Option<u32>) -> Result<(Frontend, u64, Offer), FrontendError> {
-    let mut frontend = Frontend::connect(path, daemon_uid)?;
+fn handshake(path: &Path, users: DaemonUsers) -> Result<(Frontend, u64, Offer), FrontendError> {
+    let mut frontend = Frontend::connect(path, users)?;
     let missing = |what| FrontendError::Missing { path: path.to_path_buf(), what };
     let features = frontend.get_u64(code::GET_FEATURES)?;
     if features & 1 << VIRTIO_F_VERSION_1 == 0 {
