@@ -257,12 +257,8 @@ fn take(
         match wire::read_record(reader)? {
             Record::Pages { gpa, pages } => {
                 let len = u64::from(pages) * PAGE;
-                // Whole inside one region, or refused before a byte is written.
-                let inside = gpa.checked_add(len).is_some()
-                    && mem
-                        .find_region(GuestAddress(gpa))
-                        .is_some_and(|r| gpa - r.start_addr().0 + len <= r.len());
-                if !inside {
+                let regions = mem.iter().map(|r| (r.start_addr().0, r.len()));
+                if !wire::inside_one_region(regions, gpa, len) {
                     return Err(MigrationError::Stream(format!(
                         "{pages} pages at {gpa:#x} are not inside guest memory"
                     ))

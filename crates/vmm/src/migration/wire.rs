@@ -187,6 +187,13 @@ pub struct ParsedStream {
     pub devices: usize,
 }
 
+/// Do `len` bytes at guest address `gpa` lie whole inside one of `regions` (start, length)? A
+/// page record is refused, before a byte of it is written, unless they do.
+pub(crate) fn inside_one_region(regions: impl IntoIterator<Item = (u64, u64)>, gpa: u64, len: u64) -> bool {
+    gpa.checked_add(len)
+        .is_some_and(|end| regions.into_iter().any(|(start, size)| gpa >= start && end - start <= size))
+}
+
 /// Read a whole migration stream from `r` as the destination reads it, without building a VM:
 /// the hello (its configuration checked and made into a VM configuration, its memory size
 /// against the RAM that configuration lays out), each page record against that layout (whole
@@ -210,10 +217,7 @@ pub fn parse_stream(r: &mut impl Read) -> Result<ParsedStream, MigrationError> {
         match read_record(r)? {
             Record::Pages { gpa, pages } => {
                 let len = u64::from(pages) * PAGE;
-                let inside = gpa.checked_add(len).is_some_and(|end| {
-                    ranges.iter().any(|&(start, size)| gpa >= start.0 && end <= start.0 + size)
-                });
-                if !inside {
+                if !inside_one_region(ranges.iter().map(|&(start, size)| (start.0, size)), gpa, len) {
                     return Err(bad(format!("{pages} pages at {gpa:#x} are not inside guest memory")));
                 }
                 let read =
