@@ -77,7 +77,10 @@ impl HeldDisk {
         self.mount.join("disk")
     }
 
+    /// Hold the requests touching the byte from now on ([`HeldDisk::held`] forgets the last
+    /// one held).
     pub fn hold(&self) {
+        let _ = std::fs::remove_file(self.control.join("held"));
         std::fs::write(self.control.join("hold"), b"").unwrap();
     }
 
