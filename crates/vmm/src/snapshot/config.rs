@@ -152,6 +152,26 @@ impl SavedConfig {
         Ok(())
     }
 
+    /// A base for [`SavedConfig::to_vm_config`] that names each saved disk as it was saved (its
+    /// recorded path, kind, size and read-only setting) and asks for the test device, so that
+    /// every check of the configuration runs without an operator: for checking a snapshot or a
+    /// stream on its own (`migration::wire::parse_stream`, the fuzz targets). Nothing it names
+    /// is to be opened: a restore's disks are its operator's.
+    pub fn base_naming_saved_disks(&self) -> VmConfig {
+        let disks = self
+            .disks
+            .iter()
+            .map(|d| match d.kind.as_str() {
+                "ram-file" => DiskBackend::RamFile { path: d.path.clone(), read_only: d.read_only },
+                "null" => DiskBackend::Null { size: d.size, read_only: d.read_only },
+                _ => DiskBackend::File { path: d.path.clone(), read_only: d.read_only, direct: d.direct },
+            })
+            .collect();
+        let disk_options =
+            self.disks.iter().map(|d| DiskOptions { serial: d.serial.clone(), queues: d.queues }).collect();
+        VmConfig { disks, disk_options, testdev: self.testdev, ..VmConfig::default() }
+    }
+
     /// The VM configuration to build again; `base` gives what is the new process's own (console,
     /// timeout, seccomp, CPU placement) and the disks its operator named (`--disk`), which take
     /// the saved disks' places in order: a saved path is never opened. Each named disk must be of
