@@ -411,6 +411,20 @@ fn ready_with_inflight(daemon: &Daemon) -> Frontend {
     frontend
 }
 
+/// A read of HELD_SECTOR into DATA on vring 0, which `held` holds (and only it: later requests
+/// pass); returns once the FUSE server has it.
+fn submit_a_held_read(frontend: &mut Frontend, held: &common::held_disk::HeldDisk, daemon: &Daemon) {
+    held.hold_one();
+    frontend.mem.write(DATA, &[0; 4096]);
+    let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
+    frontend.submit(0, &chain);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held.held().is_none() {
+        assert!(Instant::now() < deadline, "the read never reached the FUSE server: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Has the daemon answered a request on vring 0 that the frontend has not yet seen?
 fn answered(frontend: &Frontend) -> bool {
     let (_, _, used) = frontend.ring(0);
@@ -434,15 +448,7 @@ fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
     let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let (daemon, api) = start_daemon_on_held(dir.path(), &held);
     let mut frontend = ready_with_inflight(&daemon);
-    held.hold_one();
-    frontend.mem.write(DATA, &[0; 4096]);
-    let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
-    frontend.submit(0, &chain);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while held.held().is_none() {
-        assert!(Instant::now() < deadline, "the read never reached the FUSE server: {}", daemon.log());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    submit_a_held_read(&mut frontend, &held, &daemon);
 
     // The ring restarts (as on a new memory table or a frontend's stop and start): the stop
     // gives up on the held read after 1 s and quarantines it.
@@ -511,15 +517,7 @@ fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
     ];
     let daemon = Daemon::start(&args, &[&socket, &handover], &dir.path().join("daemon.log"));
     let mut frontend = ready_with_inflight(&daemon);
-    held.hold_one();
-    frontend.mem.write(DATA, &[0; 4096]);
-    let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
-    frontend.submit(0, &chain);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while held.held().is_none() {
-        assert!(Instant::now() < deadline, "the read never reached the FUSE server: {}", daemon.log());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    submit_a_held_read(&mut frontend, &held, &daemon);
 
     let mut successor = Daemon::start(&args, &[], &dir.path().join("successor.log"));
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -127,6 +127,18 @@ fn adopt(rig: &Rig, state: DiskState) -> (Serving, Receiver<Result<(), String>>,
     (Serving::start(&rig.disk, server, Some(adopted)), replay_result, commit)
 }
 
+/// A successor adopts `state` (attempt 1) and `old` commits: returns once `old` has ended.
+fn take_over(rig: &Rig, old: Serving, state: DiskState) -> Serving {
+    let (new, replay_result, commit) = adopt(rig, state);
+    assert_eq!(replay_result.recv_timeout(LIMIT).unwrap(), Ok(()));
+    old.handle.decide(1, Outcome::Commit);
+    commit.send(true).unwrap();
+    while !old.ended() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    new
+}
+
 #[test]
 fn a_connected_frontend_is_handed_over_and_served_on_without_reconnecting() {
     let rig = Rig::new();
@@ -145,15 +157,8 @@ fn a_connected_frontend_is_handed_over_and_served_on_without_reconnecting() {
     let get_features = Header { request: 1, flags: VERSION, size: 0 }.to_bytes();
     (&frontend.stream).write_all(&get_features[..7]).unwrap();
     assert_eq!(state.writeback, Some(0), "the driver's write-through mode goes along");
-    let (new, replay_result, commit) = adopt(&rig, state);
-    assert_eq!(replay_result.recv_timeout(LIMIT).unwrap(), Ok(()));
-    old.handle.decide(1, Outcome::Commit);
-    commit.send(true).unwrap();
-    // The old server ends, and leaves the socket file to the new one.
-    while !old.ended() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    drop(old);
+    let new = take_over(&rig, old, state);
+    // The old server ended, and left the socket file to the new one.
     assert!(rig.socket.exists());
 
     // The rest of that message, and the new server answers it.
@@ -192,14 +197,8 @@ fn a_dirty_log_given_before_a_handover_is_marked_by_the_successor() {
     frontend.send(code::SET_LOG_BASE, &log_base_payload(LOG_LEN as u64, 0), &[log.file.as_raw_fd()]);
     assert_eq!(frontend.reply(code::SET_LOG_BASE), 0u64.to_le_bytes(), "SET_LOG_BASE's reply");
 
-    let (new, replay_result, commit) = adopt(&rig, pass_state(&old, 1));
-    assert_eq!(replay_result.recv_timeout(LIMIT).unwrap(), Ok(()));
-    old.handle.decide(1, Outcome::Commit);
-    commit.send(true).unwrap();
-    while !old.ended() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    drop(old);
+    let state = pass_state(&old, 1);
+    let new = take_over(&rig, old, state);
 
     // The migration goes on with the successor: LOG_ALL, and the used ring logged.
     frontend.set(code::SET_FEATURES, &(FEATURES | F_LOG_ALL).to_le_bytes(), &[]);
