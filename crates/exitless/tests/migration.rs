@@ -293,6 +293,16 @@ fn cutting_proxy(listen: &Path, to: PathBuf, limit: usize) -> std::thread::JoinH
 /// Forward a source's connection to `to`, holding back the destination's first reply (that it
 /// built the VM) for `hold`.
 fn delaying_proxy(listen: &Path, to: PathBuf, hold: Duration) -> std::thread::JoinHandle<()> {
+    proxy_holding_the_first_reply(listen, to, move || std::thread::sleep(hold))
+}
+
+/// Forward a source's connection to `to`; once the destination's first reply has come, run
+/// `hold` before passing it on.
+fn proxy_holding_the_first_reply(
+    listen: &Path,
+    to: PathBuf,
+    hold: impl FnOnce() + Send + 'static,
+) -> std::thread::JoinHandle<()> {
     let listener = UnixListener::bind(listen).unwrap();
     std::thread::spawn(move || {
         let (mut from_source, _) = listener.accept().unwrap();
@@ -302,7 +312,7 @@ fn delaying_proxy(listen: &Path, to: PathBuf, hold: Duration) -> std::thread::Jo
         let replies = std::thread::spawn(move || {
             let mut first = [0u8; 1];
             if replies_in.read_exact(&mut first).is_ok() {
-                std::thread::sleep(hold);
+                hold();
                 let _ = replies_out.write_all(&first);
                 let _ = std::io::copy(&mut replies_in, &mut replies_out);
             }
@@ -420,24 +430,9 @@ fn holding_proxy(
     replied: std::sync::mpsc::Sender<()>,
     release: std::sync::mpsc::Receiver<()>,
 ) -> std::thread::JoinHandle<()> {
-    let listener = UnixListener::bind(listen).unwrap();
-    std::thread::spawn(move || {
-        let (mut from_source, _) = listener.accept().unwrap();
-        let mut to_destination = UnixStream::connect(&to).unwrap();
-        let (mut replies_in, mut replies_out) =
-            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
-        let replies = std::thread::spawn(move || {
-            let mut first = [0u8; 1];
-            if replies_in.read_exact(&mut first).is_ok() {
-                let _ = replied.send(());
-                let _ = release.recv();
-                let _ = replies_out.write_all(&first);
-                let _ = std::io::copy(&mut replies_in, &mut replies_out);
-            }
-        });
-        let _ = std::io::copy(&mut from_source, &mut to_destination);
-        let _ = to_destination.shutdown(std::net::Shutdown::Write);
-        let _ = replies.join();
+    proxy_holding_the_first_reply(listen, to, move || {
+        let _ = replied.send(());
+        let _ = release.recv();
     })
 }
 

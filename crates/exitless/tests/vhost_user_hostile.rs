@@ -502,19 +502,9 @@ fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
     let file = dir.path().join("backing.img");
     std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
     let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
-    let spec = format!("path={},reset-timeout=1,name=held", held.disk().display());
     let socket = dir.path().join("vhost.sock");
     let handover = dir.path().join("handover.sock");
-    let args = [
-        "--disk",
-        &spec,
-        "--io-mode",
-        "eventfd",
-        "--socket",
-        socket.to_str().unwrap(),
-        "--handover-socket",
-        handover.to_str().unwrap(),
-    ];
+    let args = held_daemon_args(dir.path(), &held, "--handover-socket", &handover);
     let daemon = Daemon::start(&args, &[&socket, &handover], &dir.path().join("daemon.log"));
     let mut frontend = ready_with_inflight(&daemon);
     submit_a_held_read(&mut frontend, &held, &daemon);
@@ -558,20 +548,28 @@ const HELD_SECTOR: u64 = 4096;
 /// the daemon waited for the held request as long as the disk held it.
 /// The daemon serving `held`'s file as disk "held" with `reset-timeout=1`, and its control API.
 fn start_daemon_on_held(dir: &Path, held: &common::held_disk::HeldDisk) -> (Daemon, std::path::PathBuf) {
+    let api = dir.join("api.sock");
+    let args = held_daemon_args(dir, held, "--api-socket", &api);
+    (Daemon::start(&args, &[&dir.join("vhost.sock"), &api], &dir.join("daemon.log")), api)
+}
+
+/// The arguments of a daemon serving `held`'s file as disk "held" with `reset-timeout=1` on
+/// DIR/vhost.sock, and `flag` (a second socket) at `path`.
+fn held_daemon_args(dir: &Path, held: &common::held_disk::HeldDisk, flag: &str, path: &Path) -> Vec<String> {
     let spec = format!("path={},reset-timeout=1,name=held", held.disk().display());
     let socket = dir.join("vhost.sock");
-    let api = dir.join("api.sock");
-    let args = [
+    [
         "--disk",
         &spec,
         "--io-mode",
         "eventfd",
         "--socket",
         socket.to_str().unwrap(),
-        "--api-socket",
-        api.to_str().unwrap(),
-    ];
-    (Daemon::start(&args, &[&socket, &api], &dir.join("daemon.log")), api)
+        flag,
+        path.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// Disk "held"'s reset_timeouts, reset_cancelled and quarantined, as GET /disks/held shows them.
