@@ -9,6 +9,11 @@
 //!   writes (and flushes, discards, write-zeroes) are accepted and dropped. Every request is
 //!   checked (range, read-only) and completes at once, with no system call: the I/O path's own
 //!   cost, the peer of QEMU's `null-co,read-zeroes=on`.
+//! - `rbd=POOL/IMAGE[,conf=FILE][,id=USER][,readonly]`: an image in a Ceph cluster, through
+//!   librbd (loaded when the first such disk opens). `conf=`: the cluster's configuration file
+//!   (default: librados' usual places, /etc/ceph/ceph.conf); `id=`: the cephx user, without
+//!   `client.` (default `admin`). librbd's cache is off: a write is answered once the cluster
+//!   has it.
 //! - `vhost-user=SOCKET[,reconnect=SECS][,daemon-uid=UID]` (`exitless run` only): a disk a
 //!   vhost-user daemon serves; when the daemon goes away, the VM waits up to SECS seconds
 //!   (default 10, 0: not at all) for the next daemon on the socket and carries on with it. The
@@ -130,8 +135,12 @@ fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, String> {
 }
 
 /// A disk the VMM serves itself: `path=FILE[,readonly][,direct]`, `ram=SIZE`,
-/// `ram,path=FILE[,readonly]` or `null=SIZE[,readonly]`.
+/// `ram,path=FILE[,readonly]`, `null=SIZE[,readonly]` or
+/// `rbd=POOL/IMAGE[,conf=FILE][,id=USER][,readonly]`.
 pub fn parse(text: &str) -> Result<DiskBackend, String> {
+    if text.split(',').any(|o| o.starts_with("rbd=")) {
+        return parse_rbd(text);
+    }
     let mut path = None;
     let mut ram = None;
     let mut null = None;
@@ -177,7 +186,48 @@ pub fn parse(text: &str) -> Result<DiskBackend, String> {
         (Some(None), None) => {
             Err("`ram` needs a size (`ram=1G`) or a file (`ram,path=/dev/shm/disk`)".into())
         }
-        (None, None) => Err("a disk needs `path=FILE`, `ram=SIZE` or `null=SIZE`".into()),
+        (None, None) => Err("a disk needs `path=FILE`, `ram=SIZE`, `null=SIZE` or `rbd=POOL/IMAGE`".into()),
+    }
+}
+
+/// `rbd=POOL/IMAGE[,conf=FILE][,id=USER][,readonly]`.
+fn parse_rbd(text: &str) -> Result<DiskBackend, String> {
+    let mut spec = storage::RbdSpec {
+        pool: String::new(),
+        image: String::new(),
+        conf: None,
+        user: None,
+        read_only: false,
+    };
+    let mut target = None;
+    for option in text.split(',') {
+        let repeated = |key: &str| Err(format!("give `{key}=` once"));
+        match option.split_once('=') {
+            Some(("rbd", _)) if target.is_some() => return repeated("rbd"),
+            Some(("rbd", value)) => target = Some(storage::RbdSpec::parse_target(value)?),
+            Some(("conf", _)) if spec.conf.is_some() => return repeated("conf"),
+            Some(("conf", value)) if !value.is_empty() => spec.conf = Some(PathBuf::from(value)),
+            Some(("id", _)) if spec.user.is_some() => return repeated("id"),
+            Some(("id", value)) => spec.user = Some(parse_rbd_user(value)?),
+            None if option == "readonly" => spec.read_only = true,
+            _ => return Err(format!(
+                "an RBD disk takes `rbd=POOL/IMAGE`, `conf=FILE`, `id=USER` and `readonly`, not `{option}`"
+            )),
+        }
+    }
+    (spec.pool, spec.image) = target.ok_or("an RBD disk needs `rbd=POOL/IMAGE`")?;
+    Ok(DiskBackend::Rbd(spec))
+}
+
+/// A cephx user name without `client.`: letters, digits, `.`, `_` and `-`.
+fn parse_rbd_user(user: &str) -> Result<String, String> {
+    let fits = !user.is_empty()
+        && user.len() <= 64
+        && user.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if fits && !user.starts_with("client.") {
+        Ok(user.to_owned())
+    } else {
+        Err(format!("id={user}: give the cephx user without `client.` (letters, digits, '.', '_', '-')"))
     }
 }
 
@@ -223,6 +273,47 @@ mod tests {
         }
         let mixed = parse("null=1G,path=/x").unwrap_err();
         assert!(mixed.contains("give it no `path=`, `ram` or `direct`") && !mixed.contains('\n'), "{mixed}");
+    }
+
+    #[test]
+    fn an_rbd_disk_names_its_image_and_how_to_reach_it() {
+        let spec = |conf: Option<&str>, user: Option<&str>, read_only| {
+            DiskBackend::Rbd(storage::RbdSpec {
+                pool: "rbd".into(),
+                image: "vm1".into(),
+                conf: conf.map(PathBuf::from),
+                user: user.map(String::from),
+                read_only,
+            })
+        };
+        assert_eq!(parse("rbd=rbd/vm1").unwrap(), spec(None, None, false));
+        assert_eq!(
+            parse("rbd=rbd/vm1,conf=/etc/c.conf,id=vm,readonly").unwrap(),
+            spec(Some("/etc/c.conf"), Some("vm"), true)
+        );
+        let options = DiskOptions { serial: None, queues: 2 };
+        assert_eq!(
+            parse_run("queues=2,rbd=rbd/vm1").unwrap(),
+            RunDisk::Local(spec(None, None, false), options)
+        );
+        for bad in [
+            "rbd=",
+            "rbd=vm1",
+            "rbd=/vm1",
+            "rbd=rbd/",
+            "rbd=rbd/ns/vm1",
+            "rbd=rbd/vm1@snap",
+            "rbd=rbd/vm1,path=/x",
+            "rbd=rbd/vm1,direct",
+            "rbd=rbd/vm1,ram=1G",
+            "rbd=rbd/vm1,id=client.admin",
+            "rbd=rbd/vm1,id=",
+            "rbd=rbd/vm1,conf=",
+            "rbd=rbd/vm1,rbd=rbd/vm2",
+        ] {
+            let error = parse_run(bad).expect_err(bad);
+            assert!(!error.contains('\n'), "{error}");
+        }
     }
 
     #[test]

@@ -575,6 +575,9 @@ impl BenchDisk {
             BenchDiskArg::Disk(spec) => spec,
         };
         Ok(match spec {
+            DiskBackend::Rbd(_) => {
+                return Err(PrepareError::Other("an RBD image is benchmarked with --backends rbd".into()))
+            }
             DiskBackend::Ram { size } => {
                 let path = PathBuf::from(format!("/dev/shm/exitless-bench-{}.img", std::process::id()));
                 progress(format_args!("filling a {} MiB RAM disk at {}", size >> 20, path.display()));

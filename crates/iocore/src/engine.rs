@@ -284,8 +284,14 @@ impl Engine {
             let event = self.events[i];
             let fd = match event.data() {
                 WAKE_TOKEN => Some(&self.shared.wake),
-                // The worker's `poll` empties its backend; nothing to clear here.
-                token if token & BACKEND_TOKEN != 0 => None,
+                token if token & BACKEND_TOKEN != 0 => {
+                    // The worker's `poll` empties its backend; some backends clear their fd first.
+                    let index = (token & !BACKEND_TOKEN) as usize;
+                    if let Some(entry) = self.entries.get_mut(index) {
+                        entry.worker.backend_fd_fired();
+                    }
+                    None
+                }
                 index if hung_up(event.event_set()) => {
                     self.drop_notifier(index as usize);
                     None

@@ -12,6 +12,7 @@ pub mod file;
 pub mod null;
 pub mod open;
 pub mod ram;
+pub mod rbd;
 pub mod spec;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -23,6 +24,7 @@ use thiserror::Error;
 pub use file::{FileDisk, FileDiskOptions};
 pub use null::NullDisk;
 pub use ram::RamDisk;
+pub use rbd::{RbdDisk, RbdSpec};
 pub use spec::DiskSpec;
 
 /// What a request does.
@@ -172,6 +174,8 @@ pub enum BackendError {
     Reopen { source: std::io::Error },
     #[error("this kind of disk cannot be opened again")]
     CannotReopen,
+    #[error(transparent)]
+    Rbd(#[from] rbd::RbdError),
     #[error("{0}")]
     Other(String),
 }
@@ -220,6 +224,9 @@ pub trait Backend: Send {
     fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// The owner slept on `completion_fd` and it woke it: clear what made it readable, if
+    /// polling does not (an eventfd's counter), before the next `poll`. Never per request.
+    fn completion_fd_fired(&mut self) {}
     /// Are requests in flight that the kernel runs in worker threads it starts from the thread
     /// that submitted them (io_uring's io-wq: buffered I/O, files on tmpfs, every FLUSH)? Those
     /// threads inherit that thread's CPU and scheduling class, so an owner spinning on its core

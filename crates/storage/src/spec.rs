@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::open::{open_without_blocking, Wanted};
-use crate::{Backend, BackendError, FileDisk, FileDiskOptions, NullDisk, RamDisk};
+use crate::{Backend, BackendError, FileDisk, FileDiskOptions, NullDisk, RamDisk, RbdDisk, RbdSpec};
 
 /// Where a disk's bytes live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub enum DiskSpec {
         /// Writes fail.
         read_only: bool,
     },
+    /// An image in a Ceph cluster, through librbd.
+    Rbd(RbdSpec),
     /// A disk of `size` bytes that holds nothing: reads return zeros, writes are dropped.
     Null {
         /// Bytes, a non-zero multiple of 512.
@@ -76,6 +78,12 @@ impl DiskSpec {
                     .map_err(|e| BackendError::opening(path, e))?;
                 for _ in 0..count {
                     backends.push(Box::new(RamDisk::open(path, *read_only)?));
+                }
+            }
+            DiskSpec::Rbd(spec) => {
+                // One connection and image handle, shared by every queue's backend.
+                for disk in RbdDisk::open_queues(spec, count, crate::DEFAULT_MAX_IN_FLIGHT)? {
+                    backends.push(Box::new(disk));
                 }
             }
             DiskSpec::Null { size, read_only } => {

@@ -30,6 +30,9 @@ pub trait QueueWorker: Send {
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// `backend_fd` woke an owner that slept on it: clear it before the next `poll` (see
+    /// `storage::Backend::completion_fd_fired`).
+    fn backend_fd_fired(&mut self) {}
     /// Does the backend hold requests that run in kernel worker threads started from the
     /// owner's thread, which inherit its CPU and scheduling class? A waiting owner must then
     /// yield its core rather than spin (see `storage::Backend::waits_on_submitter_workers`).

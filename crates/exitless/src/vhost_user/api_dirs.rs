@@ -158,6 +158,9 @@ impl ApiDiskDirs {
 pub fn path_of(disk: &DiskSpec) -> Option<&Path> {
     match disk {
         DiskSpec::File { path, .. } | DiskSpec::RamFile { path, .. } => Some(path),
+        // The cluster's configuration file, which names the keyring librbd reads: without
+        // `conf=`, librados' system-wide one (/etc/ceph/ceph.conf), which the operator set up.
+        DiskSpec::Rbd(spec) => spec.conf.as_deref(),
         DiskSpec::Ram { .. } | DiskSpec::Null { .. } => None,
     }
 }
@@ -167,6 +170,7 @@ pub fn with_path(disk: &DiskSpec, path: PathBuf) -> DiskSpec {
     match disk.clone() {
         DiskSpec::File { read_only, direct, .. } => DiskSpec::File { path, read_only, direct },
         DiskSpec::RamFile { read_only, .. } => DiskSpec::RamFile { path, read_only },
+        DiskSpec::Rbd(spec) => DiskSpec::Rbd(storage::RbdSpec { conf: Some(path), ..spec }),
         other => other,
     }
 }

@@ -224,6 +224,12 @@ fn storage_json(disk: &storage::DiskSpec) -> Value {
             json!({"ram": true, "path": path.display().to_string(), "readonly": read_only})
         }
         storage::DiskSpec::Null { size, read_only } => json!({"null": size, "readonly": read_only}),
+        storage::DiskSpec::Rbd(spec) => json!({
+            "rbd": format!("{}/{}", spec.pool, spec.image),
+            "conf": spec.conf.as_ref().map(|c| c.display().to_string()),
+            "id": spec.user(),
+            "readonly": spec.read_only,
+        }),
     }
 }
 

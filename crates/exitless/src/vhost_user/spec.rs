@@ -1,7 +1,8 @@
 //! `exitless vhost-user-blk --disk`: which disk, on which socket, with which limits.
 //!
 //! `socket=PATH,` followed by a disk as `exitless run --disk` takes it (`path=FILE[,readonly]
-//! [,direct]`, `ram=SIZE`, `ram,path=FILE[,readonly]`, `null=SIZE[,readonly]`), and optionally
+//! [,direct]`, `ram=SIZE`, `ram,path=FILE[,readonly]`, `null=SIZE[,readonly]`,
+//! `rbd=POOL/IMAGE[,conf=FILE][,id=USER][,readonly]`), and optionally
 //! `queues=N`, `iops=N` (requests per second), `bw=BYTES` (bytes per second, with K/M/G
 //! suffixes), `serial=TEXT` (the serial number the guest reads, 1 to 20 printable ASCII
 //! characters), `name=NAME` (how the control API and the metrics call it) and
@@ -121,6 +122,9 @@ const JSON_KEYS: &[&str] = &[
     "path",
     "ram",
     "null",
+    "rbd",
+    "conf",
+    "id",
     "readonly",
     "direct",
     "queues",

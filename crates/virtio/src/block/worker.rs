@@ -698,6 +698,10 @@ impl QueueWorker for BlockWorker {
         self.backend.completion_fd()
     }
 
+    fn backend_fd_fired(&mut self) {
+        self.backend.completion_fd_fired();
+    }
+
     fn waits_on_submitter_workers(&self) -> bool {
         self.backend.waits_on_submitter_workers()
     }

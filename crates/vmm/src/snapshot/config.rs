@@ -2,7 +2,7 @@
 //! vCPUs, disks by path or, for a null disk, by size; I/O mode). The kernel is not needed: it is
 //! in guest memory.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -96,6 +96,16 @@ impl SavedConfig {
                         path: PathBuf::new(),
                         size: *size,
                         read_only: *read_only,
+                        direct: false,
+                        serial,
+                        queues,
+                    }),
+                    // Shared storage: the destination names the same image.
+                    DiskBackend::Rbd(spec) => Ok(SavedDisk {
+                        kind: "rbd".into(),
+                        path: PathBuf::from(format!("{}/{}", spec.pool, spec.image)),
+                        size,
+                        read_only: spec.read_only,
                         direct: false,
                         serial,
                         queues,
@@ -253,16 +263,21 @@ impl SavedDisk {
             DiskBackend::File { read_only, .. }
             | DiskBackend::RamFile { read_only, .. }
             | DiskBackend::Null { read_only, .. } => *read_only,
+            DiskBackend::Rbd(spec) => spec.read_only,
             DiskBackend::Ram { .. } => false,
         };
         let fits = match (self.kind.as_str(), named) {
             ("file", DiskBackend::File { .. }) | ("ram-file", DiskBackend::RamFile { .. }) => true,
             ("null", DiskBackend::Null { size, .. }) => *size == self.size,
+            ("rbd", DiskBackend::Rbd(spec)) => {
+                self.path == Path::new(&format!("{}/{}", spec.pool, spec.image))
+            }
             _ => false,
         };
         let want = match self.kind.as_str() {
             "file" => "path=FILE",
             "ram-file" => "ram,path=FILE",
+            "rbd" => "rbd=POOL/IMAGE (the same image)",
             _ => "null=SIZE (its size)",
         };
         if !fits {

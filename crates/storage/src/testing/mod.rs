@@ -1,6 +1,8 @@
 //! Test support for crates that drive backends: a disk that does not answer, and how many of a
 //! file's pages the host's page cache holds dirty.
 
+pub mod ceph;
+
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// A range of the caller's memory whose first touch stalls until [`Stall::release`] (or drop):
