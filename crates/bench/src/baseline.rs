@@ -13,8 +13,8 @@
 //! cannot complete without blocking is handed to an `iou-wrk` worker thread, which inherits the
 //! job's CPU set. Not used: `--sqthread_poll` (a kernel thread polling the submission queue, a
 //! third user of the cores), `--hipri` (polled completions: only block devices with poll
-//! queues, files answer EOPNOTSUPP), `--fixedbufs`/`--registerfiles` (about 1% on tmpfs here,
-//! within noise, and fixed buffers can hit RLIMIT_MEMLOCK on older kernels).
+//! queues, files answer EOPNOTSUPP), `--fixedbufs`/`--registerfiles` (within noise, and fixed
+//! buffers can hit RLIMIT_MEMLOCK on older kernels).
 //!
 //! Latency is fio's *total* latency (`lat_ns`, submission to completion, i.e. slat + clat), asked
 //! for with `--lat_percentiles=1`: what a guest sees from posting a request to seeing it done. For
@@ -60,10 +60,8 @@ pub struct FioJob {
 /// the guest's RAM does (it asks for transparent huge pages): for requests larger than a 4 KiB
 /// page, when the host gives transparent huge pages and has enough reserved ones free for fio.
 /// A large O_DIRECT request reaches the disk in one segment per physically contiguous run of
-/// its buffer, and that, not the I/O path, set the pace of 128 KiB reads at depth 4 here: the
-/// guest made 7.4k IOPS on 4 KiB pages and 14.0k on huge pages, fio 7-13k with malloc'd
-/// buffers (as their pages happened to lie) and 13.7-14.0k on huge pages. A page-sized request
-/// is one segment either way.
+/// its buffer, and that, not the I/O path, set the pace of 128 KiB reads, for the guest and
+/// for fio alike (docs/tuning.md). A page-sized request is one segment either way.
 pub fn buffers_on_huge_pages(block_size: u32, queue_depth: u32) -> bool {
     const HUGE_PAGE: u64 = 2 << 20;
     if block_size <= 4096 || !vmm::memory::transparent_huge_pages() {
@@ -464,7 +462,7 @@ mod tests {
 
     /// A buffered run measures what the page cache holds: fio's default (invalidate=1) drops the
     /// file's pages before each job, which made the bench's page-cache-hit rows read from the
-    /// disk (25k IOPS at depth 32 where the cache gives 320k).
+    /// disk (docs/tuning.md).
     #[test]
     fn a_buffered_run_leaves_the_page_cache_as_it_found_it() {
         let (file, len) = scratch::file_on_disk();

@@ -3,9 +3,8 @@
 //! times (the ring's index, the descriptors, the header, the status, the used ring), one after
 //! the other, so its latency follows that round trip. On a cloud VM the round trip depends on
 //! where the hypervisor placed the two virtual CPUs at that moment, and it moves between runs
-//! (on this project's test host, from one minute to the next: about 70, 170 or 450 ns, which
-//! made the same null-disk row 0.5 to 1.8 µs at p50): the bench reports it beside each row, so that two rows measured
-//! under different placements are not read as a difference between modes.
+//! (docs/tuning.md): the bench reports it beside each row, so that two rows measured under
+//! different placements are not read as a difference between modes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;

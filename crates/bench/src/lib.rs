@@ -116,7 +116,7 @@ pub(crate) fn print_report(
 /// A new seed for the probe's random offsets, one per run: with the same seed every run read the
 /// same blocks, which a real disk's lower layers (here the cloud host's page cache under the VM's
 /// disk) had cached from the run before, while fio's offsets were new each time; guests then
-/// "beat" bare metal on a real disk by 1.3-3x.
+/// "beat" bare metal on a real disk (docs/tuning.md).
 pub(crate) fn fresh_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();

@@ -72,8 +72,7 @@ impl Progress {
     fn estimate(&self, kind: Kind) -> Duration {
         match self.spent[kind.index()] {
             (total, n) if n > 0 => total / n,
-            // First guesses, from this host: fio starts in ~0.1 s, the probe boots and warms up
-            // under exitless in ~0.5 s, under QEMU in ~1 s.
+            // First guesses, from this host's start-up times (docs/tuning.md).
             _ => {
                 self.run_time
                     + match kind {

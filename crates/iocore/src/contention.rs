@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 const PROBE_WINDOW: Duration = Duration::from_millis(1);
 /// The core counts as contended when the thread waited for it at least 1/`CONTENDED_SHARE` of a
 /// window (others ran while it wanted to): a short kernel worker or an interrupt's softirq now
-/// and then is not contention (seen here: up to 9% of a window while a benchmark ran alone), a
-/// thread taking turns with it is (about half).
+/// and then is not contention, a thread taking turns with it is (about half; docs/tuning.md).
 const CONTENDED_SHARE: u64 = 4;
 /// How long the IOCore yields after it found contention, at first...
 const HOLD_MIN: Duration = Duration::from_millis(10);

@@ -79,7 +79,7 @@ impl Engine {
         }
         // Not an adaptive one: it leaves its core to other threads by sleeping early when it
         // waits for the core, and as a batch thread, woken late, it stayed behind a busy thread
-        // and spun (that thread kept 52% of the core, against 76% for a normal adaptive IOCore).
+        // and spun, leaving that thread less of the core (docs/tuning.md).
         let batch = !matches!(self.policy, Policy::Adaptive { .. });
         if batch {
             if let Err(source) = crate::schedule_as_batch() {

@@ -6,23 +6,20 @@
 //! which is often the IOCore's: ext4 completes every async O_DIRECT write in a kworker, and a
 //! loop device runs all its I/O in one. In the normal class the IOCore has to sleep to let them
 //! run, and while it sleeps it sees neither the guest's next requests (a polled driver does not
-//! notify) nor the completions those workers post: the core idled a quarter of the time with
-//! requests waiting (4 KiB writes at depth 32 on an ext4 file). In the idle class any normal
-//! thread that wakes on the core runs at once, and the IOCore, when it gets the core back, has
-//! never stopped looking. Measured against fio in one alternating run (scripts/parity.py), 4 KiB
-//! writes at depth 32 on an ext4 file went from 0.93x to 1.06x, reads at depth 8 from 0.87x to
-//! 1.11x.
+//! notify) nor the completions those workers post: the core idled with requests waiting. In the
+//! idle class any normal thread that wakes on the core runs at once, and the IOCore, when it
+//! gets the core back, has never stopped looking (the runs against fio are in docs/tuning.md).
 //!
-//! The price: any other busy thread on the core holds an idle-class thread off almost entirely
-//! (1.4 s at a time here, 147 IOPS at depth 8 where a batch thread made 18k). A pinned polling
-//! IOCore is meant to own its core; when it finds it does not, it leaves the idle class for a
-//! hold that doubles while it keeps finding that, and then tries the idle class again. A polling
-//! IOCore finds it from a pass that came more than `HELD_OFF` after the one before, and goes
-//! back to the batch class. A notified one sleeps between requests, so those gaps fall in its
-//! sleeps: it finds it from a wake-up that waited more than `WAKE_HELD_OFF` for its core, and
-//! goes to the normal class, whose wake-ups preempt (a batch thread woken behind a busy one
-//! waits for the next tick). Both find it only once they run again; a watcher thread (`watch`)
-//! moves them sooner, and they take its move as a hold of their own.
+//! The price: any other busy thread on the core holds an idle-class thread off almost entirely,
+//! for most of a second at a time. A pinned polling IOCore is meant to own its core; when it
+//! finds it does not, it leaves the idle class for a hold that doubles while it keeps finding
+//! that, and then tries the idle class again. A polling IOCore finds it from a pass that came
+//! more than `HELD_OFF` after the one before, and goes back to the batch class. A notified one
+//! sleeps between requests, so those gaps fall in its sleeps: it finds it from a wake-up that
+//! waited more than `WAKE_HELD_OFF` for its core, and goes to the normal class, whose wake-ups
+//! preempt (a batch thread woken behind a busy one waits for the next tick). Both find it only
+//! once they run again; a watcher thread (`watch`) moves them sooner, and they take its move as
+//! a hold of their own.
 
 use std::time::{Duration, Instant};
 
@@ -33,17 +30,16 @@ use crate::watch::Watcher;
 /// Passes between two looks at the clock.
 const PASSES_PER_LOOK: u32 = 64;
 /// A gap between two looks longer than this means another thread held the core: the kernel's
-/// work takes well under a millisecond at a time (a kworker completes 32 writes in about 100 µs;
-/// the longest gap seen in a whole `exitless bench` was 10 ms), while a busy thread keeps an
-/// idle-class one off for most of a second (0.9-1.4 s here).
+/// work takes far less at a time, while a busy thread keeps an idle-class one off for most of a
+/// second (docs/tuning.md).
 const HELD_OFF: Duration = Duration::from_millis(50);
 /// How long the IOCore stays in the batch class after it was held off, at first...
 const HOLD_MIN: Duration = Duration::from_secs(1);
 /// ...and at most, doubling each time it is held off again soon after a hold ended.
 const HOLD_MAX: Duration = Duration::from_secs(64);
 /// A wake-up that waited longer than this for the core waited for another thread: the kernel's
-/// own work preempts an idle-class thread in well under a millisecond, while a busy thread held
-/// a woken one off for 2-115 ms (median request times behind a compiler).
+/// own work preempts an idle-class thread in well under a millisecond, while a busy thread holds
+/// a woken one off for milliseconds (docs/tuning.md).
 const WAKE_HELD_OFF: Duration = Duration::from_millis(1);
 /// How often, at most, a sleep's wake-up is measured (two `pread`s of the scheduler's figures):
 /// a notified IOCore sleeps once per request at low depth, and one held off waits milliseconds

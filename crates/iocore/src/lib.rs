@@ -264,11 +264,11 @@ pub fn keep_current_thread_off(cpu: usize) -> std::io::Result<()> {
 /// interrupt and, for every O_DIRECT write to a file (and all I/O of a loop device), a kworker
 /// on the interrupt's core. Each request that kworker finishes wakes the IOCore. Woken as a
 /// normal thread, the IOCore preempted the kworker after every item, took that one completion,
-/// and its guest posted one new request: writes at queue depth 8 reached the disk one at a time
-/// (15k IOPS where fio made 52k). A batch IOCore runs once the kworker has finished them all, and
-/// takes their completions at once. That happened with the VMM at raised priority (a nice -20
-/// autogroup: 22k IOPS at depth 8 against 62k as a batch thread); at normal priority the kworker
-/// held its own and both ran alike, so this guards a VMM its operator prioritises. Polling and
+/// and its guest posted one new request: writes at queue depth 8 reached the disk one at a time.
+/// A batch IOCore runs once the kworker has finished them all, and takes their completions at
+/// once. That happened with the VMM at raised priority (a nice -20 autogroup); at normal
+/// priority the kworker held its own and both ran alike, so this guards a VMM its operator
+/// prioritises (docs/tuning.md). Polling and
 /// notified IOCores are batch threads, and pinned ones then move on to the idle class
 /// (`idle_class`); adaptive ones are not (see `Engine::run`).
 pub fn schedule_as_batch() -> std::io::Result<()> {

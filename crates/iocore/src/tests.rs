@@ -218,9 +218,8 @@ fn pinning_to_a_cpu_that_does_not_exist_fails_cleanly() {
 
 /// Regression: a normal IOCore woken by each completion preempted the kworker that finishes
 /// O_DIRECT writes on its core after every item, so writes at queue depth 8 to an ext4 file
-/// reached the disk one at a time (0.28x of fio; 0.86x as a batch thread, same run, the VMM at
-/// raised priority: see `schedule_as_batch`). An adaptive IOCore stays a normal thread: it
-/// leaves its core to others by sleeping early.
+/// reached the disk one at a time (see `schedule_as_batch`). An adaptive IOCore stays a normal
+/// thread: it leaves its core to others by sleeping early.
 #[test]
 fn polling_and_notified_iocores_are_batch_threads_whose_wake_ups_do_not_preempt_kworkers() {
     for (policy, expected) in [
@@ -264,8 +263,8 @@ fn polling_in_the_idle_class(cpu: usize) -> (Guest, IoCore) {
     (guest, iocore)
 }
 
-/// Regression: an idle-class IOCore behind a busy thread on its core got the core for a moment
-/// every 1.4 s (4 KiB reads at depth 8: 147 IOPS, where a batch thread made 18k). It now finds
+/// Regression: an idle-class IOCore behind a busy thread on its core got the core only for a
+/// moment now and then, and served its guest at a trickle (docs/tuning.md). It now finds
 /// the gap, becomes a batch thread again (which its seccomp filter allows), and serves at its
 /// fair share.
 #[test]
@@ -348,11 +347,11 @@ fn a_request_behind_a_busy_thread_on_its_core_is_served_while_that_thread_still_
     assert!(stats.held_off >= 1, "held off by the busy thread: {stats:?}");
 }
 
-/// Regression: a pinned notified IOCore in the idle class sleeps between requests, so the gaps a
-/// busy thread on its core made fell in its sleeps and it never saw them: woken by each
-/// notification, it waited for the busy thread to leave the core (matrix medians of 2-115 ms
-/// behind a compiler). It now reads how long each wake-up waited for the core, and leaves the
-/// idle class for the normal one, whose wake-ups preempt.
+/// Regression: a pinned notified IOCore in the idle class sleeps between requests, so the gaps
+/// a busy thread on its core made fell in its sleeps and it never saw them: woken by each
+/// notification, it waited for the busy thread to leave the core. It now reads how long each
+/// wake-up waited for the core, and leaves the idle class for the normal one, whose wake-ups
+/// preempt.
 #[test]
 fn a_busy_thread_on_its_core_sends_a_notified_idle_class_iocore_to_the_normal_class() {
     let _one = ONE_BUSY_CORE.lock().unwrap_or_else(|p| p.into_inner());
@@ -519,9 +518,9 @@ fn thread_cpu_time() -> Duration {
 }
 
 /// Regression: an adaptive IOCore whose requests came a little faster than its idle budget never
-/// slept, so a busy thread on its core got only the scheduler's fair half of it (42-51% here),
-/// however little the IOCore had to do. Now the IOCore notices that it waits for its core and
-/// sleeps sooner (70-80%). The check compares the two threads' CPU times, which other
+/// slept, so a busy thread on its core got only the scheduler's fair half of it, however little
+/// the IOCore had to do. Now the IOCore notices that it waits for its core and sleeps sooner
+/// (docs/tuning.md). The check compares the two threads' CPU times, which other
 /// processes on the host shrink alike, not the busy thread's share of the wall clock.
 #[test]
 fn adaptive_leaves_its_core_to_a_busy_thread_while_serving_requests() {
@@ -533,7 +532,7 @@ fn adaptive_leaves_its_core_to_a_busy_thread_while_serving_requests() {
     let (mut guest, worker) = guest_and_worker();
     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
     // A long idle budget, so that a request every 150 µs keeps a spinning IOCore spinning while
-    // a sleep and a wake-up (15-20 µs of CPU here) cost much less than the gap.
+    // a sleep and a wake-up cost much less than the gap.
     let idle = Duration::from_micros(200);
     let iocore = IoCore::spawn(Policy::Adaptive { idle }, Some(shared)).unwrap();
     iocore.attach(1, worker, Some(notify.clone()));

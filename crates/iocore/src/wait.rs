@@ -9,14 +9,12 @@ const SPINS_PER_CLOCK_CHECK: u32 = 64;
 /// on the backends' completion descriptors (when spinning pays: see `SpinTrial`). A thread
 /// spinning on the core where the disk's completion work runs (its interrupt, then block-layer,
 /// file-system and loop-device workers: every O_DIRECT write to an ext4 file finishes in a
-/// kworker) starves that work for a whole scheduler slice; measured here, a loop device served
-/// by a spinning IOCore ran at 5-15% of fio's rate.
+/// kworker) starves that work for a whole scheduler slice (docs/tuning.md).
 const DISK_SPIN: Duration = Duration::from_micros(20);
 /// Sleeps under a polling policy start this short and double while the disk stays busy, up to
 /// `DISK_SLEEP_MAX`: the driver of a polled queue does not notify, so a request it makes
 /// meanwhile waits at most that long. A completion ends a sleep at once. Waking every 50 µs
-/// through a long request costs the disk's own workers their core again (a loop device's
-/// 128 KiB reads took 3x longer).
+/// through a long request costs the disk's own workers their core again (docs/tuning.md).
 const DISK_SLEEP_MIN: Duration = Duration::from_micros(50);
 const DISK_SLEEP_MAX: Duration = Duration::from_micros(200);
 /// How long an idle-class IOCore spins through a disk wait in which no request is known to run
@@ -24,9 +22,8 @@ const DISK_SLEEP_MAX: Duration = Duration::from_micros(200);
 /// yields after that. io_uring also hands an O_DIRECT request to a worker when it cannot start
 /// it without blocking (a write into a hole of a sparse file, which must allocate), and that
 /// worker, created from the IOCore's thread and so of its class, runs only when the IOCore
-/// yields: 4 KiB writes at depth 1 into a new sparse file made 551 IOPS spinning. The disk's own
-/// completions mostly come sooner (40 µs at depth 1 on this host's ext4 disk), and a long wait
-/// makes a system call only every `UNKNOWN_WORKER_PERIOD`.
+/// yields. The disk's own completions mostly come sooner than the grace, and a long wait makes
+/// a system call only every `UNKNOWN_WORKER_PERIOD` (docs/tuning.md).
 const UNKNOWN_WORKER_GRACE: Duration = Duration::from_micros(50);
 const UNKNOWN_WORKER_PERIOD: Duration = Duration::from_micros(25);
 /// Disk waits between two trials of spinning against sleeping at once.
@@ -63,9 +60,8 @@ impl IdleClock {
 
 /// Whether to spin before sleeping on the disk, settled by trial. Spinning keeps the core out
 /// of its idle state, so a completion that the disk's interrupt finishes reaches the IOCore
-/// without a wake-up from idle (4 KiB reads at depth 1 from an ext4 file: 20.9k IOPS spinning,
-/// 14.2k not). Where a kernel thread must finish each request on this core (a loop device's
-/// worker), the spin holds that thread off instead (9.7k IOPS not spinning, 7.4k spinning).
+/// without a wake-up from idle. Where a kernel thread must finish each request on this core (a
+/// loop device's worker), the spin holds that thread off instead (docs/tuning.md).
 /// Every `SPIN_TRIAL_EVERY` waits the IOCore spins for `SPIN_TRIAL_WAITS` waits, then sleeps at
 /// once for as many, and keeps whichever did more work per second.
 struct SpinTrial {
@@ -132,8 +128,8 @@ fn does_more_per_second(a: (u64, Duration), b: (u64, Duration)) -> bool {
 /// created from its own thread and share its CPU and scheduling class: on every pass while a
 /// request in flight is known to run in one (buffered I/O, tmpfs, FLUSH), now and then after
 /// `UNKNOWN_WORKER_GRACE` otherwise. A spinning idle-class thread holds a worker of its own
-/// class off until the scheduler's tick (4 ms: 282 IOPS from a tmpfs file); a yield lets it run
-/// at once, and costs one system call when there is none.
+/// class off until the scheduler's tick (docs/tuning.md); a yield lets it run at once, and
+/// costs one system call when there is none.
 #[derive(Default)]
 pub(crate) struct WorkerWait {
     clock: IdleClock,

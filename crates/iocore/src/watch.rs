@@ -1,11 +1,11 @@
 //! An idle-class IOCore finds that a busy thread holds it off its core only once it runs again,
-//! and behind a busy thread an idle-class thread gets the core for a moment about once a second:
-//! a request that arrives then waits that long (a whole second in a test whose fio shared the
-//! IOCore's core). A watcher thread looks at the IOCore every [`WATCH_EVERY`]: when it has made
-//! no pass since the last look, wants to run and has not run, the watcher moves it to its
-//! fallback class itself, which gets it its share of the core within a slice. The IOCore then
-//! counts the hold as its own (`IdleClass`). The watcher sleeps between looks, reads two small
-//! /proc files while the IOCore is in the idle class, and is never on a request's path.
+//! and behind a busy thread an idle-class thread gets the core for a moment about once a
+//! second: a request that arrives then waits that long. A watcher thread looks at the IOCore
+//! every [`WATCH_EVERY`]: when it has made no pass since the last look, wants to run and has
+//! not run, the watcher moves it to its fallback class itself, which gets it its share of the
+//! core within a slice. The IOCore then counts the hold as its own (`IdleClass`). The watcher
+//! sleeps between looks, reads two small /proc files while the IOCore is in the idle class, and
+//! is never on a request's path.
 
 use std::fs::File;
 use std::marker::PhantomData;
@@ -18,8 +18,7 @@ use std::time::Duration;
 use crate::contention::RunDelay;
 
 /// How often the watcher looks; a held-off IOCore waits at most about twice this. Longer than
-/// the kernel's own work holds an IOCore off (up to 10 ms seen in a whole `exitless bench`),
-/// which is not a busy thread.
+/// the kernel's own work holds an IOCore off, which is not a busy thread (docs/tuning.md).
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
 /// What the IOCore and its watcher share.

@@ -32,16 +32,11 @@ pub const MAX_QUEUE_DEPTH: usize = 4096;
 
 /// The most requests `submit` queues for a regular file opened with O_DIRECT before it hands
 /// them to the kernel itself. io_uring holds the block I/O of a larger batch in a plug until it
-/// has prepared the batch's last request (it plugs for more than two), and the file system's
-/// part of preparing one is slow (about 5 µs per ext4 write here), so the disk idled meanwhile:
-/// on an ext4 file at depth 32, 4 KiB writes ran at 92k IOPS handed over at once and 117k in
-/// pairs, reads at 58k and 72k (one alternating run, normal priority). Groups of 3 to 8 ring
-/// the disk's doorbell less often (each unplugged write rings it) but start later: faster for
-/// writes at depth 32 in one run, slower for the other workloads, no better in another. A block
-/// device prepares a request quickly and, a loop device at least, does better with the whole
-/// batch, since each call wakes its worker (4 KiB writes at depth 32: 60k at once, 33k in
-/// pairs; reads the same either way), and buffered I/O mostly completes inside the call: both
-/// keep one call per batch.
+/// has prepared the batch's last request (it plugs for more than two), and a file system
+/// prepares each request slowly, so the disk idles meanwhile. A block device prepares a request
+/// quickly and, a loop device at least, does better with the whole batch, since each call wakes
+/// its worker, and buffered I/O mostly completes inside the call: both keep one call per batch.
+/// The runs that chose 2, and larger groups, are in docs/tuning.md.
 const FILE_KICK_BATCH: usize = 2;
 
 /// How to open a `FileDisk`.

@@ -80,11 +80,9 @@ pub fn create(size: u64, hugepages: bool) -> Result<GuestMemoryMmap, MemoryError
 
 /// Ask for transparent huge pages on `mapping` (host policy `madvise` or `always`). A guest
 /// buffer then lies in a few physically contiguous runs, and the host's block layer hands the
-/// disk one segment where 4 KiB pages made up to 32: 128 KiB O_DIRECT reads at depth 4 ran at
-/// 7.4k IOPS on 4 KiB pages and 14.0k on transparent huge pages on an ext4 file here (7.8k and
-/// 15.3k on a loop device). Best
-/// effort: where the host refuses (policy `never`, or no THP at all; for a memfd, its
-/// `shmem_enabled` policy), the pages stay small.
+/// disk one segment where 4 KiB pages made up to 32, which doubled large O_DIRECT reads
+/// (docs/tuning.md). Best effort: where the host refuses (policy `never`, or no THP at all; for
+/// a memfd, its `shmem_enabled` policy), the pages stay small.
 fn advise_huge_pages(mapping: &vm_memory::mmap::MmapRegion) {
     // SAFETY: the range is exactly the mapping `mapping` owns and keeps mapped; MADV_HUGEPAGE
     // only changes how the kernel backs it, never its contents.

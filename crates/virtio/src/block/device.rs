@@ -52,8 +52,7 @@ const CONFIG_WRITE_ZEROES: usize = 48;
 /// daemon ([`Block::with_batch_limit`]). Every other ring the IOCore serves waits for at most
 /// this many of a deep ring's requests. It also keeps the guest busy while the device works: a
 /// driver at depth 32 that posts its whole queue at once gets its first 16 completions back
-/// while the device takes the next 16, instead of waiting for all 32 (on the null disk at depth
-/// 32, `exitless run --probe` made 1.3M IOPS without a limit and 1.6-2.1M with it).
+/// while the device takes the next 16, instead of waiting for all 32 (docs/tuning.md).
 pub const FAIR_BATCH: usize = 16;
 
 /// The virtio-blk device model: features and configuration space, and one backend per queue

@@ -4,9 +4,8 @@
 //! KVM injects an irqfd routed to the IOAPIC from a kernel worker on the CPU that wrote the
 //! eventfd, not in the writer's context (only MSI routes are injected at once). The writer is an
 //! IOCore that spins on its core, or a vCPU thread that goes straight back into the guest, so
-//! that worker waited for the core: measured here, in the `sidecore` mode every interrupt went
-//! through `irqfd_inject` on the IOCore's CPU, and under load the guest saw p99 latencies of
-//! 4-20 ms. KVM_IRQ_LINE delivers in the caller's own system call.
+//! that worker waited for the core and interrupts came late and merged (docs/tuning.md).
+//! KVM_IRQ_LINE delivers in the caller's own system call.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -27,8 +27,8 @@ pub const VIRTIO_FIRST_IRQ: u32 = 10;
 /// IOAPIC pins available to transports.
 pub const MAX_VIRTIO_DEVICES: usize = 14;
 
-/// The rungs of the I/O path ladder (README.md, "Reading the output"). The host side of a mode is who serves the
-/// queues and whether the driver is asked to notify; the guest side (interrupt or polled
+/// The rungs of the I/O path ladder (docs/io-modes.md). The host side of a mode is who serves
+/// the queues and whether the driver is asked to notify; the guest side (interrupt or polled
 /// completion, PV EOI) is the guest driver's choice, which `guest_completion` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoMode {
