@@ -210,9 +210,11 @@ fn parse_rbd(text: &str) -> Result<DiskBackend, String> {
             Some(("id", _)) if spec.user.is_some() => return repeated("id"),
             Some(("id", value)) => spec.user = Some(parse_rbd_user(value)?),
             None if option == "readonly" => spec.read_only = true,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "an RBD disk takes `rbd=POOL/IMAGE`, `conf=FILE`, `id=USER` and `readonly`, not `{option}`"
-            )),
+            ))
+            }
         }
     }
     (spec.pool, spec.image) = target.ok_or("an RBD disk needs `rbd=POOL/IMAGE`")?;

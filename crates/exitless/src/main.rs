@@ -42,3 +42,10 @@ fn main() {
     };
     std::process::exit(code);
 }
+
+/// Have librbd's threads (an `rbd=` disk's) run under the RBD client filter, in `mode`.
+fn confine_rbd_clients(mode: sandbox::SeccompMode) -> Result<(), String> {
+    let filter = sandbox::Filter::new(sandbox::ThreadKind::RbdClient, mode).map_err(|e| e.to_string())?;
+    storage::rbd::confine_client_threads(Box::new(move || filter.install().map_err(|e| e.to_string())));
+    Ok(())
+}

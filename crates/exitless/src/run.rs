@@ -18,6 +18,9 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    if let Err(e) = crate::confine_rbd_clients(config.seccomp) {
+        return fail(e);
+    }
     let vm = match (&args.restore, &args.receive_migration) {
         (Some(source), _) => restore(source, config.clone()),
         (None, Some(url)) => receive(url, config.clone()),

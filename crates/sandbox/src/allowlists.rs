@@ -170,6 +170,58 @@ const REOPEN_DISK: &[i64] = &[libc::SYS_io_uring_setup, libc::SYS_io_uring_enter
 /// A vhost-user frontend's exchanges with its daemon (the vCPU starts and resets the disk).
 const VHOST_USER_FRONTEND: &[i64] = &[libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_poll];
 
+/// librados and librbd, Ceph's client: load the libraries and read the configuration and keyring
+/// (files), connect to monitors and OSDs over TCP and serve those connections from their own
+/// event loops (epoll, eventfds, pipes), start their threads, name them and set their CPU
+/// affinity, and wake the thread that polls a queue's completions (an eventfd write).
+const RBD_CLIENT: &[i64] = &[
+    libc::SYS_openat,
+    libc::SYS_read,
+    libc::SYS_pread64,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_lseek,
+    libc::SYS_close,
+    libc::SYS_fstat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+    libc::SYS_access,
+    libc::SYS_readlink,
+    libc::SYS_getdents64,
+    libc::SYS_socket,
+    libc::SYS_connect,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockopt,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_sendmsg,
+    libc::SYS_recvmsg,
+    libc::SYS_sendto,
+    libc::SYS_recvfrom,
+    libc::SYS_shutdown,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_epoll_create,
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_eventfd2,
+    libc::SYS_pipe2,
+    libc::SYS_getrandom,
+    libc::SYS_getpid,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    libc::SYS_uname,
+    libc::SYS_sysinfo,
+    libc::SYS_prlimit64,
+    libc::SYS_sched_setaffinity,
+    libc::SYS_rt_sigaction,
+    libc::SYS_tgkill,
+];
+
 pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
     let mut rules = Rules::new();
     allow(&mut rules, RUNTIME);
@@ -324,6 +376,18 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             // The connection's second handle, for the answers (try_clone).
             one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
             peer_credentials(&mut rules)?;
+        }
+        ThreadKind::RbdClient => {
+            allow(&mut rules, RBD_CLIENT);
+            allow(&mut rules, THREAD_START);
+            one_of(&mut rules, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_GET_NAME as u64])?;
+            one_of(
+                &mut rules,
+                libc::SYS_fcntl,
+                1,
+                &[libc::F_GETFL as u64, libc::F_SETFL as u64, libc::F_GETFD as u64, libc::F_SETFD as u64],
+            )?;
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[libc::FIONBIO, libc::FIONREAD])?;
         }
         ThreadKind::VhostUserWatch => {
             // Waits on the error eventfd and the socket, drains the eventfd; when the daemon

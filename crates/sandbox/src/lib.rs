@@ -69,11 +69,15 @@ pub enum ThreadKind {
     /// or accepts the source and reads its stream, and parses and checks every byte of it
     /// before the VMM's main thread builds anything from it.
     StateReader,
+    /// The RBD client thread and every thread librbd starts from it (messengers, timers,
+    /// finishers, the thread that calls back when a request completes): a network client of the
+    /// Ceph cluster that reads its configuration and keyring.
+    RbdClient,
 }
 
 impl ThreadKind {
     /// Every kind, for what iterates over them (tests, the self-test's names).
-    pub const ALL: [ThreadKind; 14] = [
+    pub const ALL: [ThreadKind; 15] = [
         ThreadKind::Vcpu,
         ThreadKind::IoCore,
         ThreadKind::VhostUserIoCore,
@@ -88,6 +92,7 @@ impl ThreadKind {
         ThreadKind::Migration,
         ThreadKind::IoCoreWatch,
         ThreadKind::StateReader,
+        ThreadKind::RbdClient,
     ];
 
     /// A short name without spaces (`SELF_TEST_ENV`'s values).
@@ -107,6 +112,7 @@ impl ThreadKind {
             ThreadKind::Migration => "migration",
             ThreadKind::IoCoreWatch => "iocore-watch",
             ThreadKind::StateReader => "state-reader",
+            ThreadKind::RbdClient => "rbd-client",
         }
     }
 }
@@ -133,6 +139,7 @@ impl fmt::Display for ThreadKind {
             ThreadKind::Migration => "live-migration sender",
             ThreadKind::IoCoreWatch => "IOCore watcher",
             ThreadKind::StateReader => "snapshot and migration reader",
+            ThreadKind::RbdClient => "RBD client",
         })
     }
 }

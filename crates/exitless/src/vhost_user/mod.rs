@@ -341,6 +341,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
         VhostIoMode::Eventfd => Policy::Notified,
     };
     let seccomp = args.seccomp.mode();
+    crate::confine_rbd_clients(seccomp)?;
     let iocores = (0..args.iocores as usize)
         .map(|k| {
             let cpu = (!args.iocore_cpu.is_empty()).then(|| args.iocore_cpu[k % args.iocore_cpu.len()]);

@@ -32,7 +32,7 @@ type Job = Box<dyn FnOnce(Result<&'static Librbd, &RbdError>) + Send>;
 static CLIENT: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
 
 /// Run `job` on the RBD client thread and wait for its answer.
-fn on_client_thread<T: Send + 'static>(
+pub(super) fn on_client_thread<T: Send + 'static>(
     job: impl FnOnce(&'static Librbd) -> Result<T, RbdError> + Send + 'static,
 ) -> Result<T, RbdError> {
     let (reply, answer) = mpsc::sync_channel(1);
@@ -58,12 +58,15 @@ fn send(job: Job) -> Result<(), RbdError> {
 }
 
 fn serve(queue: &mpsc::Receiver<Job>) {
-    let library = match CONFINEMENT.get().map_or(Ok(()), |confine| confine()) {
-        Err(reason) => Err(RbdError::Confine(reason)),
-        Ok(()) => {
-            Librbd::load().map(|l| &*Box::leak(Box::new(l))).map_err(|e| RbdError::Library(e.to_string()))
-        }
-    };
+    // Loaded before the filter, which allows no executable mapping; librbd starts no thread
+    // until it connects.
+    let library = Librbd::load()
+        .map(|library| &*Box::leak(Box::new(library)))
+        .map_err(|e| RbdError::Library(e.to_string()))
+        .and_then(|library| match CONFINEMENT.get().map_or(Ok(()), |confine| confine()) {
+            Ok(()) => Ok(library),
+            Err(reason) => Err(RbdError::Confine(reason)),
+        });
     for job in queue {
         job(library.as_ref().copied());
     }
@@ -90,21 +93,31 @@ unsafe impl Send for Connection {}
 unsafe impl Sync for Connection {}
 
 impl Connection {
-    /// Connect to the cluster `spec` names and open its image (on the RBD client thread).
-    pub fn open(spec: &RbdSpec) -> Result<Connection, RbdError> {
-        let spec = spec.clone();
-        on_client_thread(move |library| connect(library, &spec))
+    /// Connect to the cluster `spec` names and open its image; on the RBD client thread only.
+    pub(super) fn open(library: &'static Librbd, spec: &RbdSpec) -> Result<Connection, RbdError> {
+        connect(library, spec)
     }
 }
 
 impl Drop for Connection {
+    /// Close the image and the connection, and wait until they are: closing releases the
+    /// image's exclusive lock, which the next client (this host's next process, or the
+    /// destination of a migration) would otherwise wait for until the cluster times this one
+    /// out (30 s and more).
     fn drop(&mut self) {
         let handles =
             Handles { library: self.library, rados: self.rados, ioctx: self.ioctx, image: self.image };
+        let (reply, closed) = mpsc::sync_channel(1);
         // rbd_close waits for what librbd still does for the image and joins its threads.
-        let close: Job = Box::new(move |_| handles.close());
-        if let Err(error) = send(close) {
-            eprintln!("exitless: cannot close an RBD image: {error}");
+        let close: Job = Box::new(move |_| {
+            handles.close();
+            let _ = reply.send(());
+        });
+        match send(close) {
+            Ok(()) => {
+                let _ = closed.recv();
+            }
+            Err(error) => eprintln!("exitless: cannot close an RBD image: {error}"),
         }
     }
 }

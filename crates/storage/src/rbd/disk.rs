@@ -3,7 +3,7 @@
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use super::client::Connection;
+use super::client::{on_client_thread, Connection};
 use super::inbox::{request_done, Inbox, SlotTicket};
 use super::{ffi, RbdSpec};
 use crate::completions::CompletionRing;
@@ -47,17 +47,22 @@ pub struct RbdDisk {
 unsafe impl Send for RbdDisk {}
 
 impl RbdDisk {
-    /// Open the image `spec` names once, and make `count` backends on it (one per queue).
+    /// Open the image `spec` names once, and make `count` backends on it (one per queue). The
+    /// connection, and every descriptor the backends hold, are made on the RBD client thread:
+    /// a queue's start after a reset may ask for a backend from any thread.
     pub fn open_queues(
         spec: &RbdSpec,
         count: usize,
         max_in_flight: usize,
     ) -> Result<Vec<RbdDisk>, BackendError> {
-        let connection = Arc::new(Connection::open(spec)?);
         let spec = Arc::new(spec.clone());
-        (0..count.max(1))
-            .map(|_| RbdDisk::on(Arc::clone(&connection), Arc::clone(&spec), max_in_flight))
-            .collect()
+        let disks = on_client_thread(move |library| {
+            let connection = Arc::new(Connection::open(library, &spec)?);
+            Ok((0..count.max(1))
+                .map(|_| RbdDisk::on(Arc::clone(&connection), Arc::clone(&spec), max_in_flight))
+                .collect::<Result<Vec<_>, BackendError>>())
+        })?;
+        disks
     }
 
     fn on(
