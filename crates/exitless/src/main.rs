@@ -17,9 +17,7 @@ fn main() {
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
             // One line, as for every other error; `--help` has the rest.
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            std::process::exit(usage_error(first.trim_start_matches("error: ").trim()));
+            std::process::exit(usage_error(one_line(&e.to_string())));
         }
     };
     let prefix = match cli.command {
@@ -48,4 +46,31 @@ fn confine_rbd_clients(mode: sandbox::SeccompMode) -> Result<(), String> {
     let filter = sandbox::Filter::new(sandbox::ThreadKind::RbdClient, mode).map_err(|e| e.to_string())?;
     storage::rbd::confine_client_threads(Box::new(move || filter.install().map_err(|e| e.to_string())));
     Ok(())
+}
+
+/// clap's error on one line: its first line, and the list it introduces (the missing arguments
+/// are named on the indented lines that follow "the following required arguments were not
+/// provided:"), without the usage that follows.
+fn one_line(clap_error: &str) -> String {
+    let mut lines = clap_error.lines();
+    let first = lines.next().unwrap_or("invalid arguments").trim_start_matches("error: ").trim();
+    let listed: Vec<&str> = lines.take_while(|l| l.starts_with("  ")).map(str::trim).collect();
+    if listed.is_empty() {
+        first.to_owned()
+    } else {
+        format!("{first} {}", listed.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_argument_is_named_on_the_one_line() {
+        let clap = "error: the following required arguments were not provided:\n  --stats\n\nUsage: exitless run --json --stats\n\nFor more information, try '--help'.\n";
+        assert_eq!(super::one_line(clap), "the following required arguments were not provided: --stats");
+        assert_eq!(
+            super::one_line("error: unexpected argument '--x' found\n\nUsage: ..."),
+            "unexpected argument '--x' found"
+        );
+    }
 }

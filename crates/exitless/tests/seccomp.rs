@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
 use common::{line_with, stderr};
+use storage::testing::ceph::TestCluster;
 
 /// /proc's `Seccomp:` value for a thread confined by a filter.
 const SECCOMP_MODE_FILTER: &str = "2";
@@ -357,6 +358,65 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
     assert!(!api.exists(), "the API's socket is removed on the way out");
 }
 
+/// The names librados and librbd give the threads they start (Ceph 16), all under the RBD client
+/// filter.
+const LIBRBD_THREADS: &[&str] = &[
+    "rbd-client",
+    "log",
+    "service",
+    "admin_socket",
+    "msgr-worker-0",
+    "msgr-worker-1",
+    "msgr-worker-2",
+    "ms_dispatch",
+    "ms_local",
+    "safe_timer",
+    "fn_anonymous",
+    "io_context_pool",
+    "taskfin_librbd",
+    "ceph_timer",
+    "signal_handler",
+];
+
+#[test]
+fn a_daemon_serving_an_rbd_disk_runs_librbds_threads_under_their_own_filter() {
+    let cluster = TestCluster::get();
+    cluster.image("confined", 4 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rbd.sock");
+    let disk = format!("rbd=rbd/confined,conf={},queues=2", cluster.conf().display());
+    let mut daemon = Daemon::builder()
+        .io_mode("adaptive")
+        .args(&["--seccomp", "kill"], &[])
+        .disk_on(&socket, &disk)
+        .start(&dir.path().join("daemon.log"));
+    // Served: the probe's verify through the daemon, librbd's threads working under the filter.
+    let vhost_user = format!("vhost-user={}", socket.display());
+    let cmdline = "probe.workload=blk probe.rw=verify probe.ops=100 probe.qd=8";
+    let out = exitless(&["run", "--probe", "--disk", &vhost_user, "--cmdline", cmdline, "--timeout", "60"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    use sandbox::ThreadKind;
+    let checked = assert_every_thread_confined(daemon.pid(), |main, name| match name {
+        // Without a control API, the main thread serves the one disk's socket.
+        _ if main => Some(ThreadKind::VhostUserConnection),
+        "iocore" => Some(ThreadKind::VhostUserIoCore),
+        "stop-watchdog" => Some(ThreadKind::StopWatchdog),
+        name if name.strip_prefix("vhost-user-").is_some_and(|n| n.parse::<u32>().is_ok()) => {
+            Some(ThreadKind::VhostUserConnection)
+        }
+        name if LIBRBD_THREADS.contains(&name) => Some(ThreadKind::RbdClient),
+        _ => None,
+    });
+    eprintln!("threads checked: {checked:?}");
+    let librbd = checked.iter().filter(|thread| thread.ends_with(": RBD client")).count();
+    assert!(librbd > 5, "the RBD client thread and librbd's own: {checked:?}");
+    daemon.assert_alive();
+    let (status, log) = stop(daemon);
+    assert_eq!(status, Some(0), "{log}");
+}
+
 /// One raw HTTP exchange on the control API's socket: the whole answer.
 fn http(api: &Path, request: &str) -> String {
     let mut stream = UnixStream::connect(api).unwrap();
@@ -466,6 +526,13 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
                     with_self_test(name, exitless(&["run", "--receive-migration", &url, "--timeout", "30"]));
                 let _ = std::fs::remove_file(&socket);
                 status
+            }
+            sandbox::ThreadKind::RbdClient => {
+                // The RBD client thread installs its filter before it connects.
+                let cluster = TestCluster::get();
+                cluster.image("self-test", 1 << 20);
+                let disk = format!("rbd=rbd/self-test,conf={}", cluster.conf().display());
+                with_self_test(name, exitless(&["run", "--probe", "--disk", &disk, "--timeout", "30"]))
             }
             sandbox::ThreadKind::VhostUserWatch => {
                 // A healthy daemon, and the self-test in the frontend VMM's watcher.

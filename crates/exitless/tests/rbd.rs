@@ -1,0 +1,212 @@
+//! Disks on Ceph RBD images (`rbd=POOL/IMAGE,conf=FILE`), on a real cluster this binary starts
+//! once (`scripts/ceph.sh`, through `storage::testing::ceph`): the probe's verify, zeroes and
+//! discards in every I/O mode of the VMM on a two-queue disk, the same through the vhost-user
+//! daemon, a disk added through the daemon's API, and one-line refusals of what cannot be opened.
+//! The image's contents are checked on the cluster's side (`rbd export`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use storage::testing::ceph::TestCluster;
+
+use common::api::http;
+use common::daemon::Daemon;
+use common::{exitless_within, line_with, stderr, stdout};
+
+const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
+const RUN_LIMIT: Duration = Duration::from_secs(180);
+const IMAGE_BYTES: u64 = 16 << 20;
+
+/// `rbd=rbd/NAME,conf=...` for image `name` of the test cluster.
+fn rbd_disk(cluster: &TestCluster, name: &str) -> String {
+    format!("rbd=rbd/{name},conf={}", cluster.conf().display())
+}
+
+/// A new image, exported to a file after the test's writes (`rbd export`).
+fn export(cluster: &TestCluster, name: &str) -> tempfile::TempPath {
+    let file = tempfile::Builder::new().prefix("exitless-rbd-export").tempfile().unwrap().into_temp_path();
+    std::fs::remove_file(&file).unwrap();
+    cluster.rbd(&["export", &format!("rbd/{name}"), &file.display().to_string()]);
+    file
+}
+
+/// `exitless run --probe` with `disk` and `cmdline` in `mode`: its result line, after checking
+/// that it ended well.
+fn run_probe(mode: &str, disk: &str, cmdline: &str) -> Value {
+    let args =
+        ["run", "--probe", "--disk", disk, "--io-mode", mode, "--cmdline", cmdline, "--timeout", "120"];
+    let out = exitless_within(RUN_LIMIT, &[&args[..], &["--stats", "--json"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{mode} {disk}: {}\n{}", stdout(&out), stderr(&out));
+    line_with(&out, "probe", "blk")
+}
+
+#[test]
+fn verify_passes_in_every_mode_on_a_two_queue_rbd_disk_and_the_image_holds_what_the_guest_wrote() {
+    let cluster = TestCluster::get();
+    for (i, mode) in MODES.iter().enumerate() {
+        let name = format!("verify-{mode}");
+        cluster.image(&name, IMAGE_BYTES);
+        let seed = 500 + i as u64;
+        let cmdline = format!(
+            "probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.queues=2 probe.seed={seed}"
+        );
+        let result = run_probe(mode, &format!("{},queues=2", rbd_disk(cluster, &name)), &cmdline);
+        assert_eq!(
+            (result["mismatches"].as_u64(), result["errors"].as_u64()),
+            (Some(0), Some(0)),
+            "{mode}: {result}"
+        );
+        assert_eq!(result["flush"], true, "{mode}: FLUSH offered and answered");
+        let served = common::per_queue(&result, 2);
+        assert!(served.iter().all(|&n| n > 0), "{mode}: both queues served: {served:?}");
+        common::assert_holds_only_pattern(&export(cluster, &name), seed, 300);
+    }
+}
+
+#[test]
+fn write_zeroes_and_discard_reach_the_image_in_every_mode() {
+    const BLOCKS: u64 = 300;
+    let cluster = TestCluster::get();
+    for (i, mode) in MODES.iter().enumerate() {
+        let name = format!("zeroes-{mode}");
+        cluster.image(&name, IMAGE_BYTES);
+        let seed = 600 + i as u64;
+        let cmdline =
+            format!("probe.workload=blk probe.rw=zeroes probe.ops={BLOCKS} probe.qd=8 probe.seed={seed}");
+        let result = run_probe(mode, &rbd_disk(cluster, &name), &cmdline);
+        assert_eq!(result["errors"], 0, "{mode}: {result}");
+        assert_eq!(result["zero_mismatches"], 0, "{mode}: {result}");
+        assert_eq!(result["zeroed"], BLOCKS / 2, "{mode}: {result}");
+        assert_eq!(result["discarded"], (BLOCKS - 1).div_ceil(4), "{mode}: {result}");
+        assert_eq!(result["discarded_zero"], result["discarded"], "{mode}: {result}");
+        let image = std::fs::read(export(cluster, &name)).unwrap();
+        for (block, data) in image.chunks_exact(4096).enumerate() {
+            let block = block as u64;
+            let pattern = block < BLOCKS && block % 4 == 3;
+            let holds = if pattern {
+                probe_abi::pattern::check(seed, block * 8, data)
+            } else {
+                data.iter().all(|&b| b == 0)
+            };
+            assert!(holds, "{mode}: block {block} (pattern: {pattern}) in the image");
+        }
+    }
+}
+
+/// A daemon serving `disk` on a socket in `dir`, in `mode`.
+fn daemon(dir: &Path, disk: &str, mode: &str) -> (Daemon, PathBuf) {
+    let socket = dir.join("rbd.sock");
+    let daemon = Daemon::builder().io_mode(mode).disk_on(&socket, disk).start(&dir.join("daemon.log"));
+    (daemon, socket)
+}
+
+#[test]
+fn the_daemon_serves_an_rbd_disk_and_hands_the_image_on_when_it_stops() {
+    let cluster = TestCluster::get();
+    cluster.image("daemon", IMAGE_BYTES);
+    let dir = tempfile::tempdir().unwrap();
+    for (round, mode) in ["adaptive", "sidecore", "eventfd"].iter().enumerate() {
+        // A second daemon opens the image at once: the first released its exclusive lock.
+        let (daemon, socket) = daemon(dir.path(), &format!("{},queues=2", rbd_disk(cluster, "daemon")), mode);
+        let seed = 700 + round as u64;
+        // The VMM's vhost-user frontend drives one queue of the two.
+        let cmdline =
+            format!("probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed}");
+        let result = run_probe("exitless", &format!("vhost-user={}", socket.display()), &cmdline);
+        assert_eq!(
+            (result["mismatches"].as_u64(), result["errors"].as_u64()),
+            (Some(0), Some(0)),
+            "{mode}: {result}"
+        );
+        let log = daemon.stop();
+        assert!(!log.contains("panicked"), "{log}");
+        common::assert_holds_only_pattern(&export(cluster, "daemon"), seed, 300);
+        let locks = cluster.rbd(&["lock", "ls", "rbd/daemon"]);
+        assert!(locks.trim().is_empty(), "the stopped daemon still holds the image's lock: {locks}");
+    }
+}
+
+#[test]
+fn put_disks_opens_an_rbd_image_only_with_a_configuration_inside_the_api_disk_dir() {
+    let cluster = TestCluster::get();
+    cluster.image("api", IMAGE_BYTES);
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = dir.path().join("disks");
+    std::fs::create_dir(&allowed).unwrap();
+    std::fs::copy(cluster.conf(), allowed.join("ceph.conf")).unwrap();
+    let api = dir.path().join("api.sock");
+    let daemon = Daemon::builder()
+        .args(
+            &["--api-socket".as_ref(), api.as_os_str(), "--api-disk-dir".as_ref(), allowed.as_os_str()],
+            &[],
+        )
+        .start(&dir.path().join("daemon.log"));
+    let socket = dir.path().join("api-disk.sock");
+    let body = |conf: &Path, image: &str| {
+        format!(
+            r#"{{"socket": "{}", "rbd": "rbd/{image}", "conf": "{}", "queues": 2}}"#,
+            socket.display(),
+            conf.display()
+        )
+    };
+
+    let (status, answer) = http(&api, "PUT", "/disks/outside", Some(&body(cluster.conf(), "api")));
+    assert_eq!(status, 403, "a configuration outside the allowed directory: {answer}");
+    let (status, answer) =
+        http(&api, "PUT", "/disks/missing", Some(&body(&allowed.join("ceph.conf"), "nope")));
+    assert!((400..500).contains(&status), "a missing image: {status} {answer}");
+    assert!(answer.contains("rbd/nope") && !answer.contains('\n'), "{answer}");
+
+    let (status, answer) = http(&api, "PUT", "/disks/api", Some(&body(&allowed.join("ceph.conf"), "api")));
+    assert!((200..300).contains(&status), "{status} {answer}");
+    let cmdline = "probe.workload=blk probe.rw=verify probe.ops=200 probe.qd=8 probe.seed=800";
+    let result = run_probe("exitless", &format!("vhost-user={}", socket.display()), cmdline);
+    assert_eq!((result["mismatches"].as_u64(), result["errors"].as_u64()), (Some(0), Some(0)), "{result}");
+    let (status, listed) = http(&api, "GET", "/disks", None);
+    assert_eq!(status, 200);
+    assert!(listed.contains(r#""rbd":"rbd/api""#), "{listed}");
+    let (status, answer) = http(&api, "DELETE", "/disks/api", None);
+    assert!((200..300).contains(&status), "{status} {answer}");
+    let locks = cluster.rbd(&["lock", "ls", "rbd/api"]);
+    assert!(locks.trim().is_empty(), "a removed disk still holds the image's lock: {locks}");
+    daemon.stop();
+    common::assert_holds_only_pattern(&export(cluster, "api"), 800, 200);
+}
+
+#[test]
+fn what_cannot_be_opened_is_refused_at_start_with_one_line() {
+    let cluster = TestCluster::get();
+    cluster.image("exists", 1 << 20);
+    let conf = cluster.conf().display().to_string();
+    // A cluster that is not there: a monitor address nobody listens on.
+    let dir = tempfile::tempdir().unwrap();
+    let nowhere = dir.path().join("nowhere.conf");
+    std::fs::write(&nowhere, "[global]\nmon host = v2:127.0.0.1:9\nauth client required = none\n").unwrap();
+    let cases = [
+        (format!("rbd=rbd/absent,conf={conf}"), "rbd/absent"),
+        (format!("rbd=nopool/exists,conf={conf}"), "pool nopool"),
+        (format!("rbd=rbd/exists,conf={conf},id=stranger"), "client.stranger"),
+        (format!("rbd=rbd/exists,conf={}/absent.conf", dir.path().display()), "absent.conf"),
+        (format!("rbd=rbd/exists,conf={}", nowhere.display()), "cannot connect"),
+    ];
+    for (disk, named) in &cases {
+        for command in ["run", "vhost-user-blk"] {
+            let mut args = vec![command, "--disk", disk.as_str()];
+            let socket = dir.path().join("refused.sock").display().to_string();
+            if command == "run" {
+                args.insert(1, "--probe");
+            } else {
+                args.extend(["--socket", socket.as_str()]);
+            }
+            let out = exitless_within(Duration::from_secs(60), &args);
+            assert_ne!(out.status.code(), Some(0), "{command} --disk {disk} started");
+            let error = stderr(&out);
+            let lines: Vec<&str> = error.lines().filter(|l| l.starts_with("exitless")).collect();
+            assert_eq!(lines.len(), 1, "{command} --disk {disk}: one line: {error}");
+            assert!(lines[0].contains(named), "{command} --disk {disk}: {error}");
+        }
+    }
+}
