@@ -141,7 +141,7 @@ fn put_disks_opens_an_rbd_image_only_with_a_configuration_inside_the_api_disk_di
     let daemon = Daemon::builder()
         .args(
             &["--api-socket".as_ref(), api.as_os_str(), "--api-disk-dir".as_ref(), allowed.as_os_str()],
-            &[],
+            &[&api],
         )
         .start(&dir.path().join("daemon.log"));
     let socket = dir.path().join("api-disk.sock");

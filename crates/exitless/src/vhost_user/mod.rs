@@ -342,6 +342,13 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
     };
     let seccomp = args.seccomp.mode();
     crate::confine_rbd_clients(seccomp)?;
+    if args.api_socket.is_some() {
+        // Started before the control thread confines itself: a disk added through the API opens
+        // its image on it.
+        if let Err(error) = storage::rbd::start_client_thread() {
+            eprintln!("exitless vhost-user-blk: RBD disks cannot be added through the API: {error}");
+        }
+    }
     let iocores = (0..args.iocores as usize)
         .map(|k| {
             let cpu = (!args.iocore_cpu.is_empty()).then(|| args.iocore_cpu[k % args.iocore_cpu.len()]);

@@ -31,6 +31,14 @@ type Job = Box<dyn FnOnce(Result<&'static Librbd, &RbdError>) + Send>;
 /// The client thread's queue of jobs, started with the first.
 static CLIENT: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
 
+/// Start the RBD client thread now, load librbd and confine the thread: for an owner that may
+/// open an RBD image only once its own threads are confined (a daemon's control API adds disks
+/// from a confined thread, and a thread started from there would be held to that thread's
+/// filter too). Otherwise the thread starts with the first image opened.
+pub fn start_client_thread() -> Result<(), RbdError> {
+    on_client_thread(|_| Ok(()))
+}
+
 /// Run `job` on the RBD client thread and wait for its answer.
 pub(super) fn on_client_thread<T: Send + 'static>(
     job: impl FnOnce(&'static Librbd) -> Result<T, RbdError> + Send + 'static,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use client::{confine_client_threads, Confinement};
+pub use client::{confine_client_threads, start_client_thread, Confinement};
 pub use disk::RbdDisk;
 
 /// An RBD image and how to reach its cluster.
