@@ -199,6 +199,11 @@ down) down ;;
 stop-osd)
     pid_alive "$dir/run/osd.0.pid" || die "no OSD runs in $dir"
     kill -KILL "$(cat "$dir/run/osd.0.pid")"
+    for _ in $(seq 100); do
+        pid_alive "$dir/run/osd.0.pid" || exit 0
+        sleep 0.05
+    done
+    die "the OSD in $dir outlived SIGKILL"
     ;;
 start-osd)
     pid_alive "$dir/run/osd.0.pid" && die "the OSD in $dir runs already"

@@ -210,3 +210,53 @@ fn what_cannot_be_opened_is_refused_at_start_with_one_line() {
         }
     }
 }
+
+/// How many times the OSD is killed (`EXITLESS_OSD_KILLS`; `scripts/reliability.sh long` runs 5).
+fn osd_kills() -> u32 {
+    std::env::var("EXITLESS_OSD_KILLS").ok().and_then(|n| n.parse().ok()).unwrap_or(1)
+}
+
+/// The OSD killed with SIGKILL under a guest's writes and started again, as many times as
+/// `osd_kills` says: the guest waits (librbd sends its requests again once the OSD is back), no
+/// write it was answered for is lost (its verify reads every block back), and the daemon's other
+/// disk, a RAM disk, serves another guest while the OSD is down.
+#[test]
+fn an_osd_killed_under_a_guests_writes_loses_no_acknowledged_write() {
+    let cluster = TestCluster::own("osd-kill");
+    cluster.image("survivor", 64 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let (rbd_socket, ram_socket) = (dir.path().join("rbd.sock"), dir.path().join("ram.sock"));
+    let daemon = Daemon::builder()
+        .io_mode("adaptive")
+        .disk_on(&rbd_socket, &rbd_disk(&cluster, "survivor"))
+        .disk_on(&ram_socket, "ram=16M")
+        .start(&dir.path().join("daemon.log"));
+    for kill in 0..osd_kills() {
+        let seed = 900 + u64::from(kill);
+        // Long enough (thousands of writes at a few thousand a second) to be writing when the
+        // OSD dies; the outcome checked does not depend on when that is.
+        let cmdline = format!("probe.workload=blk probe.rw=verify probe.ops=4000 probe.qd=8 probe.seed={seed} probe.timeout_ms=100000");
+        let vhost_user = format!("vhost-user={}", rbd_socket.display());
+        let guest = std::thread::spawn(move || run_probe("exitless", &vhost_user, &cmdline));
+        std::thread::sleep(Duration::from_secs(1));
+        cluster.osd(false);
+        // The other disk serves meanwhile.
+        let other = run_probe(
+            "exitless",
+            &format!("vhost-user={}", ram_socket.display()),
+            "probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8",
+        );
+        assert_eq!((other["mismatches"].as_u64(), other["errors"].as_u64()), (Some(0), Some(0)), "{other}");
+        cluster.osd(true);
+        let result = guest.join().unwrap();
+        assert_eq!(
+            (result["mismatches"].as_u64(), result["errors"].as_u64()),
+            (Some(0), Some(0)),
+            "kill {kill}: {result}"
+        );
+        common::assert_holds_only_pattern(&export(&cluster, "survivor"), seed, 4000);
+        eprintln!("OSD kill {kill}: the guest's 4000 writes at depth 8 all read back");
+    }
+    let log = daemon.stop();
+    assert!(!log.contains("panicked"), "{log}");
+}

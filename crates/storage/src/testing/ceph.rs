@@ -12,6 +12,8 @@ use crate::RbdSpec;
 pub struct TestCluster {
     dir: PathBuf,
     conf: PathBuf,
+    /// Taken down when dropped (a test's own cluster, not the process's shared one).
+    owned: bool,
 }
 
 static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
@@ -31,9 +33,22 @@ impl TestCluster {
         }
     }
 
+    /// A cluster of the caller's own, for a test that stops its OSD: taken down when dropped
+    /// (or when the process ends).
+    pub fn own(name: &str) -> TestCluster {
+        let mut cluster =
+            TestCluster::start_in(name).unwrap_or_else(|reason| panic!("no Ceph cluster: {reason}"));
+        cluster.owned = true;
+        cluster
+    }
+
     fn start() -> Result<TestCluster, String> {
+        TestCluster::start_in("shared")
+    }
+
+    fn start_in(name: &str) -> Result<TestCluster, String> {
         let base = std::env::var_os("EXITLESS_CEPH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
-        let dir = base.join(format!("exitless-ceph-{}", std::process::id()));
+        let dir = base.join(format!("exitless-ceph-{}-{name}", std::process::id()));
         let output = Command::new(script())
             .arg("up")
             .arg(&dir)
@@ -46,7 +61,7 @@ impl TestCluster {
         }
         eprint!("{stderr}");
         let conf = dir.join("ceph.conf");
-        Ok(TestCluster { dir, conf })
+        Ok(TestCluster { dir, conf, owned: false })
     }
 
     /// The cluster's configuration file.
@@ -96,5 +111,13 @@ impl TestCluster {
             .status()
             .expect("scripts/ceph.sh");
         assert!(status.success(), "scripts/ceph.sh {} failed", if up { "start-osd" } else { "stop-osd" });
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = Command::new(script()).arg("down").arg(&self.dir).status();
+        }
     }
 }
