@@ -12,12 +12,14 @@
 #                                  and the Linux guests' mixed fio run for
 #                                  EXITLESS_LINUX_MIXED_SECS (default 10) seconds per target, and
 #                                  EXITLESS_INFLIGHT_RESTARTS (default 3) kill -9 restarts of the
-#                                  daemon under fio
+#                                  daemon under fio, and EXITLESS_OSD_KILLS (default 1) kill -9s
+#                                  of a Ceph OSD under a guest's writes
 #   scripts/reliability.sh long    each fuzz target to FUZZ_LONG_RUNS executions (default
 #                                  10000000) or FUZZ_LONG_SECONDS (default 3600: one hour),
 #                                  whichever comes first, EXITLESS_DURABILITY_ROUNDS (default 50) rounds, and
 #                                  a mixed fio run of EXITLESS_LINUX_MIXED_SECS (default 60) seconds,
-#                                  and EXITLESS_INFLIGHT_RESTARTS (default 20) restarts
+#                                  EXITLESS_INFLIGHT_RESTARTS (default 20) restarts, and
+#                                  EXITLESS_OSD_KILLS (default 5) OSD kills
 #
 # The fault and FLUSH cases are the same in both forms. Every part runs even when one before it
 # failed; RELIABILITY.md then says which failed, and the script exits 1. Logs (libFuzzer's, the
@@ -32,12 +34,14 @@ short)
     rounds=${EXITLESS_DURABILITY_ROUNDS:-3}
     mixed_secs=${EXITLESS_LINUX_MIXED_SECS:-10}
     restarts=${EXITLESS_INFLIGHT_RESTARTS:-3}
+    osd_kills=${EXITLESS_OSD_KILLS:-1}
     ;;
 long)
     fuzz_env=("FUZZ_LONG_RUNS=${FUZZ_LONG_RUNS:-10000000}" "FUZZ_LONG_SECONDS=${FUZZ_LONG_SECONDS:-3600}")
     rounds=${EXITLESS_DURABILITY_ROUNDS:-50}
     mixed_secs=${EXITLESS_LINUX_MIXED_SECS:-60}
     restarts=${EXITLESS_INFLIGHT_RESTARTS:-20}
+    osd_kills=${EXITLESS_OSD_KILLS:-5}
     ;;
 *)
     echo "usage: scripts/reliability.sh short|long (see the comment at its top)" >&2
@@ -94,6 +98,7 @@ durability_command="EXITLESS_DURABILITY_ROUNDS=$rounds ${tests[*]} --test durabi
 faults_command="${tests[*]} --test faults ${test_flags[*]}"
 flush_command="${tests[*]} --test flush ${test_flags[*]}"
 linux_command="EXITLESS_LINUX_MIXED_SECS=$mixed_secs ${tests[*]} --test linux_compat ${test_flags[*]}"
+osd_command="EXITLESS_OSD_KILLS=$osd_kills ${tests[*]} --test rbd an_osd_killed ${test_flags[*]}"
 inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test inflight ${test_flags[*]} && EXITLESS_FRONTEND_RESTARTS=$restarts ${tests[*]} --test vhost_user_frontend daemon_restarts ${test_flags[*]}"
 
 echo "reliability $form: $tree" >&2
@@ -104,12 +109,13 @@ echo "  faults:     $faults_command" >&2
 echo "  flush:      $flush_command" >&2
 echo "  linux:      $linux_command" >&2
 echo "  inflight:   $inflight_command" >&2
+echo "  osd:        $osd_command" >&2
 echo "  logs:       $logs/" >&2
 
 scripts/setup.sh >&2
 cargo build --release >&2
 "${tests[@]}" --test durability --test faults --test flush --test linux_compat --test inflight \
-    --test vhost_user_frontend --no-run >&2
+    --test vhost_user_frontend --test rbd --no-run >&2
 
 failed=()
 # Runs part $1 ($2: its command line, run by bash), its output in $logs/$1.log; records its wall
@@ -130,6 +136,7 @@ part() {
 part flush "$flush_command"
 part linux "$linux_command"
 part inflight "$inflight_command"
+part osd "$osd_command"
 part faults "$faults_command"
 part durability "$durability_command"
 # fuzz.sh prints its table on stdout and its progress and failures on stderr.
@@ -216,7 +223,7 @@ EOF
     echo
     echo "| part | command | outcome (wall time, builds included) |"
     echo "|---|---|---|"
-    for name in fuzz durability faults flush linux inflight; do
+    for name in fuzz durability faults flush linux inflight osd; do
         command_var="${name}_command"
         echo "| $name | \`${!command_var}\` | $(verdict "$name") |"
     done
@@ -511,6 +518,26 @@ EOF
     echo
     result_table "$logs/inflight.log"
     failure_tail inflight "$logs/inflight.log"
+    echo
+
+    cat <<'EOF'
+## A Ceph OSD killed under a guest's writes
+
+The probe's verify writes 4000 blocks at depth 8 to an RBD image of a throw-away cluster
+(`scripts/ceph.sh`), served by `exitless vhost-user-blk`; one second in, the cluster's only OSD
+is killed with SIGKILL, a second guest runs its verify on the daemon's RAM disk meanwhile, and
+the OSD is started again. librbd sends the requests again: the guest waits, and its verify must
+read back every block it was answered for, as must `rbd export` of the image.
+
+EOF
+    echo "### This run"
+    echo
+    echo "\`$osd_command\`: $(verdict osd)."
+    echo
+    printed "$logs/osd.log" "OSD kill" | sed 's/^/- /'
+    echo
+    result_table "$logs/osd.log"
+    failure_tail osd "$logs/osd.log"
 } >RELIABILITY.md.new
 mv RELIABILITY.md.new RELIABILITY.md
 echo "RELIABILITY.md updated ($form form; logs in $logs/)" >&2
