@@ -27,6 +27,10 @@
 //!   runs `e2fsck -fn`, which must find it clean;
 //!
 //! and finally finds no I/O error in dmesg; on the host, e2fsck finds the file disk's ext4 clean.
+//!
+//! The same runs on two Ceph RBD images of a throw-away cluster (`scripts/ceph.sh`): QEMU's own
+//! rbd driver (`cache=none`: librbd's cache off) as the reference, and the daemon's `rbd=` disks;
+//! the host's e2fsck then checks the first image, exported.
 //! A daemon that breaks its queue fails the test at once (the guest would wait for ever); a guest
 //! that has not finished within `BOOT_LIMIT` plus the mixed run fails it.
 //! Needs what scripts/setup.sh installs (qemu-system-x86, linux-image-cloud-amd64,
@@ -40,6 +44,7 @@ mod common;
 use common::daemon::Daemon;
 use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
 use common::qemu::Qemu;
+use storage::testing::ceph::TestCluster;
 
 /// One boot, both disks, without the mixed run: 25 to 75 s under TCG on this shared 2-CPU host
 /// (a run paused by other work takes longer); a guest still running after this and the mixed run
@@ -285,6 +290,10 @@ enum Device {
     Qemu,
     /// `exitless vhost-user-blk --io-mode MODE`, through vhost-user-blk-pci.
     Exitless(&'static str),
+    /// QEMU's virtio-blk-pci on two RBD images, through its rbd driver: the reference there.
+    QemuRbd,
+    /// `exitless vhost-user-blk --io-mode MODE` serving two RBD images.
+    ExitlessRbd(&'static str),
 }
 
 impl Device {
@@ -293,6 +302,8 @@ impl Device {
         match self {
             Device::Qemu => "QEMU virtio-blk-pci (reference)".to_owned(),
             Device::Exitless(mode) => format!("exitless vhost-user-blk --io-mode {mode}"),
+            Device::QemuRbd => "QEMU virtio-blk-pci on RBD images (reference)".to_owned(),
+            Device::ExitlessRbd(mode) => format!("exitless vhost-user-blk --io-mode {mode} on RBD images"),
         }
     }
 }
@@ -342,6 +353,29 @@ fn run_workload(device: Device) {
             qemu = qemu.vhost_user_blk(&sockets[0]).vhost_user_blk(&sockets[1]);
             _ram_file = None;
         }
+        Device::QemuRbd | Device::ExitlessRbd(_) => {
+            let cluster = TestCluster::get();
+            let images = rbd_images(device).map(|name| {
+                cluster.image(&name, DISK_SIZE);
+                name
+            });
+            _ram_file = None;
+            if let Device::ExitlessRbd(mode) = device {
+                let sockets = [dir.path().join("rbd0.sock"), dir.path().join("rbd1.sock")];
+                let mut builder = Daemon::builder().io_mode(mode);
+                for (socket, image) in sockets.iter().zip(&images) {
+                    let disk = format!("rbd=rbd/{image},conf={},queues=2", cluster.conf().display());
+                    builder = builder.disk_on(socket, &disk);
+                }
+                daemon = Some(builder.start(&dir.path().join("daemon.log")));
+                qemu = qemu.vhost_user_blk(&sockets[0]).vhost_user_blk(&sockets[1]);
+            } else {
+                for image in &images {
+                    let file = format!("rbd:rbd/{image}:conf={}:id=admin", cluster.conf().display());
+                    qemu = qemu.drive_full(Path::new(&file), ",cache=none", "");
+                }
+            }
+        }
     }
     let console = dir.path().join("console.log");
     let child = qemu.spawn(&console, std::fs::File::create(dir.path().join("qemu.log")).unwrap());
@@ -376,7 +410,13 @@ fn run_workload(device: Device) {
         io(totals[0]),
         io(totals[1])
     );
-    // What the guest wrote reached the file: the host's e2fsck finds the same clean ext4.
+    // What the guest wrote reached the file (or the first image): the host's e2fsck finds the
+    // same clean ext4.
+    if let Device::QemuRbd | Device::ExitlessRbd(_) = device {
+        std::fs::remove_file(&file_disk).unwrap();
+        let [first, _] = rbd_images(device);
+        TestCluster::get().rbd(&["export", &format!("rbd/{first}"), &file_disk.display().to_string()]);
+    }
     let fsck = Command::new("/usr/sbin/e2fsck").arg("-fn").arg(&file_disk).output().expect("run e2fsck");
     assert!(
         fsck.status.success(),
@@ -399,6 +439,15 @@ fn run_workload(device: Device) {
         }
     }
     eprintln!("{record}");
+}
+
+/// The two RBD images `device` serves, named after it (each test has its own).
+fn rbd_images(device: Device) -> [String; 2] {
+    let name = match device {
+        Device::ExitlessRbd(mode) => format!("linux-exitless-{mode}"),
+        _ => "linux-qemu".to_owned(),
+    };
+    [format!("{name}-0"), format!("{name}-1")]
 }
 
 /// A booted guest: QEMU, its console in a file.
@@ -479,4 +528,14 @@ fn exitless_adaptive() {
 #[test]
 fn exitless_eventfd() {
     run_workload(Device::Exitless("eventfd"));
+}
+
+#[test]
+fn reference_qemu_virtio_blk_on_rbd() {
+    run_workload(Device::QemuRbd);
+}
+
+#[test]
+fn exitless_adaptive_on_rbd() {
+    run_workload(Device::ExitlessRbd("adaptive"));
 }
