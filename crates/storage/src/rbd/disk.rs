@@ -56,13 +56,13 @@ impl RbdDisk {
         max_in_flight: usize,
     ) -> Result<Vec<RbdDisk>, BackendError> {
         let spec = Arc::new(spec.clone());
-        let disks = on_client_thread(move |library| {
+        // The outer error is the connection's, the inner a queue's.
+        on_client_thread(move |library| {
             let connection = Arc::new(Connection::open(library, &spec)?);
             Ok((0..count.max(1))
                 .map(|_| RbdDisk::on(Arc::clone(&connection), Arc::clone(&spec), max_in_flight))
                 .collect::<Result<Vec<_>, BackendError>>())
-        })?;
-        disks
+        })?
     }
 
     fn on(
