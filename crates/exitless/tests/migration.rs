@@ -402,10 +402,17 @@ fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
     let (status, body) = send_migration(&api, &dir.path().join("nobody.mig"));
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("RAM disk"), "{body}");
-    let body = r#"{"destination_url": "tcp:1.2.3.4:5"}"#;
+    // A host name is not an address: refused before anything, naming the URL forms.
+    let body = r#"{"destination_url": "tcp:migration.example:5"}"#;
     let (status, answer) = http(&api, "PUT", "/api/v1/vm.send-migration", Some(body));
     assert_eq!(status, 400, "{answer}");
-    assert!(answer.contains("unix:/PATH"), "{answer}");
+    assert!(answer.contains("unix:/PATH") && answer.contains("tcp+plain:IP:PORT"), "{answer}");
+    // TCP without --migration-tls-dir: refused before a connection, naming the flag and the
+    // plain scheme.
+    let body = r#"{"destination_url": "tcp:192.0.2.1:5"}"#;
+    let (status, answer) = http(&api, "PUT", "/api/v1/vm.send-migration", Some(body));
+    assert_eq!(status, 500, "{answer}");
+    assert!(answer.contains("--migration-tls-dir") && answer.contains("tcp+plain:"), "{answer}");
     // Still running: it pauses.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     vm.kill();

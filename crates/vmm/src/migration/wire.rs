@@ -33,6 +33,9 @@ pub const MAX_RECORD_PAGES: u32 = 1024;
 pub const MAX_JSON: u32 = 16 << 20;
 /// The longest reply message.
 pub const MAX_REPLY: u32 = 4096;
+/// The first byte of a TLS alert record, where a reply's status is: the stream went out plain
+/// (`tcp+plain:`) to a destination that takes mutual TLS only.
+const TLS_ALERT: u8 = 0x15;
 
 /// What the source says first: enough for the destination to build the same machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,11 +127,18 @@ pub fn write_reply(w: &mut impl Write, outcome: Result<(), &str>) -> Result<(), 
 pub fn read_reply(r: &mut impl Read, what: &'static str) -> Result<(), MigrationError> {
     let mut status = [0u8; 1];
     r.read_exact(&mut status).map_err(io(what))?;
+    if status[0] == TLS_ALERT {
+        return Err(bad(
+            "the destination answered with a TLS alert: it takes mutual TLS only (send with tcp:IP:PORT \
+             and --migration-tls-dir)",
+        ));
+    }
     let message = read_sized(r, MAX_REPLY, ("a reply", what))?;
     let message = String::from_utf8_lossy(&message).into_owned();
     match status[0] {
         0 => Ok(()),
         1 => Err(MigrationError::Refused(message)),
+
         other => Err(bad(format!("a reply of status {other}"))),
     }
 }
