@@ -44,6 +44,12 @@ struct Row {
     mode: String,
     downtime_ms: Option<f64>,
     pause_ms: Option<f64>,
+    /// Of the downtime: the last pages and the state written to the connection.
+    final_send_ms: Option<f64>,
+    /// Of the downtime: the destination taking the state and answering.
+    destination_ms: Option<f64>,
+    /// Of that, the destination's own work: the state checked and applied (its log).
+    apply_ms: Option<f64>,
     total_ms: Option<f64>,
     rounds: Option<u64>,
     pages_per_round: Vec<u64>,
@@ -97,6 +103,9 @@ pub fn main(args: MigrateBenchArgs) -> i32 {
                     mode: mode.clone(),
                     downtime_ms: None,
                     pause_ms: None,
+                    final_send_ms: None,
+                    destination_ms: None,
+                    apply_ms: None,
                     total_ms: None,
                     rounds: None,
                     pages_per_round: Vec::new(),
@@ -194,6 +203,14 @@ fn open_gate(disk: &Path) -> Result<(), String> {
     file.write_all_at(&probe_abi::verify_gate::OPEN.to_le_bytes(), BLOCKS * 4096)
         .and_then(|()| file.sync_all())
         .map_err(|e| format!("open the verify's gate in {}: {e}", disk.display()))
+}
+
+/// How long the destination took to check and apply the state, from its log line ("state
+/// applied in X ms").
+fn applied_ms(log: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let (_, rest) = text.split_once("state applied in ")?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// Is block `block` of `disk` written (not all zero)?
@@ -333,6 +350,9 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
         mode: mode.to_string(),
         downtime_ms: report["downtime_ms"].as_f64(),
         pause_ms: report["pause_ms"].as_f64(),
+        final_send_ms: report["final_send_ms"].as_f64(),
+        destination_ms: report["destination_ms"].as_f64(),
+        apply_ms: applied_ms(&dst_err),
         total_ms: report["total_ms"].as_f64(),
         rounds: report["rounds"].as_u64(),
         pages_per_round: report["pages_per_round"]
@@ -354,6 +374,9 @@ impl Report {
             "I/O mode",
             "downtime ms",
             "of which pause ms",
+            "last send ms",
+            "destination ms",
+            "of which apply ms",
             "total ms",
             "pre-copy rounds",
             "pages per round (last: stop-and-copy)",
@@ -375,6 +398,9 @@ impl Report {
                     r.mode.clone(),
                     ms(r.downtime_ms),
                     ms(r.pause_ms),
+                    ms(r.final_send_ms),
+                    ms(r.destination_ms),
+                    ms(r.apply_ms),
                     ms(r.total_ms),
                     count(r.rounds),
                     if pages.is_empty() { "n/a".into() } else { pages.join(" / ") },
@@ -394,7 +420,7 @@ impl Report {
             context.retain(|(k, _)| k == "machine");
         }
         let notes = vec![
-            "downtime: from the source's pause (devices drained, vCPUs parked) to the destination's word that the VM is ready to run; the pause waits for the disk requests in flight".into(),
+            "downtime: from the source's pause (devices drained, vCPUs parked) to the destination's word that the VM is ready to run; the pause waits for the disk requests in flight; last send: the last dirty pages and the state written to the connection; destination: from then to its answer; apply: of that, the destination checking and applying the state (its log)".into(),
             "load io: migrated once the guest has written its first block (writes in flight); idle: once it has written and flushed them all and waits at its gate, reading it every 50 ms".into(),
             "round 1 sends all guest memory but pages that read as zero; IOCore dirty pages are those the devices' workers wrote (KVM's log does not see them)".into(),
         ];

@@ -86,6 +86,12 @@ pub struct MigrationReport {
     /// Of the downtime, the pause: the devices drained (the requests in flight finish), the
     /// vCPUs parked.
     pub pause_ms: f64,
+    /// Of the downtime, sending the last dirty pages and the state (from the state handed to
+    /// the sending thread to the last byte written to the connection).
+    pub final_send_ms: f64,
+    /// Of the downtime, waiting for the destination to take the state and say it resumed the
+    /// guest (after the last byte was written).
+    pub destination_ms: f64,
     /// Pre-copy rounds while the guest ran (the first, of all memory, included).
     pub rounds: usize,
     /// Pages sent in each pre-copy round, then in the stop-and-copy.

@@ -344,6 +344,7 @@ fn stop_and_copy(
     state: &[u8],
     report: &mut MigrationReport,
 ) -> Result<(), MigrationError> {
+    let started = Instant::now();
     let last = round(stream, vm, slots, log)?;
     report.final_pages = last.pages;
     report.pages_per_round.push(last.pages);
@@ -353,5 +354,9 @@ fn stop_and_copy(
     stream.bytes += 5 + state.len() as u64;
     report.state_bytes = state.len() as u64;
     report.bytes = stream.bytes;
-    wire::read_reply(&mut stream.out.replies()?, "waiting for the destination to resume the VM")
+    let sent = Instant::now();
+    report.final_send_ms = (sent - started).as_secs_f64() * 1e3;
+    let replied = wire::read_reply(&mut stream.out.replies()?, "waiting for the destination to resume the VM");
+    report.destination_ms = sent.elapsed().as_secs_f64() * 1e3;
+    replied
 }
