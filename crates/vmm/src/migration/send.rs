@@ -356,7 +356,8 @@ fn stop_and_copy(
     report.bytes = stream.bytes;
     let sent = Instant::now();
     report.final_send_ms = (sent - started).as_secs_f64() * 1e3;
-    let replied = wire::read_reply(&mut stream.out.replies()?, "waiting for the destination to resume the VM");
+    let replied =
+        wire::read_reply(&mut stream.out.replies()?, "waiting for the destination to resume the VM");
     report.destination_ms = sent.elapsed().as_secs_f64() * 1e3;
     replied
 }

@@ -177,8 +177,10 @@ enum Side {
 pub(crate) enum Conn {
     Unix(UnixStream),
     Plain(TcpStream),
-    TlsClient(Box<StreamOwned<ClientConnection, Socket>>),
-    TlsServer(Box<StreamOwned<ServerConnection, Socket>>),
+    /// The source's side, and its TLS directory (for error messages).
+    TlsClient(Box<StreamOwned<ClientConnection, Socket>>, PathBuf),
+    /// The destination's side, and its TLS directory.
+    TlsServer(Box<StreamOwned<ServerConnection, Socket>>, PathBuf),
 }
 
 impl Read for Conn {
@@ -186,8 +188,8 @@ impl Read for Conn {
         match self {
             Conn::Unix(s) => s.read(buf),
             Conn::Plain(s) => s.read(buf),
-            Conn::TlsClient(s) => s.read(buf).map_err(|e| explain(e, Side::Source)),
-            Conn::TlsServer(s) => s.read(buf).map_err(|e| explain(e, Side::Destination)),
+            Conn::TlsClient(s, dir) => s.read(buf).map_err(|e| explain(e, Side::Source, dir)),
+            Conn::TlsServer(s, dir) => s.read(buf).map_err(|e| explain(e, Side::Destination, dir)),
         }
     }
 }
@@ -197,35 +199,35 @@ impl Write for Conn {
         match self {
             Conn::Unix(s) => s.write(buf),
             Conn::Plain(s) => s.write(buf),
-            Conn::TlsClient(s) => s.write(buf).map_err(|e| explain(e, Side::Source)),
-            Conn::TlsServer(s) => s.write(buf).map_err(|e| explain(e, Side::Destination)),
+            Conn::TlsClient(s, dir) => s.write(buf).map_err(|e| explain(e, Side::Source, dir)),
+            Conn::TlsServer(s, dir) => s.write(buf).map_err(|e| explain(e, Side::Destination, dir)),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Conn::Unix(s) => s.flush(),
             Conn::Plain(s) => s.flush(),
-            Conn::TlsClient(s) => s.flush().map_err(|e| explain(e, Side::Source)),
-            Conn::TlsServer(s) => s.flush().map_err(|e| explain(e, Side::Destination)),
+            Conn::TlsClient(s, dir) => s.flush().map_err(|e| explain(e, Side::Source, dir)),
+            Conn::TlsServer(s, dir) => s.flush().map_err(|e| explain(e, Side::Destination, dir)),
         }
     }
 }
 
 /// An I/O error with rustls's reason inside made into one that says what went wrong.
-fn explain(e: std::io::Error, side: Side) -> std::io::Error {
+fn explain(e: std::io::Error, side: Side, dir: &Path) -> std::io::Error {
     match e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
-        Some(tls) => std::io::Error::new(e.kind(), describe(tls, side, None)),
+        Some(tls) => std::io::Error::new(e.kind(), describe(tls, side, dir)),
         None => e,
     }
 }
 
-/// What a TLS failure means, seen from `side`; `tls` names the files in question.
-fn describe(error: &rustls::Error, side: Side, tls: Option<&MigrationTls>) -> String {
+/// What a TLS failure means, seen from `side`; `dir` (the TLS directory) names the files.
+fn describe(error: &rustls::Error, side: Side, dir: &Path) -> String {
     let peer = match side {
         Side::Source => "the destination",
         Side::Destination => "the source",
     };
-    let file = |name: &str| tls.map_or(name.to_string(), |t| t.dir.join(name).display().to_string());
+    let file = |name: &str| dir.join(name).display().to_string();
     let ca = file(CA_FILE);
     match error {
         rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
@@ -312,7 +314,7 @@ pub(crate) fn connect(
                         peer: addr,
                         reason: reason(&e, Side::Source, tls),
                     })?;
-                    Conn::TlsClient(Box::new(StreamOwned::new(client, socket)))
+                    Conn::TlsClient(Box::new(StreamOwned::new(client, socket)), tls.dir.clone())
                 }
             };
             Ok(Out::Buffered(BufWriter::with_capacity(SEND_BUFFER, conn)))
@@ -336,7 +338,7 @@ fn handshake<D>(conn: &mut rustls::ConnectionCommon<D>, socket: &mut Socket) -> 
 /// Why a handshake failed, in words.
 fn reason(e: &std::io::Error, side: Side, tls: &MigrationTls) -> String {
     match e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
-        Some(tls_error) => describe(tls_error, side, Some(tls)),
+        Some(tls_error) => describe(tls_error, side, &tls.dir),
         None if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             let peer = match side {
                 Side::Source => "the destination",
@@ -472,5 +474,5 @@ fn accept_tcp(tcp: TcpStream, tls: Option<&MigrationTls>) -> Result<Conn, String
     let mut socket = Socket::new(tcp);
     handshake(&mut server, &mut socket).map_err(|e| reason(&e, Side::Destination, tls))?;
     timeouts(socket.reads.get_ref(), PEER_TIMEOUT)?;
-    Ok(Conn::TlsServer(Box::new(StreamOwned::new(server, socket))))
+    Ok(Conn::TlsServer(Box::new(StreamOwned::new(server, socket)), tls.dir.clone()))
 }
