@@ -11,7 +11,8 @@
 #     attach), fuse3, libfuse3-dev and pkg-config (tests/inflight.rs builds a FUSE file system
 #     that holds one request of a disk in the kernel, or makes its writes slow),
 #     python3-prometheus-client (Prometheus's own parser reads the daemon's /metrics in the
-#     control API's tests)
+#     control API's tests), openssl (scripts/tls-certs.sh: certificates for migrations over TCP
+#     with mutual TLS, in tests and bench migrate)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - tracefs mounted at /sys/kernel/tracing (the FLUSH tests read io_uring's tracepoints)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh; its gcc is also the C
@@ -21,7 +22,7 @@ set -euo pipefail
 
 packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs util-linux coreutils
     gcc libc6-dev mount fuse3 libfuse3-dev pkg-config
-    python3-prometheus-client)
+    python3-prometheus-client openssl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
