@@ -301,12 +301,7 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
                     libc::SYS_close,
                 ],
             );
-            one_of(
-                &mut rules,
-                libc::SYS_socket,
-                0,
-                &[libc::AF_UNIX, libc::AF_INET, libc::AF_INET6].map(|f| f as u64),
-            )?;
+            migration_sockets(&mut rules)?;
             socket_settings(&mut rules)?;
             // A TCP connect within a time limit (std's connect_timeout): non-blocking for the
             // connect (FIONBIO), poll, then the socket's error (SO_ERROR).
@@ -424,6 +419,22 @@ fn socket_options(rules: &mut Rules, options: &[libc::c_int]) -> Result<(), Back
         })
         .collect::<Result<_, _>>()?;
     rules.insert(libc::SYS_getsockopt, alternatives);
+    Ok(())
+}
+
+/// socket(AF_UNIX, any), and socket(AF_INET or AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, any) as
+/// std's TcpStream makes it: a migration's connection, to this host or another; no datagram or
+/// raw socket.
+fn migration_sockets(rules: &mut Rules) -> Result<(), BackendError> {
+    let stream = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64;
+    let mut alternatives = vec![rule(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?];
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        alternatives.push(SeccompRule::new(vec![
+            condition(0, SeccompCmpOp::Eq, family as u64)?,
+            condition(1, SeccompCmpOp::Eq, stream)?,
+        ])?);
+    }
+    rules.insert(libc::SYS_socket, alternatives);
     Ok(())
 }
 
