@@ -30,7 +30,7 @@ pub struct HostPair {
 }
 
 /// Run `ip ARGS`; its error output if it fails.
-fn ip(args: &[&str]) -> Result<(), String> {
+pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
     let output = Command::new("ip")
         .args(args)
         .output()

@@ -16,7 +16,8 @@ use std::time::Duration;
 use common::api::http;
 use common::background::Background;
 use common::migration::{
-    assert_report, assert_verify_passed, blk_result, disk_spec, send_migration_to, source, Verify, BLOCKS,
+    assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source,
+    Verify, BLOCKS,
 };
 use common::{one_at_a_time, per_queue};
 use serde_json::Value;
@@ -194,18 +195,7 @@ fn cutting_proxy(listen: &Path, to: PathBuf, limit: usize) -> std::thread::JoinH
         let (mut replies_in, mut replies_out) =
             (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
         std::thread::spawn(move || std::io::copy(&mut replies_in, &mut replies_out));
-        let mut forwarded = 0;
-        let mut buffer = vec![0u8; 65536];
-        while forwarded < limit {
-            let n = match from_source.read(&mut buffer) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n.min(limit - forwarded),
-            };
-            if to_destination.write_all(&buffer[..n]).is_err() {
-                break;
-            }
-            forwarded += n;
-        }
+        let forwarded = forward_up_to(&mut from_source, &mut to_destination, limit);
         let _ = to_destination.shutdown(std::net::Shutdown::Both);
         let _ = from_source.shutdown(std::net::Shutdown::Both);
         forwarded

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use common::api::http;
 use common::background::{Background, Ready, RUN_LIMIT};
 use common::migration::{
-    assert_report, assert_verify_passed, blk_result, disk_spec, send_migration_to, source_in, Verify, BLOCKS,
+    assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source_in,
+    Verify, BLOCKS,
 };
 use common::{exitless, one_at_a_time, stderr};
 use exitless_bench::hosts::{self, HostPair, DESTINATION_IP, SOURCE_IP};
@@ -121,6 +122,17 @@ fn assert_runs_on_and_passes(src: Background, api: &Path, disk: &Path, seed: u64
     common::assert_holds_pattern_and_open_gate(disk, seed, BLOCKS);
 }
 
+/// A verify run of `seed` at queue depth 8 on one queue.
+fn verify(seed: u64) -> (u64, Verify) {
+    (seed, Verify { seed, qd: 8, queues: 1 })
+}
+
+/// The source host's VM: the probe's verify in eventfd mode, with `tls` as its
+/// `--migration-tls-dir`; the VM, its API socket and its disk.
+fn tls_source(pair: &HostPair, dir: &Path, verify: Verify, tls: &Path) -> (Background, PathBuf, PathBuf) {
+    source_in(Some(&pair.source), dir, "eventfd", verify, &["--migration-tls-dir", tls.to_str().unwrap()])
+}
+
 /// Migrate `verify` in `mode` mid-run from the source host to the destination host, over
 /// mutual TLS (`tls`) or plain TCP named so.
 fn migrate_between_hosts(mode: &str, verify: Verify, tls_on: bool) {
@@ -196,19 +208,12 @@ fn a_destination_refuses_strangers_and_waits_on_for_its_source() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let pair = hosts_with_certificates(dir, &["ca", "other-ca"]);
-    let seed = 3620;
-    let verify = Verify { seed, qd: 8, queues: 1 };
+    let (seed, verify) = verify(3620);
     let url = url("tcp", PORT);
     let dst_tls = tls(dir, "ca", DESTINATION_IP);
     let dst = destination(&pair, dir, "destination", &url, Some(&dst_tls), &[disk_spec(dir, verify)]);
     let src_tls = tls(dir, "ca", SOURCE_IP);
-    let (src, api, disk) = source_in(
-        Some(&pair.source),
-        dir,
-        "eventfd",
-        verify,
-        &["--migration-tls-dir", src_tls.to_str().unwrap()],
-    );
+    let (src, api, disk) = tls_source(&pair, dir, verify, &src_tls);
 
     // The source itself, naming plain TCP where the destination takes TLS: refused by both.
     let plain = send_migration_to(&api, &self::url("tcp+plain", PORT));
@@ -298,18 +303,11 @@ fn a_source_refuses_destinations_it_cannot_authenticate_and_runs_on() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let pair = hosts_with_certificates(dir, &["ca", "other-ca", "third-ca"]);
-    let seed = 3630;
-    let verify = Verify { seed, qd: 8, queues: 1 };
+    let (seed, verify) = verify(3630);
     // The source trusts "ca" and "other-ca", and its own certificate is other-ca's.
     let (ca, other) = (dir.join("ca/ca"), dir.join("other-ca/ca"));
     let src_tls = tls_dir(&dir.join("source-tls"), &[&ca, &other], &tls(dir, "other-ca", SOURCE_IP));
-    let (src, api, disk) = source_in(
-        Some(&pair.source),
-        dir,
-        "eventfd",
-        verify,
-        &["--migration-tls-dir", src_tls.to_str().unwrap()],
-    );
+    let (src, api, disk) = tls_source(&pair, dir, verify, &src_tls);
     let disks = [disk_spec(dir, verify)];
 
     // A destination that trusts "ca" only: it refuses the source's certificate.
@@ -374,18 +372,7 @@ fn killing_proxy(ns: &str, port: u16, limit: usize, pid: u32) -> std::thread::Jo
         let (mut replies_in, mut replies_out) =
             (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
         std::thread::spawn(move || std::io::copy(&mut replies_in, &mut replies_out));
-        let mut forwarded = 0;
-        let mut buffer = vec![0u8; 65536];
-        while forwarded < limit {
-            let n = match from_source.read(&mut buffer) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if to_destination.write_all(&buffer[..n]).is_err() {
-                break;
-            }
-            forwarded += n;
-        }
+        let forwarded = forward_up_to(&mut from_source, &mut to_destination, limit);
         let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
         let _ = to_destination.shutdown(std::net::Shutdown::Both);
         let _ = from_source.shutdown(std::net::Shutdown::Both);
@@ -401,19 +388,12 @@ fn a_destination_that_dies_midway_leaves_the_source_running() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let pair = hosts_with_certificates(dir, &["ca"]);
-    let seed = 3640;
-    let verify = Verify { seed, qd: 8, queues: 1 };
+    let (seed, verify) = verify(3640);
     let dst_tls = tls(dir, "ca", DESTINATION_IP);
     let dst =
         destination(&pair, dir, "destination", &url("tcp", PORT), Some(&dst_tls), &[disk_spec(dir, verify)]);
     let src_tls = tls(dir, "ca", SOURCE_IP);
-    let (src, api, disk) = source_in(
-        Some(&pair.source),
-        dir,
-        "eventfd",
-        verify,
-        &["--migration-tls-dir", src_tls.to_str().unwrap()],
-    );
+    let (src, api, disk) = tls_source(&pair, dir, verify, &src_tls);
     // The source connects to the proxy (at the same address, which the destination's
     // certificate names).
     let proxy = killing_proxy(&pair.destination, PORT + 1, 100_000, dst.pid());

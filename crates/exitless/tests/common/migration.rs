@@ -1,6 +1,7 @@
 //! A probe guest to migrate: its verify on a file disk, started as a live migration's source
 //! (with a control API), and the checks of its result.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -114,4 +115,22 @@ pub fn assert_report(what: &str, body: &str) -> Value {
     assert!(pause > 0.0 && pause <= downtime, "{what}: the pause is not part of the downtime: {report}");
     assert!(report["state_bytes"].as_u64().unwrap() > 0, "{what}: {report}");
     report
+}
+
+/// Copy `from` to `to` until `limit` bytes have gone through, `from` ends or `to` fails: a
+/// proxy's forwarding, cut short. How many bytes went through.
+pub fn forward_up_to(from: &mut impl Read, to: &mut impl Write, limit: usize) -> usize {
+    let mut forwarded = 0;
+    let mut buffer = vec![0u8; 65536];
+    while forwarded < limit {
+        let n = match from.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n.min(limit - forwarded),
+        };
+        if to.write_all(&buffer[..n]).is_err() {
+            break;
+        }
+        forwarded += n;
+    }
+    forwarded
 }
