@@ -399,14 +399,16 @@ const MIGRATE_HELP: &str = "\
 Each row boots a probe guest doing `probe.rw=verify` over 16384 blocks (qd 8) on an O_DIRECT file
 in --scratch DIR, which both ends name with --disk (shared storage), migrates it, and checks the
 verify on the destination. Transports:
-  unix     both exitless processes on this host, `--receive-migration unix:PATH`
-  tcp+tls  two simulated hosts: network namespaces joined by a veth pair (10.213.0.1/30 and
-           10.213.0.2/30, made and removed by the bench, as root), `--receive-migration
-           tcp:10.213.0.2:PORT`, mutual TLS 1.3 with certificates from scripts/tls-certs.sh
+  unix       both exitless processes on this host, `--receive-migration unix:PATH`
+  tcp+tls    two simulated hosts: network namespaces joined by a veth pair (10.213.0.1/30 and
+             10.213.0.2/30, made and removed by the bench, as root), `--receive-migration
+             tcp:10.213.0.2:PORT`, mutual TLS 1.3 with certificates from scripts/tls-certs.sh
+  tcp+plain  the same two hosts, TCP without TLS (`tcp+plain:`): what TLS costs (run only when
+             named)
 Loads:
-  io       migrated once the guest has written its first block: writes in flight
-  idle     migrated once the guest has written and flushed every block and waits at its gate,
-           reading it every 50 ms (`probe.gate_poll_ms=50`) and writing no memory meanwhile
+  io         migrated once the guest has written its first block: writes in flight
+  idle       migrated once the guest has written and flushed every block and waits at its
+             gate, reading it every 50 ms (`probe.gate_poll_ms=50`), writing no memory meanwhile
 Each JSON row names its `transport` and its `load`.";
 
 /// `exitless bench migrate`.
@@ -441,6 +443,9 @@ pub enum MigrateTransport {
     /// TCP with mutual TLS between two simulated hosts (network namespaces).
     #[value(name = "tcp+tls")]
     TcpTls,
+    /// TCP without TLS (`tcp+plain:`) between the same two simulated hosts: what TLS costs.
+    #[value(name = "tcp+plain")]
+    TcpPlain,
 }
 
 impl MigrateTransport {
@@ -448,6 +453,7 @@ impl MigrateTransport {
         match self {
             MigrateTransport::Unix => "unix",
             MigrateTransport::TcpTls => "tcp+tls",
+            MigrateTransport::TcpPlain => "tcp+plain",
         }
     }
 }

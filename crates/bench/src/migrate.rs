@@ -232,14 +232,15 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
         .map_or("kill".to_string(), |v| v.get_name().to_string());
     let seccomp = seccomp.as_str();
     // Over TCP: two simulated hosts, each exitless in its own network namespace, with its own
-    // certificate (one CA); the pair is removed after its processes (dropped last).
+    // certificate (one CA) for TLS; the pair is removed after its processes (dropped last).
     let hosts = match transport {
         MigrateTransport::Unix => None,
-        MigrateTransport::TcpTls => Some(HostPair::new()?),
+        MigrateTransport::TcpTls | MigrateTransport::TcpPlain => Some(HostPair::new()?),
     };
+    let tls = transport == MigrateTransport::TcpTls;
     let (source_ip, destination_ip) = (SOURCE_IP.to_string(), DESTINATION_IP.to_string());
     let tls_dir = dir.join("tls");
-    if hosts.is_some() {
+    if tls {
         crate::hosts::make_certificates(&tls_dir, &[&source_ip, &destination_ip])?;
     }
     let (source_tls, destination_tls) =
@@ -248,6 +249,7 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
     let url = match transport {
         MigrateTransport::Unix => format!("unix:{}", socket.display()),
         MigrateTransport::TcpTls => format!("tcp:{destination_ip}:{PORT}"),
+        MigrateTransport::TcpPlain => format!("tcp+plain:{destination_ip}:{PORT}"),
     };
     let command = |on_destination: bool| match &hosts {
         None => Command::new(exe),
@@ -270,13 +272,13 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
         "--timeout",
         "170",
     ];
-    if hosts.is_some() {
+    if tls {
         destination_args.extend(["--migration-tls-dir", &destination_tls]);
     }
     let mut destination = spawn(command(true), &destination_args, &dst_out, &dst_err)?;
     let listening = || match transport {
         MigrateTransport::Unix => socket.exists(),
-        MigrateTransport::TcpTls => {
+        MigrateTransport::TcpTls | MigrateTransport::TcpPlain => {
             std::fs::read_to_string(&dst_err).is_ok_and(|err| err.contains("waiting for a live migration"))
         }
     };
@@ -308,7 +310,7 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
         "--timeout",
         "170",
     ];
-    if hosts.is_some() {
+    if tls {
         source_args.extend(["--migration-tls-dir", &source_tls]);
     }
     let mut source = spawn(command(false), &source_args, &src_out, &src_err)?;
