@@ -118,9 +118,10 @@ pub fn write_reply(w: &mut impl Write, outcome: Result<(), &str>) -> Result<(), 
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    w.write_all(&[status]).map_err(io("sending a reply"))?;
-    write_sized(w, &message.as_bytes()[..end], "sending a reply")?;
-    w.flush().map_err(io("sending a reply"))
+    // One write: one segment on TCP, one record in TLS.
+    let mut reply = vec![status];
+    write_sized(&mut reply, &message.as_bytes()[..end], "sending a reply")?;
+    w.write_all(&reply).and_then(|()| w.flush()).map_err(io("sending a reply"))
 }
 
 /// Read a reply: `Ok` if accepted, else the peer's reason.
