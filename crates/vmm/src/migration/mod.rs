@@ -32,7 +32,7 @@ use crate::snapshot::SnapshotError;
 /// Why a live migration failed; the source goes on running.
 #[derive(Debug, Error)]
 pub enum MigrationError {
-    #[error("the migration URL {0:?} is none of unix:/PATH, tcp:IP:PORT (mutual TLS) or tcp+plain:IP:PORT (no TLS)")]
+    #[error("the migration URL {0:?} is none of {forms}", forms = url::URL_FORMS)]
     Url(String),
     #[error("cannot {what} {path}: {source}")]
     Socket { what: &'static str, path: PathBuf, source: std::io::Error },
