@@ -78,9 +78,11 @@ links() {
     "$exitless" bench upgrade --markdown
     echo "## Live migration"
     echo
-    echo "A 256 MiB probe guest migrated mid-verify between two exitless processes on this host"
-    echo "(pre-copy with KVM's dirty log and the IOCore's, then stop-and-copy), in each I/O mode;"
-    echo "the verify then finishes on the destination."
+    echo "A 256 MiB probe guest migrated mid-verify between two exitless processes (pre-copy with"
+    echo "KVM's dirty log and the IOCore's, then stop-and-copy), in each I/O mode, idle and under I/O:"
+    echo "over a Unix socket on this host, and over TCP with mutual TLS between two simulated hosts"
+    echo "(network namespaces joined by a veth pair on this machine); the verify then finishes on the"
+    echo "destination."
     echo
     "$exitless" bench migrate --markdown
 } > BENCHMARKS.md.new

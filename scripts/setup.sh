@@ -14,7 +14,9 @@
 #     control API's tests), ceph-mon, ceph-osd and ceph-common (scripts/ceph.sh's throw-away
 #     cluster for the RBD tests and benchmarks; they bring librbd1, which exitless loads for
 #     `rbd=` disks), qemu-block-extra (QEMU's and qemu-storage-daemon's rbd driver, the peers on
-#     the same cluster), bc (ceph.sh's timing)
+#     the same cluster), bc (ceph.sh's timing), openssl
+#     (scripts/tls-certs.sh: certificates for migrations over TCP with mutual TLS, in tests and
+#     bench migrate)
 #   - the x86_64-unknown-none Rust target (the probe guest)
 #   - tracefs mounted at /sys/kernel/tracing (the FLUSH tests read io_uring's tracepoints)
 #   - cargo-fuzz and a C++ compiler (libFuzzer), for scripts/fuzz.sh; its gcc is also the C
@@ -24,7 +26,7 @@ set -euo pipefail
 
 packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs util-linux coreutils
     gcc libc6-dev mount fuse3 libfuse3-dev pkg-config
-    python3-prometheus-client ceph-mon ceph-osd ceph-common librbd1 qemu-block-extra bc)
+    python3-prometheus-client ceph-mon ceph-osd ceph-common librbd1 qemu-block-extra bc openssl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

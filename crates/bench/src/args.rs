@@ -328,10 +328,12 @@ pub enum BenchScenario {
     /// once per round.
     #[command(after_help = UPGRADE_HELP)]
     Upgrade(UpgradeBenchArgs),
-    /// Live migration of a probe guest mid-verify between two `exitless run` processes, per I/O
-    /// mode: downtime (source pause to destination resume) and the pause in it, total time,
-    /// pre-copy rounds and pages per round, the pages the IOCore and KVM reported dirty, and
-    /// the verify's verdict on the destination.
+    /// Live migration of a probe guest mid-verify between two `exitless run` processes, per
+    /// transport (a Unix socket; TCP with mutual TLS between two simulated hosts), load (an
+    /// idle guest; one under I/O) and I/O mode: downtime (source pause to destination resume)
+    /// and the pause in it, total time, pre-copy rounds and pages per round, the pages the
+    /// IOCore and KVM reported dirty, and the verify's verdict on the destination.
+    #[command(after_help = MIGRATE_HELP)]
     Migrate(MigrateBenchArgs),
 }
 
@@ -393,6 +395,22 @@ pub struct UpgradeBenchArgs {
     pub seccomp: SeccompArgs,
 }
 
+const MIGRATE_HELP: &str = "\
+Each row boots a probe guest doing `probe.rw=verify` over 16384 blocks (qd 8) on an O_DIRECT file
+in --scratch DIR, which both ends name with --disk (shared storage), migrates it, and checks the
+verify on the destination. Transports:
+  unix       both exitless processes on this host, `--receive-migration unix:PATH`
+  tcp+tls    two simulated hosts: network namespaces joined by a veth pair (10.213.0.1/30 and
+             10.213.0.2/30, made and removed by the bench, as root), `--receive-migration
+             tcp:10.213.0.2:PORT`, mutual TLS 1.3 with certificates from scripts/tls-certs.sh
+  tcp+plain  the same two hosts, TCP without TLS (`tcp+plain:`): what TLS costs (run only when
+             named)
+Loads:
+  io         migrated once the guest has written its first block: writes in flight
+  idle       migrated once the guest has written and flushed every block and waits at its
+             gate, reading it every 50 ms (`probe.gate_poll_ms=50`), writing no memory meanwhile
+Each JSON row names its `transport` and its `load`.";
+
 /// `exitless bench migrate`.
 #[derive(Args)]
 pub struct MigrateBenchArgs {
@@ -402,6 +420,12 @@ pub struct MigrateBenchArgs {
     /// I/O modes to migrate in, one migration each.
     #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,exitless")]
     pub modes: Vec<IoModeArg>,
+    /// How the stream goes (see below).
+    #[arg(long, value_delimiter = ',', default_value = "unix,tcp+tls")]
+    pub transports: Vec<MigrateTransport>,
+    /// What the guest does while it migrates (see below).
+    #[arg(long, value_delimiter = ',', default_value = "idle,io")]
+    pub loads: Vec<MigrateLoad>,
     /// Where the disk files and sockets go (a local file system that takes O_DIRECT).
     #[arg(long, value_name = "DIR", default_value = "/tmp")]
     pub scratch: PathBuf,
@@ -409,6 +433,47 @@ pub struct MigrateBenchArgs {
     pub output: ReportFormat,
     #[command(flatten)]
     pub seccomp: SeccompArgs,
+}
+
+/// How `bench migrate`'s stream goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum MigrateTransport {
+    /// A Unix socket on this host.
+    Unix,
+    /// TCP with mutual TLS between two simulated hosts (network namespaces).
+    #[value(name = "tcp+tls")]
+    TcpTls,
+    /// TCP without TLS (`tcp+plain:`) between the same two simulated hosts: what TLS costs.
+    #[value(name = "tcp+plain")]
+    TcpPlain,
+}
+
+impl MigrateTransport {
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrateTransport::Unix => "unix",
+            MigrateTransport::TcpTls => "tcp+tls",
+            MigrateTransport::TcpPlain => "tcp+plain",
+        }
+    }
+}
+
+/// What `bench migrate`'s guest does while it migrates.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+pub enum MigrateLoad {
+    /// Waits at its verify's gate, all but idle.
+    Idle,
+    /// Mid-write.
+    Io,
+}
+
+impl MigrateLoad {
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrateLoad::Idle => "idle",
+            MigrateLoad::Io => "io",
+        }
+    }
 }
 
 /// A frontend of `bench upgrade`.

@@ -17,6 +17,7 @@ mod blk_table;
 mod cache_line;
 mod daemon;
 mod exitcost;
+pub mod hosts;
 mod loop_device;
 mod machine;
 mod migrate;

@@ -1,7 +1,9 @@
 //! `exitless bench migrate`: live migration of a probe guest during its verify workload on a
 //! file disk, between two `exitless run` processes started from this executable: the source
 //! (`--api-socket`, `PUT /api/v1/vm.send-migration`) and the destination
-//! (`--receive-migration unix:PATH`). Per I/O mode: the downtime (source pause to the
+//! (`--receive-migration`), over a Unix socket on this host or over TCP with mutual TLS between
+//! two simulated hosts (network namespaces joined by a veth pair, [`crate::hosts`]). Per
+//! transport, load (idle, or under I/O) and I/O mode: the downtime (source pause to the
 //! destination's word that it resumed the guest), of which the pause (drain and park), the
 //! total time, the pre-copy rounds and the pages each sent, the pages the devices' workers and
 //! KVM reported dirty, and whether the verify then passed on the destination.
@@ -19,7 +21,8 @@ use serde_json::Value;
 use super::machine::About;
 use super::progress;
 use super::table::Table;
-use crate::args::MigrateBenchArgs;
+use crate::args::{MigrateBenchArgs, MigrateLoad, MigrateTransport};
+use crate::hosts::{HostPair, DESTINATION_IP, SOURCE_IP};
 
 /// The verify's blocks of 4 KiB. The disk has one more, the verify's gate (`probe.gate_block`):
 /// the guest reads back only once the migration has ended, so it lands mid-run on any disk.
@@ -27,11 +30,26 @@ const BLOCKS: u64 = 16384;
 /// Far beyond what a run takes.
 const LIMIT: Duration = Duration::from_secs(180);
 
+/// The TCP port the destination listens on, in its own namespace.
+const PORT: u16 = 7070;
+/// How often the idle guest reads its gate.
+const IDLE_GATE_POLL_MS: u64 = 50;
+
 #[derive(Serialize)]
 struct Row {
+    /// `unix` or `tcp+tls`.
+    transport: String,
+    /// `idle` or `io`.
+    load: String,
     mode: String,
     downtime_ms: Option<f64>,
     pause_ms: Option<f64>,
+    /// Of the downtime: the last pages and the state written to the connection.
+    final_send_ms: Option<f64>,
+    /// Of the downtime: the destination taking the state and answering.
+    destination_ms: Option<f64>,
+    /// Of that, the destination's own work: the state checked and applied (its log).
+    apply_ms: Option<f64>,
     total_ms: Option<f64>,
     rounds: Option<u64>,
     pages_per_round: Vec<u64>,
@@ -57,28 +75,48 @@ pub fn main(args: MigrateBenchArgs) -> i32 {
         Err(e) => return fail(format_args!("cannot find this executable: {e}")),
     };
     let mut results = Vec::new();
-    for mode in &args.modes {
-        let mode = vmm::IoMode::from(*mode).name().to_string();
-        progress(format_args!("migrate: {mode}, {} guest, verify of {BLOCKS} blocks", args.mem));
-        let dir = args.scratch.join(format!("exitless-bench-migrate-{}-{mode}", std::process::id()));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            return fail(format_args!("cannot make {}: {e}", dir.display()));
+    for &transport in &args.transports {
+        for &load in &args.loads {
+            for mode in &args.modes {
+                let mode = vmm::IoMode::from(*mode).name().to_string();
+                let case = Case { transport, load, mode: &mode };
+                progress(format_args!(
+                    "migrate: {}, {}, {mode}, {} guest, verify of {BLOCKS} blocks",
+                    transport.name(),
+                    load.name(),
+                    args.mem
+                ));
+                let dir = args.scratch.join(format!(
+                    "exitless-bench-migrate-{}-{}-{}-{mode}",
+                    std::process::id(),
+                    transport.name(),
+                    load.name()
+                ));
+                if let Err(e) = std::fs::create_dir_all(&dir) {
+                    return fail(format_args!("cannot make {}: {e}", dir.display()));
+                }
+                let row = run(&exe, &dir, &case, &args);
+                let _ = std::fs::remove_dir_all(&dir);
+                let row = row.unwrap_or_else(|why| Row {
+                    transport: transport.name().into(),
+                    load: load.name().into(),
+                    mode: mode.clone(),
+                    downtime_ms: None,
+                    pause_ms: None,
+                    final_send_ms: None,
+                    destination_ms: None,
+                    apply_ms: None,
+                    total_ms: None,
+                    rounds: None,
+                    pages_per_round: Vec::new(),
+                    device_dirty_pages: None,
+                    kvm_dirty_pages: None,
+                    bytes: None,
+                    verify: why,
+                });
+                results.push(row);
+            }
         }
-        let row = run(&exe, &dir, &mode, &args);
-        let _ = std::fs::remove_dir_all(&dir);
-        let row = row.unwrap_or_else(|why| Row {
-            mode: mode.clone(),
-            downtime_ms: None,
-            pause_ms: None,
-            total_ms: None,
-            rounds: None,
-            pages_per_round: Vec::new(),
-            device_dirty_pages: None,
-            kvm_dirty_pages: None,
-            bytes: None,
-            verify: why,
-        });
-        results.push(row);
     }
     let report = Report { about: About::now("migrate"), mem: args.mem.clone(), blocks: BLOCKS, results };
     super::print_report(&report, args.output, |markdown| report.table(markdown))
@@ -94,16 +132,24 @@ impl Drop for Running {
     }
 }
 
-fn spawn(exe: &Path, args: &[&str], out: &Path, err: &Path) -> Result<Running, String> {
+/// One migration to measure.
+struct Case<'a> {
+    transport: MigrateTransport,
+    load: MigrateLoad,
+    mode: &'a str,
+}
+
+fn spawn(mut command: Command, args: &[&str], out: &Path, err: &Path) -> Result<Running, String> {
     let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
-    Command::new(exe)
+    let program = command.get_program().to_owned();
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(file(out)?)
         .stderr(file(err)?)
         .spawn()
         .map(Running)
-        .map_err(|e| format!("cannot start {}: {e}", exe.display()))
+        .map_err(|e| format!("cannot start {program:?}: {e}"))
 }
 
 fn wait_for(what: &str, ready: impl Fn() -> bool, child: &mut Running, err: &Path) -> Result<(), String> {
@@ -159,45 +205,94 @@ fn open_gate(disk: &Path) -> Result<(), String> {
         .map_err(|e| format!("open the verify's gate in {}: {e}", disk.display()))
 }
 
-fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Row, String> {
+/// How long the destination took to check and apply the state, from its log line ("state
+/// applied in X ms").
+fn applied_ms(log: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let (_, rest) = text.split_once("state applied in ")?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// Is block `block` of `disk` written (not all zero)?
+fn written(disk: &Path, block: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut data = [0u8; 4096];
+    std::fs::File::open(disk).and_then(|f| f.read_exact_at(&mut data, block * 4096)).is_ok()
+        && data.iter().any(|&b| b != 0)
+}
+
+fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<Row, String> {
+    let Case { transport, load, mode } = *case;
     let disk = dir.join("disk");
     std::fs::File::create(&disk)
         .and_then(|f| f.set_len((BLOCKS + 1) * 4096))
         .map_err(|e| format!("{}: {e}", disk.display()))?;
-    let socket = dir.join("migration.sock");
     let api = dir.join("source.api");
     let seccomp = clap::ValueEnum::to_possible_value(&args.seccomp.seccomp)
         .map_or("kill".to_string(), |v| v.get_name().to_string());
     let seccomp = seccomp.as_str();
-    let url = format!("unix:{}", socket.display());
+    // Over TCP: two simulated hosts, each exitless in its own network namespace, with its own
+    // certificate (one CA) for TLS; the pair is removed after its processes (dropped last).
+    let hosts = match transport {
+        MigrateTransport::Unix => None,
+        MigrateTransport::TcpTls | MigrateTransport::TcpPlain => Some(HostPair::new()?),
+    };
+    let tls = transport == MigrateTransport::TcpTls;
+    let (source_ip, destination_ip) = (SOURCE_IP.to_string(), DESTINATION_IP.to_string());
+    let tls_dir = dir.join("tls");
+    if tls {
+        crate::hosts::make_certificates(&tls_dir, &[&source_ip, &destination_ip])?;
+    }
+    let (source_tls, destination_tls) =
+        (tls_dir.join(&source_ip).display().to_string(), tls_dir.join(&destination_ip).display().to_string());
+    let socket = dir.join("migration.sock");
+    let url = match transport {
+        MigrateTransport::Unix => format!("unix:{}", socket.display()),
+        MigrateTransport::TcpTls => format!("tcp:{destination_ip}:{PORT}"),
+        MigrateTransport::TcpPlain => format!("tcp+plain:{destination_ip}:{PORT}"),
+    };
+    let command = |on_destination: bool| match &hosts {
+        None => Command::new(exe),
+        Some(hosts) if on_destination => hosts.on_destination(exe),
+        Some(hosts) => hosts.on_source(exe),
+    };
     let (dst_out, dst_err) = (dir.join("destination.out"), dir.join("destination.err"));
     // The destination names the VM's disk (the same file: shared storage) and gives it the
     // probe's test device.
     let disk_arg = format!("path={},direct", disk.display());
-    let mut destination = spawn(
-        exe,
-        &[
-            "run",
-            "--receive-migration",
-            &url,
-            "--disk",
-            &disk_arg,
-            "--testdev",
-            "--seccomp",
-            seccomp,
-            "--timeout",
-            "170",
-        ],
-        &dst_out,
-        &dst_err,
-    )?;
-    wait_for("the destination", || socket.exists(), &mut destination, &dst_err)?;
+    let mut destination_args = vec![
+        "run",
+        "--receive-migration",
+        &url,
+        "--disk",
+        &disk_arg,
+        "--testdev",
+        "--seccomp",
+        seccomp,
+        "--timeout",
+        "170",
+    ];
+    if tls {
+        destination_args.extend(["--migration-tls-dir", &destination_tls]);
+    }
+    let mut destination = spawn(command(true), &destination_args, &dst_out, &dst_err)?;
+    let listening = || match transport {
+        MigrateTransport::Unix => socket.exists(),
+        MigrateTransport::TcpTls | MigrateTransport::TcpPlain => {
+            std::fs::read_to_string(&dst_err).is_ok_and(|err| err.contains("waiting for a live migration"))
+        }
+    };
+    wait_for("the destination", listening, &mut destination, &dst_err)?;
+    let poll = match load {
+        MigrateLoad::Idle => format!(" probe.gate_poll_ms={IDLE_GATE_POLL_MS}"),
+        MigrateLoad::Io => String::new(),
+    };
     let cmdline = format!(
-        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=8 probe.seed={} probe.gate_block={BLOCKS} probe.timeout_ms=60000",
+        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=8 probe.seed={} probe.gate_block={BLOCKS} probe.timeout_ms=60000{poll}",
         super::fresh_seed()
     );
     let (src_out, src_err) = (dir.join("source.out"), dir.join("source.err"));
-    let source_args = [
+    let mut source_args = vec![
         "run",
         "--probe",
         "--mem",
@@ -215,15 +310,20 @@ fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Ro
         "--timeout",
         "170",
     ];
-    let mut source = spawn(exe, &source_args, &src_out, &src_err)?;
+    if tls {
+        source_args.extend(["--migration-tls-dir", &source_tls]);
+    }
+    let mut source = spawn(command(false), &source_args, &src_out, &src_err)?;
     wait_for("the source", || api.exists(), &mut source, &src_err)?;
-    // Mid-verify: once the guest has written its first block.
-    let written = || {
-        let mut first = [0u8; 4096];
-        std::fs::File::open(&disk).and_then(|mut f| f.read_exact(&mut first)).is_ok()
-            && first.iter().any(|&b| b != 0)
-    };
-    wait_for("the source's verify", written, &mut source, &src_err)?;
+    match load {
+        // Mid-verify: once the guest has written its first block.
+        MigrateLoad::Io => wait_for("the source's verify", || written(&disk, 0), &mut source, &src_err)?,
+        // Once it has written its last block, flushed and gone to wait at its gate.
+        MigrateLoad::Idle => {
+            wait_for("the source's verify", || written(&disk, BLOCKS - 1), &mut source, &src_err)?;
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
     let body = format!(r#"{{"destination_url": "{url}"}}"#);
     let (status, answer) = put(&api, "/api/v1/vm.send-migration", &body)?;
     open_gate(&disk)?;
@@ -245,10 +345,16 @@ fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Ro
             format!("FAILED: source status {s:?}, destination status {d:?}: {}", last_line(&dst_err))
         }
     };
+    drop((source, destination, hosts));
     Ok(Row {
+        transport: transport.name().into(),
+        load: load.name().into(),
         mode: mode.to_string(),
         downtime_ms: report["downtime_ms"].as_f64(),
         pause_ms: report["pause_ms"].as_f64(),
+        final_send_ms: report["final_send_ms"].as_f64(),
+        destination_ms: report["destination_ms"].as_f64(),
+        apply_ms: applied_ms(&dst_err),
         total_ms: report["total_ms"].as_f64(),
         rounds: report["rounds"].as_u64(),
         pages_per_round: report["pages_per_round"]
@@ -265,9 +371,14 @@ fn run(exe: &Path, dir: &Path, mode: &str, args: &MigrateBenchArgs) -> Result<Ro
 impl Report {
     fn table(&self, markdown: bool) -> String {
         let header = vec![
+            "transport",
+            "load",
             "I/O mode",
             "downtime ms",
             "of which pause ms",
+            "last send ms",
+            "destination ms",
+            "of which apply ms",
             "total ms",
             "pre-copy rounds",
             "pages per round (last: stop-and-copy)",
@@ -284,9 +395,14 @@ impl Report {
             .map(|r| {
                 let pages: Vec<String> = r.pages_per_round.iter().map(u64::to_string).collect();
                 vec![
+                    r.transport.clone(),
+                    r.load.clone(),
                     r.mode.clone(),
                     ms(r.downtime_ms),
                     ms(r.pause_ms),
+                    ms(r.final_send_ms),
+                    ms(r.destination_ms),
+                    ms(r.apply_ms),
                     ms(r.total_ms),
                     count(r.rounds),
                     if pages.is_empty() { "n/a".into() } else { pages.join(" / ") },
@@ -298,7 +414,7 @@ impl Report {
             })
             .collect();
         let title = format!(
-            "migrate: live migration of a {} probe guest mid-verify ({} blocks, qd 8, O_DIRECT file disk) between two exitless processes",
+            "migrate: live migration of a {} probe guest mid-verify ({} blocks, qd 8, O_DIRECT file disk) between two exitless processes: on one host (unix), or between two simulated hosts (network namespaces joined by a veth pair) over TCP with mutual TLS 1.3 (tcp+tls)",
             self.mem, self.blocks
         );
         let mut context = self.about.context();
@@ -306,7 +422,8 @@ impl Report {
             context.retain(|(k, _)| k == "machine");
         }
         let notes = vec![
-            "downtime: from the source's pause (devices drained, vCPUs parked) to the destination's word that the VM is ready to run; the pause waits for the disk requests in flight".into(),
+            "downtime: from the source's pause (devices drained, vCPUs parked) to the destination's word that the VM is ready to run; the pause waits for the disk requests in flight; last send: the last dirty pages and the state written to the connection; destination: from then to its answer; apply: of that, the destination checking and applying the state (its log)".into(),
+            "load io: migrated once the guest has written its first block (writes in flight); idle: once it has written and flushed them all and waits at its gate, reading it every 50 ms".into(),
             "round 1 sends all guest memory but pages that read as zero; IOCore dirty pages are those the devices' workers wrote (KVM's log does not see them)".into(),
         ];
         Table { title, context, header, rows, notes }.render(markdown)

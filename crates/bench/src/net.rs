@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use vmm::{ConsoleMode, IoMode, NetConfig, VmConfig, VmError};
 
+use super::hosts::ip;
 use super::machine::About;
 use super::plot::{Bar, Kind, Units};
 use super::table::Table;
@@ -264,19 +265,6 @@ struct Lab {
     server: String,
     client: String,
     responder: Option<Child>,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let output =
-        Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "ip {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(())
 }
 
 impl Lab {

@@ -88,6 +88,13 @@ pub struct RunArgs {
     /// --timeout, --seccomp, CPU placement, --api-socket are this run's.
     #[arg(long, value_name = "unix:/PATH", group = "kernel-source")]
     pub receive_migration: Option<String>,
+    /// Mutual TLS for live migrations over TCP (`tcp:IP:PORT`), both to receive one
+    /// (--receive-migration) and to send one later (vm.send-migration): DIR holds ca.pem (the
+    /// CA certificates the other host's certificate must be signed by), cert.pem (this host's
+    /// certificate; a destination's names its IP address in subjectAltName) and key.pem (its
+    /// private key, mode 0600). Read once, at start. scripts/tls-certs.sh makes a set.
+    #[arg(long, value_name = "DIR")]
+    pub migration_tls_dir: Option<PathBuf>,
     /// Give the VM the test device (exit-cost registers and a bounded ping-pong responder, for
     /// the probe) with --kernel, or to a --restore or --receive-migration of a VM that had it.
     /// --probe has it always; other VMs have none.
@@ -103,9 +110,10 @@ pub struct RunArgs {
     /// Serve Cloud Hypervisor's control verbs on this Unix socket (HTTP/1.1, `curl
     /// --unix-socket`): `PUT /api/v1/vm.pause`, `PUT /api/v1/vm.resume`, and
     /// `PUT /api/v1/vm.snapshot` with `{"destination_url": "file:///DIR"}` (of a paused VM), and
-    /// `PUT /api/v1/vm.send-migration` with `{"destination_url": "unix:/PATH"}`: a live
-    /// migration to an exitless started with `--receive-migration unix:/PATH` (local disks only;
-    /// answers with the migration's times and page counts as JSON). The socket is made 0600
+    /// `PUT /api/v1/vm.send-migration` with `{"destination_url": "unix:/PATH"}` (or
+    /// `tcp:IP:PORT`, mutual TLS with --migration-tls-dir, or `tcp+plain:IP:PORT`): a live
+    /// migration to an exitless started with `--receive-migration` on that URL (local disks
+    /// only; answers with the migration's times and page counts as JSON). The socket is made 0600
     /// whatever the umask, and only this process's user and root are served (others are logged
     /// and closed unread): the verbs write snapshots and send guest memory where asked.
     #[arg(long, value_name = "PATH")]

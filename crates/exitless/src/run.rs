@@ -21,9 +21,16 @@ pub fn main(args: RunArgs) -> i32 {
     if let Err(e) = crate::confine_rbd_clients(config.seccomp) {
         return fail(e);
     }
+    let tls = match &args.migration_tls_dir {
+        Some(dir) => match vmm::migration::MigrationTls::load(dir) {
+            Ok(tls) => Some(std::sync::Arc::new(tls)),
+            Err(e) => return fail(e),
+        },
+        None => None,
+    };
     let vm = match (&args.restore, &args.receive_migration) {
         (Some(source), _) => restore(source, config.clone()),
-        (None, Some(url)) => receive(url, config.clone()),
+        (None, Some(url)) => receive(url, config.clone(), tls.clone()),
         (None, None) => {
             let kernel = match &args.kernel {
                 Some(path) => Kernel::File(path.clone()),
@@ -36,6 +43,9 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(vm) => vm,
         Err(e) => return fail(e),
     };
+    if let Some(tls) = tls {
+        vm = vm.with_migration_tls(tls);
+    }
     let mut api = None;
     if let Some(path) = &args.api_socket {
         match crate::vm_api::start(path, config.seccomp) {
@@ -70,12 +80,16 @@ fn restore(source: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
     Ok(vm)
 }
 
-/// `--receive-migration unix:/PATH`: wait for a source there and build the VM it sends.
-fn receive(url: &str, base: VmConfig) -> Result<Vm, vmm::VmError> {
-    let (vm, received) = Vm::receive_migration(url, base)?;
+/// `--receive-migration URL`: wait for a source there and build the VM it sends.
+fn receive(
+    url: &str,
+    base: VmConfig,
+    tls: Option<std::sync::Arc<vmm::migration::MigrationTls>>,
+) -> Result<Vm, vmm::VmError> {
+    let (vm, received) = Vm::receive_migration(url, base, tls)?;
     log::info!(
         "live migration received on {url}: {} pages in {} records; state applied in {:.3} ms; \
-         {} connections from other users refused",
+         {} connections refused (another user's, or no trusted TLS certificate)",
         received.pages,
         received.records,
         received.apply_ms,

@@ -2,7 +2,8 @@
 //! bounded HTTP thread the vhost-user daemon's API uses ([`crate::vhost_user::api`]):
 //! `PUT /api/v1/vm.pause`, `PUT /api/v1/vm.resume` and `PUT /api/v1/vm.snapshot` with
 //! `{"destination_url": "file:///DIR"}` (of a paused VM), and `PUT /api/v1/vm.send-migration`
-//! with `{"destination_url": "unix:/PATH"}` (a live migration, see `vmm::migration`). The VMM's main thread answers them
+//! with `{"destination_url": "unix:/PATH"}`, `"tcp:IP:PORT"` (mutual TLS) or
+//! `"tcp+plain:IP:PORT"` (a live migration, see `vmm::migration`). The VMM's main thread answers them
 //! on its control tick; the data plane never waits for either thread.
 
 use std::fs::File;
@@ -121,7 +122,8 @@ fn route(request: &Request, vm: &VmControl) -> Response {
     }
 }
 
-/// The URL of a vm.send-migration body, `{"destination_url": "unix:/PATH"}`.
+/// The URL of a vm.send-migration body, `{"destination_url": "unix:/PATH"}` (or `tcp:IP:PORT`,
+/// `tcp+plain:IP:PORT`).
 fn migration_destination(body: &[u8]) -> Result<String, String> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -130,7 +132,7 @@ fn migration_destination(body: &[u8]) -> Result<String, String> {
     }
     let body: Body = serde_json::from_slice(body)
         .map_err(|e| format!("the body is not {{\"destination_url\": \"unix:/PATH\"}}: {e}"))?;
-    vmm::migration::socket_from_url(&body.destination_url).map_err(|e| e.to_string())?;
+    vmm::migration::MigrationUrl::parse(&body.destination_url).map_err(|e| e.to_string())?;
     Ok(body.destination_url)
 }
 

@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use common::api::http;
 use common::background::Background;
+use common::migration::{
+    assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source,
+    Verify, BLOCKS,
+};
 use common::{one_at_a_time, per_queue};
 use serde_json::Value;
 
-/// Blocks the verify writes and reads back; the disk has one more, the verify's gate
-/// (`probe.gate_block`): the guest reads back only once the test has opened it.
-const BLOCKS: u64 = 16384;
 /// A destination waiting on `dir/NAME.mig`, for a VM with `disks` (`--disk` specs, as the
 /// source's) and the test device.
 fn destination(dir: &Path, name: &str, disks: &[String]) -> (Background, PathBuf) {
@@ -34,69 +35,8 @@ fn destination(dir: &Path, name: &str, disks: &[String]) -> (Background, PathBuf
     (proc, socket)
 }
 
-/// The `--disk` spec of `source`'s disk in `dir`, for the source and the destination.
-fn disk_spec(dir: &Path, verify: Verify) -> String {
-    format!("path={},direct,queues={}", dir.join("disk").display(), verify.queues)
-}
-
-/// What a verify run is.
-#[derive(Clone, Copy)]
-struct Verify {
-    seed: u64,
-    qd: u32,
-    queues: u16,
-}
-
-/// A 256 MiB VM running the probe's verify on a new file disk in `dir`, with a control API,
-/// once it has begun writing; the VM, its API socket and its disk. The verify waits at its gate
-/// after writing, whatever the disk's speed, until the test calls `common::open_gate`.
-fn source(dir: &Path, mode: &str, verify: Verify) -> (Background, PathBuf, PathBuf) {
-    let Verify { seed, qd, queues } = verify;
-    let disk = dir.join("disk");
-    std::fs::File::create(&disk).unwrap().set_len((BLOCKS + 1) * 4096).unwrap();
-    let disk_arg = disk_spec(dir, verify);
-    let cmdline = format!(
-        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.gate_block={BLOCKS} probe.timeout_ms=60000"
-    );
-    let api = dir.join("source.api");
-    let api_arg = api.to_str().unwrap();
-    let args = [
-        "run",
-        "--probe",
-        "--mem",
-        "256M",
-        "--disk",
-        &disk_arg,
-        "--io-mode",
-        mode,
-        "--cmdline",
-        &cmdline,
-        "--api-socket",
-        api_arg,
-        "--timeout",
-        "170",
-    ];
-    let vm = Background::start(dir, "source", &args, &api);
-    vm.wait_for_first_write(&disk);
-    (vm, api, disk)
-}
-
 fn send_migration(api: &Path, socket: &Path) -> (u16, String) {
-    let body = format!(r#"{{"destination_url": "unix:{}"}}"#, socket.display());
-    http(api, "PUT", "/api/v1/vm.send-migration", Some(&body))
-}
-
-/// The probe's verify result from standard output.
-fn blk_result(stdout: &str) -> Option<Value> {
-    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
-}
-
-fn assert_verify_passed(stdout: &str, stderr: &str, what: &str) -> Value {
-    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
-    assert_eq!(result["mismatches"], 0, "{what}: {result}");
-    assert_eq!(result["errors"], 0, "{what}: {result}");
-    assert_eq!(result["blocks"], BLOCKS, "{what}: {result}");
-    result
+    send_migration_to(api, &format!("unix:{}", socket.display()))
 }
 
 /// Migrate `verify` in `mode` mid-run; the destination's verify result.
@@ -106,26 +46,9 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     let (src, api, disk) = source(dir.path(), mode, verify);
     let (status, body) = send_migration(&api, &socket);
     assert_eq!(status, 200, "{mode}: send-migration: {body}");
-    let report: Value = serde_json::from_str(&body).unwrap();
+    let report = assert_report(mode, &body);
     let rounds = report["rounds"].as_u64().unwrap();
-    let per_round: Vec<u64> =
-        report["pages_per_round"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
-    // Round 0 (all of memory) and at least one round of dirty pages; pre-copy stopped because
-    // its last round sent at most 1024 pages, or after its 30 rounds.
-    assert!(rounds >= 2, "{mode}: no round of dirty pages: {report}");
-    // Each pre-copy round, then the stop-and-copy.
-    assert_eq!(per_round.len() as u64, rounds + 1, "{mode}: {report}");
-    assert!(per_round[0] > 0, "{mode}: the first round sent nothing: {report}");
-    let last = per_round[rounds as usize - 1];
-    assert!(last <= 1024 || rounds == 30, "{mode}: pre-copy stopped before it converged: {report}");
-    // The guest reads the verify's gate block over and over while pre-copy runs: the device
-    // writes each answer into guest memory through the host mapping, which only the devices'
-    // own log sees. The guest's own writes are KVM's to log.
-    assert!(report["device_dirty_pages"].as_u64().unwrap() > 0, "{mode}: no device-dirtied page: {report}");
-    assert!(report["kvm_dirty_pages"].as_u64().unwrap() > 0, "{mode}: no KVM-dirtied page: {report}");
-    let (downtime, pause) = (report["downtime_ms"].as_f64().unwrap(), report["pause_ms"].as_f64().unwrap());
-    assert!(pause > 0.0 && pause <= downtime, "{mode}: the pause is not part of the downtime: {report}");
-    assert!(report["state_bytes"].as_u64().unwrap() > 0, "{mode}: {report}");
+    let per_round = &report["pages_per_round"];
     common::open_gate(&disk, BLOCKS);
 
     let (code, stdout, err) = src.wait();
@@ -137,7 +60,7 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     let result = assert_verify_passed(&stdout, &dst_err, mode);
     common::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
     println!(
-        "{mode}, {} queues: downtime {:.3} ms (pause {:.3} ms), total {:.1} ms, {rounds} pre-copy rounds, pages per round {per_round:?}, device-dirtied pages {}, KVM-dirtied pages {}",
+        "{mode}, {} queues: downtime {:.3} ms (pause {:.3} ms), total {:.1} ms, {rounds} pre-copy rounds, pages per round {per_round}, device-dirtied pages {}, KVM-dirtied pages {}",
         verify.queues,
         report["downtime_ms"].as_f64().unwrap(),
         report["pause_ms"].as_f64().unwrap(),
@@ -272,18 +195,7 @@ fn cutting_proxy(listen: &Path, to: PathBuf, limit: usize) -> std::thread::JoinH
         let (mut replies_in, mut replies_out) =
             (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
         std::thread::spawn(move || std::io::copy(&mut replies_in, &mut replies_out));
-        let mut forwarded = 0;
-        let mut buffer = vec![0u8; 65536];
-        while forwarded < limit {
-            let n = match from_source.read(&mut buffer) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n.min(limit - forwarded),
-            };
-            if to_destination.write_all(&buffer[..n]).is_err() {
-                break;
-            }
-            forwarded += n;
-        }
+        let forwarded = forward_up_to(&mut from_source, &mut to_destination, limit);
         let _ = to_destination.shutdown(std::net::Shutdown::Both);
         let _ = from_source.shutdown(std::net::Shutdown::Both);
         forwarded
@@ -402,10 +314,17 @@ fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
     let (status, body) = send_migration(&api, &dir.path().join("nobody.mig"));
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("RAM disk"), "{body}");
-    let body = r#"{"destination_url": "tcp:1.2.3.4:5"}"#;
+    // A host name is not an address: refused before anything, naming the URL forms.
+    let body = r#"{"destination_url": "tcp:migration.example:5"}"#;
     let (status, answer) = http(&api, "PUT", "/api/v1/vm.send-migration", Some(body));
     assert_eq!(status, 400, "{answer}");
-    assert!(answer.contains("unix:/PATH"), "{answer}");
+    assert!(answer.contains("unix:/PATH") && answer.contains("tcp+plain:IP:PORT"), "{answer}");
+    // TCP without --migration-tls-dir: refused before a connection, naming the flag and the
+    // plain scheme.
+    let body = r#"{"destination_url": "tcp:192.0.2.1:5"}"#;
+    let (status, answer) = http(&api, "PUT", "/api/v1/vm.send-migration", Some(body));
+    assert_eq!(status, 500, "{answer}");
+    assert!(answer.contains("--migration-tls-dir") && answer.contains("tcp+plain:"), "{answer}");
     // Still running: it pauses.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     vm.kill();

@@ -242,6 +242,69 @@ fn a_migration_destination_reads_its_stream_on_a_confined_thread() {
     );
 }
 
+/// Over TCP with mutual TLS, the destination's handshakes run on that confined reader too:
+/// strangers (one without a certificate, one that speaks no TLS) are refused under its filter,
+/// which kills the process on a call it lacks, and the reader waits on, confined. The
+/// destination runs on a simulated host of its own (a network namespace).
+#[test]
+fn a_tls_migration_destination_shakes_hands_on_its_confined_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = exitless_bench::hosts::HostPair::new().unwrap_or_else(|e| panic!("{e}"));
+    let ip = exitless_bench::hosts::DESTINATION_IP;
+    let certs = dir.path().join("certs");
+    exitless_bench::hosts::make_certificates(&certs, &[&ip.to_string()]).unwrap_or_else(|e| panic!("{e}"));
+    let tls = certs.join(ip.to_string());
+    let log = dir.path().join("destination.err");
+    let url = format!("tcp:{ip}:7070");
+    let mut child = hosts
+        .on_destination(env!("CARGO_BIN_EXE_exitless"))
+        .args(["run", "--receive-migration", &url, "--migration-tls-dir", tls.to_str().unwrap()])
+        .args(["--timeout", "60"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start exitless run");
+    let threads = wait_until_confined(&mut child, &["state-reader"]);
+    assert_eq!(threads.get("state-reader").map(String::as_str), Some(SECCOMP_MODE_FILTER), "{threads:?}");
+    let stranger = |args: &[&str]| {
+        hosts
+            .on_destination("timeout")
+            .args(["30", "openssl", "s_client", "-connect", &format!("{ip}:7070")])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("the openssl command")
+    };
+    stranger(&["-CAfile", tls.join("ca.pem").to_str().unwrap()]);
+    let plain = exitless_bench::hosts::thread_in(&hosts.destination, move || {
+        let mut conn = std::net::TcpStream::connect((ip, 7070)).unwrap();
+        let _ = conn.write_all(b"EXLMIGR1");
+        let _ = conn.shutdown(std::net::Shutdown::Write);
+        let _ = conn.read_to_end(&mut Vec::new());
+    });
+    plain.join().unwrap();
+    let started = Instant::now();
+    let refused = loop {
+        let err = std::fs::read_to_string(&log).unwrap_or_default();
+        if err.matches("refused a migration connection").count() >= 2 || started.elapsed() > DEADLINE {
+            break err;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let alive = child.try_wait().unwrap().is_none();
+    let threads = seccomp_by_thread(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(alive, "the destination died (SIGSYS: a call its reader's filter lacks?): {refused}");
+    assert!(
+        refused.contains("presented no certificate") && refused.contains("does not speak TLS"),
+        "{refused}"
+    );
+    assert_eq!(threads.get("state-reader").map(String::as_str), Some(SECCOMP_MODE_FILTER), "{threads:?}");
+}
+
 /// `exitless vhost-user-blk` on a socket in `dir`, with `seccomp`, listening.
 fn start_daemon(dir: &Path, seccomp: &str) -> (Daemon, PathBuf) {
     let socket = dir.join("vhost.sock");

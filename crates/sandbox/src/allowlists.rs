@@ -339,25 +339,38 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         ThreadKind::DaemonControl => daemon_control(&mut rules)?,
         ThreadKind::Migration => {
-            // Connect to the destination (a Unix socket), bound every wait with socket
-            // timeouts, send pages (write) and read the destination's answers, close at the end.
+            // Connect to the destination (a Unix socket, or TCP), bound every wait with socket
+            // timeouts, send pages (write; writev: TLS records, many at once) and read the
+            // destination's answers, close at the end.
             allow(
                 &mut rules,
-                &[libc::SYS_connect, libc::SYS_sendto, libc::SYS_read, libc::SYS_recvfrom, libc::SYS_close],
+                &[
+                    libc::SYS_connect,
+                    libc::SYS_sendto,
+                    libc::SYS_writev,
+                    libc::SYS_read,
+                    libc::SYS_recvfrom,
+                    libc::SYS_close,
+                ],
             );
-            one_of(&mut rules, libc::SYS_socket, 0, &[libc::AF_UNIX as u64])?;
-            one_of(&mut rules, libc::SYS_setsockopt, 1, &[libc::SOL_SOCKET as u64])?;
-            one_of(&mut rules, libc::SYS_ioctl, 1, DIRTY_LOG_IOCTLS)?;
-            // The connection's second handle, for the destination's answers (try_clone).
-            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
-            // Who listens on the destination's socket (SO_PEERCRED), checked before any byte.
-            peer_credentials(&mut rules)?;
+            migration_sockets(&mut rules)?;
+            socket_settings(&mut rules)?;
+            // A TCP connect within a time limit (std's connect_timeout): non-blocking for the
+            // connect (FIONBIO), poll, then the socket's error (SO_ERROR).
+            one_of(&mut rules, libc::SYS_ioctl, 1, &[DIRTY_LOG_IOCTLS, &[libc::FIONBIO]].concat())?;
+            allow(&mut rules, &[libc::SYS_poll]);
+            // Who listens on the destination's Unix socket (SO_PEERCRED), checked before any
+            // byte; a TCP connect's outcome (SO_ERROR).
+            socket_options(&mut rules, &[libc::SO_PEERCRED, libc::SO_ERROR])?;
+            // TLS: its key shares and nonces.
+            allow(&mut rules, &[libc::SYS_getrandom]);
         }
         ThreadKind::StateReader => {
             // A snapshot: read its files (opened by the main thread; std looks at a file's
             // size and position before reading it whole). A migration: accept connections on
-            // the listening socket (opened by the main thread), ask who each peer is, bound
-            // every wait with socket timeouts, read the stream and answer, close at the end.
+            // the listening socket (opened by the main thread), ask who each peer is (a Unix
+            // socket's uid; a TCP peer's TLS handshake), bound every wait with socket timeouts,
+            // read the stream and answer (writev: TLS records), close at the end.
             allow(
                 &mut rules,
                 &[
@@ -369,13 +382,14 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
                     libc::SYS_accept4,
                     libc::SYS_recvfrom,
                     libc::SYS_sendto,
+                    libc::SYS_writev,
                     libc::SYS_close,
                 ],
             );
-            one_of(&mut rules, libc::SYS_setsockopt, 1, &[libc::SOL_SOCKET as u64])?;
-            // The connection's second handle, for the answers (try_clone).
-            one_of(&mut rules, libc::SYS_fcntl, 1, &[libc::F_DUPFD_CLOEXEC as u64])?;
+            socket_settings(&mut rules)?;
             peer_credentials(&mut rules)?;
+            // TLS: its key shares and nonces.
+            allow(&mut rules, &[libc::SYS_getrandom]);
         }
         ThreadKind::RbdClient => {
             allow(&mut rules, RBD_CLIENT);
@@ -469,6 +483,38 @@ fn socket_options(rules: &mut Rules, options: &[libc::c_int]) -> Result<(), Back
         })
         .collect::<Result<_, _>>()?;
     rules.insert(libc::SYS_getsockopt, alternatives);
+    Ok(())
+}
+
+/// socket(AF_UNIX, any), and socket(AF_INET or AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, any) as
+/// std's TcpStream makes it: a migration's connection, to this host or another; no datagram or
+/// raw socket.
+fn migration_sockets(rules: &mut Rules) -> Result<(), BackendError> {
+    let stream = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64;
+    let mut alternatives = vec![rule(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?];
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        alternatives.push(SeccompRule::new(vec![
+            condition(0, SeccompCmpOp::Eq, family as u64)?,
+            condition(1, SeccompCmpOp::Eq, stream)?,
+        ])?);
+    }
+    rules.insert(libc::SYS_socket, alternatives);
+    Ok(())
+}
+
+/// setsockopt(SOL_SOCKET, any: the timeouts) and setsockopt(IPPROTO_TCP, TCP_NODELAY) only: a
+/// migration's connection, its waits bounded, and on TCP its small last writes not held back.
+fn socket_settings(rules: &mut Rules) -> Result<(), BackendError> {
+    rules.insert(
+        libc::SYS_setsockopt,
+        vec![
+            rule(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u64)?,
+            SeccompRule::new(vec![
+                condition(1, SeccompCmpOp::Eq, libc::IPPROTO_TCP as u64)?,
+                condition(2, SeccompCmpOp::Eq, libc::TCP_NODELAY as u64)?,
+            ])?,
+        ],
+    );
     Ok(())
 }
 

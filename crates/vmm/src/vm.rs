@@ -312,6 +312,8 @@ pub struct Vm {
     pub(crate) mem: GuestMemoryMmap,
     /// What the live-migration thread confines itself to.
     migration_filter: Filter,
+    /// Mutual TLS for a live migration over TCP (`with_migration_tls`).
+    pub(crate) migration_tls: Option<Arc<crate::migration::MigrationTls>>,
     /// What a snapshot records of the configuration, or why this VM cannot be snapshotted.
     pub(crate) saved_config: Result<SavedConfig, String>,
     snapshot_dir: Option<PathBuf>,
@@ -412,11 +414,16 @@ impl Vm {
         Ok(())
     }
 
-    /// Build the VM a live migration on `url` (`unix:/PATH`) brings, as it was when the source
-    /// paused it; `base` as for `restore`. Waits for one source; every part of what it sends
-    /// is checked, and a bad stream is refused with an error (the source is told, and resumes).
-    pub fn receive_migration(url: &str, base: VmConfig) -> Result<(Vm, crate::migration::Received), VmError> {
-        crate::migration::receive(url, base)
+    /// Build the VM a live migration on `url` (`unix:/PATH`, `tcp:IP:PORT` with `tls`, or
+    /// `tcp+plain:IP:PORT`) brings, as it was when the source paused it; `base` as for
+    /// `restore`. Waits for one source; every part of what it sends is checked, and a bad
+    /// stream is refused with an error (the source is told, and resumes).
+    pub fn receive_migration(
+        url: &str,
+        base: VmConfig,
+        tls: Option<Arc<crate::migration::MigrationTls>>,
+    ) -> Result<(Vm, crate::migration::Received), VmError> {
+        crate::migration::receive(url, base, tls)
     }
 
     /// Guest memory.
@@ -600,6 +607,7 @@ impl Vm {
             vm: Arc::new(vm),
             mem,
             migration_filter: Filter::new(ThreadKind::Migration, config.seccomp)?,
+            migration_tls: None,
             saved_config: SavedConfig::of(config, &disk_sizes).map_err(|e| e.to_string()),
             snapshot_dir: config.snapshot_dir.clone(),
             tsc_khz: vcpus.first().and_then(|v| v.fd.get_tsc_khz().ok()).unwrap_or(0),
@@ -872,6 +880,13 @@ impl Vm {
     /// the VM.
     pub fn with_control(mut self, hook: impl FnMut(&VmControl) + Send + 'static) -> Vm {
         self.control_hook = Some(Box::new(hook));
+        self
+    }
+
+    /// Use `tls` (this host's certificate and key, and the CA it trusts) for a live migration
+    /// to a `tcp:IP:PORT` destination; without it such a migration is refused.
+    pub fn with_migration_tls(mut self, tls: Arc<crate::migration::MigrationTls>) -> Vm {
+        self.migration_tls = Some(tls);
         self
     }
 

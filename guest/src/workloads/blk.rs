@@ -45,7 +45,9 @@
 //! compares; it also asks for the device ID. With `probe.gate_block=N` (a block past those it
 //! checks), it reads block N between the two halves until the host opens the gate by writing
 //! `probe_abi::verify_gate::OPEN` there, so the host can act while the verify is surely mid-run
-//! (migrate, snapshot); a gate still shut after `probe.timeout_ms` fails the run.
+//! (migrate, snapshot); a gate still shut after `probe.timeout_ms` fails the run. With
+//! `probe.gate_poll_ms=N` it waits N ms (spinning on the TSC, writing no memory) between two
+//! reads of the gate: a guest that is all but idle while the host acts.
 //!
 //! `zeroes` (needs VIRTIO_BLK_F_WRITE_ZEROES and VIRTIO_BLK_F_DISCARD: FAILED without) writes the
 //! pattern over `probe.ops` blocks (or the whole disk if smaller), then WRITE_ZEROES every even
@@ -57,7 +59,7 @@
 use super::blkdev::{self, check_pattern, fill_pattern, Common, XorShift};
 use super::latency::Percentiles;
 use super::pipeline::{self, Job, Limit, Stats};
-use crate::deadline::Deadline;
+use crate::deadline::{Deadline, Spinner};
 use crate::histogram::Histogram;
 use crate::json::{Nanos, Str};
 use crate::pv_eoi::{self, Tally};
@@ -136,8 +138,7 @@ fn poisoned_read(sector: u64, bs: u32, buffer: &mut [u8]) -> (u32, u64, u32) {
 fn wait_for_gate(
     dev: &mut BlockDevice,
     gate: &mut Single,
-    tsc_khz: u64,
-    timeout_ms: u64,
+    (tsc_khz, timeout_ms, poll_ms): (u64, u64, u64),
 ) -> Result<bool, Error> {
     let deadline = Deadline::after_ms(tsc_khz, timeout_ms);
     let open = verify_gate::OPEN.to_le_bytes();
@@ -149,6 +150,8 @@ fn wait_for_gate(
         if deadline.passed() {
             return Ok(false);
         }
+        let mut pause = Spinner::new(Deadline::after_ms(tsc_khz, poll_ms));
+        while poll_ms > 0 && pause.spin() {}
     }
 }
 
@@ -277,6 +280,8 @@ struct Params {
     writeback: Option<bool>,
     /// The block `verify` waits on between writing and reading back (`probe.gate_block`).
     gate_block: Option<u64>,
+    /// Milliseconds between two reads of the gate (`probe.gate_poll_ms`); 0: none.
+    gate_poll_ms: u64,
 }
 
 /// What the measured phase counted besides the pipeline's statistics.
@@ -357,6 +362,7 @@ fn params(env: &Env) -> Params {
             _ => bad_parameter("probe.writeback"),
         }),
         gate_block,
+        gate_poll_ms: number("probe.gate_poll_ms", 0),
     }
 }
 
@@ -499,7 +505,7 @@ fn verify(env: &Env, common: &Common, p: &Params, dev: &mut BlockDevice, blocks:
     if let Some(block) = p.gate_block {
         let sector = block * sectors_per_block;
         let mut gate = Single { kind: T_IN, sector, len: p.bs, status: 0, answer: [0; ID_LEN as usize] };
-        if !wait_for_gate(dev, &mut gate, tsc_khz, timeout_ms)? {
+        if !wait_for_gate(dev, &mut gate, (tsc_khz, timeout_ms, p.gate_poll_ms))? {
             println!(
                 "{{\"probe\":\"blk\",\"error\":\"the gate block stayed shut for probe.timeout_ms\",\"gate_block\":{}}}",
                 block

@@ -9,6 +9,15 @@ use std::time::{Duration, Instant};
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 pub const RUN_LIMIT: Duration = Duration::from_secs(180);
 
+/// When a started `exitless` is ready.
+#[derive(Debug, Clone, Copy)]
+pub enum Ready<'a> {
+    /// This path exists (a socket it listens on).
+    Exists(&'a Path),
+    /// Its standard error says this.
+    Says(&'a str),
+}
+
 /// A running `exitless` with its output in `dir/NAME.out` and `dir/NAME.err`.
 pub struct Background {
     child: Child,
@@ -19,9 +28,23 @@ pub struct Background {
 impl Background {
     /// Start `exitless ARGS` and wait until `ready` exists (a socket it listens on).
     pub fn start(dir: &Path, name: &str, args: &[&str], ready: &Path) -> Background {
+        Background::start_in(None, dir, name, args, Ready::Exists(ready))
+    }
+
+    /// Start `exitless ARGS`, in the network namespace `netns` if one is named (`ip netns
+    /// exec`, which becomes exitless: the process is exitless's), and wait until it is `ready`.
+    pub fn start_in(netns: Option<&str>, dir: &Path, name: &str, args: &[&str], ready: Ready) -> Background {
         let stdout = dir.join(format!("{name}.out"));
         let stderr = dir.join(format!("{name}.err"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        let mut command = match netns {
+            None => Command::new(env!("CARGO_BIN_EXE_exitless")),
+            Some(ns) => {
+                let mut ip = Command::new("ip");
+                ip.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_exitless")]);
+                ip
+            }
+        };
+        let mut child = command
             .args(args)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())
@@ -29,12 +52,15 @@ impl Background {
             .spawn()
             .expect("start exitless");
         let started = Instant::now();
-        while !ready.exists() {
+        let is_ready = || match ready {
+            Ready::Exists(path) => path.exists(),
+            Ready::Says(text) => read(&stderr).contains(text),
+        };
+        while !is_ready() {
             let ended = child.try_wait().unwrap();
             assert!(
                 ended.is_none() && started.elapsed() < RUN_LIMIT,
-                "{name}: no {}; stderr: {}",
-                ready.display(),
+                "{name}: not ready ({ready:?}); stderr: {}",
                 read(&stderr)
             );
             std::thread::sleep(Duration::from_millis(5));
@@ -50,6 +76,11 @@ impl Background {
     /// What it wrote to standard error so far.
     pub fn stderr(&self) -> String {
         read(&self.stderr)
+    }
+
+    /// Has it ended?
+    pub fn ended(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
     }
 
     /// Wait for the process to end; its status code, standard output and error.

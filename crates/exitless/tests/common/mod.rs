@@ -9,6 +9,7 @@ pub mod disks;
 pub mod held_disk;
 pub mod huge_pages;
 pub mod linux;
+pub mod migration;
 pub mod qemu;
 
 use std::io::Read;

@@ -16,7 +16,8 @@ use crate::vm::{ControlError, Ending, VmControl};
 const WAIT_TICK: Duration = Duration::from_millis(5);
 
 impl VmControl<'_> {
-    /// Migrate the running VM live to the exitless waiting on `url` (`unix:/PATH`, started with
+    /// Migrate the running VM live to the exitless waiting on `url` (`unix:/PATH`,
+    /// `tcp:IP:PORT` with mutual TLS, or `tcp+plain:IP:PORT`; started with
     /// `run --receive-migration`). On success the VM ends here with `Ending::Migrated`; on
     /// failure it goes on running here. What the migration took.
     pub fn send_migration(&self, url: &str) -> Result<MigrationReport, ControlError> {
@@ -24,8 +25,14 @@ impl VmControl<'_> {
         if self.paused() {
             return Err(MigrationError::Unsupported("the VM is paused; resume it first".into()).into());
         }
-        super::socket_from_url(url)?;
         let vm = self.vm;
+        let parsed = super::MigrationUrl::parse(url)?;
+        let tls = match &parsed {
+            super::MigrationUrl::Tcp { tls: true, .. } => {
+                Some(vm.migration_tls.clone().ok_or(MigrationError::NeedsTls { url: url.to_string() })?)
+            }
+            _ => None,
+        };
         let config = vm.saved_config.clone().map_err(MigrationError::Unsupported)?;
         let sender = self.migration.ok_or(MigrationError::ThreadGone)?;
         let memory_bytes = crate::vm::host_ranges(&vm.mem).iter().map(|r| r.1).sum();
@@ -35,7 +42,8 @@ impl VmControl<'_> {
         let (steps, step) = mpsc::sync_channel(2);
         let (finish, finished) = mpsc::sync_channel(1);
         let job = Job {
-            url: url.to_string(),
+            url: parsed,
+            tls,
             hello: Hello { config, memory_bytes },
             device_log: bitmap,
             steps,

@@ -12,6 +12,8 @@
 mod control;
 mod receive;
 mod send;
+mod transport;
+mod url;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -21,6 +23,8 @@ use thiserror::Error;
 
 pub use receive::{receive, Received};
 pub(crate) use send::Sender;
+pub use transport::{MigrationTls, CA_FILE, CERT_FILE, HANDSHAKE_TIMEOUT, KEY_FILE};
+pub use url::{MigrationUrl, URL_FORMS};
 pub use virtio::dirty::DirtyBitmap;
 
 use crate::snapshot::SnapshotError;
@@ -28,10 +32,22 @@ use crate::snapshot::SnapshotError;
 /// Why a live migration failed; the source goes on running.
 #[derive(Debug, Error)]
 pub enum MigrationError {
-    #[error("the migration URL {0:?} is not unix:/PATH (the only kind exitless takes)")]
+    #[error("the migration URL {0:?} is none of {forms}", forms = url::URL_FORMS)]
     Url(String),
     #[error("cannot {what} {path}: {source}")]
     Socket { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("cannot {what} {addr}: {source}")]
+    Tcp { what: &'static str, addr: std::net::SocketAddr, source: std::io::Error },
+    #[error(
+        "{url} is a TCP migration, which is mutual TLS: start this exitless with --migration-tls-dir \
+         DIR (ca.pem, cert.pem, key.pem); to send or take the VM unencrypted and unauthenticated, \
+         name it tcp+plain: instead"
+    )]
+    NeedsTls { url: String },
+    #[error("cannot use {path} for migration TLS: {reason}")]
+    TlsFiles { path: PathBuf, reason: String },
+    #[error("TLS with {peer} refused; nothing of the VM was sent: {reason}")]
+    Tls { peer: std::net::SocketAddr, reason: String },
     #[error(
         "refused to migrate to {path}: the process listening there runs as uid {peer}, not as this \
          process's uid {own} or root (did another user bind that path first?); nothing was sent"
@@ -70,6 +86,12 @@ pub struct MigrationReport {
     /// Of the downtime, the pause: the devices drained (the requests in flight finish), the
     /// vCPUs parked.
     pub pause_ms: f64,
+    /// Of the downtime, sending the last dirty pages and the state (from the state handed to
+    /// the sending thread to the last byte written to the connection).
+    pub final_send_ms: f64,
+    /// Of the downtime, waiting for the destination to take the state and say it resumed the
+    /// guest (after the last byte was written).
+    pub destination_ms: f64,
     /// Pre-copy rounds while the guest ran (the first, of all memory, included).
     pub rounds: usize,
     /// Pages sent in each pre-copy round, then in the stop-and-copy.
@@ -84,14 +106,6 @@ pub struct MigrationReport {
     pub bytes: u64,
     /// The size of the state sent after the pause.
     pub state_bytes: u64,
-}
-
-/// The socket of a `unix:/PATH` URL (Cloud Hypervisor's `destination_url` and `receiver_url`).
-pub fn socket_from_url(url: &str) -> Result<PathBuf, MigrationError> {
-    match url.strip_prefix("unix:") {
-        Some(path) if path.starts_with('/') && !path.contains('\0') => Ok(PathBuf::from(path)),
-        _ => Err(MigrationError::Url(url.to_string())),
-    }
 }
 
 /// Listen on `path` with a socket file of mode 0600 from the first moment it is reachable:

@@ -1,25 +1,30 @@
-//! The destination's side: wait on a Unix socket for one source, build the VM its hello
-//! describes, fill guest memory from its records and apply its state. Every record is checked
-//! against the VM built (a page run must lie inside one RAM region; the state must describe the
-//! same machine); the first bad one ends the migration with an error, which the source is told.
+//! The destination's side: wait on a Unix socket or a TCP port for one source, build the VM its
+//! hello describes, fill guest memory from its records and apply its state. Every record is
+//! checked against the VM built (a page run must lie inside one RAM region; the state must
+//! describe the same machine); the first bad one ends the migration with an error, which the
+//! source is told.
 //!
-//! The socket is 0600 from the moment it exists, and a connection from a process of another
-//! user (not root) is closed unread while the destination waits on for its source. Every byte
-//! of the stream is read and parsed by a thread of its own, confined by its seccomp filter
-//! (`ThreadKind::StateReader`) before it accepts: the main thread, which builds the VM, only
-//! ever sees what that thread has parsed and checked.
+//! A Unix socket is 0600 from the moment it exists, and a connection from a process of another
+//! user (not root) is closed unread while the destination waits on for its source. On TCP, a
+//! connection that does not complete a mutual TLS handshake with a certificate the CA signed is
+//! closed unread the same way (`tcp+plain:` takes the first to connect). Every byte of the
+//! stream, the handshake's too, is read and parsed by a thread of its own, confined by its
+//! seccomp filter (`ThreadKind::StateReader`) before it accepts: the main thread, which builds
+//! the VM, only ever sees what that thread has parsed and checked.
 
 use std::io::BufReader;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use std::time::Instant;
 
 use sandbox::{Filter, ThreadKind};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::transport::{self, Conn, Listener, MigrationTls};
+use super::url::MigrationUrl;
 use super::wire::{self, Hello, Record, PAGE};
-use super::{socket_from_url, MigrationError, PEER_TIMEOUT};
+use super::MigrationError;
 use crate::snapshot::Snapshot;
 use crate::vm::{Vm, VmConfig, VmError};
 
@@ -31,7 +36,8 @@ pub struct Received {
     pub pages: u64,
     /// From the state record's arrival to the VM ready to run.
     pub apply_ms: f64,
-    /// Connections refused because their process was another user's.
+    /// Connections refused: a process of another user's (Unix socket), or a peer that did not
+    /// complete the TLS handshake with a certificate the CA signed (TCP).
     pub refused_peers: u64,
 }
 
@@ -57,31 +63,55 @@ enum ToReader {
     Refused(String),
 }
 
-/// Wait on `url` (`unix:/PATH`; the socket file is created with mode 0600, and removed once a
-/// source connected) for a source, and build the VM it sends; `base` gives what is this
-/// process's own (console, timeout, seccomp, CPU placement) and the disks the operator named
-/// (`SavedConfig::to_vm_config`). The source is told whether it worked.
-pub fn receive(url: &str, base: VmConfig) -> Result<(Vm, Received), VmError> {
-    let path = socket_from_url(url)?;
+/// Wait on `url` for a source, and build the VM it sends: `unix:/PATH` (the socket file is
+/// created with mode 0600, and removed once a source connected), `tcp:IP:PORT` (mutual TLS
+/// with `tls`, which is then required) or `tcp+plain:IP:PORT` (no TLS: the first to connect is
+/// taken). `base` gives what is this process's own (console, timeout, seccomp, CPU placement)
+/// and the disks the operator named (`SavedConfig::to_vm_config`). The source is told whether
+/// it worked.
+pub fn receive(url: &str, base: VmConfig, tls: Option<Arc<MigrationTls>>) -> Result<(Vm, Received), VmError> {
+    let parsed = MigrationUrl::parse(url)?;
+    let tls = match &parsed {
+        MigrationUrl::Tcp { tls: true, .. } => {
+            Some(tls.ok_or_else(|| MigrationError::NeedsTls { url: url.to_string() })?)
+        }
+        _ => None,
+    };
+    let path = match &parsed {
+        MigrationUrl::Unix(path) => Some(path.clone()),
+        MigrationUrl::Tcp { .. } => None,
+    };
     let filter = Filter::new(ThreadKind::StateReader, base.seccomp)?;
-    let listener = super::listen_private(&path)?;
-    log::info!("waiting for a live migration on {}", path.display());
+    let listener = Listener::bind(&parsed)?;
+    match (&parsed, &tls) {
+        (MigrationUrl::Unix(path), _) => log::info!("waiting for a live migration on {}", path.display()),
+        (_, Some(tls)) => log::info!(
+            "waiting for a live migration on {parsed} (mutual TLS: certificates from {})",
+            tls.dir().display()
+        ),
+        (_, None) => log::warn!(
+            "waiting for a live migration on {parsed}, unencrypted and unauthenticated: whoever \
+             connects first is taken"
+        ),
+    }
     let (to_main, from_reader) = mpsc::channel();
     let (to_reader, from_main) = mpsc::channel();
     let own = crate::peer::own_uid();
     let name = url.to_string();
     let reader = std::thread::Builder::new()
         .name("state-reader".into())
-        .spawn(move || read_stream(listener, (own, filter, name), &to_main, &from_main))
+        .spawn(move || read_stream(listener, (own, filter, name, tls), &to_main, &from_main))
         .map_err(VmError::Io);
     let reader = match reader {
         Ok(reader) => reader,
         Err(e) => {
-            let _ = std::fs::remove_file(&path);
+            if let Some(path) = &path {
+                let _ = std::fs::remove_file(path);
+            }
             return Err(e);
         }
     };
-    let outcome = build(&path, base, &from_reader, &to_reader);
+    let outcome = build(path.as_ref(), base, &from_reader, &to_reader);
     drop(to_reader);
     let _ = reader.join();
     outcome
@@ -90,7 +120,7 @@ pub fn receive(url: &str, base: VmConfig) -> Result<(Vm, Received), VmError> {
 /// The main thread's part: build the VM the reader's hello describes, hand it guest memory, and
 /// apply the state it parsed.
 fn build(
-    path: &PathBuf,
+    path: Option<&PathBuf>,
     base: VmConfig,
     from_reader: &Receiver<FromReader>,
     to_reader: &Sender<ToReader>,
@@ -98,7 +128,9 @@ fn build(
     let next = || from_reader.recv().map_err(|_| VmError::from(MigrationError::ThreadGone));
     let first = next();
     // A source has connected (or the reader gave up): nobody else is to find the socket.
-    let _ = std::fs::remove_file(path);
+    if let Some(path) = path {
+        let _ = std::fs::remove_file(path);
+    }
     let hello = match first? {
         FromReader::Hello(hello) => hello,
         FromReader::Failed(e) => return Err(e),
@@ -146,11 +178,12 @@ fn build(
     Ok((vm, received))
 }
 
-/// The reading thread: confine itself, accept the source (a process of this uid or root), and
-/// read, parse and check its stream, telling the source how it went.
+/// The reading thread: confine itself, accept the source (on a Unix socket a process of this
+/// uid or root; on TCP with TLS a peer whose certificate the CA signed), and read, parse and
+/// check its stream, telling the source how it went.
 fn read_stream(
-    listener: UnixListener,
-    (own, filter, url): (u32, Filter, String),
+    listener: Listener,
+    (own, filter, url, tls): (u32, Filter, String, Option<Arc<MigrationTls>>),
     to_main: &Sender<FromReader>,
     from_main: &Receiver<ToReader>,
 ) {
@@ -160,26 +193,15 @@ fn read_stream(
     if let Err(e) = filter.install() {
         return failed(e.into());
     }
-    let (conn, refused_peers) = match accept_trusted(&listener, own) {
+    let (conn, refused_peers) = match transport::accept(&listener, own, tls.as_deref()) {
         Ok(accepted) => accepted,
         Err(e) => return failed(e.into()),
     };
     drop(listener);
-    let mut reply = match conn
-        .set_read_timeout(Some(PEER_TIMEOUT))
-        .and_then(|()| conn.set_write_timeout(Some(PEER_TIMEOUT)))
-        .and_then(|()| conn.try_clone())
-    {
-        Ok(reply) => reply,
-        Err(source) => {
-            return failed(MigrationError::Io { what: "setting up the connection", source }.into())
-        }
-    };
     let mut reader = BufReader::with_capacity(1 << 16, conn);
-    let mut tell_source = |outcome: Result<(), String>| {
-        wire::write_reply(&mut reply, outcome.as_ref().map(|_| ()).map_err(String::as_str))
-    };
-    let hello = match wire::read_hello(&mut reader) {
+    let hello = wire::read_hello(&mut reader);
+    let mut tell_source = |outcome: Result<(), String>| tell(&mut reader, outcome);
+    let hello = match hello {
         Ok(hello) => hello,
         Err(e) => {
             let _ = tell_source(Err(e.to_string()));
@@ -203,7 +225,9 @@ fn read_stream(
         return failed(e.into());
     }
     let received = Received { refused_peers, ..Received::default() };
-    match take(&mut reader, &mem, &hello, &url, received) {
+    let taken = take(&mut reader, &mem, &hello, &url, received);
+    let mut tell_source = |outcome: Result<(), String>| tell(&mut reader, outcome);
+    match taken {
         Ok((snapshot, received)) => {
             let _ = to_main.send(FromReader::State(Box::new(snapshot), received));
         }
@@ -223,30 +247,14 @@ fn read_stream(
     }
 }
 
-/// Accept connections until one comes from a process of this uid (`own`) or root; the others
-/// are closed unread, and logged. The connection, and how many were refused.
-fn accept_trusted(listener: &UnixListener, own: u32) -> Result<(UnixStream, u64), MigrationError> {
-    let mut refused = 0;
-    loop {
-        let (conn, _) =
-            listener.accept().map_err(|source| MigrationError::Io { what: "accepting a source", source })?;
-        match crate::peer::peer_uid(&conn) {
-            Ok(peer) if crate::peer::trusted_peer(peer, own) => return Ok((conn, refused)),
-            Ok(peer) => log::warn!(
-                "refused a migration connection from uid {peer} (only uid {own} or root may send a VM \
-                 here); still waiting for the source"
-            ),
-            Err(e) => {
-                log::warn!("refused a migration connection whose sender cannot be known ({e}); still waiting")
-            }
-        }
-        refused += 1;
-    }
+/// Answer the source on the connection `reader` reads (what it read ahead stays in its buffer).
+fn tell(reader: &mut BufReader<Conn>, outcome: Result<(), String>) -> Result<(), MigrationError> {
+    wire::write_reply(reader.get_mut(), outcome.as_ref().map(|_| ()).map_err(String::as_str))
 }
 
 /// Read the records into `mem` up to the state, and parse and check the state.
 fn take(
-    reader: &mut BufReader<UnixStream>,
+    reader: &mut BufReader<Conn>,
     mem: &GuestMemoryMmap,
     hello: &Hello,
     url: &str,

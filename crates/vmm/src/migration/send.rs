@@ -4,7 +4,6 @@
 //! last dirty pages and the state.
 
 use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,8 +14,10 @@ use kvm_ioctls::VmFd;
 use sandbox::Filter;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::transport::{self, MigrationTls, Out};
+use super::url::MigrationUrl;
 use super::wire::{self, Hello, MAX_RECORD_PAGES, PAGE};
-use super::{socket_from_url, DirtyBitmap, MigrationError, MigrationReport, PEER_TIMEOUT};
+use super::{DirtyBitmap, MigrationError, MigrationReport};
 
 /// Pre-copy stops once a round has sent at most this many pages (4 MiB: a few milliseconds on
 /// a Unix socket), the rest going in the stop-and-copy.
@@ -26,8 +27,10 @@ const MAX_ROUNDS: usize = 30;
 
 /// A migration to carry out.
 pub(crate) struct Job {
-    /// `unix:/PATH`.
-    pub url: String,
+    /// `unix:/PATH`, `tcp:IP:PORT` or `tcp+plain:IP:PORT`.
+    pub url: MigrationUrl,
+    /// This host's certificate, and the CA the destination's must be signed by (a `tcp:` URL).
+    pub tls: Option<Arc<MigrationTls>>,
     pub hello: Hello,
     /// What the devices' workers mark (switched on by the main thread before the job starts).
     pub device_log: Arc<DirtyBitmap>,
@@ -141,22 +144,36 @@ struct Sent {
 }
 
 struct Stream<'a> {
-    out: UnixStream,
-    /// The same connection, for the destination's replies.
-    reader: UnixStream,
+    out: Out,
     mem: &'a GuestMemoryMmap,
     bytes: u64,
+    /// Where a run of pages is copied on its way into a TCP connection's buffer.
+    copy: Vec<u8>,
 }
 
 impl Stream<'_> {
-    /// Send the `pages` pages at `gpa` (inside one region), straight from guest memory.
+    /// Send the `pages` pages at `gpa` (inside one region): on a Unix socket straight from
+    /// guest memory, on TCP through the connection's buffer (and TLS's records).
     fn run(&mut self, gpa: u64, pages: u32) -> Result<(), MigrationError> {
         wire::write_pages_header(&mut self.out, gpa, pages)?;
         let len =
             usize::try_from(u64::from(pages) * PAGE).map_err(|_| MigrationError::Stream("run".into()))?;
-        self.mem
-            .write_all_volatile_to(GuestAddress(gpa), &mut self.out, len)
-            .map_err(|e| MigrationError::Io { what: "sending pages", source: std::io::Error::other(e) })?;
+        let sending = |e: vm_memory::GuestMemoryError| MigrationError::Io {
+            what: "sending pages",
+            source: std::io::Error::other(e),
+        };
+        match &mut self.out {
+            Out::Unix(socket) => {
+                self.mem.write_all_volatile_to(GuestAddress(gpa), socket, len).map_err(sending)?;
+            }
+            Out::Buffered(buffer) => {
+                self.copy.resize(len, 0);
+                self.mem.read_slice(&mut self.copy, GuestAddress(gpa)).map_err(sending)?;
+                buffer
+                    .write_all(&self.copy)
+                    .map_err(|source| MigrationError::Io { what: "sending pages", source })?;
+            }
+        }
         self.bytes += 13 + u64::from(pages) * PAGE;
         Ok(())
     }
@@ -275,8 +292,9 @@ fn run(job: Job, vm: &VmFd, mem: &GuestMemoryMmap, own: u32) {
     }
 }
 
-/// Connect (to a peer of this process's uid or root only), say hello, and copy memory while the
-/// guest runs until a round sends few pages.
+/// Connect (to a peer of this process's uid or root only on a Unix socket; to one whose TLS
+/// certificate the CA signed on TCP), say hello, and copy memory while the guest runs until a
+/// round sends few pages.
 fn precopy<'a>(
     job: &Job,
     (vm, mem, own): (&VmFd, &'a GuestMemoryMmap, u32),
@@ -284,25 +302,11 @@ fn precopy<'a>(
     report: &mut MigrationReport,
     logging: &mut bool,
 ) -> Result<Stream<'a>, MigrationError> {
-    let path = socket_from_url(&job.url)?;
-    let socket = |what| {
-        let path = path.clone();
-        move |source| MigrationError::Socket { what, path, source }
-    };
-    let conn = UnixStream::connect(&path).map_err(socket("connect to"))?;
-    // Before a byte goes: whoever bound the path first (in a world-writable directory, any
-    // local user) would get the VM's configuration and memory, and could end it for good.
-    let peer = crate::peer::peer_uid(&conn).map_err(socket("ask who listens on"))?;
-    if !crate::peer::trusted_peer(peer, own) {
-        return Err(MigrationError::UntrustedPeer { path, peer, own });
-    }
-    conn.set_read_timeout(Some(PEER_TIMEOUT)).map_err(socket("set a timeout on"))?;
-    conn.set_write_timeout(Some(PEER_TIMEOUT)).map_err(socket("set a timeout on"))?;
-    let reader = conn.try_clone().map_err(socket("use"))?;
-    let mut stream = Stream { out: conn, reader, mem, bytes: 0 };
+    let out = transport::connect(&job.url, job.tls.as_deref(), own)?;
+    let mut stream = Stream { out, mem, bytes: 0, copy: Vec::new() };
     wire::write_hello(&mut stream.out, &job.hello)?;
     stream.out.flush().map_err(|source| MigrationError::Io { what: "sending the hello", source })?;
-    wire::read_reply(&mut stream.reader, "waiting for the destination to build the VM")?;
+    wire::read_reply(&mut stream.out.replies()?, "waiting for the destination to build the VM")?;
     kvm_logging(vm, slots, true)?;
     *logging = true;
     // Round 0: all of memory (its zero pages left out), with both logs on, so a page written
@@ -340,6 +344,7 @@ fn stop_and_copy(
     state: &[u8],
     report: &mut MigrationReport,
 ) -> Result<(), MigrationError> {
+    let started = Instant::now();
     let last = round(stream, vm, slots, log)?;
     report.final_pages = last.pages;
     report.pages_per_round.push(last.pages);
@@ -349,5 +354,10 @@ fn stop_and_copy(
     stream.bytes += 5 + state.len() as u64;
     report.state_bytes = state.len() as u64;
     report.bytes = stream.bytes;
-    wire::read_reply(&mut stream.reader, "waiting for the destination to resume the VM")
+    let sent = Instant::now();
+    report.final_send_ms = (sent - started).as_secs_f64() * 1e3;
+    let replied =
+        wire::read_reply(&mut stream.out.replies()?, "waiting for the destination to resume the VM");
+    report.destination_ms = sent.elapsed().as_secs_f64() * 1e3;
+    replied
 }

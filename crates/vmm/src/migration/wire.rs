@@ -33,6 +33,9 @@ pub const MAX_RECORD_PAGES: u32 = 1024;
 pub const MAX_JSON: u32 = 16 << 20;
 /// The longest reply message.
 pub const MAX_REPLY: u32 = 4096;
+/// The first byte of a TLS alert record, where a reply's status is: the stream went out plain
+/// (`tcp+plain:`) to a destination that takes mutual TLS only.
+const TLS_ALERT: u8 = 0x15;
 
 /// What the source says first: enough for the destination to build the same machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,20 +118,28 @@ pub fn write_reply(w: &mut impl Write, outcome: Result<(), &str>) -> Result<(), 
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    w.write_all(&[status]).map_err(io("sending a reply"))?;
-    write_sized(w, &message.as_bytes()[..end], "sending a reply")?;
-    w.flush().map_err(io("sending a reply"))
+    // One write: one segment on TCP, one record in TLS.
+    let mut reply = vec![status];
+    write_sized(&mut reply, &message.as_bytes()[..end], "sending a reply")?;
+    w.write_all(&reply).and_then(|()| w.flush()).map_err(io("sending a reply"))
 }
 
 /// Read a reply: `Ok` if accepted, else the peer's reason.
 pub fn read_reply(r: &mut impl Read, what: &'static str) -> Result<(), MigrationError> {
     let mut status = [0u8; 1];
     r.read_exact(&mut status).map_err(io(what))?;
+    if status[0] == TLS_ALERT {
+        return Err(bad(
+            "the destination answered with a TLS alert: it takes mutual TLS only (send with tcp:IP:PORT \
+             and --migration-tls-dir)",
+        ));
+    }
     let message = read_sized(r, MAX_REPLY, ("a reply", what))?;
     let message = String::from_utf8_lossy(&message).into_owned();
     match status[0] {
         0 => Ok(()),
         1 => Err(MigrationError::Refused(message)),
+
         other => Err(bad(format!("a reply of status {other}"))),
     }
 }
