@@ -436,3 +436,64 @@ fn tcp_needs_a_tls_directory_or_tcp_plain_by_name() {
     assert!(!out.status.success() && err.lines().count() == 1, "{err}");
     assert!(err.contains("cert.pem"), "{err}");
 }
+
+/// A VM whose disk is an RBD image migrates between the two hosts over mutual TLS in the middle
+/// of its verify: the cluster runs on the source host, bound to its address, so both hosts reach
+/// it; the destination opens the same image, takes its exclusive lock once the source has let it
+/// go, and finishes the verify, and the image holds every block.
+#[test]
+fn a_vm_on_an_rbd_image_migrates_between_two_hosts_and_the_image_follows() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let pair = hosts_with_certificates(dir, &["ca"]);
+    let cluster = storage::testing::ceph::TestCluster::own_in("migration", Some((&pair.source, SOURCE_IP)));
+    const OPS: u64 = 3000;
+    cluster.image("migrating", 64 << 20);
+    let disk = format!("rbd=rbd/migrating,conf={}", cluster.conf().display());
+    let url = url("tcp", PORT);
+    let (src_tls, dst_tls) = (tls(dir, "ca", SOURCE_IP), tls(dir, "ca", DESTINATION_IP));
+    let dst = destination(&pair, dir, "destination", &url, Some(&dst_tls), std::slice::from_ref(&disk));
+    let cmdline = format!("probe.workload=blk probe.rw=verify probe.ops={OPS} probe.qd=8 probe.seed=3700 probe.timeout_ms=60000");
+    let api = dir.join("source.api");
+    let args = [
+        "run",
+        "--probe",
+        "--mem",
+        "256M",
+        "--disk",
+        &disk,
+        "--io-mode",
+        "eventfd",
+        "--cmdline",
+        &cmdline,
+        "--api-socket",
+        api.to_str().unwrap(),
+        "--migration-tls-dir",
+        src_tls.to_str().unwrap(),
+        "--timeout",
+        "170",
+    ];
+    let src = Background::start_in(Some(&pair.source), dir, "source", &args, Ready::Exists(&api));
+    // Mid-verify: the outcome checked does not depend on how far it got.
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = send_migration_to(&api, &url);
+    assert_eq!(status, 200, "send-migration: {body}");
+    let (code, _, err) = src.wait();
+    assert_eq!(code, Some(0), "the source's status; stderr: {err}");
+    assert!(err.contains(&format!("migrated to {url}")), "{err}");
+    let (code, stdout, dst_err) = dst.wait();
+    assert_eq!(code, Some(0), "the destination's status; stderr: {dst_err}; stdout: {stdout}");
+    let result = blk_result(&stdout).unwrap_or_else(|| panic!("no verify result: {dst_err}"));
+    assert_eq!((result["mismatches"].as_u64(), result["errors"].as_u64()), (Some(0), Some(0)), "{result}");
+    let image = dir.join("image");
+    cluster.rbd(&["export", "rbd/migrating", image.to_str().unwrap()]);
+    common::assert_holds_pattern(&image, 3700, OPS);
+    let locks = cluster.rbd(&["lock", "ls", "rbd/migrating"]);
+    assert!(locks.trim().is_empty(), "both ends ended, yet the image is locked: {locks}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    println!(
+        "an RBD disk's VM, between two network namespaces over mutual TLS: downtime {} ms",
+        report["downtime_ms"]
+    );
+}

@@ -14,6 +14,8 @@ pub struct TestCluster {
     conf: PathBuf,
     /// Taken down when dropped (a test's own cluster, not the process's shared one).
     owned: bool,
+    /// The network namespace its daemons run in, where `rbd` must run to reach them.
+    netns: Option<String>,
 }
 
 static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
@@ -36,32 +38,45 @@ impl TestCluster {
     /// A cluster of the caller's own, for a test that stops its OSD: taken down when dropped
     /// (or when the process ends).
     pub fn own(name: &str) -> TestCluster {
+        TestCluster::own_in(name, None)
+    }
+
+    /// As `own`, its daemons in network namespace `netns` bound to `addr` there (`ip netns exec`):
+    /// a cluster that other namespaces reach through that address.
+    pub fn own_in(name: &str, at: Option<(&str, std::net::Ipv4Addr)>) -> TestCluster {
         let mut cluster =
-            TestCluster::start_in(name).unwrap_or_else(|reason| panic!("no Ceph cluster: {reason}"));
+            TestCluster::start_in(name, at).unwrap_or_else(|reason| panic!("no Ceph cluster: {reason}"));
         cluster.owned = true;
         cluster
     }
 
     fn start() -> Result<TestCluster, String> {
-        TestCluster::start_in("shared")
+        TestCluster::start_in("shared", None)
     }
 
-    fn start_in(name: &str) -> Result<TestCluster, String> {
+    fn start_in(name: &str, at: Option<(&str, std::net::Ipv4Addr)>) -> Result<TestCluster, String> {
         let base = std::env::var_os("EXITLESS_CEPH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
         let dir = base.join(format!("exitless-ceph-{}-{name}", std::process::id()));
-        let output = Command::new(script())
-            .arg("up")
-            .arg(&dir)
-            .args(["--until-exit", &std::process::id().to_string()])
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script().display()))?;
+        let mut command = match at {
+            Some((netns, _)) => {
+                let mut ip = Command::new("ip");
+                ip.args(["netns", "exec", netns]).arg(script());
+                ip
+            }
+            None => Command::new(script()),
+        };
+        command.arg("up").arg(&dir).args(["--until-exit", &std::process::id().to_string()]);
+        if let Some((_, addr)) = at {
+            command.args(["--addr", &addr.to_string()]);
+        }
+        let output = command.output().map_err(|e| format!("cannot run {}: {e}", script().display()))?;
         let stderr = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
             return Err(format!("scripts/ceph.sh up failed ({}): {stderr}", output.status));
         }
         eprint!("{stderr}");
         let conf = dir.join("ceph.conf");
-        Ok(TestCluster { dir, conf, owned: false })
+        Ok(TestCluster { dir, conf, owned: false, netns: at.map(|(netns, _)| netns.to_owned()) })
     }
 
     /// The cluster's configuration file.
@@ -76,7 +91,15 @@ impl TestCluster {
 
     /// Run `rbd` against the cluster with `args`; its stdout, or a panic with its stderr.
     pub fn rbd(&self, args: &[&str]) -> String {
-        let output = Command::new("rbd")
+        let mut command = match &self.netns {
+            Some(netns) => {
+                let mut ip = Command::new("ip");
+                ip.args(["netns", "exec", netns, "rbd"]);
+                ip
+            }
+            None => Command::new("rbd"),
+        };
+        let output = command
             .arg("-c")
             .arg(&self.conf)
             .args(args)

@@ -145,7 +145,8 @@ impl SavedConfig {
         if self.cmdline.len() > crate::boot::CMDLINE_MAX {
             return bad(format!("a command line of {} bytes", self.cmdline.len()));
         }
-        if let Some(d) = self.disks.iter().find(|d| !matches!(d.kind.as_str(), "file" | "ram-file" | "null"))
+        if let Some(d) =
+            self.disks.iter().find(|d| !matches!(d.kind.as_str(), "file" | "ram-file" | "null" | "rbd"))
         {
             return bad(format!("a disk of kind {:?}", d.kind));
         }
@@ -322,5 +323,32 @@ mod tests {
         let old = text.replace(r#""kind":"null""#, r#""kind":"file""#).replace(r#""size":67108864,"#, "");
         let old: SavedConfig = serde_json::from_str(&old).unwrap();
         assert_eq!((old.disks[0].kind.as_str(), old.disks[0].size), ("file", 0));
+    }
+
+    #[test]
+    fn an_rbd_disk_is_saved_by_its_image_and_taken_only_by_the_same_image() {
+        let rbd = |image: &str| {
+            DiskBackend::Rbd(storage::RbdSpec {
+                pool: "rbd".into(),
+                image: image.into(),
+                conf: Some("/etc/ceph/ceph.conf".into()),
+                user: None,
+                read_only: false,
+            })
+        };
+        let config = VmConfig {
+            disks: vec![rbd("vm1")],
+            disk_options: vec![DiskOptions::default()],
+            ..VmConfig::default()
+        };
+        let saved = SavedConfig::of(&config, &[64 << 20]).unwrap();
+        assert_eq!((saved.disks[0].kind.as_str(), saved.disks[0].path.to_str()), ("rbd", Some("rbd/vm1")));
+        let again: SavedConfig = serde_json::from_str(&serde_json::to_string(&saved).unwrap()).unwrap();
+        again.check().unwrap();
+        let same = VmConfig { disks: vec![rbd("vm1")], ..VmConfig::default() };
+        assert_eq!(again.to_vm_config(same).unwrap().disks, [rbd("vm1")]);
+        let other = VmConfig { disks: vec![rbd("vm2")], ..VmConfig::default() };
+        let error = again.to_vm_config(other).unwrap_err().to_string();
+        assert!(error.contains("rbd=POOL/IMAGE (the same image)"), "{error}");
     }
 }
