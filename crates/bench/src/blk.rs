@@ -160,6 +160,8 @@ struct Report {
 enum BenchError {
     /// A bad `--scratch`: a mistake on the command line.
     Scratch(ScratchError),
+    /// A bad `--ceph-conf`: a mistake on the command line.
+    CephConf(ceph::CephError),
     Other(String),
 }
 
@@ -189,6 +191,7 @@ pub fn main(mut args: BlkBenchArgs) -> i32 {
             status => status,
         },
         Err(BenchError::Scratch(e)) => exitless_args::usage_error(e),
+        Err(BenchError::CephConf(e)) => exitless_args::usage_error(e),
         Err(BenchError::Other(e)) => fail(e),
     }
 }
@@ -204,7 +207,10 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     // Decided now: a missing script or file ends the bench before any run.
     let ceph = match rbd {
         true => {
-            Some(ceph::Source::resolve(args.ceph_conf.as_deref(), &scratch_dir).map_err(|e| e.to_string())?)
+            Some(ceph::Source::resolve(args.ceph_conf.as_deref(), &scratch_dir).map_err(|e| match e {
+                e @ ceph::CephError::Conf { .. } => BenchError::CephConf(e),
+                e => BenchError::Other(e.to_string()),
+            })?)
         }
         false => None,
     };
@@ -1050,6 +1056,57 @@ mod tests {
 
     fn row() -> Row {
         Row::new("exitless", "eventfd".into(), row_scenario())
+    }
+
+    /// An RBD image's rows compare with QEMU's own rows on the image only (its virtio-blk and
+    /// qemu-storage-daemon on driver=rbd): never with a faster QEMU row on a file or on null-co
+    /// in the same scenario, nor with QEMU behind exitless's own vhost-user backend.
+    #[test]
+    fn rbd_rows_pair_only_with_rbd_peers() {
+        let at = |vmm, mode: &str, backend, iops| Row {
+            backend,
+            iops: Some(iops),
+            ..Row::new(vmm, mode.into(), Scenario { disk: "rbd", backend: Backend::Rbd, ..row_scenario() })
+        };
+        let mut rows = vec![
+            at("host", "bare metal (fio rbd)", Backend::Rbd, 3000.0),
+            at("exitless", "exitless", Backend::Rbd, 600.0),
+            at("exitless", "sidecore", Backend::Rbd, 300.0),
+            at("qemu", "qemu virtio-blk, interrupt", Backend::Rbd, 800.0),
+            at("qemu", "qemu virtio-blk, poll", Backend::Rbd, 1200.0),
+            at("qemu", "qemu + exitless vhost-user-blk, poll", Backend::Rbd, 5000.0),
+            at("qemu", "qemu + qemu-storage-daemon, poll", Backend::Rbd, 1000.0),
+            // Faster peers on other backends: mixed in, they would be the divisor.
+            at("qemu", "qemu virtio-blk, poll", Backend::FileDirect, 90_000.0),
+            at("qemu", "qemu virtio-blk null-co, poll", Backend::Null, 400_000.0),
+        ];
+        let bare_metal = FioResult {
+            engine: "rbd",
+            iops: 3000.0,
+            p50_us: 300.0,
+            p99_us: 900.0,
+            huge_pages: false,
+            queue_depth: 1,
+            command: String::new(),
+            cores: None,
+            cluster_cores: None,
+        };
+        compare(&mut rows, Some(&bare_metal), None);
+        let ratios: Vec<Option<f64>> = rows.iter().map(|r| r.ratio_to_qemu).collect();
+        let best = 1200.0;
+        let expected = [
+            Some(3000.0 / best),
+            Some(600.0 / best),
+            Some(300.0 / best),
+            Some(800.0 / best),
+            Some(1.0),
+            Some(5000.0 / best),
+            Some(1000.0 / best),
+            Some(1.0),
+            Some(1.0),
+        ];
+        assert_eq!(ratios, expected);
+        assert_eq!(rows[1].ratio_to_bare_metal, Some(0.2));
     }
 
     #[test]
