@@ -56,6 +56,12 @@ kind of disk a user gives, every peer on the same backend with the same caching:
   loop      a loop device over the scratch file (losetup --direct-io=on), O_DIRECT
   ram       the RAM disk (a memory copy; fio mmap; QEMU on its file through io_uring)
   null      the null disk; fio's null engine, QEMU and qemu-storage-daemon on null-co
+  rbd       an image of --backend-size on a Ceph cluster through librbd, its cache off: exitless's
+            rbd= disk in the VMM and in exitless vhost-user-blk, fio's rbd engine, QEMU's and
+            qemu-storage-daemon's driver=rbd (cache.direct=on). The bench starts a throw-away
+            cluster (scripts/ceph.sh of the repository this exitless was built in; one monitor,
+            one OSD in --scratch DIR, on this host's CPUs) and takes it down at the end, or uses
+            the one --ceph-conf FILE names (pool rbd, client.admin); it fills the image first
 e.g. exitless bench --backends all --rw randread,randwrite,writeflush --qd 1,32.
 
 Per row: IOPS, p50/p99 latency, the latency it adds per I/O (its p50 less bare metal's), exits
@@ -101,10 +107,16 @@ pub struct BlkBenchArgs {
     #[arg(long = "disk", value_name = "SPEC", default_values = ["scratch", "ram=1G", "null=1G"], value_parser = parse_bench_disk)]
     pub disks: Vec<BenchDiskArg>,
     /// The backend matrix instead of --disk: the same workloads on each of these kinds of disk
-    /// (`direct`, `buffered`, `cold`, `tmpfs`, `loop`, `ram`, `null` or `all`; see below), each against
-    /// fio with the same caching and QEMU on the same backend with the matching cache mode.
+    /// (`direct`, `buffered`, `cold`, `tmpfs`, `loop`, `ram`, `null`, `rbd` or `all`; see below),
+    /// each against fio with the same caching and QEMU on the same backend with the matching
+    /// cache mode.
     #[arg(long, value_delimiter = ',', value_name = "KIND", conflicts_with = "disks")]
     pub backends: Vec<BackendArg>,
+    /// `--backends rbd` on an existing Ceph cluster, this configuration file's (its pool `rbd`,
+    /// as `client.admin`; the image is made there and removed at the end), instead of a
+    /// throw-away cluster the bench starts on this host.
+    #[arg(long, value_name = "FILE")]
+    pub ceph_conf: Option<PathBuf>,
     /// The size of each --backends disk (a multiple of 1 MiB).
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_backend_size)]
     pub backend_size: u64,
@@ -179,7 +191,13 @@ impl BenchDiskArg {
         )
     }
 
-    /// Whether it lives in the scratch directory.
+    /// Whether it is the backend matrix's RBD image.
+    pub fn is_rbd(&self) -> bool {
+        matches!(self, BenchDiskArg::Matrix { kind: BackendArg::Rbd, .. })
+    }
+
+    /// Whether its file lives in the scratch directory (the RBD image's throw-away cluster
+    /// lives there too, unless `--ceph-conf` names another).
     pub fn in_scratch(&self) -> bool {
         matches!(self, BenchDiskArg::Scratch { .. })
             || matches!(self, BenchDiskArg::Matrix { kind, .. } if kind.in_scratch())
@@ -203,13 +221,16 @@ pub enum BackendArg {
     Ram,
     /// The null disk; fio's null engine, QEMU's rows on its null device (null-co).
     Null,
+    /// An image on a Ceph cluster through librbd, its cache off; fio's rbd engine, QEMU's rows
+    /// on driver=rbd.
+    Rbd,
     /// Every kind above.
     All,
 }
 
 impl BackendArg {
     /// The kinds `All` stands for, in the order the bench measures them.
-    pub const EACH: [BackendArg; 7] = [
+    pub const EACH: [BackendArg; 8] = [
         BackendArg::Direct,
         BackendArg::Buffered,
         BackendArg::Cold,
@@ -217,6 +238,7 @@ impl BackendArg {
         BackendArg::Loop,
         BackendArg::Ram,
         BackendArg::Null,
+        BackendArg::Rbd,
     ];
 
     /// The disk's label in the tables and `--json` (`disk`).
@@ -229,6 +251,7 @@ impl BackendArg {
             BackendArg::Loop => "loop",
             BackendArg::Ram => "ram",
             BackendArg::Null => "null",
+            BackendArg::Rbd => "rbd",
             BackendArg::All => "all",
         }
     }

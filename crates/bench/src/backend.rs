@@ -32,6 +32,10 @@ pub enum Backend {
     BlockDeviceDirect,
     /// A block device through the page cache.
     BlockDeviceBuffered,
+    /// An RBD image on a Ceph cluster, through librbd with its cache off (a write is answered
+    /// once the OSD has it): exitless's `rbd=` disk, fio's `rbd` engine, QEMU's `driver=rbd`
+    /// with `cache.direct=on` in its own virtio-blk and in qemu-storage-daemon.
+    Rbd,
 }
 
 impl Backend {
@@ -60,17 +64,20 @@ impl Backend {
             Backend::TmpfsBuffered => "tmpfs-buffered",
             Backend::BlockDeviceDirect => "block-device-direct",
             Backend::BlockDeviceBuffered => "block-device-buffered",
+            Backend::Rbd => "rbd",
         }
     }
 
     /// How the backend's file is opened, for the baseline's description: "O_DIRECT" or
     /// "through the page cache" (the null and RAM disks' baselines count as O_DIRECT: fio's null
-    /// engine has no file, and the RAM disk's system-call engines read its file with O_DIRECT).
+    /// engine has no file, and the RAM disk's system-call engines read its file with O_DIRECT);
+    /// an RBD image has no file: librbd with its cache off.
     pub fn caching(self) -> &'static str {
         match self {
             Backend::FileBuffered | Backend::TmpfsBuffered | Backend::BlockDeviceBuffered => {
                 "through the page cache"
             }
+            Backend::Rbd => "librbd with its cache off (rbd_cache=false)",
             _ => "O_DIRECT",
         }
     }
@@ -98,6 +105,12 @@ impl Backend {
             Backend::TmpfsBuffered => "tmpfs-buffered: the file on tmpfs, through the page cache",
             Backend::BlockDeviceDirect => "block-device-direct: the block device, O_DIRECT",
             Backend::BlockDeviceBuffered => "block-device-buffered: the block device, through the page cache",
+            Backend::Rbd => {
+                "rbd: an RBD image through librbd with its cache off (a write is answered once the OSD \
+                 has it): exitless's rbd= disk (in the VMM, and behind QEMU as exitless's vhost-user \
+                 backend), fio's rbd engine, QEMU's driver=rbd with cache.direct=on (its virtio-blk and \
+                 qemu-storage-daemon)"
+            }
         }
     }
 }
@@ -127,6 +140,7 @@ mod tests {
             Backend::FileDirect,
             Backend::TmpfsBuffered,
             Backend::BlockDeviceBuffered,
+            Backend::Rbd,
         ] {
             assert_eq!(serde_json::to_value(backend).unwrap(), backend.name());
         }

@@ -7,7 +7,9 @@
 //! itself: fio's `mmap` engine copies to or from a mapping of the file, no system call per I/O
 //! (and no O_DIRECT: with it fio's mmap engine syncs each I/O, which is no longer a memory copy).
 //! For a null disk, [`Engine::Null`] is the baseline: fio's `null` engine, which has no file and
-//! completes every I/O at once (fio's own cost of an I/O on the host).
+//! completes every I/O at once (fio's own cost of an I/O on the host). For an RBD image,
+//! [`RBD_ENGINES`]: fio's `rbd` engine (librbd, its cache off as exitless's) sleeping until a
+//! completion comes and busy-polling for it; the better is the baseline.
 //!
 //! Cores: fio's job thread may run on any of [`FioJob::cpus`]. With `io_uring`, I/O the kernel
 //! cannot complete without blocking is handed to an `iou-wrk` worker thread, which inherits the
@@ -27,6 +29,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
+use storage::RbdSpec;
 use thiserror::Error;
 
 /// One baseline workload: what fio runs, on which file and core.
@@ -36,8 +39,9 @@ pub struct FioJob {
     /// `size` bytes: fio is told not to create or extend it. Write workloads overwrite its data.
     pub path: PathBuf,
     /// The workload: fio's `--rw` (`randread`, `randwrite`, `read` or `write`), or `writeflush`:
-    /// random writes each followed by an fdatasync (`--rw=randwrite --fdatasync=1`), whose IOPS
-    /// count both, as the guest's FLUSHes are requests.
+    /// random writes each followed by an fdatasync (`--rw=randwrite --fdatasync=1`; with the rbd
+    /// engine an fsync, `--fsync=1`, its flush), whose IOPS count both, as the guest's FLUSHes
+    /// are requests.
     pub rw: &'static str,
     /// Open the file with O_DIRECT (as the guest's disk is), or go through the page cache.
     pub direct: bool,
@@ -54,6 +58,9 @@ pub struct FioJob {
     /// Put fio's buffers on 2 MiB huge pages (`--iomem=shmhuge`, from the host's reserved pool):
     /// see [`buffers_on_huge_pages`].
     pub huge_pages: bool,
+    /// The RBD image [`Engine::Rbd`] works on (`path` is then not used): its pool, name, cephx
+    /// user and cluster configuration file (fio's rbd engine reads the file `$CEPH_CONF` names).
+    pub rbd: Option<RbdSpec>,
 }
 
 /// Whether fio's buffers for `queue_depth` requests of `block_size` bytes go on huge pages, as
@@ -87,11 +94,22 @@ pub enum Engine {
     /// No file and no system call: every I/O completes at once, at the job's queue depth (the
     /// host's peer of a null disk). The job's path is not used.
     Null,
+    /// librbd on the job's RBD image at the job's queue depth (`rbd_aio_*`), its cache off;
+    /// with `busy_poll` fio spins on the completions instead of sleeping until one comes.
+    Rbd { busy_poll: bool },
 }
 
 /// The engines whose best run is the bare-metal baseline: each I/O is a system call, as it is for
 /// any program using a disk.
 pub const SYSCALL_ENGINES: [Engine; 3] = [Engine::Psync, Engine::Libaio, Engine::IoUring];
+
+/// The engines whose best run is an RBD image's bare-metal baseline: fio's rbd engine sleeping
+/// until a completion comes, and spinning on them (as a polling IOCore does).
+pub const RBD_ENGINES: [Engine; 2] = [Engine::Rbd { busy_poll: false }, Engine::Rbd { busy_poll: true }];
+
+/// What fio's rbd engine (librbd) gets besides the configuration file: exitless's forced
+/// setting, whatever the file says (librados reads `$CEPH_ARGS` over the file).
+const RBD_CEPH_ARGS: &str = "--rbd_cache=false";
 
 impl Engine {
     /// fio's name for it (`--ioengine=`).
@@ -102,13 +120,22 @@ impl Engine {
             Engine::IoUring => "io_uring",
             Engine::Mmap => "mmap",
             Engine::Null => "null",
+            Engine::Rbd { .. } => "rbd",
+        }
+    }
+
+    /// Its name in the reports (`rbd busy_poll` for the spinning rbd engine, else the name).
+    pub fn label(self) -> &'static str {
+        match self {
+            Engine::Rbd { busy_poll: true } => "rbd busy_poll",
+            _ => self.name(),
         }
     }
 
     fn queue_depth(self, job: &FioJob) -> u32 {
         match self {
             Engine::Psync | Engine::Mmap => 1,
-            Engine::Libaio | Engine::IoUring | Engine::Null => job.queue_depth,
+            Engine::Libaio | Engine::IoUring | Engine::Null | Engine::Rbd { .. } => job.queue_depth,
         }
     }
 }
@@ -116,7 +143,8 @@ impl Engine {
 /// What one fio run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct FioResult {
-    /// fio's engine name (`psync`, `libaio`, `io_uring`, `mmap`, `null`).
+    /// fio's engine ([`Engine::label`]: `psync`, `libaio`, `io_uring`, `mmap`, `null`, `rbd`,
+    /// `rbd busy_poll`).
     pub engine: &'static str,
     pub iops: f64,
     /// Median total latency (submission to completion), microseconds.
@@ -131,6 +159,10 @@ pub struct FioResult {
     pub command: String,
     /// fio's job's CPU time (user + system, as fio reports it) over its run time, in cores.
     pub cores: Option<f64>,
+    /// On an RBD image of the bench's own cluster: the cores its daemons used over the run
+    /// (filled in by the bench, which knows the cluster).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_cores: Option<f64>,
 }
 
 #[derive(Debug, Error)]
@@ -143,6 +175,8 @@ pub enum BaselineError {
     InvalidJob(String),
     #[error("backing file {path}: {reason}")]
     BackingFile { path: String, reason: String },
+    #[error("fio's rbd engine needs an RBD image, and the job names none")]
+    NoImage,
     #[error("fio failed ({status}): {message}; to see all of it, run: {command}")]
     Failed { status: String, message: String, command: String },
     #[error("cannot read fio's output ({reason}); to see it, run: {command}")]
@@ -153,12 +187,15 @@ pub enum BaselineError {
 pub fn run(job: &FioJob, engine: Engine) -> Result<FioResult, BaselineError> {
     check(job, engine)?;
     let args = fio_args(job, engine)?;
-    let command = std::iter::once("fio".to_string())
-        .chain(args.iter().cloned())
-        .map(|w| shell_quote(&w))
+    let env = fio_env(job, engine);
+    let command = env
+        .iter()
+        .map(|(key, value)| format!("{key}={}", shell_quote(value)))
+        .chain(std::iter::once("fio".to_string()))
+        .chain(args.iter().map(|w| shell_quote(w)))
         .collect::<Vec<_>>()
         .join(" ");
-    let output = Command::new("fio").args(&args).stdin(Stdio::null()).output().map_err(|e| {
+    let output = Command::new("fio").args(&args).envs(env).stdin(Stdio::null()).output().map_err(|e| {
         if e.kind() == ErrorKind::NotFound {
             BaselineError::NotInstalled
         } else {
@@ -168,10 +205,17 @@ pub fn run(job: &FioJob, engine: Engine) -> Result<FioResult, BaselineError> {
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let message = last_line(&stderr).or_else(|| last_line(&stdout)).unwrap_or("no message").to_string();
+        // A job's error is a `fio: pid=N, err=...` line before the JSON document.
+        let message = last_line(&stderr)
+            .or_else(|| stdout.lines().find(|l| l.starts_with("fio: ")))
+            .or_else(|| last_line(&stdout))
+            .unwrap_or("no message")
+            .to_string();
         return Err(BaselineError::Failed { status: output.status.to_string(), message, command });
     }
-    let measured = parse(&stdout, job.rw).map_err(|e| match e {
+    // librbd's flush with its cache off has nothing to write back: the writes are the latency.
+    let flush_latency = !matches!(engine, Engine::Rbd { .. });
+    let measured = parse(&stdout, job.rw, flush_latency).map_err(|e| match e {
         ParseError::JobError(code) => BaselineError::Failed {
             status: format!("job error {code}"),
             message: last_line(&String::from_utf8_lossy(&output.stderr)).unwrap_or("no message").to_string(),
@@ -180,7 +224,7 @@ pub fn run(job: &FioJob, engine: Engine) -> Result<FioResult, BaselineError> {
         ParseError::Bad(reason) => BaselineError::Unparsable { reason, command: command.clone() },
     })?;
     Ok(FioResult {
-        engine: engine.name(),
+        engine: engine.label(),
         iops: measured.iops,
         p50_us: measured.p50_us,
         p99_us: measured.p99_us,
@@ -188,6 +232,7 @@ pub fn run(job: &FioJob, engine: Engine) -> Result<FioResult, BaselineError> {
         queue_depth: engine.queue_depth(job),
         command,
         cores: measured.cores,
+        cluster_cores: None,
     })
 }
 
@@ -224,8 +269,11 @@ fn check(job: &FioJob, engine: Engine) -> Result<(), BaselineError> {
     if job.size < u64::from(job.block_size) {
         return invalid(format!("size {} is smaller than one block ({} bytes)", job.size, job.block_size));
     }
-    if engine == Engine::Null {
-        return Ok(());
+    match engine {
+        Engine::Null => return Ok(()),
+        Engine::Rbd { .. } if job.rbd.is_none() => return Err(BaselineError::NoImage),
+        Engine::Rbd { .. } => return Ok(()),
+        _ => {}
     }
     let path = job.path.display().to_string();
     let meta = std::fs::metadata(&job.path).map_err(|e| BaselineError::BackingFile {
@@ -250,7 +298,7 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
         return Err(BaselineError::InvalidJob("no CPU to run on".into()));
     }
     let mut args = vec!["--output-format=json".to_string(), "--name=exitless-baseline".to_string()];
-    if engine != Engine::Null {
+    if !matches!(engine, Engine::Null | Engine::Rbd { .. }) {
         let path = job.path.to_str().ok_or_else(|| {
             BaselineError::InvalidJob(format!(
                 "path {} is not UTF-8, which fio's command line needs",
@@ -263,13 +311,28 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
     }
     let cpus = job.cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let memory = if job.huge_pages { "shmhuge" } else { "malloc" };
-    let with_file = !matches!(engine, Engine::Mmap | Engine::Null);
+    let with_file = !matches!(engine, Engine::Mmap | Engine::Null | Engine::Rbd { .. });
     args.extend([
         format!("--direct={}", u8::from(with_file && job.direct)),
         format!("--ioengine={}", engine.name()),
         format!("--iodepth={}", engine.queue_depth(job)),
+    ]);
+    // An engine's own options come after --ioengine, or fio does not know them.
+    if let (Engine::Rbd { busy_poll }, Some(rbd)) = (engine, &job.rbd) {
+        args.extend([
+            format!("--clientname={}", rbd.user()),
+            format!("--pool={}", rbd.pool),
+            format!("--rbdname={}", rbd.image),
+            format!("--busy_poll={}", u8::from(busy_poll)),
+        ]);
+    }
+    args.extend([
         format!("--rw={}", if job.rw == WRITE_FLUSH { "randwrite" } else { job.rw }),
-        format!("--fdatasync={}", u8::from(job.rw == WRITE_FLUSH)),
+        // fio's rbd engine flushes on an fsync (rbd_aio_flush) and refuses an fdatasync.
+        match engine {
+            Engine::Rbd { .. } => format!("--fsync={}", u8::from(job.rw == WRITE_FLUSH)),
+            _ => format!("--fdatasync={}", u8::from(job.rw == WRITE_FLUSH)),
+        },
         format!("--bs={}", job.block_size),
         format!("--iomem={memory}"),
         format!("--size={}", job.size),
@@ -291,6 +354,22 @@ fn fio_args(job: &FioJob, engine: Engine) -> Result<Vec<String>, BaselineError> 
     Ok(args)
 }
 
+/// The environment fio runs in: for the rbd engine, the cluster's configuration file (fio's
+/// engine has no option for it) and librbd's cache off.
+fn fio_env(job: &FioJob, engine: Engine) -> Vec<(&'static str, String)> {
+    match (engine, &job.rbd) {
+        (Engine::Rbd { .. }, Some(rbd)) => {
+            let mut env = Vec::new();
+            if let Some(conf) = &rbd.conf {
+                env.push(("CEPH_CONF", conf.display().to_string()));
+            }
+            env.push(("CEPH_ARGS", RBD_CEPH_ARGS.to_string()));
+            env
+        }
+        _ => Vec::new(),
+    }
+}
+
 #[derive(Debug, PartialEq)]
 struct Measured {
     iops: f64,
@@ -308,8 +387,9 @@ enum ParseError {
 }
 
 /// Reads fio's `--output-format=json` output (which may follow notes fio prints on standard output
-/// first) for a job with `--rw=rw`.
-fn parse(stdout: &str, rw: &str) -> Result<Measured, ParseError> {
+/// first) for a job with `--rw=rw`; for write+FLUSH pairs, the latency is the flushes' with
+/// `flush_latency`, else the writes'.
+fn parse(stdout: &str, rw: &str, flush_latency: bool) -> Result<Measured, ParseError> {
     let bad = |m: &str| ParseError::Bad(m.to_string());
     let start = if stdout.starts_with('{') {
         0
@@ -328,9 +408,11 @@ fn parse(stdout: &str, rw: &str) -> Result<Measured, ParseError> {
     }
     let direction = if rw.contains("read") { "read" } else { "write" };
     let stats = job.get(direction).ok_or_else(|| ParseError::Bad(format!("no jobs[0].{direction}")))?;
-    // Writes and flushes alike are requests; the latency is the fdatasync's, the larger part.
+    // Writes and flushes alike are requests; the latency is the larger part's: the fdatasync's
+    // on a file, the write's on an RBD image (whose flush, its cache off, has nothing to do).
     let (requests_per_io, latencies, latency_of) = match rw {
-        WRITE_FLUSH => (2.0, job.get("sync").ok_or_else(|| bad("no jobs[0].sync"))?, "sync"),
+        WRITE_FLUSH if flush_latency => (2.0, job.get("sync").ok_or_else(|| bad("no jobs[0].sync"))?, "sync"),
+        WRITE_FLUSH => (2.0, stats, direction),
         _ => (1.0, stats, direction),
     };
     let iops = requests_per_io
@@ -424,18 +506,18 @@ mod tests {
 
     #[test]
     fn parses_captured_output() {
-        let m = parse(SAMPLE, "randread").unwrap();
+        let m = parse(SAMPLE, "randread", true).unwrap();
         assert_eq!(m, Measured { iops: 1361770.0, p50_us: 0.588, p99_us: 0.612, cores: Some(0.995) });
         // The write side did nothing, so it has no percentiles: an error, not zeros.
-        assert!(matches!(parse(SAMPLE, "randwrite"), Err(ParseError::Bad(_))));
+        assert!(matches!(parse(SAMPLE, "randwrite", true), Err(ParseError::Bad(_))));
         let failed = SAMPLE.replace(r#""error" : 0"#, r#""error" : 5"#);
-        assert!(matches!(parse(&failed, "randread"), Err(ParseError::JobError(5))));
+        assert!(matches!(parse(&failed, "randread", true), Err(ParseError::JobError(5))));
     }
 
     #[test]
     fn garbage_is_an_error() {
         for garbage in ["", "fio: something broke\n", "{", "{\"jobs\": 3}", "[1, 2]", "\n{\"jobs\": [{}]}"] {
-            assert!(matches!(parse(garbage, "read"), Err(ParseError::Bad(_))), "{garbage:?}");
+            assert!(matches!(parse(garbage, "read", true), Err(ParseError::Bad(_))), "{garbage:?}");
         }
     }
 
@@ -457,6 +539,7 @@ mod tests {
             cpus: vec![0, 1],
             size: 64 << 20,
             huge_pages: false,
+            rbd: None,
         }
     }
 
@@ -518,6 +601,41 @@ mod tests {
             assert!(result.command.contains("--ioengine=null --iodepth=8"), "{}", result.command);
             assert!(!result.command.contains("--filename"), "{}", result.command);
         }
+    }
+
+    /// fio's rbd engine on an image of the bench's own cluster, both ways, reads and write+FLUSH
+    /// pairs: the image by pool and name, the cluster through $CEPH_CONF, librbd's cache off.
+    #[test]
+    fn the_rbd_engine_runs_on_an_image_both_ways() {
+        let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
+        let source = crate::ceph::Source::resolve(None, scratch.path()).unwrap();
+        let image =
+            crate::ceph::Image::create(crate::ceph::Cluster::start(&source).unwrap(), 16 << 20).unwrap();
+        let mut job = job(PathBuf::new());
+        (job.rbd, job.size, job.runtime) = (Some(image.spec()), 16 << 20, Duration::from_millis(200));
+        for rw in ["randread", "writeflush"] {
+            job.rw = rw;
+            for engine in RBD_ENGINES {
+                let result = run(&job, engine).unwrap();
+                assert_eq!((result.engine, result.queue_depth), (engine.label(), 8));
+                assert!(result.iops > 0.0 && result.p50_us <= result.p99_us, "{result:?}");
+                let conf = image.spec().conf.unwrap();
+                let env = format!("CEPH_CONF={} CEPH_ARGS=--rbd_cache=false fio ", conf.display());
+                assert!(result.command.starts_with(&env), "{}", result.command);
+                let rbd = format!("--clientname=admin --pool=rbd --rbdname={}", image.spec().image);
+                assert!(result.command.contains(&rbd), "{}", result.command);
+                assert!(
+                    result.command.contains(&format!("--ioengine=rbd --iodepth=8 {rbd}")),
+                    "{}",
+                    result.command
+                );
+                assert!(!result.command.contains("--filename"), "{}", result.command);
+                let flush = if rw == "writeflush" { "--rw=randwrite --fsync=1" } else { "--fsync=0" };
+                assert!(result.command.contains(flush), "{}", result.command);
+            }
+        }
+        job.rbd = None;
+        assert!(matches!(run(&job, Engine::Rbd { busy_poll: false }), Err(BaselineError::NoImage)));
     }
 
     /// Requests larger than a page get huge-page buffers where the host has them to give, and

@@ -13,8 +13,9 @@ use serde_json::{Map, Value};
 use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
 
 use super::backend::Backend;
-use super::baseline::{self, Engine, FioJob, FioResult, SYSCALL_ENGINES};
+use super::baseline::{self, Engine, FioJob, FioResult, RBD_ENGINES, SYSCALL_ENGINES};
 use super::blk_qemu::{PeerDisk, QemuPeer};
+use super::ceph::{self, ClusterInfo};
 use super::loop_device::LoopDevice;
 use super::machine::About;
 use super::progress::{Kind, Progress};
@@ -77,6 +78,13 @@ pub struct Row {
 }
 
 impl Row {
+    /// Adds `note` (if any) to the row's note.
+    pub fn add_note(&mut self, note: Option<String>) {
+        if let Some(note) = note {
+            self.note = Some(self.note.take().map_or(note.clone(), |n| format!("{n}; {note}")));
+        }
+    }
+
     /// A row with nothing measured yet.
     pub fn new(vmm: &'static str, mode: String, scenario: Scenario) -> Row {
         Row {
@@ -139,6 +147,9 @@ struct Report {
     qemu_storage_daemon_version: Option<String>,
     /// The host CPUs of the vCPU and of the IOCore; fio may use both.
     cpus: [usize; 2],
+    /// `--backends rbd`: the Ceph cluster and image, and where the cluster's daemons ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ceph: Option<ClusterInfo>,
     results: Vec<Row>,
     /// Runs that failed twice (their rows have no numbers and say why); the bench then ends
     /// with a failure status after printing the report.
@@ -149,6 +160,8 @@ struct Report {
 enum BenchError {
     /// A bad `--scratch`: a mistake on the command line.
     Scratch(ScratchError),
+    /// A bad `--ceph-conf`: a mistake on the command line.
+    CephConf(ceph::CephError),
     Other(String),
 }
 
@@ -178,14 +191,34 @@ pub fn main(mut args: BlkBenchArgs) -> i32 {
             status => status,
         },
         Err(BenchError::Scratch(e)) => exitless_args::usage_error(e),
+        Err(BenchError::CephConf(e)) => exitless_args::usage_error(e),
         Err(BenchError::Other(e)) => fail(e),
     }
 }
 
 fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     let scratch_dir = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
-    if args.disks.iter().any(BenchDiskArg::in_scratch) {
+    let rbd = args.disks.iter().any(BenchDiskArg::is_rbd);
+    // The throw-away cluster's OSD keeps its store in the scratch directory, on a real disk.
+    let own_cluster = rbd && args.ceph_conf.is_none();
+    if args.disks.iter().any(BenchDiskArg::in_scratch) || own_cluster {
         scratch::check(&scratch_dir).map_err(BenchError::Scratch)?;
+    }
+    // Decided now: a missing script or file ends the bench before any run.
+    let ceph = match rbd {
+        true => {
+            Some(ceph::Source::resolve(args.ceph_conf.as_deref(), &scratch_dir).map_err(|e| match e {
+                e @ ceph::CephError::Conf { .. } => BenchError::CephConf(e),
+                e => BenchError::Other(e.to_string()),
+            })?)
+        }
+        false => None,
+    };
+    if rbd {
+        // librbd's threads under the filter `exitless run` gives them.
+        let filter = sandbox::Filter::new(sandbox::ThreadKind::RbdClient, args.seccomp.mode())
+            .map_err(|e| e.to_string())?;
+        storage::rbd::confine_client_threads(Box::new(move || filter.install().map_err(|e| e.to_string())));
     }
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
     if let Some(dir) = &args.plot {
@@ -205,12 +238,16 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     let mut disks = Vec::new();
+    let mut cluster = None;
     for (spec, &label) in args.disks.iter().zip(&labels) {
-        let disk = BenchDisk::prepare(spec, &scratch_dir).map_err(|e| match e {
+        let disk = BenchDisk::prepare(spec, &scratch_dir, ceph.as_ref()).map_err(|e| match e {
             PrepareError::Scratch(e) => BenchError::Scratch(e),
             PrepareError::Other(e) => BenchError::Other(e),
         })?;
         disks.push(DiskInfo { disk: label, describe: disk.describe.clone() });
+        if let Some(image) = &disk.rbd {
+            cluster = Some(image.info());
+        }
         for &rw in &args.rw {
             for &bs in &args.bs {
                 for &qd in &args.qd {
@@ -234,7 +271,13 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
                             );
                             let run = || {
                                 disk.before_run();
-                                run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
+                                let (row, cluster) = ceph::cores_during(disk.cluster(), || {
+                                    run_mode(mode, scenario, args, tsc_khz, &disk.vm_backend)
+                                });
+                                row.map(|mut row| {
+                                    row.add_note(ceph::cores_note(cluster));
+                                    row
+                                })
                             };
                             let failed = Row::new("exitless", mode.name().into(), scenario);
                             round.push(run_twice(run, failed, || {
@@ -285,6 +328,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
         qemu_version: qemu.as_ref().map(|q| q.version().to_string()),
         qemu_storage_daemon_version: qemu.as_ref().and_then(|q| q.storage_daemon_version()),
         cpus: [args.vcpu_cpu, args.iocore_cpu],
+        ceph: cluster,
         results,
         failures,
     })
@@ -357,9 +401,13 @@ fn plan(args: &BlkBenchArgs) -> Vec<Kind> {
         let scenarios = args.rw.len() * args.bs.len() * args.qd.len();
         for _ in 0..scenarios {
             if !args.no_baseline {
-                // On a RAM disk also mmap; on a real disk the winner once more, after the guests;
-                // on a null disk fio's null engine alone.
-                let engines = if disk.is_null() { 1 } else { SYSCALL_ENGINES.len() + 1 };
+                // On a RAM disk also mmap; on a real disk (and an RBD image) the winner once more,
+                // after the guests; on a null disk fio's null engine alone.
+                let engines = match disk {
+                    _ if disk.is_null() => 1,
+                    _ if disk.is_rbd() => RBD_ENGINES.len() + 1,
+                    _ => SYSCALL_ENGINES.len() + 1,
+                };
                 plan.extend(std::iter::repeat_n(Kind::Fio, engines));
             }
             for _ in 0..args.rounds {
@@ -374,8 +422,9 @@ fn plan(args: &BlkBenchArgs) -> Vec<Kind> {
 }
 
 /// fio on the host: every system-call engine (the best is the bare-metal baseline) and, on a RAM
-/// disk, `mmap` (the device's own speed); on a null disk, its `null` engine, the baseline.
-/// Returns the rows, the baseline and the device run.
+/// disk, `mmap` (the device's own speed); on a null disk, its `null` engine, the baseline; on an
+/// RBD image its `rbd` engine both ways (the best is the baseline). Returns the rows, the
+/// baseline and the device run.
 fn baselines(
     disk: &BenchDisk,
     scenario: Scenario,
@@ -391,23 +440,36 @@ fn baselines(
     }
     let mut runs = Vec::new();
     let mut failed = Vec::new();
-    for engine in SYSCALL_ENGINES {
-        progress.start(Kind::Fio, format_args!("bare metal, fio {}, {}", engine.name(), scenario.describe()));
+    for engine in disk.engines() {
+        progress
+            .start(Kind::Fio, format_args!("bare metal, fio {}, {}", engine.label(), scenario.describe()));
         disk.before_run();
-        match baseline::run(&job, engine) {
-            Ok(run) => runs.push(run),
+        match ceph::cores_during(disk.cluster(), || baseline::run(&job, engine)) {
+            (Ok(mut run), cluster) => {
+                run.cluster_cores = cluster;
+                runs.push(run);
+            }
             // fio itself missing or the job impossible: no engine would do better.
-            Err(
-                e @ (baseline::BaselineError::NotInstalled | baseline::BaselineError::BackingFile { .. }),
+            (
+                Err(
+                    e @ (baseline::BaselineError::NotInstalled
+                    | baseline::BaselineError::BackingFile { .. }
+                    | baseline::BaselineError::NoImage),
+                ),
+                _,
             ) => return Err(e.to_string()),
-            Err(e) => failed.push(format!("{}: {e}", engine.name())),
+            (Err(e), _) => failed.push(format!("{}: {e}", engine.label())),
         }
     }
     let best = baseline::best(&runs).cloned().ok_or_else(|| {
         format!("bare metal, {}: every fio engine failed: {}", scenario.describe(), failed.join("; "))
     })?;
-    // fio's system-call engines open the file as the guests' devices do: O_DIRECT or buffered.
-    let backend = Backend::of_file(&disk.fio_path, disk.direct);
+    // fio's system-call engines open the file as the guests' devices do: O_DIRECT or buffered;
+    // its rbd engine opens the image through librbd, as they do.
+    let backend = match disk.backend {
+        Backend::Rbd => Backend::Rbd,
+        _ => Backend::of_file(&disk.fio_path, disk.direct),
+    };
     let mut rows = vec![host_row(scenario, backend, &best, &runs, &failed, &job.cpus)];
     let mut device = None;
     if disk.backend == Backend::Ram {
@@ -443,9 +505,11 @@ fn baseline_again(
 ) -> FioResult {
     let engine = before.engine;
     progress.start(Kind::Fio, format_args!("bare metal again, fio {engine}, {}", scenario.describe()));
-    let again = SYSCALL_ENGINES.into_iter().find(|e| e.name() == engine).map(|e| {
+    let again = disk.engines().into_iter().find(|e| e.label() == engine).map(|e| {
         disk.before_run();
-        baseline::run(&disk.fio_job(scenario, args), e).map_err(|e| e.to_string())
+        let (run, cluster) =
+            ceph::cores_during(disk.cluster(), || baseline::run(&disk.fio_job(scenario, args), e));
+        run.map(|run| FioResult { cluster_cores: cluster, ..run }).map_err(|e| e.to_string())
     });
     let after = match again {
         Some(Ok(after)) => after,
@@ -460,10 +524,11 @@ fn baseline_again(
     };
     let drift = (before.iops - after.iops).abs() / before.iops.max(after.iops);
     let note = format!(
-        "; fio {engine} again after the guests: {:.0} IOPS, p50 {:.1} µs (the disk's speed moved {:.0}% between the \
-         two; the faster is the baseline{})",
+        "; fio {engine} again after the guests: {:.0} IOPS, p50 {:.1} µs{} (the disk's speed moved {:.0}% between \
+         the two; the faster is the baseline{})",
         after.iops,
         after.p50_us,
+        cluster_aside(&after),
         drift * 100.0,
         if drift > 0.25 { "; this disk's ratios in this run are unreliable" } else { "" }
     );
@@ -518,11 +583,11 @@ struct BenchDisk {
     vm_backend: DiskBackend,
     /// The same disk as a `--disk` spec, for `exitless vhost-user-blk`.
     spec: String,
-    /// The file fio and QEMU use (empty for a null disk: there is none).
+    /// The file fio and QEMU use (empty for a null disk and an RBD image: there is none).
     fio_path: PathBuf,
     size: u64,
     /// How exitless serves it: [`Backend::Ram`] for a RAM disk (a mapping of the file),
-    /// [`Backend::Null`] for a null disk.
+    /// [`Backend::Null`] for a null disk, [`Backend::Rbd`] for an RBD image.
     backend: Backend,
     /// Whether the file is opened with O_DIRECT by QEMU's own device and qemu-storage-daemon,
     /// as exitless opens it (a RAM disk's file: with O_DIRECT, as fio reads it).
@@ -534,10 +599,18 @@ struct BenchDisk {
     page_cache: PageCache,
     /// The loop device it is (`--backends loop`), detached at the end.
     _loop_device: Option<LoopDevice>,
+    /// The RBD image it is (`--backends rbd`), removed at the end with the cluster the bench
+    /// started for it.
+    rbd: Option<ceph::Image>,
 }
 
 impl BenchDisk {
-    fn prepare(spec: &BenchDiskArg, scratch_dir: &Path) -> Result<BenchDisk, PrepareError> {
+    /// The disk `spec` names (`ceph`: where an RBD image's cluster comes from).
+    fn prepare(
+        spec: &BenchDiskArg,
+        scratch_dir: &Path,
+        ceph: Option<&ceph::Source>,
+    ) -> Result<BenchDisk, PrepareError> {
         // Seeking to the end sizes block devices too, whose metadata length is 0.
         let file_size = |path: &Path| {
             std::fs::File::open(path)
@@ -545,7 +618,9 @@ impl BenchDisk {
                 .map_err(|e| PrepareError::Other(format!("{}: {e}", path.display())))
         };
         let spec = match spec {
-            BenchDiskArg::Matrix { kind, size } => return BenchDisk::of_kind(*kind, *size, scratch_dir),
+            BenchDiskArg::Matrix { kind, size } => {
+                return BenchDisk::of_kind(*kind, *size, scratch_dir, ceph)
+            }
             BenchDiskArg::Scratch { size } => {
                 let path = scratch::prepare(scratch_dir, *size, |path| {
                     progress(format_args!(
@@ -570,6 +645,7 @@ impl BenchDisk {
                     made: None,
                     page_cache: PageCache::AsIs,
                     _loop_device: None,
+                    rbd: None,
                 });
             }
             BenchDiskArg::Disk(spec) => spec,
@@ -595,6 +671,7 @@ impl BenchDisk {
                     made: Some(path),
                     page_cache: PageCache::AsIs,
                     _loop_device: None,
+                    rbd: None,
                 }
             }
             DiskBackend::RamFile { path, .. } => BenchDisk {
@@ -608,6 +685,7 @@ impl BenchDisk {
                 made: None,
                 page_cache: PageCache::AsIs,
                 _loop_device: None,
+                rbd: None,
             },
             DiskBackend::File { path, direct, .. } => BenchDisk {
                 vm_backend: spec.clone(),
@@ -624,6 +702,7 @@ impl BenchDisk {
                 made: None,
                 page_cache: PageCache::AsIs,
                 _loop_device: None,
+                rbd: None,
             },
             DiskBackend::Null { size, .. } => BenchDisk {
                 vm_backend: DiskBackend::Null { size: *size, read_only: false },
@@ -639,18 +718,25 @@ impl BenchDisk {
                 made: None,
                 page_cache: PageCache::AsIs,
                 _loop_device: None,
+                rbd: None,
             },
         })
     }
 
-    /// Whether it is memory (a RAM or null disk), whose speed does not drift as a device's.
+    /// Whether it is memory (a RAM or null disk), whose speed does not drift as a device's (an
+    /// RBD image's OSD does: it is a disk, and shares the host's CPUs).
     fn in_memory(&self) -> bool {
         matches!(self.backend, Backend::Ram | Backend::Null)
     }
 
     /// A disk of the backend matrix, of `size` bytes: the scratch file (O_DIRECT, buffered warm
     /// or cold, or under a loop device), a file on tmpfs, a RAM disk or a null disk.
-    fn of_kind(kind: BackendArg, size: u64, scratch_dir: &Path) -> Result<BenchDisk, PrepareError> {
+    fn of_kind(
+        kind: BackendArg,
+        size: u64,
+        scratch_dir: &Path,
+        ceph: Option<&ceph::Source>,
+    ) -> Result<BenchDisk, PrepareError> {
         let scratch_file = || {
             scratch::prepare(scratch_dir, size, |path| {
                 progress(format_args!("writing the {} MiB real disk {} (once)", size >> 20, path.display()))
@@ -661,9 +747,9 @@ impl BenchDisk {
             BenchDiskArg::Disk(DiskBackend::File { path, read_only: false, direct })
         };
         let disk = match kind {
-            BackendArg::Direct => BenchDisk::prepare(&file(scratch_file()?, true), scratch_dir)?,
+            BackendArg::Direct => BenchDisk::prepare(&file(scratch_file()?, true), scratch_dir, None)?,
             BackendArg::Buffered | BackendArg::Cold => {
-                let mut disk = BenchDisk::prepare(&file(scratch_file()?, false), scratch_dir)?;
+                let mut disk = BenchDisk::prepare(&file(scratch_file()?, false), scratch_dir, None)?;
                 let (page_cache, how) = match kind {
                     BackendArg::Buffered => (PageCache::Warm, "read into the host's page cache"),
                     _ => (PageCache::Cold, "its pages dropped from the host's page cache"),
@@ -677,27 +763,70 @@ impl BenchDisk {
                 progress(format_args!("filling a {} MiB file on tmpfs at {}", size >> 20, path.display()));
                 scratch::fill(&path, size)
                     .map_err(|e| PrepareError::Other(format!("cannot make {}: {e}", path.display())))?;
-                let mut disk = BenchDisk::prepare(&file(path.clone(), false), scratch_dir)?;
+                let mut disk = BenchDisk::prepare(&file(path.clone(), false), scratch_dir, None)?;
                 disk.made = Some(path);
                 disk
             }
             BackendArg::Loop => {
                 let device = LoopDevice::attach(&scratch_file()?).map_err(PrepareError::Other)?;
-                let mut disk = BenchDisk::prepare(&file(device.path.clone(), true), scratch_dir)?;
+                let mut disk = BenchDisk::prepare(&file(device.path.clone(), true), scratch_dir, None)?;
                 disk.describe =
                     format!("{} (a loop device over the scratch file, direct I/O)", disk.describe);
                 disk._loop_device = Some(device);
                 disk
             }
             BackendArg::Ram | BackendArg::All => {
-                BenchDisk::prepare(&BenchDiskArg::Disk(DiskBackend::Ram { size }), scratch_dir)?
+                BenchDisk::prepare(&BenchDiskArg::Disk(DiskBackend::Ram { size }), scratch_dir, None)?
             }
             BackendArg::Null => {
                 let null = DiskBackend::Null { size, read_only: false };
-                BenchDisk::prepare(&BenchDiskArg::Disk(null), scratch_dir)?
+                BenchDisk::prepare(&BenchDiskArg::Disk(null), scratch_dir, None)?
+            }
+            BackendArg::Rbd => {
+                let source =
+                    ceph.ok_or_else(|| PrepareError::Other("no Ceph cluster for the rbd disk".into()))?;
+                if let ceph::Source::Own { dir, .. } = source {
+                    progress(format_args!("starting a throw-away Ceph cluster in {}", dir.display()));
+                }
+                let other = |e: ceph::CephError| PrepareError::Other(e.to_string());
+                let image =
+                    ceph::Image::create(ceph::Cluster::start(source).map_err(other)?, size).map_err(other)?;
+                let spec = image.spec();
+                BenchDisk {
+                    vm_backend: DiskBackend::Rbd(spec.clone()),
+                    spec: format!(
+                        "rbd={}/{}{}",
+                        spec.pool,
+                        spec.image,
+                        spec.conf.as_ref().map_or(String::new(), |c| format!(",conf={}", c.display()))
+                    ),
+                    fio_path: PathBuf::new(),
+                    size: image.size(),
+                    backend: Backend::Rbd,
+                    direct: false,
+                    describe: image.describe(),
+                    made: None,
+                    page_cache: PageCache::AsIs,
+                    _loop_device: None,
+                    rbd: Some(image),
+                }
             }
         };
         Ok(disk)
+    }
+
+    /// The fio engines of its bare-metal baseline, the best of which counts.
+    fn engines(&self) -> Vec<Engine> {
+        match self.backend {
+            Backend::Null => vec![Engine::Null],
+            Backend::Rbd => RBD_ENGINES.to_vec(),
+            _ => SYSCALL_ENGINES.to_vec(),
+        }
+    }
+
+    /// The bench's own Ceph cluster, whose daemons' CPU time the rows' notes give.
+    fn cluster(&self) -> Option<&ceph::Cluster> {
+        self.rbd.as_ref().map(ceph::Image::cluster)
     }
 
     /// Before a run (fio's, a guest's).
@@ -711,9 +840,17 @@ impl BenchDisk {
             path: &self.fio_path,
             spec: &self.spec,
             direct: self.direct,
-            file_backend: Backend::of_file(&self.fio_path, self.direct),
+            file_backend: match self.backend {
+                Backend::Rbd => Backend::Rbd,
+                _ => Backend::of_file(&self.fio_path, self.direct),
+            },
             null_size: (self.backend == Backend::Null).then_some(self.size),
             page_cache: self.page_cache,
+            rbd: match &self.vm_backend {
+                DiskBackend::Rbd(spec) => Some(spec),
+                _ => None,
+            },
+            cluster: self.cluster(),
         }
     }
 
@@ -730,6 +867,10 @@ impl BenchDisk {
             size: self.size / scenario.bs as u64 * scenario.bs as u64,
             direct: self.direct,
             huge_pages: baseline::buffers_on_huge_pages(scenario.bs, scenario.qd),
+            rbd: match &self.vm_backend {
+                DiskBackend::Rbd(spec) => Some(spec.clone()),
+                _ => None,
+            },
         }
     }
 }
@@ -745,7 +886,7 @@ impl Drop for BenchDisk {
 /// A host row of one fio run, `mode` in the table, on `backend`, with `note`.
 fn fio_row(scenario: Scenario, mode: String, run: &FioResult, backend: Backend, note: String) -> Row {
     Row {
-        device: "host file",
+        device: if backend == Backend::Rbd { "host, librbd" } else { "host file" },
         backend,
         iops: Some(run.iops),
         p50_us: Some(run.p50_us),
@@ -774,7 +915,10 @@ fn host_row(
 ) -> Row {
     let tried: Vec<String> = all
         .iter()
-        .map(|r| format!("{} qd {}: {:.0} IOPS, p50 {:.1} µs", r.engine, r.queue_depth, r.iops, r.p50_us))
+        .map(|r| {
+            let (engine, qd, iops, p50) = (r.engine, r.queue_depth, r.iops, r.p50_us);
+            format!("{engine} qd {qd}: {iops:.0} IOPS, p50 {p50:.1} µs{}", cluster_aside(r))
+        })
         .chain(failed.iter().cloned())
         .collect();
     let note = format!(
@@ -786,6 +930,13 @@ fn host_row(
         best.engine
     );
     fio_row(scenario, format!("bare metal (fio {})", best.engine), best, backend, note)
+}
+
+/// ` (the cluster 0.52 cores)` for a run on an RBD image of the bench's own cluster: the cores
+/// the cluster's daemons used over it.
+fn cluster_aside(run: &FioResult) -> String {
+    run.cluster_cores
+        .map_or(String::new(), |cores| format!(" (the cluster's OSD and monitor {cores:.2} cores)"))
 }
 
 /// The RAM disk's own speed: fio's `mmap` engine, a memory copy with no system call.
@@ -905,6 +1056,57 @@ mod tests {
 
     fn row() -> Row {
         Row::new("exitless", "eventfd".into(), row_scenario())
+    }
+
+    /// An RBD image's rows compare with QEMU's own rows on the image only (its virtio-blk and
+    /// qemu-storage-daemon on driver=rbd): never with a faster QEMU row on a file or on null-co
+    /// in the same scenario, nor with QEMU behind exitless's own vhost-user backend.
+    #[test]
+    fn rbd_rows_pair_only_with_rbd_peers() {
+        let at = |vmm, mode: &str, backend, iops| Row {
+            backend,
+            iops: Some(iops),
+            ..Row::new(vmm, mode.into(), Scenario { disk: "rbd", backend: Backend::Rbd, ..row_scenario() })
+        };
+        let mut rows = vec![
+            at("host", "bare metal (fio rbd)", Backend::Rbd, 3000.0),
+            at("exitless", "exitless", Backend::Rbd, 600.0),
+            at("exitless", "sidecore", Backend::Rbd, 300.0),
+            at("qemu", "qemu virtio-blk, interrupt", Backend::Rbd, 800.0),
+            at("qemu", "qemu virtio-blk, poll", Backend::Rbd, 1200.0),
+            at("qemu", "qemu + exitless vhost-user-blk, poll", Backend::Rbd, 5000.0),
+            at("qemu", "qemu + qemu-storage-daemon, poll", Backend::Rbd, 1000.0),
+            // Faster peers on other backends: mixed in, they would be the divisor.
+            at("qemu", "qemu virtio-blk, poll", Backend::FileDirect, 90_000.0),
+            at("qemu", "qemu virtio-blk null-co, poll", Backend::Null, 400_000.0),
+        ];
+        let bare_metal = FioResult {
+            engine: "rbd",
+            iops: 3000.0,
+            p50_us: 300.0,
+            p99_us: 900.0,
+            huge_pages: false,
+            queue_depth: 1,
+            command: String::new(),
+            cores: None,
+            cluster_cores: None,
+        };
+        compare(&mut rows, Some(&bare_metal), None);
+        let ratios: Vec<Option<f64>> = rows.iter().map(|r| r.ratio_to_qemu).collect();
+        let best = 1200.0;
+        let expected = [
+            Some(3000.0 / best),
+            Some(600.0 / best),
+            Some(300.0 / best),
+            Some(800.0 / best),
+            Some(1.0),
+            Some(5000.0 / best),
+            Some(1000.0 / best),
+            Some(1.0),
+            Some(1.0),
+        ];
+        assert_eq!(ratios, expected);
+        assert_eq!(rows[1].ratio_to_bare_metal, Some(0.2));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! (exitless's vhost-user-blk backend serves the null disk itself). QEMU's vCPU thread runs on the vCPU
 //! CPU and its other threads (the iothread) on the IOCore CPU, as exitless's would. Exits come
 //! from QMP `query-stats`, sampled at the probe's marks; cores are QEMU's and the backend's CPU
-//! time over wall time.
+//! time over wall time. On an RBD image, QEMU's own device and qemu-storage-daemon open the
+//! image with QEMU's `driver=rbd` (`cache.direct=on`: librbd's cache off, as exitless's), and
+//! each row's note says how much CPU the cluster's daemons on this host used over its run.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -22,11 +24,13 @@ use serde_json::{Map, Value};
 use super::backend::Backend as RowBackend;
 use super::blk::{Row, Scenario};
 use super::causes_per;
+use super::ceph::Cluster;
 use super::progress::{Kind, Progress};
 use super::scratch::PageCache;
 use crate::args::BlkBenchArgs;
 use crate::qemu::{PeerMark, Qemu};
 use exitless_args::SeccompArgs;
+use storage::RbdSpec;
 use vmm::Counters;
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters: 30 ms was
@@ -109,6 +113,10 @@ pub struct PeerDisk<'a> {
     pub null_size: Option<u64>,
     /// What the file's pages in the host's page cache are made before every run.
     pub page_cache: PageCache,
+    /// An RBD image: QEMU's own configurations open it with `driver=rbd` (`path` is not used).
+    pub rbd: Option<&'a RbdSpec>,
+    /// The RBD image's cluster, whose daemons' CPU time each row's note gives.
+    pub cluster: Option<&'a Cluster>,
 }
 
 impl PeerDisk<'_> {
@@ -166,23 +174,31 @@ impl QemuPeer {
                 if served != Served::Qemu {
                     row.device = "vhost-user-blk";
                 }
-                let block = match (on, disk.null_size) {
-                    (On::Null, Some(size)) => Block::Null { size },
+                let block = match (on, disk.null_size, disk.rbd) {
+                    (On::Null, Some(size), _) => Block::Null { size },
+                    (_, _, Some(spec)) => Block::Rbd(spec),
                     _ => Block::File { path: disk.path, direct: disk.direct },
                 };
                 let served_on = (served, block, disk.spec);
                 row.cpu_round_trip_ns = super::cache_line::round_trip_ns(args.vcpu_cpu, args.iocore_cpu);
                 let blank = row.clone();
                 disk.before_run();
-                let Err(first) = self.measure(&mut row, scenario, args, served_on, tsc_khz, completion)
-                else {
+                let (measured, cluster) = super::ceph::cores_during(disk.cluster, || {
+                    self.measure(&mut row, scenario, args, served_on, tsc_khz, completion)
+                });
+                let Err(first) = measured else {
+                    row.add_note(super::ceph::cores_note(cluster));
                     return row;
                 };
                 // Once more, as exitless's own runs: one failed run must not cost the row.
                 super::progress(format_args!("that run failed ({first}); running it again"));
                 row = blank;
                 disk.before_run();
-                match self.measure(&mut row, scenario, args, served_on, tsc_khz, completion) {
+                let (measured, cluster) = super::ceph::cores_during(disk.cluster, || {
+                    self.measure(&mut row, scenario, args, served_on, tsc_khz, completion)
+                });
+                row.add_note(super::ceph::cores_note(cluster));
+                match measured {
                     Ok(()) => {
                         let retried = format!("measured on the second attempt; the first failed: {first}");
                         row.note = Some(row.note.map_or(retried.clone(), |n| format!("{n}; {retried}")));
@@ -254,12 +270,13 @@ impl QemuPeer {
                     if direct { "none" } else { "writeback" }
                 ),
                 Block::Null { size } => format!("driver=null-co,read-zeroes=on,size={size},if=none,id=d0"),
+                Block::Rbd(spec) => rbd_blockdev(spec, "d0"),
             };
             extra.extend(
                 [
                     "-object",
                     "iothread,id=io0",
-                    "-drive",
+                    if matches!(block, Block::Rbd(_)) { "-blockdev" } else { "-drive" },
                     &drive,
                     "-device",
                     "virtio-blk-device,drive=d0,iothread=io0",
@@ -352,6 +369,21 @@ enum Block<'a> {
     Null {
         size: u64,
     },
+    /// An RBD image through QEMU's `driver=rbd`.
+    Rbd(&'a RbdSpec),
+}
+
+/// `-blockdev` / `--blockdev` options of QEMU's rbd driver for `spec`, node `node`: the image
+/// with its cluster's configuration file and cephx user, `cache.direct=on` (QEMU then turns
+/// librbd's cache off, as exitless does).
+fn rbd_blockdev(spec: &RbdSpec, node: &str) -> String {
+    let conf = spec.conf.as_ref().map_or(String::new(), |conf| format!(",conf={}", conf.display()));
+    format!(
+        "driver=rbd,node-name={node},pool={},image={}{conf},user={},cache.direct=on",
+        spec.pool,
+        spec.image,
+        spec.user()
+    )
 }
 
 /// A vhost-user-blk backend serving the bench's disk, for QEMU: `exitless vhost-user-blk` or
@@ -427,6 +459,7 @@ impl StorageDaemon {
                 )
             }
             Block::Null { size } => format!("driver=null-co,node-name=disk0,read-zeroes=on,size={size}"),
+            Block::Rbd(spec) => rbd_blockdev(spec, "disk0"),
         };
         let args = [
             "--blockdev".to_string(),

@@ -35,6 +35,16 @@ const RAM_DISK_NOTE: &str = "RAM disk: a memory copy from a mapping of a /dev/sh
 const NULL_DISK_NOTE: &str = "null disk: it holds nothing, so every row measures its I/O path alone; \
      bare metal is fio's null engine (no file, no system call: fio's own cost of an I/O)";
 
+/// Where an RBD image's cluster runs, under each of its tables.
+const RBD_NOTE: &str = "rbd: the image's cluster runs on this host when the bench started it \
+     (--backends rbd without --ceph-conf: the disk line names its OSD's and monitor's PIDs and the \
+     CPUs they may use). They are not pinned: they share the CPUs the vCPU and the IOCore (or \
+     QEMU's threads, or fio) run on, so every row's I/O also costs OSD CPU time on those CPUs, and a \
+     set-up that keeps a CPU busy polling slows the OSD that serves it; each row's note gives the \
+     cores the OSD and the monitor used over its run. cores leaves them out; for exitless's own \
+     rows it counts the vCPU and the IOCore, not librbd's threads in the same process, while QEMU's \
+     rows count QEMU's and the backend's processes whole, librbd's threads included";
+
 /// What x QEMU is, under each table.
 const X_QEMU_NOTE: &str = "added µs/IO: the row's p50 less bare metal's p50; x QEMU: IOPS over the \
      best of QEMU's own configurations (its virtio-blk, qemu-storage-daemon) on the row's backend \
@@ -75,6 +85,7 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
             .collect();
         let ram = rows.iter().any(|r| r.device_iops.is_some());
         let null = rows.iter().any(|r| r.vmm == "host" && r.backend == Backend::Null);
+        let rbd = rows.iter().any(|r| r.backend == Backend::Rbd);
         let rounds = rows.iter().map(|r| r.round_iops.len()).max().unwrap_or(0);
         let mut header = vec!["vmm", "mode", "backend", "IOPS"];
         if rounds > 0 {
@@ -129,9 +140,10 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
                 (true, _) => "its null engine (no file)",
                 (false, host) => host.map_or("O_DIRECT", |host| host.backend.caching()),
             };
-            let engines = match null {
-                true => "at the row's queue depth",
-                false => "the best of psync, libaio and io_uring",
+            let engines = match (null, rbd) {
+                (true, _) => "at the row's queue depth",
+                (false, true) => "the best of its rbd engine sleeping for completions and busy-polling them",
+                (false, false) => "the best of psync, libaio and io_uring",
             };
             lines.push((
                 "baseline".into(),
@@ -169,6 +181,9 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         }
         if null {
             notes.push(NULL_DISK_NOTE.into());
+        }
+        if rbd {
+            notes.push(RBD_NOTE.into());
         }
         if markdown {
             notes

@@ -15,6 +15,7 @@ mod blk;
 mod blk_qemu;
 mod blk_table;
 mod cache_line;
+mod ceph;
 mod daemon;
 mod exitcost;
 pub mod hosts;

@@ -599,6 +599,158 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
     }
 }
 
+/// Whether process `pid` still runs.
+fn alive(pid: u64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// `--backends rbd` on a cluster the bench starts: every row is on the image (fio's rbd engine,
+/// QEMU's driver=rbd in its virtio-blk and in qemu-storage-daemon, exitless's rbd= disk in the
+/// VMM and in its vhost-user daemon), "x QEMU" divides only by QEMU's own rbd rows, the report
+/// names the cluster's daemons and where they may run, and the cluster is gone afterwards.
+#[test]
+fn the_rbd_backend_pairs_only_with_rbd_peers_on_a_cluster_the_bench_starts() {
+    let _one = common::one_at_a_time();
+    let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--backends",
+        "rbd",
+        "--backend-size",
+        "64M",
+        "--modes",
+        "exitless",
+        "--rw",
+        "randread,writeflush",
+        "--qd",
+        "1",
+        "--duration-ms",
+        "100",
+        "--warmup",
+        "100",
+        "--scratch",
+        scratch.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let results = report["results"].as_array().unwrap();
+    x_qemu_pairs_the_same_backend(results);
+    let ceph = &report["ceph"];
+    assert_eq!(ceph["started_by_bench"], true, "{ceph}");
+    let daemons = ceph["daemons"].as_array().unwrap();
+    let names: Vec<&str> = daemons.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["mon.a", "osd.0"], "{ceph}");
+    let describe = report["disks"][0]["describe"].as_str().unwrap();
+    for daemon in daemons {
+        let pid = daemon["pid"].as_u64().unwrap();
+        assert!(!alive(pid), "the cluster is down after the bench: {daemon}");
+        assert!(!daemon["cpus"].as_str().unwrap().is_empty(), "{daemon}");
+        let named = format!(
+            "{} pid {pid} on CPUs {}",
+            daemon["name"].as_str().unwrap(),
+            daemon["cpus"].as_str().unwrap()
+        );
+        assert!(describe.contains(&named), "{named} in {describe}");
+    }
+    let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
+    assert!(left.is_empty(), "the cluster's directory is removed: {left:?}");
+    for workload in ["randread", "writeflush"] {
+        let rows: Vec<&Value> = results.iter().filter(|r| r["workload"] == workload).collect();
+        let mode = |mode: &str| {
+            rows.iter().find(|r| r["mode"] == mode).unwrap_or_else(|| panic!("{workload} {mode} in {rows:?}"))
+        };
+        assert_eq!(rows.len(), 6, "fio, exitless, QEMU's four set-ups: {rows:?}");
+        for row in &rows {
+            assert_eq!((&row["disk"], &row["backend"]), (&"rbd".into(), &"rbd".into()), "{row}");
+            assert!(row["iops"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+            let note = row["note"].as_str().unwrap_or_default();
+            assert!(note.contains("the cluster's OSD and monitor"), "the cluster's CPU in the note: {row}");
+        }
+        let host = rows.iter().find(|r| r["vmm"] == "host").unwrap();
+        assert!(host["mode"].as_str().unwrap().starts_with("bare metal (fio rbd"), "{host}");
+        let command = host["command"].as_str().unwrap();
+        assert!(
+            command.starts_with("CEPH_CONF=") && command.contains("CEPH_ARGS=--rbd_cache=false fio "),
+            "{command}"
+        );
+        assert!(command.contains("--ioengine=rbd") && command.contains("--cpus_allowed=0,1"), "{command}");
+        if workload == "writeflush" {
+            assert!(command.contains("--rw=randwrite --fsync=1"), "{command}");
+        }
+        let note = host["note"].as_str().unwrap();
+        assert!(note.contains("rbd qd 1") && note.contains("rbd busy_poll qd 1"), "both ways: {note}");
+        for qemu in
+            ["qemu virtio-blk, interrupt", "qemu virtio-blk, poll", "qemu + qemu-storage-daemon, poll"]
+        {
+            let row = mode(qemu);
+            let command = row["command"].as_str().unwrap();
+            assert!(command.contains("driver=rbd,") && command.contains(",cache.direct=on"), "{command}");
+            assert!(!command.contains("aio=io_uring"), "no file behind it: {command}");
+        }
+        let qsd = mode("qemu + qemu-storage-daemon, poll")["command"].as_str().unwrap();
+        assert!(qsd.starts_with("taskset -c 1 qemu-storage-daemon --blockdev driver=rbd,"), "{qsd}");
+        let ours = mode("qemu + exitless vhost-user-blk, poll");
+        assert_eq!(ours["device"], "vhost-user-blk", "{ours}");
+        let ours = mode("exitless");
+        assert!(ours["ratio_to_qemu"].as_f64().is_some() && ours["ratio_to_bare_metal"].as_f64().is_some());
+    }
+}
+
+/// `--backends rbd --ceph-conf FILE`: the image goes into that cluster and is removed at the
+/// end; the cluster stays, and the bench reports no daemons of its own. A missing file is a
+/// mistake on the command line.
+#[test]
+fn the_rbd_backend_runs_on_a_given_cluster_and_leaves_it_as_it_was() {
+    let _one = common::one_at_a_time();
+    let cluster = storage::testing::ceph::TestCluster::get();
+    let conf = cluster.conf().to_str().unwrap();
+    let images_before = cluster.rbd(&["ls", "rbd"]);
+    let out = exitless(&[
+        "bench",
+        "--json",
+        "--backends",
+        "rbd",
+        "--ceph-conf",
+        conf,
+        "--backend-size",
+        "16M",
+        "--modes",
+        "exitless",
+        "--rw",
+        "randwrite",
+        "--qd",
+        "1",
+        "--peers",
+        "none",
+        "--duration-ms",
+        "50",
+        "--warmup",
+        "50",
+        "--scratch",
+        "/nonexistent/exitless",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    assert_eq!(report["ceph"]["started_by_bench"], false, "{}", report["ceph"]);
+    assert_eq!(report["ceph"]["daemons"], serde_json::json!([]));
+    let image = report["ceph"]["image"].as_str().unwrap();
+    assert!(report["disks"][0]["describe"].as_str().unwrap().contains(&format!("--ceph-conf {conf}")));
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "fio and exitless: {results:?}");
+    for row in results {
+        assert_eq!(row["backend"], "rbd", "{row}");
+        assert!(row["iops"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+    }
+    assert_eq!(cluster.rbd(&["ls", "rbd"]), images_before, "{image} is removed");
+
+    let out = exitless(&["bench", "--backends", "rbd", "--ceph-conf", "/nonexistent/ceph.conf"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("--ceph-conf /nonexistent/ceph.conf: No such file"), "{err}");
+}
+
 /// `exitless bench migrate` on two modes, over both transports (a Unix socket; TCP with mutual
 /// TLS between two simulated hosts) and both loads: its report's fields are sane counts (not
 /// speeds), each row names its transport and load, and the verify passed on the destination.
