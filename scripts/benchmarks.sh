@@ -51,7 +51,8 @@ links() {
     echo "## The backend matrix"
     echo
     echo "Every kind of disk a user gives (an ext4 file with O_DIRECT, the same file through the"
-    echo "page cache warm and cold, a file on tmpfs, a loop device, the RAM disk, the null disk), random reads and"
+    echo "page cache warm and cold, a file on tmpfs, a loop device, the RAM disk, the null disk, an RBD image on a"
+    echo "throw-away Ceph cluster the bench starts on this host, whose OSD shares its CPUs), random reads and"
     echo "writes at depth 1 and 32 and write+FLUSH pairs, each against fio with the same caching and"
     echo "QEMU on the same backend with the matching cache mode. As above, each row is the median of"
     echo "three runs taken in turn (\`--rounds 3\`)."

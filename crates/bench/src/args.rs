@@ -78,8 +78,9 @@ fio) measuring --duration-ms 1000 after --warmup 2000 requests: 78 runs, about 2
 2-CPU host (plus writing the real disk's file the first time).
 One progress line per run goes to standard error, with an estimate of the time left. A bad
 --scratch ends the bench at once with status 2. A guest run that fails (or hangs past duration +
-warm-up ms + 15 s) is run once more and its row says so; one that fails twice leaves a row that
-says why, and the bench ends with status 125 after printing its report.
+1 ms per warm-up request, 10 ms on rbd, + 15 s) is run once more and its row says so; one that
+fails twice leaves a row that says why, and the bench ends with status 125 after printing its
+report.
 
 `exitless bench net` measures the network ladder, `exitless bench exitcost` what each kind of
 exit costs.";

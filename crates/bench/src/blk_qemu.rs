@@ -294,7 +294,7 @@ impl QemuPeer {
         let helpers: Vec<u32> = backend.iter().map(|b| b.child.id()).collect();
         let qmp = self.dir.join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
-        let timeout = super::blk::run_timeout(args);
+        let timeout = super::blk::run_timeout(args, scenario);
         // As exitless's own: the vCPU on its CPU, everything else (QEMU's iothread) on the IOCore's.
         let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
         let (run, marks) = self

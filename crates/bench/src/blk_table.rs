@@ -17,6 +17,8 @@ pub struct Context<'a> {
     pub qemu_storage_daemon_version: Option<&'a str>,
     /// The vCPU's and the IOCore's host CPUs.
     pub cpus: [usize; 2],
+    /// The CPUs librbd's threads in the bench's process (exitless's VMM rows) may run on.
+    pub librbd_cpus: Option<&'a str>,
 }
 
 /// Why a RAM disk's ratio to bare metal can exceed 1, under each RAM-disk table.
@@ -184,6 +186,15 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
         }
         if rbd {
             notes.push(RBD_NOTE.into());
+            let ours = context.librbd_cpus.map_or(String::new(), |cpus| format!(": CPUs {cpus} here"));
+            notes.push(format!(
+                "librbd's threads (its messengers and completion threads, which wake the IOCore): \
+                 exitless's VMM rows' in the VMM's process and exitless vhost-user-blk's in the daemon's, \
+                 not pinned (they take the CPUs of the thread that opened the first RBD disk{ours}); QEMU's \
+                 virtio-blk rows' on the IOCore's CPU {iocore} with QEMU's other non-vCPU threads; \
+                 qemu-storage-daemon's on CPU {iocore} with the whole process; fio's on CPUs {vcpu},{iocore} \
+                 with its job"
+            ));
         }
         if markdown {
             notes

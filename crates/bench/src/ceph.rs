@@ -125,6 +125,9 @@ pub struct ClusterInfo {
     /// whose daemons the bench does not know).
     pub daemons: Vec<Daemon>,
     pub image: String,
+    /// The CPUs librbd's threads in the bench's own process (exitless's VMM rows) may run on:
+    /// those of the RBD client thread, which starts them; `None` before it ran.
+    pub librbd_cpus: Option<String>,
 }
 
 /// A cluster the bench uses: its own (taken down when dropped) or a given one.
@@ -307,6 +310,7 @@ impl Image {
             conf: self.cluster.conf.clone(),
             daemons: self.cluster.daemons.clone(),
             image: format!("{}/{}", self.pool, self.name),
+            librbd_cpus: None,
         }
     }
 
@@ -350,6 +354,21 @@ impl Drop for Image {
             }
         }
     }
+}
+
+/// The CPUs this process's RBD client thread (`rbd-client`, which starts librbd's threads, and
+/// whose CPUs they inherit) may run on, once it runs.
+pub fn client_thread_cpus() -> Option<String> {
+    std::fs::read_dir("/proc/self/task").ok()?.flatten().find_map(|task| {
+        let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+        (comm.trim() == "rbd-client").then(|| {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map_or("?".into(), |c| c.trim().into())
+        })
+    })
 }
 
 /// `Cpus_allowed_list` of process `pid` (`?` if it cannot be read).
