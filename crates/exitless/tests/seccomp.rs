@@ -394,6 +394,8 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
         "iocore" => Some(ThreadKind::VhostUserIoCore),
         "api" => Some(ThreadKind::ApiServer),
         "stop-watchdog" => Some(ThreadKind::StopWatchdog),
+        // Started before the control thread confines itself, for disks the API adds on RBD.
+        "rbd-client" => Some(ThreadKind::RbdClient),
         name if name.strip_prefix("vhost-user-").is_some_and(|n| n.parse::<u32>().is_ok()) => {
             Some(ThreadKind::VhostUserConnection)
         }
