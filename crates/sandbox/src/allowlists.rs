@@ -188,7 +188,6 @@ const RBD_CLIENT: &[i64] = &[
     libc::SYS_access,
     libc::SYS_readlink,
     libc::SYS_getdents64,
-    libc::SYS_socket,
     libc::SYS_connect,
     libc::SYS_setsockopt,
     libc::SYS_getsockopt,
@@ -393,6 +392,7 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
         }
         ThreadKind::RbdClient => {
             allow(&mut rules, RBD_CLIENT);
+            tcp_sockets(&mut rules)?;
             allow(&mut rules, THREAD_START);
             one_of(&mut rules, libc::SYS_prctl, 0, &[libc::PR_SET_NAME as u64, libc::PR_GET_NAME as u64])?;
             one_of(
@@ -483,6 +483,20 @@ fn socket_options(rules: &mut Rules, options: &[libc::c_int]) -> Result<(), Back
         })
         .collect::<Result<_, _>>()?;
     rules.insert(libc::SYS_getsockopt, alternatives);
+    Ok(())
+}
+
+/// socket(AF_INET or AF_INET6, SOCK_STREAM with any flags, any): librados' connections to the
+/// cluster's monitors and OSDs; no datagram, raw or local socket.
+fn tcp_sockets(rules: &mut Rules) -> Result<(), BackendError> {
+    let mut alternatives = Vec::new();
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        alternatives.push(SeccompRule::new(vec![
+            condition(0, SeccompCmpOp::Eq, family as u64)?,
+            condition(1, SeccompCmpOp::MaskedEq(0xf), libc::SOCK_STREAM as u64)?,
+        ])?);
+    }
+    rules.insert(libc::SYS_socket, alternatives);
     Ok(())
 }
 
