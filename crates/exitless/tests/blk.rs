@@ -102,22 +102,8 @@ fn write_zeroes_and_discard_pass_in_every_mode_on_both_backends_and_reach_the_fi
         for (backend, path) in [("ram", disk_file("/dev/shm")), ("file", disk_file("/tmp"))] {
             let out = run_blk(mode, &disk_spec(backend, &path, 1), &cmdline);
             let result = blk_result(&out);
-            assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
-            assert_eq!(result["zero_mismatches"], 0, "{mode} {backend}: {result}");
-            assert_eq!(result["zeroed"], BLOCKS / 2, "{mode} {backend}: {result}");
-            assert_eq!(result["discarded"], (BLOCKS - 1).div_ceil(4), "{mode} {backend}: {result}");
-            assert_eq!(result["discarded_zero"], result["discarded"], "{mode} {backend}: {result}");
             let bytes = std::fs::read(&*path).unwrap();
-            for (block, data) in bytes.chunks_exact(4096).enumerate() {
-                let block = block as u64;
-                let pattern = block < BLOCKS && block % 4 == 3;
-                let holds = if pattern {
-                    probe_abi::pattern::check(seed, block * 8, data)
-                } else {
-                    data.iter().all(|&b| b == 0)
-                };
-                assert!(holds, "{mode} {backend}: block {block} (pattern: {pattern}) in the file");
-            }
+            common::assert_zeroes_run(&format!("{mode} {backend}"), &result, &bytes, seed, BLOCKS);
         }
     }
 }

@@ -165,6 +165,28 @@ pub fn assert_holds_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
     }
 }
 
+/// A `probe.rw=zeroes` run over `blocks` blocks with `seed`, as its result line `result` says and
+/// as the disk's bytes (`disk`, read from the host) hold it: no error, half the blocks zeroed and
+/// a quarter discarded, both read back as zeros; the pattern stays only on every fourth block
+/// from block 3, and everything else is zero. `what` names the run in messages.
+pub fn assert_zeroes_run(what: &str, result: &Value, disk: &[u8], seed: u64, blocks: u64) {
+    assert_eq!(result["errors"], 0, "{what}: {result}");
+    assert_eq!(result["zero_mismatches"], 0, "{what}: {result}");
+    assert_eq!(result["zeroed"], blocks / 2, "{what}: {result}");
+    assert_eq!(result["discarded"], (blocks - 1).div_ceil(4), "{what}: {result}");
+    assert_eq!(result["discarded_zero"], result["discarded"], "{what}: {result}");
+    for (block, data) in disk.chunks_exact(4096).enumerate() {
+        let block = block as u64;
+        let pattern = block < blocks && block % 4 == 3;
+        let holds = if pattern {
+            probe_abi::pattern::check(seed, block * 8, data)
+        } else {
+            data.iter().all(|&b| b == 0)
+        };
+        assert!(holds, "{what}: block {block} (pattern: {pattern}) on the disk");
+    }
+}
+
 /// As `assert_holds_pattern`, and every byte after those blocks is still zero.
 pub fn assert_holds_only_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
     assert_holds_pattern(path, seed, blocks);
