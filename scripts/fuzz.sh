@@ -15,7 +15,10 @@
 #                                        growing FUZZ_WORK_DIR/TARGET (default fuzz/corpus-work;
 #                                        a relative path is taken from fuzz/); prints
 #                                        executions, time, coverage, corpus, slowest input and
-#                                        peak RSS per target as a Markdown table.
+#                                        peak RSS per target as a Markdown table. With
+#                                        FUZZ_RESUME=1 a target that already finished in
+#                                        FUZZ_WORK_DIR with the same binary (sha256) and the same
+#                                        limits is not run again; its row comes from its log.
 #
 # A crash leaves its input in fuzz/artifacts/TARGET/; reproduce it with
 #   fuzz/target/strict/x86_64-unknown-linux-gnu/release/TARGET fuzz/artifacts/TARGET/crash-...
@@ -73,26 +76,12 @@ if ! [[ $runs =~ ^-?[0-9]+$ && $max_seconds =~ ^[0-9]+$ ]]; then
     echo "fuzz long: FUZZ_LONG_RUNS ($runs) and FUZZ_LONG_SECONDS ($max_seconds) must be numbers" >&2
     exit 2
 fi
-date=$(date -u +%Y-%m-%d)
+resume=${FUZZ_RESUME:-0}
 rows=()
-for target in "${targets[@]}"; do
-    mkdir -p "artifacts/$target" "$work/$target"
-    log="$work/$target.log"
-    limit="$runs executions"
-    [ "$runs" -lt 0 ] && limit="no execution limit"
-    [ "$max_seconds" -gt 0 ] && limit="$limit, $max_seconds s"
-    # shellcheck disable=SC2207
-    command=(nice -n 10 "$bin_dir/$target" $(flags_for "$target") -runs="$runs" -max_total_time="$max_seconds"
-        -print_final_stats=1 "$work/$target" "corpus/$target")
-    echo "fuzz long: $target: $limit (log: $log)" >&2
-    echo "fuzz long: command (in fuzz/): ${command[*]}" >&2
-    if ! "${command[@]}" >"$log" 2>&1; then
-        echo "fuzz long: $target: FAILED; the end of its log:" >&2
-        tail -n 40 "$log" >&2
-        status=1
-        continue
-    fi
-    # "#10000000 DONE cov: 512 ft: 2048 corp: 300/20Kb ..." and "Done 10000000 runs in 600 second(s)"
+# The table row of target $1 from its finished libFuzzer log $2:
+# "#10000000 DONE cov: 512 ft: 2048 corp: 300/20Kb ..." and "Done 10000000 runs in 600 second(s)".
+row_from_log() {
+    local target=$1 log=$2 done_line cov ft corpus executions seconds rss slowest rate date
     done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)
     cov=$(sed -E 's/.* cov: ([0-9]+).*/\1/' <<<"$done_line")
     ft=$(sed -E 's/.* ft: ([0-9]+).*/\1/' <<<"$done_line")
@@ -101,7 +90,37 @@ for target in "${targets[@]}"; do
     rss=$(sed -nE 's/^stat::peak_rss_mb: *([0-9]+)/\1/p' "$log")
     slowest=$(sed -nE 's/^stat::slowest_unit_time_sec: *([0-9]+)/\1/p' "$log")
     rate=$((executions / (seconds > 0 ? seconds : 1)))
-    rows+=("| $target | $executions | $seconds | $rate | $cov | $ft | $corpus | $slowest | $rss | $date |")
+    date=$(date -u -r "$log" +%Y-%m-%d)
+    echo "| $target | $executions | $seconds | $rate | $cov | $ft | $corpus | $slowest | $rss | $date |"
+}
+
+for target in "${targets[@]}"; do
+    mkdir -p "artifacts/$target" "$work/$target"
+    log="$work/$target.log"
+    # What a finished run is recorded under: the binary it ran and its limits.
+    key="$(sha256sum <"$bin_dir/$target" | cut -d ' ' -f 1) runs=$runs seconds=$max_seconds"
+    limit="$runs executions"
+    [ "$runs" -lt 0 ] && limit="no execution limit"
+    [ "$max_seconds" -gt 0 ] && limit="$limit, $max_seconds s"
+    # shellcheck disable=SC2207
+    command=(nice -n 10 "$bin_dir/$target" $(flags_for "$target") -runs="$runs" -max_total_time="$max_seconds"
+        -print_final_stats=1 "$work/$target" "corpus/$target")
+    echo "fuzz long: command (in fuzz/): ${command[*]}" >&2
+    if [ "$resume" = 1 ] && [ "$(cat "$work/$target.finished" 2>/dev/null)" = "$key" ]; then
+        echo "fuzz long: $target: finished earlier with this binary and these limits (log: $log)" >&2
+        rows+=("$(row_from_log "$target" "$log")")
+        continue
+    fi
+    rm -f "$work/$target.finished"
+    echo "fuzz long: $target: $limit (log: $log)" >&2
+    if ! "${command[@]}" >"$log" 2>&1; then
+        echo "fuzz long: $target: FAILED; the end of its log:" >&2
+        tail -n 40 "$log" >&2
+        status=1
+        continue
+    fi
+    echo "$key" >"$work/$target.finished"
+    rows+=("$(row_from_log "$target" "$log")")
 done
 echo
 echo "| target | executions | seconds | exec/s | cov | ft | corpus (inputs/size) | slowest input (s) | peak RSS (MB) | date |"

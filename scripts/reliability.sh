@@ -21,6 +21,12 @@
 #                                  EXITLESS_INFLIGHT_RESTARTS (default 20) restarts, and
 #                                  EXITLESS_OSD_KILLS (default 5) OSD kills
 #
+#   scripts/reliability.sh short|long --resume
+#                                  goes on with a run that stopped (a machine that went down):
+#                                  a part that passed on this same tree and form is not run
+#                                  again, nor a fuzz target that finished with the same binary;
+#                                  the report counts their times from the first attempt
+#
 # The fault and FLUSH cases are the same in both forms. Every part runs even when one before it
 # failed; RELIABILITY.md then says which failed, and the script exits 1. Logs (libFuzzer's, the
 # tests') are kept in target/reliability/. Needs root and what scripts/setup.sh installs.
@@ -28,6 +34,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 form=${1:-}
+resume=false
+case "${2:-}" in
+'') ;;
+--resume) resume=true ;;
+*)
+    echo "usage: scripts/reliability.sh short|long [--resume]" >&2
+    exit 2
+    ;;
+esac
 case "$form" in
 short)
     fuzz_env=(FUZZ_LONG_RUNS=-1 "FUZZ_LONG_SECONDS=${FUZZ_SMOKE_SECONDS:-25}")
@@ -44,7 +59,7 @@ long)
     osd_kills=${EXITLESS_OSD_KILLS:-5}
     ;;
 *)
-    echo "usage: scripts/reliability.sh short|long (see the comment at its top)" >&2
+    echo "usage: scripts/reliability.sh short|long [--resume] (see the comment at its top)" >&2
     exit 2
     ;;
 esac
@@ -63,14 +78,16 @@ if ! [[ $mixed_secs =~ ^[1-9][0-9]*$ ]]; then
 fi
 
 logs=target/reliability
-rm -rf "$logs"
+$resume || rm -rf "$logs"
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
-# Artifacts (crashes, slow inputs) newer than this are this run's.
-touch "$logs/started"
+# Artifacts (crashes, slow inputs) newer than this are this run's; a resumed run's began with
+# the first attempt.
+[ -e "$logs/started" ] || touch "$logs/started"
 # Relative to fuzz/, where fuzz.sh runs: a fresh work corpus, so every target starts from its
 # committed seeds alone.
 fuzz_env+=("FUZZ_WORK_DIR=../target/reliability/fuzz-corpus")
+$resume && fuzz_env+=(FUZZ_RESUME=1)
 
 # What the figures were measured on: the tree (RELIABILITY.md itself, the output, aside), the
 # machine as BENCHMARKS.md names it, and how busy it was.
@@ -87,9 +104,13 @@ for module in kvm_pvm kvm_intel kvm_amd; do
     fi
 done
 machine="$cpu ($(nproc) CPUs), Linux $(cat /proc/sys/kernel/osrelease), KVM backend $kvm"
-started=$(date -u '+%Y-%m-%d %H:%M UTC')
-start=$(date +%s)
-load_before=$(cut -d ' ' -f 1-3 /proc/loadavg)
+# A resumed run keeps the first attempt's start, and says it was resumed.
+if ! $resume || ! [ -s "$logs/start" ]; then
+    echo "$(date +%s) $(cut -d ' ' -f 1-3 /proc/loadavg)" >"$logs/start"
+fi
+read -r start load_before < "$logs/start"
+started=$(date -u -d "@$start" '+%Y-%m-%d %H:%M UTC')
+$resume && started="$started (resumed $(date -u '+%Y-%m-%d %H:%M UTC'))"
 
 tests=(cargo test --release -p exitless)
 test_flags=(-- --test-threads 1 --show-output)
@@ -120,12 +141,21 @@ cargo build --release >&2
 failed=()
 # Runs part $1 ($2: its command line, run by bash), its output in $logs/$1.log; records its wall
 # time in seconds_$1 and whether it passed.
+# With --resume a part that passed on this tree and form ($logs/$1.passed) is not run again.
 part() {
-    local name=$1 command=$2 start
+    local name=$1 command=$2 start seconds
+    if $resume && [ "$(head -n 1 "$logs/$name.passed" 2>/dev/null)" = "$form $tree" ]; then
+        echo "reliability: $name passed earlier on this tree" >&2
+        printf -v "seconds_$name" '%s' "$(sed -n 2p "$logs/$name.passed")"
+        return
+    fi
+    rm -f "$logs/$name.passed"
     echo "reliability: $name ($command)" >&2
     start=$(date +%s)
     if bash -c "$command" >"$logs/$name.log" 2>&1; then
         echo "reliability: $name passed" >&2
+        seconds=$(($(date +%s) - start))
+        printf '%s\n%s\n' "$form $tree" "$seconds" >"$logs/$name.passed"
     else
         echo "reliability: $name FAILED (log: $logs/$name.log)" >&2
         failed+=("$name")
@@ -212,7 +242,7 @@ figure below comes from the run described here; how each part works is explained
 EOF
     echo "- form: \`scripts/reliability.sh $form\`"
     echo "- tree: $tree"
-    echo "- started: $started; $total_seconds s in all, builds included; load average $load_before at the start, $load_after at the end"
+    echo "- started: $started; $total_seconds s in all from the first start, builds included; load average $load_before at the start, $load_after at the end"
     echo "- machine: $machine"
     echo "- toolchain: $(rustc --version), $(cargo fuzz --version)"
     if [ ${#failed[@]} -eq 0 ]; then
