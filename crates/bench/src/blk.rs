@@ -218,10 +218,8 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
         false => None,
     };
     if rbd {
-        // librbd's threads under the filter `exitless run` gives them.
-        let filter = sandbox::Filter::new(sandbox::ThreadKind::RbdClient, args.seccomp.mode())
-            .map_err(|e| e.to_string())?;
-        storage::rbd::confine_client_threads(Box::new(move || filter.install().map_err(|e| e.to_string())));
+        // librbd's threads where, and under the filter, `exitless run` puts them.
+        vmm::set_up_rbd_clients(args.seccomp.mode(), vec![args.iocore_cpu])?;
     }
     let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
     if let Some(dir) = &args.plot {

@@ -190,7 +190,8 @@ pub fn render(context: &Context, results: &[Row], markdown: bool) -> String {
             notes.push(format!(
                 "librbd's threads (its messengers and completion threads, which wake the IOCore): \
                  exitless's VMM rows' in the VMM's process and exitless vhost-user-blk's in the daemon's, \
-                 not pinned (they take the CPUs of the thread that opened the first RBD disk{ours}); QEMU's \
+                 each on its IOCore's CPU {iocore} (they take the CPUs of the RBD client thread, which \
+                 exitless places there{ours}); QEMU's \
                  virtio-blk rows' on the IOCore's CPU {iocore} with QEMU's other non-vCPU threads; \
                  qemu-storage-daemon's on CPU {iocore} with the whole process; fio's on CPUs {vcpu},{iocore} \
                  with its job"

@@ -41,13 +41,6 @@ fn main() {
     std::process::exit(code);
 }
 
-/// Have librbd's threads (an `rbd=` disk's) run under the RBD client filter, in `mode`.
-fn confine_rbd_clients(mode: sandbox::SeccompMode) -> Result<(), String> {
-    let filter = sandbox::Filter::new(sandbox::ThreadKind::RbdClient, mode).map_err(|e| e.to_string())?;
-    storage::rbd::confine_client_threads(Box::new(move || filter.install().map_err(|e| e.to_string())));
-    Ok(())
-}
-
 /// clap's error on one line: its first line, and the list it introduces (the missing arguments
 /// are named on the indented lines that follow "the following required arguments were not
 /// provided:"), without the usage that follows.

@@ -246,3 +246,49 @@ fn an_osd_killed_under_a_guests_writes_loses_no_acknowledged_write() {
     let log = daemon.stop();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Each thread of process `pid`: its name and the CPUs it may run on.
+fn threads_and_cpus(pid: u32) -> Vec<(String, String)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let name = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let cpus = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+            Some((name.trim().to_owned(), cpus.trim().to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn librbds_threads_run_on_the_pinned_iocores_cpu() {
+    let cluster = TestCluster::get();
+    cluster.image("placed", IMAGE_BYTES);
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rbd.sock");
+    let daemon = Daemon::builder()
+        .io_mode("sidecore")
+        .args(&["--iocore-cpu", "1"], &[])
+        .disk_on(&socket, &rbd_disk(cluster, "placed"))
+        .start(&dir.path().join("daemon.log"));
+    let threads = threads_and_cpus(daemon.pid());
+    // librbd's threads (its messengers, timers, finishers) and the thread that started them:
+    // every thread but the daemon's own.
+    let own = |name: &str| {
+        ["exitless", "stop-watchdog"].contains(&name)
+            || name.starts_with("iocore")
+            || name.starts_with("vhost-user")
+    };
+    let librbd: Vec<_> = threads.iter().filter(|(name, _)| !own(name)).collect();
+    assert!(
+        librbd.iter().any(|(name, _)| name.starts_with("msgr-worker")),
+        "librbd's messengers run: {threads:?}"
+    );
+    assert!(librbd.iter().all(|(_, cpus)| cpus == "1"), "all on the IOCore's CPU 1: {threads:?}");
+    // The rest of the daemon keeps its CPUs.
+    let main = threads.iter().find(|(name, _)| name == "exitless").expect("the main thread");
+    assert_ne!(main.1, "1", "{threads:?}");
+    let log = daemon.stop();
+    assert!(!log.contains("panicked"), "{log}");
+}

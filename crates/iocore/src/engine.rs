@@ -25,6 +25,15 @@ const MAX_EVENTS: usize = 64;
 /// (a bucket refills at its rate; the next pass takes what it earned).
 const THROTTLED_WAIT: Duration = Duration::from_millis(1);
 
+/// What the requests in flight wait for, when the thread has nothing else to do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BackendWait {
+    /// The kernel (io_uring): spinning may pay, as `DiskWait` settles.
+    Kernel,
+    /// Only the backends' own threads (librbd's): the thread sleeps at once.
+    OwnThreads,
+}
+
 struct Entry {
     id: u64,
     worker: Box<dyn QueueWorker>,
@@ -117,7 +126,12 @@ impl Engine {
             let work = self.poll_all();
             busy_clock.worked(work > 0, &self.shared.times);
             let idle = idle_class.as_mut().is_some_and(IdleClass::pass);
-            if work == 0 && self.waits_only_for_backends() {
+            if let (0, Some(wait)) = (work, self.backend_wait()) {
+                if wait == BackendWait::OwnThreads {
+                    // Spinning, in any class, would take the core those threads need.
+                    self.disk_sleep(&mut disk_wait);
+                    continue;
+                }
                 let known_workers = self.waits_on_submitter_workers();
                 if idle {
                     // Whatever the kernel has to do on this core preempts an idle-class thread,
@@ -138,14 +152,7 @@ impl Engine {
                     }
                     continue;
                 }
-                // Notifications wake a notified thread; a polling one must look at its rings
-                // again soon.
-                let timeout = match self.policy {
-                    Policy::Notified => self.wait_limit(),
-                    _ => Some(disk_wait.polled_sleep()),
-                };
-                self.stats.disk_sleeps += 1;
-                self.wait(timeout);
+                self.disk_sleep(&mut disk_wait);
                 continue;
             }
             disk_wait.reset();
@@ -227,19 +234,31 @@ impl Engine {
         self.entries.iter().any(|e| e.worker.waits_on_submitter_workers())
     }
 
-    /// Are requests in flight, all of them in backends that signal their completions on a file
-    /// descriptor (so the thread may sleep on them)?
-    fn waits_only_for_backends(&self) -> bool {
-        let mut any = false;
-        for entry in &self.entries {
-            if entry.worker.in_flight() > 0 {
-                if entry.worker.backend_fd().is_none() {
-                    return false;
-                }
-                any = true;
-            }
+    /// What the requests in flight wait for, when all of them are in backends that signal their
+    /// completions on a file descriptor (so the thread may sleep on them); `None` when nothing
+    /// is in flight or a request is not of that kind.
+    fn backend_wait(&self) -> Option<BackendWait> {
+        let mut wait = None;
+        for entry in self.entries.iter().filter(|entry| entry.worker.in_flight() > 0) {
+            entry.worker.backend_fd()?;
+            wait = match (wait, entry.worker.waits_on_backend_threads()) {
+                (None | Some(BackendWait::OwnThreads), true) => Some(BackendWait::OwnThreads),
+                _ => Some(BackendWait::Kernel),
+            };
         }
-        any
+        wait
+    }
+
+    /// Sleep while only the backends have work, until a completion, a notification or a
+    /// command: notifications wake a notified thread, while a polling one must look at its
+    /// rings again soon (`DiskWait::polled_sleep`).
+    fn disk_sleep(&mut self, disk_wait: &mut DiskWait) {
+        let timeout = match self.policy {
+            Policy::Notified => self.wait_limit(),
+            _ => Some(disk_wait.polled_sleep()),
+        };
+        self.stats.disk_sleeps += 1;
+        self.wait(timeout);
     }
 
     /// Wait in epoll for a notification or a command (at most `timeout`, if given), then clear

@@ -219,14 +219,21 @@ impl Drop for IoCore {
 
 /// Pin the calling thread to host CPU `cpu` (the IOCore, vCPU threads, benchmark helpers).
 pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
+    place_current_thread(&[cpu])
+}
+
+/// Let the calling thread, and the threads it starts from now on, run on host CPUs `cpus` only.
+pub fn place_current_thread(cpus: &[usize]) -> std::io::Result<()> {
+    if cpus.is_empty() || cpus.iter().any(|&cpu| cpu >= libc::CPU_SETSIZE as usize) {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (cpu checked
-    // above) and sched_setaffinity reads it.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (every CPU
+    // checked above) and sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(std::io::Error::last_os_error());
         }

@@ -235,6 +235,13 @@ pub trait Backend: Send {
     fn waits_on_submitter_workers(&self) -> bool {
         false
     }
+    /// Are requests finished by threads of the backend's own (librbd's messengers and
+    /// finishers), which need a core to run on? An owner waiting only for them should sleep on
+    /// `completion_fd` at once: spinning, it takes the core those threads (and, for a cluster on
+    /// this host, its daemons) would finish the requests on.
+    fn completes_on_own_threads(&self) -> bool {
+        false
+    }
     /// Ask the kernel to cancel every request in flight, for a device reset that has waited too
     /// long for them (a disk that does not answer); returns how many were in flight. Each
     /// cancelled request still completes through `poll`, with `IoError::Errno(ECANCELED)` (or

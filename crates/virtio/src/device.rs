@@ -39,6 +39,12 @@ pub trait QueueWorker: Send {
     fn waits_on_submitter_workers(&self) -> bool {
         false
     }
+    /// Are the requests in flight finished by the backend's own threads, so that an owner
+    /// waiting only for them should sleep rather than spin (see
+    /// `storage::Backend::completes_on_own_threads`)?
+    fn waits_on_backend_threads(&self) -> bool {
+        false
+    }
     /// Did the last `poll` leave requests in the ring because the device's rate limit was
     /// reached? Its owner then waits a little before polling again rather than spinning.
     fn throttled(&self) -> bool {

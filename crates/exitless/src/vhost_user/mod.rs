@@ -341,7 +341,7 @@ fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
         VhostIoMode::Eventfd => Policy::Notified,
     };
     let seccomp = args.seccomp.mode();
-    crate::confine_rbd_clients(seccomp)?;
+    vmm::set_up_rbd_clients(seccomp, args.iocore_cpu.clone())?;
     if args.api_socket.is_some() {
         // Started before the control thread confines itself: a disk added through the API opens
         // its image on it.

@@ -2,9 +2,9 @@
 //! own, the RBD client thread.
 //!
 //! librados and librbd start their own threads (messengers, timers, finishers) from the thread
-//! that connects, and those threads inherit its seccomp filter. Connecting from a thread that
-//! has installed the filter the owner gives with [`confine_client_threads`] puts every one of
-//! librbd's threads under that filter. Closing happens there too, so that librbd's shut-down
+//! that connects, and those threads inherit its seccomp filter and its CPUs. Connecting from a
+//! thread that the owner's [`set_up_client_threads`] has placed and confined puts every one of
+//! librbd's threads on those CPUs and under that filter. Closing happens there too, so that librbd's shut-down
 //! calls run under the same filter rather than under whichever filter the thread that dropped
 //! the last queue's backend had.
 
@@ -15,15 +15,16 @@ use std::sync::{mpsc, Mutex, OnceLock};
 use super::ffi::{self, Librbd};
 use super::{RbdError, RbdSpec};
 
-/// What the RBD client thread installs before it loads librbd (a seccomp filter).
-pub type Confinement = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// What the RBD client thread runs once librbd is loaded and before it starts any thread: its
+/// CPUs, then its seccomp filter.
+pub type ClientSetUp = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-static CONFINEMENT: OnceLock<Confinement> = OnceLock::new();
+static SET_UP: OnceLock<ClientSetUp> = OnceLock::new();
 
-/// Have the RBD client thread, and so every thread librbd starts, run `confine` first. Call it
+/// Have the RBD client thread, and so every thread librbd starts, run `set_up` first. Call it
 /// before the first RBD disk opens; later calls, and calls after that, change nothing (`false`).
-pub fn confine_client_threads(confine: Confinement) -> bool {
-    CONFINEMENT.set(confine).is_ok()
+pub fn set_up_client_threads(set_up: ClientSetUp) -> bool {
+    SET_UP.set(set_up).is_ok()
 }
 
 type Job = Box<dyn FnOnce(Result<&'static Librbd, &RbdError>) + Send>;
@@ -71,9 +72,9 @@ fn serve(queue: &mpsc::Receiver<Job>) {
     let library = Librbd::load()
         .map(|library| &*Box::leak(Box::new(library)))
         .map_err(|e| RbdError::Library(e.to_string()))
-        .and_then(|library| match CONFINEMENT.get().map_or(Ok(()), |confine| confine()) {
+        .and_then(|library| match SET_UP.get().map_or(Ok(()), |set_up| set_up()) {
             Ok(()) => Ok(library),
-            Err(reason) => Err(RbdError::Confine(reason)),
+            Err(reason) => Err(RbdError::SetUp(reason)),
         });
     for job in queue {
         job(library.as_ref().copied());

@@ -228,6 +228,10 @@ impl Backend for RbdDisk {
         self.inbox.clear_wake();
     }
 
+    fn completes_on_own_threads(&self) -> bool {
+        true
+    }
+
     fn cancel_all(&mut self) -> usize {
         // librbd cannot cancel a request: each finishes when the cluster answers it.
         self.in_flight()

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use client::{confine_client_threads, start_client_thread, Confinement};
+pub use client::{set_up_client_threads, start_client_thread, ClientSetUp};
 pub use disk::RbdDisk;
 
 /// An RBD image and how to reach its cluster.
@@ -68,8 +68,8 @@ pub enum RbdError {
         "cannot load Ceph's client libraries (librbd.so.1, librados.so.2): {0} (install Debian's librbd1)"
     )]
     Library(String),
-    #[error("cannot confine the RBD client thread: {0}")]
-    Confine(String),
+    #[error("cannot set up the RBD client thread: {0}")]
+    SetUp(String),
     #[error("the RBD client thread is gone")]
     ClientThreadGone,
     #[error("the RBD {0} holds a NUL byte")]

@@ -706,6 +706,10 @@ impl QueueWorker for BlockWorker {
         self.backend.waits_on_submitter_workers()
     }
 
+    fn waits_on_backend_threads(&self) -> bool {
+        self.backend.completes_on_own_threads()
+    }
+
     fn throttled(&self) -> bool {
         self.throttled && !self.broken
     }
