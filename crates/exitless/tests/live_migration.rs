@@ -15,14 +15,21 @@
 //! it, `migrate` failed with "Migration disabled: vhost-user backend lacks
 //! VHOST_USER_PROTOCOL_F_LOG_SHMFD feature." The downtime and total time QEMU reports are printed.
 //! Needs what scripts/setup.sh installs (qemu-system-x86, linux-image-cloud-amd64,
-//! busybox-static, coreutils).
+//! busybox-static, coreutils, fio, Ceph).
+//!
+//! Between hosts: two network namespaces joined by a veth pair stand for two hosts (a
+//! simulation on one machine), each with its own daemon, both on one RBD image of a cluster on
+//! the first; the guest, running fio verify round after round, migrates back and forth five
+//! times over QEMU's own TCP migration, and the image's exclusive lock follows it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use exitless_bench::hosts::{HostPair, DESTINATION_IP, SOURCE_IP};
 use serde_json::{json, Value};
+use storage::testing::ceph::TestCluster;
 
 mod common;
 use common::daemon::Daemon;
@@ -218,4 +225,167 @@ fn a_guest_migrates_between_two_qemus_on_one_daemon_while_doing_io() {
     );
     let clean = |l: &str| !l.contains("stopped at") || l.contains(" 0 I/O errors, 0 refused,");
     assert!(!log.contains("needs a reset") && log.lines().all(clean), "the daemon's log: {log}");
+}
+
+/// The guest's /init for the migrations between hosts, after `INIT_PRELUDE`: round after round,
+/// the first 16 MiB read through the page cache against their hash at boot (pages the daemon
+/// filled while pages were copied reach the destination only if it logged them), then fio
+/// writes 8 MiB at random with crc32c checksums and reads them back, and the kernel must have
+/// logged no I/O error; it never ends by itself.
+const HOSTS_INIT: &str = r#"
+fail() { echo "MG-FAIL $*"; dmesg | tail -30; poweroff -f; }
+DD=/usr/bin/dd
+FIO=/usr/bin/fio
+sum() { sha256sum | cut -d' ' -f1; }
+REF=$($DD if=/dev/vda bs=1M count=16 iflag=direct status=none | sum)
+echo "MG-READY"
+round=0
+while true; do
+    round=$((round + 1))
+    echo 3 > /proc/sys/vm/drop_caches
+    [ "$($DD if=/dev/vda bs=1M count=16 status=none | sum)" = "$REF" ] || fail "cached read round $round"
+    [ "$($DD if=/dev/vda bs=1M count=16 status=none | sum)" = "$REF" ] || fail "page cache round $round"
+    $FIO --name=verify --filename=/dev/vda --offset=32m --size=8m --rw=randwrite --bs=4k \
+        --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --verify_fatal=1 \
+        --randseed=$round > /tmp/fio 2>&1 || { cat /tmp/fio; fail "fio verify round $round"; }
+    [ "$(grep -c ': err= 0: ' /tmp/fio)" = 1 ] && ! grep -q 'verify failed' /tmp/fio \
+        || { cat /tmp/fio; fail "fio round $round"; }
+    if dmesg | grep -iE 'i/o error|blk_update_request|buffer i/o'; then fail "dmesg round $round"; fi
+    echo "MG-ROUND $round"
+done
+"#;
+
+/// Migrations back and forth between the two hosts.
+const TRIPS: usize = 5;
+/// QEMU's migration port on each host.
+const MIGRATION_PORT: u16 = 4460;
+
+/// `MG-ROUND` lines the guest printed on `console`.
+fn rounds(console: &Path) -> usize {
+    read(console).lines().filter(|l| l.starts_with("MG-ROUND")).count()
+}
+
+#[test]
+fn a_guest_on_an_rbd_image_migrates_back_and_forth_between_two_hosts_and_their_daemons() {
+    let _serial = common::one_at_a_time();
+    let kernel = kernel();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let initramfs = dir.join("initramfs.cpio");
+    let init = format!("{INIT_PRELUDE}{HOSTS_INIT}");
+    let programs = host_programs(&[("/usr/bin/dd", "coreutils"), ("/usr/bin/fio", "fio")]);
+    initramfs_with_programs(&kernel, &init, &programs, &initramfs);
+
+    let pair = HostPair::new().unwrap_or_else(|e| panic!("{e}"));
+    let hosts = [(pair.source.as_str(), SOURCE_IP), (pair.destination.as_str(), DESTINATION_IP)];
+    // The cluster runs on the first host, bound to its address: both hosts reach it.
+    let cluster = TestCluster::own_in("qemu-migration", Some((&pair.source, SOURCE_IP)));
+    let pattern = dir.join("pattern.img");
+    std::fs::write(
+        &pattern,
+        (0..DISK_SIZE).map(|i| (i / 4096) as u8 ^ (i as u8).wrapping_mul(7)).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    cluster.rbd(&["import", pattern.to_str().unwrap(), "rbd/guest"]);
+    let disk = format!("rbd=rbd/guest,conf={}", cluster.conf().display());
+
+    // One daemon per host, each with the image open.
+    let sockets = [dir.join("a.sock"), dir.join("b.sock")];
+    let mut daemons: Vec<Daemon> = (0..2)
+        .map(|host| {
+            Daemon::builder()
+                .netns(hosts[host].0)
+                .disk_on(&sockets[host], &disk)
+                .io_mode("adaptive")
+                .start(&dir.join(format!("daemon-{host}.log")))
+        })
+        .collect();
+
+    // QEMU number `n` on host `n % 2`: the first boots the guest, every later one waits for it.
+    let started = Instant::now();
+    let qemu = |n: usize| {
+        let host = n % 2;
+        let qmp = dir.join(format!("qmp-{n}"));
+        let console = dir.join(format!("console-{n}.log"));
+        let mut machine = Qemu::linux(&kernel, &initramfs, "512M", 1, "")
+            .netns(hosts[host].0)
+            .vhost_user_blk(&sockets[host])
+            .args(&["-qmp", &format!("unix:{},server=on,wait=off", qmp.display())]);
+        let incoming = format!("tcp:{}:{MIGRATION_PORT}", hosts[host].1);
+        if n > 0 {
+            machine = machine.args(&["-incoming", &incoming]);
+        }
+        let log = std::fs::File::create(dir.join(format!("qemu-{n}.log"))).unwrap();
+        let child = machine.spawn(&console, log);
+        (child, Qmp::connect(&qmp), console, incoming)
+    };
+    let wait_for_rounds = |console: &Path, count: usize, daemons: &mut Vec<Daemon>| loop {
+        let output = read(console);
+        assert!(!output.contains("MG-FAIL"), "the guest failed: {output}");
+        if rounds(console) >= count {
+            return;
+        }
+        for daemon in daemons.iter_mut() {
+            daemon.assert_alive();
+        }
+        assert!(started.elapsed() < LIMIT * 3, "{count} rounds: not within {:?}: {output}", LIMIT * 3);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let (mut running, mut qmp_running, mut console, _) = qemu(0);
+    let mut downtimes = Vec::new();
+    // The image's exclusive lock is held by the daemon of the host the guest writes from
+    // (`rbd lock ls` names the locker's address).
+    let assert_locked_from = |host: usize| {
+        let locks = cluster.rbd(&["lock", "ls", "rbd/guest"]);
+        assert!(locks.contains(&format!("{}:", hosts[host].1)), "locked from host {host}: {locks}");
+    };
+    for trip in 1..=TRIPS {
+        // The guest is busy with its disk here: two whole rounds on this QEMU.
+        wait_for_rounds(&console, 2, &mut daemons);
+        assert_locked_from((trip - 1) % 2);
+        let (next, mut qmp_next, next_console, incoming) = qemu(trip);
+        qmp_running.run(json!({ "execute": "migrate", "arguments": { "uri": incoming } }));
+        let info = loop {
+            let info = qmp_running.run(json!({ "execute": "query-migrate" }));
+            match info["status"].as_str() {
+                Some("completed") => break info,
+                Some("failed") | Some("cancelled") => panic!(
+                    "migration {trip} failed: {info}\nQEMU: {}\ndaemons: {}\n{}",
+                    read(&dir.join(format!("qemu-{}.log", trip - 1))),
+                    daemons[0].log(),
+                    daemons[1].log()
+                ),
+                _ => {}
+            }
+            assert!(started.elapsed() < LIMIT * 3, "migration {trip}: not within {:?}: {info}", LIMIT * 3);
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        downtimes.push(info["downtime"].as_u64().unwrap_or(0));
+        // The source's QEMU is done; its daemon's socket waits for the next one.
+        qmp_running.run(json!({ "execute": "quit" }));
+        let _ = running.wait();
+        assert_eq!(qmp_next.run(json!({ "execute": "query-status" }))["status"], "running", "after {trip}");
+        (running, qmp_running, console) = (next, qmp_next, next_console);
+    }
+    // Three whole rounds where it ended: every one of them ran there.
+    wait_for_rounds(&console, 3, &mut daemons);
+    assert_locked_from(TRIPS % 2);
+    qmp_running.run(json!({ "execute": "quit" }));
+    let _ = running.wait();
+    eprintln!(
+        "{TRIPS} migrations between two hosts on one RBD image: downtimes {downtimes:?} ms, {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
+    for (host, daemon) in daemons.into_iter().enumerate() {
+        let log = daemon.stop();
+        let clean = |l: &str| !l.contains("stopped at") || l.contains(" 0 I/O errors, 0 refused,");
+        assert!(!log.contains("panicked") && log.lines().all(clean), "daemon {host}: {log}");
+        assert!(
+            log.contains("logs the guest pages it writes"),
+            "daemon {host} logged while migrating: {log}"
+        );
+    }
+    let locks = cluster.rbd(&["lock", "ls", "rbd/guest"]);
+    assert!(locks.trim().is_empty(), "both daemons stopped, yet the image is locked: {locks}");
 }

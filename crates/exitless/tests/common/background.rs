@@ -3,7 +3,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
@@ -36,15 +36,7 @@ impl Background {
     pub fn start_in(netns: Option<&str>, dir: &Path, name: &str, args: &[&str], ready: Ready) -> Background {
         let stdout = dir.join(format!("{name}.out"));
         let stderr = dir.join(format!("{name}.err"));
-        let mut command = match netns {
-            None => Command::new(env!("CARGO_BIN_EXE_exitless")),
-            Some(ns) => {
-                let mut ip = Command::new("ip");
-                ip.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_exitless")]);
-                ip
-            }
-        };
-        let mut child = command
+        let mut child = super::command_in(netns, env!("CARGO_BIN_EXE_exitless"))
             .args(args)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())

@@ -21,6 +21,8 @@ pub struct DaemonBuilder {
     env: Vec<(OsString, OsString)>,
     /// The daemon's umask, when the test sets one.
     umask: Option<libc::mode_t>,
+    /// The network namespace it runs in (a simulated host), if not the test's.
+    netns: Option<String>,
 }
 
 impl DaemonBuilder {
@@ -63,6 +65,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// Run it in network namespace `netns` (a simulated host: its TCP connections, to a Ceph
+    /// cluster, leave from there; its Unix sockets are files, reachable from anywhere).
+    pub fn netns(mut self, netns: &str) -> Self {
+        self.netns = Some(netns.to_owned());
+        self
+    }
+
     /// The daemon's umask (the test's own otherwise).
     pub fn umask(mut self, umask: libc::mode_t) -> Self {
         self.umask = Some(umask);
@@ -71,7 +80,7 @@ impl DaemonBuilder {
 
     /// The command, for a test that runs and waits for it its own way (one that must die).
     pub fn command(&self) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
+        let mut command = super::command_in(self.netns.as_deref(), env!("CARGO_BIN_EXE_exitless"));
         command.arg("vhost-user-blk").args(&self.args).stdin(Stdio::null());
         for (key, value) in &self.env {
             command.env(key, value);

@@ -262,3 +262,16 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// `program`, in network namespace `netns` if one is named (`ip netns exec NS PROGRAM`, which
+/// becomes the program: the child's PID is the program's).
+pub fn command_in(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    match netns {
+        None => std::process::Command::new(program),
+        Some(ns) => {
+            let mut ip = std::process::Command::new("ip");
+            ip.args(["netns", "exec", ns]).arg(program);
+            ip
+        }
+    }
+}

@@ -21,6 +21,8 @@ pub struct Qemu {
     /// vhost-user chardevs and drives so far, to name the next one.
     chardevs: usize,
     drives: usize,
+    /// The network namespace it runs in (a simulated host), if not the test's.
+    netns: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -60,7 +62,15 @@ impl Qemu {
     }
 
     fn new(machine: Machine, ram: &str) -> Qemu {
-        Qemu { machine, ram: ram.to_owned(), shared_ram: false, args: Vec::new(), chardevs: 0, drives: 0 }
+        Qemu {
+            machine,
+            ram: ram.to_owned(),
+            shared_ram: false,
+            args: Vec::new(),
+            chardevs: 0,
+            drives: 0,
+            netns: None,
+        }
     }
 
     /// A disk served by QEMU itself from the raw file `path` (virtio-blk-pci or
@@ -117,6 +127,13 @@ impl Qemu {
     }
 
     /// More arguments, as they are (`-qmp`, `-incoming`).
+    /// Run it in network namespace `netns` (a simulated host: its migration listens and
+    /// connects there).
+    pub fn netns(mut self, netns: &str) -> Qemu {
+        self.netns = Some(netns.to_owned());
+        self
+    }
+
     pub fn args(mut self, args: &[&str]) -> Qemu {
         self.args.extend(args.iter().map(OsString::from));
         self
@@ -124,7 +141,7 @@ impl Qemu {
 
     /// The command line, standard input from /dev/null.
     pub fn command(&self) -> Command {
-        let mut command = Command::new("qemu-system-x86_64");
+        let mut command = super::command_in(self.netns.as_deref(), "qemu-system-x86_64");
         let backend = if self.shared_ram { ",memory-backend=mem" } else { "" };
         match self.machine {
             Machine::Pc if self.shared_ram => {
