@@ -137,6 +137,10 @@ bdev aio poll ms = 10
 # A fresh store has nothing to check; the check costs seconds at mkfs.
 bluestore fsck on mkfs = false
 osd memory target = 1073741824
+# A client killed with its image open keeps the image's exclusive lock until the OSD times its
+# watch out (30 s by default); the next client waits that long for the lock. A throw-away
+# cluster whose clients are killed on purpose times them out sooner.
+osd client watch timeout = 5
 
 [client]
 # librbd's write-around cache acknowledges writes before the OSD has them: off, so that an

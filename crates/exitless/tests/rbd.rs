@@ -292,3 +292,31 @@ fn librbds_threads_run_on_the_pinned_iocores_cpu() {
     let log = daemon.stop();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// The daemon's rate limit on an RBD disk: a polling IOCore that sleeps on librbd's eventfd
+/// must still come back for the requests the limit held.
+#[test]
+fn the_daemons_rate_limit_holds_an_rbd_disk_to_its_rate() {
+    let cluster = TestCluster::get();
+    cluster.image("limited", IMAGE_BYTES);
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["sidecore", "eventfd"] {
+        let (daemon, socket) =
+            daemon(dir.path(), &format!("{},iops=200", rbd_disk(cluster, "limited")), mode);
+        // At 200 IOPS with a one-second burst, 600 reads take at least 2 s.
+        let cmdline = "probe.workload=blk probe.rw=randread probe.ops=600 probe.qd=8 probe.warmup=0";
+        let result = run_probe("exitless", &format!("vhost-user={}", socket.display()), cmdline);
+        assert_eq!(
+            (result["ops"].as_u64(), result["errors"].as_u64()),
+            (Some(600), Some(0)),
+            "{mode}: {result}"
+        );
+        let iops = result["iops"].as_f64().unwrap();
+        assert!(
+            iops <= common::limited_iops(200.0, 600.0),
+            "{mode}: {iops} IOPS under a limit of 200: {result}"
+        );
+        let log = daemon.stop();
+        assert!(!log.contains("panicked"), "{log}");
+    }
+}

@@ -135,12 +135,6 @@ impl Rig {
     }
 }
 
-/// The most IOPS `ops` requests can show under a limit of `iops` per second whose bucket starts
-/// full (one second's worth): over t seconds at most iops * (t + 1) requests.
-fn limited_iops(iops: f64, ops: f64) -> f64 {
-    iops * ops / (ops - iops)
-}
-
 #[test]
 fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_removed() {
     let mut rig = Rig::start();
@@ -158,7 +152,7 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
     // At 200 IOPS with a one-second burst, 600 reads take at least 2 s.
     let limited = rig.guest_reads(&socket, 600);
     let iops = limited["iops"].as_f64().unwrap();
-    assert!(iops <= limited_iops(200.0, 600.0), "{iops} IOPS under a limit of 200: {limited}");
+    assert!(iops <= common::limited_iops(200.0, 600.0), "{iops} IOPS under a limit of 200: {limited}");
     let samples = scrape(&rig.api);
     let waits = sample(&samples, "exitless_disk_rate_limit_waits_total", &[("disk", "vm")]);
     assert!(waits > 0.0, "the guest waited for the limit");
@@ -177,7 +171,7 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
     assert_eq!(status, 200, "{body}");
     let slower = rig.guest_reads(&socket, 300);
     let iops = slower["iops"].as_f64().unwrap();
-    assert!(iops <= limited_iops(100.0, 300.0), "{iops} IOPS under a limit of 100: {slower}");
+    assert!(iops <= common::limited_iops(100.0, 300.0), "{iops} IOPS under a limit of 100: {slower}");
 
     // What the metrics count is what the guests did: 1500 reads of 4 KiB, nothing failed.
     let samples = scrape(&rig.api);

@@ -275,3 +275,9 @@ pub fn command_in(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> 
         }
     }
 }
+
+/// The most IOPS `ops` requests can show under a limit of `iops` per second whose bucket starts
+/// full (one second's worth): over t seconds at most iops * (t + 1) requests.
+pub fn limited_iops(iops: f64, ops: f64) -> f64 {
+    iops * ops / (ops - iops)
+}
