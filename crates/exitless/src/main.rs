@@ -20,6 +20,9 @@ fn main() {
             std::process::exit(usage_error(one_line(&e.to_string())));
         }
     };
+    // Before any thread is confined: glibc's malloc would otherwise open files later, on
+    // whichever (confined) thread first needs what they say.
+    sandbox::settle_allocator();
     let prefix = match cli.command {
         cli::Command::VhostUserBlk(_) => "exitless vhost-user-blk",
         _ => "exitless",

@@ -7,6 +7,9 @@
 //! input. Filters hold for the calling thread and every thread it starts later.
 
 mod allowlists;
+mod libc_state;
+
+pub use libc_state::settle_allocator;
 
 use std::fmt;
 
