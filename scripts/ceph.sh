@@ -120,6 +120,12 @@ mon allow pool size one = true
 mon warn on pool no redundancy = false
 # Each osdmap change otherwise waits about 1 s for the next Paxos proposal.
 paxos propose interval = 0.1
+# A client killed with its image open keeps the image's exclusive lock until the OSD times its
+# watch out (30 s by default), and the next client waits that long for the lock: a throw-away
+# cluster whose clients are killed on purpose times them out after 5 s. Clients ping their
+# watches every objecter tick (5 s by default), so the tick comes every second.
+osd client watch timeout = 5
+objecter tick interval = 1
 
 [mon]
 mon data = $dir/mon.\$id
@@ -137,10 +143,6 @@ bdev aio poll ms = 10
 # A fresh store has nothing to check; the check costs seconds at mkfs.
 bluestore fsck on mkfs = false
 osd memory target = 1073741824
-# A client killed with its image open keeps the image's exclusive lock until the OSD times its
-# watch out (30 s by default); the next client waits that long for the lock. A throw-away
-# cluster whose clients are killed on purpose times them out sooner.
-osd client watch timeout = 5
 
 [client]
 # librbd's write-around cache acknowledges writes before the OSD has them: off, so that an
