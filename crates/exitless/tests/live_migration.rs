@@ -101,6 +101,26 @@ impl Qmp {
         qmp
     }
 
+    /// `migrate` to `uri`, then `query-migrate` until it completed: its answer. Fails the test
+    /// if it failed or did not complete by `deadline`, with what `context` says (and checks).
+    fn migrate(&mut self, uri: &str, deadline: Instant, context: &mut dyn FnMut() -> String) -> Value {
+        self.run(json!({ "execute": "migrate", "arguments": { "uri": uri } }));
+        loop {
+            let info = self.run(json!({ "execute": "query-migrate" }));
+            match info["status"].as_str() {
+                Some("completed") => return info,
+                Some("failed") | Some("cancelled") => panic!("the migration failed: {info}\n{}", context()),
+                _ => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the migration did not complete in time: {info}\n{}",
+                context()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn run(&mut self, command: Value) -> Value {
         writeln!(self.stream, "{command}").unwrap();
         loop {
@@ -172,22 +192,10 @@ fn a_guest_migrates_between_two_qemus_on_one_daemon_while_doing_io() {
     // At 64 MiB/s, 256 MiB of RAM take seconds: the guest's I/O goes on while pages are copied.
     let limit = json!({ "execute": "migrate-set-parameters", "arguments": { "max-bandwidth": 64 << 20 } });
     qmp_source.run(limit);
-    qmp_source.run(json!({ "execute": "migrate", "arguments": { "uri": incoming } }));
-    let info = loop {
-        let info = qmp_source.run(json!({ "execute": "query-migrate" }));
-        match info["status"].as_str() {
-            Some("completed") => break info,
-            Some("failed") | Some("cancelled") => panic!(
-                "the migration failed: {info}\nsource QEMU: {}\ndaemon: {}",
-                read(&logs[0]),
-                daemon.log()
-            ),
-            _ => {}
-        }
+    let info = qmp_source.migrate(&incoming, started + LIMIT, &mut || {
         daemon.assert_alive();
-        assert!(started.elapsed() < LIMIT, "the migration did not complete within {LIMIT:?}: {info}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        format!("source QEMU: {}\ndaemon: {}", read(&logs[0]), daemon.log())
+    });
     let downtime = info["downtime"].as_u64().unwrap_or(0);
     let total = info["total-time"].as_u64().unwrap_or(0);
     let ram = &info["ram"];
@@ -345,22 +353,10 @@ fn a_guest_on_an_rbd_image_migrates_back_and_forth_between_two_hosts_and_their_d
         wait_for_rounds(&console, 2, &mut daemons);
         assert_locked_from((trip - 1) % 2);
         let (next, mut qmp_next, next_console, incoming) = qemu(trip);
-        qmp_running.run(json!({ "execute": "migrate", "arguments": { "uri": incoming } }));
-        let info = loop {
-            let info = qmp_running.run(json!({ "execute": "query-migrate" }));
-            match info["status"].as_str() {
-                Some("completed") => break info,
-                Some("failed") | Some("cancelled") => panic!(
-                    "migration {trip} failed: {info}\nQEMU: {}\ndaemons: {}\n{}",
-                    read(&dir.join(format!("qemu-{}.log", trip - 1))),
-                    daemons[0].log(),
-                    daemons[1].log()
-                ),
-                _ => {}
-            }
-            assert!(started.elapsed() < LIMIT * 3, "migration {trip}: not within {:?}: {info}", LIMIT * 3);
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let info = qmp_running.migrate(&incoming, started + LIMIT * 3, &mut || {
+            let qemu = read(&dir.join(format!("qemu-{}.log", trip - 1)));
+            format!("migration {trip}; QEMU: {qemu}\ndaemons: {}\n{}", daemons[0].log(), daemons[1].log())
+        });
         downtimes.push(info["downtime"].as_u64().unwrap_or(0));
         // The source's QEMU is done; its daemon's socket waits for the next one.
         qmp_running.run(json!({ "execute": "quit" }));

@@ -4,9 +4,9 @@
 //! librados and librbd start their own threads (messengers, timers, finishers) from the thread
 //! that connects, and those threads inherit its seccomp filter and its CPUs. Connecting from a
 //! thread that the owner's [`set_up_client_threads`] has placed and confined puts every one of
-//! librbd's threads on those CPUs and under that filter. Closing happens there too, so that librbd's shut-down
-//! calls run under the same filter rather than under whichever filter the thread that dropped
-//! the last queue's backend had.
+//! librbd's threads on those CPUs and under that filter. Closing happens there too, so that
+//! librbd's shut-down calls run under the same filter rather than under whichever filter the
+//! thread that dropped the last queue's backend had.
 
 use std::ffi::CString;
 use std::path::PathBuf;
