@@ -1,8 +1,9 @@
 //! The command-line vocabulary the `exitless` binary and its benchmarks share: byte sizes,
-//! `--disk` specs, I/O modes, `--seccomp`, and how `exitless` reports an error and exits.
+//! `--disk` and `--net` specs, I/O modes, `--seccomp`, and how `exitless` reports an error and exits.
 
 pub mod disk;
 mod io_mode;
+pub mod net;
 mod seccomp;
 pub mod size;
 
@@ -31,4 +32,12 @@ pub fn usage_error(message: impl std::fmt::Display) -> i32 {
 pub fn fail(message: impl std::fmt::Display) -> i32 {
     eprintln!("exitless: error: {message}");
     status::FAILED
+}
+
+/// A positive number of seconds (`--timeout`, `--idle-exit-s`), below 10^9.
+pub fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(s),
+        _ => Err(format!("`{text}` is not a positive number of seconds")),
+    }
 }

@@ -30,6 +30,7 @@ mod rounds;
 mod scale;
 mod scratch;
 mod table;
+pub mod udp;
 mod upgrade;
 
 use serde_json::{Map, Value};

@@ -31,10 +31,10 @@ pub enum Command {
     Bench(Box<BenchArgs>),
     /// A UDP echo responder: answers every datagram with itself (the network benchmark's
     /// server, for the guest and for the bare-metal baseline alike).
-    UdpEcho(UdpEchoArgs),
+    UdpEcho(exitless_bench::udp::UdpEchoArgs),
     /// A UDP request-response client (like netperf UDP_RR): one datagram out, wait for its
     /// echo, repeat; prints one JSON line with transactions per second and latency.
-    UdpRr(UdpRrArgs),
+    UdpRr(exitless_bench::udp::UdpRrArgs),
     /// Serve a virtio-blk disk over vhost-user (to QEMU's vhost-user-blk and other frontends).
     VhostUserBlk(crate::vhost_user::VhostUserBlkArgs),
 }
@@ -146,7 +146,7 @@ pub struct RunArgs {
     #[arg(long, requires = "stats")]
     pub json: bool,
     /// Stop the guest after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, allow_negative_numbers = true)]
+    #[arg(long, value_name = "SECONDS", value_parser = exitless_args::parse_seconds, allow_negative_numbers = true)]
     pub timeout: Option<f64>,
     #[command(flatten)]
     pub io: IoArgs,
@@ -176,8 +176,8 @@ pub struct IoArgs {
     /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.
     /// The tap is opened if it exists, created (and brought up) otherwise, in network namespace
     /// NAME (`ip netns add NAME`) or in ours. Frames are at most 1518 bytes (no offloads).
-    #[arg(long = "net", value_name = "SPEC", value_parser = crate::net::parse)]
-    pub nets: Vec<crate::net::NetArg>,
+    #[arg(long = "net", value_name = "SPEC", value_parser = exitless_args::net::parse)]
+    pub nets: Vec<exitless_args::net::NetArg>,
     /// How disk and network I/O is served: trap (MMIO exit to user space), eventfd (ioeventfd + I/O thread +
     /// irqfd), pv-eoi (eventfd with paravirtual EOI), sidecore (IOCore polls the rings: no
     /// notification exits), exitless (sidecore, and the guest polls: no exit per I/O), adaptive
@@ -210,72 +210,4 @@ pub enum ExitKind {
 pub enum ProbeCommand {
     /// Write the probe guest's PVH ELF to FILE, to boot it in QEMU, Firecracker or Cloud Hypervisor.
     Export { file: PathBuf },
-}
-
-fn parse_timeout(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(s),
-        _ => Err(format!("`{text}` is not a positive number of seconds")),
-    }
-}
-
-#[derive(Args)]
-pub struct UdpEchoArgs {
-    /// Address and port to answer on.
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub bind: std::net::SocketAddr,
-    /// Stop after answering this many datagrams.
-    #[arg(long, value_name = "N")]
-    pub count: Option<u64>,
-    /// Stop after this many seconds without a datagram.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
-    pub idle_exit_s: Option<f64>,
-    /// Pin to this host CPU.
-    #[arg(long, value_name = "CPU")]
-    pub cpu: Option<usize>,
-}
-
-#[derive(Args)]
-pub struct UdpRrArgs {
-    /// The echo responder.
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub to: std::net::SocketAddr,
-    /// Datagram payload bytes.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_507))]
-    pub size: u64,
-    /// Measured time, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
-    pub duration_ms: u64,
-    /// Unmeasured transactions first.
-    #[arg(long, value_name = "N", default_value_t = 100)]
-    pub warmup: u64,
-    /// How long to wait for an answer before sending the next request.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
-    pub timeout_ms: u64,
-    /// Give up after this many unanswered requests.
-    #[arg(long, value_name = "N", default_value_t = 10)]
-    pub max_timeouts: u64,
-    /// Spin on a non-blocking socket instead of sleeping in recv (a polling client, like the
-    /// exitless guest).
-    #[arg(long)]
-    pub busy_poll: bool,
-    /// Go without the socket layer and the kernel's UDP/IP stack, as the guest does: write
-    /// Ethernet frames to an AF_PACKET socket on this interface and busy poll its memory-mapped
-    /// receive ring for the echoes. Needs --from, --from-mac and --to-mac, an address the
-    /// namespace does not own (the echo then bypasses its IP stack), and a neighbour entry for
-    /// it on the responder's side.
-    #[arg(long, value_name = "IFACE", requires_all = ["from", "from_mac", "to_mac"])]
-    pub packet: Option<String>,
-    /// With --packet: the client's IPv4 address and UDP port.
-    #[arg(long, value_name = "IP:PORT")]
-    pub from: Option<std::net::SocketAddrV4>,
-    /// With --packet: the client's MAC address (the requests' source).
-    #[arg(long, value_name = "MAC", value_parser = crate::net::parse_mac)]
-    pub from_mac: Option<[u8; 6]>,
-    /// With --packet: the responder's MAC address (the requests' destination).
-    #[arg(long, value_name = "MAC", value_parser = crate::net::parse_mac)]
-    pub to_mac: Option<[u8; 6]>,
-    /// Pin to this host CPU.
-    #[arg(long, value_name = "CPU")]
-    pub cpu: Option<usize>,
 }

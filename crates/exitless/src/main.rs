@@ -2,9 +2,7 @@
 
 mod cli;
 mod logger;
-mod net;
 mod run;
-mod udp;
 mod vhost_user;
 mod vm_api;
 
@@ -37,8 +35,8 @@ fn main() {
             Err(e) => fail(format_args!("cannot write {}: {e}", file.display())),
         },
         cli::Command::Bench(args) => exitless_bench::main(*args),
-        cli::Command::UdpEcho(args) => udp::echo(args),
-        cli::Command::UdpRr(args) => udp::rr(args),
+        cli::Command::UdpEcho(args) => exitless_bench::udp::echo(args),
+        cli::Command::UdpRr(args) => exitless_bench::udp::rr(args),
         cli::Command::VhostUserBlk(args) => vhost_user::main(args),
     };
     std::process::exit(code);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::cli::{UdpEchoArgs, UdpRrArgs};
+use clap::Args;
 use exitless_args::fail;
 
 /// Largest datagram either tool handles.
@@ -185,4 +185,65 @@ fn measure(
         "mismatches": mismatches,
         "busy_poll": busy_poll,
     }))
+}
+
+#[derive(Args)]
+pub struct UdpEchoArgs {
+    /// Address and port to answer on.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub bind: std::net::SocketAddr,
+    /// Stop after answering this many datagrams.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Stop after this many seconds without a datagram.
+    #[arg(long, value_name = "SECONDS", value_parser = exitless_args::parse_seconds)]
+    pub idle_exit_s: Option<f64>,
+    /// Pin to this host CPU.
+    #[arg(long, value_name = "CPU")]
+    pub cpu: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct UdpRrArgs {
+    /// The echo responder.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub to: std::net::SocketAddr,
+    /// Datagram payload bytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_507))]
+    pub size: u64,
+    /// Measured time, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub duration_ms: u64,
+    /// Unmeasured transactions first.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub warmup: u64,
+    /// How long to wait for an answer before sending the next request.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub timeout_ms: u64,
+    /// Give up after this many unanswered requests.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub max_timeouts: u64,
+    /// Spin on a non-blocking socket instead of sleeping in recv (a polling client, like the
+    /// exitless guest).
+    #[arg(long)]
+    pub busy_poll: bool,
+    /// Go without the socket layer and the kernel's UDP/IP stack, as the guest does: write
+    /// Ethernet frames to an AF_PACKET socket on this interface and busy poll its memory-mapped
+    /// receive ring for the echoes. Needs --from, --from-mac and --to-mac, an address the
+    /// namespace does not own (the echo then bypasses its IP stack), and a neighbour entry for
+    /// it on the responder's side.
+    #[arg(long, value_name = "IFACE", requires_all = ["from", "from_mac", "to_mac"])]
+    pub packet: Option<String>,
+    /// With --packet: the client's IPv4 address and UDP port.
+    #[arg(long, value_name = "IP:PORT")]
+    pub from: Option<std::net::SocketAddrV4>,
+    /// With --packet: the client's MAC address (the requests' source).
+    #[arg(long, value_name = "MAC", value_parser = exitless_args::net::parse_mac)]
+    pub from_mac: Option<[u8; 6]>,
+    /// With --packet: the responder's MAC address (the requests' destination).
+    #[arg(long, value_name = "MAC", value_parser = exitless_args::net::parse_mac)]
+    pub to_mac: Option<[u8; 6]>,
+    /// Pin to this host CPU.
+    #[arg(long, value_name = "CPU")]
+    pub cpu: Option<usize>,
 }
