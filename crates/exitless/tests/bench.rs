@@ -192,7 +192,7 @@ fn a_bad_scratch_directory_is_refused_on_one_line() {
 #[test]
 fn a_ram_disk_alone_needs_no_scratch_directory() {
     let _one = common::one_at_a_time();
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--disk",
@@ -211,8 +211,6 @@ fn a_ram_disk_alone_needs_no_scratch_directory() {
         "--warmup",
         "10",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     assert_eq!(report["results"][0]["disk"], "ram");
 }
 
@@ -221,7 +219,7 @@ fn a_ram_disk_alone_needs_no_scratch_directory() {
 #[test]
 fn rounds_report_every_guest_row_by_its_median_run() {
     let _one = common::one_at_a_time();
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--disk",
@@ -237,8 +235,6 @@ fn rounds_report_every_guest_row_by_its_median_run() {
         "--warmup",
         "10",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
     // exitless's two modes and QEMU's four configurations, once each.
@@ -267,7 +263,7 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
     std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
     let device = common::LoopDevice::attach(&file);
     let disk = format!("path={},direct", device.path.display());
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--disk",
@@ -281,8 +277,6 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
         "--warmup",
         "10",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     let mut modes: Vec<&str> = results.iter().map(|r| r["mode"].as_str().unwrap()).collect();
     modes.sort_unstable();
@@ -301,7 +295,7 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
 #[test]
 fn block_bench_at_the_queue_size_runs_in_every_vmm() {
     let _one = common::one_at_a_time();
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--qd",
@@ -315,8 +309,6 @@ fn block_bench_at_the_queue_size_runs_in_every_vmm() {
         "--disk",
         "ram=64M",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
     assert_eq!(guests.len(), 5, "exitless and QEMU's four set-ups: {results:?}");
@@ -333,7 +325,7 @@ fn block_bench_plots_one_svg_per_scenario() {
     let _one = common::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let plots = dir.path().join("plots/new");
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--disk",
@@ -351,8 +343,6 @@ fn block_bench_plots_one_svg_per_scenario() {
         "--plot",
         plots.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     let mut files: Vec<String> =
         std::fs::read_dir(&plots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
@@ -431,7 +421,7 @@ fn x_qemu_pairs_the_same_backend(results: &[Value]) {
 #[test]
 fn x_qemu_pairs_rows_on_the_same_backend() {
     let _one = common::one_at_a_time();
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--disk",
@@ -447,8 +437,6 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
         "--warmup",
         "200",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     let row = |disk: &str, mode: &str| {
@@ -514,7 +502,7 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
 fn the_backend_matrix_runs_every_kind_with_matching_caching() {
     let _one = common::one_at_a_time();
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--backends",
@@ -534,8 +522,6 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
         "--scratch",
         scratch.path().to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     // (disk, exitless's backend, fio's and QEMU's own --direct / cache mode).
@@ -599,6 +585,13 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
     }
 }
 
+/// `exitless ARGS` (a `bench ... --json`), which must succeed: its one JSON document.
+fn bench_report(args: &[&str]) -> Value {
+    let out = exitless(args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).expect("one JSON document")
+}
+
 /// Whether process `pid` still runs.
 fn alive(pid: u64) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
@@ -612,7 +605,7 @@ fn alive(pid: u64) -> bool {
 fn the_rbd_backend_pairs_only_with_rbd_peers_on_a_cluster_the_bench_starts() {
     let _one = common::one_at_a_time();
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--backends",
@@ -632,8 +625,6 @@ fn the_rbd_backend_pairs_only_with_rbd_peers_on_a_cluster_the_bench_starts() {
         "--scratch",
         scratch.path().to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     let ceph = &report["ceph"];
@@ -706,7 +697,7 @@ fn the_rbd_backend_runs_on_a_given_cluster_and_leaves_it_as_it_was() {
     let cluster = storage::testing::ceph::TestCluster::get();
     let conf = cluster.conf().to_str().unwrap();
     let images_before = cluster.rbd(&["ls", "rbd"]);
-    let out = exitless(&[
+    let report = bench_report(&[
         "bench",
         "--json",
         "--backends",
@@ -730,8 +721,6 @@ fn the_rbd_backend_runs_on_a_given_cluster_and_leaves_it_as_it_was() {
         "--scratch",
         "/nonexistent/exitless",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     assert_eq!(report["ceph"]["started_by_bench"], false, "{}", report["ceph"]);
     assert_eq!(report["ceph"]["daemons"], serde_json::json!([]));
     let image = report["ceph"]["image"].as_str().unwrap();
@@ -757,9 +746,7 @@ fn the_rbd_backend_runs_on_a_given_cluster_and_leaves_it_as_it_was() {
 #[test]
 fn migrate_bench_reports_rounds_pages_and_downtime() {
     let _one = common::one_at_a_time();
-    let out = exitless(&["bench", "migrate", "--json", "--modes", "eventfd,exitless"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let report = bench_report(&["bench", "migrate", "--json", "--modes", "eventfd,exitless"]);
     assert_eq!(report["bench"], "migrate");
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 8, "{report}");
