@@ -152,15 +152,17 @@ part() {
     rm -f "$logs/$name.passed"
     echo "reliability: $name ($command)" >&2
     start=$(date +%s)
-    if bash -c "$command" >"$logs/$name.log" 2>&1; then
+    local passed=true
+    bash -c "$command" >"$logs/$name.log" 2>&1 || passed=false
+    seconds=$(($(date +%s) - start))
+    printf -v "seconds_$name" '%s' "$seconds"
+    if $passed; then
         echo "reliability: $name passed" >&2
-        seconds=$(($(date +%s) - start))
         printf '%s\n%s\n' "$form $tree" "$seconds" >"$logs/$name.passed"
     else
         echo "reliability: $name FAILED (log: $logs/$name.log)" >&2
         failed+=("$name")
     fi
-    printf -v "seconds_$name" '%s' $(($(date +%s) - start))
 }
 
 part flush "$flush_command"
