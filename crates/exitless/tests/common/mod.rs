@@ -17,6 +17,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+pub use storage::testing::command_in;
 
 pub fn exitless(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_exitless")).args(args).output().expect("run exitless")
@@ -261,19 +262,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Held for a whole test. A test that failed while holding it does not fail the next one.
 pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `program`, in network namespace `netns` if one is named (`ip netns exec NS PROGRAM`, which
-/// becomes the program: the child's PID is the program's).
-pub fn command_in(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
-    match netns {
-        None => std::process::Command::new(program),
-        Some(ns) => {
-            let mut ip = std::process::Command::new("ip");
-            ip.args(["netns", "exec", ns]).arg(program);
-            ip
-        }
-    }
 }
 
 /// The most IOPS `ops` requests can show under a limit of `iops` per second whose bucket starts

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use super::command_in;
 use crate::RbdSpec;
 
 /// A running cluster: its directory and configuration file.
@@ -57,14 +58,7 @@ impl TestCluster {
     fn start_in(name: &str, at: Option<(&str, std::net::Ipv4Addr)>) -> Result<TestCluster, String> {
         let base = std::env::var_os("EXITLESS_CEPH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
         let dir = base.join(format!("exitless-ceph-{}-{name}", std::process::id()));
-        let mut command = match at {
-            Some((netns, _)) => {
-                let mut ip = Command::new("ip");
-                ip.args(["netns", "exec", netns]).arg(script());
-                ip
-            }
-            None => Command::new(script()),
-        };
+        let mut command = command_in(at.map(|(netns, _)| netns), script());
         command.arg("up").arg(&dir).args(["--until-exit", &std::process::id().to_string()]);
         if let Some((_, addr)) = at {
             command.args(["--addr", &addr.to_string()]);
@@ -91,15 +85,7 @@ impl TestCluster {
 
     /// Run `rbd` against the cluster with `args`; its stdout, or a panic with its stderr.
     pub fn rbd(&self, args: &[&str]) -> String {
-        let mut command = match &self.netns {
-            Some(netns) => {
-                let mut ip = Command::new("ip");
-                ip.args(["netns", "exec", netns, "rbd"]);
-                ip
-            }
-            None => Command::new("rbd"),
-        };
-        let output = command
+        let output = command_in(self.netns.as_deref(), "rbd")
             .arg("-c")
             .arg(&self.conf)
             .args(args)

@@ -1,9 +1,23 @@
-//! Test support for crates that drive backends: a disk that does not answer, and how many of a
-//! file's pages the host's page cache holds dirty.
+//! Test support for crates that drive backends: a disk that does not answer, how many of a
+//! file's pages the host's page cache holds dirty, a Ceph cluster, and a program started in a
+//! network namespace.
 
 pub mod ceph;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `program`, in network namespace `netns` if one is named (`ip netns exec NS PROGRAM`, which
+/// becomes the program: the child's PID is the program's).
+pub fn command_in(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    match netns {
+        None => std::process::Command::new(program),
+        Some(ns) => {
+            let mut ip = std::process::Command::new("ip");
+            ip.args(["netns", "exec", ns]).arg(program);
+            ip
+        }
+    }
+}
 
 /// A range of the caller's memory whose first touch stalls until [`Stall::release`] (or drop):
 /// registered with userfaultfd, whose faults nobody answers. A request whose buffer is there is
