@@ -2,9 +2,12 @@
 //! APIs speak it: one request per connection, a body only with `Content-Length` (no chunked
 //! transfer), a response that closes the connection. The bytes come from any local client, so
 //! the parser bounds everything it keeps ([`MAX_HEAD`], [`MAX_BODY`]), and every malformed
-//! request is an [`HttpError`] with the status to answer, never a panic.
+//! request is an [`HttpError`] with the status to answer, never a panic. [`server`] is the
+//! thread that serves such an API: bounded clients, each checked before a byte is read.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+
+pub mod server;
 
 use thiserror::Error;
 

@@ -36,7 +36,7 @@ pub enum Command {
     /// echo, repeat; prints one JSON line with transactions per second and latency.
     UdpRr(exitless_bench::udp::UdpRrArgs),
     /// Serve a virtio-blk disk over vhost-user (to QEMU's vhost-user-blk and other frontends).
-    VhostUserBlk(crate::vhost_user::VhostUserBlkArgs),
+    VhostUserBlk(vhost_user_blk::VhostUserBlkArgs),
 }
 
 const ENVIRONMENT: &str = "\

@@ -3,7 +3,6 @@
 mod cli;
 mod logger;
 mod run;
-mod vhost_user;
 mod vm_api;
 
 use clap::Parser;
@@ -37,7 +36,7 @@ fn main() {
         cli::Command::Bench(args) => exitless_bench::main(*args),
         cli::Command::UdpEcho(args) => exitless_bench::udp::echo(args),
         cli::Command::UdpRr(args) => exitless_bench::udp::rr(args),
-        cli::Command::VhostUserBlk(args) => vhost_user::main(args),
+        cli::Command::VhostUserBlk(args) => vhost_user_blk::main(args),
     };
     std::process::exit(code);
 }

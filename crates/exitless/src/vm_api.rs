@@ -1,5 +1,5 @@
 //! `exitless run --api-socket`: Cloud Hypervisor's verbs for a running VM, over the same
-//! bounded HTTP thread the vhost-user daemon's API uses ([`crate::vhost_user::api`]):
+//! bounded HTTP thread the vhost-user daemon's API uses ([`api_http::server`]):
 //! `PUT /api/v1/vm.pause`, `PUT /api/v1/vm.resume` and `PUT /api/v1/vm.snapshot` with
 //! `{"destination_url": "file:///DIR"}` (of a paused VM), and `PUT /api/v1/vm.send-migration`
 //! with `{"destination_url": "unix:/PATH"}`, `"tcp:IP:PORT"` (mutual TLS) or
@@ -12,15 +12,14 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver};
 
+use api_http::server::{error, ApiServer, Call};
 use api_http::{Method, Request, Response};
 use sandbox::{Filter, SeccompMode, ThreadKind};
 use vmm::{ControlError, VmControl};
 
-use crate::vhost_user::api::{error, Api, Call};
-
 /// The API's thread, and how to stop it once the VM has ended.
 pub struct VmApi {
-    api: Api,
+    api: ApiServer,
     stop: File,
 }
 
@@ -42,7 +41,8 @@ pub fn start(path: &Path, seccomp: SeccompMode) -> Result<(VmApi, impl FnMut(&Vm
     let (sender, calls) = mpsc::sync_channel(16);
     let filter = Filter::new(ThreadKind::VmmApi, seccomp).map_err(|e| e.to_string())?;
     let stop_writer = File::from(stop.try_clone().map_err(eventfd_error)?);
-    let api = Api::start(path, stop, filter, sender, wake)?;
+    let api = ApiServer::start(path, stop, move || filter.install(), sender, wake)
+        .map_err(|e| format!("--api-socket: {e}"))?;
     log::info!("control API on {}", path.display());
     Ok((VmApi { api, stop: stop_writer }, move |vm: &VmControl| answer_all(&calls, vm)))
 }

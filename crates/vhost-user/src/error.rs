@@ -115,16 +115,8 @@ pub enum Error {
     BadWriteback(u8),
 
     // The server.
-    #[error("{path} exists and is not a socket (it is {found}): it is left alone; remove it or choose another socket path")]
-    NotASocket { path: String, found: &'static str },
-    #[error("{path} is a socket of another user's (uid {uid}): it is left alone; remove it as that user or choose another socket path")]
-    ForeignSocket { path: String, uid: u32 },
-    #[error("{path} is too long for a Unix socket's address (at most 107 bytes): choose a shorter path")]
-    PathTooLong { path: String },
-    #[error("cannot give {path} the owner or mode asked for ({what}): {source}")]
-    SocketAccess { path: String, what: String, source: io::Error },
-    #[error("{path} is in use by a running server: stop it or choose another --socket path")]
-    SocketInUse { path: String },
+    #[error(transparent)]
+    Socket(#[from] unix_socket::ListenError),
     #[error("cannot listen on {path}: {source}")]
     Listen { path: String, source: io::Error },
     #[error("the socket handed over for {path} is not listening there (it is {found})")]

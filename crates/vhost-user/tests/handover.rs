@@ -122,8 +122,7 @@ fn adopt(rig: &Rig, state: DiskState) -> (Serving, Receiver<Result<(), String>>,
     let (commit, committed) = mpsc::channel();
     let adopted =
         Adopted { connection: state.connection, writeback: state.writeback, replayed, commit: committed };
-    let server =
-        Server::adopt(state.listener, &rig.socket, vhost_user::server::Access::owner_only()).unwrap();
+    let server = Server::adopt(state.listener, &rig.socket, unix_socket::Access::owner_only()).unwrap();
     (Serving::start(&rig.disk, server, Some(adopted)), replay_result, commit)
 }
 

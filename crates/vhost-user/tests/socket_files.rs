@@ -8,8 +8,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 
+use unix_socket::{listen, Access, ListenError};
 use vhost_user::error::Error;
-use vhost_user::server::{listen, Access};
 use vhost_user::Server;
 
 /// The user `nobody`, who owns the socket another user left.
@@ -48,7 +48,7 @@ fn sockets_are_owner_only_and_only_our_stale_sockets_are_replaced() {
     drop(UnixListener::bind(&foreign).unwrap());
     std::os::unix::fs::chown(&foreign, Some(NOBODY), Some(NOBODY)).unwrap();
     let error = Server::bind(&foreign).err().expect("another user's socket is refused");
-    assert!(matches!(error, Error::ForeignSocket { uid: NOBODY, .. }), "{error}");
+    assert!(matches!(error, Error::Socket(ListenError::ForeignSocket { uid: NOBODY, .. })), "{error}");
     assert!(error.to_string().contains("uid 65534"), "{error}");
     assert_eq!(std::fs::symlink_metadata(&foreign).unwrap().uid(), NOBODY, "left where it was");
 
@@ -65,7 +65,7 @@ fn sockets_are_owner_only_and_only_our_stale_sockets_are_replaced() {
     for (path, found) in [(&link, "a symbolic link"), (&directory, "a directory"), (&file, "a regular file")]
     {
         let error = Server::bind(path).err().unwrap_or_else(|| panic!("{} replaced", path.display()));
-        assert!(matches!(error, Error::NotASocket { .. }), "{error}");
+        assert!(matches!(error, Error::Socket(ListenError::NotASocket { .. })), "{error}");
         assert!(error.to_string().contains(found), "{error}");
         assert!(std::fs::symlink_metadata(path).is_ok(), "{} left where it was", path.display());
     }

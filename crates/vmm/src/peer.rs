@@ -4,24 +4,7 @@
 /// The uid of the process at the other end of `stream` (SO_PEERCRED: as it was when it
 /// connected, or when it listened, for the side that connected).
 pub(crate) fn peer_uid(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of `len` bytes at a valid, writable pointer; the
-    // descriptor is the stream's, open for the call.
-    let done = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &mut len,
-        )
-    };
-    if done != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(cred.uid)
+    unix_socket::peer_credentials(stream).map(|cred| cred.uid)
 }
 
 /// This process's effective uid: by default the only user, besides root, a peer may be.

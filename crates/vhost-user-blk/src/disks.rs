@@ -13,20 +13,20 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ::vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
-use ::vhost_user::server::Access;
 use iocore::IoCore;
 use rate_limiter::{Limits, RateLimiter};
 use sandbox::{SeccompMode, ThreadKind};
 use serde_json::{json, Value};
 use thiserror::Error;
+use unix_socket::Access;
+use vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
 use virtio::block::Block;
 use virtio::{DeviceStats, WorkerHost};
 
-use super::api_dirs::{self, ApiDiskDirs, DiskDirError};
-use super::placement::Placement;
-use super::spec::VhostDisk;
-use super::stats::DiskFigures;
+use crate::api_dirs::{self, ApiDiskDirs, DiskDirError};
+use crate::placement::Placement;
+use crate::spec::VhostDisk;
+use crate::stats::DiskFigures;
 
 /// Why a disk could not be added, changed or removed; [`DiskError::status`] is the control
 /// API's answer.
@@ -128,7 +128,9 @@ impl DiskError {
         match self {
             DiskError::NotAllowed(refused) => refused.status(),
             DiskError::NameTaken(_) | DiskError::SocketTaken { .. } | DiskError::InUse(_) => 409,
-            DiskError::Socket(::vhost_user::Error::SocketInUse { .. }) => 409,
+            DiskError::Socket(vhost_user::Error::Socket(unix_socket::ListenError::SocketInUse {
+                ..
+            })) => 409,
             DiskError::NotFound(_) => 404,
             DiskError::Thread { .. } => 500,
             DiskError::OpenTimeout { .. } => 504,
@@ -533,6 +535,6 @@ mod tests {
         let mut shown = storage_json(&disk);
         assert_eq!(shown, json!({"null": 64 << 20, "readonly": true}));
         shown["socket"] = json!("/tmp/n.sock");
-        assert_eq!(crate::vhost_user::spec::from_json("n", &shown).unwrap().disk, disk);
+        assert_eq!(crate::spec::from_json("n", &shown).unwrap().disk, disk);
     }
 }

@@ -1,46 +1,12 @@
-//! `exitless vhost-user-blk`: exitless's virtio-blk device and IOCore served over vhost-user, so
-//! the guests of other VMMs (QEMU's `vhost-user-blk-pci`, Cloud Hypervisor, ...) use them. One
-//! daemon serves many disks, each on its own socket, to a frontend each; the rings of every
-//! connected frontend are served by a few shared IOCores (the shared data plane).
-//!
-//! - [`spec`]: `--disk socket=PATH,...` (and the control API's JSON disks).
-//! - [`disks`]: the disks being served, each with its connection thread.
-//! - [`handover`]: `--handover-socket`, an upgrade the frontends do not see.
-//! - [`placement`]: which IOCore serves which disk.
-//! - [`stats`]: `--stats-interval` lines.
-//! - [`api`], [`routes`], [`prometheus`]: `--api-socket`, the control API.
-//! - [`api_dirs`]: `--api-disk-dir`, where the control API's disks may open files.
+//! `exitless vhost-user-blk`'s command line: what each option means, and the long help.
 
-pub mod api;
-mod api_dirs;
-mod disks;
-mod handover;
-mod placement;
-mod prometheus;
-mod routes;
-mod spec;
-mod stats;
-
-use std::fs::File;
-use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use ::vhost_user::server::Access;
 use clap::{Args, ValueEnum};
-use iocore::{IoCore, Policy};
-use sandbox::{Filter, ThreadKind};
 
-use api::{Api, Call};
-use api_dirs::ApiDiskDirs;
-use disks::Disks;
-use handover::HandoverSocket;
-use spec::VhostDisk;
-use stats::Reporter;
+use crate::spec::{self, VhostDisk};
 
+/// `exitless vhost-user-blk`'s options; `--help` shows each one's doc and [`AFTER_HELP`].
 #[derive(Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct VhostUserBlkArgs {
@@ -122,11 +88,13 @@ pub struct VhostUserBlkArgs {
     /// With --stats-interval: one JSON object per disk and line.
     #[arg(long)]
     pub json: bool,
+    /// `--seccomp`: how strictly each thread is confined.
     #[command(flatten)]
     pub seccomp: exitless_args::SeccompArgs,
 }
 
-const AFTER_HELP: &str = "\
+/// The long help: how the daemon behaves, beyond each option.
+pub const AFTER_HELP: &str = "\
 Serves each disk on its own socket to one frontend at a time, and keeps serving across
 reconnections: the disk stays open, and every write the guest saw completed is in it. Frontends
 of different disks connect, disconnect and fail independently; one that misbehaves costs only
@@ -284,305 +252,15 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
+/// `--io-mode`: how the IOCores serve the rings.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum VhostIoMode {
+    /// Poll the rings; the guest never notifies.
     Sidecore,
+    /// Poll under load, sleep on the kick eventfds when idle.
     Adaptive,
+    /// Sleep on the kick eventfds, as QEMU's own backends do.
     Eventfd,
-}
-
-pub fn main(args: VhostUserBlkArgs) -> i32 {
-    // A command line that names no socket for a disk is a usage error, as clap's are.
-    if let Err(message) = sockets(&args) {
-        eprintln!("error: {message}\n\nFor more information, try '--help'.");
-        return 2;
-    }
-    match serve(args) {
-        Ok(()) => 0,
-        Err(message) => exitless_args::fail(message),
-    }
-}
-
-/// Each `--disk` with its socket: the one it names, or `--socket` (for at most one disk).
-fn sockets(args: &VhostUserBlkArgs) -> Result<Vec<PathBuf>, String> {
-    let unnamed = args.disk.iter().filter(|d| d.socket.is_none()).count();
-    match (&args.socket, unnamed) {
-        (_, n) if n > 1 => return Err("several --disk without socket=: give each its own socket=PATH".into()),
-        (None, 1) => return Err("a --disk without socket=PATH needs --socket PATH".into()),
-        (Some(_), 0) => return Err("--socket is given but no --disk is without its own socket=".into()),
-        _ => {}
-    }
-    let sockets: Vec<PathBuf> = args
-        .disk
-        .iter()
-        .map(|d| d.socket.clone().or_else(|| args.socket.clone()).unwrap_or_default())
-        .collect();
-    for (i, socket) in sockets.iter().enumerate() {
-        if sockets[..i].contains(socket) {
-            return Err(format!("two disks on one socket {}: give each its own", socket.display()));
-        }
-    }
-    Ok(sockets)
-}
-
-fn serve(args: VhostUserBlkArgs) -> Result<(), String> {
-    let started = Instant::now();
-    let sockets = sockets(&args)?;
-    // SIGINT/SIGTERM arrive through a signalfd the servers poll; blocked before any thread
-    // starts, so every thread inherits the mask.
-    let stop = stop_signals().map_err(|e| format!("cannot set up SIGINT/SIGTERM handling: {e}"))?;
-    let watchdog = Filter::new(ThreadKind::StopWatchdog, args.seccomp.mode()).map_err(|e| e.to_string())?;
-    exit_after_stop_grace(&stop, watchdog).map_err(|e| format!("cannot start the stop watchdog: {e}"))?;
-    // Measured once, before any thread confines itself (rate limits, service times).
-    clock::ticks_per_second();
-    let policy = match args.io_mode {
-        VhostIoMode::Sidecore => Policy::Polling,
-        VhostIoMode::Adaptive => Policy::Adaptive { idle: Duration::from_micros(args.idle_budget_us) },
-        VhostIoMode::Eventfd => Policy::Notified,
-    };
-    let seccomp = args.seccomp.mode();
-    vmm::set_up_rbd_clients(seccomp, args.iocore_cpu.clone())?;
-    if args.api_socket.is_some() {
-        // Started before the control thread confines itself: a disk added through the API opens
-        // its image on it.
-        if let Err(error) = storage::rbd::start_client_thread() {
-            eprintln!("exitless vhost-user-blk: RBD disks cannot be added through the API: {error}");
-        }
-    }
-    let iocores = (0..args.iocores as usize)
-        .map(|k| {
-            let cpu = (!args.iocore_cpu.is_empty()).then(|| args.iocore_cpu[k % args.iocore_cpu.len()]);
-            let filter = Filter::new(ThreadKind::VhostUserIoCore, seccomp).map_err(|e| e.to_string())?;
-            IoCore::spawn_confined(policy, cpu, filter).map(Arc::new).map_err(|e| e.to_string())
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
-    let owner = args.socket_owner.unwrap_or(SocketOwner { uid: None, gid: None });
-    let access = Access::new(args.socket_mode, owner.uid, owner.gid);
-    // Opened now, before this thread confines itself, and held: what the operator allowed is
-    // what the API's lookups start from, whatever is renamed later.
-    let api_dirs = ApiDiskDirs::open(&args.api_disk_dir).map_err(|e| e.to_string())?;
-    let mut disks = Disks::new(iocores.clone(), args.queues, seccomp, args.api_socket.is_some(), mode)
-        .with_access(access)
-        .with_api_disk_dirs(api_dirs);
-    let specs: Vec<(VhostDisk, PathBuf)> = args.disk.iter().cloned().zip(sockets).collect();
-    let mut successors = match &args.handover_socket {
-        Some(path) => {
-            disks = disks.with_handover();
-            match handover::connect(path) {
-                Some(stream) => Some(take_over_confined(&stream, path, &mut disks, &specs, seccomp)?),
-                None => {
-                    add_disks(&mut disks, specs)?;
-                    Some(HandoverSocket::bind(path)?)
-                }
-            }
-        }
-        None => {
-            add_disks(&mut disks, specs)?;
-            None
-        }
-    };
-    let (api, calls, wake) = match &args.api_socket {
-        Some(path) => {
-            let (wake_writer, wake) =
-                wake_event().map_err(|e| format!("cannot make the API's eventfd: {e}"))?;
-            let (sender, calls) = mpsc::sync_channel(16);
-            let filter = Filter::new(ThreadKind::ApiServer, seccomp).map_err(|e| e.to_string())?;
-            let stop = stop.try_clone().map_err(|e| format!("cannot share the stop descriptor: {e}"))?;
-            let api = Api::start(path, stop, filter, sender, wake_writer)?;
-            log::info!("control API on {}", path.display());
-            (Some(api), Some(calls), Some(wake))
-        }
-        None => (None, None, None),
-    };
-    // This thread waits for the stop signal now, printing figures and, with the control API,
-    // adding and removing disks: it keeps what that takes.
-    let kind = if api.is_some() { ThreadKind::DaemonControl } else { ThreadKind::VhostUserConnection };
-    sandbox::install(kind, seccomp).map_err(|e| e.to_string())?;
-    let mut reporter = Reporter::new(args.json, started);
-    let interval = args.stats_interval.map(Duration::from_secs);
-    let mut next_report = interval.map(|i| Instant::now() + i);
-    let mut handed_over = false;
-    loop {
-        let limit = next_report.map(|at| at.saturating_duration_since(Instant::now()));
-        let handover_fd = successors.as_ref().map(HandoverSocket::fd);
-        match wait_for_control(&stop, [wake.as_ref().map(AsFd::as_fd), handover_fd], limit) {
-            Wake::Stop => break,
-            Wake::Successor => {
-                if let Some(socket) = successors.as_mut() {
-                    if socket.serve_successor(&disks) {
-                        handed_over = true;
-                        break;
-                    }
-                }
-            }
-            Wake::Call => {
-                if let (Some(calls), Some(wake)) = (&calls, &wake) {
-                    answer_calls(&mut disks, calls, wake);
-                }
-            }
-            Wake::Timeout => {}
-        }
-        if let (Some(at), Some(interval)) = (next_report, interval) {
-            if Instant::now() >= at {
-                reporter.report(disks.figures_mut());
-                next_report = Some(at + interval);
-            }
-        }
-    }
-    if !handed_over {
-        log::info!("stopping");
-    }
-    // After a hand-over the disks' threads have ended already, leaving their sockets alone.
-    disks.stop_all();
-    if let Some(api) = api {
-        api.join();
-    }
-    if interval.is_some() {
-        reporter.report(disks.figures_mut());
-    }
-    for iocore in &iocores {
-        iocore.stop();
-    }
-    Ok(())
-}
-
-fn answer_calls(disks: &mut Disks, calls: &Receiver<Call>, mut wake: &File) {
-    let mut count = [0u8; 8];
-    let _ = wake.read(&mut count);
-    while let Ok(call) = calls.try_recv() {
-        let response = routes::handle(disks, &call.request);
-        let _ = call.reply.send(response);
-    }
-}
-
-/// Take the disks over from the predecessor on `stream` ([`handover::take_over`]) on a thread
-/// confined first: the predecessor's messages (states, descriptors, sessions) are bytes from
-/// another process, read only under the control thread's filter, which allows all that adding
-/// a disk takes.
-fn take_over_confined(
-    stream: &std::os::unix::net::UnixStream,
-    path: &std::path::Path,
-    disks: &mut Disks,
-    specs: &[(VhostDisk, PathBuf)],
-    seccomp: sandbox::SeccompMode,
-) -> Result<HandoverSocket, String> {
-    let filter = Filter::new(ThreadKind::DaemonControl, seccomp).map_err(|e| e.to_string())?;
-    std::thread::scope(|scope| {
-        let taker = std::thread::Builder::new().name("handover".into()).spawn_scoped(scope, || {
-            filter.install().map_err(|e| e.to_string())?;
-            handover::take_over(stream, path, disks, specs)
-        });
-        match taker {
-            Ok(taker) => taker.join().unwrap_or_else(|_| Err("the hand-over's thread panicked".into())),
-            Err(e) => Err(format!("cannot start the hand-over's thread: {e}")),
-        }
-    })
-}
-
-/// Open the disks of the command line and serve each on its socket.
-fn add_disks(disks: &mut Disks, specs: Vec<(VhostDisk, PathBuf)>) -> Result<(), String> {
-    for (disk, socket) in specs {
-        disks.add(disk, socket).map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// What woke the control thread.
-enum Wake {
-    Stop,
-    Call,
-    Successor,
-    Timeout,
-}
-
-/// Wait for the stop signal, a call from the API or a successor (each when its descriptor is
-/// given: `[wake, handover]`), or `limit`.
-fn wait_for_control(
-    stop: &OwnedFd,
-    [wake, handover]: [Option<BorrowedFd>; 2],
-    limit: Option<Duration>,
-) -> Wake {
-    let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis() + 1).unwrap_or(i32::MAX));
-    let raw = |fd: Option<BorrowedFd>| fd.map_or(-1, |fd| fd.as_raw_fd());
-    let mut fds = [
-        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: raw(wake), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: raw(handover), events: libc::POLLIN, revents: 0 },
-    ];
-    // SAFETY: three valid pollfds (a negative fd is ignored); poll writes only their `revents`.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
-    // An error (EINTR cannot happen: the handled signals come through the signalfd) counts as
-    // the stop, so the daemon never spins on it.
-    if n < 0 || fds[0].revents != 0 {
-        Wake::Stop
-    } else if fds[1].revents != 0 {
-        Wake::Call
-    } else if fds[2].revents != 0 {
-        Wake::Successor
-    } else {
-        Wake::Timeout
-    }
-}
-
-/// The eventfd the API thread writes when it hands over a call: its writing end and the one
-/// the control thread polls and drains.
-fn wake_event() -> std::io::Result<(File, File)> {
-    // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    Ok((File::from(fd.try_clone()?), File::from(fd)))
-}
-
-/// How long stopping may take before the daemon exits without finishing: every write a
-/// frontend saw completed is in the disk already (RAM disk pages are in /dev/shm, file writes
-/// in the page cache or, after FLUSH, on the disk), so an orderly stop only tidies up.
-const STOP_GRACE: Duration = Duration::from_millis(1500);
-
-/// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
-/// the process by then: a watchdog thread that polls the same signalfd (the signal stays
-/// pending on it, so the server sees it too).
-fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::Result<()> {
-    let stop = stop.try_clone()?;
-    std::thread::Builder::new().name("stop-watchdog".into()).spawn(move || {
-        if let Err(e) = filter.install() {
-            log::error!("{e}; stopping");
-            std::process::exit(1);
-        }
-        let mut pollfd = libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd; waits without limit (EINTR cannot happen: the signals this
-        // process handles are blocked and come through the signalfd).
-        while unsafe { libc::poll(&mut pollfd, 1, -1) } <= 0 {}
-        std::thread::sleep(STOP_GRACE);
-        log::warn!("stopping took more than {} ms; exiting without waiting further", STOP_GRACE.as_millis());
-        std::process::exit(0);
-    })?;
-    Ok(())
-}
-
-/// Block SIGINT and SIGTERM and return a signalfd that becomes readable when one arrives.
-fn stop_signals() -> std::io::Result<OwnedFd> {
-    // SAFETY: sigset_t is plain data initialised by sigemptyset before use; pthread_sigmask and
-    // signalfd read it; the returned descriptor is checked and then owned.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(std::io::Error::from_raw_os_error(rc));
-        }
-        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! `--api-socket`: the control API's listening thread. It speaks HTTP/1.1 on a Unix socket
-//! (`curl --unix-socket`), one request per connection, and hands each whole request to the
-//! control thread, which owns the disks and answers it ([`super::routes`]).
+//! A control API's listening thread (`--api-socket`), for the vhost-user daemon and the VMM
+//! alike. It speaks HTTP/1.1 on a Unix socket (`curl --unix-socket`), one request per
+//! connection, and hands each whole request to the owner's control thread, which answers it.
 //!
 //! The thread never blocks on a client: connections are non-blocking and polled together, at
 //! most [`MAX_CLIENTS`] at once, and each has [`CLIENT_TIME`] to send its request and read the
@@ -23,9 +23,9 @@ use std::sync::mpsc::{self, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ::vhost_user::server::{check_peer, listen, remove_socket, Access};
-use api_http::{Request, Response};
-use sandbox::Filter;
+use unix_socket::{check_peer, listen, remove_socket, Access, ListenError};
+
+use crate::{Request, Response};
 
 /// Clients served at once; more wait in the listen backlog.
 const MAX_CLIENTS: usize = 16;
@@ -34,8 +34,29 @@ const CLIENT_TIME: Duration = Duration::from_secs(5);
 
 /// A request for the control thread, with where its answer goes.
 pub struct Call {
+    /// The whole request, parsed.
     pub request: Request,
+    /// Where the answer goes; the client waits for it.
     pub reply: SyncSender<Response>,
+}
+
+/// Why the API could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The socket could not be made.
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    /// The listening socket could not be made non-blocking.
+    #[error("cannot make {path} non-blocking: {source}")]
+    Nonblocking {
+        /// The socket's path.
+        path: String,
+        /// fcntl's error.
+        source: std::io::Error,
+    },
+    /// The thread could not be spawned.
+    #[error("cannot start the control API's thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// A JSON error answer: `{"error": "..."}`.
@@ -44,39 +65,42 @@ pub fn error(status: u16, message: impl std::fmt::Display) -> Response {
 }
 
 /// The API's socket and thread; the socket file is removed when the thread ends.
-pub struct Api {
+pub struct ApiServer {
     thread: JoinHandle<()>,
 }
 
-impl Api {
-    /// Listen on `path` and serve from a new thread, confined by `filter`, until `stop` is
-    /// readable. Requests go to `calls`, and `wake` is written so the control thread looks.
-    pub fn start(
+impl ApiServer {
+    /// Listen on `path` and serve from a new thread until `stop` is readable. The thread calls
+    /// `confine` (its seccomp filter) before it reads a byte; when that fails it serves
+    /// nothing. Requests go to `calls`, and `wake` is written so the control thread looks.
+    pub fn start<E: std::fmt::Display>(
         path: &Path,
         stop: OwnedFd,
-        filter: Filter,
+        confine: impl FnOnce() -> Result<(), E> + Send + 'static,
         calls: SyncSender<Call>,
         wake: File,
-    ) -> Result<Api, String> {
+    ) -> Result<ApiServer, ServerError> {
         // Whoever may write to the socket controls every disk, the files in --api-disk-dir and
         // where disks' sockets are bound: the socket is its owner's alone, and only its user and
         // root are served.
         let access = Access::owner_only();
-        let listener = listen(path, &access).map_err(|e| format!("--api-socket: {e}"))?;
-        listener.set_nonblocking(true).map_err(|e| format!("--api-socket: {e}"))?;
+        let listener = listen(path, &access)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| ServerError::Nonblocking { path: path.display().to_string(), source })?;
         let path = path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
                 let _socket = RemoveOnDrop(path, access.clone());
-                if let Err(e) = filter.install() {
+                if let Err(e) = confine() {
                     log::error!("{e}; the control API is not served");
                     return;
                 }
                 serve(&listener, &stop, &Control { calls, wake }, &access);
             })
-            .map_err(|e| format!("cannot start the control API's thread: {e}"))?;
-        Ok(Api { thread })
+            .map_err(ServerError::Thread)?;
+        Ok(ApiServer { thread })
     }
 
     /// Wait for the thread, once the stop descriptor fired.
@@ -147,7 +171,7 @@ impl Client {
                     return;
                 }
             }
-            match api_http::parse(&self.read) {
+            match crate::parse(&self.read) {
                 Ok(None) => continue,
                 Ok(Some(request)) => return self.respond(&control.answer(request)),
                 Err(e) => return self.respond(&error(e.status(), e)),

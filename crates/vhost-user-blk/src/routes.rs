@@ -9,9 +9,9 @@
 use api_http::{Method, Request, Response};
 use serde_json::Value;
 
-use super::api::error;
-use super::disks::Disks;
-use super::{prometheus, spec};
+use crate::disks::Disks;
+use crate::{prometheus, spec};
+use api_http::server::error;
 
 /// The answer to `request`.
 pub fn handle(disks: &mut Disks, request: &Request) -> Response {

@@ -12,7 +12,7 @@ use iocore::IoCoreTimes;
 use metrics::latency::{bucket_limit, BUCKETS};
 use virtio::DeviceStatsSnapshot;
 
-use super::disks::{Disk, Disks};
+use crate::disks::{Disk, Disks};
 
 /// The exposition's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";

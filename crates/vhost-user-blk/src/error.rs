@@ -1,0 +1,62 @@
+//! Why the daemon could not start or serve: each says what failed, for one line on standard
+//! error.
+
+use std::io;
+use std::path::PathBuf;
+
+use api_http::server::ServerError;
+use iocore::IoCoreError;
+use sandbox::SandboxError;
+use thiserror::Error;
+use unix_socket::ListenError;
+
+use crate::api_dirs::DiskDirError;
+use crate::disks::DiskError;
+use crate::handover::TakeOverError;
+
+/// A command line whose disks and sockets do not match: a usage error (exit status 2), as
+/// clap's are.
+#[derive(Debug, Error)]
+pub(crate) enum UsageError {
+    #[error("several --disk without socket=: give each its own socket=PATH")]
+    SeveralUnnamed,
+    #[error("a --disk without socket=PATH needs --socket PATH")]
+    UnnamedWithoutDefault,
+    #[error("--socket is given but no --disk is without its own socket=")]
+    DefaultUnused,
+    #[error("two disks on one socket {}: give each its own", .0.display())]
+    SameSocket(PathBuf),
+}
+
+/// Why the daemon could not start, or stopped (exit status 1).
+#[derive(Debug, Error)]
+pub(crate) enum DaemonError {
+    #[error("cannot set up SIGINT/SIGTERM handling: {0}")]
+    Signals(io::Error),
+    #[error("cannot start the stop watchdog: {0}")]
+    Watchdog(io::Error),
+    #[error(transparent)]
+    Seccomp(#[from] SandboxError),
+    #[error(transparent)]
+    IoCore(#[from] IoCoreError),
+    #[error("{0}")]
+    RbdClients(String),
+    #[error(transparent)]
+    ApiDiskDir(#[from] DiskDirError),
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error("--handover-socket: {0}")]
+    HandoverSocket(ListenError),
+    #[error(transparent)]
+    TakeOver(#[from] TakeOverError),
+    #[error("cannot start the hand-over's thread: {0}")]
+    TakeOverThread(io::Error),
+    #[error("the hand-over's thread panicked")]
+    TakeOverPanicked,
+    #[error("cannot make the API's eventfd: {0}")]
+    ApiEventfd(io::Error),
+    #[error("cannot share the stop descriptor with the API's thread: {0}")]
+    ShareStop(io::Error),
+    #[error("--api-socket: {0}")]
+    Api(#[from] ServerError),
+}

@@ -1,0 +1,295 @@
+//! `exitless vhost-user-blk`: exitless's virtio-blk device and IOCore served over vhost-user, so
+//! the guests of other VMMs (QEMU's `vhost-user-blk-pci`, Cloud Hypervisor, ...) use them. One
+//! daemon serves many disks, each on its own socket, to a frontend each; the rings of every
+//! connected frontend are served by a few shared IOCores (the shared data plane).
+//!
+//! [`main`] runs the daemon: it opens the disks, starts their sockets and the IOCores, and its
+//! thread then becomes the control thread, which waits for the stop signal, answers the
+//! control API and serves a successor's hand-over.
+//!
+//! - [`args`]: the command line.
+//! - [`spec`]: `--disk socket=PATH,...` (and the control API's JSON disks).
+//! - [`disks`]: the disks being served, each with its connection thread.
+//! - [`handover`]: `--handover-socket`, an upgrade the frontends do not see.
+//! - [`placement`]: which IOCore serves which disk.
+//! - [`stats`]: `--stats-interval` lines.
+//! - [`routes`], [`prometheus`]: `--api-socket`, the control API (its thread is
+//!   `api_http::server`'s).
+//! - [`api_dirs`]: `--api-disk-dir`, where the control API's disks may open files.
+//! - [`signals`]: SIGINT and SIGTERM, and the stop watchdog.
+
+#![deny(missing_docs)]
+
+mod api_dirs;
+pub mod args;
+mod disks;
+mod error;
+mod handover;
+mod placement;
+mod prometheus;
+mod routes;
+mod signals;
+mod spec;
+mod stats;
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use api_http::server::{ApiServer, Call};
+use clap::ValueEnum;
+use iocore::{IoCore, Policy};
+use sandbox::{Filter, ThreadKind};
+use unix_socket::Access;
+
+use api_dirs::ApiDiskDirs;
+pub use args::VhostUserBlkArgs;
+use args::{SocketOwner, VhostIoMode};
+use disks::Disks;
+use error::{DaemonError, UsageError};
+use handover::HandoverSocket;
+use signals::{exit_after_stop_grace, stop_signals, wake_event};
+use spec::VhostDisk;
+use stats::Reporter;
+
+/// Run the daemon until SIGINT or SIGTERM (or a successor took its disks over); the process's
+/// exit status: 0, 2 for a usage error, 1 for a failure (said on standard error).
+pub fn main(args: VhostUserBlkArgs) -> i32 {
+    // A command line that names no socket for a disk is a usage error, as clap's are.
+    let sockets = match sockets(&args) {
+        Ok(sockets) => sockets,
+        Err(error) => {
+            eprintln!("error: {error}\n\nFor more information, try '--help'.");
+            return 2;
+        }
+    };
+    match serve(args, sockets) {
+        Ok(()) => 0,
+        Err(error) => exitless_args::fail(error),
+    }
+}
+
+/// Each `--disk` with its socket: the one it names, or `--socket` (for at most one disk).
+fn sockets(args: &VhostUserBlkArgs) -> Result<Vec<PathBuf>, UsageError> {
+    let unnamed = args.disk.iter().filter(|d| d.socket.is_none()).count();
+    match (&args.socket, unnamed) {
+        (_, n) if n > 1 => return Err(UsageError::SeveralUnnamed),
+        (None, 1) => return Err(UsageError::UnnamedWithoutDefault),
+        (Some(_), 0) => return Err(UsageError::DefaultUnused),
+        _ => {}
+    }
+    let sockets: Vec<PathBuf> = args
+        .disk
+        .iter()
+        .map(|d| d.socket.clone().or_else(|| args.socket.clone()).unwrap_or_default())
+        .collect();
+    for (i, socket) in sockets.iter().enumerate() {
+        if sockets[..i].contains(socket) {
+            return Err(UsageError::SameSocket(socket.clone()));
+        }
+    }
+    Ok(sockets)
+}
+
+/// Serve the disks of `args`, each on its socket (`sockets`, in the same order).
+fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonError> {
+    let started = Instant::now();
+    // SIGINT/SIGTERM arrive through a signalfd the servers poll; blocked before any thread
+    // starts, so every thread inherits the mask.
+    let stop = stop_signals().map_err(DaemonError::Signals)?;
+    let watchdog = Filter::new(ThreadKind::StopWatchdog, args.seccomp.mode())?;
+    exit_after_stop_grace(&stop, watchdog).map_err(DaemonError::Watchdog)?;
+    // Measured once, before any thread confines itself (rate limits, service times).
+    clock::ticks_per_second();
+    let policy = match args.io_mode {
+        VhostIoMode::Sidecore => Policy::Polling,
+        VhostIoMode::Adaptive => Policy::Adaptive { idle: Duration::from_micros(args.idle_budget_us) },
+        VhostIoMode::Eventfd => Policy::Notified,
+    };
+    let seccomp = args.seccomp.mode();
+    vmm::set_up_rbd_clients(seccomp, args.iocore_cpu.clone()).map_err(DaemonError::RbdClients)?;
+    if args.api_socket.is_some() {
+        // Started before the control thread confines itself: a disk added through the API opens
+        // its image on it.
+        if let Err(error) = storage::rbd::start_client_thread() {
+            eprintln!("exitless vhost-user-blk: RBD disks cannot be added through the API: {error}");
+        }
+    }
+    let iocores = (0..args.iocores as usize)
+        .map(|k| {
+            let cpu = (!args.iocore_cpu.is_empty()).then(|| args.iocore_cpu[k % args.iocore_cpu.len()]);
+            let filter = Filter::new(ThreadKind::VhostUserIoCore, seccomp)?;
+            Ok(Arc::new(IoCore::spawn_confined(policy, cpu, filter)?))
+        })
+        .collect::<Result<Vec<_>, DaemonError>>()?;
+    let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+    let owner = args.socket_owner.unwrap_or(SocketOwner { uid: None, gid: None });
+    let access = Access::new(args.socket_mode, owner.uid, owner.gid);
+    // Opened now, before this thread confines itself, and held: what the operator allowed is
+    // what the API's lookups start from, whatever is renamed later.
+    let api_dirs = ApiDiskDirs::open(&args.api_disk_dir)?;
+    let mut disks = Disks::new(iocores.clone(), args.queues, seccomp, args.api_socket.is_some(), mode)
+        .with_access(access)
+        .with_api_disk_dirs(api_dirs);
+    let specs: Vec<(VhostDisk, PathBuf)> = args.disk.iter().cloned().zip(sockets).collect();
+    let mut successors = match &args.handover_socket {
+        Some(path) => {
+            disks = disks.with_handover();
+            match handover::connect(path) {
+                Some(stream) => Some(take_over_confined(&stream, path, &mut disks, &specs, seccomp)?),
+                None => {
+                    add_disks(&mut disks, specs)?;
+                    Some(HandoverSocket::bind(path).map_err(DaemonError::HandoverSocket)?)
+                }
+            }
+        }
+        None => {
+            add_disks(&mut disks, specs)?;
+            None
+        }
+    };
+    let (api, calls, wake) = match &args.api_socket {
+        Some(path) => {
+            let (wake_writer, wake) = wake_event().map_err(DaemonError::ApiEventfd)?;
+            let (sender, calls) = mpsc::sync_channel(16);
+            let filter = Filter::new(ThreadKind::ApiServer, seccomp)?;
+            let stop = stop.try_clone().map_err(DaemonError::ShareStop)?;
+            let api = ApiServer::start(path, stop, move || filter.install(), sender, wake_writer)?;
+            log::info!("control API on {}", path.display());
+            (Some(api), Some(calls), Some(wake))
+        }
+        None => (None, None, None),
+    };
+    // This thread waits for the stop signal now, printing figures and, with the control API,
+    // adding and removing disks: it keeps what that takes.
+    let kind = if api.is_some() { ThreadKind::DaemonControl } else { ThreadKind::VhostUserConnection };
+    sandbox::install(kind, seccomp)?;
+    let mut reporter = Reporter::new(args.json, started);
+    let interval = args.stats_interval.map(Duration::from_secs);
+    let mut next_report = interval.map(|i| Instant::now() + i);
+    let mut handed_over = false;
+    loop {
+        let limit = next_report.map(|at| at.saturating_duration_since(Instant::now()));
+        let handover_fd = successors.as_ref().map(HandoverSocket::fd);
+        match wait_for_control(&stop, [wake.as_ref().map(AsFd::as_fd), handover_fd], limit) {
+            Wake::Stop => break,
+            Wake::Successor => {
+                if let Some(socket) = successors.as_mut() {
+                    if socket.serve_successor(&disks) {
+                        handed_over = true;
+                        break;
+                    }
+                }
+            }
+            Wake::Call => {
+                if let (Some(calls), Some(wake)) = (&calls, &wake) {
+                    answer_calls(&mut disks, calls, wake);
+                }
+            }
+            Wake::Timeout => {}
+        }
+        if let (Some(at), Some(interval)) = (next_report, interval) {
+            if Instant::now() >= at {
+                reporter.report(disks.figures_mut());
+                next_report = Some(at + interval);
+            }
+        }
+    }
+    if !handed_over {
+        log::info!("stopping");
+    }
+    // After a hand-over the disks' threads have ended already, leaving their sockets alone.
+    disks.stop_all();
+    if let Some(api) = api {
+        api.join();
+    }
+    if interval.is_some() {
+        reporter.report(disks.figures_mut());
+    }
+    for iocore in &iocores {
+        iocore.stop();
+    }
+    Ok(())
+}
+
+fn answer_calls(disks: &mut Disks, calls: &Receiver<Call>, mut wake: &File) {
+    let mut count = [0u8; 8];
+    let _ = wake.read(&mut count);
+    while let Ok(call) = calls.try_recv() {
+        let response = routes::handle(disks, &call.request);
+        let _ = call.reply.send(response);
+    }
+}
+
+/// Take the disks over from the predecessor on `stream` ([`handover::take_over`]) on a thread
+/// confined first: the predecessor's messages (states, descriptors, sessions) are bytes from
+/// another process, read only under the control thread's filter, which allows all that adding
+/// a disk takes.
+fn take_over_confined(
+    stream: &std::os::unix::net::UnixStream,
+    path: &std::path::Path,
+    disks: &mut Disks,
+    specs: &[(VhostDisk, PathBuf)],
+    seccomp: sandbox::SeccompMode,
+) -> Result<HandoverSocket, DaemonError> {
+    let filter = Filter::new(ThreadKind::DaemonControl, seccomp)?;
+    std::thread::scope(|scope| {
+        let taker = std::thread::Builder::new().name("handover".into()).spawn_scoped(scope, || {
+            filter.install()?;
+            Ok(handover::take_over(stream, path, disks, specs)?)
+        });
+        match taker {
+            Ok(taker) => taker.join().unwrap_or(Err(DaemonError::TakeOverPanicked)),
+            Err(e) => Err(DaemonError::TakeOverThread(e)),
+        }
+    })
+}
+
+/// Open the disks of the command line and serve each on its socket.
+fn add_disks(disks: &mut Disks, specs: Vec<(VhostDisk, PathBuf)>) -> Result<(), DaemonError> {
+    for (disk, socket) in specs {
+        disks.add(disk, socket)?;
+    }
+    Ok(())
+}
+
+/// What woke the control thread.
+enum Wake {
+    Stop,
+    Call,
+    Successor,
+    Timeout,
+}
+
+/// Wait for the stop signal, a call from the API or a successor (each when its descriptor is
+/// given: `[wake, handover]`), or `limit`.
+fn wait_for_control(
+    stop: &OwnedFd,
+    [wake, handover]: [Option<BorrowedFd>; 2],
+    limit: Option<Duration>,
+) -> Wake {
+    let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis() + 1).unwrap_or(i32::MAX));
+    let raw = |fd: Option<BorrowedFd>| fd.map_or(-1, |fd| fd.as_raw_fd());
+    let mut fds = [
+        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: raw(wake), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: raw(handover), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: three valid pollfds (a negative fd is ignored); poll writes only their `revents`.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
+    // An error (EINTR cannot happen: the handled signals come through the signalfd) counts as
+    // the stop, so the daemon never spins on it.
+    if n < 0 || fds[0].revents != 0 {
+        Wake::Stop
+    } else if fds[1].revents != 0 {
+        Wake::Call
+    } else if fds[2].revents != 0 {
+        Wake::Successor
+    } else {
+        Wake::Timeout
+    }
+}

@@ -1,0 +1,69 @@
+//! How the daemon stops: SIGINT and SIGTERM through a signalfd every thread can poll, and a
+//! watchdog that ends the process if an orderly stop takes too long; and the eventfd that wakes
+//! the control thread for the API.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use sandbox::Filter;
+
+/// The eventfd the API thread writes when it hands over a call: its writing end and the one
+/// the control thread polls and drains.
+pub(crate) fn wake_event() -> std::io::Result<(File, File)> {
+    // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok((File::from(fd.try_clone()?), File::from(fd)))
+}
+
+/// How long stopping may take before the daemon exits without finishing: every write a
+/// frontend saw completed is in the disk already (RAM disk pages are in /dev/shm, file writes
+/// in the page cache or, after FLUSH, on the disk), so an orderly stop only tidies up.
+const STOP_GRACE: Duration = Duration::from_millis(1500);
+
+/// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
+/// the process by then: a watchdog thread that polls the same signalfd (the signal stays
+/// pending on it, so the server sees it too).
+pub(crate) fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::Result<()> {
+    let stop = stop.try_clone()?;
+    std::thread::Builder::new().name("stop-watchdog".into()).spawn(move || {
+        if let Err(e) = filter.install() {
+            log::error!("{e}; stopping");
+            std::process::exit(1);
+        }
+        let mut pollfd = libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; waits without limit (EINTR cannot happen: the signals this
+        // process handles are blocked and come through the signalfd).
+        while unsafe { libc::poll(&mut pollfd, 1, -1) } <= 0 {}
+        std::thread::sleep(STOP_GRACE);
+        log::warn!("stopping took more than {} ms; exiting without waiting further", STOP_GRACE.as_millis());
+        std::process::exit(0);
+    })?;
+    Ok(())
+}
+
+/// Block SIGINT and SIGTERM and return a signalfd that becomes readable when one arrives.
+pub(crate) fn stop_signals() -> std::io::Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset before use; pthread_sigmask and
+    // signalfd read it; the returned descriptor is checked and then owned.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
