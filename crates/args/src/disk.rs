@@ -33,7 +33,9 @@ use vmm::{DiskOptions, VhostUserDisk};
 /// a vhost-user daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunDisk {
+    /// A disk the VMM serves itself: what it is, and its serial number and queue count.
     Local(DiskBackend, DiskOptions),
+    /// A disk a vhost-user daemon serves: its socket and how the VM waits for a new daemon.
     VhostUser(VhostUserDisk),
 }
 

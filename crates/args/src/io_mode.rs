@@ -5,11 +5,17 @@ use clap::ValueEnum;
 /// How I/O is served (`vmm::IoMode`), as the command line names it.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum IoModeArg {
+    /// Queue notifications exit to user space; the vCPU serves the queues.
     Trap,
+    /// Notifications through an ioeventfd wake an I/O thread; completion by irqfd.
     Eventfd,
+    /// `eventfd`, and the guest completes interrupts with paravirtual EOI.
     PvEoi,
+    /// An IOCore polls the rings: no notification exits.
     Sidecore,
+    /// `sidecore`, and the guest polls for completions: no exit per I/O.
     Exitless,
+    /// The IOCore polls under load and sleeps on notifications when idle.
     Adaptive,
 }
 

@@ -1,6 +1,8 @@
 //! The command-line vocabulary the `exitless` binary and its benchmarks share: byte sizes,
 //! `--disk` and `--net` specs, I/O modes, `--seccomp`, and how `exitless` reports an error and exits.
 
+#![deny(missing_docs)]
+
 pub mod disk;
 mod io_mode;
 pub mod net;

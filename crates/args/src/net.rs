@@ -6,12 +6,14 @@
 /// A parsed `--net`; the MAC is exitless's default for the device's position if not given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetArg {
-    pub tap: String,
-    pub netns: Option<String>,
-    pub mac: Option<[u8; 6]>,
+    pub(crate) tap: String,
+    pub(crate) netns: Option<String>,
+    pub(crate) mac: Option<[u8; 6]>,
 }
 
 impl NetArg {
+    /// The VMM's configuration of network device `index` (its position among all virtio
+    /// devices, which picks the default MAC).
     pub fn config(&self, index: usize) -> vmm::NetConfig {
         vmm::NetConfig {
             tap: self.tap.clone(),
@@ -21,6 +23,7 @@ impl NetArg {
     }
 }
 
+/// Parse a `--net` value; an error names what is missing or wrong.
 pub fn parse(text: &str) -> Result<NetArg, String> {
     let (mut tap, mut netns, mut mac) = (None, None, None);
     for option in text.split(',') {

@@ -11,9 +11,9 @@ use exitless_args::{IoModeArg, SeccompArgs};
 #[command(args_conflicts_with_subcommands = true, after_help = BENCH_HELP)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub scenario: Option<BenchScenario>,
+    pub(crate) scenario: Option<BenchScenario>,
     #[command(flatten)]
-    pub blk: BlkBenchArgs,
+    pub(crate) blk: BlkBenchArgs,
 }
 
 const BENCH_HELP: &str = "\
@@ -157,20 +157,28 @@ pub struct BlkBenchArgs {
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
     #[command(flatten)]
-    pub output: ReportFormat,
+    pub(crate) output: ReportFormat,
     #[command(flatten)]
-    pub seccomp: SeccompArgs,
+    pub(crate) seccomp: SeccompArgs,
 }
 
 /// One of the block bench's disks (`--disk`, or one of `--backends`).
 #[derive(Clone, Debug)]
 pub enum BenchDiskArg {
     /// A file of `size` bytes in the scratch directory, on a real disk, used with O_DIRECT.
-    Scratch { size: u64 },
+    Scratch {
+        /// In bytes, a multiple of 1 MiB.
+        size: u64,
+    },
     /// A disk as `exitless run --disk` takes it.
     Disk(vmm::DiskBackend),
     /// One kind of disk of the backend matrix, of `size` bytes.
-    Matrix { kind: BackendArg, size: u64 },
+    Matrix {
+        /// Which kind (never `All`).
+        kind: BackendArg,
+        /// In bytes (`--backend-size`), a multiple of 1 MiB.
+        size: u64,
+    },
 }
 
 impl BenchDiskArg {
@@ -299,9 +307,13 @@ fn parse_bench_disk(text: &str) -> Result<BenchDiskArg, String> {
 /// An access pattern of the block bench (`--rw`).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RwArg {
+    /// Random reads.
     Randread,
+    /// Random writes.
     Randwrite,
+    /// Sequential reads.
     Read,
+    /// Sequential writes.
     Write,
     /// Random writes, each followed by a FLUSH (on the host: an fdatasync); both count as
     /// requests.
@@ -414,9 +426,9 @@ pub struct UpgradeBenchArgs {
     #[arg(long, value_name = "DIR")]
     pub scratch: Option<PathBuf>,
     #[command(flatten)]
-    pub output: ReportFormat,
+    pub(crate) output: ReportFormat,
     #[command(flatten)]
-    pub seccomp: SeccompArgs,
+    pub(crate) seccomp: SeccompArgs,
 }
 
 const MIGRATE_HELP: &str = "\
@@ -454,9 +466,9 @@ pub struct MigrateBenchArgs {
     #[arg(long, value_name = "DIR", default_value = "/tmp")]
     pub scratch: PathBuf,
     #[command(flatten)]
-    pub output: ReportFormat,
+    pub(crate) output: ReportFormat,
     #[command(flatten)]
-    pub seccomp: SeccompArgs,
+    pub(crate) seccomp: SeccompArgs,
 }
 
 /// How `bench migrate`'s stream goes.
@@ -473,7 +485,8 @@ pub enum MigrateTransport {
 }
 
 impl MigrateTransport {
-    pub fn name(self) -> &'static str {
+    /// Its name on the command line and in the reports.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             MigrateTransport::Unix => "unix",
             MigrateTransport::TcpTls => "tcp+tls",
@@ -492,7 +505,8 @@ pub enum MigrateLoad {
 }
 
 impl MigrateLoad {
-    pub fn name(self) -> &'static str {
+    /// Its name on the command line and in the reports.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             MigrateLoad::Idle => "idle",
             MigrateLoad::Io => "io",
@@ -615,24 +629,30 @@ pub struct ScaleBenchArgs {
     #[arg(long, value_name = "CPU", default_value_t = 1)]
     pub iocore_cpu: usize,
     #[command(flatten)]
-    pub output: ReportFormat,
+    pub(crate) output: ReportFormat,
     #[command(flatten)]
-    pub seccomp: SeccompArgs,
+    pub(crate) seccomp: SeccompArgs,
 }
 
 /// `bench scale --disk`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ScaleDiskArg {
+    /// A /dev/shm file, removed at the end.
     Ram,
+    /// A file in --scratch DIR on a real disk, kept for later runs, O_DIRECT.
     File,
 }
 
 /// One of `bench scale`'s set-ups.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
 pub enum ScaleSetup {
+    /// One exitless vhost-user-blk daemon, one IOCore, serving every VM's disk.
     SharedIocore,
+    /// exitless VMs, each with its own IOCore.
     IocorePerVm,
+    /// QEMU VMs, each with its own virtio-blk on its own iothread.
     QemuIothread,
+    /// QEMU VMs as vhost-user-blk frontends of one qemu-storage-daemon.
     QemuStorageDaemon,
 }
 
@@ -692,9 +712,9 @@ pub struct NetBenchArgs {
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
     #[command(flatten)]
-    pub output: ReportFormat,
+    pub(crate) output: ReportFormat,
     #[command(flatten)]
-    pub seccomp: SeccompArgs,
+    pub(crate) seccomp: SeccompArgs,
 }
 
 /// `exitless bench exitcost`.
@@ -710,15 +730,17 @@ pub struct ExitcostArgs {
     #[arg(long, value_delimiter = ',', default_value = "qemu")]
     pub peers: Vec<Peer>,
     #[command(flatten)]
-    pub output: ReportFormat,
+    pub(crate) output: ReportFormat,
     #[command(flatten)]
-    pub seccomp: SeccompArgs,
+    pub(crate) seccomp: SeccompArgs,
 }
 
 /// Another VMM to measure beside exitless (`--peers`).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Peer {
+    /// QEMU-KVM.
     Qemu,
+    /// exitless alone.
     None,
 }
 

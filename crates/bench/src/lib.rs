@@ -8,6 +8,8 @@
 //! vhost-user-blk daemon, `run`, `udp-echo`, `udp-rr`) from the running executable, so it is
 //! meant to be called from the `exitless` binary: [`main`] takes the parsed [`BenchArgs`].
 
+#![deny(missing_docs)]
+
 pub mod args;
 mod backend;
 mod baseline;

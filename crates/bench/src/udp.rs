@@ -19,6 +19,8 @@ use exitless_args::fail;
 /// Largest datagram either tool handles.
 const MAX_DATAGRAM: usize = 65_536;
 
+/// Run `exitless udp-echo`: answer every datagram with itself until `--count` are answered or
+/// none came for `--idle-exit-s`; the process's exit status.
 pub fn echo(args: UdpEchoArgs) -> i32 {
     let socket = match UdpSocket::bind(args.bind) {
         Ok(s) => s,
@@ -53,6 +55,7 @@ pub fn echo(args: UdpEchoArgs) -> i32 {
     0
 }
 
+/// Run `exitless udp-rr` and print its JSON result line; the process's exit status.
 pub fn rr(args: UdpRrArgs) -> i32 {
     match run_rr(&args) {
         Ok(line) => {
@@ -187,6 +190,7 @@ fn measure(
     }))
 }
 
+/// The command line of `exitless udp-echo`.
 #[derive(Args)]
 pub struct UdpEchoArgs {
     /// Address and port to answer on.
@@ -203,6 +207,7 @@ pub struct UdpEchoArgs {
     pub cpu: Option<usize>,
 }
 
+/// The command line of `exitless udp-rr`.
 #[derive(Args)]
 pub struct UdpRrArgs {
     /// The echo responder.

@@ -3,6 +3,7 @@
 //! histograms, token-bucket refills); [`ticks_per_second`] converts ticks to time. Also, for
 //! telling another process when something happened, [`monotonic_at`] and [`instant_of`].
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 use std::sync::OnceLock;

@@ -1,10 +1,12 @@
 //! The contract between the probe guest (`guest/`, no_std) and the host side of exitless: the
 //! test device's registers, the command-line parameters and the exit statuses.
+#![deny(missing_docs)]
 #![no_std]
 
 /// Exit statuses the probe writes to the isa-debug-exit port. exitless turns a write of `V` into
 /// process status `V`; QEMU reports `(V << 1) | 1`.
 pub mod status {
+    /// The workload ran to its end and found nothing wrong.
     pub const OK: u8 = 0;
     /// The workload ran and found something wrong (e.g. a verification mismatch).
     pub const FAILED: u8 = 1;
@@ -30,6 +32,7 @@ pub mod testdev {
     /// Where exitless maps it, in the 3-4 GiB hole (unassigned in QEMU's microvm map, so writes
     /// there exit to QEMU's user space too).
     pub const DEFAULT_BASE: u64 = 0xfe00_0000;
+    /// Length of the register page, in bytes.
     pub const SIZE: u64 = 0x1000;
     /// Write: a plain exit to the VMM's user space, otherwise ignored.
     pub const USER_EXIT: u64 = 0x00;
@@ -46,12 +49,18 @@ pub mod testdev {
     /// The IOAPIC input the test device's interrupt arrives on.
     pub const IRQ_PIN: u32 = 5;
 
-    /// Byte offsets in the ping-pong area: the guest writes a sequence number to `REQUEST`, the
-    /// host copies it to `ACK` (each on its own cache line) or raises an interrupt. [`STOP`],
-    /// always acknowledged in `ACK`, ends the host thread.
+    // The ping-pong area: the guest writes a u32 sequence number at `PINGPONG_REQUEST`, the host
+    // copies it to `PINGPONG_ACK` (each on its own cache line) or raises an interrupt.
+
+    /// Byte offset in the ping-pong area of the guest's request (a u32 sequence number).
     pub const PINGPONG_REQUEST: u64 = 0;
+    /// Byte offset in the ping-pong area where the host copies the request it answered, on a
+    /// cache line of its own.
     pub const PINGPONG_ACK: u64 = 64;
+    /// Length of the ping-pong area, in bytes; the VMM ignores an area not wholly in guest RAM.
     pub const PINGPONG_LEN: u64 = 128;
+    /// The request that ends the host thread; it is always acknowledged at [`PINGPONG_ACK`], even
+    /// under [`PINGPONG_IRQ`].
     pub const STOP: u32 = u32::MAX;
 
     // Request and acknowledgement on separate cache lines, both inside the area.
@@ -65,28 +74,35 @@ pub mod fault_control {
     pub const MAGIC: u64 = 0x6578_6974_6c65_7373; // "exitless"
     /// Word 1: the step number; the probe starts a step whenever it changes.
     pub const STEP: usize = 1;
-    /// Words 2 and 3: first block and number of 4 KiB blocks each round writes.
+    /// Word 2: first 4 KiB block each round writes.
     pub const WRITE_FIRST: usize = 2;
+    /// Word 3: number of 4 KiB blocks each round writes (0: none).
     pub const WRITE_BLOCKS: usize = 3;
-    /// Words 4 and 5: first block and number of blocks each round reads back and checks.
+    /// Word 4: first 4 KiB block each round reads back and checks.
     pub const READ_FIRST: usize = 4;
+    /// Word 5: number of 4 KiB blocks each round reads back and checks (0: none).
     pub const READ_BLOCKS: usize = 5;
     /// The step that ends the workload.
     pub const STOP: u64 = u64::MAX;
+    /// Number of words in the control block, [`MAGIC`] included.
     pub const WORDS: usize = 6;
 }
 
 /// How the host lets `probe.rw=verify` with `probe.gate_block=N` go on from writing to reading
 /// back: it writes this little-endian u64 at the start of block N.
 pub mod verify_gate {
+    /// The value that opens the gate; anything else at the start of block N keeps it shut.
     pub const OPEN: u64 = 0x6e65_706f_6574_6167; // "gateopen"
 }
 
 /// The data the block workloads write and verify: the host checks a disk with the same function.
 pub mod pattern {
+    /// The unit the pattern is laid out in, in bytes: each sector's words depend on its number.
     pub const SECTOR_SIZE: u64 = 512;
     const WORDS_PER_SECTOR: u64 = SECTOR_SIZE / 8;
 
+    /// The SplitMix64 mixing function, the pattern's source of pseudo-random words (not a
+    /// cryptographic hash); the probe's workloads also use it for their other random values.
     pub fn splitmix64(x: u64) -> u64 {
         let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -1,6 +1,8 @@
 //! The probe guest (`guest/`), built by `build.rs` and embedded here, so `exitless run --probe`
 //! and the bench need no other file; and the command line it gets.
 
+#![deny(missing_docs)]
+
 use std::path::Path;
 
 /// The probe guest's PVH ELF image.

@@ -10,6 +10,7 @@
 //! back first: over any run of `t` seconds a disk serves at most `iops * (t + 1)` requests and
 //! `bw * (t + 1)` bytes plus one request's bytes.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -6,6 +6,8 @@
 //! installed by the thread itself, after its set-up and before it serves guest or frontend
 //! input. Filters hold for the calling thread and every thread it starts later.
 
+#![deny(missing_docs)]
+
 mod allowlists;
 mod libc_state;
 
@@ -150,12 +152,24 @@ impl fmt::Display for ThreadKind {
 /// Why a filter could not be built or installed.
 #[derive(Debug, Error)]
 pub enum SandboxError {
+    /// The allowlist did not compile to BPF: a fault of the allowlist, not of the host.
     #[error("cannot build the {thread} thread's seccomp filter: {source}")]
-    Build { thread: ThreadKind, source: seccompiler::BackendError },
+    Build {
+        /// Whose filter.
+        thread: ThreadKind,
+        /// What seccompiler refused.
+        source: seccompiler::BackendError,
+    },
+    /// The kernel refused the filter (no seccomp, or not permitted); nothing was installed.
     #[error(
         "cannot install the {thread} thread's seccomp filter (does this kernel have seccomp?): {source}"
     )]
-    Install { thread: ThreadKind, source: seccompiler::Error },
+    Install {
+        /// Whose filter.
+        thread: ThreadKind,
+        /// What the prctl or seccomp call returned.
+        source: seccompiler::Error,
+    },
 }
 
 /// A thread kind's compiled filter, ready to install (nothing to install in [`SeccompMode::Off`]).

@@ -6,8 +6,6 @@
 //! blocking. Every request owns one slot of a table allocated at open: its tag, its expected
 //! length and its iovecs, which stay put until the kernel reports the request done.
 
-#![warn(missing_docs)]
-
 mod flushes;
 
 use std::fs::File;

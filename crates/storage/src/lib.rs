@@ -4,6 +4,7 @@
 //! already bounds-checked) and completes them, possibly later. The hot path (submit, poll)
 //! allocates nothing, takes no lock and, for the RAM and null disks, makes no system call.
 
+#![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 pub mod at_once;
@@ -112,14 +113,17 @@ impl Segment {
         Segment { addr, len }
     }
 
+    /// Where the bytes start (null for [`Segment::EMPTY`]); valid as promised to `new`.
     pub fn addr(&self) -> *mut u8 {
         self.addr
     }
 
+    /// How many bytes.
     pub fn len(&self) -> u32 {
         self.len
     }
 
+    /// Does it hold no bytes (so `addr` must not be used)?
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -138,17 +142,25 @@ pub struct Completion {
     pub result: Result<u32, IoError>,
 }
 
-/// Why a request failed: answered to the guest as VIRTIO_BLK_S_IOERR.
+/// Why a request failed: answered to the guest as VIRTIO_BLK_S_IOERR (VIRTIO_BLK_S_UNSUPP for
+/// [`IoError::Unsupported`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum IoError {
+    /// The range ends past the disk's capacity, or the request has more than [`MAX_SEGMENTS`]
+    /// segments or 4 GiB of data; nothing was done.
     #[error("request beyond the end of the disk")]
     OutOfRange,
+    /// A request that changes the disk ([`Op::writes`]) on a read-only disk; nothing was done.
     #[error("write to a read-only disk")]
     ReadOnly,
+    /// The host failed the request with this (positive) errno: the kernel's or librbd's, or
+    /// ECANCELED after [`Backend::cancel_all`].
     #[error("I/O error (errno {0})")]
     Errno(i32),
+    /// The host moved fewer bytes than the request asked for.
     #[error("short transfer")]
     Short,
+    /// The disk cannot do this operation (see [`Capabilities`]).
     #[error("this disk cannot do that operation")]
     Unsupported,
 }
@@ -156,26 +168,70 @@ pub enum IoError {
 /// Why a backend could not be set up (never raised on the request path).
 #[derive(Debug, Error)]
 pub enum BackendError {
+    /// The disk's file could not be opened, inspected or sized.
     #[error("cannot open {path}: {source} (check that it exists and that we may read/write it)")]
-    Open { path: String, source: std::io::Error },
+    Open {
+        /// The file as the user named it.
+        path: String,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The path opens, but is not a regular file or block device (a FIFO, a directory...).
     #[error("{path} {kind_error}")]
-    NotADisk { path: String, kind_error: open::OpenError },
+    NotADisk {
+        /// The file as the user named it.
+        path: String,
+        /// What it is instead.
+        kind_error: open::OpenError,
+    },
+    /// A disk to be made (RAM, null) was given a size of 0 or not a whole number of sectors.
     #[error("disk size {size} bytes is not a non-zero multiple of 512: choose a size in whole sectors")]
-    BadSize { size: u64 },
+    BadSize {
+        /// The size asked for, in bytes.
+        size: u64,
+    },
+    /// An existing disk image holds less than one sector.
     #[error("{path} is smaller than one 512-byte sector: give a disk image of at least 512 bytes")]
-    TooSmall { path: String },
+    TooSmall {
+        /// The file as the user named it.
+        path: String,
+    },
+    /// The RAM disk's file could not be mapped.
     #[error("cannot map {path} into memory: {source} (is there enough address space / memory?)")]
-    Map { path: String, source: std::io::Error },
+    Map {
+        /// The file as the user named it.
+        path: String,
+        /// mmap's error.
+        source: std::io::Error,
+    },
+    /// The backend's completion machinery (an io_uring, or the RBD disk's eventfd) could not be
+    /// made.
     #[error("cannot set up io_uring: {source} (needs Linux 5.6 or later with io_uring enabled)")]
-    Ring { source: std::io::Error },
+    Ring {
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The requests in flight asked for are 0 or more than the backend can track.
     #[error("max_in_flight {requested} is out of range: choose 1 to {limit}")]
-    BadQueueDepth { requested: usize, limit: usize },
+    BadQueueDepth {
+        /// The depth asked for.
+        requested: usize,
+        /// The backend's largest.
+        limit: usize,
+    },
+    /// [`Backend::reopen`] could not open the disk again.
     #[error("cannot open the disk again for the next driver: {source}")]
-    Reopen { source: std::io::Error },
+    Reopen {
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// [`Backend::reopen`] on a backend that has no need of it (it finishes its requests itself).
     #[error("this kind of disk cannot be opened again")]
     CannotReopen,
+    /// An RBD image could not be opened.
     #[error(transparent)]
     Rbd(#[from] rbd::RbdError),
+    /// Any other failure to set a disk up, as a message for the user.
     #[error("{0}")]
     Other(String),
 }
@@ -195,6 +251,7 @@ impl BackendError {
 pub trait Backend: Send {
     /// Size in bytes (a multiple of 512).
     fn capacity(&self) -> u64;
+    /// Are requests that change the disk refused (with `IoError::ReadOnly`)?
     fn read_only(&self) -> bool;
     /// What the disk can do beyond reads, writes and flushes; a request it cannot do fails
     /// with `IoError::Unsupported`.
@@ -263,6 +320,7 @@ pub trait Backend: Send {
 
 /// The most segments one request may have (the device's `seg_max`).
 pub const MAX_SEGMENTS: usize = 128;
+/// The unit of a disk's size and of virtio-blk's request offsets, in bytes.
 pub const SECTOR_SIZE: u64 = 512;
 /// Requests in flight per backend unless configured otherwise (the largest virtqueue is 256).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;

@@ -3,8 +3,6 @@
 //! with `read-zeroes=on`). Every request is checked as on any other disk (range, read-only,
 //! segments) and completes at once: no system call, allocation or lock per request.
 
-#![warn(missing_docs)]
-
 use vm_memory::VolatileSlice;
 
 use crate::at_once::{AtOnce, Medium};

@@ -41,12 +41,19 @@ impl Wanted {
 /// The type of a file system object, as `fstat` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
+    /// A regular file.
     Regular,
+    /// A block device node.
     BlockDevice,
+    /// A character device node (a terminal, /dev/null...).
     CharacterDevice,
+    /// A directory.
     Directory,
+    /// A named pipe.
     Fifo,
+    /// A Unix socket.
     Socket,
+    /// Anything else.
     Other,
 }
 
@@ -92,7 +99,12 @@ pub enum OpenError {
     Io(#[from] std::io::Error),
     /// It is there, but of the wrong type.
     #[error("is {}, not {}", .found.name(), .wanted.name())]
-    WrongKind { found: FileKind, wanted: Wanted },
+    WrongKind {
+        /// What the path is.
+        found: FileKind,
+        /// What it should have been.
+        wanted: Wanted,
+    },
 }
 
 /// Open `path` for reading (and writing unless `read_only`) with the extra `flags` (such as

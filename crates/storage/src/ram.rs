@@ -5,8 +5,6 @@
 //! do. The file must not be shrunk while the disk is open: touching a page past the new end of a
 //! shared mapping raises SIGBUS.
 
-#![warn(missing_docs)]
-
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};

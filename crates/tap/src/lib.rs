@@ -5,6 +5,8 @@
 //! caller's network namespace or in a named one (`ip netns add NAME` makes
 //! /run/netns/NAME). The frames carry no packet-information prefix and no virtio-net header.
 
+#![deny(missing_docs)]
+
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -18,18 +20,41 @@ const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 /// The longest interface name Linux accepts (IFNAMSIZ less the NUL).
 pub const MAX_NAME_LEN: usize = 15;
 
+/// Why [`Tap::open`] failed; nothing is left open.
 #[derive(Debug, Error)]
 pub enum TapError {
+    /// The name (given) is empty, too long, or has a character exitless refuses in one; checked
+    /// before any system call.
     #[error("tap name `{0}` must be 1 to {MAX_NAME_LEN} characters without '/', whitespace or NUL")]
     BadName(String),
+    /// /dev/net/tun could not be opened.
     #[error("cannot open /dev/net/tun: {0} (is the tun module loaded, and are we root or CAP_NET_ADMIN?)")]
     OpenTun(#[source] io::Error),
+    /// TUNSETIFF refused the name: taken by another kind of interface, or a tap we may not use.
     #[error("cannot attach to tap {name}: {source} (is `{name}` a tap owned by someone else, or a non-tap interface?)")]
-    Attach { name: String, source: io::Error },
+    Attach {
+        /// The tap's name.
+        name: String,
+        /// TUNSETIFF's error.
+        source: io::Error,
+    },
+    /// The tap is attached but could not be brought up (SIOCGIFFLAGS, SIOCSIFFLAGS).
     #[error("cannot bring tap {name} up: {source}")]
-    Up { name: String, source: io::Error },
+    Up {
+        /// The tap's name.
+        name: String,
+        /// The socket or ioctl error.
+        source: io::Error,
+    },
+    /// The network namespace's file (/run/netns/NAME) could not be opened or entered.
     #[error("cannot enter network namespace {name}: {source} (create it first: `ip netns add {name}`)")]
-    Netns { name: String, source: io::Error },
+    Netns {
+        /// The namespace's name.
+        name: String,
+        /// The open or setns error.
+        source: io::Error,
+    },
+    /// The thread that enters the namespace (given) panicked.
     #[error("the thread that opens the tap in namespace {0} failed")]
     Thread(String),
 }
@@ -65,6 +90,7 @@ impl Tap {
         .map_err(|_| TapError::Thread(netns))?
     }
 
+    /// The interface's name, as given to [`Tap::open`].
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -11,7 +11,7 @@
 //! - [`error`]: why a message was refused or the socket failed.
 //! - [`poll`]: waiting on a few descriptors at once, with a time limit.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 pub mod error;

@@ -13,10 +13,10 @@ use thiserror::Error;
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 /// Where the boot structures go, below the kernel at 1 MiB.
-pub const GDT_ADDR: u64 = 0x500;
-pub const START_INFO_ADDR: u64 = 0x6000;
-pub const MEMMAP_ADDR: u64 = 0x7000;
-pub const CMDLINE_ADDR: u64 = 0x20000;
+pub(crate) const GDT_ADDR: u64 = 0x500;
+pub(crate) const START_INFO_ADDR: u64 = 0x6000;
+pub(crate) const MEMMAP_ADDR: u64 = 0x7000;
+pub(crate) const CMDLINE_ADDR: u64 = 0x20000;
 /// The longest command line we pass (bytes, without the terminating NUL).
 pub const CMDLINE_MAX: usize = 4095;
 /// Kernels load at or above 1 MiB, clear of the boot structures and legacy areas.
@@ -25,7 +25,9 @@ const EBDA_START: u64 = 0x9_fc00;
 const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
 const E820_RAM: u32 = 1;
 
+/// Why a kernel could not be loaded or its boot information written.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum BootError {
     #[error("cannot read the kernel image: {0}")]
     Read(#[source] std::io::Error),

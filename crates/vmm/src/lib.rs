@@ -1,18 +1,20 @@
 //! The exitless VMM core: a KVM VM with an in-kernel irqchip, guest memory, vCPU threads, PVH
 //! boot, the console and test devices, and exit accounting from KVM's binary statistics.
 
+#![deny(missing_docs)]
+
 pub mod boot;
-pub mod cpuid;
-pub mod devices;
+mod cpuid;
+mod devices;
 pub mod memory;
 pub mod migration;
 mod peer;
-pub mod rbd_clients;
-pub mod regs;
+mod rbd_clients;
+mod regs;
 pub mod snapshot;
-pub mod stats;
-pub mod vcpu;
-pub mod vm;
+mod stats;
+mod vcpu;
+mod vm;
 
 pub use devices::console::ConsoleMode;
 pub use devices::vhost_user_blk::VhostUserDisk;

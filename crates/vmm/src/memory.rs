@@ -14,14 +14,16 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 /// Start of the MMIO hole below 4 GiB; RAM above this size continues at 4 GiB.
 pub const MMIO_HOLE_START: u64 = 3 << 30;
-pub const MMIO_HOLE_END: u64 = 4 << 30;
+pub(crate) const MMIO_HOLE_END: u64 = 4 << 30;
 /// The smallest VM we build: room for the boot structures and a small kernel.
 pub const MIN_MEM_BYTES: u64 = 4 << 20;
 /// Upper bound on guest RAM, a guard against typos like `--mem 64T`.
 pub const MAX_MEM_BYTES: u64 = 1 << 40;
 const HUGE_PAGE_BYTES: u64 = 2 << 20;
 
+/// Why guest memory could not be made.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum MemoryError {
     #[error("guest memory of {0} bytes is too small: at least {MIN_MEM_BYTES} bytes (4M) are needed")]
     TooSmall(u64),

@@ -126,7 +126,9 @@ impl RunControl {
 /// A statistics snapshot the guest asked for (test device MARK register).
 #[derive(Debug, Clone)]
 pub struct Mark {
+    /// The value the guest wrote to MARK.
     pub label: u32,
+    /// This vCPU's KVM statistics at that moment.
     pub snapshot: Snapshot,
     /// When the mark was taken.
     pub at: std::time::Instant,
@@ -139,9 +141,11 @@ pub struct Mark {
 /// What one vCPU did during the run.
 #[derive(Debug, Clone)]
 pub struct VcpuReport {
+    /// The vCPU's index (0: the boot vCPU).
     pub index: u8,
     /// Counter growth from just before the vCPU first ran to after it stopped.
     pub counters: Counters,
+    /// The marks the guest took on this vCPU, in order.
     pub marks: Vec<Mark>,
 }
 

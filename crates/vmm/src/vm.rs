@@ -50,17 +50,26 @@ const PAUSE_LIMIT: Duration = Duration::from_secs(5);
 /// Exits that can be handed to the guest (KVM_CAP_X86_DISABLE_EXITS).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DisableExits {
+    /// HLT stays in the guest: an idle vCPU halts its host CPU in guest mode instead of exiting
+    /// to sleep in KVM, so its thread keeps the CPU.
     pub hlt: bool,
+    /// PAUSE stays in the guest (no pause-loop exits for a vCPU spinning on a lock).
     pub pause: bool,
 }
 
+/// What to build: the guest's resources and devices, and how this process runs them.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
+    /// Guest RAM in bytes (`memory::MIN_MEM_BYTES` to `memory::MAX_MEM_BYTES`; a multiple of
+    /// 2 MiB with `hugepages`).
     pub mem_bytes: u64,
+    /// How many vCPUs (1 to `MAX_VCPUS`).
     pub vcpus: u8,
+    /// Back guest RAM with reserved 2 MiB huge pages (hugetlb), which must be free at start.
     pub hugepages: bool,
     /// Host CPU for vCPU `i` at index `i`; vCPUs beyond the list float.
     pub pin_vcpus: Vec<usize>,
+    /// Exits KVM leaves to the guest; refused if this host's KVM cannot.
     pub disable_exits: DisableExits,
     /// The kernel command line; exitless appends `exitless.testdev=<address>` when the VM has
     /// the test device.
@@ -68,7 +77,9 @@ pub struct VmConfig {
     /// Give the VM the test device (the probe's exit-cost registers and ping-pong responder);
     /// only when asked for (`--probe`, `--testdev`).
     pub testdev: bool,
+    /// Where the guest's serial console output goes.
     pub console: ConsoleMode,
+    /// Stop the guest after this long (`Ending::Timeout`); `None`: no limit.
     pub timeout: Option<Duration>,
     /// virtio-blk disks, in the order the guest sees them.
     pub disks: Vec<DiskBackend>,
@@ -80,6 +91,7 @@ pub struct VmConfig {
     pub vhost_user_disks: Vec<VhostUserDisk>,
     /// virtio-net devices on taps, after the disks.
     pub nets: Vec<NetConfig>,
+    /// How the virtio devices' queues are served.
     pub io_mode: IoMode,
     /// The host CPU for the IOCore thread.
     pub iocore_cpu: Option<usize>,
@@ -123,13 +135,17 @@ impl Default for VmConfig {
     }
 }
 
-/// The kernel to boot.
+/// The kernel to boot: a PVH ELF.
 pub enum Kernel<'a> {
+    /// A file, opened without blocking (it must be a regular file).
     File(PathBuf),
+    /// An image in memory (the built-in probe).
     Image(&'a [u8]),
 }
 
+/// Why a VM could not be built, restored or run.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum VmError {
     #[error("{0}")]
     Devices(#[from] DeviceError),
@@ -180,32 +196,53 @@ pub enum Ending {
     GuestExit(u8),
     /// KVM_EXIT_SHUTDOWN: a triple fault, or a shutdown request.
     Shutdown {
+        /// The vCPU it happened on.
         vcpu: u8,
     },
+    /// The guest asked for a reset (KVM_SYSTEM_EVENT_RESET); the run ends instead.
     Reset {
+        /// The vCPU that asked.
         vcpu: u8,
     },
+    /// The guest reported a crash (KVM_SYSTEM_EVENT_CRASH).
     GuestCrash {
+        /// The vCPU that reported it.
         vcpu: u8,
     },
     /// HLT reached user space (only without an in-kernel irqchip).
     Halted {
+        /// The vCPU that halted.
         vcpu: u8,
     },
+    /// KVM_EXIT_INTERNAL_ERROR: KVM could not go on with the guest.
     InternalError {
+        /// The vCPU it happened on.
         vcpu: u8,
+        /// KVM's suberror (1: instruction emulation failed, 2: simultaneous exceptions, 3: a
+        /// delivery event not handled).
         suberror: u32,
+        /// The guest's instruction pointer then.
         rip: u64,
     },
+    /// KVM_EXIT_FAIL_ENTRY: the hardware refused to enter the guest.
     FailEntry {
+        /// The vCPU it happened on.
         vcpu: u8,
+        /// The hardware's entry failure reason.
         reason: u64,
     },
+    /// An exit the VMM does not handle.
     UnexpectedExit {
+        /// The vCPU it happened on.
         vcpu: u8,
+        /// The exit, as KVM's bindings describe it.
         exit: String,
     },
+    /// [`VmConfig::timeout`] passed (this long; zero when the VMM stopped the guest at once
+    /// because its main thread could not confine itself, an error `Vm::run` then returns).
     Timeout(Duration),
+    /// The VMM failed while the guest ran (e.g. KVM_RUN failed, a vCPU could not be pinned);
+    /// the message says what.
     HostError(String),
     /// The VM went on in another process (a live migration to this URL).
     Migrated(String),
@@ -256,10 +293,13 @@ impl fmt::Display for Ending {
 /// Everything a run produced.
 #[derive(Debug)]
 pub struct RunOutcome {
+    /// Why the run ended: the first ending any vCPU or the VMM reported.
     pub ending: Ending,
+    /// Each vCPU's exits and marks, by index.
     pub vcpus: Vec<VcpuReport>,
     /// The console output, when the console mode captures it.
     pub console: Vec<u8>,
+    /// From the vCPUs' start to the end of the run, the threads joined and devices shut down.
     pub wall_time: Duration,
     /// What the IOCore did, if the VM had one.
     pub iocore: Option<iocore::IoCoreStats>,
@@ -302,7 +342,6 @@ pub struct VhostUserReport {
 /// A KVM virtual machine built from a `VmConfig`: guest memory, vCPUs, the MMIO bus with the
 /// console, test device and virtio devices (and their IOCore), and the loaded kernel. `run`
 /// starts the vCPUs and returns when the guest ends or the timeout passes.
-#[warn(missing_docs)]
 pub struct Vm {
     // Fields drop in order: the VM fd goes before the RAM it maps.
     _kvm: Kvm,
@@ -347,7 +386,6 @@ pub fn tsc_khz() -> Result<u32, VmError> {
     vcpu.get_tsc_khz().map_err(kvm_err("report the TSC frequency"))
 }
 
-#[warn(missing_docs)]
 impl Vm {
     /// Build the VM `config` describes and load `kernel` into it.
     pub fn new(config: &VmConfig, kernel: Kernel) -> Result<Vm, VmError> {
@@ -743,6 +781,7 @@ type ControlHook = Box<dyn FnMut(&VmControl) + Send>;
 
 /// Why a pause, resume or snapshot was refused or failed.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum ControlError {
     #[error("the VM is already paused")]
     AlreadyPaused,

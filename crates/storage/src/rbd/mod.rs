@@ -64,28 +64,70 @@ impl fmt::Display for RbdSpec {
 /// Why an RBD image could not be opened.
 #[derive(Debug, Clone, Error)]
 pub enum RbdError {
+    /// librbd or librados could not be loaded (the loader's message); every later open fails
+    /// the same way.
     #[error(
         "cannot load Ceph's client libraries (librbd.so.1, librados.so.2): {0} (install Debian's librbd1)"
     )]
     Library(String),
+    /// The client thread's set-up (`set_up_client_threads`: its CPUs, its seccomp filter)
+    /// failed, with this reason; every later open fails the same way.
     #[error("cannot set up the RBD client thread: {0}")]
     SetUp(String),
+    /// The RBD client thread could not be started or has ended.
     #[error("the RBD client thread is gone")]
     ClientThreadGone,
+    /// A setting of the spec (named: pool, image, id, conf...) cannot be passed to C.
     #[error("the RBD {0} holds a NUL byte")]
     Nul(String),
+    /// librados could not read the configuration file.
     #[error("cannot read the Ceph configuration {}: {}", conf.display(), errno_text(*errno))]
-    Conf { conf: PathBuf, errno: i32 },
+    Conf {
+        /// The file given, or the default /etc/ceph/ceph.conf.
+        conf: PathBuf,
+        /// librados' errno.
+        errno: i32,
+    },
+    /// librados refused a setting exitless forces.
     #[error("cannot set librbd's {option}: {}", errno_text(*errno))]
-    Option { option: String, errno: i32 },
+    Option {
+        /// The setting's name.
+        option: String,
+        /// librados' errno.
+        errno: i32,
+    },
+    /// The client could not be made, or could not reach the cluster or log in.
     #[error("cannot connect to the Ceph cluster for {spec}: {} (is the cluster up, and are its configuration, user and keyring right?)", errno_text(*errno))]
-    Connect { spec: String, errno: i32 },
+    Connect {
+        /// The disk, as `rbd:POOL/IMAGE as client.USER`.
+        spec: String,
+        /// librados' errno.
+        errno: i32,
+    },
+    /// The pool could not be opened.
     #[error("cannot open pool {pool}: {} (does it exist, and may the user read it?)", errno_text(*errno))]
-    Pool { pool: String, errno: i32 },
+    Pool {
+        /// The pool's name.
+        pool: String,
+        /// librados' errno.
+        errno: i32,
+    },
+    /// The image could not be opened or sized.
     #[error("cannot open {spec}: {} (does the image exist?)", errno_text(*errno))]
-    Image { spec: String, errno: i32 },
+    Image {
+        /// The disk, as `rbd:POOL/IMAGE as client.USER`.
+        spec: String,
+        /// librbd's errno.
+        errno: i32,
+    },
+    /// The image's size is not a whole number of sectors (or is 0).
     #[error("{spec} is {size} bytes: an image for a disk must be a non-zero multiple of 512 bytes")]
-    Size { spec: String, size: u64 },
+    Size {
+        /// The disk, as `rbd:POOL/IMAGE as client.USER`.
+        spec: String,
+        /// The image's size, in bytes.
+        size: u64,
+    },
 }
 
 fn errno_text(errno: i32) -> String {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 /// host its memory.
 pub const CAPTURE_LIMIT: usize = 16 << 20;
 
+/// Where the guest's serial console output goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ConsoleMode {
     /// Print to the VMM's standard output.

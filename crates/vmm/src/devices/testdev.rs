@@ -64,6 +64,7 @@ impl TestDevice {
     }
 
     /// The same device with another bound on a responder's run (tests).
+    #[cfg(test)]
     pub fn with_responder_limit(mut self, limit: Duration) -> Self {
         self.responder_limit = limit;
         self
@@ -82,6 +83,7 @@ impl TestDevice {
     }
 
     /// Is a responder running?
+    #[cfg(test)]
     pub fn responder_running(&self) -> bool {
         self.responder_running.load(Ordering::Acquire)
     }

@@ -47,6 +47,7 @@ pub enum IoMode {
 }
 
 impl IoMode {
+    /// Its name on the command line (`--io-mode`), in reports and in a snapshot.
     pub fn name(self) -> &'static str {
         match self {
             IoMode::Trap => "trap",
@@ -117,6 +118,7 @@ pub struct NetConfig {
     pub tap: String,
     /// The network namespace the tap lives in (`/run/netns/NAME`); ours if `None`.
     pub netns: Option<String>,
+    /// The device's MAC address, as the guest reads it from the configuration space.
     pub mac: [u8; 6],
 }
 

@@ -31,6 +31,7 @@ use crate::snapshot::SnapshotError;
 
 /// Why a live migration failed; the source goes on running.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum MigrationError {
     #[error("the migration URL {0:?} is none of {forms}", forms = url::URL_FORMS)]
     Url(String),

@@ -31,8 +31,9 @@ use crate::vm::{Vm, VmConfig, VmError};
 /// What the destination saw of a migration.
 #[derive(Debug, Clone, Default)]
 pub struct Received {
-    /// Page records taken, and the pages in them.
+    /// Page records taken.
     pub records: u64,
+    /// Pages in them (a page sent again in a later round counts again).
     pub pages: u64,
     /// From the state record's arrival to the VM ready to run.
     pub apply_ms: f64,

@@ -15,7 +15,12 @@ pub enum MigrationUrl {
     /// `tcp+plain:IP:PORT` (no TLS). The host is an IP address, never a name: a name would be
     /// resolved on a confined thread (files, sockets to a resolver) and a resolver could be lied
     /// to; the TLS certificate names that address.
-    Tcp { addr: SocketAddr, tls: bool },
+    Tcp {
+        /// The destination's IP address and port.
+        addr: SocketAddr,
+        /// Mutual TLS (`tcp:`), or none (`tcp+plain:`).
+        tls: bool,
+    },
 }
 
 /// What the URL forms are, for error messages.

@@ -51,7 +51,12 @@ pub struct Hello {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Record {
     /// `pages` pages at `gpa` follow (checked: page-aligned, 1 to `MAX_RECORD_PAGES`).
-    Pages { gpa: u64, pages: u32 },
+    Pages {
+        /// Guest-physical address of the first page.
+        gpa: u64,
+        /// How many [`PAGE`]-byte pages, back to back.
+        pages: u32,
+    },
     /// The VM's state (JSON), the last record.
     State(Vec<u8>),
 }
@@ -189,12 +194,13 @@ pub fn read_record(r: &mut impl Read) -> Result<Record, MigrationError> {
 pub struct ParsedStream {
     /// The hello.
     pub hello: Hello,
-    /// Page records, and the pages in them.
+    /// Page records.
     pub records: u64,
+    /// Pages in them.
     pub pages: u64,
-    /// The state record's vCPU and device states (its counts, checked against the hello's
-    /// configuration).
+    /// The state record's vCPU states (checked against the hello's configuration).
     pub vcpus: usize,
+    /// The state record's device states (checked against the hello's configuration).
     pub devices: usize,
 }
 

@@ -14,8 +14,9 @@ use crate::vm::{DisableExits, VmConfig};
 /// A disk in a snapshot, reopened from its path on restore.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedDisk {
-    /// "file" (a raw file or block device through io_uring), "ram-file" (a /dev/shm file) or
-    /// "null" (a null disk, which holds no data: made again from its size).
+    /// "file" (a raw file or block device through io_uring), "ram-file" (a /dev/shm file),
+    /// "rbd" (an RBD image, its path `POOL/IMAGE`) or "null" (a null disk, which holds no data:
+    /// made again from its size).
     pub kind: String,
     /// The file (empty for a null disk), for the record: a restore or a migration's destination
     /// opens the disk its operator names (`--disk`), never this path.
@@ -24,6 +25,7 @@ pub struct SavedDisk {
     /// before sizes were recorded: not checked).
     #[serde(default)]
     pub size: u64,
+    /// The guest may not write it.
     pub read_only: bool,
     /// O_DIRECT (files only).
     pub direct: bool,
@@ -36,17 +38,24 @@ pub struct SavedDisk {
 /// A VM's configuration in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedConfig {
+    /// Guest RAM in bytes.
     pub mem_bytes: u64,
+    /// How many vCPUs.
     pub vcpus: u8,
+    /// Guest RAM on reserved 2 MiB huge pages (`--hugepages`).
     pub hugepages: bool,
     /// The command line the VM was started with (before exitless's additions; for the record:
     /// the guest's own copy is in its memory).
     pub cmdline: String,
     /// `--io-mode`.
     pub io_mode: String,
+    /// `adaptive`'s idle budget, in microseconds.
     pub idle_budget_us: u64,
+    /// HLT exits were left to the guest.
     pub disable_hlt_exits: bool,
+    /// PAUSE exits were left to the guest.
     pub disable_pause_exits: bool,
+    /// The disks, in the order the guest sees them.
     pub disks: Vec<SavedDisk>,
     /// Whether the VM has the test device (`--probe` or `--testdev`).
     #[serde(default)]
@@ -54,8 +63,9 @@ pub struct SavedConfig {
 }
 
 impl SavedConfig {
-    /// The configuration of a VM that can be snapshotted: local file and null disks only;
-    /// `sizes`: each disk's size in bytes, by index.
+    /// The configuration of a VM that can be snapshotted: file, RAM-file, RBD and null disks only
+    /// (no new RAM disk, vhost-user disk or network device); `sizes`: each disk's size in bytes,
+    /// by index.
     pub fn of(config: &VmConfig, sizes: &[u64]) -> Result<SavedConfig, SnapshotError> {
         let unsupported =
             |what: &str| Err(SnapshotError::Unsupported(format!("{what} are not supported yet")));

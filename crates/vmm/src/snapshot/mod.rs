@@ -42,6 +42,7 @@ const MAX_STATE_BYTES: u64 = 16 << 20;
 
 /// Why a snapshot could not be taken or restored.
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum SnapshotError {
     #[error("KVM refused to {what}: {source}")]
     Kvm { what: &'static str, source: kvm_ioctls::Error },
@@ -92,9 +93,13 @@ pub enum SnapshotError {
 /// The irqchip and KVM clock.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct VmState {
+    /// The KVM clock (KVM_GET_CLOCK).
     pub clock: Raw<kvm_clock_data>,
+    /// The first 8259 PIC (KVM_GET_IRQCHIP).
     pub pic_master: Raw<kvm_irqchip>,
+    /// The second, cascaded 8259 PIC.
     pub pic_slave: Raw<kvm_irqchip>,
+    /// The IOAPIC.
     pub ioapic: Raw<kvm_irqchip>,
 }
 
@@ -105,6 +110,7 @@ pub struct DeviceState {
     pub kind: String,
     /// Its index among the devices of its kind.
     pub index: usize,
+    /// Its virtio-mmio transport: registers, features, queues and configuration space.
     pub transport: TransportState,
 }
 
@@ -113,6 +119,7 @@ pub struct DeviceState {
 pub struct Snapshot {
     /// Always `FORMAT`.
     pub format: String,
+    /// The format's version (`VERSION` when written); another is refused.
     pub version: u32,
     /// What the VM was built from.
     pub config: SavedConfig,
@@ -120,8 +127,11 @@ pub struct Snapshot {
     pub memory_bytes: u64,
     /// The guest's TSC frequency (kHz); the restored VM's must be the same.
     pub tsc_khz: u32,
+    /// The irqchip and KVM clock.
     pub vm: VmState,
+    /// Each vCPU's state, in index order (one per `config.vcpus`).
     pub vcpus: Vec<VcpuState>,
+    /// Each virtio device's state, in bus order (one per disk of `config.disks`).
     pub devices: Vec<DeviceState>,
 }
 

@@ -19,16 +19,23 @@ pub const MAX_MSRS: usize = 1024;
 pub struct VcpuState {
     /// The vCPU's index (its APIC ID).
     pub index: u8,
+    /// General-purpose registers, RIP and RFLAGS (KVM_GET_REGS).
     pub regs: Raw<kvm_regs>,
+    /// Segment, control and descriptor-table registers, EFER and the APIC base (KVM_GET_SREGS).
     pub sregs: Raw<kvm_sregs>,
     /// (index, value) of each MSR KVM lists as saveable (KVM_GET_MSR_INDEX_LIST): all of them.
     pub msrs: Vec<(u32, u64)>,
+    /// The local APIC's registers (KVM_GET_LAPIC).
     pub lapic: Raw<kvm_lapic_state>,
     /// FPU, SSE and AVX state (KVM_GET_XSAVE, the legacy 4 KiB area).
     pub xsave: Raw<kvm_xsave>,
+    /// Pending exceptions, interrupts and NMIs, and interrupt shadows (KVM_GET_VCPU_EVENTS).
     pub events: Raw<kvm_vcpu_events>,
+    /// Extended control registers, XCR0 (KVM_GET_XCRS).
     pub xcrs: Raw<kvm_xcrs>,
+    /// Running, halted or waiting for INIT/SIPI (KVM_GET_MP_STATE).
     pub mp_state: Raw<kvm_mp_state>,
+    /// The debug registers DR0-DR3, DR6 and DR7 (KVM_GET_DEBUGREGS).
     pub debugregs: Raw<kvm_debugregs>,
 }
 

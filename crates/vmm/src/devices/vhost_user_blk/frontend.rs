@@ -106,11 +106,6 @@ impl Frontend {
         Ok(Frontend { stream, path: path.to_path_buf(), reply_ack: false, broken: false })
     }
 
-    /// The socket the daemon listens on.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The connection, for watching it for a hang-up.
     pub fn stream(&self) -> &UnixStream {
         &self.stream

@@ -91,11 +91,6 @@ impl Link {
         Ok((Link { path: path.to_path_buf(), users, fds, state }, offer))
     }
 
-    /// The daemon's socket.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// A second handle on the connection, for watching it for a hang-up.
     pub fn stream(&self) -> std::io::Result<UnixStream> {
         self.state().frontend.stream().try_clone()
@@ -125,11 +120,6 @@ impl Link {
             Ok(_) | Err(FrontendError::Closed(_)) => {}
             Err(e) => log::warn!("vhost-user disk {}: cannot stop the ring: {e}", self.path.display()),
         }
-    }
-
-    /// Is the connection unusable (an exchange failed, or the daemon went away)?
-    pub fn broken(&self) -> bool {
-        self.state().frontend.broken()
     }
 
     /// One attempt to connect to a (new) daemon and set it up as the old one was: its offer
