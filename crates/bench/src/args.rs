@@ -599,8 +599,7 @@ pub struct ScaleBenchArgs {
     /// Skip the mixed run.
     #[arg(long)]
     pub no_mixed: bool,
-    /// Each VM's disk: `ram` (a /dev/shm file, removed at the end) or `file` (a file in
-    /// --scratch DIR on a real disk, kept for later runs, O_DIRECT).
+    /// Each VM's disk (the values below).
     #[arg(long, value_name = "KIND", default_value = "ram")]
     pub disk: ScaleDiskArg,
     /// Size of each VM's disk.

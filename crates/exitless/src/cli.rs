@@ -178,10 +178,7 @@ pub struct IoArgs {
     /// NAME (`ip netns add NAME`) or in ours. Frames are at most 1518 bytes (no offloads).
     #[arg(long = "net", value_name = "SPEC", value_parser = exitless_args::net::parse)]
     pub nets: Vec<exitless_args::net::NetArg>,
-    /// How disk and network I/O is served: trap (MMIO exit to user space), eventfd (ioeventfd + I/O thread +
-    /// irqfd), pv-eoi (eventfd with paravirtual EOI), sidecore (IOCore polls the rings: no
-    /// notification exits), exitless (sidecore, and the guest polls: no exit per I/O), adaptive
-    /// (polls under load, sleeps on notifications when idle). For vhost-user disks only the
+    /// How disk and network I/O is served (the values below). For vhost-user disks only the
     /// guest's half applies (interrupts: eventfd, pv-eoi, sidecore; polling: exitless,
     /// adaptive; trap is refused).
     #[arg(long, value_name = "MODE", default_value = "exitless")]
