@@ -29,6 +29,8 @@ use std::path::PathBuf;
 use storage::DiskSpec as DiskBackend;
 use vmm::{DiskOptions, VhostUserDisk};
 
+use crate::size::SizeError;
+
 /// One `exitless run --disk`: served by the VMM (with its serial number and queue count), or by
 /// a vhost-user daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,14 +41,98 @@ pub enum RunDisk {
     VhostUser(VhostUserDisk),
 }
 
+/// Why a `--disk` value was refused: each message says what to give instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiskArgError {
+    /// `queues=` that is not a number.
+    #[error("queues={0}: not a number")]
+    QueuesNotANumber(String),
+    /// `queues=` out of range.
+    #[error("queues={0}: choose 1 to {MAX_QUEUES}")]
+    QueuesOutOfRange(u16),
+    /// `serial=` empty or too long.
+    #[error("serial={0}: give 1 to {MAX_SERIAL_LEN} characters")]
+    SerialLength(String),
+    /// `serial=` with a character a guest cannot show.
+    #[error("serial={0}: only printable ASCII characters")]
+    SerialCharacters(String),
+    /// A key given twice.
+    #[error("give `{0}=` once")]
+    Repeated(&'static str),
+    /// `vhost-user=` with options of a local disk.
+    #[error("give `vhost-user=SOCKET` on its own, without other disk options")]
+    VhostUserMixed,
+    /// `vhost-user=` without a path.
+    #[error("`vhost-user=` needs the daemon's socket path")]
+    VhostUserNoSocket,
+    /// `reconnect=` out of range.
+    #[error("reconnect={0}: give whole seconds, 0 (fail at once) to {MAX_RECONNECT_SECS}")]
+    Reconnect(String),
+    /// `daemon-uid=` that is not a number.
+    #[error("daemon-uid={0}: give a numeric user id")]
+    DaemonUid(String),
+    /// An option `vhost-user=` does not take.
+    #[error("`vhost-user={socket}` takes only `reconnect=SECS` and `daemon-uid=UID`, not `{option}` (the daemon's --disk sets the rest)")]
+    VhostUserOption {
+        /// The socket named.
+        socket: String,
+        /// The option refused.
+        option: String,
+    },
+    /// An option no local disk takes.
+    #[error("unknown disk option `{0}`; see `exitless run --help`")]
+    UnknownOption(String),
+    /// A size that does not parse.
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    /// `null=` with options that give it data.
+    #[error("a null disk (`null=SIZE`) holds no data: give it no `path=`, `ram` or `direct` (it takes `readonly`, `serial=` and `queues=`)")]
+    NullWithData,
+    /// A null or RAM disk size that is not a non-zero multiple of 512.
+    #[error("{kind} disk size {size} is not a non-zero multiple of 512 bytes")]
+    SizeNotSectors {
+        /// "null" or "RAM".
+        kind: &'static str,
+        /// The size given.
+        size: u64,
+    },
+    /// `direct` on a RAM disk.
+    #[error("`direct` applies to `path=FILE` disks, not RAM disks")]
+    DirectRam,
+    /// `ram=SIZE` and `path=` together.
+    #[error("give `ram=SIZE` for a new RAM disk or `ram,path=FILE` for an existing one, not both")]
+    RamSizeAndPath,
+    /// A new RAM disk marked read-only.
+    #[error("a new RAM disk cannot be read-only (it would be all zeros)")]
+    ReadOnlyNewRam,
+    /// `ram` with neither size nor file.
+    #[error("`ram` needs a size (`ram=1G`) or a file (`ram,path=/dev/shm/disk`)")]
+    RamWithoutSize,
+    /// No kind of disk named.
+    #[error("a disk needs `path=FILE`, `ram=SIZE`, `null=SIZE` or `rbd=POOL/IMAGE`")]
+    NoBackend,
+    /// `rbd=` that is not POOL/IMAGE.
+    #[error("{0}")]
+    RbdTarget(String),
+    /// An option an RBD disk does not take.
+    #[error("an RBD disk takes `rbd=POOL/IMAGE`, `conf=FILE`, `id=USER` and `readonly`, not `{0}`")]
+    RbdOption(String),
+    /// RBD options without `rbd=`.
+    #[error("an RBD disk needs `rbd=POOL/IMAGE`")]
+    RbdNoTarget,
+    /// A cephx user name that is not one.
+    #[error("id={0}: give the cephx user without `client.` (letters, digits, '.', '_', '-')")]
+    RbdUser(String),
+}
+
 /// The most queues a disk may offer (virtio-blk's `num_queues` as exitless serves it).
 pub const MAX_QUEUES: u16 = 16;
 
 /// Check `queues=N`'s N: 1 to [`MAX_QUEUES`].
-pub fn parse_queues(text: &str) -> Result<u16, String> {
-    let n: u16 = text.parse().map_err(|_| format!("queues={text}: not a number"))?;
+pub fn parse_queues(text: &str) -> Result<u16, DiskArgError> {
+    let n: u16 = text.parse().map_err(|_| DiskArgError::QueuesNotANumber(text.into()))?;
     if !(1..=MAX_QUEUES).contains(&n) {
-        return Err(format!("queues={n}: choose 1 to {MAX_QUEUES}"));
+        return Err(DiskArgError::QueuesOutOfRange(n));
     }
     Ok(n)
 }
@@ -55,29 +141,29 @@ pub fn parse_queues(text: &str) -> Result<u16, String> {
 pub const MAX_SERIAL_LEN: usize = 20;
 
 /// Check `serial=TEXT`'s TEXT: 1 to 20 printable ASCII characters (a guest shows it as text).
-pub fn parse_serial(text: &str) -> Result<String, String> {
+pub fn parse_serial(text: &str) -> Result<String, DiskArgError> {
     if text.is_empty() || text.len() > MAX_SERIAL_LEN {
-        return Err(format!("serial={text}: give 1 to {MAX_SERIAL_LEN} characters"));
+        return Err(DiskArgError::SerialLength(text.into()));
     }
     if !text.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
-        return Err(format!("serial={text}: only printable ASCII characters"));
+        return Err(DiskArgError::SerialCharacters(text.into()));
     }
     Ok(text.to_owned())
 }
 
 /// Take `serial=TEXT` and `queues=N` out of a disk's options: the other options, and those.
-pub fn take_options(text: &str) -> Result<(String, DiskOptions), String> {
+pub fn take_options(text: &str) -> Result<(String, DiskOptions), DiskArgError> {
     let mut options = DiskOptions::default();
     let (mut serial_given, mut queues_given) = (false, false);
     let mut rest = Vec::new();
     for option in text.split(',') {
         match option.split_once('=') {
-            Some(("serial", _)) if serial_given => return Err("give `serial=` once".into()),
+            Some(("serial", _)) if serial_given => return Err(DiskArgError::Repeated("serial")),
             Some(("serial", value)) => {
                 options.serial = Some(parse_serial(value)?);
                 serial_given = true;
             }
-            Some(("queues", _)) if queues_given => return Err("give `queues=` once".into()),
+            Some(("queues", _)) if queues_given => return Err(DiskArgError::Repeated("queues")),
             Some(("queues", value)) => {
                 options.queues = parse_queues(value)?;
                 queues_given = true;
@@ -92,12 +178,10 @@ pub fn take_options(text: &str) -> Result<(String, DiskOptions), String> {
 const MAX_RECONNECT_SECS: u64 = 3600;
 
 /// `exitless run --disk`: what [`parse`] takes, or `vhost-user=SOCKET[,reconnect=SECS]`.
-pub fn parse_run(text: &str) -> Result<RunDisk, String> {
+pub fn parse_run(text: &str) -> Result<RunDisk, DiskArgError> {
     match text.strip_prefix("vhost-user=") {
         Some(rest) => parse_vhost_user(rest).map(RunDisk::VhostUser),
-        None if text.split(',').any(|o| o.starts_with("vhost-user")) => {
-            Err("give `vhost-user=SOCKET` on its own, without other disk options".into())
-        }
+        None if text.split(',').any(|o| o.starts_with("vhost-user")) => Err(DiskArgError::VhostUserMixed),
         None => {
             let (rest, options) = take_options(text)?;
             parse(&rest).map(|disk| RunDisk::Local(disk, options))
@@ -106,30 +190,30 @@ pub fn parse_run(text: &str) -> Result<RunDisk, String> {
 }
 
 /// `SOCKET[,reconnect=SECS][,daemon-uid=UID]`, what follows `vhost-user=`.
-fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, String> {
+fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, DiskArgError> {
     let mut options = text.split(',');
     let socket = options.next().unwrap_or_default();
     if socket.is_empty() {
-        return Err("`vhost-user=` needs the daemon's socket path".into());
+        return Err(DiskArgError::VhostUserNoSocket);
     }
     let (mut reconnect, mut daemon_uid) = (None, None);
     for option in options {
         if let Some(secs) = option.strip_prefix("reconnect=") {
-            let secs = secs.parse::<u64>().ok().filter(|s| *s <= MAX_RECONNECT_SECS).ok_or_else(|| {
-                format!("reconnect={secs}: give whole seconds, 0 (fail at once) to {MAX_RECONNECT_SECS}")
-            })?;
+            let secs = secs
+                .parse::<u64>()
+                .ok()
+                .filter(|s| *s <= MAX_RECONNECT_SECS)
+                .ok_or_else(|| DiskArgError::Reconnect(secs.into()))?;
             if reconnect.replace(std::time::Duration::from_secs(secs)).is_some() {
-                return Err("give `reconnect=` once".into());
+                return Err(DiskArgError::Repeated("reconnect"));
             }
         } else if let Some(uid) = option.strip_prefix("daemon-uid=") {
-            let uid = uid.parse::<u32>().map_err(|_| format!("daemon-uid={uid}: give a numeric user id"))?;
+            let uid = uid.parse::<u32>().map_err(|_| DiskArgError::DaemonUid(uid.into()))?;
             if daemon_uid.replace(uid).is_some() {
-                return Err("give `daemon-uid=` once".into());
+                return Err(DiskArgError::Repeated("daemon-uid"));
             }
         } else {
-            return Err(format!(
-                "`vhost-user={socket}` takes only `reconnect=SECS` and `daemon-uid=UID`, not `{option}` (the daemon's --disk sets the rest)"
-            ));
+            return Err(DiskArgError::VhostUserOption { socket: socket.into(), option: option.into() });
         }
     }
     let reconnect = reconnect.unwrap_or(VhostUserDisk::DEFAULT_RECONNECT);
@@ -139,7 +223,7 @@ fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, String> {
 /// A disk the VMM serves itself: `path=FILE[,readonly][,direct]`, `ram=SIZE`,
 /// `ram,path=FILE[,readonly]`, `null=SIZE[,readonly]` or
 /// `rbd=POOL/IMAGE[,conf=FILE][,id=USER][,readonly]`.
-pub fn parse(text: &str) -> Result<DiskBackend, String> {
+pub fn parse(text: &str) -> Result<DiskBackend, DiskArgError> {
     if text.split(',').any(|o| o.starts_with("rbd=")) {
         return parse_rbd(text);
     }
@@ -155,45 +239,39 @@ pub fn parse(text: &str) -> Result<DiskBackend, String> {
             None if option == "ram" => ram = Some(None),
             None if option == "readonly" => read_only = true,
             None if option == "direct" => direct = true,
-            _ => return Err(format!("unknown disk option `{option}`; see `exitless run --help`")),
+            _ => return Err(DiskArgError::UnknownOption(option.into())),
         }
     }
     if let Some(size) = null {
         if path.is_some() || ram.is_some() || direct {
-            return Err("a null disk (`null=SIZE`) holds no data: give it no `path=`, `ram` or `direct` \
-                        (it takes `readonly`, `serial=` and `queues=`)"
-                .into());
+            return Err(DiskArgError::NullWithData);
         }
         if size == 0 || !size.is_multiple_of(512) {
-            return Err(format!("null disk size {size} is not a non-zero multiple of 512 bytes"));
+            return Err(DiskArgError::SizeNotSectors { kind: "null", size });
         }
         return Ok(DiskBackend::Null { size, read_only });
     }
     if ram.is_some() && direct {
-        return Err("`direct` applies to `path=FILE` disks, not RAM disks".into());
+        return Err(DiskArgError::DirectRam);
     }
     match (ram, path) {
         (None, Some(path)) => Ok(DiskBackend::File { path, read_only, direct }),
         (Some(None), Some(path)) => Ok(DiskBackend::RamFile { path, read_only }),
         (Some(Some(size)), None) if !read_only => {
             if size == 0 || !size.is_multiple_of(512) {
-                return Err(format!("RAM disk size {size} is not a non-zero multiple of 512 bytes"));
+                return Err(DiskArgError::SizeNotSectors { kind: "RAM", size });
             }
             Ok(DiskBackend::Ram { size })
         }
-        (Some(Some(_)), Some(_)) => {
-            Err("give `ram=SIZE` for a new RAM disk or `ram,path=FILE` for an existing one, not both".into())
-        }
-        (Some(Some(_)), None) => Err("a new RAM disk cannot be read-only (it would be all zeros)".into()),
-        (Some(None), None) => {
-            Err("`ram` needs a size (`ram=1G`) or a file (`ram,path=/dev/shm/disk`)".into())
-        }
-        (None, None) => Err("a disk needs `path=FILE`, `ram=SIZE`, `null=SIZE` or `rbd=POOL/IMAGE`".into()),
+        (Some(Some(_)), Some(_)) => Err(DiskArgError::RamSizeAndPath),
+        (Some(Some(_)), None) => Err(DiskArgError::ReadOnlyNewRam),
+        (Some(None), None) => Err(DiskArgError::RamWithoutSize),
+        (None, None) => Err(DiskArgError::NoBackend),
     }
 }
 
 /// `rbd=POOL/IMAGE[,conf=FILE][,id=USER][,readonly]`.
-fn parse_rbd(text: &str) -> Result<DiskBackend, String> {
+fn parse_rbd(text: &str) -> Result<DiskBackend, DiskArgError> {
     let mut spec = storage::RbdSpec {
         pool: String::new(),
         image: String::new(),
@@ -203,35 +281,33 @@ fn parse_rbd(text: &str) -> Result<DiskBackend, String> {
     };
     let mut target = None;
     for option in text.split(',') {
-        let repeated = |key: &str| Err(format!("give `{key}=` once"));
+        let repeated = |key: &'static str| Err(DiskArgError::Repeated(key));
         match option.split_once('=') {
             Some(("rbd", _)) if target.is_some() => return repeated("rbd"),
-            Some(("rbd", value)) => target = Some(storage::RbdSpec::parse_target(value)?),
+            Some(("rbd", value)) => {
+                target = Some(storage::RbdSpec::parse_target(value).map_err(DiskArgError::RbdTarget)?)
+            }
             Some(("conf", _)) if spec.conf.is_some() => return repeated("conf"),
             Some(("conf", value)) if !value.is_empty() => spec.conf = Some(PathBuf::from(value)),
             Some(("id", _)) if spec.user.is_some() => return repeated("id"),
             Some(("id", value)) => spec.user = Some(parse_rbd_user(value)?),
             None if option == "readonly" => spec.read_only = true,
-            _ => {
-                return Err(format!(
-                "an RBD disk takes `rbd=POOL/IMAGE`, `conf=FILE`, `id=USER` and `readonly`, not `{option}`"
-            ))
-            }
+            _ => return Err(DiskArgError::RbdOption(option.into())),
         }
     }
-    (spec.pool, spec.image) = target.ok_or("an RBD disk needs `rbd=POOL/IMAGE`")?;
+    (spec.pool, spec.image) = target.ok_or(DiskArgError::RbdNoTarget)?;
     Ok(DiskBackend::Rbd(spec))
 }
 
 /// A cephx user name without `client.`: letters, digits, `.`, `_` and `-`.
-fn parse_rbd_user(user: &str) -> Result<String, String> {
+fn parse_rbd_user(user: &str) -> Result<String, DiskArgError> {
     let fits = !user.is_empty()
         && user.len() <= 64
         && user.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if fits && !user.starts_with("client.") {
         Ok(user.to_owned())
     } else {
-        Err(format!("id={user}: give the cephx user without `client.` (letters, digits, '.', '_', '-')"))
+        Err(DiskArgError::RbdUser(user.into()))
     }
 }
 
@@ -275,7 +351,7 @@ mod tests {
         ] {
             assert!(parse_run(bad).is_err(), "{bad} accepted");
         }
-        let mixed = parse("null=1G,path=/x").unwrap_err();
+        let mixed = parse("null=1G,path=/x").unwrap_err().to_string();
         assert!(mixed.contains("give it no `path=`, `ram` or `direct`") && !mixed.contains('\n'), "{mixed}");
     }
 
@@ -315,7 +391,7 @@ mod tests {
             "rbd=rbd/vm1,conf=",
             "rbd=rbd/vm1,rbd=rbd/vm2",
         ] {
-            let error = parse_run(bad).expect_err(bad);
+            let error = parse_run(bad).expect_err(bad).to_string();
             assert!(!error.contains('\n'), "{error}");
         }
     }

@@ -36,10 +36,15 @@ pub fn fail(message: impl std::fmt::Display) -> i32 {
     status::FAILED
 }
 
+/// A value that is not a positive number of seconds below 10^9.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a positive number of seconds")]
+pub struct SecondsError(String);
+
 /// A positive number of seconds (`--timeout`, `--idle-exit-s`), below 10^9.
-pub fn parse_seconds(text: &str) -> Result<f64, String> {
+pub fn parse_seconds(text: &str) -> Result<f64, SecondsError> {
     match text.parse::<f64>() {
         Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(s),
-        _ => Err(format!("`{text}` is not a positive number of seconds")),
+        _ => Err(SecondsError(text.into())),
     }
 }

@@ -23,24 +23,41 @@ impl NetArg {
     }
 }
 
+/// Why a `--net` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetArgError {
+    /// An option `--net` does not take.
+    #[error("unknown network option `{0}`; see `exitless run --help`")]
+    UnknownOption(String),
+    /// No `tap=`.
+    #[error("a network device needs `tap=NAME`")]
+    NoTap,
+    /// A MAC address that is not six hexadecimal bytes.
+    #[error("`{0}` is not a MAC address like 52:54:00:12:34:56")]
+    BadMac(String),
+    /// A multicast MAC address.
+    #[error("{0} is a multicast address; a device needs a unicast MAC")]
+    MulticastMac(String),
+}
+
 /// Parse a `--net` value; an error names what is missing or wrong.
-pub fn parse(text: &str) -> Result<NetArg, String> {
+pub fn parse(text: &str) -> Result<NetArg, NetArgError> {
     let (mut tap, mut netns, mut mac) = (None, None, None);
     for option in text.split(',') {
         match option.split_once('=') {
             Some(("tap", name)) if !name.is_empty() => tap = Some(name.to_string()),
             Some(("netns", name)) if !name.is_empty() => netns = Some(name.to_string()),
             Some(("mac", value)) => mac = Some(parse_mac(value)?),
-            _ => return Err(format!("unknown network option `{option}`; see `exitless run --help`")),
+            _ => return Err(NetArgError::UnknownOption(option.into())),
         }
     }
-    let tap = tap.ok_or("a network device needs `tap=NAME`")?;
+    let tap = tap.ok_or(NetArgError::NoTap)?;
     Ok(NetArg { tap, netns, mac })
 }
 
 /// `52:54:00:12:34:56` as six bytes; a unicast address only.
-pub fn parse_mac(text: &str) -> Result<[u8; 6], String> {
-    let bad = || format!("`{text}` is not a MAC address like 52:54:00:12:34:56");
+pub fn parse_mac(text: &str) -> Result<[u8; 6], NetArgError> {
+    let bad = || NetArgError::BadMac(text.into());
     let mut mac = [0u8; 6];
     let mut parts = text.split(':');
     for byte in mac.iter_mut() {
@@ -51,7 +68,7 @@ pub fn parse_mac(text: &str) -> Result<[u8; 6], String> {
         return Err(bad());
     }
     if mac[0] & 1 != 0 {
-        return Err(format!("{text} is a multicast address; a device needs a unicast MAC"));
+        return Err(NetArgError::MulticastMac(text.into()));
     }
     Ok(mac)
 }

@@ -282,7 +282,7 @@ impl BackendArg {
 }
 
 fn parse_backend_size(text: &str) -> Result<u64, String> {
-    let size = exitless_args::size::parse(text)?;
+    let size = exitless_args::size::parse(text).map_err(|e| e.to_string())?;
     if size == 0 || !size.is_multiple_of(1 << 20) {
         return Err(format!("--backend-size {text} is not a non-zero multiple of 1 MiB"));
     }
@@ -291,10 +291,10 @@ fn parse_backend_size(text: &str) -> Result<u64, String> {
 
 fn parse_bench_disk(text: &str) -> Result<BenchDiskArg, String> {
     let size = match text.strip_prefix("scratch") {
-        None => return exitless_args::disk::parse(text).map(BenchDiskArg::Disk),
+        None => return exitless_args::disk::parse(text).map(BenchDiskArg::Disk).map_err(|e| e.to_string()),
         Some("") => 1 << 30,
         Some(rest) => match rest.strip_prefix('=') {
-            Some(size) => exitless_args::size::parse(size)?,
+            Some(size) => exitless_args::size::parse(size).map_err(|e| e.to_string())?,
             None => return Err(format!("unknown disk `{text}`: `scratch` or `scratch=SIZE`")),
         },
     };
@@ -334,7 +334,7 @@ impl RwArg {
 }
 
 fn parse_block_size(text: &str) -> Result<u32, String> {
-    let size = exitless_args::size::parse(text)?;
+    let size = exitless_args::size::parse(text).map_err(|e| e.to_string())?;
     if size == 0 || size % 512 != 0 || size > 128 * 1024 {
         return Err(format!("block size `{text}` must be a multiple of 512 up to 128K"));
     }

@@ -6,7 +6,7 @@ mod run;
 mod vm_api;
 
 use clap::Parser;
-use exitless_args::{fail, usage_error};
+use exitless_args::{fail, status, usage_error};
 
 fn main() {
     let cli = match cli::Cli::try_parse() {
@@ -36,7 +36,15 @@ fn main() {
         cli::Command::Bench(args) => exitless_bench::main(*args),
         cli::Command::UdpEcho(args) => exitless_bench::udp::echo(args),
         cli::Command::UdpRr(args) => exitless_bench::udp::rr(args),
-        cli::Command::VhostUserBlk(args) => vhost_user_blk::main(args),
+        cli::Command::VhostUserBlk(args) => match vhost_user_blk::run(args) {
+            Ok(()) => 0,
+            Err(vhost_user_blk::Error::Usage(e)) => {
+                // As clap's own usage errors read.
+                eprintln!("error: {e}\n\nFor more information, try '--help'.");
+                status::USAGE
+            }
+            Err(e) => fail(e),
+        },
     };
     std::process::exit(code);
 }

@@ -14,10 +14,21 @@ use crate::api_dirs::DiskDirError;
 use crate::disks::DiskError;
 use crate::handover::TakeOverError;
 
-/// A command line whose disks and sockets do not match: a usage error (exit status 2), as
-/// clap's are.
+/// Why the daemon did not run, or stopped.
 #[derive(Debug, Error)]
-pub(crate) enum UsageError {
+pub enum Error {
+    /// The command line cannot be served: a usage error, as clap's are.
+    #[error(transparent)]
+    Usage(#[from] UsageError),
+    /// The daemon could not start, or failed while serving.
+    #[error(transparent)]
+    Failed(#[from] DaemonError),
+}
+
+/// A command line whose disks and sockets do not match.
+#[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
+pub enum UsageError {
     #[error("several --disk without socket=: give each its own socket=PATH")]
     SeveralUnnamed,
     #[error("a --disk without socket=PATH needs --socket PATH")]
@@ -28,9 +39,10 @@ pub(crate) enum UsageError {
     SameSocket(PathBuf),
 }
 
-/// Why the daemon could not start, or stopped (exit status 1).
+/// Why the daemon could not start, or stopped serving.
 #[derive(Debug, Error)]
-pub(crate) enum DaemonError {
+#[allow(missing_docs)] // Each variant's message says what it is.
+pub enum DaemonError {
     #[error("cannot set up SIGINT/SIGTERM handling: {0}")]
     Signals(io::Error),
     #[error("cannot start the stop watchdog: {0}")]

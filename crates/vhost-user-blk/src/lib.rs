@@ -3,7 +3,7 @@
 //! daemon serves many disks, each on its own socket, to a frontend each; the rings of every
 //! connected frontend are served by a few shared IOCores (the shared data plane).
 //!
-//! [`main`] runs the daemon: it opens the disks, starts their sockets and the IOCores, and its
+//! [`run`] runs the daemon: it opens the disks, starts their sockets and the IOCores, and its
 //! thread then becomes the control thread, which waits for the stop signal, answers the
 //! control API and serves a successor's hand-over.
 //!
@@ -50,27 +50,16 @@ use api_dirs::ApiDiskDirs;
 pub use args::VhostUserBlkArgs;
 use args::{SocketOwner, VhostIoMode};
 use disks::Disks;
-use error::{DaemonError, UsageError};
+pub use error::{DaemonError, Error, UsageError};
 use handover::HandoverSocket;
 use signals::{exit_after_stop_grace, stop_signals, wake_event};
 use spec::VhostDisk;
 use stats::Reporter;
 
-/// Run the daemon until SIGINT or SIGTERM (or a successor took its disks over); the process's
-/// exit status: 0, 2 for a usage error, 1 for a failure (said on standard error).
-pub fn main(args: VhostUserBlkArgs) -> i32 {
-    // A command line that names no socket for a disk is a usage error, as clap's are.
-    let sockets = match sockets(&args) {
-        Ok(sockets) => sockets,
-        Err(error) => {
-            eprintln!("error: {error}\n\nFor more information, try '--help'.");
-            return 2;
-        }
-    };
-    match serve(args, sockets) {
-        Ok(()) => 0,
-        Err(error) => exitless_args::fail(error),
-    }
+/// Run the daemon until SIGINT or SIGTERM (or until a successor took its disks over).
+pub fn run(args: VhostUserBlkArgs) -> Result<(), Error> {
+    let sockets = sockets(&args)?;
+    Ok(serve(args, sockets)?)
 }
 
 /// Each `--disk` with its socket: the one it names, or `--socket` (for at most one disk).

@@ -14,9 +14,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use exitless_args::disk::DiskArgError;
+use exitless_args::size::SizeError;
 use rate_limiter::Limits;
 use serde_json::Value;
 use storage::DiskSpec;
+use thiserror::Error;
 
 /// The most queues a disk may offer (as `exitless run --disk` allows).
 pub use exitless_args::disk::MAX_QUEUES;
@@ -25,6 +28,47 @@ const MAX_NAME: usize = 64;
 /// The longest `reset-timeout=`: a frontend waits that long (and up to 1 s more for the cancels)
 /// to be served after one that left requests on a disk that does not answer.
 const MAX_RESET_TIMEOUT_S: f64 = 3600.0;
+
+/// Why a disk's spec (`--disk`, or the control API's JSON) was refused: each message says what
+/// to give instead.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
+pub enum SpecError {
+    #[error("`socket=` needs a path")]
+    SocketWithoutPath,
+    #[error(transparent)]
+    Disk(#[from] DiskArgError),
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    #[error("iops={0}: not a number of requests per second")]
+    Iops(String),
+    #[error("iops=0 would serve nothing: leave `iops` out for no limit")]
+    IopsZero,
+    #[error("bw={0}: at least 512 bytes per second")]
+    BandwidthTooLow(String),
+    #[error("reset-timeout={0}: give the seconds a reset waits for the disk's requests before it cancels them, above 0 and at most {MAX_RESET_TIMEOUT_S} (default 5)")]
+    ResetTimeout(String),
+    #[error("disk name {0:?}: use 1 to {MAX_NAME} letters, digits, '.', '_' or '-', not starting with '.'")]
+    Name(String),
+    #[error("the body must be a JSON object of --disk keys")]
+    DiskNotAnObject,
+    #[error("the body must be a JSON object with `iops` and/or `bw`")]
+    LimitsNotAnObject,
+    #[error("`{0}` must be true or false")]
+    NotAFlag(&'static str),
+    #[error("`{key}`: {value:?} holds a comma, which --disk cannot express")]
+    Comma { key: &'static str, value: String },
+    #[error("`{key}`: {value} is not a value it takes")]
+    BadValue { key: &'static str, value: Value },
+    #[error("unknown key `{0}`: a disk takes {keys}", keys = JSON_KEYS.join(", "))]
+    UnknownKey(String),
+    #[error("`socket` is missing: the path of the disk's vhost-user socket")]
+    NoSocket,
+    #[error("unknown key `{0}`: a disk's limits are `iops` and `bw`")]
+    UnknownLimit(String),
+    #[error("`{key}`: {value} is not a limit (a number, or null for none)")]
+    BadLimit { key: String, value: Value },
+}
 
 /// One `--disk` of the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +89,8 @@ pub struct VhostDisk {
     pub reset_timeout: Option<Duration>,
 }
 
-pub fn parse(text: &str) -> Result<VhostDisk, String> {
+/// Parse one `--disk`.
+pub fn parse(text: &str) -> Result<VhostDisk, SpecError> {
     let mut name = None;
     let mut socket = None;
     let mut queues = None;
@@ -56,20 +101,19 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
     for option in text.split(',') {
         match option.split_once('=') {
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
-            Some(("socket", _)) => return Err("`socket=` needs a path".into()),
+            Some(("socket", _)) => return Err(SpecError::SocketWithoutPath),
             Some(("name", n)) => name = Some(check_name(n)?.to_owned()),
             Some(("queues", n)) => queues = Some(exitless_args::disk::parse_queues(n)?),
             Some(("iops", n)) => {
-                let n: u64 =
-                    n.parse().map_err(|_| format!("iops={n}: not a number of requests per second"))?;
+                let n: u64 = n.parse().map_err(|_| SpecError::Iops(n.into()))?;
                 if n == 0 {
-                    return Err("iops=0 would serve nothing: leave `iops` out for no limit".into());
+                    return Err(SpecError::IopsZero);
                 }
                 limits.iops = Some(n);
             }
             Some(("serial", text)) => {
                 if serial.is_some() {
-                    return Err("give `serial=` once".into());
+                    return Err(DiskArgError::Repeated("serial").into());
                 }
                 serial = Some(exitless_args::disk::parse_serial(text)?);
             }
@@ -77,7 +121,7 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
             Some(("bw", size)) => {
                 let n = exitless_args::size::parse(size)?;
                 if n < 512 {
-                    return Err(format!("bw={size}: at least 512 bytes per second"));
+                    return Err(SpecError::BandwidthTooLow(size.into()));
                 }
                 limits.bandwidth = Some(n);
             }
@@ -89,28 +133,23 @@ pub fn parse(text: &str) -> Result<VhostDisk, String> {
 }
 
 /// `reset-timeout=SECS`: seconds, fractions allowed, above 0 and at most an hour.
-fn parse_reset_timeout(secs: &str) -> Result<Duration, String> {
+fn parse_reset_timeout(secs: &str) -> Result<Duration, SpecError> {
     match secs.parse::<f64>() {
         Ok(s) if s > 0.0 && s <= MAX_RESET_TIMEOUT_S => Ok(Duration::from_secs_f64(s)),
-        _ => Err(format!(
-            "reset-timeout={secs}: give the seconds a reset waits for the disk's requests before it \
-             cancels them, above 0 and at most {MAX_RESET_TIMEOUT_S} (default 5)"
-        )),
+        _ => Err(SpecError::ResetTimeout(secs.into())),
     }
 }
 
 /// A disk's name, if it is one: 1 to 64 letters, digits, `.`, `_` or `-`, not starting with a
 /// dot (it appears in URLs and metric labels).
-pub fn check_name(name: &str) -> Result<&str, String> {
+pub fn check_name(name: &str) -> Result<&str, SpecError> {
     let fits = (1..=MAX_NAME).contains(&name.len())
         && !name.starts_with('.')
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if fits {
         Ok(name)
     } else {
-        Err(format!(
-            "disk name {name:?}: use 1 to {MAX_NAME} letters, digits, '.', '_' or '-', not starting with '.'"
-        ))
+        Err(SpecError::Name(name.into()))
     }
 }
 
@@ -136,8 +175,8 @@ const JSON_KEYS: &[&str] = &[
 
 /// A disk of the control API: the JSON object `body` turned into the `--disk` it stands for and
 /// parsed as that, so the same rules give the same errors.
-pub fn from_json(name: &str, body: &Value) -> Result<VhostDisk, String> {
-    let object = body.as_object().ok_or("the body must be a JSON object of --disk keys")?;
+pub fn from_json(name: &str, body: &Value) -> Result<VhostDisk, SpecError> {
+    let object = body.as_object().ok_or(SpecError::DiskNotAnObject)?;
     let mut options = vec![format!("name={}", check_name(name)?)];
     // In the order `--disk` reads best; the parser does not depend on it.
     for &key in JSON_KEYS {
@@ -145,32 +184,32 @@ pub fn from_json(name: &str, body: &Value) -> Result<VhostDisk, String> {
         let text = match (key, value) {
             ("readonly" | "direct", Value::Bool(true)) => Some(key.to_owned()),
             ("readonly" | "direct", Value::Bool(false)) => None,
-            ("readonly" | "direct", _) => return Err(format!("`{key}` must be true or false")),
+            ("readonly" | "direct", _) => return Err(SpecError::NotAFlag(key)),
             ("ram", Value::Bool(true)) => Some("ram".to_owned()),
             (_, Value::String(s)) if s.contains(',') => {
-                return Err(format!("`{key}`: {s:?} holds a comma, which --disk cannot express"))
+                return Err(SpecError::Comma { key, value: s.clone() })
             }
             (_, Value::String(s)) => Some(format!("{key}={s}")),
             (_, Value::Number(n)) if n.is_u64() || key == "reset-timeout" => Some(format!("{key}={n}")),
-            _ => return Err(format!("`{key}`: {value} is not a value it takes")),
+            _ => return Err(SpecError::BadValue { key, value: value.clone() }),
         };
         options.extend(text);
     }
     if let Some(unknown) = object.keys().find(|k| !JSON_KEYS.contains(&k.as_str())) {
-        return Err(format!("unknown key `{unknown}`: a disk takes {}", JSON_KEYS.join(", ")));
+        return Err(SpecError::UnknownKey(unknown.clone()));
     }
     if !object.contains_key("socket") {
-        return Err("`socket` is missing: the path of the disk's vhost-user socket".into());
+        return Err(SpecError::NoSocket);
     }
     parse(&options.join(","))
 }
 
 /// The limits of a PATCH body `{"iops": N or null, "bw": BYTES or null}`: a key left out keeps
 /// its limit, `null` removes it; the values follow `--disk`'s rules.
-pub fn patch_limits(current: Limits, body: &Value) -> Result<Limits, String> {
-    let object = body.as_object().ok_or("the body must be a JSON object with `iops` and/or `bw`")?;
+pub fn patch_limits(current: Limits, body: &Value) -> Result<Limits, SpecError> {
+    let object = body.as_object().ok_or(SpecError::LimitsNotAnObject)?;
     if let Some(unknown) = object.keys().find(|k| *k != "iops" && *k != "bw") {
-        return Err(format!("unknown key `{unknown}`: a disk's limits are `iops` and `bw`"));
+        return Err(SpecError::UnknownLimit(unknown.clone()));
     }
     let mut limits = current;
     for (key, value) in object {
@@ -178,7 +217,7 @@ pub fn patch_limits(current: Limits, body: &Value) -> Result<Limits, String> {
             Value::Null => None,
             Value::Number(n) if n.is_u64() => Some(n.to_string()),
             Value::String(s) if key == "bw" && !s.contains(',') => Some(s.clone()),
-            _ => return Err(format!("`{key}`: {value} is not a limit (a number, or null for none)")),
+            _ => return Err(SpecError::BadLimit { key: key.clone(), value: value.clone() }),
         };
         let parsed = match given {
             None => Limits::default(),
