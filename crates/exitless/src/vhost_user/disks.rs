@@ -21,7 +21,8 @@ use sandbox::{SeccompMode, ThreadKind};
 use serde_json::{json, Value};
 use thiserror::Error;
 use virtio::block::Block;
-use virtio::{DeviceStats, WorkerHost};
+use virtio::DeviceStats;
+use virtqueue::WorkerHost;
 
 use super::api_dirs::{self, ApiDiskDirs, DiskDirError};
 use super::placement::Placement;
