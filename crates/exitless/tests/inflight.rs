@@ -154,8 +154,9 @@ fn restarts() -> u64 {
 
 /// The load guest: `inflight.runs=N` fio runs one after the other on /dev/vda (O_DIRECT, libaio,
 /// queue depth 32, 4 KiB random writes over 16 MiB, each checked by crc32c as it is read back
-/// during the run and at its end); each says FIO-RUN-START and FIO-RUN-OK (with fio's completion
-/// latency lines) or FIO-RUN-FAIL; then the kernel's I/O errors, if any.
+/// during the run and at its end); each says FIO-RUN-START, FIO-RUN-IO once its first requests
+/// are on the disk, and FIO-RUN-OK (with fio's completion latency lines) or FIO-RUN-FAIL; then
+/// the kernel's I/O errors, if any.
 const FIO_INIT: &str = r#"
 runs=$(sed -n 's/.*inflight\.runs=\([0-9]*\).*/\1/p' /proc/cmdline)
 r=1
@@ -163,7 +164,13 @@ while [ "$r" -le "$runs" ]; do
     echo "FIO-RUN-START $r"
     /usr/bin/fio --name=restart --filename=/dev/vda --direct=1 --ioengine=libaio --iodepth=32 \
         --rw=randwrite --bs=4k --size=16M --verify=crc32c --verify_fatal=1 --verify_backlog=256 \
-        --randseed=$r > /tmp/fio 2>&1
+        --randseed=$r > /tmp/fio 2>&1 &
+    fio=$!
+    # Once the run's requests are on the disk (however long fio takes to start).
+    while kill -0 $fio 2>/dev/null && read reads writes < /sys/block/vda/inflight \
+        && [ $((reads + writes)) -eq 0 ]; do sleep 0.05; done
+    echo "FIO-RUN-IO $r"
+    wait $fio
     rc=$?
     if [ $rc -ne 0 ] || [ "$(grep -c ': err= 0: ' /tmp/fio)" != 1 ] || grep -q -i 'verify' /tmp/fio; then
         cat /tmp/fio
@@ -406,8 +413,10 @@ fn fio_verify_on_an_rbd_image_survives_the_daemon_killed_with_requests_in_the_cl
     let mut guest = fio_guest(dir, &socket, runs);
     for restart in 1..=restarts {
         guest.wait_for(WAIT, |l| l.contains(&format!("FIO-RUN-START {restart}")));
-        // fio keeps 32 requests outstanding through a run: with the OSD gone none finishes.
+        // Stopped before the run's requests reach the daemon (on a loaded host fio takes
+        // seconds to start), so that none of them finishes: the daemon is killed holding them.
         cluster.osd(false);
+        guest.wait_for(WAIT, |l| l.contains(&format!("FIO-RUN-IO {restart}")));
         let (status, _) = daemon.kill(WAIT);
         assert_eq!(status.signal(), Some(libc::SIGKILL), "restart {restart}: the daemon was killed");
         cluster.osd(true);
