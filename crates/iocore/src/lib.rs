@@ -7,7 +7,7 @@
 //! command list the thread looks at only when a flag says it changed, so the serving loop
 //! takes no lock, allocates nothing and makes no system call while there is work.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod busy;
 mod contention;

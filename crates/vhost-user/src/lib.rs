@@ -24,7 +24,7 @@
 //!   its own; their rings share the IOCores (`WorkerHost`), which take at most
 //!   [`backend::FAIR_BATCH`] requests per ring per pass and hold each disk to its token buckets.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 pub mod backend;

@@ -58,6 +58,7 @@ pub const STATS_QUEUES: usize = 16;
 /// A copy of a device's [`DeviceStats`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DeviceStatsSnapshot {
+    /// Requests answered, by outcome, with the interrupts sent and the bytes moved.
     pub requests: RequestCounters,
     /// Times the driver broke a queue and the device set DEVICE_NEEDS_RESET.
     pub needs_reset: u64,
@@ -160,6 +161,8 @@ impl DeviceStats {
         }
     }
 
+    /// Read every count now. Each is read on its own, so two counts may be a worker's batch
+    /// apart.
     pub fn snapshot(&self) -> DeviceStatsSnapshot {
         DeviceStatsSnapshot {
             requests: RequestCounters {
@@ -197,7 +200,7 @@ impl RequestCounters {
 /// what it did.
 #[derive(Clone)]
 pub struct DeviceSignals {
-    pub interrupt: InterruptLine,
+    pub(crate) interrupt: InterruptLine,
     needs_reset: Arc<AtomicBool>,
     /// Where a broken queue is reported instead of a config-change interrupt (vhost-user's
     /// vring error eventfd).
@@ -274,7 +277,10 @@ impl DeviceSignals {
     }
 }
 
+/// Why a device's `activate` could not start its data path (the virtio-mmio transport then sets
+/// DEVICE_NEEDS_RESET).
 #[derive(Debug, Error)]
+#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum ActivateError {
     #[error("queue {index}: {source}")]
     Queue { index: usize, source: QueueError },
@@ -304,6 +310,8 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 
 /// A virtio device model as its transport sees it.
 pub trait VirtioDevice: Send {
+    /// The device type the transport shows in DeviceID (virtio 1.x §5): 2 for a disk, 1 for a
+    /// network card.
     fn device_id(&self) -> u32;
     /// Feature bits offered to the driver.
     fn features(&self) -> u64;

@@ -5,13 +5,15 @@ use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
 
-/// InterruptStatus bits (virtio-mmio).
+/// InterruptStatus bit 0 (virtio 1.x §4.2.2): the device put buffers in a used ring.
 pub const INT_USED_BUFFER: u32 = 1;
+/// InterruptStatus bit 1: the configuration changed, or the device needs a reset.
 pub const INT_CONFIG_CHANGE: u32 = 2;
 
 /// What raises a device's interrupt in the guest: an irqfd (an eventfd KVM listens to), or a
 /// line the VMM drives itself.
 pub trait Trigger: Send + Sync {
+    /// Raise the interrupt in the guest; called from whichever thread serves the device.
     fn trigger(&self);
 }
 
@@ -22,6 +24,8 @@ impl Trigger for EventFd {
     }
 }
 
+/// A device's interrupt: its InterruptStatus bits, shared with the transport that shows them to
+/// the driver, and what raises it. Clones share both.
 #[derive(Clone)]
 pub struct InterruptLine {
     status: Arc<AtomicU32>,
@@ -30,14 +34,17 @@ pub struct InterruptLine {
 }
 
 impl InterruptLine {
+    /// A line that sets bits in `status` (the transport's InterruptStatus) and fires `irq`.
     pub fn new(status: Arc<AtomicU32>, irq: Option<Arc<dyn Trigger>>) -> Self {
         InterruptLine { status, irq }
     }
 
-    pub fn signal_used_buffer(&self) {
+    /// Flag used buffers and interrupt the driver.
+    pub(crate) fn signal_used_buffer(&self) {
         self.signal(INT_USED_BUFFER);
     }
 
+    /// Flag a configuration change and interrupt the driver.
     pub fn signal_config_change(&self) {
         self.signal(INT_CONFIG_CHANGE);
     }

@@ -5,8 +5,6 @@
 //! driver sets DRIVER_OK. A queue the driver breaks later sets DEVICE_NEEDS_RESET (through the
 //! worker's [`DeviceSignals`]); the device then waits for a reset.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,8 +1,6 @@
 //! The virtio-blk device model as the transport sees it: features, configuration space, and
 //! the worker it starts when the driver is ready.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

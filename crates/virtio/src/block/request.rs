@@ -19,11 +19,18 @@ use super::device::SIZE_MAX;
 use super::worker::DiskInfo;
 use vm_memory::VolatileSlice;
 
+// Request types, the header's `type` (virtio 1.x §5.2.6).
+/// Read sectors from the disk into the data descriptors.
 pub const VIRTIO_BLK_T_IN: u32 = 0;
+/// Write the data descriptors to the disk.
 pub const VIRTIO_BLK_T_OUT: u32 = 1;
+/// Make the writes completed so far durable (VIRTIO_BLK_F_FLUSH).
 pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
+/// Answer the disk's ID string (its serial), at most [`ID_LEN`] bytes.
 pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
+/// Tell the disk a range is unused (VIRTIO_BLK_F_DISCARD).
 pub const VIRTIO_BLK_T_DISCARD: u32 = 11;
+/// Zero a range, deallocating it if UNMAP is set (VIRTIO_BLK_F_WRITE_ZEROES).
 pub const VIRTIO_BLK_T_WRITE_ZEROES: u32 = 13;
 /// WRITE_ZEROES may deallocate; the only range flag defined.
 pub const VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP: u32 = 1;
@@ -35,15 +42,23 @@ pub const MAX_RANGES: usize = 1;
 /// The most sectors one range covers (`max_discard_sectors`, `max_write_zeroes_sectors`):
 /// 32 MiB, so that a RAM disk zeroes one in a few milliseconds; Linux splits larger ones.
 pub const MAX_RANGE_SECTORS: u32 = 1 << 16;
+// Status byte values (virtio 1.x §5.2.6).
+/// The request succeeded.
 pub const VIRTIO_BLK_S_OK: u8 = 0;
+/// The request failed: the disk reported an error, or the request was malformed, out of
+/// range, or a write to a read-only disk.
 pub const VIRTIO_BLK_S_IOERR: u8 = 1;
+/// The request's type is unknown or was not negotiated, or it carries a flag the device does
+/// not take.
 pub const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+/// Bytes of the request header the driver puts first: {type u32, reserved u32, sector u64}.
 pub const HEADER_LEN: u32 = 16;
 /// GET_ID answers with at most this many bytes.
 pub const ID_LEN: usize = 20;
 
+/// What a parsed request asks of the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestKind {
+pub(crate) enum RequestKind {
     Read,
     Write,
     Flush,
@@ -53,7 +68,7 @@ pub enum RequestKind {
 }
 
 /// A request ready for the backend.
-pub struct Request {
+pub(crate) struct Request {
     pub head: u16,
     pub kind: RequestKind,
     /// Byte offset on the disk.
@@ -68,7 +83,7 @@ pub struct Request {
 
 /// Why a request cannot run; what the guest is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// Answer this status (IOERR or UNSUPP) through the request's status byte.
     Status { status: StatusByte, code: u8 },
     /// No usable status descriptor: complete the chain with nothing written.
@@ -76,13 +91,14 @@ pub enum Rejection {
 }
 
 /// The outcome of parsing one chain.
-pub enum Parsed {
+pub(crate) enum Parsed {
     Ready,
     Rejected(Rejection),
 }
 
 impl Request {
-    pub fn empty() -> Request {
+    /// A blank request for `parse` to fill (the worker keeps one and reuses it).
+    pub(crate) fn empty() -> Request {
         Request {
             head: 0,
             kind: RequestKind::Read,
@@ -102,7 +118,7 @@ impl Request {
 
     /// Parse the chain at `head` into `self` (reused: no allocation). A `QueueError` means the
     /// queue itself is broken (the device needs a reset); a rejection fails just this request.
-    pub fn parse(&mut self, queue: &Queue, head: u16, disk: &DiskInfo) -> Result<Parsed, QueueError> {
+    pub(crate) fn parse(&mut self, queue: &Queue, head: u16, disk: &DiskInfo) -> Result<Parsed, QueueError> {
         let (capacity, read_only) = (disk.capacity, disk.read_only);
         // Header, data descriptors and status, at most MAX_SEGMENTS + 2 kept. A longer chain is
         // walked to its end all the same (the walk bounds it), for its status descriptor: such a
@@ -267,7 +283,7 @@ fn read_header(mem: &GuestMemoryMmap, addr: u64) -> Option<(u32, u64)> {
 
 /// A request's status byte in guest RAM. Only `parse` makes one, from a checked address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatusByte(*mut u8);
+pub(crate) struct StatusByte(*mut u8);
 
 impl StatusByte {
     pub(crate) fn write(self, code: u8) {

@@ -2,8 +2,6 @@
 //! completions in the used ring. It does not know which I/O mode drives it: the vCPU thread
 //! (trap), an I/O thread woken by an eventfd, or a polling IOCore call the same two methods.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

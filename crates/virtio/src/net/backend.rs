@@ -5,6 +5,9 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 
+/// A virtio-net device's link to the host: the default methods `readv` and `writev` the file
+/// descriptor, which must be non-blocking and carry one frame per call, as a tap and a datagram
+/// socket do. The worker owns it while the device runs.
 pub trait NetBackend: Send + AsRawFd {
     /// Read one waiting frame, scattered over `parts`; `Ok(None)` if none is waiting. A frame
     /// longer than `parts` is cut short: the count says how much of `parts` it filled.

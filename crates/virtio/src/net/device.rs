@@ -13,6 +13,8 @@ use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 /// Configuration space: the MAC address and the (unoffered) status word.
 const CONFIG_LEN: usize = 8;
 
+/// A virtio-net device: a MAC address in configuration space, a receive and a transmit queue
+/// served by one [`NetWorker`], and frames moved through a [`NetBackend`].
 pub struct Net {
     /// `None` while a worker has it.
     backend: Option<Box<dyn NetBackend>>,
@@ -20,6 +22,7 @@ pub struct Net {
 }
 
 impl Net {
+    /// A device whose frames go through `backend` and which offers `mac` to the driver.
     pub fn new(backend: Box<dyn NetBackend>, mac: [u8; 6]) -> Net {
         let mut config = [0u8; CONFIG_LEN];
         config[..6].copy_from_slice(&mac);

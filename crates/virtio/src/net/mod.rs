@@ -15,7 +15,9 @@ pub use backend::NetBackend;
 pub use device::Net;
 pub use worker::{NetCounters, NetWorker};
 
+/// The virtio device ID of a network card (virtio 1.x §5).
 pub const VIRTIO_ID_NET: u32 = 1;
+/// Feature bit (virtio 1.x §5.1.3): configuration space holds the MAC address the driver uses.
 pub const VIRTIO_NET_F_MAC: u32 = 5;
 /// The header before every frame (VERSION_1: with `num_buffers`).
 pub const NET_HDR_LEN: usize = 12;
@@ -23,7 +25,9 @@ pub const NET_HDR_LEN: usize = 12;
 pub const MAX_FRAME_LEN: usize = 1518;
 /// The shortest frame worth passing on: an Ethernet header.
 pub const MIN_FRAME_LEN: usize = 14;
+/// Index of the receive queue, receiveq1 (virtio 1.x §5.1.2).
 pub const RX_QUEUE: usize = 0;
+/// Index of the transmit queue, transmitq1 (virtio 1.x §5.1.2).
 pub const TX_QUEUE: usize = 1;
 
 #[cfg(test)]

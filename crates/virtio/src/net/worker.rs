@@ -25,11 +25,13 @@ const EMPTY: libc::iovec = libc::iovec { iov_base: std::ptr::null_mut(), iov_len
 /// Packets moved and dropped, by reason.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct NetCounters {
+    /// Frames from the transmit queue that the backend sent.
     pub tx_frames: u64,
     /// Transmit chains with a bad descriptor, direction or length: returned, not sent.
     pub tx_malformed: u64,
     /// Frames the backend refused (e.g. the tap is down).
     pub tx_errors: u64,
+    /// Frames delivered into receive chains.
     pub rx_frames: u64,
     /// Frames that arrived with no receive buffer posted.
     pub rx_no_buffer: u64,
@@ -39,6 +41,7 @@ pub struct NetCounters {
     pub rx_truncated: u64,
     /// Receive chains with a bad descriptor or too small for a header: returned empty.
     pub rx_malformed: u64,
+    /// Used-buffer interrupts sent to the driver.
     pub interrupts: u64,
 }
 
@@ -55,6 +58,8 @@ struct RxChain {
     capacity: usize,
 }
 
+/// The data path of a [`Net`](super::Net): both of its queues, polled as one `QueueWorker` by
+/// whoever serves the device. It owns the backend until `deactivate` takes it back.
 pub struct NetWorker {
     rx: Queue,
     tx: Queue,
@@ -68,6 +73,7 @@ pub struct NetWorker {
     broken: bool,
     rx_used: usize,
     tx_used: usize,
+    /// What it did since it started (kept here only: nothing adds it to `DeviceStats`).
     pub counters: NetCounters,
 }
 
@@ -77,6 +83,8 @@ pub struct NetWorker {
 unsafe impl Send for NetWorker {}
 
 impl NetWorker {
+    /// A worker for the driver's receive and transmit queues over `mem`, moving frames through
+    /// `backend` and signalling through `signals`.
     pub fn new(
         rx: Queue,
         tx: Queue,
@@ -101,7 +109,8 @@ impl NetWorker {
         }
     }
 
-    pub fn into_backend(self) -> Box<dyn NetBackend> {
+    /// Give the backend back (device reset), ending the worker.
+    pub(crate) fn into_backend(self) -> Box<dyn NetBackend> {
         self.backend
     }
 
