@@ -44,11 +44,6 @@ impl InterruptLine {
         self.signal(INT_USED_BUFFER);
     }
 
-    /// Flag a configuration change and interrupt the driver.
-    pub fn signal_config_change(&self) {
-        self.signal(INT_CONFIG_CHANGE);
-    }
-
     fn signal(&self, bit: u32) {
         self.raise_status(bit);
         self.fire();
