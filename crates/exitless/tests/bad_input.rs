@@ -1,11 +1,9 @@
 //! Bad input gets one line on standard error and a non-zero status, never a panic.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{elf, exitless_within, stderr};
+use test_infra::{elf, exitless_within, stderr};
 
 /// Bad input is refused at once; far longer than that means exitless waits on something.
 const PROMPTLY: Duration = Duration::from_secs(30);

@@ -2,12 +2,10 @@
 //! disks, with real KVM, QEMU and qemu-storage-daemon; what each row carries, not how fast.
 //! And the refusal of VM counts out of range.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{exitless, exitless_within, stderr, stdout};
 use serde_json::Value;
+use test_infra::{exitless, exitless_within, stderr, stdout};
 
 const SETUPS: [&str; 4] = ["shared-iocore", "iocore-per-vm", "qemu-iothread", "qemu-storage-daemon"];
 
@@ -60,7 +58,7 @@ fn every_setup_reports_a_row_per_vm_count_and_the_mixed_run() {
             );
             if !setup.starts_with("qemu") {
                 // The exits the I/O path makes; a busy host adds its own interrupts and, after
-                // each preemption of a vCPU, an emulated page fault (common::io_path_exits).
+                // each preemption of a vCPU, an emulated page fault (test_infra::io_path_exits).
                 let causes = &row["exits_by_cause"];
                 let on_path: f64 = ["mmio_exits", "io_exits", "halt_exits", "irq_injections"]
                     .iter()

@@ -1,13 +1,11 @@
 //! The virtio-blk device end to end: the probe guest's ring-3 driver against exitless's
 //! transport, IOCore and backends on real KVM, in every I/O mode.
 
-mod common;
-
 use std::time::Duration;
 
-use common::disks::DISK_KINDS;
-use common::{exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr};
 use serde_json::Value;
+use test_infra::disks::DISK_KINDS;
+use test_infra::{exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 
@@ -41,7 +39,7 @@ fn run_probe(mode: &str, disk: &str, cmdline: &str, guest_timeout: &str) -> std:
 
 fn run_blk(mode: &str, disk: &str, cmdline: &str) -> std::process::Output {
     let out = run_probe(mode, disk, cmdline, "120");
-    assert_eq!(out.status.code(), Some(0), "{mode} {disk}: {}\n{}", common::stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{mode} {disk}: {}\n{}", test_infra::stdout(&out), stderr(&out));
     out
 }
 
@@ -73,7 +71,7 @@ fn verify_on_both_backends(mode: &str, seed: u64, queues: u16) -> Vec<(std::proc
         assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
         assert_eq!(result["flush"], true, "{mode} {backend}: FLUSH offered and answered");
         assert_eq!(result["id"], "exitless-disk0");
-        common::assert_holds_only_pattern(&path, seed, 300);
+        test_infra::assert_holds_only_pattern(&path, seed, 300);
         runs.push((out, result));
     }
     runs
@@ -103,7 +101,7 @@ fn write_zeroes_and_discard_pass_in_every_mode_on_both_backends_and_reach_the_fi
             let out = run_blk(mode, &disk_spec(backend, &path, 1), &cmdline);
             let result = blk_result(&out);
             let bytes = std::fs::read(&*path).unwrap();
-            common::assert_zeroes_run(&format!("{mode} {backend}"), &result, &bytes, seed, BLOCKS);
+            test_infra::assert_zeroes_run(&format!("{mode} {backend}"), &result, &bytes, seed, BLOCKS);
         }
     }
 }
@@ -124,7 +122,7 @@ fn a_disk_switched_to_write_through_leaves_no_dirty_pages() {
             let result = blk_result(&out);
             assert_eq!(result["errors"], 0, "{mode} writeback={writeback}: {result}");
             assert_eq!(result["writeback"], writeback, "{mode}: the mode the device reports");
-            let dirty = common::dirty_pages(&path);
+            let dirty = test_infra::dirty_pages(&path);
             if writeback == 0 {
                 assert_eq!(dirty, 0, "{mode}: written through, yet {dirty} pages are dirty");
             } else {
@@ -159,7 +157,7 @@ fn a_disks_serial_number_is_its_get_id_answer() {
 fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
     let _one = one_at_a_time();
     let file = disk_file("/tmp");
-    let device = common::LoopDevice::attach(&file);
+    let device = test_infra::LoopDevice::attach(&file);
     for (i, mode) in ["exitless", "adaptive"].iter().enumerate() {
         let seed = 200 + i as u64;
         let cmdline =
@@ -169,7 +167,7 @@ fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
         assert_eq!(result["mismatches"], 0, "{mode}: {result}");
         assert_eq!(result["errors"], 0, "{mode}: {result}");
         assert_eq!(result["flush"], true, "{mode}: FLUSH offered and answered");
-        common::assert_holds_only_pattern(&file, seed, 300);
+        test_infra::assert_holds_only_pattern(&file, seed, 300);
     }
 }
 
@@ -217,7 +215,7 @@ fn check_exits_per_request(queues: u16) {
         assert_eq!(ops, 10_000);
         let share = ops / u64::from(queues);
         assert!(per_queue(&result, queues.into()).iter().all(|&c| c == share), "{mode}: {result}");
-        let exits = common::io_path_exits(&common::phase(&out, 0, 1)["counters"]) / ops as f64;
+        let exits = test_infra::io_path_exits(&test_infra::phase(&out, 0, 1)["counters"]) / ops as f64;
         assert!(check(exits), "{mode} at queue depth {qd} on {queues} queues: {exits} exits per request");
     }
 }
@@ -270,7 +268,7 @@ fn asking_for_more_queues_than_the_disk_offers_is_a_clear_error() {
     for (queues, asked) in [(2, 3), (1, 2)] {
         let spec = disk_spec("ram", &disk, queues);
         let out = run_probe("exitless", &spec, &format!("probe.workload=blk probe.queues={asked}"), "60");
-        assert_ne!(out.status.code(), Some(0), "{}", common::stdout(&out));
+        assert_ne!(out.status.code(), Some(0), "{}", test_infra::stdout(&out));
         let result = blk_result(&out);
         let error = result["error"].as_str().unwrap_or_default();
         assert!(error.contains("fewer queues"), "{queues} offered, {asked} asked: {result}");
@@ -295,20 +293,20 @@ fn a_verify_waits_at_its_gate_until_the_host_opens_it() {
     let spec = format!("ram,path={}", disk.display());
 
     let out = run_probe("eventfd", &spec, &verify(9, 300), "60");
-    assert_eq!(out.status.code(), Some(1), "{}", common::stdout(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", test_infra::stdout(&out));
     let result = blk_result(&out);
     assert_eq!(result["gate_block"], 300, "{result}");
     assert!(result["error"].as_str().unwrap_or_default().contains("gate block stayed shut"), "{result}");
-    common::assert_holds_pattern(&disk, 9, 300);
+    test_infra::assert_holds_pattern(&disk, 9, 300);
 
-    common::open_gate(&disk, blocks - 1);
+    test_infra::open_gate(&disk, blocks - 1);
     let result = blk_result(&run_blk("eventfd", &spec, &verify(10, blocks - 1)));
     assert_eq!((result["mismatches"].as_u64(), result["errors"].as_u64()), (Some(0), Some(0)), "{result}");
     assert_eq!(result["blocks"], 300, "{result}");
 
     for gate in [299, blocks] {
         let out = run_probe("eventfd", &spec, &verify(11, gate), "60");
-        assert_eq!(out.status.code(), Some(2), "gate {gate}: {}", common::stdout(&out));
+        assert_eq!(out.status.code(), Some(2), "gate {gate}: {}", test_infra::stdout(&out));
         assert_eq!(line_with(&out, "probe", "error")["parameter"], "probe.gate_block");
     }
 }
@@ -323,10 +321,10 @@ fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
     let result = blk_result(&out);
     assert_eq!(result["post_idle_errors"], 0, "{result}");
     assert_eq!(result["post_idle_ops"], 20000, "served after the idle phase: {result}");
-    let load = common::phase(&out, 0, 1);
-    let exits = common::io_path_exits(&load["counters"]) / 20000.0;
+    let load = test_infra::phase(&out, 0, 1);
+    let exits = test_infra::io_path_exits(&load["counters"]) / 20000.0;
     assert!(exits < 0.05, "{exits} exits per request under load: {load}");
-    let idle = common::phase(&out, 2, 3);
+    let idle = test_infra::phase(&out, 2, 3);
     let share = idle["iocore_cpu_s"].as_f64().unwrap() / idle["wall_s"].as_f64().unwrap();
     assert!(idle["wall_s"].as_f64().unwrap() >= 1.0, "{idle}");
     assert!(share < 0.01, "the IOCore used {:.1}% of a core while the guest was idle", share * 100.0);
@@ -366,7 +364,7 @@ fn blk_hostile_mismatches(what: &str, out: &std::process::Output, read_only: boo
         let Some(line) = case(name) else {
             wrong.push(format!(
                 "{what}: {name}: no line; stdout: {}; stderr: {}",
-                common::stdout(out),
+                test_infra::stdout(out),
                 stderr(out)
             ));
             continue;
@@ -405,7 +403,7 @@ fn run_hostile(mode: &str, disk: &str) -> std::process::Output {
 /// in `--stats --json`.
 fn needs_reset_mismatches(mode: &str, out: &std::process::Output) -> Vec<String> {
     let expected = BLK_HOSTILE_EXPECTED.iter().filter(|case| case.1 == "needs_reset").count();
-    let stats = common::json_lines(out).into_iter().find(|line| line["exitless"] == "run");
+    let stats = test_infra::json_lines(out).into_iter().find(|line| line["exitless"] == "run");
     let device = stats.as_ref().map(|stats| stats["devices"][0].clone()).unwrap_or_default();
     let mut wrong = Vec::new();
     if device["device"] != "virtio-blk" || device["needs_reset"].as_u64() != Some(expected as u64) {
@@ -458,7 +456,7 @@ fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
         .unwrap_or_else(|| {
             panic!(
                 "{mode} {cmdline}: no result line; stdout: {}; stderr: {}",
-                common::stdout(&out),
+                test_infra::stdout(&out),
                 stderr(&out)
             )
         });
@@ -578,7 +576,7 @@ fn a_trap_mode_request_the_disk_holds_past_the_exit_completes() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing");
     std::fs::File::create(&file).unwrap().set_len(BLOCKS * 4096).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_BLOCK * 4096);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_BLOCK * 4096);
     held.hold();
     let disk = format!("path={},direct", held.disk().display());
     let cmdline = format!(
@@ -601,5 +599,5 @@ fn a_trap_mode_request_the_disk_holds_past_the_exit_completes() {
     assert_eq!(result["mismatches"], 0, "{result}");
     assert_eq!(result["errors"], 0, "{result}");
     assert_eq!(result["blocks"], BLOCKS, "{result}");
-    common::assert_holds_only_pattern(&file, 77, BLOCKS);
+    test_infra::assert_holds_only_pattern(&file, 77, BLOCKS);
 }

@@ -16,17 +16,15 @@
 //! `EXITLESS_DURABILITY_ROUNDS` rounds of each (default 3; scripts/durability.sh runs 50); each
 //! prints a `durability ...` summary line.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::console::Console;
-use common::daemon::Daemon;
-use common::qemu::Qemu;
 use serde_json::Value;
+use test_infra::console::Console;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
 
 const BLOCK: usize = 4096;
 const SECTOR: usize = 512;
@@ -171,7 +169,7 @@ fn probe_said(lines: &[String]) -> Said {
 
 #[test]
 fn exitless_run_killed_at_random_keeps_every_write_acknowledged_by_a_flush() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     let mut rng = XorShift::from_clock();
@@ -264,11 +262,15 @@ fn linux_said(lines: &[String]) -> Said {
 
 #[test]
 fn vhost_user_daemon_killed_at_random_keeps_every_write_a_linux_guest_flushed() {
-    let _one = common::one_at_a_time();
-    let kernel = common::linux::kernel();
+    let _one = test_infra::one_at_a_time();
+    let kernel = test_infra::linux::kernel();
     let dir = tempfile::tempdir().unwrap();
     let initramfs = dir.path().join("initramfs.cpio");
-    common::linux::initramfs(&kernel, &format!("{}{DURABLE_INIT}", common::linux::INIT_PRELUDE), &initramfs);
+    test_infra::linux::initramfs(
+        &kernel,
+        &format!("{}{DURABLE_INIT}", test_infra::linux::INIT_PRELUDE),
+        &initramfs,
+    );
     let disk = dir.path().join("disk.img");
     let socket = dir.path().join("vhost.sock");
     let mut rng = XorShift::from_clock();

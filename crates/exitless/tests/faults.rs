@@ -11,19 +11,17 @@
 //! Needs root (mount, loop devices), mkfs.ext4 (e2fsprogs) and, for the vhost-user cases,
 //! qemu-system-x86_64: what scripts/setup.sh installs.
 
-mod common;
-
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::console::Console;
-use common::daemon::Daemon;
-use common::qemu::Qemu;
 use probe_abi::fault_control as control;
 use serde_json::Value;
+use test_infra::console::Console;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
 
 const BLOCK: u64 = 4096;
 const SEED: u64 = 77;
@@ -272,8 +270,8 @@ impl Faulty {
                     .disk(&format!("path={},direct", disk.display()))
                     .start_console(&dir.path().join("daemon.err"));
                 let elf = dir.path().join("probe.elf");
-                let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
-                assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+                let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
+                assert_eq!(out.status.code(), Some(0), "{}", test_infra::stderr(&out));
                 // The probe counts microvm's virtio-mmio devices in the order they are given: the
                 // disk under test first, the control disk second.
                 let guest = Qemu::probe(&elf, "256M", &cmdline)
@@ -458,36 +456,36 @@ fn turned_read_only(frontend: Frontend) {
 
 #[test]
 fn out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     out_of_space(Frontend::Exitless);
 }
 
 #[test]
 fn a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     truncated(Frontend::Exitless);
 }
 
 #[test]
 fn a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     turned_read_only(Frontend::Exitless);
 }
 
 #[test]
 fn vhost_user_out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     out_of_space(Frontend::VhostUser);
 }
 
 #[test]
 fn vhost_user_a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     truncated(Frontend::VhostUser);
 }
 
 #[test]
 fn vhost_user_a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     turned_read_only(Frontend::VhostUser);
 }

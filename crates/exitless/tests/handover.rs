@@ -13,15 +13,13 @@
 //!   and one that sends nonsense leave the old daemon serving (the guest's verify passes, no
 //!   reconnection); a real hand-over then still works.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::daemon::Daemon;
-use common::qemu::Qemu;
-use common::{exitless_within, json_lines, line_with, stderr};
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
+use test_infra::{exitless_within, json_lines, line_with, stderr};
 
 /// A hang guard for a daemon's exit or a guest's first write.
 const WAIT: Duration = Duration::from_secs(60);
@@ -156,10 +154,10 @@ fn connections(log: &str) -> usize {
 
 #[test]
 fn a_qemu_guest_keeps_its_connection_through_three_handovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
     let elf = rig.path("probe.elf");
-    let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
+    let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let mut daemon = rig.first_daemon();
     // 12000 blocks written then read back at 2000 requests/s: a run of several seconds, each
@@ -209,12 +207,12 @@ fn a_qemu_guest_keeps_its_connection_through_three_handovers() {
             "{log}"
         );
     }
-    common::assert_holds_pattern(&rig.disk, seed, blocks);
+    test_infra::assert_holds_pattern(&rig.disk, seed, blocks);
 }
 
 #[test]
 fn the_exitless_frontend_counts_no_reconnection_across_handovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
     let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 99);
@@ -233,12 +231,12 @@ fn the_exitless_frontend_counts_no_reconnection_across_handovers() {
     let all = logs.join("\n----\n");
     assert_verified_without_reconnection(&out, &all);
     assert_eq!(logs.iter().map(|l| connections(l)).sum::<usize>(), 1, "{all}");
-    common::assert_holds_pattern(&rig.disk, seed, blocks);
+    test_infra::assert_holds_pattern(&rig.disk, seed, blocks);
 }
 
 #[test]
 fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
     let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 7);
@@ -293,7 +291,7 @@ fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
     let all = format!("{old_log}\n----\n{}", new.stop());
     assert_verified_without_reconnection(&out, &all);
     assert_eq!(connections(&all), 1, "{all}");
-    common::assert_holds_pattern(&rig.disk, seed, blocks);
+    test_infra::assert_holds_pattern(&rig.disk, seed, blocks);
 }
 
 /// Connect to the hand-over socket as user nobody (65534), once the test has let every user

@@ -7,12 +7,10 @@
 //! predecessor has handed nothing over and serves on; if the successor read first, the
 //! predecessor has committed and exited, and the disk is gone with the successor.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
+use test_infra::daemon::Daemon;
 
 #[test]
 fn a_successor_confines_itself_before_it_reads_its_predecessor() {

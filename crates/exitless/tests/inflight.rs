@@ -25,16 +25,14 @@
 //! Needs root (FUSE mounts), libfuse3-dev and fuse3, a C compiler, QEMU, Debian's cloud kernel,
 //! busybox-static, coreutils, e2fsprogs and fio: what scripts/setup.sh installs.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::held_disk::HeldDisk;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::held_disk::HeldDisk;
+use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
+use test_infra::qemu::Qemu;
 
 /// A hang guard for one step of a guest under TCG on a shared machine.
 const WAIT: Duration = Duration::from_secs(120);
@@ -75,7 +73,7 @@ poweroff -f
 
 #[test]
 fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_kill_9() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let programs = host_programs(&[("/usr/bin/dd", "coreutils")]);
@@ -181,7 +179,7 @@ poweroff -f
 "#;
 
 /// A Linux guest with fio, on `socket` with a reconnecting chardev, running `runs` fio runs.
-fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> common::console::Console {
+fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> test_infra::console::Console {
     let kernel = kernel();
     let programs = host_programs(&[("/usr/bin/fio", "fio")]);
     let initramfs = dir.join("initramfs.cpio");
@@ -192,11 +190,11 @@ fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> common::console::Console {
         .spawn_console(&dir.join("qemu.err"))
 }
 
-fn start_daemon(socket: &Path, file: &Path, log: &Path) -> common::console::Console {
+fn start_daemon(socket: &Path, file: &Path, log: &Path) -> test_infra::console::Console {
     start_daemon_on(socket, &format!("path={},direct", file.display()), log)
 }
 
-fn start_daemon_on(socket: &Path, disk: &str, log: &Path) -> common::console::Console {
+fn start_daemon_on(socket: &Path, disk: &str, log: &Path) -> test_infra::console::Console {
     Daemon::builder().io_mode("adaptive").socket(socket).disk(disk).start_console(log)
 }
 
@@ -232,7 +230,7 @@ fn slow_disk(dir: &Path) -> (HeldDisk, PathBuf) {
 
 #[test]
 fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let restarts = restarts();
     let dir = tempfile::tempdir().unwrap();
     let (fuse, disk) = slow_disk(dir.path());
@@ -284,7 +282,7 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
 
 #[test]
 fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // The daemon holds requests when SIGTERM comes.
     let (_fuse, disk) = slow_disk(dir.path());
@@ -334,7 +332,7 @@ fn start_handover_daemon(
     file: &Path,
     handover: &Path,
     log: &Path,
-) -> common::console::Console {
+) -> test_infra::console::Console {
     // The first one is waited for until it listens there too.
     let listens: Vec<&Path> = if handover.exists() { vec![] } else { vec![handover] };
     Daemon::builder()
@@ -347,7 +345,7 @@ fn start_handover_daemon(
 
 #[test]
 fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_holds() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // The daemon holds many of fio's 32 requests when it hands over.
     let (_fuse, disk) = slow_disk(dir.path());
@@ -393,7 +391,7 @@ fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_
 /// out).
 #[test]
 fn fio_verify_on_an_rbd_image_survives_the_daemon_killed_with_requests_in_the_cluster() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let restarts = restarts().min(RESTARTS);
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();

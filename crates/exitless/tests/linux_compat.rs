@@ -40,11 +40,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
-use common::qemu::Qemu;
 use storage::testing::ceph::TestCluster;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
+use test_infra::qemu::Qemu;
 
 /// One boot, both disks, without the mixed run: 25 to 75 s under TCG on this shared 2-CPU host
 /// (a run paused by other work takes longer); a guest still running after this and the mixed run
@@ -310,7 +309,7 @@ impl Device {
 
 /// A file disk and a RAM disk served by `device`, the workload run on both in one boot.
 fn run_workload(device: Device) {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let mixed = mixed_run();
     let dir = tempfile::tempdir().unwrap();

@@ -23,10 +23,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
+use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in 12 to 14 s under TCG here (more on a busy host); one not done after
 /// this is stuck.
@@ -105,7 +104,7 @@ enum Device {
 
 /// The guest's console once it powered off, failing at once on a failed step.
 fn run(device: Device) -> (String, tempfile::TempDir) {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let programs = host_programs(&PROGRAMS);

@@ -16,11 +16,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::dirty_pages_in;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::dirty_pages_in;
+use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
+use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in about 10 s under TCG here (more on a busy host); one not done after
 /// this is stuck.
@@ -63,7 +62,7 @@ enum Device {
 }
 
 fn run(device: Device) {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let programs = host_programs(&PROGRAMS);

@@ -31,10 +31,9 @@ use exitless_bench::hosts::{HostPair, DESTINATION_IP, SOURCE_IP};
 use serde_json::{json, Value};
 use storage::testing::ceph::TestCluster;
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
+use test_infra::qemu::Qemu;
 
 /// Booting takes 10 to 20 s under TCG here, the migration of 256 MiB a few more.
 const LIMIT: Duration = Duration::from_secs(300);
@@ -141,7 +140,7 @@ fn read(path: &Path) -> String {
 
 #[test]
 fn a_guest_migrates_between_two_qemus_on_one_daemon_while_doing_io() {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let initramfs = dir.path().join("initramfs.cpio");
@@ -275,7 +274,7 @@ fn rounds(console: &Path) -> usize {
 
 #[test]
 fn a_guest_on_an_rbd_image_migrates_back_and_forth_between_two_hosts_and_their_daemons() {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();

@@ -14,8 +14,6 @@
 //! Needs root (setpriv changes user; the RAM disk test plants files as `nobody`) and python3
 //! (the attacker's client).
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
@@ -23,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::api::http;
-use common::daemon::Daemon;
+use test_infra::api::http;
+use test_infra::daemon::Daemon;
 
 /// The attacker's client: `connect PATH HEX` connects, sends the bytes and prints what came
 /// back; `open PATH` opens a file for reading.

@@ -5,8 +5,6 @@
 //! runs with umask 0, so that only what exitless itself does protects it. Each attempt must be
 //! refused: EACCES, or a connection closed before a byte of VM state goes through.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -14,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::api::http;
-use common::background::Background;
-use common::one_at_a_time;
+use test_infra::api::http;
+use test_infra::background::Background;
+use test_infra::one_at_a_time;
 
 /// What the helper prints before its result.
 const RESULT: &str = "ATTACKER-RESULT ";

@@ -6,21 +6,19 @@
 //! migration cannot carry (a new RAM disk) is refused up front. Counts are asserted, never
 //! speed; the downtimes are printed.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::api::http;
-use common::background::Background;
-use common::migration::{
+use serde_json::Value;
+use test_infra::api::http;
+use test_infra::background::Background;
+use test_infra::migration::{
     assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source,
     Verify, BLOCKS,
 };
-use common::{one_at_a_time, per_queue};
-use serde_json::Value;
+use test_infra::{one_at_a_time, per_queue};
 
 /// A destination waiting on `dir/NAME.mig`, for a VM with `disks` (`--disk` specs, as the
 /// source's) and the test device.
@@ -49,7 +47,7 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     let report = assert_report(mode, &body);
     let rounds = report["rounds"].as_u64().unwrap();
     let per_round = &report["pages_per_round"];
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
 
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "{mode}: the source's status; stderr: {err}");
@@ -58,7 +56,7 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "{mode}: the destination's status; stderr: {dst_err}; stdout: {stdout}");
     let result = assert_verify_passed(&stdout, &dst_err, mode);
-    common::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
     println!(
         "{mode}, {} queues: downtime {:.3} ms (pause {:.3} ms), total {:.1} ms, {rounds} pre-copy rounds, pages per round {per_round}, device-dirtied pages {}, KVM-dirtied pages {}",
         verify.queues,
@@ -252,7 +250,7 @@ fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
     assert_eq!(status, 200, "a slow migration: {body}");
     let report: Value = serde_json::from_str(&body).unwrap();
     assert!(report["total_ms"].as_f64().unwrap() >= 11_000.0, "{report}");
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
     let (code, _, err) = src.wait();
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("migrated to"), "{err}");
@@ -260,7 +258,7 @@ fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
     assert_eq!(code, Some(0), "the destination's status; stderr: {dst_err}");
     assert_verify_passed(&stdout, &dst_err, "after a slow migration");
     forwarding.join().unwrap();
-    common::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 
 #[test]
@@ -285,12 +283,12 @@ fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     // The source runs on: a pause and resume work, and its verify finishes and passes.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     assert_eq!(http(&api, "PUT", "/api/v1/vm.resume", None).0, 204);
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("failed; the VM runs on here"), "{err}");
     assert_verify_passed(&stdout, &err, "the source after a failed migration");
-    common::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 
 #[test]
@@ -371,7 +369,7 @@ fn a_migration_ends_the_test_devices_responder_while_it_logs() {
     let responder = "testdev-pingpon"; // The thread's name as /proc shows it (15 bytes).
     let started = std::time::Instant::now();
     while threads_named(src.pid(), responder) == 0 {
-        assert!(started.elapsed() < common::background::RUN_LIMIT, "no responder: {}", src.stderr());
+        assert!(started.elapsed() < test_infra::background::RUN_LIMIT, "no responder: {}", src.stderr());
         std::thread::sleep(Duration::from_millis(5));
     }
     let (replied_tx, replied) = std::sync::mpsc::channel();
@@ -383,7 +381,9 @@ fn a_migration_ends_the_test_devices_responder_while_it_logs() {
         move || send_migration(&api, &proxy)
     });
     // The source has sent its hello, so its logging is on; the destination's answer is held.
-    replied.recv_timeout(common::background::RUN_LIMIT).expect("the destination never answered the hello");
+    replied
+        .recv_timeout(test_infra::background::RUN_LIMIT)
+        .expect("the destination never answered the hello");
     let during = threads_named(src.pid(), responder);
     release.send(()).unwrap();
     let (status, body) = migration.join().unwrap();

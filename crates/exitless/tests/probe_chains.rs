@@ -7,15 +7,13 @@
 //! a RAM disk and a file. One data segment more than `seg_max` is IOERR here (QEMU, whose
 //! `seg_max` is 254, serves 255), never a broken queue.
 
-mod common;
-
 use std::process::Output;
 use std::time::Duration;
 
-use common::daemon::Daemon;
-use common::qemu::Qemu;
-use common::{exitless, exitless_within, json_lines, one_at_a_time, stderr, stdout};
 use serde_json::Value;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
+use test_infra::{exitless, exitless_within, json_lines, one_at_a_time, stderr, stdout};
 
 const CMDLINE: &str = "probe.workload=blk-chains probe.queue_size=128";
 const RUN_LIMIT: Duration = Duration::from_secs(120);

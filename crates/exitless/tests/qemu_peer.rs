@@ -1,11 +1,9 @@
 //! The probe guest that exitless embeds boots unchanged in QEMU-KVM (`-M microvm`).
 
-mod common;
-
 use serde_json::Value;
 
-use common::qemu::Qemu;
-use common::{exitless, line_with, stderr};
+use test_infra::qemu::Qemu;
+use test_infra::{exitless, line_with, stderr};
 
 fn qemu_probe(elf: &std::path::Path, cmdline: &str) -> std::process::Output {
     Qemu::probe(elf, "128M", cmdline).output()
@@ -49,7 +47,7 @@ fn exitcost_runs_in_qemu_and_skips_what_needs_our_test_device() {
     exitless(&["probe", "export", elf.to_str().unwrap()]);
     let qemu = qemu_probe(&elf, "probe.workload=exitcost probe.n=200 probe.tsc_khz=1000000");
     assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
-    let lines = common::json_lines(&qemu);
+    let lines = test_infra::json_lines(&qemu);
     let op = |name: &str| lines.iter().find(|l| l["op"] == name).cloned().unwrap();
     assert!(op("mmio")["ns_per_op"].as_f64().unwrap() > 0.0);
     assert!(op("cpuid")["ns_per_op"].as_f64().unwrap() > 0.0);
@@ -67,10 +65,10 @@ fn qemu_blk_probe(elf: &std::path::Path, indirect_desc: &str, queue_depth: u32) 
     let out = Qemu::probe(elf, "128M", &cmdline)
         .drive_with(disk.path(), &format!(",indirect_desc={indirect_desc}"))
         .output();
-    let result = common::json_lines(&out)
+    let result = test_infra::json_lines(&out)
         .into_iter()
         .find(|l| l["probe"] == "blk" || l["probe"] == "error")
-        .unwrap_or_else(|| panic!("no result line: {}; {}", common::stdout(&out), stderr(&out)));
+        .unwrap_or_else(|| panic!("no result line: {}; {}", test_infra::stdout(&out), stderr(&out)));
     (out.status.code(), result)
 }
 

@@ -4,8 +4,6 @@
 //! and still do their work; `--seccomp off` confines nothing; and one call outside its
 //! allowlist from any kind of thread (`EXITLESS_SECCOMP_SELF_TEST`) kills the process.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -13,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::{line_with, stderr};
 use storage::testing::ceph::TestCluster;
+use test_infra::daemon::Daemon;
+use test_infra::{line_with, stderr};
 
 /// /proc's `Seccomp:` value for a thread confined by a filter.
 const SECCOMP_MODE_FILTER: &str = "2";

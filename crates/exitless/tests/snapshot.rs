@@ -5,14 +5,12 @@
 //! passing. A corrupt or truncated snapshot is refused with a one-line error. The snapshot's
 //! size and the pause, snapshot and restore times are printed, not asserted.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::api::http;
-use common::background::{Background, RUN_LIMIT};
-use common::{exitless_within, line_with, one_at_a_time, per_queue, stderr};
 use serde_json::Value;
+use test_infra::api::http;
+use test_infra::background::{Background, RUN_LIMIT};
+use test_infra::{exitless_within, line_with, one_at_a_time, per_queue, stderr};
 
 /// Blocks the verify writes and reads back at depth 8. Every verify here waits at its gate
 /// (`probe.gate_block`, the block after these) until the test has done what it does mid-run,
@@ -76,7 +74,7 @@ struct Verify {
 }
 
 /// A VM running the probe's verify on a new file disk in `dir`, once it has begun writing; the
-/// disk's path. The verify reads back only after `common::open_gate(disk, blocks)`.
+/// disk's path. The verify reads back only after `test_infra::open_gate(disk, blocks)`.
 fn start_verify(dir: &Path, mode: &str, verify: Verify) -> (Vm, PathBuf) {
     let Verify { seed, qd, blocks, queues } = verify;
     let disk = disk(dir, blocks);
@@ -150,11 +148,11 @@ fn pause_snapshot_kill_restore(mode: &str, verify: Verify) -> Restored {
             "--testdev",
         ],
     );
-    common::open_gate(&disk, verify.blocks);
+    test_infra::open_gate(&disk, verify.blocks);
     let (code, stdout, restored_err) = restored.wait();
     assert_eq!(code, Some(0), "{mode}: the restored guest's status; stderr: {restored_err}");
     assert_verify_passed(&stdout, &restored_err, mode, verify.blocks);
-    common::assert_holds_pattern_and_open_gate(&disk, verify.seed, verify.blocks);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, verify.seed, verify.blocks);
 
     let state_bytes = std::fs::metadata(snap.join("state.json")).unwrap().len();
     let size = std::fs::metadata(snap.join("memory")).unwrap().len() + state_bytes;
@@ -218,11 +216,11 @@ fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
             assert_eq!(status, 409, "{mode}: a second pause: {body}");
             assert_eq!(vm.put("resume", None).0, 204, "{mode}: resume {round}");
         }
-        common::open_gate(&disk, blocks);
+        test_infra::open_gate(&disk, blocks);
         let (code, stdout, err) = vm.wait();
         assert_eq!(code, Some(0), "{mode}: stderr: {err}");
         assert_verify_passed(&stdout, &err, mode, blocks);
-        common::assert_holds_pattern_and_open_gate(&disk, seed, blocks);
+        test_infra::assert_holds_pattern_and_open_gate(&disk, seed, blocks);
         println!(
             "{mode}: pauses took {:?}",
             err.lines().filter(|l| l.contains("paused in")).collect::<Vec<_>>()
@@ -358,7 +356,7 @@ fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     // And the snapshot itself, untouched, restores (the cases above were refused for their flaw)
     // and finishes its verify: PAUSE_BLOCKS at depth 1, not BLOCKS, whose 32768 requests a loaded
     // two-CPU host did not finish within the timeout.
-    common::open_gate(&disk, PAUSE_BLOCKS);
+    test_infra::open_gate(&disk, PAUSE_BLOCKS);
     let source = format!("source_url=file://{}", snap.display());
     let args = ["run", "--restore", &source, "--disk", &disk_arg, "--testdev", "--timeout", "170"];
     let out = exitless_within(RUN_LIMIT, &args);

@@ -6,8 +6,6 @@
 //! through it opens a file only inside an `--api-disk-dir`, whatever links or `..` the path
 //! holds.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -16,10 +14,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use common::api::http;
-use common::daemon::Daemon;
-use common::qemu::Qemu;
-use common::{line_with, stderr};
+use test_infra::api::http;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
+use test_infra::{line_with, stderr};
 
 fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
@@ -103,7 +101,7 @@ impl Rig {
         }
         let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.path().join("daemon.log"));
         let elf = dir.path().join("probe.elf");
-        let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
+        let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         Rig { dir, api, daemon, elf }
     }
@@ -152,7 +150,7 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
     // At 200 IOPS with a one-second burst, 600 reads take at least 2 s.
     let limited = rig.guest_reads(&socket, 600);
     let iops = limited["iops"].as_f64().unwrap();
-    assert!(iops <= common::limited_iops(200.0, 600.0), "{iops} IOPS under a limit of 200: {limited}");
+    assert!(iops <= test_infra::limited_iops(200.0, 600.0), "{iops} IOPS under a limit of 200: {limited}");
     let samples = scrape(&rig.api);
     let waits = sample(&samples, "exitless_disk_rate_limit_waits_total", &[("disk", "vm")]);
     assert!(waits > 0.0, "the guest waited for the limit");
@@ -171,7 +169,7 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
     assert_eq!(status, 200, "{body}");
     let slower = rig.guest_reads(&socket, 300);
     let iops = slower["iops"].as_f64().unwrap();
-    assert!(iops <= common::limited_iops(100.0, 300.0), "{iops} IOPS under a limit of 100: {slower}");
+    assert!(iops <= test_infra::limited_iops(100.0, 300.0), "{iops} IOPS under a limit of 100: {slower}");
 
     // What the metrics count is what the guests did: 1500 reads of 4 KiB, nothing failed.
     let samples = scrape(&rig.api);
@@ -374,11 +372,11 @@ fn a_client_that_never_sends_holds_up_nobody() {
 #[test]
 fn the_api_socket_and_no_disks_are_checked_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = common::exitless(&["vhost-user-blk"]);
+    let out = test_infra::exitless(&["vhost-user-blk"]);
     assert_eq!(out.status.code(), Some(2), "no --disk and no --api-socket is a usage error");
     let file = dir.path().join("file");
     std::fs::write(&file, b"x").unwrap();
-    let out = common::exitless(&["vhost-user-blk", "--api-socket", file.to_str().unwrap()]);
+    let out = test_infra::exitless(&["vhost-user-blk", "--api-socket", file.to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         stderr(&out).contains("--api-socket") && stderr(&out).contains("not a socket"),
@@ -386,7 +384,7 @@ fn the_api_socket_and_no_disks_are_checked_at_start() {
         stderr(&out)
     ); // --api-disk-dir only with --api-socket, and only a directory that is there.
     let disks = dir.path().to_str().unwrap();
-    let out = common::exitless(&[
+    let out = test_infra::exitless(&[
         "vhost-user-blk",
         "--disk",
         "ram=1M",
@@ -398,8 +396,13 @@ fn the_api_socket_and_no_disks_are_checked_at_start() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let api = dir.path().join("api.sock");
     let api = api.to_str().unwrap();
-    let out =
-        common::exitless(&["vhost-user-blk", "--api-socket", api, "--api-disk-dir", "/nonexistent/disks"]);
+    let out = test_infra::exitless(&[
+        "vhost-user-blk",
+        "--api-socket",
+        api,
+        "--api-disk-dir",
+        "/nonexistent/disks",
+    ]);
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("--api-disk-dir /nonexistent/disks"), "{}", stderr(&out));
 }
@@ -422,19 +425,19 @@ fn put_disk(api: &Path, name: &str, body: &str) -> (u16, String) {
 
 /// A daemon with a control API that may open files in `allowed`, and a FUSE disk (in `dir`)
 /// whose opens are held.
-fn held_open_rig(dir: &Path, allowed: &Path) -> (Daemon, PathBuf, common::held_disk::HeldDisk) {
+fn held_open_rig(dir: &Path, allowed: &Path) -> (Daemon, PathBuf, test_infra::held_disk::HeldDisk) {
     let api = dir.join("api.sock");
     let args = ["--api-socket".as_ref(), api.as_os_str(), "--api-disk-dir".as_ref(), allowed.as_os_str()];
     let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.join("daemon.log"));
     let file = dir.join("backing");
     std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir, &file, 0);
+    let held = test_infra::held_disk::HeldDisk::start(dir, &file, 0);
     held.hold_open();
     (daemon, api, held)
 }
 
 /// Wait until the daemon's open of the held disk is held.
-fn wait_for_held_open(held: &common::held_disk::HeldDisk, daemon: &Daemon) {
+fn wait_for_held_open(held: &test_infra::held_disk::HeldDisk, daemon: &Daemon) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !held.open_held() {
         assert!(std::time::Instant::now() < deadline, "the daemon never opened the disk: {}", daemon.log());

@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{kernel, Kernel};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{kernel, Kernel};
+use test_infra::qemu::Qemu;
 
 const QEMU_TIMEOUT: Duration = Duration::from_secs(180);
 const PATTERN_LEN: usize = 64 * 1024;
@@ -187,7 +186,12 @@ fn initramfs(kernel: &Kernel, dir: &Path, iopoll: bool) -> PathBuf {
         files.push(("iopoll", 0o755, helper));
     }
     let path = dir.join("initramfs.cpio");
-    common::linux::initramfs_with(kernel, &format!("{}{INIT}", common::linux::INIT_MOUNTS), &files, &path);
+    test_infra::linux::initramfs_with(
+        kernel,
+        &format!("{}{INIT}", test_infra::linux::INIT_MOUNTS),
+        &files,
+        &path,
+    );
     path
 }
 
@@ -478,7 +482,7 @@ fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
     let cmdline =
         format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed}");
     let disk = format!("vhost-user={}", probe_socket.display());
-    let out = common::exitless_within(
+    let out = test_infra::exitless_within(
         QEMU_TIMEOUT,
         &[
             "run",
@@ -493,10 +497,10 @@ fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
             "120",
         ],
     );
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", common::stdout(&out), common::stderr(&out));
-    let result = common::line_with(&out, "probe", "blk");
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", test_infra::stdout(&out), test_infra::stderr(&out));
+    let result = test_infra::line_with(&out, "probe", "blk");
     assert_eq!((result["errors"].as_u64(), result["mismatches"].as_u64()), (Some(0), Some(0)), "{result}");
-    common::assert_holds_only_pattern(&probe_disk, seed, blocks);
+    test_infra::assert_holds_only_pattern(&probe_disk, seed, blocks);
     assert!(!has(&linux.console(), "VU-GO"), "Linux was still reading its disk: {}", linux.console());
 
     // The go-ahead, written on the host into the sector Linux keeps reading.

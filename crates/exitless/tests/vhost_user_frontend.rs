@@ -4,15 +4,13 @@
 //! missing socket or a daemon killed mid-run ends the VM with an error (never a hang), and
 //! polled I/O through the daemon makes no exit per request (KVM's counts).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::one_at_a_time;
-use common::{exitless_within, json_lines, line_with, stderr, stdout};
+use test_infra::daemon::Daemon;
+use test_infra::one_at_a_time;
+use test_infra::{exitless_within, json_lines, line_with, stderr, stdout};
 
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
@@ -96,7 +94,7 @@ fn verify_through_the_daemon_in_its_sidecore_and_eventfd_modes_polled_and_interr
             let out = run_vm(&socket, guest_mode, &verify_cmdline(seed));
             assert_verified(&out, &format!("{what}; daemon: {}", daemon.log()));
             assert_eq!(line_with(&out, "probe", "blk")["completion"], completion, "{what}");
-            common::assert_holds_only_pattern(&file, seed, 300);
+            test_infra::assert_holds_only_pattern(&file, seed, 300);
         }
     }
 }
@@ -128,7 +126,7 @@ fn two_vms_share_one_daemon_and_its_one_iocore() {
     for (i, run) in runs.into_iter().enumerate() {
         let out = run.join().unwrap();
         assert_verified(&out, &format!("VM {i}; daemon: {}", daemon.log()));
-        common::assert_holds_only_pattern(&disks[i].1, 300 + i as u64, 300);
+        test_infra::assert_holds_only_pattern(&disks[i].1, 300 + i as u64, 300);
     }
     // Both were connected at once: one daemon, two frontends.
     assert_eq!(daemon.log().matches("frontend connected").count(), 2, "{}", daemon.log());
@@ -270,7 +268,7 @@ fn a_vm_keeps_its_disk_across_daemon_restarts_by_kill_9_and_sigterm() {
     if rounds >= 2 {
         assert!(logs[1].contains("marks 0 request(s) in flight as the connection ends"), "{}", logs[1]);
     }
-    common::assert_holds_only_pattern(&file, seed, blocks);
+    test_infra::assert_holds_only_pattern(&file, seed, blocks);
 }
 
 #[test]
@@ -290,9 +288,9 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
     let out = run_vm(&socket, "exitless", &cmdline);
     assert_eq!(out.status.code(), Some(0), "{}\n{}\n{}", stdout(&out), stderr(&out), daemon.log());
     assert_eq!(line_with(&out, "probe", "blk")["ops"], ops);
-    let phase = common::phase(&out, 0, 1);
+    let phase = test_infra::phase(&out, 0, 1);
     // A daemon in eventfd mode makes one exit per request here (the notification).
-    let exits = common::io_path_exits(&phase["counters"]) / ops as f64;
+    let exits = test_infra::io_path_exits(&phase["counters"]) / ops as f64;
     assert!(exits < 0.05, "{exits} exits per request on the I/O path: {phase}");
 }
 
@@ -302,7 +300,7 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
 fn guest_memory_shared_from_huge_pages_works_and_too_few_say_what_is_missing() {
     let _one = one_at_a_time();
     // A memfd with MFD_HUGETLB, mapped by the daemon too; 48 MiB is 24 pages (see run_probe.rs).
-    common::huge_pages::require_free(24);
+    test_infra::huge_pages::require_free(24);
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("huge.sock");
     let file = disk_file(dir.path(), "huge.img");
@@ -315,8 +313,8 @@ fn guest_memory_shared_from_huge_pages_works_and_too_few_say_what_is_missing() {
     };
     let out = run("48M");
     assert_verified(&out, &format!("huge pages; daemon: {}", daemon.log()));
-    common::assert_holds_only_pattern(&file, 400, 300);
-    let too_many = format!("{}M", 2 * common::huge_pages::more_than_reserved());
+    test_infra::assert_holds_only_pattern(&file, 400, 300);
+    let too_many = format!("{}M", 2 * test_infra::huge_pages::more_than_reserved());
     let out = run(&too_many);
     assert_eq!(out.status.code(), Some(125), "{too_many}: {}", stderr(&out));
     assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));

@@ -4,12 +4,8 @@
 //! and rings it breaks on purpose. After each attack the daemon must still be alive, must not
 //! burn a core, must serve the next, well-behaved frontend (a 4 KiB write read back through the
 //! ring) and must stop within two seconds of SIGTERM. Every attack that reaches a ring runs
-//! against each backend kind (`common::disks`): a RAM disk finishes a request inside `submit`,
+//! against each backend kind (`test_infra::disks`): a RAM disk finishes a request inside `submit`,
 //! an io_uring disk only once the kernel has it, which is where a reset used to wait for ever.
-
-mod common;
-#[path = "../../vhost-user/tests/frontend/mod.rs"]
-mod frontend;
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -17,9 +13,9 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::disks::{TestDisk, DISK_KINDS};
-use frontend::*;
+use test_infra::daemon::Daemon;
+use test_infra::disks::{TestDisk, DISK_KINDS};
+use test_infra::frontend::*;
 use vhost_user_protocol::message::{code, Header, VERSION};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -413,7 +409,7 @@ fn ready_with_inflight(daemon: &Daemon) -> Frontend {
 
 /// A read of HELD_SECTOR into DATA on vring 0, which `held` holds (and only it: later requests
 /// pass); returns once the FUSE server has it.
-fn submit_a_held_read(frontend: &mut Frontend, held: &common::held_disk::HeldDisk, daemon: &Daemon) {
+fn submit_a_held_read(frontend: &mut Frontend, held: &test_infra::held_disk::HeldDisk, daemon: &Daemon) {
     held.hold_one();
     frontend.mem.write(DATA, &[0; 4096]);
     let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
@@ -445,7 +441,7 @@ fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing.img");
     std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let (daemon, api) = start_daemon_on_held(dir.path(), &held);
     let mut frontend = ready_with_inflight(&daemon);
     submit_a_held_read(&mut frontend, &held, &daemon);
@@ -501,7 +497,7 @@ fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing.img");
     std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let socket = dir.path().join("vhost.sock");
     let handover = dir.path().join("handover.sock");
     let args = held_daemon_args(dir.path(), &held, "--handover-socket", &handover);
@@ -547,7 +543,7 @@ const HELD_SECTOR: u64 = 4096;
 /// late completion, when the FUSE server at last answers, is reaped without harm. Regression:
 /// the daemon waited for the held request as long as the disk held it.
 /// The daemon serving `held`'s file as disk "held" with `reset-timeout=1`, and its control API.
-fn start_daemon_on_held(dir: &Path, held: &common::held_disk::HeldDisk) -> (Daemon, std::path::PathBuf) {
+fn start_daemon_on_held(dir: &Path, held: &test_infra::held_disk::HeldDisk) -> (Daemon, std::path::PathBuf) {
     let api = dir.join("api.sock");
     let args = held_daemon_args(dir, held, "--api-socket", &api);
     (Daemon::start(&args, &[&dir.join("vhost.sock"), &api], &dir.join("daemon.log")), api)
@@ -555,7 +551,12 @@ fn start_daemon_on_held(dir: &Path, held: &common::held_disk::HeldDisk) -> (Daem
 
 /// The arguments of a daemon serving `held`'s file as disk "held" with `reset-timeout=1` on
 /// DIR/vhost.sock, and `flag` (a second socket) at `path`.
-fn held_daemon_args(dir: &Path, held: &common::held_disk::HeldDisk, flag: &str, path: &Path) -> Vec<String> {
+fn held_daemon_args(
+    dir: &Path,
+    held: &test_infra::held_disk::HeldDisk,
+    flag: &str,
+    path: &Path,
+) -> Vec<String> {
     let spec = format!("path={},reset-timeout=1,name=held", held.disk().display());
     let socket = dir.join("vhost.sock");
     [
@@ -574,7 +575,7 @@ fn held_daemon_args(dir: &Path, held: &common::held_disk::HeldDisk, flag: &str, 
 
 /// Disk "held"'s reset_timeouts, reset_cancelled and quarantined, as GET /disks/held shows them.
 fn reset_figures(api: &Path) -> [u64; 3] {
-    let (status, body) = common::api::http(api, "GET", "/disks/held", None);
+    let (status, body) = test_infra::api::http(api, "GET", "/disks/held", None);
     assert_eq!(status, 200, "{body}");
     let disk: serde_json::Value = serde_json::from_str(&body).unwrap();
     let f = &disk["figures"];
@@ -582,7 +583,7 @@ fn reset_figures(api: &Path) -> [u64; 3] {
 }
 
 /// A frontend with vring 0 running and a read of HELD_SECTOR in it, which `held` holds.
-fn frontend_with_a_held_read(daemon: &Daemon, held: &common::held_disk::HeldDisk) -> Frontend {
+fn frontend_with_a_held_read(daemon: &Daemon, held: &test_infra::held_disk::HeldDisk) -> Frontend {
     held.hold();
     let mut frontend = ready(daemon);
     let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
@@ -602,7 +603,7 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing.img");
     std::fs::File::create(&file).unwrap().set_len(DISK_BYTES).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let (mut daemon, api) = start_daemon_on_held(dir.path(), &held);
     let figures = || reset_figures(&api);
     assert_eq!(figures(), [0, 0, 0]);
@@ -628,7 +629,7 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     // The operator sees it: one reset timed out, nothing it cancelled ended (a FUSE request its
     // server took waits out an interrupt), one request quarantined.
     assert_eq!(figures(), [1, 0, 1]);
-    let (status, metrics) = common::api::http(&api, "GET", "/metrics", None);
+    let (status, metrics) = test_infra::api::http(&api, "GET", "/metrics", None);
     assert_eq!(status, 200);
     for line in [
         "exitless_disk_reset_timeouts_total{disk=\"held\"} 1",

@@ -4,18 +4,16 @@
 //! malformed messages, costs only its own disk; fair share and rate limits are checked on the
 //! daemon's own counters (`--stats-interval --json`), never on the test's clock.
 
-mod common;
-#[path = "../../vhost-user/tests/frontend/mod.rs"]
-mod frontend;
+use test_infra::frontend;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::one_at_a_time;
-use common::qemu::Qemu;
 use serde_json::Value;
+use test_infra::daemon::Daemon;
+use test_infra::one_at_a_time;
+use test_infra::qemu::Qemu;
 
 /// A guest that has not finished by then is stuck.
 const GUEST_LIMIT: Duration = Duration::from_secs(120);
@@ -135,8 +133,8 @@ impl Drop for Guest {
 
 fn probe_elf(dir: &Path) -> PathBuf {
     let elf = dir.join("probe.elf");
-    let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", test_infra::stderr(&out));
     elf
 }
 
@@ -181,14 +179,14 @@ fn two_guests_share_one_iocore_and_one_killed_mid_io_costs_the_other_nothing() {
     assert!(guest_b.running(), "B must still be doing I/O when A is killed: {}", guest_b.console());
     guest_a.kill();
     assert_verified(&guest_b.finish(), blocks_b);
-    common::assert_holds_pattern(&b, seed_b, blocks_b);
+    test_infra::assert_holds_pattern(&b, seed_b, blocks_b);
     daemon.assert_alive();
 
     // A's frontend comes back and is served.
     let seed_a = 0xa;
     let result = Guest::start(&elf, &sa, &verify_cmdline(seed_a, 300), dir.join("a2.out")).finish();
     assert_verified(&result, 300);
-    common::assert_holds_pattern(&a, seed_a, 300);
+    test_infra::assert_holds_pattern(&a, seed_a, 300);
     let (log, stats) = daemon.stop_with_stats();
     assert_eq!(log.matches("a.sock: frontend connected").count(), 2, "{log}");
     assert!(log.contains("listening on") && log.contains("IOCore 0 of 1"), "{log}");
@@ -274,7 +272,7 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
         wait_logged(&mut daemon, "connection closed, waiting for the next frontend", round * garbage.len());
     }
     assert_verified(&guest.finish(), blocks);
-    common::assert_holds_pattern(&a, seed, blocks);
+    test_infra::assert_holds_pattern(&a, seed, blocks);
     daemon.assert_alive();
     // The disk that was attacked serves a well-behaved frontend next.
     let result = Guest::start(&elf, &sb, &verify_cmdline(7, 300), dir.join("b.out")).finish();
@@ -545,7 +543,7 @@ fn command_lines_that_give_a_disk_no_socket_of_its_own_are_refused() {
         &["--disk", "socket=/tmp/y.sock,ram=1M", "--iocores", "0"],
     ] {
         let out = run(bad);
-        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", common::stderr(&out));
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", test_infra::stderr(&out));
     }
 }
 
@@ -559,7 +557,7 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
     let dir = dir.path();
     let elf = probe_elf(dir);
     let (file, backing) = (disk_file(dir, "file.img", 8 << 20), disk_file(dir, "loop.img", 8 << 20));
-    let device = common::LoopDevice::attach(&backing);
+    let device = test_infra::LoopDevice::attach(&backing);
     for (i, mode) in ["sidecore", "adaptive"].iter().enumerate() {
         let (sf, sl) = (dir.join(format!("file-{mode}.sock")), dir.join(format!("loop-{mode}.sock")));
         let args = [
@@ -573,8 +571,8 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
         let on_loop = Guest::start(&elf, &sl, &verify_cmdline(seed + 1, 1024), dir.join("loop.out"));
         assert_verified(&on_file.finish(), 1024);
         assert_verified(&on_loop.finish(), 1024);
-        common::assert_holds_pattern(&file, seed, 1024);
-        common::assert_holds_pattern(&backing, seed + 1, 1024);
+        test_infra::assert_holds_pattern(&file, seed, 1024);
+        test_infra::assert_holds_pattern(&backing, seed + 1, 1024);
         let (_log, stats) = daemon.stop_with_stats();
         assert!(stats.iter().all(|disk| disk["io_errors"] == 0), "{mode}: {stats:?}");
     }

@@ -4,8 +4,6 @@
 //! committed leaves the first server serving, and a successor refuses state that is not a
 //! session's. Real sockets, IOCore threads and RAM disks; no VM.
 
-mod frontend;
-
 use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -15,9 +13,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use frontend::*;
 use iocore::{IoCore, Policy};
 use storage::{Backend, RamDisk};
+use test_infra::frontend::*;
 use vhost_user::handover::{
     port, Adopted, DiskState, FromPredecessor, Handle, Outcome, ToPredecessor, ToSuccessor,
 };

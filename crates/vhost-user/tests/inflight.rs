@@ -4,17 +4,15 @@
 //! hand, in QEMU's and libvhost-user's layout), with its refusals of regions that cannot be
 //! trusted.
 
-mod frontend;
-
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use frontend::*;
 use iocore::{IoCore, Policy};
 use storage::{Backend, RamDisk};
+use test_infra::frontend::*;
 use vhost_user::{Server, VhostUserBlk};
 use vhost_user_protocol::message::{code, InflightInfo, Wire, FLAG_REPLY, VERSION};
 use virtio::block::Block;

@@ -1,8 +1,6 @@
 //! The vhost-user backend against a test frontend over a real Unix socket: memfd guest memory,
 //! a hand-made virtqueue, eventfds, real IOCore threads and RAM disk backends. No VM.
 
-mod frontend;
-
 use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -11,9 +9,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use frontend::*;
 use iocore::{IoCore, Policy};
 use storage::{Backend, RamDisk};
+use test_infra::frontend::*;
 use vhost_user::{Error, Server, VhostUserBlk};
 use vhost_user_protocol::message::{
     code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,

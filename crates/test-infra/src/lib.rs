@@ -1,11 +1,15 @@
-//! Helpers for the tests that run the `exitless` binary against real KVM (and QEMU).
-#![allow(dead_code)]
+//! The one test rig of the workspace: the `exitless` binary and its daemon, QEMU and
+//! qemu-storage-daemon, a Linux guest's initramfs, held disks, consoles, and a vhost-user
+//! frontend, for the integration tests (`crates/exitless/tests`, `crates/vhost-user/tests`).
+//! Every helper panics, saying why, where a test cannot go on.
+#![deny(missing_docs)]
 
 pub mod api;
 pub mod background;
 pub mod console;
 pub mod daemon;
 pub mod disks;
+pub mod frontend;
 pub mod held_disk;
 pub mod huge_pages;
 pub mod linux;
@@ -13,20 +17,36 @@ pub mod migration;
 pub mod qemu;
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 pub use storage::testing::command_in;
 
+/// The `exitless` binary under test: `CARGO_BIN_EXE_exitless` where Cargo sets it (running the
+/// integration tests of the `exitless` package), else the one Cargo built beside the running
+/// test binary (`target/PROFILE/exitless` for `target/PROFILE/deps/TEST-HASH`).
+pub fn exitless_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("CARGO_BIN_EXE_exitless") {
+        return PathBuf::from(path);
+    }
+    let test = std::env::current_exe().expect("the test binary's path");
+    let beside = test.parent().and_then(Path::parent).map(|profile| profile.join("exitless"));
+    beside.filter(|path| path.exists()).unwrap_or_else(|| {
+        panic!("no exitless binary beside {}: build it (cargo build --release)", test.display())
+    })
+}
+
+/// Run `exitless ARGS` to the end: its status and output.
 pub fn exitless(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exitless")).args(args).output().expect("run exitless")
+    Command::new(exitless_bin()).args(args).output().expect("run exitless")
 }
 
 /// Run exitless like `exitless`, but kill it and fail the test if it has not finished within
 /// `limit`: for what used to hang, so that a regression fails rather than hangs the suite.
 pub fn exitless_within(limit: Duration, args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+    let mut child = Command::new(exitless_bin())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -59,10 +79,12 @@ pub fn exitless_within(limit: Duration, args: &[&str]) -> Output {
     Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
+/// A finished process's standard output, as text.
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// A finished process's standard error, as text.
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -129,6 +151,7 @@ pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
 /// A loop block device over a file with direct I/O (`losetup --direct-io=on`): a real block
 /// device path. Detached when dropped.
 pub struct LoopDevice {
+    /// The device (`/dev/loopN`).
     pub path: std::path::PathBuf,
 }
 

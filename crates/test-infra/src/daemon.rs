@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::console::Console;
+use crate::console::Console;
 
 /// A daemon that has not listened on its sockets by then is stuck.
 const LISTEN_LIMIT: Duration = Duration::from_secs(20);
@@ -80,7 +80,7 @@ impl DaemonBuilder {
 
     /// The command, for a test that runs and waits for it its own way (one that must die).
     pub fn command(&self) -> Command {
-        let mut command = super::command_in(self.netns.as_deref(), env!("CARGO_BIN_EXE_exitless"));
+        let mut command = crate::command_in(self.netns.as_deref(), crate::exitless_bin());
         command.arg("vhost-user-blk").args(&self.args).stdin(Stdio::null());
         for (key, value) in &self.env {
             command.env(key, value);
@@ -190,6 +190,7 @@ impl Daemon {
         &self.sockets[0]
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -209,6 +210,7 @@ impl Daemon {
         self.stdout.as_ref().and_then(|path| std::fs::read_to_string(path).ok()).unwrap_or_default()
     }
 
+    /// Panics, with its log, if the daemon has ended.
     pub fn assert_alive(&mut self) {
         if let Some(status) = self.child.try_wait().unwrap() {
             panic!("the daemon died ({status}); its log: {}", self.log());

@@ -2,8 +2,6 @@
 //! shared as two regions, one split virtqueue laid out by hand, and kick/call/error eventfds.
 //! It plays the part QEMU plays (set-up) and the guest driver's (requests in the ring).
 
-#![allow(dead_code)]
-
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -16,53 +14,82 @@ use vhost_user_protocol::message::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
+/// A mebibyte.
 pub const MIB: u64 = 1 << 20;
 /// Guest memory: 2 MiB of memfd, shared as region A (guest 0, file offset 0) and region B
 /// (guest 1 GiB, file offset 1 MiB), so translation and offsets both matter.
 pub const MEM_SIZE: u64 = 2 * MIB;
+/// Guest address of region B.
 pub const REGION_B_GPA: u64 = 1 << 30;
+/// Entries per virtqueue the ring helpers lay out.
 pub const QUEUE_SIZE: u16 = 16;
 /// Rings in region B, one page apart per queue.
 pub const DESC: u64 = REGION_B_GPA;
+/// Guest address of queue 0's avail ring.
 pub const AVAIL: u64 = REGION_B_GPA + 0x1000;
+/// Guest address of queue 0's used ring.
 pub const USED: u64 = REGION_B_GPA + 0x2000;
+/// How far apart the queues' rings are.
 pub const QUEUE_STRIDE: u64 = 0x4000;
 /// Request buffers in region A.
 pub const HEADER: u64 = 0x1000;
+/// Guest address of the request's data.
 pub const DATA: u64 = 0x2000;
+/// Guest address of the request's status byte.
 pub const STATUS: u64 = 0x8000;
 
+/// VIRTIO_F_VERSION_1.
 pub const F_VERSION_1: u64 = 1 << 32;
+/// VIRTIO_RING_F_EVENT_IDX.
 pub const F_EVENT_IDX: u64 = 1 << 29;
+/// VHOST_USER_F_PROTOCOL_FEATURES.
 pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// VIRTIO_BLK_F_MQ.
 pub const F_BLK_MQ: u64 = 1 << 12;
+/// VIRTIO_BLK_F_FLUSH.
 pub const F_BLK_FLUSH: u64 = 1 << 9;
+/// VIRTIO_BLK_F_RO.
 pub const F_BLK_RO: u64 = 1 << 5;
+/// VIRTIO_BLK_F_WRITE_ZEROES.
 pub const F_BLK_WRITE_ZEROES: u64 = 1 << 14;
+/// VIRTIO_BLK_F_CONFIG_WCE.
 pub const F_BLK_CONFIG_WCE: u64 = 1 << 11;
 /// `writeback` in struct virtio_blk_config (QEMU calls it `wce`).
 pub const CONFIG_WRITEBACK: u32 = 32;
+/// VHOST_USER_PROTOCOL_F_MQ.
 pub const P_MQ: u64 = 1;
+/// VHOST_USER_PROTOCOL_F_REPLY_ACK.
 pub const P_REPLY_ACK: u64 = 1 << 3;
+/// VHOST_USER_PROTOCOL_F_CONFIG.
 pub const P_CONFIG: u64 = 1 << 9;
+/// VHOST_USER_PROTOCOL_F_LOG_SHMFD.
 pub const P_LOG_SHMFD: u64 = 1 << 1;
+/// VHOST_F_LOG_ALL.
 pub const F_LOG_ALL: u64 = 1 << 26;
 
+/// VIRTIO_BLK_T_IN: a read.
 pub const T_IN: u32 = 0;
+/// VIRTIO_BLK_T_OUT: a write.
 pub const T_OUT: u32 = 1;
+/// VIRTIO_BLK_T_FLUSH.
 pub const T_FLUSH: u32 = 4;
+/// VIRTIO_BLK_T_WRITE_ZEROES.
 pub const T_WRITE_ZEROES: u32 = 13;
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
 
+/// How long the frontend waits for a reply or a completion.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The guest's memory: a memfd of MEM_SIZE mapped here, shared with the backend as two regions.
 pub struct GuestMemory {
+    /// The memfd, sent with SET_MEM_TABLE.
     pub file: OwnedFd,
     base: *mut u8,
 }
 
 impl GuestMemory {
+    /// A zeroed memfd of MEM_SIZE, mapped.
     pub fn new() -> GuestMemory {
         // SAFETY: memfd_create with a static name; the result is checked and then owned.
         let fd = unsafe { libc::memfd_create(c"vhost-user-test".as_ptr(), libc::MFD_CLOEXEC) };
@@ -98,11 +125,13 @@ impl GuestMemory {
         self.uva(gpa) as *mut u8
     }
 
+    /// Write `bytes` at guest address `gpa`.
     pub fn write(&self, gpa: u64, bytes: &[u8]) {
         // SAFETY: `ptr` checks that `gpa` is inside the mapping; the test keeps writes short.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr(gpa), bytes.len()) }
     }
 
+    /// `len` bytes at guest address `gpa`.
     pub fn read(&self, gpa: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
         // SAFETY: as `write`.
@@ -110,6 +139,7 @@ impl GuestMemory {
         out
     }
 
+    /// The 16-bit ring field at guest address `gpa`, shared with the backend.
     pub fn u16(&self, gpa: u64) -> &AtomicU16 {
         // SAFETY: 2-byte aligned addresses inside the mapping, which lives as long as `self`.
         unsafe { AtomicU16::from_ptr(self.ptr(gpa).cast()) }
@@ -141,6 +171,7 @@ impl Drop for GuestMemory {
     }
 }
 
+/// SET_MEM_TABLE's payload for `regions`.
 pub fn table_payload(regions: &[MemoryRegion]) -> Vec<u8> {
     let mut payload = Vec::new();
     payload.extend_from_slice(&(regions.len() as u32).to_le_bytes());
@@ -151,6 +182,7 @@ pub fn table_payload(regions: &[MemoryRegion]) -> Vec<u8> {
     payload
 }
 
+/// A vring state payload (SET_VRING_NUM, SET_VRING_BASE, ...): index and number.
 pub fn state(index: u32, num: u32) -> Vec<u8> {
     let mut payload = index.to_le_bytes().to_vec();
     payload.extend_from_slice(&num.to_le_bytes());
@@ -164,34 +196,47 @@ pub fn readable(fd: RawFd, timeout: Duration) -> bool {
     unsafe { libc::poll(&mut pollfd, 1, timeout.as_millis() as i32) > 0 }
 }
 
+/// One started vring: its eventfds and the frontend's indexes.
 pub struct Vring {
+    /// Kicked by the frontend when it publishes.
     pub kick: EventFd,
+    /// Signalled by the backend when it completes.
     pub call: EventFd,
+    /// Signalled by the backend on a ring error.
     pub err: EventFd,
     /// Next avail index the driver (we) will publish; the used index we have seen.
     pub avail_idx: u16,
+    /// The used index seen so far.
     pub used_seen: u16,
 }
 
+/// A vhost-user frontend connected to a backend's socket, with its guest memory and vrings.
 pub struct Frontend {
+    /// The connection.
     pub stream: UnixStream,
+    /// The guest memory it shares.
     pub mem: GuestMemory,
+    /// Its vrings, by queue index (unstarted ones are placeholders).
     pub vrings: Vec<Vring>,
+    /// Whether requests ask for a REPLY_ACK (on after `negotiate`).
     pub reply_ack: bool,
 }
 
 impl Frontend {
+    /// Connect to the backend at `path`, with fresh guest memory and no vring.
     pub fn connect(path: &Path) -> Frontend {
         let stream = UnixStream::connect(path).expect("connect to the backend");
         stream.set_read_timeout(Some(TIMEOUT)).unwrap();
         Frontend { stream, mem: GuestMemory::new(), vrings: Vec::new(), reply_ack: false }
     }
 
+    /// Send `request` with `payload` and `fds`, asking for an acknowledgement if REPLY_ACK is on.
     pub fn send(&self, request: u32, payload: &[u8], fds: &[RawFd]) {
         let flags = VERSION | if self.reply_ack { FLAG_NEED_REPLY } else { 0 };
         self.send_flags(request, flags, payload, fds);
     }
 
+    /// Send `request` with the header flags `flags`, as they are.
     pub fn send_flags(&self, request: u32, flags: u32, payload: &[u8], fds: &[RawFd]) {
         let header = Header { request, flags, size: payload.len() as u32 };
         Wire::new(&self.stream, TIMEOUT).send(header, payload, fds).expect("send to the backend");
@@ -218,6 +263,7 @@ impl Frontend {
         }
     }
 
+    /// Send `request` (a GET_*) and return its 64-bit reply.
     pub fn get_u64(&self, request: u32) -> u64 {
         self.send_flags(request, VERSION, &[], &[]);
         u64::from_le_bytes(self.reply(request).try_into().unwrap())
@@ -256,6 +302,7 @@ impl Frontend {
         offered
     }
 
+    /// GET_CONFIG of `size` bytes at `offset`: the bytes.
     pub fn config(&self, offset: u32, size: u32) -> Vec<u8> {
         let mut payload = Vec::new();
         for v in [offset, size, 0] {
@@ -285,6 +332,7 @@ impl Frontend {
         self.set(code::SET_CONFIG, &Self::config_write(CONFIG_WRITEBACK, 1, 0, &[writeback]), &[]);
     }
 
+    /// SET_MEM_TABLE of the two regions of its memory.
     pub fn set_mem_table(&self) {
         let regions = self.mem.regions();
         let fd = self.mem.file.as_raw_fd();
@@ -459,12 +507,14 @@ impl Frontend {
 
 /// A dirty log as QEMU makes one: a memfd of `len` bytes, sealed against resizing, mapped here.
 pub struct DirtyLogFile {
+    /// The memfd, sent with SET_LOG_BASE.
     pub file: OwnedFd,
     base: *mut u8,
     len: usize,
 }
 
 impl DirtyLogFile {
+    /// A dirty log of `len` bytes; `seal`: sealed against resizing.
     pub fn new(len: usize, seal: bool) -> DirtyLogFile {
         let (file, base) = shared_memfd(len, seal);
         DirtyLogFile { file, base, len }

@@ -6,10 +6,14 @@ use std::path::{Path, PathBuf};
 /// The newest /boot/vmlinuz-* and the modules its virtio-blk driver needs, in load order (none
 /// where they are built in).
 pub struct Kernel {
+    /// /boot/vmlinuz-VERSION.
     pub image: PathBuf,
+    /// The modules to load, in order.
     pub modules: Vec<PathBuf>,
 }
 
+/// The kernel scripts/setup.sh installs (the newest in /boot) and its virtio-blk modules;
+/// panics, saying what to install, without them.
 pub fn kernel() -> Kernel {
     let mut images: Vec<PathBuf> = std::fs::read_dir("/boot")
         .into_iter()

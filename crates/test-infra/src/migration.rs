@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::api::http;
-use super::background::{Background, Ready};
+use crate::api::http;
+use crate::background::{Background, Ready};
 
 /// Blocks the verify writes and reads back; the disk has one more, the verify's gate
 /// (`probe.gate_block`): the guest reads back only once the test has opened it.
@@ -16,8 +16,11 @@ pub const BLOCKS: u64 = 16384;
 /// What a verify run is.
 #[derive(Clone, Copy)]
 pub struct Verify {
+    /// `probe.seed`.
     pub seed: u64,
+    /// `probe.qd`: requests in flight.
     pub qd: u32,
+    /// `probe.queues`: the disk's queues, all used.
     pub queues: u16,
 }
 
@@ -83,6 +86,8 @@ pub fn blk_result(stdout: &str) -> Option<Value> {
     stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
 }
 
+/// The verify result in `stdout` (of the run named `what`, whose standard error is `stderr`),
+/// checked to have found no mismatch and no error over all `BLOCKS`.
 pub fn assert_verify_passed(stdout: &str, stderr: &str, what: &str) -> Value {
     let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
     assert_eq!(result["mismatches"], 0, "{what}: {result}");
