@@ -257,8 +257,7 @@ fn rounds_report_every_guest_row_by_its_median_run() {
 fn block_bench_measures_a_block_device_in_every_vmm() {
     let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let file = dir.path().join("loop.img");
-    std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
+    let file = test_infra::disk_file(dir.path(), "loop.img", 16 << 20);
     let device = test_infra::LoopDevice::attach(&file);
     let disk = format!("path={},direct", device.path.display());
     let report = bench_report(&[

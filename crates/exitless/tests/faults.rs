@@ -41,8 +41,7 @@ struct Ext4 {
 impl Ext4 {
     fn mount(size_mib: u64, options: &str) -> Ext4 {
         let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("fs.img");
-        std::fs::File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
+        let image = test_infra::disk_file(dir.path(), "fs.img", size_mib << 20);
         run_ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
         let mount_point = dir.path().join("mnt");
         std::fs::create_dir(&mount_point).unwrap();
@@ -269,9 +268,7 @@ impl Faulty {
                     .socket(&socket)
                     .disk(&format!("path={},direct", disk.display()))
                     .start_console(&dir.path().join("daemon.err"));
-                let elf = dir.path().join("probe.elf");
-                let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
-                assert_eq!(out.status.code(), Some(0), "{}", test_infra::stderr(&out));
+                let elf = test_infra::probe_elf(dir.path());
                 // The probe counts microvm's virtio-mmio devices in the order they are given: the
                 // disk under test first, the control disk second.
                 let guest = Qemu::probe(&elf, "256M", &cmdline)
@@ -396,8 +393,7 @@ fn out_of_space(frontend: Frontend) {
 /// success), reads before it still work, and writing the lost half back makes it readable.
 fn truncated(frontend: Frontend) {
     let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(128 * BLOCK).unwrap();
+    let disk = test_infra::disk_file(dir.path(), "disk.img", 128 * BLOCK);
     let mut vm = Faulty::start(frontend, &disk);
     let (all, lost) = ((0, 128), (64, 64));
     vm.step(1, all, all);

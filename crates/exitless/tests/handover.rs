@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use test_infra::daemon::Daemon;
 use test_infra::qemu::Qemu;
-use test_infra::{exitless_within, json_lines, line_with, stderr};
+use test_infra::{exitless_within, json_lines, line_with, stderr, verify_cmdline};
 
 /// A hang guard for a daemon's exit or a guest's first write.
 const WAIT: Duration = Duration::from_secs(60);
@@ -39,8 +39,7 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         let dir = tempfile::tempdir_in("/tmp").unwrap();
-        let disk = dir.path().join("disk.img");
-        std::fs::File::create(&disk).unwrap().set_len(DISK_BYTES).unwrap();
+        let disk = test_infra::disk_file(dir.path(), "disk.img", DISK_BYTES);
         let socket = dir.path().join("vu.sock");
         let handover = dir.path().join("handover.sock");
         Rig { dir, disk, socket, handover }
@@ -117,10 +116,9 @@ fn wait_exit(daemon: &mut Daemon) -> ExitStatus {
     }
 }
 
-fn verify_cmdline(blocks: u64, seed: u64) -> String {
-    format!(
-        "probe.workload=blk probe.rw=verify probe.bs=4096 probe.ops={blocks} probe.qd=4 probe.seed={seed} probe.timeout_ms=30000"
-    )
+/// The guests' verify across hand-overs: `blocks` blocks at depth 4 with `seed`.
+fn verify(blocks: u64, seed: u64) -> String {
+    format!("{} probe.bs=4096 probe.timeout_ms=30000", verify_cmdline(blocks, 4, seed))
 }
 
 /// The exitless VMM on the disk (reconnecting, so that a reconnection would be counted rather
@@ -156,15 +154,13 @@ fn connections(log: &str) -> usize {
 fn a_qemu_guest_keeps_its_connection_through_three_handovers() {
     let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
-    let elf = rig.path("probe.elf");
-    let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elf = test_infra::probe_elf(rig.dir.path());
     let mut daemon = rig.first_daemon();
     // 12000 blocks written then read back at 2000 requests/s: a run of several seconds, each
     // new daemon adding a second's burst.
     let (blocks, seed) = (12_000, 4242);
     let before = modified(&rig.disk);
-    let guest = Qemu::probe(&elf, "128M", &verify_cmdline(blocks, seed))
+    let guest = Qemu::probe(&elf, "128M", &verify(blocks, seed))
         .vhost_user_blk_with(&rig.socket, ",reconnect=1", ",queue-size=256")
         .spawn_console(&rig.path("qemu.err"));
     rig.wait_for_first_write(before);
@@ -217,7 +213,7 @@ fn the_exitless_frontend_counts_no_reconnection_across_handovers() {
     let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 99);
     let before = modified(&rig.disk);
-    let vm = exitless_guest(&rig.socket, verify_cmdline(blocks, seed));
+    let vm = exitless_guest(&rig.socket, verify(blocks, seed));
     rig.wait_for_first_write(before);
     let mut logs = Vec::new();
     for round in 1..=2 {
@@ -241,7 +237,7 @@ fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
     let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 7);
     let before = modified(&rig.disk);
-    let vm = exitless_guest(&rig.socket, verify_cmdline(blocks, seed));
+    let vm = exitless_guest(&rig.socket, verify(blocks, seed));
     rig.wait_for_first_write(before);
 
     // Another disk file: refused with one line, the successor exits with the failure status.

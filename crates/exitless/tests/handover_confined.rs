@@ -15,8 +15,7 @@ use test_infra::daemon::Daemon;
 #[test]
 fn a_successor_confines_itself_before_it_reads_its_predecessor() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk");
-    std::fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
+    let disk = test_infra::disk_file(dir.path(), "disk", 1 << 20);
     let socket = dir.path().join("disk.sock");
     let handover = dir.path().join("handover.sock");
     let spec = format!("path={}", disk.display());

@@ -79,8 +79,7 @@ fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_
     let programs = host_programs(&[("/usr/bin/dd", "coreutils")]);
     let initramfs = dir.path().join("initramfs.cpio");
     initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &programs, &initramfs);
-    let file = dir.path().join("disk.img");
-    std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
+    let file = test_infra::disk_file(dir.path(), "disk.img", 16 << 20);
     let held = HeldDisk::start(dir.path(), &file, HELD_BLOCK * BLOCK as u64);
     held.hold();
     let socket = dir.path().join("vhost.sock");
@@ -190,11 +189,14 @@ fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> test_infra::console::Conso
         .spawn_console(&dir.join("qemu.err"))
 }
 
-fn start_daemon(socket: &Path, file: &Path, log: &Path) -> test_infra::console::Console {
-    start_daemon_on(socket, &format!("path={},direct", file.display()), log)
+/// The daemon in `adaptive` mode serving `file` with O_DIRECT on `socket`, its standard output
+/// read line by line and its log in `log`.
+fn adaptive_daemon(socket: &Path, file: &Path, log: &Path) -> test_infra::console::Console {
+    adaptive_daemon_on(socket, &format!("path={},direct", file.display()), log)
 }
 
-fn start_daemon_on(socket: &Path, disk: &str, log: &Path) -> test_infra::console::Console {
+/// As `adaptive_daemon`, serving the `--disk` spec `disk`.
+fn adaptive_daemon_on(socket: &Path, disk: &str, log: &Path) -> test_infra::console::Console {
     Daemon::builder().io_mode("adaptive").socket(socket).disk(disk).start_console(log)
 }
 
@@ -221,8 +223,7 @@ fn resubmitted(log: &str) -> u64 {
 /// answering each write in turn after 1 ms (a slow disk), so that a daemon holds many of fio's
 /// 32 requests at any moment: the mount (kept while the test runs) and the path to serve.
 fn slow_disk(dir: &Path) -> (HeldDisk, PathBuf) {
-    let file = dir.join("disk.img");
-    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    let file = test_infra::disk_file(dir, "disk.img", 64 << 20);
     let fuse = HeldDisk::start_slow(dir, &file, HELD_BLOCK * BLOCK as u64, 1000);
     let disk = fuse.disk();
     (fuse, disk)
@@ -235,7 +236,7 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
     let dir = tempfile::tempdir().unwrap();
     let (fuse, disk) = slow_disk(dir.path());
     let socket = dir.path().join("vhost.sock");
-    let mut daemon = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let mut daemon = adaptive_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
     let runs = restarts + 1;
     let mut guest = fio_guest(dir.path(), &socket, runs);
     let mut logs = String::new();
@@ -257,7 +258,7 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
         logs.push_str(
             &std::fs::read_to_string(dir.path().join(format!("daemon{}.err", restart - 1))).unwrap(),
         );
-        daemon = start_daemon(&socket, &disk, &dir.path().join(format!("daemon{restart}.err")));
+        daemon = adaptive_daemon(&socket, &disk, &dir.path().join(format!("daemon{restart}.err")));
     }
     guest.wait_for(WAIT, |l| l.contains("FIO-END"));
     let (_, lines) = guest.finish(WAIT);
@@ -287,7 +288,7 @@ fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     // The daemon holds requests when SIGTERM comes.
     let (_fuse, disk) = slow_disk(dir.path());
     let socket = dir.path().join("vhost.sock");
-    let first = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let first = adaptive_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
     let runs = 2;
     let mut guest = fio_guest(dir.path(), &socket, runs);
     guest.wait_for(WAIT, |l| l.contains("FIO-RUN-START 1"));
@@ -298,7 +299,7 @@ fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     unsafe { libc::kill(first.pid(), libc::SIGTERM) };
     let (status, _) = first.finish(WAIT);
     let stopped = sent.elapsed();
-    let second = start_daemon(&socket, &disk, &dir.path().join("daemon1.err"));
+    let second = adaptive_daemon(&socket, &disk, &dir.path().join("daemon1.err"));
     let taken_over = sent.elapsed();
     assert_eq!(status.code(), Some(0), "the first daemon exits 0 on SIGTERM");
     let first_log = std::fs::read_to_string(dir.path().join("daemon0.err")).unwrap();
@@ -399,7 +400,7 @@ fn fio_verify_on_an_rbd_image_survives_the_daemon_killed_with_requests_in_the_cl
     cluster.image("inflight", 64 << 20);
     let disk = format!("rbd=rbd/inflight,conf={}", cluster.conf().display());
     let socket = dir.join("vhost.sock");
-    let mut daemon = start_daemon_on(&socket, &disk, &dir.join("daemon0.err"));
+    let mut daemon = adaptive_daemon_on(&socket, &disk, &dir.join("daemon0.err"));
     let runs = restarts + 1;
     let mut guest = fio_guest(dir, &socket, runs);
     for restart in 1..=restarts {
@@ -409,7 +410,7 @@ fn fio_verify_on_an_rbd_image_survives_the_daemon_killed_with_requests_in_the_cl
         let (status, _) = daemon.kill(WAIT);
         assert_eq!(status.signal(), Some(libc::SIGKILL), "restart {restart}: the daemon was killed");
         cluster.osd(true);
-        daemon = start_daemon_on(&socket, &disk, &dir.join(format!("daemon{restart}.err")));
+        daemon = adaptive_daemon_on(&socket, &disk, &dir.join(format!("daemon{restart}.err")));
     }
     guest.wait_for(WAIT * 2, |l| l.contains("FIO-END"));
     let (_, lines) = guest.finish(WAIT);

@@ -321,8 +321,7 @@ fn run_workload(device: Device) {
     }
     let initramfs = dir.path().join("initramfs.cpio");
     initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
-    let file_disk = dir.path().join("disk.img");
-    std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
+    let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
 
     let append = format!("lc.mixed={}", mixed.as_secs());
     let mut qemu = Qemu::linux(&kernel, &initramfs, GUEST_RAM, 1, &append);

@@ -110,8 +110,7 @@ fn run(device: Device) -> (String, tempfile::TempDir) {
     let programs = host_programs(&PROGRAMS);
     let initramfs = dir.path().join("initramfs.cpio");
     initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
-    let file_disk = dir.path().join("disk.img");
-    std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
+    let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");
     let mut daemon = None;
     let ram = tempfile::Builder::new().prefix("exitless-linux-discard").tempfile_in("/dev/shm").unwrap();

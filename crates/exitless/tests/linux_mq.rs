@@ -49,8 +49,7 @@ fn two_queues_from_two_cpus(mode: &str) {
     let programs = host_programs(&[("/usr/bin/fio", "fio")]);
     let initramfs = dir.path().join("initramfs.cpio");
     initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
-    let image = dir.path().join("disk.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+    let image = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
     let (socket, api) = (dir.path().join("mq.sock"), dir.path().join("api.sock"));
     let mut daemon = Daemon::builder()
         .disk_on(&socket, &format!("path={},direct,queues=2,name=mq", image.display()))

@@ -69,8 +69,7 @@ fn run(device: Device) {
     let initramfs = dir.path().join("initramfs.cpio");
     initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{INIT}"), &programs, &initramfs);
     // On /tmp, a disk file system: on tmpfs no page is ever written back.
-    let file_disk = dir.path().join("disk.img");
-    std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
+    let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");
     let mut daemon = None;
     match device {

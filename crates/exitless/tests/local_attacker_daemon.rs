@@ -147,8 +147,7 @@ impl Vm {
     fn start(dir: &Path, api: &Path, umask: libc::mode_t) -> Vm {
         use std::os::unix::process::CommandExt;
         const BLOCKS: u64 = 16;
-        let disk = dir.join("vm.disk");
-        std::fs::File::create(&disk).unwrap().set_len((BLOCKS + 1) * 4096).unwrap();
+        let disk = test_infra::disk_file(dir, "vm.disk", (BLOCKS + 1) * 4096);
         let stderr = dir.join("vm.err");
         let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
         command

@@ -15,9 +15,10 @@ use serde_json::Value;
 use test_infra::api::http;
 use test_infra::background::Background;
 use test_infra::migration::{
-    assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source,
-    Verify, BLOCKS,
+    assert_report, disk_spec, forward_up_to, hello, hello_with_disks, send_migration_to, source, Verify,
+    BLOCKS,
 };
+use test_infra::{assert_verify_passed, blk_result, threads_named};
 use test_infra::{one_at_a_time, per_queue};
 
 /// A destination waiting on `dir/NAME.mig`, for a VM with `disks` (`--disk` specs, as the
@@ -55,7 +56,7 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     assert!(blk_result(&stdout).is_none(), "{mode}: the verify passed its gate on the source: {stdout}");
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "{mode}: the destination's status; stderr: {dst_err}; stdout: {stdout}");
-    let result = assert_verify_passed(&stdout, &dst_err, mode);
+    let result = assert_verify_passed(&stdout, &dst_err, mode, BLOCKS);
     test_infra::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
     println!(
         "{mode}, {} queues: downtime {:.3} ms (pause {:.3} ms), total {:.1} ms, {rounds} pre-copy rounds, pages per round {per_round}, device-dirtied pages {}, KVM-dirtied pages {}",
@@ -108,28 +109,6 @@ fn assert_destination_refuses(what: &str, stream: &[u8], expect: &str) {
     let refusal =
         answer.iter().rposition(|&b| b == 1).map(|at| String::from_utf8_lossy(&answer[at..]).into_owned());
     println!("{what}: {} (the source was told {refusal:?})", lines[0]);
-}
-
-/// The hello of a 64 MiB VM without disks.
-fn hello() -> Vec<u8> {
-    hello_with_disks(serde_json::json!([]))
-}
-
-/// The hello of a 64 MiB VM with `disks`.
-fn hello_with_disks(disks: Value) -> Vec<u8> {
-    let json = serde_json::json!({
-        "config": {
-            "mem_bytes": 64u64 << 20, "vcpus": 1, "hugepages": false, "cmdline": "",
-            "io_mode": "eventfd", "idle_budget_us": 50, "disable_hlt_exits": false,
-            "disable_pause_exits": false, "disks": disks
-        },
-        "memory_bytes": 64u64 << 20
-    })
-    .to_string();
-    let mut bytes = b"EXLMIGR1".to_vec();
-    bytes.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
-    bytes.extend_from_slice(json.as_bytes());
-    bytes
 }
 
 fn pages_record(gpa: u64, pages: u32, data: usize) -> Vec<u8> {
@@ -256,7 +235,7 @@ fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
     assert!(err.contains("migrated to"), "{err}");
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "the destination's status; stderr: {dst_err}");
-    assert_verify_passed(&stdout, &dst_err, "after a slow migration");
+    assert_verify_passed(&stdout, &dst_err, "after a slow migration", BLOCKS);
     forwarding.join().unwrap();
     test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
@@ -287,7 +266,7 @@ fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("failed; the VM runs on here"), "{err}");
-    assert_verify_passed(&stdout, &err, "the source after a failed migration");
+    assert_verify_passed(&stdout, &err, "the source after a failed migration", BLOCKS);
     test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 
@@ -326,17 +305,6 @@ fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
     // Still running: it pauses.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     vm.kill();
-}
-
-/// Threads of `pid` whose name starts with `prefix`.
-fn threads_named(pid: u32, prefix: &str) -> usize {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
-    tasks
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
-        })
-        .count()
 }
 
 /// Forward a source's connection to `to`; once the destination's first reply (the VM built)

@@ -23,9 +23,9 @@ use exitless_bench::hosts::{self, HostPair, DESTINATION_IP, SOURCE_IP};
 use test_infra::api::http;
 use test_infra::background::{Background, Ready, RUN_LIMIT};
 use test_infra::migration::{
-    assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source_in,
-    Verify, BLOCKS,
+    assert_report, disk_spec, forward_up_to, send_migration_to, source_in, Verify, BLOCKS,
 };
+use test_infra::{assert_verify_passed, blk_result};
 use test_infra::{exitless, one_at_a_time, stderr};
 
 /// The destination's port, in its own namespace.
@@ -116,7 +116,7 @@ fn assert_runs_on_and_passes(src: Background, api: &Path, disk: &Path, seed: u64
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("failed; the VM runs on here"), "{err}");
     assert!(!err.contains("migrated to"), "{err}");
-    assert_verify_passed(&stdout, &err, "the source after failed migrations");
+    assert_verify_passed(&stdout, &err, "the source after failed migrations", BLOCKS);
     test_infra::assert_holds_pattern_and_open_gate(disk, seed, BLOCKS);
 }
 
@@ -156,7 +156,7 @@ fn migrate_between_hosts(mode: &str, verify: Verify, tls_on: bool) {
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "{what}: the destination's status; stderr: {dst_err}; stdout: {stdout}");
     assert!(dst_err.contains("0 connections refused"), "{what}: {dst_err}");
-    assert_verify_passed(&stdout, &dst_err, &what);
+    assert_verify_passed(&stdout, &dst_err, &what, BLOCKS);
     test_infra::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
     println!(
         "{what}, between two network namespaces: downtime {:.3} ms (pause {:.3} ms, last send {:.3} ms, destination {:.3} ms), total {:.1} ms, pages per round {}, {} bytes",
@@ -256,7 +256,7 @@ fn a_destination_refuses_strangers_and_waits_on_for_its_source() {
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "the destination: {dst_err}");
     assert!(dst_err.contains("4 connections refused"), "{dst_err}");
-    assert_verify_passed(&stdout, &dst_err, "after the strangers");
+    assert_verify_passed(&stdout, &dst_err, "after the strangers", BLOCKS);
     test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 

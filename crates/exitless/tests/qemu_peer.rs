@@ -12,9 +12,7 @@ fn qemu_probe(elf: &std::path::Path, cmdline: &str) -> std::process::Output {
 #[test]
 fn the_same_hello_line_in_exitless_and_qemu() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elf = test_infra::probe_elf(dir.path());
 
     let qemu = qemu_probe(&elf, "probe.workload=hello");
     // QEMU exits with (V << 1) | 1 for a debug-exit write of V.
@@ -43,8 +41,7 @@ fn the_same_hello_line_in_exitless_and_qemu() {
 #[test]
 fn exitcost_runs_in_qemu_and_skips_what_needs_our_test_device() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    exitless(&["probe", "export", elf.to_str().unwrap()]);
+    let elf = test_infra::probe_elf(dir.path());
     let qemu = qemu_probe(&elf, "probe.workload=exitcost probe.n=200 probe.tsc_khz=1000000");
     assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
     let lines = test_infra::json_lines(&qemu);
@@ -79,9 +76,7 @@ fn qemu_blk_probe(elf: &std::path::Path, indirect_desc: &str, queue_depth: u32) 
 #[test]
 fn the_probe_uses_indirect_tables_only_when_the_device_offers_them() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elf = test_infra::probe_elf(dir.path());
     // QEMU exits with (V << 1) | 1 for a debug-exit write of V: 1 is OK, 3 is FAILED.
     for (indirect_desc, queue_depth, uses_indirect) in [("on", 256, true), ("off", 85, false)] {
         let (code, result) = qemu_blk_probe(&elf, indirect_desc, queue_depth);

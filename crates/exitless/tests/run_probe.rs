@@ -25,9 +25,7 @@ fn hello_boots_and_reports_what_it_found() {
 #[test]
 fn the_test_device_is_there_only_when_asked_for() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "export: {}", stderr(&out));
+    let elf = test_infra::probe_elf(dir.path());
     for (extra, has) in [(None, false), (Some("--testdev"), true)] {
         let mut args = vec!["run", "--kernel", elf.to_str().unwrap(), "--cmdline", "probe.workload=hello"];
         args.extend(extra);

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use test_infra::api::http;
 use test_infra::background::{Background, RUN_LIMIT};
-use test_infra::{exitless_within, line_with, one_at_a_time, per_queue, stderr};
+use test_infra::{
+    assert_verify_passed, blk_result, disk_file, exitless_within, line_with, one_at_a_time, per_queue,
+    stderr, threads_named, verify_cmdline,
+};
 
 /// Blocks the verify writes and reads back at depth 8. Every verify here waits at its gate
 /// (`probe.gate_block`, the block after these) until the test has done what it does mid-run,
@@ -19,16 +22,6 @@ const BLOCKS: u64 = 16384;
 /// The verify of the tests that run one request at a time (pause/resume rounds, and the
 /// snapshot the corruption cases are made from).
 const PAUSE_BLOCKS: u64 = 4096;
-
-/// The probe's verify over `blocks` blocks at depth `qd`, its requests in turn on `queues`
-/// queues, its gate in block `blocks`.
-fn verify_cmdline(seed: u64, qd: u32, blocks: u64, queues: u16) -> String {
-    // A long timeout: a pause freezes the guest's requests, not its clock, and the gate stays
-    // shut until the test is done with the VM.
-    format!(
-        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.gate_block={blocks} probe.timeout_ms=60000"
-    )
-}
 
 /// A running `exitless run` with its API socket at `dir/NAME.sock`.
 struct Vm {
@@ -57,13 +50,6 @@ impl Vm {
     }
 }
 
-/// A disk of `blocks` 4 KiB blocks and the verify's gate block after them.
-fn disk(dir: &Path, blocks: u64) -> PathBuf {
-    let path = dir.join("disk");
-    std::fs::File::create(&path).unwrap().set_len((blocks + 1) * 4096).unwrap();
-    path
-}
-
 /// What a verify run is: its seed, queue depth, blocks, and the disk's queues (all used).
 #[derive(Clone, Copy)]
 struct Verify {
@@ -77,9 +63,16 @@ struct Verify {
 /// disk's path. The verify reads back only after `test_infra::open_gate(disk, blocks)`.
 fn start_verify(dir: &Path, mode: &str, verify: Verify) -> (Vm, PathBuf) {
     let Verify { seed, qd, blocks, queues } = verify;
-    let disk = disk(dir, blocks);
+    // `blocks` 4 KiB blocks and the verify's gate block after them.
+    let disk = disk_file(dir, "disk", (blocks + 1) * 4096);
     let disk_arg = format!("path={},direct,queues={queues}", disk.display());
-    let cmdline = verify_cmdline(seed, qd, blocks, queues);
+    // Its requests in turn on `queues` queues, its gate in block `blocks`. A long timeout: a
+    // pause freezes the guest's requests, not its clock, and the gate stays shut until the test
+    // is done with the VM.
+    let cmdline = format!(
+        "{} probe.queues={queues} probe.gate_block={blocks} probe.timeout_ms=60000",
+        verify_cmdline(blocks, qd, seed)
+    );
     let args =
         ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
     let vm = Vm::start(dir, "vm", &args);
@@ -93,18 +86,6 @@ fn pause_and_snapshot(vm: &Vm, snap: &Path) {
     let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
     let (status, answer) = vm.put("snapshot", Some(&body));
     assert_eq!(status, 204, "snapshot: {answer}");
-}
-
-/// The probe's verify result from standard output.
-fn blk_result(stdout: &str) -> Option<Value> {
-    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
-}
-
-fn assert_verify_passed(stdout: &str, stderr: &str, what: &str, blocks: u64) {
-    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
-    assert_eq!(result["mismatches"], 0, "{what}: {result}");
-    assert_eq!(result["errors"], 0, "{what}: {result}");
-    assert_eq!(result["blocks"], blocks, "{what}: {result}");
 }
 
 /// The milliseconds a log line `... <what> ... in X ms` gives, for the report.
@@ -363,17 +344,6 @@ fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let result = line_with(&out, "probe", "blk");
     assert_eq!(result["mismatches"], 0, "{result}");
-}
-
-/// Threads of `pid` whose name starts with `prefix`.
-fn threads_named(pid: u32, prefix: &str) -> usize {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
-    tasks
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
-        })
-        .count()
 }
 
 /// The test device's ping-pong responder spins on a host core and writes guest memory through

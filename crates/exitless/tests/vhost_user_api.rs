@@ -100,9 +100,7 @@ impl Rig {
             args.extend(["--api-disk-dir".as_ref(), disks.as_os_str()]);
         }
         let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.path().join("daemon.log"));
-        let elf = dir.path().join("probe.elf");
-        let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let elf = test_infra::probe_elf(dir.path());
         Rig { dir, api, daemon, elf }
     }
 
@@ -429,8 +427,7 @@ fn held_open_rig(dir: &Path, allowed: &Path) -> (Daemon, PathBuf, test_infra::he
     let api = dir.join("api.sock");
     let args = ["--api-socket".as_ref(), api.as_os_str(), "--api-disk-dir".as_ref(), allowed.as_os_str()];
     let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.join("daemon.log"));
-    let file = dir.join("backing");
-    std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
+    let file = test_infra::disk_file(dir, "backing", 1 << 20);
     let held = test_infra::held_disk::HeldDisk::start(dir, &file, 0);
     held.hold_open();
     (daemon, api, held)

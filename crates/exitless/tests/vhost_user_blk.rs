@@ -319,8 +319,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let initramfs = initramfs(&kernel, dir.path(), false);
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let disk = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
     let socket = dir.path().join("vhost.sock");
     let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
     let disk_arg = format!("path={}", disk.display());
@@ -366,8 +365,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let initramfs = initramfs(&kernel, dir.path(), false);
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
+    let disk = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
     let socket = dir.path().join("vhost.sock");
     let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
     let disk_arg = format!("path={}", disk.display());

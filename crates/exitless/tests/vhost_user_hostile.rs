@@ -28,19 +28,12 @@ const CPU_WINDOW: Duration = Duration::from_secs(2);
 const CPU_LIMIT: Duration = Duration::from_millis(300);
 
 const DISK_BYTES: u64 = 4 << 20;
+/// The disk for the attacks that reach no ring.
+const RAM_DISK: &str = "ram=4M";
 
 /// The daemon serving `disk` on DIR/vhost.sock, its log in DIR/daemon.log.
 fn start_daemon_on(dir: &Path, io_mode: &str, disk: &TestDisk) -> Daemon {
-    let socket = dir.join("vhost.sock");
-    let args = ["--disk", &disk.spec, "--io-mode", io_mode, "--socket", socket.to_str().unwrap()];
-    Daemon::start(&args, &[&socket], &dir.join("daemon.log"))
-}
-
-/// The daemon with a 4 MiB RAM disk on DIR/vhost.sock, for the attacks that reach no ring.
-fn start_daemon(dir: &Path, io_mode: &str) -> Daemon {
-    let socket = dir.join("vhost.sock");
-    let args = ["--disk", "ram=4M", "--io-mode", io_mode, "--socket", socket.to_str().unwrap()];
-    Daemon::start(&args, &[&socket], &dir.join("daemon.log"))
+    Daemon::serving(dir, &disk.spec, io_mode).start_in(dir)
 }
 
 /// User plus system CPU time process `pid` has used (all its threads).
@@ -133,7 +126,7 @@ fn saturated_eventfd() -> EventFd {
 #[test]
 fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start_daemon(dir.path(), "eventfd");
+    let mut daemon = Daemon::serving(dir.path(), RAM_DISK, "eventfd").start_in(dir.path());
     let (pipe_read, pipe_write) = pipe();
     let (hung_up, peer) = UnixStream::pair().unwrap();
     drop(peer);
@@ -306,7 +299,7 @@ fn a_daemon_stopped_and_continued_keeps_serving() {
 #[test]
 fn an_idle_frontend_does_not_hold_the_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start_daemon(dir.path(), "eventfd");
+    let mut daemon = Daemon::serving(dir.path(), RAM_DISK, "eventfd").start_in(dir.path());
     // A connects and says nothing.
     let idle = UnixStream::connect(daemon.socket()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
@@ -601,8 +594,7 @@ fn frontend_with_a_held_read(daemon: &Daemon, held: &test_infra::held_disk::Held
 #[test]
 fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("backing.img");
-    std::fs::File::create(&file).unwrap().set_len(DISK_BYTES).unwrap();
+    let file = test_infra::disk_file(dir.path(), "backing.img", DISK_BYTES);
     let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let (mut daemon, api) = start_daemon_on_held(dir.path(), &held);
     let figures = || reset_figures(&api);

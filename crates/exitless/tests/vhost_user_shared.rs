@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use test_infra::daemon::Daemon;
-use test_infra::one_at_a_time;
 use test_infra::qemu::Qemu;
+use test_infra::{disk_file, one_at_a_time, probe_elf, verify_cmdline};
 
 /// A guest that has not finished by then is stuck.
 const GUEST_LIMIT: Duration = Duration::from_secs(120);
@@ -22,7 +22,7 @@ const FAIR_BATCH: u64 = 16;
 
 /// The daemon with `--stats-interval 1 --json`, its log in DIR/daemon.log and its stats lines in
 /// DIR/daemon.out; returns once every socket listens.
-fn start_daemon(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
+fn start_with_stats(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
     let args = [args, &["--stats-interval", "1", "--json"].map(String::from)].concat();
     Daemon::start_with_stdout(&args, sockets, &dir.join("daemon.log"), &dir.join("daemon.out"))
 }
@@ -131,23 +131,6 @@ impl Drop for Guest {
     }
 }
 
-fn probe_elf(dir: &Path) -> PathBuf {
-    let elf = dir.join("probe.elf");
-    let out = test_infra::exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", test_infra::stderr(&out));
-    elf
-}
-
-fn disk_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::File::create(&path).unwrap().set_len(bytes).unwrap();
-    path
-}
-
-fn verify_cmdline(seed: u64, blocks: u64) -> String {
-    format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed}")
-}
-
 fn assert_verified(result: &Value, blocks: u64) {
     assert_eq!(result["errors"], 0, "{result}");
     assert_eq!(result["mismatches"], 0, "{result}");
@@ -168,13 +151,13 @@ fn two_guests_share_one_iocore_and_one_killed_mid_io_costs_the_other_nothing() {
         // however fast this host's disk is.
         format!("--disk=socket={},path={},direct,iops=2000", sb.display(), b.display()),
     ];
-    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_with_stats(dir, &args, &[&sa, &sb]);
 
     // Both at once, verifying; A writes without end until it is killed.
     let endless = "probe.workload=blk probe.rw=randwrite probe.qd=16 probe.ops=100000000 probe.warmup=0";
     let guest_a = Guest::start(&elf, &sa, endless, dir.join("a.out"));
     let (seed_b, blocks_b) = (0xb0b, 8192);
-    let mut guest_b = Guest::start(&elf, &sb, &verify_cmdline(seed_b, blocks_b), dir.join("b.out"));
+    let mut guest_b = Guest::start(&elf, &sb, &verify_cmdline(blocks_b, 8, seed_b), dir.join("b.out"));
     daemon.wait_serving(&[0, 1]);
     assert!(guest_b.running(), "B must still be doing I/O when A is killed: {}", guest_b.console());
     guest_a.kill();
@@ -184,7 +167,7 @@ fn two_guests_share_one_iocore_and_one_killed_mid_io_costs_the_other_nothing() {
 
     // A's frontend comes back and is served.
     let seed_a = 0xa;
-    let result = Guest::start(&elf, &sa, &verify_cmdline(seed_a, 300), dir.join("a2.out")).finish();
+    let result = Guest::start(&elf, &sa, &verify_cmdline(300, 8, seed_a), dir.join("a2.out")).finish();
     assert_verified(&result, 300);
     test_infra::assert_holds_pattern(&a, seed_a, 300);
     let (log, stats) = daemon.stop_with_stats();
@@ -245,9 +228,9 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
         format!("--disk=socket={},path={}", sa.display(), a.display()),
         format!("--disk=socket={},ram=8M", sb.display()),
     ];
-    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     let (seed, blocks) = (0x5eed, 8192);
-    let guest = Guest::start(&elf, &sa, &verify_cmdline(seed, blocks), dir.join("a.out"));
+    let guest = Guest::start(&elf, &sa, &verify_cmdline(blocks, 8, seed), dir.join("a.out"));
     daemon.wait_serving(&[0]);
     // Each malformed message with the line the daemon logs for it.
     let b = sb.display().to_string();
@@ -275,7 +258,7 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
     test_infra::assert_holds_pattern(&a, seed, blocks);
     daemon.assert_alive();
     // The disk that was attacked serves a well-behaved frontend next.
-    let result = Guest::start(&elf, &sb, &verify_cmdline(7, 300), dir.join("b.out")).finish();
+    let result = Guest::start(&elf, &sb, &verify_cmdline(300, 8, 7), dir.join("b.out")).finish();
     assert_verified(&result, 300);
     let (log, stats) = daemon.stop_with_stats();
     let on_a = format!("{}: ", sa.display());
@@ -332,7 +315,7 @@ fn a_queue_at_depth_one_is_not_starved_by_one_at_depth_64() {
         format!("--disk=socket={},ram=64M", sa.display()),
         format!("--disk=socket={},ram=64M", sb.display()),
     ];
-    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     let load =
         |qd| format!("probe.workload=blk probe.rw=randread probe.qd={qd} probe.ops=100000000 probe.warmup=0");
     let shallow = Guest::start(&elf, &sb, &load(1), dir.join("shallow.out"));
@@ -400,7 +383,7 @@ fn a_ring_at_depth_one_waits_for_at_most_one_batch_of_a_full_ring() {
         format!("--disk=socket={},ram,path={}", sb.display(), disk.path().display()),
         "--io-mode=eventfd".to_string(),
     ];
-    let daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     // The deep ring first, so that an IOCore pass reaches it before the shallow one.
     let mut deep = Frontend::connect(&sa);
     deep.negotiate(F_VERSION_1 | F_PROTOCOL_FEATURES);
@@ -494,7 +477,7 @@ fn a_rate_limited_disk_never_exceeds_its_budget_plus_burst() {
         format!("--disk=socket={},ram=16M,iops={iops}", sa.display()),
         format!("--disk=socket={},ram=16M,bw={bw}", sb.display()),
     ];
-    let daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     let load = "probe.workload=blk probe.rw=randread probe.qd=8 probe.ops=1500 probe.warmup=0";
     let a = Guest::start(&elf, &sa, load, dir.join("iops.out"));
     let b = Guest::start(&elf, &sb, load, dir.join("bw.out"));
@@ -565,10 +548,10 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
             format!("--disk=socket={},path={},direct", sl.display(), device.path.display()),
             format!("--io-mode={mode}"),
         ];
-        let daemon = start_daemon(dir, &args, &[&sf, &sl]);
+        let daemon = start_with_stats(dir, &args, &[&sf, &sl]);
         let seed = 300 + 2 * i as u64;
-        let on_file = Guest::start(&elf, &sf, &verify_cmdline(seed, 1024), dir.join("file.out"));
-        let on_loop = Guest::start(&elf, &sl, &verify_cmdline(seed + 1, 1024), dir.join("loop.out"));
+        let on_file = Guest::start(&elf, &sf, &verify_cmdline(1024, 8, seed), dir.join("file.out"));
+        let on_loop = Guest::start(&elf, &sl, &verify_cmdline(1024, 8, seed + 1), dir.join("loop.out"));
         assert_verified(&on_file.finish(), 1024);
         assert_verified(&on_loop.finish(), 1024);
         test_infra::assert_holds_pattern(&file, seed, 1024);

@@ -99,6 +99,11 @@ impl DaemonBuilder {
         command
     }
 
+    /// As `start`, its log in DIR/daemon.log.
+    pub fn start_in(self, dir: &Path) -> Daemon {
+        self.start(&dir.join("daemon.log"))
+    }
+
     /// Start it, its standard error in `log` and its standard output discarded; returns once it
     /// listens on every socket.
     pub fn start(self, log: &Path) -> Daemon {
@@ -166,6 +171,12 @@ impl Daemon {
     /// What to start: add disks, sockets, mode, environment, then `start` it.
     pub fn builder() -> DaemonBuilder {
         DaemonBuilder::default()
+    }
+
+    /// The daemon serving `disk` (a `--disk` spec) in `io_mode` on DIR/vhost.sock: add more,
+    /// then `start_in(dir)` (its log in DIR/daemon.log).
+    pub fn serving(dir: &Path, disk: &str, io_mode: &str) -> DaemonBuilder {
+        Daemon::builder().socket(&dir.join("vhost.sock")).disk(disk).io_mode(io_mode)
     }
 
     /// `exitless vhost-user-blk ARGS`, its standard error in `log`, its standard output

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub use exitless_bench::{blk_result, verify_cmdline};
 use serde_json::Value;
 pub use storage::testing::command_in;
 
@@ -77,6 +78,44 @@ pub fn exitless_within(limit: Duration, args: &[&str]) -> Output {
         std::thread::sleep(Duration::from_millis(10));
     };
     Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
+}
+
+/// A zeroed file of `bytes` at DIR/NAME, a disk's backing file: its path.
+pub fn disk_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path).unwrap().set_len(bytes).unwrap();
+    path
+}
+
+/// The probe guest's ELF (`exitless probe export`), for QEMU to boot, at DIR/probe.elf: its path.
+pub fn probe_elf(dir: &Path) -> PathBuf {
+    let elf = dir.join("probe.elf");
+    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "exitless probe export: {}", stderr(&out));
+    elf
+}
+
+/// The probe's verify result in the standard output `stdout` of the run named `what` (whose
+/// standard error, `stderr`, is shown if there is none), checked: no mismatch, no error, and all
+/// `blocks` blocks verified.
+pub fn assert_verify_passed(stdout: &str, stderr: &str, what: &str, blocks: u64) -> Value {
+    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
+    assert_eq!(result["mismatches"], 0, "{what}: {result}");
+    assert_eq!(result["errors"], 0, "{what}: {result}");
+    assert_eq!(result["blocks"], blocks, "{what}: {result}");
+    result
+}
+
+/// How many threads of process `pid` have a name (`comm`) starting with `prefix`; 0 once it is
+/// gone.
+pub fn threads_named(pid: u32, prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
+        })
+        .count()
 }
 
 /// A finished process's standard output, as text.
