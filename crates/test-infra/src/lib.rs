@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod backend;
 pub mod background;
 pub mod console;
 pub mod daemon;

@@ -2,80 +2,21 @@
 //! a hand-made virtqueue, eventfds, real IOCore threads and RAM disk backends. No VM.
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::path::Path;
 use std::time::Duration;
 
-use iocore::{IoCore, Policy};
-use storage::{Backend, RamDisk};
+use iocore::Policy;
+use test_infra::backend::{TestBackend, DISK_SIZE};
 use test_infra::frontend::*;
-use vhost_user::{Error, Server, VhostUserBlk};
+use vhost_user::{Error, Server};
 use vhost_user_protocol::message::{
     code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
 };
-use virtio::block::Block;
 use vmm_sys_util::eventfd::EventFd;
 
-const DISK_SIZE: u64 = MIB;
 const FEATURES: u64 = F_VERSION_1 | F_EVENT_IDX | F_PROTOCOL_FEATURES | F_BLK_FLUSH | F_BLK_MQ | F_BLK_RO;
-
-/// A backend serving on a socket in its own thread, over a RAM disk file.
-struct TestBackend {
-    socket: PathBuf,
-    disk: PathBuf,
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl TestBackend {
-    fn start(policy: Policy, queues: usize, read_only: bool) -> TestBackend {
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let disk = dir.path().join("disk");
-        drop(RamDisk::create(&disk, DISK_SIZE).unwrap());
-        let backends: Vec<Box<dyn Backend>> = (0..queues)
-            .map(|_| Box::new(RamDisk::open(&disk, read_only).unwrap()) as Box<dyn Backend>)
-            .collect();
-        let mut block = Block::with_queues(backends, "vhost-user-test").unwrap();
-        // As the daemon does: writable disks offer the cache-mode switch.
-        if !read_only {
-            block = block.with_writeback_switch();
-        }
-        let iocore = Arc::new(IoCore::spawn(policy, None).unwrap());
-        let mut device = VhostUserBlk::new(block, iocore.clone());
-        let socket = dir.path().join("sock");
-        let server = Server::bind(&socket).unwrap();
-        let stop = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let stop_fd = stop.try_clone().unwrap();
-        let thread = std::thread::spawn(move || {
-            // SAFETY: `stop_fd` lives in this closure until `serve` returns.
-            let stop = unsafe { BorrowedFd::borrow_raw(stop_fd.as_raw_fd()) };
-            server.serve(&mut device, Some(stop)).unwrap();
-            drop(device);
-            iocore.stop();
-        });
-        TestBackend { socket, disk, stop, thread: Some(thread), _dir: dir }
-    }
-
-    fn disk_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
-        std::fs::read(&self.disk).unwrap()[offset..offset + len].to_vec()
-    }
-}
-
-impl Drop for TestBackend {
-    fn drop(&mut self) {
-        self.stop.write(1).unwrap();
-        if let Some(thread) = self.thread.take() {
-            let result = thread.join();
-            if !std::thread::panicking() {
-                result.expect("the server thread panicked");
-            }
-        }
-    }
-}
 
 fn pattern(seed: u8) -> Vec<u8> {
     (0..4096u32).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
