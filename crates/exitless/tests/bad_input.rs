@@ -1,22 +1,8 @@
 //! Bad input gets one line on standard error and a non-zero status, never a panic.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use test_infra::{elf, exitless_within, stderr};
-
-/// Bad input is refused at once; far longer than that means exitless waits on something.
-const PROMPTLY: Duration = Duration::from_secs(30);
-
-fn assert_one_line_error(args: &[&str], status: i32, needle: &str) {
-    let out = exitless_within(PROMPTLY, args);
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(status), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: one line expected, got: {err}");
-    assert!(err.starts_with("exitless: "), "{err}");
-    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-}
+use test_infra::{assert_one_line_error, elf, stderr};
 
 #[test]
 fn missing_kernel_file() {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use test_infra::{exitless, exitless_within, stderr, stdout};
+use test_infra::{assert_one_line_error, exitless_within, stderr, stdout};
 
 const SETUPS: [&str; 4] = ["shared-iocore", "iocore-per-vm", "qemu-iothread", "qemu-storage-daemon"];
 
@@ -73,11 +73,7 @@ fn every_setup_reports_a_row_per_vm_count_and_the_mixed_run() {
 #[test]
 fn vm_counts_out_of_range_are_refused() {
     for vms in ["0", "100", "x"] {
-        let out = exitless(&["bench", "scale", "--vms", vms]);
-        assert_eq!(out.status.code(), Some(2), "--vms {vms}");
-        assert!(stderr(&out).contains("--vms"), "--vms {vms}: {}", stderr(&out));
+        assert_one_line_error(&["bench", "scale", "--vms", vms], 2, "--vms");
     }
-    let out = exitless(&["bench", "scale", "--mixed-qd", "1"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--mixed-qd"), "{}", stderr(&out));
+    assert_one_line_error(&["bench", "scale", "--mixed-qd", "1"], 2, "--mixed-qd");
 }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use test_infra::{exitless, exitless_within, stderr, stdout};
+use test_infra::{assert_one_line_error, exitless_within, stderr, stdout};
 
 /// Processes whose command line holds `needle` (this test's own sockets' directory).
 fn processes_with(needle: &str) -> Vec<String> {
@@ -96,8 +96,6 @@ fn every_row_measures_a_pause_with_no_guest_error() {
 #[test]
 fn rounds_out_of_range_are_refused() {
     for rounds in ["0", "101", "x"] {
-        let out = exitless(&["bench", "upgrade", "--rounds", rounds]);
-        assert_eq!(out.status.code(), Some(2), "--rounds {rounds}");
-        assert!(stderr(&out).contains("--rounds"), "--rounds {rounds}: {}", stderr(&out));
+        assert_one_line_error(&["bench", "upgrade", "--rounds", rounds], 2, "--rounds");
     }
 }

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use test_infra::disks::DISK_KINDS;
-use test_infra::{exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr};
+use test_infra::{
+    assert_one_line_error, exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr,
+};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 
@@ -552,11 +554,7 @@ fn bad_disk_options_are_one_line_errors() {
         ("path=/nonexistent/disk.img", 125),
         ("ram,path=/nonexistent", 125),
     ] {
-        let out = exitless(&["run", "--probe", "--disk", spec]);
-        assert_eq!(out.status.code(), Some(code), "{spec}: {}", stderr(&out));
-        let message = stderr(&out);
-        assert_eq!(message.lines().count(), 1, "{spec}: {message}");
-        assert!(!message.contains("panicked"), "{message}");
+        assert_one_line_error(&["run", "--probe", "--disk", spec], code, "disk");
     }
 }
 

@@ -34,7 +34,7 @@ fn a_successor_confines_itself_before_it_reads_its_predecessor() {
         .stderr(std::fs::File::create(dir.path().join("new.log")).unwrap())
         .spawn()
         .unwrap();
-    let mut successor = KillOnDrop(successor);
+    let mut successor = test_infra::KillOnDrop(successor);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = successor.0.try_wait().unwrap() {
@@ -57,14 +57,4 @@ fn a_successor_confines_itself_before_it_reads_its_predecessor() {
     assert!(!old.log().contains("handed every disk over"), "{}", old.log());
     assert!(socket.exists() && handover.exists());
     old.stop();
-}
-
-/// A child killed and reaped when the test ends, whatever happened.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

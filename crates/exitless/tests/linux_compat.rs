@@ -37,7 +37,7 @@
 //! busybox-static, e2fsprogs, util-linux, coreutils, fio).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use storage::testing::ceph::TestCluster;
@@ -377,7 +377,7 @@ fn run_workload(device: Device) {
     }
     let console = dir.path().join("console.log");
     let child = qemu.spawn(&console, std::fs::File::create(dir.path().join("qemu.log")).unwrap());
-    let guest = Guest { qemu: child, console, qemu_log: dir.path().join("qemu.log") };
+    let guest = Guest { qemu: test_infra::KillOnDrop(child), console, qemu_log: dir.path().join("qemu.log") };
     let output = guest.finish(device, daemon.as_mut(), BOOT_LIMIT + mixed);
 
     for disk in ["vda", "vdb"] {
@@ -450,7 +450,7 @@ fn rbd_images(device: Device) -> [String; 2] {
 
 /// A booted guest: QEMU, its console in a file.
 struct Guest {
-    qemu: Child,
+    qemu: test_infra::KillOnDrop,
     console: PathBuf,
     qemu_log: PathBuf,
 }
@@ -494,13 +494,6 @@ impl Guest {
         assert!(!output.contains("LC-FAIL"), "{device:?}: the guest failed a step: {output}");
         assert!(output.contains("LC-DONE"), "{device:?}: the guest did not finish: {output}");
         output
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
     }
 }
 

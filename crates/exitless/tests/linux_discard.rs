@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
-use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
+use test_infra::linux::{initramfs_in, kernel, INIT_MOUNTS};
 use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in 12 to 14 s under TCG here (more on a busy host); one not done after
@@ -107,9 +107,7 @@ fn run(device: Device) -> (String, tempfile::TempDir) {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let programs = host_programs(&PROGRAMS);
-    let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_MOUNTS}{INIT}"), &PROGRAMS);
     let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");
     let mut daemon = None;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
 use test_infra::dirty_pages_in;
-use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
+use test_infra::linux::{initramfs_in, kernel, INIT_PRELUDE};
 use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in about 10 s under TCG here (more on a busy host); one not done after
@@ -65,9 +65,7 @@ fn run(device: Device) {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let programs = host_programs(&PROGRAMS);
-    let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{INIT}"), &programs, &initramfs);
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_PRELUDE}{INIT}"), &PROGRAMS);
     // On /tmp, a disk file system: on tmpfs no page is ever written back.
     let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use test_infra::api::http;
@@ -139,7 +139,7 @@ fn wait_for_log(log: impl Fn() -> String, needle: &str, what: &str) {
 /// An `exitless run --probe` VM with a control API, waiting at its verify's gate (which the
 /// test never opens) until killed.
 struct Vm {
-    child: Child,
+    child: test_infra::KillOnDrop,
     stderr: PathBuf,
 }
 
@@ -170,7 +170,7 @@ impl Vm {
                 Ok(())
             })
         };
-        let mut vm = Vm { child: command.spawn().expect("run exitless"), stderr };
+        let mut vm = Vm { child: test_infra::KillOnDrop(command.spawn().expect("run exitless")), stderr };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !api.exists() {
             assert!(vm.child.try_wait().unwrap().is_none(), "the VM ended: {}", vm.log());
@@ -182,13 +182,6 @@ impl Vm {
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

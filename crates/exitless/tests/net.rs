@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use test_infra::{exitless, json_lines, line_with, stderr, stdout};
+use test_infra::{assert_one_line_error, exitless, json_lines, line_with, stderr, stdout};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 const TAP: &str = "exltest0";
@@ -174,9 +174,7 @@ fn bad_network_options_are_one_line_errors() {
         ("tap=t,mac=01:02:03:04:05:06", 2),
         ("tap=t,netns=exitless-missing", 125),
     ] {
-        let out = exitless(&["run", "--probe", "--net", spec]);
-        assert_eq!(out.status.code(), Some(code), "{spec}: {}", stderr(&out));
-        assert_eq!(stderr(&out).lines().count(), 1, "{spec}: {}", stderr(&out));
+        assert_one_line_error(&["run", "--probe", "--net", spec], code, "net");
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
@@ -227,7 +227,7 @@ struct Guest<'a> {
 }
 
 struct Running {
-    qemu: Child,
+    qemu: test_infra::KillOnDrop,
     console: PathBuf,
     started: Instant,
     what: String,
@@ -247,7 +247,7 @@ impl Guest<'_> {
             .vhost_user_blk_with(self.socket, reconnect, &format!(",num-queues={queues}"))
             .spawn(&console, Stdio::piped());
         let what = format!("{cmdline}, {vcpus} vCPUs, {queues} queues");
-        Running { qemu, console, started: Instant::now(), what }
+        Running { qemu: test_infra::KillOnDrop(qemu), console, started: Instant::now(), what }
     }
 }
 
@@ -292,13 +292,6 @@ impl Running {
         assert!(!output.contains("VU-FAIL"), "the guest failed a step: {output}");
         assert!(output.contains("VU-DONE"), "the guest did not finish: {output}\nQEMU: {stderr}");
         output
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
     }
 }
 

@@ -61,15 +61,6 @@ fn pattern(seed: u8) -> Vec<u8> {
     (0..4096u32).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
 }
 
-/// Connect, negotiate, share memory, start vring 0.
-fn ready(daemon: &Daemon) -> Frontend {
-    let mut frontend = Frontend::connect(daemon.socket());
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, 0);
-    frontend
-}
-
 /// A 4 KiB write at `sector`, read back and compared, through the ring.
 fn write_and_read_back(frontend: &mut Frontend, sector: u64, seed: u8) {
     let data = pattern(seed);
@@ -83,7 +74,7 @@ fn write_and_read_back(frontend: &mut Frontend, sector: u64, seed: u8) {
 /// A well-behaved frontend connects and is served: the daemon survived what came before.
 fn next_frontend_is_served(daemon: &mut Daemon, seed: u8) {
     daemon.assert_alive();
-    let mut frontend = ready(daemon);
+    let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
     write_and_read_back(&mut frontend, 8 * seed as u64, seed);
 }
 
@@ -164,7 +155,7 @@ fn call_and_err_eventfds_that_cannot_take_another_count_do_not_block_the_daemon(
         let dir = tempfile::tempdir().unwrap();
         let disk = kind.make(DISK_BYTES);
         let mut daemon = start_daemon_on(dir.path(), "eventfd", &disk);
-        let mut frontend = ready(&daemon);
+        let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
         // Blocking eventfds at their maximum: the daemon's next write of 1 to either would block.
         let (call, err) = (saturated_eventfd(), saturated_eventfd());
         frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
@@ -196,7 +187,7 @@ fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
             let dir = tempfile::tempdir().unwrap();
             let disk = kind.make(DISK_BYTES);
             let mut daemon = start_daemon_on(dir.path(), io_mode, &disk);
-            let mut frontend = ready(&daemon);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             write_and_read_back(&mut frontend, 0, 1);
             // The rings live 1 MiB into the memfd: after this, touching them raises SIGBUS.
             // SAFETY: ftruncate on our own memfd; this process no longer touches the pages past
@@ -233,7 +224,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
             let dir = tempfile::tempdir().unwrap();
             let disk = kind.make(DISK_BYTES);
             let mut daemon = start_daemon_on(dir.path(), io_mode, &disk);
-            let mut frontend = ready(&daemon);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             frontend.mem.write(DATA, &pattern(1));
             let chain = frontend.blk_chain(T_OUT, 0, 4096);
             frontend.write_chain(0, &chain);
@@ -246,7 +237,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
             assert_not_spinning(&mut daemon, &what);
             drop(frontend);
             let started = Instant::now();
-            let mut next = ready(&daemon);
+            let mut next = Frontend::ready(daemon.socket(), FEATURES, 0);
             // Not a speed test: 4 s tells "at once" from the 5 s wait for requests that never end.
             let took = started.elapsed();
             assert!(
@@ -286,7 +277,7 @@ fn a_daemon_stopped_and_continued_keeps_serving() {
         };
         pause(&daemon);
         daemon.assert_alive();
-        let mut frontend = ready(&daemon);
+        let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
         write_and_read_back(&mut frontend, 0, 1);
         pause(&daemon);
         write_and_read_back(&mut frontend, 8, 2);
@@ -348,12 +339,12 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
             vec![Box::new(stream)]
         }),
         ("an idle frontend with a running ring", |daemon| {
-            let mut frontend = ready(daemon);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             write_and_read_back(&mut frontend, 0, 1);
             vec![Box::new(frontend)]
         }),
         ("a frontend whose call eventfd is saturated", |daemon| {
-            let mut frontend = ready(daemon);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             let call = saturated_eventfd();
             frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
             write_and_read_back(&mut frontend, 0, 1);
@@ -578,7 +569,7 @@ fn reset_figures(api: &Path) -> [u64; 3] {
 /// A frontend with vring 0 running and a read of HELD_SECTOR in it, which `held` holds.
 fn frontend_with_a_held_read(daemon: &Daemon, held: &test_infra::held_disk::HeldDisk) -> Frontend {
     held.hold();
-    let mut frontend = ready(daemon);
+    let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
     let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
     frontend.write_chain(0, &chain);
     frontend.publish(0, &[0]);
@@ -605,10 +596,7 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     // The bound is 1 s, then the cancels get at most as long again; the log line below tells
     // which bound was used, the elapsed time only guards against a hang.
     let started = Instant::now();
-    let mut next = Frontend::connect(daemon.socket());
-    next.negotiate(FEATURES);
-    next.set_mem_table();
-    next.start_vring(0, 0);
+    let mut next = Frontend::ready(daemon.socket(), FEATURES, 0);
     write_and_read_back(&mut next, 0, 7);
     let took = started.elapsed();
     assert!(took < Duration::from_secs(30), "the next frontend waited {took:?}: {}", daemon.log());

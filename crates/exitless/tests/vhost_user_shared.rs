@@ -7,7 +7,7 @@
 use test_infra::frontend;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -78,7 +78,7 @@ impl StatsLines for Daemon {
 
 /// The probe under QEMU-KVM (`-M microvm`), its disk exitless's vhost-user-blk on `socket`.
 struct Guest {
-    qemu: Child,
+    qemu: test_infra::KillOnDrop,
     out: PathBuf,
     started: Instant,
 }
@@ -86,7 +86,7 @@ struct Guest {
 impl Guest {
     fn start(elf: &Path, socket: &Path, cmdline: &str, out: PathBuf) -> Guest {
         let qemu = Qemu::probe(elf, "256M", cmdline).vhost_user_blk(socket).spawn(&out, Stdio::piped());
-        Guest { qemu, out, started: Instant::now() }
+        Guest { qemu: test_infra::KillOnDrop(qemu), out, started: Instant::now() }
     }
 
     fn running(&mut self) -> bool {
@@ -107,27 +107,16 @@ impl Guest {
         let console = self.console();
         // QEMU exits with (V << 1) | 1 for a debug-exit write of V; the probe writes 0 for OK.
         assert_eq!(status.code(), Some(1), "the probe failed: {console}\nQEMU: {stderr}");
-        console
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|v| v["probe"] == "blk")
-            .unwrap_or_else(|| panic!("no blk result: {console}"))
+        test_infra::blk_result(&console).unwrap_or_else(|| panic!("no blk result: {console}"))
     }
 
-    fn kill(mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
+    /// Kill QEMU mid-run, and reap it.
+    fn kill(self) {
+        drop(self.qemu);
     }
 
     fn console(&self) -> String {
         std::fs::read_to_string(&self.out).unwrap_or_default()
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
     }
 }
 

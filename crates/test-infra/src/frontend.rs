@@ -230,6 +230,16 @@ impl Frontend {
         Frontend { stream, mem: GuestMemory::new(), vrings: Vec::new(), reply_ack: false }
     }
 
+    /// Connect to the backend at `path`, do QEMU's handshake for `features` (`negotiate`), send
+    /// the memory table and start vring 0 from avail index `base`: a frontend ready for requests.
+    pub fn ready(path: &Path, features: u64, base: u16) -> Frontend {
+        let mut frontend = Frontend::connect(path);
+        frontend.negotiate(features);
+        frontend.set_mem_table();
+        frontend.start_vring(0, base);
+        frontend
+    }
+
     /// Send `request` with `payload` and `fds`, asking for an acknowledgement if REPLY_ACK is on.
     pub fn send(&self, request: u32, payload: &[u8], fds: &[RawFd]) {
         let flags = VERSION | if self.reply_ack { FLAG_NEED_REPLY } else { 0 };

@@ -119,6 +119,22 @@ pub fn threads_named(pid: u32, prefix: &str) -> usize {
         .count()
 }
 
+/// Bad input is refused at once; far longer than that means exitless waits on something.
+const PROMPTLY: Duration = Duration::from_secs(30);
+
+/// `exitless ARGS` must fail at once (within `PROMPTLY`) with `status`, saying why on one line
+/// of standard error that starts `exitless: ` and holds `needle`, and without a panic: the line.
+pub fn assert_one_line_error(args: &[&str], status: i32, needle: &str) -> String {
+    let out = exitless_within(PROMPTLY, args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(status), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line expected, got: {err}");
+    assert!(err.starts_with("exitless: "), "{err}");
+    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
 /// A finished process's standard output, as text.
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -186,6 +202,31 @@ pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
         image[at + 48..at + 56].copy_from_slice(&4096u64.to_le_bytes());
     }
     image
+}
+
+/// A child process killed and reaped when dropped, however the test ends; otherwise used as the
+/// `Child` it holds.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A loop block device over a file with direct I/O (`losetup --direct-io=on`): a real block

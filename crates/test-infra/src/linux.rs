@@ -110,6 +110,14 @@ pub fn initramfs_with_programs(kernel: &Kernel, init: &str, programs: &[(String,
     initramfs_with(kernel, init, &files, path);
 }
 
+/// An initramfs at DIR/initramfs.cpio with `init` as /init and the host `programs` (path,
+/// package that installs it: see `host_programs`): its path.
+pub fn initramfs_in(dir: &Path, kernel: &Kernel, init: &str, programs: &[(&str, &str)]) -> PathBuf {
+    let path = dir.join("initramfs.cpio");
+    initramfs_with_programs(kernel, init, &host_programs(programs), &path);
+    path
+}
+
 /// Host programs for an initramfs, with every shared library `ldd` says they load (the dynamic
 /// loader included), each at its path on the host without the leading `/`: (path, contents).
 /// Panics, naming the package, when a program is missing.

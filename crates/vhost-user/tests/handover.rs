@@ -218,10 +218,7 @@ fn a_dirty_log_given_before_a_handover_is_marked_by_the_successor() {
 fn a_handover_that_is_not_committed_leaves_the_old_server_serving() {
     let rig = Rig::new();
     let old = Serving::start(&rig.disk, Server::bind(&rig.socket).unwrap(), None);
-    let mut frontend = Frontend::connect(&rig.socket);
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, 0);
+    let mut frontend = Frontend::ready(&rig.socket, FEATURES, 0);
     write_and_read_back(&mut frontend, 8, 1);
     for attempt in 1..=2 {
         // The successor rebuilt the session but the predecessor did not commit (it died, say).
@@ -243,10 +240,7 @@ fn a_handover_that_is_not_committed_leaves_the_old_server_serving() {
 fn a_successor_refuses_what_does_not_rebuild_a_session() {
     let rig = Rig::new();
     let old = Serving::start(&rig.disk, Server::bind(&rig.socket).unwrap(), None);
-    let mut frontend = Frontend::connect(&rig.socket);
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, 0);
+    let mut frontend = Frontend::ready(&rig.socket, FEATURES, 0);
     let mut state = pass_state(&old, 1);
     // A request that reads or stops state, slipped in among the session's.
     let connection = state.connection.as_mut().unwrap();

@@ -22,15 +22,6 @@ fn pattern(seed: u8) -> Vec<u8> {
     (0..4096u32).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-/// Connect, negotiate, map memory, start vring 0 from `base`.
-fn ready(backend: &TestBackend, base: u16) -> Frontend {
-    let mut frontend = Frontend::connect(&backend.socket);
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, base);
-    frontend
-}
-
 fn write_read_flush(frontend: &mut Frontend, queue: u16, sector: u64, data: &[u8]) {
     frontend.mem.write(DATA, data);
     assert_eq!(frontend.blk(queue, T_OUT, sector, 4096), 0, "write status");
@@ -77,7 +68,7 @@ fn a_4k_write_and_read_through_the_ring_in_every_io_mode_and_across_reconnection
         drop(frontend);
 
         // A new frontend (a restarted QEMU: new memory, fresh rings) finds both writes.
-        let mut frontend = ready(&backend, 0);
+        let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
         frontend.mem.write(DATA, &[0u8; 4096]);
         assert_eq!(frontend.blk(0, T_IN, 8, 4096), 0);
         assert_eq!(frontend.mem.read(DATA, 4096), data, "{policy:?}: data survives the reconnection");
@@ -115,7 +106,7 @@ fn new_call_and_kick_descriptors_take_effect_on_a_running_ring() {
     // Notified: the IOCore sleeps on the kick eventfd, so a kick it did not switch to would
     // never be seen. QEMU replaces the call descriptor whenever the guest masks the vector.
     let backend = TestBackend::start(Policy::Notified, 1, false);
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     write_read_flush(&mut frontend, 0, 0, &pattern(4));
     let call = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
@@ -155,7 +146,7 @@ fn write_zeroes(frontend: &mut Frontend) -> u8 {
 #[test]
 fn write_zeroes_is_served_only_to_a_frontend_that_negotiated_it() {
     let backend = TestBackend::start(Policy::Notified, 1, false);
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     frontend.mem.write(DATA, &pattern(3));
     assert_eq!(frontend.blk(0, T_OUT, 0, 4096), 0);
     assert_eq!(write_zeroes(&mut frontend), 2, "VIRTIO_BLK_S_UNSUPP: the feature was offered, not taken");
@@ -173,7 +164,7 @@ fn write_zeroes_is_served_only_to_a_frontend_that_negotiated_it() {
 #[test]
 fn a_broken_ring_is_reported_through_the_error_eventfd() {
     let backend = TestBackend::start(Policy::Notified, 1, false);
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     // An avail entry naming descriptor 200 of a 16-entry queue.
     frontend.mem.u16(AVAIL + 4).store(200, std::sync::atomic::Ordering::Release);
     frontend.mem.u16(AVAIL + 2).store(1, std::sync::atomic::Ordering::Release);
@@ -375,7 +366,7 @@ fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
     let backend = TestBackend::start(Policy::Notified, 1, false);
     refused(&backend, CASES);
     // Still serving, with the backend intact.
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     write_read_flush(&mut frontend, 0, 100, &pattern(9));
     assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
 }
@@ -401,7 +392,7 @@ fn set_config_of_writeback_switches_the_cache_mode_for_this_and_the_next_fronten
     write_read_flush(&mut frontend, 1, 16, &pattern(2));
     drop(frontend);
 
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [0], "the next frontend finds write through");
     frontend.set_writeback(1);
     assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [1], "and may switch it back");
@@ -451,7 +442,7 @@ fn hostile_set_configs_are_refused_and_the_next_frontend_is_served() {
     frontend.send_flags(code::SET_CONFIG, VERSION, &config_write(w, 1, 0, &[0]), &[]);
     assert_eq!(frontend.expect_closed(), None, "before protocol features");
     // Still serving, still write back, and the switch still works.
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     assert_eq!(frontend.config(w, 1), [1], "no refused SET_CONFIG changed the mode");
     frontend.set_writeback(0);
     assert_eq!(frontend.config(w, 1), [0]);
@@ -465,7 +456,7 @@ fn hostile_set_configs_are_refused_and_the_next_frontend_is_served() {
     assert_eq!(offered & F_BLK_CONFIG_WCE, 0, "a read-only disk offers no CONFIG_WCE");
     frontend.send(code::SET_CONFIG, &config_write(w, 1, 0, &[0]), &[]);
     assert!(frontend.expect_closed().is_some_and(|a| a != 0), "read-only: refused");
-    let frontend = ready(&backend, 0);
+    let frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     assert_eq!(frontend.config(w, 1), [1], "read-only disks stay write back");
 }
 
