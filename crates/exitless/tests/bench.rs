@@ -499,26 +499,7 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
 fn the_backend_matrix_runs_every_kind_with_matching_caching() {
     let _one = test_infra::one_at_a_time();
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--backends",
-        "all",
-        "--backend-size",
-        "64M",
-        "--modes",
-        "exitless",
-        "--rw",
-        "randread,writeflush",
-        "--qd",
-        "1",
-        "--duration-ms",
-        "50",
-        "--warmup",
-        "50",
-        "--scratch",
-        scratch.path().to_str().unwrap(),
-    ]);
+    let report = backend_matrix_report("all", "50", scratch.path());
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     // (disk, exitless's backend, fio's and QEMU's own --direct / cache mode).
@@ -583,6 +564,32 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
 }
 
 /// `exitless ARGS` (a `bench ... --json`), which must succeed: its one JSON document.
+/// `exitless bench --backends BACKENDS` on 64 MiB disks in exitless mode: random reads and
+/// write+FLUSH at depth 1, each run `ms` milliseconds after as long a warm-up, its scratch files
+/// in `scratch`.
+fn backend_matrix_report(backends: &str, ms: &str, scratch: &Path) -> Value {
+    bench_report(&[
+        "bench",
+        "--json",
+        "--backends",
+        backends,
+        "--backend-size",
+        "64M",
+        "--modes",
+        "exitless",
+        "--rw",
+        "randread,writeflush",
+        "--qd",
+        "1",
+        "--duration-ms",
+        ms,
+        "--warmup",
+        ms,
+        "--scratch",
+        scratch.to_str().unwrap(),
+    ])
+}
+
 fn bench_report(args: &[&str]) -> Value {
     let out = exitless(args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -602,26 +609,7 @@ fn alive(pid: u64) -> bool {
 fn the_rbd_backend_pairs_only_with_rbd_peers_on_a_cluster_the_bench_starts() {
     let _one = test_infra::one_at_a_time();
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--backends",
-        "rbd",
-        "--backend-size",
-        "64M",
-        "--modes",
-        "exitless",
-        "--rw",
-        "randread,writeflush",
-        "--qd",
-        "1",
-        "--duration-ms",
-        "100",
-        "--warmup",
-        "100",
-        "--scratch",
-        scratch.path().to_str().unwrap(),
-    ]);
+    let report = backend_matrix_report("rbd", "100", scratch.path());
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     let ceph = &report["ceph"];

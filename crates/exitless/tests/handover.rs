@@ -14,7 +14,8 @@
 //!   reconnection); a real hand-over then still works.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Output};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use test_infra::daemon::Daemon;
@@ -51,6 +52,16 @@ impl Rig {
 
     fn disk_spec(&self, file: &Path) -> String {
         format!("path={},direct,iops={IOPS}", file.display())
+    }
+
+    /// The first daemon, and the exitless VMM verifying `blocks` blocks with `seed` on it
+    /// (`exitless_guest`), once the guest has begun writing.
+    fn first_daemon_under_verify(&self, blocks: u64, seed: u64) -> (Daemon, JoinHandle<Output>) {
+        let daemon = self.first_daemon();
+        let before = modified(&self.disk);
+        let vm = exitless_guest(&self.socket, verify(blocks, seed));
+        self.wait_for_first_write(before);
+        (daemon, vm)
     }
 
     /// The first daemon: returns once it listens on the disk's socket and the hand-over socket.
@@ -123,7 +134,7 @@ fn verify(blocks: u64, seed: u64) -> String {
 
 /// The exitless VMM on the disk (reconnecting, so that a reconnection would be counted rather
 /// than fatal), in a thread: its output.
-fn exitless_guest(socket: &Path, cmdline: String) -> std::thread::JoinHandle<std::process::Output> {
+fn exitless_guest(socket: &Path, cmdline: String) -> JoinHandle<Output> {
     let disk = format!("vhost-user={},reconnect=10", socket.display());
     std::thread::spawn(move || {
         let args = ["run", "--probe", "--io-mode", "eventfd", "--disk", &disk, "--cmdline", &cmdline];
@@ -210,11 +221,8 @@ fn a_qemu_guest_keeps_its_connection_through_three_handovers() {
 fn the_exitless_frontend_counts_no_reconnection_across_handovers() {
     let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
-    let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 99);
-    let before = modified(&rig.disk);
-    let vm = exitless_guest(&rig.socket, verify(blocks, seed));
-    rig.wait_for_first_write(before);
+    let (mut daemon, vm) = rig.first_daemon_under_verify(blocks, seed);
     let mut logs = Vec::new();
     for round in 1..=2 {
         std::thread::sleep(Duration::from_millis(300));
@@ -234,15 +242,11 @@ fn the_exitless_frontend_counts_no_reconnection_across_handovers() {
 fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
     let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
-    let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 7);
-    let before = modified(&rig.disk);
-    let vm = exitless_guest(&rig.socket, verify(blocks, seed));
-    rig.wait_for_first_write(before);
+    let (mut daemon, vm) = rig.first_daemon_under_verify(blocks, seed);
 
     // Another disk file: refused with one line, the successor exits with the failure status.
-    let other = rig.path("other.img");
-    std::fs::File::create(&other).unwrap().set_len(DISK_BYTES).unwrap();
+    let other = test_infra::disk_file(rig.dir.path(), "other.img", DISK_BYTES);
     let mut refused = rig.successor(1, &other, None);
     let status = wait_exit(&mut refused);
     let said = refused.log();

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
 use test_infra::held_disk::HeldDisk;
-use test_infra::linux::{initramfs_in, kernel, INIT_PRELUDE};
+use test_infra::linux::{initramfs_in, kernel, DD, FIO, INIT_PRELUDE};
 use test_infra::qemu::Qemu;
 
 /// A hang guard for one step of a guest under TCG on a shared machine.
@@ -76,12 +76,7 @@ fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_
     let _one = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs_in(
-        dir.path(),
-        &kernel,
-        &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"),
-        &[("/usr/bin/dd", "coreutils")],
-    );
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &[DD]);
     let file = test_infra::disk_file(dir.path(), "disk.img", 16 << 20);
     let held = HeldDisk::start(dir.path(), &file, HELD_BLOCK * BLOCK as u64);
     held.hold();
@@ -183,8 +178,7 @@ poweroff -f
 /// A Linux guest with fio, on `socket` with a reconnecting chardev, running `runs` fio runs.
 fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> test_infra::console::Console {
     let kernel = kernel();
-    let initramfs =
-        initramfs_in(dir, &kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &[("/usr/bin/fio", "fio")]);
+    let initramfs = initramfs_in(dir, &kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &[FIO]);
     // fio and its libraries (about 80 MB) are unpacked into the guest's RAM.
     Qemu::linux(&kernel, &initramfs, "512M", 1, &format!("inflight.runs={runs}"))
         .vhost_user_blk_with(socket, ",reconnect=1", "")

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use storage::testing::ceph::TestCluster;
 use test_infra::daemon::Daemon;
-use test_infra::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
+use test_infra::linux::{host_programs, initramfs_with_programs, kernel, DD, FIO, INIT_MOUNTS};
 use test_infra::qemu::Qemu;
 
 /// One boot, both disks, without the mixed run: 25 to 75 s under TCG on this shared 2-CPU host
@@ -278,8 +278,8 @@ const PROGRAMS: [(&str, &str); 5] = [
     ("/usr/sbin/mke2fs", "e2fsprogs"),
     ("/usr/sbin/e2fsck", "e2fsprogs"),
     ("/usr/sbin/blkdiscard", "util-linux"),
-    ("/usr/bin/dd", "coreutils"),
-    ("/usr/bin/fio", "fio"),
+    DD,
+    FIO,
 ];
 
 /// Who serves the guest's two disks.

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
-use test_infra::linux::{initramfs_in, kernel, INIT_MOUNTS};
+use test_infra::linux::{initramfs_in, kernel, DD, INIT_MOUNTS};
 use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in 12 to 14 s under TCG here (more on a busy host); one not done after
@@ -91,7 +91,7 @@ const PROGRAMS: [(&str, &str); 4] = [
     ("/usr/sbin/mke2fs", "e2fsprogs"),
     ("/usr/sbin/fstrim", "util-linux"),
     ("/usr/sbin/blkdiscard", "util-linux"),
-    ("/usr/bin/dd", "coreutils"),
+    DD,
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
-use test_infra::linux::{initramfs_in, kernel, INIT_MOUNTS};
+use test_infra::linux::{initramfs_in, kernel, FIO, INIT_MOUNTS};
 use test_infra::qemu::Qemu;
 
 /// A guest still running after this is stuck (about 30 s under TCG on this 2-CPU host).
@@ -46,14 +46,13 @@ fn two_queues_from_two_cpus(mode: &str) {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let initramfs =
-        initramfs_in(dir.path(), &kernel, &format!("{INIT_MOUNTS}{INIT}"), &[("/usr/bin/fio", "fio")]);
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_MOUNTS}{INIT}"), &[FIO]);
     let image = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
     let (socket, api) = (dir.path().join("mq.sock"), dir.path().join("api.sock"));
     let mut daemon = Daemon::builder()
         .disk_on(&socket, &format!("path={},direct,queues=2,name=mq", image.display()))
         .io_mode(mode)
-        .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
+        .api_socket(&api)
         .start(&dir.path().join("daemon.log"));
     let console = dir.path().join("console.log");
     let mut qemu = Qemu::linux(&kernel, &initramfs, "512M", 2, "")

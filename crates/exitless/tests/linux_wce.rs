@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
 use test_infra::dirty_pages_in;
-use test_infra::linux::{initramfs_in, kernel, INIT_PRELUDE};
+use test_infra::linux::{initramfs_in, kernel, DD, INIT_PRELUDE};
 use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in about 10 s under TCG here (more on a busy host); one not done after
@@ -51,7 +51,7 @@ echo LW-WRITTEN
 sleep 3600
 "#;
 
-const PROGRAMS: [(&str, &str); 1] = [("/usr/bin/dd", "coreutils")];
+const PROGRAMS: [(&str, &str); 1] = [DD];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Device {

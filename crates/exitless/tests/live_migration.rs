@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use storage::testing::ceph::TestCluster;
 
 use test_infra::daemon::Daemon;
-use test_infra::linux::{initramfs_in, kernel, INIT_PRELUDE};
+use test_infra::linux::{initramfs_in, kernel, DD, FIO, INIT_PRELUDE};
 use test_infra::qemu::Qemu;
 
 /// Booting takes 10 to 20 s under TCG here, the migration of 256 MiB a few more.
@@ -143,12 +143,7 @@ fn a_guest_migrates_between_two_qemus_on_one_daemon_while_doing_io() {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs_in(
-        dir.path(),
-        &kernel,
-        &format!("{INIT_PRELUDE}{MIGRATION_INIT}"),
-        &[("/usr/bin/dd", "coreutils")],
-    );
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_PRELUDE}{MIGRATION_INIT}"), &[DD]);
     let disk = dir.path().join("disk.img");
     let pattern: Vec<u8> = (0..DISK_SIZE).map(|i| (i / 4096) as u8 ^ (i as u8).wrapping_mul(7)).collect();
     std::fs::write(&disk, &pattern).unwrap();
@@ -281,12 +276,7 @@ fn a_guest_on_an_rbd_image_migrates_back_and_forth_between_two_hosts_and_their_d
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let initramfs = initramfs_in(
-        dir,
-        &kernel,
-        &format!("{INIT_PRELUDE}{HOSTS_INIT}"),
-        &[("/usr/bin/dd", "coreutils"), ("/usr/bin/fio", "fio")],
-    );
+    let initramfs = initramfs_in(dir, &kernel, &format!("{INIT_PRELUDE}{HOSTS_INIT}"), &[DD, FIO]);
 
     let pair = HostPair::new().unwrap_or_else(|e| panic!("{e}"));
     let hosts = [(pair.source.as_str(), SOURCE_IP), (pair.destination.as_str(), DESTINATION_IP)];

@@ -192,20 +192,19 @@ fn another_user_gets_nothing_from_any_socket_whatever_the_umask() {
         let dir = tempfile::tempdir().unwrap();
         // Sticky and open to all, as /tmp: the attacker can reach every path in it.
         std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
-        let (api, disk_socket) = (dir.path().join("daemon.api"), dir.path().join("disk.sock"));
+        let path = |name: &str| dir.path().join(name);
+        let (api, disk_socket, vm_api) = (path("daemon.api"), path("disk.sock"), path("vm.api"));
+        let (handover, upgradable_socket) = (path("handover.sock"), path("upgradable.sock"));
         let daemon = Daemon::builder()
             .disk_on(&disk_socket, "ram=1M")
-            .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
+            .api_socket(&api)
             .umask(umask)
-            .start(&dir.path().join("daemon.err"));
-        let handover = dir.path().join("handover.sock");
-        let upgradable_socket = dir.path().join("upgradable.sock");
+            .start(&path("daemon.err"));
         let upgradable = Daemon::builder()
             .disk_on(&upgradable_socket, "null=1M")
-            .args(&["--handover-socket".as_ref(), handover.as_os_str()], &[&handover])
+            .handover_socket(&handover)
             .umask(umask)
-            .start(&dir.path().join("upgradable.err"));
-        let vm_api = dir.path().join("vm.api");
+            .start(&path("upgradable.err"));
         let vm = Vm::start(dir.path(), &vm_api, umask);
 
         let sockets = [
@@ -244,10 +243,7 @@ fn a_ram_disk_is_no_file_another_user_can_reach() {
     assert_root();
     let dir = tempfile::tempdir().unwrap();
     let api = dir.path().join("api.sock");
-    let daemon = Daemon::builder()
-        .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
-        .umask(0o000)
-        .start(&dir.path().join("daemon.err"));
+    let daemon = Daemon::builder().api_socket(&api).umask(0o000).start(&dir.path().join("daemon.err"));
     // The attacker plants the name the daemon's first RAM disk file had, and a second link to
     // it that outlives the daemon's unlinking the first.
     let planted = format!("/dev/shm/exitless-ram-{}-0", daemon.pid());

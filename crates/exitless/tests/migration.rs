@@ -34,15 +34,36 @@ fn destination(dir: &Path, name: &str, disks: &[String]) -> (Background, PathBuf
     (proc, socket)
 }
 
+/// A source running `verify` in `mode` mid-run (`source`) and a destination waiting for it, in a
+/// new directory.
+struct Pair {
+    dir: tempfile::TempDir,
+    dst: Background,
+    /// The destination's migration socket.
+    socket: PathBuf,
+    src: Background,
+    /// The source's API socket.
+    api: PathBuf,
+    /// The source's disk, which the destination opens too.
+    disk: PathBuf,
+}
+
+impl Pair {
+    fn start(mode: &str, verify: Verify) -> Pair {
+        let dir = tempfile::tempdir().unwrap();
+        let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
+        let (src, api, disk) = source(dir.path(), mode, verify);
+        Pair { dir, dst, socket, src, api, disk }
+    }
+}
+
 fn send_migration(api: &Path, socket: &Path) -> (u16, String) {
     send_migration_to(api, &format!("unix:{}", socket.display()))
 }
 
 /// Migrate `verify` in `mode` mid-run; the destination's verify result.
 fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
-    let (src, api, disk) = source(dir.path(), mode, verify);
+    let Pair { dir: _dir, dst, socket, src, api, disk } = Pair::start(mode, verify);
     let (status, body) = send_migration(&api, &socket);
     assert_eq!(status, 200, "{mode}: send-migration: {body}");
     let report = assert_report(mode, &body);
@@ -165,17 +186,30 @@ fn a_damaged_stream_is_refused_by_the_destination_with_a_one_line_error() {
 /// Forward a source's connection to `to`, but only its first `limit` bytes: then both ends are
 /// shut, a stream cut mid-migration. Replies go back unchanged.
 fn cutting_proxy(listen: &Path, to: PathBuf, limit: usize) -> std::thread::JoinHandle<usize> {
-    let listener = UnixListener::bind(listen).unwrap();
-    std::thread::spawn(move || {
-        let (mut from_source, _) = listener.accept().unwrap();
-        let mut to_destination = UnixStream::connect(&to).unwrap();
-        let (mut replies_in, mut replies_out) =
-            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+    proxy(listen, to, move |mut from_source, mut to_destination, mut replies_in, mut replies_out| {
         std::thread::spawn(move || std::io::copy(&mut replies_in, &mut replies_out));
         let forwarded = forward_up_to(&mut from_source, &mut to_destination, limit);
         let _ = to_destination.shutdown(std::net::Shutdown::Both);
         let _ = from_source.shutdown(std::net::Shutdown::Both);
         forwarded
+    })
+}
+
+/// Listen on `listen`, and in a thread accept a source's connection there, connect to the
+/// destination at `to`, and `forward` with the source's end, the destination's, and a clone of
+/// each for the replies: its result.
+fn proxy<T: Send + 'static>(
+    listen: &Path,
+    to: PathBuf,
+    forward: impl FnOnce(UnixStream, UnixStream, UnixStream, UnixStream) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let listener = UnixListener::bind(listen).unwrap();
+    std::thread::spawn(move || {
+        let (from_source, _) = listener.accept().unwrap();
+        let to_destination = UnixStream::connect(&to).unwrap();
+        let (replies_in, replies_out) =
+            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+        forward(from_source, to_destination, replies_in, replies_out)
     })
 }
 
@@ -192,12 +226,7 @@ fn proxy_holding_the_first_reply(
     to: PathBuf,
     hold: impl FnOnce() + Send + 'static,
 ) -> std::thread::JoinHandle<()> {
-    let listener = UnixListener::bind(listen).unwrap();
-    std::thread::spawn(move || {
-        let (mut from_source, _) = listener.accept().unwrap();
-        let mut to_destination = UnixStream::connect(&to).unwrap();
-        let (mut replies_in, mut replies_out) =
-            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+    proxy(listen, to, move |mut from_source, mut to_destination, mut replies_in, mut replies_out| {
         let replies = std::thread::spawn(move || {
             let mut first = [0u8; 1];
             if replies_in.read_exact(&mut first).is_ok() {
@@ -218,11 +247,8 @@ fn proxy_holding_the_first_reply(
 #[test]
 fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
     let _one = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
     let seed = 3300;
-    let verify = Verify { seed, qd: 8, queues: 1 };
-    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
-    let (src, api, disk) = source(dir.path(), "eventfd", verify);
+    let Pair { dir, dst, socket, src, api, disk } = Pair::start("eventfd", Verify { seed, qd: 8, queues: 1 });
     let proxy = dir.path().join("slow.mig");
     let forwarding = delaying_proxy(&proxy, socket, Duration::from_secs(11));
     let (status, body) = send_migration(&api, &proxy);
@@ -243,11 +269,8 @@ fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
 #[test]
 fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     let _one = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
     let seed = 3200;
-    let verify = Verify { seed, qd: 8, queues: 1 };
-    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
-    let (src, api, disk) = source(dir.path(), "eventfd", verify);
+    let Pair { dir, dst, socket, src, api, disk } = Pair::start("eventfd", Verify { seed, qd: 8, queues: 1 });
     // Cut after the hello and some pages (the first round alone is over 200 KiB).
     let proxy = dir.path().join("proxy.mig");
     let forwarded = cutting_proxy(&proxy, socket, 100_000);

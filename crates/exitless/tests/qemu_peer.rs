@@ -5,8 +5,12 @@ use serde_json::Value;
 use test_infra::qemu::Qemu;
 use test_infra::{exitless, line_with, stderr};
 
+/// The probe at `elf` in QEMU with `cmdline`: its output, once it has exited OK (QEMU exits with
+/// (V << 1) | 1 for a debug-exit write of V).
 fn qemu_probe(elf: &std::path::Path, cmdline: &str) -> std::process::Output {
-    Qemu::probe(elf, "128M", cmdline).output()
+    let qemu = Qemu::probe(elf, "128M", cmdline).output();
+    assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
+    qemu
 }
 
 #[test]
@@ -15,8 +19,6 @@ fn the_same_hello_line_in_exitless_and_qemu() {
     let elf = test_infra::probe_elf(dir.path());
 
     let qemu = qemu_probe(&elf, "probe.workload=hello");
-    // QEMU exits with (V << 1) | 1 for a debug-exit write of V.
-    assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
     let in_qemu = line_with(&qemu, "probe", "hello");
 
     let ours = exitless(&[
@@ -43,7 +45,6 @@ fn exitcost_runs_in_qemu_and_skips_what_needs_our_test_device() {
     let dir = tempfile::tempdir().unwrap();
     let elf = test_infra::probe_elf(dir.path());
     let qemu = qemu_probe(&elf, "probe.workload=exitcost probe.n=200 probe.tsc_khz=1000000");
-    assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
     let lines = test_infra::json_lines(&qemu);
     let op = |name: &str| lines.iter().find(|l| l["op"] == name).cloned().unwrap();
     assert!(op("mmio")["ns_per_op"].as_f64().unwrap() > 0.0);

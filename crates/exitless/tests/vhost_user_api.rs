@@ -407,18 +407,8 @@ fn the_api_socket_and_no_disks_are_checked_at_start() {
 
 /// `PUT /disks/NAME` with `body` on its own connection, waiting as long as the daemon takes.
 fn put_disk(api: &Path, name: &str, body: &str) -> (u16, String) {
-    let mut stream = UnixStream::connect(api).unwrap();
     // Beyond the daemon's bound on opening a disk; only a hang reaches it.
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let request = format!(
-        "PUT /disks/{name} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer:?}"));
-    (head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), body.to_owned())
+    test_infra::api::http_within(Duration::from_secs(120), api, "PUT", &format!("/disks/{name}"), Some(body))
 }
 
 /// A daemon with a control API that may open files in `allowed`, and a FUSE disk (in `dir`)
@@ -433,26 +423,34 @@ fn held_open_rig(dir: &Path, allowed: &Path) -> (Daemon, PathBuf, test_infra::he
     (daemon, api, held)
 }
 
-/// Wait until the daemon's open of the held disk is held.
-fn wait_for_held_open(held: &test_infra::held_disk::HeldDisk, daemon: &Daemon) {
+/// PUT /disks/NAME of `held`'s disk on DIR/NAME.sock, in a thread, once the daemon's open of
+/// the disk is held: the socket, and the thread that answers the PUT's status and body.
+fn put_held_disk(
+    dir: &Path,
+    api: &Path,
+    name: &str,
+    held: &test_infra::held_disk::HeldDisk,
+    daemon: &Daemon,
+) -> (PathBuf, std::thread::JoinHandle<(u16, String)>) {
+    let socket = dir.join(format!("{name}.sock"));
+    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
+    let put = {
+        let (api, name) = (api.to_owned(), name.to_owned());
+        std::thread::spawn(move || put_disk(&api, &name, &body))
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !held.open_held() {
         assert!(std::time::Instant::now() < deadline, "the daemon never opened the disk: {}", daemon.log());
         std::thread::sleep(Duration::from_millis(10));
     }
+    (socket, put)
 }
 
 #[test]
 fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
     let dir = tempfile::tempdir().unwrap();
     let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
-    let socket = dir.path().join("slow.sock");
-    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
-    let put = {
-        let api = api.clone();
-        std::thread::spawn(move || put_disk(&api, "slow", &body))
-    };
-    wait_for_held_open(&held, &daemon);
+    let (socket, put) = put_held_disk(dir.path(), &api, "slow", &held, &daemon);
     // Longer than the 10 s after which the API used to answer 503 while the PUT went on.
     std::thread::sleep(Duration::from_secs(11));
     held.release_open();
@@ -468,13 +466,7 @@ fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
 fn a_put_whose_open_never_ends_fails_and_adds_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
-    let socket = dir.path().join("stuck.sock");
-    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
-    let put = {
-        let api = api.clone();
-        std::thread::spawn(move || put_disk(&api, "stuck", &body))
-    };
-    wait_for_held_open(&held, &daemon);
+    let (socket, put) = put_held_disk(dir.path(), &api, "stuck", &held, &daemon);
     // Held until the daemon gives up on it (its bound, 30 s): the client is told it failed.
     let (status, answer) = put.join().unwrap();
     assert_eq!(status, 504, "{answer}");

@@ -219,6 +219,37 @@ fn start_backend(socket: &Path, args: &[&str], log: &Path) -> Daemon {
     Daemon::start(&args, &[socket], log)
 }
 
+/// What a Linux guest on the daemon needs: the kernel, and a new directory holding an initramfs
+/// (with `iopoll` if asked) and the daemon's socket (`vhost.sock`).
+struct LinuxFiles {
+    kernel: Kernel,
+    dir: tempfile::TempDir,
+    initramfs: PathBuf,
+    socket: PathBuf,
+}
+
+impl LinuxFiles {
+    fn new(iopoll: bool) -> LinuxFiles {
+        let kernel = kernel();
+        let dir = tempfile::tempdir().unwrap();
+        let initramfs = initramfs(&kernel, dir.path(), iopoll);
+        let socket = dir.path().join("vhost.sock");
+        LinuxFiles { kernel, dir, initramfs, socket }
+    }
+
+    /// A zeroed 64 MiB disk file in the directory, and the `--disk` spec that serves it.
+    fn disk(&self) -> (PathBuf, String) {
+        let disk = test_infra::disk_file(self.dir.path(), "disk.img", 64 << 20);
+        let spec = format!("path={}", disk.display());
+        (disk, spec)
+    }
+
+    /// The guest on these files, its console in the directory.
+    fn guest(&self) -> Guest<'_> {
+        Guest { kernel: &self.kernel, initramfs: &self.initramfs, socket: &self.socket, dir: self.dir.path() }
+    }
+}
+
 struct Guest<'a> {
     kernel: &'a Kernel,
     initramfs: &'a Path,
@@ -309,13 +340,9 @@ fn has(console: &str, marker: &str) -> bool {
 
 #[test]
 fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts() {
-    let kernel = kernel();
-    let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs(&kernel, dir.path(), false);
-    let disk = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
-    let socket = dir.path().join("vhost.sock");
-    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
-    let disk_arg = format!("path={}", disk.display());
+    let files = LinuxFiles::new(false);
+    let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
+    let (disk, disk_arg) = files.disk();
 
     // 1. Write, read back, check, flush, with the IOCore sleeping on the kick eventfd.
     let backend =
@@ -355,13 +382,9 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
 
 #[test]
 fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
-    let kernel = kernel();
-    let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs(&kernel, dir.path(), false);
-    let disk = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
-    let socket = dir.path().join("vhost.sock");
-    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
-    let disk_arg = format!("path={}", disk.display());
+    let files = LinuxFiles::new(false);
+    let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
+    let (disk, disk_arg) = files.disk();
     let args = ["--disk", disk_arg.as_str(), "--io-mode", "adaptive"];
 
     let first = start_backend(&socket, &args, &dir.path().join("b1.log"));
@@ -382,11 +405,8 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
 
 #[test]
 fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
-    let kernel = kernel();
-    let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs(&kernel, dir.path(), true);
-    let socket = dir.path().join("vhost.sock");
-    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
+    let files = LinuxFiles::new(true);
+    let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
     let backend = start_backend(
         &socket,
         &["--disk", "ram=64M", "--queues", "2", "--io-mode", "adaptive"],

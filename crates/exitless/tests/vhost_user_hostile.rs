@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use test_infra::daemon::Daemon;
-use test_infra::disks::{TestDisk, DISK_KINDS};
+use test_infra::disks::{DiskKind, TestDisk, DISK_KINDS};
 use test_infra::frontend::*;
 use vhost_user_protocol::message::{code, Header, VERSION};
 use vmm_sys_util::eventfd::EventFd;
@@ -31,9 +31,14 @@ const DISK_BYTES: u64 = 4 << 20;
 /// The disk for the attacks that reach no ring.
 const RAM_DISK: &str = "ram=4M";
 
-/// The daemon serving `disk` on DIR/vhost.sock, its log in DIR/daemon.log.
-fn start_daemon_on(dir: &Path, io_mode: &str, disk: &TestDisk) -> Daemon {
-    Daemon::serving(dir, &disk.spec, io_mode).start_in(dir)
+/// A new disk of `kind` served by the daemon in `io_mode` on DIR/vhost.sock of a new directory,
+/// its log in DIR/daemon.log: the directory, the disk and the daemon, to be dropped in the
+/// reverse order.
+fn serve(kind: DiskKind, io_mode: &str) -> (tempfile::TempDir, TestDisk, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = kind.make(DISK_BYTES);
+    let daemon = Daemon::serving(dir.path(), &disk.spec, io_mode).start_in(dir.path());
+    (dir, disk, daemon)
 }
 
 /// User plus system CPU time process `pid` has used (all its threads).
@@ -57,25 +62,11 @@ fn assert_not_spinning(daemon: &mut Daemon, what: &str) {
     assert!(used < CPU_LIMIT, "{what}: the daemon used {used:?} of CPU in {CPU_WINDOW:?}: {}", daemon.log());
 }
 
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..4096u32).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
-}
-
-/// A 4 KiB write at `sector`, read back and compared, through the ring.
-fn write_and_read_back(frontend: &mut Frontend, sector: u64, seed: u8) {
-    let data = pattern(seed);
-    frontend.mem.write(DATA, &data);
-    assert_eq!(frontend.blk(0, T_OUT, sector, 4096), 0, "write status");
-    frontend.mem.write(DATA, &[0; 4096]);
-    assert_eq!(frontend.blk(0, T_IN, sector, 4096), 0, "read status");
-    assert_eq!(frontend.mem.read(DATA, 4096), data, "read back what was written");
-}
-
 /// A well-behaved frontend connects and is served: the daemon survived what came before.
 fn next_frontend_is_served(daemon: &mut Daemon, seed: u8) {
     daemon.assert_alive();
     let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
-    write_and_read_back(&mut frontend, 8 * seed as u64, seed);
+    frontend.write_and_read_back(8 * seed as u64, seed);
 }
 
 /// Does the daemon close `stream` within `limit` (replies before the end are skipped)?
@@ -152,16 +143,14 @@ fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
 #[test]
 fn call_and_err_eventfds_that_cannot_take_another_count_do_not_block_the_daemon() {
     for kind in DISK_KINDS {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = kind.make(DISK_BYTES);
-        let mut daemon = start_daemon_on(dir.path(), "eventfd", &disk);
+        let (_dir, _disk, mut daemon) = serve(kind, "eventfd");
         let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
         // Blocking eventfds at their maximum: the daemon's next write of 1 to either would block.
         let (call, err) = (saturated_eventfd(), saturated_eventfd());
         frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
         frontend.set(code::SET_VRING_ERR, &0u64.to_le_bytes(), &[err.as_raw_fd()]);
         for seed in 1..=3 {
-            write_and_read_back(&mut frontend, 0, seed);
+            frontend.write_and_read_back(0, seed);
         }
         // A broken ring makes the worker signal the error eventfd: an avail entry naming
         // descriptor 200 of a 16-entry queue.
@@ -184,11 +173,9 @@ fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
     for kind in DISK_KINDS {
         for io_mode in ["eventfd", "sidecore"] {
             let what = format!("{} {io_mode}", kind.name());
-            let dir = tempfile::tempdir().unwrap();
-            let disk = kind.make(DISK_BYTES);
-            let mut daemon = start_daemon_on(dir.path(), io_mode, &disk);
+            let (_dir, _disk, mut daemon) = serve(kind, io_mode);
             let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
-            write_and_read_back(&mut frontend, 0, 1);
+            frontend.write_and_read_back(0, 1);
             // The rings live 1 MiB into the memfd: after this, touching them raises SIGBUS.
             // SAFETY: ftruncate on our own memfd; this process no longer touches the pages past
             // the first (the frontend only kicks from here on).
@@ -221,9 +208,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
     for kind in DISK_KINDS {
         for io_mode in ["eventfd", "adaptive"] {
             let what = format!("{} {io_mode}", kind.name());
-            let dir = tempfile::tempdir().unwrap();
-            let disk = kind.make(DISK_BYTES);
-            let mut daemon = start_daemon_on(dir.path(), io_mode, &disk);
+            let (_dir, _disk, mut daemon) = serve(kind, io_mode);
             let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             frontend.mem.write(DATA, &pattern(1));
             let chain = frontend.blk_chain(T_OUT, 0, 4096);
@@ -249,7 +234,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
             next.mem.write(DATA, &[0; 4096]);
             assert_eq!(next.blk(0, T_IN, 0, 4096), 0, "{what}: read status");
             assert_eq!(next.mem.read(DATA, 4096), pattern(1), "{what}: the write before the duplicate");
-            write_and_read_back(&mut next, 16, 2);
+            next.write_and_read_back(16, 2);
             drop(next);
             let log = daemon.stop_within(STOP_LIMIT);
             assert!(!log.contains("a reset is waiting"), "{what}: {log}");
@@ -265,9 +250,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
 #[test]
 fn a_daemon_stopped_and_continued_keeps_serving() {
     for kind in DISK_KINDS {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = kind.make(DISK_BYTES);
-        let mut daemon = start_daemon_on(dir.path(), "adaptive", &disk);
+        let (_dir, _disk, mut daemon) = serve(kind, "adaptive");
         let pause = |daemon: &Daemon| {
             for signal in [libc::SIGSTOP, libc::SIGCONT] {
                 // SAFETY: kill(2) on our own child's pid.
@@ -278,9 +261,9 @@ fn a_daemon_stopped_and_continued_keeps_serving() {
         pause(&daemon);
         daemon.assert_alive();
         let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
-        write_and_read_back(&mut frontend, 0, 1);
+        frontend.write_and_read_back(0, 1);
         pause(&daemon);
-        write_and_read_back(&mut frontend, 8, 2);
+        frontend.write_and_read_back(8, 2);
         drop(frontend);
         next_frontend_is_served(&mut daemon, 3);
         daemon.stop_within(STOP_LIMIT);
@@ -340,22 +323,20 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
         }),
         ("an idle frontend with a running ring", |daemon| {
             let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
-            write_and_read_back(&mut frontend, 0, 1);
+            frontend.write_and_read_back(0, 1);
             vec![Box::new(frontend)]
         }),
         ("a frontend whose call eventfd is saturated", |daemon| {
             let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             let call = saturated_eventfd();
             frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
-            write_and_read_back(&mut frontend, 0, 1);
+            frontend.write_and_read_back(0, 1);
             vec![Box::new(frontend), Box::new(call)]
         }),
     ];
     for kind in DISK_KINDS {
         for (what, attack) in attacks {
-            let dir = tempfile::tempdir().unwrap();
-            let disk = kind.make(DISK_BYTES);
-            let daemon = start_daemon_on(dir.path(), "eventfd", &disk);
+            let (_dir, _disk, daemon) = serve(kind, "eventfd");
             let held = attack(&daemon);
             std::thread::sleep(Duration::from_millis(200));
             let log = daemon.stop_within(STOP_LIMIT);
@@ -467,7 +448,7 @@ fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
     );
     assert!(daemon.log().contains("vring 0 starts: the disk finished the requests quarantined"));
     // And the ring serves on.
-    write_and_read_back(&mut frontend, 0, 4);
+    frontend.write_and_read_back(0, 4);
     drop(frontend);
     daemon.stop_within(STOP_LIMIT);
 }
@@ -509,7 +490,7 @@ fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
     let (head, written) = frontend.wait_used(0);
     assert_eq!((head, written), (0, 4097), "the resubmitted read's answer: {}", daemon.log());
     assert_eq!(frontend.mem.read(DATA, 4096), pattern(9), "the read's data");
-    write_and_read_back(&mut frontend, 0, 4);
+    frontend.write_and_read_back(0, 4);
     drop(frontend);
     daemon.stop_within(STOP_LIMIT);
 }
@@ -597,7 +578,7 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     // which bound was used, the elapsed time only guards against a hang.
     let started = Instant::now();
     let mut next = Frontend::ready(daemon.socket(), FEATURES, 0);
-    write_and_read_back(&mut next, 0, 7);
+    next.write_and_read_back(0, 7);
     let took = started.elapsed();
     assert!(took < Duration::from_secs(30), "the next frontend waited {took:?}: {}", daemon.log());
     let log = daemon.log();

@@ -46,6 +46,17 @@ impl DaemonBuilder {
         self
     }
 
+    /// `--api-socket SOCKET`: its control API, which it listens on before a test goes on.
+    pub fn api_socket(self, socket: &Path) -> Self {
+        self.args(&["--api-socket".as_ref(), socket.as_os_str()], &[socket])
+    }
+
+    /// `--handover-socket SOCKET`: where it hands its disks over, which it listens on before a
+    /// test goes on.
+    pub fn handover_socket(self, socket: &Path) -> Self {
+        self.args(&["--handover-socket".as_ref(), socket.as_os_str()], &[socket])
+    }
+
     /// `--io-mode MODE`.
     pub fn io_mode(mut self, mode: &str) -> Self {
         self.args.extend(["--io-mode".into(), mode.into()]);

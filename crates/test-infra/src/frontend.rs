@@ -498,6 +498,16 @@ impl Frontend {
         status
     }
 
+    /// A 4 KiB write of `pattern(seed)` at `sector` through vring 0, read back and compared.
+    pub fn write_and_read_back(&mut self, sector: u64, seed: u8) {
+        let data = pattern(seed);
+        self.mem.write(DATA, &data);
+        assert_eq!(self.blk(0, T_OUT, sector, 4096), 0, "write status");
+        self.mem.write(DATA, &[0; 4096]);
+        assert_eq!(self.blk(0, T_IN, sector, 4096), 0, "read status");
+        assert_eq!(self.mem.read(DATA, 4096), data, "read back what was written");
+    }
+
     /// Write a virtio-blk request header (and a status byte of 0xff) and return its chain:
     /// header, `len` data bytes at DATA (none if 0), status.
     pub fn blk_chain(&self, kind: u32, sector: u64, len: u32) -> Vec<(u64, u32, bool)> {
@@ -513,6 +523,11 @@ impl Frontend {
         chain.push((STATUS, 1, true));
         chain
     }
+}
+
+/// 4 KiB of data that differs with `seed`, for a write to be told from another.
+pub fn pattern(seed: u8) -> Vec<u8> {
+    (0..=u8::MAX).cycle().take(4096).map(|i| i.wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 /// A dirty log as QEMU makes one: a memfd of `len` bytes, sealed against resizing, mapped here.

@@ -110,6 +110,11 @@ pub fn initramfs_with_programs(kernel: &Kernel, init: &str, programs: &[(String,
     initramfs_with(kernel, init, &files, path);
 }
 
+/// `dd`, for `host_programs`.
+pub const DD: (&str, &str) = ("/usr/bin/dd", "coreutils");
+/// `fio`, for `host_programs`.
+pub const FIO: (&str, &str) = ("/usr/bin/fio", "fio");
+
 /// An initramfs at DIR/initramfs.cpio with `init` as /init and the host `programs` (path,
 /// package that installs it: see `host_programs`): its path.
 pub fn initramfs_in(dir: &Path, kernel: &Kernel, init: &str, programs: &[(&str, &str)]) -> PathBuf {

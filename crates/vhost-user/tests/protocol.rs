@@ -18,10 +18,6 @@ use vmm_sys_util::eventfd::EventFd;
 
 const FEATURES: u64 = F_VERSION_1 | F_EVENT_IDX | F_PROTOCOL_FEATURES | F_BLK_FLUSH | F_BLK_MQ | F_BLK_RO;
 
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..4096u32).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
-
 fn write_read_flush(frontend: &mut Frontend, queue: u16, sector: u64, data: &[u8]) {
     frontend.mem.write(DATA, data);
     assert_eq!(frontend.blk(queue, T_OUT, sector, 4096), 0, "write status");
