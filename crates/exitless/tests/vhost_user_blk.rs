@@ -346,7 +346,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
 
     // 1. Write, read back, check, flush, with the IOCore sleeping on the kick eventfd.
     let backend =
-        start_backend(&socket, &["--disk", &disk_arg, "--io-mode", "eventfd"], &dir.path().join("b1.log"));
+        start_backend(socket, &["--disk", &disk_arg, "--io-mode", "eventfd"], &dir.path().join("b1.log"));
     let console = guest.run("vu.write=1 vu.read=1", 1, 1);
     assert_eq!(
         line(&console, "VU-DISK"),
@@ -372,7 +372,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
     //    guest sees a read-only disk.
     let ro_arg = format!("{disk_arg},readonly");
     let backend =
-        start_backend(&socket, &["--disk", &ro_arg, "--io-mode", "sidecore"], &dir.path().join("b3.log"));
+        start_backend(socket, &["--disk", &ro_arg, "--io-mode", "sidecore"], &dir.path().join("b3.log"));
     let console = guest.run("vu.read=1 vu.rocheck=1", 1, 1);
     assert!(has(&console, "VU-VERIFY-OK") && has(&console, "VU-RO-OK"), "{console}");
     assert!(line(&console, "VU-DISK").contains(" ro=1 "), "{console}");
@@ -387,7 +387,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
     let (disk, disk_arg) = files.disk();
     let args = ["--disk", disk_arg.as_str(), "--io-mode", "adaptive"];
 
-    let first = start_backend(&socket, &args, &dir.path().join("b1.log"));
+    let first = start_backend(socket, &args, &dir.path().join("b1.log"));
     // QEMU stays up; it reconnects to the socket when the backend comes back.
     let mut running = guest.spawn("vu.write=1 vu.waitgo=1 vu.read=1", 1, 1, true);
     running.wait_for("VU-WAITING");
@@ -396,7 +396,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(16 * 512)).unwrap();
     file.write_all(b"GO-AHEAD").unwrap();
     drop(file);
-    let second = start_backend(&socket, &args, &dir.path().join("b2.log"));
+    let second = start_backend(socket, &args, &dir.path().join("b2.log"));
     let console = running.finish();
     assert!(has(&console, "VU-GO") && has(&console, "VU-VERIFY-OK"), "{console}");
     let log = second.stop();
@@ -408,7 +408,7 @@ fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
     let files = LinuxFiles::new(true);
     let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
     let backend = start_backend(
-        &socket,
+        socket,
         &["--disk", "ram=64M", "--queues", "2", "--io-mode", "adaptive"],
         &dir.path().join("b.log"),
     );

@@ -40,7 +40,7 @@ impl Console {
 
     /// Its process id.
     pub fn pid(&self) -> i32 {
-        self.child.id() as i32
+        libc::pid_t::try_from(self.child.id()).unwrap()
     }
 
     /// Panics, naming it `what`, with its output so far, if the process has ended.

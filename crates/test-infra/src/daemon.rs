@@ -243,7 +243,7 @@ impl Daemon {
     pub fn stop_status(mut self) -> (ExitStatus, String) {
         // SAFETY: kill(2) touches no memory of ours; the pid is our child's, reaped only by
         // the wait below (`assert_alive` panics when it finds the daemon ended).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(libc::pid_t::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
         let status = self.child.wait().unwrap();
         (status, self.log())
     }
@@ -268,7 +268,7 @@ impl Daemon {
 
     fn terminate(&mut self, limit: Option<Duration>) {
         // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(libc::pid_t::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
         let status = match limit {
             None => self.child.wait().unwrap(),
             Some(limit) => {

@@ -19,6 +19,8 @@ pub const MIB: u64 = 1 << 20;
 /// Guest memory: 2 MiB of memfd, shared as region A (guest 0, file offset 0) and region B
 /// (guest 1 GiB, file offset 1 MiB), so translation and offsets both matter.
 pub const MEM_SIZE: u64 = 2 * MIB;
+/// MEM_SIZE as a length in memory.
+const MEM_LEN: usize = 2 << 20;
 /// Guest address of region B.
 pub const REGION_B_GPA: u64 = 1 << 30;
 /// Entries per virtqueue the ring helpers lay out.
@@ -99,10 +101,10 @@ impl GuestMemory {
         // SAFETY: ftruncate on our memfd; mmap of its whole length, shared, at an address the
         // kernel chooses; checked.
         let base = unsafe {
-            assert_eq!(libc::ftruncate(fd, MEM_SIZE as i64), 0);
+            assert_eq!(libc::ftruncate(fd, i64::try_from(MEM_SIZE).unwrap()), 0);
             let p = libc::mmap(
                 std::ptr::null_mut(),
-                MEM_SIZE as usize,
+                MEM_LEN,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd,
@@ -118,7 +120,7 @@ impl GuestMemory {
     pub fn uva(&self, gpa: u64) -> u64 {
         let offset = if gpa >= REGION_B_GPA { gpa - REGION_B_GPA + MIB } else { gpa };
         assert!(offset < MEM_SIZE);
-        self.base as u64 + offset
+        u64::try_from(self.base.addr()).unwrap() + offset
     }
 
     fn ptr(&self, gpa: u64) -> *mut u8 {
@@ -164,17 +166,23 @@ impl GuestMemory {
     }
 }
 
+impl Default for GuestMemory {
+    fn default() -> GuestMemory {
+        GuestMemory::new()
+    }
+}
+
 impl Drop for GuestMemory {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), MEM_SIZE as usize) };
+        unsafe { libc::munmap(self.base.cast(), MEM_LEN) };
     }
 }
 
 /// SET_MEM_TABLE's payload for `regions`.
 pub fn table_payload(regions: &[MemoryRegion]) -> Vec<u8> {
     let mut payload = Vec::new();
-    payload.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&u32::try_from(regions.len()).unwrap().to_le_bytes());
     payload.extend_from_slice(&0u32.to_le_bytes());
     for region in regions {
         payload.extend_from_slice(&region.to_bytes());
@@ -193,7 +201,7 @@ pub fn state(index: u32, num: u32) -> Vec<u8> {
 pub fn readable(fd: RawFd, timeout: Duration) -> bool {
     let mut pollfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut pollfd, 1, timeout.as_millis() as i32) > 0 }
+    unsafe { libc::poll(&mut pollfd, 1, i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX)) > 0 }
 }
 
 /// One started vring: its eventfds and the frontend's indexes.
@@ -248,7 +256,7 @@ impl Frontend {
 
     /// Send `request` with the header flags `flags`, as they are.
     pub fn send_flags(&self, request: u32, flags: u32, payload: &[u8], fds: &[RawFd]) {
-        let header = Header { request, flags, size: payload.len() as u32 };
+        let header = Header { request, flags, size: u32::try_from(payload.len()).unwrap() };
         Wire::new(&self.stream, TIMEOUT).send(header, payload, fds).expect("send to the backend");
     }
 
@@ -318,10 +326,10 @@ impl Frontend {
         for v in [offset, size, 0] {
             payload.extend_from_slice(&v.to_le_bytes());
         }
-        payload.resize(12 + size as usize, 0);
+        payload.resize(12 + usize::try_from(size).unwrap(), 0);
         self.send_flags(code::GET_CONFIG, VERSION, &payload, &[]);
         let reply = self.reply(code::GET_CONFIG);
-        assert_eq!(reply.len(), 12 + size as usize);
+        assert_eq!(reply.len(), 12 + usize::try_from(size).unwrap());
         assert_eq!(&reply[..8], &payload[..8]);
         reply[12..].to_vec()
     }
@@ -351,7 +359,7 @@ impl Frontend {
 
     /// Where vring `queue`'s descriptor table, avail and used rings are (guest addresses).
     pub fn ring(&self, queue: u16) -> (u64, u64, u64) {
-        let offset = queue as u64 * QUEUE_STRIDE;
+        let offset = u64::from(queue) * QUEUE_STRIDE;
         (DESC + offset, AVAIL + offset, USED + offset)
     }
 
@@ -366,9 +374,9 @@ impl Frontend {
     pub fn start_vring_of_size(&mut self, queue: u16, base: u16, size: u16) {
         assert!(size <= 256 && size.is_power_of_two());
         let (desc, avail, used) = self.ring(queue);
-        let index = queue as u32;
-        self.set(code::SET_VRING_NUM, &state(index, size as u32), &[]);
-        self.set(code::SET_VRING_BASE, &state(index, base as u32), &[]);
+        let index = u32::from(queue);
+        self.set(code::SET_VRING_NUM, &state(index, u32::from(size)), &[]);
+        self.set(code::SET_VRING_BASE, &state(index, u32::from(base)), &[]);
         let addr = VringAddr {
             index,
             flags: 0,
@@ -385,10 +393,10 @@ impl Frontend {
             avail_idx: self.mem.u16(avail + 2).load(Ordering::Acquire),
             used_seen: self.mem.u16(used + 2).load(Ordering::Acquire),
         };
-        self.set(code::SET_VRING_CALL, &(index as u64).to_le_bytes(), &[vring.call.as_raw_fd()]);
-        self.set(code::SET_VRING_ERR, &(index as u64).to_le_bytes(), &[vring.err.as_raw_fd()]);
-        self.set(code::SET_VRING_KICK, &(index as u64).to_le_bytes(), &[vring.kick.as_raw_fd()]);
-        while self.vrings.len() <= queue as usize {
+        self.set(code::SET_VRING_CALL, &u64::from(index).to_le_bytes(), &[vring.call.as_raw_fd()]);
+        self.set(code::SET_VRING_ERR, &u64::from(index).to_le_bytes(), &[vring.err.as_raw_fd()]);
+        self.set(code::SET_VRING_KICK, &u64::from(index).to_le_bytes(), &[vring.kick.as_raw_fd()]);
+        while self.vrings.len() <= usize::from(queue) {
             self.vrings.push(Vring {
                 kick: EventFd::new(0).unwrap(),
                 call: EventFd::new(0).unwrap(),
@@ -397,7 +405,7 @@ impl Frontend {
                 used_seen: 0,
             });
         }
-        self.vrings[queue as usize] = vring;
+        self.vrings[usize::from(queue)] = vring;
         self.set(code::SET_VRING_ENABLE, &state(index, 1), &[]);
     }
 
@@ -406,7 +414,7 @@ impl Frontend {
     pub fn set_vring_addr(&self, queue: u16, flags: u32, log: u64) {
         let (desc, avail, used) = self.ring(queue);
         let addr = VringAddr {
-            index: queue as u32,
+            index: u32::from(queue),
             flags,
             desc: self.mem.uva(desc),
             used: self.mem.uva(used),
@@ -418,11 +426,11 @@ impl Frontend {
 
     /// Stop vring `queue`; returns the backend's next avail index.
     pub fn stop_vring(&self, queue: u16) -> u16 {
-        self.set(code::SET_VRING_ENABLE, &state(queue as u32, 0), &[]);
-        self.send_flags(code::GET_VRING_BASE, VERSION, &state(queue as u32, 0), &[]);
+        self.set(code::SET_VRING_ENABLE, &state(u32::from(queue), 0), &[]);
+        self.send_flags(code::GET_VRING_BASE, VERSION, &state(u32::from(queue), 0), &[]);
         let reply = self.reply(code::GET_VRING_BASE);
-        assert_eq!(reply[..4], (queue as u32).to_le_bytes());
-        u32::from_le_bytes(reply[4..8].try_into().unwrap()) as u16
+        assert_eq!(reply[..4], u32::from(queue).to_le_bytes());
+        u16::try_from(u32::from_le_bytes(reply[4..8].try_into().unwrap())).unwrap()
     }
 
     /// Put a chain of (guest address, length, device-writable) buffers in the ring and kick.
@@ -444,22 +452,22 @@ impl Frontend {
             bytes[0..8].copy_from_slice(&addr.to_le_bytes());
             bytes[8..12].copy_from_slice(&len.to_le_bytes());
             bytes[12..14].copy_from_slice(&flags.to_le_bytes());
-            bytes[14..16].copy_from_slice(&(i as u16 + 1).to_le_bytes());
-            self.mem.write(desc + 16 * i as u64, &bytes);
+            bytes[14..16].copy_from_slice(&(u16::try_from(i).unwrap() + 1).to_le_bytes());
+            self.mem.write(desc + 16 * u64::try_from(i).unwrap(), &bytes);
         }
     }
 
     /// Make `heads` available in one update of the avail index, and kick.
     pub fn publish(&mut self, queue: u16, heads: &[u16]) {
         let (_, avail, _) = self.ring(queue);
-        let vring = &mut self.vrings[queue as usize];
+        let vring = &mut self.vrings[usize::from(queue)];
         for &head in heads {
             let slot = vring.avail_idx % QUEUE_SIZE;
-            self.mem.u16(avail + 4 + 2 * slot as u64).store(head, Ordering::Release);
+            self.mem.u16(avail + 4 + 2 * u64::from(slot)).store(head, Ordering::Release);
             vring.avail_idx = vring.avail_idx.wrapping_add(1);
         }
         // used_event: interrupt us on every completion (EVENT_IDX).
-        self.mem.u16(avail + 4 + 2 * QUEUE_SIZE as u64).store(vring.used_seen, Ordering::Release);
+        self.mem.u16(avail + 4 + 2 * u64::from(QUEUE_SIZE)).store(vring.used_seen, Ordering::Release);
         fence(Ordering::SeqCst);
         self.mem.u16(avail + 2).store(vring.avail_idx, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -469,13 +477,13 @@ impl Frontend {
     /// Wait for the next used element: (head, bytes written).
     pub fn wait_used(&mut self, queue: u16) -> (u32, u32) {
         let (_, _, used) = self.ring(queue);
-        let vring = &mut self.vrings[queue as usize];
+        let vring = &mut self.vrings[usize::from(queue)];
         let deadline = Instant::now() + TIMEOUT;
         while self.mem.u16(used + 2).load(Ordering::Acquire) == vring.used_seen {
             assert!(Instant::now() < deadline, "no completion on queue {queue} within {TIMEOUT:?}");
             std::thread::sleep(Duration::from_micros(50));
         }
-        let slot = (vring.used_seen % QUEUE_SIZE) as u64;
+        let slot = u64::from(vring.used_seen % QUEUE_SIZE);
         vring.used_seen = vring.used_seen.wrapping_add(1);
         let elem = self.mem.read(used + 4 + 8 * slot, 8);
         (
@@ -566,7 +574,7 @@ impl DirtyLogFile {
             let bits = self.byte(i).load(Ordering::SeqCst);
             for bit in 0..8 {
                 if bits & 1 << bit != 0 {
-                    pages.push((i * 8 + bit) as u64);
+                    pages.push(u64::try_from(i * 8 + bit).unwrap());
                 }
             }
         }
@@ -598,7 +606,7 @@ pub fn shared_memfd(len: usize, seal: bool) -> (OwnedFd, *mut u8) {
     let file = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ftruncate and fcntl on our memfd; checked.
     unsafe {
-        assert_eq!(libc::ftruncate(fd, len as i64), 0);
+        assert_eq!(libc::ftruncate(fd, i64::try_from(len).unwrap()), 0);
         if seal {
             assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW), 0);
         }

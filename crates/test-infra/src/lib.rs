@@ -161,8 +161,7 @@ pub fn line_with(output: &Output, key: &str, value: &str) -> Value {
 /// memory bytes) and, optionally, a PVH entry note.
 pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
     let phnum = segments.len() + usize::from(pvh_entry.is_some());
-    let headers_end = 64 + 56 * phnum as u64;
-    let mut image = vec![0u8; headers_end as usize];
+    let mut image = vec![0u8; 64 + 56 * phnum];
     image[..4].copy_from_slice(b"\x7fELF");
     image[4] = 2; // 64-bit
     image[5] = 1; // little endian
@@ -174,15 +173,15 @@ pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
     image[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
     image[52..54].copy_from_slice(&64u16.to_le_bytes());
     image[54..56].copy_from_slice(&56u16.to_le_bytes());
-    image[56..58].copy_from_slice(&(phnum as u16).to_le_bytes());
+    image[56..58].copy_from_slice(&u16::try_from(phnum).unwrap().to_le_bytes());
     let mut phdrs = Vec::new();
     for &(paddr, filesz, memsz) in segments {
-        let offset = image.len() as u64;
+        let offset = u64::try_from(image.len()).unwrap();
         image.resize(image.len() + filesz as usize, 0xf4); // hlt
         phdrs.push((1u32, offset, paddr, filesz, memsz));
     }
     if let Some(entry) = pvh_entry {
-        let offset = image.len() as u64;
+        let offset = u64::try_from(image.len()).unwrap();
         for word in [4u32, 4, 18] {
             image.extend_from_slice(&word.to_le_bytes());
         }
@@ -263,9 +262,9 @@ impl Drop for LoopDevice {
 /// `seed`.
 pub fn assert_holds_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
     let bytes = std::fs::read(path).unwrap();
-    let written = &bytes[..(blocks * 4096) as usize];
+    let written = &bytes[..usize::try_from(blocks * 4096).unwrap()];
     for (block, data) in written.chunks_exact(4096).enumerate() {
-        let sector = block as u64 * 8;
+        let sector = u64::try_from(block).unwrap() * 8;
         assert!(probe_abi::pattern::check(seed, sector, data), "block {block} of {} differs", path.display());
     }
 }
@@ -281,7 +280,7 @@ pub fn assert_zeroes_run(what: &str, result: &Value, disk: &[u8], seed: u64, blo
     assert_eq!(result["discarded"], (blocks - 1).div_ceil(4), "{what}: {result}");
     assert_eq!(result["discarded_zero"], result["discarded"], "{what}: {result}");
     for (block, data) in disk.chunks_exact(4096).enumerate() {
-        let block = block as u64;
+        let block = u64::try_from(block).unwrap();
         let pattern = block < blocks && block % 4 == 3;
         let holds = if pattern {
             probe_abi::pattern::check(seed, block * 8, data)
@@ -296,7 +295,7 @@ pub fn assert_zeroes_run(what: &str, result: &Value, disk: &[u8], seed: u64, blo
 pub fn assert_holds_only_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
     assert_holds_pattern(path, seed, blocks);
     let bytes = std::fs::read(path).unwrap();
-    let rest = &bytes[(blocks * 4096) as usize..];
+    let rest = &bytes[usize::try_from(blocks * 4096).unwrap()..];
     assert!(rest.iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed in {}", path.display());
 }
 
@@ -317,7 +316,11 @@ pub fn assert_holds_pattern_and_open_gate(path: &std::path::Path, seed: u64, blo
     let mut gate = vec![0u8; 4096];
     gate[..8].copy_from_slice(&probe_abi::verify_gate::OPEN.to_le_bytes());
     let bytes = std::fs::read(path).unwrap();
-    assert!(bytes[(blocks * 4096) as usize..] == gate[..], "the gate block of {} changed", path.display());
+    assert!(
+        bytes[usize::try_from(blocks * 4096).unwrap()..] == gate[..],
+        "the gate block of {} changed",
+        path.display()
+    );
 }
 
 /// Pages of `path` in the host's page cache not yet written back (dirty or under writeback),

@@ -156,8 +156,8 @@ pub fn host_programs(programs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
 
 /// Does this ELF executable name a dynamic loader (PT_INTERP)?
 fn has_interpreter(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
-    let phoff = u64::from_le_bytes(elf[32..40].try_into().unwrap()) as usize;
+    let u16_at = |at: usize| usize::from(u16::from_le_bytes([elf[at], elf[at + 1]]));
+    let phoff = usize::try_from(u64::from_le_bytes(elf[32..40].try_into().unwrap())).unwrap();
     let (phentsize, phnum) = (u16_at(54), u16_at(56));
     (0..phnum).any(|i| elf[phoff + i * phentsize..][..4] == 3u32.to_le_bytes())
 }
@@ -197,9 +197,9 @@ struct Cpio(Vec<u8>);
 
 impl Cpio {
     fn entry(&mut self, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
-        let ino = self.0.len() as u32 + 1;
-        let fields =
-            [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, rdev.0, rdev.1, name.len() as u32 + 1, 0];
+        let ino = u32::try_from(self.0.len()).unwrap() + 1;
+        let (size, name_size) = (u32::try_from(data.len()).unwrap(), u32::try_from(name.len()).unwrap() + 1);
+        let fields = [ino, mode, 0, 0, 1, 0, size, 0, 0, rdev.0, rdev.1, name_size, 0];
         self.0.extend_from_slice(b"070701");
         for field in fields {
             self.0.extend_from_slice(format!("{field:08x}").as_bytes());

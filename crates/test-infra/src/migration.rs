@@ -92,9 +92,9 @@ pub fn assert_report(what: &str, body: &str) -> Value {
     // its last round sent at most 1024 pages, or after its 30 rounds.
     assert!(rounds >= 2, "{what}: no round of dirty pages: {report}");
     // Each pre-copy round, then the stop-and-copy.
-    assert_eq!(per_round.len() as u64, rounds + 1, "{what}: {report}");
+    assert_eq!(u64::try_from(per_round.len()).unwrap(), rounds + 1, "{what}: {report}");
     assert!(per_round[0] > 0, "{what}: the first round sent nothing: {report}");
-    let last = per_round[rounds as usize - 1];
+    let last = per_round[usize::try_from(rounds).unwrap() - 1];
     assert!(last <= 1024 || rounds == 30, "{what}: pre-copy stopped before it converged: {report}");
     // The guest reads the verify's gate block over and over while pre-copy runs: the device
     // writes each answer into guest memory through the host mapping, which only the devices'
