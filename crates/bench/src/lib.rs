@@ -54,6 +54,19 @@ pub fn main(args: BenchArgs) -> i32 {
     }
 }
 
+/// The probe's command line for `probe.rw=verify`: `blocks` 4 KiB blocks written with the
+/// pattern of `seed`, `qd` requests at a time, then read back and compared. Add more
+/// `probe.*` parameters after it.
+pub fn verify_cmdline(blocks: u64, qd: u32, seed: u64) -> String {
+    format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.seed={seed}")
+}
+
+/// The probe's `blk` result line among the JSON lines of a run's standard output, if it printed
+/// one.
+pub fn blk_result(stdout: &str) -> Option<Value> {
+    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
+}
+
 /// Counters that say what caused the exits, shown per operation.
 pub(crate) const CAUSES: [&str; 6] =
     ["mmio_exits", "io_exits", "halt_exits", "irq_exits", "insn_emulation", "irq_injections"];

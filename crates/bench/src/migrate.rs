@@ -288,8 +288,8 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
         MigrateLoad::Io => String::new(),
     };
     let cmdline = format!(
-        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd=8 probe.seed={} probe.gate_block={BLOCKS} probe.timeout_ms=60000{poll}",
-        super::fresh_seed()
+        "{} probe.gate_block={BLOCKS} probe.timeout_ms=60000{poll}",
+        super::verify_cmdline(BLOCKS, 8, super::fresh_seed())
     );
     let (src_out, src_err) = (dir.join("source.out"), dir.join("source.err"));
     let mut source_args = vec![
@@ -334,8 +334,7 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
     let source_code = wait_exit(&mut source)?;
     let dest_code = wait_exit(&mut destination)?;
     let stdout = std::fs::read_to_string(&dst_out).unwrap_or_default();
-    let result =
-        stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk");
+    let result = super::blk_result(&stdout);
     let verify = match (source_code, dest_code, result) {
         (Some(0), Some(0), Some(r)) if r["mismatches"] == 0 && r["errors"] == 0 => "passed".to_string(),
         (Some(0), Some(0), Some(r)) => {

@@ -1,24 +1,8 @@
 //! Bad input gets one line on standard error and a non-zero status, never a panic.
 
-mod common;
+use std::path::Path;
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use common::{elf, exitless_within, stderr};
-
-/// Bad input is refused at once; far longer than that means exitless waits on something.
-const PROMPTLY: Duration = Duration::from_secs(30);
-
-fn assert_one_line_error(args: &[&str], status: i32, needle: &str) {
-    let out = exitless_within(PROMPTLY, args);
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(status), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: one line expected, got: {err}");
-    assert!(err.starts_with("exitless: "), "{err}");
-    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-}
+use test_infra::{assert_one_line_error, elf, stderr};
 
 #[test]
 fn missing_kernel_file() {
@@ -103,9 +87,10 @@ fn probe_export_to_an_unwritable_place() {
     assert_one_line_error(&["probe", "export", "/nonexistent/dir/probe.elf"], 125, "cannot write");
 }
 
-fn fifo(dir: &Path) -> PathBuf {
-    let path = dir.join("fifo");
-    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+/// A new FIFO at DIR/fifo: its path.
+fn fifo(dir: &Path) -> String {
+    let path = dir.join("fifo").to_str().unwrap().to_owned();
+    let c_path = std::ffi::CString::new(path.as_str()).unwrap();
     // SAFETY: a NUL-terminated path that lives across the call.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
     path
@@ -115,9 +100,7 @@ fn fifo(dir: &Path) -> PathBuf {
 #[test]
 fn kernel_that_is_a_fifo_a_directory_or_a_device_is_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let fifo = fifo(dir.path());
-    let fifo = fifo.to_str().unwrap();
-    let dir_path = dir.path().to_str().unwrap();
+    let (fifo, dir_path) = (&*fifo(dir.path()), dir.path().to_str().unwrap());
     for (kernel, kind) in [(fifo, "a FIFO"), (dir_path, "a directory"), ("/dev/zero", "a character device")] {
         assert_one_line_error(
             &["run", "--kernel", kernel],
@@ -132,9 +115,7 @@ fn kernel_that_is_a_fifo_a_directory_or_a_device_is_refused_at_once() {
 #[test]
 fn disk_that_is_not_a_file_or_block_device_is_refused_with_what_it_is() {
     let dir = tempfile::tempdir().unwrap();
-    let fifo = fifo(dir.path());
-    let fifo = fifo.to_str().unwrap();
-    let dir_path = dir.path().to_str().unwrap();
+    let (fifo, dir_path) = (&*fifo(dir.path()), dir.path().to_str().unwrap());
     let file_disk = "not a regular file or block device";
     let ram_disk = "not a regular file";
     let cases = [

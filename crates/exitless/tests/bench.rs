@@ -5,17 +5,15 @@
 //! this machine's two CPUs and its disk (a migration once took over 10 s while other benches
 //! ran beside it).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{exitless, stderr, stdout};
 use serde_json::Value;
+use test_infra::{exitless, stderr, stdout};
 
 #[test]
 fn default_block_bench_with_qemu_peers_reports_every_row() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     // /tmp is on the root file system (ext4) here, as a scratch directory must be.
     let scratch = tempfile::tempdir_in("/tmp").unwrap();
     let plots = scratch.path().join("plots");
@@ -191,7 +189,7 @@ fn a_bad_scratch_directory_is_refused_on_one_line() {
 /// The scratch directory matters only when a real disk is asked for.
 #[test]
 fn a_ram_disk_alone_needs_no_scratch_directory() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let report = bench_report(&[
         "bench",
         "--json",
@@ -218,7 +216,7 @@ fn a_ram_disk_alone_needs_no_scratch_directory() {
 /// median run, with each round's IOPS; fio's rows ran once.
 #[test]
 fn rounds_report_every_guest_row_by_its_median_run() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let report = bench_report(&[
         "bench",
         "--json",
@@ -257,11 +255,10 @@ fn rounds_report_every_guest_row_by_its_median_run() {
 /// `host_device` driver for it).
 #[test]
 fn block_bench_measures_a_block_device_in_every_vmm() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let file = dir.path().join("loop.img");
-    std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
-    let device = common::LoopDevice::attach(&file);
+    let file = test_infra::disk_file(dir.path(), "loop.img", 16 << 20);
+    let device = test_infra::LoopDevice::attach(&file);
     let disk = format!("path={},direct", device.path.display());
     let report = bench_report(&[
         "bench",
@@ -294,7 +291,7 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
 /// request, and each row reports that depth.
 #[test]
 fn block_bench_at_the_queue_size_runs_in_every_vmm() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let report = bench_report(&[
         "bench",
         "--json",
@@ -322,7 +319,7 @@ fn block_bench_at_the_queue_size_runs_in_every_vmm() {
 /// holding every row's label, the axes and the exit causes the run measured.
 #[test]
 fn block_bench_plots_one_svg_per_scenario() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let plots = dir.path().join("plots/new");
     let report = bench_report(&[
@@ -420,7 +417,7 @@ fn x_qemu_pairs_the_same_backend(results: &[Value]) {
 /// read the file through io_uring (tmpfs-direct) and compare only with each other.
 #[test]
 fn x_qemu_pairs_rows_on_the_same_backend() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let report = bench_report(&[
         "bench",
         "--json",
@@ -500,28 +497,9 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
 /// mode, and "x QEMU" pairs the same backend; write+FLUSH pairs count both requests.
 #[test]
 fn the_backend_matrix_runs_every_kind_with_matching_caching() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--backends",
-        "all",
-        "--backend-size",
-        "64M",
-        "--modes",
-        "exitless",
-        "--rw",
-        "randread,writeflush",
-        "--qd",
-        "1",
-        "--duration-ms",
-        "50",
-        "--warmup",
-        "50",
-        "--scratch",
-        scratch.path().to_str().unwrap(),
-    ]);
+    let report = backend_matrix_report("all", "50", scratch.path());
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     // (disk, exitless's backend, fio's and QEMU's own --direct / cache mode).
@@ -586,6 +564,32 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
 }
 
 /// `exitless ARGS` (a `bench ... --json`), which must succeed: its one JSON document.
+/// `exitless bench --backends BACKENDS` on 64 MiB disks in exitless mode: random reads and
+/// write+FLUSH at depth 1, each run `ms` milliseconds after as long a warm-up, its scratch files
+/// in `scratch`.
+fn backend_matrix_report(backends: &str, ms: &str, scratch: &Path) -> Value {
+    bench_report(&[
+        "bench",
+        "--json",
+        "--backends",
+        backends,
+        "--backend-size",
+        "64M",
+        "--modes",
+        "exitless",
+        "--rw",
+        "randread,writeflush",
+        "--qd",
+        "1",
+        "--duration-ms",
+        ms,
+        "--warmup",
+        ms,
+        "--scratch",
+        scratch.to_str().unwrap(),
+    ])
+}
+
 fn bench_report(args: &[&str]) -> Value {
     let out = exitless(args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -603,28 +607,9 @@ fn alive(pid: u64) -> bool {
 /// names the cluster's daemons and where they may run, and the cluster is gone afterwards.
 #[test]
 fn the_rbd_backend_pairs_only_with_rbd_peers_on_a_cluster_the_bench_starts() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--backends",
-        "rbd",
-        "--backend-size",
-        "64M",
-        "--modes",
-        "exitless",
-        "--rw",
-        "randread,writeflush",
-        "--qd",
-        "1",
-        "--duration-ms",
-        "100",
-        "--warmup",
-        "100",
-        "--scratch",
-        scratch.path().to_str().unwrap(),
-    ]);
+    let report = backend_matrix_report("rbd", "100", scratch.path());
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     let ceph = &report["ceph"];
@@ -693,7 +678,7 @@ fn the_rbd_backend_pairs_only_with_rbd_peers_on_a_cluster_the_bench_starts() {
 /// mistake on the command line.
 #[test]
 fn the_rbd_backend_runs_on_a_given_cluster_and_leaves_it_as_it_was() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let cluster = storage::testing::ceph::TestCluster::get();
     let conf = cluster.conf().to_str().unwrap();
     let images_before = cluster.rbd(&["ls", "rbd"]);
@@ -745,7 +730,7 @@ fn the_rbd_backend_runs_on_a_given_cluster_and_leaves_it_as_it_was() {
 /// speeds), each row names its transport and load, and the verify passed on the destination.
 #[test]
 fn migrate_bench_reports_rounds_pages_and_downtime() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let report = bench_report(&["bench", "migrate", "--json", "--modes", "eventfd,exitless"]);
     assert_eq!(report["bench"], "migrate");
     let results = report["results"].as_array().unwrap();

@@ -2,12 +2,10 @@
 //! disks, with real KVM, QEMU and qemu-storage-daemon; what each row carries, not how fast.
 //! And the refusal of VM counts out of range.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{exitless, exitless_within, stderr, stdout};
 use serde_json::Value;
+use test_infra::{assert_one_line_error, exitless_within, stderr, stdout};
 
 const SETUPS: [&str; 4] = ["shared-iocore", "iocore-per-vm", "qemu-iothread", "qemu-storage-daemon"];
 
@@ -60,7 +58,7 @@ fn every_setup_reports_a_row_per_vm_count_and_the_mixed_run() {
             );
             if !setup.starts_with("qemu") {
                 // The exits the I/O path makes; a busy host adds its own interrupts and, after
-                // each preemption of a vCPU, an emulated page fault (common::io_path_exits).
+                // each preemption of a vCPU, an emulated page fault (test_infra::io_path_exits).
                 let causes = &row["exits_by_cause"];
                 let on_path: f64 = ["mmio_exits", "io_exits", "halt_exits", "irq_injections"]
                     .iter()
@@ -75,11 +73,7 @@ fn every_setup_reports_a_row_per_vm_count_and_the_mixed_run() {
 #[test]
 fn vm_counts_out_of_range_are_refused() {
     for vms in ["0", "100", "x"] {
-        let out = exitless(&["bench", "scale", "--vms", vms]);
-        assert_eq!(out.status.code(), Some(2), "--vms {vms}");
-        assert!(stderr(&out).contains("--vms"), "--vms {vms}: {}", stderr(&out));
+        assert_one_line_error(&["bench", "scale", "--vms", vms], 2, "--vms");
     }
-    let out = exitless(&["bench", "scale", "--mixed-qd", "1"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--mixed-qd"), "{}", stderr(&out));
+    assert_one_line_error(&["bench", "scale", "--mixed-qd", "1"], 2, "--mixed-qd");
 }

@@ -4,12 +4,10 @@
 //! no error, the frontend reconnected once a round, or not at all after a hand-over), not how
 //! long the pause is. And no daemon or VM is left behind.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{exitless, exitless_within, stderr, stdout};
 use serde_json::Value;
+use test_infra::{assert_one_line_error, exitless_within, stderr, stdout};
 
 /// Processes whose command line holds `needle` (this test's own sockets' directory).
 fn processes_with(needle: &str) -> Vec<String> {
@@ -24,7 +22,7 @@ fn processes_with(needle: &str) -> Vec<String> {
 
 #[test]
 fn every_row_measures_a_pause_with_no_guest_error() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     // /tmp is on the root file system (ext4) here, as a scratch directory must be.
     let scratch = tempfile::tempdir_in("/tmp").unwrap();
     let out = exitless_within(
@@ -98,8 +96,6 @@ fn every_row_measures_a_pause_with_no_guest_error() {
 #[test]
 fn rounds_out_of_range_are_refused() {
     for rounds in ["0", "101", "x"] {
-        let out = exitless(&["bench", "upgrade", "--rounds", rounds]);
-        assert_eq!(out.status.code(), Some(2), "--rounds {rounds}");
-        assert!(stderr(&out).contains("--rounds"), "--rounds {rounds}: {}", stderr(&out));
+        assert_one_line_error(&["bench", "upgrade", "--rounds", rounds], 2, "--rounds");
     }
 }

@@ -1,13 +1,13 @@
 //! The virtio-blk device end to end: the probe guest's ring-3 driver against exitless's
 //! transport, IOCore and backends on real KVM, in every I/O mode.
 
-mod common;
-
 use std::time::Duration;
 
-use common::disks::DISK_KINDS;
-use common::{exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr};
 use serde_json::Value;
+use test_infra::disks::DISK_KINDS;
+use test_infra::{
+    assert_one_line_error, exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr,
+};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 
@@ -15,7 +15,8 @@ const DISK_BYTES: u64 = 8 << 20;
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
-fn disk_file(dir: &str) -> tempfile::TempPath {
+/// A zeroed disk of DISK_BYTES in `dir` (/dev/shm or /tmp), removed when dropped.
+fn temp_disk(dir: &str) -> tempfile::TempPath {
     let file = tempfile::Builder::new().prefix("exitless-blk-test").tempfile_in(dir).unwrap();
     file.as_file().set_len(DISK_BYTES).unwrap();
     file.into_temp_path()
@@ -41,12 +42,8 @@ fn run_probe(mode: &str, disk: &str, cmdline: &str, guest_timeout: &str) -> std:
 
 fn run_blk(mode: &str, disk: &str, cmdline: &str) -> std::process::Output {
     let out = run_probe(mode, disk, cmdline, "120");
-    assert_eq!(out.status.code(), Some(0), "{mode} {disk}: {}\n{}", common::stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{mode} {disk}: {}\n{}", test_infra::stdout(&out), stderr(&out));
     out
-}
-
-fn blk_result(out: &std::process::Output) -> Value {
-    line_with(out, "probe", "blk")
 }
 
 /// `--disk` for the file at `path` with `queues` queues: as a RAM disk ("ram") or a file read
@@ -66,14 +63,14 @@ fn verify_on_both_backends(mode: &str, seed: u64, queues: u16) -> Vec<(std::proc
         "probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.queues={queues} probe.seed={seed}"
     );
     let mut runs = Vec::new();
-    for (backend, path) in [("ram", disk_file("/dev/shm")), ("file", disk_file("/tmp"))] {
+    for (backend, path) in [("ram", temp_disk("/dev/shm")), ("file", temp_disk("/tmp"))] {
         let out = run_blk(mode, &disk_spec(backend, &path, queues), &cmdline);
-        let result = blk_result(&out);
+        let result = line_with(&out, "probe", "blk");
         assert_eq!(result["mismatches"], 0, "{mode} {backend}: {result}");
         assert_eq!(result["errors"], 0, "{mode} {backend}: {result}");
         assert_eq!(result["flush"], true, "{mode} {backend}: FLUSH offered and answered");
         assert_eq!(result["id"], "exitless-disk0");
-        common::assert_holds_only_pattern(&path, seed, 300);
+        test_infra::assert_holds_only_pattern(&path, seed, 300);
         runs.push((out, result));
     }
     runs
@@ -99,11 +96,11 @@ fn write_zeroes_and_discard_pass_in_every_mode_on_both_backends_and_reach_the_fi
         let seed = 300 + i as u64;
         let cmdline =
             format!("probe.workload=blk probe.rw=zeroes probe.ops={BLOCKS} probe.qd=8 probe.seed={seed}");
-        for (backend, path) in [("ram", disk_file("/dev/shm")), ("file", disk_file("/tmp"))] {
+        for (backend, path) in [("ram", temp_disk("/dev/shm")), ("file", temp_disk("/tmp"))] {
             let out = run_blk(mode, &disk_spec(backend, &path, 1), &cmdline);
-            let result = blk_result(&out);
+            let result = line_with(&out, "probe", "blk");
             let bytes = std::fs::read(&*path).unwrap();
-            common::assert_zeroes_run(&format!("{mode} {backend}"), &result, &bytes, seed, BLOCKS);
+            test_infra::assert_zeroes_run(&format!("{mode} {backend}"), &result, &bytes, seed, BLOCKS);
         }
     }
 }
@@ -116,15 +113,15 @@ fn a_disk_switched_to_write_through_leaves_no_dirty_pages() {
     let _one = one_at_a_time();
     for mode in ["trap", "exitless"] {
         for writeback in [0, 1] {
-            let path = disk_file("/tmp");
+            let path = temp_disk("/tmp");
             let cmdline = format!(
                 "probe.workload=blk probe.rw=write probe.ops=300 probe.warmup=0 probe.qd=8 probe.writeback={writeback}"
             );
             let out = run_blk(mode, &format!("path={}", path.display()), &cmdline);
-            let result = blk_result(&out);
+            let result = line_with(&out, "probe", "blk");
             assert_eq!(result["errors"], 0, "{mode} writeback={writeback}: {result}");
             assert_eq!(result["writeback"], writeback, "{mode}: the mode the device reports");
-            let dirty = common::dirty_pages(&path);
+            let dirty = test_infra::dirty_pages(&path);
             if writeback == 0 {
                 assert_eq!(dirty, 0, "{mode}: written through, yet {dirty} pages are dirty");
             } else {
@@ -138,10 +135,10 @@ fn a_disk_switched_to_write_through_leaves_no_dirty_pages() {
 #[test]
 fn a_disks_serial_number_is_its_get_id_answer() {
     let _one = one_at_a_time();
-    let path = disk_file("/dev/shm");
+    let path = temp_disk("/dev/shm");
     let cmdline = "probe.workload=blk probe.rw=verify probe.ops=8 probe.qd=1";
     let out = run_blk("exitless", &format!("ram,path={},serial=probe disk #7", path.display()), cmdline);
-    assert_eq!(blk_result(&out)["id"], "probe disk #7");
+    assert_eq!(line_with(&out, "probe", "blk")["id"], "probe disk #7");
     let out = run_probe(
         "exitless",
         &format!("ram,path={},serial=123456789012345678901", path.display()),
@@ -158,18 +155,18 @@ fn a_disks_serial_number_is_its_get_id_answer() {
 #[test]
 fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
     let _one = one_at_a_time();
-    let file = disk_file("/tmp");
-    let device = common::LoopDevice::attach(&file);
+    let file = temp_disk("/tmp");
+    let device = test_infra::LoopDevice::attach(&file);
     for (i, mode) in ["exitless", "adaptive"].iter().enumerate() {
         let seed = 200 + i as u64;
         let cmdline =
             format!("probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed}");
         let out = run_blk(mode, &format!("path={},direct", device.path.display()), &cmdline);
-        let result = blk_result(&out);
+        let result = line_with(&out, "probe", "blk");
         assert_eq!(result["mismatches"], 0, "{mode}: {result}");
         assert_eq!(result["errors"], 0, "{mode}: {result}");
         assert_eq!(result["flush"], true, "{mode}: FLUSH offered and answered");
-        common::assert_holds_only_pattern(&file, seed, 300);
+        test_infra::assert_holds_only_pattern(&file, seed, 300);
     }
 }
 
@@ -180,7 +177,7 @@ fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
 #[test]
 fn every_interrupt_a_device_raises_is_injected() {
     let _one = one_at_a_time();
-    let disk = disk_file("/dev/shm");
+    let disk = temp_disk("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     for mode in ["trap", "eventfd", "sidecore"] {
         let out = run_blk(mode, &disk, "probe.workload=blk probe.rw=randread probe.qd=1 probe.ops=2000");
@@ -198,7 +195,7 @@ fn every_interrupt_a_device_raises_is_injected() {
 /// two interrupt-status accesses. At depth 32 one notification and one interrupt serve a batch
 /// of requests (EVENT_IDX), so the batch shares those exits.
 fn check_exits_per_request(queues: u16) {
-    let disk = disk_file("/dev/shm");
+    let disk = temp_disk("/dev/shm");
     let disk = disk_spec("ram", &disk, queues);
     type Check = fn(f64) -> bool;
     let expectations: [(u32, &str, Check); 4] = [
@@ -212,12 +209,12 @@ fn check_exits_per_request(queues: u16) {
             "probe.workload=blk probe.rw=randread probe.qd={qd} probe.ops=10000 probe.queues={queues}"
         );
         let out = run_blk(mode, &disk, &cmdline);
-        let result = blk_result(&out);
+        let result = line_with(&out, "probe", "blk");
         let ops = result["ops"].as_u64().unwrap();
         assert_eq!(ops, 10_000);
         let share = ops / u64::from(queues);
         assert!(per_queue(&result, queues.into()).iter().all(|&c| c == share), "{mode}: {result}");
-        let exits = common::io_path_exits(&common::phase(&out, 0, 1)["counters"]) / ops as f64;
+        let exits = test_infra::io_path_exits(&test_infra::phase(&out, 0, 1)["counters"]) / ops as f64;
         assert!(check(exits), "{mode} at queue depth {qd} on {queues} queues: {exits} exits per request");
     }
 }
@@ -266,12 +263,12 @@ fn two_queues_pass_verify_in_every_mode_on_both_backends_and_both_serve() {
 #[test]
 fn asking_for_more_queues_than_the_disk_offers_is_a_clear_error() {
     let _one = one_at_a_time();
-    let disk = disk_file("/dev/shm");
+    let disk = temp_disk("/dev/shm");
     for (queues, asked) in [(2, 3), (1, 2)] {
         let spec = disk_spec("ram", &disk, queues);
         let out = run_probe("exitless", &spec, &format!("probe.workload=blk probe.queues={asked}"), "60");
-        assert_ne!(out.status.code(), Some(0), "{}", common::stdout(&out));
-        let result = blk_result(&out);
+        assert_ne!(out.status.code(), Some(0), "{}", test_infra::stdout(&out));
+        let result = line_with(&out, "probe", "blk");
         let error = result["error"].as_str().unwrap_or_default();
         assert!(error.contains("fewer queues"), "{queues} offered, {asked} asked: {result}");
         assert_eq!(result["detail"], queues, "{result}");
@@ -291,24 +288,24 @@ fn a_verify_waits_at_its_gate_until_the_host_opens_it() {
             "probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed} probe.gate_block={gate} probe.timeout_ms=500"
         )
     };
-    let disk = disk_file("/dev/shm");
+    let disk = temp_disk("/dev/shm");
     let spec = format!("ram,path={}", disk.display());
 
     let out = run_probe("eventfd", &spec, &verify(9, 300), "60");
-    assert_eq!(out.status.code(), Some(1), "{}", common::stdout(&out));
-    let result = blk_result(&out);
+    assert_eq!(out.status.code(), Some(1), "{}", test_infra::stdout(&out));
+    let result = line_with(&out, "probe", "blk");
     assert_eq!(result["gate_block"], 300, "{result}");
     assert!(result["error"].as_str().unwrap_or_default().contains("gate block stayed shut"), "{result}");
-    common::assert_holds_pattern(&disk, 9, 300);
+    test_infra::assert_holds_pattern(&disk, 9, 300);
 
-    common::open_gate(&disk, blocks - 1);
-    let result = blk_result(&run_blk("eventfd", &spec, &verify(10, blocks - 1)));
+    test_infra::open_gate(&disk, blocks - 1);
+    let result = line_with(&run_blk("eventfd", &spec, &verify(10, blocks - 1)), "probe", "blk");
     assert_eq!((result["mismatches"].as_u64(), result["errors"].as_u64()), (Some(0), Some(0)), "{result}");
     assert_eq!(result["blocks"], 300, "{result}");
 
     for gate in [299, blocks] {
         let out = run_probe("eventfd", &spec, &verify(11, gate), "60");
-        assert_eq!(out.status.code(), Some(2), "gate {gate}: {}", common::stdout(&out));
+        assert_eq!(out.status.code(), Some(2), "gate {gate}: {}", test_infra::stdout(&out));
         assert_eq!(line_with(&out, "probe", "error")["parameter"], "probe.gate_block");
     }
 }
@@ -316,17 +313,17 @@ fn a_verify_waits_at_its_gate_until_the_host_opens_it() {
 #[test]
 fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
     let _one = one_at_a_time();
-    let disk = disk_file("/dev/shm");
+    let disk = temp_disk("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=20000 probe.idle_ms=1200";
     let out = run_blk("adaptive", &disk, cmdline);
-    let result = blk_result(&out);
+    let result = line_with(&out, "probe", "blk");
     assert_eq!(result["post_idle_errors"], 0, "{result}");
     assert_eq!(result["post_idle_ops"], 20000, "served after the idle phase: {result}");
-    let load = common::phase(&out, 0, 1);
-    let exits = common::io_path_exits(&load["counters"]) / 20000.0;
+    let load = test_infra::phase(&out, 0, 1);
+    let exits = test_infra::io_path_exits(&load["counters"]) / 20000.0;
     assert!(exits < 0.05, "{exits} exits per request under load: {load}");
-    let idle = common::phase(&out, 2, 3);
+    let idle = test_infra::phase(&out, 2, 3);
     let share = idle["iocore_cpu_s"].as_f64().unwrap() / idle["wall_s"].as_f64().unwrap();
     assert!(idle["wall_s"].as_f64().unwrap() >= 1.0, "{idle}");
     assert!(share < 0.01, "the IOCore used {:.1}% of a core while the guest was idle", share * 100.0);
@@ -366,7 +363,7 @@ fn blk_hostile_mismatches(what: &str, out: &std::process::Output, read_only: boo
         let Some(line) = case(name) else {
             wrong.push(format!(
                 "{what}: {name}: no line; stdout: {}; stderr: {}",
-                common::stdout(out),
+                test_infra::stdout(out),
                 stderr(out)
             ));
             continue;
@@ -405,7 +402,7 @@ fn run_hostile(mode: &str, disk: &str) -> std::process::Output {
 /// in `--stats --json`.
 fn needs_reset_mismatches(mode: &str, out: &std::process::Output) -> Vec<String> {
     let expected = BLK_HOSTILE_EXPECTED.iter().filter(|case| case.1 == "needs_reset").count();
-    let stats = common::json_lines(out).into_iter().find(|line| line["exitless"] == "run");
+    let stats = test_infra::json_lines(out).into_iter().find(|line| line["exitless"] == "run");
     let device = stats.as_ref().map(|stats| stats["devices"][0].clone()).unwrap_or_default();
     let mut wrong = Vec::new();
     if device["device"] != "virtio-blk" || device["needs_reset"].as_u64() != Some(expected as u64) {
@@ -449,7 +446,7 @@ fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_servin
 
 /// Runs the probe's blk workload on a RAM disk; returns its result line.
 fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
-    let disk = disk_file("/dev/shm");
+    let disk = temp_disk("/dev/shm");
     let disk = format!("ram,path={}", disk.display());
     let out = run_probe(mode, &disk, cmdline, "90");
     let result = json_lines(&out)
@@ -458,7 +455,7 @@ fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
         .unwrap_or_else(|| {
             panic!(
                 "{mode} {cmdline}: no result line; stdout: {}; stderr: {}",
-                common::stdout(&out),
+                test_infra::stdout(&out),
                 stderr(&out)
             )
         });
@@ -527,7 +524,7 @@ fn a_batch_of_100_flushes_all_complete() {
 #[test]
 fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
     let _one = one_at_a_time();
-    let path = disk_file("/dev/shm");
+    let path = temp_disk("/dev/shm");
     let disk = format!("ram,path={},readonly", path.display());
     let out = exitless(&[
         "run",
@@ -540,7 +537,7 @@ fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
         "60",
     ]);
     assert_eq!(out.status.code(), Some(1), "the probe reports failed writes: {}", stderr(&out));
-    let result = blk_result(&out);
+    let result = line_with(&out, "probe", "blk");
     assert_eq!(result["read_only"], true);
     assert!(result["errors"].as_u64().unwrap() > 0);
     assert!(std::fs::read(&path).unwrap().iter().all(|&b| b == 0));
@@ -557,11 +554,7 @@ fn bad_disk_options_are_one_line_errors() {
         ("path=/nonexistent/disk.img", 125),
         ("ram,path=/nonexistent", 125),
     ] {
-        let out = exitless(&["run", "--probe", "--disk", spec]);
-        assert_eq!(out.status.code(), Some(code), "{spec}: {}", stderr(&out));
-        let message = stderr(&out);
-        assert_eq!(message.lines().count(), 1, "{spec}: {message}");
-        assert!(!message.contains("panicked"), "{message}");
+        assert_one_line_error(&["run", "--probe", "--disk", spec], code, "disk");
     }
 }
 
@@ -576,9 +569,8 @@ fn a_trap_mode_request_the_disk_holds_past_the_exit_completes() {
     const HELD_BLOCK: u64 = 10;
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("backing");
-    std::fs::File::create(&file).unwrap().set_len(BLOCKS * 4096).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_BLOCK * 4096);
+    let file = test_infra::disk_file(dir.path(), "backing", BLOCKS * 4096);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_BLOCK * 4096);
     held.hold();
     let disk = format!("path={},direct", held.disk().display());
     let cmdline = format!(
@@ -597,9 +589,9 @@ fn a_trap_mode_request_the_disk_holds_past_the_exit_completes() {
         });
         run_blk("trap", &disk, &cmdline)
     });
-    let result = blk_result(&out);
+    let result = line_with(&out, "probe", "blk");
     assert_eq!(result["mismatches"], 0, "{result}");
     assert_eq!(result["errors"], 0, "{result}");
     assert_eq!(result["blocks"], BLOCKS, "{result}");
-    common::assert_holds_only_pattern(&file, 77, BLOCKS);
+    test_infra::assert_holds_only_pattern(&file, 77, BLOCKS);
 }

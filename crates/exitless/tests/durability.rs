@@ -16,17 +16,15 @@
 //! `EXITLESS_DURABILITY_ROUNDS` rounds of each (default 3; scripts/durability.sh runs 50); each
 //! prints a `durability ...` summary line.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::console::Console;
-use common::daemon::Daemon;
-use common::qemu::Qemu;
 use serde_json::Value;
+use test_infra::console::Console;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
 
 const BLOCK: usize = 4096;
 const SECTOR: usize = 512;
@@ -71,11 +69,32 @@ struct Tally {
 }
 
 impl Tally {
-    fn print(&self, what: &str, command: &str) {
+    /// Check the disk file `disk` after a round (`round` names it) against what the guest `said`
+    /// (see `check`): every block must hold what an acknowledged generation wrote.
+    fn check_round(
+        &mut self,
+        round: &str,
+        disk: &Path,
+        said: &Said,
+        sector_data: impl Fn(u64, u64) -> Vec<u8>,
+    ) {
+        let differences = check(&std::fs::read(disk).unwrap(), said, sector_data, self);
+        assert!(
+            differences.is_empty(),
+            "{round}, {} generations durable: {differences:?}",
+            said.durable.len()
+        );
+        self.rounds += 1;
+    }
+
+    /// Print the totals of the runs of `what`, killed by `command`; some block must have been
+    /// checked.
+    fn finish(&self, what: &str, command: &str) {
         println!(
             "durability {what}: {} rounds, {} block writes acknowledged after a completed FLUSH, {} blocks checked, {} lost ({command})",
             self.rounds, self.acknowledged, self.checked, self.lost
         );
+        assert!(self.checked > 0);
     }
 }
 
@@ -171,7 +190,7 @@ fn probe_said(lines: &[String]) -> Said {
 
 #[test]
 fn exitless_run_killed_at_random_keeps_every_write_acknowledged_by_a_flush() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     let mut rng = XorShift::from_clock();
@@ -199,19 +218,12 @@ fn exitless_run_killed_at_random_keeps_every_write_acknowledged_by_a_flush() {
             "round {round}: killed, not ended: {lines:?} {stderr}"
         );
         let said = probe_said(&lines);
-        let differences = check(&std::fs::read(&disk).unwrap(), &said, probe_sector(seed), &mut tally);
-        assert!(
-            differences.is_empty(),
-            "round {round} ({mode}), {} generations durable: {differences:?}",
-            said.durable.len()
-        );
-        tally.rounds += 1;
+        tally.check_round(&format!("round {round} ({mode})"), &disk, &said, probe_sector(seed));
     }
-    tally.print(
+    tally.finish(
         "exitless run (probe blk-durable, modes exitless/eventfd/adaptive)",
         "kill -9 of exitless run",
     );
-    assert!(tally.checked > 0);
 }
 
 /// The Linux guest's /init: generations of up to 32 blocks written with dd and fsync'd.
@@ -264,11 +276,15 @@ fn linux_said(lines: &[String]) -> Said {
 
 #[test]
 fn vhost_user_daemon_killed_at_random_keeps_every_write_a_linux_guest_flushed() {
-    let _one = common::one_at_a_time();
-    let kernel = common::linux::kernel();
+    let _one = test_infra::one_at_a_time();
+    let kernel = test_infra::linux::kernel();
     let dir = tempfile::tempdir().unwrap();
     let initramfs = dir.path().join("initramfs.cpio");
-    common::linux::initramfs(&kernel, &format!("{}{DURABLE_INIT}", common::linux::INIT_PRELUDE), &initramfs);
+    test_infra::linux::initramfs(
+        &kernel,
+        &format!("{}{DURABLE_INIT}", test_infra::linux::INIT_PRELUDE),
+        &initramfs,
+    );
     let disk = dir.path().join("disk.img");
     let socket = dir.path().join("vhost.sock");
     let mut rng = XorShift::from_clock();
@@ -293,19 +309,12 @@ fn vhost_user_daemon_killed_at_random_keeps_every_write_a_linux_guest_flushed() 
         guest.settle(Duration::from_secs(2), Duration::from_secs(20));
         let (_, lines) = guest.kill(WAIT);
         let said = linux_said(&lines);
-        let differences = check(&std::fs::read(&disk).unwrap(), &said, linux_sector, &mut tally);
-        assert!(
-            differences.is_empty(),
-            "round {round}, {} generations durable: {differences:?}",
-            said.durable.len()
-        );
-        tally.rounds += 1;
+        tally.check_round(&format!("round {round}"), &disk, &said, linux_sector);
     }
-    tally.print(
+    tally.finish(
         "vhost-user-blk (Linux TCG guest, busybox dd conv=fsync)",
         "kill -9 of exitless vhost-user-blk",
     );
-    assert!(tally.checked > 0);
 }
 
 /// The check itself, on a file built by hand: it accepts the last acknowledged generation and a

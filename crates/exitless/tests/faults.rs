@@ -11,19 +11,17 @@
 //! Needs root (mount, loop devices), mkfs.ext4 (e2fsprogs) and, for the vhost-user cases,
 //! qemu-system-x86_64: what scripts/setup.sh installs.
 
-mod common;
-
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::console::Console;
-use common::daemon::Daemon;
-use common::qemu::Qemu;
 use probe_abi::fault_control as control;
 use serde_json::Value;
+use test_infra::console::Console;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
 
 const BLOCK: u64 = 4096;
 const SEED: u64 = 77;
@@ -43,8 +41,7 @@ struct Ext4 {
 impl Ext4 {
     fn mount(size_mib: u64, options: &str) -> Ext4 {
         let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("fs.img");
-        std::fs::File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
+        let image = test_infra::disk_file(dir.path(), "fs.img", size_mib << 20);
         run_ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
         let mount_point = dir.path().join("mnt");
         std::fs::create_dir(&mount_point).unwrap();
@@ -271,9 +268,7 @@ impl Faulty {
                     .socket(&socket)
                     .disk(&format!("path={},direct", disk.display()))
                     .start_console(&dir.path().join("daemon.err"));
-                let elf = dir.path().join("probe.elf");
-                let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
-                assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+                let elf = test_infra::probe_elf(dir.path());
                 // The probe counts microvm's virtio-mmio devices in the order they are given: the
                 // disk under test first, the control disk second.
                 let guest = Qemu::probe(&elf, "256M", &cmdline)
@@ -398,8 +393,7 @@ fn out_of_space(frontend: Frontend) {
 /// success), reads before it still work, and writing the lost half back makes it readable.
 fn truncated(frontend: Frontend) {
     let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(128 * BLOCK).unwrap();
+    let disk = test_infra::disk_file(dir.path(), "disk.img", 128 * BLOCK);
     let mut vm = Faulty::start(frontend, &disk);
     let (all, lost) = ((0, 128), (64, 64));
     vm.step(1, all, all);
@@ -458,36 +452,36 @@ fn turned_read_only(frontend: Frontend) {
 
 #[test]
 fn out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     out_of_space(Frontend::Exitless);
 }
 
 #[test]
 fn a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     truncated(Frontend::Exitless);
 }
 
 #[test]
 fn a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     turned_read_only(Frontend::Exitless);
 }
 
 #[test]
 fn vhost_user_out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     out_of_space(Frontend::VhostUser);
 }
 
 #[test]
 fn vhost_user_a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     truncated(Frontend::VhostUser);
 }
 
 #[test]
 fn vhost_user_a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     turned_read_only(Frontend::VhostUser);
 }

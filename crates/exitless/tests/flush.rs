@@ -10,14 +10,12 @@
 //!   wrote before it: each was written to the device, and that write completed, before a device
 //!   flush that completed before the FLUSH's fsync did.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, DaemonBuilder};
-use common::one_at_a_time;
+use test_infra::daemon::{Daemon, DaemonBuilder};
+use test_infra::one_at_a_time;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// Write+FLUSH pairs the guest makes: warm-up and measured requests, two per pair.
@@ -250,7 +248,7 @@ fn through_traced_daemon(
     let daemon = daemon.start(log);
     let socket = daemon.socket().to_owned();
     let vhost_user = format!("vhost-user={}", socket.display());
-    let out = common::exitless_within(
+    let out = test_infra::exitless_within(
         RUN_LIMIT,
         &["run", "--probe", "--mem", "64M", "--disk", &vhost_user, "--cmdline", cmdline],
     );
@@ -335,7 +333,7 @@ fn every_flush_of_the_daemon_is_an_fsync_finished_before_the_guest_goes_on() {
             let (out, pid) = through_traced_daemon(&trace, daemon, &log, &probe_cmdline());
             let cell = format!("daemon {mode} path{direct}");
             if !out.status.success() {
-                failures.push(format!("{cell}: the guest failed: {}", common::stderr(&out)));
+                failures.push(format!("{cell}: the guest failed: {}", test_infra::stderr(&out)));
                 continue;
             }
             let events = trace.events_of(pid);
@@ -401,7 +399,7 @@ fn every_write_acknowledged_before_a_flush_survives_a_power_loss_at_that_flush()
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let image = dir.path().join("disk.img");
     std::fs::write(&image, vec![0u8; 16 << 20]).unwrap();
-    let device = common::LoopDevice::attach(&image);
+    let device = test_infra::LoopDevice::attach(&image);
     let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&device.path).unwrap());
     let dev = format!("{},{}", libc::major(rdev), libc::minor(rdev));
     let cmdline = format!(
@@ -432,7 +430,7 @@ fn every_write_acknowledged_before_a_flush_survives_a_power_loss_at_that_flush()
             let (out, pid) = through_traced_daemon(&trace, daemon, &log, &cmdline);
             let cell = format!("daemon {mode} {disk}");
             if !out.status.success() {
-                failures.push(format!("{cell}: the guest failed: {}", common::stderr(&out)));
+                failures.push(format!("{cell}: the guest failed: {}", test_infra::stderr(&out)));
                 continue;
             }
             failures.extend(check_power_loss(&cell, &dev, &trace.events_of(pid), 8));

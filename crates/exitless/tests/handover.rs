@@ -13,15 +13,14 @@
 //!   and one that sends nonsense leave the old daemon serving (the guest's verify passes, no
 //!   reconnection); a real hand-over then still works.
 
-mod common;
-
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Output};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::daemon::Daemon;
-use common::qemu::Qemu;
-use common::{exitless_within, json_lines, line_with, stderr};
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
+use test_infra::{exitless_within, json_lines, line_with, stderr, verify_cmdline};
 
 /// A hang guard for a daemon's exit or a guest's first write.
 const WAIT: Duration = Duration::from_secs(60);
@@ -41,8 +40,7 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         let dir = tempfile::tempdir_in("/tmp").unwrap();
-        let disk = dir.path().join("disk.img");
-        std::fs::File::create(&disk).unwrap().set_len(DISK_BYTES).unwrap();
+        let disk = test_infra::disk_file(dir.path(), "disk.img", DISK_BYTES);
         let socket = dir.path().join("vu.sock");
         let handover = dir.path().join("handover.sock");
         Rig { dir, disk, socket, handover }
@@ -54,6 +52,16 @@ impl Rig {
 
     fn disk_spec(&self, file: &Path) -> String {
         format!("path={},direct,iops={IOPS}", file.display())
+    }
+
+    /// The first daemon, and the exitless VMM verifying `blocks` blocks with `seed` on it
+    /// (`exitless_guest`), once the guest has begun writing.
+    fn first_daemon_under_verify(&self, blocks: u64, seed: u64) -> (Daemon, JoinHandle<Output>) {
+        let daemon = self.first_daemon();
+        let before = modified(&self.disk);
+        let vm = exitless_guest(&self.socket, verify(blocks, seed));
+        self.wait_for_first_write(before);
+        (daemon, vm)
     }
 
     /// The first daemon: returns once it listens on the disk's socket and the hand-over socket.
@@ -119,15 +127,14 @@ fn wait_exit(daemon: &mut Daemon) -> ExitStatus {
     }
 }
 
-fn verify_cmdline(blocks: u64, seed: u64) -> String {
-    format!(
-        "probe.workload=blk probe.rw=verify probe.bs=4096 probe.ops={blocks} probe.qd=4 probe.seed={seed} probe.timeout_ms=30000"
-    )
+/// The guests' verify across hand-overs: `blocks` blocks at depth 4 with `seed`.
+fn verify(blocks: u64, seed: u64) -> String {
+    format!("{} probe.bs=4096 probe.timeout_ms=30000", verify_cmdline(blocks, 4, seed))
 }
 
 /// The exitless VMM on the disk (reconnecting, so that a reconnection would be counted rather
 /// than fatal), in a thread: its output.
-fn exitless_guest(socket: &Path, cmdline: String) -> std::thread::JoinHandle<std::process::Output> {
+fn exitless_guest(socket: &Path, cmdline: String) -> JoinHandle<Output> {
     let disk = format!("vhost-user={},reconnect=10", socket.display());
     std::thread::spawn(move || {
         let args = ["run", "--probe", "--io-mode", "eventfd", "--disk", &disk, "--cmdline", &cmdline];
@@ -156,17 +163,15 @@ fn connections(log: &str) -> usize {
 
 #[test]
 fn a_qemu_guest_keeps_its_connection_through_three_handovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
-    let elf = rig.path("probe.elf");
-    let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elf = test_infra::probe_elf(rig.dir.path());
     let mut daemon = rig.first_daemon();
     // 12000 blocks written then read back at 2000 requests/s: a run of several seconds, each
     // new daemon adding a second's burst.
     let (blocks, seed) = (12_000, 4242);
     let before = modified(&rig.disk);
-    let guest = Qemu::probe(&elf, "128M", &verify_cmdline(blocks, seed))
+    let guest = Qemu::probe(&elf, "128M", &verify(blocks, seed))
         .vhost_user_blk_with(&rig.socket, ",reconnect=1", ",queue-size=256")
         .spawn_console(&rig.path("qemu.err"));
     rig.wait_for_first_write(before);
@@ -209,18 +214,15 @@ fn a_qemu_guest_keeps_its_connection_through_three_handovers() {
             "{log}"
         );
     }
-    common::assert_holds_pattern(&rig.disk, seed, blocks);
+    test_infra::assert_holds_pattern(&rig.disk, seed, blocks);
 }
 
 #[test]
 fn the_exitless_frontend_counts_no_reconnection_across_handovers() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
-    let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 99);
-    let before = modified(&rig.disk);
-    let vm = exitless_guest(&rig.socket, verify_cmdline(blocks, seed));
-    rig.wait_for_first_write(before);
+    let (mut daemon, vm) = rig.first_daemon_under_verify(blocks, seed);
     let mut logs = Vec::new();
     for round in 1..=2 {
         std::thread::sleep(Duration::from_millis(300));
@@ -233,22 +235,18 @@ fn the_exitless_frontend_counts_no_reconnection_across_handovers() {
     let all = logs.join("\n----\n");
     assert_verified_without_reconnection(&out, &all);
     assert_eq!(logs.iter().map(|l| connections(l)).sum::<usize>(), 1, "{all}");
-    common::assert_holds_pattern(&rig.disk, seed, blocks);
+    test_infra::assert_holds_pattern(&rig.disk, seed, blocks);
 }
 
 #[test]
 fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let rig = Rig::new();
-    let mut daemon = rig.first_daemon();
     let (blocks, seed) = (8000, 7);
-    let before = modified(&rig.disk);
-    let vm = exitless_guest(&rig.socket, verify_cmdline(blocks, seed));
-    rig.wait_for_first_write(before);
+    let (mut daemon, vm) = rig.first_daemon_under_verify(blocks, seed);
 
     // Another disk file: refused with one line, the successor exits with the failure status.
-    let other = rig.path("other.img");
-    std::fs::File::create(&other).unwrap().set_len(DISK_BYTES).unwrap();
+    let other = test_infra::disk_file(rig.dir.path(), "other.img", DISK_BYTES);
     let mut refused = rig.successor(1, &other, None);
     let status = wait_exit(&mut refused);
     let said = refused.log();
@@ -293,7 +291,7 @@ fn refused_and_failed_handovers_leave_the_old_daemon_serving() {
     let all = format!("{old_log}\n----\n{}", new.stop());
     assert_verified_without_reconnection(&out, &all);
     assert_eq!(connections(&all), 1, "{all}");
-    common::assert_holds_pattern(&rig.disk, seed, blocks);
+    test_infra::assert_holds_pattern(&rig.disk, seed, blocks);
 }
 
 /// Connect to the hand-over socket as user nobody (65534), once the test has let every user

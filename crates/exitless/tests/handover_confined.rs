@@ -7,18 +7,15 @@
 //! predecessor has handed nothing over and serves on; if the successor read first, the
 //! predecessor has committed and exited, and the disk is gone with the successor.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
+use test_infra::daemon::Daemon;
 
 #[test]
 fn a_successor_confines_itself_before_it_reads_its_predecessor() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk");
-    std::fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
+    let disk = test_infra::disk_file(dir.path(), "disk", 1 << 20);
     let socket = dir.path().join("disk.sock");
     let handover = dir.path().join("handover.sock");
     let spec = format!("path={}", disk.display());
@@ -37,7 +34,7 @@ fn a_successor_confines_itself_before_it_reads_its_predecessor() {
         .stderr(std::fs::File::create(dir.path().join("new.log")).unwrap())
         .spawn()
         .unwrap();
-    let mut successor = KillOnDrop(successor);
+    let mut successor = test_infra::KillOnDrop(successor);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = successor.0.try_wait().unwrap() {
@@ -60,14 +57,4 @@ fn a_successor_confines_itself_before_it_reads_its_predecessor() {
     assert!(!old.log().contains("handed every disk over"), "{}", old.log());
     assert!(socket.exists() && handover.exists());
     old.stop();
-}
-
-/// A child killed and reaped when the test ends, whatever happened.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -25,16 +25,14 @@
 //! Needs root (FUSE mounts), libfuse3-dev and fuse3, a C compiler, QEMU, Debian's cloud kernel,
 //! busybox-static, coreutils, e2fsprogs and fio: what scripts/setup.sh installs.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::held_disk::HeldDisk;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::held_disk::HeldDisk;
+use test_infra::linux::{initramfs_in, kernel, DD, FIO, INIT_PRELUDE};
+use test_infra::qemu::Qemu;
 
 /// A hang guard for one step of a guest under TCG on a shared machine.
 const WAIT: Duration = Duration::from_secs(120);
@@ -75,14 +73,11 @@ poweroff -f
 
 #[test]
 fn a_write_held_behind_a_completed_read_is_resubmitted_by_the_next_daemon_after_kill_9() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let programs = host_programs(&[("/usr/bin/dd", "coreutils")]);
-    let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &programs, &initramfs);
-    let file = dir.path().join("disk.img");
-    std::fs::File::create(&file).unwrap().set_len(16 << 20).unwrap();
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_PRELUDE}{OUT_OF_ORDER_INIT}"), &[DD]);
+    let file = test_infra::disk_file(dir.path(), "disk.img", 16 << 20);
     let held = HeldDisk::start(dir.path(), &file, HELD_BLOCK * BLOCK as u64);
     held.hold();
     let socket = dir.path().join("vhost.sock");
@@ -188,22 +183,23 @@ poweroff -f
 "#;
 
 /// A Linux guest with fio, on `socket` with a reconnecting chardev, running `runs` fio runs.
-fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> common::console::Console {
+fn fio_guest(dir: &Path, socket: &Path, runs: u64) -> test_infra::console::Console {
     let kernel = kernel();
-    let programs = host_programs(&[("/usr/bin/fio", "fio")]);
-    let initramfs = dir.join("initramfs.cpio");
-    initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &programs, &initramfs);
+    let initramfs = initramfs_in(dir, &kernel, &format!("{INIT_PRELUDE}{FIO_INIT}"), &[FIO]);
     // fio and its libraries (about 80 MB) are unpacked into the guest's RAM.
     Qemu::linux(&kernel, &initramfs, "512M", 1, &format!("inflight.runs={runs}"))
         .vhost_user_blk_with(socket, ",reconnect=1", "")
         .spawn_console(&dir.join("qemu.err"))
 }
 
-fn start_daemon(socket: &Path, file: &Path, log: &Path) -> common::console::Console {
-    start_daemon_on(socket, &format!("path={},direct", file.display()), log)
+/// The daemon in `adaptive` mode serving `file` with O_DIRECT on `socket`, its standard output
+/// read line by line and its log in `log`.
+fn adaptive_daemon(socket: &Path, file: &Path, log: &Path) -> test_infra::console::Console {
+    adaptive_daemon_on(socket, &format!("path={},direct", file.display()), log)
 }
 
-fn start_daemon_on(socket: &Path, disk: &str, log: &Path) -> common::console::Console {
+/// As `adaptive_daemon`, serving the `--disk` spec `disk`.
+fn adaptive_daemon_on(socket: &Path, disk: &str, log: &Path) -> test_infra::console::Console {
     Daemon::builder().io_mode("adaptive").socket(socket).disk(disk).start_console(log)
 }
 
@@ -230,8 +226,7 @@ fn resubmitted(log: &str) -> u64 {
 /// answering each write in turn after 1 ms (a slow disk), so that a daemon holds many of fio's
 /// 32 requests at any moment: the mount (kept while the test runs) and the path to serve.
 fn slow_disk(dir: &Path) -> (HeldDisk, PathBuf) {
-    let file = dir.join("disk.img");
-    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    let file = test_infra::disk_file(dir, "disk.img", 64 << 20);
     let fuse = HeldDisk::start_slow(dir, &file, HELD_BLOCK * BLOCK as u64, 1000);
     let disk = fuse.disk();
     (fuse, disk)
@@ -239,12 +234,12 @@ fn slow_disk(dir: &Path) -> (HeldDisk, PathBuf) {
 
 #[test]
 fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let restarts = restarts();
     let dir = tempfile::tempdir().unwrap();
     let (fuse, disk) = slow_disk(dir.path());
     let socket = dir.path().join("vhost.sock");
-    let mut daemon = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let mut daemon = adaptive_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
     let runs = restarts + 1;
     let mut guest = fio_guest(dir.path(), &socket, runs);
     let mut logs = String::new();
@@ -266,7 +261,7 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
         logs.push_str(
             &std::fs::read_to_string(dir.path().join(format!("daemon{}.err", restart - 1))).unwrap(),
         );
-        daemon = start_daemon(&socket, &disk, &dir.path().join(format!("daemon{restart}.err")));
+        daemon = adaptive_daemon(&socket, &disk, &dir.path().join(format!("daemon{restart}.err")));
     }
     guest.wait_for(WAIT, |l| l.contains("FIO-END"));
     let (_, lines) = guest.finish(WAIT);
@@ -291,12 +286,12 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
 
 #[test]
 fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // The daemon holds requests when SIGTERM comes.
     let (_fuse, disk) = slow_disk(dir.path());
     let socket = dir.path().join("vhost.sock");
-    let first = start_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let first = adaptive_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
     let runs = 2;
     let mut guest = fio_guest(dir.path(), &socket, runs);
     guest.wait_for(WAIT, |l| l.contains("FIO-RUN-START 1"));
@@ -307,7 +302,7 @@ fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     unsafe { libc::kill(first.pid(), libc::SIGTERM) };
     let (status, _) = first.finish(WAIT);
     let stopped = sent.elapsed();
-    let second = start_daemon(&socket, &disk, &dir.path().join("daemon1.err"));
+    let second = adaptive_daemon(&socket, &disk, &dir.path().join("daemon1.err"));
     let taken_over = sent.elapsed();
     assert_eq!(status.code(), Some(0), "the first daemon exits 0 on SIGTERM");
     let first_log = std::fs::read_to_string(dir.path().join("daemon0.err")).unwrap();
@@ -341,7 +336,7 @@ fn start_handover_daemon(
     file: &Path,
     handover: &Path,
     log: &Path,
-) -> common::console::Console {
+) -> test_infra::console::Console {
     // The first one is waited for until it listens there too.
     let listens: Vec<&Path> = if handover.exists() { vec![] } else { vec![handover] };
     Daemon::builder()
@@ -354,7 +349,7 @@ fn start_handover_daemon(
 
 #[test]
 fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_holds() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // The daemon holds many of fio's 32 requests when it hands over.
     let (_fuse, disk) = slow_disk(dir.path());
@@ -400,7 +395,7 @@ fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_
 /// out).
 #[test]
 fn fio_verify_on_an_rbd_image_survives_the_daemon_killed_with_requests_in_the_cluster() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let restarts = restarts().min(RESTARTS);
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
@@ -408,7 +403,7 @@ fn fio_verify_on_an_rbd_image_survives_the_daemon_killed_with_requests_in_the_cl
     cluster.image("inflight", 64 << 20);
     let disk = format!("rbd=rbd/inflight,conf={}", cluster.conf().display());
     let socket = dir.join("vhost.sock");
-    let mut daemon = start_daemon_on(&socket, &disk, &dir.join("daemon0.err"));
+    let mut daemon = adaptive_daemon_on(&socket, &disk, &dir.join("daemon0.err"));
     let runs = restarts + 1;
     let mut guest = fio_guest(dir, &socket, runs);
     for restart in 1..=restarts {
@@ -420,7 +415,7 @@ fn fio_verify_on_an_rbd_image_survives_the_daemon_killed_with_requests_in_the_cl
         let (status, _) = daemon.kill(WAIT);
         assert_eq!(status.signal(), Some(libc::SIGKILL), "restart {restart}: the daemon was killed");
         cluster.osd(true);
-        daemon = start_daemon_on(&socket, &disk, &dir.join(format!("daemon{restart}.err")));
+        daemon = adaptive_daemon_on(&socket, &disk, &dir.join(format!("daemon{restart}.err")));
     }
     guest.wait_for(WAIT * 2, |l| l.contains("FIO-END"));
     let (_, lines) = guest.finish(WAIT);

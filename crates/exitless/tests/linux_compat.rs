@@ -37,14 +37,13 @@
 //! busybox-static, e2fsprogs, util-linux, coreutils, fio).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
-use common::qemu::Qemu;
 use storage::testing::ceph::TestCluster;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{host_programs, initramfs_with_programs, kernel, DD, FIO, INIT_MOUNTS};
+use test_infra::qemu::Qemu;
 
 /// One boot, both disks, without the mixed run: 25 to 75 s under TCG on this shared 2-CPU host
 /// (a run paused by other work takes longer); a guest still running after this and the mixed run
@@ -279,8 +278,8 @@ const PROGRAMS: [(&str, &str); 5] = [
     ("/usr/sbin/mke2fs", "e2fsprogs"),
     ("/usr/sbin/e2fsck", "e2fsprogs"),
     ("/usr/sbin/blkdiscard", "util-linux"),
-    ("/usr/bin/dd", "coreutils"),
-    ("/usr/bin/fio", "fio"),
+    DD,
+    FIO,
 ];
 
 /// Who serves the guest's two disks.
@@ -310,7 +309,7 @@ impl Device {
 
 /// A file disk and a RAM disk served by `device`, the workload run on both in one boot.
 fn run_workload(device: Device) {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let mixed = mixed_run();
     let dir = tempfile::tempdir().unwrap();
@@ -322,8 +321,7 @@ fn run_workload(device: Device) {
     }
     let initramfs = dir.path().join("initramfs.cpio");
     initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
-    let file_disk = dir.path().join("disk.img");
-    std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
+    let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
 
     let append = format!("lc.mixed={}", mixed.as_secs());
     let mut qemu = Qemu::linux(&kernel, &initramfs, GUEST_RAM, 1, &append);
@@ -379,7 +377,7 @@ fn run_workload(device: Device) {
     }
     let console = dir.path().join("console.log");
     let child = qemu.spawn(&console, std::fs::File::create(dir.path().join("qemu.log")).unwrap());
-    let guest = Guest { qemu: child, console, qemu_log: dir.path().join("qemu.log") };
+    let guest = Guest { qemu: test_infra::KillOnDrop(child), console, qemu_log: dir.path().join("qemu.log") };
     let output = guest.finish(device, daemon.as_mut(), BOOT_LIMIT + mixed);
 
     for disk in ["vda", "vdb"] {
@@ -452,7 +450,7 @@ fn rbd_images(device: Device) -> [String; 2] {
 
 /// A booted guest: QEMU, its console in a file.
 struct Guest {
-    qemu: Child,
+    qemu: test_infra::KillOnDrop,
     console: PathBuf,
     qemu_log: PathBuf,
 }
@@ -496,13 +494,6 @@ impl Guest {
         assert!(!output.contains("LC-FAIL"), "{device:?}: the guest failed a step: {output}");
         assert!(output.contains("LC-DONE"), "{device:?}: the guest did not finish: {output}");
         output
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
     }
 }
 

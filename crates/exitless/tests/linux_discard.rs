@@ -23,10 +23,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{initramfs_in, kernel, DD, INIT_MOUNTS};
+use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in 12 to 14 s under TCG here (more on a busy host); one not done after
 /// this is stuck.
@@ -92,7 +91,7 @@ const PROGRAMS: [(&str, &str); 4] = [
     ("/usr/sbin/mke2fs", "e2fsprogs"),
     ("/usr/sbin/fstrim", "util-linux"),
     ("/usr/sbin/blkdiscard", "util-linux"),
-    ("/usr/bin/dd", "coreutils"),
+    DD,
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,14 +104,11 @@ enum Device {
 
 /// The guest's console once it powered off, failing at once on a failed step.
 fn run(device: Device) -> (String, tempfile::TempDir) {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let programs = host_programs(&PROGRAMS);
-    let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
-    let file_disk = dir.path().join("disk.img");
-    std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_MOUNTS}{INIT}"), &PROGRAMS);
+    let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");
     let mut daemon = None;
     let ram = tempfile::Builder::new().prefix("exitless-linux-discard").tempfile_in("/dev/shm").unwrap();

@@ -3,16 +3,14 @@
 //! from each CPU (blk-mq maps each CPU to its own queue), in every `--io-mode`. The daemon's
 //! control API then shows both queues served, and neither job saw an error.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_MOUNTS};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{initramfs_in, kernel, FIO, INIT_MOUNTS};
+use test_infra::qemu::Qemu;
 
 /// A guest still running after this is stuck (about 30 s under TCG on this 2-CPU host).
 const LIMIT: Duration = Duration::from_secs(300);
@@ -45,19 +43,16 @@ fn disk_figures(api: &Path) -> serde_json::Value {
 }
 
 fn two_queues_from_two_cpus(mode: &str) {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let programs = host_programs(&[("/usr/bin/fio", "fio")]);
-    let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &programs, &initramfs);
-    let image = dir.path().join("disk.img");
-    std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_MOUNTS}{INIT}"), &[FIO]);
+    let image = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
     let (socket, api) = (dir.path().join("mq.sock"), dir.path().join("api.sock"));
     let mut daemon = Daemon::builder()
         .disk_on(&socket, &format!("path={},direct,queues=2,name=mq", image.display()))
         .io_mode(mode)
-        .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
+        .api_socket(&api)
         .start(&dir.path().join("daemon.log"));
     let console = dir.path().join("console.log");
     let mut qemu = Qemu::linux(&kernel, &initramfs, "512M", 2, "")

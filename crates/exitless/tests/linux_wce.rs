@@ -16,11 +16,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::dirty_pages_in;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::dirty_pages_in;
+use test_infra::linux::{initramfs_in, kernel, DD, INIT_PRELUDE};
+use test_infra::qemu::Qemu;
 
 /// A boot runs these steps in about 10 s under TCG here (more on a busy host); one not done after
 /// this is stuck.
@@ -52,7 +51,7 @@ echo LW-WRITTEN
 sleep 3600
 "#;
 
-const PROGRAMS: [(&str, &str); 1] = [("/usr/bin/dd", "coreutils")];
+const PROGRAMS: [(&str, &str); 1] = [DD];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Device {
@@ -63,15 +62,12 @@ enum Device {
 }
 
 fn run(device: Device) {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let programs = host_programs(&PROGRAMS);
-    let initramfs = dir.path().join("initramfs.cpio");
-    initramfs_with_programs(&kernel, &format!("{INIT_PRELUDE}{INIT}"), &programs, &initramfs);
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_PRELUDE}{INIT}"), &PROGRAMS);
     // On /tmp, a disk file system: on tmpfs no page is ever written back.
-    let file_disk = dir.path().join("disk.img");
-    std::fs::File::create(&file_disk).unwrap().set_len(DISK_SIZE).unwrap();
+    let file_disk = test_infra::disk_file(dir.path(), "disk.img", DISK_SIZE);
     let mut qemu = Qemu::linux(&kernel, &initramfs, "256M", 1, "");
     let mut daemon = None;
     match device {

@@ -31,10 +31,9 @@ use exitless_bench::hosts::{HostPair, DESTINATION_IP, SOURCE_IP};
 use serde_json::{json, Value};
 use storage::testing::ceph::TestCluster;
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{host_programs, initramfs_with_programs, kernel, INIT_PRELUDE};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{initramfs_in, kernel, DD, FIO, INIT_PRELUDE};
+use test_infra::qemu::Qemu;
 
 /// Booting takes 10 to 20 s under TCG here, the migration of 256 MiB a few more.
 const LIMIT: Duration = Duration::from_secs(300);
@@ -141,12 +140,10 @@ fn read(path: &Path) -> String {
 
 #[test]
 fn a_guest_migrates_between_two_qemus_on_one_daemon_while_doing_io() {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
-    let initramfs = dir.path().join("initramfs.cpio");
-    let init = format!("{INIT_PRELUDE}{MIGRATION_INIT}");
-    initramfs_with_programs(&kernel, &init, &host_programs(&[("/usr/bin/dd", "coreutils")]), &initramfs);
+    let initramfs = initramfs_in(dir.path(), &kernel, &format!("{INIT_PRELUDE}{MIGRATION_INIT}"), &[DD]);
     let disk = dir.path().join("disk.img");
     let pattern: Vec<u8> = (0..DISK_SIZE).map(|i| (i / 4096) as u8 ^ (i as u8).wrapping_mul(7)).collect();
     std::fs::write(&disk, &pattern).unwrap();
@@ -275,14 +272,11 @@ fn rounds(console: &Path) -> usize {
 
 #[test]
 fn a_guest_on_an_rbd_image_migrates_back_and_forth_between_two_hosts_and_their_daemons() {
-    let _serial = common::one_at_a_time();
+    let _serial = test_infra::one_at_a_time();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let initramfs = dir.join("initramfs.cpio");
-    let init = format!("{INIT_PRELUDE}{HOSTS_INIT}");
-    let programs = host_programs(&[("/usr/bin/dd", "coreutils"), ("/usr/bin/fio", "fio")]);
-    initramfs_with_programs(&kernel, &init, &programs, &initramfs);
+    let initramfs = initramfs_in(dir, &kernel, &format!("{INIT_PRELUDE}{HOSTS_INIT}"), &[DD, FIO]);
 
     let pair = HostPair::new().unwrap_or_else(|e| panic!("{e}"));
     let hosts = [(pair.source.as_str(), SOURCE_IP), (pair.destination.as_str(), DESTINATION_IP)];

@@ -14,17 +14,15 @@
 //! Needs root (setpriv changes user; the RAM disk test plants files as `nobody`) and python3
 //! (the attacker's client).
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::api::http;
-use common::daemon::Daemon;
+use test_infra::api::http;
+use test_infra::daemon::Daemon;
 
 /// The attacker's client: `connect PATH HEX` connects, sends the bytes and prints what came
 /// back; `open PATH` opens a file for reading.
@@ -141,7 +139,7 @@ fn wait_for_log(log: impl Fn() -> String, needle: &str, what: &str) {
 /// An `exitless run --probe` VM with a control API, waiting at its verify's gate (which the
 /// test never opens) until killed.
 struct Vm {
-    child: Child,
+    child: test_infra::KillOnDrop,
     stderr: PathBuf,
 }
 
@@ -149,8 +147,7 @@ impl Vm {
     fn start(dir: &Path, api: &Path, umask: libc::mode_t) -> Vm {
         use std::os::unix::process::CommandExt;
         const BLOCKS: u64 = 16;
-        let disk = dir.join("vm.disk");
-        std::fs::File::create(&disk).unwrap().set_len((BLOCKS + 1) * 4096).unwrap();
+        let disk = test_infra::disk_file(dir, "vm.disk", (BLOCKS + 1) * 4096);
         let stderr = dir.join("vm.err");
         let mut command = Command::new(env!("CARGO_BIN_EXE_exitless"));
         command
@@ -173,7 +170,7 @@ impl Vm {
                 Ok(())
             })
         };
-        let mut vm = Vm { child: command.spawn().expect("run exitless"), stderr };
+        let mut vm = Vm { child: test_infra::KillOnDrop(command.spawn().expect("run exitless")), stderr };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !api.exists() {
             assert!(vm.child.try_wait().unwrap().is_none(), "the VM ended: {}", vm.log());
@@ -188,13 +185,6 @@ impl Vm {
     }
 }
 
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn another_user_gets_nothing_from_any_socket_whatever_the_umask() {
     assert_root();
@@ -202,20 +192,19 @@ fn another_user_gets_nothing_from_any_socket_whatever_the_umask() {
         let dir = tempfile::tempdir().unwrap();
         // Sticky and open to all, as /tmp: the attacker can reach every path in it.
         std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
-        let (api, disk_socket) = (dir.path().join("daemon.api"), dir.path().join("disk.sock"));
+        let path = |name: &str| dir.path().join(name);
+        let (api, disk_socket, vm_api) = (path("daemon.api"), path("disk.sock"), path("vm.api"));
+        let (handover, upgradable_socket) = (path("handover.sock"), path("upgradable.sock"));
         let daemon = Daemon::builder()
             .disk_on(&disk_socket, "ram=1M")
-            .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
+            .api_socket(&api)
             .umask(umask)
-            .start(&dir.path().join("daemon.err"));
-        let handover = dir.path().join("handover.sock");
-        let upgradable_socket = dir.path().join("upgradable.sock");
+            .start(&path("daemon.err"));
         let upgradable = Daemon::builder()
             .disk_on(&upgradable_socket, "null=1M")
-            .args(&["--handover-socket".as_ref(), handover.as_os_str()], &[&handover])
+            .handover_socket(&handover)
             .umask(umask)
-            .start(&dir.path().join("upgradable.err"));
-        let vm_api = dir.path().join("vm.api");
+            .start(&path("upgradable.err"));
         let vm = Vm::start(dir.path(), &vm_api, umask);
 
         let sockets = [
@@ -254,10 +243,7 @@ fn a_ram_disk_is_no_file_another_user_can_reach() {
     assert_root();
     let dir = tempfile::tempdir().unwrap();
     let api = dir.path().join("api.sock");
-    let daemon = Daemon::builder()
-        .args(&["--api-socket".as_ref(), api.as_os_str()], &[&api])
-        .umask(0o000)
-        .start(&dir.path().join("daemon.err"));
+    let daemon = Daemon::builder().api_socket(&api).umask(0o000).start(&dir.path().join("daemon.err"));
     // The attacker plants the name the daemon's first RAM disk file had, and a second link to
     // it that outlives the daemon's unlinking the first.
     let planted = format!("/dev/shm/exitless-ram-{}-0", daemon.pid());

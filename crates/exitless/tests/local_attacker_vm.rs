@@ -5,8 +5,6 @@
 //! runs with umask 0, so that only what exitless itself does protects it. Each attempt must be
 //! refused: EACCES, or a connection closed before a byte of VM state goes through.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -14,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::api::http;
-use common::background::Background;
-use common::one_at_a_time;
+use test_infra::api::http;
+use test_infra::background::Background;
+use test_infra::one_at_a_time;
 
 /// What the helper prints before its result.
 const RESULT: &str = "ATTACKER-RESULT ";
@@ -72,7 +70,7 @@ fn attacker() {
             Err(e) => errno(e),
             Ok(mut conn) => {
                 conn.set_read_timeout(Some(HELPER_WAIT)).unwrap();
-                let _ = conn.write_all(&hello());
+                let _ = conn.write_all(&test_infra::migration::hello());
                 let mut answer = Vec::new();
                 let _ = conn.read_to_end(&mut answer);
                 format!("connected answered {}", answer.len())
@@ -108,23 +106,6 @@ fn attacker() {
         other => panic!("no action {other}"),
     };
     println!("{RESULT}{result}");
-}
-
-/// The migration hello of a 64 MiB VM without disks.
-fn hello() -> Vec<u8> {
-    let json = serde_json::json!({
-        "config": {
-            "mem_bytes": 64u64 << 20, "vcpus": 1, "hugepages": false, "cmdline": "",
-            "io_mode": "eventfd", "idle_budget_us": 50, "disable_hlt_exits": false,
-            "disable_pause_exits": false, "disks": []
-        },
-        "memory_bytes": 64u64 << 20
-    })
-    .to_string();
-    let mut bytes = b"EXLMIGR1".to_vec();
-    bytes.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
-    bytes.extend_from_slice(json.as_bytes());
-    bytes
 }
 
 /// A new directory any user may create files in (mode 1777, like /tmp), so that only the modes

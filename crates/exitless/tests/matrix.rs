@@ -7,14 +7,12 @@
 //! scheduler tick behind a spinning IOCore), are measured by `exitless bench --backends
 //! all` into BENCHMARKS.md.
 
-mod common;
-
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::daemon::Daemon;
-use common::{exitless_within, json_lines, one_at_a_time, stderr, stdout, LoopDevice};
+use test_infra::daemon::Daemon;
+use test_infra::{exitless_within, json_lines, one_at_a_time, stderr, stdout, LoopDevice};
 
 /// The disks' size: small, so that the files are quick to write.
 const DISK_BYTES: usize = 64 << 20;

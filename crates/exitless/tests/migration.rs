@@ -6,21 +6,20 @@
 //! migration cannot carry (a new RAM disk) is refused up front. Counts are asserted, never
 //! speed; the downtimes are printed.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::api::http;
-use common::background::Background;
-use common::migration::{
-    assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source,
-    Verify, BLOCKS,
-};
-use common::{one_at_a_time, per_queue};
 use serde_json::Value;
+use test_infra::api::http;
+use test_infra::background::Background;
+use test_infra::migration::{
+    assert_report, disk_spec, forward_up_to, hello, hello_with_disks, send_migration_to, source, Verify,
+    BLOCKS,
+};
+use test_infra::{assert_verify_passed, blk_result, threads_named};
+use test_infra::{one_at_a_time, per_queue};
 
 /// A destination waiting on `dir/NAME.mig`, for a VM with `disks` (`--disk` specs, as the
 /// source's) and the test device.
@@ -35,21 +34,42 @@ fn destination(dir: &Path, name: &str, disks: &[String]) -> (Background, PathBuf
     (proc, socket)
 }
 
+/// A source running `verify` in `mode` mid-run (`source`) and a destination waiting for it, in a
+/// new directory.
+struct Pair {
+    dir: tempfile::TempDir,
+    dst: Background,
+    /// The destination's migration socket.
+    socket: PathBuf,
+    src: Background,
+    /// The source's API socket.
+    api: PathBuf,
+    /// The source's disk, which the destination opens too.
+    disk: PathBuf,
+}
+
+impl Pair {
+    fn start(mode: &str, verify: Verify) -> Pair {
+        let dir = tempfile::tempdir().unwrap();
+        let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
+        let (src, api, disk) = source(dir.path(), mode, verify);
+        Pair { dir, dst, socket, src, api, disk }
+    }
+}
+
 fn send_migration(api: &Path, socket: &Path) -> (u16, String) {
     send_migration_to(api, &format!("unix:{}", socket.display()))
 }
 
 /// Migrate `verify` in `mode` mid-run; the destination's verify result.
 fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
-    let (src, api, disk) = source(dir.path(), mode, verify);
+    let Pair { dir: _dir, dst, socket, src, api, disk } = Pair::start(mode, verify);
     let (status, body) = send_migration(&api, &socket);
     assert_eq!(status, 200, "{mode}: send-migration: {body}");
     let report = assert_report(mode, &body);
     let rounds = report["rounds"].as_u64().unwrap();
     let per_round = &report["pages_per_round"];
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
 
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "{mode}: the source's status; stderr: {err}");
@@ -57,8 +77,8 @@ fn migrate_mid_verify(mode: &str, verify: Verify) -> Value {
     assert!(blk_result(&stdout).is_none(), "{mode}: the verify passed its gate on the source: {stdout}");
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "{mode}: the destination's status; stderr: {dst_err}; stdout: {stdout}");
-    let result = assert_verify_passed(&stdout, &dst_err, mode);
-    common::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
+    let result = assert_verify_passed(&stdout, &dst_err, mode, BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
     println!(
         "{mode}, {} queues: downtime {:.3} ms (pause {:.3} ms), total {:.1} ms, {rounds} pre-copy rounds, pages per round {per_round}, device-dirtied pages {}, KVM-dirtied pages {}",
         verify.queues,
@@ -110,28 +130,6 @@ fn assert_destination_refuses(what: &str, stream: &[u8], expect: &str) {
     let refusal =
         answer.iter().rposition(|&b| b == 1).map(|at| String::from_utf8_lossy(&answer[at..]).into_owned());
     println!("{what}: {} (the source was told {refusal:?})", lines[0]);
-}
-
-/// The hello of a 64 MiB VM without disks.
-fn hello() -> Vec<u8> {
-    hello_with_disks(serde_json::json!([]))
-}
-
-/// The hello of a 64 MiB VM with `disks`.
-fn hello_with_disks(disks: Value) -> Vec<u8> {
-    let json = serde_json::json!({
-        "config": {
-            "mem_bytes": 64u64 << 20, "vcpus": 1, "hugepages": false, "cmdline": "",
-            "io_mode": "eventfd", "idle_budget_us": 50, "disable_hlt_exits": false,
-            "disable_pause_exits": false, "disks": disks
-        },
-        "memory_bytes": 64u64 << 20
-    })
-    .to_string();
-    let mut bytes = b"EXLMIGR1".to_vec();
-    bytes.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
-    bytes.extend_from_slice(json.as_bytes());
-    bytes
 }
 
 fn pages_record(gpa: u64, pages: u32, data: usize) -> Vec<u8> {
@@ -188,17 +186,30 @@ fn a_damaged_stream_is_refused_by_the_destination_with_a_one_line_error() {
 /// Forward a source's connection to `to`, but only its first `limit` bytes: then both ends are
 /// shut, a stream cut mid-migration. Replies go back unchanged.
 fn cutting_proxy(listen: &Path, to: PathBuf, limit: usize) -> std::thread::JoinHandle<usize> {
-    let listener = UnixListener::bind(listen).unwrap();
-    std::thread::spawn(move || {
-        let (mut from_source, _) = listener.accept().unwrap();
-        let mut to_destination = UnixStream::connect(&to).unwrap();
-        let (mut replies_in, mut replies_out) =
-            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+    proxy(listen, to, move |mut from_source, mut to_destination, mut replies_in, mut replies_out| {
         std::thread::spawn(move || std::io::copy(&mut replies_in, &mut replies_out));
         let forwarded = forward_up_to(&mut from_source, &mut to_destination, limit);
         let _ = to_destination.shutdown(std::net::Shutdown::Both);
         let _ = from_source.shutdown(std::net::Shutdown::Both);
         forwarded
+    })
+}
+
+/// Listen on `listen`, and in a thread accept a source's connection there, connect to the
+/// destination at `to`, and `forward` with the source's end, the destination's, and a clone of
+/// each for the replies: its result.
+fn proxy<T: Send + 'static>(
+    listen: &Path,
+    to: PathBuf,
+    forward: impl FnOnce(UnixStream, UnixStream, UnixStream, UnixStream) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let listener = UnixListener::bind(listen).unwrap();
+    std::thread::spawn(move || {
+        let (from_source, _) = listener.accept().unwrap();
+        let to_destination = UnixStream::connect(&to).unwrap();
+        let (replies_in, replies_out) =
+            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+        forward(from_source, to_destination, replies_in, replies_out)
     })
 }
 
@@ -215,12 +226,7 @@ fn proxy_holding_the_first_reply(
     to: PathBuf,
     hold: impl FnOnce() + Send + 'static,
 ) -> std::thread::JoinHandle<()> {
-    let listener = UnixListener::bind(listen).unwrap();
-    std::thread::spawn(move || {
-        let (mut from_source, _) = listener.accept().unwrap();
-        let mut to_destination = UnixStream::connect(&to).unwrap();
-        let (mut replies_in, mut replies_out) =
-            (to_destination.try_clone().unwrap(), from_source.try_clone().unwrap());
+    proxy(listen, to, move |mut from_source, mut to_destination, mut replies_in, mut replies_out| {
         let replies = std::thread::spawn(move || {
             let mut first = [0u8; 1];
             if replies_in.read_exact(&mut first).is_ok() {
@@ -241,36 +247,30 @@ fn proxy_holding_the_first_reply(
 #[test]
 fn a_migration_slower_than_ten_seconds_is_answered_when_it_ends() {
     let _one = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
     let seed = 3300;
-    let verify = Verify { seed, qd: 8, queues: 1 };
-    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
-    let (src, api, disk) = source(dir.path(), "eventfd", verify);
+    let Pair { dir, dst, socket, src, api, disk } = Pair::start("eventfd", Verify { seed, qd: 8, queues: 1 });
     let proxy = dir.path().join("slow.mig");
     let forwarding = delaying_proxy(&proxy, socket, Duration::from_secs(11));
     let (status, body) = send_migration(&api, &proxy);
     assert_eq!(status, 200, "a slow migration: {body}");
     let report: Value = serde_json::from_str(&body).unwrap();
     assert!(report["total_ms"].as_f64().unwrap() >= 11_000.0, "{report}");
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
     let (code, _, err) = src.wait();
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("migrated to"), "{err}");
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "the destination's status; stderr: {dst_err}");
-    assert_verify_passed(&stdout, &dst_err, "after a slow migration");
+    assert_verify_passed(&stdout, &dst_err, "after a slow migration", BLOCKS);
     forwarding.join().unwrap();
-    common::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 
 #[test]
 fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     let _one = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
     let seed = 3200;
-    let verify = Verify { seed, qd: 8, queues: 1 };
-    let (dst, socket) = destination(dir.path(), "destination", &[disk_spec(dir.path(), verify)]);
-    let (src, api, disk) = source(dir.path(), "eventfd", verify);
+    let Pair { dir, dst, socket, src, api, disk } = Pair::start("eventfd", Verify { seed, qd: 8, queues: 1 });
     // Cut after the hello and some pages (the first round alone is over 200 KiB).
     let proxy = dir.path().join("proxy.mig");
     let forwarded = cutting_proxy(&proxy, socket, 100_000);
@@ -285,12 +285,12 @@ fn a_migration_cut_short_leaves_the_source_running_and_its_verify_passes() {
     // The source runs on: a pause and resume work, and its verify finishes and passes.
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204);
     assert_eq!(http(&api, "PUT", "/api/v1/vm.resume", None).0, 204);
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("failed; the VM runs on here"), "{err}");
-    assert_verify_passed(&stdout, &err, "the source after a failed migration");
-    common::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
+    assert_verify_passed(&stdout, &err, "the source after a failed migration", BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 
 #[test]
@@ -330,17 +330,6 @@ fn what_a_migration_cannot_carry_is_refused_and_the_vm_runs_on() {
     vm.kill();
 }
 
-/// Threads of `pid` whose name starts with `prefix`.
-fn threads_named(pid: u32, prefix: &str) -> usize {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
-    tasks
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
-        })
-        .count()
-}
-
 /// Forward a source's connection to `to`; once the destination's first reply (the VM built)
 /// has come, say so on `replied` and hold it until `release` says go.
 fn holding_proxy(
@@ -371,7 +360,7 @@ fn a_migration_ends_the_test_devices_responder_while_it_logs() {
     let responder = "testdev-pingpon"; // The thread's name as /proc shows it (15 bytes).
     let started = std::time::Instant::now();
     while threads_named(src.pid(), responder) == 0 {
-        assert!(started.elapsed() < common::background::RUN_LIMIT, "no responder: {}", src.stderr());
+        assert!(started.elapsed() < test_infra::background::RUN_LIMIT, "no responder: {}", src.stderr());
         std::thread::sleep(Duration::from_millis(5));
     }
     let (replied_tx, replied) = std::sync::mpsc::channel();
@@ -383,7 +372,9 @@ fn a_migration_ends_the_test_devices_responder_while_it_logs() {
         move || send_migration(&api, &proxy)
     });
     // The source has sent its hello, so its logging is on; the destination's answer is held.
-    replied.recv_timeout(common::background::RUN_LIMIT).expect("the destination never answered the hello");
+    replied
+        .recv_timeout(test_infra::background::RUN_LIMIT)
+        .expect("the destination never answered the hello");
     let during = threads_named(src.pid(), responder);
     release.send(()).unwrap();
     let (status, body) = migration.join().unwrap();

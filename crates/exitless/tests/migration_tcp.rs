@@ -12,8 +12,6 @@
 //! The namespaces need root and iproute2, and the certificates the openssl command: a test that
 //! cannot have them fails, saying why.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -21,14 +19,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::api::http;
-use common::background::{Background, Ready, RUN_LIMIT};
-use common::migration::{
-    assert_report, assert_verify_passed, blk_result, disk_spec, forward_up_to, send_migration_to, source_in,
-    Verify, BLOCKS,
-};
-use common::{exitless, one_at_a_time, stderr};
 use exitless_bench::hosts::{self, HostPair, DESTINATION_IP, SOURCE_IP};
+use test_infra::api::http;
+use test_infra::background::{Background, Ready, RUN_LIMIT};
+use test_infra::migration::{
+    assert_report, disk_spec, forward_up_to, send_migration_to, source_in, Verify, BLOCKS,
+};
+use test_infra::{assert_verify_passed, blk_result};
+use test_infra::{exitless, one_at_a_time, stderr};
 
 /// The destination's port, in its own namespace.
 const PORT: u16 = 7070;
@@ -113,13 +111,13 @@ fn assert_refused(what: &str, (status, body): (u16, String), expect: &str) -> St
 fn assert_runs_on_and_passes(src: Background, api: &Path, disk: &Path, seed: u64) {
     assert_eq!(http(api, "PUT", "/api/v1/vm.pause", None).0, 204);
     assert_eq!(http(api, "PUT", "/api/v1/vm.resume", None).0, 204);
-    common::open_gate(disk, BLOCKS);
+    test_infra::open_gate(disk, BLOCKS);
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "the source's status; stderr: {err}");
     assert!(err.contains("failed; the VM runs on here"), "{err}");
     assert!(!err.contains("migrated to"), "{err}");
-    assert_verify_passed(&stdout, &err, "the source after failed migrations");
-    common::assert_holds_pattern_and_open_gate(disk, seed, BLOCKS);
+    assert_verify_passed(&stdout, &err, "the source after failed migrations", BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(disk, seed, BLOCKS);
 }
 
 /// A verify run of `seed` at queue depth 8 on one queue.
@@ -150,7 +148,7 @@ fn migrate_between_hosts(mode: &str, verify: Verify, tls_on: bool) {
     let (status, body) = send_migration_to(&api, &url);
     assert_eq!(status, 200, "{what}: send-migration: {body}");
     let report = assert_report(&what, &body);
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
     let (code, stdout, err) = src.wait();
     assert_eq!(code, Some(0), "{what}: the source's status; stderr: {err}");
     assert!(err.contains(&format!("migrated to {url}")), "{what}: {err}");
@@ -158,8 +156,8 @@ fn migrate_between_hosts(mode: &str, verify: Verify, tls_on: bool) {
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "{what}: the destination's status; stderr: {dst_err}; stdout: {stdout}");
     assert!(dst_err.contains("0 connections refused"), "{what}: {dst_err}");
-    assert_verify_passed(&stdout, &dst_err, &what);
-    common::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
+    assert_verify_passed(&stdout, &dst_err, &what, BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, verify.seed, BLOCKS);
     println!(
         "{what}, between two network namespaces: downtime {:.3} ms (pause {:.3} ms, last send {:.3} ms, destination {:.3} ms), total {:.1} ms, pages per round {}, {} bytes",
         report["downtime_ms"].as_f64().unwrap(),
@@ -252,14 +250,14 @@ fn a_destination_refuses_strangers_and_waits_on_for_its_source() {
     // Still waiting: the source with its certificate gets through, and the VM runs there.
     let (status, body) = send_migration_to(&api, &url);
     assert_eq!(status, 200, "after the strangers: {body}");
-    common::open_gate(&disk, BLOCKS);
+    test_infra::open_gate(&disk, BLOCKS);
     let (code, _, err) = src.wait();
     assert_eq!(code, Some(0), "the source: {err}");
     let (code, stdout, dst_err) = dst.wait();
     assert_eq!(code, Some(0), "the destination: {dst_err}");
     assert!(dst_err.contains("4 connections refused"), "{dst_err}");
-    assert_verify_passed(&stdout, &dst_err, "after the strangers");
-    common::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
+    assert_verify_passed(&stdout, &dst_err, "after the strangers", BLOCKS);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, seed, BLOCKS);
 }
 
 /// A TLS directory at `at` with `ca.pem` from the `cas` directories (concatenated) and the
@@ -488,7 +486,7 @@ fn a_vm_on_an_rbd_image_migrates_between_two_hosts_and_the_image_follows() {
     assert_eq!((result["mismatches"].as_u64(), result["errors"].as_u64()), (Some(0), Some(0)), "{result}");
     let image = dir.join("image");
     cluster.rbd(&["export", "rbd/migrating", image.to_str().unwrap()]);
-    common::assert_holds_pattern(&image, 3700, OPS);
+    test_infra::assert_holds_pattern(&image, 3700, OPS);
     let locks = cluster.rbd(&["lock", "ls", "rbd/migrating"]);
     assert!(locks.trim().is_empty(), "both ends ended, yet the image is locked: {locks}");
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -1,12 +1,10 @@
 //! virtio-net end to end: the probe guest's ring-3 driver and UDP stack, exitless's device and
 //! IOCore, a real tap in a network namespace of the test's own, and `exitless udp-echo` there.
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{exitless, json_lines, line_with, stderr, stdout};
+use test_infra::{assert_one_line_error, exitless, json_lines, line_with, stderr, stdout};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 const TAP: &str = "exltest0";
@@ -92,7 +90,7 @@ impl Drop for Lab {
 
 #[test]
 fn udp_echo_with_payload_check_in_every_mode() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let lab = Lab::new("echo");
     for mode in MODES {
         let out = lab.run(mode, "probe.workload=udp-rr probe.ops=300 probe.size=200");
@@ -106,13 +104,13 @@ fn udp_echo_with_payload_check_in_every_mode() {
 
 #[test]
 fn exitless_mode_makes_no_exit_per_transaction() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let lab = Lab::new("exits");
     let out = lab.run("exitless", "probe.workload=udp-rr probe.ops=10000");
     assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
     assert_eq!(line_with(&out, "probe", "udp-rr")["ops"], 10_000);
-    let phase = common::phase(&out, 0, 1);
-    let caused_by_io = common::io_path_exits(&phase["counters"]) / 10_000.0;
+    let phase = test_infra::phase(&out, 0, 1);
+    let caused_by_io = test_infra::io_path_exits(&phase["counters"]) / 10_000.0;
     assert!(caused_by_io < 0.01, "{caused_by_io} exits per transaction on the I/O path: {phase}");
 }
 
@@ -135,7 +133,7 @@ const NET_HOSTILE_EXPECTED: [(&str, &str, Option<u64>, bool); 8] = [
 
 #[test]
 fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_working() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let lab = Lab::new("hostile");
     let mut wrong = Vec::new();
     for mode in ["trap", "eventfd", "exitless", "adaptive"] {
@@ -176,9 +174,7 @@ fn bad_network_options_are_one_line_errors() {
         ("tap=t,mac=01:02:03:04:05:06", 2),
         ("tap=t,netns=exitless-missing", 125),
     ] {
-        let out = exitless(&["run", "--probe", "--net", spec]);
-        assert_eq!(out.status.code(), Some(code), "{spec}: {}", stderr(&out));
-        assert_eq!(stderr(&out).lines().count(), 1, "{spec}: {}", stderr(&out));
+        assert_one_line_error(&["run", "--probe", "--net", spec], code, "net");
     }
 }
 
@@ -190,7 +186,7 @@ fn bad_network_options_are_one_line_errors() {
 /// transactions. Nothing here is a speed claim.
 #[test]
 fn bench_net_measures_qemu_on_the_same_tap() {
-    let _one = common::one_at_a_time();
+    let _one = test_infra::one_at_a_time();
     let out =
         exitless(&["bench", "net", "--json", "--modes", "exitless", "--duration-ms", "20", "--warmup", "50"]);
     assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));

@@ -7,15 +7,13 @@
 //! a RAM disk and a file. One data segment more than `seg_max` is IOERR here (QEMU, whose
 //! `seg_max` is 254, serves 255), never a broken queue.
 
-mod common;
-
 use std::process::Output;
 use std::time::Duration;
 
-use common::daemon::Daemon;
-use common::qemu::Qemu;
-use common::{exitless, exitless_within, json_lines, one_at_a_time, stderr, stdout};
 use serde_json::Value;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
+use test_infra::{exitless_within, json_lines, one_at_a_time, stderr, stdout};
 
 const CMDLINE: &str = "probe.workload=blk-chains probe.queue_size=128";
 const RUN_LIMIT: Duration = Duration::from_secs(120);
@@ -49,9 +47,7 @@ fn assert_served(what: &str, out: &Output, too_many: &[&str]) {
 #[test]
 fn qemus_virtio_blk_serves_linuxs_chain_shapes_on_a_queue_of_128() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elf = test_infra::probe_elf(dir.path());
     let disk = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
     disk.as_file().set_len(8 << 20).unwrap();
     let out = Qemu::probe(&elf, "128M", CMDLINE).drive(disk.path()).output();

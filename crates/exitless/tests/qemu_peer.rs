@@ -1,26 +1,24 @@
 //! The probe guest that exitless embeds boots unchanged in QEMU-KVM (`-M microvm`).
 
-mod common;
-
 use serde_json::Value;
 
-use common::qemu::Qemu;
-use common::{exitless, line_with, stderr};
+use test_infra::qemu::Qemu;
+use test_infra::{exitless, line_with, stderr};
 
+/// The probe at `elf` in QEMU with `cmdline`: its output, once it has exited OK (QEMU exits with
+/// (V << 1) | 1 for a debug-exit write of V).
 fn qemu_probe(elf: &std::path::Path, cmdline: &str) -> std::process::Output {
-    Qemu::probe(elf, "128M", cmdline).output()
+    let qemu = Qemu::probe(elf, "128M", cmdline).output();
+    assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
+    qemu
 }
 
 #[test]
 fn the_same_hello_line_in_exitless_and_qemu() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elf = test_infra::probe_elf(dir.path());
 
     let qemu = qemu_probe(&elf, "probe.workload=hello");
-    // QEMU exits with (V << 1) | 1 for a debug-exit write of V.
-    assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
     let in_qemu = line_with(&qemu, "probe", "hello");
 
     let ours = exitless(&[
@@ -45,11 +43,9 @@ fn the_same_hello_line_in_exitless_and_qemu() {
 #[test]
 fn exitcost_runs_in_qemu_and_skips_what_needs_our_test_device() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    exitless(&["probe", "export", elf.to_str().unwrap()]);
+    let elf = test_infra::probe_elf(dir.path());
     let qemu = qemu_probe(&elf, "probe.workload=exitcost probe.n=200 probe.tsc_khz=1000000");
-    assert_eq!(qemu.status.code(), Some(1), "stderr: {}", stderr(&qemu));
-    let lines = common::json_lines(&qemu);
+    let lines = test_infra::json_lines(&qemu);
     let op = |name: &str| lines.iter().find(|l| l["op"] == name).cloned().unwrap();
     assert!(op("mmio")["ns_per_op"].as_f64().unwrap() > 0.0);
     assert!(op("cpuid")["ns_per_op"].as_f64().unwrap() > 0.0);
@@ -67,10 +63,10 @@ fn qemu_blk_probe(elf: &std::path::Path, indirect_desc: &str, queue_depth: u32) 
     let out = Qemu::probe(elf, "128M", &cmdline)
         .drive_with(disk.path(), &format!(",indirect_desc={indirect_desc}"))
         .output();
-    let result = common::json_lines(&out)
+    let result = test_infra::json_lines(&out)
         .into_iter()
         .find(|l| l["probe"] == "blk" || l["probe"] == "error")
-        .unwrap_or_else(|| panic!("no result line: {}; {}", common::stdout(&out), stderr(&out)));
+        .unwrap_or_else(|| panic!("no result line: {}; {}", test_infra::stdout(&out), stderr(&out)));
     (out.status.code(), result)
 }
 
@@ -81,9 +77,7 @@ fn qemu_blk_probe(elf: &std::path::Path, indirect_desc: &str, queue_depth: u32) 
 #[test]
 fn the_probe_uses_indirect_tables_only_when_the_device_offers_them() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let elf = test_infra::probe_elf(dir.path());
     // QEMU exits with (V << 1) | 1 for a debug-exit write of V: 1 is OK, 3 is FAILED.
     for (indirect_desc, queue_depth, uses_indirect) in [("on", 256, true), ("off", 85, false)] {
         let (code, result) = qemu_blk_probe(&elf, indirect_desc, queue_depth);

@@ -4,17 +4,15 @@
 //! daemon, a disk added through the daemon's API, and one-line refusals of what cannot be opened.
 //! The image's contents are checked on the cluster's side (`rbd export`).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
 use storage::testing::ceph::TestCluster;
 
-use common::api::http;
-use common::daemon::Daemon;
-use common::{exitless_within, line_with, stderr, stdout};
+use test_infra::api::http;
+use test_infra::daemon::Daemon;
+use test_infra::{exitless_within, line_with, stderr, stdout};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 const RUN_LIMIT: Duration = Duration::from_secs(180);
@@ -60,9 +58,9 @@ fn verify_passes_in_every_mode_on_a_two_queue_rbd_disk_and_the_image_holds_what_
             "{mode}: {result}"
         );
         assert_eq!(result["flush"], true, "{mode}: FLUSH offered and answered");
-        let served = common::per_queue(&result, 2);
+        let served = test_infra::per_queue(&result, 2);
         assert!(served.iter().all(|&n| n > 0), "{mode}: both queues served: {served:?}");
-        common::assert_holds_only_pattern(&export(cluster, &name), seed, 300);
+        test_infra::assert_holds_only_pattern(&export(cluster, &name), seed, 300);
     }
 }
 
@@ -78,7 +76,7 @@ fn write_zeroes_and_discard_reach_the_image_in_every_mode() {
             format!("probe.workload=blk probe.rw=zeroes probe.ops={BLOCKS} probe.qd=8 probe.seed={seed}");
         let result = run_probe(mode, &rbd_disk(cluster, &name), &cmdline);
         let image = std::fs::read(export(cluster, &name)).unwrap();
-        common::assert_zeroes_run(mode, &result, &image, seed, BLOCKS);
+        test_infra::assert_zeroes_run(mode, &result, &image, seed, BLOCKS);
     }
 }
 
@@ -109,7 +107,7 @@ fn the_daemon_serves_an_rbd_disk_and_hands_the_image_on_when_it_stops() {
         );
         let log = daemon.stop();
         assert!(!log.contains("panicked"), "{log}");
-        common::assert_holds_only_pattern(&export(cluster, "daemon"), seed, 300);
+        test_infra::assert_holds_only_pattern(&export(cluster, "daemon"), seed, 300);
         let locks = cluster.rbd(&["lock", "ls", "rbd/daemon"]);
         assert!(locks.trim().is_empty(), "the stopped daemon still holds the image's lock: {locks}");
     }
@@ -159,7 +157,7 @@ fn put_disks_opens_an_rbd_image_only_with_a_configuration_inside_the_api_disk_di
     let locks = cluster.rbd(&["lock", "ls", "rbd/api"]);
     assert!(locks.trim().is_empty(), "a removed disk still holds the image's lock: {locks}");
     daemon.stop();
-    common::assert_holds_only_pattern(&export(cluster, "api"), 800, 200);
+    test_infra::assert_holds_only_pattern(&export(cluster, "api"), 800, 200);
 }
 
 #[test]
@@ -240,7 +238,7 @@ fn an_osd_killed_under_a_guests_writes_loses_no_acknowledged_write() {
             (Some(0), Some(0)),
             "kill {kill}: {result}"
         );
-        common::assert_holds_only_pattern(&export(&cluster, "survivor"), seed, 4000);
+        test_infra::assert_holds_only_pattern(&export(&cluster, "survivor"), seed, 4000);
         eprintln!("OSD kill {kill}: the guest's 4000 writes at depth 8 all read back");
     }
     let log = daemon.stop();
@@ -313,7 +311,7 @@ fn the_daemons_rate_limit_holds_an_rbd_disk_to_its_rate() {
         );
         let iops = result["iops"].as_f64().unwrap();
         assert!(
-            iops <= common::limited_iops(200.0, 600.0),
+            iops <= test_infra::limited_iops(200.0, 600.0),
             "{mode}: {iops} IOPS under a limit of 200: {result}"
         );
         let log = daemon.stop();

@@ -1,9 +1,7 @@
 //! `exitless run` boots the probe guest on real KVM: output, exit statuses, exit accounting.
 
-mod common;
-
-use common::{exitless, json_lines, line_with, stderr};
 use serde_json::Value;
+use test_infra::{exitless, json_lines, line_with, stderr};
 
 #[test]
 fn hello_boots_and_reports_what_it_found() {
@@ -27,9 +25,7 @@ fn hello_boots_and_reports_what_it_found() {
 #[test]
 fn the_test_device_is_there_only_when_asked_for() {
     let dir = tempfile::tempdir().unwrap();
-    let elf = dir.path().join("probe.elf");
-    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "export: {}", stderr(&out));
+    let elf = test_infra::probe_elf(dir.path());
     for (extra, has) in [(None, false), (Some("--testdev"), true)] {
         let mut args = vec!["run", "--kernel", elf.to_str().unwrap(), "--cmdline", "probe.workload=hello"];
         args.extend(extra);
@@ -136,11 +132,11 @@ fn pinned_vcpus_with_hlt_and_pause_exits_disabled() {
 #[test]
 fn hugepages_work_and_too_few_say_what_is_missing() {
     // The probe's static buffers (256 request slots) need more than 32 MiB: 48 MiB is 24 pages.
-    common::huge_pages::require_free(24);
+    test_infra::huge_pages::require_free(24);
     let out = exitless(&["run", "--probe", "--mem", "48M", "--hugepages"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     line_with(&out, "probe", "hello");
-    let too_many = format!("{}M", 2 * common::huge_pages::more_than_reserved());
+    let too_many = format!("{}M", 2 * test_infra::huge_pages::more_than_reserved());
     let out = exitless(&["run", "--probe", "--mem", &too_many, "--hugepages"]);
     assert_eq!(out.status.code(), Some(125), "{too_many}: {}", stderr(&out));
     assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));

@@ -4,8 +4,6 @@
 //! and still do their work; `--seccomp off` confines nothing; and one call outside its
 //! allowlist from any kind of thread (`EXITLESS_SECCOMP_SELF_TEST`) kills the process.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -13,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::{line_with, stderr};
 use storage::testing::ceph::TestCluster;
+use test_infra::daemon::Daemon;
+use test_infra::{line_with, stderr};
 
 /// /proc's `Seccomp:` value for a thread confined by a filter.
 const SECCOMP_MODE_FILTER: &str = "2";
@@ -306,14 +304,9 @@ fn a_tls_migration_destination_shakes_hands_on_its_confined_reader() {
 }
 
 /// `exitless vhost-user-blk` on a socket in `dir`, with `seccomp`, listening.
-fn start_daemon(dir: &Path, seccomp: &str) -> (Daemon, PathBuf) {
-    let socket = dir.join("vhost.sock");
-    let daemon = Daemon::builder()
-        .disk("ram=16M")
-        .io_mode("eventfd")
-        .args(&["--seccomp", seccomp], &[])
-        .socket(&socket)
-        .start(&dir.join("daemon.log"));
+fn daemon_with_seccomp(dir: &Path, seccomp: &str) -> (Daemon, PathBuf) {
+    let daemon = Daemon::serving(dir, "ram=16M", "eventfd").args(&["--seccomp", seccomp], &[]).start_in(dir);
+    let socket = daemon.socket().to_owned();
     (daemon, socket)
 }
 
@@ -346,7 +339,7 @@ fn stop(daemon: Daemon) -> (Option<i32>, String) {
 #[test]
 fn vhost_user_daemon_confines_its_connection_and_iocore_threads_and_still_serves() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut daemon, socket) = start_daemon(dir.path(), "kill");
+    let (mut daemon, socket) = daemon_with_seccomp(dir.path(), "kill");
     assert_ne!(get_features(&socket), 0, "a frontend's GET_FEATURES is answered");
     let threads = wait_until_confined(daemon.child(), &["exitless", "iocore"]);
     let (status, log) = stop(daemon);
@@ -494,7 +487,7 @@ fn http(api: &Path, request: &str) -> String {
 #[test]
 fn seccomp_off_confines_no_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let (daemon, socket) = start_daemon(dir.path(), "off");
+    let (daemon, socket) = daemon_with_seccomp(dir.path(), "off");
     get_features(&socket);
     let threads = seccomp_by_thread(daemon.pid());
     let (status, log) = stop(daemon);
@@ -601,7 +594,7 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
             }
             sandbox::ThreadKind::VhostUserWatch => {
                 // A healthy daemon, and the self-test in the frontend VMM's watcher.
-                let (daemon, socket) = start_daemon(dir.path(), "kill");
+                let (daemon, socket) = daemon_with_seccomp(dir.path(), "kill");
                 get_features(&socket); // Listening, and served.
                 let vhost_user = format!("vhost-user={}", socket.display());
                 let status = with_self_test(
@@ -646,7 +639,7 @@ fn wait_for_threads(child: &mut Child, state: char) {
 #[test]
 fn a_confined_daemon_survives_sigstop_and_sigcont() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut daemon, socket) = start_daemon(dir.path(), "kill");
+    let (mut daemon, socket) = daemon_with_seccomp(dir.path(), "kill");
     let child = daemon.child();
     get_features(&socket);
     wait_until_confined(child, &["exitless", "iocore"]);

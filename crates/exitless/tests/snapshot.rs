@@ -5,14 +5,15 @@
 //! passing. A corrupt or truncated snapshot is refused with a one-line error. The snapshot's
 //! size and the pause, snapshot and restore times are printed, not asserted.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::api::http;
-use common::background::{Background, RUN_LIMIT};
-use common::{exitless_within, line_with, one_at_a_time, per_queue, stderr};
 use serde_json::Value;
+use test_infra::api::http;
+use test_infra::background::{Background, RUN_LIMIT};
+use test_infra::{
+    assert_verify_passed, blk_result, disk_file, exitless_within, line_with, one_at_a_time, per_queue,
+    stderr, threads_named, verify_cmdline,
+};
 
 /// Blocks the verify writes and reads back at depth 8. Every verify here waits at its gate
 /// (`probe.gate_block`, the block after these) until the test has done what it does mid-run,
@@ -21,16 +22,6 @@ const BLOCKS: u64 = 16384;
 /// The verify of the tests that run one request at a time (pause/resume rounds, and the
 /// snapshot the corruption cases are made from).
 const PAUSE_BLOCKS: u64 = 4096;
-
-/// The probe's verify over `blocks` blocks at depth `qd`, its requests in turn on `queues`
-/// queues, its gate in block `blocks`.
-fn verify_cmdline(seed: u64, qd: u32, blocks: u64, queues: u16) -> String {
-    // A long timeout: a pause freezes the guest's requests, not its clock, and the gate stays
-    // shut until the test is done with the VM.
-    format!(
-        "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.gate_block={blocks} probe.timeout_ms=60000"
-    )
-}
 
 /// A running `exitless run` with its API socket at `dir/NAME.sock`.
 struct Vm {
@@ -59,13 +50,6 @@ impl Vm {
     }
 }
 
-/// A disk of `blocks` 4 KiB blocks and the verify's gate block after them.
-fn disk(dir: &Path, blocks: u64) -> PathBuf {
-    let path = dir.join("disk");
-    std::fs::File::create(&path).unwrap().set_len((blocks + 1) * 4096).unwrap();
-    path
-}
-
 /// What a verify run is: its seed, queue depth, blocks, and the disk's queues (all used).
 #[derive(Clone, Copy)]
 struct Verify {
@@ -76,12 +60,19 @@ struct Verify {
 }
 
 /// A VM running the probe's verify on a new file disk in `dir`, once it has begun writing; the
-/// disk's path. The verify reads back only after `common::open_gate(disk, blocks)`.
+/// disk's path. The verify reads back only after `test_infra::open_gate(disk, blocks)`.
 fn start_verify(dir: &Path, mode: &str, verify: Verify) -> (Vm, PathBuf) {
     let Verify { seed, qd, blocks, queues } = verify;
-    let disk = disk(dir, blocks);
+    // `blocks` 4 KiB blocks and the verify's gate block after them.
+    let disk = disk_file(dir, "disk", (blocks + 1) * 4096);
     let disk_arg = format!("path={},direct,queues={queues}", disk.display());
-    let cmdline = verify_cmdline(seed, qd, blocks, queues);
+    // Its requests in turn on `queues` queues, its gate in block `blocks`. A long timeout: a
+    // pause freezes the guest's requests, not its clock, and the gate stays shut until the test
+    // is done with the VM.
+    let cmdline = format!(
+        "{} probe.queues={queues} probe.gate_block={blocks} probe.timeout_ms=60000",
+        verify_cmdline(blocks, qd, seed)
+    );
     let args =
         ["run", "--probe", "--mem", "64M", "--disk", &disk_arg, "--io-mode", mode, "--cmdline", &cmdline];
     let vm = Vm::start(dir, "vm", &args);
@@ -95,18 +86,6 @@ fn pause_and_snapshot(vm: &Vm, snap: &Path) {
     let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
     let (status, answer) = vm.put("snapshot", Some(&body));
     assert_eq!(status, 204, "snapshot: {answer}");
-}
-
-/// The probe's verify result from standard output.
-fn blk_result(stdout: &str) -> Option<Value> {
-    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
-}
-
-fn assert_verify_passed(stdout: &str, stderr: &str, what: &str, blocks: u64) {
-    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
-    assert_eq!(result["mismatches"], 0, "{what}: {result}");
-    assert_eq!(result["errors"], 0, "{what}: {result}");
-    assert_eq!(result["blocks"], blocks, "{what}: {result}");
 }
 
 /// The milliseconds a log line `... <what> ... in X ms` gives, for the report.
@@ -150,11 +129,11 @@ fn pause_snapshot_kill_restore(mode: &str, verify: Verify) -> Restored {
             "--testdev",
         ],
     );
-    common::open_gate(&disk, verify.blocks);
+    test_infra::open_gate(&disk, verify.blocks);
     let (code, stdout, restored_err) = restored.wait();
     assert_eq!(code, Some(0), "{mode}: the restored guest's status; stderr: {restored_err}");
     assert_verify_passed(&stdout, &restored_err, mode, verify.blocks);
-    common::assert_holds_pattern_and_open_gate(&disk, verify.seed, verify.blocks);
+    test_infra::assert_holds_pattern_and_open_gate(&disk, verify.seed, verify.blocks);
 
     let state_bytes = std::fs::metadata(snap.join("state.json")).unwrap().len();
     let size = std::fs::metadata(snap.join("memory")).unwrap().len() + state_bytes;
@@ -218,11 +197,11 @@ fn pause_and_resume_keep_verify_passing_and_wrong_states_are_refused() {
             assert_eq!(status, 409, "{mode}: a second pause: {body}");
             assert_eq!(vm.put("resume", None).0, 204, "{mode}: resume {round}");
         }
-        common::open_gate(&disk, blocks);
+        test_infra::open_gate(&disk, blocks);
         let (code, stdout, err) = vm.wait();
         assert_eq!(code, Some(0), "{mode}: stderr: {err}");
         assert_verify_passed(&stdout, &err, mode, blocks);
-        common::assert_holds_pattern_and_open_gate(&disk, seed, blocks);
+        test_infra::assert_holds_pattern_and_open_gate(&disk, seed, blocks);
         println!(
             "{mode}: pauses took {:?}",
             err.lines().filter(|l| l.contains("paused in")).collect::<Vec<_>>()
@@ -358,24 +337,13 @@ fn a_corrupt_or_truncated_snapshot_is_refused_with_a_one_line_error() {
     // And the snapshot itself, untouched, restores (the cases above were refused for their flaw)
     // and finishes its verify: PAUSE_BLOCKS at depth 1, not BLOCKS, whose 32768 requests a loaded
     // two-CPU host did not finish within the timeout.
-    common::open_gate(&disk, PAUSE_BLOCKS);
+    test_infra::open_gate(&disk, PAUSE_BLOCKS);
     let source = format!("source_url=file://{}", snap.display());
     let args = ["run", "--restore", &source, "--disk", &disk_arg, "--testdev", "--timeout", "170"];
     let out = exitless_within(RUN_LIMIT, &args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let result = line_with(&out, "probe", "blk");
     assert_eq!(result["mismatches"], 0, "{result}");
-}
-
-/// Threads of `pid` whose name starts with `prefix`.
-fn threads_named(pid: u32, prefix: &str) -> usize {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
-    tasks
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
-        })
-        .count()
 }
 
 /// The test device's ping-pong responder spins on a host core and writes guest memory through

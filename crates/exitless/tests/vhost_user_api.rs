@@ -6,8 +6,6 @@
 //! through it opens a file only inside an `--api-disk-dir`, whatever links or `..` the path
 //! holds.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -16,10 +14,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use common::api::http;
-use common::daemon::Daemon;
-use common::qemu::Qemu;
-use common::{line_with, stderr};
+use test_infra::api::http;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
+use test_infra::{line_with, stderr};
 
 fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
@@ -102,9 +100,7 @@ impl Rig {
             args.extend(["--api-disk-dir".as_ref(), disks.as_os_str()]);
         }
         let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.path().join("daemon.log"));
-        let elf = dir.path().join("probe.elf");
-        let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let elf = test_infra::probe_elf(dir.path());
         Rig { dir, api, daemon, elf }
     }
 
@@ -152,7 +148,7 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
     // At 200 IOPS with a one-second burst, 600 reads take at least 2 s.
     let limited = rig.guest_reads(&socket, 600);
     let iops = limited["iops"].as_f64().unwrap();
-    assert!(iops <= common::limited_iops(200.0, 600.0), "{iops} IOPS under a limit of 200: {limited}");
+    assert!(iops <= test_infra::limited_iops(200.0, 600.0), "{iops} IOPS under a limit of 200: {limited}");
     let samples = scrape(&rig.api);
     let waits = sample(&samples, "exitless_disk_rate_limit_waits_total", &[("disk", "vm")]);
     assert!(waits > 0.0, "the guest waited for the limit");
@@ -171,7 +167,7 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
     assert_eq!(status, 200, "{body}");
     let slower = rig.guest_reads(&socket, 300);
     let iops = slower["iops"].as_f64().unwrap();
-    assert!(iops <= common::limited_iops(100.0, 300.0), "{iops} IOPS under a limit of 100: {slower}");
+    assert!(iops <= test_infra::limited_iops(100.0, 300.0), "{iops} IOPS under a limit of 100: {slower}");
 
     // What the metrics count is what the guests did: 1500 reads of 4 KiB, nothing failed.
     let samples = scrape(&rig.api);
@@ -374,11 +370,11 @@ fn a_client_that_never_sends_holds_up_nobody() {
 #[test]
 fn the_api_socket_and_no_disks_are_checked_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = common::exitless(&["vhost-user-blk"]);
+    let out = test_infra::exitless(&["vhost-user-blk"]);
     assert_eq!(out.status.code(), Some(2), "no --disk and no --api-socket is a usage error");
     let file = dir.path().join("file");
     std::fs::write(&file, b"x").unwrap();
-    let out = common::exitless(&["vhost-user-blk", "--api-socket", file.to_str().unwrap()]);
+    let out = test_infra::exitless(&["vhost-user-blk", "--api-socket", file.to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         stderr(&out).contains("--api-socket") && stderr(&out).contains("not a socket"),
@@ -386,7 +382,7 @@ fn the_api_socket_and_no_disks_are_checked_at_start() {
         stderr(&out)
     ); // --api-disk-dir only with --api-socket, and only a directory that is there.
     let disks = dir.path().to_str().unwrap();
-    let out = common::exitless(&[
+    let out = test_infra::exitless(&[
         "vhost-user-blk",
         "--disk",
         "ram=1M",
@@ -398,61 +394,63 @@ fn the_api_socket_and_no_disks_are_checked_at_start() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let api = dir.path().join("api.sock");
     let api = api.to_str().unwrap();
-    let out =
-        common::exitless(&["vhost-user-blk", "--api-socket", api, "--api-disk-dir", "/nonexistent/disks"]);
+    let out = test_infra::exitless(&[
+        "vhost-user-blk",
+        "--api-socket",
+        api,
+        "--api-disk-dir",
+        "/nonexistent/disks",
+    ]);
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("--api-disk-dir /nonexistent/disks"), "{}", stderr(&out));
 }
 
 /// `PUT /disks/NAME` with `body` on its own connection, waiting as long as the daemon takes.
 fn put_disk(api: &Path, name: &str, body: &str) -> (u16, String) {
-    let mut stream = UnixStream::connect(api).unwrap();
     // Beyond the daemon's bound on opening a disk; only a hang reaches it.
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let request = format!(
-        "PUT /disks/{name} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer:?}"));
-    (head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), body.to_owned())
+    test_infra::api::http_within(Duration::from_secs(120), api, "PUT", &format!("/disks/{name}"), Some(body))
 }
 
 /// A daemon with a control API that may open files in `allowed`, and a FUSE disk (in `dir`)
 /// whose opens are held.
-fn held_open_rig(dir: &Path, allowed: &Path) -> (Daemon, PathBuf, common::held_disk::HeldDisk) {
+fn held_open_rig(dir: &Path, allowed: &Path) -> (Daemon, PathBuf, test_infra::held_disk::HeldDisk) {
     let api = dir.join("api.sock");
     let args = ["--api-socket".as_ref(), api.as_os_str(), "--api-disk-dir".as_ref(), allowed.as_os_str()];
     let daemon = Daemon::builder().args(&args, &[&api]).start(&dir.join("daemon.log"));
-    let file = dir.join("backing");
-    std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir, &file, 0);
+    let file = test_infra::disk_file(dir, "backing", 1 << 20);
+    let held = test_infra::held_disk::HeldDisk::start(dir, &file, 0);
     held.hold_open();
     (daemon, api, held)
 }
 
-/// Wait until the daemon's open of the held disk is held.
-fn wait_for_held_open(held: &common::held_disk::HeldDisk, daemon: &Daemon) {
+/// PUT /disks/NAME of `held`'s disk on DIR/NAME.sock, in a thread, once the daemon's open of
+/// the disk is held: the socket, and the thread that answers the PUT's status and body.
+fn put_held_disk(
+    dir: &Path,
+    api: &Path,
+    name: &str,
+    held: &test_infra::held_disk::HeldDisk,
+    daemon: &Daemon,
+) -> (PathBuf, std::thread::JoinHandle<(u16, String)>) {
+    let socket = dir.join(format!("{name}.sock"));
+    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
+    let put = {
+        let (api, name) = (api.to_owned(), name.to_owned());
+        std::thread::spawn(move || put_disk(&api, &name, &body))
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !held.open_held() {
         assert!(std::time::Instant::now() < deadline, "the daemon never opened the disk: {}", daemon.log());
         std::thread::sleep(Duration::from_millis(10));
     }
+    (socket, put)
 }
 
 #[test]
 fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
     let dir = tempfile::tempdir().unwrap();
     let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
-    let socket = dir.path().join("slow.sock");
-    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
-    let put = {
-        let api = api.clone();
-        std::thread::spawn(move || put_disk(&api, "slow", &body))
-    };
-    wait_for_held_open(&held, &daemon);
+    let (socket, put) = put_held_disk(dir.path(), &api, "slow", &held, &daemon);
     // Longer than the 10 s after which the API used to answer 503 while the PUT went on.
     std::thread::sleep(Duration::from_secs(11));
     held.release_open();
@@ -468,13 +466,7 @@ fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
 fn a_put_whose_open_never_ends_fails_and_adds_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
-    let socket = dir.path().join("stuck.sock");
-    let body = format!(r#"{{"socket": "{}", "path": "{}"}}"#, socket.display(), held.disk().display());
-    let put = {
-        let api = api.clone();
-        std::thread::spawn(move || put_disk(&api, "stuck", &body))
-    };
-    wait_for_held_open(&held, &daemon);
+    let (socket, put) = put_held_disk(dir.path(), &api, "stuck", &held, &daemon);
     // Held until the daemon gives up on it (its bound, 30 s): the client is told it failed.
     let (status, answer) = put.join().unwrap();
     assert_eq!(status, 504, "{answer}");

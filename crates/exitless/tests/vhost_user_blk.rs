@@ -7,13 +7,12 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::daemon::Daemon;
-use common::linux::{kernel, Kernel};
-use common::qemu::Qemu;
+use test_infra::daemon::Daemon;
+use test_infra::linux::{kernel, Kernel};
+use test_infra::qemu::Qemu;
 
 const QEMU_TIMEOUT: Duration = Duration::from_secs(180);
 const PATTERN_LEN: usize = 64 * 1024;
@@ -187,7 +186,12 @@ fn initramfs(kernel: &Kernel, dir: &Path, iopoll: bool) -> PathBuf {
         files.push(("iopoll", 0o755, helper));
     }
     let path = dir.join("initramfs.cpio");
-    common::linux::initramfs_with(kernel, &format!("{}{INIT}", common::linux::INIT_MOUNTS), &files, &path);
+    test_infra::linux::initramfs_with(
+        kernel,
+        &format!("{}{INIT}", test_infra::linux::INIT_MOUNTS),
+        &files,
+        &path,
+    );
     path
 }
 
@@ -215,6 +219,37 @@ fn start_backend(socket: &Path, args: &[&str], log: &Path) -> Daemon {
     Daemon::start(&args, &[socket], log)
 }
 
+/// What a Linux guest on the daemon needs: the kernel, and a new directory holding an initramfs
+/// (with `iopoll` if asked) and the daemon's socket (`vhost.sock`).
+struct LinuxFiles {
+    kernel: Kernel,
+    dir: tempfile::TempDir,
+    initramfs: PathBuf,
+    socket: PathBuf,
+}
+
+impl LinuxFiles {
+    fn new(iopoll: bool) -> LinuxFiles {
+        let kernel = kernel();
+        let dir = tempfile::tempdir().unwrap();
+        let initramfs = initramfs(&kernel, dir.path(), iopoll);
+        let socket = dir.path().join("vhost.sock");
+        LinuxFiles { kernel, dir, initramfs, socket }
+    }
+
+    /// A zeroed 64 MiB disk file in the directory, and the `--disk` spec that serves it.
+    fn disk(&self) -> (PathBuf, String) {
+        let disk = test_infra::disk_file(self.dir.path(), "disk.img", 64 << 20);
+        let spec = format!("path={}", disk.display());
+        (disk, spec)
+    }
+
+    /// The guest on these files, its console in the directory.
+    fn guest(&self) -> Guest<'_> {
+        Guest { kernel: &self.kernel, initramfs: &self.initramfs, socket: &self.socket, dir: self.dir.path() }
+    }
+}
+
 struct Guest<'a> {
     kernel: &'a Kernel,
     initramfs: &'a Path,
@@ -223,7 +258,7 @@ struct Guest<'a> {
 }
 
 struct Running {
-    qemu: Child,
+    qemu: test_infra::KillOnDrop,
     console: PathBuf,
     started: Instant,
     what: String,
@@ -243,7 +278,7 @@ impl Guest<'_> {
             .vhost_user_blk_with(self.socket, reconnect, &format!(",num-queues={queues}"))
             .spawn(&console, Stdio::piped());
         let what = format!("{cmdline}, {vcpus} vCPUs, {queues} queues");
-        Running { qemu, console, started: Instant::now(), what }
+        Running { qemu: test_infra::KillOnDrop(qemu), console, started: Instant::now(), what }
     }
 }
 
@@ -291,13 +326,6 @@ impl Running {
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
-    }
-}
-
 /// The line that holds `prefix`, from `prefix` on (the firmware's escape codes may precede it).
 fn line<'a>(console: &'a str, prefix: &str) -> &'a str {
     console
@@ -312,18 +340,13 @@ fn has(console: &str, marker: &str) -> bool {
 
 #[test]
 fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts() {
-    let kernel = kernel();
-    let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs(&kernel, dir.path(), false);
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
-    let socket = dir.path().join("vhost.sock");
-    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
-    let disk_arg = format!("path={}", disk.display());
+    let files = LinuxFiles::new(false);
+    let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
+    let (disk, disk_arg) = files.disk();
 
     // 1. Write, read back, check, flush, with the IOCore sleeping on the kick eventfd.
     let backend =
-        start_backend(&socket, &["--disk", &disk_arg, "--io-mode", "eventfd"], &dir.path().join("b1.log"));
+        start_backend(socket, &["--disk", &disk_arg, "--io-mode", "eventfd"], &dir.path().join("b1.log"));
     let console = guest.run("vu.write=1 vu.read=1", 1, 1);
     assert_eq!(
         line(&console, "VU-DISK"),
@@ -349,7 +372,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
     //    guest sees a read-only disk.
     let ro_arg = format!("{disk_arg},readonly");
     let backend =
-        start_backend(&socket, &["--disk", &ro_arg, "--io-mode", "sidecore"], &dir.path().join("b3.log"));
+        start_backend(socket, &["--disk", &ro_arg, "--io-mode", "sidecore"], &dir.path().join("b3.log"));
     let console = guest.run("vu.read=1 vu.rocheck=1", 1, 1);
     assert!(has(&console, "VU-VERIFY-OK") && has(&console, "VU-RO-OK"), "{console}");
     assert!(line(&console, "VU-DISK").contains(" ro=1 "), "{console}");
@@ -359,17 +382,12 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
 
 #[test]
 fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
-    let kernel = kernel();
-    let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs(&kernel, dir.path(), false);
-    let disk = dir.path().join("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
-    let socket = dir.path().join("vhost.sock");
-    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
-    let disk_arg = format!("path={}", disk.display());
+    let files = LinuxFiles::new(false);
+    let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
+    let (disk, disk_arg) = files.disk();
     let args = ["--disk", disk_arg.as_str(), "--io-mode", "adaptive"];
 
-    let first = start_backend(&socket, &args, &dir.path().join("b1.log"));
+    let first = start_backend(socket, &args, &dir.path().join("b1.log"));
     // QEMU stays up; it reconnects to the socket when the backend comes back.
     let mut running = guest.spawn("vu.write=1 vu.waitgo=1 vu.read=1", 1, 1, true);
     running.wait_for("VU-WAITING");
@@ -378,7 +396,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(16 * 512)).unwrap();
     file.write_all(b"GO-AHEAD").unwrap();
     drop(file);
-    let second = start_backend(&socket, &args, &dir.path().join("b2.log"));
+    let second = start_backend(socket, &args, &dir.path().join("b2.log"));
     let console = running.finish();
     assert!(has(&console, "VU-GO") && has(&console, "VU-VERIFY-OK"), "{console}");
     let log = second.stop();
@@ -387,13 +405,10 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
 
 #[test]
 fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
-    let kernel = kernel();
-    let dir = tempfile::tempdir().unwrap();
-    let initramfs = initramfs(&kernel, dir.path(), true);
-    let socket = dir.path().join("vhost.sock");
-    let guest = Guest { kernel: &kernel, initramfs: &initramfs, socket: &socket, dir: dir.path() };
+    let files = LinuxFiles::new(true);
+    let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
     let backend = start_backend(
-        &socket,
+        socket,
         &["--disk", "ram=64M", "--queues", "2", "--io-mode", "adaptive"],
         &dir.path().join("b.log"),
     );
@@ -478,7 +493,7 @@ fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
     let cmdline =
         format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed}");
     let disk = format!("vhost-user={}", probe_socket.display());
-    let out = common::exitless_within(
+    let out = test_infra::exitless_within(
         QEMU_TIMEOUT,
         &[
             "run",
@@ -493,10 +508,10 @@ fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
             "120",
         ],
     );
-    assert_eq!(out.status.code(), Some(0), "{}\n{}", common::stdout(&out), common::stderr(&out));
-    let result = common::line_with(&out, "probe", "blk");
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", test_infra::stdout(&out), test_infra::stderr(&out));
+    let result = test_infra::line_with(&out, "probe", "blk");
     assert_eq!((result["errors"].as_u64(), result["mismatches"].as_u64()), (Some(0), Some(0)), "{result}");
-    common::assert_holds_only_pattern(&probe_disk, seed, blocks);
+    test_infra::assert_holds_only_pattern(&probe_disk, seed, blocks);
     assert!(!has(&linux.console(), "VU-GO"), "Linux was still reading its disk: {}", linux.console());
 
     // The go-ahead, written on the host into the sector Linux keeps reading.

@@ -4,25 +4,17 @@
 //! missing socket or a daemon killed mid-run ends the VM with an error (never a hang), and
 //! polled I/O through the daemon makes no exit per request (KVM's counts).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::one_at_a_time;
-use common::{exitless_within, json_lines, line_with, stderr, stdout};
+use test_infra::daemon::Daemon;
+use test_infra::one_at_a_time;
+use test_infra::{disk_file, exitless_within, json_lines, line_with, stderr, stdout, verify_cmdline};
 
 /// Far beyond what a run takes; a run that takes longer is stuck, and fails the test.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 const DISK_BYTES: u64 = 8 << 20;
-
-fn disk_file(dir: &Path, name: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::File::create(&path).unwrap().set_len(DISK_BYTES).unwrap();
-    path
-}
 
 /// `--disk socket=SOCK,path=FILE,direct` for the daemon.
 fn daemon_disk(socket: &Path, file: &Path) -> String {
@@ -53,8 +45,9 @@ fn run_vm(socket: &Path, guest_mode: &str, cmdline: &str) -> Output {
     exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-fn verify_cmdline(seed: u64) -> String {
-    format!("probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed}")
+/// The verify most of these runs do: 300 blocks at depth 8 with `seed`.
+fn verify(seed: u64) -> String {
+    verify_cmdline(300, 8, seed)
 }
 
 /// The guest's verify result passed, and the VMM's report names the vhost-user disk.
@@ -80,7 +73,7 @@ fn verify_through_the_daemon_in_its_sidecore_and_eventfd_modes_polled_and_interr
     let mut seed = 200;
     for daemon_mode in ["sidecore", "eventfd"] {
         let socket = dir.path().join(format!("{daemon_mode}.sock"));
-        let file = disk_file(dir.path(), &format!("{daemon_mode}.img"));
+        let file = disk_file(dir.path(), &format!("{daemon_mode}.img"), DISK_BYTES);
         let args = [
             "--disk".to_string(),
             daemon_disk(&socket, &file),
@@ -93,10 +86,10 @@ fn verify_through_the_daemon_in_its_sidecore_and_eventfd_modes_polled_and_interr
         for (guest_mode, completion) in [("exitless", "poll"), ("eventfd", "interrupt")] {
             seed += 1;
             let what = format!("daemon {daemon_mode}, guest {guest_mode}");
-            let out = run_vm(&socket, guest_mode, &verify_cmdline(seed));
+            let out = run_vm(&socket, guest_mode, &verify(seed));
             assert_verified(&out, &format!("{what}; daemon: {}", daemon.log()));
             assert_eq!(line_with(&out, "probe", "blk")["completion"], completion, "{what}");
-            common::assert_holds_only_pattern(&file, seed, 300);
+            test_infra::assert_holds_only_pattern(&file, seed, 300);
         }
     }
 }
@@ -106,7 +99,9 @@ fn two_vms_share_one_daemon_and_its_one_iocore() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let disks: Vec<(PathBuf, PathBuf)> = (0..2)
-        .map(|i| (dir.path().join(format!("vm{i}.sock")), disk_file(dir.path(), &format!("vm{i}.img"))))
+        .map(|i| {
+            (dir.path().join(format!("vm{i}.sock")), disk_file(dir.path(), &format!("vm{i}.img"), DISK_BYTES))
+        })
         .collect();
     let mut args = Vec::new();
     for (socket, file) in &disks {
@@ -119,7 +114,7 @@ fn two_vms_share_one_daemon_and_its_one_iocore() {
         .iter()
         .enumerate()
         .map(|(i, (socket, _))| {
-            let args = run_args(socket, "exitless", &verify_cmdline(300 + i as u64));
+            let args = run_args(socket, "exitless", &verify(300 + i as u64));
             std::thread::spawn(move || {
                 exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>())
             })
@@ -128,7 +123,7 @@ fn two_vms_share_one_daemon_and_its_one_iocore() {
     for (i, run) in runs.into_iter().enumerate() {
         let out = run.join().unwrap();
         assert_verified(&out, &format!("VM {i}; daemon: {}", daemon.log()));
-        common::assert_holds_only_pattern(&disks[i].1, 300 + i as u64, 300);
+        test_infra::assert_holds_only_pattern(&disks[i].1, 300 + i as u64, 300);
     }
     // Both were connected at once: one daemon, two frontends.
     assert_eq!(daemon.log().matches("frontend connected").count(), 2, "{}", daemon.log());
@@ -142,7 +137,7 @@ fn a_missing_socket_a_refused_frontend_and_a_killed_daemon_end_the_vm_with_an_er
     // Nothing there: one line, at once.
     let missing = dir.path().join("missing.sock");
     let started = Instant::now();
-    let out = run_vm(&missing, "exitless", &verify_cmdline(1));
+    let out = run_vm(&missing, "exitless", &verify(1));
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -151,7 +146,7 @@ fn a_missing_socket_a_refused_frontend_and_a_killed_daemon_end_the_vm_with_an_er
 
     // A VM polling its disk; the daemon refuses a second frontend for that disk, then dies.
     let socket = dir.path().join("d.sock");
-    let file = disk_file(dir.path(), "d.img");
+    let file = disk_file(dir.path(), "d.img", DISK_BYTES);
     let daemon_args = ["--disk".to_string(), daemon_disk(&socket, &file)];
     let mut daemon = Daemon::start(&daemon_args, &[&socket], &dir.path().join("daemon.log"));
     let cmdline = "probe.workload=blk probe.rw=randread probe.duration_ms=60000 probe.timeout_ms=1000";
@@ -165,7 +160,7 @@ fn a_missing_socket_a_refused_frontend_and_a_killed_daemon_end_the_vm_with_an_er
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let second = run_vm(&socket, "exitless", &verify_cmdline(2));
+    let second = run_vm(&socket, "exitless", &verify(2));
     assert_eq!(second.status.code(), Some(125), "{}", stderr(&second));
     let err = stderr(&second);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -211,8 +206,7 @@ fn a_vm_keeps_its_disk_across_daemon_restarts_by_kill_9_and_sigterm() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("d.sock");
-    let file = dir.path().join("d.img");
-    std::fs::File::create(&file).unwrap().set_len(128 << 20).unwrap();
+    let file = test_infra::disk_file(dir.path(), "d.img", 128 << 20);
     // At 1000 requests per second (each new daemon starts with a second's burst), a round of
     // 300 ms, a restart and the burst take about 1400 requests: the verify run (writes, then
     // reads) is sized at twice that per round, so that every restart lands in the middle of it.
@@ -270,7 +264,7 @@ fn a_vm_keeps_its_disk_across_daemon_restarts_by_kill_9_and_sigterm() {
     if rounds >= 2 {
         assert!(logs[1].contains("marks 0 request(s) in flight as the connection ends"), "{}", logs[1]);
     }
-    common::assert_holds_only_pattern(&file, seed, blocks);
+    test_infra::assert_holds_only_pattern(&file, seed, blocks);
 }
 
 #[test]
@@ -290,9 +284,9 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
     let out = run_vm(&socket, "exitless", &cmdline);
     assert_eq!(out.status.code(), Some(0), "{}\n{}\n{}", stdout(&out), stderr(&out), daemon.log());
     assert_eq!(line_with(&out, "probe", "blk")["ops"], ops);
-    let phase = common::phase(&out, 0, 1);
+    let phase = test_infra::phase(&out, 0, 1);
     // A daemon in eventfd mode makes one exit per request here (the notification).
-    let exits = common::io_path_exits(&phase["counters"]) / ops as f64;
+    let exits = test_infra::io_path_exits(&phase["counters"]) / ops as f64;
     assert!(exits < 0.05, "{exits} exits per request on the I/O path: {phase}");
 }
 
@@ -302,21 +296,21 @@ fn polled_randread_through_a_polling_daemon_makes_no_exit_per_request() {
 fn guest_memory_shared_from_huge_pages_works_and_too_few_say_what_is_missing() {
     let _one = one_at_a_time();
     // A memfd with MFD_HUGETLB, mapped by the daemon too; 48 MiB is 24 pages (see run_probe.rs).
-    common::huge_pages::require_free(24);
+    test_infra::huge_pages::require_free(24);
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("huge.sock");
-    let file = disk_file(dir.path(), "huge.img");
+    let file = disk_file(dir.path(), "huge.img", DISK_BYTES);
     let daemon_args = ["--disk".to_string(), daemon_disk(&socket, &file)];
     let daemon = Daemon::start(&daemon_args, &[&socket], &dir.path().join("daemon.log"));
     let run = |mem: &str| {
-        let mut args = run_args(&socket, "exitless", &verify_cmdline(400));
+        let mut args = run_args(&socket, "exitless", &verify(400));
         args.extend(["--mem", mem, "--hugepages"].map(String::from));
         exitless_within(RUN_LIMIT, &args.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let out = run("48M");
     assert_verified(&out, &format!("huge pages; daemon: {}", daemon.log()));
-    common::assert_holds_only_pattern(&file, 400, 300);
-    let too_many = format!("{}M", 2 * common::huge_pages::more_than_reserved());
+    test_infra::assert_holds_only_pattern(&file, 400, 300);
+    let too_many = format!("{}M", 2 * test_infra::huge_pages::more_than_reserved());
     let out = run(&too_many);
     assert_eq!(out.status.code(), Some(125), "{too_many}: {}", stderr(&out));
     assert!(stderr(&out).contains("nr_hugepages"), "{}", stderr(&out));

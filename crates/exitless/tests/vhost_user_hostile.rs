@@ -4,12 +4,8 @@
 //! and rings it breaks on purpose. After each attack the daemon must still be alive, must not
 //! burn a core, must serve the next, well-behaved frontend (a 4 KiB write read back through the
 //! ring) and must stop within two seconds of SIGTERM. Every attack that reaches a ring runs
-//! against each backend kind (`common::disks`): a RAM disk finishes a request inside `submit`,
+//! against each backend kind (`test_infra::disks`): a RAM disk finishes a request inside `submit`,
 //! an io_uring disk only once the kernel has it, which is where a reset used to wait for ever.
-
-mod common;
-#[path = "../../vhost-user/tests/frontend/mod.rs"]
-mod frontend;
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -17,9 +13,9 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::disks::{TestDisk, DISK_KINDS};
-use frontend::*;
+use test_infra::daemon::Daemon;
+use test_infra::disks::{DiskKind, TestDisk, DISK_KINDS};
+use test_infra::frontend::*;
 use vhost_user_protocol::message::{code, Header, VERSION};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -32,19 +28,17 @@ const CPU_WINDOW: Duration = Duration::from_secs(2);
 const CPU_LIMIT: Duration = Duration::from_millis(300);
 
 const DISK_BYTES: u64 = 4 << 20;
+/// The disk for the attacks that reach no ring.
+const RAM_DISK: &str = "ram=4M";
 
-/// The daemon serving `disk` on DIR/vhost.sock, its log in DIR/daemon.log.
-fn start_daemon_on(dir: &Path, io_mode: &str, disk: &TestDisk) -> Daemon {
-    let socket = dir.join("vhost.sock");
-    let args = ["--disk", &disk.spec, "--io-mode", io_mode, "--socket", socket.to_str().unwrap()];
-    Daemon::start(&args, &[&socket], &dir.join("daemon.log"))
-}
-
-/// The daemon with a 4 MiB RAM disk on DIR/vhost.sock, for the attacks that reach no ring.
-fn start_daemon(dir: &Path, io_mode: &str) -> Daemon {
-    let socket = dir.join("vhost.sock");
-    let args = ["--disk", "ram=4M", "--io-mode", io_mode, "--socket", socket.to_str().unwrap()];
-    Daemon::start(&args, &[&socket], &dir.join("daemon.log"))
+/// A new disk of `kind` served by the daemon in `io_mode` on DIR/vhost.sock of a new directory,
+/// its log in DIR/daemon.log: the directory, the disk and the daemon, to be dropped in the
+/// reverse order.
+fn serve(kind: DiskKind, io_mode: &str) -> (tempfile::TempDir, TestDisk, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = kind.make(DISK_BYTES);
+    let daemon = Daemon::serving(dir.path(), &disk.spec, io_mode).start_in(dir.path());
+    (dir, disk, daemon)
 }
 
 /// User plus system CPU time process `pid` has used (all its threads).
@@ -68,34 +62,11 @@ fn assert_not_spinning(daemon: &mut Daemon, what: &str) {
     assert!(used < CPU_LIMIT, "{what}: the daemon used {used:?} of CPU in {CPU_WINDOW:?}: {}", daemon.log());
 }
 
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..4096u32).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
-}
-
-/// Connect, negotiate, share memory, start vring 0.
-fn ready(daemon: &Daemon) -> Frontend {
-    let mut frontend = Frontend::connect(daemon.socket());
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, 0);
-    frontend
-}
-
-/// A 4 KiB write at `sector`, read back and compared, through the ring.
-fn write_and_read_back(frontend: &mut Frontend, sector: u64, seed: u8) {
-    let data = pattern(seed);
-    frontend.mem.write(DATA, &data);
-    assert_eq!(frontend.blk(0, T_OUT, sector, 4096), 0, "write status");
-    frontend.mem.write(DATA, &[0; 4096]);
-    assert_eq!(frontend.blk(0, T_IN, sector, 4096), 0, "read status");
-    assert_eq!(frontend.mem.read(DATA, 4096), data, "read back what was written");
-}
-
 /// A well-behaved frontend connects and is served: the daemon survived what came before.
 fn next_frontend_is_served(daemon: &mut Daemon, seed: u8) {
     daemon.assert_alive();
-    let mut frontend = ready(daemon);
-    write_and_read_back(&mut frontend, 8 * seed as u64, seed);
+    let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
+    frontend.write_and_read_back(8 * seed as u64, seed);
 }
 
 /// Does the daemon close `stream` within `limit` (replies before the end are skipped)?
@@ -137,7 +108,7 @@ fn saturated_eventfd() -> EventFd {
 #[test]
 fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start_daemon(dir.path(), "eventfd");
+    let mut daemon = Daemon::serving(dir.path(), RAM_DISK, "eventfd").start_in(dir.path());
     let (pipe_read, pipe_write) = pipe();
     let (hung_up, peer) = UnixStream::pair().unwrap();
     drop(peer);
@@ -172,16 +143,14 @@ fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
 #[test]
 fn call_and_err_eventfds_that_cannot_take_another_count_do_not_block_the_daemon() {
     for kind in DISK_KINDS {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = kind.make(DISK_BYTES);
-        let mut daemon = start_daemon_on(dir.path(), "eventfd", &disk);
-        let mut frontend = ready(&daemon);
+        let (_dir, _disk, mut daemon) = serve(kind, "eventfd");
+        let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
         // Blocking eventfds at their maximum: the daemon's next write of 1 to either would block.
         let (call, err) = (saturated_eventfd(), saturated_eventfd());
         frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
         frontend.set(code::SET_VRING_ERR, &0u64.to_le_bytes(), &[err.as_raw_fd()]);
         for seed in 1..=3 {
-            write_and_read_back(&mut frontend, 0, seed);
+            frontend.write_and_read_back(0, seed);
         }
         // A broken ring makes the worker signal the error eventfd: an avail entry naming
         // descriptor 200 of a 16-entry queue.
@@ -204,11 +173,9 @@ fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
     for kind in DISK_KINDS {
         for io_mode in ["eventfd", "sidecore"] {
             let what = format!("{} {io_mode}", kind.name());
-            let dir = tempfile::tempdir().unwrap();
-            let disk = kind.make(DISK_BYTES);
-            let mut daemon = start_daemon_on(dir.path(), io_mode, &disk);
-            let mut frontend = ready(&daemon);
-            write_and_read_back(&mut frontend, 0, 1);
+            let (_dir, _disk, mut daemon) = serve(kind, io_mode);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
+            frontend.write_and_read_back(0, 1);
             // The rings live 1 MiB into the memfd: after this, touching them raises SIGBUS.
             // SAFETY: ftruncate on our own memfd; this process no longer touches the pages past
             // the first (the frontend only kicks from here on).
@@ -241,10 +208,8 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
     for kind in DISK_KINDS {
         for io_mode in ["eventfd", "adaptive"] {
             let what = format!("{} {io_mode}", kind.name());
-            let dir = tempfile::tempdir().unwrap();
-            let disk = kind.make(DISK_BYTES);
-            let mut daemon = start_daemon_on(dir.path(), io_mode, &disk);
-            let mut frontend = ready(&daemon);
+            let (_dir, _disk, mut daemon) = serve(kind, io_mode);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             frontend.mem.write(DATA, &pattern(1));
             let chain = frontend.blk_chain(T_OUT, 0, 4096);
             frontend.write_chain(0, &chain);
@@ -257,7 +222,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
             assert_not_spinning(&mut daemon, &what);
             drop(frontend);
             let started = Instant::now();
-            let mut next = ready(&daemon);
+            let mut next = Frontend::ready(daemon.socket(), FEATURES, 0);
             // Not a speed test: 4 s tells "at once" from the 5 s wait for requests that never end.
             let took = started.elapsed();
             assert!(
@@ -269,7 +234,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
             next.mem.write(DATA, &[0; 4096]);
             assert_eq!(next.blk(0, T_IN, 0, 4096), 0, "{what}: read status");
             assert_eq!(next.mem.read(DATA, 4096), pattern(1), "{what}: the write before the duplicate");
-            write_and_read_back(&mut next, 16, 2);
+            next.write_and_read_back(16, 2);
             drop(next);
             let log = daemon.stop_within(STOP_LIMIT);
             assert!(!log.contains("a reset is waiting"), "{what}: {log}");
@@ -285,9 +250,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
 #[test]
 fn a_daemon_stopped_and_continued_keeps_serving() {
     for kind in DISK_KINDS {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = kind.make(DISK_BYTES);
-        let mut daemon = start_daemon_on(dir.path(), "adaptive", &disk);
+        let (_dir, _disk, mut daemon) = serve(kind, "adaptive");
         let pause = |daemon: &Daemon| {
             for signal in [libc::SIGSTOP, libc::SIGCONT] {
                 // SAFETY: kill(2) on our own child's pid.
@@ -297,10 +260,10 @@ fn a_daemon_stopped_and_continued_keeps_serving() {
         };
         pause(&daemon);
         daemon.assert_alive();
-        let mut frontend = ready(&daemon);
-        write_and_read_back(&mut frontend, 0, 1);
+        let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
+        frontend.write_and_read_back(0, 1);
         pause(&daemon);
-        write_and_read_back(&mut frontend, 8, 2);
+        frontend.write_and_read_back(8, 2);
         drop(frontend);
         next_frontend_is_served(&mut daemon, 3);
         daemon.stop_within(STOP_LIMIT);
@@ -310,7 +273,7 @@ fn a_daemon_stopped_and_continued_keeps_serving() {
 #[test]
 fn an_idle_frontend_does_not_hold_the_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start_daemon(dir.path(), "eventfd");
+    let mut daemon = Daemon::serving(dir.path(), RAM_DISK, "eventfd").start_in(dir.path());
     // A connects and says nothing.
     let idle = UnixStream::connect(daemon.socket()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
@@ -359,23 +322,21 @@ fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
             vec![Box::new(stream)]
         }),
         ("an idle frontend with a running ring", |daemon| {
-            let mut frontend = ready(daemon);
-            write_and_read_back(&mut frontend, 0, 1);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
+            frontend.write_and_read_back(0, 1);
             vec![Box::new(frontend)]
         }),
         ("a frontend whose call eventfd is saturated", |daemon| {
-            let mut frontend = ready(daemon);
+            let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
             let call = saturated_eventfd();
             frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
-            write_and_read_back(&mut frontend, 0, 1);
+            frontend.write_and_read_back(0, 1);
             vec![Box::new(frontend), Box::new(call)]
         }),
     ];
     for kind in DISK_KINDS {
         for (what, attack) in attacks {
-            let dir = tempfile::tempdir().unwrap();
-            let disk = kind.make(DISK_BYTES);
-            let daemon = start_daemon_on(dir.path(), "eventfd", &disk);
+            let (_dir, _disk, daemon) = serve(kind, "eventfd");
             let held = attack(&daemon);
             std::thread::sleep(Duration::from_millis(200));
             let log = daemon.stop_within(STOP_LIMIT);
@@ -413,7 +374,7 @@ fn ready_with_inflight(daemon: &Daemon) -> Frontend {
 
 /// A read of HELD_SECTOR into DATA on vring 0, which `held` holds (and only it: later requests
 /// pass); returns once the FUSE server has it.
-fn submit_a_held_read(frontend: &mut Frontend, held: &common::held_disk::HeldDisk, daemon: &Daemon) {
+fn submit_a_held_read(frontend: &mut Frontend, held: &test_infra::held_disk::HeldDisk, daemon: &Daemon) {
     held.hold_one();
     frontend.mem.write(DATA, &[0; 4096]);
     let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
@@ -445,7 +406,7 @@ fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing.img");
     std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let (daemon, api) = start_daemon_on_held(dir.path(), &held);
     let mut frontend = ready_with_inflight(&daemon);
     submit_a_held_read(&mut frontend, &held, &daemon);
@@ -487,7 +448,7 @@ fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
     );
     assert!(daemon.log().contains("vring 0 starts: the disk finished the requests quarantined"));
     // And the ring serves on.
-    write_and_read_back(&mut frontend, 0, 4);
+    frontend.write_and_read_back(0, 4);
     drop(frontend);
     daemon.stop_within(STOP_LIMIT);
 }
@@ -501,7 +462,7 @@ fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing.img");
     std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let socket = dir.path().join("vhost.sock");
     let handover = dir.path().join("handover.sock");
     let args = held_daemon_args(dir.path(), &held, "--handover-socket", &handover);
@@ -529,7 +490,7 @@ fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
     let (head, written) = frontend.wait_used(0);
     assert_eq!((head, written), (0, 4097), "the resubmitted read's answer: {}", daemon.log());
     assert_eq!(frontend.mem.read(DATA, 4096), pattern(9), "the read's data");
-    write_and_read_back(&mut frontend, 0, 4);
+    frontend.write_and_read_back(0, 4);
     drop(frontend);
     daemon.stop_within(STOP_LIMIT);
 }
@@ -547,7 +508,7 @@ const HELD_SECTOR: u64 = 4096;
 /// late completion, when the FUSE server at last answers, is reaped without harm. Regression:
 /// the daemon waited for the held request as long as the disk held it.
 /// The daemon serving `held`'s file as disk "held" with `reset-timeout=1`, and its control API.
-fn start_daemon_on_held(dir: &Path, held: &common::held_disk::HeldDisk) -> (Daemon, std::path::PathBuf) {
+fn start_daemon_on_held(dir: &Path, held: &test_infra::held_disk::HeldDisk) -> (Daemon, std::path::PathBuf) {
     let api = dir.join("api.sock");
     let args = held_daemon_args(dir, held, "--api-socket", &api);
     (Daemon::start(&args, &[&dir.join("vhost.sock"), &api], &dir.join("daemon.log")), api)
@@ -555,7 +516,12 @@ fn start_daemon_on_held(dir: &Path, held: &common::held_disk::HeldDisk) -> (Daem
 
 /// The arguments of a daemon serving `held`'s file as disk "held" with `reset-timeout=1` on
 /// DIR/vhost.sock, and `flag` (a second socket) at `path`.
-fn held_daemon_args(dir: &Path, held: &common::held_disk::HeldDisk, flag: &str, path: &Path) -> Vec<String> {
+fn held_daemon_args(
+    dir: &Path,
+    held: &test_infra::held_disk::HeldDisk,
+    flag: &str,
+    path: &Path,
+) -> Vec<String> {
     let spec = format!("path={},reset-timeout=1,name=held", held.disk().display());
     let socket = dir.join("vhost.sock");
     [
@@ -574,7 +540,7 @@ fn held_daemon_args(dir: &Path, held: &common::held_disk::HeldDisk, flag: &str, 
 
 /// Disk "held"'s reset_timeouts, reset_cancelled and quarantined, as GET /disks/held shows them.
 fn reset_figures(api: &Path) -> [u64; 3] {
-    let (status, body) = common::api::http(api, "GET", "/disks/held", None);
+    let (status, body) = test_infra::api::http(api, "GET", "/disks/held", None);
     assert_eq!(status, 200, "{body}");
     let disk: serde_json::Value = serde_json::from_str(&body).unwrap();
     let f = &disk["figures"];
@@ -582,9 +548,9 @@ fn reset_figures(api: &Path) -> [u64; 3] {
 }
 
 /// A frontend with vring 0 running and a read of HELD_SECTOR in it, which `held` holds.
-fn frontend_with_a_held_read(daemon: &Daemon, held: &common::held_disk::HeldDisk) -> Frontend {
+fn frontend_with_a_held_read(daemon: &Daemon, held: &test_infra::held_disk::HeldDisk) -> Frontend {
     held.hold();
-    let mut frontend = ready(daemon);
+    let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
     let chain = frontend.blk_chain(T_IN, HELD_SECTOR, 4096);
     frontend.write_chain(0, &chain);
     frontend.publish(0, &[0]);
@@ -600,9 +566,8 @@ fn frontend_with_a_held_read(daemon: &Daemon, held: &common::held_disk::HeldDisk
 #[test]
 fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("backing.img");
-    std::fs::File::create(&file).unwrap().set_len(DISK_BYTES).unwrap();
-    let held = common::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
+    let file = test_infra::disk_file(dir.path(), "backing.img", DISK_BYTES);
+    let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);
     let (mut daemon, api) = start_daemon_on_held(dir.path(), &held);
     let figures = || reset_figures(&api);
     assert_eq!(figures(), [0, 0, 0]);
@@ -612,11 +577,8 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     // The bound is 1 s, then the cancels get at most as long again; the log line below tells
     // which bound was used, the elapsed time only guards against a hang.
     let started = Instant::now();
-    let mut next = Frontend::connect(daemon.socket());
-    next.negotiate(FEATURES);
-    next.set_mem_table();
-    next.start_vring(0, 0);
-    write_and_read_back(&mut next, 0, 7);
+    let mut next = Frontend::ready(daemon.socket(), FEATURES, 0);
+    next.write_and_read_back(0, 7);
     let took = started.elapsed();
     assert!(took < Duration::from_secs(30), "the next frontend waited {took:?}: {}", daemon.log());
     let log = daemon.log();
@@ -628,7 +590,7 @@ fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
     // The operator sees it: one reset timed out, nothing it cancelled ended (a FUSE request its
     // server took waits out an interrupt), one request quarantined.
     assert_eq!(figures(), [1, 0, 1]);
-    let (status, metrics) = common::api::http(&api, "GET", "/metrics", None);
+    let (status, metrics) = test_infra::api::http(&api, "GET", "/metrics", None);
     assert_eq!(status, 200);
     for line in [
         "exitless_disk_reset_timeouts_total{disk=\"held\"} 1",

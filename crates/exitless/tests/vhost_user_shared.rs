@@ -4,18 +4,16 @@
 //! malformed messages, costs only its own disk; fair share and rate limits are checked on the
 //! daemon's own counters (`--stats-interval --json`), never on the test's clock.
 
-mod common;
-#[path = "../../vhost-user/tests/frontend/mod.rs"]
-mod frontend;
+use test_infra::frontend;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::one_at_a_time;
-use common::qemu::Qemu;
 use serde_json::Value;
+use test_infra::daemon::Daemon;
+use test_infra::qemu::Qemu;
+use test_infra::{disk_file, one_at_a_time, probe_elf, verify_cmdline};
 
 /// A guest that has not finished by then is stuck.
 const GUEST_LIMIT: Duration = Duration::from_secs(120);
@@ -24,7 +22,7 @@ const FAIR_BATCH: u64 = 16;
 
 /// The daemon with `--stats-interval 1 --json`, its log in DIR/daemon.log and its stats lines in
 /// DIR/daemon.out; returns once every socket listens.
-fn start_daemon(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
+fn start_with_stats(dir: &Path, args: &[String], sockets: &[&Path]) -> Daemon {
     let args = [args, &["--stats-interval", "1", "--json"].map(String::from)].concat();
     Daemon::start_with_stdout(&args, sockets, &dir.join("daemon.log"), &dir.join("daemon.out"))
 }
@@ -80,7 +78,7 @@ impl StatsLines for Daemon {
 
 /// The probe under QEMU-KVM (`-M microvm`), its disk exitless's vhost-user-blk on `socket`.
 struct Guest {
-    qemu: Child,
+    qemu: test_infra::KillOnDrop,
     out: PathBuf,
     started: Instant,
 }
@@ -88,7 +86,7 @@ struct Guest {
 impl Guest {
     fn start(elf: &Path, socket: &Path, cmdline: &str, out: PathBuf) -> Guest {
         let qemu = Qemu::probe(elf, "256M", cmdline).vhost_user_blk(socket).spawn(&out, Stdio::piped());
-        Guest { qemu, out, started: Instant::now() }
+        Guest { qemu: test_infra::KillOnDrop(qemu), out, started: Instant::now() }
     }
 
     fn running(&mut self) -> bool {
@@ -109,45 +107,17 @@ impl Guest {
         let console = self.console();
         // QEMU exits with (V << 1) | 1 for a debug-exit write of V; the probe writes 0 for OK.
         assert_eq!(status.code(), Some(1), "the probe failed: {console}\nQEMU: {stderr}");
-        console
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|v| v["probe"] == "blk")
-            .unwrap_or_else(|| panic!("no blk result: {console}"))
+        test_infra::blk_result(&console).unwrap_or_else(|| panic!("no blk result: {console}"))
     }
 
-    fn kill(mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
+    /// Kill QEMU mid-run, and reap it.
+    fn kill(self) {
+        drop(self.qemu);
     }
 
     fn console(&self) -> String {
         std::fs::read_to_string(&self.out).unwrap_or_default()
     }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.qemu.kill();
-        let _ = self.qemu.wait();
-    }
-}
-
-fn probe_elf(dir: &Path) -> PathBuf {
-    let elf = dir.join("probe.elf");
-    let out = common::exitless(&["probe", "export", elf.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
-    elf
-}
-
-fn disk_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::File::create(&path).unwrap().set_len(bytes).unwrap();
-    path
-}
-
-fn verify_cmdline(seed: u64, blocks: u64) -> String {
-    format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed}")
 }
 
 fn assert_verified(result: &Value, blocks: u64) {
@@ -170,25 +140,25 @@ fn two_guests_share_one_iocore_and_one_killed_mid_io_costs_the_other_nothing() {
         // however fast this host's disk is.
         format!("--disk=socket={},path={},direct,iops=2000", sb.display(), b.display()),
     ];
-    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_with_stats(dir, &args, &[&sa, &sb]);
 
     // Both at once, verifying; A writes without end until it is killed.
     let endless = "probe.workload=blk probe.rw=randwrite probe.qd=16 probe.ops=100000000 probe.warmup=0";
     let guest_a = Guest::start(&elf, &sa, endless, dir.join("a.out"));
     let (seed_b, blocks_b) = (0xb0b, 8192);
-    let mut guest_b = Guest::start(&elf, &sb, &verify_cmdline(seed_b, blocks_b), dir.join("b.out"));
+    let mut guest_b = Guest::start(&elf, &sb, &verify_cmdline(blocks_b, 8, seed_b), dir.join("b.out"));
     daemon.wait_serving(&[0, 1]);
     assert!(guest_b.running(), "B must still be doing I/O when A is killed: {}", guest_b.console());
     guest_a.kill();
     assert_verified(&guest_b.finish(), blocks_b);
-    common::assert_holds_pattern(&b, seed_b, blocks_b);
+    test_infra::assert_holds_pattern(&b, seed_b, blocks_b);
     daemon.assert_alive();
 
     // A's frontend comes back and is served.
     let seed_a = 0xa;
-    let result = Guest::start(&elf, &sa, &verify_cmdline(seed_a, 300), dir.join("a2.out")).finish();
+    let result = Guest::start(&elf, &sa, &verify_cmdline(300, 8, seed_a), dir.join("a2.out")).finish();
     assert_verified(&result, 300);
-    common::assert_holds_pattern(&a, seed_a, 300);
+    test_infra::assert_holds_pattern(&a, seed_a, 300);
     let (log, stats) = daemon.stop_with_stats();
     assert_eq!(log.matches("a.sock: frontend connected").count(), 2, "{log}");
     assert!(log.contains("listening on") && log.contains("IOCore 0 of 1"), "{log}");
@@ -247,9 +217,9 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
         format!("--disk=socket={},path={}", sa.display(), a.display()),
         format!("--disk=socket={},ram=8M", sb.display()),
     ];
-    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     let (seed, blocks) = (0x5eed, 8192);
-    let guest = Guest::start(&elf, &sa, &verify_cmdline(seed, blocks), dir.join("a.out"));
+    let guest = Guest::start(&elf, &sa, &verify_cmdline(blocks, 8, seed), dir.join("a.out"));
     daemon.wait_serving(&[0]);
     // Each malformed message with the line the daemon logs for it.
     let b = sb.display().to_string();
@@ -274,10 +244,10 @@ fn malformed_messages_on_one_socket_do_not_disturb_another_disk() {
         wait_logged(&mut daemon, "connection closed, waiting for the next frontend", round * garbage.len());
     }
     assert_verified(&guest.finish(), blocks);
-    common::assert_holds_pattern(&a, seed, blocks);
+    test_infra::assert_holds_pattern(&a, seed, blocks);
     daemon.assert_alive();
     // The disk that was attacked serves a well-behaved frontend next.
-    let result = Guest::start(&elf, &sb, &verify_cmdline(7, 300), dir.join("b.out")).finish();
+    let result = Guest::start(&elf, &sb, &verify_cmdline(300, 8, 7), dir.join("b.out")).finish();
     assert_verified(&result, 300);
     let (log, stats) = daemon.stop_with_stats();
     let on_a = format!("{}: ", sa.display());
@@ -334,7 +304,7 @@ fn a_queue_at_depth_one_is_not_starved_by_one_at_depth_64() {
         format!("--disk=socket={},ram=64M", sa.display()),
         format!("--disk=socket={},ram=64M", sb.display()),
     ];
-    let mut daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let mut daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     let load =
         |qd| format!("probe.workload=blk probe.rw=randread probe.qd={qd} probe.ops=100000000 probe.warmup=0");
     let shallow = Guest::start(&elf, &sb, &load(1), dir.join("shallow.out"));
@@ -402,7 +372,7 @@ fn a_ring_at_depth_one_waits_for_at_most_one_batch_of_a_full_ring() {
         format!("--disk=socket={},ram,path={}", sb.display(), disk.path().display()),
         "--io-mode=eventfd".to_string(),
     ];
-    let daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     // The deep ring first, so that an IOCore pass reaches it before the shallow one.
     let mut deep = Frontend::connect(&sa);
     deep.negotiate(F_VERSION_1 | F_PROTOCOL_FEATURES);
@@ -496,7 +466,7 @@ fn a_rate_limited_disk_never_exceeds_its_budget_plus_burst() {
         format!("--disk=socket={},ram=16M,iops={iops}", sa.display()),
         format!("--disk=socket={},ram=16M,bw={bw}", sb.display()),
     ];
-    let daemon = start_daemon(dir, &args, &[&sa, &sb]);
+    let daemon = start_with_stats(dir, &args, &[&sa, &sb]);
     let load = "probe.workload=blk probe.rw=randread probe.qd=8 probe.ops=1500 probe.warmup=0";
     let a = Guest::start(&elf, &sa, load, dir.join("iops.out"));
     let b = Guest::start(&elf, &sb, load, dir.join("bw.out"));
@@ -545,7 +515,7 @@ fn command_lines_that_give_a_disk_no_socket_of_its_own_are_refused() {
         &["--disk", "socket=/tmp/y.sock,ram=1M", "--iocores", "0"],
     ] {
         let out = run(bad);
-        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", common::stderr(&out));
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", test_infra::stderr(&out));
     }
 }
 
@@ -559,7 +529,7 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
     let dir = dir.path();
     let elf = probe_elf(dir);
     let (file, backing) = (disk_file(dir, "file.img", 8 << 20), disk_file(dir, "loop.img", 8 << 20));
-    let device = common::LoopDevice::attach(&backing);
+    let device = test_infra::LoopDevice::attach(&backing);
     for (i, mode) in ["sidecore", "adaptive"].iter().enumerate() {
         let (sf, sl) = (dir.join(format!("file-{mode}.sock")), dir.join(format!("loop-{mode}.sock")));
         let args = [
@@ -567,14 +537,14 @@ fn verify_through_the_daemon_on_an_ext4_file_and_a_loop_device() {
             format!("--disk=socket={},path={},direct", sl.display(), device.path.display()),
             format!("--io-mode={mode}"),
         ];
-        let daemon = start_daemon(dir, &args, &[&sf, &sl]);
+        let daemon = start_with_stats(dir, &args, &[&sf, &sl]);
         let seed = 300 + 2 * i as u64;
-        let on_file = Guest::start(&elf, &sf, &verify_cmdline(seed, 1024), dir.join("file.out"));
-        let on_loop = Guest::start(&elf, &sl, &verify_cmdline(seed + 1, 1024), dir.join("loop.out"));
+        let on_file = Guest::start(&elf, &sf, &verify_cmdline(1024, 8, seed), dir.join("file.out"));
+        let on_loop = Guest::start(&elf, &sl, &verify_cmdline(1024, 8, seed + 1), dir.join("loop.out"));
         assert_verified(&on_file.finish(), 1024);
         assert_verified(&on_loop.finish(), 1024);
-        common::assert_holds_pattern(&file, seed, 1024);
-        common::assert_holds_pattern(&backing, seed + 1, 1024);
+        test_infra::assert_holds_pattern(&file, seed, 1024);
+        test_infra::assert_holds_pattern(&backing, seed + 1, 1024);
         let (_log, stats) = daemon.stop_with_stats();
         assert!(stats.iter().all(|disk| disk["io_errors"] == 0), "{mode}: {stats:?}");
     }

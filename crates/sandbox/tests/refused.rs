@@ -27,18 +27,21 @@ fn mode_name(mode: SeccompMode) -> &'static str {
 
 /// Run the `child` test of this binary in a new process, confined as `kind` in `mode`; the
 /// confined thread calls socket() if `forbidden_call`.
-fn run_child(kind: ThreadKind, mode: SeccompMode, forbidden_call: bool) -> Output {
+fn run_child(kind: ThreadKind, mode: SeccompMode, forbidden_call: bool) -> (Output, String) {
     run_child_calling(kind, mode, if forbidden_call { "socket" } else { "none" })
 }
 
-/// Run the `child` test confined as `kind` in `mode`, making `call` (socket, reopen or none).
-fn run_child_calling(kind: ThreadKind, mode: SeccompMode, call: &str) -> Output {
+/// Run the `child` test confined as `kind` in `mode`, making `call` (socket, reopen or none):
+/// its output, and its standard output as text.
+fn run_child_calling(kind: ThreadKind, mode: SeccompMode, call: &str) -> (Output, String) {
     let exe = std::env::current_exe().expect("the test binary's path");
-    Command::new(exe)
+    let output = Command::new(exe)
         .args(["--exact", "child", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, format!("{},{},{call}", kind.name(), mode_name(mode)))
         .output()
-        .expect("the child test process starts")
+        .expect("the child test process starts");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    (output, stdout)
 }
 
 /// In a run of the suite: a thread confined in kill mode that calls socket() kills its process
@@ -48,8 +51,7 @@ fn run_child_calling(kind: ThreadKind, mode: SeccompMode, call: &str) -> Output 
 #[test]
 fn child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
-        let output = run_child(ThreadKind::VhostUserConnection, SeccompMode::Kill, true);
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let (output, stdout) = run_child(ThreadKind::VhostUserConnection, SeccompMode::Kill, true);
         assert!(stdout.contains(INSTALLED), "the filter was not installed: {stdout}");
         assert!(!stdout.contains(CALL_ALLOWED), "socket() went through the filter: {stdout}");
         assert_eq!(output.status.signal(), Some(libc::SIGSYS), "{:?}: {stdout}", output.status);
@@ -100,8 +102,7 @@ fn child() {
 #[test]
 fn a_confined_thread_runs_and_ends_without_a_forbidden_call() {
     for kind in ThreadKind::ALL {
-        let output = run_child(kind, SeccompMode::Kill, false);
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let (output, stdout) = run_child(kind, SeccompMode::Kill, false);
         assert!(stdout.contains(INSTALLED), "{kind}: the filter was not installed: {stdout}");
         assert!(output.status.success(), "{kind}: {:?}: {stdout}", output.status);
     }
@@ -110,8 +111,7 @@ fn a_confined_thread_runs_and_ends_without_a_forbidden_call() {
 #[test]
 fn kill_mode_kills_the_process_with_sigsys_on_a_forbidden_call() {
     for kind in ThreadKind::ALL {
-        let output = run_child(kind, SeccompMode::Kill, true);
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let (output, stdout) = run_child(kind, SeccompMode::Kill, true);
         assert!(stdout.contains(INSTALLED), "{kind}: the filter was not installed: {stdout}");
         assert!(!stdout.contains(CALL_ALLOWED), "{kind}: socket() went through: {stdout}");
         assert_eq!(output.status.signal(), Some(libc::SIGSYS), "{kind}: {:?}: {stdout}", output.status);
@@ -121,8 +121,7 @@ fn kill_mode_kills_the_process_with_sigsys_on_a_forbidden_call() {
 #[test]
 fn log_mode_lets_a_forbidden_call_through() {
     for kind in ThreadKind::ALL {
-        let output = run_child(kind, SeccompMode::Log, true);
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let (output, stdout) = run_child(kind, SeccompMode::Log, true);
         assert!(output.status.success(), "{kind}: {:?}: {stdout}", output.status);
         assert!(stdout.contains(CALL_ALLOWED), "{kind}: socket() was refused: {stdout}");
     }
@@ -130,8 +129,7 @@ fn log_mode_lets_a_forbidden_call_through() {
 
 #[test]
 fn off_mode_installs_nothing() {
-    let output = run_child(ThreadKind::IoCore, SeccompMode::Off, true);
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (output, stdout) = run_child(ThreadKind::IoCore, SeccompMode::Off, true);
     assert!(output.status.success(), "{:?}: {stdout}", output.status);
     assert!(stdout.contains(CALL_ALLOWED), "socket() was refused: {stdout}");
 }
@@ -141,8 +139,7 @@ fn off_mode_installs_nothing() {
 #[test]
 fn the_threads_that_start_queues_may_open_a_disk_again() {
     for kind in [ThreadKind::Vcpu, ThreadKind::VhostUserConnection] {
-        let output = run_child_calling(kind, SeccompMode::Kill, "reopen");
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let (output, stdout) = run_child_calling(kind, SeccompMode::Kill, "reopen");
         assert!(output.status.success(), "{kind}: {:?}: {stdout}", output.status);
         assert!(stdout.contains(REOPENED), "{kind}: {stdout}");
     }

@@ -4,8 +4,6 @@
 //! committed leaves the first server serving, and a successor refuses state that is not a
 //! session's. Real sockets, IOCore threads and RAM disks; no VM.
 
-mod frontend;
-
 use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -15,9 +13,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use frontend::*;
 use iocore::{IoCore, Policy};
 use storage::{Backend, RamDisk};
+use test_infra::frontend::*;
 use vhost_user::handover::{
     port, Adopted, DiskState, FromPredecessor, Handle, Outcome, ToPredecessor, ToSuccessor,
 };
@@ -90,19 +88,6 @@ impl Rig {
     }
 }
 
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..4096u32).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
-}
-
-fn write_and_read_back(frontend: &mut Frontend, sector: u64, seed: u8) {
-    let data = pattern(seed);
-    frontend.mem.write(DATA, &data);
-    assert_eq!(frontend.blk(0, T_OUT, sector, 4096), 0, "write status");
-    frontend.mem.write(DATA, &[0u8; 4096]);
-    assert_eq!(frontend.blk(0, T_IN, sector, 4096), 0, "read status");
-    assert_eq!(frontend.mem.read(DATA, 4096), data);
-}
-
 /// Ask `old` for its disk's state and pass it over a socket pair, as two daemons would: the
 /// successor's view of it.
 fn pass_state(old: &Serving, attempt: u64) -> DiskState {
@@ -147,7 +132,7 @@ fn a_connected_frontend_is_handed_over_and_served_on_without_reconnecting() {
     frontend.set_writeback(0);
     frontend.set_mem_table();
     frontend.start_vring(0, 0);
-    write_and_read_back(&mut frontend, 8, 1);
+    frontend.write_and_read_back(8, 1);
 
     let state = pass_state(&old, 1);
     assert!(state.connection.as_ref().is_some_and(|c| !c.messages.is_empty()));
@@ -165,12 +150,12 @@ fn a_connected_frontend_is_handed_over_and_served_on_without_reconnecting() {
     let features = u64::from_le_bytes(frontend.reply(1).try_into().unwrap());
     assert_ne!(features & F_PROTOCOL_FEATURES, 0, "{features:#x}");
     // The same connection, the same ring (its next avail index carried over), a new server.
-    write_and_read_back(&mut frontend, 16, 2);
+    frontend.write_and_read_back(16, 2);
     assert_eq!(frontend.config(32, 1), [0], "write through, as the driver left it");
     // A new frontend is refused while this one is served: the adopted listener is the disk's.
     let mut another = Frontend::connect(&rig.socket);
     assert_eq!(another.expect_closed(), None);
-    write_and_read_back(&mut frontend, 24, 3);
+    frontend.write_and_read_back(24, 3);
     drop(new);
     assert!(!rig.socket.exists(), "the new server removes the socket file it now owns");
 }
@@ -220,11 +205,8 @@ fn a_dirty_log_given_before_a_handover_is_marked_by_the_successor() {
 fn a_handover_that_is_not_committed_leaves_the_old_server_serving() {
     let rig = Rig::new();
     let old = Serving::start(&rig.disk, Server::bind(&rig.socket).unwrap(), None);
-    let mut frontend = Frontend::connect(&rig.socket);
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, 0);
-    write_and_read_back(&mut frontend, 8, 1);
+    let mut frontend = Frontend::ready(&rig.socket, FEATURES, 0);
+    frontend.write_and_read_back(8, 1);
     for attempt in 1..=2 {
         // The successor rebuilt the session but the predecessor did not commit (it died, say).
         let (new, replay_result, commit) = adopt(&rig, pass_state(&old, attempt));
@@ -236,7 +218,7 @@ fn a_handover_that_is_not_committed_leaves_the_old_server_serving() {
         drop(new);
         assert!(rig.socket.exists(), "a successor that did not take over leaves the socket file");
         old.handle.decide(attempt, Outcome::Resume);
-        write_and_read_back(&mut frontend, 8 * (attempt + 1), 1 + attempt as u8);
+        frontend.write_and_read_back(8 * (attempt + 1), 1 + attempt as u8);
     }
     assert!(!old.ended());
 }
@@ -245,10 +227,7 @@ fn a_handover_that_is_not_committed_leaves_the_old_server_serving() {
 fn a_successor_refuses_what_does_not_rebuild_a_session() {
     let rig = Rig::new();
     let old = Serving::start(&rig.disk, Server::bind(&rig.socket).unwrap(), None);
-    let mut frontend = Frontend::connect(&rig.socket);
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, 0);
+    let mut frontend = Frontend::ready(&rig.socket, FEATURES, 0);
     let mut state = pass_state(&old, 1);
     // A request that reads or stops state, slipped in among the session's.
     let connection = state.connection.as_mut().unwrap();
@@ -262,7 +241,7 @@ fn a_successor_refuses_what_does_not_rebuild_a_session() {
     }
     drop(new);
     old.handle.decide(1, Outcome::Resume);
-    write_and_read_back(&mut frontend, 8, 5);
+    frontend.write_and_read_back(8, 5);
 
     // A ring base that is not a 16-bit index: the same check a frontend's message gets.
     let mut state = pass_state(&old, 2);
@@ -274,5 +253,5 @@ fn a_successor_refuses_what_does_not_rebuild_a_session() {
     assert!(refused.contains("SET_VRING_BASE") && refused.contains("16-bit"), "{refused}");
     drop(new);
     old.handle.decide(2, Outcome::Resume);
-    write_and_read_back(&mut frontend, 16, 6);
+    frontend.write_and_read_back(16, 6);
 }

@@ -4,23 +4,15 @@
 //! hand, in QEMU's and libvhost-user's layout), with its refusals of regions that cannot be
 //! trusted.
 
-mod frontend;
-
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use frontend::*;
-use iocore::{IoCore, Policy};
-use storage::{Backend, RamDisk};
-use vhost_user::{Server, VhostUserBlk};
+use iocore::Policy;
+use test_infra::backend::TestBackend;
+use test_infra::frontend::*;
 use vhost_user_protocol::message::{code, InflightInfo, Wire, FLAG_REPLY, VERSION};
-use virtio::block::Block;
 use vmm_sys_util::eventfd::EventFd;
 
-const DISK_SIZE: u64 = MIB;
 const FEATURES: u64 = F_VERSION_1 | F_EVENT_IDX | F_PROTOCOL_FEATURES | F_BLK_FLUSH | F_BLK_MQ;
 const P_INFLIGHT: u64 = 1 << 12;
 /// Header and descriptor-state sizes of the layout.
@@ -30,55 +22,6 @@ const DESC_LEN: usize = 16;
 /// libvhost-user's `vu_inflight_queue_size`.
 fn area_size(queue_size: u16) -> usize {
     (DESC_LEN * queue_size as usize + 2).div_ceil(64) * 64
-}
-
-struct TestBackend {
-    socket: PathBuf,
-    disk: PathBuf,
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl TestBackend {
-    fn start(queues: usize) -> TestBackend {
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let disk = dir.path().join("disk");
-        drop(RamDisk::create(&disk, DISK_SIZE).unwrap());
-        let backends: Vec<Box<dyn Backend>> =
-            (0..queues).map(|_| Box::new(RamDisk::open(&disk, false).unwrap()) as Box<dyn Backend>).collect();
-        let block = Block::with_queues(backends, "vhost-user-inflight-test").unwrap();
-        let iocore = Arc::new(IoCore::spawn(Policy::Notified, None).unwrap());
-        let mut device = VhostUserBlk::new(block, iocore.clone());
-        let socket = dir.path().join("sock");
-        let server = Server::bind(&socket).unwrap();
-        let stop = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let stop_fd = stop.try_clone().unwrap();
-        let thread = std::thread::spawn(move || {
-            // SAFETY: `stop_fd` lives in this closure until `serve` returns.
-            let stop = unsafe { BorrowedFd::borrow_raw(stop_fd.as_raw_fd()) };
-            server.serve(&mut device, Some(stop)).unwrap();
-            drop(device);
-            iocore.stop();
-        });
-        TestBackend { socket, disk, stop, thread: Some(thread), _dir: dir }
-    }
-
-    fn disk_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
-        std::fs::read(&self.disk).unwrap()[offset..offset + len].to_vec()
-    }
-}
-
-impl Drop for TestBackend {
-    fn drop(&mut self) {
-        self.stop.write(1).unwrap();
-        if let Some(thread) = self.thread.take() {
-            let result = thread.join();
-            if !std::thread::panicking() {
-                result.expect("the server thread panicked");
-            }
-        }
-    }
 }
 
 /// QEMU's handshake with the in-flight feature negotiated too.
@@ -189,7 +132,7 @@ fn get_inflight(frontend: &Frontend, request: InflightInfo) -> (InflightInfo, Ow
 
 #[test]
 fn get_inflight_fd_hands_out_a_sealed_zeroed_region_in_libvhost_users_layout() {
-    let backend = TestBackend::start(2);
+    let backend = TestBackend::start(Policy::Notified, 2, false);
     let mut frontend = Frontend::connect(&backend.socket);
     negotiate(&mut frontend);
     let (reply, fd) = get_inflight(&frontend, info(0, 0, 2, 128));
@@ -308,7 +251,7 @@ const HOSTILE: &[Case] = &[
 
 #[test]
 fn hostile_inflight_messages_close_the_connection_and_the_next_frontend_is_served() {
-    let backend = TestBackend::start(1);
+    let backend = TestBackend::start(Policy::Notified, 1, false);
     for (what, send) in HOSTILE {
         let mut frontend = Frontend::connect(&backend.socket);
         send(&mut frontend);
@@ -380,7 +323,7 @@ fn reconnect(backend: &TestBackend, region_info: InflightInfo, region: &Region) 
 
 #[test]
 fn a_ring_resubmits_what_its_predecessor_held_oldest_first_before_new_requests() {
-    let backend = TestBackend::start(1);
+    let backend = TestBackend::start(Policy::Notified, 1, false);
     let size = area_size(QUEUE_SIZE);
     let region = Region::new(size, true);
     // Head 4 was taken before head 0 (counters 7 and 9), though offered after it.
@@ -409,7 +352,7 @@ fn a_ring_resubmits_what_its_predecessor_held_oldest_first_before_new_requests()
 
 #[test]
 fn a_batch_published_but_not_cleared_is_finished_not_resubmitted() {
-    let backend = TestBackend::start(1);
+    let backend = TestBackend::start(Policy::Notified, 1, false);
     let size = area_size(QUEUE_SIZE);
     let region = Region::new(size, true);
     // The predecessor put head 4 in the used ring (batch of one, listed in last_batch_head)
@@ -480,7 +423,7 @@ const BAD_REGIONS: &[BadRegion] = &[
 
 #[test]
 fn a_region_that_cannot_be_trusted_stops_the_ring_with_a_device_error() {
-    let backend = TestBackend::start(1);
+    let backend = TestBackend::start(Policy::Notified, 1, false);
     for (what, corrupt, used) in BAD_REGIONS {
         // Regions for twice the ring's size, so that a head can lie beyond the ring.
         let size = area_size(2 * QUEUE_SIZE);
@@ -515,7 +458,7 @@ fn a_region_that_cannot_be_trusted_stops_the_ring_with_a_device_error() {
 /// error. It is served, untracked.
 #[test]
 fn a_ring_larger_than_the_region_is_served_untracked() {
-    let backend = TestBackend::start(1);
+    let backend = TestBackend::start(Policy::Notified, 1, false);
     let size = area_size(QUEUE_SIZE / 2);
     let region = Region::new(size, true);
     let mut frontend = reconnect(&backend, info(size, 0, 1, QUEUE_SIZE / 2), &region);

@@ -1,96 +1,22 @@
 //! The vhost-user backend against a test frontend over a real Unix socket: memfd guest memory,
 //! a hand-made virtqueue, eventfds, real IOCore threads and RAM disk backends. No VM.
 
-mod frontend;
-
 use std::io::Write;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::path::Path;
 use std::time::Duration;
 
-use frontend::*;
-use iocore::{IoCore, Policy};
-use storage::{Backend, RamDisk};
-use vhost_user::{Error, Server, VhostUserBlk};
+use iocore::Policy;
+use test_infra::backend::{TestBackend, DISK_SIZE};
+use test_infra::frontend::*;
+use vhost_user::{Error, Server};
 use vhost_user_protocol::message::{
     code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
 };
-use virtio::block::Block;
 use vmm_sys_util::eventfd::EventFd;
 
-const DISK_SIZE: u64 = MIB;
 const FEATURES: u64 = F_VERSION_1 | F_EVENT_IDX | F_PROTOCOL_FEATURES | F_BLK_FLUSH | F_BLK_MQ | F_BLK_RO;
-
-/// A backend serving on a socket in its own thread, over a RAM disk file.
-struct TestBackend {
-    socket: PathBuf,
-    disk: PathBuf,
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl TestBackend {
-    fn start(policy: Policy, queues: usize, read_only: bool) -> TestBackend {
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let disk = dir.path().join("disk");
-        drop(RamDisk::create(&disk, DISK_SIZE).unwrap());
-        let backends: Vec<Box<dyn Backend>> = (0..queues)
-            .map(|_| Box::new(RamDisk::open(&disk, read_only).unwrap()) as Box<dyn Backend>)
-            .collect();
-        let mut block = Block::with_queues(backends, "vhost-user-test").unwrap();
-        // As the daemon does: writable disks offer the cache-mode switch.
-        if !read_only {
-            block = block.with_writeback_switch();
-        }
-        let iocore = Arc::new(IoCore::spawn(policy, None).unwrap());
-        let mut device = VhostUserBlk::new(block, iocore.clone());
-        let socket = dir.path().join("sock");
-        let server = Server::bind(&socket).unwrap();
-        let stop = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let stop_fd = stop.try_clone().unwrap();
-        let thread = std::thread::spawn(move || {
-            // SAFETY: `stop_fd` lives in this closure until `serve` returns.
-            let stop = unsafe { BorrowedFd::borrow_raw(stop_fd.as_raw_fd()) };
-            server.serve(&mut device, Some(stop)).unwrap();
-            drop(device);
-            iocore.stop();
-        });
-        TestBackend { socket, disk, stop, thread: Some(thread), _dir: dir }
-    }
-
-    fn disk_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
-        std::fs::read(&self.disk).unwrap()[offset..offset + len].to_vec()
-    }
-}
-
-impl Drop for TestBackend {
-    fn drop(&mut self) {
-        self.stop.write(1).unwrap();
-        if let Some(thread) = self.thread.take() {
-            let result = thread.join();
-            if !std::thread::panicking() {
-                result.expect("the server thread panicked");
-            }
-        }
-    }
-}
-
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..4096u32).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
-
-/// Connect, negotiate, map memory, start vring 0 from `base`.
-fn ready(backend: &TestBackend, base: u16) -> Frontend {
-    let mut frontend = Frontend::connect(&backend.socket);
-    frontend.negotiate(FEATURES);
-    frontend.set_mem_table();
-    frontend.start_vring(0, base);
-    frontend
-}
 
 fn write_read_flush(frontend: &mut Frontend, queue: u16, sector: u64, data: &[u8]) {
     frontend.mem.write(DATA, data);
@@ -138,7 +64,7 @@ fn a_4k_write_and_read_through_the_ring_in_every_io_mode_and_across_reconnection
         drop(frontend);
 
         // A new frontend (a restarted QEMU: new memory, fresh rings) finds both writes.
-        let mut frontend = ready(&backend, 0);
+        let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
         frontend.mem.write(DATA, &[0u8; 4096]);
         assert_eq!(frontend.blk(0, T_IN, 8, 4096), 0);
         assert_eq!(frontend.mem.read(DATA, 4096), data, "{policy:?}: data survives the reconnection");
@@ -176,7 +102,7 @@ fn new_call_and_kick_descriptors_take_effect_on_a_running_ring() {
     // Notified: the IOCore sleeps on the kick eventfd, so a kick it did not switch to would
     // never be seen. QEMU replaces the call descriptor whenever the guest masks the vector.
     let backend = TestBackend::start(Policy::Notified, 1, false);
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     write_read_flush(&mut frontend, 0, 0, &pattern(4));
     let call = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     frontend.set(code::SET_VRING_CALL, &0u64.to_le_bytes(), &[call.as_raw_fd()]);
@@ -216,7 +142,7 @@ fn write_zeroes(frontend: &mut Frontend) -> u8 {
 #[test]
 fn write_zeroes_is_served_only_to_a_frontend_that_negotiated_it() {
     let backend = TestBackend::start(Policy::Notified, 1, false);
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     frontend.mem.write(DATA, &pattern(3));
     assert_eq!(frontend.blk(0, T_OUT, 0, 4096), 0);
     assert_eq!(write_zeroes(&mut frontend), 2, "VIRTIO_BLK_S_UNSUPP: the feature was offered, not taken");
@@ -234,7 +160,7 @@ fn write_zeroes_is_served_only_to_a_frontend_that_negotiated_it() {
 #[test]
 fn a_broken_ring_is_reported_through_the_error_eventfd() {
     let backend = TestBackend::start(Policy::Notified, 1, false);
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     // An avail entry naming descriptor 200 of a 16-entry queue.
     frontend.mem.u16(AVAIL + 4).store(200, std::sync::atomic::Ordering::Release);
     frontend.mem.u16(AVAIL + 2).store(1, std::sync::atomic::Ordering::Release);
@@ -436,7 +362,7 @@ fn malformed_messages_are_refused_and_the_next_frontend_is_served() {
     let backend = TestBackend::start(Policy::Notified, 1, false);
     refused(&backend, CASES);
     // Still serving, with the backend intact.
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     write_read_flush(&mut frontend, 0, 100, &pattern(9));
     assert_eq!(backend.disk_bytes(100 * 512, 4096), pattern(9));
 }
@@ -462,7 +388,7 @@ fn set_config_of_writeback_switches_the_cache_mode_for_this_and_the_next_fronten
     write_read_flush(&mut frontend, 1, 16, &pattern(2));
     drop(frontend);
 
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [0], "the next frontend finds write through");
     frontend.set_writeback(1);
     assert_eq!(frontend.config(CONFIG_WRITEBACK, 1), [1], "and may switch it back");
@@ -512,7 +438,7 @@ fn hostile_set_configs_are_refused_and_the_next_frontend_is_served() {
     frontend.send_flags(code::SET_CONFIG, VERSION, &config_write(w, 1, 0, &[0]), &[]);
     assert_eq!(frontend.expect_closed(), None, "before protocol features");
     // Still serving, still write back, and the switch still works.
-    let mut frontend = ready(&backend, 0);
+    let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     assert_eq!(frontend.config(w, 1), [1], "no refused SET_CONFIG changed the mode");
     frontend.set_writeback(0);
     assert_eq!(frontend.config(w, 1), [0]);
@@ -526,7 +452,7 @@ fn hostile_set_configs_are_refused_and_the_next_frontend_is_served() {
     assert_eq!(offered & F_BLK_CONFIG_WCE, 0, "a read-only disk offers no CONFIG_WCE");
     frontend.send(code::SET_CONFIG, &config_write(w, 1, 0, &[0]), &[]);
     assert!(frontend.expect_closed().is_some_and(|a| a != 0), "read-only: refused");
-    let frontend = ready(&backend, 0);
+    let frontend = Frontend::ready(&backend.socket, FEATURES, 0);
     assert_eq!(frontend.config(w, 1), [1], "read-only disks stay write back");
 }
 

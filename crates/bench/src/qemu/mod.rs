@@ -316,11 +316,7 @@ fn set_affinity(tid: u32, cpu: usize) {
 
 /// The probe's `blk` result line from a QEMU run, which must have ended with status OK.
 pub fn blk_result(run: &QemuRun) -> Result<serde_json::Value, String> {
-    let line = run
-        .stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["probe"] == "blk")
+    let line = crate::blk_result(&run.stdout)
         .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
     if run.guest_status != probe_abi::status::OK {
         return Err(format!("the probe exited with status {}: {line}", run.guest_status));

@@ -185,13 +185,8 @@ fn start_daemon(
 /// The probe's verify run on the command line; QEMU's also gets the TSC rate, which `exitless
 /// run --probe` adds itself.
 fn workload(ctx: &Context) -> String {
-    format!(
-        "probe.workload=blk probe.rw=verify probe.bs=4096 probe.ops={} probe.qd={} probe.seed={} \
-         probe.timeout_ms={GUEST_WAIT_MS}",
-        ctx.blocks,
-        ctx.qd,
-        crate::fresh_seed()
-    )
+    let verify = crate::verify_cmdline(ctx.blocks, ctx.qd, crate::fresh_seed());
+    format!("{verify} probe.bs=4096 probe.timeout_ms={GUEST_WAIT_MS}")
 }
 
 /// QEMU-KVM microvm booting the probe on a vhost-user-blk disk behind a chardev that reconnects
@@ -349,7 +344,7 @@ impl Output {
 
     /// The probe's `blk` result line.
     fn result(&self) -> Option<Value> {
-        self.json_lines().find(|v| v["probe"] == "blk")
+        crate::blk_result(&self.stdout)
     }
 
     /// `exitless run --stats --json`'s line.

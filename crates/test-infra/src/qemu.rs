@@ -6,8 +6,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-use super::console::Console;
-use super::linux::Kernel;
+use crate::console::Console;
+use crate::linux::Kernel;
 
 /// What to start: `Qemu::linux` or `Qemu::probe`, then its disks, then `spawn`, `spawn_console`
 /// or `output`.
@@ -128,7 +128,6 @@ impl Qemu {
         self
     }
 
-    /// More arguments, as they are (`-qmp`, `-incoming`).
     /// Run it in network namespace `netns` (a simulated host: its migration listens and
     /// connects there).
     pub fn netns(mut self, netns: &str) -> Qemu {
@@ -136,6 +135,7 @@ impl Qemu {
         self
     }
 
+    /// More arguments, as they are (`-qmp`, `-incoming`).
     pub fn args(mut self, args: &[&str]) -> Qemu {
         self.args.extend(args.iter().map(OsString::from));
         self
@@ -143,7 +143,7 @@ impl Qemu {
 
     /// The command line, standard input from /dev/null.
     pub fn command(&self) -> Command {
-        let mut command = super::command_in(self.netns.as_deref(), "qemu-system-x86_64");
+        let mut command = crate::command_in(self.netns.as_deref(), "qemu-system-x86_64");
         let backend = if self.shared_ram { ",memory-backend=mem" } else { "" };
         match self.machine {
             Machine::Pc if self.shared_ram => {

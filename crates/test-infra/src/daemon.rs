@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::console::Console;
+use crate::console::Console;
 
 /// A daemon that has not listened on its sockets by then is stuck.
 const LISTEN_LIMIT: Duration = Duration::from_secs(20);
@@ -46,6 +46,17 @@ impl DaemonBuilder {
         self
     }
 
+    /// `--api-socket SOCKET`: its control API, which it listens on before a test goes on.
+    pub fn api_socket(self, socket: &Path) -> Self {
+        self.args(&["--api-socket".as_ref(), socket.as_os_str()], &[socket])
+    }
+
+    /// `--handover-socket SOCKET`: where it hands its disks over, which it listens on before a
+    /// test goes on.
+    pub fn handover_socket(self, socket: &Path) -> Self {
+        self.args(&["--handover-socket".as_ref(), socket.as_os_str()], &[socket])
+    }
+
     /// `--io-mode MODE`.
     pub fn io_mode(mut self, mode: &str) -> Self {
         self.args.extend(["--io-mode".into(), mode.into()]);
@@ -80,7 +91,7 @@ impl DaemonBuilder {
 
     /// The command, for a test that runs and waits for it its own way (one that must die).
     pub fn command(&self) -> Command {
-        let mut command = super::command_in(self.netns.as_deref(), env!("CARGO_BIN_EXE_exitless"));
+        let mut command = crate::command_in(self.netns.as_deref(), crate::exitless_bin());
         command.arg("vhost-user-blk").args(&self.args).stdin(Stdio::null());
         for (key, value) in &self.env {
             command.env(key, value);
@@ -97,6 +108,11 @@ impl DaemonBuilder {
             };
         }
         command
+    }
+
+    /// As `start`, its log in DIR/daemon.log.
+    pub fn start_in(self, dir: &Path) -> Daemon {
+        self.start(&dir.join("daemon.log"))
     }
 
     /// Start it, its standard error in `log` and its standard output discarded; returns once it
@@ -168,6 +184,12 @@ impl Daemon {
         DaemonBuilder::default()
     }
 
+    /// The daemon serving `disk` (a `--disk` spec) in `io_mode` on DIR/vhost.sock: add more,
+    /// then `start_in(dir)` (its log in DIR/daemon.log).
+    pub fn serving(dir: &Path, disk: &str, io_mode: &str) -> DaemonBuilder {
+        Daemon::builder().socket(&dir.join("vhost.sock")).disk(disk).io_mode(io_mode)
+    }
+
     /// `exitless vhost-user-blk ARGS`, its standard error in `log`, its standard output
     /// discarded; returns once every one of `sockets` exists.
     pub fn start(args: &[impl AsRef<OsStr>], sockets: &[&Path], log: &Path) -> Daemon {
@@ -190,6 +212,7 @@ impl Daemon {
         &self.sockets[0]
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -209,6 +232,7 @@ impl Daemon {
         self.stdout.as_ref().and_then(|path| std::fs::read_to_string(path).ok()).unwrap_or_default()
     }
 
+    /// Panics, with its log, if the daemon has ended.
     pub fn assert_alive(&mut self) {
         if let Some(status) = self.child.try_wait().unwrap() {
             panic!("the daemon died ({status}); its log: {}", self.log());
@@ -219,7 +243,7 @@ impl Daemon {
     pub fn stop_status(mut self) -> (ExitStatus, String) {
         // SAFETY: kill(2) touches no memory of ours; the pid is our child's, reaped only by
         // the wait below (`assert_alive` panics when it finds the daemon ended).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(libc::pid_t::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
         let status = self.child.wait().unwrap();
         (status, self.log())
     }
@@ -244,7 +268,7 @@ impl Daemon {
 
     fn terminate(&mut self, limit: Option<Duration>) {
         // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(libc::pid_t::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
         let status = match limit {
             None => self.child.wait().unwrap(),
             Some(limit) => {

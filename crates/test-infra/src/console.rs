@@ -7,6 +7,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+/// A process whose standard output is read line by line as it comes (a guest's console).
 pub struct Console {
     child: Child,
     lines: Receiver<String>,
@@ -37,8 +38,9 @@ impl Console {
         Console { child, lines, seen: Vec::new(), stderr: stderr.to_owned() }
     }
 
+    /// Its process id.
     pub fn pid(&self) -> i32 {
-        self.child.id() as i32
+        libc::pid_t::try_from(self.child.id()).unwrap()
     }
 
     /// Panics, naming it `what`, with its output so far, if the process has ended.

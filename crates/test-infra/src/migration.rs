@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::api::http;
-use super::background::{Background, Ready};
+use crate::api::http;
+use crate::background::{Background, Ready};
 
 /// Blocks the verify writes and reads back; the disk has one more, the verify's gate
 /// (`probe.gate_block`): the guest reads back only once the test has opened it.
@@ -16,8 +16,11 @@ pub const BLOCKS: u64 = 16384;
 /// What a verify run is.
 #[derive(Clone, Copy)]
 pub struct Verify {
+    /// `probe.seed`.
     pub seed: u64,
+    /// `probe.qd`: requests in flight.
     pub qd: u32,
+    /// `probe.queues`: the disk's queues, all used.
     pub queues: u16,
 }
 
@@ -42,11 +45,11 @@ pub fn source_in(
     extra: &[&str],
 ) -> (Background, PathBuf, PathBuf) {
     let Verify { seed, qd, queues } = verify;
-    let disk = dir.join("disk");
-    std::fs::File::create(&disk).unwrap().set_len((BLOCKS + 1) * 4096).unwrap();
+    let disk = crate::disk_file(dir, "disk", (BLOCKS + 1) * 4096);
     let disk_arg = disk_spec(dir, verify);
     let cmdline = format!(
-        "probe.workload=blk probe.rw=verify probe.ops={BLOCKS} probe.qd={qd} probe.queues={queues} probe.seed={seed} probe.gate_block={BLOCKS} probe.timeout_ms=60000"
+        "{} probe.queues={queues} probe.gate_block={BLOCKS} probe.timeout_ms=60000",
+        crate::verify_cmdline(BLOCKS, qd, seed)
     );
     let api = dir.join("source.api");
     let api_arg = api.to_str().unwrap();
@@ -78,19 +81,6 @@ pub fn send_migration_to(api: &Path, url: &str) -> (u16, String) {
     http(api, "PUT", "/api/v1/vm.send-migration", Some(&body))
 }
 
-/// The probe's verify result from standard output.
-pub fn blk_result(stdout: &str) -> Option<Value> {
-    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
-}
-
-pub fn assert_verify_passed(stdout: &str, stderr: &str, what: &str) -> Value {
-    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
-    assert_eq!(result["mismatches"], 0, "{what}: {result}");
-    assert_eq!(result["errors"], 0, "{what}: {result}");
-    assert_eq!(result["blocks"], BLOCKS, "{what}: {result}");
-    result
-}
-
 /// The report of a migration that succeeded (its JSON body), checked: the pre-copy rounds and
 /// their pages, both dirty logs used, the pause inside the downtime, a state sent.
 pub fn assert_report(what: &str, body: &str) -> Value {
@@ -102,9 +92,9 @@ pub fn assert_report(what: &str, body: &str) -> Value {
     // its last round sent at most 1024 pages, or after its 30 rounds.
     assert!(rounds >= 2, "{what}: no round of dirty pages: {report}");
     // Each pre-copy round, then the stop-and-copy.
-    assert_eq!(per_round.len() as u64, rounds + 1, "{what}: {report}");
+    assert_eq!(u64::try_from(per_round.len()).unwrap(), rounds + 1, "{what}: {report}");
     assert!(per_round[0] > 0, "{what}: the first round sent nothing: {report}");
-    let last = per_round[rounds as usize - 1];
+    let last = per_round[usize::try_from(rounds).unwrap() - 1];
     assert!(last <= 1024 || rounds == 30, "{what}: pre-copy stopped before it converged: {report}");
     // The guest reads the verify's gate block over and over while pre-copy runs: the device
     // writes each answer into guest memory through the host mapping, which only the devices'
@@ -115,6 +105,29 @@ pub fn assert_report(what: &str, body: &str) -> Value {
     assert!(pause > 0.0 && pause <= downtime, "{what}: the pause is not part of the downtime: {report}");
     assert!(report["state_bytes"].as_u64().unwrap() > 0, "{what}: {report}");
     report
+}
+
+/// The hello a migration stream opens with, for a 64 MiB VM without disks.
+pub fn hello() -> Vec<u8> {
+    hello_with_disks(serde_json::json!([]))
+}
+
+/// The hello a migration stream opens with, for a 64 MiB VM with `disks` (its config's
+/// `disks`).
+pub fn hello_with_disks(disks: Value) -> Vec<u8> {
+    let json = serde_json::json!({
+        "config": {
+            "mem_bytes": 64u64 << 20, "vcpus": 1, "hugepages": false, "cmdline": "",
+            "io_mode": "eventfd", "idle_budget_us": 50, "disable_hlt_exits": false,
+            "disable_pause_exits": false, "disks": disks
+        },
+        "memory_bytes": 64u64 << 20
+    })
+    .to_string();
+    let mut bytes = b"EXLMIGR1".to_vec();
+    bytes.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
+    bytes.extend_from_slice(json.as_bytes());
+    bytes
 }
 
 /// Copy `from` to `to` until `limit` bytes have gone through, `from` ends or `to` fails: a

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// Build `held_disk.c` into `dir`.
 pub fn held_disk_program(dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/held_disk.c");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/held_disk.c");
     let binary = dir.join("held_disk");
     let flags = Command::new("pkg-config")
         .args(["--cflags", "--libs", "fuse3"])
@@ -73,6 +73,7 @@ impl HeldDisk {
         disk
     }
 
+    /// The disk as the FUSE file system serves it (DIR/held/disk).
     pub fn disk(&self) -> PathBuf {
         self.mount.join("disk")
     }

@@ -1,11 +1,16 @@
-//! Helpers for the tests that run the `exitless` binary against real KVM (and QEMU).
-#![allow(dead_code)]
+//! The one test rig of the workspace: the `exitless` binary and its daemon, QEMU and
+//! qemu-storage-daemon, a Linux guest's initramfs, held disks, consoles, and a vhost-user
+//! frontend, for the integration tests (`crates/exitless/tests`, `crates/vhost-user/tests`).
+//! Every helper panics, saying why, where a test cannot go on.
+#![deny(missing_docs)]
 
 pub mod api;
+pub mod backend;
 pub mod background;
 pub mod console;
 pub mod daemon;
 pub mod disks;
+pub mod frontend;
 pub mod held_disk;
 pub mod huge_pages;
 pub mod linux;
@@ -13,20 +18,37 @@ pub mod migration;
 pub mod qemu;
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub use exitless_bench::{blk_result, verify_cmdline};
 use serde_json::Value;
 pub use storage::testing::command_in;
 
+/// The `exitless` binary under test: `CARGO_BIN_EXE_exitless` where Cargo sets it (running the
+/// integration tests of the `exitless` package), else the one Cargo built beside the running
+/// test binary (`target/PROFILE/exitless` for `target/PROFILE/deps/TEST-HASH`).
+pub fn exitless_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("CARGO_BIN_EXE_exitless") {
+        return PathBuf::from(path);
+    }
+    let test = std::env::current_exe().expect("the test binary's path");
+    let beside = test.parent().and_then(Path::parent).map(|profile| profile.join("exitless"));
+    beside.filter(|path| path.exists()).unwrap_or_else(|| {
+        panic!("no exitless binary beside {}: build it (cargo build --release)", test.display())
+    })
+}
+
+/// Run `exitless ARGS` to the end: its status and output.
 pub fn exitless(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exitless")).args(args).output().expect("run exitless")
+    Command::new(exitless_bin()).args(args).output().expect("run exitless")
 }
 
 /// Run exitless like `exitless`, but kill it and fail the test if it has not finished within
 /// `limit`: for what used to hang, so that a regression fails rather than hangs the suite.
 pub fn exitless_within(limit: Duration, args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+    let mut child = Command::new(exitless_bin())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -59,10 +81,66 @@ pub fn exitless_within(limit: Duration, args: &[&str]) -> Output {
     Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
+/// A zeroed file of `bytes` at DIR/NAME, a disk's backing file: its path.
+pub fn disk_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path).unwrap().set_len(bytes).unwrap();
+    path
+}
+
+/// The probe guest's ELF (`exitless probe export`), for QEMU to boot, at DIR/probe.elf: its path.
+pub fn probe_elf(dir: &Path) -> PathBuf {
+    let elf = dir.join("probe.elf");
+    let out = exitless(&["probe", "export", elf.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "exitless probe export: {}", stderr(&out));
+    elf
+}
+
+/// The probe's verify result in the standard output `stdout` of the run named `what` (whose
+/// standard error, `stderr`, is shown if there is none), checked: no mismatch, no error, and all
+/// `blocks` blocks verified.
+pub fn assert_verify_passed(stdout: &str, stderr: &str, what: &str, blocks: u64) -> Value {
+    let result = blk_result(stdout).unwrap_or_else(|| panic!("{what}: no verify result; stderr: {stderr}"));
+    assert_eq!(result["mismatches"], 0, "{what}: {result}");
+    assert_eq!(result["errors"], 0, "{what}: {result}");
+    assert_eq!(result["blocks"], blocks, "{what}: {result}");
+    result
+}
+
+/// How many threads of process `pid` have a name (`comm`) starting with `prefix`; 0 once it is
+/// gone.
+pub fn threads_named(pid: u32, prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| name.starts_with(prefix))
+        })
+        .count()
+}
+
+/// Bad input is refused at once; far longer than that means exitless waits on something.
+const PROMPTLY: Duration = Duration::from_secs(30);
+
+/// `exitless ARGS` must fail at once (within `PROMPTLY`) with `status`, saying why on one line
+/// of standard error that starts `exitless: ` and holds `needle`, and without a panic: the line.
+pub fn assert_one_line_error(args: &[&str], status: i32, needle: &str) -> String {
+    let out = exitless_within(PROMPTLY, args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(status), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line expected, got: {err}");
+    assert!(err.starts_with("exitless: "), "{err}");
+    assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// A finished process's standard output, as text.
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// A finished process's standard error, as text.
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -83,8 +161,7 @@ pub fn line_with(output: &Output, key: &str, value: &str) -> Value {
 /// memory bytes) and, optionally, a PVH entry note.
 pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
     let phnum = segments.len() + usize::from(pvh_entry.is_some());
-    let headers_end = 64 + 56 * phnum as u64;
-    let mut image = vec![0u8; headers_end as usize];
+    let mut image = vec![0u8; 64 + 56 * phnum];
     image[..4].copy_from_slice(b"\x7fELF");
     image[4] = 2; // 64-bit
     image[5] = 1; // little endian
@@ -96,15 +173,15 @@ pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
     image[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
     image[52..54].copy_from_slice(&64u16.to_le_bytes());
     image[54..56].copy_from_slice(&56u16.to_le_bytes());
-    image[56..58].copy_from_slice(&(phnum as u16).to_le_bytes());
+    image[56..58].copy_from_slice(&u16::try_from(phnum).unwrap().to_le_bytes());
     let mut phdrs = Vec::new();
     for &(paddr, filesz, memsz) in segments {
-        let offset = image.len() as u64;
+        let offset = u64::try_from(image.len()).unwrap();
         image.resize(image.len() + filesz as usize, 0xf4); // hlt
         phdrs.push((1u32, offset, paddr, filesz, memsz));
     }
     if let Some(entry) = pvh_entry {
-        let offset = image.len() as u64;
+        let offset = u64::try_from(image.len()).unwrap();
         for word in [4u32, 4, 18] {
             image.extend_from_slice(&word.to_le_bytes());
         }
@@ -126,9 +203,35 @@ pub fn elf(segments: &[(u64, u64, u64)], pvh_entry: Option<u32>) -> Vec<u8> {
     image
 }
 
+/// A child process killed and reaped when dropped, however the test ends; otherwise used as the
+/// `Child` it holds.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A loop block device over a file with direct I/O (`losetup --direct-io=on`): a real block
 /// device path. Detached when dropped.
 pub struct LoopDevice {
+    /// The device (`/dev/loopN`).
     pub path: std::path::PathBuf,
 }
 
@@ -159,9 +262,9 @@ impl Drop for LoopDevice {
 /// `seed`.
 pub fn assert_holds_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
     let bytes = std::fs::read(path).unwrap();
-    let written = &bytes[..(blocks * 4096) as usize];
+    let written = &bytes[..usize::try_from(blocks * 4096).unwrap()];
     for (block, data) in written.chunks_exact(4096).enumerate() {
-        let sector = block as u64 * 8;
+        let sector = u64::try_from(block).unwrap() * 8;
         assert!(probe_abi::pattern::check(seed, sector, data), "block {block} of {} differs", path.display());
     }
 }
@@ -177,7 +280,7 @@ pub fn assert_zeroes_run(what: &str, result: &Value, disk: &[u8], seed: u64, blo
     assert_eq!(result["discarded"], (blocks - 1).div_ceil(4), "{what}: {result}");
     assert_eq!(result["discarded_zero"], result["discarded"], "{what}: {result}");
     for (block, data) in disk.chunks_exact(4096).enumerate() {
-        let block = block as u64;
+        let block = u64::try_from(block).unwrap();
         let pattern = block < blocks && block % 4 == 3;
         let holds = if pattern {
             probe_abi::pattern::check(seed, block * 8, data)
@@ -192,7 +295,7 @@ pub fn assert_zeroes_run(what: &str, result: &Value, disk: &[u8], seed: u64, blo
 pub fn assert_holds_only_pattern(path: &std::path::Path, seed: u64, blocks: u64) {
     assert_holds_pattern(path, seed, blocks);
     let bytes = std::fs::read(path).unwrap();
-    let rest = &bytes[(blocks * 4096) as usize..];
+    let rest = &bytes[usize::try_from(blocks * 4096).unwrap()..];
     assert!(rest.iter().all(|&b| b == 0), "bytes beyond what the guest wrote changed in {}", path.display());
 }
 
@@ -213,7 +316,11 @@ pub fn assert_holds_pattern_and_open_gate(path: &std::path::Path, seed: u64, blo
     let mut gate = vec![0u8; 4096];
     gate[..8].copy_from_slice(&probe_abi::verify_gate::OPEN.to_le_bytes());
     let bytes = std::fs::read(path).unwrap();
-    assert!(bytes[(blocks * 4096) as usize..] == gate[..], "the gate block of {} changed", path.display());
+    assert!(
+        bytes[usize::try_from(blocks * 4096).unwrap()..] == gate[..],
+        "the gate block of {} changed",
+        path.display()
+    );
 }
 
 /// Pages of `path` in the host's page cache not yet written back (dirty or under writeback),

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::LoopDevice;
+use crate::LoopDevice;
 
 /// A backend kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +26,7 @@ pub const DISK_KINDS: [DiskKind; 4] =
     [DiskKind::Ram, DiskKind::DirectFile, DiskKind::BufferedFile, DiskKind::LoopDevice];
 
 impl DiskKind {
+    /// Its name in messages.
     pub fn name(self) -> &'static str {
         match self {
             DiskKind::Ram => "ram",
@@ -52,7 +53,7 @@ impl DiskKind {
                 (format!("path={},direct", device.path.display()), Some(device))
             }
         };
-        TestDisk { device, file, spec, kind: self }
+        TestDisk { _device: device, file, spec, kind: self }
     }
 }
 
@@ -60,10 +61,11 @@ impl DiskKind {
 /// dropped.
 pub struct TestDisk {
     /// Declared first so it is detached before the file goes.
-    device: Option<LoopDevice>,
+    _device: Option<LoopDevice>,
     file: tempfile::TempPath,
     /// The `--disk` value that serves it (add `socket=PATH,` in front for the daemon).
     pub spec: String,
+    /// Its kind.
     pub kind: DiskKind,
 }
 

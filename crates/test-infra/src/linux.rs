@@ -6,10 +6,14 @@ use std::path::{Path, PathBuf};
 /// The newest /boot/vmlinuz-* and the modules its virtio-blk driver needs, in load order (none
 /// where they are built in).
 pub struct Kernel {
+    /// /boot/vmlinuz-VERSION.
     pub image: PathBuf,
+    /// The modules to load, in order.
     pub modules: Vec<PathBuf>,
 }
 
+/// The kernel scripts/setup.sh installs (the newest in /boot) and its virtio-blk modules;
+/// panics, saying what to install, without them.
 pub fn kernel() -> Kernel {
     let mut images: Vec<PathBuf> = std::fs::read_dir("/boot")
         .into_iter()
@@ -106,6 +110,19 @@ pub fn initramfs_with_programs(kernel: &Kernel, init: &str, programs: &[(String,
     initramfs_with(kernel, init, &files, path);
 }
 
+/// `dd`, for `host_programs`.
+pub const DD: (&str, &str) = ("/usr/bin/dd", "coreutils");
+/// `fio`, for `host_programs`.
+pub const FIO: (&str, &str) = ("/usr/bin/fio", "fio");
+
+/// An initramfs at DIR/initramfs.cpio with `init` as /init and the host `programs` (path,
+/// package that installs it: see `host_programs`): its path.
+pub fn initramfs_in(dir: &Path, kernel: &Kernel, init: &str, programs: &[(&str, &str)]) -> PathBuf {
+    let path = dir.join("initramfs.cpio");
+    initramfs_with_programs(kernel, init, &host_programs(programs), &path);
+    path
+}
+
 /// Host programs for an initramfs, with every shared library `ldd` says they load (the dynamic
 /// loader included), each at its path on the host without the leading `/`: (path, contents).
 /// Panics, naming the package, when a program is missing.
@@ -139,8 +156,8 @@ pub fn host_programs(programs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
 
 /// Does this ELF executable name a dynamic loader (PT_INTERP)?
 fn has_interpreter(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
-    let phoff = u64::from_le_bytes(elf[32..40].try_into().unwrap()) as usize;
+    let u16_at = |at: usize| usize::from(u16::from_le_bytes([elf[at], elf[at + 1]]));
+    let phoff = usize::try_from(u64::from_le_bytes(elf[32..40].try_into().unwrap())).unwrap();
     let (phentsize, phnum) = (u16_at(54), u16_at(56));
     (0..phnum).any(|i| elf[phoff + i * phentsize..][..4] == 3u32.to_le_bytes())
 }
@@ -180,9 +197,9 @@ struct Cpio(Vec<u8>);
 
 impl Cpio {
     fn entry(&mut self, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
-        let ino = self.0.len() as u32 + 1;
-        let fields =
-            [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, rdev.0, rdev.1, name.len() as u32 + 1, 0];
+        let ino = u32::try_from(self.0.len()).unwrap() + 1;
+        let (size, name_size) = (u32::try_from(data.len()).unwrap(), u32::try_from(name.len()).unwrap() + 1);
+        let fields = [ino, mode, 0, 0, 1, 0, size, 0, 0, rdev.0, rdev.1, name_size, 0];
         self.0.extend_from_slice(b"070701");
         for field in fields {
             self.0.extend_from_slice(format!("{field:08x}").as_bytes());

@@ -7,8 +7,19 @@ use std::time::Duration;
 
 /// One HTTP request on its own connection: the status and the body.
 pub fn http(api: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    http_within(Duration::from_secs(30), api, method, path, body)
+}
+
+/// As `http`, waiting up to `limit` for the answer.
+pub fn http_within(
+    limit: Duration,
+    api: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String) {
     let mut stream = UnixStream::connect(api).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.set_read_timeout(Some(limit)).unwrap();
     let body = body.unwrap_or("");
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",

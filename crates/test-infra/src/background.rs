@@ -36,7 +36,7 @@ impl Background {
     pub fn start_in(netns: Option<&str>, dir: &Path, name: &str, args: &[&str], ready: Ready) -> Background {
         let stdout = dir.join(format!("{name}.out"));
         let stderr = dir.join(format!("{name}.err"));
-        let mut child = super::command_in(netns, env!("CARGO_BIN_EXE_exitless"))
+        let mut child = crate::command_in(netns, crate::exitless_bin())
             .args(args)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())
