@@ -20,9 +20,8 @@ use serde_json::{json, Value};
 use thiserror::Error;
 use unix_socket::Access;
 use vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
-use virtio::block::{Block, BlockWorker};
-use virtio::DeviceStats;
-use virtqueue::WorkerHost;
+use virtio::block::Block;
+use virtio::{DeviceStats, WorkerHost};
 
 use crate::api_dirs::{self, ApiDiskDirs, DiskDirError};
 use crate::placement::Placement;
@@ -238,7 +237,7 @@ fn storage_json(disk: &storage::DiskSpec) -> Value {
 
 /// Every disk, and what a new one needs: the IOCores and how to place it on them.
 pub struct Disks {
-    iocores: Vec<Arc<IoCore<BlockWorker>>>,
+    iocores: Vec<Arc<IoCore>>,
     placement: Placement,
     /// `--queues`, for a disk whose spec names none.
     default_queues: u16,
@@ -258,7 +257,7 @@ pub struct Disks {
 
 impl Disks {
     pub fn new(
-        iocores: Vec<Arc<IoCore<BlockWorker>>>,
+        iocores: Vec<Arc<IoCore>>,
         default_queues: u16,
         seccomp: SeccompMode,
         limit_every_disk: bool,
@@ -310,7 +309,7 @@ impl Disks {
         disks
     }
 
-    pub fn iocores(&self) -> &[Arc<IoCore<BlockWorker>>] {
+    pub fn iocores(&self) -> &[Arc<IoCore>] {
         &self.iocores
     }
 
@@ -407,7 +406,7 @@ impl Disks {
             block = block.with_reset_timeout(timeout);
         }
         let stats = Arc::new(DeviceStats::new(what.clone()));
-        let host: Arc<dyn WorkerHost<BlockWorker>> = self.iocores[iocore].clone();
+        let host: Arc<dyn WorkerHost> = self.iocores[iocore].clone();
         let mut device = ::vhost_user::VhostUserBlk::new(block, host).with_stats(stats.clone());
         let limiter =
             (self.limit_every_disk || spec.limits.any()).then(|| Arc::new(RateLimiter::new(spec.limits)));

@@ -9,15 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtqueue::dirty::DirtyLog;
-use virtqueue::queue::{Queue, QueueConfig};
-use virtqueue::{QueueWorker, WorkerHost};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{DeviceSignals, DeviceStats, VirtioDevice, Workers};
+use crate::device::{DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, Workers};
 use crate::interrupt::InterruptLine;
-use crate::worker::Worker;
+use crate::queue::{Queue, QueueConfig};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use state::{QueueState as SavedQueue, StateError, TransportState, CONFIG_SAVED};
 
@@ -86,7 +83,7 @@ pub enum Runner {
     /// ([`VirtioDevice::worker_count`]).
     Host {
         /// Who runs the workers.
-        host: Arc<dyn WorkerHost<Worker>>,
+        host: Arc<dyn WorkerHost>,
         /// By worker: its id with the host and its notification.
         workers: Vec<Hosted>,
     },
@@ -122,7 +119,7 @@ pub struct MmioTransport {
     /// The workers, while the transport runs them (`Runner::OnNotify`), by worker.
     local_workers: Workers,
     /// A live migration's dirty log, given to every worker started while it is on.
-    dirty_log: Option<DirtyLog>,
+    dirty_log: Option<crate::dirty::DirtyLog>,
     /// Which workers are out (here or with the host), by worker; empty while inactive.
     started: Vec<bool>,
     /// The workers taken back from the host while the VM is paused (`pause`), by worker; empty
@@ -500,7 +497,7 @@ impl MmioTransport {
     /// write (a live migration). The workers are drained first (a pause), their log switched,
     /// then given back unless the transport was paused already. On error the transport is
     /// left as it was found, workers logging nothing.
-    pub fn set_dirty_log(&mut self, log: Option<DirtyLog>) -> Result<(), StateError> {
+    pub fn set_dirty_log(&mut self, log: Option<crate::dirty::DirtyLog>) -> Result<(), StateError> {
         let was_paused = self.paused;
         let outcome = self.pause().and_then(|()| {
             let held = match self.runner {

@@ -5,8 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use storage::{Backend, MAX_SEGMENTS, SECTOR_SIZE};
-use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
-use virtqueue::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 
 use super::request::{ID_LEN, MAX_RANGES, MAX_RANGE_SECTORS};
@@ -16,8 +14,8 @@ use super::{
     VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY,
     VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
-use crate::device::{read_config_bytes, ActivateError, DeviceSignals, VirtioDevice, Workers};
-use crate::worker::Worker;
+use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice, Workers};
+use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
 /// The largest data descriptor the driver may use (`size_max`). SeaBIOS's virtio-blk driver
@@ -379,7 +377,7 @@ impl VirtioDevice for Block {
                 continue;
             };
             match self.start_queue(index, queue, signals.clone()) {
-                Ok(worker) => workers.push(Some(worker.into())),
+                Ok(worker) => workers.push(Some(Box::new(worker))),
                 Err(e) => {
                     self.deactivate(workers);
                     return Err(e);
@@ -394,7 +392,7 @@ impl VirtioDevice for Block {
 
     fn deactivate(&mut self, workers: Workers) {
         for (index, worker) in workers.into_iter().enumerate() {
-            if let Some(Worker::Block(worker)) = worker {
+            if let Some(Ok(worker)) = worker.map(|w| w.into_any().downcast::<BlockWorker>()) {
                 self.stop_queue(index, *worker);
             }
         }

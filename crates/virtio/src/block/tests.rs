@@ -5,14 +5,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use storage::ram::RamDisk;
-use virtqueue::queue::*;
-use virtqueue::QueueWorker;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::request::*;
 use super::{BlockWorker, DiskInfo};
-use crate::device::DeviceSignals;
+use crate::device::{DeviceSignals, QueueWorker};
 use crate::interrupt::InterruptLine;
+use crate::queue::*;
 
 const MEM: usize = 4 << 20;
 const DESC: u64 = 0x1000;
@@ -794,7 +793,7 @@ fn a_queue_whose_quarantine_drained_before_its_next_start_is_served() {
 fn deactivate(rig: &mut Rig, block: &mut super::Block) {
     use crate::device::VirtioDevice;
     let worker = std::mem::replace(&mut rig.worker, rig_of_size(false, SIZE).worker);
-    block.deactivate(vec![Some(worker.into())]);
+    block.deactivate(vec![Some(Box::new(worker))]);
 }
 
 #[test]
@@ -1348,7 +1347,7 @@ fn ranges_the_driver_did_not_negotiate_are_unsupported() {
         without_discard,
         signals(rig.needs_reset.clone()),
     );
-    let Some(crate::Worker::Block(worker)) = worker.unwrap().remove(0) else { panic!("a block worker") };
+    let worker = worker.unwrap().remove(0).unwrap().into_any().downcast::<BlockWorker>().unwrap();
     rig.worker = *worker;
     assert_eq!(rig.range_request(VIRTIO_BLK_T_DISCARD, &range(0, 8, 0)), VIRTIO_BLK_S_UNSUPP);
     assert_eq!(rig.range_request(VIRTIO_BLK_T_WRITE_ZEROES, &range(0, 8, 0)), VIRTIO_BLK_S_OK);

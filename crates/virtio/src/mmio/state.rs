@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use virtqueue::queue::QueueError;
+
+use crate::queue::QueueError;
 
 /// Bytes of configuration space saved (virtio-blk's is 60, virtio-net's 10).
 pub const CONFIG_SAVED: usize = 64;

@@ -1,13 +1,12 @@
 //! The virtio-net device model as the transport sees it.
 
-use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
 use vm_memory::GuestMemoryMmap;
 
 use super::backend::NetBackend;
 use super::worker::NetWorker;
 use super::{VIRTIO_ID_NET, VIRTIO_NET_F_MAC};
 use crate::device::{read_config_bytes, ActivateError, DeviceSignals, VirtioDevice, Workers};
-use crate::worker::Worker;
+use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// Configuration space: the MAC address and the (unoffered) status word.
@@ -59,11 +58,12 @@ impl VirtioDevice for Net {
         let rx = queues.next().flatten().ok_or(ActivateError::QueueNotReady { index: 0 })?;
         let tx = queues.next().flatten().ok_or(ActivateError::QueueNotReady { index: 1 })?;
         let backend = self.backend.take().ok_or(ActivateError::NoBackend)?;
-        Ok(vec![Some(NetWorker::new(rx, tx, mem.clone(), backend, signals).into())])
+        Ok(vec![Some(Box::new(NetWorker::new(rx, tx, mem.clone(), backend, signals)))])
     }
 
     fn deactivate(&mut self, workers: Workers) {
-        if let Some(Some(Worker::Net(worker))) = workers.into_iter().next() {
+        let worker = workers.into_iter().next().flatten();
+        if let Some(Ok(worker)) = worker.map(|w| w.into_any().downcast::<NetWorker>()) {
             self.backend = Some(worker.into_backend());
         }
     }

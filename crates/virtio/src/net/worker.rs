@@ -4,13 +4,14 @@
 //! (loop, bad index, avail jump) needs a device reset. Nothing here allocates or locks once the
 //! worker exists; the backend's read and write are the only system calls.
 
-use virtqueue::queue::{Descriptor, Queue, QueueError};
-use virtqueue::QueueWorker;
+use std::any::Any;
+
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use super::backend::NetBackend;
 use super::{MAX_FRAME_LEN, MIN_FRAME_LEN, NET_HDR_LEN};
-use crate::device::DeviceSignals;
+use crate::device::{DeviceSignals, QueueWorker};
+use crate::queue::{Descriptor, Queue, QueueError};
 
 /// Descriptors one packet may use.
 const MAX_PARTS: usize = 64;
@@ -371,5 +372,9 @@ impl QueueWorker for NetWorker {
 
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.backend.as_raw_fd())
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
     }
 }
