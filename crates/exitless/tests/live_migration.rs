@@ -352,7 +352,12 @@ fn a_guest_on_an_rbd_image_migrates_back_and_forth_between_two_hosts_and_their_d
             format!("migration {trip}; QEMU: {qemu}\ndaemons: {}\n{}", daemons[0].log(), daemons[1].log())
         });
         downtimes.push(info["downtime"].as_u64().unwrap_or(0));
-        // The source's QEMU is done; its daemon's socket waits for the next one.
+        // The source's QEMU is done; its daemon's socket waits for the next one. It stays
+        // (paused) until told to quit: one gone already is a failure, told with its log.
+        if let Ok(Some(status)) = running.try_wait() {
+            let qemu = read(&dir.join(format!("qemu-{}.log", trip - 1)));
+            panic!("the source's QEMU ended by itself ({status}) after migration {trip}: {qemu}\ndaemons: {}\n{}", daemons[0].log(), daemons[1].log());
+        }
         qmp_running.run(json!({ "execute": "quit" }));
         let _ = running.wait();
         assert_eq!(qmp_next.run(json!({ "execute": "query-status" }))["status"], "running", "after {trip}");
