@@ -41,6 +41,7 @@ use vmm::{Counters, Ending, Kernel, RunOutcome, Vm, VmConfig, VmError};
 
 pub use args::BenchArgs;
 use args::BenchScenario;
+pub use qemu::process_cpu_time;
 
 /// Run `exitless bench` as `args` asks; the process's exit status.
 pub fn main(args: BenchArgs) -> i32 {

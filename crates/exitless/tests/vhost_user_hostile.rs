@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use test_infra::daemon::Daemon;
 use test_infra::disks::{DiskKind, TestDisk, DISK_KINDS};
 use test_infra::frontend::*;
+use test_infra::process_cpu_time;
 use vhost_user_protocol::message::{code, Header, VERSION};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -41,23 +42,12 @@ fn serve(kind: DiskKind, io_mode: &str) -> (tempfile::TempDir, TestDisk, Daemon)
     (dir, disk, daemon)
 }
 
-/// User plus system CPU time process `pid` has used (all its threads).
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name in parentheses: state is the 3rd field of the line,
-    // utime and stime the 14th and 15th.
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf has no side effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis(ticks * 1000 / hz)
-}
-
 /// The daemon's CPU time over CPU_WINDOW must stay under CPU_LIMIT.
 fn assert_not_spinning(daemon: &mut Daemon, what: &str) {
-    let before = cpu_time(daemon.pid());
+    // Zero for a process that has gone: `assert_alive` tells that apart.
+    let before = process_cpu_time(daemon.pid());
     std::thread::sleep(CPU_WINDOW);
-    let used = cpu_time(daemon.pid()) - before;
+    let used = process_cpu_time(daemon.pid()).saturating_sub(before);
     daemon.assert_alive();
     assert!(used < CPU_LIMIT, "{what}: the daemon used {used:?} of CPU in {CPU_WINDOW:?}: {}", daemon.log());
 }

@@ -1,7 +1,8 @@
-//! The one test rig of the workspace: the `exitless` binary and its daemon, QEMU and
-//! qemu-storage-daemon, a Linux guest's initramfs, held disks, consoles, and a vhost-user
-//! frontend, for the integration tests (`crates/exitless/tests`, `crates/vhost-user/tests`).
-//! Every helper panics, saying why, where a test cannot go on.
+//! The one test rig of the workspace: the `exitless` binary and its daemon, QEMU, a Linux
+//! guest's initramfs, held disks, consoles, and a vhost-user frontend and in-process backend,
+//! for the integration tests (`crates/exitless/tests`, `crates/vhost-user/tests`). What the
+//! bench does too (the probe's verify command line and result, a process's CPU time) is the
+//! bench's own function, re-exported. Every helper panics, saying why, where a test cannot go on.
 #![deny(missing_docs)]
 
 pub mod api;
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub use exitless_bench::{blk_result, verify_cmdline};
+pub use exitless_bench::{blk_result, process_cpu_time, verify_cmdline};
 use serde_json::Value;
 pub use storage::testing::command_in;
 
