@@ -73,10 +73,11 @@ echo "MG-DONE $round"
 poweroff -f
 "#;
 
-/// Just enough of QMP: commands in, their `return` values out (events are skipped).
+/// Just enough of QMP: commands in, their `return` values out, events kept as they came.
 struct Qmp {
     lines: BufReader<UnixStream>,
     stream: UnixStream,
+    events: String,
 }
 
 impl Qmp {
@@ -93,7 +94,7 @@ impl Qmp {
             }
         };
         stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut qmp = Qmp { lines: BufReader::new(stream.try_clone().unwrap()), stream };
+        let mut qmp = Qmp { lines: BufReader::new(stream.try_clone().unwrap()), stream, events: String::new() };
         let mut greeting = String::new();
         qmp.lines.read_line(&mut greeting).unwrap();
         qmp.run(json!({ "execute": "qmp_capabilities" }));
@@ -120,6 +121,20 @@ impl Qmp {
         }
     }
 
+    /// `quit`; if QEMU had already closed QMP (it ended by itself), the events it sent last.
+    fn quit(&mut self) -> Result<(), String> {
+        let sent = writeln!(self.stream, "{}", json!({ "execute": "quit" }));
+        let mut line = String::new();
+        while self.lines.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.contains("\"return\"") && sent.is_ok() {
+                return Ok(());
+            }
+            self.events.push_str(&line);
+            line.clear();
+        }
+        Err(format!("QEMU closed QMP before it answered quit ({sent:?}); its events: {}", self.events))
+    }
+
     fn run(&mut self, command: Value) -> Value {
         writeln!(self.stream, "{command}").unwrap();
         loop {
@@ -130,6 +145,7 @@ impl Qmp {
             if let Some(value) = answer.get_mut("return") {
                 return value.take();
             }
+            self.events.push_str(&line);
         }
     }
 }
@@ -354,19 +370,24 @@ fn a_guest_on_an_rbd_image_migrates_back_and_forth_between_two_hosts_and_their_d
         downtimes.push(info["downtime"].as_u64().unwrap_or(0));
         // The source's QEMU is done; its daemon's socket waits for the next one. It stays
         // (paused) until told to quit: one gone already is a failure, told with its log.
-        if let Ok(Some(status)) = running.try_wait() {
+        let quit = qmp_running.quit();
+        let status = running.wait().unwrap();
+        if quit.is_err() || !status.success() {
             let qemu = read(&dir.join(format!("qemu-{}.log", trip - 1)));
-            panic!("the source's QEMU ended by itself ({status}) after migration {trip}: {qemu}\ndaemons: {}\n{}", daemons[0].log(), daemons[1].log());
+            let console = read(&console);
+            panic!(
+                "the source's QEMU after migration {trip}: quit {quit:?}, {status}: {qemu}\nconsole: {console}\ndaemons: {}\n{}",
+                daemons[0].log(),
+                daemons[1].log()
+            );
         }
-        qmp_running.run(json!({ "execute": "quit" }));
-        let _ = running.wait();
         assert_eq!(qmp_next.run(json!({ "execute": "query-status" }))["status"], "running", "after {trip}");
         (running, qmp_running, console) = (next, qmp_next, next_console);
     }
     // Three whole rounds where it ended: every one of them ran there.
     wait_for_rounds(&console, 3, &mut daemons);
     assert_locked_from(TRIPS % 2);
-    qmp_running.run(json!({ "execute": "quit" }));
+    qmp_running.quit().unwrap();
     let _ = running.wait();
     eprintln!(
         "{TRIPS} migrations between two hosts on one RBD image: downtimes {downtimes:?} ms, {:.1} s in all",
