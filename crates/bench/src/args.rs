@@ -281,25 +281,48 @@ impl BackendArg {
     }
 }
 
-fn parse_backend_size(text: &str) -> Result<u64, String> {
-    let size = exitless_args::size::parse(text).map_err(|e| e.to_string())?;
+/// Why a value of the bench's options is not one.
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    /// Not a size.
+    #[error(transparent)]
+    Size(#[from] exitless_args::size::SizeError),
+    /// Not a disk spec.
+    #[error(transparent)]
+    Disk(#[from] exitless_args::disk::DiskArgError),
+    /// `--backend-size` is zero or not a whole number of MiB.
+    #[error("--backend-size {0} is not a non-zero multiple of 1 MiB")]
+    BackendSize(String),
+    /// `--disk scratch...` that is neither `scratch` nor `scratch=SIZE`.
+    #[error("unknown disk `{0}`: `scratch` or `scratch=SIZE`")]
+    UnknownDisk(String),
+    /// The scratch disk's size is zero or not a whole number of MiB.
+    #[error("scratch disk size {0} is not a non-zero multiple of 1 MiB")]
+    ScratchSize(u64),
+    /// `--bs` is not a multiple of 512 up to 128 KiB.
+    #[error("block size `{0}` must be a multiple of 512 up to 128K")]
+    BlockSize(String),
+}
+
+fn parse_backend_size(text: &str) -> Result<u64, ArgError> {
+    let size = exitless_args::size::parse(text)?;
     if size == 0 || !size.is_multiple_of(1 << 20) {
-        return Err(format!("--backend-size {text} is not a non-zero multiple of 1 MiB"));
+        return Err(ArgError::BackendSize(text.into()));
     }
     Ok(size)
 }
 
-fn parse_bench_disk(text: &str) -> Result<BenchDiskArg, String> {
+fn parse_bench_disk(text: &str) -> Result<BenchDiskArg, ArgError> {
     let size = match text.strip_prefix("scratch") {
-        None => return exitless_args::disk::parse(text).map(BenchDiskArg::Disk).map_err(|e| e.to_string()),
+        None => return Ok(exitless_args::disk::parse(text).map(BenchDiskArg::Disk)?),
         Some("") => 1 << 30,
         Some(rest) => match rest.strip_prefix('=') {
-            Some(size) => exitless_args::size::parse(size).map_err(|e| e.to_string())?,
-            None => return Err(format!("unknown disk `{text}`: `scratch` or `scratch=SIZE`")),
+            Some(size) => exitless_args::size::parse(size)?,
+            None => return Err(ArgError::UnknownDisk(text.into())),
         },
     };
     if size == 0 || !size.is_multiple_of(1 << 20) {
-        return Err(format!("scratch disk size {size} is not a non-zero multiple of 1 MiB"));
+        return Err(ArgError::ScratchSize(size));
     }
     Ok(BenchDiskArg::Scratch { size })
 }
@@ -333,10 +356,10 @@ impl RwArg {
     }
 }
 
-fn parse_block_size(text: &str) -> Result<u32, String> {
-    let size = exitless_args::size::parse(text).map_err(|e| e.to_string())?;
+fn parse_block_size(text: &str) -> Result<u32, ArgError> {
+    let size = exitless_args::size::parse(text)?;
     if size == 0 || size % 512 != 0 || size > 128 * 1024 {
-        return Err(format!("block size `{text}` must be a multiple of 512 up to 128K"));
+        return Err(ArgError::BlockSize(text.into()));
     }
     Ok(size as u32)
 }

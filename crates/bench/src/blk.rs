@@ -10,14 +10,16 @@ use exitless_args::fail;
 use probe_image as probe;
 use serde::Serialize;
 use serde_json::{Map, Value};
+use thiserror::Error;
 use vmm::{ConsoleMode, DiskBackend, IoMode, VmConfig, VmError};
 
 use super::backend::Backend;
-use super::baseline::{self, Engine, FioJob, FioResult, RBD_ENGINES, SYSCALL_ENGINES};
-use super::blk_qemu::{PeerDisk, QemuPeer};
-use super::ceph::{self, ClusterInfo};
-use super::loop_device::LoopDevice;
+use super::baseline::{self, BaselineError, Engine, FioJob, FioResult, RBD_ENGINES, SYSCALL_ENGINES};
+use super::blk_qemu::{PeerDisk, PeerError, QemuPeer};
+use super::ceph::{self, CephError, ClusterInfo};
+use super::loop_device::{LoopDevice, LoopError};
 use super::machine::About;
+use super::plot::PlotError;
 use super::progress::{Kind, Progress};
 use super::scratch::{self, PageCache, ScratchError};
 use super::{causes_per, progress};
@@ -160,24 +162,56 @@ struct Report {
 }
 
 /// Why the block bench stopped.
+#[derive(Debug, Error)]
 enum BenchError {
     /// A bad `--scratch`: a mistake on the command line.
+    #[error(transparent)]
     Scratch(ScratchError),
     /// A bad `--ceph-conf`: a mistake on the command line.
-    CephConf(ceph::CephError),
-    Other(String),
+    #[error(transparent)]
+    CephConf(CephError),
+    /// No Ceph cluster to put an RBD image on.
+    #[error(transparent)]
+    Ceph(CephError),
+    /// librbd's client threads could not be set up (`vmm` says why in words only).
+    #[error("cannot set up librbd's client threads: {0}")]
+    RbdClients(String),
+    /// The TSC's rate could not be read from KVM.
+    #[error(transparent)]
+    TscKhz(VmError),
+    /// `--plot`: the plots could not be written.
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+    /// `--peers qemu`, and QEMU is not installed.
+    #[error("--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)")]
+    NoQemu,
+    /// The QEMU peer could not be set up.
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    /// A disk could not be made ready.
+    #[error(transparent)]
+    Disk(PrepareError),
+    /// fio could not measure a bare-metal baseline.
+    #[error(transparent)]
+    Baselines(#[from] BaselinesError),
 }
 
-impl From<String> for BenchError {
-    fn from(message: String) -> BenchError {
-        BenchError::Other(message)
-    }
-}
-
-impl From<&str> for BenchError {
-    fn from(message: &str) -> BenchError {
-        BenchError::Other(message.into())
-    }
+/// Why a scenario's bare-metal baseline could not be measured.
+#[derive(Debug, Error)]
+enum BaselinesError {
+    /// fio's null engine failed on a null disk.
+    #[error("bare metal, {scenario}: {source}")]
+    Null {
+        scenario: String,
+        #[source]
+        source: BaselineError,
+    },
+    /// fio is missing or the job is impossible: no engine would do better.
+    #[error(transparent)]
+    Fio(BaselineError),
+    /// Every engine failed (`failed`: each one's error, `; ` between them).
+    #[error("bare metal, {scenario}: every fio engine failed: {failed}")]
+    EveryEngine { scenario: String, failed: String },
 }
 
 pub fn main(mut args: BlkBenchArgs) -> i32 {
@@ -195,7 +229,7 @@ pub fn main(mut args: BlkBenchArgs) -> i32 {
         },
         Err(BenchError::Scratch(e)) => exitless_args::usage_error(e),
         Err(BenchError::CephConf(e)) => exitless_args::usage_error(e),
-        Err(BenchError::Other(e)) => fail(e),
+        Err(e) => fail(e),
     }
 }
 
@@ -211,26 +245,25 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     let ceph = match rbd {
         true => {
             Some(ceph::Source::resolve(args.ceph_conf.as_deref(), &scratch_dir).map_err(|e| match e {
-                e @ ceph::CephError::Conf { .. } => BenchError::CephConf(e),
-                e => BenchError::Other(e.to_string()),
+                e @ CephError::Conf { .. } => BenchError::CephConf(e),
+                e => BenchError::Ceph(e),
             })?)
         }
         false => None,
     };
     if rbd {
         // librbd's threads where, and under the filter, `exitless run` puts them.
-        vmm::set_up_rbd_clients(args.seccomp.mode(), vec![args.iocore_cpu])?;
+        vmm::set_up_rbd_clients(args.seccomp.mode(), vec![args.iocore_cpu])
+            .map_err(BenchError::RbdClients)?;
     }
-    let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
+    let tsc_khz = vmm::tsc_khz().map_err(BenchError::TscKhz)?;
     if let Some(dir) = &args.plot {
         super::plot::prepare(dir)?;
     }
     let mut qemu = match args.peers.contains(&Peer::Qemu) {
         false => None,
         true => {
-            let found = Qemu::find().ok_or(
-                "--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)",
-            )?;
+            let found = Qemu::find().ok_or(BenchError::NoQemu)?;
             Some(QemuPeer::new(found)?)
         }
     };
@@ -243,7 +276,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     for (spec, &label) in args.disks.iter().zip(&labels) {
         let disk = BenchDisk::prepare(spec, &scratch_dir, ceph.as_ref()).map_err(|e| match e {
             PrepareError::Scratch(e) => BenchError::Scratch(e),
-            PrepareError::Other(e) => BenchError::Other(e),
+            e => BenchError::Disk(e),
         })?;
         disks.push(DiskInfo { disk: label, describe: disk.describe.clone() });
         if let Some(image) = &disk.rbd {
@@ -341,10 +374,14 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
 /// Runs `run`, and once more if it fails (a guest that hangs or crashes once in a while must
 /// not cost the whole bench; the row says so). Two failures give `failed` (with its note) and
 /// call `failure`.
-fn run_twice(run: impl Fn() -> Result<Row, String>, mut failed: Row, failure: impl FnOnce()) -> Row {
+fn run_twice<E: std::fmt::Display>(
+    run: impl Fn() -> Result<Row, E>,
+    mut failed: Row,
+    failure: impl FnOnce(),
+) -> Row {
     // One line, and not the whole console of a guest that printed a lot.
-    let short = |e: String| {
-        let line = e.split_whitespace().collect::<Vec<_>>().join(" ");
+    let short = |e: E| {
+        let line = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
         match line.char_indices().nth(400) {
             Some((at, _)) => format!("{}...", &line[..at]),
             None => line,
@@ -434,12 +471,12 @@ fn baselines(
     scenario: Scenario,
     args: &BlkBenchArgs,
     progress: &mut Progress,
-) -> Result<(Vec<Row>, FioResult, Option<FioResult>), String> {
+) -> Result<(Vec<Row>, FioResult, Option<FioResult>), BaselinesError> {
     let job = disk.fio_job(scenario, args);
     if disk.backend == Backend::Null {
         progress.start(Kind::Fio, format_args!("bare metal, fio null, {}", scenario.describe()));
         let run = baseline::run(&job, Engine::Null)
-            .map_err(|e| format!("bare metal, {}: {e}", scenario.describe()))?;
+            .map_err(|source| BaselinesError::Null { scenario: scenario.describe(), source })?;
         return Ok((vec![null_row(scenario, &run, &job.cpus)], run, None));
     }
     let mut runs = Vec::new();
@@ -456,17 +493,18 @@ fn baselines(
             // fio itself missing or the job impossible: no engine would do better.
             (
                 Err(
-                    e @ (baseline::BaselineError::NotInstalled
-                    | baseline::BaselineError::BackingFile { .. }
-                    | baseline::BaselineError::NoImage),
+                    e @ (BaselineError::NotInstalled
+                    | BaselineError::BackingFile { .. }
+                    | BaselineError::NoImage),
                 ),
                 _,
-            ) => return Err(e.to_string()),
+            ) => return Err(BaselinesError::Fio(e)),
             (Err(e), _) => failed.push(format!("{}: {e}", engine.label())),
         }
     }
-    let best = baseline::best(&runs).cloned().ok_or_else(|| {
-        format!("bare metal, {}: every fio engine failed: {}", scenario.describe(), failed.join("; "))
+    let best = baseline::best(&runs).cloned().ok_or_else(|| BaselinesError::EveryEngine {
+        scenario: scenario.describe(),
+        failed: failed.join("; "),
     })?;
     // fio's system-call engines open the file as the guests' devices do: O_DIRECT or buffered;
     // its rbd engine opens the image through librbd, as they do.
@@ -513,12 +551,13 @@ fn baseline_again(
         disk.before_run();
         let (run, cluster) =
             ceph::cores_during(disk.cluster(), || baseline::run(&disk.fio_job(scenario, args), e));
-        run.map(|run| FioResult { cluster_cores: cluster, ..run }).map_err(|e| e.to_string())
+        run.map(|run| FioResult { cluster_cores: cluster, ..run })
     });
     let after = match again {
         Some(Ok(after)) => after,
         failed => {
-            let why = failed.and_then(Result::err).unwrap_or_else(|| "not a system-call engine".into());
+            let why =
+                failed.and_then(Result::err).map_or("not a system-call engine".into(), |e| e.to_string());
             let note = format!(
                 "; fio {engine} again after the guests failed ({why}): the baseline is the first run"
             );
@@ -577,9 +616,44 @@ fn is_qemu_own(row: &Row) -> bool {
 }
 
 /// Why a disk could not be made ready.
+#[derive(Debug, Error)]
 enum PrepareError {
+    /// A bad `--scratch`: a mistake on the command line.
+    #[error(transparent)]
     Scratch(ScratchError),
-    Other(String),
+    /// The size of a disk's file or device could not be read.
+    #[error("{}: {source}", .path.display())]
+    Size {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--disk rbd=...`: RBD images are measured with `--backends rbd` only.
+    #[error("an RBD image is benchmarked with --backends rbd")]
+    RbdDisk,
+    /// The RAM disk's file could not be made.
+    #[error("cannot make the RAM disk {}: {source}", .path.display())]
+    RamDisk {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The tmpfs file of the backend matrix could not be made.
+    #[error("cannot make {}: {source}", .path.display())]
+    Tmpfs {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The loop device could not be attached.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
+    /// `--backends rbd` with no Ceph cluster resolved for it.
+    #[error("no Ceph cluster for the rbd disk")]
+    NoCluster,
+    /// The Ceph cluster or the RBD image could not be made.
+    #[error(transparent)]
+    Ceph(#[from] CephError),
 }
 
 /// The backing file both the VM and fio use.
@@ -619,7 +693,7 @@ impl BenchDisk {
         let file_size = |path: &Path| {
             std::fs::File::open(path)
                 .and_then(|mut file| file.seek(SeekFrom::End(0)))
-                .map_err(|e| PrepareError::Other(format!("{}: {e}", path.display())))
+                .map_err(|source| PrepareError::Size { path: path.to_owned(), source })
         };
         let spec = match spec {
             BenchDiskArg::Matrix { kind, size } => {
@@ -655,15 +729,12 @@ impl BenchDisk {
             BenchDiskArg::Disk(spec) => spec,
         };
         Ok(match spec {
-            DiskBackend::Rbd(_) => {
-                return Err(PrepareError::Other("an RBD image is benchmarked with --backends rbd".into()))
-            }
+            DiskBackend::Rbd(_) => return Err(PrepareError::RbdDisk),
             DiskBackend::Ram { size } => {
                 let path = PathBuf::from(format!("/dev/shm/exitless-bench-{}.img", std::process::id()));
                 progress(format_args!("filling a {} MiB RAM disk at {}", size >> 20, path.display()));
-                scratch::fill(&path, *size).map_err(|e| {
-                    PrepareError::Other(format!("cannot make the RAM disk {}: {e}", path.display()))
-                })?;
+                scratch::fill(&path, *size)
+                    .map_err(|source| PrepareError::RamDisk { path: path.clone(), source })?;
                 BenchDisk {
                     vm_backend: DiskBackend::RamFile { path: path.clone(), read_only: false },
                     spec: format!("ram,path={}", path.display()),
@@ -766,13 +837,13 @@ impl BenchDisk {
                 let path = PathBuf::from(format!("/dev/shm/exitless-bench-tmpfs-{}.img", std::process::id()));
                 progress(format_args!("filling a {} MiB file on tmpfs at {}", size >> 20, path.display()));
                 scratch::fill(&path, size)
-                    .map_err(|e| PrepareError::Other(format!("cannot make {}: {e}", path.display())))?;
+                    .map_err(|source| PrepareError::Tmpfs { path: path.clone(), source })?;
                 let mut disk = BenchDisk::prepare(&file(path.clone(), false), scratch_dir, None)?;
                 disk.made = Some(path);
                 disk
             }
             BackendArg::Loop => {
-                let device = LoopDevice::attach(&scratch_file()?).map_err(PrepareError::Other)?;
+                let device = LoopDevice::attach(&scratch_file()?)?;
                 let mut disk = BenchDisk::prepare(&file(device.path.clone(), true), scratch_dir, None)?;
                 disk.describe =
                     format!("{} (a loop device over the scratch file, direct I/O)", disk.describe);
@@ -787,14 +858,11 @@ impl BenchDisk {
                 BenchDisk::prepare(&BenchDiskArg::Disk(null), scratch_dir, None)?
             }
             BackendArg::Rbd => {
-                let source =
-                    ceph.ok_or_else(|| PrepareError::Other("no Ceph cluster for the rbd disk".into()))?;
+                let source = ceph.ok_or(PrepareError::NoCluster)?;
                 if let ceph::Source::Own { dir, .. } = source {
                     progress(format_args!("starting a throw-away Ceph cluster in {}", dir.display()));
                 }
-                let other = |e: ceph::CephError| PrepareError::Other(e.to_string());
-                let image =
-                    ceph::Image::create(ceph::Cluster::start(source).map_err(other)?, size).map_err(other)?;
+                let image = ceph::Image::create(ceph::Cluster::start(source)?, size)?;
                 let spec = image.spec();
                 BenchDisk {
                     vm_backend: DiskBackend::Rbd(spec.clone()),
@@ -973,7 +1041,7 @@ fn run_mode(
     args: &BlkBenchArgs,
     tsc_khz: u32,
     disk: &DiskBackend,
-) -> Result<Row, String> {
+) -> Result<Row, super::GuestRunError> {
     let Scenario { rw, bs, qd, .. } = scenario;
     let cmdline = format!(
         "probe.workload=blk probe.rw={rw} probe.bs={bs} probe.qd={qd} probe.duration_ms={} probe.warmup={} \
@@ -1003,7 +1071,7 @@ fn run_mode(
             row.note = Some(format!("not measured: {e}"));
             return Ok(row);
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e),
     };
     let line = run.line;
     let ops = line["ops"].as_u64().unwrap_or(0);

@@ -19,6 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
+use thiserror::Error;
 
 // `Backend` here is a vhost-user backend process.
 use super::backend::Backend as RowBackend;
@@ -28,7 +29,7 @@ use super::ceph::Cluster;
 use super::progress::{Kind, Progress};
 use super::scratch::PageCache;
 use crate::args::BlkBenchArgs;
-use crate::qemu::{PeerMark, Qemu};
+use crate::qemu::{CpuOutOfRange, PeerMark, ProbeError, Qemu, QemuError};
 use exitless_args::SeccompArgs;
 use storage::RbdSpec;
 use vmm::Counters;
@@ -125,6 +126,58 @@ impl PeerDisk<'_> {
     }
 }
 
+/// Why a QEMU peer could not be set up, or one of its runs failed.
+#[derive(Debug, Error)]
+pub enum PeerError {
+    /// The directory of its sockets and the probe could not be made.
+    #[error("{}: {source}", .path.display())]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The probe ELF could not be written for QEMU.
+    #[error("cannot export the probe to {}: {source}", .path.display())]
+    Export {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A qemu-storage-daemon row, and it is not installed.
+    #[error(
+        "qemu-storage-daemon not found (install qemu-system-common, or set $EXITLESS_QEMU_STORAGE_DAEMON)"
+    )]
+    NoStorageDaemon,
+    /// The path of this executable, which serves as exitless's backend, is unknown.
+    #[error("cannot find this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    /// `exitless vhost-user-blk` could not be started.
+    #[error("cannot start the vhost-user backend: {0}")]
+    StartBackend(#[source] std::io::Error),
+    /// The vhost-user backend exited, or took too long, before its socket existed.
+    #[error("the vhost-user backend did not create its socket")]
+    NoSocket,
+    /// qemu-storage-daemon could not be started.
+    #[error("cannot start {}: {source}", .binary.display())]
+    StartStorageDaemon {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The storage daemon's CPU cannot be pinned.
+    #[error(transparent)]
+    Pin(#[from] CpuOutOfRange),
+    /// QEMU's probe arguments have no machine to amend.
+    #[error("unexpected QEMU arguments")]
+    UnexpectedArgs,
+    /// QEMU failed.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// The probe's run under QEMU gave no usable result.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+}
+
 /// QEMU, and qemu-storage-daemon if it is installed, with the probe exported for them.
 pub struct QemuPeer {
     qemu: Qemu,
@@ -134,11 +187,11 @@ pub struct QemuPeer {
 }
 
 impl QemuPeer {
-    pub fn new(qemu: Qemu) -> Result<QemuPeer, String> {
+    pub fn new(qemu: Qemu) -> Result<QemuPeer, PeerError> {
         let dir = std::env::temp_dir().join(format!("exitless-bench-qemu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| PeerError::Dir { path: dir.clone(), source })?;
         let elf = dir.join("exitless-probe.elf");
-        probe_image::export(&elf).map_err(|e| e.to_string())?;
+        probe_image::export(&elf).map_err(|source| PeerError::Export { path: elf.clone(), source })?;
         Ok(QemuPeer { qemu, storage_daemon: StorageDaemon::find(), dir, elf })
     }
 
@@ -219,7 +272,7 @@ impl QemuPeer {
         (served, block, spec): (Served, Block, &str),
         tsc_khz: u32,
         completion: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         let Scenario { rw, bs, qd, .. } = scenario;
         let cmdline = format!(
             "probe.workload=blk probe.rw={rw} probe.bs={bs} probe.qd={qd} probe.duration_ms={} probe.warmup={} \
@@ -237,10 +290,7 @@ impl QemuPeer {
             let socket = self.dir.join("vhost-user-blk.sock");
             backend = Some(match served {
                 Served::StorageDaemon => {
-                    let daemon = self.storage_daemon.as_ref().ok_or(
-                        "qemu-storage-daemon not found (install qemu-system-common, or set \
-                         $EXITLESS_QEMU_STORAGE_DAEMON)",
-                    )?;
+                    let daemon = self.storage_daemon.as_ref().ok_or(PeerError::NoStorageDaemon)?;
                     daemon.start(&socket, block, args.iocore_cpu)?
                 }
                 _ => Backend::start(&socket, spec, args.iocore_cpu, args.seccomp)?,
@@ -285,7 +335,7 @@ impl QemuPeer {
             );
         }
         let mut qemu_args = Qemu::probe_args(&self.elf, &cmdline, MEM_MIB);
-        let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or("unexpected QEMU arguments")?;
+        let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or(PeerError::UnexpectedArgs)?;
         qemu_args[machine_at] = machine;
         qemu_args.extend(["-global".to_string(), "virtio-mmio.force-legacy=false".to_string()]);
         // Thread names, so that `pin_threads` can tell the vCPU thread from the others.
@@ -297,12 +347,9 @@ impl QemuPeer {
         let timeout = super::blk::run_timeout(args, scenario);
         // As exitless's own: the vCPU on its CPU, everything else (QEMU's iothread) on the IOCore's.
         let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
-        let (run, marks) = self
-            .qemu
-            .run_marked_with(&qemu_args, Some(&qmp), &helpers, timeout, |pid| {
-                crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
-            })
-            .map_err(|e| e.to_string())?;
+        let (run, marks) = self.qemu.run_marked_with(&qemu_args, Some(&qmp), &helpers, timeout, |pid| {
+            crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
+        })?;
         row.command = Some(match &backend {
             Some(Backend { command: Some(daemon), .. }) => format!("{daemon} & {}", run.command_line),
             _ => run.command_line.clone(),
@@ -337,8 +384,8 @@ impl Drop for QemuPeer {
     }
 }
 
-pub(super) fn find(marks: &[PeerMark], label: u32) -> Result<&PeerMark, String> {
-    marks.iter().find(|m| m.label == label).ok_or_else(|| format!("no sample at mark {label}"))
+pub(super) fn find(marks: &[PeerMark], label: u32) -> Result<&PeerMark, ProbeError> {
+    marks.iter().find(|m| m.label == label).ok_or(ProbeError::NoSample(label))
 }
 
 /// Counter growth between two samples, less the exits the closing mark's console line cost.
@@ -396,9 +443,14 @@ struct Backend {
 }
 
 impl Backend {
-    fn start(socket: &Path, disk: &str, iocore_cpu: usize, seccomp: SeccompArgs) -> Result<Backend, String> {
+    fn start(
+        socket: &Path,
+        disk: &str,
+        iocore_cpu: usize,
+        seccomp: SeccompArgs,
+    ) -> Result<Backend, PeerError> {
         let _ = std::fs::remove_file(socket);
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = std::env::current_exe().map_err(PeerError::CurrentExe)?;
         let child = Command::new(exe)
             .args(["vhost-user-blk", "--socket"])
             .arg(socket)
@@ -409,16 +461,16 @@ impl Backend {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start the vhost-user backend: {e}"))?;
+            .map_err(PeerError::StartBackend)?;
         Backend { child, command: None }.wait_for(socket)
     }
 
     /// Waits until the backend listens on `socket` (it is stopped if it does not within 10 s).
-    fn wait_for(mut self, socket: &Path) -> Result<Backend, String> {
+    fn wait_for(mut self, socket: &Path) -> Result<Backend, PeerError> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
             if Instant::now() > deadline || self.child.try_wait().ok().flatten().is_some() {
-                return Err("the vhost-user backend did not create its socket".into());
+                return Err(PeerError::NoSocket);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -445,7 +497,7 @@ impl StorageDaemon {
     /// Exports `block` as vhost-user-blk on `socket`, served by an iothread of its own (a file
     /// through io_uring, with O_DIRECT as QEMU's own device in the other rows), every thread of
     /// the process on `cpu` (as exitless's IOCore).
-    fn start(&self, socket: &Path, block: Block, cpu: usize) -> Result<Backend, String> {
+    fn start(&self, socket: &Path, block: Block, cpu: usize) -> Result<Backend, PeerError> {
         let _ = std::fs::remove_file(socket);
         let blockdev = match block {
             Block::File { path, direct } => {
@@ -476,7 +528,9 @@ impl StorageDaemon {
         let mut command = Command::new(&self.binary);
         command.args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
         crate::qemu::pin_child(&mut command, cpu)?;
-        let child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
+        let child = command
+            .spawn()
+            .map_err(|source| PeerError::StartStorageDaemon { binary: self.binary.clone(), source })?;
         let shown = format!("taskset -c {cpu} {} {}", self.binary.display(), crate::qemu::shell_words(&args));
         Backend { child, command: Some(shown) }.wait_for(socket)
     }

@@ -6,8 +6,77 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use thiserror::Error;
+
 /// How long a backend may take to listen on its sockets.
 const LISTEN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Why a backend could not be started, stopped or waited for, or why its run directory could not
+/// be made.
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    /// Its log file could not be created.
+    #[error("{}: {source}", .path.display())]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The process could not be started.
+    #[error("cannot start {name}: {source}")]
+    Spawn {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// It exited, or took too long, before all its sockets existed.
+    #[error("{name} did not create its sockets: {log}")]
+    NoSockets { name: String, log: String },
+    /// Its process id is not a `pid_t`, so it cannot be signalled.
+    #[error("cannot signal {name}: its process id is out of range: {source}")]
+    Pid {
+        name: String,
+        #[source]
+        source: std::num::TryFromIntError,
+    },
+    /// It exited with a failure status after SIGTERM.
+    #[error("{name} ended with {status} after SIGTERM: {log}")]
+    FailedAfterSigterm { name: String, status: ExitStatus, log: String },
+    /// It exited by itself with a failure status.
+    #[error("{name} ended with {status}: {log}")]
+    Failed { name: String, status: ExitStatus, log: String },
+    /// SIGKILL could not be sent to it.
+    #[error("cannot kill {name}: {source}")]
+    Kill {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// It could not be reaped after SIGKILL.
+    #[error("cannot reap {name}: {source}")]
+    Reap {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// It did not exit in time (it was killed then).
+    #[error("{name} did not exit within {limit:?} (killed): {log}")]
+    Timeout { name: String, limit: Duration, log: String },
+    /// Its exit could not be waited for.
+    #[error("cannot wait for {name}: {source}")]
+    Wait {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A run's directory could not be made.
+    #[error("cannot make {}: {source}", .path.display())]
+    MakeDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// A backend process, killed and reaped when dropped.
 pub struct Backend {
@@ -31,16 +100,19 @@ impl Backend {
         sockets: &[PathBuf],
         log: &Path,
         name: &str,
-    ) -> Result<Backend, String> {
-        let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    ) -> Result<Backend, DaemonError> {
+        let file =
+            std::fs::File::create(log).map_err(|source| DaemonError::Log { path: log.to_owned(), source })?;
         command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(file);
         dies_with_parent(&mut command);
-        let child = command.spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
+        let child =
+            command.spawn().map_err(|source| DaemonError::Spawn { name: name.to_string(), source })?;
         let mut backend = Backend { child, log: log.to_owned(), name: name.to_string() };
         let deadline = Instant::now() + LISTEN_LIMIT;
         while !sockets.iter().all(|s| s.exists()) {
             if Instant::now() > deadline || backend.child.try_wait().ok().flatten().is_some() {
-                return Err(format!("{name} did not create its sockets: {}", backend.log().trim()));
+                let log = backend.log().trim().to_string();
+                return Err(DaemonError::NoSockets { name: name.to_string(), log });
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -59,51 +131,51 @@ impl Backend {
 
     /// SIGTERM, and wait for it to exit (killed if it has not within `limit`): how long it took
     /// and its log. It must exit with status 0.
-    pub fn terminate(mut self, limit: Duration) -> Result<(Duration, String), String> {
+    pub fn terminate(mut self, limit: Duration) -> Result<(Duration, String), DaemonError> {
         let sent = Instant::now();
-        let pid = libc::pid_t::try_from(self.child.id()).map_err(|e| e.to_string())?;
+        let pid = libc::pid_t::try_from(self.child.id())
+            .map_err(|source| DaemonError::Pid { name: self.name.clone(), source })?;
         // SAFETY: kill(2) has no memory effects; `pid` is our child, not yet reaped (only
         // `Child::wait` below and the drop reap it).
         unsafe { libc::kill(pid, libc::SIGTERM) };
         let status = self.wait_within(limit, sent)?;
         let took = sent.elapsed();
         if !status.success() {
-            return Err(format!("{} ended with {status} after SIGTERM: {}", self.name, self.log().trim()));
+            let log = self.log().trim().to_string();
+            return Err(DaemonError::FailedAfterSigterm { name: self.name.clone(), status, log });
         }
         Ok((took, self.log()))
     }
 
     /// Wait for it to exit by itself with status 0 (within `limit` of `since`): how long after
     /// `since` it did, and its log.
-    pub fn exited(mut self, limit: Duration, since: Instant) -> Result<(Duration, String), String> {
+    pub fn exited(mut self, limit: Duration, since: Instant) -> Result<(Duration, String), DaemonError> {
         let status = self.wait_within(limit, since)?;
         if !status.success() {
-            return Err(format!("{} ended with {status}: {}", self.name, self.log().trim()));
+            let log = self.log().trim().to_string();
+            return Err(DaemonError::Failed { name: self.name.clone(), status, log });
         }
         Ok((since.elapsed(), self.log()))
     }
 
     /// SIGKILL (kill -9), and reap it: its log.
-    pub fn kill(mut self) -> Result<String, String> {
-        self.child.kill().map_err(|e| format!("cannot kill {}: {e}", self.name))?;
-        self.child.wait().map_err(|e| format!("cannot reap {}: {e}", self.name))?;
+    pub fn kill(mut self) -> Result<String, DaemonError> {
+        self.child.kill().map_err(|source| DaemonError::Kill { name: self.name.clone(), source })?;
+        self.child.wait().map_err(|source| DaemonError::Reap { name: self.name.clone(), source })?;
         Ok(self.log())
     }
 
     /// Its exit status once it has exited, waiting at most `limit` from `since`.
-    fn wait_within(&mut self, limit: Duration, since: Instant) -> Result<ExitStatus, String> {
+    fn wait_within(&mut self, limit: Duration, since: Instant) -> Result<ExitStatus, DaemonError> {
         loop {
             match self.child.try_wait() {
                 Ok(Some(status)) => return Ok(status),
                 Ok(None) if since.elapsed() < limit => std::thread::sleep(Duration::from_millis(1)),
                 Ok(None) => {
-                    return Err(format!(
-                        "{} did not exit within {limit:?} (killed): {}",
-                        self.name,
-                        self.log().trim()
-                    ))
+                    let log = self.log().trim().to_string();
+                    return Err(DaemonError::Timeout { name: self.name.clone(), limit, log });
                 }
-                Err(e) => return Err(format!("cannot wait for {}: {e}", self.name)),
+                Err(source) => return Err(DaemonError::Wait { name: self.name.clone(), source }),
             }
         }
     }
@@ -131,8 +203,9 @@ pub struct TempDir(PathBuf);
 
 impl TempDir {
     /// Makes `dir` (and its parents).
-    pub fn make(dir: &Path) -> Result<TempDir, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    pub fn make(dir: &Path) -> Result<TempDir, DaemonError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|source| DaemonError::MakeDir { path: dir.to_owned(), source })?;
         Ok(TempDir(dir.to_path_buf()))
     }
 }

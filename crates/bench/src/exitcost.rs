@@ -7,13 +7,14 @@ use exitless_args::fail;
 use probe_image as probe;
 use serde::Serialize;
 use serde_json::Value;
-use vmm::{ConsoleMode, Ending, Kernel, Vm, VmConfig};
+use thiserror::Error;
+use vmm::{ConsoleMode, Ending, Kernel, Vm, VmConfig, VmError};
 
 use super::machine::About;
 use super::table::Table;
 use super::{marked_counters, progress};
 use crate::args::{ExitcostArgs, Peer};
-use crate::qemu::Qemu;
+use crate::qemu::{Qemu, QemuError};
 
 /// The exit kinds, in report order: (probe op, what it is).
 const OPS: [(&str, &str); 5] = [
@@ -24,6 +25,43 @@ const OPS: [(&str, &str); 5] = [
     ("irq", "round trip answered by an interrupt (irqfd, IOAPIC, ring-0 handler, EOI)"),
 ];
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Why an exit kind was not measured.
+#[derive(Debug, Error)]
+enum ExitcostError {
+    /// The VM could not be made or run.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The guest did not exit with status OK (`console`: what it printed).
+    #[error("{ending}; console: {console}")]
+    Ending { ending: Ending, console: String },
+    /// The probe printed no result line for this kind.
+    #[error("no result line for {0} in the console output")]
+    NoResult(&'static str),
+    /// The probe set no exit marks around its loop.
+    #[error("the probe set no exit marks")]
+    NoMarks,
+    /// The directory of the probe for QEMU could not be made.
+    #[error("cannot make {}: {source}", .path.display())]
+    Dir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The probe ELF could not be written for QEMU.
+    #[error("cannot export the probe to {}: {source}", .path.display())]
+    Export {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// QEMU failed.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// The probe exited under QEMU with a failure status (`stdout`: what it printed).
+    #[error("the probe exited with status {status}: {stdout}")]
+    QemuStatus { status: u8, stdout: String },
+}
 
 #[derive(Serialize)]
 struct Row {
@@ -74,7 +112,7 @@ pub fn main(args: ExitcostArgs) -> i32 {
     super::print_report(&report, args.output, |markdown| report.table(markdown))
 }
 
-fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> Result<Row, String> {
+fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> Result<Row, ExitcostError> {
     let cmdline = format!(
         "probe.workload=exitcost probe.ops={op} probe.n={} probe.pingpong_n={} probe.tsc_khz={tsc_khz}",
         args.n, args.pingpong_n
@@ -88,14 +126,14 @@ fn run_exitless(op: &'static str, n: u64, args: &ExitcostArgs, tsc_khz: u32) -> 
         seccomp: args.seccomp.mode(),
         ..Default::default()
     };
-    let outcome =
-        Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run).map_err(|e| e.to_string())?;
+    let outcome = Vm::new(&config, Kernel::Image(probe::PROBE_ELF)).and_then(Vm::run)?;
     if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {
-        return Err(format!("{}; console: {}", outcome.ending, String::from_utf8_lossy(&outcome.console)));
+        let console = String::from_utf8_lossy(&outcome.console).into_owned();
+        return Err(ExitcostError::Ending { ending: outcome.ending, console });
     }
-    let line = result_line(&String::from_utf8_lossy(&outcome.console), op)
-        .ok_or_else(|| format!("no result line for {op} in the console output"))?;
-    let counters = marked_counters(&outcome, 0, 1).ok_or("the probe set no exit marks")?;
+    let line =
+        result_line(&String::from_utf8_lossy(&outcome.console), op).ok_or(ExitcostError::NoResult(op))?;
+    let counters = marked_counters(&outcome, 0, 1).ok_or(ExitcostError::NoMarks)?;
     let per_op = |v: u64| v as f64 / n as f64;
     let causes = super::causes_per(&counters, n);
     Ok(Row {
@@ -116,20 +154,20 @@ fn result_line(console: &str, op: &str) -> Option<Value> {
         .find(|v| v["probe"] == "exitcost" && v["op"] == op)
 }
 
-fn run_qemu(qemu: &Qemu, args: &ExitcostArgs, tsc_khz: u32) -> Result<(Vec<Row>, String), String> {
+fn run_qemu(qemu: &Qemu, args: &ExitcostArgs, tsc_khz: u32) -> Result<(Vec<Row>, String), ExitcostError> {
     let dir = std::env::temp_dir().join(format!("exitless-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).map_err(|source| ExitcostError::Dir { path: dir.clone(), source })?;
     let elf = dir.join("exitless-probe.elf");
-    probe::export(&elf).map_err(|e| e.to_string())?;
+    probe::export(&elf).map_err(|source| ExitcostError::Export { path: elf.clone(), source })?;
     let cmdline = format!(
         "probe.workload=exitcost probe.n={} probe.pingpong_n={} probe.tsc_khz={tsc_khz}",
         args.n, args.pingpong_n
     );
     let run = qemu.run_probe(&elf, &cmdline, RUN_TIMEOUT);
     let _ = std::fs::remove_dir_all(&dir);
-    let run = run.map_err(|e| e.to_string())?;
+    let run = run?;
     if run.guest_status != probe_abi::status::OK {
-        return Err(format!("the probe exited with status {}: {}", run.guest_status, run.stdout));
+        return Err(ExitcostError::QemuStatus { status: run.guest_status, stdout: run.stdout });
     }
     let rows = OPS
         .iter()

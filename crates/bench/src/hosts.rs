@@ -12,6 +12,8 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use thiserror::Error;
+
 /// The source host's address, on its end of the veth pair.
 pub const SOURCE_IP: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 1);
 /// The destination host's address, on the other end.
@@ -29,18 +31,51 @@ pub struct HostPair {
     pub destination: String,
 }
 
+/// Why an `ip` command failed.
+#[derive(Debug, Error)]
+pub enum IpError {
+    /// `ip` could not be run.
+    #[error("cannot run ip (iproute2, which scripts/setup.sh installs): {0}")]
+    Spawn(#[source] std::io::Error),
+    /// `ip` ran and failed.
+    #[error("ip {args} failed: {stderr}")]
+    Failed {
+        /// Its arguments, joined with spaces.
+        args: String,
+        /// What it wrote to standard error.
+        stderr: String,
+    },
+}
+
+/// Why two simulated hosts or their certificates could not be made.
+#[derive(Debug, Error)]
+pub enum HostsError {
+    /// The namespaces, the veth pair or the addresses could not be set up.
+    #[error("cannot set up two simulated hosts (network namespaces): {0}")]
+    SetUp(#[source] IpError),
+    /// bash could not be run for `scripts/tls-certs.sh`.
+    #[error("cannot run bash for scripts/tls-certs.sh: {0}")]
+    Bash(#[source] std::io::Error),
+    /// `scripts/tls-certs.sh` failed.
+    #[error("scripts/tls-certs.sh {} {hosts}: {stderr}", .out.display())]
+    Certificates {
+        /// The directory it was to write to.
+        out: std::path::PathBuf,
+        /// The hosts it was to make certificates for, joined with spaces.
+        hosts: String,
+        /// What it wrote to standard error.
+        stderr: String,
+    },
+}
+
 /// Run `ip ARGS`; its error output if it fails.
-pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip (iproute2, which scripts/setup.sh installs): {e}"))?;
+pub(crate) fn ip(args: &[&str]) -> Result<(), IpError> {
+    let output = Command::new("ip").args(args).output().map_err(IpError::Spawn)?;
     if !output.status.success() {
-        return Err(format!(
-            "ip {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
+        return Err(IpError::Failed {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
     }
     Ok(())
 }
@@ -48,16 +83,16 @@ pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
 impl HostPair {
     /// Make the two namespaces, the veth pair between them and their addresses. Fails, saying
     /// why, where namespaces cannot be made (not root, no iproute2).
-    pub fn new() -> Result<HostPair, String> {
+    pub fn new() -> Result<HostPair, HostsError> {
         static PAIRS: AtomicU32 = AtomicU32::new(0);
         remove_stale();
         let id = format!("{PREFIX}{}-{}", std::process::id(), PAIRS.fetch_add(1, Ordering::Relaxed));
         let pair = HostPair { source: format!("{id}-src"), destination: format!("{id}-dst") };
-        pair.set_up().map_err(|e| format!("cannot set up two simulated hosts (network namespaces): {e}"))?;
+        pair.set_up().map_err(HostsError::SetUp)?;
         Ok(pair)
     }
 
-    fn set_up(&self) -> Result<(), String> {
+    fn set_up(&self) -> Result<(), IpError> {
         let (src, dst) = (self.source.as_str(), self.destination.as_str());
         ip(&["netns", "add", src])?;
         ip(&["netns", "add", dst])?;
@@ -135,7 +170,7 @@ const TLS_CERTS: &str = include_str!("../../../scripts/tls-certs.sh");
 /// Make a CA in `out/ca` (or reuse the one there) and, for each of `hosts` (an IP address), a
 /// directory `out/HOST` for `--migration-tls-dir` (ca.pem, cert.pem, key.pem), with
 /// `scripts/tls-certs.sh`.
-pub fn make_certificates(out: &std::path::Path, hosts: &[&str]) -> Result<(), String> {
+pub fn make_certificates(out: &std::path::Path, hosts: &[&str]) -> Result<(), HostsError> {
     let output = Command::new("bash")
         .arg("-c")
         .arg(TLS_CERTS)
@@ -143,14 +178,13 @@ pub fn make_certificates(out: &std::path::Path, hosts: &[&str]) -> Result<(), St
         .arg(out)
         .args(hosts)
         .output()
-        .map_err(|e| format!("cannot run bash for scripts/tls-certs.sh: {e}"))?;
+        .map_err(HostsError::Bash)?;
     match output.status.success() {
         true => Ok(()),
-        false => Err(format!(
-            "scripts/tls-certs.sh {} {}: {}",
-            out.display(),
-            hosts.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )),
+        false => Err(HostsError::Certificates {
+            out: out.to_owned(),
+            hosts: hosts.join(" "),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        }),
     }
 }

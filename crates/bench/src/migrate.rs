@@ -8,21 +8,23 @@
 //! total time, the pre-copy rounds and the pages each sent, the pages the devices' workers and
 //! KVM reported dirty, and whether the verify then passed on the destination.
 
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use exitless_args::fail;
 use serde::Serialize;
 use serde_json::Value;
+use thiserror::Error;
 
 use super::machine::About;
 use super::progress;
 use super::table::Table;
 use crate::args::{MigrateBenchArgs, MigrateLoad, MigrateTransport};
-use crate::hosts::{HostPair, DESTINATION_IP, SOURCE_IP};
+use crate::hosts::{HostPair, HostsError, DESTINATION_IP, SOURCE_IP};
 
 /// The verify's blocks of 4 KiB. The disk has one more, the verify's gate (`probe.gate_block`):
 /// the guest reads back only once the migration has ended, so it lands mid-run on any disk.
@@ -34,6 +36,72 @@ const LIMIT: Duration = Duration::from_secs(180);
 const PORT: u16 = 7070;
 /// How often the idle guest reads its gate.
 const IDLE_GATE_POLL_MS: u64 = 50;
+
+/// Why a migration was not measured.
+#[derive(Debug, Error)]
+enum MigrateError {
+    /// A file (the disk, a process's output) could not be made or opened.
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The two simulated hosts or their certificates could not be made.
+    #[error(transparent)]
+    Hosts(#[from] HostsError),
+    /// A process could not be started.
+    #[error("cannot start {program:?}: {source}")]
+    Spawn {
+        program: OsString,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A process exited, or took too long, before it was ready (`last`: its last line of
+    /// standard error).
+    #[error("{what}: {last}")]
+    NotReady { what: &'static str, last: String },
+    /// A process could not be waited for.
+    #[error("cannot wait for {what}: {source}")]
+    Wait {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A process did not end in time.
+    #[error("{what} did not end")]
+    DidNotEnd { what: &'static str },
+    /// The source's API socket could not be reached, written or read.
+    #[error("{}: {source}", .path.display())]
+    Api {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The API's answer is not HTTP.
+    #[error("no HTTP answer")]
+    NoHttpAnswer,
+    /// The API's answer has no status code.
+    #[error("no HTTP status")]
+    NoHttpStatus,
+    /// The verify's gate could not be opened on the disk.
+    #[error("open the verify's gate in {}: {source}", .path.display())]
+    Gate {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The source refused or failed the migration.
+    #[error("send-migration answered {status}: {answer}")]
+    SendMigration { status: u16, answer: String },
+    /// The source's migration report is not JSON.
+    #[error("{source}: {answer}")]
+    Report {
+        answer: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
 
 #[derive(Serialize)]
 struct Row {
@@ -112,7 +180,7 @@ pub fn main(args: MigrateBenchArgs) -> i32 {
                     device_dirty_pages: None,
                     kvm_dirty_pages: None,
                     bytes: None,
-                    verify: why,
+                    verify: why.to_string(),
                 });
                 results.push(row);
             }
@@ -139,8 +207,10 @@ struct Case<'a> {
     mode: &'a str,
 }
 
-fn spawn(mut command: Command, args: &[&str], out: &Path, err: &Path) -> Result<Running, String> {
-    let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+fn spawn(mut command: Command, args: &[&str], out: &Path, err: &Path) -> Result<Running, MigrateError> {
+    let file = |p: &Path| {
+        std::fs::File::create(p).map_err(|source| MigrateError::File { path: p.to_owned(), source })
+    };
     let program = command.get_program().to_owned();
     command
         .args(args)
@@ -149,14 +219,19 @@ fn spawn(mut command: Command, args: &[&str], out: &Path, err: &Path) -> Result<
         .stderr(file(err)?)
         .spawn()
         .map(Running)
-        .map_err(|e| format!("cannot start {program:?}: {e}"))
+        .map_err(|source| MigrateError::Spawn { program, source })
 }
 
-fn wait_for(what: &str, ready: impl Fn() -> bool, child: &mut Running, err: &Path) -> Result<(), String> {
+fn wait_for(
+    what: &'static str,
+    ready: impl Fn() -> bool,
+    child: &mut Running,
+    err: &Path,
+) -> Result<(), MigrateError> {
     let started = Instant::now();
     while !ready() {
         if child.0.try_wait().ok().flatten().is_some() || started.elapsed() > LIMIT {
-            return Err(format!("{what}: {}", last_line(err)));
+            return Err(MigrateError::NotReady { what, last: last_line(err) });
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -168,41 +243,45 @@ fn last_line(path: &Path) -> String {
     text.lines().last().unwrap_or("no output").to_string()
 }
 
-fn wait_exit(child: &mut Running) -> Result<Option<i32>, String> {
+/// `child`'s exit code once it has ended (`what` names it in errors).
+fn wait_exit(what: &'static str, child: &mut Running) -> Result<Option<i32>, MigrateError> {
     let started = Instant::now();
     loop {
-        if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
+        if let Some(status) = child.0.try_wait().map_err(|source| MigrateError::Wait { what, source })? {
             return Ok(status.code());
         }
         if started.elapsed() > LIMIT {
-            return Err("did not end".into());
+            return Err(MigrateError::DidNotEnd { what });
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 /// `PUT path` with `body` on the API socket `api`: the status and body.
-fn put(api: &Path, path: &str, body: &str) -> Result<(u16, String), String> {
-    let mut stream = UnixStream::connect(api).map_err(|e| format!("{}: {e}", api.display()))?;
-    stream.set_read_timeout(Some(LIMIT)).map_err(|e| e.to_string())?;
+fn put(api: &Path, path: &str, body: &str) -> Result<(u16, String), MigrateError> {
+    let error = |source| MigrateError::Api { path: api.to_owned(), source };
+    let mut stream = UnixStream::connect(api).map_err(error)?;
+    stream.set_read_timeout(Some(LIMIT)).map_err(error)?;
     let request =
         format!("PUT {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-    stream.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+    stream.write_all(request.as_bytes()).map_err(error)?;
     let mut answer = String::new();
-    stream.read_to_string(&mut answer).map_err(|e| e.to_string())?;
-    let (head, body) = answer.split_once("\r\n\r\n").ok_or("no HTTP answer")?;
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or("no HTTP status")?;
+    stream.read_to_string(&mut answer).map_err(error)?;
+    let (head, body) = answer.split_once("\r\n\r\n").ok_or(MigrateError::NoHttpAnswer)?;
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or(MigrateError::NoHttpStatus)?;
     Ok((status, body.to_string()))
 }
 
 /// Lets the verify read back, on whichever side runs it.
-fn open_gate(disk: &Path) -> Result<(), String> {
+fn open_gate(disk: &Path) -> Result<(), MigrateError> {
     use std::os::unix::fs::FileExt;
-    let file =
-        std::fs::OpenOptions::new().write(true).open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(disk)
+        .map_err(|source| MigrateError::File { path: disk.to_owned(), source })?;
     file.write_all_at(&probe_abi::verify_gate::OPEN.to_le_bytes(), BLOCKS * 4096)
         .and_then(|()| file.sync_all())
-        .map_err(|e| format!("open the verify's gate in {}: {e}", disk.display()))
+        .map_err(|source| MigrateError::Gate { path: disk.to_owned(), source })
 }
 
 /// How long the destination took to check and apply the state, from its log line ("state
@@ -221,12 +300,12 @@ fn written(disk: &Path, block: u64) -> bool {
         && data.iter().any(|&b| b != 0)
 }
 
-fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<Row, String> {
+fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<Row, MigrateError> {
     let Case { transport, load, mode } = *case;
     let disk = dir.join("disk");
     std::fs::File::create(&disk)
         .and_then(|f| f.set_len((BLOCKS + 1) * 4096))
-        .map_err(|e| format!("{}: {e}", disk.display()))?;
+        .map_err(|source| MigrateError::File { path: disk.clone(), source })?;
     let api = dir.join("source.api");
     let seccomp = clap::ValueEnum::to_possible_value(&args.seccomp.seccomp)
         .map_or("kill".to_string(), |v| v.get_name().to_string());
@@ -328,11 +407,12 @@ fn run(exe: &Path, dir: &Path, case: &Case, args: &MigrateBenchArgs) -> Result<R
     let (status, answer) = put(&api, "/api/v1/vm.send-migration", &body)?;
     open_gate(&disk)?;
     if status != 200 {
-        return Err(format!("send-migration answered {status}: {answer}"));
+        return Err(MigrateError::SendMigration { status, answer });
     }
-    let report: Value = serde_json::from_str(&answer).map_err(|e| format!("{e}: {answer}"))?;
-    let source_code = wait_exit(&mut source)?;
-    let dest_code = wait_exit(&mut destination)?;
+    let report: Value = serde_json::from_str(&answer)
+        .map_err(|source| MigrateError::Report { answer: answer.clone(), source })?;
+    let source_code = wait_exit("the source", &mut source)?;
+    let dest_code = wait_exit("the destination", &mut destination)?;
     let stdout = std::fs::read_to_string(&dst_out).unwrap_or_default();
     let result = super::blk_result(&stdout);
     let verify = match (source_code, dest_code, result) {

@@ -12,14 +12,16 @@ use exitless_args::fail;
 use probe_image as probe;
 use serde::Serialize;
 use serde_json::{Map, Value};
+use thiserror::Error;
 use vmm::{ConsoleMode, IoMode, NetConfig, VmConfig, VmError};
 
-use super::hosts::ip;
+use super::hosts::{ip, IpError};
 use super::machine::About;
-use super::plot::{Bar, Kind, Units};
+use super::plot::{Bar, Kind, PlotError, Units};
 use super::table::Table;
 use super::{causes_per, format_causes, progress, GuestRunError};
 use crate::args::{NetBenchArgs, Peer};
+use crate::qemu::CpuOutOfRange;
 
 const RUN_SLACK: Duration = Duration::from_secs(120);
 const TAP: &str = "exltap0";
@@ -35,6 +37,61 @@ const PACKET_CLIENT_IP: &str = "10.98.0.3";
 const PACKET_CLIENT_MAC: &str = "02:65:78:6c:00:03";
 const PACKET_CLIENT_PORT: u16 = 40000;
 const PORT: u16 = 7;
+
+/// Why the network bench stopped.
+#[derive(Debug, Error)]
+enum NetError {
+    /// The TSC's rate could not be read from KVM.
+    #[error(transparent)]
+    TscKhz(VmError),
+    /// `--plot`: the plot could not be written.
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+    /// The namespaces, the tap or the veth pair could not be set up.
+    #[error(transparent)]
+    Ip(#[from] IpError),
+    /// The path of this executable, which the responder and the clients run, is unknown.
+    #[error("cannot find this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    /// The echo responder could not be started.
+    #[error("echo responder: {0}")]
+    StartResponder(#[source] std::io::Error),
+    /// The echo responder did not bind its socket in time.
+    #[error("the echo responder did not start")]
+    ResponderNotStarted,
+    /// There is no responder to move.
+    #[error("no responder")]
+    NoResponder,
+    /// The responder cannot be moved to that CPU.
+    #[error(transparent)]
+    Cpu(#[from] CpuOutOfRange),
+    /// sched_setaffinity refused to move the responder.
+    #[error("cannot move the responder to CPU {cpu}: {source}")]
+    MoveResponder {
+        cpu: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A bare-metal client (`exitless udp-rr`) could not be run.
+    #[error("udp-rr: {0}")]
+    UdpRr(#[source] std::io::Error),
+    /// A bare-metal client printed no result (`stderr`: what it said instead).
+    #[error("udp-rr printed no result: {stderr}")]
+    NoUdpRrResult { stderr: String },
+    /// A guest run in this I/O mode failed.
+    #[error("{mode}: {source}")]
+    Guest {
+        mode: IoMode,
+        #[source]
+        source: GuestRunError,
+    },
+    /// `--peers qemu`, and QEMU is not installed.
+    #[error("--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)")]
+    NoQemu,
+    /// The QEMU peer could not be set up.
+    #[error(transparent)]
+    Qemu(#[from] qemu::QemuNetError),
+}
 
 /// The bare-metal clients, all `exitless udp-rr` in the client namespace.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -149,8 +206,8 @@ pub fn main(args: NetBenchArgs) -> i32 {
     }
 }
 
-fn run(args: &NetBenchArgs) -> Result<Report, String> {
-    let tsc_khz = vmm::tsc_khz().map_err(|e| e.to_string())?;
+fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
+    let tsc_khz = vmm::tsc_khz().map_err(NetError::TscKhz)?;
     if let Some(dir) = &args.plot {
         super::plot::prepare(dir)?;
     }
@@ -180,16 +237,14 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
     };
     // QEMU first looked for, so that a missing QEMU stops the bench before it measures.
     let qemu = match args.peers.contains(&Peer::Qemu) {
-        true => Some(qemu::QemuNet::new(crate::qemu::Qemu::find().ok_or(
-            "--peers qemu: qemu-system-x86_64 not found (install qemu-system-x86, or pass --peers none)",
-        )?)?),
+        true => Some(qemu::QemuNet::new(crate::qemu::Qemu::find().ok_or(NetError::NoQemu)?)?),
         false => None,
     };
     let mut guests = Vec::new();
     for &mode in &args.modes {
         let mode = IoMode::from(mode);
         progress(format_args!("exitless {mode}: UDP request-response through the tap, {} B", args.size));
-        guests.push(lab.guest(mode, args, tsc_khz).map_err(|e| format!("{mode}: {e}"))?);
+        guests.push(lab.guest(mode, args, tsc_khz).map_err(|source| NetError::Guest { mode, source })?);
     }
     let peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
     // "x QEMU": against the QEMU configuration with the most transactions per second.
@@ -225,7 +280,7 @@ fn run(args: &NetBenchArgs) -> Result<Report, String> {
 /// Draw `rows` into `dir`: the bare-metal client with the lower p50 (the one the ratios are
 /// against) is bare metal; the other is another host row; the QEMU row with the most
 /// transactions per second is the best peer.
-fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::PathBuf, String> {
+fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::PathBuf, PlotError> {
     let best_p50 = rows.iter().filter(|r| r.vmm == "host").filter_map(|r| r.p50_us).reduce(f64::min);
     let best_peer =
         rows.iter().filter(|r| r.vmm == "qemu").filter_map(|r| r.transactions_per_s).reduce(f64::max);
@@ -268,7 +323,7 @@ struct Lab {
 }
 
 impl Lab {
-    fn new(args: &NetBenchArgs) -> Result<Lab, String> {
+    fn new(args: &NetBenchArgs) -> Result<Lab, NetError> {
         let id = std::process::id();
         let mut lab =
             Lab { server: format!("exl-srv-{id}"), client: format!("exl-cli-{id}"), responder: None };
@@ -303,7 +358,7 @@ impl Lab {
         ])?;
         ip(&["-n", &server, "link", "set", "exlv0", "up"])?;
         ip(&["-n", &client, "link", "set", "exlv1", "up"])?;
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = std::env::current_exe().map_err(NetError::CurrentExe)?;
         let mut responder = Command::new("ip");
         responder.args(["netns", "exec", &server]).arg(&exe).args([
             "udp-echo",
@@ -312,18 +367,14 @@ impl Lab {
         ]);
         responder.args(["--cpu", &args.responder_cpu.unwrap_or(args.iocore_cpu).to_string()]);
         lab.responder = Some(
-            responder
-                .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("echo responder: {e}"))?,
+            responder.stdin(Stdio::null()).stderr(Stdio::null()).spawn().map_err(NetError::StartResponder)?,
         );
         lab.wait_for_responder()?;
         Ok(lab)
     }
 
     /// Wait until the responder's socket is bound (it shows in the namespace's /proc/net/udp).
-    fn wait_for_responder(&self) -> Result<(), String> {
+    fn wait_for_responder(&self) -> Result<(), NetError> {
         let port = format!(":{PORT:04X} ");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
@@ -334,11 +385,11 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err("the echo responder did not start".into())
+        Err(NetError::ResponderNotStarted)
     }
 
-    fn baseline(&self, args: &NetBenchArgs, client: Client) -> Result<Row, String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    fn baseline(&self, args: &NetBenchArgs, client: Client) -> Result<Row, NetError> {
+        let exe = std::env::current_exe().map_err(NetError::CurrentExe)?;
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", &self.client])
@@ -362,14 +413,14 @@ impl Lab {
                 command.args(["--from-mac", PACKET_CLIENT_MAC, "--to-mac", SERVER_VETH_MAC]);
             }
         }
-        let output = command.output().map_err(|e| format!("udp-rr: {e}"));
+        let output = command.output().map_err(NetError::UdpRr);
         if client == Client::SameCpu {
             self.move_responder(responder_cpu)?;
         }
         let output = output?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let line: Value = stdout.lines().find_map(|l| serde_json::from_str(l).ok()).ok_or_else(|| {
-            format!("udp-rr printed no result: {}", String::from_utf8_lossy(&output.stderr).trim())
+            NetError::NoUdpRrResult { stderr: String::from_utf8_lossy(&output.stderr).trim().to_string() }
         })?;
         let tps = line["tps"].as_f64();
         let mut row = Row::new("host", client.name().into(), args.size);
@@ -388,10 +439,10 @@ impl Lab {
     }
 
     /// Pin the responder (one thread; `ip netns exec` became it) to `cpu`.
-    fn move_responder(&self, cpu: usize) -> Result<(), String> {
-        let pid = self.responder.as_ref().ok_or("no responder")?.id();
+    fn move_responder(&self, cpu: usize) -> Result<(), NetError> {
+        let pid = self.responder.as_ref().ok_or(NetError::NoResponder)?.id();
         if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
+            return Err(CpuOutOfRange(cpu).into());
         }
         // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -402,15 +453,12 @@ impl Lab {
             libc::sched_setaffinity(pid as libc::pid_t, std::mem::size_of::<libc::cpu_set_t>(), &set)
         };
         if done != 0 {
-            return Err(format!(
-                "cannot move the responder to CPU {cpu}: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(NetError::MoveResponder { cpu, source: std::io::Error::last_os_error() });
         }
         Ok(())
     }
 
-    fn guest(&self, mode: IoMode, args: &NetBenchArgs, tsc_khz: u32) -> Result<Row, String> {
+    fn guest(&self, mode: IoMode, args: &NetBenchArgs, tsc_khz: u32) -> Result<Row, GuestRunError> {
         let cmdline = format!(
             "probe.workload=udp-rr probe.ip={GUEST_IP} probe.dst={SERVER_TAP_IP} probe.port={PORT} probe.size={} \
              probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz}",
@@ -440,7 +488,7 @@ impl Lab {
                 row.note = Some(format!("not measured: {e}"));
                 return Ok(row);
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         };
         let ops = run.line["ops"].as_u64().unwrap_or(0);
         row.transactions = ops;

@@ -11,6 +11,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::{Map, Value};
+use thiserror::Error;
 
 use super::blk::Row;
 use super::CAUSES;
@@ -113,15 +114,40 @@ fn group(rows: &[Row]) -> Vec<(ScenarioKey, Vec<&Row>)> {
     groups
 }
 
+/// Why a plot could not be written.
+#[derive(Debug, Error)]
+pub enum PlotError {
+    /// The `--plot` directory could not be made.
+    #[error("--plot: cannot create the directory {}: {source}", .dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// plotters could not draw the plot.
+    #[error("cannot draw the plot {}: {source}", .path.display())]
+    Draw {
+        path: PathBuf,
+        #[source]
+        source: DrawingAreaErrorKind<std::io::Error>,
+    },
+    /// The SVG file could not be written.
+    #[error("--plot: cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Make `dir` (and its parents) if missing: called before a long run so that a bad path fails
 /// at once.
-pub fn prepare(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("--plot: cannot create the directory {}: {e}", dir.display()))
+pub fn prepare(dir: &Path) -> Result<(), PlotError> {
+    std::fs::create_dir_all(dir).map_err(|source| PlotError::CreateDir { dir: dir.to_owned(), source })
 }
 
 /// Write one SVG per scenario of the block bench's `rows` into `dir`; returns the files.
-pub fn write_all(dir: &Path, rows: &[Row]) -> Result<Vec<PathBuf>, String> {
+pub fn write_all(dir: &Path, rows: &[Row]) -> Result<Vec<PathBuf>, PlotError> {
     prepare(dir)?;
     let mut written = Vec::new();
     for (key, rows) in group(rows) {
@@ -133,10 +159,10 @@ pub fn write_all(dir: &Path, rows: &[Row]) -> Result<Vec<PathBuf>, String> {
 }
 
 /// Render `bars` and write them to `path`.
-pub fn write(path: &Path, title: &str, bars: &[Bar], units: &Units) -> Result<(), String> {
+pub fn write(path: &Path, title: &str, bars: &[Bar], units: &Units) -> Result<(), PlotError> {
     let svg =
-        render(title, bars, units).map_err(|e| format!("cannot draw the plot {}: {e}", path.display()))?;
-    std::fs::write(path, svg).map_err(|e| format!("--plot: cannot write {}: {e}", path.display()))
+        render(title, bars, units).map_err(|source| PlotError::Draw { path: path.to_owned(), source })?;
+    std::fs::write(path, svg).map_err(|source| PlotError::Write { path: path.to_owned(), source })
 }
 
 /// How a kind of report names its rate and its operation.
@@ -288,20 +314,19 @@ impl Ranged for RowAxis {
 }
 
 /// The SVG document: a title and the three panels.
-fn render(title: &str, bars: &[Bar], units: &Units) -> Result<String, String> {
-    let error = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
+fn render(title: &str, bars: &[Bar], units: &Units) -> Result<String, DrawingAreaErrorKind<std::io::Error>> {
     let panel_height = 110 + 30 * bars.len().max(1) as u32;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, 50 + 3 * panel_height)).into_drawing_area();
-        root.fill(&WHITE).map_err(error)?;
-        let root = root.titled(title, (FONT, 24)).map_err(error)?;
+        root.fill(&WHITE)?;
+        let root = root.titled(title, (FONT, 24))?;
         let panels = root.split_evenly((3, 1));
         let labels: Vec<&str> = bars.iter().map(|b| b.label.as_str()).collect();
-        rate_panel(&panels[0], bars, &labels, units).map_err(error)?;
-        exits_panel(&panels[1], bars, &labels, units).map_err(error)?;
-        latency_panel(&panels[2], bars, &labels).map_err(error)?;
-        root.present().map_err(error)?;
+        rate_panel(&panels[0], bars, &labels, units)?;
+        exits_panel(&panels[1], bars, &labels, units)?;
+        latency_panel(&panels[2], bars, &labels)?;
+        root.present()?;
     }
     Ok(svg)
 }
@@ -665,7 +690,7 @@ mod tests {
     #[test]
     fn an_unwritable_directory_is_one_line_of_error() {
         let rows = report();
-        let e = write_all(Path::new("/proc/no-such-dir/plots"), &rows).unwrap_err();
+        let e = write_all(Path::new("/proc/no-such-dir/plots"), &rows).unwrap_err().to_string();
         assert!(e.starts_with("--plot: cannot create the directory /proc/no-such-dir/plots"), "{e}");
         assert!(!e.contains('\n'));
     }

@@ -18,7 +18,7 @@ use thiserror::Error;
 pub use crate::args::ScaleSetup as Setup;
 use crate::args::{ScaleBenchArgs, ScaleDiskArg};
 use crate::qemu::Qemu;
-use launch::{Context, RunResult, VmDisk};
+use launch::{Context, LaunchError, RunResult, VmDisk};
 
 use super::machine::About;
 use super::progress::{Kind, Progress};
@@ -26,14 +26,56 @@ use super::progress::{Kind, Progress};
 /// Why the bench could not start.
 #[derive(Debug, Error)]
 enum ScaleError {
+    /// `--mixed-qd` is not two queue depths.
     #[error("--mixed-qd takes two queue depths, LOW,HIGH (e.g. 1,32)")]
     MixedQd,
+    /// `--vcpu-cpu` or `--iocore-cpu` names a CPU this host does not have.
     #[error("--{0} {1}: this host has CPUs 0 to {2}")]
     NoSuchCpu(&'static str, usize, usize),
+    /// A bad `--scratch`.
     #[error("{0}")]
     Scratch(#[from] super::scratch::ScratchError),
-    #[error("{0}")]
-    Other(String),
+    /// `--disk-size` is not a whole number of MiB, or under 1 MiB.
+    #[error("--disk-size {0}: a multiple of 1 MiB, at least 1M")]
+    DiskSize(u64),
+    /// A VM's RAM disk could not be made.
+    #[error("cannot make the RAM disk {}: {source}", .path.display())]
+    RamDisk {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TSC's rate could not be read from KVM.
+    #[error(transparent)]
+    TscKhz(vmm::VmError),
+    /// The run's directory could not be made.
+    #[error(transparent)]
+    Dir(#[from] super::daemon::DaemonError),
+    /// The probe ELF could not be written for the VMs.
+    #[error("cannot export the probe to {}: {source}", .path.display())]
+    Export {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path of this executable, which the VMs and the daemon run, is unknown.
+    #[error("cannot find this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+}
+
+/// Why a run of a set-up was not measured.
+#[derive(Debug, Error)]
+enum RetryError {
+    /// A program the set-up needs is missing: not retried.
+    #[error(transparent)]
+    Missing(LaunchError),
+    /// The run failed, and failed again when retried.
+    #[error(
+        "failed twice: {}; then: {}",
+        super::one_line(&.first.to_string()),
+        super::one_line(&.second.to_string())
+    )]
+    Twice { first: Box<LaunchError>, second: Box<LaunchError> },
 }
 
 /// One row of the report: a set-up with N VMs at one queue depth, or one half of a mixed run.
@@ -208,14 +250,14 @@ fn run(args: &ScaleBenchArgs) -> Result<Report, ScaleError> {
     counts.dedup();
     let largest = counts.last().copied().unwrap_or(1);
     let mixed = !args.no_mixed;
-    let tsc_khz = vmm::tsc_khz().map_err(|e| ScaleError::Other(e.to_string()))?;
+    let tsc_khz = vmm::tsc_khz().map_err(ScaleError::TscKhz)?;
     let dir = std::env::temp_dir().join(format!("exitless-bench-scale-{}", std::process::id()));
-    let _dir = super::daemon::TempDir::make(&dir).map_err(ScaleError::Other)?;
+    let _dir = super::daemon::TempDir::make(&dir)?;
     let elf = dir.join("exitless-probe.elf");
-    probe_image::export(&elf).map_err(|e| ScaleError::Other(e.to_string()))?;
+    probe_image::export(&elf).map_err(|source| ScaleError::Export { path: elf.clone(), source })?;
     let disks = Disks::prepare(args, largest as usize)?;
     let ctx = Context {
-        exe: std::env::current_exe().map_err(|e| ScaleError::Other(e.to_string()))?,
+        exe: std::env::current_exe().map_err(ScaleError::CurrentExe)?,
         tsc_khz,
         duration_ms: args.duration_ms,
         warmup_ms: args.warmup_ms,
@@ -326,19 +368,20 @@ fn run_twice(
     qds: &[u32],
     disks: &[VmDisk],
     ctx: &Context,
-) -> Result<(RunResult, Option<String>), String> {
-    let short = |e: String| super::one_line(&e);
-    // Nothing to retry when the set-up's programs are missing.
-    let missing = |e: &str| e.contains("not found");
+) -> Result<(RunResult, Option<String>), RetryError> {
     match launch::run(setup, qds, disks, ctx) {
         Ok(run) => Ok((run, None)),
-        Err(e) if missing(&e) => Err(e),
+        // Nothing to retry when the set-up's programs are missing.
+        Err(e) if e.is_missing_program() => Err(RetryError::Missing(e)),
         Err(first) => {
-            let first = short(first);
-            super::progress(format_args!("that run failed ({first}); running it again"));
-            launch::run(setup, qds, disks, ctx)
-                .map(|run| (run, Some(format!("measured on the second attempt; the first failed: {first}"))))
-                .map_err(|second| format!("failed twice: {first}; then: {}", short(second)))
+            let short = super::one_line(&first.to_string());
+            super::progress(format_args!("that run failed ({short}); running it again"));
+            match launch::run(setup, qds, disks, ctx) {
+                Ok(run) => {
+                    Ok((run, Some(format!("measured on the second attempt; the first failed: {short}"))))
+                }
+                Err(second) => Err(RetryError::Twice { first: Box::new(first), second: Box::new(second) }),
+            }
         }
     }
 }
@@ -376,7 +419,7 @@ impl Disks {
     fn prepare(args: &ScaleBenchArgs, count: usize) -> Result<Disks, ScaleError> {
         let size = args.disk_size;
         if size < 1 << 20 || !size.is_multiple_of(1 << 20) {
-            return Err(ScaleError::Other(format!("--disk-size {size}: a multiple of 1 MiB, at least 1M")));
+            return Err(ScaleError::DiskSize(size));
         }
         let mut disks = Disks { vms: Vec::new(), describe: String::new(), made: Vec::new() };
         match args.disk {
@@ -389,9 +432,8 @@ impl Disks {
                     let path =
                         PathBuf::from(format!("/dev/shm/exitless-scale-{}-{i}.img", std::process::id()));
                     disks.made.push(path.clone());
-                    super::scratch::fill(&path, size).map_err(|e| {
-                        ScaleError::Other(format!("cannot make the RAM disk {}: {e}", path.display()))
-                    })?;
+                    super::scratch::fill(&path, size)
+                        .map_err(|source| ScaleError::RamDisk { path: path.clone(), source })?;
                     disks.vms.push(VmDisk { path, ram: true });
                 }
                 disks.describe = format!("ram: a {} MiB /dev/shm file per VM (filled with data)", size >> 20);

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use clap::Args;
 use exitless_args::fail;
+use thiserror::Error;
 
 /// Largest datagram either tool handles.
 const MAX_DATAGRAM: usize = 65_536;
@@ -66,6 +67,49 @@ pub fn rr(args: UdpRrArgs) -> i32 {
     }
 }
 
+/// Why `exitless udp-rr` stopped.
+#[derive(Debug, Error)]
+enum RrError {
+    /// `--cpu`: the thread could not be pinned.
+    #[error("cannot pin to CPU {cpu}: {source}")]
+    Pin {
+        cpu: usize,
+        #[source]
+        source: io::Error,
+    },
+    /// `--packet` with an IPv6 responder.
+    #[error("--packet speaks IPv4 only")]
+    PacketIpv4,
+    /// `--packet` without the addresses it needs.
+    #[error("--packet needs --from, --from-mac and --to-mac")]
+    PacketAddresses,
+    /// The AF_PACKET client could not start.
+    #[error(transparent)]
+    Packet(#[from] packet::PacketError),
+    /// The UDP socket could not be made.
+    #[error("cannot make a UDP socket: {0}")]
+    Bind(#[source] io::Error),
+    /// The UDP socket could not be connected to the responder.
+    #[error("cannot reach {to}: {source}")]
+    Connect {
+        to: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    /// The UDP socket's blocking mode or timeout could not be set.
+    #[error("cannot set up the UDP socket: {0}")]
+    Socket(#[source] io::Error),
+    /// A request could not be sent.
+    #[error("send: {0}")]
+    Send(#[source] io::Error),
+    /// An answer could not be received.
+    #[error("recv: {0}")]
+    Recv(#[source] io::Error),
+    /// Too many requests went unanswered.
+    #[error("{timeouts} requests to {to} went unanswered")]
+    Unanswered { timeouts: u64, to: SocketAddr },
+}
+
 /// How the client sends a request and takes its answer.
 trait Transport {
     /// Send `payload` as one datagram to the responder.
@@ -85,30 +129,29 @@ impl Transport for UdpSocket {
     }
 }
 
-fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, String> {
+fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, RrError> {
     if let Some(cpu) = args.cpu {
-        vmm::pin_current_thread(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+        vmm::pin_current_thread(cpu).map_err(|source| RrError::Pin { cpu, source })?;
     }
     if let Some(interface) = &args.packet {
-        let SocketAddr::V4(to) = args.to else { return Err("--packet speaks IPv4 only".into()) };
+        let SocketAddr::V4(to) = args.to else { return Err(RrError::PacketIpv4) };
         let (Some(from), Some(from_mac), Some(to_mac)) = (args.from, args.from_mac, args.to_mac) else {
-            return Err("--packet needs --from, --from-mac and --to-mac".into());
+            return Err(RrError::PacketAddresses);
         };
         let addresses = packet::Addresses { interface: interface.clone(), from, from_mac, to, to_mac };
-        let mut client =
-            packet::PacketClient::open(&addresses, args.size as usize).map_err(|e| e.to_string())?;
+        let mut client = packet::PacketClient::open(&addresses, args.size as usize)?;
         let mut line = measure(args, &mut client, true)?;
         line["client"] = "af-packet".into();
         line["ignored"] = client.ignored.into();
         return Ok(line);
     }
     let local: SocketAddr = if args.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
-    let socket = UdpSocket::bind(local).map_err(|e| e.to_string())?;
-    socket.connect(args.to).map_err(|e| format!("cannot reach {}: {e}", args.to))?;
+    let socket = UdpSocket::bind(local).map_err(RrError::Bind)?;
+    socket.connect(args.to).map_err(|source| RrError::Connect { to: args.to, source })?;
     if args.busy_poll {
-        socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+        socket.set_nonblocking(true).map_err(RrError::Socket)?;
     } else {
-        socket.set_read_timeout(Some(Duration::from_millis(args.timeout_ms))).map_err(|e| e.to_string())?;
+        socket.set_read_timeout(Some(Duration::from_millis(args.timeout_ms))).map_err(RrError::Socket)?;
     }
     let mut socket = socket;
     let mut line = measure(args, &mut socket, args.busy_poll)?;
@@ -121,19 +164,19 @@ fn measure(
     args: &UdpRrArgs,
     client: &mut impl Transport,
     busy_poll: bool,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, RrError> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let mut request = vec![0u8; args.size as usize];
     let mut answer = vec![0u8; MAX_DATAGRAM];
     let mut latencies = Vec::with_capacity(1 << 20);
     let (mut timeouts, mut mismatches, mut sequence) = (0u64, 0u64, 0u64);
-    let mut transaction = |latencies: Option<&mut Vec<u64>>| -> Result<(), String> {
+    let mut transaction = |latencies: Option<&mut Vec<u64>>| -> Result<(), RrError> {
         sequence += 1;
         for (i, byte) in request.iter_mut().enumerate() {
             *byte = (sequence as usize + i) as u8;
         }
         let started = Instant::now();
-        client.send(&request).map_err(|e| format!("send: {e}"))?;
+        client.send(&request).map_err(RrError::Send)?;
         loop {
             match client.recv(&mut answer) {
                 Ok(n) if n == request.len() && answer[..n] == request[..] => break,
@@ -151,11 +194,11 @@ fn measure(
                 {
                     timeouts += 1;
                     if timeouts > args.max_timeouts {
-                        return Err(format!("{timeouts} requests to {} went unanswered", args.to));
+                        return Err(RrError::Unanswered { timeouts, to: args.to });
                     }
                     return Ok(());
                 }
-                Err(e) => return Err(format!("recv: {e}")),
+                Err(e) => return Err(RrError::Recv(e)),
             }
         }
         if let Some(latencies) = latencies {

@@ -162,17 +162,32 @@ pub fn main(args: UpgradeBenchArgs) -> i32 {
     match run(&args) {
         Ok(report) => crate::print_report(&report, args.output, |markdown| table::render(&report, markdown)),
         Err(Error::Scratch(e)) => exitless_args::usage_error(e),
-        Err(Error::Other(e)) => exitless_args::fail(e),
+        Err(e) => exitless_args::fail(e),
     }
 }
 
 /// Why the bench could not start.
 #[derive(Debug, thiserror::Error)]
 enum Error {
+    /// A bad `--scratch`.
     #[error("{0}")]
     Scratch(#[from] crate::scratch::ScratchError),
-    #[error("{0}")]
-    Other(String),
+    /// The run's directory could not be made.
+    #[error(transparent)]
+    Dir(#[from] crate::daemon::DaemonError),
+    /// The probe ELF could not be written for the VMs.
+    #[error("{}: {source}", .path.display())]
+    Export {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path of this executable, which the VMs and the daemons run, is unknown.
+    #[error("cannot find this program: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    /// The TSC's rate could not be read from KVM.
+    #[error(transparent)]
+    TscKhz(vmm::VmError),
 }
 
 fn run(args: &UpgradeBenchArgs) -> Result<Report, Error> {
@@ -181,15 +196,15 @@ fn run(args: &UpgradeBenchArgs) -> Result<Report, Error> {
         crate::progress(format_args!("writing {} (once: later runs reuse it)", path.display()))
     })?;
     let dir = std::env::temp_dir().join(format!("exitless-bench-upgrade-{}", std::process::id()));
-    let _dir = crate::daemon::TempDir::make(&dir).map_err(Error::Other)?;
+    let _dir = crate::daemon::TempDir::make(&dir)?;
     let elf = dir.join("exitless-probe.elf");
-    probe_image::export(&elf).map_err(|e| Error::Other(format!("{}: {e}", elf.display())))?;
+    probe_image::export(&elf).map_err(|source| Error::Export { path: elf.clone(), source })?;
     let ctx = Context {
-        exe: std::env::current_exe().map_err(|e| Error::Other(format!("cannot find this program: {e}")))?,
+        exe: std::env::current_exe().map_err(Error::CurrentExe)?,
         dir: dir.clone(),
         disk: disk.clone(),
         elf,
-        tsc_khz: vmm::tsc_khz().map_err(|e| Error::Other(e.to_string()))?,
+        tsc_khz: vmm::tsc_khz().map_err(Error::TscKhz)?,
         qemu: args.frontends.contains(&Frontend::Qemu).then(Qemu::find).flatten(),
         blocks: args.blocks,
         qd: args.qd,
@@ -269,19 +284,20 @@ fn measure(frontend: Frontend, stop: Stop, rounds: u32, ctx: &Context) -> Row {
             notes.push(format!(
                 "round {} was run twice; the first failed: {}",
                 index + 1,
-                crate::one_line(&first)
+                crate::one_line(&first.to_string())
             ));
-            round::run(frontend, stop, name(1), ctx).map_err(|second| (first, second))
+            round::run(frontend, stop, name(1), ctx).map_err(|second| Box::new((first, second)))
         });
         match measured {
             Ok(round) => row.add(&round, &mut p50s),
-            Err((first, second)) => {
+            Err(both) => {
+                let (first, second) = *both;
                 notes.pop();
                 notes.push(format!(
                     "round {} failed twice: {}; then: {}",
                     index + 1,
-                    crate::one_line(&first),
-                    crate::one_line(&second)
+                    crate::one_line(&first.to_string()),
+                    crate::one_line(&second.to_string())
                 ));
                 break;
             }

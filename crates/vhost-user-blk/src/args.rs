@@ -1,8 +1,10 @@
 //! `exitless vhost-user-blk`'s command line: what each option means, and the long help.
 
+use std::num::ParseIntError;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use thiserror::Error;
 
 use crate::spec::{self, VhostDisk};
 
@@ -223,31 +225,63 @@ pub struct SocketOwner {
     pub gid: Option<u32>,
 }
 
-fn parse_owner(text: &str) -> Result<SocketOwner, String> {
-    let number = |part: &str, what: &str| -> Result<Option<u32>, String> {
+/// Why a `--socket-owner` value is not one.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+enum OwnerError {
+    /// The user or the group is not a number.
+    #[error("{what} {part:?} is not a number (see `id -u USER`)")]
+    NotANumber {
+        what: &'static str,
+        part: String,
+        #[source]
+        source: ParseIntError,
+    },
+    /// Neither a user nor a group.
+    #[error("give UID, UID:GID or :GID")]
+    Empty,
+}
+
+/// Why a `--socket-mode` value is not one.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+enum ModeError {
+    /// Not an octal number.
+    #[error("{text:?} is not an octal mode such as 600 or 660")]
+    NotOctal {
+        text: String,
+        #[source]
+        source: ParseIntError,
+    },
+    /// It lets other users in.
+    #[error("{0}: a socket is never open to every user; give 600 or 660 (and --socket-owner)")]
+    OpenToAll(String),
+    /// The owner could not read and write.
+    #[error("{0}: the owner needs read and write (6 in the first digit)")]
+    OwnerLockedOut(String),
+}
+
+fn parse_owner(text: &str) -> Result<SocketOwner, OwnerError> {
+    let number = |part: &str, what: &'static str| -> Result<Option<u32>, OwnerError> {
         if part.is_empty() {
             return Ok(None);
         }
-        part.parse().map(Some).map_err(|_| format!("{what} {part:?} is not a number (see `id -u USER`)"))
+        part.parse().map(Some).map_err(|source| OwnerError::NotANumber { what, part: part.into(), source })
     };
     let (uid, gid) = text.split_once(':').unwrap_or((text, ""));
     let owner = SocketOwner { uid: number(uid, "the user")?, gid: number(gid, "the group")? };
     if owner.uid.is_none() && owner.gid.is_none() {
-        return Err("give UID, UID:GID or :GID".into());
+        return Err(OwnerError::Empty);
     }
     Ok(owner)
 }
 
-fn parse_mode(text: &str) -> Result<u32, String> {
+fn parse_mode(text: &str) -> Result<u32, ModeError> {
     let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
-        .map_err(|_| format!("{text:?} is not an octal mode such as 600 or 660"))?;
+        .map_err(|source| ModeError::NotOctal { text: text.into(), source })?;
     if mode & !0o770 != 0 {
-        return Err(format!(
-            "{text}: a socket is never open to every user; give 600 or 660 (and --socket-owner)"
-        ));
+        return Err(ModeError::OpenToAll(text.into()));
     }
     if mode & 0o600 != 0o600 {
-        return Err(format!("{text}: the owner needs read and write (6 in the first digit)"));
+        return Err(ModeError::OwnerLockedOut(text.into()));
     }
     Ok(mode)
 }
@@ -272,10 +306,10 @@ mod tests {
         assert_eq!(parse_owner("64055"), Ok(SocketOwner { uid: Some(64055), gid: None }));
         assert_eq!(parse_owner("1:2"), Ok(SocketOwner { uid: Some(1), gid: Some(2) }));
         assert_eq!(parse_owner(":2"), Ok(SocketOwner { uid: None, gid: Some(2) }));
-        assert!(parse_owner(":").is_err() && parse_owner("qemu").unwrap_err().contains("id -u"));
+        assert!(parse_owner(":").is_err() && parse_owner("qemu").unwrap_err().to_string().contains("id -u"));
         assert_eq!((parse_mode("600"), parse_mode("0660")), (Ok(0o600), Ok(0o660)));
-        assert!(parse_mode("666").unwrap_err().contains("every user"));
-        assert!(parse_mode("060").unwrap_err().contains("owner"));
+        assert!(parse_mode("666").unwrap_err().to_string().contains("every user"));
+        assert!(parse_mode("060").unwrap_err().to_string().contains("owner"));
         assert!(parse_mode("9").is_err());
     }
 }

@@ -10,11 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use thiserror::Error;
+
 use super::super::blk_qemu::{exits_between, find};
 use super::super::causes_per;
 use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, TAP};
 use crate::args::NetBenchArgs;
-use crate::qemu::Qemu;
+use crate::qemu::{ProbeError, Qemu, QemuError};
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
 const MARK_LINGER_MS: u64 = 30;
@@ -46,6 +48,40 @@ pub const CONFIGS: [(&str, &str, Backend); 3] = [
     ("qemu virtio-net, vhost-net poll-us, poll", "poll", Backend::VhostNet),
 ];
 
+/// Why the QEMU peer could not be set up, or one of its runs failed.
+#[derive(Debug, Error)]
+pub enum QemuNetError {
+    /// The directory of its QMP socket and the probe could not be made.
+    #[error("{}: {source}", .path.display())]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The probe ELF could not be written for QEMU.
+    #[error("cannot export the probe to {}: {source}", .path.display())]
+    Export {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A vhost-net row, and this host has no vhost-net.
+    #[error(
+        "this host has no {} (kernel vhost-net; `modprobe vhost_net` where the kernel has it)",
+        VHOST_NET
+    )]
+    NoVhostNet,
+    /// QEMU's probe arguments have no machine to amend.
+    #[error("unexpected QEMU arguments")]
+    UnexpectedArgs,
+    /// QEMU failed.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// The probe's run under QEMU gave no usable result.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+}
+
 /// QEMU with the probe exported for it.
 pub struct QemuNet {
     qemu: Qemu,
@@ -55,11 +91,11 @@ pub struct QemuNet {
 
 impl QemuNet {
     /// `qemu`, with the probe ELF exported to a directory of this run's (removed on drop).
-    pub fn new(qemu: Qemu) -> Result<QemuNet, String> {
+    pub fn new(qemu: Qemu) -> Result<QemuNet, QemuNetError> {
         let dir = std::env::temp_dir().join(format!("exitless-bench-net-qemu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| QemuNetError::Dir { path: dir.clone(), source })?;
         let elf = dir.join("exitless-probe.elf");
-        probe_image::export(&elf).map_err(|e| e.to_string())?;
+        probe_image::export(&elf).map_err(|source| QemuNetError::Export { path: elf.clone(), source })?;
         Ok(QemuNet { qemu, dir, elf })
     }
 
@@ -94,11 +130,9 @@ impl QemuNet {
         tsc_khz: u32,
         completion: &str,
         backend: Backend,
-    ) -> Result<(), String> {
+    ) -> Result<(), QemuNetError> {
         if backend == Backend::VhostNet && !Path::new(VHOST_NET).exists() {
-            return Err(format!(
-                "this host has no {VHOST_NET} (kernel vhost-net; `modprobe vhost_net` where the kernel has it)"
-            ));
+            return Err(QemuNetError::NoVhostNet);
         }
         let cmdline = format!(
             "probe.workload=udp-rr probe.ip={GUEST_IP} probe.dst={SERVER_TAP_IP} probe.port={PORT} probe.size={} \
@@ -111,7 +145,7 @@ impl QemuNet {
             Backend::VhostNet => format!("vhost=on,poll-us={VHOST_POLL_US}"),
         };
         let mut qemu_args = Qemu::probe_args(&self.elf, &cmdline, MEM_MIB);
-        let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or("unexpected QEMU arguments")?;
+        let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or(QemuNetError::UnexpectedArgs)?;
         qemu_args[machine_at] = "microvm,acpi=off".into();
         qemu_args.extend(
             [
@@ -137,20 +171,18 @@ impl QemuNet {
         let _ = std::fs::remove_file(&qmp);
         let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
         let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
-        let (run, marks) = in_netns
-            .run_marked_with(&wrapped, Some(&qmp), &[], timeout, |pid| {
-                crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
-            })
-            .map_err(|e| e.to_string())?;
+        let (run, marks) = in_netns.run_marked_with(&wrapped, Some(&qmp), &[], timeout, |pid| {
+            crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
+        })?;
         row.command = Some(run.command_line.clone());
         let line = run
             .stdout
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .find(|v| v["probe"] == "udp-rr")
-            .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
+            .ok_or(ProbeError::NoResult(run.guest_status))?;
         if run.guest_status != probe_abi::status::OK {
-            return Err(format!("the probe exited with status {}: {line}", run.guest_status));
+            return Err(ProbeError::Status { status: run.guest_status, line }.into());
         }
         let ops = line["ops"].as_u64().unwrap_or(0);
         row.transactions = ops;

@@ -21,6 +21,25 @@ pub enum QemuError {
     Qmp(String),
 }
 
+/// What a finished QEMU run of the probe did not deliver.
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    /// The probe printed no result line.
+    #[error("the probe printed no result (status {0})")]
+    NoResult(u8),
+    /// The probe printed its result line but exited with a failure status.
+    #[error("the probe exited with status {status}: {line}")]
+    Status { status: u8, line: serde_json::Value },
+    /// No QMP sample was taken at this mark.
+    #[error("no sample at mark {0}")]
+    NoSample(u32),
+}
+
+/// A CPU that `sched_setaffinity` cannot name.
+#[derive(Debug, Error)]
+#[error("CPU {0} is beyond what sched_setaffinity takes")]
+pub struct CpuOutOfRange(pub usize);
+
 /// A mark the guest printed (`probe.mark_linger_ms`), with QEMU's vCPU exit counters and the
 /// CPU time of QEMU (and any helper processes) sampled while the guest lingered.
 pub struct PeerMark {
@@ -250,10 +269,10 @@ fn mark_label(line: &str) -> Option<u32> {
 
 /// Make `command`'s child run on host CPU `cpu` only (a peer's daemon pinned where the IOCore
 /// would be).
-pub fn pin_child(command: &mut Command, cpu: usize) -> Result<(), String> {
+pub fn pin_child(command: &mut Command, cpu: usize) -> Result<(), CpuOutOfRange> {
     use std::os::unix::process::CommandExt;
     if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(format!("CPU {cpu} is beyond what sched_setaffinity takes"));
+        return Err(CpuOutOfRange(cpu));
     }
     // SAFETY: the closure runs in the child between fork and exec and only calls
     // sched_setaffinity on a CPU set on its own stack: async-signal-safe, no allocation.
@@ -315,11 +334,10 @@ fn set_affinity(tid: u32, cpu: usize) {
 }
 
 /// The probe's `blk` result line from a QEMU run, which must have ended with status OK.
-pub fn blk_result(run: &QemuRun) -> Result<serde_json::Value, String> {
-    let line = crate::blk_result(&run.stdout)
-        .ok_or_else(|| format!("the probe printed no result (status {})", run.guest_status))?;
+pub fn blk_result(run: &QemuRun) -> Result<serde_json::Value, ProbeError> {
+    let line = crate::blk_result(&run.stdout).ok_or(ProbeError::NoResult(run.guest_status))?;
     if run.guest_status != probe_abi::status::OK {
-        return Err(format!("the probe exited with status {}: {line}", run.guest_status));
+        return Err(ProbeError::Status { status: run.guest_status, line });
     }
     Ok(line)
 }

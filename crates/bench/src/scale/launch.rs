@@ -3,16 +3,17 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use thiserror::Error;
 
 use super::cpu::Sampler;
 use super::Setup;
-use crate::daemon::Backend;
-use crate::qemu::Qemu;
+use crate::daemon::{Backend, DaemonError};
+use crate::qemu::{CpuOutOfRange, ProbeError, Qemu, QemuError};
 use exitless_args::SeccompArgs;
 use vmm::Counters;
 
@@ -20,6 +21,88 @@ use vmm::Counters;
 pub const MEM_MIB: u64 = 64;
 /// How long QEMU's probe idles at each mark while its counters are sampled over QMP.
 const MARK_LINGER_MS: u64 = 200;
+
+/// Why a run of a set-up failed.
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    /// The shared backend could not be started.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// The qemu-storage-daemon set-up, and it is not installed.
+    #[error(
+        "qemu-storage-daemon not found (install qemu-system-common, or set $EXITLESS_QEMU_STORAGE_DAEMON)"
+    )]
+    NoStorageDaemon,
+    /// The shared backend's CPU cannot be pinned.
+    #[error(transparent)]
+    Pin(#[from] CpuOutOfRange),
+    /// These VMs (by index) failed.
+    #[error("{}", .0.iter().map(|(i, e)| format!("VM {i}: {e}")).collect::<Vec<_>>().join("; "))]
+    Vms(Vec<(usize, VmRunError)>),
+    /// No VM ran, so there is no measured window.
+    #[error("no VM ran")]
+    NoVm,
+}
+
+impl LaunchError {
+    /// Whether a program the set-up needs is missing (QEMU, qemu-storage-daemon): running it
+    /// again cannot help.
+    pub fn is_missing_program(&self) -> bool {
+        match self {
+            LaunchError::NoStorageDaemon => true,
+            LaunchError::Vms(errors) => errors.iter().any(|(_, e)| matches!(e, VmRunError::NoQemu)),
+            _ => false,
+        }
+    }
+}
+
+/// Why one VM of a run failed.
+#[derive(Debug, Error)]
+pub enum VmRunError {
+    /// Its runner thread panicked.
+    #[error("a VM's runner panicked")]
+    Panicked,
+    /// `exitless run` could not be started.
+    #[error("cannot start exitless run: {0}")]
+    Start(#[source] std::io::Error),
+    /// `exitless run`'s standard error was not piped.
+    #[error("no stderr")]
+    NoStderr,
+    /// `exitless run`'s standard output was not piped.
+    #[error("no stdout")]
+    NoStdout,
+    /// `exitless run` could not be waited for.
+    #[error("cannot wait for exitless run: {0}")]
+    Wait(#[source] std::io::Error),
+    /// `exitless run` failed, or printed no result (`why`: its last line of standard error;
+    /// `result`: its result line, if any).
+    #[error("exitless run ended with {status}: {why} {result}")]
+    Ended { status: ExitStatus, why: String, result: String },
+    /// `exitless run --stats --json` printed no stats line.
+    #[error("no --stats line")]
+    NoStats,
+    /// The stats have no phase between marks 0 and 1.
+    #[error("no measured phase in --stats")]
+    NoPhase,
+    /// The measured phase has no counters.
+    #[error("no counters in the measured phase")]
+    NoCounters,
+    /// The measured phase does not say when it began.
+    #[error("no from_monotonic_s in the measured phase")]
+    NoStart,
+    /// A QEMU set-up, and QEMU is not installed.
+    #[error("qemu-system-x86_64 not found (install qemu-system-x86)")]
+    NoQemu,
+    /// QEMU's probe arguments have no machine to amend.
+    #[error("unexpected QEMU arguments")]
+    UnexpectedArgs,
+    /// QEMU failed.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// The probe's run under QEMU gave no usable result.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+}
 
 /// What every run of the bench shares.
 pub struct Context {
@@ -75,7 +158,7 @@ pub struct RunResult {
 }
 
 /// Runs `setup` with one VM per entry of `qds` (its queue depth) on `disks`.
-pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result<RunResult, String> {
+pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result<RunResult, LaunchError> {
     let sockets: Vec<PathBuf> = (0..qds.len()).map(|i| ctx.dir.join(format!("disk{i}.sock"))).collect();
     let sampler = Sampler::start();
     let _backend = match setup {
@@ -86,7 +169,7 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
     if let Some(backend) = &_backend {
         sampler.watch(backend.id());
     }
-    let results: Vec<Result<VmResult, String>> = std::thread::scope(|scope| {
+    let results: Vec<Result<VmResult, VmRunError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = qds
             .iter()
             .enumerate()
@@ -110,10 +193,7 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a VM's runner panicked".into())))
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or(Err(VmRunError::Panicked))).collect()
     });
     let samples = sampler.finish();
     let mut vms = Vec::new();
@@ -121,14 +201,14 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
     for (i, result) in results.into_iter().enumerate() {
         match result {
             Ok(vm) => vms.push(vm),
-            Err(e) => errors.push(format!("VM {i}: {e}")),
+            Err(e) => errors.push((i, e)),
         }
     }
     if !errors.is_empty() {
-        return Err(errors.join("; "));
+        return Err(LaunchError::Vms(errors));
     }
-    let start = vms.iter().map(|v| v.window.0).max().ok_or("no VM ran")?;
-    let end = vms.iter().map(|v| v.window.1).min().ok_or("no VM ran")?;
+    let start = vms.iter().map(|v| v.window.0).max().ok_or(LaunchError::NoVm)?;
+    let end = vms.iter().map(|v| v.window.1).min().ok_or(LaunchError::NoVm)?;
     let mean = vms.iter().map(|v| v.window.1.duration_since(v.window.0).as_secs_f64()).sum::<f64>()
         / vms.len() as f64;
     let common = end.checked_duration_since(start).map_or(0.0, |d| d.as_secs_f64());
@@ -136,8 +216,8 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
     let (from, to) = if common >= 0.1 * mean {
         (start, end)
     } else {
-        let first = vms.iter().map(|v| v.window.0).min().ok_or("no VM ran")?;
-        let last = vms.iter().map(|v| v.window.1).max().ok_or("no VM ran")?;
+        let first = vms.iter().map(|v| v.window.0).min().ok_or(LaunchError::NoVm)?;
+        let last = vms.iter().map(|v| v.window.1).max().ok_or(LaunchError::NoVm)?;
         (first, last)
     };
     let (cpu_cores_used, other_cores) = (samples.cores(from, to), samples.other_cores(from, to));
@@ -169,7 +249,7 @@ fn run_exitless(
     qd: u32,
     ctx: &Context,
     watcher: &Arc<Mutex<Vec<u32>>>,
-) -> Result<VmResult, String> {
+) -> Result<VmResult, VmRunError> {
     let mut command = Command::new(&ctx.exe);
     command
         .args(["run", "--probe", "--mem", &format!("{MEM_MIB}M"), "--io-mode", "exitless"])
@@ -185,39 +265,40 @@ fn run_exitless(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start exitless run: {e}"))?;
+        .map_err(VmRunError::Start)?;
     if let Ok(mut pids) = watcher.lock() {
         pids.push(child.id());
     }
-    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut stderr = child.stderr.take().ok_or(VmRunError::NoStderr)?;
     let err = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = stderr.read_to_string(&mut s);
         s
     });
     let mut stdout = String::new();
-    let _ = child.stdout.take().ok_or("no stdout")?.read_to_string(&mut stdout);
-    let status = child.wait().map_err(|e| e.to_string())?;
+    let _ = child.stdout.take().ok_or(VmRunError::NoStdout)?.read_to_string(&mut stdout);
+    let status = child.wait().map_err(VmRunError::Wait)?;
     let stderr = err.join().unwrap_or_default();
     let lines: Vec<Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let result = lines.iter().find(|v| v["probe"] == "blk");
     let (Some(result), true) = (result, status.success()) else {
         let why = stderr.lines().last().unwrap_or("").to_string();
-        return Err(format!(
-            "exitless run ended with {status}: {why} {}",
-            result.map(Value::to_string).unwrap_or_default()
-        ));
+        return Err(VmRunError::Ended {
+            status,
+            why,
+            result: result.map(Value::to_string).unwrap_or_default(),
+        });
     };
-    let stats = lines.iter().find(|v| v["exitless"] == "run").ok_or("no --stats line")?;
+    let stats = lines.iter().find(|v| v["exitless"] == "run").ok_or(VmRunError::NoStats)?;
     let phase = stats["vcpus"][0]["phases"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["from"] == 0 && p["to"] == 1))
-        .ok_or("no measured phase in --stats")?;
+        .ok_or(VmRunError::NoPhase)?;
     // The closing mark's own MMIO write is counted in the phase.
     let counters = Counters(
         phase["counters"]
             .as_object()
-            .ok_or("no counters in the measured phase")?
+            .ok_or(VmRunError::NoCounters)?
             .iter()
             .map(|(name, value)| {
                 let value = value.as_u64().unwrap_or(0);
@@ -233,7 +314,7 @@ fn run_exitless(
         .as_f64()
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(|s| clock::instant_of(Duration::from_secs_f64(s)))
-        .ok_or("no from_monotonic_s in the measured phase")?;
+        .ok_or(VmRunError::NoStart)?;
     Ok(VmResult {
         iops: result["iops"].as_f64().unwrap_or(0.0),
         ops: result["ops"].as_u64().unwrap_or(0),
@@ -256,15 +337,15 @@ fn run_qemu(
     qd: u32,
     ctx: &Context,
     watcher: &Arc<Mutex<Vec<u32>>>,
-) -> Result<VmResult, String> {
-    let qemu = ctx.qemu.as_ref().ok_or("qemu-system-x86_64 not found (install qemu-system-x86)")?;
+) -> Result<VmResult, VmRunError> {
+    let qemu = ctx.qemu.as_ref().ok_or(VmRunError::NoQemu)?;
     let cmdline = format!(
         "{} probe.tsc_khz={} probe.completion=poll probe.mark_linger_ms={MARK_LINGER_MS}",
         workload(qd, ctx),
         ctx.tsc_khz
     );
     let mut args = Qemu::probe_args(&ctx.elf, &cmdline, MEM_MIB);
-    let machine = args.iter().position(|a| a == "microvm").ok_or("unexpected QEMU arguments")?;
+    let machine = args.iter().position(|a| a == "microvm").ok_or(VmRunError::UnexpectedArgs)?;
     args[machine] = "microvm,acpi=off".into();
     args.extend(["-global", "virtio-mmio.force-legacy=false"].map(String::from));
     // Thread names (`CPU 0/KVM`, `IO io0`), so the vCPU thread can be told from the others.
@@ -293,14 +374,12 @@ fn run_qemu(
     let qmp = ctx.dir.join(format!("qmp{index}.sock"));
     let _ = std::fs::remove_file(&qmp);
     let (vcpu_cpu, io_cpu) = (ctx.vcpu_cpu, ctx.io_cpu);
-    let (run, marks) = qemu
-        .run_marked_with(&args, Some(&qmp), &[], timeout(ctx), |pid| {
-            if let Ok(mut pids) = watcher.lock() {
-                pids.push(pid);
-            }
-            crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu);
-        })
-        .map_err(|e| e.to_string())?;
+    let (run, marks) = qemu.run_marked_with(&args, Some(&qmp), &[], timeout(ctx), |pid| {
+        if let Ok(mut pids) = watcher.lock() {
+            pids.push(pid);
+        }
+        crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu);
+    })?;
     let line = crate::qemu::blk_result(&run)?;
     let (start, end) = (super::super::blk_qemu::find(&marks, 0)?, super::super::blk_qemu::find(&marks, 1)?);
     Ok(VmResult {
@@ -312,7 +391,7 @@ fn run_qemu(
 }
 
 /// `exitless vhost-user-blk` serving every disk from one IOCore (sidecore) on the I/O CPU.
-fn start_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) -> Result<Backend, String> {
+fn start_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) -> Result<Backend, DaemonError> {
     let mut command = Command::new(&ctx.exe);
     command.arg("vhost-user-blk");
     for (disk, socket) in disks.iter().zip(sockets) {
@@ -327,10 +406,12 @@ fn start_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) -> Result<
 
 /// qemu-storage-daemon exporting every disk as vhost-user-blk from one iothread
 /// (aio=io_uring, O_DIRECT), the whole process on the I/O CPU.
-fn start_storage_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) -> Result<Backend, String> {
-    let binary = ctx.storage_daemon.as_ref().ok_or(
-        "qemu-storage-daemon not found (install qemu-system-common, or set $EXITLESS_QEMU_STORAGE_DAEMON)",
-    )?;
+fn start_storage_daemon(
+    disks: &[VmDisk],
+    sockets: &[PathBuf],
+    ctx: &Context,
+) -> Result<Backend, LaunchError> {
+    let binary = ctx.storage_daemon.as_ref().ok_or(LaunchError::NoStorageDaemon)?;
     let mut command = Command::new(binary);
     command.args(["--object", "iothread,id=iothread0"]);
     for (i, (disk, socket)) in disks.iter().zip(sockets).enumerate() {
@@ -350,5 +431,5 @@ fn start_storage_daemon(disks: &[VmDisk], sockets: &[PathBuf], ctx: &Context) ->
         ]);
     }
     crate::qemu::pin_child(&mut command, ctx.io_cpu)?;
-    Backend::start(command, sockets, &ctx.dir.join("qsd.log"), "qemu-storage-daemon")
+    Ok(Backend::start(command, sockets, &ctx.dir.join("qsd.log"), "qemu-storage-daemon")?)
 }

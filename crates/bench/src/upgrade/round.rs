@@ -8,10 +8,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use exitless_args::SeccompArgs;
 use serde_json::Value;
+use thiserror::Error;
 
 use crate::args::{UpgradeFrontend as Frontend, UpgradeStop as Stop};
-use crate::daemon::Backend;
-use crate::qemu::{Qemu, QemuRun};
+use crate::daemon::{Backend, DaemonError};
+use crate::qemu::{Qemu, QemuError, QemuRun};
 
 /// Guest memory of every VM (the probe needs about 48 MiB).
 const MEM_MIB: u64 = 64;
@@ -24,6 +25,62 @@ const VM_LIMIT: Duration = Duration::from_secs(180);
 /// How long the guest waits for any one request before it gives up: well over QEMU's
 /// reconnect interval, so that a slow hand-over is measured, not failed.
 const GUEST_WAIT_MS: u64 = 20_000;
+
+/// Why a round failed.
+#[derive(Debug, Error)]
+pub enum RoundError {
+    /// A daemon could not be started, or did not stop as it should.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// A file (the disk, a VM's output) could not be examined or made.
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A QEMU round, and QEMU is not installed.
+    #[error("qemu-system-x86_64 not found (install qemu-system-x86)")]
+    NoQemu,
+    /// The verify run ended before the daemon was replaced (`stdout`: what the VM printed).
+    #[error(
+        "the guest's verify run ended before the restart ({stdout}): give it more --blocks or a lower --iops"
+    )]
+    EndedBeforeRestart { stdout: String },
+    /// The VM ended before its first write reached the disk (`output`: how it ended).
+    #[error("the VM ended before its first write: {output}")]
+    EndedBeforeFirstWrite { output: String },
+    /// The guest wrote nothing to the disk in time.
+    #[error("the guest wrote nothing to the disk within {:?}", FIRST_WRITE_LIMIT)]
+    NoFirstWrite,
+    /// The probe printed no result line (`output`: how the VM ended).
+    #[error("the probe printed no result: {output}")]
+    NoResult { output: String },
+    /// The probe's result has no `max_ns`.
+    #[error("no max_ns in the probe's result: {line}")]
+    NoMaxNs { line: Value },
+    /// The verify run failed (`output`: how the VM ended; `log`: the serving daemon's log).
+    #[error(
+        "the guest's verify run failed ({errors} errors, {mismatches} mismatches): {output}; the daemon \
+         after the restart: {log}"
+    )]
+    VerifyFailed { errors: u64, mismatches: u64, output: String, log: String },
+    /// The thread running QEMU panicked.
+    #[error("QEMU's runner panicked")]
+    QemuPanicked,
+    /// QEMU failed.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// `exitless run` could not be started.
+    #[error("cannot start exitless run: {0}")]
+    StartVm(#[source] std::io::Error),
+    /// `exitless run` did not end in time (it was killed then).
+    #[error("exitless run did not end within {:?} (killed)", VM_LIMIT)]
+    VmTimeout,
+    /// `exitless run` could not be waited for.
+    #[error("cannot wait for exitless run: {0}")]
+    WaitVm(#[source] std::io::Error),
+}
 
 /// What every round shares.
 pub struct Context {
@@ -69,7 +126,7 @@ pub struct Round {
 /// Runs one round: `frontend` on a daemon that `stop` ends in the middle of its verify run,
 /// a new daemon started on the same socket (with `Stop::None`, the control, the first daemon
 /// serves the whole run). `index` names its logs.
-pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Result<Round, String> {
+pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Result<Round, RoundError> {
     let socket = ctx.dir.join("upgrade.sock");
     let handover = (stop == Stop::Handover).then(|| ctx.dir.join("handover.sock"));
     let old = start_daemon(ctx, &socket, &format!("daemon{index}-old"), handover.as_deref(), false)?;
@@ -78,8 +135,7 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
         let vm = match frontend {
             Frontend::Exitless => Vm::Exitless(ExitlessVm::start(&socket, index, ctx)?),
             Frontend::Qemu => {
-                let qemu =
-                    ctx.qemu.as_ref().ok_or("qemu-system-x86_64 not found (install qemu-system-x86)")?;
+                let qemu = ctx.qemu.as_ref().ok_or(RoundError::NoQemu)?;
                 let args = qemu_args(&socket, ctx);
                 Vm::Qemu(scope.spawn(move || qemu.run_marked(&args, None, &[], VM_LIMIT)))
             }
@@ -87,10 +143,7 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
         let mut vm = wait_for_first_write(&ctx.disk, before, vm)?;
         std::thread::sleep(ctx.restart_after);
         if vm.ended() {
-            return Err(format!(
-                "the guest's verify run ended before the restart ({}): give it more --blocks or a lower --iops",
-                vm.finish()?.stdout.trim()
-            ));
+            return Err(RoundError::EndedBeforeRestart { stdout: vm.finish()?.stdout.trim().to_string() });
         }
         // The daemon that serves the rest of the run: the new one, or the old one when there
         // is no restart (the control).
@@ -117,11 +170,11 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
         let connections =
             [&old_log, &serving_log].into_iter().map(|log| log.matches("frontend connected").count());
         let connections = u64::try_from(connections.sum::<usize>()).unwrap_or(u64::MAX);
-        let line = out.result().ok_or_else(|| format!("the probe printed no result: {}", out.describe()))?;
+        let line = out.result().ok_or_else(|| RoundError::NoResult { output: out.describe() })?;
         let figure = |name: &str| line[name].as_u64();
         let ms = |name: &str| line[name].as_f64().map(|ns| ns / 1e6);
         let round = Round {
-            pause_ms: ms("max_ns").ok_or_else(|| format!("no max_ns in the probe's result: {line}"))?,
+            pause_ms: ms("max_ns").ok_or_else(|| RoundError::NoMaxNs { line: line.clone() })?,
             p50_ms: ms("p50_ns").unwrap_or(0.0),
             reconnected_ms: reconnected_ms(&out.stderr),
             reconnections: match frontend {
@@ -135,13 +188,12 @@ pub fn run(frontend: Frontend, stop: Stop, index: usize, ctx: &Context) -> Resul
             mismatches: figure("mismatches").unwrap_or(0),
         };
         if !out.ok {
-            return Err(format!(
-                "the guest's verify run failed ({} errors, {} mismatches): {}; the daemon after the restart: {}",
-                round.errors,
-                round.mismatches,
-                out.describe(),
-                serving_log.trim()
-            ));
+            return Err(RoundError::VerifyFailed {
+                errors: round.errors,
+                mismatches: round.mismatches,
+                output: out.describe(),
+                log: serving_log.trim().to_string(),
+            });
         }
         Ok(round)
     })
@@ -156,7 +208,7 @@ fn start_daemon(
     name: &str,
     handover: Option<&Path>,
     successor: bool,
-) -> Result<Backend, String> {
+) -> Result<Backend, DaemonError> {
     // The old daemon's socket file may outlive it (kill -9): the new one must not be mistaken
     // for listening before it does. A successor takes the live one over.
     if !successor {
@@ -211,20 +263,22 @@ fn qemu_args(socket: &Path, ctx: &Context) -> Vec<String> {
 }
 
 /// The disk file's modification time.
-fn modified(path: &Path) -> Result<SystemTime, String> {
-    std::fs::metadata(path).and_then(|m| m.modified()).map_err(|e| format!("{}: {e}", path.display()))
+fn modified(path: &Path) -> Result<SystemTime, RoundError> {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map_err(|source| RoundError::File { path: path.to_owned(), source })
 }
 
 /// Waits until the guest's first write reached the disk file (its modification time moved):
 /// its verify run is under way.
-fn wait_for_first_write<'s>(disk: &Path, before: SystemTime, mut vm: Vm<'s>) -> Result<Vm<'s>, String> {
+fn wait_for_first_write<'s>(disk: &Path, before: SystemTime, mut vm: Vm<'s>) -> Result<Vm<'s>, RoundError> {
     let deadline = Instant::now() + FIRST_WRITE_LIMIT;
     while modified(disk)? <= before {
         if vm.ended() {
-            return Err(format!("the VM ended before its first write: {}", vm.finish()?.describe()));
+            return Err(RoundError::EndedBeforeFirstWrite { output: vm.finish()?.describe() });
         }
         if Instant::now() > deadline {
-            return Err(format!("the guest wrote nothing to the disk within {FIRST_WRITE_LIMIT:?}"));
+            return Err(RoundError::NoFirstWrite);
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -234,12 +288,7 @@ fn wait_for_first_write<'s>(disk: &Path, before: SystemTime, mut vm: Vm<'s>) -> 
 /// A running probe VM.
 enum Vm<'scope> {
     Exitless(ExitlessVm),
-    Qemu(
-        std::thread::ScopedJoinHandle<
-            'scope,
-            Result<(QemuRun, Vec<crate::qemu::PeerMark>), crate::qemu::QemuError>,
-        >,
-    ),
+    Qemu(std::thread::ScopedJoinHandle<'scope, Result<(QemuRun, Vec<crate::qemu::PeerMark>), QemuError>>),
 }
 
 /// What a VM printed when it ended.
@@ -261,14 +310,11 @@ impl Vm<'_> {
     }
 
     /// Waits for it to end (within `VM_LIMIT` of its start; it is killed then).
-    fn finish(self) -> Result<Output, String> {
+    fn finish(self) -> Result<Output, RoundError> {
         match self {
             Vm::Exitless(vm) => vm.finish(),
             Vm::Qemu(handle) => {
-                let (run, _) = handle
-                    .join()
-                    .map_err(|_| "QEMU's runner panicked".to_string())?
-                    .map_err(|e| e.to_string())?;
+                let (run, _) = handle.join().map_err(|_| RoundError::QemuPanicked)??;
                 Ok(Output {
                     ok: run.guest_status == probe_abi::status::OK,
                     status: format!("guest status {}", run.guest_status),
@@ -290,10 +336,12 @@ struct ExitlessVm {
 }
 
 impl ExitlessVm {
-    fn start(socket: &Path, index: usize, ctx: &Context) -> Result<ExitlessVm, String> {
+    fn start(socket: &Path, index: usize, ctx: &Context) -> Result<ExitlessVm, RoundError> {
         let stdout = ctx.dir.join(format!("vm{index}.out"));
         let stderr = ctx.dir.join(format!("vm{index}.err"));
-        let file = |path: &Path| std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()));
+        let file = |path: &Path| {
+            std::fs::File::create(path).map_err(|source| RoundError::File { path: path.to_owned(), source })
+        };
         let mut command = Command::new(&ctx.exe);
         command
             .args(["run", "--probe", "--mem", &format!("{MEM_MIB}M"), "--io-mode", "eventfd"])
@@ -305,19 +353,19 @@ impl ExitlessVm {
             .stdout(file(&stdout)?)
             .stderr(file(&stderr)?);
         crate::daemon::dies_with_parent(&mut command);
-        let child = command.spawn().map_err(|e| format!("cannot start exitless run: {e}"))?;
+        let child = command.spawn().map_err(RoundError::StartVm)?;
         Ok(ExitlessVm { child, started: Instant::now(), stdout, stderr })
     }
 
-    fn finish(mut self) -> Result<Output, String> {
+    fn finish(mut self) -> Result<Output, RoundError> {
         let status = loop {
             match self.child.try_wait() {
                 Ok(Some(status)) => break status,
                 Ok(None) if self.started.elapsed() < VM_LIMIT + Duration::from_secs(10) => {
                     std::thread::sleep(Duration::from_millis(5))
                 }
-                Ok(None) => return Err(format!("exitless run did not end within {VM_LIMIT:?} (killed)")),
-                Err(e) => return Err(format!("cannot wait for exitless run: {e}")),
+                Ok(None) => return Err(RoundError::VmTimeout),
+                Err(e) => return Err(RoundError::WaitVm(e)),
             }
         };
         let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
