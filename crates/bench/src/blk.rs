@@ -173,9 +173,9 @@ enum BenchError {
     /// No Ceph cluster to put an RBD image on.
     #[error(transparent)]
     Ceph(CephError),
-    /// librbd's client threads could not be set up (`vmm` says why in words only).
+    /// librbd's client threads' filter could not be built.
     #[error("cannot set up librbd's client threads: {0}")]
-    RbdClients(String),
+    RbdClients(#[source] sandbox::SandboxError),
     /// The TSC's rate could not be read from KVM.
     #[error(transparent)]
     TscKhz(VmError),
@@ -253,7 +253,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     };
     if rbd {
         // librbd's threads where, and under the filter, `exitless run` puts them.
-        vmm::set_up_rbd_clients(args.seccomp.mode(), vec![args.iocore_cpu])
+        iocore::set_up_rbd_clients(args.seccomp.mode(), vec![args.iocore_cpu])
             .map_err(BenchError::RbdClients)?;
     }
     let tsc_khz = vmm::tsc_khz().map_err(BenchError::TscKhz)?;

@@ -18,7 +18,7 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    if let Err(e) = vmm::set_up_rbd_clients(config.seccomp, args.io.iocore_cpu.into_iter().collect()) {
+    if let Err(e) = iocore::set_up_rbd_clients(config.seccomp, args.io.iocore_cpu.into_iter().collect()) {
         return fail(e);
     }
     let tls = match &args.migration_tls_dir {

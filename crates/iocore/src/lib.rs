@@ -13,8 +13,11 @@ mod busy;
 mod contention;
 mod engine;
 mod idle_class;
+mod rbd_clients;
 mod wait;
 mod watch;
+
+pub use rbd_clients::set_up_rbd_clients;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};

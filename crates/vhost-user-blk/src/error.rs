@@ -51,8 +51,6 @@ pub enum DaemonError {
     Seccomp(#[from] SandboxError),
     #[error(transparent)]
     IoCore(#[from] IoCoreError),
-    #[error("{0}")]
-    RbdClients(String),
     #[error(transparent)]
     ApiDiskDir(#[from] DiskDirError),
     #[error(transparent)]

@@ -100,7 +100,7 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
         VhostIoMode::Eventfd => Policy::Notified,
     };
     let seccomp = args.seccomp.mode();
-    vmm::set_up_rbd_clients(seccomp, args.iocore_cpu.clone()).map_err(DaemonError::RbdClients)?;
+    iocore::set_up_rbd_clients(seccomp, args.iocore_cpu.clone())?;
     if args.api_socket.is_some() {
         // Started before the control thread confines itself: a disk added through the API opens
         // its image on it.
