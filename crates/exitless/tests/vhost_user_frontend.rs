@@ -222,7 +222,12 @@ fn a_vm_keeps_its_disk_across_daemon_restarts_by_kill_9_and_sigterm() {
     let cmdline = format!(
         "probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd=8 probe.seed={seed} probe.timeout_ms=30000"
     );
-    let args = run_args(&socket, "exitless", &cmdline);
+    let mut args = run_args(&socket, "exitless", &cmdline);
+    // The guest's limit: its requests (written, then read) at the disk's 1000 per second, and
+    // a minute for the restarts; 60 s alone is less than 20 restarts' run takes.
+    let timeout = 2 * blocks / 1000 + 60;
+    let at = args.iter().position(|a| a == "--timeout").unwrap() + 1;
+    args[at] = timeout.to_string();
     let vm = std::thread::spawn(move || {
         exitless_within(Duration::from_secs(600), &args.iter().map(String::as_str).collect::<Vec<_>>())
     });
