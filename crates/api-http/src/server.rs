@@ -16,7 +16,7 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender};
@@ -62,6 +62,20 @@ pub enum ServerError {
 /// A JSON error answer: `{"error": "..."}`.
 pub fn error(status: u16, message: impl std::fmt::Display) -> Response {
     Response::json(status, serde_json::json!({ "error": message.to_string() }).to_string())
+}
+
+/// A non-blocking eventfd as two files: the end to write, and the end to poll and drain. The
+/// owner stops the server by writing one (`ApiServer::start`'s `stop`); the server writes the
+/// other when it hands over a call (`wake`).
+pub fn eventfd_pair() -> std::io::Result<(File, File)> {
+    // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok((File::from(fd.try_clone()?), File::from(fd)))
 }
 
 /// The API's socket and thread; the socket file is removed when the thread ends.

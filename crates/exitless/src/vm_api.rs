@@ -8,11 +8,10 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver};
 
-use api_http::server::{error, ApiServer, Call};
+use api_http::server::{error, eventfd_pair, ApiServer, Call};
 use api_http::{Method, Request, Response};
 use sandbox::{Filter, SeccompMode, ThreadKind};
 use vmm::{ControlError, VmControl};
@@ -25,23 +24,13 @@ pub struct VmApi {
 
 /// Listen on `path`; the returned hook (for `Vm::with_control`) answers what arrives.
 pub fn start(path: &Path, seccomp: SeccompMode) -> Result<(VmApi, impl FnMut(&VmControl) + Send), String> {
-    let event = || -> std::io::Result<OwnedFd> {
-        // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    };
     let eventfd_error = |e: std::io::Error| format!("--api-socket: cannot make an eventfd: {e}");
-    let stop = event().map_err(eventfd_error)?;
+    let (stop_writer, stop) = eventfd_pair().map_err(eventfd_error)?;
     // The main thread looks for requests on every control tick; the wake-up is not needed.
-    let wake = File::from(event().map_err(eventfd_error)?);
+    let (wake, _) = eventfd_pair().map_err(eventfd_error)?;
     let (sender, calls) = mpsc::sync_channel(16);
     let filter = Filter::new(ThreadKind::VmmApi, seccomp).map_err(|e| e.to_string())?;
-    let stop_writer = File::from(stop.try_clone().map_err(eventfd_error)?);
-    let api = ApiServer::start(path, stop, move || filter.install(), sender, wake)
+    let api = ApiServer::start(path, stop.into(), move || filter.install(), sender, wake)
         .map_err(|e| format!("--api-socket: {e}"))?;
     log::info!("control API on {}", path.display());
     Ok((VmApi { api, stop: stop_writer }, move |vm: &VmControl| answer_all(&calls, vm)))

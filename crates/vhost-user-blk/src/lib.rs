@@ -40,7 +40,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api_http::server::{ApiServer, Call};
+use api_http::server::{eventfd_pair, ApiServer, Call};
 use clap::ValueEnum;
 use iocore::{IoCore, Policy};
 use sandbox::{Filter, ThreadKind};
@@ -52,7 +52,7 @@ use args::{SocketOwner, VhostIoMode};
 use disks::Disks;
 pub use error::{DaemonError, Error, UsageError};
 use handover::HandoverSocket;
-use signals::{exit_after_stop_grace, stop_signals, wake_event};
+use signals::{exit_after_stop_grace, stop_signals};
 use spec::VhostDisk;
 use stats::Reporter;
 
@@ -143,7 +143,7 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
     };
     let (api, calls, wake) = match &args.api_socket {
         Some(path) => {
-            let (wake_writer, wake) = wake_event().map_err(DaemonError::ApiEventfd)?;
+            let (wake_writer, wake) = eventfd_pair().map_err(DaemonError::ApiEventfd)?;
             let (sender, calls) = mpsc::sync_channel(16);
             let filter = Filter::new(ThreadKind::ApiServer, seccomp)?;
             let stop = stop.try_clone().map_err(DaemonError::ShareStop)?;

@@ -2,24 +2,10 @@
 //! watchdog that ends the process if an orderly stop takes too long; and the eventfd that wakes
 //! the control thread for the API.
 
-use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use sandbox::Filter;
-
-/// The eventfd the API thread writes when it hands over a call: its writing end and the one
-/// the control thread polls and drains.
-pub(crate) fn wake_event() -> std::io::Result<(File, File)> {
-    // SAFETY: eventfd takes no pointer; the descriptor it returns is checked, then owned.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    Ok((File::from(fd.try_clone()?), File::from(fd)))
-}
 
 /// How long stopping may take before the daemon exits without finishing: every write a
 /// frontend saw completed is in the disk already (RAM disk pages are in /dev/shm, file writes
