@@ -253,8 +253,13 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
     };
     if rbd {
         // librbd's threads where, and under the filter, `exitless run` puts them.
-        iocore::set_up_rbd_clients(args.seccomp.mode(), vec![args.iocore_cpu])
-            .map_err(BenchError::RbdClients)?;
+        let set_up = iocore::backend_thread_set_up(
+            sandbox::ThreadKind::RbdClient,
+            args.seccomp.mode(),
+            vec![args.iocore_cpu],
+        )
+        .map_err(BenchError::RbdClients)?;
+        storage::rbd::set_up_client_threads(set_up);
     }
     let tsc_khz = vmm::tsc_khz().map_err(BenchError::TscKhz)?;
     if let Some(dir) = &args.plot {

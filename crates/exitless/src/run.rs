@@ -18,9 +18,12 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    if let Err(e) = iocore::set_up_rbd_clients(config.seccomp, args.io.iocore_cpu.into_iter().collect()) {
-        return fail(e);
-    }
+    // librbd's threads (an `rbd=` disk's) on the IOCore's CPU, under their own filter.
+    let cpus = args.io.iocore_cpu.into_iter().collect();
+    match iocore::backend_thread_set_up(sandbox::ThreadKind::RbdClient, config.seccomp, cpus) {
+        Ok(set_up) => storage::rbd::set_up_client_threads(set_up),
+        Err(e) => return fail(e),
+    };
     let tls = match &args.migration_tls_dir {
         Some(dir) => match vmm::migration::MigrationTls::load(dir) {
             Ok(tls) => Some(std::sync::Arc::new(tls)),

@@ -9,15 +9,15 @@
 
 #![deny(missing_docs)]
 
+mod backend_threads;
 mod busy;
 mod contention;
 mod engine;
 mod idle_class;
-mod rbd_clients;
 mod wait;
 mod watch;
 
-pub use rbd_clients::set_up_rbd_clients;
+pub use backend_threads::{backend_thread_set_up, BackendThreadSetUp};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};

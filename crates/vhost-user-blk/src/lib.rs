@@ -100,7 +100,9 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
         VhostIoMode::Eventfd => Policy::Notified,
     };
     let seccomp = args.seccomp.mode();
-    iocore::set_up_rbd_clients(seccomp, args.iocore_cpu.clone())?;
+    // librbd's threads (an `rbd=` disk's) on the IOCores' CPUs, under their own filter.
+    let rbd_threads = iocore::backend_thread_set_up(ThreadKind::RbdClient, seccomp, args.iocore_cpu.clone())?;
+    storage::rbd::set_up_client_threads(rbd_threads);
     if args.api_socket.is_some() {
         // Started before the control thread confines itself: a disk added through the API opens
         // its image on it.
