@@ -7,8 +7,6 @@
 //! not negotiated is an error the caller turns into DEVICE_NEEDS_RESET. Nothing here allocates or
 //! locks.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use thiserror::Error;
@@ -50,28 +48,36 @@ pub struct QueueConfig {
 
 /// How the driver broke a queue: the device needs a reset (DEVICE_NEEDS_RESET).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum QueueError {
+    /// The driver chose a size the queue cannot have.
     #[error("queue size {0} is not a power of two in 1..={MAX_QUEUE_SIZE}")]
     BadSize(u16),
+    /// A ring (named) is misaligned or outside guest RAM.
     #[error("the {0} ring is misaligned or not inside guest RAM")]
     BadRing(&'static str),
+    /// The avail index moved by more than the queue holds.
     #[error("the avail index moved by {0}, more than the queue size")]
     AvailIndexJump(u16),
+    /// A descriptor index beyond the table.
     #[error("descriptor index {0} is out of range")]
     BadDescriptorIndex(u16),
+    /// A chain loops, or is longer than its table.
     #[error("descriptor chain is longer than its descriptor table, the ring's or an indirect one (a loop)")]
     ChainTooLong,
+    /// An indirect descriptor the driver may not use.
     #[error("indirect descriptors were not negotiated")]
     UnexpectedIndirect,
+    /// An indirect table (of this many bytes) the device cannot read.
     #[error(
         "an indirect descriptor table of {0} bytes is empty, not whole 16-byte descriptors, more than {MAX_INDIRECT_DESCRIPTORS} descriptors or outside guest RAM"
     )]
     BadIndirectTable(u32),
+    /// An indirect descriptor inside an indirect table, or one with a next descriptor.
     #[error(
         "an indirect descriptor table holds an indirect descriptor, or the indirect descriptor has a next"
     )]
     NestedIndirect,
+    /// A head made available again before the device returned it.
     #[error("descriptor chain {0} was made available again while the device still held it")]
     HeadInUse(u16),
 }

@@ -41,20 +41,51 @@ pub fn queue_region_size(queue_size: u16) -> u64 {
 
 /// Why a queue's in-flight area cannot be trusted: the queue is not served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum InflightError {
+    /// A version this code does not know.
     #[error("in-flight area version {0}: expected 0 (new) or {INFLIGHT_VERSION}")]
     BadVersion(u16),
+    /// The area's descriptor count is not the one the region was made for.
     #[error("in-flight area holds {found} descriptors, the region was set up for {expected}")]
-    BadDescNum { found: u16, expected: u16 },
+    BadDescNum {
+        /// What the area says.
+        found: u16,
+        /// What the region was set up for.
+        expected: u16,
+    },
+    /// The queue has more descriptors than the area has entries.
     #[error("the queue has {queue} descriptors, more than the in-flight area's {area}")]
-    QueueLargerThanArea { queue: u16, area: u16 },
+    QueueLargerThanArea {
+        /// The queue's size.
+        queue: u16,
+        /// The area's entries.
+        area: u16,
+    },
+    /// A head marked in flight is not a descriptor of the queue.
     #[error("in-flight head {head} is outside the queue of {size} descriptors")]
-    HeadOutOfRange { head: u16, size: u16 },
+    HeadOutOfRange {
+        /// The head.
+        head: u16,
+        /// The queue's size.
+        size: u16,
+    },
+    /// An entry's in-flight flag is neither 0 nor 1.
     #[error("in-flight entry {head} has inflight byte {value}: expected 0 or 1")]
-    BadInflightByte { head: u16, value: u8 },
+    BadInflightByte {
+        /// The entry.
+        head: u16,
+        /// Its flag byte.
+        value: u8,
+    },
+    /// The last batch lists more used elements than the queue holds.
     #[error("the last batch holds {batch} used elements, more than the queue's {size}")]
-    BatchTooLarge { batch: u16, size: u16 },
+    BatchTooLarge {
+        /// Elements listed.
+        batch: u16,
+        /// The queue's size.
+        size: u16,
+    },
+    /// The last batch's list reaches a head that was not in flight (or reaches one twice).
     #[error("the last batch's list reaches head {0}, which was not in flight (or twice)")]
     BatchNotInFlight(u16),
 }
