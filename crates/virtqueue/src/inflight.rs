@@ -114,6 +114,7 @@ impl InflightArea {
         InflightArea { base, capacity, _mapping: mapping }
     }
 
+    #[inline]
     fn u16_at(&self, offset: usize) -> &AtomicU16 {
         assert!(offset + 2 <= HEADER_LEN + DESC_LEN * self.capacity as usize);
         // SAFETY: in bounds of the area (checked above, `new`'s contract), 2-byte aligned (all
@@ -121,12 +122,14 @@ impl InflightArea {
         unsafe { AtomicU16::from_ptr(self.base.add(offset).cast()) }
     }
 
+    #[inline]
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
         assert!(offset + 8 <= HEADER_LEN + DESC_LEN * self.capacity as usize);
         // SAFETY: as in `u16_at`; the offsets used are multiples of 8.
         unsafe { AtomicU64::from_ptr(self.base.add(offset).cast()) }
     }
 
+    #[inline]
     fn u8_at(&self, offset: usize) -> &AtomicU8 {
         assert!(offset < HEADER_LEN + DESC_LEN * self.capacity as usize);
         // SAFETY: in bounds (checked above), mapped while `self` lives.
@@ -139,19 +142,24 @@ impl InflightArea {
     fn desc_num(&self) -> &AtomicU16 {
         self.u16_at(10)
     }
+    #[inline]
     fn last_batch_head(&self) -> &AtomicU16 {
         self.u16_at(12)
     }
+    #[inline]
     fn used_idx(&self) -> &AtomicU16 {
         self.u16_at(14)
     }
     /// Entry `head`'s `inflight` byte; `head < capacity`.
+    #[inline]
     fn inflight(&self, head: u16) -> &AtomicU8 {
         self.u8_at(HEADER_LEN + DESC_LEN * head as usize)
     }
+    #[inline]
     fn next(&self, head: u16) -> &AtomicU16 {
         self.u16_at(HEADER_LEN + DESC_LEN * head as usize + 6)
     }
+    #[inline]
     fn counter(&self, head: u16) -> &AtomicU64 {
         self.u64_at(HEADER_LEN + DESC_LEN * head as usize + 8)
     }
@@ -288,11 +296,13 @@ impl InflightTracker {
     }
 
     /// The heads recovery found in flight, oldest first, that are still to be served again.
+    #[inline]
     pub fn pending_resubmits(&self) -> &[u16] {
         &self.resubmit[self.resubmit_next..self.resubmit_len]
     }
 
     /// The next head to serve again, if any.
+    #[inline]
     pub fn next_resubmit(&mut self) -> Option<u16> {
         let head = *self.resubmit[..self.resubmit_len].get(self.resubmit_next)?;
         self.resubmit_next += 1;
@@ -300,6 +310,7 @@ impl InflightTracker {
     }
 
     /// Mark `head` (below the queue size) in flight, taken after every head marked before.
+    #[inline]
     pub fn mark_in_flight(&mut self, head: u16) {
         self.area.counter(head).store(self.counter, Ordering::Relaxed);
         self.counter = self.counter.wrapping_add(1);
@@ -309,6 +320,7 @@ impl InflightTracker {
     }
 
     /// Before the used index moves: record the batch about to be published.
+    #[inline]
     pub fn link_batch(&mut self, heads: &[u16]) {
         let Some((&first, _)) = heads.split_first() else { return };
         self.area.last_batch_head().store(first, Ordering::Relaxed);
@@ -320,6 +332,7 @@ impl InflightTracker {
     }
 
     /// After the used index moved to `used`: the batch is no longer in flight.
+    #[inline]
     pub fn clear_batch(&mut self, heads: &[u16], used: u16) {
         fence(Ordering::Release);
         for &head in heads {
