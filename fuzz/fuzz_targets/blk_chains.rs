@@ -22,11 +22,11 @@ use virtio::block::request::{
     VIRTIO_BLK_T_OUT,
 };
 use virtio::block::{BlockWorker, DiskInfo};
-use virtio::queue::{
+use virtqueue::queue::{
     Queue, QueueConfig, MAX_INDIRECT_DESCRIPTORS, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT,
     VIRTQ_DESC_F_WRITE,
 };
-use virtio::QueueWorker;
+use virtqueue::QueueWorker;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 /// Where the request's header and status byte go (queue 1's ring area, unused here).

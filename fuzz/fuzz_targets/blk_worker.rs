@@ -12,8 +12,8 @@ use exitless_fuzz::{guest_memory, queue_config, ram_disk, signals, DriverRing, M
 use libfuzzer_sys::fuzz_target;
 use storage::Backend;
 use virtio::block::{BlockWorker, DiskInfo};
-use virtio::queue::Queue;
-use virtio::QueueWorker;
+use virtqueue::queue::Queue;
+use virtqueue::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 
 fuzz_target!(|data: &[u8]| {

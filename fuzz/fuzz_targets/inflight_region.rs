@@ -16,8 +16,8 @@ use std::sync::Arc;
 use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{guest_memory, queue_config, DriverRing, MAX_STEPS};
 use libfuzzer_sys::fuzz_target;
-use virtio::inflight::{queue_region_size, InflightArea, INFLIGHT_VERSION};
-use virtio::queue::Queue;
+use virtqueue::inflight::{queue_region_size, InflightArea, INFLIGHT_VERSION};
+use virtqueue::queue::Queue;
 use vm_memory::{Bytes, GuestAddress};
 
 fuzz_target!(|data: &[u8]| {

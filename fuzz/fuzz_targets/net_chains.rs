@@ -12,8 +12,8 @@ use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{address, guest_memory, queue_config, signals, DriverRing, MAX_STEPS};
 use libfuzzer_sys::fuzz_target;
 use virtio::net::{NetCounters, NetWorker, MAX_FRAME_LEN, MIN_FRAME_LEN, NET_HDR_LEN};
-use virtio::queue::{Queue, VIRTQ_DESC_F_WRITE};
-use virtio::QueueWorker;
+use virtqueue::queue::{Queue, VIRTQ_DESC_F_WRITE};
+use virtqueue::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 
 /// The device's end and the network's end of one socket pair per thread.

@@ -8,7 +8,7 @@
 use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{guest_memory, queue_config, DriverRing, MAX_STEPS};
 use libfuzzer_sys::fuzz_target;
-use virtio::queue::Queue;
+use virtqueue::queue::Queue;
 use vm_memory::{Bytes, GuestAddress};
 
 fuzz_target!(|data: &[u8]| {

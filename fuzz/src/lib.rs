@@ -20,7 +20,7 @@ use virtio::block::request::{
     VIRTIO_BLK_T_WRITE_ZEROES,
 };
 use virtio::interrupt::InterruptLine;
-use virtio::queue::{
+use virtqueue::queue::{
     QueueConfig, MAX_QUEUE_SIZE, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
 };
 use virtio::DeviceSignals;

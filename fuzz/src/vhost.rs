@@ -12,7 +12,7 @@ use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
 use vhost_user_protocol::message::{
     code, Header, InflightInfo, MemoryRegion, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_F_LOG, VRING_NOFD,
 };
-use virtio::{QueueWorker, WorkerHost};
+use virtqueue::{QueueWorker, WorkerHost};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use vmm_sys_util::eventfd::EventFd;
 

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use thiserror::Error;
-use virtio::{QueueWorker, WorkerHost};
+use virtqueue::{QueueWorker, WorkerHost};
 use vmm_sys_util::eventfd::EventFd;
 
 /// How long `detach` waits for the IOCore to hand a worker back.

@@ -11,8 +11,8 @@ use storage::{Backend, Completion, Op, Segment};
 use virtio::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
 use virtio::block::{BlockWorker, DiskInfo};
 use virtio::interrupt::InterruptLine;
-use virtio::queue::{Queue, QueueConfig, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use virtio::DeviceSignals;
+use virtqueue::queue::{Queue, QueueConfig, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;

@@ -21,7 +21,8 @@ use thiserror::Error;
 use unix_socket::Access;
 use vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
 use virtio::block::Block;
-use virtio::{DeviceStats, WorkerHost};
+use virtio::DeviceStats;
+use virtqueue::WorkerHost;
 
 use crate::api_dirs::{self, ApiDiskDirs, DiskDirError};
 use crate::placement::Placement;

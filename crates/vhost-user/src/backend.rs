@@ -18,10 +18,9 @@ use rate_limiter::RateLimiter;
 use virtio::block::device::CONFIG_WRITEBACK;
 use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
-use virtio::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
-use virtio::{
-    DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
-};
+use virtio::{DeviceSignals, DeviceStats, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC};
+use virtqueue::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
+use virtqueue::WorkerHost;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::Error;

@@ -7,8 +7,8 @@ use std::io;
 use thiserror::Error;
 use vhost_user_protocol::message::MAX_CONFIG_SIZE;
 use virtio::block::device::CONFIG_WRITEBACK;
-use virtio::queue::QueueError;
 use virtio::ActivateError;
+use virtqueue::queue::QueueError;
 
 /// Why a message was refused or a connection (or the server) failed.
 #[derive(Debug, Error)]

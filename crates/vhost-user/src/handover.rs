@@ -619,7 +619,7 @@ mod tests {
     use std::sync::Mutex;
 
     use virtio::block::Block;
-    use virtio::{QueueWorker, WorkerHost};
+    use virtqueue::{QueueWorker, WorkerHost};
 
     use super::*;
 

@@ -1,5 +1,5 @@
 //! The in-flight tracking region (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD): shared memory in
-//! which each ring's worker marks the requests it holds (`virtio::inflight`), so that a daemon
+//! which each ring's worker marks the requests it holds (`virtqueue::inflight`), so that a daemon
 //! restarted after a crash resubmits them. GET_INFLIGHT_FD makes one (a sealed memfd, zeroed);
 //! the frontend keeps it and hands it back with SET_INFLIGHT_FD, to this daemon or to the next.
 //!
@@ -7,14 +7,14 @@
 //! unless its queue count and size fit this device, its size holds every queue's area, its
 //! offset is page-aligned, and its descriptor is a memory file that reaches that far and is
 //! sealed against shrinking (so that no access to it can raise SIGBUS). Its contents are checked
-//! when a ring starts (`virtio::inflight::InflightTracker::recover`).
+//! when a ring starts (`virtqueue::inflight::InflightTracker::recover`).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use vhost_user_protocol::message::InflightInfo;
-use virtio::inflight::{queue_region_size, InflightArea};
-use virtio::queue::MAX_QUEUE_SIZE;
+use virtqueue::inflight::{queue_region_size, InflightArea};
+use virtqueue::queue::MAX_QUEUE_SIZE;
 
 use crate::error::Error;
 use crate::shm::SharedMapping;

@@ -1,18 +1,18 @@
 //! The dirty log of a live migration (VHOST_F_LOG_ALL with VHOST_USER_PROTOCOL_F_LOG_SHMFD):
 //! a bitmap, one bit per 4 KiB page of guest-physical memory, in a memory file the frontend
 //! shares with SET_LOG_BASE. Rings started while logging is on mark in it every guest page
-//! their worker writes (`virtio::dirty`).
+//! their worker writes (`virtqueue::dirty`).
 //!
 //! SET_LOG_BASE is the frontend's word: it is refused, before anything is mapped, unless its
 //! size is not 0 and a whole number of 64-bit words (the log is accessed only in 64-bit words,
-//! see `virtio::dirty`), its offset is page-aligned, and its descriptor is a memory file sealed
+//! see `virtqueue::dirty`), its offset is page-aligned, and its descriptor is a memory file sealed
 //! against shrinking (QEMU's is: so no access can raise SIGBUS) that reaches that far. Whether
 //! the log covers guest memory is checked against the memory table (`Session`).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use virtio::dirty::{DirtyLog, LOG_WORD};
+use virtqueue::dirty::{DirtyLog, LOG_WORD};
 
 use crate::error::Error;
 use crate::shm::SharedMapping;

@@ -1,23 +1,20 @@
-//! virtio for exitless: split virtqueues over untrusted guest memory, the virtio-mmio transport,
-//! and the virtio-blk device model. Device models do not know which I/O mode drives them: a
-//! [`QueueWorker`] is polled by whoever owns it (the vCPU thread in `trap` mode, an IOCore
-//! thread otherwise).
+//! virtio for exitless: the virtio-mmio transport and the virtio-blk and virtio-net device
+//! models, over the queues of the `virtqueue` crate. Device models do not know which I/O mode
+//! drives them: a worker (`virtqueue::QueueWorker`) is polled by whoever owns it (the vCPU
+//! thread in `trap` mode, an IOCore thread otherwise).
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 pub mod block;
 pub mod device;
-pub mod dirty;
-pub mod inflight;
 pub mod interrupt;
 pub mod mmio;
 pub mod net;
-pub mod queue;
 
 pub use device::{
-    ActivateError, DeviceSignals, DeviceStats, DeviceStatsSnapshot, QueueWorker, RequestCounters,
-    VirtioDevice, WorkerHost, Workers, STATS_QUEUES,
+    ActivateError, DeviceSignals, DeviceStats, DeviceStatsSnapshot, RequestCounters, VirtioDevice, Workers,
+    STATS_QUEUES,
 };
 
 /// Feature bit: descriptors may point to tables of descriptors.

@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use virtqueue::dirty::DirtyLog;
+use virtqueue::queue::{Queue, QueueConfig};
+use virtqueue::WorkerHost;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{DeviceSignals, DeviceStats, VirtioDevice, WorkerHost, Workers};
+use crate::device::{DeviceSignals, DeviceStats, VirtioDevice, Workers};
 use crate::interrupt::InterruptLine;
-use crate::queue::{Queue, QueueConfig};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use state::{QueueState as SavedQueue, StateError, TransportState, CONFIG_SAVED};
 
@@ -119,7 +121,7 @@ pub struct MmioTransport {
     /// The workers, while the transport runs them (`Runner::OnNotify`), by worker.
     local_workers: Workers,
     /// A live migration's dirty log, given to every worker started while it is on.
-    dirty_log: Option<crate::dirty::DirtyLog>,
+    dirty_log: Option<DirtyLog>,
     /// Which workers are out (here or with the host), by worker; empty while inactive.
     started: Vec<bool>,
     /// The workers taken back from the host while the VM is paused (`pause`), by worker; empty
@@ -497,7 +499,7 @@ impl MmioTransport {
     /// write (a live migration). The workers are drained first (a pause), their log switched,
     /// then given back unless the transport was paused already. On error the transport is
     /// left as it was found, workers logging nothing.
-    pub fn set_dirty_log(&mut self, log: Option<crate::dirty::DirtyLog>) -> Result<(), StateError> {
+    pub fn set_dirty_log(&mut self, log: Option<DirtyLog>) -> Result<(), StateError> {
         let was_paused = self.paused;
         let outcome = self.pause().and_then(|()| {
             let held = match self.runner {

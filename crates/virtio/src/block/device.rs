@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use storage::{Backend, MAX_SEGMENTS, SECTOR_SIZE};
+use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
+use virtqueue::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 
 use super::request::{ID_LEN, MAX_RANGES, MAX_RANGE_SECTORS};
@@ -14,8 +16,7 @@ use super::{
     VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY,
     VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
-use crate::device::{read_config_bytes, ActivateError, DeviceSignals, QueueWorker, VirtioDevice, Workers};
-use crate::queue::{Queue, MAX_QUEUE_SIZE};
+use crate::device::{read_config_bytes, ActivateError, DeviceSignals, VirtioDevice, Workers};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
 /// The largest data descriptor the driver may use (`size_max`). SeaBIOS's virtio-blk driver

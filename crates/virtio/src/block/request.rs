@@ -12,11 +12,11 @@
 //! ranges, a range beyond the disk or longer than the configured maximum, and a read-only disk.
 
 use storage::{Segment, MAX_SEGMENTS, SECTOR_SIZE};
+use virtqueue::queue::{Descriptor, Queue, QueueError};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::device::SIZE_MAX;
 use super::worker::DiskInfo;
-use crate::queue::{Descriptor, Queue, QueueError};
 use vm_memory::VolatileSlice;
 
 // Request types, the header's `type` (virtio 1.x §5.2.6).

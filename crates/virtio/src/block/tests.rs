@@ -5,13 +5,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use storage::ram::RamDisk;
+use virtqueue::queue::*;
+use virtqueue::QueueWorker;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::request::*;
 use super::{BlockWorker, DiskInfo};
-use crate::device::{DeviceSignals, QueueWorker};
+use crate::device::DeviceSignals;
 use crate::interrupt::InterruptLine;
-use crate::queue::*;
 
 const MEM: usize = 4 << 20;
 const DESC: u64 = 0x1000;

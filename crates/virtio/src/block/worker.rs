@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 use metrics::latency::LocalHistogram;
 use rate_limiter::RateLimiter;
 use storage::{Backend, Completion, IoError, Op, Segment, MAX_SEGMENTS};
+use virtqueue::dirty::DirtyLog;
+use virtqueue::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
+use virtqueue::QueueWorker;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice};
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
     VIRTIO_BLK_S_UNSUPP,
 };
-use crate::device::{DeviceSignals, QueueWorker, RequestCounters};
-use crate::dirty::DirtyLog;
-use crate::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
+use crate::device::{DeviceSignals, RequestCounters};
 
 /// How long a reset waits for the backend to finish the worker's requests before it cancels
 /// them, unless the disk is configured otherwise ([`BlockWorker::with_reset_timeout`]; see

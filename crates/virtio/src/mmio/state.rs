@@ -5,8 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-
-use crate::queue::QueueError;
+use virtqueue::queue::QueueError;
 
 /// Bytes of configuration space saved (virtio-blk's is 60, virtio-net's 10).
 pub const CONFIG_SAVED: usize = 64;

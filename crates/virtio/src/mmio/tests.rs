@@ -5,12 +5,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use storage::ram::RamDisk;
+use virtqueue::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
 use crate::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
 use crate::block::Block;
-use crate::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 
 const MEM: usize = 1 << 20;
 const DESC: u64 = 0x1000;

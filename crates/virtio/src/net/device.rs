@@ -1,12 +1,12 @@
 //! The virtio-net device model as the transport sees it.
 
+use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
 use vm_memory::GuestMemoryMmap;
 
 use super::backend::NetBackend;
 use super::worker::NetWorker;
 use super::{VIRTIO_ID_NET, VIRTIO_NET_F_MAC};
 use crate::device::{read_config_bytes, ActivateError, DeviceSignals, VirtioDevice, Workers};
-use crate::queue::{Queue, MAX_QUEUE_SIZE};
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// Configuration space: the MAC address and the (unoffered) status word.

@@ -5,12 +5,13 @@ use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
+use virtqueue::queue::{Queue, QueueConfig, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use virtqueue::QueueWorker;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
-use crate::device::{DeviceSignals, QueueWorker};
+use crate::device::DeviceSignals;
 use crate::interrupt::InterruptLine;
-use crate::queue::{Queue, QueueConfig, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 
 const MEM: usize = 1 << 20;
 const SIZE: u16 = 16;

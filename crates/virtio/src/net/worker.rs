@@ -6,12 +6,13 @@
 
 use std::any::Any;
 
+use virtqueue::queue::{Descriptor, Queue, QueueError};
+use virtqueue::QueueWorker;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use super::backend::NetBackend;
 use super::{MAX_FRAME_LEN, MIN_FRAME_LEN, NET_HDR_LEN};
-use crate::device::{DeviceSignals, QueueWorker};
-use crate::queue::{Descriptor, Queue, QueueError};
+use crate::device::DeviceSignals;
 
 /// Descriptors one packet may use.
 const MAX_PARTS: usize = 64;

@@ -13,7 +13,8 @@ use virtio::block::{Block, FAIR_BATCH};
 use virtio::interrupt::Trigger;
 use virtio::mmio::{Hosted, MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
 use virtio::net::Net;
-use virtio::{DeviceStats, VirtioDevice, WorkerHost};
+use virtio::{DeviceStats, VirtioDevice};
+use virtqueue::WorkerHost;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 

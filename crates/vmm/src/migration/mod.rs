@@ -25,7 +25,7 @@ pub use receive::{receive, Received};
 pub(crate) use send::Sender;
 pub use transport::{MigrationTls, CA_FILE, CERT_FILE, HANDSHAKE_TIMEOUT, KEY_FILE};
 pub use url::{MigrationUrl, URL_FORMS};
-pub use virtio::dirty::DirtyBitmap;
+pub use virtqueue::dirty::DirtyBitmap;
 
 use crate::snapshot::SnapshotError;
 

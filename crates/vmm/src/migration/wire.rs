@@ -26,7 +26,7 @@ pub const TAG_PAGES: u8 = 1;
 /// The VM's state; the last record.
 pub const TAG_STATE: u8 = 2;
 /// Bytes per page sent.
-pub const PAGE: u64 = virtio::dirty::LOG_PAGE;
+pub const PAGE: u64 = virtqueue::dirty::LOG_PAGE;
 /// The most pages one record may carry (4 MiB).
 pub const MAX_RECORD_PAGES: u32 = 1024;
 /// The largest hello or state (a 64-vCPU VM's state is about 1.5 MiB).

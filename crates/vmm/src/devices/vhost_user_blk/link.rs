@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhost_user_protocol::features::{protocol, VHOST_USER_F_PROTOCOL_FEATURES};
 use vhost_user_protocol::message::{code, InflightInfo, MemoryRegion, VringAddr};
-use virtio::queue::Queue;
 use virtio::VIRTIO_F_VERSION_1;
+use virtqueue::queue::Queue;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 

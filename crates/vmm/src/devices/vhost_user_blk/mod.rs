@@ -33,11 +33,12 @@ use virtio::block::{
 };
 use virtio::device::read_config_bytes;
 use virtio::interrupt::INT_USED_BUFFER;
-use virtio::queue::{Queue, MAX_QUEUE_SIZE};
 use virtio::{
-    ActivateError, DeviceSignals, QueueWorker, VirtioDevice, Workers, VIRTIO_F_EVENT_IDX,
-    VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1,
+    ActivateError, DeviceSignals, VirtioDevice, Workers, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
+    VIRTIO_F_VERSION_1,
 };
+use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
+use virtqueue::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 

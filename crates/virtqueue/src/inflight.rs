@@ -41,20 +41,51 @@ pub fn queue_region_size(queue_size: u16) -> u64 {
 
 /// Why a queue's in-flight area cannot be trusted: the queue is not served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum InflightError {
+    /// A version this code does not know.
     #[error("in-flight area version {0}: expected 0 (new) or {INFLIGHT_VERSION}")]
     BadVersion(u16),
+    /// The area's descriptor count is not the one the region was made for.
     #[error("in-flight area holds {found} descriptors, the region was set up for {expected}")]
-    BadDescNum { found: u16, expected: u16 },
+    BadDescNum {
+        /// What the area says.
+        found: u16,
+        /// What the region was set up for.
+        expected: u16,
+    },
+    /// The queue has more descriptors than the area has entries.
     #[error("the queue has {queue} descriptors, more than the in-flight area's {area}")]
-    QueueLargerThanArea { queue: u16, area: u16 },
+    QueueLargerThanArea {
+        /// The queue's size.
+        queue: u16,
+        /// The area's entries.
+        area: u16,
+    },
+    /// A head marked in flight is not a descriptor of the queue.
     #[error("in-flight head {head} is outside the queue of {size} descriptors")]
-    HeadOutOfRange { head: u16, size: u16 },
+    HeadOutOfRange {
+        /// The head.
+        head: u16,
+        /// The queue's size.
+        size: u16,
+    },
+    /// An entry's in-flight flag is neither 0 nor 1.
     #[error("in-flight entry {head} has inflight byte {value}: expected 0 or 1")]
-    BadInflightByte { head: u16, value: u8 },
+    BadInflightByte {
+        /// The entry.
+        head: u16,
+        /// Its flag byte.
+        value: u8,
+    },
+    /// The last batch lists more used elements than the queue holds.
     #[error("the last batch holds {batch} used elements, more than the queue's {size}")]
-    BatchTooLarge { batch: u16, size: u16 },
+    BatchTooLarge {
+        /// Elements listed.
+        batch: u16,
+        /// The queue's size.
+        size: u16,
+    },
+    /// The last batch's list reaches a head that was not in flight (or reaches one twice).
     #[error("the last batch's list reaches head {0}, which was not in flight (or twice)")]
     BatchNotInFlight(u16),
 }
@@ -83,6 +114,7 @@ impl InflightArea {
         InflightArea { base, capacity, _mapping: mapping }
     }
 
+    #[inline]
     fn u16_at(&self, offset: usize) -> &AtomicU16 {
         assert!(offset + 2 <= HEADER_LEN + DESC_LEN * self.capacity as usize);
         // SAFETY: in bounds of the area (checked above, `new`'s contract), 2-byte aligned (all
@@ -90,12 +122,14 @@ impl InflightArea {
         unsafe { AtomicU16::from_ptr(self.base.add(offset).cast()) }
     }
 
+    #[inline]
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
         assert!(offset + 8 <= HEADER_LEN + DESC_LEN * self.capacity as usize);
         // SAFETY: as in `u16_at`; the offsets used are multiples of 8.
         unsafe { AtomicU64::from_ptr(self.base.add(offset).cast()) }
     }
 
+    #[inline]
     fn u8_at(&self, offset: usize) -> &AtomicU8 {
         assert!(offset < HEADER_LEN + DESC_LEN * self.capacity as usize);
         // SAFETY: in bounds (checked above), mapped while `self` lives.
@@ -108,19 +142,24 @@ impl InflightArea {
     fn desc_num(&self) -> &AtomicU16 {
         self.u16_at(10)
     }
+    #[inline]
     fn last_batch_head(&self) -> &AtomicU16 {
         self.u16_at(12)
     }
+    #[inline]
     fn used_idx(&self) -> &AtomicU16 {
         self.u16_at(14)
     }
     /// Entry `head`'s `inflight` byte; `head < capacity`.
+    #[inline]
     fn inflight(&self, head: u16) -> &AtomicU8 {
         self.u8_at(HEADER_LEN + DESC_LEN * head as usize)
     }
+    #[inline]
     fn next(&self, head: u16) -> &AtomicU16 {
         self.u16_at(HEADER_LEN + DESC_LEN * head as usize + 6)
     }
+    #[inline]
     fn counter(&self, head: u16) -> &AtomicU64 {
         self.u64_at(HEADER_LEN + DESC_LEN * head as usize + 8)
     }
@@ -257,11 +296,13 @@ impl InflightTracker {
     }
 
     /// The heads recovery found in flight, oldest first, that are still to be served again.
+    #[inline]
     pub fn pending_resubmits(&self) -> &[u16] {
         &self.resubmit[self.resubmit_next..self.resubmit_len]
     }
 
     /// The next head to serve again, if any.
+    #[inline]
     pub fn next_resubmit(&mut self) -> Option<u16> {
         let head = *self.resubmit[..self.resubmit_len].get(self.resubmit_next)?;
         self.resubmit_next += 1;
@@ -269,6 +310,7 @@ impl InflightTracker {
     }
 
     /// Mark `head` (below the queue size) in flight, taken after every head marked before.
+    #[inline]
     pub fn mark_in_flight(&mut self, head: u16) {
         self.area.counter(head).store(self.counter, Ordering::Relaxed);
         self.counter = self.counter.wrapping_add(1);
@@ -278,6 +320,7 @@ impl InflightTracker {
     }
 
     /// Before the used index moves: record the batch about to be published.
+    #[inline]
     pub fn link_batch(&mut self, heads: &[u16]) {
         let Some((&first, _)) = heads.split_first() else { return };
         self.area.last_batch_head().store(first, Ordering::Relaxed);
@@ -289,6 +332,7 @@ impl InflightTracker {
     }
 
     /// After the used index moved to `used`: the batch is no longer in flight.
+    #[inline]
     pub fn clear_batch(&mut self, heads: &[u16], used: u16) {
         fence(Ordering::Release);
         for &head in heads {

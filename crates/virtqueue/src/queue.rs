@@ -7,8 +7,6 @@
 //! not negotiated is an error the caller turns into DEVICE_NEEDS_RESET. Nothing here allocates or
 //! locks.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use thiserror::Error;
@@ -50,28 +48,36 @@ pub struct QueueConfig {
 
 /// How the driver broke a queue: the device needs a reset (DEVICE_NEEDS_RESET).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[allow(missing_docs)] // Each variant's message says what it is.
 pub enum QueueError {
+    /// The driver chose a size the queue cannot have.
     #[error("queue size {0} is not a power of two in 1..={MAX_QUEUE_SIZE}")]
     BadSize(u16),
+    /// A ring (named) is misaligned or outside guest RAM.
     #[error("the {0} ring is misaligned or not inside guest RAM")]
     BadRing(&'static str),
+    /// The avail index moved by more than the queue holds.
     #[error("the avail index moved by {0}, more than the queue size")]
     AvailIndexJump(u16),
+    /// A descriptor index beyond the table.
     #[error("descriptor index {0} is out of range")]
     BadDescriptorIndex(u16),
+    /// A chain loops, or is longer than its table.
     #[error("descriptor chain is longer than its descriptor table, the ring's or an indirect one (a loop)")]
     ChainTooLong,
+    /// An indirect descriptor the driver may not use.
     #[error("indirect descriptors were not negotiated")]
     UnexpectedIndirect,
+    /// An indirect table (of this many bytes) the device cannot read.
     #[error(
         "an indirect descriptor table of {0} bytes is empty, not whole 16-byte descriptors, more than {MAX_INDIRECT_DESCRIPTORS} descriptors or outside guest RAM"
     )]
     BadIndirectTable(u32),
+    /// An indirect descriptor inside an indirect table, or one with a next descriptor.
     #[error(
         "an indirect descriptor table holds an indirect descriptor, or the indirect descriptor has a next"
     )]
     NestedIndirect,
+    /// A head made available again before the device returned it.
     #[error("descriptor chain {0} was made available again while the device still held it")]
     HeadInUse(u16),
 }
@@ -91,6 +97,7 @@ pub struct Descriptor {
 
 impl Descriptor {
     /// A descriptor from its 16 bytes as they lie in guest memory.
+    #[inline]
     pub fn from_le_bytes(raw: [u8; 16]) -> Descriptor {
         let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, f0, f1, n0, n1] = raw;
         Descriptor {
@@ -102,6 +109,7 @@ impl Descriptor {
     }
 
     /// Does the device write this buffer?
+    #[inline]
     pub fn is_write_only(&self) -> bool {
         self.flags & VIRTQ_DESC_F_WRITE != 0
     }
@@ -217,6 +225,7 @@ impl Queue {
     }
 
     /// The guest memory the queue's rings (and its chains' buffers) live in.
+    #[inline]
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.mem
     }
@@ -230,18 +239,21 @@ impl Queue {
     }
 
     /// The number of descriptors (a power of two).
+    #[inline]
     pub fn size(&self) -> u16 {
         self.size
     }
 
     /// The index in the avail ring of the next request the device will take (vhost-user's
     /// "vring base", returned to the frontend when a ring stops).
+    #[inline]
     pub fn next_avail(&self) -> u16 {
         self.next_avail
     }
 
     /// The used ring's `idx` in guest memory now: how far whoever serves the ring (this queue,
     /// or a vhost-user daemon given its addresses) has returned requests.
+    #[inline]
     pub fn used_index(&self) -> u16 {
         self.used_u16(2).load(Ordering::Acquire)
     }
@@ -272,11 +284,13 @@ impl Queue {
     }
 
     /// The in-flight tracker, if the queue has one.
+    #[inline]
     pub fn inflight(&self) -> Option<&InflightTracker> {
         self.inflight.as_deref()
     }
 
     /// The 16-bit word at `offset` in the avail ring: at most `4 + 2 * size`.
+    #[inline]
     fn avail_u16(&self, offset: usize) -> &AtomicU16 {
         assert!(offset <= 4 + 2 * self.size as usize);
         // SAFETY: the avail ring is `6 + 2 * size` bytes of `self.mem`, checked in `new` and
@@ -286,6 +300,7 @@ impl Queue {
     }
 
     /// The 16-bit word at `offset` in the used ring: at most `4 + 8 * size`.
+    #[inline]
     fn used_u16(&self, offset: usize) -> &AtomicU16 {
         assert!(offset <= 4 + 8 * self.size as usize);
         // SAFETY: the used ring is `6 + 8 * size` bytes of `self.mem`, checked in `new` and
@@ -293,20 +308,24 @@ impl Queue {
         unsafe { AtomicU16::from_ptr(self.used.add(offset).cast()) }
     }
 
+    #[inline]
     fn avail_idx(&self) -> u16 {
         self.avail_u16(2).load(Ordering::Acquire)
     }
 
+    #[inline]
     fn avail_flags(&self) -> u16 {
         self.avail_u16(0).load(Ordering::Acquire)
     }
 
     /// `used_event`, the word after the avail ring (EVENT_IDX).
+    #[inline]
     fn used_event(&self) -> u16 {
         self.avail_u16(4 + 2 * self.size as usize).load(Ordering::Acquire)
     }
 
     /// Are there requests the device has not taken yet?
+    #[inline]
     pub fn has_avail(&self) -> Result<bool, QueueError> {
         let pending = self.avail_idx().wrapping_sub(self.next_avail);
         if pending > self.size {
@@ -318,6 +337,7 @@ impl Queue {
 
     /// Take the head of the next available chain. The device holds it until it returns it with
     /// `add_used` and `publish_used`; the driver offering it again meanwhile is an error.
+    #[inline]
     pub fn pop_avail(&mut self) -> Result<Option<u16>, QueueError> {
         // Heads a crashed predecessor held come first; they are marked held already.
         if let Some(head) = self.inflight.as_mut().and_then(|t| t.next_resubmit()) {
@@ -344,6 +364,7 @@ impl Queue {
     }
 
     /// Read descriptor `index` of the ring's table.
+    #[inline]
     pub fn descriptor(&self, index: u16) -> Result<Descriptor, QueueError> {
         if index >= self.size {
             return Err(QueueError::BadDescriptorIndex(index));
@@ -422,6 +443,7 @@ impl Queue {
     }
 
     /// Put a finished chain in the used ring (not yet visible: see `publish_used`).
+    #[inline]
     pub fn add_used(&mut self, head: u16, written: u32) {
         let slot = (self.next_used % self.size) as usize;
         // SAFETY: `slot < size`, so the element lies inside the used ring validated in `new` and
@@ -443,6 +465,7 @@ impl Queue {
 
     /// Make the used elements added so far visible to the driver, which may then offer their
     /// heads again.
+    #[inline]
     pub fn publish_used(&mut self) {
         let batch = &self.returned[..self.returned_count];
         if let Some(tracker) = &mut self.inflight {
@@ -463,6 +486,7 @@ impl Queue {
     }
 
     /// After `publish_used`: should the driver be interrupted?
+    #[inline]
     pub fn needs_interrupt(&mut self) -> bool {
         fence(Ordering::SeqCst);
         let new = self.next_used;
@@ -478,6 +502,7 @@ impl Queue {
     }
 
     /// Ask the driver not to notify (the device polls), or to notify again.
+    #[inline]
     pub fn set_notifications(&mut self, enabled: bool) {
         if self.event_idx {
             // avail_event, after the used ring: the driver notifies once avail passes it.
@@ -494,6 +519,7 @@ impl Queue {
 }
 
 /// virtio's `vring_need_event`: has `new` passed `event` since `old`?
+#[inline]
 pub fn vring_need_event(event: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
