@@ -34,16 +34,16 @@ enum BackendWait {
     OwnThreads,
 }
 
-struct Entry {
+struct Entry<W> {
     id: u64,
-    worker: Box<dyn QueueWorker>,
+    worker: W,
     notify: Option<Arc<EventFd>>,
 }
 
-pub(crate) struct Engine {
+pub(crate) struct Engine<W> {
     policy: Policy,
-    shared: Arc<Shared>,
-    entries: Vec<Entry>,
+    shared: Arc<Shared<W>>,
+    entries: Vec<Entry<W>>,
     epoll: Epoll,
     events: [EpollEvent; MAX_EVENTS],
     stats: IoCoreStats,
@@ -51,8 +51,8 @@ pub(crate) struct Engine {
     wake_cost: WakeCost,
 }
 
-impl Engine {
-    pub(crate) fn new(policy: Policy, shared: Arc<Shared>) -> std::io::Result<Engine> {
+impl<W: QueueWorker> Engine<W> {
+    pub(crate) fn new(policy: Policy, shared: Arc<Shared<W>>) -> std::io::Result<Engine<W>> {
         let epoll = Epoll::new()?;
         epoll.ctl(
             ControlOperation::Add,
