@@ -13,6 +13,7 @@ mod backend_threads;
 mod busy;
 mod contention;
 mod engine;
+mod idle;
 mod idle_class;
 mod wait;
 mod watch;
@@ -110,7 +111,7 @@ pub struct IoCoreStats {
     /// sooner when idle.
     pub yields: u64,
     /// Times another thread held an idle-class IOCore off its core and it went back to being a
-    /// batch thread for a while (see `Engine::run`).
+    /// batch thread for a while (see `idle_class`).
     pub held_off: u64,
 }
 
@@ -282,7 +283,7 @@ pub fn keep_current_thread_off(cpu: usize) -> std::io::Result<()> {
 /// priority the kworker held its own and both ran alike, so this guards a VMM its operator
 /// prioritises (docs/tuning.md). Polling and
 /// notified IOCores are batch threads, and pinned ones then move on to the idle class
-/// (`idle_class`); adaptive ones are not (see `Engine::run`).
+/// (`idle_class`); adaptive ones are not (see `Idle::enter`).
 pub fn schedule_as_batch() -> std::io::Result<()> {
     set_scheduling_class(libc::SCHED_BATCH)
 }
