@@ -12,6 +12,7 @@ use vhost_user::backend::OFFERED_PROTOCOL_FEATURES;
 use vhost_user_protocol::message::{
     code, Header, InflightInfo, MemoryRegion, VringAddr, FLAG_NEED_REPLY, VERSION, VRING_F_LOG, VRING_NOFD,
 };
+use virtio::block::BlockWorker;
 use virtqueue::{QueueWorker, WorkerHost};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 use vmm_sys_util::eventfd::EventFd;
@@ -27,17 +28,17 @@ pub const FRONTEND_BASE: u64 = 0x7f00_0000_0000;
 /// thread, so every input runs the same way.
 #[derive(Default)]
 pub struct InlineHost {
-    workers: Mutex<Vec<(u64, Box<dyn QueueWorker>)>>,
+    workers: Mutex<Vec<(u64, BlockWorker)>>,
 }
 
-impl WorkerHost for InlineHost {
-    fn attach(&self, id: u64, worker: Box<dyn QueueWorker>, _notify: Option<Arc<EventFd>>) {
+impl WorkerHost<BlockWorker> for InlineHost {
+    fn attach(&self, id: u64, worker: BlockWorker, _notify: Option<Arc<EventFd>>) {
         let mut workers = self.workers.lock().unwrap();
         assert!(workers.iter().all(|(other, _)| *other != id), "worker {id:#x} attached twice");
         workers.push((id, worker));
     }
 
-    fn detach(&self, id: u64) -> Option<Box<dyn QueueWorker>> {
+    fn detach(&self, id: u64) -> Option<BlockWorker> {
         let mut workers = self.workers.lock().unwrap();
         let at = workers.iter().position(|(other, _)| *other == id)?;
         Some(workers.swap_remove(at).1)

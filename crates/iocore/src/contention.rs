@@ -5,9 +5,9 @@
 //! A spinning thread that waits for its core while it wants to run is taking turns with other
 //! runnable threads there: the scheduler gives each its fair share, so spinning through an idle
 //! budget takes that share from work that had something to do (an echo responder, the guest's
-//! other threads, a build). The IOCore then "yields": it sleeps sooner when idle (see the
-//! engine), for a hold time that doubles while the contention is found again each time the hold
-//! ends, so a competitor that stays costs it one probe window per hold.
+//! other threads, a build). The IOCore then "yields": it sleeps sooner when idle (see `idle`),
+//! for a hold time that doubles while the contention is found again each time the hold ends, so
+//! a competitor that stays costs it one probe window per hold.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

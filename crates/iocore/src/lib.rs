@@ -13,6 +13,7 @@ mod backend_threads;
 mod busy;
 mod contention;
 mod engine;
+mod idle;
 mod idle_class;
 mod wait;
 mod watch;
@@ -67,17 +68,17 @@ pub enum IoCoreError {
     Clock(#[source] std::io::Error),
 }
 
-enum Command {
-    Attach { id: u64, worker: Box<dyn QueueWorker>, notify: Option<Arc<EventFd>> },
-    Detach { id: u64, reply: SyncSender<Option<Box<dyn QueueWorker>>> },
+enum Command<W> {
+    Attach { id: u64, worker: W, notify: Option<Arc<EventFd>> },
+    Detach { id: u64, reply: SyncSender<Option<W>> },
 }
 
 /// What the serving thread and its handle share.
-struct Shared {
+struct Shared<W> {
     /// Set when `commands` has something, or the IOCore should stop.
     pending: AtomicBool,
     stop: AtomicBool,
-    commands: Mutex<Vec<Command>>,
+    commands: Mutex<Vec<Command<W>>>,
     /// Wakes the thread from epoll when a command arrives.
     wake: EventFd,
     /// Where the thread's time went (see [`IoCore::times`]).
@@ -110,23 +111,23 @@ pub struct IoCoreStats {
     /// sooner when idle.
     pub yields: u64,
     /// Times another thread held an idle-class IOCore off its core and it went back to being a
-    /// batch thread for a while (see `Engine::run`).
+    /// batch thread for a while (see `idle_class`).
     pub held_off: u64,
 }
 
-/// A thread that serves the queues of one or more virtio devices (their `QueueWorker`s): the
-/// IOCore, or sidecore, of the papers. Workers are attached and detached while it runs
-/// (`WorkerHost`); how it waits for work is its `Policy`.
-pub struct IoCore {
-    shared: Arc<Shared>,
+/// A thread that serves the queues of one or more virtio devices (their `QueueWorker`s, all of
+/// type `W`): the IOCore, or sidecore, of the papers. Workers are attached and detached while it
+/// runs (`WorkerHost`); how it waits for work is its `Policy`.
+pub struct IoCore<W> {
+    shared: Arc<Shared<W>>,
     thread: Mutex<Option<JoinHandle<IoCoreStats>>>,
     /// The thread's CPU-time clock, to measure how much of a core it used.
     clock: libc::clockid_t,
 }
 
-impl IoCore {
+impl<W: QueueWorker + 'static> IoCore<W> {
     /// Start the IOCore thread, pinned to `cpu` if given, with no seccomp filter.
-    pub fn spawn(policy: Policy, cpu: Option<usize>) -> Result<IoCore, IoCoreError> {
+    pub fn spawn(policy: Policy, cpu: Option<usize>) -> Result<IoCore<W>, IoCoreError> {
         IoCore::spawn_confined(policy, cpu, sandbox::Filter::off(sandbox::ThreadKind::IoCore))
     }
 
@@ -136,7 +137,7 @@ impl IoCore {
         policy: Policy,
         cpu: Option<usize>,
         filter: sandbox::Filter,
-    ) -> Result<IoCore, IoCoreError> {
+    ) -> Result<IoCore<W>, IoCoreError> {
         let shared = Arc::new(Shared {
             pending: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -163,7 +164,9 @@ impl IoCore {
         };
         Ok(IoCore { shared, thread: Mutex::new(Some(thread)), clock })
     }
+}
 
+impl<W> IoCore<W> {
     /// CPU time the IOCore thread has used so far; `None` once it has stopped.
     pub fn cpu_time(&self) -> Option<Duration> {
         // Held across the clock read: `stop` joins the thread only under this lock.
@@ -195,26 +198,26 @@ impl IoCore {
         handle.join().ok()
     }
 
-    fn send(&self, command: Command) {
+    fn send(&self, command: Command<W>) {
         self.shared.commands.lock().unwrap_or_else(|p| p.into_inner()).push(command);
         self.shared.pending.store(true, Ordering::Release);
         let _ = self.shared.wake.write(1);
     }
 }
 
-impl WorkerHost for IoCore {
-    fn attach(&self, id: u64, worker: Box<dyn QueueWorker>, notify: Option<Arc<EventFd>>) {
+impl<W: QueueWorker> WorkerHost<W> for IoCore<W> {
+    fn attach(&self, id: u64, worker: W, notify: Option<Arc<EventFd>>) {
         self.send(Command::Attach { id, worker, notify });
     }
 
-    fn detach(&self, id: u64) -> Option<Box<dyn QueueWorker>> {
+    fn detach(&self, id: u64) -> Option<W> {
         let (reply, answer): (_, Receiver<_>) = mpsc::sync_channel(1);
         self.send(Command::Detach { id, reply });
         answer.recv_timeout(DETACH_TIMEOUT).ok().flatten()
     }
 }
 
-impl Drop for IoCore {
+impl<W> Drop for IoCore<W> {
     fn drop(&mut self) {
         self.stop();
     }
@@ -280,7 +283,7 @@ pub fn keep_current_thread_off(cpu: usize) -> std::io::Result<()> {
 /// priority the kworker held its own and both ran alike, so this guards a VMM its operator
 /// prioritises (docs/tuning.md). Polling and
 /// notified IOCores are batch threads, and pinned ones then move on to the idle class
-/// (`idle_class`); adaptive ones are not (see `Engine::run`).
+/// (`idle_class`); adaptive ones are not (see `Idle::enter`).
 pub fn schedule_as_batch() -> std::io::Result<()> {
     set_scheduling_class(libc::SCHED_BATCH)
 }

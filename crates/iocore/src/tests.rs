@@ -31,12 +31,10 @@ struct Guest {
     _disk: tempfile::TempPath,
 }
 
-fn guest_and_worker() -> (Guest, Box<dyn QueueWorker>) {
-    let (guest, worker) = guest_and_block_worker();
-    (guest, Box::new(worker))
-}
+/// The IOCore of these tests: it serves virtio-blk workers.
+type BlockCore = IoCore<BlockWorker>;
 
-fn guest_and_block_worker() -> (Guest, BlockWorker) {
+fn guest_and_worker() -> (Guest, BlockWorker) {
     let path = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap().into_temp_path();
     let disk = RamDisk::create(&path, 1 << 20).unwrap();
     guest_and_block_worker_on(Box::new(disk), path)
@@ -103,7 +101,7 @@ impl Guest {
 #[test]
 fn polling_serves_without_notifications_and_hands_the_worker_back() {
     let (mut guest, worker) = guest_and_worker();
-    let iocore = IoCore::spawn(Policy::Polling, None).unwrap();
+    let iocore = BlockCore::spawn(Policy::Polling, None).unwrap();
     iocore.attach(7, worker, None);
     for n in 1..=3 {
         guest.submit_read();
@@ -121,7 +119,7 @@ fn polling_serves_without_notifications_and_hands_the_worker_back() {
 fn its_time_splits_into_busy_and_idle_while_it_runs() {
     let started = std::time::Instant::now();
     let (mut guest, worker) = guest_and_worker();
-    let iocore = IoCore::spawn(Policy::Polling, None).unwrap();
+    let iocore = BlockCore::spawn(Policy::Polling, None).unwrap();
     iocore.attach(7, worker, None);
     guest.submit_read();
     assert!(guest.wait_served(1));
@@ -139,7 +137,7 @@ fn its_time_splits_into_busy_and_idle_while_it_runs() {
 fn notified_serves_when_the_eventfd_fires() {
     let (mut guest, worker) = guest_and_worker();
     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-    let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
+    let iocore = BlockCore::spawn(Policy::Notified, None).unwrap();
     iocore.attach(1, worker, Some(notify.clone()));
     for n in 1..=3 {
         guest.submit_read();
@@ -156,7 +154,7 @@ fn notified_serves_when_the_eventfd_fires() {
 fn adaptive_sleeps_when_idle_and_wakes_on_a_notification() {
     let (mut guest, worker) = guest_and_worker();
     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-    let iocore = IoCore::spawn(Policy::Adaptive { idle: Duration::from_micros(50) }, None).unwrap();
+    let iocore = BlockCore::spawn(Policy::Adaptive { idle: Duration::from_micros(50) }, None).unwrap();
     iocore.attach(1, worker, Some(notify.clone()));
     // As a driver does (EVENT_IDX): notify if the device asked. It usually polls still, but a
     // test thread held off longer than the idle budget finds it asleep.
@@ -185,7 +183,7 @@ fn adaptive_sleeps_when_idle_and_wakes_on_a_notification() {
 static ONE_BUSY_CORE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The IOCore thread's scheduling class.
-fn scheduling_class(iocore: &IoCore) -> libc::c_int {
+fn scheduling_class(iocore: &BlockCore) -> libc::c_int {
     // A thread's CPU clock id is its thread id complemented and shifted left by three (Linux's
     // MAKE_THREAD_CPUCLOCK).
     let tid = !(iocore.clock >> 3);
@@ -213,7 +211,7 @@ fn a_thread_kept_off_a_cpu_may_run_on_every_other_one() {
 
 #[test]
 fn pinning_to_a_cpu_that_does_not_exist_fails_cleanly() {
-    assert!(matches!(IoCore::spawn(Policy::Polling, Some(100_000)), Err(IoCoreError::Pin { .. })));
+    assert!(matches!(BlockCore::spawn(Policy::Polling, Some(100_000)), Err(IoCoreError::Pin { .. })));
 }
 
 /// Regression: a normal IOCore woken by each completion preempted the kworker that finishes
@@ -227,7 +225,7 @@ fn polling_and_notified_iocores_are_batch_threads_whose_wake_ups_do_not_preempt_
         (Policy::Notified, libc::SCHED_BATCH),
         (Policy::Adaptive { idle: DEFAULT_IDLE_BUDGET }, libc::SCHED_OTHER),
     ] {
-        let iocore = IoCore::spawn(policy, None).unwrap();
+        let iocore = BlockCore::spawn(policy, None).unwrap();
         assert_eq!(scheduling_class(&iocore), expected, "{policy:?}");
         iocore.stop();
     }
@@ -245,17 +243,17 @@ fn pinned_polling_and_notified_iocores_run_in_the_idle_class() {
         (Policy::Notified, libc::SCHED_IDLE),
         (Policy::Adaptive { idle: DEFAULT_IDLE_BUDGET }, libc::SCHED_OTHER),
     ] {
-        let iocore = IoCore::spawn(policy, Some(cpu)).unwrap();
+        let iocore = BlockCore::spawn(policy, Some(cpu)).unwrap();
         assert_eq!(scheduling_class(&iocore), expected, "{policy:?}");
         iocore.stop();
     }
 }
 
 /// A confined polling IOCore pinned to `cpu`, in the idle class, its guest's first request served.
-fn polling_in_the_idle_class(cpu: usize) -> (Guest, IoCore) {
+fn polling_in_the_idle_class(cpu: usize) -> (Guest, BlockCore) {
     let (mut guest, worker) = guest_and_worker();
     let filter = sandbox::Filter::new(sandbox::ThreadKind::IoCore, sandbox::SeccompMode::Kill).unwrap();
-    let iocore = IoCore::spawn_confined(Policy::Polling, Some(cpu), filter).unwrap();
+    let iocore = BlockCore::spawn_confined(Policy::Polling, Some(cpu), filter).unwrap();
     iocore.attach(1, worker, None);
     guest.submit_read();
     assert!(guest.wait_served(1));
@@ -359,7 +357,7 @@ fn a_busy_thread_on_its_core_sends_a_notified_idle_class_iocore_to_the_normal_cl
     let (mut guest, worker) = guest_and_worker();
     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
     let filter = sandbox::Filter::new(sandbox::ThreadKind::IoCore, sandbox::SeccompMode::Kill).unwrap();
-    let iocore = IoCore::spawn_confined(Policy::Notified, Some(cpu), filter).unwrap();
+    let iocore = BlockCore::spawn_confined(Policy::Notified, Some(cpu), filter).unwrap();
     iocore.attach(1, worker, Some(notify.clone()));
     let class_of_iocore = || scheduling_class(&iocore);
     // The busy thread: on the IOCore's core, real-time, so that after each notification it
@@ -401,14 +399,14 @@ fn a_busy_thread_on_its_core_sends_a_notified_idle_class_iocore_to_the_normal_cl
 #[test]
 fn a_request_held_back_by_a_rate_limit_is_served_later_without_a_notification_or_a_spin() {
     use rate_limiter::{Limits, RateLimiter};
-    let (mut guest, worker) = guest_and_block_worker();
+    let (mut guest, worker) = guest_and_worker();
     // One request a second: the second request waits about a second for its token, however slowly
     // this host served the first.
     let limiter = Arc::new(RateLimiter::new(Limits { iops: Some(1), bandwidth: None }));
     let worker = worker.with_rate_limiter(limiter.clone());
     let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-    let iocore = IoCore::spawn(Policy::Notified, None).unwrap();
-    iocore.attach(1, Box::new(worker), Some(notify.clone()));
+    let iocore = BlockCore::spawn(Policy::Notified, None).unwrap();
+    iocore.attach(1, worker, Some(notify.clone()));
     guest.submit_read();
     notify.write(1).unwrap();
     assert!(guest.wait_served(1), "the first request: within the burst");
@@ -483,8 +481,8 @@ fn waiting_for_the_disk_sleeps_on_its_completion_descriptor_in_every_policy() {
             HeldDisk { release: release.clone(), held: Vec::with_capacity(SIZE.into()), own_threads: false };
         let (mut guest, worker) = guest_and_block_worker_on(Box::new(disk), path);
         let notify = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-        let iocore = IoCore::spawn(policy, None).unwrap();
-        iocore.attach(1, Box::new(worker), Some(notify.clone()));
+        let iocore = BlockCore::spawn(policy, None).unwrap();
+        iocore.attach(1, worker, Some(notify.clone()));
         guest.submit_read();
         notify.write(1).unwrap();
         std::thread::sleep(Duration::from_millis(50));
@@ -515,9 +513,9 @@ fn a_pinned_iocore_sleeps_while_only_the_backends_own_threads_have_work() {
     let disk =
         HeldDisk { release: release.clone(), held: Vec::with_capacity(SIZE.into()), own_threads: true };
     let (mut guest, worker) = guest_and_block_worker_on(Box::new(disk), path);
-    let iocore = IoCore::spawn(Policy::Polling, Some(cpu)).unwrap();
+    let iocore = BlockCore::spawn(Policy::Polling, Some(cpu)).unwrap();
     assert_eq!(scheduling_class(&iocore), libc::SCHED_IDLE);
-    iocore.attach(1, Box::new(worker), None);
+    iocore.attach(1, worker, None);
     guest.submit_read();
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(guest.used_idx(), 0, "the disk holds the request");
@@ -573,7 +571,7 @@ fn adaptive_leaves_its_core_to_a_busy_thread_while_serving_requests() {
     // A long idle budget, so that a request every 150 µs keeps a spinning IOCore spinning while
     // a sleep and a wake-up cost much less than the gap.
     let idle = Duration::from_micros(200);
-    let iocore = IoCore::spawn(Policy::Adaptive { idle }, Some(shared)).unwrap();
+    let iocore = BlockCore::spawn(Policy::Adaptive { idle }, Some(shared)).unwrap();
     iocore.attach(1, worker, Some(notify.clone()));
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 use unix_socket::Access;
 use vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
-use virtio::block::Block;
+use virtio::block::{Block, BlockWorker};
 use virtio::DeviceStats;
 use virtqueue::WorkerHost;
 
@@ -238,7 +238,7 @@ fn storage_json(disk: &storage::DiskSpec) -> Value {
 
 /// Every disk, and what a new one needs: the IOCores and how to place it on them.
 pub struct Disks {
-    iocores: Vec<Arc<IoCore>>,
+    iocores: Vec<Arc<IoCore<BlockWorker>>>,
     placement: Placement,
     /// `--queues`, for a disk whose spec names none.
     default_queues: u16,
@@ -258,7 +258,7 @@ pub struct Disks {
 
 impl Disks {
     pub fn new(
-        iocores: Vec<Arc<IoCore>>,
+        iocores: Vec<Arc<IoCore<BlockWorker>>>,
         default_queues: u16,
         seccomp: SeccompMode,
         limit_every_disk: bool,
@@ -310,7 +310,7 @@ impl Disks {
         disks
     }
 
-    pub fn iocores(&self) -> &[Arc<IoCore>] {
+    pub fn iocores(&self) -> &[Arc<IoCore<BlockWorker>>] {
         &self.iocores
     }
 
@@ -407,7 +407,7 @@ impl Disks {
             block = block.with_reset_timeout(timeout);
         }
         let stats = Arc::new(DeviceStats::new(what.clone()));
-        let host: Arc<dyn WorkerHost> = self.iocores[iocore].clone();
+        let host: Arc<dyn WorkerHost<BlockWorker>> = self.iocores[iocore].clone();
         let mut device = ::vhost_user::VhostUserBlk::new(block, host).with_stats(stats.clone());
         let limiter =
             (self.limit_every_disk || spec.limits.any()).then(|| Arc::new(RateLimiter::new(spec.limits)));

@@ -52,7 +52,7 @@ pub use virtio::block::FAIR_BATCH;
 /// The block device served over vhost-user, across connections.
 pub struct VhostUserBlk {
     block: Block,
-    host: Arc<dyn WorkerHost>,
+    host: Arc<dyn WorkerHost<BlockWorker>>,
     worker_ids: u64,
     /// What the disk did, across its rings and connections.
     stats: Arc<DeviceStats>,
@@ -62,7 +62,7 @@ pub struct VhostUserBlk {
 
 impl VhostUserBlk {
     /// Serve `block` (one storage backend per queue), with queue workers run by `host`.
-    pub fn new(block: Block, host: Arc<dyn WorkerHost>) -> VhostUserBlk {
+    pub fn new(block: Block, host: Arc<dyn WorkerHost<BlockWorker>>) -> VhostUserBlk {
         static DEVICES: AtomicU64 = AtomicU64::new(0);
         let worker_ids = WORKER_ID_BASE + (DEVICES.fetch_add(1, Ordering::Relaxed) << 16);
         let stats = Arc::new(DeviceStats::new("vhost-user-blk"));
@@ -778,7 +778,7 @@ impl Session<'_> {
         if let (Some(kick), true) = (&kick, resubmits > 0) {
             let _ = kick.write(1);
         }
-        self.device.host.attach(self.device.worker_ids + index as u64, Box::new(worker), kick);
+        self.device.host.attach(self.device.worker_ids + index as u64, worker, kick);
         self.vrings[index].running = true;
         if std::mem::take(&mut self.vrings[index].awaiting_quarantine) {
             log::info!(
@@ -813,12 +813,11 @@ impl Session<'_> {
             return Ok(());
         }
         vring.running = false;
-        let worker =
+        let mut worker =
             self.device.host.detach(self.device.worker_ids + index as u64).ok_or(Error::Detach(index))?;
-        let mut worker = worker.into_any().downcast::<BlockWorker>().map_err(|_| Error::Detach(index))?;
         vring.base = worker.queue_mut().next_avail();
         let c = worker.counters;
-        self.device.block.stop_queue(index, *worker);
+        self.device.block.stop_queue(index, worker);
         log::info!(
             "{}: vring {index} stopped at avail index {}: {} requests completed, {} I/O errors, {} refused, {} interrupts",
             self.device.stats.name(), vring.base, c.completed, c.io_errors, c.rejected, c.interrupts

@@ -618,8 +618,8 @@ mod tests {
     use std::io::Write;
     use std::sync::Mutex;
 
-    use virtio::block::Block;
-    use virtqueue::{QueueWorker, WorkerHost};
+    use virtio::block::{Block, BlockWorker};
+    use virtqueue::WorkerHost;
 
     use super::*;
 
@@ -627,12 +627,12 @@ mod tests {
     #[derive(Default)]
     struct Counting(Mutex<usize>);
 
-    impl WorkerHost for Counting {
-        fn attach(&self, _id: u64, _worker: Box<dyn QueueWorker>, _notify: Option<Arc<EventFd>>) {
+    impl WorkerHost<BlockWorker> for Counting {
+        fn attach(&self, _id: u64, _worker: BlockWorker, _notify: Option<Arc<EventFd>>) {
             *self.0.lock().unwrap() += 1;
         }
 
-        fn detach(&self, _id: u64) -> Option<Box<dyn QueueWorker>> {
+        fn detach(&self, _id: u64) -> Option<BlockWorker> {
             None
         }
     }

@@ -6,11 +6,11 @@ use std::sync::{Arc, OnceLock};
 use metrics::latency::{Histogram, SharedHistogram};
 use thiserror::Error;
 use virtqueue::queue::{Queue, QueueError};
-use virtqueue::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::interrupt::{InterruptLine, INT_CONFIG_CHANGE};
+use crate::worker::Worker;
 
 /// Request counts of a device's data path (virtio-blk), as its worker keeps them.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +298,7 @@ pub enum ActivateError {
 
 /// What a device's `activate` starts: one slot per worker the device runs (its
 /// [`VirtioDevice::worker_count`]), `None` for a worker whose queue the driver left unready.
-pub type Workers = Vec<Option<Box<dyn QueueWorker>>>;
+pub type Workers = Vec<Option<Worker>>;
 
 /// Copy `config[offset..]` into `data`; bytes beyond the configuration space read as 0.
 pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {

@@ -11,11 +11,13 @@ pub mod device;
 pub mod interrupt;
 pub mod mmio;
 pub mod net;
+mod worker;
 
 pub use device::{
     ActivateError, DeviceSignals, DeviceStats, DeviceStatsSnapshot, RequestCounters, VirtioDevice, Workers,
     STATS_QUEUES,
 };
+pub use worker::Worker;
 
 /// Feature bit: descriptors may point to tables of descriptors.
 pub const VIRTIO_F_INDIRECT_DESC: u32 = 28;

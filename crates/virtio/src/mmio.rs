@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use virtqueue::dirty::DirtyLog;
 use virtqueue::queue::{Queue, QueueConfig};
-use virtqueue::WorkerHost;
+use virtqueue::{QueueWorker, WorkerHost};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{DeviceSignals, DeviceStats, VirtioDevice, Workers};
 use crate::interrupt::InterruptLine;
+use crate::worker::Worker;
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use state::{QueueState as SavedQueue, StateError, TransportState, CONFIG_SAVED};
 
@@ -85,7 +86,7 @@ pub enum Runner {
     /// ([`VirtioDevice::worker_count`]).
     Host {
         /// Who runs the workers.
-        host: Arc<dyn WorkerHost>,
+        host: Arc<dyn WorkerHost<Worker>>,
         /// By worker: its id with the host and its notification.
         workers: Vec<Hosted>,
     },

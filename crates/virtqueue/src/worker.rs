@@ -1,7 +1,6 @@
 //! What a device's data path is to whoever serves it: a `QueueWorker`, polled by its owner, and
 //! the `WorkerHost` that owns workers on a transport's behalf.
 
-use std::any::Any;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -52,14 +51,14 @@ pub trait QueueWorker: Send {
     fn set_dirty_log(&mut self, _log: Option<DirtyLog>) -> bool {
         false
     }
-    /// Give the device model its resources back (downcast by the model that made the worker).
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
-/// Where a transport's workers run when it does not run them itself (the IOCore).
-pub trait WorkerHost: Send + Sync {
+/// Where a transport's workers run when it does not run them itself (the IOCore). A host holds
+/// workers of one type, `W`, and `detach` hands back the worker of that type `attach` was given,
+/// so the device model that made it takes its resources back without a downcast.
+pub trait WorkerHost<W: QueueWorker>: Send + Sync {
     /// Serve `worker` from now on; `notify` is the queue's ioeventfd, to wait on when idle.
-    fn attach(&self, id: u64, worker: Box<dyn QueueWorker>, notify: Option<Arc<EventFd>>);
+    fn attach(&self, id: u64, worker: W, notify: Option<Arc<EventFd>>);
     /// Stop serving worker `id` and hand it back, once its in-flight requests finished.
-    fn detach(&self, id: u64) -> Option<Box<dyn QueueWorker>>;
+    fn detach(&self, id: u64) -> Option<W>;
 }

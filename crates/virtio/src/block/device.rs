@@ -17,6 +17,7 @@ use super::{
     VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
 use crate::device::{read_config_bytes, ActivateError, DeviceSignals, VirtioDevice, Workers};
+use crate::worker::Worker;
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
 /// The largest data descriptor the driver may use (`size_max`). SeaBIOS's virtio-blk driver
@@ -378,7 +379,7 @@ impl VirtioDevice for Block {
                 continue;
             };
             match self.start_queue(index, queue, signals.clone()) {
-                Ok(worker) => workers.push(Some(Box::new(worker))),
+                Ok(worker) => workers.push(Some(worker.into())),
                 Err(e) => {
                     self.deactivate(workers);
                     return Err(e);
@@ -393,7 +394,7 @@ impl VirtioDevice for Block {
 
     fn deactivate(&mut self, workers: Workers) {
         for (index, worker) in workers.into_iter().enumerate() {
-            if let Some(Ok(worker)) = worker.map(|w| w.into_any().downcast::<BlockWorker>()) {
+            if let Some(Worker::Block(worker)) = worker {
                 self.stop_queue(index, *worker);
             }
         }

@@ -794,7 +794,7 @@ fn a_queue_whose_quarantine_drained_before_its_next_start_is_served() {
 fn deactivate(rig: &mut Rig, block: &mut super::Block) {
     use crate::device::VirtioDevice;
     let worker = std::mem::replace(&mut rig.worker, rig_of_size(false, SIZE).worker);
-    block.deactivate(vec![Some(Box::new(worker))]);
+    block.deactivate(vec![Some(worker.into())]);
 }
 
 #[test]
@@ -1348,7 +1348,7 @@ fn ranges_the_driver_did_not_negotiate_are_unsupported() {
         without_discard,
         signals(rig.needs_reset.clone()),
     );
-    let worker = worker.unwrap().remove(0).unwrap().into_any().downcast::<BlockWorker>().unwrap();
+    let Some(crate::Worker::Block(worker)) = worker.unwrap().remove(0) else { panic!("a block worker") };
     rig.worker = *worker;
     assert_eq!(rig.range_request(VIRTIO_BLK_T_DISCARD, &range(0, 8, 0)), VIRTIO_BLK_S_UNSUPP);
     assert_eq!(rig.range_request(VIRTIO_BLK_T_WRITE_ZEROES, &range(0, 8, 0)), VIRTIO_BLK_S_OK);

@@ -712,8 +712,4 @@ impl QueueWorker for BlockWorker {
     fn throttled(&self) -> bool {
         self.throttled && !self.broken
     }
-
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
-        self
-    }
 }

@@ -7,6 +7,7 @@ use super::backend::NetBackend;
 use super::worker::NetWorker;
 use super::{VIRTIO_ID_NET, VIRTIO_NET_F_MAC};
 use crate::device::{read_config_bytes, ActivateError, DeviceSignals, VirtioDevice, Workers};
+use crate::worker::Worker;
 use crate::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// Configuration space: the MAC address and the (unoffered) status word.
@@ -58,12 +59,11 @@ impl VirtioDevice for Net {
         let rx = queues.next().flatten().ok_or(ActivateError::QueueNotReady { index: 0 })?;
         let tx = queues.next().flatten().ok_or(ActivateError::QueueNotReady { index: 1 })?;
         let backend = self.backend.take().ok_or(ActivateError::NoBackend)?;
-        Ok(vec![Some(Box::new(NetWorker::new(rx, tx, mem.clone(), backend, signals)))])
+        Ok(vec![Some(NetWorker::new(rx, tx, mem.clone(), backend, signals).into())])
     }
 
     fn deactivate(&mut self, workers: Workers) {
-        let worker = workers.into_iter().next().flatten();
-        if let Some(Ok(worker)) = worker.map(|w| w.into_any().downcast::<NetWorker>()) {
+        if let Some(Some(Worker::Net(worker))) = workers.into_iter().next() {
             self.backend = Some(worker.into_backend());
         }
     }

@@ -4,8 +4,6 @@
 //! (loop, bad index, avail jump) needs a device reset. Nothing here allocates or locks once the
 //! worker exists; the backend's read and write are the only system calls.
 
-use std::any::Any;
-
 use virtqueue::queue::{Descriptor, Queue, QueueError};
 use virtqueue::QueueWorker;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
@@ -373,9 +371,5 @@ impl QueueWorker for NetWorker {
 
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.backend.as_raw_fd())
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-        self
     }
 }

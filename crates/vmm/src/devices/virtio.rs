@@ -13,7 +13,7 @@ use virtio::block::{Block, FAIR_BATCH};
 use virtio::interrupt::Trigger;
 use virtio::mmio::{Hosted, MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
 use virtio::net::Net;
-use virtio::{DeviceStats, VirtioDevice};
+use virtio::{DeviceStats, VirtioDevice, Worker};
 use virtqueue::WorkerHost;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
@@ -203,7 +203,7 @@ const WORKERS_PER_DEVICE: u64 = 64;
 /// workers all run there, each waiting on its own queue's notification.
 fn local_runner(
     vm: &VmFd,
-    iocore: &Option<Arc<IoCore>>,
+    iocore: &Option<Arc<IoCore<Worker>>>,
     (mode, is_disk): (IoMode, bool),
     (base, index): (u64, usize),
     workers: usize,
@@ -238,7 +238,7 @@ fn local_runner(
         hosted.push(Hosted { id, notify: Some(notify.clone()) });
         fds.push(notify);
     }
-    let host: Arc<dyn WorkerHost> = iocore.clone();
+    let host: Arc<dyn WorkerHost<Worker>> = iocore.clone();
     Ok((Runner::Host { host, workers: hosted }, fds))
 }
 
@@ -265,7 +265,7 @@ pub struct IoCoreSetup {
 /// vhost-user disks alone: their daemon serves them).
 pub struct VirtioDevices {
     pub slots: Vec<VirtioSlot>,
-    pub iocore: Option<Arc<IoCore>>,
+    pub iocore: Option<Arc<IoCore<Worker>>>,
 }
 
 /// Which device goes into a slot.

@@ -19,7 +19,6 @@ pub mod frontend;
 pub mod link;
 pub mod watch;
 
-use std::any::Any;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,11 +33,10 @@ use virtio::block::{
 use virtio::device::read_config_bytes;
 use virtio::interrupt::INT_USED_BUFFER;
 use virtio::{
-    ActivateError, DeviceSignals, VirtioDevice, Workers, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
+    ActivateError, DeviceSignals, VirtioDevice, Worker, Workers, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
     VIRTIO_F_VERSION_1,
 };
 use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
-use virtqueue::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -228,7 +226,8 @@ impl VirtioDevice for VhostUserBlk {
         self.info.features.store(features, Ordering::Relaxed);
         self.info.activations.fetch_add(1, Ordering::Relaxed);
         self.set_signals(Some(signals));
-        Ok(vec![Some(Box::new(Remote))])
+        // The daemon does the work: the transport's worker has nothing to poll.
+        Ok(vec![Some(Worker::Remote)])
     }
 
     fn deactivate(&mut self, _workers: Workers) {
@@ -240,30 +239,6 @@ impl VirtioDevice for VhostUserBlk {
     fn interrupt_status_while_active(&self) -> u32 {
         // The daemon interrupts through the irqfd: any interrupt may be a used buffer.
         INT_USED_BUFFER
-    }
-}
-
-/// The transport's worker for a vhost-user disk: the daemon does the work, so there is nothing
-/// to poll (the queue's notifications go to the daemon through the ioeventfd).
-struct Remote;
-
-impl QueueWorker for Remote {
-    fn poll(&mut self) -> usize {
-        0
-    }
-
-    fn set_polling(&mut self, _polling: bool) {}
-
-    fn in_flight(&self) -> usize {
-        0
-    }
-
-    fn has_pending(&self) -> bool {
-        false
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-        self
     }
 }
 
