@@ -259,7 +259,7 @@ fn run(args: &BlkBenchArgs) -> Result<Report, BenchError> {
             vec![args.iocore_cpu],
         )
         .map_err(BenchError::RbdClients)?;
-        storage::rbd::set_up_client_threads(set_up);
+        storage::rbd::set_up_client_threads(Box::new(set_up));
     }
     let tsc_khz = vmm::tsc_khz().map_err(BenchError::TscKhz)?;
     if let Some(dir) = &args.plot {

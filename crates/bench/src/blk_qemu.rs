@@ -29,6 +29,7 @@ use super::ceph::Cluster;
 use super::progress::{Kind, Progress};
 use super::scratch::PageCache;
 use crate::args::BlkBenchArgs;
+use crate::probe_dir::{ProbeDir, ProbeDirError};
 use crate::qemu::{CpuOutOfRange, PeerMark, ProbeError, Qemu, QemuError};
 use exitless_args::SeccompArgs;
 use storage::RbdSpec;
@@ -130,19 +131,8 @@ impl PeerDisk<'_> {
 #[derive(Debug, Error)]
 pub enum PeerError {
     /// The directory of its sockets and the probe could not be made.
-    #[error("{}: {source}", .path.display())]
-    Dir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The probe ELF could not be written for QEMU.
-    #[error("cannot export the probe to {}: {source}", .path.display())]
-    Export {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Dir(#[from] ProbeDirError),
     /// A qemu-storage-daemon row, and it is not installed.
     #[error(
         "qemu-storage-daemon not found (install qemu-system-common, or set $EXITLESS_QEMU_STORAGE_DAEMON)"
@@ -167,9 +157,6 @@ pub enum PeerError {
     /// The storage daemon's CPU cannot be pinned.
     #[error(transparent)]
     Pin(#[from] CpuOutOfRange),
-    /// QEMU's probe arguments have no machine to amend.
-    #[error("unexpected QEMU arguments")]
-    UnexpectedArgs,
     /// QEMU failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
@@ -182,17 +169,12 @@ pub enum PeerError {
 pub struct QemuPeer {
     qemu: Qemu,
     storage_daemon: Option<StorageDaemon>,
-    dir: PathBuf,
-    elf: PathBuf,
+    probe: ProbeDir,
 }
 
 impl QemuPeer {
     pub fn new(qemu: Qemu) -> Result<QemuPeer, PeerError> {
-        let dir = std::env::temp_dir().join(format!("exitless-bench-qemu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|source| PeerError::Dir { path: dir.clone(), source })?;
-        let elf = dir.join("exitless-probe.elf");
-        probe_image::export(&elf).map_err(|source| PeerError::Export { path: elf.clone(), source })?;
-        Ok(QemuPeer { qemu, storage_daemon: StorageDaemon::find(), dir, elf })
+        Ok(QemuPeer { qemu, storage_daemon: StorageDaemon::find(), probe: ProbeDir::make("qemu")? })
     }
 
     pub fn version(&self) -> &str {
@@ -287,7 +269,7 @@ impl QemuPeer {
         let mut backend = None;
         let huge_ram = served != Served::Qemu && shared_ram_on_huge_pages(bs);
         if served != Served::Qemu {
-            let socket = self.dir.join("vhost-user-blk.sock");
+            let socket = self.probe.path().join("vhost-user-blk.sock");
             backend = Some(match served {
                 Served::StorageDaemon => {
                     let daemon = self.storage_daemon.as_ref().ok_or(PeerError::NoStorageDaemon)?;
@@ -334,15 +316,13 @@ impl QemuPeer {
                 .map(String::from),
             );
         }
-        let mut qemu_args = Qemu::probe_args(&self.elf, &cmdline, MEM_MIB);
-        let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or(PeerError::UnexpectedArgs)?;
-        qemu_args[machine_at] = machine;
+        let mut qemu_args = Qemu::probe_args(&machine, self.probe.elf(), &cmdline, MEM_MIB);
         qemu_args.extend(["-global".to_string(), "virtio-mmio.force-legacy=false".to_string()]);
         // Thread names, so that `pin_threads` can tell the vCPU thread from the others.
         qemu_args.extend(["-name".to_string(), "exitless-bench,debug-threads=on".to_string()]);
         qemu_args.extend(extra);
         let helpers: Vec<u32> = backend.iter().map(|b| b.child.id()).collect();
-        let qmp = self.dir.join("qmp.sock");
+        let qmp = self.probe.path().join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
         let timeout = super::blk::run_timeout(args, scenario);
         // As exitless's own: the vCPU on its CPU, everything else (QEMU's iothread) on the IOCore's.
@@ -375,12 +355,6 @@ impl QemuPeer {
         let wall = end.at.duration_since(start.at).as_secs_f64();
         row.cpu_cores_used = (wall > 0.0).then(|| end.cpu.saturating_sub(start.cpu).as_secs_f64() / wall);
         Ok(())
-    }
-}
-
-impl Drop for QemuPeer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

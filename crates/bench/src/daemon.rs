@@ -11,8 +11,7 @@ use thiserror::Error;
 /// How long a backend may take to listen on its sockets.
 const LISTEN_LIMIT: Duration = Duration::from_secs(10);
 
-/// Why a backend could not be started, stopped or waited for, or why its run directory could not
-/// be made.
+/// Why a backend could not be started, stopped or waited for.
 #[derive(Debug, Error)]
 pub enum DaemonError {
     /// Its log file could not be created.
@@ -66,13 +65,6 @@ pub enum DaemonError {
     #[error("cannot wait for {name}: {source}")]
     Wait {
         name: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A run's directory could not be made.
-    #[error("cannot make {}: {source}", .path.display())]
-    MakeDir {
-        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -196,22 +188,4 @@ pub fn dies_with_parent(command: &mut Command) {
             Ok(())
         })
     };
-}
-
-/// A directory of one run's sockets and logs, removed at the end.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    /// Makes `dir` (and its parents).
-    pub fn make(dir: &Path) -> Result<TempDir, DaemonError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|source| DaemonError::MakeDir { path: dir.to_owned(), source })?;
-        Ok(TempDir(dir.to_path_buf()))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

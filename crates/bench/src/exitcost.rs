@@ -14,6 +14,7 @@ use super::machine::About;
 use super::table::Table;
 use super::{marked_counters, progress};
 use crate::args::{ExitcostArgs, Peer};
+use crate::probe_dir::{ProbeDir, ProbeDirError};
 use crate::qemu::{Qemu, QemuError};
 
 /// The exit kinds, in report order: (probe op, what it is).
@@ -42,19 +43,8 @@ enum ExitcostError {
     #[error("the probe set no exit marks")]
     NoMarks,
     /// The directory of the probe for QEMU could not be made.
-    #[error("cannot make {}: {source}", .path.display())]
-    Dir {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The probe ELF could not be written for QEMU.
-    #[error("cannot export the probe to {}: {source}", .path.display())]
-    Export {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Dir(#[from] ProbeDirError),
     /// QEMU failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
@@ -155,16 +145,13 @@ fn result_line(console: &str, op: &str) -> Option<Value> {
 }
 
 fn run_qemu(qemu: &Qemu, args: &ExitcostArgs, tsc_khz: u32) -> Result<(Vec<Row>, String), ExitcostError> {
-    let dir = std::env::temp_dir().join(format!("exitless-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|source| ExitcostError::Dir { path: dir.clone(), source })?;
-    let elf = dir.join("exitless-probe.elf");
-    probe::export(&elf).map_err(|source| ExitcostError::Export { path: elf.clone(), source })?;
+    let probe = ProbeDir::make("exitcost")?;
     let cmdline = format!(
         "probe.workload=exitcost probe.n={} probe.pingpong_n={} probe.tsc_khz={tsc_khz}",
         args.n, args.pingpong_n
     );
-    let run = qemu.run_probe(&elf, &cmdline, RUN_TIMEOUT);
-    let _ = std::fs::remove_dir_all(&dir);
+    let run = qemu.run_probe(probe.elf(), &cmdline, RUN_TIMEOUT);
+    drop(probe);
     let run = run?;
     if run.guest_status != probe_abi::status::OK {
         return Err(ExitcostError::QemuStatus { status: run.guest_status, stdout: run.stdout });

@@ -26,6 +26,7 @@ mod machine;
 mod migrate;
 mod net;
 mod plot;
+mod probe_dir;
 mod progress;
 mod qemu;
 mod rounds;

@@ -17,6 +17,7 @@ use thiserror::Error;
 
 pub use crate::args::ScaleSetup as Setup;
 use crate::args::{ScaleBenchArgs, ScaleDiskArg};
+use crate::probe_dir::{ProbeDir, ProbeDirError};
 use crate::qemu::Qemu;
 use launch::{Context, LaunchError, RunResult, VmDisk};
 
@@ -48,16 +49,9 @@ enum ScaleError {
     /// The TSC's rate could not be read from KVM.
     #[error(transparent)]
     TscKhz(vmm::VmError),
-    /// The run's directory could not be made.
+    /// The run's directory, with the probe for the VMs, could not be made.
     #[error(transparent)]
-    Dir(#[from] super::daemon::DaemonError),
-    /// The probe ELF could not be written for the VMs.
-    #[error("cannot export the probe to {}: {source}", .path.display())]
-    Export {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    Dir(#[from] ProbeDirError),
     /// The path of this executable, which the VMs and the daemon run, is unknown.
     #[error("cannot find this executable: {0}")]
     CurrentExe(#[source] std::io::Error),
@@ -251,10 +245,7 @@ fn run(args: &ScaleBenchArgs) -> Result<Report, ScaleError> {
     let largest = counts.last().copied().unwrap_or(1);
     let mixed = !args.no_mixed;
     let tsc_khz = vmm::tsc_khz().map_err(ScaleError::TscKhz)?;
-    let dir = std::env::temp_dir().join(format!("exitless-bench-scale-{}", std::process::id()));
-    let _dir = super::daemon::TempDir::make(&dir)?;
-    let elf = dir.join("exitless-probe.elf");
-    probe_image::export(&elf).map_err(|source| ScaleError::Export { path: elf.clone(), source })?;
+    let probe = ProbeDir::make("scale")?;
     let disks = Disks::prepare(args, largest as usize)?;
     let ctx = Context {
         exe: std::env::current_exe().map_err(ScaleError::CurrentExe)?,
@@ -266,8 +257,8 @@ fn run(args: &ScaleBenchArgs) -> Result<Report, ScaleError> {
         seccomp: args.seccomp,
         qemu: args.setups.iter().any(|s| s.is_qemu()).then(Qemu::find).flatten(),
         storage_daemon: args.setups.contains(&Setup::QemuStorageDaemon).then(find_storage_daemon).flatten(),
-        dir: dir.clone(),
-        elf,
+        dir: probe.path().to_owned(),
+        elf: probe.elf().to_owned(),
     };
     let qemu_version = ctx.qemu.as_ref().map(|q| q.version.clone());
     let qsd_version = ctx.storage_daemon.as_ref().and_then(|b| version(b));

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::args::{UpgradeBenchArgs, UpgradeFrontend as Frontend, UpgradeStop as Stop};
 use crate::machine::About;
+use crate::probe_dir::{ProbeDir, ProbeDirError};
 use crate::qemu::Qemu;
 use round::{Context, Round};
 
@@ -172,16 +173,9 @@ enum Error {
     /// A bad `--scratch`.
     #[error("{0}")]
     Scratch(#[from] crate::scratch::ScratchError),
-    /// The run's directory could not be made.
+    /// The run's directory, with the probe for the VMs, could not be made.
     #[error(transparent)]
-    Dir(#[from] crate::daemon::DaemonError),
-    /// The probe ELF could not be written for the VMs.
-    #[error("{}: {source}", .path.display())]
-    Export {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    Dir(#[from] ProbeDirError),
     /// The path of this executable, which the VMs and the daemons run, is unknown.
     #[error("cannot find this program: {0}")]
     CurrentExe(#[source] std::io::Error),
@@ -195,15 +189,12 @@ fn run(args: &UpgradeBenchArgs) -> Result<Report, Error> {
     let disk = crate::scratch::prepare_as(&scratch, "exitless-bench-upgrade", DISK_SIZE, |path| {
         crate::progress(format_args!("writing {} (once: later runs reuse it)", path.display()))
     })?;
-    let dir = std::env::temp_dir().join(format!("exitless-bench-upgrade-{}", std::process::id()));
-    let _dir = crate::daemon::TempDir::make(&dir)?;
-    let elf = dir.join("exitless-probe.elf");
-    probe_image::export(&elf).map_err(|source| Error::Export { path: elf.clone(), source })?;
+    let probe = ProbeDir::make("upgrade")?;
     let ctx = Context {
         exe: std::env::current_exe().map_err(Error::CurrentExe)?,
-        dir: dir.clone(),
+        dir: probe.path().to_owned(),
         disk: disk.clone(),
-        elf,
+        elf: probe.elf().to_owned(),
         tsc_khz: vmm::tsc_khz().map_err(Error::TscKhz)?,
         qemu: args.frontends.contains(&Frontend::Qemu).then(Qemu::find).flatten(),
         blocks: args.blocks,

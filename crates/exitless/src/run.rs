@@ -21,7 +21,7 @@ pub fn main(args: RunArgs) -> i32 {
     // librbd's threads (an `rbd=` disk's) on the IOCore's CPU, under their own filter.
     let cpus = args.io.iocore_cpu.into_iter().collect();
     match iocore::backend_thread_set_up(sandbox::ThreadKind::RbdClient, config.seccomp, cpus) {
-        Ok(set_up) => storage::rbd::set_up_client_threads(set_up),
+        Ok(set_up) => storage::rbd::set_up_client_threads(Box::new(set_up)),
         Err(e) => return fail(e),
     };
     let tls = match &args.migration_tls_dir {

@@ -18,7 +18,7 @@ mod idle_class;
 mod wait;
 mod watch;
 
-pub use backend_threads::{backend_thread_set_up, BackendThreadSetUp};
+pub use backend_threads::backend_thread_set_up;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};

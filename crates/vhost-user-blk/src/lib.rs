@@ -102,7 +102,7 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
     let seccomp = args.seccomp.mode();
     // librbd's threads (an `rbd=` disk's) on the IOCores' CPUs, under their own filter.
     let rbd_threads = iocore::backend_thread_set_up(ThreadKind::RbdClient, seccomp, args.iocore_cpu.clone())?;
-    storage::rbd::set_up_client_threads(rbd_threads);
+    storage::rbd::set_up_client_threads(Box::new(rbd_threads));
     if args.api_socket.is_some() {
         // Started before the control thread confines itself: a disk added through the API opens
         // its image on it.

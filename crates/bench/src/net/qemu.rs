@@ -7,7 +7,7 @@
 //! main loop that serves the tap) on the IOCore CPU, as exitless's would. Exits come from QMP
 //! `query-stats`, sampled at the probe's marks; cores are QEMU's CPU time over wall time.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -16,6 +16,7 @@ use super::super::blk_qemu::{exits_between, find};
 use super::super::causes_per;
 use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, TAP};
 use crate::args::NetBenchArgs;
+use crate::probe_dir::{ProbeDir, ProbeDirError};
 use crate::qemu::{ProbeError, Qemu, QemuError};
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
@@ -52,28 +53,14 @@ pub const CONFIGS: [(&str, &str, Backend); 3] = [
 #[derive(Debug, Error)]
 pub enum QemuNetError {
     /// The directory of its QMP socket and the probe could not be made.
-    #[error("{}: {source}", .path.display())]
-    Dir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The probe ELF could not be written for QEMU.
-    #[error("cannot export the probe to {}: {source}", .path.display())]
-    Export {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Dir(#[from] ProbeDirError),
     /// A vhost-net row, and this host has no vhost-net.
     #[error(
         "this host has no {} (kernel vhost-net; `modprobe vhost_net` where the kernel has it)",
         VHOST_NET
     )]
     NoVhostNet,
-    /// QEMU's probe arguments have no machine to amend.
-    #[error("unexpected QEMU arguments")]
-    UnexpectedArgs,
     /// QEMU failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
@@ -85,18 +72,13 @@ pub enum QemuNetError {
 /// QEMU with the probe exported for it.
 pub struct QemuNet {
     qemu: Qemu,
-    dir: PathBuf,
-    elf: PathBuf,
+    probe: ProbeDir,
 }
 
 impl QemuNet {
     /// `qemu`, with the probe ELF exported to a directory of this run's (removed on drop).
     pub fn new(qemu: Qemu) -> Result<QemuNet, QemuNetError> {
-        let dir = std::env::temp_dir().join(format!("exitless-bench-net-qemu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|source| QemuNetError::Dir { path: dir.clone(), source })?;
-        let elf = dir.join("exitless-probe.elf");
-        probe_image::export(&elf).map_err(|source| QemuNetError::Export { path: elf.clone(), source })?;
-        Ok(QemuNet { qemu, dir, elf })
+        Ok(QemuNet { qemu, probe: ProbeDir::make("net-qemu")? })
     }
 
     /// QEMU's version line.
@@ -144,9 +126,7 @@ impl QemuNet {
             Backend::UserSpace => "vhost=off".to_string(),
             Backend::VhostNet => format!("vhost=on,poll-us={VHOST_POLL_US}"),
         };
-        let mut qemu_args = Qemu::probe_args(&self.elf, &cmdline, MEM_MIB);
-        let machine_at = qemu_args.iter().position(|a| a == "microvm").ok_or(QemuNetError::UnexpectedArgs)?;
-        qemu_args[machine_at] = "microvm,acpi=off".into();
+        let mut qemu_args = Qemu::probe_args("microvm,acpi=off", self.probe.elf(), &cmdline, MEM_MIB);
         qemu_args.extend(
             [
                 "-global",
@@ -167,7 +147,7 @@ impl QemuNet {
         let mut wrapped = vec!["netns".to_string(), "exec".into(), lab.server.clone()];
         wrapped.push(self.qemu.binary.display().to_string());
         wrapped.extend(qemu_args);
-        let qmp = self.dir.join("qmp.sock");
+        let qmp = self.probe.path().join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
         let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
         let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
@@ -196,11 +176,5 @@ impl QemuNet {
         let wall = end.at.duration_since(start.at).as_secs_f64();
         row.cpu_cores_used = (wall > 0.0).then(|| end.cpu.saturating_sub(start.cpu).as_secs_f64() / wall);
         Ok(())
-    }
-}
-
-impl Drop for QemuNet {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

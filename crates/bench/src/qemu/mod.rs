@@ -75,12 +75,12 @@ impl Qemu {
         output.status.success().then_some(Qemu { binary, version })
     }
 
-    /// The arguments that boot `kernel` the way exitless does: microvm, KVM, COM1 on stdio and
-    /// the isa-debug-exit port.
-    pub fn probe_args(kernel: &Path, cmdline: &str, mem_mib: u64) -> Vec<String> {
+    /// The arguments that boot `kernel` the way exitless does: `machine` (microvm and its
+    /// options), KVM, COM1 on stdio and the isa-debug-exit port.
+    pub fn probe_args(machine: &str, kernel: &Path, cmdline: &str, mem_mib: u64) -> Vec<String> {
         [
             "-M",
-            "microvm",
+            machine,
             "-accel",
             "kvm",
             "-m",
@@ -106,7 +106,8 @@ impl Qemu {
 
     /// Boot the probe ELF at `kernel` with `cmdline` and wait for it to exit.
     pub fn run_probe(&self, kernel: &Path, cmdline: &str, timeout: Duration) -> Result<QemuRun, QemuError> {
-        self.run_marked(&Self::probe_args(kernel, cmdline, 256), None, &[], timeout).map(|(run, _)| run)
+        self.run_marked(&Self::probe_args("microvm", kernel, cmdline, 256), None, &[], timeout)
+            .map(|(run, _)| run)
     }
 }
 

@@ -93,9 +93,6 @@ pub enum VmRunError {
     /// A QEMU set-up, and QEMU is not installed.
     #[error("qemu-system-x86_64 not found (install qemu-system-x86)")]
     NoQemu,
-    /// QEMU's probe arguments have no machine to amend.
-    #[error("unexpected QEMU arguments")]
-    UnexpectedArgs,
     /// QEMU failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
@@ -344,9 +341,11 @@ fn run_qemu(
         workload(qd, ctx),
         ctx.tsc_khz
     );
-    let mut args = Qemu::probe_args(&ctx.elf, &cmdline, MEM_MIB);
-    let machine = args.iter().position(|a| a == "microvm").ok_or(VmRunError::UnexpectedArgs)?;
-    args[machine] = "microvm,acpi=off".into();
+    let machine = match disk {
+        QemuDisk::Own(_) => "microvm,acpi=off",
+        QemuDisk::VhostUser(_) => "microvm,acpi=off,memory-backend=mem",
+    };
+    let mut args = Qemu::probe_args(machine, &ctx.elf, &cmdline, MEM_MIB);
     args.extend(["-global", "virtio-mmio.force-legacy=false"].map(String::from));
     // Thread names (`CPU 0/KVM`, `IO io0`), so the vCPU thread can be told from the others.
     args.extend(["-name".to_string(), format!("exitless-scale-{index},debug-threads=on")]);
@@ -360,7 +359,6 @@ fn run_qemu(
             "virtio-blk-device,drive=d0,iothread=io0".into(),
         ]),
         QemuDisk::VhostUser(socket) => {
-            args[machine] += ",memory-backend=mem";
             args.extend([
                 "-object".into(),
                 format!("memory-backend-memfd,id=mem,size={MEM_MIB}M,share=on"),

@@ -245,10 +245,7 @@ fn workload(ctx: &Context) -> String {
 /// every second; its ring of 256 (the probe's size) tracked in the in-flight region.
 fn qemu_args(socket: &Path, ctx: &Context) -> Vec<String> {
     let cmdline = format!("{} probe.tsc_khz={}", workload(ctx), ctx.tsc_khz);
-    let mut args = Qemu::probe_args(&ctx.elf, &cmdline, MEM_MIB);
-    if let Some(machine) = args.iter_mut().find(|a| *a == "microvm") {
-        *machine = "microvm,acpi=off,memory-backend=mem".into();
-    }
+    let mut args = Qemu::probe_args("microvm,acpi=off,memory-backend=mem", &ctx.elf, &cmdline, MEM_MIB);
     args.extend([
         "-global".into(),
         "virtio-mmio.force-legacy=false".into(),
