@@ -17,7 +17,7 @@ use test_infra::{disk_file, one_at_a_time, probe_elf, verify_cmdline};
 
 /// A guest that has not finished by then is stuck.
 const GUEST_LIMIT: Duration = Duration::from_secs(120);
-/// The IOCore's per-ring batch per pass (vhost_user::backend::FAIR_BATCH).
+/// The IOCore's per-ring batch per pass (vhost_user::block::FAIR_BATCH).
 const FAIR_BATCH: u64 = 16;
 
 /// The daemon with `--stats-interval 1 --json`, its log in DIR/daemon.log and its stats lines in

@@ -1,28 +1,24 @@
-//! The vhost-user block backend: the virtio-blk device model (`virtio::block::Block`) and its
-//! queue workers, driven by a frontend's messages instead of a virtio transport's registers.
+//! A vhost-user connection's state machine, driving a [`Device`] by a frontend's messages instead
+//! of a virtio transport's registers.
 //!
-//! [`VhostUserBlk`] outlives connections: it owns the device model and, between connections,
-//! every queue's storage backend. A [`Session`] is one connection's state: negotiated features,
-//! the memory table, and per vring its size, addresses, base, eventfds and whether it runs. A
-//! ring runs (its `BlockWorker` attached to the IOCore, waiting on the kick eventfd and raising
+//! The device outlives connections. A [`Session`] is one connection's state: negotiated
+//! features, the memory table, and per vring its size, addresses, base, eventfds and whether it
+//! runs. A ring runs (the device's worker serving it, waiting on the kick eventfd and raising
 //! the call eventfd) once it is started (SET_VRING_KICK), enabled, set up and memory is mapped;
 //! GET_VRING_BASE, disabling it, a new kick descriptor, a new memory table or the end of the
-//! session stop it: the worker is detached, its in-flight requests finish, and the backend goes
-//! back to the device model, so the next connection finds every acknowledged write in it.
+//! session stop it, and the device takes the ring back (a disk's in-flight requests finish
+//! first, so the next connection finds every acknowledged write on the disk).
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 
-use rate_limiter::RateLimiter;
-use virtio::block::device::CONFIG_WRITEBACK;
-use virtio::block::{Block, BlockWorker};
 use virtio::interrupt::InterruptLine;
-use virtio::{DeviceSignals, DeviceStats, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC};
+use virtio::{DeviceSignals, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC};
 use virtqueue::queue::{Queue, QueueConfig, MAX_QUEUE_SIZE};
-use virtqueue::WorkerHost;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::device::{Device, Ring};
 use crate::error::Error;
 use crate::inflight::InflightRegion;
 use crate::log::LogRegion;
@@ -36,116 +32,6 @@ pub const OFFERED_PROTOCOL_FEATURES: u64 = 1 << protocol::MQ
     | 1 << protocol::REPLY_ACK
     | 1 << protocol::CONFIG
     | 1 << protocol::INFLIGHT_SHMFD;
-
-/// SET_CONFIG's flags for a write by the driver (VHOST_SET_CONFIG_TYPE_FRONTEND, "MASTER" in
-/// QEMU 7.2); 1 is live migration's, which this backend does not take.
-const SET_CONFIG_FROM_DRIVER: u32 = 0;
-
-/// Worker ids on the IOCore: this, plus 2^16 per device, plus the queue index, so devices can
-/// share an IOCore (each serves one frontend at a time).
-const WORKER_ID_BASE: u64 = 0x7668_0000_0000;
-
-/// The most requests a ring's worker takes off the ring per IOCore pass, so that the rings of
-/// every disk an IOCore serves get their turn.
-pub use virtio::block::FAIR_BATCH;
-
-/// The block device served over vhost-user, across connections.
-pub struct VhostUserBlk {
-    block: Block,
-    host: Arc<dyn WorkerHost<BlockWorker>>,
-    worker_ids: u64,
-    /// What the disk did, across its rings and connections.
-    stats: Arc<DeviceStats>,
-    /// The disk's QoS limits, shared by its rings; `None`: unlimited.
-    limiter: Option<Arc<RateLimiter>>,
-}
-
-impl VhostUserBlk {
-    /// Serve `block` (one storage backend per queue), with queue workers run by `host`.
-    pub fn new(block: Block, host: Arc<dyn WorkerHost<BlockWorker>>) -> VhostUserBlk {
-        static DEVICES: AtomicU64 = AtomicU64::new(0);
-        let worker_ids = WORKER_ID_BASE + (DEVICES.fetch_add(1, Ordering::Relaxed) << 16);
-        let stats = Arc::new(DeviceStats::new("vhost-user-blk"));
-        VhostUserBlk { block: block.with_batch_limit(FAIR_BATCH), host, worker_ids, stats, limiter: None }
-    }
-
-    /// Count what the disk does into `stats` (named after the disk in logs).
-    pub fn with_stats(mut self, stats: Arc<DeviceStats>) -> VhostUserBlk {
-        self.stats = stats;
-        self
-    }
-
-    /// Hold the disk's rings to `limiter`'s token buckets (one set for all its rings).
-    pub fn with_rate_limiter(mut self, limiter: Arc<RateLimiter>) -> VhostUserBlk {
-        self.limiter = Some(limiter);
-        self
-    }
-
-    /// What the disk did so far.
-    pub fn stats(&self) -> &Arc<DeviceStats> {
-        &self.stats
-    }
-
-    /// The virtio features offered: the device model's, protocol features, and dirty logging
-    /// for live migration.
-    pub fn features(&self) -> u64 {
-        self.block.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES | 1 << VHOST_F_LOG_ALL
-    }
-
-    /// How many queues the device has (GET_QUEUE_NUM's answer).
-    pub fn num_queues(&self) -> usize {
-        self.block.num_queues()
-    }
-
-    /// Reap the requests quarantined at a reset that the disk has finished since (their
-    /// memory and io_uring go with the last); how many it still holds.
-    pub fn reap_quarantined(&mut self) -> usize {
-        self.block.abandoned_requests()
-    }
-
-    /// Start a connection's state.
-    pub fn session(&mut self) -> Session<'_> {
-        let queues = self.block.num_queues();
-        // Until this frontend's SET_FEATURES, it has taken no optional request type.
-        self.block.driver_features(0);
-        Session {
-            device: self,
-            protocol_features: 0,
-            features: None,
-            memory: None,
-            vrings: (0..queues).map(|_| Vring::default()).collect(),
-            set_up: false,
-            inflight: None,
-            log: None,
-            reply_fd: None,
-            held: false,
-            handed_over: false,
-        }
-    }
-
-    /// The driver's cache mode, when the disk has the switch (VIRTIO_BLK_F_CONFIG_WCE): 1 for
-    /// write back, 0 for write through.
-    pub fn writeback(&self) -> Option<u8> {
-        if !self.block.has_writeback_switch() {
-            return None;
-        }
-        let mut value = [0u8];
-        self.block.read_config(CONFIG_WRITEBACK as u64, &mut value);
-        Some(value[0])
-    }
-
-    /// Set the cache mode a predecessor's driver chose (see [`VhostUserBlk::writeback`]).
-    pub fn set_writeback(&mut self, value: u8) -> Result<(), Error> {
-        if !self.block.has_writeback_switch() {
-            return Err(Error::NoWritebackSwitch);
-        }
-        if value > 1 {
-            return Err(Error::BadWriteback(value));
-        }
-        self.block.write_config(CONFIG_WRITEBACK as u64, &[value]);
-        Ok(())
-    }
-}
 
 /// One vring's state in a session.
 #[derive(Default)]
@@ -175,7 +61,7 @@ pub(crate) struct Vring {
 
 /// One connection's protocol state. Dropping it stops every running ring.
 pub struct Session<'a> {
-    pub(crate) device: &'a mut VhostUserBlk,
+    pub(crate) device: &'a mut dyn Device,
     pub(crate) protocol_features: u64,
     /// Acked virtio features (SET_FEATURES).
     pub(crate) features: Option<u64>,
@@ -255,7 +141,33 @@ fn check_eventfd(fd: &OwnedFd) -> Result<(), String> {
     Ok(())
 }
 
-impl Session<'_> {
+impl<'a> Session<'a> {
+    /// Start a connection's state for `device`.
+    pub fn new(device: &'a mut dyn Device) -> Session<'a> {
+        let queues = device.num_queues();
+        // Until this frontend's SET_FEATURES, it has taken no optional request type.
+        device.driver_features(0);
+        Session {
+            device,
+            protocol_features: 0,
+            features: None,
+            memory: None,
+            vrings: (0..queues).map(|_| Vring::default()).collect(),
+            set_up: false,
+            inflight: None,
+            log: None,
+            reply_fd: None,
+            held: false,
+            handed_over: false,
+        }
+    }
+
+    /// The virtio features offered: the device model's, protocol features, and dirty logging
+    /// for live migration.
+    fn offered_features(&self) -> u64 {
+        self.device.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES | 1 << VHOST_F_LOG_ALL
+    }
+
     /// Has the frontend negotiated its features (SET_PROTOCOL_FEATURES or SET_FEATURES) or
     /// shared its memory? The server drops a connection that has not within its set-up time.
     pub fn set_up(&self) -> bool {
@@ -379,15 +291,15 @@ impl Session<'_> {
                 self.inflight = Some(InflightRegion::map(info, fd, self.vrings.len())?);
                 Ok(None)
             }
-            Request::GetFeatures => u64_reply(self.device.features()),
+            Request::GetFeatures => u64_reply(self.offered_features()),
             Request::SetFeatures(features) => {
-                let offered = self.device.features();
+                let offered = self.offered_features();
                 if features & !offered != 0 {
                     return Err(Error::FeaturesNotOffered { requested: features, offered });
                 }
                 let was_logging = self.logging();
                 self.features = Some(features);
-                self.device.block.driver_features(features);
+                self.device.driver_features(features);
                 self.set_up = true;
                 // Migration starts or ends: running rings switch logging on or off.
                 if self.logging() != was_logging {
@@ -560,44 +472,22 @@ impl Session<'_> {
                 reply[0..4].copy_from_slice(&offset.to_le_bytes());
                 reply[4..8].copy_from_slice(&size.to_le_bytes());
                 reply[8..12].copy_from_slice(&flags.to_le_bytes());
-                self.device.block.read_config(offset as u64, &mut reply[12..]);
+                self.device.read_config(offset as u64, &mut reply[12..]);
                 Ok(Some(reply))
             }
             Request::SetConfig { offset, flags, data } => {
-                self.set_writeback(offset, flags, &data)?;
+                self.set_config(offset, flags, &data)?;
                 Ok(None)
             }
         }
     }
 
-    /// SET_CONFIG, as QEMU's vhost-user-blk sends it when its driver switches the cache mode
-    /// (VIRTIO_BLK_F_CONFIG_WCE): the 1-byte `writeback` field, 0 (write through) or 1 (write
-    /// back), from the driver (flags 0); nothing else in configuration space is writable. The
-    /// mode is the disk's: every queue's worker takes it at its next pass, and it outlives the
-    /// connection, since QEMU does not send it again when it reconnects.
-    fn set_writeback(&mut self, offset: u32, flags: u32, data: &[u8]) -> Result<(), Error> {
+    /// SET_CONFIG: the device says what, if anything, is writable.
+    fn set_config(&mut self, offset: u32, flags: u32, data: &[u8]) -> Result<(), Error> {
         if self.protocol_features & 1 << protocol::CONFIG == 0 {
             return Err(Error::ConfigNotNegotiated);
         }
-        if !self.device.block.has_writeback_switch() {
-            return Err(Error::NoWritebackSwitch);
-        }
-        let (&[value], Ok(CONFIG_WRITEBACK)) = (data, usize::try_from(offset)) else {
-            return Err(Error::ConfigNotWritable { offset, size: data.len() });
-        };
-        if flags != SET_CONFIG_FROM_DRIVER {
-            return Err(Error::ConfigWriteFlags(flags));
-        }
-        if value > 1 {
-            return Err(Error::BadWriteback(value));
-        }
-        self.device.block.write_config(CONFIG_WRITEBACK as u64, &[value]);
-        log::info!(
-            "{}: the frontend switched the disk to write {}",
-            self.device.stats.name(),
-            if value == 1 { "back" } else { "through" }
-        );
-        Ok(())
+        self.device.write_config(offset, flags, data)
     }
 
     /// Is the ring enabled? Without protocol features rings start enabled; with them, disabled
@@ -636,7 +526,7 @@ impl Session<'_> {
         if let Some(region) = &self.inflight {
             log::info!(
                 "{}: rings stopped for a hand-over; the in-flight region marks {} request(s) in flight",
-                self.device.stats.name(),
+                self.device.stats().name(),
                 region.count_in_flight()
             );
         }
@@ -697,7 +587,7 @@ impl Session<'_> {
             // ring (up to 1024 on virtio-mmio): serve it, untracked, rather than not at all.
             log::warn!(
                 "{}: vring {index} has {} descriptors, more than the in-flight region's {}: its requests are not tracked, and a restart of the daemon may lose those in flight",
-                self.device.stats.name(), vring.size, region.queue_size()
+                self.device.stats().name(), vring.size, region.queue_size()
             );
             tracked = None;
         }
@@ -707,12 +597,12 @@ impl Session<'_> {
             // the disk: were one resubmitted and answered, the driver could write the block
             // again, and the late original would then overwrite that newer write (or a late
             // read land in memory no log marked). The ring waits for the disk instead.
-            let quarantined = self.device.block.abandoned_requests_of(index);
+            let quarantined = self.device.quarantined(index);
             if quarantined > 0 {
                 if !self.vrings[index].awaiting_quarantine {
                     log::warn!(
                         "{}: vring {index} waits to start until the disk finishes the {quarantined} request(s) quarantined at its reset: the in-flight region asks for requests to be resubmitted, which the late originals could overwrite",
-                        self.device.stats.name()
+                        self.device.stats().name()
                     );
                 }
                 self.vrings[index].awaiting_quarantine = true;
@@ -727,14 +617,17 @@ impl Session<'_> {
                     if recovery.count > 0 || recovery.next_avail != vring.base {
                         log::info!(
                             "{}: vring {index} resumes at avail index {} (the frontend said {}), resubmitting {} request(s) in flight",
-                            self.device.stats.name(), recovery.next_avail, vring.base, recovery.count
+                            self.device.stats().name(), recovery.next_avail, vring.base, recovery.count
                         );
                     }
                 }
                 Err(why) => {
                     // The frontend (or a predecessor) left a region that cannot be trusted: the
                     // ring is not served, and the frontend hears of it as of a broken queue.
-                    log::error!("{}: vring {index}: {why}; the ring is not served", self.device.stats.name());
+                    log::error!(
+                        "{}: vring {index}: {why}; the ring is not served",
+                        self.device.stats().name()
+                    );
                     if let Some(err) = &vring.err {
                         let _ = err.write(1);
                     }
@@ -757,33 +650,24 @@ impl Session<'_> {
         );
         let signals = DeviceSignals::new(interrupt, Arc::new(AtomicBool::new(false)))
             .with_error_notifier(err)
-            .with_stats(self.device.stats.clone());
-        let mut worker = self
-            .device
-            .block
-            .start_queue(index, queue, signals)
-            .map_err(|source| Error::Start { index, source })?;
-        if let Some(limiter) = &self.device.limiter {
-            worker = worker.with_rate_limiter(limiter.clone());
-        }
-        if let Some(log) = log {
+            .with_stats(self.device.stats().clone());
+        if log.is_some() {
             log::info!(
                 "{}: vring {index} logs the guest pages it writes{} (live migration)",
-                self.device.stats.name(),
+                self.device.stats().name(),
                 if used_logged { ", the used ring's at its log address" } else { "" }
             );
-            worker = worker.with_dirty_log(log);
         }
         // Resubmitted requests need no new avail entry: wake the worker for them.
         if let (Some(kick), true) = (&kick, resubmits > 0) {
             let _ = kick.write(1);
         }
-        self.device.host.attach(self.device.worker_ids + index as u64, worker, kick);
+        self.device.start_ring(index, Ring { queue, signals, log, kick })?;
         self.vrings[index].running = true;
         if std::mem::take(&mut self.vrings[index].awaiting_quarantine) {
             log::info!(
                 "{}: vring {index} starts: the disk finished the requests quarantined at its reset",
-                self.device.stats.name()
+                self.device.stats().name()
             );
         }
         Ok(())
@@ -805,23 +689,15 @@ impl Session<'_> {
         self.device.reap_quarantined()
     }
 
-    /// Stop serving ring `index`: take the worker back (its in-flight requests finish), note
-    /// where it stopped, and return the backend to the device model.
+    /// Stop serving ring `index`: the device takes it back (a disk's in-flight requests finish
+    /// first), and the ring resumes where it stopped.
     fn stop(&mut self, index: usize) -> Result<(), Error> {
         let vring = &mut self.vrings[index];
         if !vring.running {
             return Ok(());
         }
         vring.running = false;
-        let mut worker =
-            self.device.host.detach(self.device.worker_ids + index as u64).ok_or(Error::Detach(index))?;
-        vring.base = worker.queue_mut().next_avail();
-        let c = worker.counters;
-        self.device.block.stop_queue(index, worker);
-        log::info!(
-            "{}: vring {index} stopped at avail index {}: {} requests completed, {} I/O errors, {} refused, {} interrupts",
-            self.device.stats.name(), vring.base, c.completed, c.io_errors, c.rejected, c.interrupts
-        );
+        vring.base = self.device.stop_ring(index)?;
         Ok(())
     }
 
@@ -855,7 +731,7 @@ impl Drop for Session<'_> {
         if let Some(region) = self.inflight.as_ref().filter(|_| !self.handed_over) {
             log::info!(
                 "{}: the in-flight region marks {} request(s) in flight as the connection ends",
-                self.device.stats.name(),
+                self.device.stats().name(),
                 region.count_in_flight()
             );
         }

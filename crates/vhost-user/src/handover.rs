@@ -45,7 +45,8 @@ use vhost_user_protocol::message::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::backend::{Session, VhostUserBlk};
+use crate::backend::Session;
+use crate::device::Device;
 
 /// The hand-over channel's own message codes, far from vhost-user's (1 to 40).
 pub mod code {
@@ -299,7 +300,7 @@ pub struct Adopted {
 
 impl Adopted {
     /// Apply the cache mode to `device` (the device's, not the session's).
-    pub(crate) fn apply_writeback(&self, device: &mut VhostUserBlk) -> Result<(), HandoverError> {
+    pub(crate) fn apply_writeback(&self, device: &mut dyn Device) -> Result<(), HandoverError> {
         match self.writeback {
             Some(value) => device
                 .set_writeback(value)
@@ -589,7 +590,7 @@ impl<'a> ToPredecessor<'a> {
 /// Returns the count of disks read; waits at most `limit` for each message to begin.
 pub fn read_as_successor(
     stream: &UnixStream,
-    device: &mut VhostUserBlk,
+    device: &mut dyn Device,
     limit: Duration,
 ) -> Result<usize, HandoverError> {
     let channel = ToPredecessor::new(stream);
@@ -606,7 +607,7 @@ pub fn read_as_successor(
                     })?;
                 }
                 if let Some(connection) = connection {
-                    replay(&mut device.session(), connection.messages)?;
+                    replay(&mut Session::new(device), connection.messages)?;
                 }
             }
         }
@@ -619,6 +620,8 @@ mod tests {
     use std::sync::Mutex;
 
     use virtio::block::{Block, BlockWorker};
+
+    use crate::block::VhostUserBlk;
     use virtqueue::WorkerHost;
 
     use super::*;

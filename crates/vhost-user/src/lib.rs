@@ -16,18 +16,22 @@
 //!   restarted daemon resubmits them (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
 //! - [`log`]: the dirty log a live migration shares (VHOST_F_LOG_ALL), in which rings mark
 //!   every guest page they write while logging is on.
-//! - [`backend`]: the device across connections, and the per-connection state machine.
+//! - [`device`]: what a session serves, a virtio device model across connections; [`block`]:
+//!   the block device.
+//! - [`backend`]: the per-connection state machine.
 //! - [`handover`]: an upgrade without a hang-up: a daemon hands its sockets, connected
 //!   frontends and sessions to its successor, which rebuilds each session by replaying it.
 //! - [`server`]: one disk's listening socket, one frontend at a time (others are refused), each
 //!   with a set-up time limit. A daemon serving many disks runs a server per disk on a thread of
 //!   its own; their rings share the IOCores (`WorkerHost`), which take at most
-//!   [`backend::FAIR_BATCH`] requests per ring per pass and hold each disk to its token buckets.
+//!   [`block::FAIR_BATCH`] requests per ring per pass and hold each disk to its token buckets.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
 pub mod backend;
+pub mod block;
+pub mod device;
 pub mod error;
 pub mod fault;
 pub mod handover;
@@ -37,6 +41,8 @@ pub mod memory;
 pub mod server;
 mod shm;
 
-pub use backend::{Session, VhostUserBlk};
+pub use backend::Session;
+pub use block::VhostUserBlk;
+pub use device::{Device, Ring};
 pub use error::Error;
 pub use server::{Ending, Server};

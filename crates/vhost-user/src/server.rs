@@ -24,7 +24,8 @@ use vhost_user_protocol::message::{has_own_reply, request_name, Message, Wire, F
 use vhost_user_protocol::poll::first_ready;
 use vhost_user_protocol::Error as ProtocolError;
 
-use crate::backend::{Session, VhostUserBlk};
+use crate::backend::Session;
+use crate::device::Device;
 use crate::error::Error;
 use crate::handover::{self, Adopted, DiskState, HandoverError, Outcome, Port};
 
@@ -130,7 +131,7 @@ impl Server {
 
     /// Serve frontends one after another until `stop` (if given) becomes readable. Each
     /// connection's end is logged on standard error.
-    pub fn serve(&self, device: &mut VhostUserBlk, stop: Option<BorrowedFd>) -> Result<(), Error> {
+    pub fn serve(&self, device: &mut dyn Device, stop: Option<BorrowedFd>) -> Result<(), Error> {
         self.serve_with(device, stop, None, None)
     }
 
@@ -139,7 +140,7 @@ impl Server {
     /// and frontend a predecessor handed over (see [`crate::handover`]).
     pub fn serve_with(
         &self,
-        device: &mut VhostUserBlk,
+        device: &mut dyn Device,
         stop: Option<BorrowedFd>,
         port: Option<&Port>,
         adopted: Option<Adopted>,
@@ -189,7 +190,7 @@ impl Server {
                 continue;
             }
             self.frontend.store(true, Ordering::Release);
-            let mut session = device.session();
+            let mut session = Session::new(device);
             let ending = self.serve_connection(&stream, &mut session, stop, port, Instant::now());
             // The rings stop (and give their backends back) before the end is logged.
             drop(session);
@@ -235,7 +236,7 @@ impl Server {
     /// serving ends (stopped, handed over again, or the predecessor kept the disk).
     fn take_over(
         &self,
-        device: &mut VhostUserBlk,
+        device: &mut dyn Device,
         stop: Option<BorrowedFd>,
         port: Option<&Port>,
         adopted: Adopted,
@@ -250,7 +251,7 @@ impl Server {
             return !self.committed(&commit);
         };
         let stream = UnixStream::from(connection.stream);
-        let mut session = device.session();
+        let mut session = Session::new(device);
         let rebuilt = stream
             .set_nonblocking(true)
             .map_err(HandoverError::Socket)
