@@ -58,7 +58,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         .with_writeback_switch();
     let host = Arc::new(InlineHost::default());
     let mut device = VhostUserBlk::new(block, host.clone());
-    let features = device.features();
+    let features = vhost_user::backend::offered_features(&device);
     let mut rings = Vec::with_capacity(2);
     for q in 0..2 {
         let (config, laid_out) = queue_config(u, q)?;

@@ -41,7 +41,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         Block::with_queues(backends, "exitless-fuzz-vhost").expect("two queues fit").with_writeback_switch();
     let host = Arc::new(InlineHost::default());
     let mut device = VhostUserBlk::new(block, host.clone());
-    let features = device.features();
+    let features = vhost_user::backend::offered_features(&device);
     // The frontend's guest, on each queue's rings where SET_VRING_ADDR mostly puts them.
     let mut rings = Vec::with_capacity(2);
     for q in 0..2 {

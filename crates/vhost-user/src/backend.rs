@@ -33,6 +33,12 @@ pub const OFFERED_PROTOCOL_FEATURES: u64 = 1 << protocol::MQ
     | 1 << protocol::CONFIG
     | 1 << protocol::INFLIGHT_SHMFD;
 
+/// The virtio features a session offers for `device` (GET_FEATURES' answer): the device model's,
+/// protocol features, and dirty logging for live migration.
+pub fn offered_features(device: &dyn Device) -> u64 {
+    device.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES | 1 << VHOST_F_LOG_ALL
+}
+
 /// One vring's state in a session.
 #[derive(Default)]
 pub(crate) struct Vring {
@@ -162,10 +168,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// The virtio features offered: the device model's, protocol features, and dirty logging
-    /// for live migration.
     fn offered_features(&self) -> u64 {
-        self.device.features() | 1 << VHOST_USER_F_PROTOCOL_FEATURES | 1 << VHOST_F_LOG_ALL
+        offered_features(self.device)
     }
 
     /// Has the frontend negotiated its features (SET_PROTOCOL_FEATURES or SET_FEATURES) or
