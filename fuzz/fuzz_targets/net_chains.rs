@@ -73,7 +73,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
         match u.int_in_range(0..=9)? {
             0 => rx_ring.driver_step(u, &mem)?,
             1 => tx_ring.driver_step(u, &mem)?,
-            2 | 3 => post_receive_chain(u, &mem, &mut rx_ring)?,
+            2 | 3 => rx_ring.net_receive_chain(u, &mem)?,
             4 | 5 => post_transmit_chain(u, &mem, &mut tx_ring)?,
             6 => {
                 let len = frame_len(u)?;
@@ -112,18 +112,6 @@ fn frame_len(u: &mut Unstructured) -> Result<usize> {
         2 => u.int_in_range(MAX_FRAME_LEN..=70_000)?,
         _ => u.int_in_range(MIN_FRAME_LEN..=MAX_FRAME_LEN)?,
     })
-}
-
-/// A receive chain of 1-3 device-writable buffers, sized mostly to fit a frame.
-fn post_receive_chain(u: &mut Unstructured, mem: &GuestMemoryMmap, ring: &mut DriverRing) -> Result<()> {
-    let count = u.int_in_range(1..=3)?;
-    let mut parts = [(0, 0, 0); 3];
-    for part in &mut parts[..count] {
-        let len = if u.ratio(1, 4)? { u.int_in_range(0..=64)? } else { u.int_in_range(64..=2048)? };
-        let flags = if u.ratio(1, 16)? { 0 } else { VIRTQ_DESC_F_WRITE };
-        *part = (address(u)?, len, flags);
-    }
-    ring.chain(u, mem, &parts[..count])
 }
 
 /// A transmit chain: a virtio-net header and a frame (fuzz bytes), over 1-3 buffers.

@@ -206,6 +206,19 @@ impl DriverRing {
         Ok(())
     }
 
+    /// A virtio-net receive chain of 1-3 device-writable buffers (now and then one the device
+    /// may not write), sized mostly to fit a frame, made available.
+    pub fn net_receive_chain(&mut self, u: &mut Unstructured, mem: &GuestMemoryMmap) -> Result<()> {
+        let count = u.int_in_range(1..=3)?;
+        let mut parts = [(0, 0, 0); 3];
+        for part in &mut parts[..count] {
+            let len = if u.ratio(1, 4)? { u.int_in_range(0..=64)? } else { u.int_in_range(64..=2048)? };
+            let flags = if u.ratio(1, 16)? { 0 } else { VIRTQ_DESC_F_WRITE };
+            *part = (address(u)?, len, flags);
+        }
+        self.chain(u, mem, &parts[..count])
+    }
+
     /// One hostile or ordinary driver action on this ring.
     pub fn driver_step(&mut self, u: &mut Unstructured, mem: &GuestMemoryMmap) -> Result<()> {
         match u.int_in_range(0..=6)? {

@@ -37,6 +37,9 @@ pub enum Command {
     UdpRr(exitless_bench::udp::UdpRrArgs),
     /// Serve a virtio-blk disk over vhost-user (to QEMU's vhost-user-blk and other frontends).
     VhostUserBlk(vhost_user_blk::VhostUserBlkArgs),
+    /// Serve NICs over vhost-user (to QEMU's -netdev vhost-user and other frontends), joined by
+    /// a switch that an IOCore runs.
+    VhostUserNet(vhost_user_net::VhostUserNetArgs),
 }
 
 const ENVIRONMENT: &str = "\

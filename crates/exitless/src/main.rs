@@ -22,6 +22,7 @@ fn main() {
     sandbox::settle_allocator();
     let prefix = match cli.command {
         cli::Command::VhostUserBlk(_) => "exitless vhost-user-blk",
+        cli::Command::VhostUserNet(_) => "exitless vhost-user-net",
         _ => "exitless",
     };
     if let Err(e) = logger::init(prefix) {
@@ -43,6 +44,10 @@ fn main() {
                 eprintln!("error: {e}\n\nFor more information, try '--help'.");
                 status::USAGE
             }
+            Err(e) => fail(e),
+        },
+        cli::Command::VhostUserNet(args) => match vhost_user_net::run(args) {
+            Ok(()) => 0,
             Err(e) => fail(e),
         },
     };

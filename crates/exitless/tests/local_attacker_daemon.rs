@@ -239,6 +239,39 @@ fn another_user_gets_nothing_from_any_socket_whatever_the_umask() {
 }
 
 #[test]
+fn another_user_gets_nothing_from_a_nic_socket_whatever_the_umask() {
+    assert_root();
+    for umask in [0o022, 0o000] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+        let socket = dir.path().join("nic.sock");
+        let log = dir.path().join("net.err");
+        let script = format!(
+            "umask {umask:03o}; exec \"$0\" vhost-user-net --nic socket={},mac=52:54:00:00:00:01",
+            socket.display()
+        );
+        let mut daemon = Command::new("sh")
+            .args(["-c", &script])
+            .arg(test_infra::exitless_bin())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "no NIC socket: {}", std::fs::read_to_string(&log).unwrap());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(mode(&socket), 0o600, "a NIC's socket made with umask {umask:03o}");
+        assert_refused(&socket, GET_FEATURES, &format!("a NIC's socket (umask {umask:03o})"));
+        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        wait_for_log(read_log, &format!("refused a connection from uid {NOBODY_UID}"), "the NIC");
+        assert!(features_answered(&socket), "the NIC serves its owner's frontend");
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    }
+}
+
+#[test]
 fn a_ram_disk_is_no_file_another_user_can_reach() {
     assert_root();
     let dir = tempfile::tempdir().unwrap();

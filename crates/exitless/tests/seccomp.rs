@@ -416,6 +416,40 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
     assert!(!api.exists(), "the API's socket is removed on the way out");
 }
 
+#[test]
+fn the_net_daemon_confines_every_thread_and_still_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
+    let mut command = exitless(&["vhost-user-net", "--seccomp", "kill"]);
+    for (i, socket) in sockets.iter().enumerate() {
+        command.args(["--nic", &format!("socket={},mac=52:54:00:00:00:0{}", socket.display(), i + 1)]);
+    }
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    for socket in &sockets {
+        assert_ne!(get_features(socket), 0, "{}: a frontend's GET_FEATURES is answered", socket.display());
+    }
+    wait_until_confined(&mut child, &["exitless", "iocore", "nic-0", "nic-1"]);
+    use sandbox::ThreadKind;
+    let checked = assert_every_thread_confined(child.id(), |main, name| match name {
+        _ if main => Some(ThreadKind::VhostUserConnection),
+        "iocore" => Some(ThreadKind::VhostUserIoCore),
+        "stop-watchdog" => Some(ThreadKind::StopWatchdog),
+        name if name.strip_prefix("nic-").is_some_and(|n| n.parse::<u32>().is_ok()) => {
+            Some(ThreadKind::VhostUserConnection)
+        }
+        _ => None,
+    });
+    eprintln!("threads checked: {checked:?}");
+    assert_eq!(checked.iter().filter(|t| t.contains(" nic-")).count(), 2, "a thread per NIC: {checked:?}");
+    // SAFETY: kill(2) on our own child, which has not been waited for yet.
+    unsafe { libc::kill(libc::pid_t::try_from(child.id()).unwrap(), libc::SIGTERM) };
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "SIGTERM ends it cleanly: {}", stderr(&output));
+    for socket in &sockets {
+        assert!(!socket.exists(), "{} is removed on the way out", socket.display());
+    }
+}
+
 /// The names librados and librbd give the threads they start (Ceph 16), all under the RBD client
 /// filter.
 const LIBRBD_THREADS: &[&str] = &[

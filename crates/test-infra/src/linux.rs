@@ -15,6 +15,11 @@ pub struct Kernel {
 /// The kernel scripts/setup.sh installs (the newest in /boot) and its virtio-blk modules;
 /// panics, saying what to install, without them.
 pub fn kernel() -> Kernel {
+    kernel_with(&["virtio_pci", "virtio_blk"])
+}
+
+/// As [`kernel`], with the modules of `drivers` (and what they need), in that order.
+pub fn kernel_with(drivers: &[&str]) -> Kernel {
     let mut images: Vec<PathBuf> = std::fs::read_dir("/boot")
         .into_iter()
         .flatten()
@@ -33,7 +38,7 @@ pub fn kernel() -> Kernel {
         panic!("cannot read {}/modules.dep ({e}): are the modules installed?", dir.display())
     });
     let mut modules: Vec<PathBuf> = Vec::new();
-    for wanted in ["virtio_pci", "virtio_blk"] {
+    for &wanted in drivers {
         let name = format!("/{wanted}.ko");
         if builtin.lines().any(|l| l.ends_with(&name)) {
             continue;

@@ -28,7 +28,7 @@ mod handover;
 mod placement;
 mod prometheus;
 mod routes;
-mod signals;
+pub mod signals;
 mod spec;
 mod stats;
 

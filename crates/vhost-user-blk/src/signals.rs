@@ -15,7 +15,7 @@ const STOP_GRACE: Duration = Duration::from_millis(1500);
 /// Exit (status 0) STOP_GRACE after SIGINT/SIGTERM arrives, if the orderly stop has not ended
 /// the process by then: a watchdog thread that polls the same signalfd (the signal stays
 /// pending on it, so the server sees it too).
-pub(crate) fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::Result<()> {
+pub fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::Result<()> {
     let stop = stop.try_clone()?;
     std::thread::Builder::new().name("stop-watchdog".into()).spawn(move || {
         if let Err(e) = filter.install() {
@@ -34,7 +34,7 @@ pub(crate) fn exit_after_stop_grace(stop: &OwnedFd, filter: Filter) -> std::io::
 }
 
 /// Block SIGINT and SIGTERM and return a signalfd that becomes readable when one arrives.
-pub(crate) fn stop_signals() -> std::io::Result<OwnedFd> {
+pub fn stop_signals() -> std::io::Result<OwnedFd> {
     // SAFETY: sigset_t is plain data initialised by sigemptyset before use; pthread_sigmask and
     // signalfd read it; the returned descriptor is checked and then owned.
     unsafe {

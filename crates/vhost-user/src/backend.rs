@@ -26,12 +26,15 @@ use crate::memory::GuestMemoryTable;
 use vhost_user_protocol::features::{protocol, VHOST_F_LOG_ALL, VHOST_USER_F_PROTOCOL_FEATURES};
 use vhost_user_protocol::message::{Message, Request, VringAddr, MAX_CONFIG_SIZE, VRING_F_LOG};
 
-/// The protocol features this backend offers.
-pub const OFFERED_PROTOCOL_FEATURES: u64 = 1 << protocol::MQ
-    | 1 << protocol::LOG_SHMFD
-    | 1 << protocol::REPLY_ACK
-    | 1 << protocol::CONFIG
-    | 1 << protocol::INFLIGHT_SHMFD;
+/// The protocol features every device is served with: several rings, live migration's dirty
+/// log, and acknowledged requests.
+pub const BASE_PROTOCOL_FEATURES: u64 =
+    1 << protocol::MQ | 1 << protocol::LOG_SHMFD | 1 << protocol::REPLY_ACK;
+
+/// The protocol features the block device offers: the base ones, configuration space (its
+/// cache-mode switch) and in-flight tracking (a restarted daemon resubmits what it held).
+pub const OFFERED_PROTOCOL_FEATURES: u64 =
+    BASE_PROTOCOL_FEATURES | 1 << protocol::CONFIG | 1 << protocol::INFLIGHT_SHMFD;
 
 /// The virtio features a session offers for `device` (GET_FEATURES' answer): the device model's,
 /// protocol features, and dirty logging for live migration.
@@ -311,13 +314,11 @@ impl<'a> Session<'a> {
                 }
                 Ok(None)
             }
-            Request::GetProtocolFeatures => u64_reply(OFFERED_PROTOCOL_FEATURES),
+            Request::GetProtocolFeatures => u64_reply(self.device.protocol_features()),
             Request::SetProtocolFeatures(features) => {
-                if features & !OFFERED_PROTOCOL_FEATURES != 0 {
-                    return Err(Error::ProtocolFeaturesNotOffered {
-                        requested: features,
-                        offered: OFFERED_PROTOCOL_FEATURES,
-                    });
+                let offered = self.device.protocol_features();
+                if features & !offered != 0 {
+                    return Err(Error::ProtocolFeaturesNotOffered { requested: features, offered });
                 }
                 self.protocol_features = features;
                 self.set_up = true;

@@ -77,6 +77,10 @@ impl Device for VhostUserBlk {
         self.block.features()
     }
 
+    fn protocol_features(&self) -> u64 {
+        crate::backend::OFFERED_PROTOCOL_FEATURES
+    }
+
     fn num_queues(&self) -> usize {
         self.block.num_queues()
     }

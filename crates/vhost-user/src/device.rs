@@ -35,6 +35,9 @@ pub trait Device: Send {
     /// The virtio features of the device model (the session adds the vhost-user ones).
     fn features(&self) -> u64;
 
+    /// The vhost-user protocol features it is served with (GET_PROTOCOL_FEATURES' answer).
+    fn protocol_features(&self) -> u64;
+
     /// How many rings the device has (GET_QUEUE_NUM's answer).
     fn num_queues(&self) -> usize;
 

@@ -81,6 +81,8 @@ pub enum Error {
     Start { index: usize, source: ActivateError },
     #[error("vring {0}: the IOCore did not hand its worker back; the queue's backend is lost")]
     Detach(usize),
+    #[error("the NIC's port: {0}")]
+    Switch(#[source] switch::SwitchError),
     #[error("cannot create an eventfd or duplicate the frontend's: {0}")]
     EventFd(#[source] io::Error),
     #[error("vring {index}: the {what} descriptor is not an eventfd (it is {found})")]

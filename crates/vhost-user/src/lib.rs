@@ -17,7 +17,7 @@
 //! - [`log`]: the dirty log a live migration shares (VHOST_F_LOG_ALL), in which rings mark
 //!   every guest page they write while logging is on.
 //! - [`device`]: what a session serves, a virtio device model across connections; [`block`]:
-//!   the block device.
+//!   the block device; [`net`]: a NIC, one port of a switch.
 //! - [`backend`]: the per-connection state machine.
 //! - [`handover`]: an upgrade without a hang-up: a daemon hands its sockets, connected
 //!   frontends and sessions to its successor, which rebuilds each session by replaying it.
@@ -38,6 +38,7 @@ pub mod handover;
 pub mod inflight;
 pub mod log;
 pub mod memory;
+pub mod net;
 pub mod server;
 mod shm;
 
@@ -45,4 +46,5 @@ pub use backend::Session;
 pub use block::VhostUserBlk;
 pub use device::{Device, Ring};
 pub use error::Error;
+pub use net::VhostUserNet;
 pub use server::{Ending, Server};

@@ -221,6 +221,11 @@ impl DeviceSignals {
         self
     }
 
+    /// Flag used buffers and interrupt the driver (for a worker outside this crate).
+    pub fn signal_used_buffers(&self) {
+        self.interrupt.signal_used_buffer();
+    }
+
     /// Where the worker reports what it did.
     pub fn stats(&self) -> &DeviceStats {
         &self.stats

@@ -1,0 +1,27 @@
+//! A polled Ethernet switch between virtio-net rings, run on an IOCore (issue 37's data plane).
+//!
+//! Each [`Port`] is one NIC: its guest's receive and transmit rings, in that guest's memory. The
+//! [`Switch`] is a single `QueueWorker`: on every pass it takes frames off each port's transmit
+//! ring, learns the port of each sender's address ([`mac_table`]), and copies the frame straight
+//! from the sender's chain into the receiver's (or, for a group or unknown address, into every
+//! other port's): one copy, no buffer in between, no system call. Device models attach and
+//! detach ports through [`SwitchControl`] while the switch runs.
+//!
+//! Every descriptor is checked against its guest's memory before a byte moves ([`chain`]); a
+//! malformed chain is returned unused and counted, a ring the driver broke stops its port only.
+//! No offload is offered, so every frame is at most [`MAX_FRAME_LEN`] bytes after its header.
+
+#![deny(missing_docs)]
+
+pub mod chain;
+pub mod ethernet;
+pub mod mac_table;
+pub mod port;
+mod switch;
+
+pub use ethernet::MacAddr;
+pub use port::{Port, PortCounters, PortParts};
+pub use switch::{Switch, SwitchControl, SwitchError, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,148 @@
+//! One NIC on the switch: its guest's receive and transmit rings, and what it did.
+
+use virtio::DeviceSignals;
+use virtqueue::dirty::DirtyLog;
+use virtqueue::queue::{Queue, QueueError};
+
+use crate::chain::Chain;
+
+/// What a port did, counted by the switch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PortCounters {
+    /// Frames taken from its transmit ring and switched.
+    pub tx_frames: u64,
+    /// Transmit chains with a bad descriptor, direction or length: returned, not switched.
+    pub tx_malformed: u64,
+    /// Frames it sent to its own address: dropped.
+    pub tx_to_self: u64,
+    /// Frames delivered into its receive ring.
+    pub rx_frames: u64,
+    /// Frames for it that found no receive buffer posted: dropped.
+    pub rx_no_buffer: u64,
+    /// Frames for it longer than the receive chain they would land in: dropped.
+    pub rx_too_big: u64,
+    /// Receive chains with a bad descriptor or too short for a header: returned empty.
+    pub rx_malformed: u64,
+    /// Used-buffer interrupts sent to its driver.
+    pub interrupts: u64,
+}
+
+/// What [`Port::into_parts`] hands back.
+pub struct PortParts {
+    /// The receive ring.
+    pub rx: Queue,
+    /// The transmit ring.
+    pub tx: Queue,
+    /// The receive ring's signals.
+    pub rx_signals: DeviceSignals,
+    /// The transmit ring's signals.
+    pub tx_signals: DeviceSignals,
+    /// The dirty log it marked in.
+    pub log: Option<DirtyLog>,
+    /// What it did on the switch.
+    pub counters: PortCounters,
+}
+
+/// A NIC's rings on the switch. Built by the device model once both rings run, handed to the
+/// switch through [`crate::SwitchControl::attach`], and handed back by `detach`.
+pub struct Port {
+    pub(crate) rx: Queue,
+    pub(crate) tx: Queue,
+    rx_signals: DeviceSignals,
+    tx_signals: DeviceSignals,
+    /// Marks the guest pages frames are written into, while a live migration runs.
+    pub(crate) log: Option<DirtyLog>,
+    /// A receive chain taken from the ring and not filled yet: a frame too long for it was
+    /// dropped, and the chain waits for the next.
+    pub(crate) staged: Option<u16>,
+    pub(crate) staged_chain: Chain,
+    rx_used: usize,
+    tx_used: usize,
+    /// The driver broke a ring: the port is not served until it is detached.
+    pub(crate) broken: bool,
+    /// What it did since it was attached.
+    pub counters: PortCounters,
+}
+
+impl Port {
+    /// A port of receive ring `rx` and transmit ring `tx` (in one guest's memory), each with the
+    /// signals of its own call and error eventfds.
+    pub fn new(rx: Queue, tx: Queue, rx_signals: DeviceSignals, tx_signals: DeviceSignals) -> Port {
+        Port {
+            rx,
+            tx,
+            rx_signals,
+            tx_signals,
+            log: None,
+            staged: None,
+            staged_chain: Chain::default(),
+            rx_used: 0,
+            tx_used: 0,
+            broken: false,
+            counters: PortCounters::default(),
+        }
+    }
+
+    /// Mark every guest page the switch writes in `log`.
+    pub fn with_dirty_log(mut self, log: Option<DirtyLog>) -> Port {
+        self.log = log;
+        self
+    }
+
+    /// Everything back, the rings where they stopped (a staged receive chain is returned unused
+    /// first).
+    pub fn into_parts(mut self) -> PortParts {
+        if let Some(head) = self.staged.take() {
+            self.rx.add_used(head, 0);
+            self.rx.publish_used();
+        }
+        PortParts {
+            rx: self.rx,
+            tx: self.tx,
+            rx_signals: self.rx_signals,
+            tx_signals: self.tx_signals,
+            log: self.log,
+            counters: self.counters,
+        }
+    }
+
+    /// A transmit chain was consumed.
+    pub(crate) fn tx_done(&mut self, head: u16) {
+        self.tx.add_used(head, 0);
+        self.tx_used += 1;
+    }
+
+    /// A receive chain was filled with `written` bytes (0: returned unused).
+    pub(crate) fn rx_done(&mut self, head: u16, written: u32) {
+        self.rx.add_used(head, written);
+        self.rx_used += 1;
+    }
+
+    /// The driver broke ring `rx` or `tx`: tell it (its error eventfd) and stop serving the port.
+    pub(crate) fn break_ring(&mut self, rx: bool, why: QueueError) {
+        self.broken = true;
+        match rx {
+            true => self.rx_signals.queue_broken(why),
+            false => self.tx_signals.queue_broken(why),
+        }
+    }
+
+    /// Publish what the switch used of both rings since the last call, and interrupt the
+    /// driver where it asked to be.
+    pub(crate) fn publish(&mut self) {
+        if std::mem::take(&mut self.tx_used) > 0 {
+            self.tx.publish_used();
+            if self.tx.needs_interrupt() {
+                self.tx_signals.signal_used_buffers();
+                self.counters.interrupts += 1;
+            }
+        }
+        if std::mem::take(&mut self.rx_used) > 0 {
+            self.rx.publish_used();
+            if self.rx.needs_interrupt() {
+                self.rx_signals.signal_used_buffers();
+                self.counters.interrupts += 1;
+            }
+        }
+    }
+}

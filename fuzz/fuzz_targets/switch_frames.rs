@@ -1,0 +1,143 @@
+//! The switch: frames from hostile drivers' transmit rings (headers and Ethernet frames over
+//! 1-3 descriptors, to each other's addresses, to broadcast, to nobody, to themselves) into
+//! hostile drivers' receive rings, two or three guests on one switch. While a port's rings are
+//! not broken, each ring's used index counts exactly the chains the switch took from it; no
+//! port receives more frames than the others sent.
+#![no_main]
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use arbitrary::{Result, Unstructured};
+use exitless_fuzz::{address, queue_config, signals, DriverRing, MAX_STEPS, REGION_A, REGION_B};
+use libfuzzer_sys::fuzz_target;
+use switch::{MacAddr, Port, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN};
+use virtqueue::queue::{Queue, VIRTQ_DESC_F_WRITE};
+use virtqueue::QueueWorker;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+/// One guest on the switch: its memory, its driver's rings and reset flags, its port.
+struct Guest {
+    mem: GuestMemoryMmap,
+    rx: DriverRing,
+    tx: DriverRing,
+    broken: [Arc<std::sync::atomic::AtomicBool>; 2],
+    port: usize,
+    mac: MacAddr,
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = run(&mut Unstructured::new(data));
+});
+
+fn run(u: &mut Unstructured) -> Result<()> {
+    let control = Arc::new(SwitchControl::default());
+    let mut switch = Switch::new(control.clone());
+    switch.set_polling(u.arbitrary()?);
+    let mut guests = Vec::new();
+    for i in 0..u.int_in_range(2..=3u8)? {
+        // A memory of its own (the harness's `guest_memory` is one per thread): each guest's
+        // rings and buffers are where its driver put them, out of the others' reach.
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(REGION_A.0), REGION_A.1),
+            (GuestAddress(REGION_B.0), REGION_B.1),
+        ])
+        .expect("mapping a guest's memory");
+        let event_idx = u.arbitrary()?;
+        let (rx_config, rx_laid_out) = queue_config(u, 0)?;
+        let (tx_config, tx_laid_out) = queue_config(u, 1)?;
+        let (Ok(rx), Ok(tx)) = (Queue::new(&mem, rx_config, event_idx), Queue::new(&mem, tx_config, event_idx))
+        else {
+            return Ok(());
+        };
+        let ((rx_signals, rx_broken), (tx_signals, tx_broken)) = (signals(), signals());
+        let port = control.attach(Port::new(rx, tx, rx_signals, tx_signals)).expect("a free port");
+        guests.push(Guest {
+            mem,
+            rx: DriverRing::new(rx_config, rx_laid_out),
+            tx: DriverRing::new(tx_config, tx_laid_out),
+            broken: [rx_broken, tx_broken],
+            port,
+            mac: MacAddr([0x52, 0x54, 0, 0, 0, i + 1]),
+        });
+    }
+    let macs: Vec<MacAddr> = guests.iter().map(|g| g.mac).collect();
+    for _ in 0..MAX_STEPS {
+        if u.is_empty() {
+            break;
+        }
+        let g = u.choose_index(guests.len())?;
+        let guest = &mut guests[g];
+        match u.int_in_range(0..=9)? {
+            0 => guest.rx.driver_step(u, &guest.mem)?,
+            1 => guest.tx.driver_step(u, &guest.mem)?,
+            2 | 3 => guest.rx.net_receive_chain(u, &guest.mem)?,
+            4..=6 => post_transmit_chain(u, &guest.mem, &mut guest.tx, guest.mac, &macs)?,
+            7 => switch.set_polling(u.arbitrary()?),
+            _ => {
+                switch.poll();
+                check(&switch, &guests);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A transmit chain: a header and a frame from `own` to one of `macs`, broadcast, or anyone,
+/// over 1-3 buffers.
+fn post_transmit_chain(
+    u: &mut Unstructured,
+    mem: &GuestMemoryMmap,
+    ring: &mut DriverRing,
+    own: MacAddr,
+    macs: &[MacAddr],
+) -> Result<()> {
+    let len = NET_HDR_LEN
+        + match u.int_in_range(0..=7)? {
+            0 => u.int_in_range(0..=16)?,
+            1 => u.int_in_range(MAX_FRAME_LEN - 2..=MAX_FRAME_LEN + 2)?,
+            _ => u.int_in_range(14..=256)?,
+        };
+    let destination = match u.int_in_range(0..=5)? {
+        0 => MacAddr::BROADCAST,
+        1 => MacAddr(u.arbitrary()?),
+        2 => own,
+        _ => macs[u.choose_index(macs.len())?],
+    };
+    let source = if u.ratio(1, 8)? { MacAddr(u.arbitrary()?) } else { own };
+    let mut bytes = vec![0u8; len];
+    u.fill_buffer(&mut bytes)?;
+    if len >= NET_HDR_LEN + 12 {
+        bytes[NET_HDR_LEN..NET_HDR_LEN + 6].copy_from_slice(&destination.0);
+        bytes[NET_HDR_LEN + 6..NET_HDR_LEN + 12].copy_from_slice(&source.0);
+    }
+    let count = u.int_in_range(1..=3)?;
+    let mut parts = [(0, 0, 0); 3];
+    let mut at = 0;
+    for (i, part) in parts[..count].iter_mut().enumerate() {
+        let piece = if i + 1 == count { len - at } else { u.int_in_range(0..=len - at)? };
+        let addr = address(u)?;
+        ring.write(mem, addr, &bytes[at..at + piece]);
+        at += piece;
+        let flags = if u.ratio(1, 16)? { VIRTQ_DESC_F_WRITE } else { 0 };
+        *part = (addr, piece as u32, flags);
+    }
+    ring.chain(u, mem, &parts[..count])
+}
+
+/// While a port's rings are not broken (and laid out apart, so the used index is the switch's
+/// alone), each used index counts the chains taken; no port got more frames than were sent.
+fn check(switch: &Switch, guests: &[Guest]) {
+    let counters: Vec<_> = guests.iter().map(|g| switch.port_counters(g.port).expect("attached")).collect();
+    let sent: u64 = counters.iter().map(|c| c.tx_frames).sum();
+    for (guest, c) in guests.iter().zip(&counters) {
+        assert!(c.rx_frames <= sent - c.tx_frames.min(sent), "more frames received than the others sent: {c:?}");
+        let broken = guest.broken.iter().any(|b| b.load(Ordering::Acquire));
+        if broken || !(guest.rx.laid_out && guest.tx.laid_out) {
+            continue;
+        }
+        let wrap = |n: u64| Some((n % (1 << 16)) as u16);
+        assert_eq!(guest.tx.used_idx(&guest.mem), wrap(c.tx_frames + c.tx_malformed), "transmit used: {c:?}");
+        assert_eq!(guest.rx.used_idx(&guest.mem), wrap(c.rx_frames + c.rx_malformed), "receive used: {c:?}");
+    }
+}
