@@ -167,3 +167,31 @@ fn a_log_level_that_is_not_one() {
     assert_eq!(err.lines().count(), 1, "one line expected, got: {err}");
     assert!(err.starts_with("exitless: EXITLESS_LOG=loud: not a level (off, error, warn"), "{err}");
 }
+
+#[test]
+fn nics_that_cannot_be_told_apart_or_have_no_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = |name: &str| dir.path().join(name).display().to_string();
+    let nic = |name: &str, mac: &str| format!("socket={},mac={mac}", socket(name));
+    let (a, b) = (nic("a", "52:54:00:00:00:01"), nic("b", "52:54:00:00:00:01"));
+    assert_one_line_error(
+        &["vhost-user-net", "--nic", &a, "--nic", &b],
+        2,
+        "NICs 0 and 1 have the same MAC address",
+    );
+    let c = nic("a", "52:54:00:00:00:02");
+    assert_one_line_error(
+        &["vhost-user-net", "--nic", &a, "--nic", &c],
+        2,
+        "NICs 0 and 1 have the same socket",
+    );
+    let group = nic("a", "01:00:5e:00:00:01");
+    assert_one_line_error(&["vhost-user-net", "--nic", &group], 2, "must be unicast");
+    assert_one_line_error(
+        &["vhost-user-net", "--nic", &format!("socket={}", socket("a"))],
+        2,
+        "needs mac=MAC",
+    );
+    assert_one_line_error(&["vhost-user-net"], 2, "--nic");
+    assert!(!dir.path().join("a").exists(), "no socket was made");
+}

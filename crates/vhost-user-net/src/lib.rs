@@ -51,6 +51,9 @@ pub enum Error {
         #[source]
         source: vhost_user::Error,
     },
+    /// Two NICs were given one address or one socket.
+    #[error("NICs {first} and {second} have the same {what}: give each its own")]
+    Duplicate { first: usize, second: usize, what: &'static str },
     /// A NIC's connection thread could not be started.
     #[error("NIC {index}: cannot start its thread: {source}")]
     Thread {
@@ -62,6 +65,7 @@ pub enum Error {
 
 /// Run the daemon until SIGINT or SIGTERM.
 pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
+    check_distinct(&args.nic)?;
     let stop = stop_signals().map_err(Error::Signals)?;
     let seccomp = args.seccomp.mode();
     exit_after_stop_grace(&stop, Filter::new(ThreadKind::StopWatchdog, seccomp)?).map_err(Error::Watchdog)?;
@@ -101,6 +105,21 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
         let _ = thread.join();
     }
     iocore.stop();
+    Ok(())
+}
+
+/// No two NICs share an address (the switch could not tell them apart) or a socket.
+fn check_distinct(nics: &[Nic]) -> Result<(), Error> {
+    for (second, nic) in nics.iter().enumerate() {
+        for (first, earlier) in nics[..second].iter().enumerate() {
+            let what = match (earlier.mac == nic.mac, earlier.socket == nic.socket) {
+                (true, _) => "MAC address",
+                (_, true) => "socket",
+                _ => continue,
+            };
+            return Err(Error::Duplicate { first, second, what });
+        }
+    }
     Ok(())
 }
 
