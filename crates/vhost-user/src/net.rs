@@ -34,11 +34,6 @@ impl VhostUserNet {
         VhostUserNet { config, control, stats, waiting: [None, None], port: None }
     }
 
-    /// Start a connection's state.
-    pub fn session(&mut self) -> crate::Session<'_> {
-        crate::Session::new(self)
-    }
-
     /// Put the port on the switch once both rings wait.
     fn attach_if_paired(&mut self) -> Result<(), Error> {
         if self.waiting.iter().any(Option::is_none) {
