@@ -26,7 +26,7 @@ set -euo pipefail
 
 packages=(qemu-system-x86 fio iproute2 linux-image-cloud-amd64 busybox-static e2fsprogs util-linux coreutils
     gcc libc6-dev mount fuse3 libfuse3-dev pkg-config
-    python3-prometheus-client ceph-mon ceph-osd ceph-common librbd1 qemu-block-extra bc openssl)
+    python3-prometheus-client ceph-mon ceph-osd ceph-common librbd1 qemu-block-extra bc openssl ethtool)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -48,7 +48,7 @@ fn main() {
         },
         cli::Command::VhostUserNet(args) => match vhost_user_net::run(args) {
             Ok(()) => 0,
-            Err(e @ vhost_user_net::Error::Duplicate { .. }) => usage_error(e),
+            Err(e) if e.is_usage() => usage_error(e),
             Err(e) => fail(e),
         },
     };

@@ -169,7 +169,7 @@ fn a_log_level_that_is_not_one() {
 }
 
 #[test]
-fn nics_that_cannot_be_told_apart_or_have_no_address() {
+fn nics_that_cannot_be_told_apart_or_have_no_address_and_uplinks_that_do_not_exist() {
     let dir = tempfile::tempdir().unwrap();
     let socket = |name: &str| dir.path().join(name).display().to_string();
     let nic = |name: &str, mac: &str| format!("socket={},mac={mac}", socket(name));
@@ -193,5 +193,12 @@ fn nics_that_cannot_be_told_apart_or_have_no_address() {
         "needs mac=MAC",
     );
     assert_one_line_error(&["vhost-user-net"], 2, "--nic");
+    assert_one_line_error(&["vhost-user-net", "--nic", &format!("{a},isolated=maybe")], 2, "isolated=on|off");
+    assert_one_line_error(&["vhost-user-net", "--nic", &format!("{a},pps=0")], 2, "above 0");
+    assert_one_line_error(
+        &["vhost-user-net", "--nic", &a, "--uplink", "xl-no-such-if"],
+        2,
+        "no network interface is called `xl-no-such-if`",
+    );
     assert!(!dir.path().join("a").exists(), "no socket was made");
 }

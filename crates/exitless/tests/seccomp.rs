@@ -432,7 +432,7 @@ fn the_net_daemon_confines_every_thread_and_still_serves() {
     use sandbox::ThreadKind;
     let checked = assert_every_thread_confined(child.id(), |main, name| match name {
         _ if main => Some(ThreadKind::VhostUserConnection),
-        "iocore" => Some(ThreadKind::VhostUserIoCore),
+        "iocore" => Some(ThreadKind::SwitchIoCore),
         "stop-watchdog" => Some(ThreadKind::StopWatchdog),
         name if name.strip_prefix("nic-").is_some_and(|n| n.parse::<u32>().is_ok()) => {
             Some(ThreadKind::VhostUserConnection)
@@ -581,6 +581,10 @@ fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
             // A pinned polling IOCore is watched while it is in the idle class.
             sandbox::ThreadKind::IoCoreWatch => {
                 with_self_test(name, exitless(&[&probe[..], &["--iocore-cpu", "0"]].concat()))
+            }
+            sandbox::ThreadKind::SwitchIoCore => {
+                let nic = format!("socket={},mac=52:54:00:00:00:01", dir.path().join("nic.sock").display());
+                with_self_test(name, exitless(&["vhost-user-net", "--seccomp", "kill", "--nic", &nic]))
             }
             sandbox::ThreadKind::VhostUserIoCore
             | sandbox::ThreadKind::VhostUserConnection

@@ -263,6 +263,13 @@ pub(crate) fn rules(thread: ThreadKind) -> Result<Rules, BackendError> {
             allow(&mut rules, DESCRIPTOR_CHECKS);
             one_of(&mut rules, libc::SYS_fcntl, 1, FCNTL_COMMANDS)?;
         }
+        ThreadKind::SwitchIoCore => {
+            allow(&mut rules, IOCORE);
+            own_scheduling_class(&mut rules)?;
+            // The uplink's flush: send(fd, NULL, 0, MSG_DONTWAIT), a send of no bytes (the
+            // frames are in the ring already).
+            one_of(&mut rules, libc::SYS_sendto, 2, &[0])?;
+        }
         ThreadKind::VhostUserConnection => {
             allow(&mut rules, CONNECTION);
             allow(&mut rules, DESCRIPTOR_CHECKS);

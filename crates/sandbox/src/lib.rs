@@ -41,6 +41,10 @@ pub enum ThreadKind {
     /// The vhost-user daemon's IOCore: the VMM's, plus the descriptor checks a frontend's fds
     /// need, and surviving a shrunk memory file.
     VhostUserIoCore,
+    /// `exitless vhost-user-net`'s IOCore: runs the switch, polling every NIC's rings and the
+    /// uplink's; its one system call of its own is the zero-length send that flushes the
+    /// uplink's transmit ring.
+    SwitchIoCore,
     /// The vhost-user daemon's connection thread: accepts frontends, reads their messages and
     /// maps their memory.
     VhostUserConnection,
@@ -82,10 +86,11 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// Every kind, for what iterates over them (tests, the self-test's names).
-    pub const ALL: [ThreadKind; 15] = [
+    pub const ALL: [ThreadKind; 16] = [
         ThreadKind::Vcpu,
         ThreadKind::IoCore,
         ThreadKind::VhostUserIoCore,
+        ThreadKind::SwitchIoCore,
         ThreadKind::VhostUserConnection,
         ThreadKind::PingPong,
         ThreadKind::VhostUserWatch,
@@ -106,6 +111,7 @@ impl ThreadKind {
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::IoCore => "iocore",
             ThreadKind::VhostUserIoCore => "vhost-user-iocore",
+            ThreadKind::SwitchIoCore => "switch-iocore",
             ThreadKind::VhostUserConnection => "vhost-user-connection",
             ThreadKind::PingPong => "pingpong",
             ThreadKind::VhostUserWatch => "vhost-user-watch",
@@ -133,6 +139,7 @@ impl fmt::Display for ThreadKind {
             ThreadKind::Vcpu => "vCPU",
             ThreadKind::IoCore => "IOCore",
             ThreadKind::VhostUserIoCore => "vhost-user IOCore",
+            ThreadKind::SwitchIoCore => "switch IOCore",
             ThreadKind::VhostUserConnection => "vhost-user connection",
             ThreadKind::PingPong => "ping-pong responder",
             ThreadKind::VhostUserWatch => "vhost-user watcher",

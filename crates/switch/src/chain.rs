@@ -3,7 +3,7 @@
 //! memory with no buffer in between.
 
 use virtqueue::queue::{Descriptor, Queue, QueueError};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 /// Descriptors one frame may use; a longer chain is dropped as malformed.
 pub const MAX_SEGMENTS: usize = 64;
@@ -93,30 +93,45 @@ impl Chain {
         done == out.len()
     }
 
-    /// Write `data` at byte `offset` of the chain; `false` if the chain is shorter. Calls
-    /// `written` with each guest range written, for the dirty log.
-    pub fn write(
-        &self,
-        mem: &GuestMemoryMmap,
-        offset: usize,
-        data: &[u8],
-        mut written: impl FnMut(u64, usize),
-    ) -> bool {
-        if offset.saturating_add(data.len()) > self.len {
+    /// Copy bytes `offset..offset + to.len()` of the chain into `to` (host memory); `false` if
+    /// the chain is shorter.
+    pub fn read_volatile(&self, mem: &GuestMemoryMmap, offset: usize, to: &VolatileSlice<'_>) -> bool {
+        if offset.saturating_add(to.len()) > self.len {
             return false;
         }
         let mut done = 0;
-        for (addr, n) in self.pieces(offset, data.len()) {
-            match mem.get_slice(GuestAddress(addr), n) {
-                Ok(slice) => {
-                    slice.copy_from(&data[done..done + n]);
-                    written(addr, n);
-                    done += n;
-                }
-                Err(_) => return false,
-            }
+        for (addr, n) in self.pieces(offset, to.len()) {
+            let (Ok(from), Ok(into)) = (mem.get_slice(GuestAddress(addr), n), to.subslice(done, n)) else {
+                return false;
+            };
+            from.copy_to_volatile_slice(into);
+            done += n;
         }
-        done == data.len()
+        done == to.len()
+    }
+
+    /// Copy `from` (host memory) to byte `offset` of the chain; `false` if the chain is shorter.
+    /// Calls `written` with each guest range written, for the dirty log.
+    pub fn write_volatile(
+        &self,
+        mem: &GuestMemoryMmap,
+        offset: usize,
+        from: &VolatileSlice<'_>,
+        mut written: impl FnMut(u64, usize),
+    ) -> bool {
+        if offset.saturating_add(from.len()) > self.len {
+            return false;
+        }
+        let mut done = 0;
+        for (addr, n) in self.pieces(offset, from.len()) {
+            let (Ok(into), Ok(piece)) = (mem.get_slice(GuestAddress(addr), n), from.subslice(done, n)) else {
+                return false;
+            };
+            piece.copy_to_volatile_slice(into);
+            written(addr, n);
+            done += n;
+        }
+        done == from.len()
     }
 }
 

@@ -20,8 +20,10 @@ pub mod port;
 mod switch;
 
 pub use ethernet::MacAddr;
-pub use port::{Port, PortCounters, PortParts};
-pub use switch::{Switch, SwitchControl, SwitchError, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH};
+pub use port::{Port, PortCounters, PortParts, PortPolicy};
+pub use switch::{
+    Switch, SwitchControl, SwitchError, UplinkCounters, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH,
+};
 
 #[cfg(test)]
 mod tests;

@@ -1,10 +1,23 @@
 //! One NIC on the switch: its guest's receive and transmit rings, and what it did.
 
+use rate_limiter::{Limits, RateLimiter};
 use virtio::DeviceSignals;
 use virtqueue::dirty::DirtyLog;
 use virtqueue::queue::{Queue, QueueError};
 
 use crate::chain::Chain;
+use crate::ethernet::MacAddr;
+
+/// What a NIC may do on the switch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortPolicy {
+    /// Isolated: it talks to the uplink only, never to another NIC, and only from this address
+    /// (a frame from any other is dropped as spoofed).
+    pub isolated_to: Option<MacAddr>,
+    /// What it may send: frames (`iops`) and bytes per second. A frame over the limit waits in
+    /// its transmit ring, as a disk's request does.
+    pub limits: Limits,
+}
 
 /// What a port did, counted by the switch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +28,12 @@ pub struct PortCounters {
     pub tx_malformed: u64,
     /// Frames it sent to its own address: dropped.
     pub tx_to_self: u64,
+    /// Frames between it and another NIC while either is isolated: dropped.
+    pub tx_isolated: u64,
+    /// Frames it sent from an address not its own while isolated: dropped.
+    pub tx_spoofed: u64,
+    /// Passes in which its frames waited for its rate limit.
+    pub tx_rate_limited: u64,
     /// Frames delivered into its receive ring.
     pub rx_frames: u64,
     /// Frames for it that found no receive buffer posted: dropped.
@@ -60,6 +79,10 @@ pub struct Port {
     tx_used: usize,
     /// The driver broke a ring: the port is not served until it is detached.
     pub(crate) broken: bool,
+    /// Isolated to the uplink, sending only from this address.
+    pub(crate) isolated_to: Option<MacAddr>,
+    /// Its transmit limits, if it has any.
+    pub(crate) limiter: Option<RateLimiter>,
     /// What it did since it was attached.
     pub counters: PortCounters,
 }
@@ -79,8 +102,17 @@ impl Port {
             rx_used: 0,
             tx_used: 0,
             broken: false,
+            isolated_to: None,
+            limiter: None,
             counters: PortCounters::default(),
         }
+    }
+
+    /// Hold the port to `policy`.
+    pub fn with_policy(mut self, policy: PortPolicy) -> Port {
+        self.isolated_to = policy.isolated_to;
+        self.limiter = policy.limits.any().then(|| RateLimiter::new(policy.limits));
+        self
     }
 
     /// Mark every guest page the switch writes in `log`.
@@ -104,6 +136,11 @@ impl Port {
             log: self.log,
             counters: self.counters,
         }
+    }
+
+    /// May it talk to port `other`? Not if either is isolated.
+    pub(crate) fn may_reach(&self, other: &Port) -> bool {
+        self.isolated_to.is_none() && other.isolated_to.is_none()
     }
 
     /// A transmit chain was consumed.

@@ -16,6 +16,7 @@ pub mod held_disk;
 pub mod huge_pages;
 pub mod linux;
 pub mod migration;
+pub mod net;
 pub mod qemu;
 
 use std::io::Read;

@@ -3,7 +3,8 @@
 //! NICs of the daemon go from one guest's transmit ring into the other's receive ring, with one
 //! copy and no system call (see the `switch` crate).
 //!
-//! This first form has no uplink, control API or hand-over yet: the NICs talk to each other.
+//! With `--uplink`, an AF_PACKET socket on a host interface carries frames to and from the
+//! host, its rings polled by the same IOCore. There is no control API or hand-over yet.
 
 #![deny(missing_docs)]
 
@@ -40,6 +41,9 @@ pub enum Error {
     /// A thread's seccomp filter could not be built or installed.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// The uplink's interface could not be opened.
+    #[error("uplink: {0}")]
+    Uplink(#[from] af_packet::PacketError),
     /// The IOCore could not be started.
     #[error(transparent)]
     IoCore(#[from] iocore::IoCoreError),
@@ -63,6 +67,13 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Is it the command line's fault (a usage error, status 2)?
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Error::Duplicate { .. } | Error::Uplink(af_packet::PacketError::NoInterface(_)))
+    }
+}
+
 /// Run the daemon until SIGINT or SIGTERM.
 pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     check_distinct(&args.nic)?;
@@ -70,16 +81,21 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     let seccomp = args.seccomp.mode();
     exit_after_stop_grace(&stop, Filter::new(ThreadKind::StopWatchdog, seccomp)?).map_err(Error::Watchdog)?;
     let control = Arc::new(SwitchControl::default());
-    let filter = Filter::new(ThreadKind::VhostUserIoCore, seccomp)?;
+    let mut switch = Switch::new(control.clone());
+    if let Some(interface) = &args.uplink {
+        switch = switch.with_uplink(af_packet::PacketRing::open(interface)?);
+        log::info!("uplink on {interface}");
+    }
+    let filter = Filter::new(ThreadKind::SwitchIoCore, seccomp)?;
     // The switch polls every ring: it takes no kicks (a NIC's guest never notifies).
     let iocore: IoCore<Switch> = IoCore::spawn_confined(Policy::Polling, args.iocore_cpu, filter)?;
-    iocore.attach(SWITCH_ID, Switch::new(control.clone()), None);
+    iocore.attach(SWITCH_ID, switch, None);
     let access = Access::owner_only();
     let mut threads = Vec::new();
     for (index, nic) in args.nic.iter().enumerate() {
         let server = vhost_user::Server::bind_with(&nic.socket, access.clone())
             .map_err(|source| Error::Socket { index, socket: nic.socket.clone(), source })?;
-        let mut device = VhostUserNet::new(nic.mac, control.clone());
+        let mut device = VhostUserNet::new(nic.mac, nic.policy, control.clone());
         let stop = stop.try_clone().map_err(|source| Error::Thread { index, source })?;
         let socket = nic.socket.clone();
         let thread = std::thread::Builder::new()

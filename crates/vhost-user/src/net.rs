@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use switch::{MacAddr, Port, SwitchControl};
+use switch::{MacAddr, Port, PortPolicy, SwitchControl};
 use virtio::net::{RX_QUEUE, TX_QUEUE, VIRTIO_NET_F_MAC};
 use virtio::{DeviceStats, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
@@ -17,6 +17,7 @@ const CONFIG_LEN: usize = 8;
 /// The NIC across connections: its address, and its rings while they are not on the switch.
 pub struct VhostUserNet {
     config: [u8; CONFIG_LEN],
+    policy: PortPolicy,
     control: Arc<SwitchControl>,
     stats: Arc<DeviceStats>,
     /// Rings started whose partner is not running yet, by ring index.
@@ -26,12 +27,13 @@ pub struct VhostUserNet {
 }
 
 impl VhostUserNet {
-    /// A NIC with address `mac` whose rings go on the switch `control` serves.
-    pub fn new(mac: MacAddr, control: Arc<SwitchControl>) -> VhostUserNet {
+    /// A NIC with address `mac`, held to `policy`, whose rings go on the switch `control`
+    /// serves.
+    pub fn new(mac: MacAddr, policy: PortPolicy, control: Arc<SwitchControl>) -> VhostUserNet {
         let mut config = [0u8; CONFIG_LEN];
         config[..6].copy_from_slice(&mac.0);
         let stats = Arc::new(DeviceStats::new(format!("vhost-user-net {mac}")));
-        VhostUserNet { config, control, stats, waiting: [None, None], port: None }
+        VhostUserNet { config, policy, control, stats, waiting: [None, None], port: None }
     }
 
     /// Put the port on the switch once both rings wait.
@@ -43,7 +45,9 @@ impl VhostUserNet {
             return Ok(());
         };
         // The receive ring is the one the switch writes guest memory through.
-        let port = Port::new(rx.queue, tx.queue, rx.signals, tx.signals).with_dirty_log(rx.log);
+        let port = Port::new(rx.queue, tx.queue, rx.signals, tx.signals)
+            .with_dirty_log(rx.log)
+            .with_policy(self.policy);
         let id = self.control.attach(port).map_err(Error::Switch)?;
         log::info!("{}: on the switch as port {id}", self.stats.name());
         self.port = Some(id);
@@ -92,12 +96,16 @@ impl Device for VhostUserNet {
         let parts = self.control.detach(id).map_err(Error::Switch)?.into_parts();
         let c = parts.counters;
         log::info!(
-            "{}: off the switch: {} frames sent, {} received, {} dropped for want of a buffer, {} malformed",
+            "{}: off the switch: {} frames sent, {} received, {} dropped for want of a buffer, {} malformed, \
+             {} to or from a NIC it is isolated from, {} spoofed; {} passes rate-limited",
             self.stats.name(),
             c.tx_frames,
             c.rx_frames,
             c.rx_no_buffer,
-            c.tx_malformed + c.rx_malformed
+            c.tx_malformed + c.rx_malformed,
+            c.tx_isolated,
+            c.tx_spoofed,
+            c.tx_rate_limited
         );
         // The other ring still runs as the session sees it: it waits for its partner again.
         let (stopped, other) = match index == RX_QUEUE {

@@ -13,6 +13,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 
+mod policy;
+mod uplink;
+
 const MEM: usize = 1 << 20;
 const SIZE: u16 = 16;
 /// (descriptors, avail, used) of the receive and the transmit ring.
@@ -53,17 +56,31 @@ struct Rig {
 }
 
 fn rig(guests: usize) -> Rig {
+    rig_with(&vec![PortPolicy::default(); guests], None)
+}
+
+/// The address of guest `i`.
+fn guest_mac(i: usize) -> MacAddr {
+    MacAddr([0x52, 0x54, 0, 0, 0, i as u8 + 1])
+}
+
+/// A switch with a guest for each policy, and `uplink` if given.
+fn rig_with(policies: &[PortPolicy], uplink: Option<af_packet::PacketRing>) -> Rig {
     let control = Arc::new(SwitchControl::default());
     let mut switch = Switch::new(control.clone());
+    if let Some(ring) = uplink {
+        switch = switch.with_uplink(ring);
+    }
     switch.set_polling(true);
-    let guests = (0..guests)
-        .map(|i| {
+    let guests = policies
+        .iter()
+        .enumerate()
+        .map(|(i, policy)| {
             let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
             let error = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
             let port = Port::new(queue(&mem, RX), queue(&mem, TX), signals(&error), signals(&error));
-            let port = control.attach(port).unwrap();
-            let mac = MacAddr([0x52, 0x54, 0, 0, 0, i as u8 + 1]);
-            Guest { mem, mac, rx_avail: 0, tx_avail: 0, rx_used_seen: 0, error, port }
+            let port = control.attach(port.with_policy(*policy)).unwrap();
+            Guest { mem, mac: guest_mac(i), rx_avail: 0, tx_avail: 0, rx_used_seen: 0, error, port }
         })
         .collect();
     Rig { control, switch, guests }

@@ -1,0 +1,366 @@
+//! An AF_PACKET socket on a host interface with its receive and transmit rings mapped into our
+//! memory (PACKET_MMAP, TPACKET_V2): the uplink of the switch.
+//!
+//! - Receiving is a load of the next slot's status word: a frame the kernel put there is read in
+//!   place and the slot handed back with one store. No system call.
+//! - Transmitting writes frames into free slots of the transmit ring; one `send` per batch
+//!   ([`PacketRing::flush`]) tells the kernel to put them on the wire.
+//!
+//! Every frame carries a virtio-net header (PACKET_VNET_HDR): a frame the host's stack sent with
+//! its checksum left to offload says so ([`Offload`]), and [`Received::finish_checksum`] fills
+//! it in; a segmentation-offload super-frame is told from an MTU-sized one. The interface is
+//! put in promiscuous mode, so frames to every guest's address arrive, and frames we transmit
+//! are not read back (PACKET_IGNORE_OUTGOING).
+
+#![deny(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
+
+mod checksum;
+mod mapping;
+
+use std::ffi::CString;
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use thiserror::Error;
+use vm_memory::{Bytes, VolatileSlice};
+
+use mapping::Mapping;
+
+/// Bytes of one ring slot: its `tpacket2_hdr`, the virtio-net header and a frame of up to 1518
+/// bytes, rounded up to a power of two.
+const SLOT_SIZE: usize = 2048;
+/// Bytes of one ring block; slots never straddle blocks.
+const BLOCK_SIZE: usize = 1 << 16;
+/// Slots in each ring.
+pub const RING_SLOTS: usize = 256;
+/// Every protocol, as the kernel's `ETH_P_ALL`.
+const ETH_P_ALL: u16 = 0x0003;
+/// The virtio-net header before every frame (`struct virtio_net_hdr`, without `num_buffers`).
+pub const VNET_HDR_LEN: usize = 10;
+/// Where a transmitted frame's bytes start in its slot (the kernel's `TPACKET2_HDRLEN` less the
+/// `sockaddr_ll` it counts in).
+const TX_DATA: usize = libc::TPACKET2_HDRLEN - size_of::<libc::sockaddr_ll>();
+/// The longest frame one transmit slot holds.
+pub const MAX_TX_FRAME: usize = SLOT_SIZE - TX_DATA - VNET_HDR_LEN;
+/// `virtio_net_hdr.flags`: the checksum from `csum_start` on is not filled in.
+const VNET_NEEDS_CSUM: u8 = 1;
+
+/// Why the uplink could not be opened; nothing is left open.
+#[derive(Debug, Error)]
+pub enum PacketError {
+    /// No interface has the name, or the name cannot be one.
+    #[error("no network interface is called `{0}` (see `ip link`)")]
+    NoInterface(String),
+    /// A step of the set-up failed: the socket, an option, the mapping or the bind.
+    #[error("cannot {step} the AF_PACKET socket on {interface}: {source}{}", hint(.source))]
+    SetUp {
+        /// The interface.
+        interface: String,
+        /// What was being done.
+        step: &'static str,
+        /// The system call's error.
+        source: io::Error,
+    },
+}
+
+fn hint(error: &io::Error) -> &'static str {
+    match error.raw_os_error() {
+        Some(libc::EPERM) => " (it takes root or CAP_NET_RAW)",
+        _ => "",
+    }
+}
+
+/// What the virtio-net header of a received frame says of its offloads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offload {
+    /// The checksum at `csum_start + csum_offset`, over the bytes from `csum_start` on, is left
+    /// to be filled in ([`Received::finish_checksum`]).
+    pub needs_checksum: bool,
+    /// Where the checksummed bytes start.
+    pub csum_start: u16,
+    /// Where the checksum is, from `csum_start`.
+    pub csum_offset: u16,
+    /// A segmentation-offload super-frame (a TSO, UFO or GSO frame): longer than the MTU, to be
+    /// cut into frames by whoever takes it.
+    pub segmented: bool,
+}
+
+/// A frame in the receive ring, lent for as long as [`PacketRing::receive`]'s closure runs.
+pub struct Received<'a> {
+    /// The frame from its Ethernet header on (without a VLAN tag the interface took off).
+    pub frame: VolatileSlice<'a>,
+    /// The 802.1Q tag the interface took off (TPID and TCI, big-endian), to put back after the
+    /// addresses.
+    pub vlan_tag: Option<[u8; 4]>,
+    /// The frame was longer than its slot; `frame` holds only its start.
+    pub truncated: bool,
+    /// Its offloads.
+    pub offload: Offload,
+}
+
+impl Received<'_> {
+    /// Fill in the checksum the sender left to offload, in the ring; `false` if the header's
+    /// offsets do not lie in the frame.
+    pub fn finish_checksum(&self) -> bool {
+        checksum::finish(&self.frame, self.offload.csum_start.into(), self.offload.csum_offset.into())
+    }
+}
+
+/// What [`PacketRing::transmit`]'s closure did with the slot it was lent.
+pub enum Fill {
+    /// The frame is the slot's first bytes, this many: send it.
+    Frame(usize),
+    /// Nothing to send: the slot stays free.
+    Nothing,
+}
+
+/// An AF_PACKET socket bound to one interface, with both rings mapped.
+pub struct PacketRing {
+    // The mapping goes before the socket (fields drop in order): the kernel frees the rings when
+    // the socket closes.
+    rings: Mapping,
+    socket: OwnedFd,
+    interface: String,
+    rx_next: usize,
+    tx_next: usize,
+    tx_queued: bool,
+}
+
+// SAFETY: the rings are memory this value owns (its mapping), shared only with the kernel through
+// the status words' protocol; nothing in it is tied to the thread that made it.
+unsafe impl Send for PacketRing {}
+
+impl PacketRing {
+    /// Open an AF_PACKET socket on `interface`, map its rings, and put the interface in
+    /// promiscuous mode for as long as the socket lives.
+    pub fn open(interface: &str) -> Result<PacketRing, PacketError> {
+        let name = CString::new(interface).map_err(|_| PacketError::NoInterface(interface.into()))?;
+        // SAFETY: `name` is a NUL-terminated string; the call only reads it.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if index == 0 {
+            return Err(PacketError::NoInterface(interface.into()));
+        }
+        let fail = |step| move |source| PacketError::SetUp { interface: interface.into(), step, source };
+        let all_protocols = ETH_P_ALL.to_be();
+        // SAFETY: plain socket creation; the descriptor is owned at once below.
+        let fd = unsafe {
+            libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(all_protocols))
+        };
+        if fd < 0 {
+            return Err(fail("create")(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just created and nothing else owns it.
+        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+        // The header options must come before the rings, which are laid out by them.
+        set_option(&socket, libc::PACKET_VERSION, &(libc::tpacket_versions::TPACKET_V2 as i32))
+            .map_err(fail("set TPACKET_V2 on"))?;
+        set_option(&socket, libc::PACKET_VNET_HDR, &1i32).map_err(fail("set PACKET_VNET_HDR on"))?;
+        set_option(&socket, libc::PACKET_IGNORE_OUTGOING, &1i32)
+            .map_err(fail("set PACKET_IGNORE_OUTGOING on"))?;
+        // Frames go straight to the driver, as a switch's would, not through the host's qdisc.
+        set_option(&socket, libc::PACKET_QDISC_BYPASS, &1i32).map_err(fail("set PACKET_QDISC_BYPASS on"))?;
+        let ring = libc::tpacket_req {
+            tp_block_size: small(BLOCK_SIZE),
+            tp_block_nr: small(RING_SLOTS * SLOT_SIZE / BLOCK_SIZE),
+            tp_frame_size: small(SLOT_SIZE),
+            tp_frame_nr: small(RING_SLOTS),
+        };
+        let index = i32::try_from(index).map_err(|_| PacketError::NoInterface(interface.into()))?;
+        set_option(&socket, libc::PACKET_RX_RING, &ring).map_err(fail("make the receive ring of"))?;
+        set_option(&socket, libc::PACKET_TX_RING, &ring).map_err(fail("make the transmit ring of"))?;
+        let rings = Mapping::of(&socket, 2 * RING_SLOTS * SLOT_SIZE).map_err(fail("map the rings of"))?;
+        let address = libc::sockaddr_ll {
+            sll_family: small(libc::AF_PACKET),
+            sll_protocol: all_protocols,
+            sll_ifindex: index,
+            sll_hatype: 0,
+            sll_pkttype: 0,
+            sll_halen: 0,
+            sll_addr: [0; 8],
+        };
+        // SAFETY: `address` is a sockaddr_ll of the length given; bind only reads it.
+        let bound = unsafe {
+            libc::bind(
+                socket.as_raw_fd(),
+                (&address as *const libc::sockaddr_ll).cast(),
+                small(size_of::<libc::sockaddr_ll>()),
+            )
+        };
+        if bound < 0 {
+            return Err(fail("bind")(io::Error::last_os_error()));
+        }
+        let promiscuous = libc::packet_mreq {
+            mr_ifindex: index,
+            mr_type: small(libc::PACKET_MR_PROMISC),
+            mr_alen: 0,
+            mr_address: [0; 8],
+        };
+        set_option(&socket, libc::PACKET_ADD_MEMBERSHIP, &promiscuous)
+            .map_err(fail("make the interface promiscuous for"))?;
+        Ok(PacketRing {
+            rings,
+            socket,
+            interface: interface.into(),
+            rx_next: 0,
+            tx_next: 0,
+            tx_queued: false,
+        })
+    }
+
+    /// The interface's name.
+    pub fn interface(&self) -> &str {
+        &self.interface
+    }
+
+    /// Slot `index` of the receive ring (`false`) or the transmit ring (`true`).
+    fn slot(&self, tx: bool, index: usize) -> *mut u8 {
+        let ring = if tx { RING_SLOTS * SLOT_SIZE } else { 0 };
+        // In the mapping: `index` < RING_SLOTS.
+        self.rings.at(ring + index * SLOT_SIZE)
+    }
+
+    /// The status word of a slot, shared with the kernel.
+    fn status(&self, slot: *mut u8) -> &AtomicU32 {
+        // SAFETY: `slot` starts a slot of the mapping `self` holds, with its tpacket2_hdr first:
+        // `tp_status` is 4-aligned (the mapping is page-aligned, slots 2048 bytes apart) and the
+        // kernel accesses it atomically as well.
+        unsafe { AtomicU32::from_ptr(slot.cast()) }
+    }
+
+    /// Read slot field `T` at byte `offset` of its tpacket2_hdr.
+    fn field<T: Copy>(slot: *mut u8, offset: usize) -> T {
+        // SAFETY: callers read fields of the slot's 32-byte header, in the mapping, at their
+        // natural alignment; the kernel wrote them before it set the status word we loaded.
+        unsafe { slot.add(offset).cast::<T>().read_volatile() }
+    }
+
+    /// Is a received frame waiting?
+    pub fn has_received(&self) -> bool {
+        let slot = self.slot(false, self.rx_next);
+        self.status(slot).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+    }
+
+    /// Hand the next received frame, if there is one, to `take`, then give its slot back to the
+    /// kernel; whether there was one.
+    pub fn receive(&mut self, take: impl FnOnce(&Received<'_>)) -> bool {
+        let slot = self.slot(false, self.rx_next);
+        let status = self.status(slot).load(Ordering::Acquire);
+        if status & libc::TP_STATUS_USER == 0 {
+            return false;
+        }
+        // struct tpacket2_hdr: status, len, snaplen (u32), mac, net (u16), sec, nsec (u32),
+        // vlan_tci, vlan_tpid (u16).
+        let len = Self::field::<u32>(slot, 4) as usize;
+        let captured = Self::field::<u32>(slot, 8) as usize;
+        let mac = usize::from(Self::field::<u16>(slot, 12));
+        let tci = Self::field::<u16>(slot, 24);
+        let tpid = match status & libc::TP_STATUS_VLAN_TPID_VALID {
+            0 => 0x8100,
+            _ => Self::field::<u16>(slot, 26),
+        };
+        // The kernel lays the frame out inside the slot, its virtio-net header just before it;
+        // checked all the same, so a bad value cannot send us out of the ring.
+        if mac >= VNET_HDR_LEN + 32 && mac.saturating_add(captured) <= SLOT_SIZE {
+            let mut header = [0u8; VNET_HDR_LEN];
+            for (i, byte) in header.iter_mut().enumerate() {
+                *byte = Self::field(slot, mac - VNET_HDR_LEN + i);
+            }
+            // SAFETY: `mac..mac + captured` lies in the slot, which is ours (status USER) until
+            // the store below, after `take` returns; the slice's lifetime ends with `take`.
+            let frame = unsafe { VolatileSlice::new(slot.add(mac), captured) };
+            let [t0, t1] = tpid.to_be_bytes();
+            let [c0, c1] = tci.to_be_bytes();
+            take(&Received {
+                frame,
+                vlan_tag: (status & libc::TP_STATUS_VLAN_VALID != 0).then_some([t0, t1, c0, c1]),
+                truncated: captured < len,
+                offload: Offload {
+                    needs_checksum: header[0] & VNET_NEEDS_CSUM != 0,
+                    segmented: header[1] != 0,
+                    csum_start: u16::from_le_bytes([header[6], header[7]]),
+                    csum_offset: u16::from_le_bytes([header[8], header[9]]),
+                },
+            });
+        }
+        self.status(slot).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.rx_next = (self.rx_next + 1) % RING_SLOTS;
+        true
+    }
+
+    /// Lend the next free transmit slot's frame space ([`MAX_TX_FRAME`] bytes) to `fill`, and
+    /// queue what it wrote; `false` when every slot is still waiting to be sent. Queued frames
+    /// go out at the next [`PacketRing::flush`].
+    pub fn transmit(&mut self, fill: impl FnOnce(&VolatileSlice<'_>) -> Fill) -> bool {
+        let slot = self.slot(true, self.tx_next);
+        let status = self.status(slot).load(Ordering::Acquire);
+        // A frame the kernel refused (WRONG_FORMAT) leaves its slot to be reused.
+        if status != libc::TP_STATUS_AVAILABLE && status != libc::TP_STATUS_WRONG_FORMAT {
+            return false;
+        }
+        // SAFETY: the slot is free (the kernel is done with it) and in the mapping; the virtio-net
+        // header and the frame space after its tpacket2_hdr end at the slot's end. The slice's
+        // lifetime ends with `fill`.
+        let (header, frame) = unsafe {
+            (
+                VolatileSlice::new(slot.add(TX_DATA), VNET_HDR_LEN),
+                VolatileSlice::new(slot.add(TX_DATA + VNET_HDR_LEN), MAX_TX_FRAME),
+            )
+        };
+        let Fill::Frame(len) = fill(&frame) else { return true };
+        let len = len.min(MAX_TX_FRAME);
+        // No offload: a zero virtio-net header.
+        header.write_slice(&[0; VNET_HDR_LEN], 0).expect("the header fits its slot");
+        // SAFETY: tp_len, the second u32 of the free slot's tpacket2_hdr.
+        unsafe { slot.add(4).cast::<u32>().write_volatile(small(VNET_HDR_LEN + len)) };
+        self.status(slot).store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
+        self.tx_next = (self.tx_next + 1) % RING_SLOTS;
+        self.tx_queued = true;
+        true
+    }
+
+    /// Tell the kernel to send the frames queued since the last flush, without waiting. A
+    /// failure leaves them queued, for the next flush.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if !self.tx_queued {
+            return Ok(());
+        }
+        // SAFETY: a zero-length send on our socket: it reads no buffer.
+        let sent = unsafe { libc::send(self.socket.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
+        if sent < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() != io::ErrorKind::WouldBlock {
+                return Err(error);
+            }
+        } else {
+            self.tx_queued = false;
+        }
+        Ok(())
+    }
+}
+
+/// A constant of the kernel's ABI, or a length within a slot, in the narrower type a kernel
+/// structure holds it in (it always fits).
+fn small<T: TryFrom<U>, U: Copy + std::fmt::Debug>(value: U) -> T {
+    T::try_from(value).unwrap_or_else(|_| panic!("{value:?} does not fit its kernel field"))
+}
+
+/// setsockopt(SOL_PACKET, `option`, `value`).
+fn set_option<T>(socket: &OwnedFd, option: i32, value: &T) -> io::Result<()> {
+    // SAFETY: `value` is a `T`, of the length given; setsockopt only reads it.
+    let done = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_PACKET,
+            option,
+            (value as *const T).cast(),
+            small(size_of::<T>()),
+        )
+    };
+    match done {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}

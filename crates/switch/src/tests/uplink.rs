@@ -1,0 +1,195 @@
+//! The uplink on a real veth pair: the "host" is an AF_PACKET socket on the far end, which sends
+//! frames with the virtio-net header a host's stack would (offloads included).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use af_packet::PacketRing;
+use test_infra::net::{ip, Veth};
+
+use super::*;
+
+const HOST: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x99]);
+
+/// A raw AF_PACKET socket on one interface, each frame with a virtio-net header.
+struct Host(OwnedFd);
+
+impl Host {
+    fn on(interface: &str) -> Host {
+        let name = std::ffi::CString::new(interface).unwrap();
+        // SAFETY: plain calls on a socket made here; the structures are what they are given as.
+        unsafe {
+            let fd =
+                libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from((libc::ETH_P_ALL as u16).to_be()));
+            assert!(fd >= 0);
+            let fd = OwnedFd::from_raw_fd(fd);
+            let on = 1i32;
+            let set = libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_VNET_HDR,
+                (&on as *const i32).cast(),
+                4,
+            );
+            assert_eq!(set, 0);
+            let mut address: libc::sockaddr_ll = std::mem::zeroed();
+            address.sll_family = libc::AF_PACKET as u16;
+            address.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+            address.sll_ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
+            let len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            assert_eq!(libc::bind(fd.as_raw_fd(), (&address as *const libc::sockaddr_ll).cast(), len), 0);
+            Host(fd)
+        }
+    }
+
+    fn send(&self, vnet: [u8; af_packet::VNET_HDR_LEN], frame: &[u8]) {
+        let bytes = [&vnet[..], frame].concat();
+        // SAFETY: sends `bytes`, which outlives the call.
+        let sent = unsafe { libc::send(self.0.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+        assert_eq!(sent, bytes.len() as isize, "{}", std::io::Error::last_os_error());
+    }
+
+    /// The next frame within 5 s (a limit that only ends a test that would hang).
+    fn receive(&self) -> Option<Vec<u8>> {
+        let mut pollfd = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd; a buffer of the length given.
+        unsafe {
+            if libc::poll(&mut pollfd, 1, 5000) != 1 {
+                return None;
+            }
+            let mut buffer = vec![0u8; 65536];
+            let n = libc::recv(self.0.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len(), 0);
+            buffer.truncate(usize::try_from(n).ok()?);
+            Some(buffer.split_off(af_packet::VNET_HDR_LEN))
+        }
+    }
+}
+
+/// Poll the switch until guest `g` received something (or 5 s pass): its frames.
+fn poll_until_received(rig: &mut Rig, g: usize) -> Vec<Vec<u8>> {
+    let give_up = Instant::now() + Duration::from_secs(5);
+    loop {
+        rig.poll();
+        let got = rig.guests[g].received(&[2048]);
+        if !got.is_empty() || Instant::now() > give_up {
+            return got;
+        }
+    }
+}
+
+fn uplinked(policies: &[PortPolicy]) -> (Veth, Host, Rig) {
+    let veth = Veth::create();
+    // Room for frames longer than the switch takes.
+    for end in [&veth.ours, &veth.peer] {
+        ip(&["link", "set", end, "mtu", "9000"]);
+    }
+    let rig = rig_with(policies, Some(PacketRing::open(&veth.ours).unwrap()));
+    let host = Host::on(&veth.peer);
+    (veth, host, rig)
+}
+
+#[test]
+fn frames_go_between_nics_and_the_host_through_the_uplink() {
+    let (_veth, host, mut rig) = uplinked(&[PortPolicy::default(), PortPolicy::default()]);
+    for g in &mut rig.guests {
+        g.post_rx(0, &[2048]);
+        g.post_rx(1, &[2048]);
+    }
+    let a = rig.guests[0].mac;
+    let hello = frame(MacAddr::BROADCAST, HOST, 60, 1);
+    host.send([0; 10], &hello);
+    assert_eq!(poll_until_received(&mut rig, 0), vec![hello.clone()]);
+    assert_eq!(rig.guests[1].received(&[2048]), vec![hello]);
+    // Learnt: the host's address is on the uplink; a frame to it goes there only.
+    let answer = frame(HOST, a, 1514, 2);
+    rig.guests[0].transmit(0, &answer, &[14, 100]);
+    rig.poll();
+    assert_eq!(host.receive(), Some(answer));
+    assert_eq!(rig.guests[1].received(&[2048]).len(), 0);
+    // An address seen nowhere: every NIC and the host.
+    let unknown = frame(MacAddr([0x02, 0, 0, 0, 0, 0x42]), a, 60, 3);
+    rig.guests[0].transmit(1, &unknown, &[]);
+    rig.poll();
+    assert_eq!(host.receive(), Some(unknown.clone()));
+    assert_eq!(rig.guests[1].received(&[2048]), vec![unknown]);
+    let uplink = rig.switch.uplink_counters().unwrap();
+    assert_eq!((uplink.rx_frames, uplink.tx_frames), (1, 2));
+}
+
+/// A UDP/IPv4 frame from HOST to `to` with `payload`, its UDP checksum holding only the
+/// pseudo-header's sum (as a sender that leaves the checksum to offload sends it) or whole.
+fn udp_frame(to: MacAddr, payload: &[u8], whole: bool) -> Vec<u8> {
+    let udp_len = 8 + payload.len();
+    let mut f = frame(to, HOST, 14, 0);
+    let (src, dst) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+    f.extend_from_slice(&[0x45, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0]);
+    f[16..18].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&[0x30, 0x39, 0x00, 0x07]);
+    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    let sum16 = |bytes: &[u8]| -> u32 {
+        bytes.chunks(2).map(|p| u32::from(u16::from_be_bytes([p[0], *p.get(1).unwrap_or(&0)]))).sum()
+    };
+    let fold = |mut s: u32| {
+        while s >> 16 != 0 {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s as u16
+    };
+    let pseudo = fold(sum16(&src) + sum16(&dst) + 17 + udp_len as u32);
+    let checksum = match whole {
+        false => pseudo,
+        true => !fold(u32::from(pseudo) + sum16(&f[34..])),
+    };
+    f[40..42].copy_from_slice(&checksum.to_be_bytes());
+    f
+}
+
+#[test]
+fn the_hosts_checksum_offload_is_finished_its_vlan_tags_kept_and_its_long_frames_refused() {
+    let (_veth, host, mut rig) = uplinked(&[PortPolicy::default()]);
+    for head in 0..4 {
+        rig.guests[0].post_rx(head, &[2048]);
+    }
+    let a = rig.guests[0].mac;
+    // NEEDS_CSUM, the checksum at 34 + 6 over the UDP header and payload.
+    let payload: Vec<u8> = (0..333u32).map(|i| (i * 7) as u8).collect();
+    let mut vnet = [0u8; 10];
+    vnet[0] = 1;
+    vnet[6..8].copy_from_slice(&34u16.to_le_bytes());
+    vnet[8..10].copy_from_slice(&6u16.to_le_bytes());
+    host.send(vnet, &udp_frame(a, &payload, false));
+    assert_eq!(poll_until_received(&mut rig, 0), vec![udp_frame(a, &payload, true)]);
+    // An 802.1Q-tagged frame arrives tagged, whether or not the interface took the tag off.
+    let mut tagged = frame(a, HOST, 64, 9);
+    tagged.splice(12..12, [0x81, 0x00, 0x00, 0x2a]);
+    host.send([0; 10], &tagged);
+    assert_eq!(poll_until_received(&mut rig, 0), vec![tagged]);
+    // Longer than the switch takes: dropped and counted; the next frame goes on.
+    host.send([0; 10], &frame(a, HOST, 2000, 1));
+    let next = frame(a, HOST, 60, 2);
+    host.send([0; 10], &next);
+    assert_eq!(poll_until_received(&mut rig, 0), vec![next]);
+    assert_eq!(rig.switch.uplink_counters().unwrap().rx_too_big, 1);
+}
+
+#[test]
+fn an_isolated_nic_talks_to_the_host_only() {
+    let isolated = PortPolicy { isolated_to: Some(guest_mac(0)), ..PortPolicy::default() };
+    let (_veth, host, mut rig) = uplinked(&[isolated, PortPolicy::default()]);
+    for g in &mut rig.guests {
+        g.post_rx(0, &[2048]);
+    }
+    let a = rig.guests[0].mac;
+    let hello = frame(MacAddr::BROADCAST, a, 60, 1);
+    rig.guests[0].transmit(0, &hello, &[]);
+    rig.poll();
+    assert_eq!(host.receive(), Some(hello));
+    assert_eq!(rig.guests[1].received(&[2048]).len(), 0);
+    let answer = frame(a, HOST, 60, 2);
+    host.send([0; 10], &answer);
+    assert_eq!(poll_until_received(&mut rig, 0), vec![answer]);
+}

@@ -1,0 +1,84 @@
+//! Host networking for tests: veth pairs and network namespaces of the test's own, each removed
+//! when dropped.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Run `ip ARGS` (iproute2, installed by setup); panic if it fails.
+pub fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().expect("ip (iproute2) runs");
+    assert!(status.success(), "ip {} failed", args.join(" "));
+}
+
+/// A name no other interface or namespace of this test run has: `prefix`, the process id and a
+/// counter (at most 15 characters, Linux's limit for an interface name, for a short `prefix`).
+fn unique(prefix: &str) -> String {
+    static MADE: AtomicUsize = AtomicUsize::new(0);
+    format!("{prefix}{}x{}", std::process::id(), MADE.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A network namespace, deleted when dropped.
+pub struct Netns {
+    /// Its name, for `ip netns exec NAME`.
+    pub name: String,
+}
+
+impl Netns {
+    /// A new namespace with its loopback up.
+    pub fn create() -> Netns {
+        let netns = Netns { name: unique("xln") };
+        ip(&["netns", "add", &netns.name]);
+        ip(&["-n", &netns.name, "link", "set", "lo", "up"]);
+        netns
+    }
+
+    /// `ip netns exec NAME PROGRAM ...`, to run a program inside.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name, program]);
+        command
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// A veth pair, up, without IPv6 (so the host sends nothing of its own through it until told);
+/// deleted when dropped.
+pub struct Veth {
+    /// The end that stays in our namespace.
+    pub ours: String,
+    /// The other end.
+    pub peer: String,
+}
+
+impl Veth {
+    /// A new pair in our namespace.
+    pub fn create() -> Veth {
+        let veth = Veth { ours: unique("xla"), peer: unique("xlb") };
+        ip(&["link", "add", &veth.ours, "type", "veth", "peer", "name", &veth.peer]);
+        for end in [&veth.ours, &veth.peer] {
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{end}/disable_ipv6"), "1")
+                .expect("IPv6 turned off on a veth end");
+            ip(&["link", "set", end, "up"]);
+        }
+        veth
+    }
+
+    /// Move the peer end into `netns`, with address `cidr` (for example 10.0.0.1/24), up.
+    pub fn peer_into(&self, netns: &Netns, cidr: &str) {
+        ip(&["link", "set", &self.peer, "netns", &netns.name]);
+        ip(&["-n", &netns.name, "addr", "add", cidr, "dev", &self.peer]);
+        ip(&["-n", &netns.name, "link", "set", &self.peer, "up"]);
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        // Deleting one end deletes both, wherever the peer is.
+        let _ = Command::new("ip").args(["link", "del", &self.ours]).status();
+    }
+}
