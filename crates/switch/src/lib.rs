@@ -7,6 +7,10 @@
 //! other port's): one copy, no buffer in between, no system call. Device models attach and
 //! detach ports through [`SwitchControl`] while the switch runs.
 //!
+//! An uplink ([`Switch::with_uplink`]) is one more port: an AF_PACKET socket's mapped rings on a
+//! host interface, for addresses not on a NIC. Each port holds to its [`PortPolicy`]: isolation
+//! to the uplink, and rate limits on what it sends.
+//!
 //! Every descriptor is checked against its guest's memory before a byte moves ([`chain`]); a
 //! malformed chain is returned unused and counted, a ring the driver broke stops its port only.
 //! No offload is offered, so every frame is at most [`MAX_FRAME_LEN`] bytes after its header.
@@ -14,16 +18,17 @@
 #![deny(missing_docs)]
 
 pub mod chain;
+mod control;
+mod delivery;
 pub mod ethernet;
 pub mod mac_table;
 pub mod port;
 mod switch;
 
+pub use control::{SwitchControl, SwitchError};
 pub use ethernet::MacAddr;
 pub use port::{Port, PortCounters, PortParts, PortPolicy};
-pub use switch::{
-    Switch, SwitchControl, SwitchError, UplinkCounters, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH,
-};
+pub use switch::{Switch, UplinkCounters, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH};
 
 #[cfg(test)]
 mod tests;

@@ -1,21 +1,19 @@
 //! The switch: one `QueueWorker` an IOCore polls, serving every attached port's rings. Each pass
 //! takes frames off the transmit rings, learns where their senders are, and copies each frame
 //! into the receive ring of the port its destination was seen on, or of every other port for a
-//! group or unknown address. Nothing on this path allocates, locks or makes a system call;
-//! ports come and go through [`SwitchControl`], which the pass looks at only when it has news.
+//! group or unknown address, and the uplink's likewise. Nothing on this path allocates or locks;
+//! its one system call is the uplink's flush, once per pass that queued frames for the host.
+//! Ports come and go through [`SwitchControl`], which the pass looks at only when it has news.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use thiserror::Error;
-use virtqueue::QueueWorker;
+use std::sync::Arc;
 
 use af_packet::{Fill, PacketRing, Received};
-use vm_memory::{Bytes, GuestMemoryMmap, VolatileSlice};
+use virtqueue::QueueWorker;
+use vm_memory::Bytes;
 
-use crate::chain::{copy, At, Chain};
+use crate::chain::{At, Chain};
+use crate::control::{Command, SwitchControl};
+use crate::delivery::{deliver, Frame};
 use crate::ethernet::{Addresses, MacAddr, ADDRESSES_LEN};
 use crate::mac_table::MacTable;
 use crate::port::{Port, PortCounters};
@@ -31,64 +29,6 @@ pub const NET_HDR_LEN: usize = 12;
 pub const MAX_FRAME_LEN: usize = 1518;
 /// The shortest frame switched: an Ethernet header.
 pub const MIN_FRAME_LEN: usize = 14;
-/// How long `detach` waits for the switch to hand a port back.
-const DETACH_LIMIT: Duration = Duration::from_secs(5);
-
-/// Why a port could not be attached or detached.
-#[derive(Debug, Error)]
-pub enum SwitchError {
-    /// Every port slot is taken.
-    #[error("the switch has no free port (it serves at most {MAX_PORTS})")]
-    Full,
-    /// The switch did not hand the port back in time: its IOCore is not serving it.
-    #[error("the switch did not hand port {0} back within {DETACH_LIMIT:?}")]
-    DetachTimedOut(usize),
-}
-
-enum Command {
-    Attach(usize, Box<Port>),
-    Detach(usize, SyncSender<Option<Box<Port>>>),
-}
-
-/// How device models attach ports to a running switch and take them back: a mailbox the switch
-/// reads between passes. Shared by the switch and every NIC on it.
-#[derive(Default)]
-pub struct SwitchControl {
-    /// Commands are waiting: the only thing a pass reads of this without news.
-    pending: AtomicBool,
-    commands: Mutex<Vec<Command>>,
-    /// Which port slots are taken: bit N for port N.
-    taken: Mutex<u64>,
-}
-
-impl SwitchControl {
-    fn send(&self, command: Command) {
-        self.commands.lock().unwrap_or_else(|e| e.into_inner()).push(command);
-        self.pending.store(true, Ordering::Release);
-    }
-
-    /// Put `port` on the switch; its number, for [`SwitchControl::detach`].
-    pub fn attach(&self, port: Port) -> Result<usize, SwitchError> {
-        let id = {
-            let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-            let id = (0..MAX_PORTS).find(|&id| *taken & 1 << id == 0).ok_or(SwitchError::Full)?;
-            *taken |= 1 << id;
-            id
-        };
-        self.send(Command::Attach(id, Box::new(port)));
-        Ok(id)
-    }
-
-    /// Take port `id` off the switch, once the switch has finished the pass it is in.
-    pub fn detach(&self, id: usize) -> Result<Port, SwitchError> {
-        let (reply, answer): (_, Receiver<_>) = mpsc::sync_channel(1);
-        self.send(Command::Detach(id, reply));
-        let port = answer.recv_timeout(DETACH_LIMIT).map_err(|_| SwitchError::DetachTimedOut(id))?;
-        *self.taken.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << id);
-        port.map(|p| *p).ok_or(SwitchError::DetachTimedOut(id))
-    }
-}
-
 /// The mac table's port number for addresses seen on the uplink.
 const UPLINK: usize = MAX_PORTS;
 
@@ -159,8 +99,7 @@ impl Switch {
     }
 
     fn apply_commands(&mut self) {
-        let commands = std::mem::take(&mut *self.control.commands.lock().unwrap_or_else(|e| e.into_inner()));
-        for command in commands {
+        for command in self.control.take_commands() {
             match command {
                 Command::Attach(id, mut port) => {
                     port.tx.set_notifications(!self.polling);
@@ -359,98 +298,6 @@ fn destination_of(table: &MacTable, mac: MacAddr) -> Option<usize> {
     }
 }
 
-/// Where the bytes of the frame being delivered are.
-#[derive(Clone, Copy)]
-enum Frame<'a> {
-    /// In a NIC's transmit chain, after its header.
-    Guest(At<'a>),
-    /// In the uplink's receive ring, less the VLAN tag the interface took off, if any.
-    Host { bytes: VolatileSlice<'a>, vlan_tag: Option<[u8; 4]> },
-}
-
-impl Frame<'_> {
-    /// Copy the frame's `len` bytes after the header of `chain`, in `mem`; `false` if it is
-    /// shorter. Calls `mark` with each guest range written.
-    fn write_to(
-        self,
-        chain: &Chain,
-        mem: &GuestMemoryMmap,
-        len: usize,
-        mut mark: impl FnMut(u64, usize),
-    ) -> bool {
-        let to = At { chain, mem, offset: NET_HDR_LEN };
-        match self {
-            Frame::Guest(from) => copy(to, from, len, mark),
-            Frame::Host { bytes, vlan_tag: None } => chain.write_volatile(mem, NET_HDR_LEN, &bytes, mark),
-            Frame::Host { bytes, vlan_tag: Some(mut tag) } => {
-                // The tag goes back where it was: after the two addresses.
-                let (Ok(addresses), Ok(rest)) =
-                    (bytes.subslice(0, ADDRESSES_LEN), bytes.offset(ADDRESSES_LEN))
-                else {
-                    return false;
-                };
-                let tag = VolatileSlice::from(&mut tag[..]);
-                chain.write_volatile(mem, NET_HDR_LEN, &addresses, &mut mark)
-                    && chain.write_volatile(mem, NET_HDR_LEN + ADDRESSES_LEN, &tag, &mut mark)
-                    && chain.write_volatile(mem, NET_HDR_LEN + ADDRESSES_LEN + tag.len(), &rest, &mut mark)
-            }
-        }
-    }
-}
-
-/// Copy `frame`, of `frame_len` bytes, into `receiver`'s next receive chain.
-fn deliver(receiver: &mut Port, frame: Frame<'_>, frame_len: usize) {
-    if receiver.broken {
-        return;
-    }
-    if receiver.staged.is_none() {
-        let head = match receiver.rx.pop_avail() {
-            Ok(Some(head)) => head,
-            Ok(None) => {
-                receiver.counters.rx_no_buffer += 1;
-                return;
-            }
-            Err(why) => return receiver.break_ring(true, why),
-        };
-        match receiver.staged_chain.gather(&receiver.rx, head, true) {
-            Err(why) => return receiver.break_ring(true, why),
-            Ok(true) if receiver.staged_chain.len >= NET_HDR_LEN => receiver.staged = Some(head),
-            Ok(_) => {
-                receiver.counters.rx_malformed += 1;
-                return receiver.rx_done(head, 0);
-            }
-        }
-    }
-    if frame_len > receiver.staged_chain.len - NET_HDR_LEN {
-        // The chain waits for a shorter frame.
-        receiver.counters.rx_too_big += 1;
-        return;
-    }
-    let Some(head) = receiver.staged.take() else { return };
-    let Port { rx, staged_chain, log, .. } = &*receiver;
-    let mut mark = |gpa: u64, len: usize| {
-        if let Some(log) = log {
-            log.mark(gpa, len as u64);
-        }
-    };
-    // No offload was negotiated: all fields 0 but `num_buffers`, 1.
-    let mut header = [0u8; NET_HDR_LEN];
-    header[10] = 1;
-    let mem = rx.memory();
-    let copied = staged_chain.write_volatile(mem, 0, &VolatileSlice::from(&mut header[..]), &mut mark)
-        && frame.write_to(staged_chain, mem, frame_len, &mut mark);
-    match copied {
-        true => {
-            receiver.counters.rx_frames += 1;
-            receiver.rx_done(head, (NET_HDR_LEN + frame_len) as u32);
-        }
-        false => {
-            receiver.counters.rx_malformed += 1;
-            receiver.rx_done(head, 0);
-        }
-    }
-}
-
 /// The ports `from` and `to` (different) of `ports`, both attached.
 fn pair(ports: &mut [Option<Box<Port>>], from: usize, to: usize) -> Option<(&mut Port, &mut Port)> {
     if from == to {
@@ -471,7 +318,7 @@ fn pair(ports: &mut [Option<Box<Port>>], from: usize, to: usize) -> Option<(&mut
 
 impl QueueWorker for Switch {
     fn poll(&mut self) -> usize {
-        if self.control.pending.swap(false, Ordering::Acquire) {
+        if self.control.take_news() {
             self.apply_commands();
         }
         let now = clock::ticks();
@@ -510,7 +357,7 @@ impl QueueWorker for Switch {
     }
 
     fn has_pending(&self) -> bool {
-        self.control.pending.load(Ordering::Acquire)
+        self.control.has_news()
             || self.uplink.as_ref().is_some_and(|uplink| uplink.ring.has_received())
             || self.ports.iter().flatten().any(|p| !p.broken && p.tx.has_avail().unwrap_or(false))
     }
