@@ -4,18 +4,23 @@
 //! reads and writes the tap) once with guest interrupts and once with the guest polling; and,
 //! where the host has `/dev/vhost-net`, with kernel vhost-net busy polling (`vhost=on,poll-us=`)
 //! and the guest polling. QEMU's vCPU thread runs on the vCPU CPU and its other threads (the
-//! main loop that serves the tap) on the IOCore CPU, as exitless's would. Exits come from QMP
-//! `query-stats`, sampled at the probe's marks; cores are QEMU's CPU time over wall time.
+//! main loop that serves the tap) on the IOCore CPU, as exitless's would. And with its NIC on
+//! `exitless vhost-user-net` (`-netdev vhost-user`), whose switch's IOCore, on the IOCore CPU,
+//! carries the frames to the responder through the daemon's uplink, a veth pair into the
+//! responder's namespace. Exits come from QMP `query-stats`, sampled at the probe's marks;
+//! cores are QEMU's (and the daemon's) CPU time over wall time.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use thiserror::Error;
 
 use super::super::blk_qemu::{exits_between, find};
 use super::super::causes_per;
-use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, TAP};
+use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, SERVER_UPLINK_IP, TAP, UPLINK_GUEST_IP};
 use crate::args::NetBenchArgs;
+use crate::daemon::{Backend as Daemon, DaemonError};
 use crate::probe_dir::{ProbeDir, ProbeDirError};
 use crate::qemu::{ProbeError, Qemu, QemuError};
 
@@ -33,6 +38,9 @@ const VHOST_POLL_US: u32 = 200;
 /// The kernel's vhost-net device, which `vhost=on` opens.
 const VHOST_NET: &str = "/dev/vhost-net";
 
+/// The guest's NIC address on `exitless vhost-user-net`.
+const SWITCH_GUEST_MAC: &str = "52:54:00:65:78:02";
+
 /// How QEMU's virtio-net reaches the tap.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -40,13 +48,16 @@ pub enum Backend {
     UserSpace,
     /// Kernel vhost-net with busy polling.
     VhostNet,
+    /// `exitless vhost-user-net`: the frames go through its switch and uplink.
+    ExitlessSwitch,
 }
 
 /// The peer configurations, in report order: (mode name, guest completion, backend).
-pub const CONFIGS: [(&str, &str, Backend); 3] = [
+pub const CONFIGS: [(&str, &str, Backend); 4] = [
     ("qemu virtio-net, tap, interrupt", "interrupt", Backend::UserSpace),
     ("qemu virtio-net, tap, poll", "poll", Backend::UserSpace),
     ("qemu virtio-net, vhost-net poll-us, poll", "poll", Backend::VhostNet),
+    ("qemu virtio-net on exitless vhost-user-net (uplink), poll", "poll", Backend::ExitlessSwitch),
 ];
 
 /// Why the QEMU peer could not be set up, or one of its runs failed.
@@ -64,6 +75,12 @@ pub enum QemuNetError {
     /// QEMU failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
+    /// `exitless vhost-user-net` could not be started.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// The path of this executable, which runs the daemon, is unknown.
+    #[error("cannot find this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
     /// The probe's run under QEMU gave no usable result.
     #[error(transparent)]
     Probe(#[from] ProbeError),
@@ -91,11 +108,16 @@ impl QemuNet {
         CONFIGS
             .iter()
             .map(|&(name, completion, backend)| {
+                let through = match backend {
+                    Backend::ExitlessSwitch => "the daemon's switch and uplink",
+                    _ => "the tap",
+                };
                 super::super::progress(format_args!(
-                    "{name}: UDP request-response through the tap, {} B",
+                    "{name}: UDP request-response through {through}, {} B",
                     args.size
                 ));
-                let mut row = Row::new("qemu", name.to_string(), args.size);
+                let vmm = if backend == Backend::ExitlessSwitch { "qemu+exitless" } else { "qemu" };
+                let mut row = Row::new(vmm, name.to_string(), args.size);
                 if let Err(e) = self.measure(&mut row, args, lab, tsc_khz, completion, backend) {
                     row.note = Some(format!("not measured: {e}"));
                 }
@@ -116,17 +138,36 @@ impl QemuNet {
         if backend == Backend::VhostNet && !Path::new(VHOST_NET).exists() {
             return Err(QemuNetError::NoVhostNet);
         }
+        let (guest_ip, server_ip) = match backend {
+            Backend::ExitlessSwitch => (UPLINK_GUEST_IP, SERVER_UPLINK_IP),
+            _ => (GUEST_IP, SERVER_TAP_IP),
+        };
         let cmdline = format!(
-            "probe.workload=udp-rr probe.ip={GUEST_IP} probe.dst={SERVER_TAP_IP} probe.port={PORT} probe.size={} \
+            "probe.workload=udp-rr probe.ip={guest_ip} probe.dst={server_ip} probe.port={PORT} probe.size={} \
              probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz} probe.completion={completion} \
              probe.pv_eoi=off probe.mark_linger_ms={MARK_LINGER_MS}",
             args.size, args.duration_ms, args.warmup
         );
-        let vhost = match backend {
-            Backend::UserSpace => "vhost=off".to_string(),
-            Backend::VhostNet => format!("vhost=on,poll-us={VHOST_POLL_US}"),
+        let (machine, nic, daemon) = match backend {
+            Backend::UserSpace | Backend::VhostNet => {
+                let vhost = match backend {
+                    Backend::VhostNet => format!("vhost=on,poll-us={VHOST_POLL_US}"),
+                    _ => "vhost=off".to_string(),
+                };
+                let nic = [
+                    "-netdev".to_string(),
+                    format!("tap,id=net0,ifname={TAP},script=no,downscript=no,{vhost}"),
+                    "-device".to_string(),
+                    "virtio-net-device,netdev=net0".to_string(),
+                ];
+                ("microvm,acpi=off", nic.to_vec(), None)
+            }
+            Backend::ExitlessSwitch => {
+                let (nic, daemon) = self.switch_nic(args, lab)?;
+                ("microvm,acpi=off,memory-backend=mem", nic, Some(daemon))
+            }
         };
-        let mut qemu_args = Qemu::probe_args("microvm,acpi=off", self.probe.elf(), &cmdline, MEM_MIB);
+        let mut qemu_args = Qemu::probe_args(machine, self.probe.elf(), &cmdline, MEM_MIB);
         qemu_args.extend(
             [
                 "-global",
@@ -134,13 +175,11 @@ impl QemuNet {
                 // Thread names, so that `pin_threads` can tell the vCPU thread from the others.
                 "-name",
                 "exitless-bench,debug-threads=on",
-                "-netdev",
-                &format!("tap,id=net0,ifname={TAP},script=no,downscript=no,{vhost}"),
-                "-device",
-                "virtio-net-device,netdev=net0",
             ]
             .map(String::from),
         );
+        qemu_args.extend(nic);
+        let helpers: Vec<u32> = daemon.iter().map(Daemon::id).collect();
         // QEMU opens the tap by name, so it must start in the tap's namespace: `ip netns exec`
         // enters it and execs QEMU, which keeps the process id the pinning and CPU time need.
         let in_netns = Qemu { binary: "ip".into(), version: self.qemu.version.clone() };
@@ -151,7 +190,7 @@ impl QemuNet {
         let _ = std::fs::remove_file(&qmp);
         let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
         let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
-        let (run, marks) = in_netns.run_marked_with(&wrapped, Some(&qmp), &[], timeout, |pid| {
+        let (run, marks) = in_netns.run_marked_with(&wrapped, Some(&qmp), &helpers, timeout, |pid| {
             crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
         })?;
         row.command = Some(run.command_line.clone());
@@ -175,6 +214,35 @@ impl QemuNet {
         row.exits_by_cause = causes_per(&counters, ops);
         let wall = end.at.duration_since(start.at).as_secs_f64();
         row.cpu_cores_used = (wall > 0.0).then(|| end.cpu.saturating_sub(start.cpu).as_secs_f64() / wall);
+        if let Some(daemon) = daemon {
+            daemon.terminate(Duration::from_secs(10))?;
+        }
         Ok(())
+    }
+
+    /// Start `exitless vhost-user-net` with one NIC and `lab`'s uplink, its IOCore on the IOCore
+    /// CPU: QEMU's arguments for a guest NIC on it, and the daemon.
+    fn switch_nic(&self, args: &NetBenchArgs, lab: &Lab) -> Result<(Vec<String>, Daemon), QemuNetError> {
+        let socket = self.probe.path().join("nic.sock");
+        let _ = std::fs::remove_file(&socket);
+        let mut command = Command::new(std::env::current_exe().map_err(QemuNetError::CurrentExe)?);
+        command
+            .arg("vhost-user-net")
+            .args(["--nic", &format!("socket={},mac={SWITCH_GUEST_MAC}", socket.display())])
+            .args(["--uplink", &lab.uplink, "--iocore-cpu", &args.iocore_cpu.to_string()])
+            .args(args.seccomp.flag());
+        let log = self.probe.path().join("vhost-user-net.log");
+        let daemon = Daemon::start(command, std::slice::from_ref(&socket), &log, "exitless vhost-user-net")?;
+        let nic = [
+            "-object".to_string(),
+            format!("memory-backend-memfd,id=mem,size={MEM_MIB}M,share=on"),
+            "-chardev".to_string(),
+            format!("socket,id=nic0,path={}", socket.display()),
+            "-netdev".to_string(),
+            "vhost-user,id=net0,chardev=nic0".to_string(),
+            "-device".to_string(),
+            format!("virtio-net-device,netdev=net0,mac={SWITCH_GUEST_MAC}"),
+        ];
+        Ok((nic.to_vec(), daemon))
     }
 }
