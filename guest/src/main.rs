@@ -95,6 +95,7 @@ extern "C" fn probe_main(start_info_addr: u64) -> ! {
         "blk-faults" => workloads::blk_faults::run(&env),
         "blk-durable" => workloads::blk_durable::run(&env),
         "udp-rr" => workloads::udp_rr::run(&env),
+        "udp-echo" => workloads::udp_echo::run(&env),
         "net-hostile" => workloads::net_hostile::run(&env),
         "triplefault" => x86::triple_fault(),
         "exception" => workloads::faults::invalid_opcode(),

@@ -720,6 +720,12 @@ pub struct NetBenchArgs {
     /// IOCore rather than the vCPU, whose every preemption is a VM exit).
     #[arg(long, value_name = "CPU")]
     pub responder_cpu: Option<usize>,
+    /// Host CPU for the VM-to-VM rows' responder guest. Its vCPU spins (the probe waits in ring
+    /// 3, even for an interrupt), so it needs a CPU of its own besides the client's vCPU and the
+    /// IOCore: by default the first CPU that is neither, and without one (a two-CPU host) the
+    /// VM-to-VM rows are not measured unless this names a CPU to share.
+    #[arg(long, value_name = "CPU")]
+    pub vm_responder_cpu: Option<usize>,
     /// Skip the bare-metal baseline.
     #[arg(long)]
     pub no_baseline: bool,

@@ -4,6 +4,7 @@
 //! is the same program (`exitless udp-echo`) in every case.
 
 mod qemu;
+mod vm_to_vm;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -41,6 +42,8 @@ const PACKET_CLIENT_PORT: u16 = 40000;
 const UPLINK_PEER: &str = "exlu0";
 const SERVER_UPLINK_IP: &str = "10.97.0.1";
 const UPLINK_GUEST_IP: &str = "10.97.0.2";
+/// The taps of the VM-to-VM peer, on a bridge in a namespace of their own.
+const BRIDGE_TAPS: [&str; 2] = ["exlb0", "exlb1"];
 const PORT: u16 = 7;
 
 /// Why the network bench stopped.
@@ -256,12 +259,23 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
         guests.push(lab.guest(mode, args, tsc_khz).map_err(|source| NetError::Guest { mode, source })?);
     }
     let mut peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
-    // "x QEMU": against the QEMU configuration with the most transactions per second (QEMU's
-    // own backends, not QEMU on exitless's daemon).
-    let best_peer =
-        peers.iter().filter(|r| r.vmm == "qemu").filter_map(|r| r.transactions_per_s).reduce(f64::max);
-    for row in guests.iter_mut().chain(peers.iter_mut().filter(|r| r.vmm != "qemu")) {
-        row.ratio_to_qemu = row.transactions_per_s.zip(best_peer).map(|(g, q)| g / q);
+    if let Some(qemu) = &qemu {
+        peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz));
+    }
+    // "x QEMU": against the QEMU configuration with the most transactions per second on the
+    // same path (QEMU's own backends, not QEMU on exitless's daemon).
+    let best_peer = |path: &str| {
+        peers
+            .iter()
+            .filter(|r| r.vmm == "qemu" && r.path == path)
+            .filter_map(|r| r.transactions_per_s)
+            .reduce(f64::max)
+    };
+    let best: Vec<Option<f64>> = guests.iter().chain(&peers).map(|r| best_peer(r.path)).collect();
+    for (row, best) in guests.iter_mut().chain(peers.iter_mut()).zip(best) {
+        if row.vmm != "qemu" {
+            row.ratio_to_qemu = row.transactions_per_s.zip(best).map(|(g, q)| g / q);
+        }
     }
     for mut row in guests.into_iter().chain(peers) {
         if let Some(host) = &bare_metal {
@@ -280,7 +294,8 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
         about: About::now("net"),
         network: format!(
             "guest {GUEST_IP} -> tap {TAP} -> {SERVER_TAP_IP}:{PORT}; QEMU on exitless vhost-user-net: guest \
-             {UPLINK_GUEST_IP} -> the daemon's switch -> uplink veth -> {SERVER_UPLINK_IP}:{PORT}; bare metal \
+             {UPLINK_GUEST_IP} -> the daemon's switch -> uplink veth -> {SERVER_UPLINK_IP}:{PORT}; VM to VM: \
+             client 10.96.0.2 -> the daemon's switch, or tap, bridge, tap -> guest `udp-echo` 10.96.0.1:{PORT}; bare metal \
              {CLIENT_VETH_IP} -> veth -> {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own \
              network namespace"
         ),
@@ -335,6 +350,8 @@ struct Lab {
     /// Our end of the veth pair whose other end (`UPLINK_PEER`) is in the server's namespace:
     /// the uplink of `exitless vhost-user-net`.
     uplink: String,
+    /// The namespace of the VM-to-VM peer's bridge and its two taps.
+    bridge: String,
     responder: Option<Child>,
 }
 
@@ -345,6 +362,7 @@ impl Lab {
             server: format!("exl-srv-{id}"),
             client: format!("exl-cli-{id}"),
             uplink: format!("exlu{id}"),
+            bridge: format!("exl-br-{id}"),
             responder: None,
         };
         let (server, client) = (lab.server.clone(), lab.client.clone());
@@ -383,6 +401,15 @@ impl Lab {
         ip(&["-n", &server, "addr", "add", &format!("{SERVER_UPLINK_IP}/24"), "dev", UPLINK_PEER])?;
         ip(&["-n", &server, "link", "set", UPLINK_PEER, "up"])?;
         ip(&["link", "set", &lab.uplink, "up"])?;
+        let bridge = lab.bridge.clone();
+        ip(&["netns", "add", &bridge])?;
+        ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &bridge, "link", "set", "br0", "up"])?;
+        for tap in BRIDGE_TAPS {
+            ip(&["-n", &bridge, "tuntap", "add", "dev", tap, "mode", "tap"])?;
+            ip(&["-n", &bridge, "link", "set", tap, "master", "br0"])?;
+            ip(&["-n", &bridge, "link", "set", tap, "up"])?;
+        }
         let exe = std::env::current_exe().map_err(NetError::CurrentExe)?;
         let mut responder = Command::new("ip");
         responder.args(["netns", "exec", &server]).arg(&exe).args([
@@ -533,7 +560,7 @@ impl Drop for Lab {
             let _ = responder.kill();
             let _ = responder.wait();
         }
-        for ns in [&self.server, &self.client] {
+        for ns in [&self.server, &self.client, &self.bridge] {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }

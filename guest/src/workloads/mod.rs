@@ -14,4 +14,5 @@ pub mod latency;
 pub mod net_hostile;
 pub mod netdev;
 pub mod pipeline;
+pub mod udp_echo;
 pub mod udp_rr;

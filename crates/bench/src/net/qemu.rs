@@ -22,13 +22,13 @@ use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, SERVER_UPLINK_IP
 use crate::args::NetBenchArgs;
 use crate::daemon::{Backend as Daemon, DaemonError};
 use crate::probe_dir::{ProbeDir, ProbeDirError};
-use crate::qemu::{ProbeError, Qemu, QemuError};
+use crate::qemu::{PeerMark, ProbeError, Qemu, QemuError, QemuRun};
 
 /// How long the probe idles at each mark while the runner samples QEMU's counters.
-const MARK_LINGER_MS: u64 = 30;
+pub(super) const MARK_LINGER_MS: u64 = 30;
 
 /// QEMU's guest RAM, as exitless's own (the VM config's default).
-const MEM_MIB: u64 = 256;
+pub(super) const MEM_MIB: u64 = 256;
 
 /// vhost-net's busy polling (`poll-us`): longer than a round trip through the responder here
 /// (tens of µs), so that the vhost worker that sent a request is still polling when its echo
@@ -81,6 +81,15 @@ pub enum QemuNetError {
     /// The path of this executable, which runs the daemon, is unknown.
     #[error("cannot find this executable: {0}")]
     CurrentExe(#[source] std::io::Error),
+    /// The VM-to-VM responder's log could not be made.
+    #[error("the responder's log: {0}")]
+    ResponderLog(#[source] std::io::Error),
+    /// The VM-to-VM responder's QEMU could not be started.
+    #[error("cannot start the responder's QEMU: {0}")]
+    ResponderStart(#[source] std::io::Error),
+    /// The VM-to-VM responder's QEMU did not come up.
+    #[error("the responder's QEMU did not come up: {0}")]
+    ResponderNotUp(String),
     /// The probe's run under QEMU gave no usable result.
     #[error(transparent)]
     Probe(#[from] ProbeError),
@@ -88,8 +97,8 @@ pub enum QemuNetError {
 
 /// QEMU with the probe exported for it.
 pub struct QemuNet {
-    qemu: Qemu,
-    probe: ProbeDir,
+    pub(super) qemu: Qemu,
+    pub(super) probe: ProbeDir,
 }
 
 impl QemuNet {
@@ -193,27 +202,7 @@ impl QemuNet {
         let (run, marks) = in_netns.run_marked_with(&wrapped, Some(&qmp), &helpers, timeout, |pid| {
             crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
         })?;
-        row.command = Some(run.command_line.clone());
-        let line = run
-            .stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["probe"] == "udp-rr")
-            .ok_or(ProbeError::NoResult(run.guest_status))?;
-        if run.guest_status != probe_abi::status::OK {
-            return Err(ProbeError::Status { status: run.guest_status, line }.into());
-        }
-        let ops = line["ops"].as_u64().unwrap_or(0);
-        row.transactions = ops;
-        row.transactions_per_s = line["tps"].as_f64();
-        row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
-        row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
-        let (start, end) = (find(&marks, 0)?, find(&marks, 1)?);
-        let counters = exits_between(start, end);
-        row.exits_per_transaction = Some(counters.get("exits") as f64 / ops.max(1) as f64);
-        row.exits_by_cause = causes_per(&counters, ops);
-        let wall = end.at.duration_since(start.at).as_secs_f64();
-        row.cpu_cores_used = (wall > 0.0).then(|| end.cpu.saturating_sub(start.cpu).as_secs_f64() / wall);
+        record(row, &run, &marks)?;
         if let Some(daemon) = daemon {
             daemon.terminate(Duration::from_secs(10))?;
         }
@@ -224,25 +213,72 @@ impl QemuNet {
     /// CPU: QEMU's arguments for a guest NIC on it, and the daemon.
     fn switch_nic(&self, args: &NetBenchArgs, lab: &Lab) -> Result<(Vec<String>, Daemon), QemuNetError> {
         let socket = self.probe.path().join("nic.sock");
-        let _ = std::fs::remove_file(&socket);
-        let mut command = Command::new(std::env::current_exe().map_err(QemuNetError::CurrentExe)?);
-        command
-            .arg("vhost-user-net")
-            .args(["--nic", &format!("socket={},mac={SWITCH_GUEST_MAC}", socket.display())])
-            .args(["--uplink", &lab.uplink, "--iocore-cpu", &args.iocore_cpu.to_string()])
-            .args(args.seccomp.flag());
-        let log = self.probe.path().join("vhost-user-net.log");
-        let daemon = Daemon::start(command, std::slice::from_ref(&socket), &log, "exitless vhost-user-net")?;
-        let nic = [
-            "-object".to_string(),
-            format!("memory-backend-memfd,id=mem,size={MEM_MIB}M,share=on"),
-            "-chardev".to_string(),
-            format!("socket,id=nic0,path={}", socket.display()),
-            "-netdev".to_string(),
-            "vhost-user,id=net0,chardev=nic0".to_string(),
-            "-device".to_string(),
-            format!("virtio-net-device,netdev=net0,mac={SWITCH_GUEST_MAC}"),
-        ];
-        Ok((nic.to_vec(), daemon))
+        let daemon =
+            start_switch(args, self.probe.path(), &[(&socket, SWITCH_GUEST_MAC)], Some(&lab.uplink))?;
+        Ok((vhost_user_nic(&socket, SWITCH_GUEST_MAC), daemon))
     }
+}
+
+/// Fill `row` from the client's run: its `udp-rr` result, and the exits (of every QEMU sampled)
+/// and cores between the probe's marks.
+pub(super) fn record(row: &mut Row, run: &QemuRun, marks: &[PeerMark]) -> Result<(), QemuNetError> {
+    row.command = Some(run.command_line.clone());
+    let line = run
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["probe"] == "udp-rr")
+        .ok_or(ProbeError::NoResult(run.guest_status))?;
+    if run.guest_status != probe_abi::status::OK {
+        return Err(ProbeError::Status { status: run.guest_status, line }.into());
+    }
+    let ops = line["ops"].as_u64().unwrap_or(0);
+    row.transactions = ops;
+    row.transactions_per_s = line["tps"].as_f64();
+    row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+    row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+    let (start, end) = (find(marks, 0)?, find(marks, 1)?);
+    let counters = exits_between(start, end);
+    row.exits_per_transaction = Some(counters.get("exits") as f64 / ops.max(1) as f64);
+    row.exits_by_cause = causes_per(&counters, ops);
+    let wall = end.at.duration_since(start.at).as_secs_f64();
+    row.cpu_cores_used = (wall > 0.0).then(|| end.cpu.saturating_sub(start.cpu).as_secs_f64() / wall);
+    Ok(())
+}
+
+/// Start `exitless vhost-user-net` serving `nics` (socket, MAC), with `uplink` if given, its
+/// IOCore on the IOCore CPU and its log in `dir`.
+pub(super) fn start_switch(
+    args: &NetBenchArgs,
+    dir: &Path,
+    nics: &[(&Path, &str)],
+    uplink: Option<&str>,
+) -> Result<Daemon, QemuNetError> {
+    let mut command = Command::new(std::env::current_exe().map_err(QemuNetError::CurrentExe)?);
+    command.args(["vhost-user-net", "--iocore-cpu", &args.iocore_cpu.to_string()]).args(args.seccomp.flag());
+    for (socket, mac) in nics {
+        let _ = std::fs::remove_file(socket);
+        command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
+    }
+    if let Some(uplink) = uplink {
+        command.args(["--uplink", uplink]);
+    }
+    let sockets: Vec<_> = nics.iter().map(|(socket, _)| socket.to_path_buf()).collect();
+    Ok(Daemon::start(command, &sockets, &dir.join("vhost-user-net.log"), "exitless vhost-user-net")?)
+}
+
+/// QEMU's arguments for a guest, RAM in a memfd shared with the daemon, whose NIC `mac` is on
+/// the vhost-user socket `socket` (with `-M ...,memory-backend=mem`).
+pub(super) fn vhost_user_nic(socket: &Path, mac: &str) -> Vec<String> {
+    [
+        "-object".to_string(),
+        format!("memory-backend-memfd,id=mem,size={MEM_MIB}M,share=on"),
+        "-chardev".to_string(),
+        format!("socket,id=nic0,path={}", socket.display()),
+        "-netdev".to_string(),
+        "vhost-user,id=net0,chardev=nic0".to_string(),
+        "-device".to_string(),
+        format!("virtio-net-device,netdev=net0,mac={mac}"),
+    ]
+    .to_vec()
 }

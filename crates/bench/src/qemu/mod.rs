@@ -135,6 +135,20 @@ impl Qemu {
         timeout: Duration,
         spawned: impl FnOnce(u32),
     ) -> Result<(QemuRun, Vec<PeerMark>), QemuError> {
+        self.run_marked_sampling(args, qmp, &[], helpers, timeout, spawned)
+    }
+
+    /// [`Qemu::run_marked_with`], also adding to each mark's exit counters those of the QEMUs
+    /// already running with QMP sockets `others` (the other VM of a VM-to-VM transaction).
+    pub fn run_marked_sampling(
+        &self,
+        args: &[String],
+        qmp: Option<&Path>,
+        others: &[&Path],
+        helpers: &[u32],
+        timeout: Duration,
+        spawned: impl FnOnce(u32),
+    ) -> Result<(QemuRun, Vec<PeerMark>), QemuError> {
         let mut args = args.to_vec();
         if let Some(qmp) = qmp {
             args.extend(["-qmp".to_string(), format!("unix:{},server=on,wait=off", qmp.display())]);
@@ -179,7 +193,8 @@ impl Qemu {
         // Connected now, while the guest boots: at a mark the sample is then one round trip, not
         // three, inside the guest's linger (a busy host made connecting there miss it).
         let mut qmp_client = qmp.and_then(|qmp| connect_early(qmp, pid));
-        let mut sample_error = None;
+        let mut other_clients = Vec::new();
+        let mut sample_error: Option<QemuError> = None;
         for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
             let Ok(line) = line else { break };
             if let Some((label, qmp)) = mark_label(&line).zip(qmp) {
@@ -188,7 +203,20 @@ impl Qemu {
                     if qmp_client.is_none() {
                         qmp_client = Some(qmp::Qmp::connect(qmp)?);
                     }
-                    qmp_client.as_mut().expect("connected above").vcpu_stats()
+                    if other_clients.is_empty() {
+                        other_clients =
+                            others.iter().map(|path| qmp::Qmp::connect(path)).collect::<Result<_, _>>()?;
+                    }
+                    let mut stats = qmp_client.as_mut().expect("connected above").vcpu_stats()?;
+                    for other in &mut other_clients {
+                        for (name, value) in other.vcpu_stats()? {
+                            match stats.iter_mut().find(|(n, _)| *n == name) {
+                                Some((_, sum)) => *sum += value,
+                                None => stats.push((name, value)),
+                            }
+                        }
+                    }
+                    Ok::<_, QemuError>(stats)
                 })();
                 match sample {
                     Ok(stats) => {

@@ -1,0 +1,227 @@
+//! VM to VM in `exitless bench net`: two probe guests in QEMU-KVM, one the `udp-rr` client and
+//! the other the `udp-echo` responder, through `exitless vhost-user-net`'s switch, and through
+//! two taps on a Linux bridge (QEMU's user-space tap backend; this host has no vhost-net).
+//!
+//! Each guest's vCPU has a CPU of its own (the probe waits in ring 3, spinning, even for an
+//! interrupt): the client's on the vCPU CPU, polling; the responder's on `--vm-responder-cpu`
+//! (by default a third CPU), taking interrupts; what carries the frames (the daemon's IOCore, or
+//! QEMU's main loops serving the taps) on the IOCore CPU. A host without a third CPU measures
+//! none of these rows unless told which CPU the responder shares. Exits are both VMs', sampled
+//! at the client's marks; cores are every process's.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::qemu::{record, start_switch, vhost_user_nic, QemuNet, QemuNetError, MARK_LINGER_MS, MEM_MIB};
+use super::{Lab, Row, BRIDGE_TAPS, PORT, RUN_SLACK};
+use crate::args::NetBenchArgs;
+use crate::qemu::{pin_threads, Qemu};
+
+/// What carries the frames between the two guests.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// `exitless vhost-user-net`: ring to ring through its switch.
+    Switch,
+    /// Two taps on a Linux bridge, each served by its QEMU's main loop.
+    Bridge,
+}
+
+/// The configurations, in report order: (mode name, carrier).
+pub const CONFIGS: [(&str, Carrier); 2] = [
+    ("two qemu on exitless vhost-user-net, client poll, responder interrupt", Carrier::Switch),
+    ("two qemu on taps and a linux bridge, client poll, responder interrupt", Carrier::Bridge),
+];
+
+const RESPONDER_IP: &str = "10.96.0.1";
+const CLIENT_IP: &str = "10.96.0.2";
+const RESPONDER_MAC: &str = "52:54:00:65:78:11";
+const CLIENT_MAC: &str = "52:54:00:65:78:12";
+
+/// One row per configuration.
+pub fn rows(net: &QemuNet, args: &NetBenchArgs, lab: &Lab, tsc_khz: u32) -> Vec<Row> {
+    let responder_cpu = args.vm_responder_cpu.or_else(|| spare_cpu(args));
+    CONFIGS
+        .iter()
+        .map(|&(name, carrier)| {
+            let vmm = if carrier == Carrier::Switch { "qemu+exitless" } else { "qemu" };
+            let mut row = Row::new(vmm, name.to_string(), args.size);
+            row.path = "vm-to-vm";
+            let Some(cpu) = responder_cpu else {
+                row.note = Some(
+                    "not measured: VM to VM needs a third CPU, for the responder's vCPU (it spins), besides the \
+                     client's vCPU and the IOCore; --vm-responder-cpu names one to share"
+                        .into(),
+                );
+                return row;
+            };
+            super::super::progress(format_args!("{name}: UDP request-response VM to VM, {} B", args.size));
+            if let Err(e) = measure(net, &mut row, args, lab, tsc_khz, carrier, cpu) {
+                row.note = Some(format!("not measured: {e}"));
+            }
+            row
+        })
+        .collect()
+}
+
+/// The first CPU this process may run on that is neither the vCPU's nor the IOCore's.
+fn spare_cpu(args: &NetBenchArgs) -> Option<usize> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (0..cpus).find(|&cpu| cpu != args.vcpu_cpu && cpu != args.iocore_cpu)
+}
+
+fn measure(
+    net: &QemuNet,
+    row: &mut Row,
+    args: &NetBenchArgs,
+    lab: &Lab,
+    tsc_khz: u32,
+    carrier: Carrier,
+    responder_cpu: usize,
+) -> Result<(), QemuNetError> {
+    let dir = net.probe.path();
+    let sockets = [dir.join("responder.sock"), dir.join("client.sock")];
+    let (machine, nics, daemon, netns) = match carrier {
+        Carrier::Switch => {
+            let served = [(sockets[0].as_path(), RESPONDER_MAC), (sockets[1].as_path(), CLIENT_MAC)];
+            let daemon = start_switch(args, dir, &served, None)?;
+            let nics = [vhost_user_nic(&sockets[0], RESPONDER_MAC), vhost_user_nic(&sockets[1], CLIENT_MAC)];
+            ("microvm,acpi=off,memory-backend=mem", nics, Some(daemon), None)
+        }
+        Carrier::Bridge => {
+            let nics = [tap_nic(BRIDGE_TAPS[0], RESPONDER_MAC), tap_nic(BRIDGE_TAPS[1], CLIENT_MAC)];
+            ("microvm,acpi=off", nics, None, Some(lab.bridge.as_str()))
+        }
+    };
+    let [responder_nic, client_nic] = nics;
+    let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
+    // It outlives the client's run, and is stopped when that ends.
+    let lifetime_ms = timeout.as_millis();
+    let responder_cmdline = format!(
+        "probe.workload=udp-echo probe.ip={RESPONDER_IP} probe.dst={CLIENT_IP} probe.port={PORT} \
+         probe.duration_ms={lifetime_ms} probe.tsc_khz={tsc_khz} probe.completion=interrupt"
+    );
+    let responder_qmp = dir.join("responder.qmp");
+    let responder = Responder::start(
+        net,
+        machine,
+        &responder_cmdline,
+        responder_nic,
+        &responder_qmp,
+        netns,
+        (responder_cpu, args.iocore_cpu),
+    )?;
+    let cmdline = format!(
+        "probe.workload=udp-rr probe.ip={CLIENT_IP} probe.dst={RESPONDER_IP} probe.port={PORT} probe.size={} \
+         probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz} probe.completion=poll \
+         probe.pv_eoi=off probe.mark_linger_ms={MARK_LINGER_MS}",
+        args.size, args.duration_ms, args.warmup
+    );
+    let mut client_args = in_netns(netns, &net.qemu);
+    client_args.extend(Qemu::probe_args(machine, net.probe.elf(), &cmdline, MEM_MIB));
+    client_args.extend(thread_names());
+    client_args.extend(client_nic);
+    let client_qmp = dir.join("client.qmp");
+    let _ = std::fs::remove_file(&client_qmp);
+    let helpers: Vec<u32> = std::iter::once(responder.pid()).chain(daemon.iter().map(|d| d.id())).collect();
+    let runner = Qemu { binary: client_args.remove(0).into(), version: net.qemu.version.clone() };
+    let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
+    let (run, marks) = runner.run_marked_sampling(
+        &client_args,
+        Some(&client_qmp),
+        &[responder_qmp.as_path()],
+        &helpers,
+        timeout,
+        |pid| pin_threads(pid, vcpu_cpu, io_cpu),
+    )?;
+    record(row, &run, &marks)?;
+    drop(responder);
+    if let Some(daemon) = daemon {
+        daemon.terminate(Duration::from_secs(10))?;
+    }
+    Ok(())
+}
+
+/// The responder's QEMU, killed when dropped.
+struct Responder(Child);
+
+impl Responder {
+    /// Boot the responder with `cmdline` and `nic`, its vCPU on `cpu` and its other threads on the
+    /// IOCore CPU, QMP on `qmp`; wait (at most 10 s) until QMP listens, so it is up before the
+    /// client asks for it.
+    fn start(
+        net: &QemuNet,
+        machine: &str,
+        cmdline: &str,
+        nic: Vec<String>,
+        qmp: &Path,
+        netns: Option<&str>,
+        (cpu, io_cpu): (usize, usize),
+    ) -> Result<Responder, QemuNetError> {
+        let _ = std::fs::remove_file(qmp);
+        let mut words = in_netns(netns, &net.qemu);
+        words.extend(Qemu::probe_args(machine, net.probe.elf(), cmdline, MEM_MIB));
+        words.extend(thread_names());
+        words.extend(nic);
+        words.extend(["-qmp".to_string(), format!("unix:{},server=on,wait=off", qmp.display())]);
+        let log = net.probe.path().join("responder.log");
+        let out = std::fs::File::create(&log).map_err(QemuNetError::ResponderLog)?;
+        let err = out.try_clone().map_err(QemuNetError::ResponderLog)?;
+        let child = Command::new(&words[0])
+            .args(&words[1..])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(QemuNetError::ResponderStart)?;
+        let mut responder = Responder(child);
+        pin_threads(responder.pid(), cpu, io_cpu);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !qmp.exists() {
+            if std::time::Instant::now() > deadline || responder.0.try_wait().ok().flatten().is_some() {
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(QemuNetError::ResponderNotUp(said.trim().to_string()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(responder)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The program and arguments that start QEMU, in network namespace `netns` if one is named (it
+/// opens its tap by name there; `ip netns exec` execs QEMU, which keeps the process id).
+fn in_netns(netns: Option<&str>, qemu: &Qemu) -> Vec<String> {
+    let binary = qemu.binary.display().to_string();
+    match netns {
+        Some(netns) => ["ip", "netns", "exec", netns, &binary].map(String::from).to_vec(),
+        None => vec![binary],
+    }
+}
+
+/// Thread names, so that `pin_threads` tells the vCPU thread from the others; modern virtio-mmio.
+fn thread_names() -> [String; 4] {
+    ["-global", "virtio-mmio.force-legacy=false", "-name", "exitless-bench,debug-threads=on"]
+        .map(String::from)
+}
+
+/// QEMU's arguments for a NIC `mac` on tap `tap`, served by QEMU's own user-space backend.
+fn tap_nic(tap: &str, mac: &str) -> Vec<String> {
+    [
+        "-netdev".to_string(),
+        format!("tap,id=net0,ifname={tap},script=no,downscript=no,vhost=off"),
+        "-device".to_string(),
+        format!("virtio-net-device,netdev=net0,mac={mac}"),
+    ]
+    .to_vec()
+}
