@@ -19,7 +19,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,27 @@ pub enum ServerError {
     #[error("cannot start the control API's thread: {0}")]
     Thread(std::io::Error),
 }
+
+/// Answer every call waiting in `calls` with `handle`, on the owner's control thread, once
+/// `wake` (the server's end of [`eventfd_pair`]) said there are some; it is drained first.
+pub fn answer_calls(calls: &Receiver<Call>, mut wake: &File, mut handle: impl FnMut(&Request) -> Response) {
+    let mut count = [0u8; 8];
+    let _ = wake.read(&mut count);
+    while let Ok(call) = calls.try_recv() {
+        let _ = call.reply.send(handle(&call.request));
+    }
+}
+
+/// Is `name` fit to name a resource in an API path (`/disks/NAME`, `/nics/NAME`) and the
+/// metrics: 1 to [`MAX_NAME`] letters, digits, `.`, `_` or `-`, not starting with `.`?
+pub fn is_resource_name(name: &str) -> bool {
+    (1..=MAX_NAME).contains(&name.len())
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// The longest resource name.
+pub const MAX_NAME: usize = 64;
 
 /// A JSON error answer: `{"error": "..."}`.
 pub fn error(status: u16, message: impl std::fmt::Display) -> Response {

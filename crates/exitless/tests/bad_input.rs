@@ -177,14 +177,10 @@ fn nics_that_cannot_be_told_apart_or_have_no_address_and_uplinks_that_do_not_exi
     assert_one_line_error(
         &["vhost-user-net", "--nic", &a, "--nic", &b],
         2,
-        "NICs 0 and 1 have the same MAC address",
+        "NIC nic1: address 52:54:00:00:00:01 is NIC nic0's already",
     );
     let c = nic("a", "52:54:00:00:00:02");
-    assert_one_line_error(
-        &["vhost-user-net", "--nic", &a, "--nic", &c],
-        2,
-        "NICs 0 and 1 have the same socket",
-    );
+    assert_one_line_error(&["vhost-user-net", "--nic", &a, "--nic", &c], 2, "is NIC nic0's already");
     let group = nic("a", "01:00:5e:00:00:01");
     assert_one_line_error(&["vhost-user-net", "--nic", &group], 2, "must be unicast");
     assert_one_line_error(

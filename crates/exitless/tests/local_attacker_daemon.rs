@@ -239,16 +239,18 @@ fn another_user_gets_nothing_from_any_socket_whatever_the_umask() {
 }
 
 #[test]
-fn another_user_gets_nothing_from_a_nic_socket_whatever_the_umask() {
+fn another_user_gets_nothing_from_a_nic_socket_or_the_nic_api_whatever_the_umask() {
     assert_root();
     for umask in [0o022, 0o000] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
         let socket = dir.path().join("nic.sock");
+        let api = dir.path().join("api.sock");
         let log = dir.path().join("net.err");
         let script = format!(
-            "umask {umask:03o}; exec \"$0\" vhost-user-net --nic socket={},mac=52:54:00:00:00:01",
-            socket.display()
+            "umask {umask:03o}; exec \"$0\" vhost-user-net --nic socket={},mac=52:54:00:00:00:01 --api-socket {}",
+            socket.display(),
+            api.display()
         );
         let mut daemon = Command::new("sh")
             .args(["-c", &script])
@@ -257,8 +259,12 @@ fn another_user_gets_nothing_from_a_nic_socket_whatever_the_umask() {
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "no NIC socket: {}", std::fs::read_to_string(&log).unwrap());
+        while !socket.exists() || !api.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "no NIC or API socket: {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(mode(&socket), 0o600, "a NIC's socket made with umask {umask:03o}");
@@ -266,6 +272,9 @@ fn another_user_gets_nothing_from_a_nic_socket_whatever_the_umask() {
         let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
         wait_for_log(read_log, &format!("refused a connection from uid {NOBODY_UID}"), "the NIC");
         assert!(features_answered(&socket), "the NIC serves its owner's frontend");
+        // Whoever writes the API's socket adds NICs and reads every NIC's counters.
+        assert_eq!(mode(&api), 0o600, "the NIC daemon's API socket made with umask {umask:03o}");
+        assert_refused(&api, &hex("GET /nics HTTP/1.1\r\n\r\n"), &format!("the NIC API (umask {umask:03o})"));
         let _ = daemon.kill();
         let _ = daemon.wait();
     }

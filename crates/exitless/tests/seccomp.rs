@@ -420,7 +420,9 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
 fn the_net_daemon_confines_every_thread_and_still_serves() {
     let dir = tempfile::tempdir().unwrap();
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
-    let mut command = exitless(&["vhost-user-net", "--seccomp", "kill"]);
+    let api = dir.path().join("api.sock");
+    let mut command =
+        exitless(&["vhost-user-net", "--seccomp", "kill", "--api-socket", api.to_str().unwrap()]);
     for (i, socket) in sockets.iter().enumerate() {
         command.args(["--nic", &format!("socket={},mac=52:54:00:00:00:0{}", socket.display(), i + 1)]);
     }
@@ -428,11 +430,21 @@ fn the_net_daemon_confines_every_thread_and_still_serves() {
     for socket in &sockets {
         assert_ne!(get_features(socket), 0, "{}: a frontend's GET_FEATURES is answered", socket.display());
     }
-    wait_until_confined(&mut child, &["exitless", "iocore", "nic-0", "nic-1"]);
+    wait_until_confined(&mut child, &["exitless", "iocore", "nic-0", "nic-1", "api"]);
+    // A NIC added through the API is served too, from a thread the control thread starts.
+    let c = dir.path().join("c.sock");
+    let body = format!(r#"{{"socket": "{}", "mac": "52:54:00:00:00:03"}}"#, c.display());
+    let put = format!("PUT /nics/c HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let answer = http(&api, &put);
+    assert!(answer.starts_with("HTTP/1.1 201 "), "{answer}");
+    assert_ne!(get_features(&c), 0, "the added NIC is served");
+    let metrics = http(&api, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(metrics.contains("exitless_nic_tx_frames_total"), "{metrics}");
     use sandbox::ThreadKind;
     let checked = assert_every_thread_confined(child.id(), |main, name| match name {
-        _ if main => Some(ThreadKind::VhostUserConnection),
+        _ if main => Some(ThreadKind::DaemonControl),
         "iocore" => Some(ThreadKind::SwitchIoCore),
+        "api" => Some(ThreadKind::ApiServer),
         "stop-watchdog" => Some(ThreadKind::StopWatchdog),
         name if name.strip_prefix("nic-").is_some_and(|n| n.parse::<u32>().is_ok()) => {
             Some(ThreadKind::VhostUserConnection)
@@ -440,7 +452,7 @@ fn the_net_daemon_confines_every_thread_and_still_serves() {
         _ => None,
     });
     eprintln!("threads checked: {checked:?}");
-    assert_eq!(checked.iter().filter(|t| t.contains(" nic-")).count(), 2, "a thread per NIC: {checked:?}");
+    assert_eq!(checked.iter().filter(|t| t.contains(" nic-")).count(), 3, "a thread per NIC: {checked:?}");
     // SAFETY: kill(2) on our own child, which has not been waited for yet.
     unsafe { libc::kill(libc::pid_t::try_from(child.id()).unwrap(), libc::SIGTERM) };
     let output = child.wait_with_output().unwrap();

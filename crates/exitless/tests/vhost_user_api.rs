@@ -1,10 +1,11 @@
-//! `exitless vhost-user-blk --api-socket`: the control API. A daemon started with no disk gets
-//! one through `PUT`, serves a QEMU guest (the probe under KVM) on it, has its limit changed
-//! while it runs, and removes it; its `/metrics` are read by Prometheus's own parser
-//! (python3-prometheus-client) and agree with what the guest did. Bad requests get a 4xx and
-//! a JSON error, and a client that connects and never sends holds up nobody. A disk added
-//! through it opens a file only inside an `--api-disk-dir`, whatever links or `..` the path
-//! holds.
+//! `exitless vhost-user-blk --api-socket` and `exitless vhost-user-net --api-socket`: the
+//! daemons' control APIs. A block daemon started with no disk gets one through `PUT`, serves a
+//! QEMU guest (the probe under KVM) on it, has its limit changed while it runs, and removes it;
+//! its `/metrics` are read by Prometheus's own parser (python3-prometheus-client) and agree with
+//! what the guest did. Bad requests get a 4xx and a JSON error, and a client that connects and
+//! never sends holds up nobody. A disk added through it opens a file only inside an
+//! `--api-disk-dir`, whatever links or `..` the path holds. A NIC daemon gets two NICs through
+//! `PUT` that carry two guests' UDP request-response, and its metrics account for every frame.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -581,4 +582,131 @@ fn a_path_outside_api_disk_dir_is_never_opened() {
         assert!(!socket.exists());
     }
     assert_eq!(http(&api, "GET", "/disks", None), (200, "[]".to_owned()));
+}
+
+/// `exitless vhost-user-net --api-socket`: two NICs added through `PUT` carry a UDP
+/// request-response between two QEMU guests (the probe's `udp-rr` client and `udp-echo`
+/// responder); `GET /nics` and `/metrics` (read by Prometheus's parser) count what the switch
+/// did, a NIC with a frontend is not removed, one without goes with its socket, and bad
+/// requests are refused with why.
+#[test]
+fn nics_added_through_the_api_carry_two_guests_and_their_metrics_count_it() {
+    use test_infra::background::Background;
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("api.sock");
+    let daemon = Background::start(
+        dir.path(),
+        "vhost-user-net",
+        &["vhost-user-net", "--api-socket", api.to_str().unwrap()],
+        &api,
+    );
+    let socket = |name: &str| dir.path().join(format!("{name}.net"));
+    let nics = [("server", "52:54:00:00:01:01", "10.0.0.1"), ("client", "52:54:00:00:01:02", "10.0.0.2")];
+    for (name, mac, _) in nics {
+        let body = format!(r#"{{"socket": "{}", "mac": "{mac}", "pps": 100000}}"#, socket(name).display());
+        let (status, answer) = http(&api, "PUT", &format!("/nics/{name}"), Some(&body));
+        assert_eq!(status, 201, "{answer}");
+        assert_eq!(json(&answer)["pps"], 100_000, "{answer}");
+    }
+    for (method, path, body, status, says) in [
+        (
+            "PUT",
+            "/nics/again",
+            Some(format!(r#"{{"socket": "{}", "mac": "52:54:00:00:01:01"}}"#, socket("x").display())),
+            409,
+            "is NIC server's already",
+        ),
+        (
+            "PUT",
+            "/nics/server",
+            Some(format!(r#"{{"socket": "{}", "mac": "52:54:00:00:01:09"}}"#, socket("y").display())),
+            409,
+            "named server already",
+        ),
+        (
+            "PUT",
+            "/nics/odd",
+            Some(r#"{"socket": "/tmp/odd.net", "mac": "52:54:00:00:01:03", "speed": 1}"#.to_owned()),
+            400,
+            "unknown key",
+        ),
+        ("PUT", "/nics/odd", None, 400, "JSON body"),
+        ("GET", "/nics/nobody", None, 404, "no NIC is named nobody"),
+        ("PATCH", "/nics/server", Some("{}".to_owned()), 405, "GET, PUT and DELETE"),
+    ] {
+        let (got, answer) = http(&api, method, path, body.as_deref());
+        assert_eq!(got, status, "{method} {path}: {answer}");
+        assert!(
+            json(&answer)["error"].as_str().is_some_and(|e| e.contains(says)),
+            "{method} {path}: {answer}"
+        );
+    }
+    assert!(!socket("x").exists() && !socket("y").exists(), "a refused NIC makes no socket");
+
+    let elf = test_infra::probe_elf(dir.path());
+    let tsc_khz = vmm::tsc_khz().unwrap();
+    let guest = |(name, mac, ip): (&str, &str, &str), peer: &str, workload: &str, workload_args: &str| {
+        let cmdline =
+            format!("probe.workload={workload} probe.ip={ip} probe.dst={peer} probe.tsc_khz={tsc_khz} {workload_args}");
+        Qemu::probe(&elf, "128M", &cmdline).vhost_user_net(&socket(name), mac)
+    };
+    // The responder answers until it is stopped; the client's requests are UDP: one lost (three
+    // spinning threads share two CPUs here) is counted and the next one sent.
+    let responder = guest(nics[0], nics[1].2, "udp-echo", "probe.duration_ms=600000")
+        .spawn(&dir.path().join("server.out"), Stdio::null());
+    let client =
+        guest(nics[1], nics[0].2, "udp-rr", "probe.ops=200 probe.warmup=10 probe.max_timeouts=100").output();
+    let result = line_with(&client, "probe", "udp-rr");
+    assert_eq!(result["ops"], 200, "{result}\ndaemon: {}", daemon.stderr());
+    assert_eq!(result["mismatches"], 0, "{result}");
+
+    // The responder still runs: its NIC is not removed.
+    let (status, answer) = http(&api, "DELETE", "/nics/server", None);
+    assert_eq!(status, 409, "{answer}");
+    let mut responder = responder;
+    responder.kill().unwrap();
+    responder.wait().unwrap();
+    let connected =
+        |name: &str| json(&http(&api, "GET", &format!("/nics/{name}"), None).1)["frontend_connected"] == true;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while connected("server") || connected("client") {
+        assert!(std::time::Instant::now() < deadline, "the guests' connections never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Every frame one NIC sent went to the other (the only other port; there is no uplink),
+    // which either took it or counted why not, or found it not there yet (its driver not
+    // started: the first ARP request may go out before it is).
+    let samples = scrape(&api);
+    let count = |counter: &str, nic: &str| {
+        sample(&samples, &format!("exitless_nic_{counter}_total"), &[("nic", nic)])
+    };
+    for (from, to) in [("client", "server"), ("server", "client")] {
+        let sent = count("tx_frames", from);
+        assert!(sent >= 210.0, "{from} sent {sent} frames");
+        let arrived = ["rx_frames", "rx_no_buffer", "rx_too_big", "rx_malformed"]
+            .map(|c| count(c, to))
+            .iter()
+            .sum::<f64>();
+        assert_eq!(sent, arrived + count("tx_unheard", from), "{from} to {to}: {samples:?}");
+        assert_eq!(count("tx_malformed", from), 0.0);
+    }
+    assert_eq!(sample(&samples, "exitless_nic_frontend_connected", &[("nic", "server")]), 0.0);
+    assert!(sample(&samples, "exitless_iocore_busy_seconds_total", &[("iocore", "0")]) > 0.0);
+    let (_, listed) = http(&api, "GET", "/nics", None);
+    let listed = json(&listed);
+    assert_eq!(listed[1]["counters"]["tx_frames"].as_f64(), Some(count("tx_frames", "client")), "{listed}");
+
+    for (name, _, _) in nics {
+        let (status, answer) = http(&api, "DELETE", &format!("/nics/{name}"), None);
+        assert_eq!((status, answer.as_str()), (204, ""));
+        assert!(!socket(name).exists(), "the socket goes with the NIC");
+    }
+    let (_, listed) = http(&api, "GET", "/nics", None);
+    assert_eq!(json(&listed), serde_json::json!([]));
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
+    let (status, _, log) = daemon.wait();
+    assert_eq!(status, Some(0), "{log}");
+    assert!(log.contains("NIC server removed"), "{log}");
 }

@@ -19,6 +19,7 @@
 
 pub mod chain;
 mod control;
+mod counters;
 mod delivery;
 pub mod ethernet;
 pub mod mac_table;
@@ -26,9 +27,10 @@ pub mod port;
 mod switch;
 
 pub use control::{SwitchControl, SwitchError};
+pub use counters::{PortCounters, SharedPortCounters, SharedUplinkCounters, UplinkCounters};
 pub use ethernet::MacAddr;
-pub use port::{Port, PortCounters, PortParts, PortPolicy};
-pub use switch::{Switch, UplinkCounters, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH};
+pub use port::{Port, PortParts, PortPolicy};
+pub use switch::{Switch, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH};
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,10 @@ use virtio::DeviceSignals;
 use virtqueue::dirty::DirtyLog;
 use virtqueue::queue::{Queue, QueueError};
 
+use std::sync::Arc;
+
 use crate::chain::Chain;
+use crate::counters::{PortCounters, SharedPortCounters};
 use crate::ethernet::MacAddr;
 
 /// What a NIC may do on the switch.
@@ -17,33 +20,6 @@ pub struct PortPolicy {
     /// What it may send: frames (`iops`) and bytes per second. A frame over the limit waits in
     /// its transmit ring, as a disk's request does.
     pub limits: Limits,
-}
-
-/// What a port did, counted by the switch.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct PortCounters {
-    /// Frames taken from its transmit ring and switched.
-    pub tx_frames: u64,
-    /// Transmit chains with a bad descriptor, direction or length: returned, not switched.
-    pub tx_malformed: u64,
-    /// Frames it sent to its own address: dropped.
-    pub tx_to_self: u64,
-    /// Frames between it and another NIC while either is isolated: dropped.
-    pub tx_isolated: u64,
-    /// Frames it sent from an address not its own while isolated: dropped.
-    pub tx_spoofed: u64,
-    /// Passes in which its frames waited for its rate limit.
-    pub tx_rate_limited: u64,
-    /// Frames delivered into its receive ring.
-    pub rx_frames: u64,
-    /// Frames for it that found no receive buffer posted: dropped.
-    pub rx_no_buffer: u64,
-    /// Frames for it longer than the receive chain they would land in: dropped.
-    pub rx_too_big: u64,
-    /// Receive chains with a bad descriptor or too short for a header: returned empty.
-    pub rx_malformed: u64,
-    /// Used-buffer interrupts sent to its driver.
-    pub interrupts: u64,
 }
 
 /// What [`Port::into_parts`] hands back.
@@ -83,8 +59,10 @@ pub struct Port {
     pub(crate) isolated_to: Option<MacAddr>,
     /// Its transmit limits, if it has any.
     pub(crate) limiter: Option<RateLimiter>,
-    /// What it did since it was attached.
+    /// What it did (since it was attached, or before too: see `with_shared_counters`).
     pub counters: PortCounters,
+    /// Where `counters` are published for other threads, once per pass that did work.
+    shared: Arc<SharedPortCounters>,
 }
 
 impl Port {
@@ -105,7 +83,16 @@ impl Port {
             isolated_to: None,
             limiter: None,
             counters: PortCounters::default(),
+            shared: Arc::default(),
         }
+    }
+
+    /// Publish what it does in `shared`, counting on from what is there (a NIC's counters go on
+    /// across its frontend's reconnections).
+    pub fn with_shared_counters(mut self, shared: Arc<SharedPortCounters>) -> Port {
+        self.counters = shared.read();
+        self.shared = shared;
+        self
     }
 
     /// Hold the port to `policy`.
@@ -167,6 +154,7 @@ impl Port {
     /// Publish what the switch used of both rings since the last call, and interrupt the
     /// driver where it asked to be.
     pub(crate) fn publish(&mut self) {
+        self.shared.publish(&self.counters);
         if std::mem::take(&mut self.tx_used) > 0 {
             self.tx.publish_used();
             if self.tx.needs_interrupt() {

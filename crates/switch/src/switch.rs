@@ -13,10 +13,12 @@ use vm_memory::Bytes;
 
 use crate::chain::{At, Chain};
 use crate::control::{Command, SwitchControl};
+use crate::counters::PortCounters;
+use crate::counters::{SharedUplinkCounters, UplinkCounters};
 use crate::delivery::{deliver, Frame};
 use crate::ethernet::{Addresses, MacAddr, ADDRESSES_LEN};
 use crate::mac_table::MacTable;
-use crate::port::{Port, PortCounters};
+use crate::port::Port;
 
 /// Ports one switch serves at most.
 pub const MAX_PORTS: usize = 64;
@@ -32,29 +34,12 @@ pub const MIN_FRAME_LEN: usize = 14;
 /// The mac table's port number for addresses seen on the uplink.
 const UPLINK: usize = MAX_PORTS;
 
-/// What the uplink did, counted by the switch.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct UplinkCounters {
-    /// Frames from the host switched to NICs.
-    pub rx_frames: u64,
-    /// Frames from the host longer than [`MAX_FRAME_LEN`] (a segmentation-offload super-frame
-    /// or a jumbo frame: turn those off on the interface): dropped.
-    pub rx_too_big: u64,
-    /// Frames from the host shorter than an Ethernet header, or with a checksum to fill in
-    /// outside them: dropped.
-    pub rx_malformed: u64,
-    /// Frames from NICs queued for the host.
-    pub tx_frames: u64,
-    /// Frames for the host that found its transmit ring full: dropped.
-    pub tx_ring_full: u64,
-    /// Times the kernel refused to send what was queued (it goes with the next pass's).
-    pub tx_errors: u64,
-}
-
 /// The host's side of the switch: an AF_PACKET socket's rings on a host interface.
 struct Uplink {
     ring: PacketRing,
     counters: UplinkCounters,
+    /// Where `counters` are published for other threads, once per pass that did work.
+    shared: Arc<SharedUplinkCounters>,
 }
 
 /// The switch's data path.
@@ -82,9 +67,9 @@ impl Switch {
     }
 
     /// Frames to addresses not on a NIC go to the host through `ring`, and the host's frames
-    /// come in through it.
-    pub fn with_uplink(mut self, ring: PacketRing) -> Switch {
-        self.uplink = Some(Uplink { ring, counters: UplinkCounters::default() });
+    /// come in through it; what it does is published in `shared`.
+    pub fn with_uplink(mut self, ring: PacketRing, shared: Arc<SharedUplinkCounters>) -> Switch {
+        self.uplink = Some(Uplink { ring, counters: shared.read(), shared });
         self
     }
 
@@ -173,35 +158,46 @@ impl Switch {
         self.table.learn(sender, source);
         match destination_of(&self.table, destination) {
             Some(to) if to == source => port.counters.tx_to_self += 1,
-            Some(UPLINK) => self.send_to_uplink(source, frame_len),
-            Some(to) => self.send_to_port(source, to, frame_len, true),
-            None => {
-                for to in (0..MAX_PORTS).filter(|&to| to != source) {
-                    self.send_to_port(source, to, frame_len, false);
-                }
+            Some(UPLINK) => {
                 self.send_to_uplink(source, frame_len);
+            }
+            Some(to) => {
+                self.send_to_port(source, to, frame_len, true);
+            }
+            None => {
+                let mut heard = false;
+                for to in (0..MAX_PORTS).filter(|&to| to != source) {
+                    heard |= self.send_to_port(source, to, frame_len, false);
+                }
+                heard |= self.send_to_uplink(source, frame_len);
+                if !heard {
+                    if let Some(port) = self.ports[source].as_deref_mut() {
+                        port.counters.tx_unheard += 1;
+                    }
+                }
             }
         }
     }
 
     /// Deliver the gathered frame from port `from` to port `to`, if their policies let them
-    /// talk (`unicast`: count the frame dropped when they do not).
-    fn send_to_port(&mut self, from: usize, to: usize, frame_len: usize, unicast: bool) {
-        let Some((sender, receiver)) = pair(&mut self.ports, from, to) else { return };
+    /// talk (`unicast`: count the frame dropped when they do not); whether it went to `to`.
+    fn send_to_port(&mut self, from: usize, to: usize, frame_len: usize, unicast: bool) -> bool {
+        let Some((sender, receiver)) = pair(&mut self.ports, from, to) else { return false };
         if !sender.may_reach(receiver) {
             if unicast {
                 sender.counters.tx_isolated += 1;
             }
-            return;
+            return false;
         }
         let frame = At { chain: &self.frame, mem: sender.tx.memory(), offset: NET_HDR_LEN };
         deliver(receiver, Frame::Guest(frame), frame_len);
+        true
     }
 
-    /// Queue the gathered frame from port `from` on the uplink, if there is one.
-    fn send_to_uplink(&mut self, from: usize, frame_len: usize) {
+    /// Queue the gathered frame from port `from` on the uplink; whether there is one.
+    fn send_to_uplink(&mut self, from: usize, frame_len: usize) -> bool {
         let (Some(uplink), Some(sender)) = (self.uplink.as_mut(), self.ports[from].as_deref()) else {
-            return;
+            return false;
         };
         let (frame, mem) = (&self.frame, sender.tx.memory());
         let mut copied = false;
@@ -218,11 +214,12 @@ impl Switch {
             // The chain was checked when gathered: guest memory cannot shrink under it.
             (true, false) => {}
         }
+        true
     }
 
     /// Switch up to [`TX_BATCH`] frames the host sent on the uplink; how many.
     fn receive_from_uplink(&mut self) -> usize {
-        let Some(Uplink { ring, counters }) = self.uplink.as_mut() else { return 0 };
+        let Some(Uplink { ring, counters, .. }) = self.uplink.as_mut() else { return 0 };
         let (table, ports) = (&mut self.table, &mut self.ports);
         let mut taken = 0;
         while taken < TX_BATCH && ring.receive(|got| from_host(got, counters, table, ports)) {
@@ -234,7 +231,7 @@ impl Switch {
 
 impl Drop for Switch {
     fn drop(&mut self) {
-        if let Some(Uplink { ring, counters: c }) = &self.uplink {
+        if let Some(Uplink { ring, counters: c, .. }) = &self.uplink {
             log::info!(
                 "uplink {}: {} frames from the host switched, {} sent to it; dropped: {} too long, \
                  {} malformed, {} with its transmit ring full; {} failed flushes",
@@ -339,6 +336,7 @@ impl QueueWorker for Switch {
                 if uplink.ring.flush().is_err() {
                     uplink.counters.tx_errors += 1;
                 }
+                uplink.shared.publish(&uplink.counters);
             }
         }
         work

@@ -32,15 +32,13 @@ pub mod signals;
 mod spec;
 mod stats;
 
-use std::fs::File;
-use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api_http::server::{eventfd_pair, ApiServer, Call};
+use api_http::server::{answer_calls, eventfd_pair, ApiServer};
 use clap::ValueEnum;
 use iocore::{IoCore, Policy};
 use sandbox::{Filter, ThreadKind};
@@ -52,7 +50,7 @@ use args::{SocketOwner, VhostIoMode};
 use disks::Disks;
 pub use error::{DaemonError, Error, UsageError};
 use handover::HandoverSocket;
-use signals::{exit_after_stop_grace, stop_signals};
+use signals::{exit_after_stop_grace, stop_signals, wait_for_control, Woken};
 use spec::VhostDisk;
 use stats::Reporter;
 
@@ -166,9 +164,9 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
     loop {
         let limit = next_report.map(|at| at.saturating_duration_since(Instant::now()));
         let handover_fd = successors.as_ref().map(HandoverSocket::fd);
-        match wait_for_control(&stop, [wake.as_ref().map(AsFd::as_fd), handover_fd], limit) {
-            Wake::Stop => break,
-            Wake::Successor => {
+        match wait_for_control(&stop, &[wake.as_ref().map(AsFd::as_fd), handover_fd], limit) {
+            Woken::Stop => break,
+            Woken::Ready(1) => {
                 if let Some(socket) = successors.as_mut() {
                     if socket.serve_successor(&disks) {
                         handed_over = true;
@@ -176,12 +174,12 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
                     }
                 }
             }
-            Wake::Call => {
+            Woken::Ready(_) => {
                 if let (Some(calls), Some(wake)) = (&calls, &wake) {
-                    answer_calls(&mut disks, calls, wake);
+                    answer_calls(calls, wake, |request| routes::handle(&mut disks, request));
                 }
             }
-            Wake::Timeout => {}
+            Woken::Timeout => {}
         }
         if let (Some(at), Some(interval)) = (next_report, interval) {
             if Instant::now() >= at {
@@ -205,15 +203,6 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
         iocore.stop();
     }
     Ok(())
-}
-
-fn answer_calls(disks: &mut Disks, calls: &Receiver<Call>, mut wake: &File) {
-    let mut count = [0u8; 8];
-    let _ = wake.read(&mut count);
-    while let Ok(call) = calls.try_recv() {
-        let response = routes::handle(disks, &call.request);
-        let _ = call.reply.send(response);
-    }
 }
 
 /// Take the disks over from the predecessor on `stream` ([`handover::take_over`]) on a thread
@@ -246,41 +235,4 @@ fn add_disks(disks: &mut Disks, specs: Vec<(VhostDisk, PathBuf)>) -> Result<(), 
         disks.add(disk, socket)?;
     }
     Ok(())
-}
-
-/// What woke the control thread.
-enum Wake {
-    Stop,
-    Call,
-    Successor,
-    Timeout,
-}
-
-/// Wait for the stop signal, a call from the API or a successor (each when its descriptor is
-/// given: `[wake, handover]`), or `limit`.
-fn wait_for_control(
-    stop: &OwnedFd,
-    [wake, handover]: [Option<BorrowedFd>; 2],
-    limit: Option<Duration>,
-) -> Wake {
-    let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis() + 1).unwrap_or(i32::MAX));
-    let raw = |fd: Option<BorrowedFd>| fd.map_or(-1, |fd| fd.as_raw_fd());
-    let mut fds = [
-        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: raw(wake), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: raw(handover), events: libc::POLLIN, revents: 0 },
-    ];
-    // SAFETY: three valid pollfds (a negative fd is ignored); poll writes only their `revents`.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
-    // An error (EINTR cannot happen: the handled signals come through the signalfd) counts as
-    // the stop, so the daemon never spins on it.
-    if n < 0 || fds[0].revents != 0 {
-        Wake::Stop
-    } else if fds[1].revents != 0 {
-        Wake::Call
-    } else if fds[2].revents != 0 {
-        Wake::Successor
-    } else {
-        Wake::Timeout
-    }
 }

@@ -9,13 +9,13 @@
 use std::fmt::Write;
 
 use iocore::IoCoreTimes;
+use metrics::exposition::{escape, family, sample};
 use metrics::latency::{bucket_limit, BUCKETS};
 use virtio::DeviceStatsSnapshot;
 
 use crate::disks::{Disk, Disks};
 
-/// The exposition's content type.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+pub use metrics::exposition::CONTENT_TYPE;
 
 /// Every metric of every disk and IOCore.
 pub fn render(disks: &Disks) -> String {
@@ -156,21 +156,7 @@ type PerDisk = fn(&Disk, &DeviceStatsSnapshot) -> Option<u64>;
 /// A per-IOCore value, in seconds.
 type PerIoCore = fn(&IoCoreTimes) -> f64;
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: u64) {
-    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-    let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
-}
-
 /// `ticks` of the `clock` crate in seconds, as an exposition float.
 fn seconds(ticks: u64) -> String {
     format!("{:e}", ticks as f64 / clock::ticks_per_second() as f64)
-}
-
-/// A label value's escapes (disk names cannot hold these; the exposition format still asks).
-fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }

@@ -2,7 +2,7 @@
 //! watchdog that ends the process if an orderly stop takes too long; and the eventfd that wakes
 //! the control thread for the API.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use sandbox::Filter;
@@ -51,5 +51,40 @@ pub fn stop_signals() -> std::io::Result<OwnedFd> {
             return Err(std::io::Error::last_os_error());
         }
         Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// What woke a control thread ([`wait_for_control`]).
+pub enum Woken {
+    /// SIGINT or SIGTERM.
+    Stop,
+    /// The descriptor at this index of those given became readable.
+    Ready(usize),
+    /// The time limit passed.
+    Timeout,
+}
+
+/// Wait for the stop signal (`stop`, the signalfd), one of `others` (those given) to become
+/// readable, or `limit`.
+pub fn wait_for_control(stop: &OwnedFd, others: &[Option<BorrowedFd>], limit: Option<Duration>) -> Woken {
+    const MAX: usize = 4;
+    let ms = limit.map_or(-1, |l| i32::try_from(l.as_millis() + 1).unwrap_or(i32::MAX));
+    let mut fds = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; MAX + 1];
+    fds[0].fd = stop.as_raw_fd();
+    for (slot, fd) in fds[1..].iter_mut().zip(others.iter().take(MAX)) {
+        // A negative descriptor is ignored by poll.
+        slot.fd = fd.map_or(-1, |fd| fd.as_raw_fd());
+    }
+    let count = others.len().min(MAX) + 1;
+    // SAFETY: `count` valid pollfds; poll writes only their `revents`.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), count as libc::nfds_t, ms) };
+    // An error (EINTR cannot happen: the handled signals come through the signalfd) counts as
+    // the stop, so the daemon never spins on it.
+    if n < 0 || fds[0].revents != 0 {
+        return Woken::Stop;
+    }
+    match fds[1..count].iter().position(|fd| fd.revents != 0) {
+        Some(index) => Woken::Ready(index),
+        None => Woken::Timeout,
     }
 }

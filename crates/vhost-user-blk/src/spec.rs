@@ -23,8 +23,6 @@ use thiserror::Error;
 
 /// The most queues a disk may offer (as `exitless run --disk` allows).
 pub use exitless_args::disk::MAX_QUEUES;
-/// The longest disk name.
-const MAX_NAME: usize = 64;
 /// The longest `reset-timeout=`: a frontend waits that long (and up to 1 s more for the cancels)
 /// to be served after one that left requests on a disk that does not answer.
 const MAX_RESET_TIMEOUT_S: f64 = 3600.0;
@@ -48,7 +46,7 @@ pub enum SpecError {
     BandwidthTooLow(String),
     #[error("reset-timeout={0}: give the seconds a reset waits for the disk's requests before it cancels them, above 0 and at most {MAX_RESET_TIMEOUT_S} (default 5)")]
     ResetTimeout(String),
-    #[error("disk name {0:?}: use 1 to {MAX_NAME} letters, digits, '.', '_' or '-', not starting with '.'")]
+    #[error("disk name {0:?}: use 1 to {max} letters, digits, '.', '_' or '-', not starting with '.'", max = api_http::server::MAX_NAME)]
     Name(String),
     #[error("the body must be a JSON object of --disk keys")]
     DiskNotAnObject,
@@ -143,13 +141,9 @@ fn parse_reset_timeout(secs: &str) -> Result<Duration, SpecError> {
 /// A disk's name, if it is one: 1 to 64 letters, digits, `.`, `_` or `-`, not starting with a
 /// dot (it appears in URLs and metric labels).
 pub fn check_name(name: &str) -> Result<&str, SpecError> {
-    let fits = (1..=MAX_NAME).contains(&name.len())
-        && !name.starts_with('.')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if fits {
-        Ok(name)
-    } else {
-        Err(SpecError::Name(name.into()))
+    match api_http::server::is_resource_name(name) {
+        true => Ok(name),
+        false => Err(SpecError::Name(name.into())),
     }
 }
 

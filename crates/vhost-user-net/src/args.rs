@@ -10,13 +10,19 @@ use switch::{MacAddr, PortPolicy};
 #[derive(Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct VhostUserNetArgs {
-    /// A NIC to serve (repeatable): `socket=PATH,mac=MAC[,isolated=on][,pps=N][,bw=BYTES]`: its
-    /// vhost-user socket (a stale socket file there is replaced; made 0600, and only the
-    /// daemon's user and root may connect), the MAC address its driver reads
-    /// (aa:bb:cc:dd:ee:ff, unicast), whether it may talk to the uplink only, and the frames and
-    /// bytes per second (K/M/G suffixes) it may send.
-    #[arg(long, value_name = "SPEC", value_parser = parse_nic, required = true)]
+    /// A NIC to serve (repeatable):
+    /// `socket=PATH,mac=MAC[,name=NAME][,isolated=on][,pps=N][,bw=BYTES]`: its vhost-user socket
+    /// (a stale socket file there is replaced; made 0600, and only the daemon's user and root
+    /// may connect), the MAC address its driver reads (aa:bb:cc:dd:ee:ff, unicast), its name in
+    /// the control API and the metrics (default nicN, N counting from 0), whether it may talk
+    /// to the uplink only, and the frames and bytes per second (K/M/G suffixes) it may send.
+    #[arg(long, value_name = "SPEC", value_parser = parse_nic, required_unless_present = "api_socket")]
     pub nic: Vec<Nic>,
+    /// Serve a control API on this Unix socket (HTTP, 0600, the daemon's user and root only):
+    /// GET /nics, GET /nics/NAME, PUT /nics/NAME (add one; a JSON body of --nic's keys),
+    /// DELETE /nics/NAME (remove one no frontend is connected to), GET /metrics (Prometheus).
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
     /// A host interface to carry frames to and from the host and the network beyond: an
     /// AF_PACKET socket on it (put in promiscuous mode), for example one end of a veth pair
     /// whose other end has the host's address, or a physical NIC.
@@ -48,6 +54,10 @@ isolated=on: the NIC talks to the uplink only, never to another NIC, and only fr
 address (frames from another are dropped as spoofed). pps=N and bw=BYTES: token buckets on what
 it sends, holding one second's budget; a frame over them waits in the NIC's ring.
 
+With --api-socket, NICs can be added and removed while the daemon runs, and GET /metrics
+gives each NIC's and the uplink's counters (frames each way, and every drop by cause) and the
+IOCore's busy and idle time.
+
 A QEMU guest on a NIC (its memory must be shared with the daemon):
   exitless vhost-user-net --nic socket=/run/vm1.net,mac=52:54:00:00:00:01 \\
                           --nic socket=/run/vm2.net,mac=52:54:00:00:00:02
@@ -55,9 +65,11 @@ A QEMU guest on a NIC (its memory must be shared with the daemon):
       -machine memory-backend=mem -chardev socket,id=n0,path=/run/vm1.net \\
       -netdev vhost-user,id=net0,chardev=n0 -device virtio-net-pci,netdev=net0,mac=52:54:00:00:00:01";
 
-/// One `--nic`.
+/// One `--nic` (or a NIC the control API adds).
 #[derive(Debug, Clone)]
 pub struct Nic {
+    /// Its name; `None`: `nicN`.
+    pub name: Option<String>,
     /// Its vhost-user socket.
     pub socket: PathBuf,
     /// The address its driver reads.
@@ -66,10 +78,19 @@ pub struct Nic {
     pub policy: PortPolicy,
 }
 
-fn parse_nic(spec: &str) -> Result<Nic, String> {
+/// `--nic`'s value.
+pub fn parse_nic(spec: &str) -> Result<Nic, String> {
     let (mut socket, mut mac, mut isolated, mut limits) = (None, None, false, Limits::default());
+    let mut name = None;
     for part in spec.split(',') {
         match part.split_once('=') {
+            Some(("name", text)) if api_http::server::is_resource_name(text) => name = Some(text.to_owned()),
+            Some(("name", text)) => {
+                return Err(format!(
+                    "name={text}: use 1 to {} letters, digits, '.', '_' or '-', not starting with '.'",
+                    api_http::server::MAX_NAME
+                ))
+            }
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
             Some(("mac", text)) => mac = Some(text.parse::<MacAddr>()?),
             Some(("isolated", "on")) => isolated = true,
@@ -85,7 +106,7 @@ fn parse_nic(spec: &str) -> Result<Nic, String> {
             },
             _ => {
                 return Err(format!(
-                    "{part}: a NIC is socket=PATH,mac=MAC[,isolated=on|off][,pps=N][,bw=BYTES]"
+                    "{part}: a NIC is socket=PATH,mac=MAC[,name=NAME][,isolated=on|off][,pps=N][,bw=BYTES]"
                 ))
             }
         }
@@ -95,12 +116,50 @@ fn parse_nic(spec: &str) -> Result<Nic, String> {
         return Err(format!("mac={mac}: a NIC's address must be unicast (the first byte even)"));
     }
     let policy = PortPolicy { isolated_to: isolated.then_some(mac), limits };
-    Ok(Nic { socket: socket.ok_or("a NIC needs socket=PATH")?, mac, policy })
+    Ok(Nic { name, socket: socket.ok_or("a NIC needs socket=PATH")?, mac, policy })
+}
+
+/// The NIC a control API's `PUT /nics/NAME` body describes: a JSON object of `--nic`'s keys
+/// (`"isolated"` a boolean, `"pps"` a number, `"bw"` a number or a size like "10M").
+pub fn nic_from_json(name: &str, body: &serde_json::Value) -> Result<Nic, String> {
+    let object = body.as_object().ok_or("the body must be a JSON object of --nic's keys")?;
+    let mut spec = vec![format!("name={name}")];
+    for (key, value) in object {
+        let text = match (key.as_str(), value) {
+            ("socket" | "mac" | "bw", serde_json::Value::String(text)) if !text.contains(',') => text.clone(),
+            ("pps" | "bw", serde_json::Value::Number(n)) => n.to_string(),
+            ("isolated", serde_json::Value::Bool(on)) => if *on { "on" } else { "off" }.to_owned(),
+            ("socket" | "mac" | "bw" | "pps" | "isolated", _) => {
+                return Err(format!("{key}: {value} is not a value it takes"))
+            }
+            _ => return Err(format!("unknown key {key:?}: a NIC takes socket, mac, isolated, pps and bw")),
+        };
+        spec.push(format!("{key}={text}"));
+    }
+    parse_nic(&spec.join(","))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_control_apis_nics_take_the_same_keys_as_json() {
+        let body = serde_json::json!({"socket": "/run/b.sock", "mac": "52:54:00:00:00:02", "isolated": true, "bw": "1M"});
+        let nic = nic_from_json("web", &body).unwrap();
+        assert_eq!(nic.name.as_deref(), Some("web"));
+        assert_eq!(nic.policy.isolated_to, Some(nic.mac));
+        assert_eq!(nic.policy.limits.bandwidth, Some(1 << 20));
+        for bad in [
+            serde_json::json!({"socket": "/a", "mac": "52:54:00:00:00:02", "speed": 1}),
+            serde_json::json!({"socket": "/a,mac=52:54:00:00:00:03", "mac": "52:54:00:00:00:02"}),
+            serde_json::json!({"socket": "/a", "mac": "52:54:00:00:00:02", "isolated": "yes"}),
+            serde_json::json!([1]),
+        ] {
+            assert!(nic_from_json("web", &bad).is_err(), "{bad} parsed");
+        }
+        assert!(nic_from_json(".hidden", &body).is_err());
+    }
 
     #[test]
     fn a_nic_needs_a_socket_and_a_unicast_address() {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use switch::{MacAddr, Port, PortPolicy, SwitchControl};
+use switch::{MacAddr, Port, PortPolicy, SharedPortCounters, SwitchControl};
 use virtio::net::{RX_QUEUE, TX_QUEUE, VIRTIO_NET_F_MAC};
 use virtio::{DeviceStats, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
@@ -18,6 +18,8 @@ const CONFIG_LEN: usize = 8;
 pub struct VhostUserNet {
     config: [u8; CONFIG_LEN],
     policy: PortPolicy,
+    /// What its port did, across its frontends' connections, for other threads.
+    counters: Arc<SharedPortCounters>,
     control: Arc<SwitchControl>,
     stats: Arc<DeviceStats>,
     /// Rings started whose partner is not running yet, by ring index.
@@ -33,7 +35,13 @@ impl VhostUserNet {
         let mut config = [0u8; CONFIG_LEN];
         config[..6].copy_from_slice(&mac.0);
         let stats = Arc::new(DeviceStats::new(format!("vhost-user-net {mac}")));
-        VhostUserNet { config, policy, control, stats, waiting: [None, None], port: None }
+        let counters = Arc::default();
+        VhostUserNet { config, policy, counters, control, stats, waiting: [None, None], port: None }
+    }
+
+    /// What its port did so far, shared with other threads (its ports publish there).
+    pub fn counters(&self) -> Arc<SharedPortCounters> {
+        self.counters.clone()
     }
 
     /// Put the port on the switch once both rings wait.
@@ -47,7 +55,8 @@ impl VhostUserNet {
         // The receive ring is the one the switch writes guest memory through.
         let port = Port::new(rx.queue, tx.queue, rx.signals, tx.signals)
             .with_dirty_log(rx.log)
-            .with_policy(self.policy);
+            .with_policy(self.policy)
+            .with_shared_counters(self.counters.clone());
         let id = self.control.attach(port).map_err(Error::Switch)?;
         log::info!("{}: on the switch as port {id}", self.stats.name());
         self.port = Some(id);
@@ -96,7 +105,7 @@ impl Device for VhostUserNet {
         let parts = self.control.detach(id).map_err(Error::Switch)?.into_parts();
         let c = parts.counters;
         log::info!(
-            "{}: off the switch: {} frames sent, {} received, {} dropped for want of a buffer, {} malformed, \
+            "{}: off the switch; so far {} frames sent, {} received, {} dropped for want of a buffer, {} malformed, \
              {} to or from a NIC it is isolated from, {} spoofed; {} passes rate-limited",
             self.stats.name(),
             c.tx_frames,

@@ -69,7 +69,7 @@ fn rig_with(policies: &[PortPolicy], uplink: Option<af_packet::PacketRing>) -> R
     let control = Arc::new(SwitchControl::default());
     let mut switch = Switch::new(control.clone());
     if let Some(ring) = uplink {
-        switch = switch.with_uplink(ring);
+        switch = switch.with_uplink(ring, Arc::default());
     }
     switch.set_polling(true);
     let guests = policies
@@ -317,4 +317,5 @@ fn a_detached_port_gets_its_rings_back_where_they_stopped_and_frames_no_longer_r
     rig.guests[1].transmit(1, &frame(a, b, 60, 0), &[]);
     rig.poll();
     assert_eq!(rig.counters(1).tx_frames, 2, "switched, flooded to nobody");
+    assert_eq!(rig.counters(1).tx_unheard, 1, "the frame to the forgotten address");
 }

@@ -1,0 +1,100 @@
+//! What the switch counts, per port and for the uplink. The switch adds to plain counters on its
+//! own thread and, once per pass that did work, stores them in a shared copy of atomics (one
+//! relaxed store each: no lock, no read-modify-write) that the daemon's control thread reads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A set of counters: the plain struct the switch adds to, and its shared copy.
+macro_rules! counters {
+    (
+        $(#[$meta:meta])* $name:ident, $(#[$shared_meta:meta])* $shared:ident {
+            $($(#[$field_meta:meta])* $field:ident,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[$field_meta])* pub $field: u64,)*
+        }
+
+        impl $name {
+            /// Each counter with its name.
+            pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($field), self.$field)),*].into_iter()
+            }
+        }
+
+        $(#[$shared_meta])*
+        #[derive(Debug, Default)]
+        pub struct $shared {
+            $($field: AtomicU64,)*
+        }
+
+        impl $shared {
+            /// Store `counters` (the switch's thread is the only writer).
+            pub(crate) fn publish(&self, counters: &$name) {
+                $(self.$field.store(counters.$field, Ordering::Relaxed);)*
+            }
+
+            /// The counters as last published.
+            pub fn read(&self) -> $name {
+                $name { $($field: self.$field.load(Ordering::Relaxed),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// What a port did, counted by the switch.
+    PortCounters,
+    /// A port's counters as the switch last published them, for other threads.
+    SharedPortCounters {
+        /// Frames taken from its transmit ring and switched.
+        tx_frames,
+        /// Transmit chains with a bad descriptor, direction or length: returned, not switched.
+        tx_malformed,
+        /// Frames it sent to its own address: dropped.
+        tx_to_self,
+        /// Frames to a group or unknown address that no other port (nor an uplink) was there
+        /// to hear: dropped.
+        tx_unheard,
+        /// Frames between it and another NIC while either is isolated: dropped.
+        tx_isolated,
+        /// Frames it sent from an address not its own while isolated: dropped.
+        tx_spoofed,
+        /// Passes in which its frames waited for its rate limit.
+        tx_rate_limited,
+        /// Frames delivered into its receive ring.
+        rx_frames,
+        /// Frames for it that found no receive buffer posted: dropped.
+        rx_no_buffer,
+        /// Frames for it longer than the receive chain they would land in: dropped.
+        rx_too_big,
+        /// Receive chains with a bad descriptor or too short for a header: returned empty.
+        rx_malformed,
+        /// Used-buffer interrupts sent to its driver.
+        interrupts,
+    }
+}
+
+counters! {
+    /// What the uplink did, counted by the switch.
+    UplinkCounters,
+    /// The uplink's counters as the switch last published them, for other threads.
+    SharedUplinkCounters {
+        /// Frames from the host switched to NICs.
+        rx_frames,
+        /// Frames from the host longer than the switch takes (a segmentation-offload
+        /// super-frame or a jumbo frame: turn those off on the interface): dropped.
+        rx_too_big,
+        /// Frames from the host shorter than an Ethernet header, or with a checksum to fill in
+        /// outside them: dropped.
+        rx_malformed,
+        /// Frames from NICs queued for the host.
+        tx_frames,
+        /// Frames for the host that found its transmit ring full: dropped.
+        tx_ring_full,
+        /// Times the kernel refused to send what was queued (it goes with the next pass's).
+        tx_errors,
+    }
+}

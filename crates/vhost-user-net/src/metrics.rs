@@ -1,0 +1,69 @@
+//! `GET /metrics`: the daemon's figures in the Prometheus text exposition format, counters since
+//! each NIC was added (`_total`). Per NIC (label `nic`): every counter the switch keeps for its
+//! port (frames each way, drops by cause, interrupts; see `switch::PortCounters`) and whether a
+//! frontend is connected. For the uplink (label `interface`): its counters
+//! (`switch::UplinkCounters`). For the IOCore: busy and idle seconds.
+
+use iocore::IoCore;
+use metrics::exposition::{family, sample};
+use switch::Switch;
+
+use crate::nics::Nics;
+
+pub use metrics::exposition::CONTENT_TYPE;
+
+/// Every metric of every NIC, the uplink and the IOCore.
+pub fn render(nics: &Nics, iocore: &IoCore<Switch>) -> String {
+    let mut out = String::with_capacity(8 << 10);
+    let all: Vec<_> = nics.iter().map(|nic| (nic, nic.counters())).collect();
+    if let Some((_, first)) = all.first() {
+        for (counter, _) in first.named() {
+            let name = format!("exitless_nic_{counter}_total");
+            family(
+                &mut out,
+                &name,
+                "counter",
+                &format!("The switch's {counter} count for the NIC (see switch::PortCounters)."),
+            );
+            for (nic, counters) in &all {
+                let value = counters.named().find(|(c, _)| *c == counter).map_or(0, |(_, n)| n);
+                sample(&mut out, &name, &[("nic", &nic.name)], value);
+            }
+        }
+    }
+    family(
+        &mut out,
+        "exitless_nic_frontend_connected",
+        "gauge",
+        "1 while a vhost-user frontend is connected to the NIC.",
+    );
+    for (nic, _) in &all {
+        sample(
+            &mut out,
+            "exitless_nic_frontend_connected",
+            &[("nic", &nic.name)],
+            u64::from(nic.frontend_connected()),
+        );
+    }
+    if let Some((interface, shared)) = &nics.uplink {
+        for (counter, value) in shared.read().named() {
+            let name = format!("exitless_uplink_{counter}_total");
+            family(
+                &mut out,
+                &name,
+                "counter",
+                &format!("The switch's {counter} count for the uplink (see switch::UplinkCounters)."),
+            );
+            sample(&mut out, &name, &[("interface", interface)], value);
+        }
+    }
+    let times = iocore.times();
+    for (name, help, seconds) in [
+        ("exitless_iocore_busy_seconds_total", "IOCore time in passes that switched frames.", times.busy),
+        ("exitless_iocore_idle_seconds_total", "IOCore time in passes that found nothing to do.", times.idle),
+    ] {
+        family(&mut out, name, "counter", help);
+        out.push_str(&format!("{name}{{iocore=\"0\"}} {}\n", seconds.as_secs_f64()));
+    }
+    out
+}
