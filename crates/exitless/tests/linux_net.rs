@@ -5,6 +5,7 @@
 //! sends it 1 MiB, both checksummed. Needs what scripts/setup.sh installs (qemu-system-x86,
 //! linux-image-cloud-amd64, busybox-static, iproute2, ethtool).
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -23,8 +24,8 @@ const HOST: &str = "10.0.0.100";
 const HOST_BYTES: usize = 1 << 20;
 
 /// After `INIT_MOUNTS`: the guest's own address and its peer's come from the kernel command
-/// line (`exitless.me=N exitless.peer=M`).
-const INIT: &str = r#"
+/// line (`exitless.me=N exitless.peer=M`); the NIC is up and the peer answers a ping.
+const NET_UP: &str = r#"
 for m in $(cat /modules); do insmod /lib/modules/$m; done
 fail() { echo "LN-FAIL $*"; dmesg | tail -20; sleep 3600; }
 arg() { sed -n "s/.*exitless\.$1=\([0-9]*\).*/\1/p" /proc/cmdline; }
@@ -35,6 +36,11 @@ while ! ip link set eth0 up 2>/dev/null; do sleep 0.1; i=$((i + 1)); [ $i -gt 10
 ip addr add 10.0.0.$me/24 dev eth0 || fail "address"
 i=0
 until ping -c 1 -W 1 10.0.0.$peer >/dev/null 2>&1; do i=$((i + 1)); [ $i -gt 120 ] && fail "10.0.0.$peer unreachable"; done
+"#;
+
+/// After `NET_UP`: pings, guest to guest and to the host; 4 MiB from guest 1 to guest 2 and 1 MiB
+/// from the host to guest 1 over TCP, checksummed.
+const INIT: &str = r#"
 ping -c 5 -i 0.2 -W 2 10.0.0.$peer > /tmp/small || fail "small pings"
 echo "LN-SMALL $(grep -o '[0-9]* packets received' /tmp/small)"
 # 1472 bytes of ICMP payload: 1500-byte IP packets, 1514-byte frames.
@@ -116,7 +122,7 @@ fn two_linux_guests_ping_and_move_data_over_tcp_through_the_switch() {
     let kernel = kernel_with(&["virtio_pci", "virtio_net"]);
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let initramfs_path = dir.path().join("initramfs.cpio");
-    initramfs(&kernel, &format!("{INIT_MOUNTS}{INIT}"), &initramfs_path);
+    initramfs(&kernel, &format!("{INIT_MOUNTS}{NET_UP}{INIT}"), &initramfs_path);
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
     let mut command = Command::new(test_infra::exitless_bin());
     let (netns, veth) = host();
@@ -187,4 +193,91 @@ fn sha256(data: &[u8]) -> String {
     child.stdin.take().unwrap().write_all(data).unwrap();
     let out = child.wait_with_output().unwrap();
     String::from_utf8_lossy(&out.stdout).split(' ').next().unwrap_or_default().to_owned()
+}
+
+/// After `NET_UP`: 16 MiB from guest 1 to guest 2 over TCP, checksummed; guest 1 says when it
+/// starts sending.
+const RESTART_INIT: &str = r#"
+if [ $me = 2 ]; then
+    nc -l -p 5000 > /tmp/got || fail "nc -l"
+    echo "LN-SUM $(sha256sum < /tmp/got | cut -d' ' -f1) $(wc -c < /tmp/got)"
+else
+    dd if=/dev/urandom of=/tmp/data bs=64k count=256 2>/dev/null
+    echo "LN-SUM $(sha256sum < /tmp/data | cut -d' ' -f1) $(wc -c < /tmp/data)"
+    echo LN-SENDING
+    i=0
+    until nc 10.0.0.$peer 5000 < /tmp/data; do i=$((i + 1)); [ $i -gt 50 ] && fail "nc"; sleep 0.2; done
+fi
+echo LN-DONE
+sleep 3600
+"#;
+
+/// The daemon killed (SIGKILL) in the middle of a TCP transfer between two Linux guests and
+/// started again on the same sockets: QEMU connects to the new one (`reconnect=1`), the guests'
+/// NICs go on where their rings stopped, and the transfer completes, every byte right.
+#[test]
+fn a_tcp_transfer_survives_the_daemon_killed_and_started_again() {
+    let _serial = test_infra::one_at_a_time();
+    let kernel = kernel_with(&["virtio_pci", "virtio_net"]);
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let initramfs_path = dir.path().join("initramfs.cpio");
+    initramfs(&kernel, &format!("{INIT_MOUNTS}{NET_UP}{RESTART_INIT}"), &initramfs_path);
+    let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
+    let daemon = |log: &str| {
+        let mut command = Command::new(test_infra::exitless_bin());
+        command.arg("vhost-user-net");
+        for (socket, mac) in sockets.iter().zip(MACS) {
+            command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
+        }
+        let mut daemon = Console::spawn(&mut command, &dir.path().join(log));
+        for socket in &sockets {
+            wait_for_path(socket, &mut daemon);
+        }
+        daemon
+    };
+    let first = daemon("daemon1.log");
+    let mut guests: Vec<Console> = (0..2)
+        .map(|i| {
+            let append = format!("exitless.me={} exitless.peer={}", i + 1, 2 - i);
+            let qemu = Qemu::linux(&kernel, &initramfs_path, "256M", 1, &append).vhost_user_net_with(
+                &sockets[i],
+                MACS[i],
+                ",reconnect=1",
+            );
+            qemu.spawn_console(&dir.path().join(format!("qemu{i}.log")))
+        })
+        .collect();
+    let sending = guests[0].wait_for(LIMIT, |l| l.contains("LN-SENDING") || l.contains("LN-FAIL"));
+    assert!(sending.contains("LN-SENDING"), "guest 0: {sending}\n{}", guests[0].seen.join("\n"));
+    // Frames are flowing: kill the daemon, and start another on the same sockets (the killed
+    // one's socket files are stale; the new one replaces them).
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, _) = first.kill(Duration::from_secs(10));
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    let mut second = daemon("daemon2.log");
+    let started = Instant::now();
+    for (i, guest) in guests.iter_mut().enumerate() {
+        let line = guest.wait_for(LIMIT, |l| l.contains("LN-DONE") || l.contains("LN-FAIL"));
+        assert!(
+            line.contains("LN-DONE"),
+            "guest {i}: {line}\n{}\n{}",
+            guest.seen.join("\n"),
+            second.stderr()
+        );
+    }
+    let sums: Vec<String> = guests
+        .iter()
+        .map(|g| g.seen.iter().find(|l| l.contains("LN-SUM")).cloned().unwrap_or_default())
+        .map(|l| l[l.find("LN-SUM").unwrap_or(0)..].to_owned())
+        .collect();
+    assert!(sums[0].ends_with(" 16777216"), "the sender's data: {sums:?}");
+    assert_eq!(sums[0], sums[1], "what guest 2 received is not what guest 1 sent");
+    eprintln!(
+        "16 MiB over TCP across the daemon's restart, {:.1} s after it",
+        started.elapsed().as_secs_f64()
+    );
+    second.assert_running("the second daemon");
+    drop(guests);
+    let log = second.stderr();
+    assert!(log.matches("on the switch as port").count() >= 2, "both NICs on the new switch: {log}");
 }

@@ -132,7 +132,13 @@ impl Qemu {
     /// becomes shared. On `pc` the NIC takes legacy interrupts (`vectors=0`): with MSI-X, QEMU
     /// 7.2 under TCG crashes (SIGSEGV in `msix_set_vector_notifiers`, from `vhost_net_start`)
     /// as the driver starts a vhost-user NIC.
-    pub fn vhost_user_net(mut self, socket: &Path, mac: &str) -> Qemu {
+    pub fn vhost_user_net(self, socket: &Path, mac: &str) -> Qemu {
+        self.vhost_user_net_with(socket, mac, "")
+    }
+
+    /// [`Qemu::vhost_user_net`] with more options for the chardev (`,reconnect=1`: connect
+    /// again, every second, to a back-end that went away).
+    pub fn vhost_user_net_with(mut self, socket: &Path, mac: &str, chardev: &str) -> Qemu {
         let id = format!("vu{}", self.chardevs);
         self.chardevs += 1;
         self.shared_ram = true;
@@ -142,7 +148,7 @@ impl Qemu {
         };
         self.args.extend([
             "-chardev".into(),
-            format!("socket,id={id},path={}", socket.display()).into(),
+            format!("socket,id={id},path={}{chardev}", socket.display()).into(),
             "-netdev".into(),
             format!("vhost-user,id=net-{id},chardev={id}").into(),
             "-device".into(),
