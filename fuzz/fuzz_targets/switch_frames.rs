@@ -1,8 +1,9 @@
 //! The switch: frames from hostile drivers' transmit rings (headers and Ethernet frames over
-//! 1-3 descriptors, to each other's addresses, to broadcast, to nobody, to themselves) into
-//! hostile drivers' receive rings, two or three guests on one switch. While a port's rings are
-//! not broken, each ring's used index counts exactly the chains the switch took from it; no
-//! port receives more frames than the others sent.
+//! 1-3 descriptors, to each other's addresses, to broadcast, to nobody, to themselves, from
+//! addresses not theirs) into hostile drivers' receive rings, two or three guests on one switch,
+//! some isolated. While a port's rings are not broken, each ring's used index counts exactly the
+//! chains the switch took from it; no port receives more frames than the others sent, and an
+//! isolated one (there is no uplink) none.
 #![no_main]
 
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{address, queue_config, signals, DriverRing, MAX_STEPS, REGION_A, REGION_B};
 use libfuzzer_sys::fuzz_target;
-use switch::{MacAddr, Port, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN};
+use switch::{MacAddr, Port, PortPolicy, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN};
 use virtqueue::queue::{Queue, VIRTQ_DESC_F_WRITE};
 use virtqueue::QueueWorker;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -24,6 +25,7 @@ struct Guest {
     broken: [Arc<std::sync::atomic::AtomicBool>; 2],
     port: usize,
     mac: MacAddr,
+    isolated: bool,
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -51,14 +53,19 @@ fn run(u: &mut Unstructured) -> Result<()> {
             return Ok(());
         };
         let ((rx_signals, rx_broken), (tx_signals, tx_broken)) = (signals(), signals());
-        let port = control.attach(Port::new(rx, tx, rx_signals, tx_signals)).expect("a free port");
+        let mac = MacAddr([0x52, 0x54, 0, 0, 0, i + 1]);
+        let isolated = u.ratio(1, 3)?;
+        let policy = PortPolicy { isolated_to: isolated.then_some(mac), ..PortPolicy::default() };
+        let port = Port::new(rx, tx, rx_signals, tx_signals).with_policy(policy);
+        let port = control.attach(port).expect("a free port");
         guests.push(Guest {
             mem,
             rx: DriverRing::new(rx_config, rx_laid_out),
             tx: DriverRing::new(tx_config, tx_laid_out),
             broken: [rx_broken, tx_broken],
             port,
-            mac: MacAddr([0x52, 0x54, 0, 0, 0, i + 1]),
+            mac,
+            isolated,
         });
     }
     let macs: Vec<MacAddr> = guests.iter().map(|g| g.mac).collect();
@@ -132,12 +139,14 @@ fn check(switch: &Switch, guests: &[Guest]) {
     let sent: u64 = counters.iter().map(|c| c.tx_frames).sum();
     for (guest, c) in guests.iter().zip(&counters) {
         assert!(c.rx_frames <= sent - c.tx_frames.min(sent), "more frames received than the others sent: {c:?}");
+        assert!(!guest.isolated || c.rx_frames == 0, "an isolated port got another's frame: {c:?}");
         let broken = guest.broken.iter().any(|b| b.load(Ordering::Acquire));
         if broken || !(guest.rx.laid_out && guest.tx.laid_out) {
             continue;
         }
         let wrap = |n: u64| Some((n % (1 << 16)) as u16);
-        assert_eq!(guest.tx.used_idx(&guest.mem), wrap(c.tx_frames + c.tx_malformed), "transmit used: {c:?}");
+        let taken = c.tx_frames + c.tx_malformed + c.tx_spoofed;
+        assert_eq!(guest.tx.used_idx(&guest.mem), wrap(taken), "transmit used: {c:?}");
         assert_eq!(guest.rx.used_idx(&guest.mem), wrap(c.rx_frames + c.rx_malformed), "receive used: {c:?}");
     }
 }
