@@ -190,7 +190,7 @@ pub fn parse_run(text: &str) -> Result<RunDisk, DiskArgError> {
 }
 
 /// `SOCKET[,reconnect=SECS][,daemon-uid=UID]`, what follows `vhost-user=`.
-fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, DiskArgError> {
+pub(crate) fn parse_vhost_user(text: &str) -> Result<VhostUserDisk, DiskArgError> {
     let mut options = text.split(',');
     let socket = options.next().unwrap_or_default();
     if socket.is_empty() {

@@ -4,6 +4,7 @@
 //! is the same program (`exitless udp-echo`) in every case.
 
 mod qemu;
+mod switch;
 mod vm_to_vm;
 
 use std::process::{Child, Command, Stdio};
@@ -258,6 +259,10 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
         progress(format_args!("exitless {mode}: UDP request-response through the tap, {} B", args.size));
         guests.push(lab.guest(mode, args, tsc_khz).map_err(|source| NetError::Guest { mode, source })?);
     }
+    progress(format_args!(
+        "exitless on exitless vhost-user-net: UDP request-response through the switch and uplink"
+    ));
+    guests.push(switch::exitless_row(&lab, args, tsc_khz));
     let mut peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
     if let Some(qemu) = &qemu {
         peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz));

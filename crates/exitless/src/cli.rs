@@ -176,9 +176,12 @@ pub struct IoArgs {
     /// its order.
     #[arg(long = "disk", value_name = "SPEC", value_parser = exitless_args::disk::parse_run)]
     pub disks: Vec<exitless_args::disk::RunDisk>,
-    /// A virtio-net device on a tap (repeat for more): `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`.
-    /// The tap is opened if it exists, created (and brought up) otherwise, in network namespace
-    /// NAME (`ip netns add NAME`) or in ours. Frames are at most 1518 bytes (no offloads).
+    /// A virtio-net device (repeat for more): on a tap, `tap=NAME[,mac=52:54:00:12:34:56][,netns=NAME]`,
+    /// opened if it exists, created (and brought up) otherwise, in network namespace NAME (`ip
+    /// netns add NAME`) or in ours; or on a vhost-user daemon, `vhost-user=SOCKET[,mac=MAC]
+    /// [,reconnect=SECS][,daemon-uid=UID]` (`exitless vhost-user-net --nic socket=SOCKET,mac=MAC`:
+    /// give both the same address; reconnect and daemon-uid as for a vhost-user disk), after the
+    /// taps on the bus. Frames are at most 1518 bytes (no offloads).
     #[arg(long = "net", value_name = "SPEC", value_parser = exitless_args::net::parse)]
     pub nets: Vec<exitless_args::net::NetArg>,
     /// How disk and network I/O is served (the values below). For vhost-user disks only the

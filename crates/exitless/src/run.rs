@@ -165,7 +165,20 @@ fn config(args: &RunArgs) -> Result<VmConfig, vmm::VmError> {
                 RunDisk::Local(..) => None,
             })
             .collect(),
-        nets: args.io.nets.iter().enumerate().map(|(i, net)| net.config(args.io.disks.len() + i)).collect(),
+        nets: args
+            .io
+            .nets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, net)| net.tap(args.io.disks.len() + i))
+            .collect(),
+        vhost_user_nets: args
+            .io
+            .nets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, net)| net.vhost_user(args.io.disks.len() + i))
+            .collect(),
         io_mode: args.io.io_mode.into(),
         iocore_cpu: args.io.iocore_cpu,
         idle_budget: Duration::from_micros(args.io.idle_budget_us),

@@ -259,7 +259,11 @@ fn bench_net_measures_qemu_on_the_same_tap() {
     assert_eq!(switched["path"], "vm-to-host", "{switched}");
     assert!(switched["transactions"].as_u64().is_some_and(|n| n > 0), "no transactions: {switched}");
     assert!(switched["command"].as_str().is_some_and(|c| c.contains("vhost-user,")), "{switched}");
-    for ours in [row("exitless"), switched] {
+    // And exitless's own VM, its NIC on the daemon (`--net vhost-user=`), through the uplink.
+    let own = row("exitless on exitless vhost-user-net (uplink)");
+    assert_eq!((own["vmm"].as_str(), own["path"].as_str()), (Some("exitless"), Some("vm-to-host")), "{own}");
+    assert!(own["transactions"].as_u64().is_some_and(|n| n > 0), "no transactions: {own}");
+    for ours in [row("exitless"), switched, own] {
         let tps = ours["transactions_per_s"].as_f64().expect("exitless measured");
         let ratio = ours["ratio_to_qemu"].as_f64().expect("exitless's x QEMU");
         assert!((ratio - tps / best).abs() < 1e-9 * ratio.max(1.0), "{ratio} is not {tps} / {best}: {ours}");
@@ -316,4 +320,76 @@ fn the_af_packet_client_refuses_what_it_cannot_send_on_one_line() {
         assert!(stderr(&out).contains(says), "{extra:?}: {}", stderr(&out));
         assert_eq!(stderr(&out).lines().count(), 1, "{extra:?}: {}", stderr(&out));
     }
+}
+
+/// exitless's own VM with its NIC on `exitless vhost-user-net` (`--net vhost-user=`): UDP
+/// request-response with the host's `exitless udp-echo` (a namespace on the far end of the
+/// daemon's uplink, a veth pair), checked payloads, and no exit per transaction on the I/O
+/// path: the VMM hands the rings to the daemon, whose switch polls them.
+#[test]
+fn an_exitless_vm_on_the_nic_daemon_reaches_the_host_with_no_exit_per_transaction() {
+    use test_infra::background::Background;
+    use test_infra::net::{Netns, Veth};
+    let _one = test_infra::one_at_a_time();
+    let (netns, veth) = (Netns::create(), Veth::create());
+    veth.peer_into(&netns, "10.94.0.1/24");
+    let mut responder = netns
+        .command(test_infra::exitless_bin().to_str().unwrap())
+        .args(["udp-echo", "--bind", "0.0.0.0:7", "--cpu", "1"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nic.sock");
+    let mac = "52:54:00:00:09:02";
+    let nic = format!("socket={},mac={mac}", socket.display());
+    let daemon = Background::start(
+        dir.path(),
+        "net",
+        &["vhost-user-net", "--nic", &nic, "--uplink", &veth.ours, "--iocore-cpu", "1"],
+        &socket,
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&netns.command("cat").arg("/proc/net/udp").output().unwrap().stdout)
+        .contains(":0007 ")
+    {
+        assert!(Instant::now() < deadline, "the echo responder did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let net = format!("vhost-user={},mac={mac}", socket.display());
+    let cmdline =
+        "probe.workload=udp-rr probe.ip=10.94.0.2 probe.dst=10.94.0.1 probe.ops=10000 probe.size=200";
+    let out = exitless(&[
+        "run",
+        "--probe",
+        "--net",
+        &net,
+        "--io-mode",
+        "exitless",
+        "--pin-vcpu",
+        "0",
+        "--cmdline",
+        cmdline,
+        "--timeout",
+        "120",
+        "--stats",
+        "--json",
+    ]);
+    let _ = responder.kill();
+    let _ = responder.wait();
+    assert_eq!(out.status.code(), Some(0), "{}\n{}\ndaemon: {}", stdout(&out), stderr(&out), daemon.stderr());
+    let result = line_with(&out, "probe", "udp-rr");
+    assert_eq!((result["ops"].as_u64(), result["mismatches"].as_u64()), (Some(10_000), Some(0)), "{result}");
+    let report = line_with(&out, "exitless", "run");
+    let device = &report["devices"][0];
+    assert_eq!(
+        (device["device"].as_str(), device["activations"].as_u64()),
+        (Some("vhost-user-net"), Some(1)),
+        "{report}"
+    );
+    let phase = test_infra::phase(&out, 0, 1);
+    let caused_by_io = test_infra::io_path_exits(&phase["counters"]) / 10_000.0;
+    assert!(caused_by_io < 0.01, "{caused_by_io} exits per transaction on the I/O path: {phase}");
+    assert!(daemon.stderr().contains("on the switch as port 0"), "{}", daemon.stderr());
 }

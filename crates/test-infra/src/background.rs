@@ -18,7 +18,8 @@ pub enum Ready<'a> {
     Says(&'a str),
 }
 
-/// A running `exitless` with its output in `dir/NAME.out` and `dir/NAME.err`.
+/// A running `exitless` with its output in `dir/NAME.out` and `dir/NAME.err`; killed when
+/// dropped (a failed test leaves no daemon behind).
 pub struct Background {
     child: Child,
     stdout: PathBuf,
@@ -115,4 +116,12 @@ impl Background {
 
 fn read(path: &Path) -> String {
     String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        // After `wait` or `kill` the child is reaped already: both fail harmlessly.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

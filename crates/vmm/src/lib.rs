@@ -16,7 +16,7 @@ mod vcpu;
 mod vm;
 
 pub use devices::console::ConsoleMode;
-pub use devices::vhost_user_blk::VhostUserDisk;
+pub use devices::vhost_user::{VhostUserDisk, VhostUserNic};
 pub use devices::virtio::{DiskBackend, DiskOptions, IoMode, NetConfig};
 pub use iocore::pin_current_thread;
 pub use sandbox::SeccompMode;

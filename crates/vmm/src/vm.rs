@@ -23,7 +23,7 @@ use crate::boot::{self, BootError};
 use crate::devices::console::{ConsoleMode, ConsoleWriter};
 use crate::devices::serial::{Com1, COM1_IRQ};
 use crate::devices::testdev::TestDevice;
-use crate::devices::vhost_user_blk::VhostUserDisk;
+use crate::devices::vhost_user::{VhostUserDisk, VhostUserNic};
 use crate::devices::virtio::{
     DeviceError, DeviceList, DiskBackend, DiskOptions, IoCoreSetup, IoMode, NetConfig, VirtioDevices,
 };
@@ -91,6 +91,9 @@ pub struct VmConfig {
     pub vhost_user_disks: Vec<VhostUserDisk>,
     /// virtio-net devices on taps, after the disks.
     pub nets: Vec<NetConfig>,
+    /// NICs a vhost-user daemon serves, after `nets`. With any, guest memory is one shared
+    /// memfd, as with a vhost-user disk.
+    pub vhost_user_nets: Vec<VhostUserNic>,
     /// How the virtio devices' queues are served.
     pub io_mode: IoMode,
     /// The host CPU for the IOCore thread.
@@ -125,6 +128,7 @@ impl Default for VmConfig {
             disk_options: Vec::new(),
             vhost_user_disks: Vec::new(),
             nets: Vec::new(),
+            vhost_user_nets: Vec::new(),
             io_mode: IoMode::Eventfd,
             iocore_cpu: None,
             idle_budget: iocore::DEFAULT_IDLE_BUDGET,
@@ -516,7 +520,7 @@ impl Vm {
         route_gsis_to_ioapic(&vm)?;
         disable_exits(&vm, config.disable_exits)?;
 
-        let mem = if config.vhost_user_disks.is_empty() {
+        let mem = if config.vhost_user_disks.is_empty() && config.vhost_user_nets.is_empty() {
             memory::create(config.mem_bytes, config.hugepages)?
         } else {
             memory::create_shared(config.mem_bytes, config.hugepages)?
@@ -567,8 +571,10 @@ impl Vm {
             false => None,
         };
         let base_cpuid = cpuid::supported(&kvm).map_err(kvm_err("report supported CPUID"))?;
-        let has_devices =
-            !config.disks.is_empty() || !config.vhost_user_disks.is_empty() || !config.nets.is_empty();
+        let has_devices = !config.disks.is_empty()
+            || !config.vhost_user_disks.is_empty()
+            || !config.nets.is_empty()
+            || !config.vhost_user_nets.is_empty();
         if config.io_mode.uses_pv_eoi() && has_devices && !cpuid::has_pv_eoi(&base_cpuid) {
             return Err(VmError::PvEoiUnavailable(config.io_mode));
         }
@@ -580,6 +586,7 @@ impl Vm {
                 disk_options: &config.disk_options,
                 vhost_user: &config.vhost_user_disks,
                 nets: &config.nets,
+                vhost_user_nets: &config.vhost_user_nets,
             },
             config.io_mode,
             IoCoreSetup {

@@ -11,16 +11,16 @@
 //! cores are QEMU's (and the daemon's) CPU time over wall time.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use thiserror::Error;
 
 use super::super::blk_qemu::{exits_between, find};
 use super::super::causes_per;
+use super::switch::{start_switch, SwitchError, GUEST_MAC_TEXT};
 use super::{Lab, Row, GUEST_IP, PORT, RUN_SLACK, SERVER_TAP_IP, SERVER_UPLINK_IP, TAP, UPLINK_GUEST_IP};
 use crate::args::NetBenchArgs;
-use crate::daemon::{Backend as Daemon, DaemonError};
+use crate::daemon::Backend as Daemon;
 use crate::probe_dir::{ProbeDir, ProbeDirError};
 use crate::qemu::{PeerMark, ProbeError, Qemu, QemuError, QemuRun};
 
@@ -37,9 +37,6 @@ const VHOST_POLL_US: u32 = 200;
 
 /// The kernel's vhost-net device, which `vhost=on` opens.
 const VHOST_NET: &str = "/dev/vhost-net";
-
-/// The guest's NIC address on `exitless vhost-user-net`.
-const SWITCH_GUEST_MAC: &str = "52:54:00:65:78:02";
 
 /// How QEMU's virtio-net reaches the tap.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -75,12 +72,9 @@ pub enum QemuNetError {
     /// QEMU failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
-    /// `exitless vhost-user-net` could not be started.
+    /// `exitless vhost-user-net` could not be started or stopped.
     #[error(transparent)]
-    Daemon(#[from] DaemonError),
-    /// The path of this executable, which runs the daemon, is unknown.
-    #[error("cannot find this executable: {0}")]
-    CurrentExe(#[source] std::io::Error),
+    Switch(#[from] SwitchError),
     /// The VM-to-VM responder's log could not be made.
     #[error("the responder's log: {0}")]
     ResponderLog(#[source] std::io::Error),
@@ -204,7 +198,7 @@ impl QemuNet {
         })?;
         record(row, &run, &marks)?;
         if let Some(daemon) = daemon {
-            daemon.terminate(Duration::from_secs(10))?;
+            daemon.terminate(Duration::from_secs(10)).map_err(SwitchError::Daemon)?;
         }
         Ok(())
     }
@@ -213,9 +207,8 @@ impl QemuNet {
     /// CPU: QEMU's arguments for a guest NIC on it, and the daemon.
     fn switch_nic(&self, args: &NetBenchArgs, lab: &Lab) -> Result<(Vec<String>, Daemon), QemuNetError> {
         let socket = self.probe.path().join("nic.sock");
-        let daemon =
-            start_switch(args, self.probe.path(), &[(&socket, SWITCH_GUEST_MAC)], Some(&lab.uplink))?;
-        Ok((vhost_user_nic(&socket, SWITCH_GUEST_MAC), daemon))
+        let daemon = start_switch(args, self.probe.path(), &[(&socket, GUEST_MAC_TEXT)], Some(&lab.uplink))?;
+        Ok((vhost_user_nic(&socket, GUEST_MAC_TEXT), daemon))
     }
 }
 
@@ -244,27 +237,6 @@ pub(super) fn record(row: &mut Row, run: &QemuRun, marks: &[PeerMark]) -> Result
     let wall = end.at.duration_since(start.at).as_secs_f64();
     row.cpu_cores_used = (wall > 0.0).then(|| end.cpu.saturating_sub(start.cpu).as_secs_f64() / wall);
     Ok(())
-}
-
-/// Start `exitless vhost-user-net` serving `nics` (socket, MAC), with `uplink` if given, its
-/// IOCore on the IOCore CPU and its log in `dir`.
-pub(super) fn start_switch(
-    args: &NetBenchArgs,
-    dir: &Path,
-    nics: &[(&Path, &str)],
-    uplink: Option<&str>,
-) -> Result<Daemon, QemuNetError> {
-    let mut command = Command::new(std::env::current_exe().map_err(QemuNetError::CurrentExe)?);
-    command.args(["vhost-user-net", "--iocore-cpu", &args.iocore_cpu.to_string()]).args(args.seccomp.flag());
-    for (socket, mac) in nics {
-        let _ = std::fs::remove_file(socket);
-        command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
-    }
-    if let Some(uplink) = uplink {
-        command.args(["--uplink", uplink]);
-    }
-    let sockets: Vec<_> = nics.iter().map(|(socket, _)| socket.to_path_buf()).collect();
-    Ok(Daemon::start(command, &sockets, &dir.join("vhost-user-net.log"), "exitless vhost-user-net")?)
 }
 
 /// QEMU's arguments for a guest, RAM in a memfd shared with the daemon, whose NIC `mac` is on

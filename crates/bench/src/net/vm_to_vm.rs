@@ -13,7 +13,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::qemu::{record, start_switch, vhost_user_nic, QemuNet, QemuNetError, MARK_LINGER_MS, MEM_MIB};
+use super::qemu::{record, vhost_user_nic, QemuNet, QemuNetError, MARK_LINGER_MS, MEM_MIB};
+use super::switch::{start_switch, SwitchError};
 use super::{Lab, Row, BRIDGE_TAPS, PORT, RUN_SLACK};
 use crate::args::NetBenchArgs;
 use crate::qemu::{pin_threads, Qemu};
@@ -137,7 +138,7 @@ fn measure(
     record(row, &run, &marks)?;
     drop(responder);
     if let Some(daemon) = daemon {
-        daemon.terminate(Duration::from_secs(10))?;
+        daemon.terminate(Duration::from_secs(10)).map_err(SwitchError::Daemon)?;
     }
     Ok(())
 }

@@ -4,7 +4,7 @@ pub mod console;
 pub mod irq_line;
 pub mod serial;
 pub mod testdev;
-pub mod vhost_user_blk;
+pub mod vhost_user;
 pub mod virtio;
 
 use std::sync::Mutex;

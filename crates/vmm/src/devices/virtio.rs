@@ -12,14 +12,16 @@ use thiserror::Error;
 use virtio::block::{Block, FAIR_BATCH};
 use virtio::interrupt::Trigger;
 use virtio::mmio::{Hosted, MmioTransport, Runner, MMIO_SIZE, QUEUE_NOTIFY};
-use virtio::net::Net;
+use virtio::net::{Net, RX_QUEUE, TX_QUEUE};
 use virtio::{DeviceStats, VirtioDevice, Worker};
 use virtqueue::WorkerHost;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::irq_line::IrqLine;
-use super::vhost_user_blk::{VhostUserBlk, VhostUserDisk, VhostUserError, VhostUserInfo};
+use super::vhost_user::{
+    VhostUserBlk, VhostUserDisk, VhostUserError, VhostUserInfo, VhostUserNet, VhostUserNic,
+};
 
 /// The first transport's MMIO window (in the 3-4 GiB hole; the next one follows it).
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
@@ -249,6 +251,7 @@ pub struct DeviceList<'a> {
     pub disk_options: &'a [DiskOptions],
     pub vhost_user: &'a [VhostUserDisk],
     pub nets: &'a [NetConfig],
+    pub vhost_user_nets: &'a [VhostUserNic],
 }
 
 /// How the VM's IOCore thread runs, if it has one.
@@ -273,10 +276,12 @@ enum Model<'a> {
     Disk(&'a DiskBackend),
     VhostUser(&'a VhostUserDisk),
     Net(&'a NetConfig),
+    VhostUserNet(&'a VhostUserNic),
 }
 
 impl VirtioDevices {
-    /// Disks first, then vhost-user disks, then network devices, in the order given.
+    /// Disks first, then vhost-user disks, then network devices, then vhost-user NICs, in the
+    /// order given.
     /// `watch_filter` confines the threads that watch vhost-user daemons.
     pub fn create(
         vm: &VmFd,
@@ -286,12 +291,12 @@ impl VirtioDevices {
         iocore_setup: IoCoreSetup,
         watch_filter: sandbox::Filter,
     ) -> Result<VirtioDevices, DeviceError> {
-        let DeviceList { disks, disk_options, vhost_user, nets } = devices;
-        let count = disks.len() + vhost_user.len() + nets.len();
+        let DeviceList { disks, disk_options, vhost_user, nets, vhost_user_nets } = devices;
+        let count = disks.len() + vhost_user.len() + nets.len() + vhost_user_nets.len();
         if count > MAX_VIRTIO_DEVICES {
             return Err(DeviceError::TooMany);
         }
-        if mode == IoMode::Trap && !vhost_user.is_empty() {
+        if mode == IoMode::Trap && !(vhost_user.is_empty() && vhost_user_nets.is_empty()) {
             return Err(DeviceError::TrapVhostUser);
         }
         // In trap mode a network device still needs a thread that waits for frames from its tap
@@ -310,9 +315,10 @@ impl VirtioDevices {
             .iter()
             .map(Model::Disk)
             .chain(vhost_user.iter().map(Model::VhostUser))
-            .chain(nets.iter().map(Model::Net));
+            .chain(nets.iter().map(Model::Net))
+            .chain(vhost_user_nets.iter().map(Model::VhostUserNet));
         let mut slots = Vec::with_capacity(count);
-        let mut kind_counts = [0usize; 3];
+        let mut kind_counts = [0usize; 4];
         for (index, model) in models.enumerate() {
             let kvm = |what| move |source| DeviceError::Kvm { index, what, source };
             let base = VIRTIO_MMIO_BASE + index as u64 * MMIO_SIZE;
@@ -321,6 +327,7 @@ impl VirtioDevices {
                 Model::Disk(_) => ("virtio-blk", 0),
                 Model::VhostUser(_) => ("vhost-user-blk", 1),
                 Model::Net(_) => ("virtio-net", 2),
+                Model::VhostUserNet(_) => ("vhost-user-net", 3),
             };
             let kind_index = kind_counts[kind_slot];
             kind_counts[kind_slot] += 1;
@@ -354,6 +361,25 @@ impl VirtioDevices {
                             .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
                     vhost_user_info = Some(device.info());
                     (Box::new(device), Runner::OnNotify, vec![notify], irq_fd)
+                }
+                Model::VhostUserNet(nic) => {
+                    // As a vhost-user disk, with a kick per ring: the ioeventfd of each fires
+                    // only for its own queue's index.
+                    let irq_fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
+                    vm.register_irqfd(&irq_fd, irq).map_err(kvm("interrupt (irqfd)"))?;
+                    let address = IoEventAddress::Mmio(base + QUEUE_NOTIFY);
+                    let mut kicks = Vec::new();
+                    for queue in [RX_QUEUE, TX_QUEUE] {
+                        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?);
+                        vm.register_ioevent(&kick, &address, queue as u32)
+                            .map_err(kvm("queue notify (ioeventfd)"))?;
+                        kicks.push(kick);
+                    }
+                    let pair = [kicks[0].clone(), kicks[1].clone()];
+                    let device = VhostUserNet::connect(nic, pair, irq_fd.clone(), watch_filter.clone())
+                        .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
+                    vhost_user_info = Some(device.info());
+                    (Box::new(device), Runner::OnNotify, kicks, irq_fd)
                 }
                 Model::Disk(disk) => {
                     let options = disk_options.get(kind_index).cloned().unwrap_or_default();

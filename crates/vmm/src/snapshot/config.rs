@@ -72,7 +72,7 @@ impl SavedConfig {
         if !config.vhost_user_disks.is_empty() {
             return unsupported("vhost-user disks");
         }
-        if !config.nets.is_empty() {
+        if !config.nets.is_empty() || !config.vhost_user_nets.is_empty() {
             return unsupported("network devices");
         }
         let disks = config
@@ -200,7 +200,7 @@ impl SavedConfig {
     /// `Vm::check_disk_sizes`); the test device is there only if the operator asked for it.
     pub fn to_vm_config(&self, base: VmConfig) -> Result<VmConfig, SnapshotError> {
         self.check()?;
-        if !base.vhost_user_disks.is_empty() || !base.nets.is_empty() {
+        if !base.vhost_user_disks.is_empty() || !base.nets.is_empty() || !base.vhost_user_nets.is_empty() {
             return Err(SnapshotError::Unsupported(
                 "a restored or migrated VM takes local disks only: no vhost-user disk, no --net".into(),
             ));

@@ -1,9 +1,9 @@
-//! The thread that watches a vhost-user disk while the VM runs: the ring's error eventfd (the
-//! daemon found the ring broken) and the connection (the daemon went away).
+//! The thread that watches a vhost-user device while the VM runs: the rings' error eventfd (the
+//! daemon found a ring broken) and the connection (the daemon went away).
 //!
 //! When the daemon goes away, the watcher connects to whichever daemon listens on the socket
-//! next, for up to the disk's `reconnect` time (every 10 ms), and sets it up as the old one was
-//! ([`super::link`]); the guest's requests wait meanwhile, and those the old daemon had not
+//! next, for up to the device's `reconnect` time (every 10 ms), and sets it up as the old one
+//! was ([`super::link`]); the guest's requests wait meanwhile, and those the old daemon had not
 //! answered are served by the new one. A ring error, or no daemon in time, shows the device as
 //! DEVICE_NEEDS_RESET with a configuration-change interrupt, and the host logs one line; the
 //! guest's driver sees a device error or, polling, no completion (its own timeout).
@@ -30,7 +30,7 @@ pub struct Shared {
     pub link: Arc<super::link::Link>,
     /// What the first daemon offered: a new one must offer the same.
     pub offer: super::link::Offer,
-    /// How long to wait for a new daemon (`VhostUserDisk::reconnect`).
+    /// How long to wait for a new daemon (`VhostUserDisk::reconnect`, `VhostUserNic::reconnect`).
     pub reconnect: Duration,
 }
 
@@ -40,7 +40,7 @@ impl Shared {
         let signals = self.signals.lock().unwrap_or_else(|p| p.into_inner());
         match signals.as_ref() {
             Some(signals) => signals.backend_failed(why),
-            None => log::warn!("vhost-user disk {}: {why}", self.path),
+            None => log::warn!("vhost-user {} {}: {why}", self.link.what(), self.path),
         }
     }
 }
@@ -64,7 +64,7 @@ impl Watcher {
         let stop_fd = stop.clone();
         let thread = std::thread::Builder::new().name("vhost-user-watch".into()).spawn(move || {
             if let Err(e) = filter.install() {
-                log::error!("vhost-user disk {}: {e}", shared.path);
+                log::error!("vhost-user {} {}: {e}", shared.link.what(), shared.path);
                 return;
             }
             watch(socket, &err, &stop_fd, &shared);
@@ -100,7 +100,8 @@ fn watch(mut socket: OwnedFd, err: &EventFd, stop: &EventFd, shared: &Shared) {
                 continue;
             }
             log::error!(
-                "vhost-user disk {}: cannot watch the daemon: {}",
+                "vhost-user {} {}: cannot watch the daemon: {}",
+                shared.link.what(),
                 shared.path,
                 std::io::Error::last_os_error()
             );
@@ -138,7 +139,8 @@ fn reconnect(stop: &EventFd, shared: &Shared) -> Option<OwnedFd> {
         return None;
     }
     log::warn!(
-        "vhost-user disk {}: the vhost-user daemon closed the connection; waiting up to {} s for the next one",
+        "vhost-user {} {}: the vhost-user daemon closed the connection; waiting up to {} s for the next one",
+        shared.link.what(),
         shared.path,
         limit.as_secs_f64()
     );
@@ -149,7 +151,8 @@ fn reconnect(stop: &EventFd, shared: &Shared) -> Option<OwnedFd> {
                 let ring =
                     resumed.map_or(String::new(), |base| format!(", its ring resumed at used index {base}"));
                 log::warn!(
-                    "vhost-user disk {}: reconnected to a daemon after {} ms{ring}",
+                    "vhost-user {} {}: reconnected to a daemon after {} ms{ring}",
+                    shared.link.what(),
                     shared.path,
                     started.elapsed().as_millis()
                 );

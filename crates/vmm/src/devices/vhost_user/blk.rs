@@ -2,7 +2,7 @@
 //! (`exitless vhost-user-blk`, or any vhost-user-blk backend): the guest sees the same device as
 //! a local disk, but requests go from its ring straight to the daemon's IOCore.
 //!
-//! - Set-up, when the VM is built: connect and negotiate ([`link`]).
+//! - Set-up, when the VM is built: connect and negotiate ([`super::link`]).
 //! - DRIVER_OK (on the vCPU, in the Status write's exit): GET_INFLIGHT_FD where the daemon keeps
 //!   its requests in flight in shared memory, then SET_INFLIGHT_FD, SET_FEATURES with the
 //!   driver's features, SET_MEM_TABLE and the queue's SET_VRING_*. The kick is the queue's
@@ -10,39 +10,39 @@
 //!   injects the daemon's interrupts itself).
 //! - Device reset: GET_VRING_BASE stops the ring in the daemon.
 //! - While it runs, a thread watches the ring's error eventfd and the connection, and connects
-//!   to the next daemon when this one goes away: see [`watch`].
+//!   to the next daemon when this one goes away: see [`super::watch`].
 //!
 //! The daemon is not trusted: offered features are cut to those this transport can honour,
-//! replies are checked (see [`frontend`]), and every wait has a time limit.
-
-pub mod frontend;
-pub mod link;
-pub mod watch;
+//! replies are checked (see [`super::frontend`]), and every wait has a time limit.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox::Filter;
-use thiserror::Error;
 use virtio::block::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
     VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
 use virtio::device::read_config_bytes;
 use virtio::interrupt::INT_USED_BUFFER;
-use virtio::{
-    ActivateError, DeviceSignals, VirtioDevice, Worker, Workers, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
-    VIRTIO_F_VERSION_1,
-};
+use virtio::{ActivateError, DeviceSignals, VirtioDevice, Workers};
 use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use frontend::FrontendError;
-use link::{Link, RingFds};
-use watch::{Shared, Watcher};
+use super::link::Profile;
+use super::{Connected, VhostUserError, VhostUserInfo};
+
+/// Bytes of configuration space asked for (struct virtio_blk_config up to `num_queues` and
+/// beyond; the driver reads what its features name).
+const CONFIG_SIZE: u32 = 60;
+
+/// What a disk's link asks of its daemon: its configuration space, whose first 8 bytes (the
+/// capacity) a restarted daemon must report unchanged, and its in-flight region.
+fn profile() -> Profile {
+    Profile { what: "disk", config_size: Some(CONFIG_SIZE), fixed_config: 0..8, inflight: true }
+}
 
 /// A disk served by the vhost-user daemon listening at `socket` (`--disk vhost-user=SOCKET`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,55 +81,16 @@ const BLK_CONFIG_FEATURES: [u32; 2] = [4, 10];
 
 /// The features offered to the driver: the daemon's, cut to what this transport supports.
 fn passed_on(daemon: u64) -> u64 {
-    let ring = [VIRTIO_F_VERSION_1, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC];
-    let allowed = ring.iter().chain(&BLK_FEATURES).chain(&BLK_CONFIG_FEATURES).fold(0u64, |m, &b| m | 1 << b);
-    daemon & allowed
-}
-
-/// Why a vhost-user disk could not be set up.
-#[derive(Debug, Error)]
-pub enum VhostUserError {
-    #[error("{0}")]
-    Frontend(#[from] FrontendError),
-    #[error("cannot create the ring's error eventfd: {0}")]
-    EventFd(#[source] std::io::Error),
-    #[error("cannot start the thread that watches the vhost-user daemon: {0}")]
-    Thread(#[source] std::io::Error),
-    #[error("guest memory is not shared (no memfd behind region {0}): a vhost-user daemon cannot map it")]
-    NotShared(usize),
-    #[error("the new vhost-user daemon changed {0}")]
-    Changed(&'static str),
-}
-
-/// What the VMM knows of a vhost-user disk, for `run --stats`: the daemon serves the requests
-/// and raises the interrupts (through the irqfd, which KVM handles), so the VMM does not see
-/// them; it sees set-up, reconnections and failures.
-#[derive(Debug)]
-pub struct VhostUserInfo {
-    /// The daemon's socket.
-    pub socket: PathBuf,
-    /// Virtio features the driver accepted, last time it started the device.
-    pub features: AtomicU64,
-    /// Times the driver started the device and the daemon took the ring (DRIVER_OK).
-    pub activations: AtomicU64,
-    /// The daemon closed the connection while the VM ran, and no other daemon has taken over
-    /// (set by the watcher, cleared when it reconnects).
-    pub daemon_gone: AtomicBool,
-    /// Times a new daemon took the disk over after the previous one went away.
-    pub reconnections: AtomicU64,
+    super::passed_on(daemon, BLK_FEATURES.iter().chain(&BLK_CONFIG_FEATURES))
 }
 
 /// The device model: configuration and features from the daemon, the data path with it.
 pub struct VhostUserBlk {
-    link: Arc<Link>,
+    connected: Connected,
     /// Features offered to the driver.
     features: u64,
     config: Vec<u8>,
     queue_sizes: [u16; 1],
-    shared: Arc<Shared>,
-    info: Arc<VhostUserInfo>,
-    // Dropped last: stops the watcher, which holds `shared`.
-    _watcher: Watcher,
 }
 
 impl VhostUserBlk {
@@ -142,48 +103,22 @@ impl VhostUserBlk {
         call: Arc<EventFd>,
         filter: Filter,
     ) -> Result<VhostUserBlk, VhostUserError> {
-        let err = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(VhostUserError::EventFd)?);
-        let (link, offer) =
-            Link::connect(&disk.socket, disk.daemon_uid, RingFds { kick, call, err: err.clone() })?;
-        let link = Arc::new(link);
-        let socket = link.stream().map_err(VhostUserError::Thread)?;
-        let info = Arc::new(VhostUserInfo {
-            socket: disk.socket.clone(),
-            features: AtomicU64::new(0),
-            activations: AtomicU64::new(0),
-            daemon_gone: AtomicBool::new(false),
-            reconnections: AtomicU64::new(0),
-        });
-        let features = passed_on(offer.features);
-        let config = offer.config.clone();
-        let shared = Arc::new(Shared {
-            path: disk.socket.display().to_string(),
-            signals: Mutex::new(None),
-            info: info.clone(),
-            link: link.clone(),
-            offer,
-            reconnect: disk.reconnect,
-        });
-        let watcher =
-            Watcher::spawn(socket.into(), err, shared.clone(), filter).map_err(VhostUserError::Thread)?;
-        Ok(VhostUserBlk {
-            link,
-            features,
-            config,
-            queue_sizes: [MAX_QUEUE_SIZE],
-            shared,
-            info,
-            _watcher: watcher,
-        })
+        let connected = Connected::connect(
+            &disk.socket,
+            profile(),
+            (disk.daemon_uid, disk.reconnect),
+            vec![kick],
+            call,
+            filter,
+        )?;
+        let features = passed_on(connected.offer().features);
+        let config = connected.offer().config.clone();
+        Ok(VhostUserBlk { connected, features, config, queue_sizes: [MAX_QUEUE_SIZE] })
     }
 
     /// What the VMM knows of the disk, kept up to date while it runs.
     pub fn info(&self) -> Arc<VhostUserInfo> {
-        self.info.clone()
-    }
-
-    fn set_signals(&self, signals: Option<DeviceSignals>) {
-        *self.shared.signals.lock().unwrap_or_else(|p| p.into_inner()) = signals;
+        self.connected.info()
     }
 }
 
@@ -211,29 +146,11 @@ impl VirtioDevice for VhostUserBlk {
         features: u64,
         signals: DeviceSignals,
     ) -> Result<Workers, ActivateError> {
-        // The frontend offers one queue (`queue_max_sizes`).
-        let Some(Some(queue)) = queues.into_iter().next() else {
-            return Err(ActivateError::QueueNotReady { index: 0 });
-        };
-        if self.info.daemon_gone.load(Ordering::Acquire) {
-            signals.backend_failed("the vhost-user daemon is gone; the disk cannot start");
-            return Err(ActivateError::NoBackend);
-        }
-        if let Err(e) = self.link.start(queue, features) {
-            signals.backend_failed(&format!("cannot start the disk: {e}"));
-            return Err(ActivateError::NoBackend);
-        }
-        self.info.features.store(features, Ordering::Relaxed);
-        self.info.activations.fetch_add(1, Ordering::Relaxed);
-        self.set_signals(Some(signals));
-        // The daemon does the work: the transport's worker has nothing to poll.
-        Ok(vec![Some(Worker::Remote)])
+        self.connected.activate(queues, features, signals)
     }
 
     fn deactivate(&mut self, _workers: Workers) {
-        self.set_signals(None);
-        // Also while the daemon is away: a daemon that takes over then gets no ring.
-        self.link.stop();
+        self.connected.deactivate();
     }
 
     fn interrupt_status_while_active(&self) -> u32 {
@@ -246,6 +163,7 @@ impl VirtioDevice for VhostUserBlk {
 mod tests {
     use super::*;
     use vhost_user_protocol::features::VHOST_USER_F_PROTOCOL_FEATURES;
+    use virtio::VIRTIO_F_VERSION_1;
 
     #[test]
     fn only_features_the_transport_honours_are_passed_on() {

@@ -1,0 +1,110 @@
+//! `exitless vhost-user-net` as the bench starts it: NICs for the guests of a row, its IOCore
+//! on the IOCore's CPU, its log in the run's directory; and the row of exitless's own VM on it.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use vmm::{ConsoleMode, IoMode, VhostUserNic, VmConfig};
+
+use super::{Lab, Row, PORT, RUN_SLACK, SERVER_UPLINK_IP, UPLINK_GUEST_IP};
+use crate::args::NetBenchArgs;
+use crate::daemon::{Backend as Daemon, DaemonError};
+use crate::probe_dir::{ProbeDir, ProbeDirError};
+
+/// The guest NIC's address on the daemon, in every row that has one guest there.
+pub const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x65, 0x78, 0x02];
+/// The same, as the command lines spell it.
+pub const GUEST_MAC_TEXT: &str = "52:54:00:65:78:02";
+
+/// Why the daemon could not be started or stopped.
+#[derive(Debug, Error)]
+pub enum SwitchError {
+    /// It failed to start, or to stop when told.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// The path of this executable, which runs the daemon, is unknown.
+    #[error("cannot find this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    /// The directory of the daemon's socket could not be made.
+    #[error(transparent)]
+    Dir(#[from] ProbeDirError),
+    /// The guest's run failed.
+    #[error(transparent)]
+    Guest(#[from] super::GuestRunError),
+}
+
+/// The row of exitless's own VM, polling, with its NIC on the daemon: UDP request-response to
+/// the responder through the switch and its uplink. Its cores include the daemon's (over the
+/// whole run: its IOCore polls throughout).
+pub fn exitless_row(lab: &Lab, args: &NetBenchArgs, tsc_khz: u32) -> Row {
+    let mut row = Row::new("exitless", "exitless on exitless vhost-user-net (uplink)".into(), args.size);
+    if let Err(e) = measure(&mut row, lab, args, tsc_khz) {
+        row.note = Some(format!("not measured: {e}"));
+    }
+    row
+}
+
+fn measure(row: &mut Row, lab: &Lab, args: &NetBenchArgs, tsc_khz: u32) -> Result<(), SwitchError> {
+    let dir = ProbeDir::make("net-switch")?;
+    let socket = dir.path().join("nic.sock");
+    let daemon = start_switch(args, dir.path(), &[(&socket, GUEST_MAC_TEXT)], Some(&lab.uplink))?;
+    let cmdline = format!(
+        "probe.workload=udp-rr probe.ip={UPLINK_GUEST_IP} probe.dst={SERVER_UPLINK_IP} probe.port={PORT} \
+         probe.size={} probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz}",
+        args.size, args.duration_ms, args.warmup
+    );
+    let mode = IoMode::Exitless;
+    let config = VmConfig {
+        cmdline: probe_image::with_io_mode(&cmdline, mode),
+        testdev: true,
+        console: ConsoleMode::Capture,
+        timeout: Some(Duration::from_millis(args.duration_ms) + RUN_SLACK),
+        pin_vcpus: vec![args.vcpu_cpu],
+        vhost_user_nets: vec![VhostUserNic {
+            socket,
+            mac: GUEST_MAC,
+            reconnect: Duration::ZERO,
+            daemon_uid: None,
+        }],
+        io_mode: mode,
+        seccomp: args.seccomp.mode(),
+        ..Default::default()
+    };
+    let (daemon_cpu, started) = (crate::qemu::process_cpu_time(daemon.id()), Instant::now());
+    let run = super::super::run_guest(&config, "udp-rr")?;
+    let daemon_cores = crate::qemu::process_cpu_time(daemon.id()).saturating_sub(daemon_cpu).as_secs_f64()
+        / started.elapsed().as_secs_f64();
+    daemon.terminate(Duration::from_secs(10))?;
+    let ops = run.line["ops"].as_u64().unwrap_or(0);
+    row.transactions = ops;
+    row.transactions_per_s = run.line["tps"].as_f64();
+    row.p50_us = run.line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+    row.p99_us = run.line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+    row.exits_per_transaction = Some(run.counters.get("exits") as f64 / ops.max(1) as f64);
+    row.exits_by_cause = super::super::causes_per(&run.counters, ops);
+    row.cpu_cores_used = run.cores_used.map(|vm| vm + daemon_cores);
+    Ok(())
+}
+
+/// Start `exitless vhost-user-net` serving `nics` (socket, MAC), with `uplink` if given, its
+/// IOCore on the IOCore CPU and its log in `dir`.
+pub fn start_switch(
+    args: &NetBenchArgs,
+    dir: &Path,
+    nics: &[(&Path, &str)],
+    uplink: Option<&str>,
+) -> Result<Daemon, SwitchError> {
+    let mut command = Command::new(std::env::current_exe().map_err(SwitchError::CurrentExe)?);
+    command.args(["vhost-user-net", "--iocore-cpu", &args.iocore_cpu.to_string()]).args(args.seccomp.flag());
+    for (socket, mac) in nics {
+        let _ = std::fs::remove_file(socket);
+        command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
+    }
+    if let Some(uplink) = uplink {
+        command.args(["--uplink", uplink]);
+    }
+    let sockets: Vec<_> = nics.iter().map(|(socket, _)| socket.to_path_buf()).collect();
+    Ok(Daemon::start(command, &sockets, &dir.join("vhost-user-net.log"), "exitless vhost-user-net")?)
+}
