@@ -151,12 +151,12 @@ pub enum DeviceError {
     EventFd(#[source] std::io::Error),
     #[error("cannot open virtio device {index}'s interrupt line (a copy of the VM's descriptor): {source}")]
     IrqLine { index: usize, source: std::io::Error },
-    #[error("vhost-user disk {index}: {source}")]
-    VhostUser { index: usize, source: VhostUserError },
+    #[error("vhost-user {what} {index}: {source}")]
+    VhostUser { what: &'static str, index: usize, source: VhostUserError },
     #[error(
-        "--io-mode trap serves a disk in the vCPU's MMIO exit, but a vhost-user disk is served by its \
-         daemon: choose eventfd, pv-eoi or sidecore (the guest takes interrupts) or exitless or adaptive \
-         (the guest polls)"
+        "--io-mode trap serves a device in the vCPU's MMIO exit, but a vhost-user disk or NIC is served \
+         by its daemon: choose eventfd, pv-eoi or sidecore (the guest takes interrupts) or exitless or \
+         adaptive (the guest polls)"
     )]
     TrapVhostUser,
 }
@@ -358,7 +358,11 @@ impl VirtioDevices {
                         .map_err(kvm("queue notify (ioeventfd)"))?;
                     let device =
                         VhostUserBlk::connect(disk, notify.clone(), irq_fd.clone(), watch_filter.clone())
-                            .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
+                            .map_err(|source| DeviceError::VhostUser {
+                                what: "disk",
+                                index: kind_index,
+                                source,
+                            })?;
                     vhost_user_info = Some(device.info());
                     (Box::new(device), Runner::OnNotify, vec![notify], irq_fd)
                 }
@@ -376,8 +380,10 @@ impl VirtioDevices {
                         kicks.push(kick);
                     }
                     let pair = [kicks[0].clone(), kicks[1].clone()];
-                    let device = VhostUserNet::connect(nic, pair, irq_fd.clone(), watch_filter.clone())
-                        .map_err(|source| DeviceError::VhostUser { index: kind_index, source })?;
+                    let device =
+                        VhostUserNet::connect(nic, pair, irq_fd.clone(), watch_filter.clone()).map_err(
+                            |source| DeviceError::VhostUser { what: "NIC", index: kind_index, source },
+                        )?;
                     vhost_user_info = Some(device.info());
                     (Box::new(device), Runner::OnNotify, kicks, irq_fd)
                 }

@@ -24,7 +24,10 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Why talking to the vhost-user daemon failed.
 #[derive(Debug, Error)]
 pub enum FrontendError {
-    #[error("no vhost-user socket at {0}: start `exitless vhost-user-blk --disk socket={0},...` first")]
+    #[error(
+        "no vhost-user socket at {0}: start its daemon first (`exitless vhost-user-blk --disk socket={0},...` \
+         for a disk, `exitless vhost-user-net --nic socket={0},...` for a NIC)"
+    )]
     NoSocket(PathBuf),
     #[error(
         "nothing listens on the vhost-user socket {0} (a daemon that stopped leaves its socket file behind)"
