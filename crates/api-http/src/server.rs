@@ -57,15 +57,52 @@ pub enum ServerError {
     /// The thread could not be spawned.
     #[error("cannot start the control API's thread: {0}")]
     Thread(std::io::Error),
+    /// Its eventfd, or its copy of the stop descriptor, could not be made.
+    #[error("cannot make the control API's descriptors: {0}")]
+    Fds(std::io::Error),
 }
 
-/// Answer every call waiting in `calls` with `handle`, on the owner's control thread, once
-/// `wake` (the server's end of [`eventfd_pair`]) said there are some; it is drained first.
-pub fn answer_calls(calls: &Receiver<Call>, mut wake: &File, mut handle: impl FnMut(&Request) -> Response) {
-    let mut count = [0u8; 8];
-    let _ = wake.read(&mut count);
-    while let Ok(call) = calls.try_recv() {
-        let _ = call.reply.send(handle(&call.request));
+/// A daemon's control API as its control thread sees it: the server thread, the calls it hands
+/// over, and the eventfd that says there are some (to poll with the control thread's others).
+pub struct ControlApi {
+    server: ApiServer,
+    calls: Receiver<Call>,
+    wake: File,
+}
+
+impl ControlApi {
+    /// Serve the API on `path` from a thread that runs `confine` first and stops when `stop`
+    /// fires.
+    pub fn start<E: std::fmt::Display>(
+        path: &Path,
+        stop: &OwnedFd,
+        confine: impl FnOnce() -> Result<(), E> + Send + 'static,
+    ) -> Result<ControlApi, ServerError> {
+        let (wake_writer, wake) = eventfd_pair().map_err(ServerError::Fds)?;
+        let (sender, calls) = mpsc::sync_channel(16);
+        let stop = stop.try_clone().map_err(ServerError::Fds)?;
+        let server = ApiServer::start(path, stop, confine, sender, wake_writer)?;
+        log::info!("control API on {}", path.display());
+        Ok(ControlApi { server, calls, wake })
+    }
+
+    /// The descriptor that becomes readable when calls wait.
+    pub fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.wake)
+    }
+
+    /// Answer every call waiting with `handle` (the eventfd drained first).
+    pub fn answer(&self, mut handle: impl FnMut(&Request) -> Response) {
+        let mut count = [0u8; 8];
+        let _ = (&self.wake).read(&mut count);
+        while let Ok(call) = self.calls.try_recv() {
+            let _ = call.reply.send(handle(&call.request));
+        }
+    }
+
+    /// Wait for the server thread, once the stop descriptor fired.
+    pub fn join(self) {
+        self.server.join();
     }
 }
 

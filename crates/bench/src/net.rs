@@ -161,6 +161,18 @@ struct Row {
 }
 
 impl Row {
+    /// What exitless's own VM's run measured: its `udp-rr` result, exits and cores.
+    fn fill(&mut self, run: &super::GuestRun) {
+        let ops = run.line["ops"].as_u64().unwrap_or(0);
+        self.transactions = ops;
+        self.transactions_per_s = run.line["tps"].as_f64();
+        self.p50_us = run.line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
+        self.p99_us = run.line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+        self.exits_per_transaction = Some(run.counters.get("exits") as f64 / ops.max(1) as f64);
+        self.exits_by_cause = causes_per(&run.counters, ops);
+        self.cpu_cores_used = run.cores_used;
+    }
+
     /// A row of `vmm` in `mode`, nothing measured yet.
     fn new(vmm: &'static str, mode: String, size: u64) -> Row {
         Row {
@@ -547,14 +559,7 @@ impl Lab {
             }
             Err(e) => return Err(e),
         };
-        let ops = run.line["ops"].as_u64().unwrap_or(0);
-        row.transactions = ops;
-        row.transactions_per_s = run.line["tps"].as_f64();
-        row.p50_us = run.line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
-        row.p99_us = run.line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
-        row.exits_per_transaction = Some(run.counters.get("exits") as f64 / ops.max(1) as f64);
-        row.exits_by_cause = causes_per(&run.counters, ops);
-        row.cpu_cores_used = run.cores_used;
+        row.fill(&run);
         Ok(row)
     }
 }

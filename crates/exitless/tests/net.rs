@@ -44,16 +44,7 @@ impl Lab {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let udp =
-                Command::new("ip").args(["netns", "exec", &netns, "cat", "/proc/net/udp"]).output().unwrap();
-            if String::from_utf8_lossy(&udp.stdout).contains(":0007 ") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the echo responder did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_echo(&netns);
         Lab { netns, responder }
     }
 
@@ -77,6 +68,19 @@ impl Lab {
             "--stats",
             "--json",
         ])
+    }
+}
+
+/// Wait until the echo responder in network namespace `netns` has bound UDP port 7.
+fn wait_for_echo(netns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let udp = Command::new("ip").args(["netns", "exec", netns, "cat", "/proc/net/udp"]).output().unwrap();
+        if String::from_utf8_lossy(&udp.stdout).contains(":0007 ") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the echo responder did not start");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -350,13 +354,7 @@ fn an_exitless_vm_on_the_nic_daemon_reaches_the_host_with_no_exit_per_transactio
         &["vhost-user-net", "--nic", &nic, "--uplink", &veth.ours, "--iocore-cpu", "1"],
         &socket,
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !String::from_utf8_lossy(&netns.command("cat").arg("/proc/net/udp").output().unwrap().stdout)
-        .contains(":0007 ")
-    {
-        assert!(Instant::now() < deadline, "the echo responder did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_echo(&netns.name);
     let net = format!("vhost-user={},mac={mac}", socket.display());
     let cmdline =
         "probe.workload=udp-rr probe.ip=10.94.0.2 probe.dst=10.94.0.1 probe.ops=10000 probe.size=200";

@@ -63,10 +63,6 @@ pub enum DaemonError {
     TakeOverThread(io::Error),
     #[error("the hand-over's thread panicked")]
     TakeOverPanicked,
-    #[error("cannot make the API's eventfd: {0}")]
-    ApiEventfd(io::Error),
-    #[error("cannot share the stop descriptor with the API's thread: {0}")]
-    ShareStop(io::Error),
     #[error("--api-socket: {0}")]
     Api(#[from] ServerError),
 }

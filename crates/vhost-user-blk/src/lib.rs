@@ -32,13 +32,11 @@ pub mod signals;
 mod spec;
 mod stats;
 
-use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api_http::server::{answer_calls, eventfd_pair, ApiServer};
+use api_http::server::ControlApi;
 use clap::ValueEnum;
 use iocore::{IoCore, Policy};
 use sandbox::{Filter, ThreadKind};
@@ -141,17 +139,12 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
             None
         }
     };
-    let (api, calls, wake) = match &args.api_socket {
+    let api = match &args.api_socket {
         Some(path) => {
-            let (wake_writer, wake) = eventfd_pair().map_err(DaemonError::ApiEventfd)?;
-            let (sender, calls) = mpsc::sync_channel(16);
             let filter = Filter::new(ThreadKind::ApiServer, seccomp)?;
-            let stop = stop.try_clone().map_err(DaemonError::ShareStop)?;
-            let api = ApiServer::start(path, stop, move || filter.install(), sender, wake_writer)?;
-            log::info!("control API on {}", path.display());
-            (Some(api), Some(calls), Some(wake))
+            Some(ControlApi::start(path, &stop, move || filter.install())?)
         }
-        None => (None, None, None),
+        None => None,
     };
     // This thread waits for the stop signal now, printing figures and, with the control API,
     // adding and removing disks: it keeps what that takes.
@@ -164,7 +157,7 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
     loop {
         let limit = next_report.map(|at| at.saturating_duration_since(Instant::now()));
         let handover_fd = successors.as_ref().map(HandoverSocket::fd);
-        match wait_for_control(&stop, &[wake.as_ref().map(AsFd::as_fd), handover_fd], limit) {
+        match wait_for_control(&stop, &[api.as_ref().map(ControlApi::wake_fd), handover_fd], limit) {
             Woken::Stop => break,
             Woken::Ready(1) => {
                 if let Some(socket) = successors.as_mut() {
@@ -175,8 +168,8 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
                 }
             }
             Woken::Ready(_) => {
-                if let (Some(calls), Some(wake)) = (&calls, &wake) {
-                    answer_calls(calls, wake, |request| routes::handle(&mut disks, request));
+                if let Some(api) = &api {
+                    api.answer(|request| routes::handle(&mut disks, request));
                 }
             }
             Woken::Timeout => {}

@@ -15,10 +15,9 @@ mod metrics;
 mod nics;
 mod routes;
 
-use std::os::fd::AsFd;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
-use api_http::server::{answer_calls, eventfd_pair, ApiServer};
+use api_http::server::ControlApi;
 use iocore::{IoCore, Policy};
 use sandbox::{Filter, SandboxError, ThreadKind};
 use switch::{Switch, SwitchControl};
@@ -59,9 +58,6 @@ pub enum Error {
     /// The control API could not be started.
     #[error("control API: {0}")]
     Api(#[from] api_http::server::ServerError),
-    /// The control API's eventfd or the stop signal's copy could not be made.
-    #[error("control API: {0}")]
-    ApiFds(#[source] std::io::Error),
 }
 
 impl Error {
@@ -103,28 +99,23 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     for nic in args.nic {
         nics.add(nic)?;
     }
-    let (api, calls, wake) = match &args.api_socket {
+    let api = match &args.api_socket {
         Some(path) => {
-            let (wake_writer, wake) = eventfd_pair().map_err(Error::ApiFds)?;
-            let (sender, calls) = mpsc::sync_channel(16);
             let filter = Filter::new(ThreadKind::ApiServer, seccomp)?;
-            let stop = stop.try_clone().map_err(Error::ApiFds)?;
-            let api = ApiServer::start(path, stop, move || filter.install(), sender, wake_writer)?;
-            log::info!("control API on {}", path.display());
-            (Some(api), Some(calls), Some(wake))
+            Some(ControlApi::start(path, &stop, move || filter.install())?)
         }
-        None => (None, None, None),
+        None => None,
     };
     // This thread waits for the stop signal now and, with the control API, adds and removes
     // NICs: it keeps what that takes.
     let kind = if api.is_some() { ThreadKind::DaemonControl } else { ThreadKind::VhostUserConnection };
     sandbox::install(kind, seccomp)?;
     loop {
-        match wait_for_control(&stop, &[wake.as_ref().map(AsFd::as_fd)], None) {
+        match wait_for_control(&stop, &[api.as_ref().map(ControlApi::wake_fd)], None) {
             Woken::Stop => break,
             Woken::Ready(_) => {
-                if let (Some(calls), Some(wake)) = (&calls, &wake) {
-                    answer_calls(calls, wake, |request| routes::handle(&mut nics, &iocore, request));
+                if let Some(api) = &api {
+                    api.answer(|request| routes::handle(&mut nics, &iocore, request));
                 }
             }
             Woken::Timeout => {}

@@ -77,13 +77,7 @@ fn measure(row: &mut Row, lab: &Lab, args: &NetBenchArgs, tsc_khz: u32) -> Resul
     let daemon_cores = crate::qemu::process_cpu_time(daemon.id()).saturating_sub(daemon_cpu).as_secs_f64()
         / started.elapsed().as_secs_f64();
     daemon.terminate(Duration::from_secs(10))?;
-    let ops = run.line["ops"].as_u64().unwrap_or(0);
-    row.transactions = ops;
-    row.transactions_per_s = run.line["tps"].as_f64();
-    row.p50_us = run.line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
-    row.p99_us = run.line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
-    row.exits_per_transaction = Some(run.counters.get("exits") as f64 / ops.max(1) as f64);
-    row.exits_by_cause = super::super::causes_per(&run.counters, ops);
+    row.fill(&run);
     row.cpu_cores_used = run.cores_used.map(|vm| vm + daemon_cores);
     Ok(())
 }

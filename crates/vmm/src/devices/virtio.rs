@@ -19,9 +19,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::irq_line::IrqLine;
-use super::vhost_user::{
-    VhostUserBlk, VhostUserDisk, VhostUserError, VhostUserInfo, VhostUserNet, VhostUserNic,
-};
+use super::vhost_user::{self, VhostUserDisk, VhostUserError, VhostUserInfo, VhostUserNic};
 
 /// The first transport's MMIO window (in the 3-4 GiB hole; the next one follows it).
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
@@ -357,7 +355,7 @@ impl VirtioDevices {
                     vm.register_ioevent(&notify, &address, NoDatamatch)
                         .map_err(kvm("queue notify (ioeventfd)"))?;
                     let device =
-                        VhostUserBlk::connect(disk, notify.clone(), irq_fd.clone(), watch_filter.clone())
+                        vhost_user::blk::connect(disk, notify.clone(), irq_fd.clone(), watch_filter.clone())
                             .map_err(|source| DeviceError::VhostUser {
                                 what: "disk",
                                 index: kind_index,
@@ -381,7 +379,7 @@ impl VirtioDevices {
                     }
                     let pair = [kicks[0].clone(), kicks[1].clone()];
                     let device =
-                        VhostUserNet::connect(nic, pair, irq_fd.clone(), watch_filter.clone()).map_err(
+                        vhost_user::net::connect(nic, pair, irq_fd.clone(), watch_filter.clone()).map_err(
                             |source| DeviceError::VhostUser { what: "NIC", index: kind_index, source },
                         )?;
                     vhost_user_info = Some(device.info());

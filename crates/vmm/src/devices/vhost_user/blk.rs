@@ -24,15 +24,11 @@ use virtio::block::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
     VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_ID_BLOCK,
 };
-use virtio::device::read_config_bytes;
-use virtio::interrupt::INT_USED_BUFFER;
-use virtio::{ActivateError, DeviceSignals, VirtioDevice, Workers};
-use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
-use vm_memory::GuestMemoryMmap;
+use virtqueue::queue::MAX_QUEUE_SIZE;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::link::Profile;
-use super::{Connected, VhostUserError, VhostUserInfo};
+use super::{Connected, VhostUserDevice, VhostUserError};
 
 /// Bytes of configuration space asked for (struct virtio_blk_config up to `num_queues` and
 /// beyond; the driver reads what its features name).
@@ -84,79 +80,32 @@ fn passed_on(daemon: u64) -> u64 {
     super::passed_on(daemon, BLK_FEATURES.iter().chain(&BLK_CONFIG_FEATURES))
 }
 
-/// The device model: configuration and features from the daemon, the data path with it.
-pub struct VhostUserBlk {
-    connected: Connected,
-    /// Features offered to the driver.
-    features: u64,
-    config: Vec<u8>,
-    queue_sizes: [u16; 1],
-}
-
-impl VhostUserBlk {
-    /// Connect to the daemon of `disk` and negotiate what can be before the driver starts.
-    /// `kick` is the queue's ioeventfd, `call` the device's irqfd; `filter` confines the
-    /// watcher thread.
-    pub fn connect(
-        disk: &VhostUserDisk,
-        kick: Arc<EventFd>,
-        call: Arc<EventFd>,
-        filter: Filter,
-    ) -> Result<VhostUserBlk, VhostUserError> {
-        let connected = Connected::connect(
-            &disk.socket,
-            profile(),
-            (disk.daemon_uid, disk.reconnect),
-            vec![kick],
-            call,
-            filter,
-        )?;
-        let features = passed_on(connected.offer().features);
-        let config = connected.offer().config.clone();
-        Ok(VhostUserBlk { connected, features, config, queue_sizes: [MAX_QUEUE_SIZE] })
-    }
-
-    /// What the VMM knows of the disk, kept up to date while it runs.
-    pub fn info(&self) -> Arc<VhostUserInfo> {
-        self.connected.info()
-    }
-}
-
-impl VirtioDevice for VhostUserBlk {
-    fn device_id(&self) -> u32 {
-        VIRTIO_ID_BLOCK
-    }
-
-    fn features(&self) -> u64 {
-        self.features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config, offset, data);
-    }
-
-    fn activate(
-        &mut self,
-        _mem: &GuestMemoryMmap,
-        queues: Vec<Option<Queue>>,
-        features: u64,
-        signals: DeviceSignals,
-    ) -> Result<Workers, ActivateError> {
-        self.connected.activate(queues, features, signals)
-    }
-
-    fn deactivate(&mut self, _workers: Workers) {
-        self.connected.deactivate();
-    }
-
-    fn interrupt_status_while_active(&self) -> u32 {
-        // The daemon interrupts through the irqfd: any interrupt may be a used buffer.
-        INT_USED_BUFFER
-    }
+/// Connect to the daemon of `disk` and negotiate what can be before the driver starts: the
+/// device model, its configuration and features from the daemon. `kick` is the queue's
+/// ioeventfd, `call` the device's irqfd; `filter` confines the watcher thread.
+pub fn connect(
+    disk: &VhostUserDisk,
+    kick: Arc<EventFd>,
+    call: Arc<EventFd>,
+    filter: Filter,
+) -> Result<VhostUserDevice, VhostUserError> {
+    let connected = Connected::connect(
+        &disk.socket,
+        profile(),
+        (disk.daemon_uid, disk.reconnect),
+        vec![kick],
+        call,
+        filter,
+    )?;
+    let features = passed_on(connected.offer().features);
+    let config = connected.offer().config.clone();
+    Ok(VhostUserDevice {
+        connected,
+        device_id: VIRTIO_ID_BLOCK,
+        features,
+        config,
+        queue_sizes: vec![MAX_QUEUE_SIZE],
+    })
 }
 
 #[cfg(test)]

@@ -24,17 +24,20 @@ use std::time::Duration;
 
 use sandbox::Filter;
 use thiserror::Error;
+use virtio::device::read_config_bytes;
+use virtio::interrupt::INT_USED_BUFFER;
 use virtio::{
-    ActivateError, DeviceSignals, Worker, Workers, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
+    ActivateError, DeviceSignals, VirtioDevice, Worker, Workers, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC,
     VIRTIO_F_VERSION_1,
 };
 use virtqueue::queue::Queue;
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-pub use blk::{VhostUserBlk, VhostUserDisk};
+pub use blk::VhostUserDisk;
 use frontend::FrontendError;
 use link::{Link, Offer, Profile, RingFds};
-pub use net::{VhostUserNet, VhostUserNic};
+pub use net::VhostUserNic;
 use watch::{Shared, Watcher};
 
 /// Why a vhost-user device could not be set up.
@@ -173,5 +176,61 @@ impl Connected {
         *self.shared.signals.lock().unwrap_or_else(|p| p.into_inner()) = None;
         // Also while the daemon is away: a daemon that takes over then gets no ring.
         self.link.stop();
+    }
+}
+
+/// A virtio device whose data path is a vhost-user daemon ([`blk::connect`], [`net::connect`]):
+/// what the driver sees of it (its id, features, configuration space and queues) and the
+/// connection that serves it.
+pub struct VhostUserDevice {
+    connected: Connected,
+    device_id: u32,
+    /// Features offered to the driver.
+    features: u64,
+    config: Vec<u8>,
+    queue_sizes: Vec<u16>,
+}
+
+impl VhostUserDevice {
+    /// What the VMM knows of the device, kept up to date while it runs.
+    pub fn info(&self) -> Arc<VhostUserInfo> {
+        self.connected.info()
+    }
+}
+
+impl VirtioDevice for VhostUserDevice {
+    fn device_id(&self) -> u32 {
+        self.device_id
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+
+    fn activate(
+        &mut self,
+        _mem: &GuestMemoryMmap,
+        queues: Vec<Option<Queue>>,
+        features: u64,
+        signals: DeviceSignals,
+    ) -> Result<Workers, ActivateError> {
+        self.connected.activate(queues, features, signals)
+    }
+
+    fn deactivate(&mut self, _workers: Workers) {
+        self.connected.deactivate();
+    }
+
+    fn interrupt_status_while_active(&self) -> u32 {
+        // The daemon interrupts through the irqfd: any interrupt may be a used buffer.
+        INT_USED_BUFFER
     }
 }

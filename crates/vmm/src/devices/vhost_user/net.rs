@@ -12,16 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox::Filter;
-use virtio::device::read_config_bytes;
-use virtio::interrupt::INT_USED_BUFFER;
 use virtio::net::{VIRTIO_ID_NET, VIRTIO_NET_F_MAC};
-use virtio::{ActivateError, DeviceSignals, VirtioDevice, Workers};
-use virtqueue::queue::{Queue, MAX_QUEUE_SIZE};
-use vm_memory::GuestMemoryMmap;
+use virtqueue::queue::MAX_QUEUE_SIZE;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::link::Profile;
-use super::{Connected, VhostUserError, VhostUserInfo};
+use super::{Connected, VhostUserDevice, VhostUserError};
 
 /// A NIC served by the vhost-user daemon listening at `socket` (`--net vhost-user=SOCKET`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,81 +35,35 @@ pub struct VhostUserNic {
 /// The configuration space: the MAC address, then the status word (STATUS is not offered).
 const CONFIG_LEN: usize = 8;
 
-/// The device model: the daemon's ring features, the VMM's address.
-pub struct VhostUserNet {
-    connected: Connected,
-    /// Features offered to the driver.
-    features: u64,
-    config: [u8; CONFIG_LEN],
-    queue_sizes: [u16; 2],
-}
-
-impl VhostUserNet {
-    /// Connect to the daemon of `nic` and negotiate what can be before the driver starts.
-    /// `kicks` are the receive and transmit queues' ioeventfds, `call` the device's irqfd;
-    /// `filter` confines the watcher thread.
-    pub fn connect(
-        nic: &VhostUserNic,
-        kicks: [Arc<EventFd>; 2],
-        call: Arc<EventFd>,
-        filter: Filter,
-    ) -> Result<VhostUserNet, VhostUserError> {
-        // No configuration space from the daemon, no in-flight region (a frame lost in a
-        // restart is as a frame lost on a wire).
-        let profile = Profile { what: "NIC", config_size: None, fixed_config: 0..0, inflight: false };
-        let connected = Connected::connect(
-            &nic.socket,
-            profile,
-            (nic.daemon_uid, nic.reconnect),
-            kicks.to_vec(),
-            call,
-            filter,
-        )?;
-        // The address is this VMM's, whatever the daemon offers.
-        let features = super::passed_on(connected.offer().features, [].iter()) | 1 << VIRTIO_NET_F_MAC;
-        let mut config = [0u8; CONFIG_LEN];
-        config[..6].copy_from_slice(&nic.mac);
-        Ok(VhostUserNet { connected, features, config, queue_sizes: [MAX_QUEUE_SIZE; 2] })
-    }
-
-    /// What the VMM knows of the NIC, kept up to date while it runs.
-    pub fn info(&self) -> Arc<VhostUserInfo> {
-        self.connected.info()
-    }
-}
-
-impl VirtioDevice for VhostUserNet {
-    fn device_id(&self) -> u32 {
-        VIRTIO_ID_NET
-    }
-
-    fn features(&self) -> u64 {
-        self.features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config, offset, data);
-    }
-
-    fn activate(
-        &mut self,
-        _mem: &GuestMemoryMmap,
-        queues: Vec<Option<Queue>>,
-        features: u64,
-        signals: DeviceSignals,
-    ) -> Result<Workers, ActivateError> {
-        self.connected.activate(queues, features, signals)
-    }
-
-    fn deactivate(&mut self, _workers: Workers) {
-        self.connected.deactivate();
-    }
-
-    fn interrupt_status_while_active(&self) -> u32 {
-        INT_USED_BUFFER
-    }
+/// Connect to the daemon of `nic` and negotiate what can be before the driver starts: the
+/// device model, the daemon's ring features with the VMM's address. `kicks` are the receive and
+/// transmit queues' ioeventfds, `call` the device's irqfd; `filter` confines the watcher thread.
+pub fn connect(
+    nic: &VhostUserNic,
+    kicks: [Arc<EventFd>; 2],
+    call: Arc<EventFd>,
+    filter: Filter,
+) -> Result<VhostUserDevice, VhostUserError> {
+    // No configuration space from the daemon, no in-flight region (a frame lost in a restart
+    // is as a frame lost on a wire).
+    let profile = Profile { what: "NIC", config_size: None, fixed_config: 0..0, inflight: false };
+    let connected = Connected::connect(
+        &nic.socket,
+        profile,
+        (nic.daemon_uid, nic.reconnect),
+        kicks.to_vec(),
+        call,
+        filter,
+    )?;
+    // The address is this VMM's, whatever the daemon offers.
+    let features = super::passed_on(connected.offer().features, [].iter()) | 1 << VIRTIO_NET_F_MAC;
+    let mut config = vec![0u8; CONFIG_LEN];
+    config[..6].copy_from_slice(&nic.mac);
+    Ok(VhostUserDevice {
+        connected,
+        device_id: VIRTIO_ID_NET,
+        features,
+        config,
+        queue_sizes: vec![MAX_QUEUE_SIZE; 2],
+    })
 }
