@@ -215,62 +215,48 @@ impl PacketRing {
         &self.interface
     }
 
-    /// Slot `index` of the receive ring (`false`) or the transmit ring (`true`).
-    fn slot(&self, tx: bool, index: usize) -> *mut u8 {
+    /// Slot `index` (below [`RING_SLOTS`]) of the receive ring (`false`) or the transmit ring
+    /// (`true`).
+    fn slot(&self, tx: bool, index: usize) -> Slot<'_> {
+        assert!(index < RING_SLOTS, "slot {index} of a {RING_SLOTS}-slot ring");
         let ring = if tx { RING_SLOTS * SLOT_SIZE } else { 0 };
-        // In the mapping: `index` < RING_SLOTS.
-        self.rings.at(ring + index * SLOT_SIZE)
-    }
-
-    /// The status word of a slot, shared with the kernel.
-    fn status(&self, slot: *mut u8) -> &AtomicU32 {
-        // SAFETY: `slot` starts a slot of the mapping `self` holds, with its tpacket2_hdr first:
-        // `tp_status` is 4-aligned (the mapping is page-aligned, slots 2048 bytes apart) and the
-        // kernel accesses it atomically as well.
-        unsafe { AtomicU32::from_ptr(slot.cast()) }
-    }
-
-    /// Read slot field `T` at byte `offset` of its tpacket2_hdr.
-    fn field<T: Copy>(slot: *mut u8, offset: usize) -> T {
-        // SAFETY: callers read fields of the slot's 32-byte header, in the mapping, at their
-        // natural alignment; the kernel wrote them before it set the status word we loaded.
-        unsafe { slot.add(offset).cast::<T>().read_volatile() }
+        Slot { start: self.rings.at(ring + index * SLOT_SIZE), _ring: std::marker::PhantomData }
     }
 
     /// Is a received frame waiting?
     pub fn has_received(&self) -> bool {
-        let slot = self.slot(false, self.rx_next);
-        self.status(slot).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+        self.slot(false, self.rx_next).status().load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
     }
 
     /// Hand the next received frame, if there is one, to `take`, then give its slot back to the
     /// kernel; whether there was one.
     pub fn receive(&mut self, take: impl FnOnce(&Received<'_>)) -> bool {
         let slot = self.slot(false, self.rx_next);
-        let status = self.status(slot).load(Ordering::Acquire);
+        let status = slot.status().load(Ordering::Acquire);
         if status & libc::TP_STATUS_USER == 0 {
             return false;
         }
         // struct tpacket2_hdr: status, len, snaplen (u32), mac, net (u16), sec, nsec (u32),
         // vlan_tci, vlan_tpid (u16).
-        let len = Self::field::<u32>(slot, 4) as usize;
-        let captured = Self::field::<u32>(slot, 8) as usize;
-        let mac = usize::from(Self::field::<u16>(slot, 12));
-        let tci = Self::field::<u16>(slot, 24);
+        let len = slot.read::<u32>(4) as usize;
+        let captured = slot.read::<u32>(8) as usize;
+        let mac = usize::from(slot.read::<u16>(12));
+        let tci = slot.read::<u16>(24);
         let tpid = match status & libc::TP_STATUS_VLAN_TPID_VALID {
             0 => 0x8100,
-            _ => Self::field::<u16>(slot, 26),
+            _ => slot.read::<u16>(26),
         };
         // The kernel lays the frame out inside the slot, its virtio-net header just before it;
         // checked all the same, so a bad value cannot send us out of the ring.
         if mac >= VNET_HDR_LEN + 32 && mac.saturating_add(captured) <= SLOT_SIZE {
             let mut header = [0u8; VNET_HDR_LEN];
             for (i, byte) in header.iter_mut().enumerate() {
-                *byte = Self::field(slot, mac - VNET_HDR_LEN + i);
+                *byte = slot.read(mac - VNET_HDR_LEN + i);
             }
-            // SAFETY: `mac..mac + captured` lies in the slot, which is ours (status USER) until
-            // the store below, after `take` returns; the slice's lifetime ends with `take`.
-            let frame = unsafe { VolatileSlice::new(slot.add(mac), captured) };
+            // SAFETY: `mac..mac + captured` lies in the slot (checked above), which is ours
+            // (status USER) until the store below, after `take` returns; the slice's lifetime
+            // ends with `take`.
+            let frame = unsafe { VolatileSlice::new(slot.start.add(mac), captured) };
             let [t0, t1] = tpid.to_be_bytes();
             let [c0, c1] = tci.to_be_bytes();
             take(&Received {
@@ -285,7 +271,7 @@ impl PacketRing {
                 },
             });
         }
-        self.status(slot).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        slot.status().store(libc::TP_STATUS_KERNEL, Ordering::Release);
         self.rx_next = (self.rx_next + 1) % RING_SLOTS;
         true
     }
@@ -295,7 +281,7 @@ impl PacketRing {
     /// go out at the next [`PacketRing::flush`].
     pub fn transmit(&mut self, fill: impl FnOnce(&VolatileSlice<'_>) -> Fill) -> bool {
         let slot = self.slot(true, self.tx_next);
-        let status = self.status(slot).load(Ordering::Acquire);
+        let status = slot.status().load(Ordering::Acquire);
         // A frame the kernel refused (WRONG_FORMAT) leaves its slot to be reused.
         if status != libc::TP_STATUS_AVAILABLE && status != libc::TP_STATUS_WRONG_FORMAT {
             return false;
@@ -305,17 +291,16 @@ impl PacketRing {
         // lifetime ends with `fill`.
         let (header, frame) = unsafe {
             (
-                VolatileSlice::new(slot.add(TX_DATA), VNET_HDR_LEN),
-                VolatileSlice::new(slot.add(TX_DATA + VNET_HDR_LEN), MAX_TX_FRAME),
+                VolatileSlice::new(slot.start.add(TX_DATA), VNET_HDR_LEN),
+                VolatileSlice::new(slot.start.add(TX_DATA + VNET_HDR_LEN), MAX_TX_FRAME),
             )
         };
         let Fill::Frame(len) = fill(&frame) else { return true };
         let len = len.min(MAX_TX_FRAME);
         // No offload: a zero virtio-net header.
         header.write_slice(&[0; VNET_HDR_LEN], 0).expect("the header fits its slot");
-        // SAFETY: tp_len, the second u32 of the free slot's tpacket2_hdr.
-        unsafe { slot.add(4).cast::<u32>().write_volatile(small(VNET_HDR_LEN + len)) };
-        self.status(slot).store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
+        slot.write::<u32>(4, small(VNET_HDR_LEN + len));
+        slot.status().store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
         self.tx_next = (self.tx_next + 1) % RING_SLOTS;
         self.tx_queued = true;
         true
@@ -345,6 +330,44 @@ impl PacketRing {
 /// structure holds it in (it always fits).
 fn small<T: TryFrom<U>, U: Copy + std::fmt::Debug>(value: U) -> T {
     T::try_from(value).unwrap_or_else(|_| panic!("{value:?} does not fit its kernel field"))
+}
+
+/// One slot of a ring, borrowed from the [`PacketRing`] that maps it: its `tpacket2_hdr`
+/// first, then the frame. Made only by `PacketRing::slot`, so `start` is a slot's start in the
+/// live mapping: page-aligned rings, slots `SLOT_SIZE` bytes apart.
+struct Slot<'a> {
+    start: *mut u8,
+    _ring: std::marker::PhantomData<&'a PacketRing>,
+}
+
+impl Slot<'_> {
+    /// The status word, shared with the kernel, which reads and writes it atomically too.
+    fn status(&self) -> &AtomicU32 {
+        // SAFETY: `start` is a slot's start in the mapping the borrowed ring holds (see the
+        // type), so 4-aligned; `tp_status` is the header's first field.
+        unsafe { AtomicU32::from_ptr(self.start.cast()) }
+    }
+
+    /// Does the slot hold an aligned `T` at byte `offset`?
+    fn holds<T>(offset: usize) -> bool {
+        offset.is_multiple_of(std::mem::align_of::<T>()) && offset + size_of::<T>() <= SLOT_SIZE
+    }
+
+    /// The `T` at byte `offset` of the slot (a header field, or a byte of the frame).
+    fn read<T: Copy>(&self, offset: usize) -> T {
+        assert!(Self::holds::<T>(offset), "a {}-byte read at {offset} of a slot", size_of::<T>());
+        // SAFETY: in the slot and aligned (checked above; the slot is in the live mapping, see
+        // the type). The kernel wrote it before it published the status word we loaded.
+        unsafe { self.start.add(offset).cast::<T>().read_volatile() }
+    }
+
+    /// Write `value` at byte `offset` of the slot, which is ours (a free transmit slot).
+    fn write<T: Copy>(&self, offset: usize, value: T) {
+        assert!(Self::holds::<T>(offset), "a {}-byte write at {offset} of a slot", size_of::<T>());
+        // SAFETY: in the slot and aligned (checked above); the kernel reads it only after the
+        // status word says so.
+        unsafe { self.start.add(offset).cast::<T>().write_volatile(value) }
+    }
 }
 
 /// setsockopt(SOL_PACKET, `option`, `value`).
