@@ -55,7 +55,11 @@ fn run(u: &mut Unstructured) -> Result<()> {
         let ((rx_signals, rx_broken), (tx_signals, tx_broken)) = (signals(), signals());
         let mac = MacAddr([0x52, 0x54, 0, 0, 0, i + 1]);
         let isolated = u.ratio(1, 3)?;
-        let policy = PortPolicy { isolated_to: isolated.then_some(mac), ..PortPolicy::default() };
+        let policy = PortPolicy {
+            mac: u.arbitrary::<bool>()?.then_some(mac),
+            isolated_to: isolated.then_some(mac),
+            ..PortPolicy::default()
+        };
         let port = Port::new(rx, tx, rx_signals, tx_signals).with_policy(policy);
         let port = control.attach(port).expect("a free port");
         guests.push(Guest {

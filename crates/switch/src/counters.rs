@@ -60,7 +60,8 @@ counters! {
         tx_unheard,
         /// Frames between it and another NIC while either is isolated: dropped.
         tx_isolated,
-        /// Frames it sent from an address not its own while isolated: dropped.
+        /// Frames it sent from an address not its own while isolated, or from another NIC's own
+        /// address: dropped.
         tx_spoofed,
         /// Passes in which its frames waited for its rate limit.
         tx_rate_limited,
@@ -90,6 +91,8 @@ counters! {
         /// Frames from the host shorter than an Ethernet header, or with a checksum to fill in
         /// outside them: dropped.
         rx_malformed,
+        /// Frames from the host sent from a NIC's own address: dropped.
+        rx_spoofed,
         /// Frames from NICs queued for the host.
         tx_frames,
         /// Frames for the host that found its transmit ring full: dropped.

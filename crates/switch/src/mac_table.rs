@@ -1,5 +1,7 @@
 //! Which port each source address was last seen on: a fixed table, so learning allocates
-//! nothing and a guest that sends from many addresses only evicts entries, never grows it.
+//! nothing and a guest that sends from many addresses only evicts entries, never grows it. A
+//! NIC's own address is pinned to its port: no other port learns it (a frame from it elsewhere
+//! is spoofed), and learning never evicts it.
 
 use crate::ethernet::MacAddr;
 
@@ -13,9 +15,11 @@ struct Entry {
     /// The address as a number; `u64::MAX` (no MAC address is that wide) for a free slot.
     mac: u64,
     port: usize,
+    /// A NIC's own address: only its port may send from it.
+    pinned: bool,
 }
 
-const FREE: Entry = Entry { mac: u64::MAX, port: 0 };
+const FREE: Entry = Entry { mac: u64::MAX, port: 0, pinned: false };
 
 /// MAC address to port.
 pub struct MacTable {
@@ -47,26 +51,47 @@ impl MacTable {
     }
 
     /// `mac` sent from `port`: frames to it go there from now on. A group address is never
-    /// learnt. When every slot of its probe is taken by other addresses, the first is evicted.
+    /// learnt. When every slot of its probe is taken by other addresses, the first one not
+    /// pinned is evicted. `false`: the address is pinned to another port (the frame is
+    /// spoofed), or every slot of its probe is pinned; nothing is learnt.
     #[inline]
-    pub fn learn(&mut self, mac: MacAddr, port: usize) {
+    pub fn learn(&mut self, mac: MacAddr, port: usize) -> bool {
+        self.insert(mac, port, false)
+    }
+
+    /// Pin `mac` to `port` (a NIC's own address, as it attaches); `false` if every slot of its
+    /// probe is pinned to other addresses.
+    pub fn pin(&mut self, mac: MacAddr, port: usize) -> bool {
+        self.insert(mac, port, true)
+    }
+
+    fn insert(&mut self, mac: MacAddr, port: usize, pinned: bool) -> bool {
         if mac.is_group() {
-            return;
+            return true;
         }
         let mac = mac.to_u64();
         let mut free = None;
         for slot in Self::slots(mac) {
             let entry = &mut self.entries[slot];
             if entry.mac == mac {
-                entry.port = port;
-                return;
+                if entry.pinned && entry.port != port && !pinned {
+                    return false;
+                }
+                *entry = Entry { mac, port, pinned: pinned || entry.pinned };
+                return true;
             }
             if entry.mac == FREE.mac && free.is_none() {
                 free = Some(slot);
             }
         }
-        let slot = free.unwrap_or_else(|| Self::home(mac));
-        self.entries[slot] = Entry { mac, port };
+        let evictable = Self::slots(mac).find(|&slot| !self.entries[slot].pinned);
+        match free.or(evictable) {
+            Some(slot) => {
+                self.entries[slot] = Entry { mac, port, pinned };
+                true
+            }
+            None => false,
+        }
     }
 
     /// Forget every address learnt on `port` (it is gone).
@@ -99,6 +124,21 @@ mod tests {
         table.forget_port(5);
         assert_eq!(table.lookup(mac(1)), None);
         assert_eq!(table.lookup(mac(2)), Some(4));
+    }
+
+    #[test]
+    fn a_pinned_address_is_no_other_ports_and_never_evicted() {
+        let mut table = MacTable::default();
+        assert!(table.pin(mac(1), 3));
+        assert!(!table.learn(mac(1), 4), "another port sent from a pinned address");
+        assert_eq!(table.lookup(mac(1)), Some(3));
+        assert!(table.learn(mac(1), 3), "its own port");
+        for n in 2..100_000 {
+            table.learn(mac(n), 5);
+        }
+        assert_eq!(table.lookup(mac(1)), Some(3), "evicted by a flood of addresses");
+        table.forget_port(3);
+        assert!(table.learn(mac(1), 4), "unpinned once its port is gone");
     }
 
     #[test]

@@ -14,6 +14,9 @@ use crate::ethernet::MacAddr;
 /// What a NIC may do on the switch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PortPolicy {
+    /// Its own address, pinned to it: a frame from this address on any other port (or the
+    /// uplink) is dropped as spoofed, so nobody diverts its frames.
+    pub mac: Option<MacAddr>,
     /// Isolated: it talks to the uplink only, never to another NIC, and only from this address
     /// (a frame from any other is dropped as spoofed).
     pub isolated_to: Option<MacAddr>,
@@ -55,6 +58,8 @@ pub struct Port {
     tx_used: usize,
     /// The driver broke a ring: the port is not served until it is detached.
     pub(crate) broken: bool,
+    /// Its own address, pinned to it in the switch's table.
+    pub(crate) mac: Option<MacAddr>,
     /// Isolated to the uplink, sending only from this address.
     pub(crate) isolated_to: Option<MacAddr>,
     /// Its transmit limits, if it has any.
@@ -80,6 +85,7 @@ impl Port {
             rx_used: 0,
             tx_used: 0,
             broken: false,
+            mac: None,
             isolated_to: None,
             limiter: None,
             counters: PortCounters::default(),
@@ -97,6 +103,7 @@ impl Port {
 
     /// Hold the port to `policy`.
     pub fn with_policy(mut self, policy: PortPolicy) -> Port {
+        self.mac = policy.mac;
         self.isolated_to = policy.isolated_to;
         self.limiter = policy.limits.any().then(|| RateLimiter::new(policy.limits));
         self

@@ -89,6 +89,11 @@ impl Switch {
                 Command::Attach(id, mut port) => {
                     port.tx.set_notifications(!self.polling);
                     port.rx.set_notifications(!self.polling);
+                    if let Some(mac) = port.mac {
+                        if !self.table.pin(mac, id) {
+                            log::warn!("port {id}: its address {mac} could not be pinned (the table is full of pinned ones)");
+                        }
+                    }
                     self.ports[id] = Some(port);
                 }
                 Command::Detach(id, reply) => {
@@ -147,7 +152,8 @@ impl Switch {
             return;
         }
         let Addresses { destination, source: sender } = Addresses::parse(&start);
-        if port.isolated_to.is_some_and(|own| own != sender) {
+        // From an address not its own while isolated, or from another NIC's own address.
+        if port.isolated_to.is_some_and(|own| own != sender) || !self.table.learn(sender, source) {
             port.counters.tx_spoofed += 1;
             return;
         }
@@ -155,7 +161,6 @@ impl Switch {
         if let Some(limiter) = &port.limiter {
             limiter.consume(frame_len as u64);
         }
-        self.table.learn(sender, source);
         match destination_of(&self.table, destination) {
             Some(to) if to == source => port.counters.tx_to_self += 1,
             Some(UPLINK) => {
@@ -234,12 +239,13 @@ impl Drop for Switch {
         if let Some(Uplink { ring, counters: c, .. }) = &self.uplink {
             log::info!(
                 "uplink {}: {} frames from the host switched, {} sent to it; dropped: {} too long, \
-                 {} malformed, {} with its transmit ring full; {} failed flushes",
+                 {} malformed, {} spoofed, {} with its transmit ring full; {} failed flushes",
                 ring.interface(),
                 c.rx_frames,
                 c.tx_frames,
                 c.rx_too_big,
                 c.rx_malformed,
+                c.rx_spoofed,
                 c.tx_ring_full,
                 c.tx_errors
             );
@@ -268,7 +274,10 @@ fn from_host(
         return;
     }
     let Addresses { destination, source } = Addresses::parse(&start);
-    table.learn(source, UPLINK);
+    if !table.learn(source, UPLINK) {
+        counters.rx_spoofed += 1;
+        return;
+    }
     counters.rx_frames += 1;
     let frame = Frame::Host { bytes: got.frame, vlan_tag: got.vlan_tag };
     match destination_of(table, destination) {

@@ -115,7 +115,7 @@ pub fn parse_nic(spec: &str) -> Result<Nic, String> {
     if mac.is_group() {
         return Err(format!("mac={mac}: a NIC's address must be unicast (the first byte even)"));
     }
-    let policy = PortPolicy { isolated_to: isolated.then_some(mac), limits };
+    let policy = PortPolicy { mac: Some(mac), isolated_to: isolated.then_some(mac), limits };
     Ok(Nic { name, socket: socket.ok_or("a NIC needs socket=PATH")?, mac, policy })
 }
 
@@ -166,7 +166,7 @@ mod tests {
         let nic = parse_nic("socket=/run/a.sock,mac=52:54:00:00:00:01").unwrap();
         assert_eq!(nic.socket, PathBuf::from("/run/a.sock"));
         assert_eq!(nic.mac.to_string(), "52:54:00:00:00:01");
-        assert_eq!(nic.policy, PortPolicy::default());
+        assert_eq!(nic.policy, PortPolicy { mac: Some(nic.mac), ..PortPolicy::default() });
         let nic = parse_nic("socket=/a,mac=52:54:00:00:00:01,isolated=on,pps=1000,bw=10M").unwrap();
         assert_eq!(nic.policy.isolated_to, Some(nic.mac));
         assert_eq!(nic.policy.limits, Limits { iops: Some(1000), bandwidth: Some(10 << 20) });

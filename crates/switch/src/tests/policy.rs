@@ -53,3 +53,27 @@ fn a_nic_over_its_frame_rate_leaves_its_frames_in_the_ring() {
     assert_eq!(rig.guests[0].used_index(false), 1, "the others are still in the ring");
     assert!(rig.counters(0).tx_rate_limited >= 1);
 }
+
+#[test]
+fn a_nic_sending_from_another_nics_address_diverts_nothing() {
+    let own = |i| PortPolicy { mac: Some(guest_mac(i)), ..PortPolicy::default() };
+    let mut rig = rig_with(&[own(0), own(1), own(2)], None);
+    for g in &mut rig.guests {
+        g.post_rx(0, &[2048]);
+    }
+    let (a, b, c) = (rig.guests[0].mac, rig.guests[1].mac, rig.guests[2].mac);
+    // B claims A's address: dropped, and the table still has A where A is.
+    rig.guests[1].transmit(0, &frame(c, a, 60, 1), &[]);
+    rig.poll();
+    assert_eq!(rig.counters(1).tx_spoofed, 1);
+    assert_eq!(rig.guests[2].received(&[2048]).len(), 0, "the spoofed frame went nowhere");
+    let to_a = frame(a, c, 60, 2);
+    rig.guests[2].transmit(0, &to_a, &[]);
+    rig.poll();
+    assert_eq!(rig.guests[0].received(&[2048]), vec![to_a], "A's frames still go to A");
+    assert_eq!(rig.guests[1].received(&[2048]).len(), 0, "and not to B");
+    // Its own address is B's to send from.
+    rig.guests[1].transmit(1, &frame(c, b, 60, 3), &[]);
+    rig.poll();
+    assert_eq!(rig.counters(1).tx_frames, 1);
+}

@@ -177,6 +177,32 @@ fn the_hosts_checksum_offload_is_finished_its_vlan_tags_kept_and_its_long_frames
 }
 
 #[test]
+fn the_host_cannot_send_from_a_nics_address() {
+    let own = PortPolicy { mac: Some(guest_mac(0)), ..PortPolicy::default() };
+    let (_veth, host, mut rig) = uplinked(&[own, PortPolicy::default()]);
+    for g in &mut rig.guests {
+        g.post_rx(0, &[2048]);
+        g.post_rx(1, &[2048]);
+    }
+    let (a, b) = (rig.guests[0].mac, rig.guests[1].mac);
+    // B makes itself known (A and the host hear it).
+    rig.guests[1].transmit(0, &frame(MacAddr::BROADCAST, b, 60, 0), &[]);
+    rig.poll();
+    assert!(host.receive().is_some(), "the broadcast reached the host");
+    assert_eq!(rig.guests[0].received(&[2048]).len(), 1);
+    host.send([0; 10], &frame(b, a, 60, 1));
+    let next = frame(b, HOST, 60, 2);
+    host.send([0; 10], &next);
+    assert_eq!(poll_until_received(&mut rig, 1), vec![next], "only the frame from the host's own address");
+    assert_eq!(rig.switch.uplink_counters().unwrap().rx_spoofed, 1);
+    // A's frames still go to A.
+    let to_a = frame(a, b, 60, 3);
+    rig.guests[1].transmit(1, &to_a, &[]);
+    rig.poll();
+    assert_eq!(rig.guests[0].received(&[2048]), vec![to_a]);
+}
+
+#[test]
 fn an_isolated_nic_talks_to_the_host_only() {
     let isolated = PortPolicy { isolated_to: Some(guest_mac(0)), ..PortPolicy::default() };
     let (_veth, host, mut rig) = uplinked(&[isolated, PortPolicy::default()]);
