@@ -13,8 +13,7 @@ use vm_memory::Bytes;
 
 use crate::chain::{At, Chain};
 use crate::control::{Command, SwitchControl};
-use crate::counters::PortCounters;
-use crate::counters::{SharedUplinkCounters, UplinkCounters};
+use crate::counters::{PortCounters, SharedUplinkCounters, UplinkCounters};
 use crate::delivery::{deliver, Frame};
 use crate::ethernet::{Addresses, MacAddr, ADDRESSES_LEN};
 use crate::mac_table::MacTable;
@@ -327,12 +326,13 @@ impl QueueWorker for Switch {
         if self.control.take_news() {
             self.apply_commands();
         }
-        let now = clock::ticks();
+        // Read once per pass, and only if a port has a rate limit.
+        let mut now = None;
         let mut work = self.receive_from_uplink();
         for source in 0..MAX_PORTS {
             if let Some(port) = self.ports[source].as_deref() {
                 if let Some(limiter) = &port.limiter {
-                    limiter.refill(now);
+                    limiter.refill(*now.get_or_insert_with(clock::ticks));
                 }
                 work += self.transmit(source);
             }

@@ -74,11 +74,11 @@ impl Error {
 /// Run the daemon until SIGINT or SIGTERM.
 pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     // The command line's NICs are checked against each other before any socket is made.
+    let mut earlier: Vec<(String, &Nic)> = Vec::new();
     for (index, nic) in args.nic.iter().enumerate() {
-        let name = |i: usize, nic: &Nic| nic.name.clone().unwrap_or_else(|| format!("nic{i}"));
-        let earlier: Vec<(String, &Nic)> =
-            args.nic[..index].iter().enumerate().map(|(i, n)| (name(i, n), n)).collect();
-        Nics::check(earlier.iter().map(|(n, nic)| (n.as_str(), *nic)), &name(index, nic), nic)?;
+        let name = nics::name_of(nic, index);
+        Nics::check(earlier.iter().map(|(name, nic)| (name.as_str(), *nic)), &name, nic)?;
+        earlier.push((name, nic));
     }
     let stop = stop_signals().map_err(Error::Signals)?;
     let seccomp = args.seccomp.mode();

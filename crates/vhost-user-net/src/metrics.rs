@@ -6,29 +6,28 @@
 
 use iocore::IoCore;
 use metrics::exposition::{family, sample};
-use switch::Switch;
+use switch::{PortCounters, Switch};
 
-use crate::nics::Nics;
+use crate::nics::{Nic, Nics};
 
 pub use metrics::exposition::CONTENT_TYPE;
 
 /// Every metric of every NIC, the uplink and the IOCore.
 pub fn render(nics: &Nics, iocore: &IoCore<Switch>) -> String {
     let mut out = String::with_capacity(8 << 10);
-    let all: Vec<_> = nics.iter().map(|nic| (nic, nic.counters())).collect();
-    if let Some((_, first)) = all.first() {
-        for (counter, _) in first.named() {
-            let name = format!("exitless_nic_{counter}_total");
-            family(
-                &mut out,
-                &name,
-                "counter",
-                &format!("The switch's {counter} count for the NIC (see switch::PortCounters)."),
-            );
-            for (nic, counters) in &all {
-                let value = counters.named().find(|(c, _)| *c == counter).map_or(0, |(_, n)| n);
-                sample(&mut out, &name, &[("nic", &nic.name)], value);
-            }
+    // Each NIC's counters in the order `named` gives them, the same for every NIC.
+    let all: Vec<(&Nic, Vec<u64>)> =
+        nics.iter().map(|nic| (nic, nic.counters().named().map(|(_, n)| n).collect())).collect();
+    for (index, (counter, _)) in PortCounters::default().named().enumerate() {
+        let name = format!("exitless_nic_{counter}_total");
+        family(
+            &mut out,
+            &name,
+            "counter",
+            &format!("The switch's {counter} count for the NIC (see switch::PortCounters)."),
+        );
+        for (nic, values) in &all {
+            sample(&mut out, &name, &[("nic", &nic.name)], values[index]);
         }
     }
     family(

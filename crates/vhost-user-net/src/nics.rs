@@ -165,14 +165,9 @@ impl Nics {
         Ok(())
     }
 
-    /// The name `spec` goes by: its own, or `nicN` for the Nth NIC added.
-    pub fn name_of(&self, spec: &NicSpec) -> String {
-        spec.name.clone().unwrap_or_else(|| format!("nic{}", self.added))
-    }
-
     /// Serve `spec` on its socket, from a thread of its own.
     pub fn add(&mut self, spec: NicSpec) -> Result<&Nic, NicError> {
-        let name = self.name_of(&spec);
+        let name = name_of(&spec, self.added);
         Self::check(self.list.iter().map(|nic| (nic.name.as_str(), &nic.spec)), &name, &spec)?;
         let server = vhost_user::Server::bind_with(&spec.socket, self.access.clone())
             .map_err(|source| NicError::Socket { name: name.clone(), socket: spec.socket.clone(), source })?;
@@ -226,4 +221,9 @@ impl Nics {
             nic.stop();
         }
     }
+}
+
+/// The name `spec` goes by as the `index`th NIC added (from 0): its own, or `nicN`.
+pub fn name_of(spec: &NicSpec, index: usize) -> String {
+    spec.name.clone().unwrap_or_else(|| format!("nic{index}"))
 }

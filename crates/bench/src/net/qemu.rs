@@ -157,43 +157,25 @@ impl QemuNet {
                     Backend::VhostNet => format!("vhost=on,poll-us={VHOST_POLL_US}"),
                     _ => "vhost=off".to_string(),
                 };
-                let nic = [
-                    "-netdev".to_string(),
-                    format!("tap,id=net0,ifname={TAP},script=no,downscript=no,{vhost}"),
-                    "-device".to_string(),
-                    "virtio-net-device,netdev=net0".to_string(),
-                ];
-                ("microvm,acpi=off", nic.to_vec(), None)
+                ("microvm,acpi=off", tap_nic(TAP, None, &vhost), None)
             }
             Backend::ExitlessSwitch => {
                 let (nic, daemon) = self.switch_nic(args, lab)?;
                 ("microvm,acpi=off,memory-backend=mem", nic, Some(daemon))
             }
         };
-        let mut qemu_args = Qemu::probe_args(machine, self.probe.elf(), &cmdline, MEM_MIB);
-        qemu_args.extend(
-            [
-                "-global",
-                "virtio-mmio.force-legacy=false",
-                // Thread names, so that `pin_threads` can tell the vCPU thread from the others.
-                "-name",
-                "exitless-bench,debug-threads=on",
-            ]
-            .map(String::from),
-        );
-        qemu_args.extend(nic);
+        // QEMU opens the tap by name, so it starts in the tap's namespace.
+        let mut wrapped = in_netns(Some(&lab.server), &self.qemu);
+        wrapped.extend(Qemu::probe_args(machine, self.probe.elf(), &cmdline, MEM_MIB));
+        wrapped.extend(thread_names());
+        wrapped.extend(nic);
         let helpers: Vec<u32> = daemon.iter().map(Daemon::id).collect();
-        // QEMU opens the tap by name, so it must start in the tap's namespace: `ip netns exec`
-        // enters it and execs QEMU, which keeps the process id the pinning and CPU time need.
-        let in_netns = Qemu { binary: "ip".into(), version: self.qemu.version.clone() };
-        let mut wrapped = vec!["netns".to_string(), "exec".into(), lab.server.clone()];
-        wrapped.push(self.qemu.binary.display().to_string());
-        wrapped.extend(qemu_args);
+        let runner = Qemu { binary: wrapped.remove(0).into(), version: self.qemu.version.clone() };
         let qmp = self.probe.path().join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
         let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
         let (vcpu_cpu, io_cpu) = (args.vcpu_cpu, args.iocore_cpu);
-        let (run, marks) = in_netns.run_marked_with(&wrapped, Some(&qmp), &helpers, timeout, |pid| {
+        let (run, marks) = runner.run_marked_with(&wrapped, Some(&qmp), &helpers, timeout, |pid| {
             crate::qemu::pin_threads(pid, vcpu_cpu, io_cpu)
         })?;
         record(row, &run, &marks)?;
@@ -251,6 +233,37 @@ pub(super) fn vhost_user_nic(socket: &Path, mac: &str) -> Vec<String> {
         "vhost-user,id=net0,chardev=nic0".to_string(),
         "-device".to_string(),
         format!("virtio-net-device,netdev=net0,mac={mac}"),
+    ]
+    .to_vec()
+}
+
+/// The program and arguments that start QEMU, in network namespace `netns` if one is named (it
+/// opens its tap by name there; `ip netns exec` execs QEMU, which keeps the process id the
+/// pinning and CPU time need).
+pub(super) fn in_netns(netns: Option<&str>, qemu: &Qemu) -> Vec<String> {
+    let binary = qemu.binary.display().to_string();
+    match netns {
+        Some(netns) => ["ip", "netns", "exec", netns, &binary].map(String::from).to_vec(),
+        None => vec![binary],
+    }
+}
+
+/// Modern virtio-mmio, and thread names, so that `pin_threads` tells the vCPU thread from the
+/// others.
+pub(super) fn thread_names() -> [String; 4] {
+    ["-global", "virtio-mmio.force-legacy=false", "-name", "exitless-bench,debug-threads=on"]
+        .map(String::from)
+}
+
+/// QEMU's arguments for a NIC (with address `mac`, or QEMU's default) on tap `tap`, its
+/// back-end options `vhost` (`vhost=off`: QEMU's own user-space backend).
+pub(super) fn tap_nic(tap: &str, mac: Option<&str>, vhost: &str) -> Vec<String> {
+    let mac = mac.map_or(String::new(), |mac| format!(",mac={mac}"));
+    [
+        "-netdev".to_string(),
+        format!("tap,id=net0,ifname={tap},script=no,downscript=no,{vhost}"),
+        "-device".to_string(),
+        format!("virtio-net-device,netdev=net0{mac}"),
     ]
     .to_vec()
 }

@@ -13,7 +13,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::qemu::{record, vhost_user_nic, QemuNet, QemuNetError, MARK_LINGER_MS, MEM_MIB};
+use super::qemu::{
+    in_netns, record, tap_nic, thread_names, vhost_user_nic, QemuNet, QemuNetError, MARK_LINGER_MS, MEM_MIB,
+};
 use super::switch::{start_switch, SwitchError};
 use super::{Lab, Row, BRIDGE_TAPS, PORT, RUN_SLACK};
 use crate::args::NetBenchArgs;
@@ -90,7 +92,10 @@ fn measure(
             ("microvm,acpi=off,memory-backend=mem", nics, Some(daemon), None)
         }
         Carrier::Bridge => {
-            let nics = [tap_nic(BRIDGE_TAPS[0], RESPONDER_MAC), tap_nic(BRIDGE_TAPS[1], CLIENT_MAC)];
+            let nics = [
+                tap_nic(BRIDGE_TAPS[0], Some(RESPONDER_MAC), "vhost=off"),
+                tap_nic(BRIDGE_TAPS[1], Some(CLIENT_MAC), "vhost=off"),
+            ];
             ("microvm,acpi=off", nics, None, Some(lab.bridge.as_str()))
         }
     };
@@ -198,31 +203,4 @@ impl Drop for Responder {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// The program and arguments that start QEMU, in network namespace `netns` if one is named (it
-/// opens its tap by name there; `ip netns exec` execs QEMU, which keeps the process id).
-fn in_netns(netns: Option<&str>, qemu: &Qemu) -> Vec<String> {
-    let binary = qemu.binary.display().to_string();
-    match netns {
-        Some(netns) => ["ip", "netns", "exec", netns, &binary].map(String::from).to_vec(),
-        None => vec![binary],
-    }
-}
-
-/// Thread names, so that `pin_threads` tells the vCPU thread from the others; modern virtio-mmio.
-fn thread_names() -> [String; 4] {
-    ["-global", "virtio-mmio.force-legacy=false", "-name", "exitless-bench,debug-threads=on"]
-        .map(String::from)
-}
-
-/// QEMU's arguments for a NIC `mac` on tap `tap`, served by QEMU's own user-space backend.
-fn tap_nic(tap: &str, mac: &str) -> Vec<String> {
-    [
-        "-netdev".to_string(),
-        format!("tap,id=net0,ifname={tap},script=no,downscript=no,vhost=off"),
-        "-device".to_string(),
-        format!("virtio-net-device,netdev=net0,mac={mac}"),
-    ]
-    .to_vec()
 }
