@@ -145,10 +145,11 @@ impl PacketRing {
         }
         let fail = |step| move |source| PacketError::SetUp { interface: interface.into(), step, source };
         let all_protocols = ETH_P_ALL.to_be();
+        // Protocol 0: the socket receives nothing until it is bound to the interface (with
+        // ETH_P_ALL). Opened with ETH_P_ALL, it would take every interface's frames into its
+        // ring while it is set up, and the switch would hand them to the guests.
         // SAFETY: plain socket creation; the descriptor is owned at once below.
-        let fd = unsafe {
-            libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(all_protocols))
-        };
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
             return Err(fail("create")(io::Error::last_os_error()));
         }

@@ -66,3 +66,28 @@ fn the_interface_must_exist_and_a_transmit_slot_holds_a_whole_frame() {
     }));
     a.flush().unwrap();
 }
+
+#[test]
+fn a_ring_opened_while_another_interface_is_busy_holds_none_of_its_frames() {
+    let (busy, quiet) = (Veth::create(), Veth::create());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let (stop, interface) = (stop.clone(), busy.ours.clone());
+        std::thread::spawn(move || {
+            let mut ring = PacketRing::open(&interface).unwrap();
+            let bytes = frame(60, 1);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ring.transmit(|slot| {
+                    slot.write_slice(&bytes, 0).unwrap();
+                    Fill::Frame(bytes.len())
+                });
+                let _ = ring.flush();
+            }
+        })
+    };
+    // Nothing is sent on the quiet pair: a frame in its ring came from the busy one.
+    let strays = (0..50).filter(|_| PacketRing::open(&quiet.ours).unwrap().has_received()).count();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    assert_eq!(strays, 0, "rings opened while another interface carried frames held its frames");
+}

@@ -19,8 +19,8 @@ impl Host {
         let name = std::ffi::CString::new(interface).unwrap();
         // SAFETY: plain calls on a socket made here; the structures are what they are given as.
         unsafe {
-            let fd =
-                libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from((libc::ETH_P_ALL as u16).to_be()));
+            // Protocol 0 until it is bound: the frames of this interface only.
+            let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
             assert!(fd >= 0);
             let fd = OwnedFd::from_raw_fd(fd);
             let on = 1i32;
