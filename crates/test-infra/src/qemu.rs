@@ -38,7 +38,15 @@ impl Qemu {
     /// console on the first serial port; `append` follows `console=ttyS0 panic=-1 quiet no_timer_check`.
     pub fn linux(kernel: &Kernel, initramfs: &Path, ram: &str, vcpus: u32, append: &str) -> Qemu {
         let mut qemu = Qemu::new(Machine::Pc, ram);
-        qemu.args.extend(["-accel".into(), "tcg".into(), "-smp".into(), vcpus.to_string().into()]);
+        // Room for a second CPU even when one runs: QEMU 7.2 (Debian 12's) drops every guest
+        // memory barrier from the code it translates for a guest that can only ever have one
+        // CPU (`-d op` shows no `mb` op at all). A device in another thread (a vhost-user
+        // back-end, QEMU's own I/O threads) then races the driver: the driver's store to
+        // `used_event` can pass its load of the used index, the device reads the old
+        // `used_event` and does not interrupt, and the guest waits for ever for a request that
+        // completed (a guest hung in fio on a polling daemon). QEMU 8.1 keeps the barriers.
+        let smp = format!("{vcpus},maxcpus={}", vcpus.max(2));
+        qemu.args.extend(["-accel".into(), "tcg".into(), "-smp".into(), smp.into()]);
         qemu.args.extend(["-nographic", "-nodefaults", "-serial", "stdio", "-no-reboot"].map(OsString::from));
         qemu.args.extend(["-kernel".into(), kernel.image.clone().into_os_string()]);
         qemu.args.extend(["-initrd".into(), initramfs.into()]);
