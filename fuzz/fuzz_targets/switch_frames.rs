@@ -1,8 +1,10 @@
 //! The switch: frames from hostile drivers' transmit rings (headers and Ethernet frames over
 //! 1-3 descriptors, to each other's addresses, to broadcast, to nobody, to themselves, from
-//! addresses not theirs) into hostile drivers' receive rings, two or three guests on one switch,
-//! some isolated. While a port's rings are not broken, each ring's used index counts exactly the
-//! chains the switch took from it; no port receives more frames than the others sent, and an
+//! addresses not theirs; headers of any bytes, or asking for a checksum or a TCP super-frame
+//! over frames that may or may not be TCP) into hostile drivers' receive rings, two or three
+//! guests on one switch, some isolated, each taking its own offloads. While a port's rings are
+//! not broken, each ring's used index counts exactly the chains the switch took from it; no port
+//! receives more frames than the others sent (unless the switch cut super-frames), and an
 //! isolated one (there is no uplink) none.
 #![no_main]
 
@@ -12,7 +14,8 @@ use std::sync::Arc;
 use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{address, queue_config, signals, DriverRing, MAX_STEPS, REGION_A, REGION_B};
 use libfuzzer_sys::fuzz_target;
-use switch::{MacAddr, Port, PortPolicy, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN};
+use switch::offload::{Segmentation, MIN_MSS};
+use switch::{MacAddr, NetHeader, Offloads, Port, PortPolicy, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN};
 use virtqueue::queue::{Queue, VIRTQ_DESC_F_WRITE};
 use virtqueue::QueueWorker;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -60,7 +63,13 @@ fn run(u: &mut Unstructured) -> Result<()> {
             isolated_to: isolated.then_some(mac),
             ..PortPolicy::default()
         };
-        let port = Port::new(rx, tx, rx_signals, tx_signals).with_policy(policy);
+        let offloads = Offloads {
+            checksum: u.arbitrary()?,
+            tso4: u.arbitrary()?,
+            tso6: u.arbitrary()?,
+            merged_buffers: u.arbitrary()?,
+        };
+        let port = Port::new(rx, tx, rx_signals, tx_signals).with_policy(policy).with_offloads(offloads);
         let port = control.attach(port).expect("a free port");
         guests.push(Guest {
             mem,
@@ -107,6 +116,7 @@ fn post_transmit_chain(
         + match u.int_in_range(0..=7)? {
             0 => u.int_in_range(0..=16)?,
             1 => u.int_in_range(MAX_FRAME_LEN - 2..=MAX_FRAME_LEN + 2)?,
+            2 => u.int_in_range(MAX_FRAME_LEN..=4 * MAX_FRAME_LEN)?,
             _ => u.int_in_range(14..=256)?,
         };
     let destination = match u.int_in_range(0..=5)? {
@@ -122,6 +132,27 @@ fn post_transmit_chain(
         bytes[NET_HDR_LEN..NET_HDR_LEN + 6].copy_from_slice(&destination.0);
         bytes[NET_HDR_LEN + 6..NET_HDR_LEN + 12].copy_from_slice(&source.0);
     }
+    // The header: its bytes as they came, or one a driver with offloads sends, over a frame
+    // made to look like TCP (most of the time) or not.
+    let header = match u.int_in_range(0..=3)? {
+        0 => None,
+        1 => Some(NetHeader::default()),
+        2 => Some(NetHeader { checksum: Some((u.arbitrary()?, u.arbitrary()?)), segmentation: None }),
+        _ => {
+            let mss = if u.ratio(1, 8)? { u.arbitrary()? } else { u.int_in_range(MIN_MSS..=1460)? };
+            let ipv6 = u.arbitrary()?;
+            if u.ratio(3, 4)? {
+                tcp_headers(&mut bytes[NET_HDR_LEN..], ipv6);
+            }
+            let segmentation = if ipv6 { Segmentation::Tcp6 { mss } } else { Segmentation::Tcp4 { mss } };
+            let checksum = (if ipv6 { 54 } else { 34 }, 16);
+            Some(NetHeader { checksum: Some(checksum), segmentation: Some(segmentation) })
+        }
+    };
+    if let Some(header) = header {
+        let num_buffers = u.arbitrary()?;
+        bytes[..NET_HDR_LEN].copy_from_slice(&header.to_bytes(num_buffers)[..NET_HDR_LEN.min(len)]);
+    }
     let count = u.int_in_range(1..=3)?;
     let mut parts = [(0, 0, 0); 3];
     let mut at = 0;
@@ -136,13 +167,36 @@ fn post_transmit_chain(
     ring.chain(u, mem, &parts[..count])
 }
 
+/// Make `frame` (after its addresses) an IPv4 or IPv6 TCP packet's headers, as far as it goes.
+fn tcp_headers(frame: &mut [u8], ipv6: bool) {
+    let mut put = |at: usize, value: &[u8]| {
+        if let Some(into) = frame.get_mut(at..at + value.len()) {
+            into.copy_from_slice(value);
+        }
+    };
+    match ipv6 {
+        true => {
+            put(12, &[0x86, 0xdd, 0x60]);
+            put(20, &[6]);
+            put(66, &[0x50]);
+        }
+        false => {
+            put(12, &[0x08, 0x00, 0x45]);
+            put(23, &[6]);
+            put(46, &[0x50]);
+        }
+    }
+}
+
 /// While a port's rings are not broken (and laid out apart, so the used index is the switch's
 /// alone), each used index counts the chains taken; no port got more frames than were sent.
 fn check(switch: &Switch, guests: &[Guest]) {
     let counters: Vec<_> = guests.iter().map(|g| switch.port_counters(g.port).expect("attached")).collect();
     let sent: u64 = counters.iter().map(|c| c.tx_frames).sum();
+    let cut = counters.iter().any(|c| c.tx_segmented > 0);
     for (guest, c) in guests.iter().zip(&counters) {
-        assert!(c.rx_frames <= sent - c.tx_frames.min(sent), "more frames received than the others sent: {c:?}");
+        assert!(cut || c.rx_frames <= sent - c.tx_frames.min(sent), "more frames received than the others sent: {c:?}");
+        assert!(c.rx_buffers >= c.rx_frames, "a frame in no chain: {c:?}");
         assert!(!guest.isolated || c.rx_frames == 0, "an isolated port got another's frame: {c:?}");
         let broken = guest.broken.iter().any(|b| b.load(Ordering::Acquire));
         if broken || !(guest.rx.laid_out && guest.tx.laid_out) {
@@ -151,6 +205,6 @@ fn check(switch: &Switch, guests: &[Guest]) {
         let wrap = |n: u64| Some((n % (1 << 16)) as u16);
         let taken = c.tx_frames + c.tx_malformed + c.tx_spoofed;
         assert_eq!(guest.tx.used_idx(&guest.mem), wrap(taken), "transmit used: {c:?}");
-        assert_eq!(guest.rx.used_idx(&guest.mem), wrap(c.rx_frames + c.rx_malformed), "receive used: {c:?}");
+        assert_eq!(guest.rx.used_idx(&guest.mem), wrap(c.rx_buffers + c.rx_malformed), "receive used: {c:?}");
     }
 }

@@ -8,7 +8,7 @@ use vm_memory::{Bytes, VolatileSlice};
 const MAX_LEN: usize = 2048;
 
 /// Fill in `frame`'s checksum; `false` if the offsets do not lie in the frame.
-pub(crate) fn finish(frame: &VolatileSlice<'_>, start: usize, offset: usize) -> bool {
+pub fn finish(frame: &VolatileSlice<'_>, start: usize, offset: usize) -> bool {
     let len = frame.len();
     let at = start.saturating_add(offset);
     if len > MAX_LEN || start >= len || at.saturating_add(2) > len {
@@ -26,8 +26,9 @@ pub(crate) fn finish(frame: &VolatileSlice<'_>, start: usize, offset: usize) -> 
 }
 
 /// The ones'-complement sum of `bytes` as big-endian 16-bit words (an odd last byte padded
-/// with a zero).
-fn ones_complement_sum(bytes: &[u8]) -> u16 {
+/// with a zero). Sums of pieces add up (with [`fold`]) to the sum of the whole when every
+/// piece but the last has an even length.
+pub fn ones_complement_sum(bytes: &[u8]) -> u16 {
     let sum: u64 = bytes
         .chunks(2)
         .map(|pair| u64::from(u16::from_be_bytes([pair[0], pair.get(1).copied().unwrap_or(0)])))
@@ -36,7 +37,7 @@ fn ones_complement_sum(bytes: &[u8]) -> u16 {
 }
 
 /// `sum` folded to 16 bits, carries added back in.
-fn fold(mut sum: u64) -> u16 {
+pub fn fold(mut sum: u64) -> u16 {
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }

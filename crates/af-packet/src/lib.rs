@@ -15,7 +15,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
 
-mod checksum;
+pub mod checksum;
 mod mapping;
 
 use std::ffi::CString;

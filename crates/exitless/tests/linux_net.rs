@@ -2,7 +2,10 @@
 //! `exitless vhost-user-net` daemon talk to each other through its switch, and to a host (a
 //! network namespace of the test's own) through its uplink, a veth pair: they ping each other
 //! and the host with small and MTU-sized frames; one sends the other 4 MiB over TCP and the host
-//! sends it 1 MiB, both checksummed. Needs what scripts/setup.sh installs (qemu-system-x86,
+//! 1 MiB, and the host sends it 1 MiB, all checksummed. Linux takes every offload the daemon
+//! offers (checksums, TCP super-frames, merged receive buffers): between two such guests the
+//! switch passes super-frames on as they are; to a guest whose NIC has them off, and to the host,
+//! it cuts them into segments. Needs what scripts/setup.sh installs (qemu-system-x86,
 //! linux-image-cloud-amd64, busybox-static, iproute2, ethtool).
 
 use std::os::unix::process::ExitStatusExt;
@@ -10,6 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use test_infra::api::http;
 use test_infra::console::Console;
 use test_infra::linux::{initramfs, kernel_with, INIT_MOUNTS};
 use test_infra::net::{Netns, Veth};
@@ -34,12 +38,13 @@ ip link set lo up
 i=0
 while ! ip link set eth0 up 2>/dev/null; do sleep 0.1; i=$((i + 1)); [ $i -gt 100 ] && fail "no eth0"; done
 ip addr add 10.0.0.$me/24 dev eth0 || fail "address"
+echo "LN-FEATURES $(cat /sys/class/net/eth0/device/features)"
 i=0
 until ping -c 1 -W 1 10.0.0.$peer >/dev/null 2>&1; do i=$((i + 1)); [ $i -gt 120 ] && fail "10.0.0.$peer unreachable"; done
 "#;
 
-/// After `NET_UP`: pings, guest to guest and to the host; 4 MiB from guest 1 to guest 2 and 1 MiB
-/// from the host to guest 1 over TCP, checksummed.
+/// After `NET_UP`: pings, guest to guest and to the host; 4 MiB from guest 1 to guest 2, 1 MiB
+/// from the host to guest 1 and 1 MiB from guest 1 to the host over TCP, checksummed.
 const INIT: &str = r#"
 ping -c 5 -i 0.2 -W 2 10.0.0.$peer > /tmp/small || fail "small pings"
 echo "LN-SMALL $(grep -o '[0-9]* packets received' /tmp/small)"
@@ -63,6 +68,10 @@ else
     until nc -w 5 10.0.0.$peer 5000 < /tmp/data; do i=$((i + 1)); [ $i -gt 50 ] && fail "nc"; sleep 0.2; done
     wait $listener || fail "nc -l from the host"
     echo "LN-HOSTSUM $(sha256sum < /tmp/from-host | cut -d' ' -f1) $(wc -c < /tmp/from-host)"
+    dd if=/dev/urandom of=/tmp/to-host bs=64k count=16 2>/dev/null
+    echo "LN-TOHOSTSUM $(sha256sum < /tmp/to-host | cut -d' ' -f1) $(wc -c < /tmp/to-host)"
+    i=0
+    until nc -w 5 10.0.0.100 5002 < /tmp/to-host; do i=$((i + 1)); [ $i -gt 50 ] && fail "nc to the host"; sleep 0.2; done
 fi
 echo LN-DONE
 sleep 3600
@@ -116,8 +125,55 @@ while s.recv(4096):
     assert!(sent.success(), "the host's send to guest 1");
 }
 
+/// Receive one TCP connection's bytes on the host's port 5002 into `dir/to-host`, in the
+/// background: python3 in the host's namespace, for as long as the returned child runs.
+fn receive_on_host(netns: &Netns, dir: &Path) -> (std::process::Child, std::path::PathBuf) {
+    let file = dir.join("to-host");
+    let receive = format!(
+        r#"
+import socket
+server = socket.create_server(("{HOST}", 5002))
+connection, _ = server.accept()
+with open("{}", "wb") as out:
+    while True:
+        data = connection.recv(65536)
+        if not data:
+            break
+        out.write(data)
+"#,
+        file.display()
+    );
+    let child = netns.command("python3").args(["-c", &receive]).spawn().unwrap();
+    (child, file)
+}
+
+/// The offload feature bits (virtio 1.x §5.1.3) a driver took: CSUM, GUEST_CSUM, GUEST_TSO4,
+/// GUEST_TSO6, HOST_TSO4, HOST_TSO6, MRG_RXBUF, as sysfs lists a virtio device's features (one
+/// character per bit, from bit 0).
+fn offload_bits(features_line: &str) -> String {
+    let bits = features_line.split_whitespace().last().unwrap_or_default();
+    [0, 1, 7, 8, 11, 12, 15].iter().map(|&bit| bits.chars().nth(bit).unwrap_or('?')).collect()
+}
+
+/// QEMU's virtio-net-pci options that turn every offload off.
+const NO_OFFLOADS: &str = ",csum=off,guest_csum=off,gso=off,guest_tso4=off,guest_tso6=off,guest_ecn=off,\
+guest_ufo=off,host_tso4=off,host_tso6=off,host_ecn=off,host_ufo=off,mrg_rxbuf=off";
+
+/// Both guests take every offload: TCP super-frames go from one to the other as they are, over
+/// merged receive buffers.
 #[test]
 fn two_linux_guests_ping_and_move_data_over_tcp_through_the_switch() {
+    guests_ping_and_move_data(false);
+}
+
+/// Guest 2's NIC has every offload off: the switch fills in guest 1's checksums and cuts its
+/// super-frames into segments for it.
+#[test]
+fn a_guest_without_offloads_gets_the_others_super_frames_cut_into_segments() {
+    guests_ping_and_move_data(true);
+}
+
+fn guests_ping_and_move_data(guest_2_without_offloads: bool) {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel_with(&["virtio_pci", "virtio_net"]);
     let dir = tempfile::tempdir_in("/tmp").unwrap();
@@ -126,9 +182,10 @@ fn two_linux_guests_ping_and_move_data_over_tcp_through_the_switch() {
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
     let mut command = Command::new(test_infra::exitless_bin());
     let (netns, veth) = host();
-    command.args(["vhost-user-net", "--uplink", &veth.ours]);
-    for (socket, mac) in sockets.iter().zip(MACS) {
-        command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
+    let api = dir.path().join("api.sock");
+    command.args(["vhost-user-net", "--uplink", &veth.ours, "--api-socket"]).arg(&api);
+    for ((socket, mac), name) in sockets.iter().zip(MACS).zip(["one", "two"]) {
+        command.args(["--nic", &format!("socket={},mac={mac},name={name}", socket.display())]);
     }
     let mut daemon = Console::spawn(&mut command, &dir.path().join("daemon.log"));
     for socket in &sockets {
@@ -137,11 +194,17 @@ fn two_linux_guests_ping_and_move_data_over_tcp_through_the_switch() {
     let mut guests: Vec<Console> = (0..2)
         .map(|i| {
             let append = format!("exitless.me={} exitless.peer={}", i + 1, 2 - i);
-            let qemu = Qemu::linux(&kernel, &initramfs_path, "256M", 1, &append)
-                .vhost_user_net(&sockets[i], MACS[i]);
+            let device = if i == 1 && guest_2_without_offloads { NO_OFFLOADS } else { "" };
+            let qemu = Qemu::linux(&kernel, &initramfs_path, "256M", 1, &append).vhost_user_net_with(
+                &sockets[i],
+                MACS[i],
+                "",
+                device,
+            );
             qemu.spawn_console(&dir.path().join(format!("qemu{i}.log")))
         })
         .collect();
+    let (mut receiver, to_host) = receive_on_host(&netns, dir.path());
     let started = Instant::now();
     let listening = guests[0].wait_for(LIMIT, |l| l.contains("LN-LISTENING") || l.contains("LN-FAIL"));
     assert!(listening.contains("LN-LISTENING"), "guest 0: {listening}\n{}", guests[0].seen.join("\n"));
@@ -172,8 +235,45 @@ fn two_linux_guests_ping_and_move_data_over_tcp_through_the_switch() {
         .collect();
     assert!(sums[0].ends_with(" 4194304"), "the sender's data: {sums:?}");
     assert_eq!(sums[0], sums[1], "what guest 2 received is not what guest 1 sent");
+    assert!(receiver.wait().unwrap().success(), "the host's receiver");
+    let to_host = std::fs::read(&to_host).unwrap();
+    let sent = guests[0].seen.iter().find(|l| l.contains("LN-TOHOSTSUM")).cloned().unwrap_or_default();
+    assert!(
+        sent.ends_with(&format!("{} {}", sha256(&to_host), 1 << 20)),
+        "guest 1 sent {sent}, the host got other bytes"
+    );
+
+    // What the drivers took, and what the switch did for them.
+    let features: Vec<String> = guests
+        .iter()
+        .map(|g| {
+            offload_bits(&g.seen.iter().find(|l| l.contains("LN-FEATURES")).cloned().unwrap_or_default())
+        })
+        .collect();
+    let guest_2_features = if guest_2_without_offloads { "0000000" } else { "1111111" };
+    assert_eq!(features, ["1111111", guest_2_features], "offload bits the drivers took");
+    let counters = |name: &str| {
+        let (status, body) = http(&api, "GET", &format!("/nics/{name}"), None);
+        assert_eq!(status, 200, "{body}");
+        let nic: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let counter = |key: &str| nic["counters"][key].as_u64().unwrap_or_else(|| panic!("{key}: {body}"));
+        ["tx_frames", "tx_segmented", "tx_checksummed", "rx_frames", "rx_buffers"].map(counter)
+    };
+    let [tx_frames, tx_segmented, _, _, _] = counters("one");
+    let [_, _, _, rx_frames, rx_buffers] = counters("two");
+    // The host's 1 MiB went out in segments either way; 4 MiB to guest 2 too when it takes no
+    // super-frame. Without segments, 4 MiB would be about 2,900 frames of 1,448 bytes.
+    match guest_2_without_offloads {
+        true => assert!(tx_segmented > 2 && rx_frames > 2_900, "{tx_segmented} cut, {rx_frames} received"),
+        false => assert!(
+            tx_frames < 2_900 && rx_buffers > rx_frames,
+            "{tx_frames} sent, {rx_frames} in {rx_buffers}"
+        ),
+    }
     eprintln!(
-        "both guests pinged each other and the host and moved 4 MiB and 1 MiB over TCP in {:.1} s",
+        "both guests pinged each other and the host and moved 4 MiB, 1 MiB and 1 MiB over TCP in {:.1} s; \
+         offloads {features:?}; guest 1 sent {tx_frames} frames ({tx_segmented} cut by the switch), \
+         guest 2 received {rx_frames} in {rx_buffers} buffers",
         started.elapsed().as_secs_f64()
     );
     daemon.assert_running("the daemon");
@@ -243,6 +343,7 @@ fn a_tcp_transfer_survives_the_daemon_killed_and_started_again() {
                 &sockets[i],
                 MACS[i],
                 ",reconnect=1",
+                "",
             );
             qemu.spawn_console(&dir.path().join(format!("qemu{i}.log")))
         })

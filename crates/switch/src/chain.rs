@@ -110,6 +110,28 @@ impl Chain {
         done == to.len()
     }
 
+    /// Copy `from` (the switch's own bytes) to byte `offset` of the chain; `false` if the chain
+    /// is shorter. Calls `written` with each guest range written, for the dirty log.
+    pub fn write_bytes(
+        &self,
+        mem: &GuestMemoryMmap,
+        offset: usize,
+        from: &[u8],
+        mut written: impl FnMut(u64, usize),
+    ) -> bool {
+        if offset.saturating_add(from.len()) > self.len {
+            return false;
+        }
+        let mut done = 0;
+        for (addr, n) in self.pieces(offset, from.len()) {
+            let Ok(into) = mem.get_slice(GuestAddress(addr), n) else { return false };
+            into.copy_from(&from[done..done + n]);
+            written(addr, n);
+            done += n;
+        }
+        done == from.len()
+    }
+
     /// Copy `from` (host memory) to byte `offset` of the chain; `false` if the chain is shorter.
     /// Calls `written` with each guest range written, for the dirty log.
     pub fn write_volatile(

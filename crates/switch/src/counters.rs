@@ -65,13 +65,25 @@ counters! {
         tx_spoofed,
         /// Passes in which its frames waited for its rate limit.
         tx_rate_limited,
+        /// Deliveries of its TCP super-frames cut into segments by the switch, for a receiver
+        /// that does not take super-frames (or the uplink).
+        tx_segmented,
+        /// Deliveries of its frames whose checksum the switch filled in, for a receiver that does
+        /// not take frames with the checksum left.
+        tx_checksummed,
+        /// Deliveries the switch could not make: the frame is not what its header's offload
+        /// says (a super-frame that is not TCP) and the receiver does not take it as it is.
+        tx_bad_offload,
         /// Frames delivered into its receive ring.
         rx_frames,
+        /// Receive chains filled: one per frame, more when its driver merges them.
+        rx_buffers,
         /// Frames for it that found no receive buffer posted: dropped.
         rx_no_buffer,
         /// Frames for it longer than the receive chain they would land in: dropped.
         rx_too_big,
-        /// Receive chains with a bad descriptor or too short for a header: returned empty.
+        /// Receive chains with a bad descriptor, too short for a header, or whose memory could
+        /// not be written: returned empty.
         rx_malformed,
         /// Used-buffer interrupts sent to its driver.
         interrupts,

@@ -1,101 +1,166 @@
-//! Copying one frame, from a NIC's transmit chain or the uplink's ring, into a NIC's next
-//! receive chain.
+//! Copying one frame, from a NIC's transmit chain, the uplink's ring or the switch's own
+//! buffer, into a NIC's next receive chain (or chains, when its driver merges them).
 
 use vm_memory::{GuestMemoryMmap, VolatileSlice};
 
 use crate::chain::{copy, At, Chain};
 use crate::ethernet::ADDRESSES_LEN;
-use crate::port::Port;
-use crate::switch::NET_HDR_LEN;
+use crate::offload::{NetHeader, NET_HDR_LEN};
+use crate::port::{Port, MAX_MERGED};
 
 /// Where the bytes of the frame being delivered are.
 #[derive(Clone, Copy)]
 pub(crate) enum Frame<'a> {
     /// In a NIC's transmit chain, after its header.
     Guest(At<'a>),
-    /// In the uplink's receive ring, less the VLAN tag the interface took off, if any.
-    Host { bytes: VolatileSlice<'a>, vlan_tag: Option<[u8; 4]> },
+    /// In the uplink's receive ring: the frame is these pieces one after the other (the
+    /// addresses, the VLAN tag the interface took off, the rest; or the frame and two empty
+    /// pieces).
+    Host([VolatileSlice<'a>; 3]),
+    /// In the switch's own buffer (a frame it changed: see `rework`).
+    Bytes(&'a [u8]),
 }
 
-impl Frame<'_> {
-    /// Copy the frame's `len` bytes after the header of `chain`, in `mem`; `false` if it is
-    /// shorter. Calls `mark` with each guest range written.
-    fn write_to(
+impl<'a> Frame<'a> {
+    /// A frame of the uplink's ring, `bytes`, with the VLAN tag the interface took off, if any,
+    /// put back after the addresses; `None` if it is shorter than the addresses.
+    pub(crate) fn from_host(bytes: VolatileSlice<'a>, tag: Option<&'a mut [u8; 4]>) -> Option<Frame<'a>> {
+        let none = bytes.subslice(0, 0).ok()?;
+        Some(match tag {
+            None => Frame::Host([bytes, none, none]),
+            Some(tag) => Frame::Host([
+                bytes.subslice(0, ADDRESSES_LEN).ok()?,
+                VolatileSlice::from(&mut tag[..]),
+                bytes.offset(ADDRESSES_LEN).ok()?,
+            ]),
+        })
+    }
+
+    /// Copy the frame's bytes `from..from + len` to byte `offset` of `chain`, in `mem`; `false`
+    /// if either is shorter. Calls `mark` with each guest range written.
+    fn copy_range(
         self,
         chain: &Chain,
         mem: &GuestMemoryMmap,
+        offset: usize,
+        from: usize,
         len: usize,
         mut mark: impl FnMut(u64, usize),
     ) -> bool {
-        let to = At { chain, mem, offset: NET_HDR_LEN };
         match self {
-            Frame::Guest(from) => copy(to, from, len, mark),
-            Frame::Host { bytes, vlan_tag: None } => chain.write_volatile(mem, NET_HDR_LEN, &bytes, mark),
-            Frame::Host { bytes, vlan_tag: Some(mut tag) } => {
-                // The tag goes back where it was: after the two addresses.
-                let (Ok(addresses), Ok(rest)) =
-                    (bytes.subslice(0, ADDRESSES_LEN), bytes.offset(ADDRESSES_LEN))
-                else {
-                    return false;
-                };
-                let tag = VolatileSlice::from(&mut tag[..]);
-                chain.write_volatile(mem, NET_HDR_LEN, &addresses, &mut mark)
-                    && chain.write_volatile(mem, NET_HDR_LEN + ADDRESSES_LEN, &tag, &mut mark)
-                    && chain.write_volatile(mem, NET_HDR_LEN + ADDRESSES_LEN + tag.len(), &rest, &mut mark)
+            Frame::Guest(at) => {
+                let to = At { chain, mem, offset };
+                copy(to, At { offset: at.offset + from, ..at }, len, mark)
+            }
+            Frame::Bytes(bytes) => {
+                bytes.get(from..from + len).is_some_and(|bytes| chain.write_bytes(mem, offset, bytes, mark))
+            }
+            Frame::Host(pieces) => {
+                let (mut skip, mut left, mut into) = (from, len, offset);
+                for piece in pieces {
+                    if skip >= piece.len() {
+                        skip -= piece.len();
+                        continue;
+                    }
+                    let n = (piece.len() - skip).min(left);
+                    let Ok(part) = piece.subslice(skip, n) else { return false };
+                    if !chain.write_volatile(mem, into, &part, &mut mark) {
+                        return false;
+                    }
+                    (skip, left, into) = (0, left - n, into + n);
+                    if left == 0 {
+                        break;
+                    }
+                }
+                left == 0
             }
         }
     }
 }
 
-/// Copy `frame`, of `frame_len` bytes, into `receiver`'s next receive chain.
-pub(crate) fn deliver(receiver: &mut Port, frame: Frame<'_>, frame_len: usize) {
+/// Copy `frame`, of `frame_len` bytes, after `header`, into `receiver`'s next receive chain, or
+/// the next few if its driver merges them (MRG_RXBUF). A frame that finds too few chains is
+/// dropped and counted; the chains it took wait for the next frame. Returns whether the
+/// receiver has chains left to try (`false`: its ring ran dry, or broke).
+pub(crate) fn deliver(receiver: &mut Port, frame: Frame<'_>, frame_len: usize, header: NetHeader) -> bool {
     if receiver.broken {
-        return;
+        return false;
     }
-    if receiver.staged.is_none() {
+    let needed = NET_HDR_LEN + frame_len;
+    let most = if receiver.offloads.merged_buffers { MAX_MERGED } else { 1 };
+    let mut room = receiver.staged.room();
+    while room < needed {
+        if receiver.staged.count == most {
+            receiver.counters.rx_too_big += 1;
+            return true;
+        }
         let head = match receiver.rx.pop_avail() {
             Ok(Some(head)) => head,
             Ok(None) => {
                 receiver.counters.rx_no_buffer += 1;
-                return;
+                return false;
             }
-            Err(why) => return receiver.break_ring(true, why),
+            Err(why) => {
+                receiver.break_ring(true, why);
+                return false;
+            }
         };
-        match receiver.staged_chain.gather(&receiver.rx, head, true) {
-            Err(why) => return receiver.break_ring(true, why),
-            Ok(true) if receiver.staged_chain.len >= NET_HDR_LEN => receiver.staged = Some(head),
+        let staged = &mut receiver.staged;
+        let chain = &mut staged.chains[staged.count];
+        match chain.gather(&receiver.rx, head, true) {
+            Err(why) => {
+                receiver.break_ring(true, why);
+                return false;
+            }
+            Ok(true) if chain.len >= NET_HDR_LEN => {
+                room += chain.len;
+                staged.heads[staged.count] = head;
+                staged.count += 1;
+            }
             Ok(_) => {
                 receiver.counters.rx_malformed += 1;
-                return receiver.rx_done(head, 0);
+                receiver.rx_done(head, 0);
+                return true;
             }
         }
     }
-    if frame_len > receiver.staged_chain.len - NET_HDR_LEN {
-        // The chain waits for a shorter frame.
-        receiver.counters.rx_too_big += 1;
-        return;
-    }
-    let Some(head) = receiver.staged.take() else { return };
-    let Port { rx, staged_chain, log, .. } = &*receiver;
-    let mut mark = |gpa: u64, len: usize| {
-        if let Some(log) = log {
-            log.mark(gpa, len as u64);
+    // Fill the chains in order: the header, then as much of the frame as each holds.
+    let mut lengths = [0u32; MAX_MERGED];
+    let (mut used, mut copied, mut whole) = (0, 0, true);
+    {
+        let Port { rx, staged, log, .. } = &*receiver;
+        let mut mark = |gpa: u64, len: usize| {
+            if let Some(log) = log {
+                log.mark(gpa, len as u64);
+            }
+        };
+        let mem = rx.memory();
+        while used == 0 || copied < frame_len {
+            let chain = &staged.chains[used];
+            let start = if used == 0 { NET_HDR_LEN } else { 0 };
+            let n = (chain.len - start).min(frame_len - copied);
+            whole &= frame.copy_range(chain, mem, start, copied, n, &mut mark);
+            // A chain holds at most a frame and its header, under 64 KiB.
+            lengths[used] = u32::try_from(start + n).unwrap_or(u32::MAX);
+            (used, copied) = (used + 1, copied + n);
         }
-    };
-    // No offload was negotiated: all fields 0 but `num_buffers`, 1.
-    let mut header = [0u8; NET_HDR_LEN];
-    header[10] = 1;
-    let mem = rx.memory();
-    let copied = staged_chain.write_volatile(mem, 0, &VolatileSlice::from(&mut header[..]), &mut mark)
-        && frame.write_to(staged_chain, mem, frame_len, &mut mark);
-    match copied {
+        // `used` is at most MAX_MERGED.
+        let header = header.to_bytes(u16::try_from(used).unwrap_or(u16::MAX));
+        whole &= staged.chains[0].write_bytes(mem, 0, &header, &mut mark);
+    }
+    for (i, &length) in lengths[..used].iter().enumerate() {
+        let head = receiver.staged.heads[i];
+        receiver.rx_done(head, if whole { length } else { 0 });
+    }
+    receiver.staged.consume(used);
+    // At most MAX_MERGED.
+    let used = used as u64;
+    match whole {
         true => {
-            receiver.counters.rx_frames += 1;
-            receiver.rx_done(head, (NET_HDR_LEN + frame_len) as u32);
+            (receiver.counters.rx_frames, receiver.counters.rx_buffers) =
+                (receiver.counters.rx_frames + 1, receiver.counters.rx_buffers + used)
         }
-        false => {
-            receiver.counters.rx_malformed += 1;
-            receiver.rx_done(head, 0);
-        }
+        false => receiver.counters.rx_malformed += used,
     }
+    true
 }

@@ -13,7 +13,12 @@
 //!
 //! Every descriptor is checked against its guest's memory before a byte moves ([`chain`]); a
 //! malformed chain is returned unused and counted, a ring the driver broke stops its port only.
-//! No offload is offered, so every frame is at most [`MAX_FRAME_LEN`] bytes after its header.
+//!
+//! Offloads ([`offload`]): a NIC may leave a frame's checksum to the switch and send TCP
+//! super-frames of up to [`MAX_SUPER_FRAME_LEN`] bytes; a receiver whose driver takes them gets
+//! them as they are, over several receive chains if its driver merges them, and any other (the
+//! uplink too) gets the checksum filled in or the segments cut by the switch. Every other frame
+//! is at most [`MAX_FRAME_LEN`] bytes.
 
 #![deny(missing_docs)]
 
@@ -23,14 +28,18 @@ mod counters;
 mod delivery;
 pub mod ethernet;
 pub mod mac_table;
+pub mod offload;
 pub mod port;
+mod rework;
+mod segment;
 mod switch;
 
 pub use control::{SwitchControl, SwitchError};
 pub use counters::{PortCounters, SharedPortCounters, SharedUplinkCounters, UplinkCounters};
 pub use ethernet::MacAddr;
+pub use offload::{NetHeader, Offloads, NET_HDR_LEN};
 pub use port::{Port, PortParts, PortPolicy};
-pub use switch::{Switch, MAX_FRAME_LEN, MAX_PORTS, NET_HDR_LEN, TX_BATCH};
+pub use switch::{Switch, MAX_FRAME_LEN, MAX_PORTS, MAX_SUPER_FRAME_LEN, TX_BATCH};
 
 #[cfg(test)]
 mod tests;

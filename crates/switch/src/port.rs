@@ -10,6 +10,39 @@ use std::sync::Arc;
 use crate::chain::Chain;
 use crate::counters::{PortCounters, SharedPortCounters};
 use crate::ethernet::MacAddr;
+use crate::offload::Offloads;
+
+/// Receive chains one frame may span (MRG_RXBUF): a 64 KiB super-frame in the smallest
+/// buffers Linux posts (1,536 bytes) takes 43.
+pub const MAX_MERGED: usize = 64;
+
+/// Receive chains taken from the ring and not filled yet, in the order taken: a frame that did
+/// not fit (or found the ring empty half-way) was dropped, and they wait for the next.
+pub(crate) struct Staged {
+    pub(crate) heads: [u16; MAX_MERGED],
+    pub(crate) chains: Box<[Chain]>,
+    pub(crate) count: usize,
+}
+
+impl Staged {
+    fn new() -> Staged {
+        let chains = (0..MAX_MERGED).map(|_| Chain::default()).collect();
+        Staged { heads: [0; MAX_MERGED], chains, count: 0 }
+    }
+
+    /// The bytes the staged chains hold.
+    pub(crate) fn room(&self) -> usize {
+        self.chains[..self.count].iter().map(|chain| chain.len).sum()
+    }
+
+    /// The first `used` chains were filled: the others move to the front.
+    pub(crate) fn consume(&mut self, used: usize) {
+        let used = used.min(self.count);
+        self.heads[..self.count].rotate_left(used);
+        self.chains[..self.count].rotate_left(used);
+        self.count -= used;
+    }
+}
 
 /// What a NIC may do on the switch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,10 +83,10 @@ pub struct Port {
     tx_signals: DeviceSignals,
     /// Marks the guest pages frames are written into, while a live migration runs.
     pub(crate) log: Option<DirtyLog>,
-    /// A receive chain taken from the ring and not filled yet: a frame too long for it was
-    /// dropped, and the chain waits for the next.
-    pub(crate) staged: Option<u16>,
-    pub(crate) staged_chain: Chain,
+    /// Receive chains taken and not filled yet.
+    pub(crate) staged: Staged,
+    /// What its driver takes on receive.
+    pub(crate) offloads: Offloads,
     rx_used: usize,
     tx_used: usize,
     /// The driver broke a ring: the port is not served until it is detached.
@@ -80,8 +113,8 @@ impl Port {
             rx_signals,
             tx_signals,
             log: None,
-            staged: None,
-            staged_chain: Chain::default(),
+            staged: Staged::new(),
+            offloads: Offloads::default(),
             rx_used: 0,
             tx_used: 0,
             broken: false,
@@ -109,17 +142,27 @@ impl Port {
         self
     }
 
+    /// Hand its driver frames with the offloads it accepted (`Offloads::from_features`); the
+    /// switch does the rest itself. Default: none (every frame whole, checksummed, in one chain).
+    pub fn with_offloads(mut self, offloads: Offloads) -> Port {
+        self.offloads = offloads;
+        self
+    }
+
     /// Mark every guest page the switch writes in `log`.
     pub fn with_dirty_log(mut self, log: Option<DirtyLog>) -> Port {
         self.log = log;
         self
     }
 
-    /// Everything back, the rings where they stopped (a staged receive chain is returned unused
+    /// Everything back, the rings where they stopped (staged receive chains are returned unused
     /// first).
     pub fn into_parts(mut self) -> PortParts {
-        if let Some(head) = self.staged.take() {
-            self.rx.add_used(head, 0);
+        if self.staged.count > 0 {
+            for &head in &self.staged.heads[..self.staged.count] {
+                self.rx.add_used(head, 0);
+            }
+            self.staged.count = 0;
             self.rx.publish_used();
         }
         PortParts {

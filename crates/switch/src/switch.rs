@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use af_packet::{Fill, PacketRing, Received};
+use af_packet::{checksum, Fill, PacketRing, Received};
 use virtqueue::QueueWorker;
-use vm_memory::Bytes;
+use vm_memory::{Bytes, VolatileSlice};
 
 use crate::chain::{At, Chain};
 use crate::control::{Command, SwitchControl};
@@ -17,17 +17,20 @@ use crate::counters::{PortCounters, SharedUplinkCounters, UplinkCounters};
 use crate::delivery::{deliver, Frame};
 use crate::ethernet::{Addresses, MacAddr, ADDRESSES_LEN};
 use crate::mac_table::MacTable;
+use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::port::Port;
+use crate::rework::Rework;
 
 /// Ports one switch serves at most.
 pub const MAX_PORTS: usize = 64;
 /// Frames taken from one transmit ring per pass, so every port gets its turn.
 pub const TX_BATCH: usize = 64;
-/// The `virtio_net_hdr` before every frame (VERSION_1: with `num_buffers`).
-pub const NET_HDR_LEN: usize = 12;
-/// The longest frame switched: 1500 bytes of payload, an Ethernet header and a VLAN tag (no
-/// segmentation offload is offered).
+/// The longest frame switched but a super-frame: 1500 bytes of payload, an Ethernet header and
+/// a VLAN tag.
 pub const MAX_FRAME_LEN: usize = 1518;
+/// The longest TCP super-frame (segmentation offload): 64 KiB of IP packet, an Ethernet header
+/// and a VLAN tag.
+pub const MAX_SUPER_FRAME_LEN: usize = (64 << 10) + 18;
 /// The shortest frame switched: an Ethernet header.
 pub const MIN_FRAME_LEN: usize = 14;
 /// The mac table's port number for addresses seen on the uplink.
@@ -47,8 +50,11 @@ pub struct Switch {
     uplink: Option<Uplink>,
     table: MacTable,
     control: Arc<SwitchControl>,
-    /// The frame being switched: a transmit chain's segments.
+    /// The frame being switched: a transmit chain's segments, and its header.
     frame: Chain,
+    header: NetHeader,
+    /// The frame changed for receivers that do not take its offloads.
+    rework: Rework,
     polling: bool,
 }
 
@@ -61,6 +67,8 @@ impl Switch {
             table: MacTable::default(),
             control,
             frame: Chain::default(),
+            header: NetHeader::default(),
+            rework: Rework::new(),
             polling: false,
         }
     }
@@ -142,14 +150,25 @@ impl Switch {
     fn switch_frame(&mut self, source: usize) {
         let Some(port) = self.ports[source].as_deref_mut() else { return };
         let frame_len = self.frame.len.wrapping_sub(NET_HDR_LEN);
-        let mut start = [0u8; ADDRESSES_LEN];
-        if self.frame.len < NET_HDR_LEN + MIN_FRAME_LEN
-            || frame_len > MAX_FRAME_LEN
-            || !self.frame.read(port.tx.memory(), NET_HDR_LEN, &mut start)
+        let (mut header, mut start) = ([0u8; NET_HDR_LEN], [0u8; ADDRESSES_LEN]);
+        let mem = port.tx.memory();
+        let parsed = match self.frame.len >= NET_HDR_LEN + MIN_FRAME_LEN
+            && self.frame.read(mem, 0, &mut header)
+            && self.frame.read(mem, NET_HDR_LEN, &mut start)
         {
+            true => NetHeader::parse(&header),
+            false => None,
+        };
+        let longest = match parsed.and_then(|header| header.segmentation) {
+            Some(_) => MAX_SUPER_FRAME_LEN,
+            None => MAX_FRAME_LEN,
+        };
+        let Some(header) = parsed.filter(|header| frame_len <= longest && header.fits(frame_len)) else {
             port.counters.tx_malformed += 1;
             return;
-        }
+        };
+        self.header = header;
+        self.rework.next_frame();
         let Addresses { destination, source: sender } = Addresses::parse(&start);
         // From an address not its own while isolated, or from another NIC's own address.
         if port.isolated_to.is_some_and(|own| own != sender) || !self.table.learn(sender, source) {
@@ -193,30 +212,54 @@ impl Switch {
             }
             return false;
         }
-        let frame = At { chain: &self.frame, mem: sender.tx.memory(), offset: NET_HDR_LEN };
-        deliver(receiver, Frame::Guest(frame), frame_len);
+        let (header, mem) = (self.header, sender.tx.memory());
+        if receiver.offloads.take(&header) {
+            let frame = At { chain: &self.frame, mem, offset: NET_HDR_LEN };
+            deliver(receiver, Frame::Guest(frame), frame_len, header);
+            return true;
+        }
+        let plain = NetHeader::default();
+        let each = |frame: &[u8]| deliver(receiver, Frame::Bytes(frame), frame.len(), plain);
+        let counter = match self.rework.frames(&self.frame, mem, header, frame_len, each) {
+            false => &mut sender.counters.tx_bad_offload,
+            true if header.segmentation.is_some() => &mut sender.counters.tx_segmented,
+            true => &mut sender.counters.tx_checksummed,
+        };
+        *counter += 1;
         true
     }
 
-    /// Queue the gathered frame from port `from` on the uplink; whether there is one.
+    /// Queue the gathered frame from port `from` on the uplink, its checksum filled in (or cut
+    /// into segments, a super-frame); whether there is an uplink.
     fn send_to_uplink(&mut self, from: usize, frame_len: usize) -> bool {
-        let (Some(uplink), Some(sender)) = (self.uplink.as_mut(), self.ports[from].as_deref()) else {
+        let (Some(uplink), Some(sender)) = (self.uplink.as_mut(), self.ports[from].as_deref_mut()) else {
             return false;
         };
-        let (frame, mem) = (&self.frame, sender.tx.memory());
-        let mut copied = false;
-        let queued = uplink.ring.transmit(|slot| match slot.subslice(0, frame_len) {
-            Ok(into) if frame.read_volatile(mem, NET_HDR_LEN, &into) => {
-                copied = true;
-                Fill::Frame(frame_len)
+        let (frame, header, mem) = (&self.frame, self.header, sender.tx.memory());
+        if header.segmentation.is_some() {
+            let each = |segment: &[u8]| {
+                queue_on_uplink(uplink, segment.len(), |into| {
+                    into.copy_from(segment);
+                    true
+                })
+            };
+            let counter = match self.rework.frames(frame, mem, header, frame_len, each) {
+                true => &mut sender.counters.tx_segmented,
+                false => &mut sender.counters.tx_bad_offload,
+            };
+            *counter += 1;
+            return true;
+        }
+        // Copied straight from the chain; a checksum left is filled in in the ring's slot.
+        let _ = queue_on_uplink(uplink, frame_len, |into| {
+            let copied = frame.read_volatile(mem, NET_HDR_LEN, into);
+            match header.checksum {
+                Some((start, offset)) => copied && checksum::finish(into, start.into(), offset.into()),
+                None => copied,
             }
-            _ => Fill::Nothing,
         });
-        match (queued, copied) {
-            (false, _) => uplink.counters.tx_ring_full += 1,
-            (true, true) => uplink.counters.tx_frames += 1,
-            // The chain was checked when gathered: guest memory cannot shrink under it.
-            (true, false) => {}
+        if header.checksum.is_some() {
+            sender.counters.tx_checksummed += 1;
         }
         true
     }
@@ -278,21 +321,43 @@ fn from_host(
         return;
     }
     counters.rx_frames += 1;
-    let frame = Frame::Host { bytes: got.frame, vlan_tag: got.vlan_tag };
+    let mut tag = got.vlan_tag;
+    let Some(frame) = Frame::from_host(got.frame, tag.as_mut()) else { return };
+    let header = NetHeader::default();
     match destination_of(table, destination) {
         // A frame between two of the host's own addresses is not ours to deliver.
         Some(UPLINK) => {}
         Some(to) => {
             if let Some(port) = ports[to].as_deref_mut() {
-                deliver(port, frame, frame_len);
+                deliver(port, frame, frame_len, header);
             }
         }
         None => {
             for port in ports.iter_mut().flatten() {
-                deliver(port, frame, frame_len);
+                deliver(port, frame, frame_len, header);
             }
         }
     }
+}
+
+/// Queue one frame on the uplink, written into its slot by `fill` (its length: the slot's
+/// first bytes), and count it; `fill` says whether it wrote it whole.
+fn queue_on_uplink(uplink: &mut Uplink, len: usize, fill: impl FnOnce(&VolatileSlice<'_>) -> bool) -> bool {
+    let mut copied = false;
+    let queued = uplink.ring.transmit(|slot| match slot.subslice(0, len) {
+        Ok(into) if fill(&into) => {
+            copied = true;
+            Fill::Frame(len)
+        }
+        _ => Fill::Nothing,
+    });
+    match (queued, copied) {
+        (false, _) => uplink.counters.tx_ring_full += 1,
+        (true, true) => uplink.counters.tx_frames += 1,
+        // The chain was checked when gathered: guest memory cannot shrink under it.
+        (true, false) => {}
+    }
+    queued
 }
 
 /// The one port a frame to `mac` goes to; `None`: everywhere (a group address, or one not seen).

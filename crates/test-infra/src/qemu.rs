@@ -141,12 +141,12 @@ impl Qemu {
     /// 7.2 under TCG crashes (SIGSEGV in `msix_set_vector_notifiers`, from `vhost_net_start`)
     /// as the driver starts a vhost-user NIC.
     pub fn vhost_user_net(self, socket: &Path, mac: &str) -> Qemu {
-        self.vhost_user_net_with(socket, mac, "")
+        self.vhost_user_net_with(socket, mac, "", "")
     }
 
     /// [`Qemu::vhost_user_net`] with more options for the chardev (`,reconnect=1`: connect
-    /// again, every second, to a back-end that went away).
-    pub fn vhost_user_net_with(mut self, socket: &Path, mac: &str, chardev: &str) -> Qemu {
+    /// again, every second, to a back-end that went away) and for the device (`,csum=off`).
+    pub fn vhost_user_net_with(mut self, socket: &Path, mac: &str, chardev: &str, device: &str) -> Qemu {
         let id = format!("vu{}", self.chardevs);
         self.chardevs += 1;
         self.shared_ram = true;
@@ -161,7 +161,7 @@ impl Qemu {
             format!("vhost-user,id=net-{id},chardev={id}").into(),
             "-device".into(),
             format!(
-                "{kind},netdev=net-{id},mac={mac}{}",
+                "{kind},netdev=net-{id},mac={mac}{}{device}",
                 if kind == "virtio-net-pci" { ",vectors=0" } else { "" }
             )
             .into(),

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use switch::offload::{Offloads, OFFERED};
 use switch::{MacAddr, Port, PortPolicy, SharedPortCounters, SwitchControl};
 use virtio::net::{RX_QUEUE, TX_QUEUE, VIRTIO_NET_F_MAC};
 use virtio::{DeviceStats, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
@@ -18,6 +19,8 @@ const CONFIG_LEN: usize = 8;
 pub struct VhostUserNet {
     config: [u8; CONFIG_LEN],
     policy: PortPolicy,
+    /// The offloads its driver accepted, for its port.
+    offloads: Offloads,
     /// What its port did, across its frontends' connections, for other threads.
     counters: Arc<SharedPortCounters>,
     control: Arc<SwitchControl>,
@@ -36,7 +39,8 @@ impl VhostUserNet {
         config[..6].copy_from_slice(&mac.0);
         let stats = Arc::new(DeviceStats::new(format!("vhost-user-net {mac}")));
         let counters = Arc::default();
-        VhostUserNet { config, policy, counters, control, stats, waiting: [None, None], port: None }
+        let offloads = Offloads::default();
+        VhostUserNet { config, policy, offloads, counters, control, stats, waiting: [None, None], port: None }
     }
 
     /// What its port did so far, shared with other threads (its ports publish there).
@@ -56,6 +60,7 @@ impl VhostUserNet {
         let port = Port::new(rx.queue, tx.queue, rx.signals, tx.signals)
             .with_dirty_log(rx.log)
             .with_policy(self.policy)
+            .with_offloads(self.offloads)
             .with_shared_counters(self.counters.clone());
         let id = self.control.attach(port).map_err(Error::Switch)?;
         log::info!("{}: on the switch as port {id}", self.stats.name());
@@ -69,11 +74,15 @@ impl Device for VhostUserNet {
         &self.stats
     }
 
+    /// Besides the ring features and the address, the offloads Linux uses: checksums and TCP
+    /// super-frames both ways, and merged receive buffers (the switch does for each receiver
+    /// what it does not take).
     fn features(&self) -> u64 {
         1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_F_EVENT_IDX
             | 1 << VIRTIO_F_INDIRECT_DESC
             | 1 << VIRTIO_NET_F_MAC
+            | OFFERED
     }
 
     /// No configuration write (the address is read-only) and no in-flight tracking (a frame
@@ -86,7 +95,9 @@ impl Device for VhostUserNet {
         2
     }
 
-    fn driver_features(&mut self, _features: u64) {}
+    fn driver_features(&mut self, features: u64) {
+        self.offloads = Offloads::from_features(features);
+    }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         virtio::device::read_config_bytes(&self.config, offset, data);

@@ -13,6 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 
+mod offload;
 mod policy;
 mod uplink;
 
@@ -66,20 +67,24 @@ fn guest_mac(i: usize) -> MacAddr {
 
 /// A switch with a guest for each policy, and `uplink` if given.
 fn rig_with(policies: &[PortPolicy], uplink: Option<af_packet::PacketRing>) -> Rig {
+    rig_of(policies.iter().map(|&policy| (policy, Offloads::default())), uplink)
+}
+
+/// A switch with a guest for each policy and the offloads its driver takes, and `uplink`.
+fn rig_of(ports: impl Iterator<Item = (PortPolicy, Offloads)>, uplink: Option<af_packet::PacketRing>) -> Rig {
     let control = Arc::new(SwitchControl::default());
     let mut switch = Switch::new(control.clone());
     if let Some(ring) = uplink {
         switch = switch.with_uplink(ring, Arc::default());
     }
     switch.set_polling(true);
-    let guests = policies
-        .iter()
+    let guests = ports
         .enumerate()
-        .map(|(i, policy)| {
+        .map(|(i, (policy, offloads))| {
             let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
             let error = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
             let port = Port::new(queue(&mem, RX), queue(&mem, TX), signals(&error), signals(&error));
-            let port = control.attach(port.with_policy(*policy)).unwrap();
+            let port = control.attach(port.with_policy(policy).with_offloads(offloads)).unwrap();
             Guest { mem, mac: guest_mac(i), rx_avail: 0, tx_avail: 0, rx_used_seen: 0, error, port }
         })
         .collect();
@@ -125,7 +130,12 @@ impl Guest {
     /// Transmit `frame` after a zero header from descriptor `head`, cut at `cuts` (offsets into
     /// header and frame together).
     fn transmit(&mut self, head: u16, frame: &[u8], cuts: &[usize]) {
-        let mut bytes = vec![0u8; NET_HDR_LEN];
+        self.transmit_with(head, NetHeader::default(), frame, cuts);
+    }
+
+    /// `transmit` after `header`.
+    fn transmit_with(&mut self, head: u16, header: NetHeader, frame: &[u8], cuts: &[usize]) {
+        let mut bytes = header.to_bytes(0).to_vec();
         bytes.extend_from_slice(frame);
         let mut bounds = vec![0];
         bounds.extend(cuts.iter().copied().filter(|&c| c > 0 && c < bytes.len()));
