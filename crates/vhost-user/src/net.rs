@@ -1,6 +1,7 @@
 //! A NIC served over vhost-user: a virtio-net device model whose two rings become one port of a
-//! [`switch::Switch`] once both run. Its configuration space holds its MAC address; no offload
-//! is offered, so every frame is a 12-byte header and at most 1518 bytes of Ethernet frame.
+//! [`switch::Switch`] once both run. Its configuration space holds its MAC address; the
+//! offloads its driver accepts (checksums, TCP super-frames, merged receive buffers) go with its
+//! port, and the switch does for it whatever it did not accept.
 
 use std::sync::Arc;
 
