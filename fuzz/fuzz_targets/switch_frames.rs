@@ -15,7 +15,9 @@ use arbitrary::{Result, Unstructured};
 use exitless_fuzz::{address, queue_config, signals, DriverRing, MAX_STEPS, REGION_A, REGION_B};
 use libfuzzer_sys::fuzz_target;
 use switch::offload::{Segmentation, MIN_MSS};
-use switch::{MacAddr, NetHeader, Offloads, Port, PortPolicy, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN};
+use switch::{
+    MacAddr, NetHeader, Offloads, Port, PortPolicy, QueuePair, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN,
+};
 use virtqueue::queue::{Queue, VIRTQ_DESC_F_WRITE};
 use virtqueue::QueueWorker;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -69,7 +71,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
             tso6: u.arbitrary()?,
             merged_buffers: u.arbitrary()?,
         };
-        let port = Port::new(rx, tx, rx_signals, tx_signals).with_policy(policy).with_offloads(offloads);
+        let port = Port::new(QueuePair { rx, tx, rx_signals, tx_signals }).with_policy(policy).with_offloads(offloads);
         let port = control.attach(port).expect("a free port");
         guests.push(Guest {
             mem,

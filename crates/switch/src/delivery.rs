@@ -78,89 +78,92 @@ impl<'a> Frame<'a> {
     }
 }
 
-/// Copy `frame`, of `frame_len` bytes, after `header`, into `receiver`'s next receive chain, or
-/// the next few if its driver merges them (MRG_RXBUF). A frame that finds too few chains is
-/// dropped and counted; the chains it took wait for the next frame. Returns whether the
-/// receiver has chains left to try (`false`: its ring ran dry, or broke).
-pub(crate) fn deliver(receiver: &mut Port, frame: Frame<'_>, frame_len: usize, header: NetHeader) -> bool {
+/// Copy `frame`, of `frame_len` bytes, after `header`, into the next receive chain of the queue
+/// pair of `receiver` that takes flow `flow`, or the next few chains if its driver merges them
+/// (MRG_RXBUF). A frame that finds too few chains is dropped and counted; the chains it took
+/// wait for the next frame. Returns whether that ring has chains left to try (`false`: it ran
+/// dry, or broke).
+pub(crate) fn deliver(
+    receiver: &mut Port,
+    frame: Frame<'_>,
+    frame_len: usize,
+    header: NetHeader,
+    flow: u32,
+) -> bool {
     if receiver.broken {
         return false;
     }
+    let index = receiver.rx_pair(flow);
+    let Port { pairs, log, offloads, counters, .. } = receiver;
+    let pair = &mut pairs[index];
     let needed = NET_HDR_LEN + frame_len;
-    let most = if receiver.offloads.merged_buffers { MAX_MERGED } else { 1 };
-    let mut room = receiver.staged.room();
+    let most = if offloads.merged_buffers { MAX_MERGED } else { 1 };
+    let mut room = pair.staged.room();
     while room < needed {
-        if receiver.staged.count == most {
-            receiver.counters.rx_too_big += 1;
+        if pair.staged.count == most {
+            counters.rx_too_big += 1;
             return true;
         }
-        let head = match receiver.rx.pop_avail() {
-            Ok(Some(head)) => head,
+        let broke = match pair.rx.pop_avail() {
+            Ok(Some(head)) => {
+                let staged = &mut pair.staged;
+                let chain = &mut staged.chains[staged.count];
+                match chain.gather(&pair.rx, head, true) {
+                    Ok(true) if chain.len >= NET_HDR_LEN => {
+                        room += chain.len;
+                        staged.heads[staged.count] = head;
+                        staged.count += 1;
+                        continue;
+                    }
+                    Ok(_) => {
+                        counters.rx_malformed += 1;
+                        pair.rx_done(head, 0);
+                        return true;
+                    }
+                    Err(why) => why,
+                }
+            }
             Ok(None) => {
-                receiver.counters.rx_no_buffer += 1;
+                counters.rx_no_buffer += 1;
                 return false;
             }
-            Err(why) => {
-                receiver.break_ring(true, why);
-                return false;
-            }
+            Err(why) => why,
         };
-        let staged = &mut receiver.staged;
-        let chain = &mut staged.chains[staged.count];
-        match chain.gather(&receiver.rx, head, true) {
-            Err(why) => {
-                receiver.break_ring(true, why);
-                return false;
-            }
-            Ok(true) if chain.len >= NET_HDR_LEN => {
-                room += chain.len;
-                staged.heads[staged.count] = head;
-                staged.count += 1;
-            }
-            Ok(_) => {
-                receiver.counters.rx_malformed += 1;
-                receiver.rx_done(head, 0);
-                return true;
-            }
-        }
+        receiver.break_ring(index, true, broke);
+        return false;
     }
     // Fill the chains in order: the header, then as much of the frame as each holds.
     let mut lengths = [0u32; MAX_MERGED];
     let (mut used, mut copied, mut whole) = (0, 0, true);
-    {
-        let Port { rx, staged, log, .. } = &*receiver;
-        let mut mark = |gpa: u64, len: usize| {
-            if let Some(log) = log {
-                log.mark(gpa, len as u64);
-            }
-        };
-        let mem = rx.memory();
-        while used == 0 || copied < frame_len {
-            let chain = &staged.chains[used];
-            let start = if used == 0 { NET_HDR_LEN } else { 0 };
-            let n = (chain.len - start).min(frame_len - copied);
-            whole &= frame.copy_range(chain, mem, start, copied, n, &mut mark);
-            // A chain holds at most a frame and its header, under 64 KiB.
-            lengths[used] = u32::try_from(start + n).unwrap_or(u32::MAX);
-            (used, copied) = (used + 1, copied + n);
+    let mut mark = |gpa: u64, len: usize| {
+        if let Some(log) = log {
+            log.mark(gpa, len as u64);
         }
-        // `used` is at most MAX_MERGED.
-        let header = header.to_bytes(u16::try_from(used).unwrap_or(u16::MAX));
-        whole &= staged.chains[0].write_bytes(mem, 0, &header, &mut mark);
+    };
+    let mem = pair.rx.memory();
+    while used == 0 || copied < frame_len {
+        let chain = &pair.staged.chains[used];
+        let start = if used == 0 { NET_HDR_LEN } else { 0 };
+        let n = (chain.len - start).min(frame_len - copied);
+        whole &= frame.copy_range(chain, mem, start, copied, n, &mut mark);
+        // A chain holds at most a frame and its header, under 64 KiB.
+        lengths[used] = u32::try_from(start + n).unwrap_or(u32::MAX);
+        (used, copied) = (used + 1, copied + n);
     }
+    // `used` is at most MAX_MERGED.
+    let header = header.to_bytes(u16::try_from(used).unwrap_or(u16::MAX));
+    whole &= pair.staged.chains[0].write_bytes(mem, 0, &header, &mut mark);
     for (i, &length) in lengths[..used].iter().enumerate() {
-        let head = receiver.staged.heads[i];
-        receiver.rx_done(head, if whole { length } else { 0 });
+        let head = pair.staged.heads[i];
+        pair.rx_done(head, if whole { length } else { 0 });
     }
-    receiver.staged.consume(used);
-    // At most MAX_MERGED.
+    pair.staged.consume(used);
     let used = used as u64;
     match whole {
         true => {
-            (receiver.counters.rx_frames, receiver.counters.rx_buffers) =
-                (receiver.counters.rx_frames + 1, receiver.counters.rx_buffers + used)
+            (counters.rx_frames, counters.rx_buffers) = (counters.rx_frames + 1, counters.rx_buffers + used)
         }
-        false => receiver.counters.rx_malformed += used,
+        false => counters.rx_malformed += used,
     }
     true
 }

@@ -3,6 +3,33 @@
 /// The bytes of an Ethernet header the switch needs: destination, then source.
 pub const ADDRESSES_LEN: usize = 12;
 
+/// The bytes of a frame's start that name its flow: an Ethernet header, an IPv6 header, and the
+/// first four bytes after it (TCP's and UDP's ports).
+pub const FLOW_BYTES: usize = 58;
+
+/// A number the same for every frame of one flow, to spread flows over a NIC's receive queues
+/// as receive-side scaling does (`start`: the frame's first bytes, up to [`FLOW_BYTES`]): an
+/// IPv4 or IPv6 packet's addresses and the four bytes after its header (the ports of TCP and
+/// UDP, without IPv4 options); any other frame's Ethernet addresses. Not a defence: a guest may
+/// put all its flows on one queue of its own receiver, as a driver may steer a real NIC.
+pub fn flow_of(start: &[u8]) -> u32 {
+    let key = match start.get(12..14) {
+        Some([0x08, 0x00]) => start.get(26..38),
+        Some([0x86, 0xdd]) => start.get(22..58),
+        _ => None,
+    };
+    // FNV-1a, then MurmurHash3's finalizer: FNV's low bits are the parity of the bytes' low
+    // bits, and a flow's ports often change together.
+    let key = key.unwrap_or(&start[..start.len().min(ADDRESSES_LEN)]);
+    let mut hash =
+        key.iter().fold(0x811c_9dc5u32, |hash, &byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    hash ^= hash >> 16;
+    hash = hash.wrapping_mul(0x85eb_ca6b);
+    hash ^= hash >> 13;
+    hash = hash.wrapping_mul(0xc2b2_ae35);
+    hash ^ (hash >> 16)
+}
+
 /// A MAC address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct MacAddr(pub [u8; 6]);
@@ -61,13 +88,11 @@ pub struct Addresses {
 }
 
 impl Addresses {
-    /// The addresses at the start of a frame.
-    pub fn parse(start: &[u8; ADDRESSES_LEN]) -> Addresses {
-        let mut destination = [0u8; 6];
-        let mut source = [0u8; 6];
-        destination.copy_from_slice(&start[..6]);
-        source.copy_from_slice(&start[6..]);
-        Addresses { destination: MacAddr(destination), source: MacAddr(source) }
+    /// The addresses at the start of a frame; `None` if `start` is shorter than they are.
+    pub fn parse(start: &[u8]) -> Option<Addresses> {
+        let destination = start.get(..6)?.try_into().ok()?;
+        let source = start.get(6..ADDRESSES_LEN)?.try_into().ok()?;
+        Some(Addresses { destination: MacAddr(destination), source: MacAddr(source) })
     }
 }
 

@@ -38,7 +38,7 @@ pub use control::{SwitchControl, SwitchError};
 pub use counters::{PortCounters, SharedPortCounters, SharedUplinkCounters, UplinkCounters};
 pub use ethernet::MacAddr;
 pub use offload::{NetHeader, Offloads, NET_HDR_LEN};
-pub use port::{Port, PortParts, PortPolicy};
+pub use port::{Port, PortParts, PortPolicy, QueuePair};
 pub use switch::{Switch, MAX_FRAME_LEN, MAX_PORTS, MAX_SUPER_FRAME_LEN, TX_BATCH};
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
-//! One NIC on the switch: its guest's receive and transmit rings, and what it did.
+//! One NIC on the switch: its guest's queue pairs (a receive and a transmit ring each), and
+//! what it did.
 
 use rate_limiter::{Limits, RateLimiter};
 use virtio::DeviceSignals;
 use virtqueue::dirty::DirtyLog;
 use virtqueue::queue::{Queue, QueueError};
+use vm_memory::GuestMemoryMmap;
 
 use std::sync::Arc;
 
@@ -58,8 +60,9 @@ pub struct PortPolicy {
     pub limits: Limits,
 }
 
-/// What [`Port::into_parts`] hands back.
-pub struct PortParts {
+/// One receive and one transmit ring of a NIC (a virtio-net queue pair), in its guest's memory,
+/// each with the signals of its own call and error eventfds.
+pub struct QueuePair {
     /// The receive ring.
     pub rx: Queue,
     /// The transmit ring.
@@ -68,27 +71,100 @@ pub struct PortParts {
     pub rx_signals: DeviceSignals,
     /// The transmit ring's signals.
     pub tx_signals: DeviceSignals,
+}
+
+/// What [`Port::into_parts`] hands back.
+pub struct PortParts {
+    /// Its queue pairs, in the order it was given them, the rings where they stopped.
+    pub pairs: Vec<QueuePair>,
     /// The dirty log it marked in.
     pub log: Option<DirtyLog>,
     /// What it did on the switch.
     pub counters: PortCounters,
 }
 
-/// A NIC's rings on the switch. Built by the device model once both rings run, handed to the
-/// switch through [`crate::SwitchControl::attach`], and handed back by `detach`.
-pub struct Port {
+/// A queue pair on the switch: the rings, and what the switch keeps for them.
+pub(crate) struct Pair {
     pub(crate) rx: Queue,
     pub(crate) tx: Queue,
     rx_signals: DeviceSignals,
     tx_signals: DeviceSignals,
-    /// Marks the guest pages frames are written into, while a live migration runs.
-    pub(crate) log: Option<DirtyLog>,
     /// Receive chains taken and not filled yet.
     pub(crate) staged: Staged,
-    /// What its driver takes on receive.
-    pub(crate) offloads: Offloads,
     rx_used: usize,
     tx_used: usize,
+}
+
+impl Pair {
+    fn new(pair: QueuePair) -> Pair {
+        let QueuePair { rx, tx, rx_signals, tx_signals } = pair;
+        Pair { rx, tx, rx_signals, tx_signals, staged: Staged::new(), rx_used: 0, tx_used: 0 }
+    }
+
+    /// A transmit chain was consumed.
+    pub(crate) fn tx_done(&mut self, head: u16) {
+        self.tx.add_used(head, 0);
+        self.tx_used += 1;
+    }
+
+    /// A receive chain was filled with `written` bytes (0: returned unused).
+    pub(crate) fn rx_done(&mut self, head: u16, written: u32) {
+        self.rx.add_used(head, written);
+        self.rx_used += 1;
+    }
+
+    /// Tell the driver it broke ring `rx` or `tx` (its error eventfd).
+    fn report_break(&self, rx: bool, why: QueueError) {
+        match rx {
+            true => self.rx_signals.queue_broken(why),
+            false => self.tx_signals.queue_broken(why),
+        }
+    }
+
+    /// Publish what the switch used of both rings since the last call, and interrupt the
+    /// driver where it asked to be; how many interrupts.
+    fn publish(&mut self) -> u64 {
+        let mut interrupts = 0;
+        if std::mem::take(&mut self.tx_used) > 0 {
+            self.tx.publish_used();
+            if self.tx.needs_interrupt() {
+                self.tx_signals.signal_used_buffers();
+                interrupts += 1;
+            }
+        }
+        if std::mem::take(&mut self.rx_used) > 0 {
+            self.rx.publish_used();
+            if self.rx.needs_interrupt() {
+                self.rx_signals.signal_used_buffers();
+                interrupts += 1;
+            }
+        }
+        interrupts
+    }
+
+    /// Back to the device model, staged receive chains returned unused first.
+    fn into_queue_pair(mut self) -> QueuePair {
+        if self.staged.count > 0 {
+            for &head in &self.staged.heads[..self.staged.count] {
+                self.rx.add_used(head, 0);
+            }
+            self.staged.count = 0;
+            self.rx.publish_used();
+        }
+        QueuePair { rx: self.rx, tx: self.tx, rx_signals: self.rx_signals, tx_signals: self.tx_signals }
+    }
+}
+
+/// A NIC's rings on the switch. Built by the device model once a queue pair runs, handed to the
+/// switch through [`crate::SwitchControl::attach`], and handed back by `detach`.
+pub struct Port {
+    /// Its queue pairs, at least one: frames are taken from every transmit ring, and each flow
+    /// is delivered to one receive ring (`rx_pair`).
+    pub(crate) pairs: Vec<Pair>,
+    /// Marks the guest pages frames are written into, while a live migration runs.
+    pub(crate) log: Option<DirtyLog>,
+    /// What its driver takes on receive.
+    pub(crate) offloads: Offloads,
     /// The driver broke a ring: the port is not served until it is detached.
     pub(crate) broken: bool,
     /// Its own address, pinned to it in the switch's table.
@@ -104,19 +180,12 @@ pub struct Port {
 }
 
 impl Port {
-    /// A port of receive ring `rx` and transmit ring `tx` (in one guest's memory), each with the
-    /// signals of its own call and error eventfds.
-    pub fn new(rx: Queue, tx: Queue, rx_signals: DeviceSignals, tx_signals: DeviceSignals) -> Port {
+    /// A port of queue pair `first`; more come with [`Port::with_pair`].
+    pub fn new(first: QueuePair) -> Port {
         Port {
-            rx,
-            tx,
-            rx_signals,
-            tx_signals,
+            pairs: vec![Pair::new(first)],
             log: None,
-            staged: Staged::new(),
             offloads: Offloads::default(),
-            rx_used: 0,
-            tx_used: 0,
             broken: false,
             mac: None,
             isolated_to: None,
@@ -124,6 +193,12 @@ impl Port {
             counters: PortCounters::default(),
             shared: Arc::default(),
         }
+    }
+
+    /// Another queue pair, in the same guest's memory.
+    pub fn with_pair(mut self, pair: QueuePair) -> Port {
+        self.pairs.push(Pair::new(pair));
+        self
     }
 
     /// Publish what it does in `shared`, counting on from what is there (a NIC's counters go on
@@ -155,24 +230,23 @@ impl Port {
         self
     }
 
-    /// Everything back, the rings where they stopped (staged receive chains are returned unused
-    /// first).
-    pub fn into_parts(mut self) -> PortParts {
-        if self.staged.count > 0 {
-            for &head in &self.staged.heads[..self.staged.count] {
-                self.rx.add_used(head, 0);
-            }
-            self.staged.count = 0;
-            self.rx.publish_used();
-        }
+    /// Everything back, the rings where they stopped.
+    pub fn into_parts(self) -> PortParts {
         PortParts {
-            rx: self.rx,
-            tx: self.tx,
-            rx_signals: self.rx_signals,
-            tx_signals: self.tx_signals,
+            pairs: self.pairs.into_iter().map(Pair::into_queue_pair).collect(),
             log: self.log,
             counters: self.counters,
         }
+    }
+
+    /// The guest memory its rings and frames are in.
+    pub(crate) fn memory(&self) -> &GuestMemoryMmap {
+        self.pairs[0].tx.memory()
+    }
+
+    /// The queue pair whose receive ring takes the frames of flow `flow` (`ethernet::flow_of`).
+    pub(crate) fn rx_pair(&self, flow: u32) -> usize {
+        usize::try_from(flow).unwrap_or(0) % self.pairs.len()
     }
 
     /// May it talk to port `other`? Not if either is isolated.
@@ -180,44 +254,33 @@ impl Port {
         self.isolated_to.is_none() && other.isolated_to.is_none()
     }
 
-    /// A transmit chain was consumed.
-    pub(crate) fn tx_done(&mut self, head: u16) {
-        self.tx.add_used(head, 0);
-        self.tx_used += 1;
-    }
-
-    /// A receive chain was filled with `written` bytes (0: returned unused).
-    pub(crate) fn rx_done(&mut self, head: u16, written: u32) {
-        self.rx.add_used(head, written);
-        self.rx_used += 1;
-    }
-
-    /// The driver broke ring `rx` or `tx`: tell it (its error eventfd) and stop serving the port.
-    pub(crate) fn break_ring(&mut self, rx: bool, why: QueueError) {
-        self.broken = true;
-        match rx {
-            true => self.rx_signals.queue_broken(why),
-            false => self.tx_signals.queue_broken(why),
+    /// Ask its driver for notifications on every ring (`true`), or not.
+    pub(crate) fn set_notifications(&mut self, enabled: bool) {
+        for pair in &mut self.pairs {
+            pair.tx.set_notifications(enabled);
+            pair.rx.set_notifications(enabled);
         }
     }
 
-    /// Publish what the switch used of both rings since the last call, and interrupt the
+    /// Has a transmit ring frames waiting?
+    pub(crate) fn has_avail(&self) -> bool {
+        !self.broken && self.pairs.iter().any(|pair| pair.tx.has_avail().unwrap_or(false))
+    }
+
+    /// The driver broke ring `rx` or `tx` of pair `pair`: tell it and stop serving the port.
+    pub(crate) fn break_ring(&mut self, pair: usize, rx: bool, why: QueueError) {
+        self.broken = true;
+        if let Some(pair) = self.pairs.get(pair) {
+            pair.report_break(rx, why);
+        }
+    }
+
+    /// Publish what the switch used of every ring since the last call, and interrupt the
     /// driver where it asked to be.
     pub(crate) fn publish(&mut self) {
         self.shared.publish(&self.counters);
-        if std::mem::take(&mut self.tx_used) > 0 {
-            self.tx.publish_used();
-            if self.tx.needs_interrupt() {
-                self.tx_signals.signal_used_buffers();
-                self.counters.interrupts += 1;
-            }
-        }
-        if std::mem::take(&mut self.rx_used) > 0 {
-            self.rx.publish_used();
-            if self.rx.needs_interrupt() {
-                self.rx_signals.signal_used_buffers();
-                self.counters.interrupts += 1;
-            }
+        for pair in &mut self.pairs {
+            self.counters.interrupts += pair.publish();
         }
     }
 }

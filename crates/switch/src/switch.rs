@@ -15,7 +15,7 @@ use crate::chain::{At, Chain};
 use crate::control::{Command, SwitchControl};
 use crate::counters::{PortCounters, SharedUplinkCounters, UplinkCounters};
 use crate::delivery::{deliver, Frame};
-use crate::ethernet::{Addresses, MacAddr, ADDRESSES_LEN};
+use crate::ethernet::{flow_of, Addresses, MacAddr, FLOW_BYTES};
 use crate::mac_table::MacTable;
 use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::port::Port;
@@ -53,6 +53,8 @@ pub struct Switch {
     /// The frame being switched: a transmit chain's segments, and its header.
     frame: Chain,
     header: NetHeader,
+    /// Its flow (`ethernet::flow_of`), for the receive queue it goes to.
+    flow: u32,
     /// The frame changed for receivers that do not take its offloads.
     rework: Rework,
     polling: bool,
@@ -68,6 +70,7 @@ impl Switch {
             control,
             frame: Chain::default(),
             header: NetHeader::default(),
+            flow: 0,
             rework: Rework::new(),
             polling: false,
         }
@@ -94,8 +97,7 @@ impl Switch {
         for command in self.control.take_commands() {
             match command {
                 Command::Attach(id, mut port) => {
-                    port.tx.set_notifications(!self.polling);
-                    port.rx.set_notifications(!self.polling);
+                    port.set_notifications(!self.polling);
                     if let Some(mac) = port.mac {
                         if !self.table.pin(mac, id) {
                             log::warn!("port {id}: its address {mac} could not be pinned (the table is full of pinned ones)");
@@ -111,9 +113,15 @@ impl Switch {
         }
     }
 
-    /// Switch up to [`TX_BATCH`] frames from port `source`'s transmit ring, as its rate limit
-    /// allows; how many.
+    /// Switch up to [`TX_BATCH`] frames from each transmit ring of port `source`, as its rate
+    /// limit allows; how many.
     fn transmit(&mut self, source: usize) -> usize {
+        let pairs = self.ports[source].as_deref().map_or(0, |port| port.pairs.len());
+        (0..pairs).map(|pair| self.transmit_from(source, pair)).sum()
+    }
+
+    /// [`Switch::transmit`] for the transmit ring of queue pair `pair`.
+    fn transmit_from(&mut self, source: usize, pair: usize) -> usize {
         let mut taken = 0;
         while taken < TX_BATCH {
             let Some(port) = self.ports[source].as_deref_mut().filter(|p| !p.broken) else { break };
@@ -122,25 +130,26 @@ impl Switch {
                 port.counters.tx_rate_limited += 1;
                 break;
             }
-            let head = match port.tx.pop_avail() {
+            let tx = &mut port.pairs[pair].tx;
+            let head = match tx.pop_avail() {
                 Ok(Some(head)) => head,
                 Ok(None) => break,
                 Err(why) => {
-                    port.break_ring(false, why);
+                    port.break_ring(pair, false, why);
                     break;
                 }
             };
             taken += 1;
-            match self.frame.gather(&port.tx, head, false) {
+            match self.frame.gather(tx, head, false) {
                 Err(why) => {
-                    port.break_ring(false, why);
+                    port.break_ring(pair, false, why);
                     break;
                 }
                 Ok(true) => self.switch_frame(source),
                 Ok(false) => port.counters.tx_malformed += 1,
             }
             if let Some(port) = self.ports[source].as_deref_mut() {
-                port.tx_done(head);
+                port.pairs[pair].tx_done(head);
             }
         }
         taken
@@ -150,11 +159,12 @@ impl Switch {
     fn switch_frame(&mut self, source: usize) {
         let Some(port) = self.ports[source].as_deref_mut() else { return };
         let frame_len = self.frame.len.wrapping_sub(NET_HDR_LEN);
-        let (mut header, mut start) = ([0u8; NET_HDR_LEN], [0u8; ADDRESSES_LEN]);
-        let mem = port.tx.memory();
+        let (mut header, mut start) = ([0u8; NET_HDR_LEN], [0u8; FLOW_BYTES]);
+        let start = &mut start[..frame_len.min(FLOW_BYTES)];
+        let mem = port.memory();
         let parsed = match self.frame.len >= NET_HDR_LEN + MIN_FRAME_LEN
             && self.frame.read(mem, 0, &mut header)
-            && self.frame.read(mem, NET_HDR_LEN, &mut start)
+            && self.frame.read(mem, NET_HDR_LEN, start)
         {
             true => NetHeader::parse(&header),
             false => None,
@@ -168,8 +178,10 @@ impl Switch {
             return;
         };
         self.header = header;
+        self.flow = flow_of(start);
         self.rework.next_frame();
-        let Addresses { destination, source: sender } = Addresses::parse(&start);
+        // At least MIN_FRAME_LEN bytes were read.
+        let Some(Addresses { destination, source: sender }) = Addresses::parse(start) else { return };
         // From an address not its own while isolated, or from another NIC's own address.
         if port.isolated_to.is_some_and(|own| own != sender) || !self.table.learn(sender, source) {
             port.counters.tx_spoofed += 1;
@@ -212,14 +224,14 @@ impl Switch {
             }
             return false;
         }
-        let (header, mem) = (self.header, sender.tx.memory());
+        let (header, flow, mem) = (self.header, self.flow, sender.memory());
         if receiver.offloads.take(&header) {
             let frame = At { chain: &self.frame, mem, offset: NET_HDR_LEN };
-            deliver(receiver, Frame::Guest(frame), frame_len, header);
+            deliver(receiver, Frame::Guest(frame), frame_len, header, flow);
             return true;
         }
         let plain = NetHeader::default();
-        let each = |frame: &[u8]| deliver(receiver, Frame::Bytes(frame), frame.len(), plain);
+        let each = |frame: &[u8]| deliver(receiver, Frame::Bytes(frame), frame.len(), plain, flow);
         let counter = match self.rework.frames(&self.frame, mem, header, frame_len, each) {
             false => &mut sender.counters.tx_bad_offload,
             true if header.segmentation.is_some() => &mut sender.counters.tx_segmented,
@@ -235,7 +247,7 @@ impl Switch {
         let (Some(uplink), Some(sender)) = (self.uplink.as_mut(), self.ports[from].as_deref_mut()) else {
             return false;
         };
-        let (frame, header, mem) = (&self.frame, self.header, sender.tx.memory());
+        let (frame, header, mem) = (&self.frame, self.header, sender.memory());
         if header.segmentation.is_some() {
             let each = |segment: &[u8]| {
                 queue_on_uplink(uplink, segment.len(), |into| {
@@ -307,15 +319,18 @@ fn from_host(
         counters.rx_too_big += 1;
         return;
     }
-    let mut start = [0u8; ADDRESSES_LEN];
+    let mut start = [0u8; FLOW_BYTES];
+    let start = &mut start[..got.frame.len().min(FLOW_BYTES)];
     if got.frame.len() < MIN_FRAME_LEN
-        || got.frame.read_slice(&mut start, 0).is_err()
+        || got.frame.read_slice(start, 0).is_err()
         || (got.offload.needs_checksum && !got.finish_checksum())
     {
         counters.rx_malformed += 1;
         return;
     }
-    let Addresses { destination, source } = Addresses::parse(&start);
+    let Some(Addresses { destination, source }) = Addresses::parse(start) else { return };
+    // Without the VLAN tag the interface took off: the flow of every frame of a VLAN alike.
+    let flow = flow_of(start);
     if !table.learn(source, UPLINK) {
         counters.rx_spoofed += 1;
         return;
@@ -329,12 +344,12 @@ fn from_host(
         Some(UPLINK) => {}
         Some(to) => {
             if let Some(port) = ports[to].as_deref_mut() {
-                deliver(port, frame, frame_len, header);
+                deliver(port, frame, frame_len, header, flow);
             }
         }
         None => {
             for port in ports.iter_mut().flatten() {
-                deliver(port, frame, frame_len, header);
+                deliver(port, frame, frame_len, header, flow);
             }
         }
     }
@@ -419,8 +434,7 @@ impl QueueWorker for Switch {
     fn set_polling(&mut self, polling: bool) {
         self.polling = polling;
         for port in self.ports.iter_mut().flatten() {
-            port.tx.set_notifications(!polling);
-            port.rx.set_notifications(!polling);
+            port.set_notifications(!polling);
         }
     }
 
@@ -431,6 +445,6 @@ impl QueueWorker for Switch {
     fn has_pending(&self) -> bool {
         self.control.has_news()
             || self.uplink.as_ref().is_some_and(|uplink| uplink.ring.has_received())
-            || self.ports.iter().flatten().any(|p| !p.broken && p.tx.has_avail().unwrap_or(false))
+            || self.ports.iter().flatten().any(|port| port.has_avail())
     }
 }

@@ -146,7 +146,17 @@ impl Qemu {
 
     /// [`Qemu::vhost_user_net`] with more options for the chardev (`,reconnect=1`: connect
     /// again, every second, to a back-end that went away) and for the device (`,csum=off`).
-    pub fn vhost_user_net_with(mut self, socket: &Path, mac: &str, chardev: &str, device: &str) -> Qemu {
+    pub fn vhost_user_net_with(self, socket: &Path, mac: &str, chardev: &str, device: &str) -> Qemu {
+        self.vhost_user_net_of(socket, mac, [chardev, "", device])
+    }
+
+    /// [`Qemu::vhost_user_net`] with `pairs` queue pairs (the guest uses as many as it has CPUs).
+    pub fn vhost_user_net_pairs(self, socket: &Path, mac: &str, pairs: usize) -> Qemu {
+        self.vhost_user_net_of(socket, mac, ["", &format!(",queues={pairs}"), ",mq=on"])
+    }
+
+    /// A vhost-user NIC with more options for its chardev, netdev and device.
+    fn vhost_user_net_of(mut self, socket: &Path, mac: &str, [chardev, netdev, device]: [&str; 3]) -> Qemu {
         let id = format!("vu{}", self.chardevs);
         self.chardevs += 1;
         self.shared_ram = true;
@@ -158,7 +168,7 @@ impl Qemu {
             "-chardev".into(),
             format!("socket,id={id},path={}{chardev}", socket.display()).into(),
             "-netdev".into(),
-            format!("vhost-user,id=net-{id},chardev={id}").into(),
+            format!("vhost-user,id=net-{id},chardev={id}{netdev}").into(),
             "-device".into(),
             format!(
                 "{kind},netdev=net-{id},mac={mac}{}{device}",

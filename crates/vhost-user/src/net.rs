@@ -1,20 +1,28 @@
-//! A NIC served over vhost-user: a virtio-net device model whose two rings become one port of a
-//! [`switch::Switch`] once both run. Its configuration space holds its MAC address; the
-//! offloads its driver accepts (checksums, TCP super-frames, merged receive buffers) go with its
-//! port, and the switch does for it whatever it did not accept.
+//! A NIC served over vhost-user: a virtio-net device model whose queue pairs (up to
+//! [`MAX_PAIRS`], VIRTIO_NET_F_MQ) become one port of a [`switch::Switch`] as they run. Its
+//! configuration space holds its MAC address; the offloads its driver accepts (checksums, TCP
+//! super-frames, merged receive buffers) go with its port, and the switch does for it whatever it
+//! did not accept.
 
 use std::sync::Arc;
 
 use switch::offload::{Offloads, OFFERED};
-use switch::{MacAddr, Port, PortPolicy, SharedPortCounters, SwitchControl};
-use virtio::net::{RX_QUEUE, TX_QUEUE, VIRTIO_NET_F_MAC};
+use switch::{MacAddr, Port, PortPolicy, QueuePair, SharedPortCounters, SwitchControl};
+use virtio::net::VIRTIO_NET_F_MAC;
 use virtio::{DeviceStats, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
 use crate::device::{Device, Ring};
 use crate::error::Error;
 
-/// Configuration space: the MAC address, then the status word (not offered).
-const CONFIG_LEN: usize = 8;
+/// Feature bit: several queue pairs (their number in the configuration space).
+const VIRTIO_NET_F_MQ: u32 = 22;
+/// Queue pairs a NIC offers (`max_virtqueue_pairs`): a driver uses one per CPU, up to this.
+pub const MAX_PAIRS: usize = 4;
+/// Configuration space: the MAC address, the status word (STATUS is not offered), and
+/// `max_virtqueue_pairs`.
+const CONFIG_LEN: usize = 10;
+/// Its rings: queue pair `i`'s receive ring is ring `2i`, its transmit ring `2i + 1`.
+const RINGS: usize = 2 * MAX_PAIRS;
 
 /// The NIC across connections: its address, and its rings while they are not on the switch.
 pub struct VhostUserNet {
@@ -26,10 +34,11 @@ pub struct VhostUserNet {
     counters: Arc<SharedPortCounters>,
     control: Arc<SwitchControl>,
     stats: Arc<DeviceStats>,
-    /// Rings started whose partner is not running yet, by ring index.
-    waiting: [Option<Ring>; 2],
-    /// The port on the switch, while both rings run.
-    port: Option<usize>,
+    /// Rings started and not on the switch (their partner is not running yet, or the port is
+    /// being rebuilt), by ring index.
+    waiting: [Option<Ring>; RINGS],
+    /// The port on the switch, and the queue pairs it holds, in its order.
+    port: Option<(usize, Vec<usize>)>,
 }
 
 impl VhostUserNet {
@@ -38,10 +47,17 @@ impl VhostUserNet {
     pub fn new(mac: MacAddr, policy: PortPolicy, control: Arc<SwitchControl>) -> VhostUserNet {
         let mut config = [0u8; CONFIG_LEN];
         config[..6].copy_from_slice(&mac.0);
-        let stats = Arc::new(DeviceStats::new(format!("vhost-user-net {mac}")));
-        let counters = Arc::default();
-        let offloads = Offloads::default();
-        VhostUserNet { config, policy, offloads, counters, control, stats, waiting: [None, None], port: None }
+        config[8..10].copy_from_slice(&u16::try_from(MAX_PAIRS).unwrap_or(u16::MAX).to_le_bytes());
+        VhostUserNet {
+            config,
+            policy,
+            offloads: Offloads::default(),
+            counters: Arc::default(),
+            control,
+            stats: Arc::new(DeviceStats::new(format!("vhost-user-net {mac}"))),
+            waiting: Default::default(),
+            port: None,
+        }
     }
 
     /// What its port did so far, shared with other threads (its ports publish there).
@@ -49,71 +65,41 @@ impl VhostUserNet {
         self.counters.clone()
     }
 
-    /// Put the port on the switch once both rings wait.
-    fn attach_if_paired(&mut self) -> Result<(), Error> {
-        if self.waiting.iter().any(Option::is_none) {
-            return Ok(());
+    /// Put every queue pair whose two rings wait on the switch, as one port.
+    fn attach(&mut self) -> Result<(), Error> {
+        let pairs: Vec<usize> = (0..MAX_PAIRS)
+            .filter(|&p| self.waiting[2 * p].is_some() && self.waiting[2 * p + 1].is_some())
+            .collect();
+        let mut port: Option<Port> = None;
+        let mut log = None;
+        for &p in &pairs {
+            let (Some(rx), Some(tx)) = (self.waiting[2 * p].take(), self.waiting[2 * p + 1].take()) else {
+                continue;
+            };
+            // The receive rings are the ones the switch writes guest memory through.
+            log = log.or(rx.log);
+            let pair =
+                QueuePair { rx: rx.queue, tx: tx.queue, rx_signals: rx.signals, tx_signals: tx.signals };
+            port = Some(match port {
+                None => Port::new(pair),
+                Some(port) => port.with_pair(pair),
+            });
         }
-        let (Some(rx), Some(tx)) = (self.waiting[RX_QUEUE].take(), self.waiting[TX_QUEUE].take()) else {
-            return Ok(());
-        };
-        // The receive ring is the one the switch writes guest memory through.
-        let port = Port::new(rx.queue, tx.queue, rx.signals, tx.signals)
-            .with_dirty_log(rx.log)
+        let Some(port) = port else { return Ok(()) };
+        let port = port
+            .with_dirty_log(log)
             .with_policy(self.policy)
             .with_offloads(self.offloads)
             .with_shared_counters(self.counters.clone());
         let id = self.control.attach(port).map_err(Error::Switch)?;
-        log::info!("{}: on the switch as port {id}", self.stats.name());
-        self.port = Some(id);
+        log::info!("{}: on the switch as port {id}, queue pairs {pairs:?}", self.stats.name());
+        self.port = Some((id, pairs));
         Ok(())
     }
-}
 
-impl Device for VhostUserNet {
-    fn stats(&self) -> &Arc<DeviceStats> {
-        &self.stats
-    }
-
-    /// Besides the ring features and the address, the offloads Linux uses: checksums and TCP
-    /// super-frames both ways, and merged receive buffers (the switch does for each receiver
-    /// what it does not take).
-    fn features(&self) -> u64 {
-        1 << VIRTIO_F_VERSION_1
-            | 1 << VIRTIO_F_EVENT_IDX
-            | 1 << VIRTIO_F_INDIRECT_DESC
-            | 1 << VIRTIO_NET_F_MAC
-            | OFFERED
-    }
-
-    /// No configuration write (the address is read-only) and no in-flight tracking (a frame
-    /// lost in a restart is as a frame lost on a wire).
-    fn protocol_features(&self) -> u64 {
-        crate::backend::BASE_PROTOCOL_FEATURES
-    }
-
-    fn num_queues(&self) -> usize {
-        2
-    }
-
-    fn driver_features(&mut self, features: u64) {
-        self.offloads = Offloads::from_features(features);
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        virtio::device::read_config_bytes(&self.config, offset, data);
-    }
-
-    fn start_ring(&mut self, index: usize, ring: Ring) -> Result<(), Error> {
-        self.waiting[index] = Some(ring);
-        self.attach_if_paired()
-    }
-
-    fn stop_ring(&mut self, index: usize) -> Result<u16, Error> {
-        if let Some(ring) = self.waiting[index].take() {
-            return Ok(ring.queue.next_avail());
-        }
-        let id = self.port.take().ok_or(Error::Detach(index))?;
+    /// Take the port off the switch, its rings back to waiting.
+    fn detach(&mut self) -> Result<(), Error> {
+        let Some((id, pairs)) = self.port.take() else { return Ok(()) };
         let parts = self.control.detach(id).map_err(Error::Switch)?.into_parts();
         let c = parts.counters;
         log::info!(
@@ -128,14 +114,65 @@ impl Device for VhostUserNet {
             c.tx_spoofed,
             c.tx_rate_limited
         );
-        // The other ring still runs as the session sees it: it waits for its partner again.
-        let (stopped, other) = match index == RX_QUEUE {
-            true => (parts.rx, Ring { queue: parts.tx, signals: parts.tx_signals, log: None, kick: None }),
-            false => {
-                (parts.tx, Ring { queue: parts.rx, signals: parts.rx_signals, log: parts.log, kick: None })
-            }
-        };
-        self.waiting[1 - index] = Some(other);
-        Ok(stopped.next_avail())
+        for (p, pair) in pairs.into_iter().zip(parts.pairs) {
+            let QueuePair { rx, tx, rx_signals, tx_signals } = pair;
+            self.waiting[2 * p] =
+                Some(Ring { queue: rx, signals: rx_signals, log: parts.log.clone(), kick: None });
+            self.waiting[2 * p + 1] = Some(Ring { queue: tx, signals: tx_signals, log: None, kick: None });
+        }
+        Ok(())
+    }
+}
+
+impl Device for VhostUserNet {
+    fn stats(&self) -> &Arc<DeviceStats> {
+        &self.stats
+    }
+
+    /// Besides the ring features and the address, the offloads Linux uses: checksums and TCP
+    /// super-frames both ways, and merged receive buffers (the switch does for each receiver
+    /// what it does not take); and several queue pairs.
+    fn features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1
+            | 1 << VIRTIO_F_EVENT_IDX
+            | 1 << VIRTIO_F_INDIRECT_DESC
+            | 1 << VIRTIO_NET_F_MAC
+            | 1 << VIRTIO_NET_F_MQ
+            | OFFERED
+    }
+
+    /// No configuration write (the address is read-only) and no in-flight tracking (a frame
+    /// lost in a restart is as a frame lost on a wire).
+    fn protocol_features(&self) -> u64 {
+        crate::backend::BASE_PROTOCOL_FEATURES
+    }
+
+    fn num_queues(&self) -> usize {
+        RINGS
+    }
+
+    fn driver_features(&mut self, features: u64) {
+        self.offloads = Offloads::from_features(features);
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        virtio::device::read_config_bytes(&self.config, offset, data);
+    }
+
+    /// The port is rebuilt with every queue pair that now runs.
+    fn start_ring(&mut self, index: usize, ring: Ring) -> Result<(), Error> {
+        self.detach()?;
+        self.waiting[index] = Some(ring);
+        self.attach()
+    }
+
+    /// The port is rebuilt without the ring's queue pair.
+    fn stop_ring(&mut self, index: usize) -> Result<u16, Error> {
+        if self.waiting[index].is_none() {
+            self.detach()?;
+        }
+        let ring = self.waiting[index].take().ok_or(Error::Detach(index))?;
+        self.attach()?;
+        Ok(ring.queue.next_avail())
     }
 }

@@ -14,6 +14,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::*;
 
 mod offload;
+mod pairs;
 mod policy;
 mod uplink;
 
@@ -83,7 +84,13 @@ fn rig_of(ports: impl Iterator<Item = (PortPolicy, Offloads)>, uplink: Option<af
         .map(|(i, (policy, offloads))| {
             let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
             let error = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-            let port = Port::new(queue(&mem, RX), queue(&mem, TX), signals(&error), signals(&error));
+            let pair = QueuePair {
+                rx: queue(&mem, RX),
+                tx: queue(&mem, TX),
+                rx_signals: signals(&error),
+                tx_signals: signals(&error),
+            };
+            let port = Port::new(pair);
             let port = control.attach(port.with_policy(policy).with_offloads(offloads)).unwrap();
             Guest { mem, mac: guest_mac(i), rx_avail: 0, tx_avail: 0, rx_used_seen: 0, error, port }
         })
@@ -323,7 +330,7 @@ fn a_detached_port_gets_its_rings_back_where_they_stopped_and_frames_no_longer_r
         rig.poll();
     }
     let parts = detach.join().unwrap().unwrap().into_parts();
-    assert_eq!((parts.rx.next_avail(), parts.tx.next_avail()), (1, 0));
+    assert_eq!((parts.pairs[0].rx.next_avail(), parts.pairs[0].tx.next_avail()), (1, 0));
     rig.guests[1].transmit(1, &frame(a, b, 60, 0), &[]);
     rig.poll();
     assert_eq!(rig.counters(1).tx_frames, 2, "switched, flooded to nobody");
