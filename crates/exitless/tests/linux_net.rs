@@ -8,14 +8,15 @@
 //! it cuts them into segments. Needs what scripts/setup.sh installs (qemu-system-x86,
 //! linux-image-cloud-amd64, busybox-static, iproute2, ethtool).
 
+use std::ffi::OsStr;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use test_infra::api::http;
 use test_infra::console::Console;
-use test_infra::linux::{initramfs, kernel_with, INIT_MOUNTS};
+use test_infra::linux::{initramfs, kernel_with, Kernel, INIT_MOUNTS};
 use test_infra::net::{Netns, Veth};
 use test_infra::qemu::Qemu;
 
@@ -84,6 +85,39 @@ fn wait_for_path(path: &Path, daemon: &mut Console) {
         assert!(started.elapsed() < Duration::from_secs(10), "no {} after 10 s", path.display());
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `exitless vhost-user-net` with `args`, and a NIC on each of `sockets` (addresses `MACS`,
+/// named `one` and `two`), its output in `log`; once both sockets are there.
+fn start_daemon(sockets: &[PathBuf; 2], args: &[&OsStr], log: &Path) -> Console {
+    let mut command = Command::new(test_infra::exitless_bin());
+    command.arg("vhost-user-net").args(args);
+    for ((socket, mac), name) in sockets.iter().zip(MACS).zip(["one", "two"]) {
+        command.args(["--nic", &format!("socket={},mac={mac},name={name}", socket.display())]);
+    }
+    let mut daemon = Console::spawn(&mut command, log);
+    for socket in sockets {
+        wait_for_path(socket, &mut daemon);
+    }
+    daemon
+}
+
+/// The two guests, each with `vcpus` CPUs, booting `initramfs`, told their address and their
+/// peer's; `nic` adds guest `i`'s NIC to its QEMU.
+fn start_guests(
+    kernel: &Kernel,
+    initramfs: &Path,
+    vcpus: u32,
+    dir: &Path,
+    nic: impl Fn(Qemu, usize) -> Qemu,
+) -> Vec<Console> {
+    (0..2)
+        .map(|i| {
+            let append = format!("exitless.me={} exitless.peer={}", i + 1, 2 - i);
+            let qemu = nic(Qemu::linux(kernel, initramfs, "256M", vcpus, &append), i);
+            qemu.spawn_console(&dir.join(format!("qemu{i}.log")))
+        })
+        .collect()
 }
 
 /// The host: a namespace on the far end of a veth pair whose near end is the uplink, with
@@ -180,30 +214,14 @@ fn guests_ping_and_move_data(guest_2_without_offloads: bool) {
     let initramfs_path = dir.path().join("initramfs.cpio");
     initramfs(&kernel, &format!("{INIT_MOUNTS}{NET_UP}{INIT}"), &initramfs_path);
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
-    let mut command = Command::new(test_infra::exitless_bin());
     let (netns, veth) = host();
     let api = dir.path().join("api.sock");
-    command.args(["vhost-user-net", "--uplink", &veth.ours, "--api-socket"]).arg(&api);
-    for ((socket, mac), name) in sockets.iter().zip(MACS).zip(["one", "two"]) {
-        command.args(["--nic", &format!("socket={},mac={mac},name={name}", socket.display())]);
-    }
-    let mut daemon = Console::spawn(&mut command, &dir.path().join("daemon.log"));
-    for socket in &sockets {
-        wait_for_path(socket, &mut daemon);
-    }
-    let mut guests: Vec<Console> = (0..2)
-        .map(|i| {
-            let append = format!("exitless.me={} exitless.peer={}", i + 1, 2 - i);
-            let device = if i == 1 && guest_2_without_offloads { NO_OFFLOADS } else { "" };
-            let qemu = Qemu::linux(&kernel, &initramfs_path, "256M", 1, &append).vhost_user_net_with(
-                &sockets[i],
-                MACS[i],
-                "",
-                device,
-            );
-            qemu.spawn_console(&dir.path().join(format!("qemu{i}.log")))
-        })
-        .collect();
+    let args = ["--uplink".as_ref(), veth.ours.as_ref(), "--api-socket".as_ref(), api.as_os_str()];
+    let mut daemon = start_daemon(&sockets, &args, &dir.path().join("daemon.log"));
+    let mut guests = start_guests(&kernel, &initramfs_path, 1, dir.path(), |qemu, i| {
+        let device = if i == 1 && guest_2_without_offloads { NO_OFFLOADS } else { "" };
+        qemu.vhost_user_net_with(&sockets[i], MACS[i], "", device)
+    });
     let (mut receiver, to_host) = receive_on_host(&netns, dir.path());
     let started = Instant::now();
     let listening = guests[0].wait_for(LIMIT, |l| l.contains("LN-LISTENING") || l.contains("LN-FAIL"));
@@ -323,31 +341,11 @@ fn a_tcp_transfer_survives_the_daemon_killed_and_started_again() {
     let initramfs_path = dir.path().join("initramfs.cpio");
     initramfs(&kernel, &format!("{INIT_MOUNTS}{NET_UP}{RESTART_INIT}"), &initramfs_path);
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
-    let daemon = |log: &str| {
-        let mut command = Command::new(test_infra::exitless_bin());
-        command.arg("vhost-user-net");
-        for (socket, mac) in sockets.iter().zip(MACS) {
-            command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
-        }
-        let mut daemon = Console::spawn(&mut command, &dir.path().join(log));
-        for socket in &sockets {
-            wait_for_path(socket, &mut daemon);
-        }
-        daemon
-    };
+    let daemon = |log: &str| start_daemon(&sockets, &[], &dir.path().join(log));
     let first = daemon("daemon1.log");
-    let mut guests: Vec<Console> = (0..2)
-        .map(|i| {
-            let append = format!("exitless.me={} exitless.peer={}", i + 1, 2 - i);
-            let qemu = Qemu::linux(&kernel, &initramfs_path, "256M", 1, &append).vhost_user_net_with(
-                &sockets[i],
-                MACS[i],
-                ",reconnect=1",
-                "",
-            );
-            qemu.spawn_console(&dir.path().join(format!("qemu{i}.log")))
-        })
-        .collect();
+    let mut guests = start_guests(&kernel, &initramfs_path, 1, dir.path(), |qemu, i| {
+        qemu.vhost_user_net_with(&sockets[i], MACS[i], ",reconnect=1", "")
+    });
     let sending = guests[0].wait_for(LIMIT, |l| l.contains("LN-SENDING") || l.contains("LN-FAIL"));
     assert!(sending.contains("LN-SENDING"), "guest 0: {sending}\n{}", guests[0].seen.join("\n"));
     // Frames are flowing: kill the daemon, and start another on the same sockets (the killed
@@ -467,26 +465,10 @@ fn a_nic_with_two_queue_pairs_carries_frames_on_both() {
         &[("/usr/sbin/ethtool", "ethtool")],
     );
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
-    let mut command = Command::new(test_infra::exitless_bin());
-    command.arg("vhost-user-net");
-    for (socket, mac) in sockets.iter().zip(MACS) {
-        command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
-    }
-    let mut daemon = Console::spawn(&mut command, &dir.path().join("daemon.log"));
-    for socket in &sockets {
-        wait_for_path(socket, &mut daemon);
-    }
-    let mut guests: Vec<Console> = (0..2)
-        .map(|i| {
-            let append = format!("exitless.me={} exitless.peer={}", i + 1, 2 - i);
-            let qemu = Qemu::linux(&kernel, &initramfs, "256M", 2, &append).vhost_user_net_pairs(
-                &sockets[i],
-                MACS[i],
-                2,
-            );
-            qemu.spawn_console(&dir.path().join(format!("qemu{i}.log")))
-        })
-        .collect();
+    let mut daemon = start_daemon(&sockets, &[], &dir.path().join("daemon.log"));
+    let mut guests = start_guests(&kernel, &initramfs, 2, dir.path(), |qemu, i| {
+        qemu.vhost_user_net_pairs(&sockets[i], MACS[i], 2)
+    });
     let started = Instant::now();
     for (i, guest) in guests.iter_mut().enumerate() {
         let left = LIMIT.saturating_sub(started.elapsed());

@@ -117,19 +117,13 @@ impl Chain {
         mem: &GuestMemoryMmap,
         offset: usize,
         from: &[u8],
-        mut written: impl FnMut(u64, usize),
+        written: impl FnMut(u64, usize),
     ) -> bool {
-        if offset.saturating_add(from.len()) > self.len {
-            return false;
-        }
-        let mut done = 0;
-        for (addr, n) in self.pieces(offset, from.len()) {
-            let Ok(into) = mem.get_slice(GuestAddress(addr), n) else { return false };
-            into.copy_from(&from[done..done + n]);
-            written(addr, n);
-            done += n;
-        }
-        done == from.len()
+        let copy = |into: &VolatileSlice<'_>, done: usize| {
+            into.copy_from(&from[done..done + into.len()]);
+            true
+        };
+        self.write_pieces(mem, offset, from.len(), copy, written)
     }
 
     /// Copy `from` (host memory) to byte `offset` of the chain; `false` if the chain is shorter.
@@ -139,21 +133,38 @@ impl Chain {
         mem: &GuestMemoryMmap,
         offset: usize,
         from: &VolatileSlice<'_>,
+        written: impl FnMut(u64, usize),
+    ) -> bool {
+        let copy = |into: &VolatileSlice<'_>, done: usize| {
+            from.subslice(done, into.len()).map(|piece| piece.copy_to_volatile_slice(*into)).is_ok()
+        };
+        self.write_pieces(mem, offset, from.len(), copy, written)
+    }
+
+    /// Write bytes `offset..offset + len` of the chain piece by piece: `copy` fills each piece
+    /// with the source's bytes from its second argument on; `false` if the chain is shorter or
+    /// `copy` fails.
+    fn write_pieces(
+        &self,
+        mem: &GuestMemoryMmap,
+        offset: usize,
+        len: usize,
+        mut copy: impl FnMut(&VolatileSlice<'_>, usize) -> bool,
         mut written: impl FnMut(u64, usize),
     ) -> bool {
-        if offset.saturating_add(from.len()) > self.len {
+        if offset.saturating_add(len) > self.len {
             return false;
         }
         let mut done = 0;
-        for (addr, n) in self.pieces(offset, from.len()) {
-            let (Ok(into), Ok(piece)) = (mem.get_slice(GuestAddress(addr), n), from.subslice(done, n)) else {
+        for (addr, n) in self.pieces(offset, len) {
+            let Ok(into) = mem.get_slice(GuestAddress(addr), n) else { return false };
+            if !copy(&into, done) {
                 return false;
-            };
-            piece.copy_to_volatile_slice(into);
+            }
             written(addr, n);
             done += n;
         }
-        done == from.len()
+        done == len
     }
 }
 
