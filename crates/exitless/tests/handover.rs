@@ -12,6 +12,7 @@
 //!   that dies after the old daemon drained and sent its state, one that connects and closes,
 //!   and one that sends nonsense leave the old daemon serving (the guest's verify passes, no
 //!   reconnection); a real hand-over then still works.
+//! - The NIC daemon: a successor with other NICs is refused; one with the same NICs takes them.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Output};
@@ -308,4 +309,50 @@ fn connect_as_nobody(rig: &Rig) {
         .output()
         .expect("setpriv (util-linux) and /usr/bin/python3 (scripts/setup.sh installs both)");
     assert!(out.status.success(), "nobody's connection: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `exitless vhost-user-net --handover-socket`: a successor with other NICs is refused with one
+/// line and exits with the failure status, the old daemon serving on; one with the same NICs
+/// takes them over (no frontend connected), the old one exits 0, and the successor serves the
+/// sockets. (`linux_net.rs` hands NICs over under a TCP transfer between two Linux guests.)
+#[test]
+fn a_nic_daemon_hands_over_only_to_a_successor_with_the_same_nics() {
+    use test_infra::console::Console;
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let (socket, handover) = (dir.path().join("a.net"), dir.path().join("handover.sock"));
+    let daemon = |mac: &str, log: &str| {
+        let mut command = std::process::Command::new(test_infra::exitless_bin());
+        command.arg("vhost-user-net").arg("--nic").arg(format!("socket={},mac={mac}", socket.display()));
+        command.arg("--handover-socket").arg(&handover);
+        Console::spawn(&mut command, &dir.path().join(log))
+    };
+    let mut old = daemon("52:54:00:00:00:01", "old.log");
+    let deadline = Instant::now() + WAIT;
+    while !(socket.exists() && handover.exists()) {
+        old.assert_running("the first daemon");
+        assert!(Instant::now() < deadline, "no sockets: {}", old.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (status, _) = daemon("52:54:00:00:00:02", "refused.log").finish(WAIT);
+    let said = std::fs::read_to_string(dir.path().join("refused.log")).unwrap();
+    assert_eq!(status.code(), Some(125), "{said}");
+    let line = said.lines().find(|l| l.contains("error:")).unwrap_or_default();
+    assert!(line.contains("refused") && line.contains("NIC 0 differs"), "{said}");
+    old.assert_running("the old daemon, after a refusal");
+
+    let mut new = daemon("52:54:00:00:00:01", "new.log");
+    let (status, _) = old.finish(WAIT);
+    let log = std::fs::read_to_string(dir.path().join("old.log")).unwrap();
+    assert!(status.success(), "the old daemon's exit: {status}\n{log}");
+    assert!(log.contains("refused: NIC 0 differs"), "{log}");
+    assert!(log.contains("handed every NIC over to the successor"), "{log}");
+    let deadline = Instant::now() + WAIT;
+    while !new.stderr().contains("took every NIC over") {
+        new.assert_running("the successor");
+        assert!(Instant::now() < deadline, "{}", new.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The socket is the successor's now: a frontend's connection is accepted there.
+    std::os::unix::net::UnixStream::connect(&socket).expect("the NIC's socket answers");
+    assert!(handover.exists(), "the successor listens on the hand-over socket for its own");
 }

@@ -330,30 +330,70 @@ echo LN-DONE
 sleep 3600
 "#;
 
+/// How the daemon serving a TCP transfer is replaced.
+#[derive(Clone, Copy, PartialEq)]
+enum Replaced {
+    /// SIGKILLed and started again on the same sockets: QEMU connects again (`reconnect=1`).
+    Killed,
+    /// A successor takes the NICs over (`--handover-socket`), QEMU's connections with them:
+    /// QEMU has no `reconnect`, so a hang-up would leave its NIC without a backend for good.
+    HandedOver,
+}
+
 /// The daemon killed (SIGKILL) in the middle of a TCP transfer between two Linux guests and
 /// started again on the same sockets: QEMU connects to the new one (`reconnect=1`), the guests'
 /// NICs go on where their rings stopped, and the transfer completes, every byte right.
 #[test]
 fn a_tcp_transfer_survives_the_daemon_killed_and_started_again() {
+    a_tcp_transfer_survives_the_daemon(Replaced::Killed);
+}
+
+/// A new daemon takes the NICs over in the middle of a TCP transfer between two Linux guests:
+/// the old one exits by itself, QEMU never sees a hang-up, and the transfer completes, every
+/// byte right.
+#[test]
+fn a_tcp_transfer_survives_a_hand_over_to_a_new_daemon() {
+    a_tcp_transfer_survives_the_daemon(Replaced::HandedOver);
+}
+
+fn a_tcp_transfer_survives_the_daemon(replaced: Replaced) {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel_with(&["virtio_pci", "virtio_net"]);
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let initramfs_path = dir.path().join("initramfs.cpio");
     initramfs(&kernel, &format!("{INIT_MOUNTS}{NET_UP}{RESTART_INIT}"), &initramfs_path);
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
-    let daemon = |log: &str| start_daemon(&sockets, &[], &dir.path().join(log));
-    let first = daemon("daemon1.log");
+    let handover = dir.path().join("handover.sock");
+    let handover_args = [OsStr::new("--handover-socket"), handover.as_os_str()];
+    let args: &[&OsStr] = if replaced == Replaced::HandedOver { &handover_args } else { &[] };
+    let daemon = |log: &str| start_daemon(&sockets, args, &dir.path().join(log));
+    let mut first = daemon("daemon1.log");
+    let reconnect = if replaced == Replaced::Killed { ",reconnect=1" } else { "" };
     let mut guests = start_guests(&kernel, &initramfs_path, 1, dir.path(), |qemu, i| {
-        qemu.vhost_user_net_with(&sockets[i], MACS[i], ",reconnect=1", "")
+        qemu.vhost_user_net_with(&sockets[i], MACS[i], reconnect, "")
     });
     let sending = guests[0].wait_for(LIMIT, |l| l.contains("LN-SENDING") || l.contains("LN-FAIL"));
     assert!(sending.contains("LN-SENDING"), "guest 0: {sending}\n{}", guests[0].seen.join("\n"));
-    // Frames are flowing: kill the daemon, and start another on the same sockets (the killed
-    // one's socket files are stale; the new one replaces them).
+    // Frames are flowing: replace the daemon.
     std::thread::sleep(Duration::from_millis(300));
-    let (status, _) = first.kill(Duration::from_secs(10));
-    assert_eq!(status.signal(), Some(libc::SIGKILL));
-    let mut second = daemon("daemon2.log");
+    let mut second = match replaced {
+        Replaced::Killed => {
+            let (status, _) = first.kill(Duration::from_secs(10));
+            assert_eq!(status.signal(), Some(libc::SIGKILL));
+            // The killed one's socket files are stale; the new one replaces them.
+            daemon("daemon2.log")
+        }
+        Replaced::HandedOver => {
+            wait_for_path(&handover, &mut first);
+            let second = daemon("daemon2.log");
+            let (status, _) = first.finish(Duration::from_secs(60));
+            let log = std::fs::read_to_string(dir.path().join("daemon1.log")).unwrap_or_default();
+            assert!(status.success(), "the old daemon exits once it handed over: {status}\n{log}");
+            let handed = log.lines().find(|l| l.contains("handed every NIC over to the successor"));
+            eprintln!("{}", handed.unwrap_or_else(|| panic!("the old daemon did not hand over: {log}")));
+            second
+        }
+    };
     let started = Instant::now();
     for (i, guest) in guests.iter_mut().enumerate() {
         let line = guest.wait_for(LIMIT, |l| l.contains("LN-DONE") || l.contains("LN-FAIL"));
@@ -372,13 +412,17 @@ fn a_tcp_transfer_survives_the_daemon_killed_and_started_again() {
     assert!(sums[0].ends_with(" 16777216"), "the sender's data: {sums:?}");
     assert_eq!(sums[0], sums[1], "what guest 2 received is not what guest 1 sent");
     eprintln!(
-        "16 MiB over TCP across the daemon's restart, {:.1} s after it",
+        "16 MiB over TCP across the daemon's replacement, {:.1} s after it",
         started.elapsed().as_secs_f64()
     );
     second.assert_running("the second daemon");
     drop(guests);
     let log = second.stderr();
     assert!(log.matches("on the switch as port").count() >= 2, "both NICs on the new switch: {log}");
+    if replaced == Replaced::HandedOver {
+        assert!(log.contains("took every NIC over"), "{log}");
+        assert!(!log.contains("frontend connected"), "QEMU connected again, so it was hung up on: {log}");
+    }
 }
 
 /// After `NET_UP`, on guests with two CPUs whose NICs have two queue pairs: guest 1 sends guest 2

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 use unix_socket::Access;
 use vhost_user::handover::{port, Adopted, Handle as HandoverHandle, Port};
+use vhost_user::server::Listen;
 use virtio::block::{Block, BlockWorker};
 use virtio::DeviceStats;
 use virtqueue::WorkerHost;
@@ -206,15 +207,6 @@ pub fn identity(spec: &VhostDisk, socket: &std::path::Path, queues: u16, serial:
         "queues": queues,
         "serial": serial,
     })
-}
-
-/// How a disk's connection thread starts: on a socket of its own, or on one a predecessor handed
-/// over, with the session to take over.
-pub enum Listen {
-    /// Bind the disk's socket (a stale socket file there is replaced).
-    Bind,
-    /// Serve on `listener`, the predecessor's socket, taking over what `adopted` holds.
-    Adopt { listener: OwnedFd, adopted: Adopted },
 }
 
 fn storage_json(disk: &storage::DiskSpec) -> Value {
@@ -414,12 +406,7 @@ impl Disks {
         if let Some(limiter) = &limiter {
             device = device.with_rate_limiter(limiter.clone());
         }
-        let (server, adopted) = match listen {
-            Listen::Bind => (::vhost_user::Server::bind_with(&socket, self.access.clone())?, None),
-            Listen::Adopt { listener, adopted } => {
-                (::vhost_user::Server::adopt(listener, &socket, self.access.clone())?, Some(adopted))
-            }
-        };
+        let (server, adopted) = ::vhost_user::Server::open(&socket, self.access.clone(), listen)?;
         let frontend = server.frontend_connected();
         let (stop, stop_reader) =
             stop_event().map_err(|source| DiskError::Thread { what: what.clone(), source })?;

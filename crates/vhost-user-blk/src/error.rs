@@ -9,10 +9,10 @@ use iocore::IoCoreError;
 use sandbox::SandboxError;
 use thiserror::Error;
 use unix_socket::ListenError;
+use vhost_user::upgrade::TakeOverError;
 
 use crate::api_dirs::DiskDirError;
 use crate::disks::DiskError;
-use crate::handover::TakeOverError;
 
 /// Why the daemon did not run, or stopped.
 #[derive(Debug, Error)]
@@ -59,10 +59,6 @@ pub enum DaemonError {
     HandoverSocket(ListenError),
     #[error(transparent)]
     TakeOver(#[from] TakeOverError),
-    #[error("cannot start the hand-over's thread: {0}")]
-    TakeOverThread(io::Error),
-    #[error("the hand-over's thread panicked")]
-    TakeOverPanicked,
     #[error("--api-socket: {0}")]
     Api(#[from] ServerError),
 }

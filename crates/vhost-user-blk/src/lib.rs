@@ -47,10 +47,11 @@ pub use args::VhostUserBlkArgs;
 use args::{SocketOwner, VhostIoMode};
 use disks::Disks;
 pub use error::{DaemonError, Error, UsageError};
-use handover::HandoverSocket;
+use handover::TakenDisks;
 use signals::{exit_after_stop_grace, stop_signals, wait_for_control, Woken};
 use spec::VhostDisk;
 use stats::Reporter;
+use vhost_user::upgrade::{self, HandoverSocket};
 
 /// Run the daemon until SIGINT or SIGTERM (or until a successor took its disks over).
 pub fn run(args: VhostUserBlkArgs) -> Result<(), Error> {
@@ -126,8 +127,16 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
     let mut successors = match &args.handover_socket {
         Some(path) => {
             disks = disks.with_handover();
-            match handover::connect(path) {
-                Some(stream) => Some(take_over_confined(&stream, path, &mut disks, &specs, seccomp)?),
+            match upgrade::connect(path) {
+                Some(stream) => {
+                    // The predecessor's messages (states, descriptors, sessions) are bytes from
+                    // another process, read only under the control thread's filter, which
+                    // allows all that adding a disk takes.
+                    let filter = Filter::new(ThreadKind::DaemonControl, seccomp)?;
+                    let mut taken = TakenDisks { disks: &mut disks, specs: &specs };
+                    let confine = move || filter.install().map_err(|e| e.to_string());
+                    Some(upgrade::take_over(&stream, path, &mut taken, confine)?)
+                }
                 None => {
                     add_disks(&mut disks, specs)?;
                     Some(HandoverSocket::bind(path).map_err(DaemonError::HandoverSocket)?)
@@ -196,30 +205,6 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
         iocore.stop();
     }
     Ok(())
-}
-
-/// Take the disks over from the predecessor on `stream` ([`handover::take_over`]) on a thread
-/// confined first: the predecessor's messages (states, descriptors, sessions) are bytes from
-/// another process, read only under the control thread's filter, which allows all that adding
-/// a disk takes.
-fn take_over_confined(
-    stream: &std::os::unix::net::UnixStream,
-    path: &std::path::Path,
-    disks: &mut Disks,
-    specs: &[(VhostDisk, PathBuf)],
-    seccomp: sandbox::SeccompMode,
-) -> Result<HandoverSocket, DaemonError> {
-    let filter = Filter::new(ThreadKind::DaemonControl, seccomp)?;
-    std::thread::scope(|scope| {
-        let taker = std::thread::Builder::new().name("handover".into()).spawn_scoped(scope, || {
-            filter.install()?;
-            Ok(handover::take_over(stream, path, disks, specs)?)
-        });
-        match taker {
-            Ok(taker) => taker.join().unwrap_or(Err(DaemonError::TakeOverPanicked)),
-            Err(e) => Err(DaemonError::TakeOverThread(e)),
-        }
-    })
 }
 
 /// Open the disks of the command line and serve each on its socket.

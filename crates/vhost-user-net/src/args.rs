@@ -28,6 +28,13 @@ pub struct VhostUserNetArgs {
     /// whose other end has the host's address, or a physical NIC.
     #[arg(long, value_name = "INTERFACE")]
     pub uplink: Option<String>,
+    /// Upgrade without a hang-up: a daemon started with this finds a live one listening on
+    /// PATH and takes its NICs over (their sockets, connected frontends and rings), which then
+    /// exits; with none there, it listens on PATH itself for its successor. Both must serve the
+    /// same NICs (sockets, addresses and names, in the same order). Not with --api-socket (a
+    /// successor's command line would not name the API's NICs).
+    #[arg(long, value_name = "PATH", conflicts_with = "api_socket")]
+    pub handover_socket: Option<PathBuf>,
     /// Pin the IOCore that runs the switch to this host CPU.
     #[arg(long, value_name = "CPU")]
     pub iocore_cpu: Option<usize>,
@@ -40,15 +47,18 @@ const AFTER_HELP: &str = "\
 Every NIC is a port of one switch, run by one IOCore that polls every ring: a frame from one
 NIC to another goes from the sender's transmit ring into the receiver's receive ring, with one
 copy and no system call. The switch learns each sender's address; a frame to a group address
-(broadcast, multicast) or to an address not seen yet goes to every other NIC. No offload is
-offered: frames are at most 1518 bytes.
+(broadcast, multicast) or to an address not seen yet goes to every other NIC. Checksum and TCP
+segmentation offloads, merged receive buffers and up to 4 queue pairs are offered; for a
+driver that did not take an offload, the switch does its work (fills the checksum, cuts the
+super-frame). Frames are at most 1518 bytes, super-frames 64 KiB.
 
 With --uplink, frames to addresses not on a NIC of the daemon (and every broadcast) go to the
 host interface too, and the host's frames come in through it: the interface's receive and
 transmit rings are shared with the kernel (PACKET_MMAP), polled by the IOCore with no system
 call per frame, one send() per pass that put frames on it. Frames the host's stack sends with
 their checksum left to offload get it filled in; turn segmentation offloads off on the far end
-(ethtool -K IF tso off gso off), as frames longer than 1518 bytes are dropped.
+(ethtool -K IF tso off gso off), as frames longer than 1518 bytes are dropped. A guest's
+super-frames to the host are cut into segments by the switch.
 
 isolated=on: the NIC talks to the uplink only, never to another NIC, and only from its own
 address (frames from another are dropped as spoofed). pps=N and bw=BYTES: token buckets on what
@@ -57,6 +67,12 @@ it sends, holding one second's budget; a frame over them waits in the NIC's ring
 With --api-socket, NICs can be added and removed while the daemon runs, and GET /metrics
 gives each NIC's and the uplink's counters (frames each way, and every drop by cause) and the
 IOCore's busy and idle time.
+
+Upgrades without a hang-up (--handover-socket PATH): start the new daemon with the same
+--nic options and --handover-socket while the old one runs. It takes every NIC over, with
+its frontend's connection and rings, between two of the frontend's messages; the old daemon
+exits. No frame is held across it: what the guests send while neither daemon serves waits in
+their rings.
 
 A QEMU guest on a NIC (its memory must be shared with the daemon):
   exitless vhost-user-net --nic socket=/run/vm1.net,mac=52:54:00:00:00:01 \\

@@ -6,11 +6,13 @@
 //!
 //! [`run`] starts the IOCore and the NICs' connection threads ([`nics`]); its thread then
 //! becomes the control thread, which waits for the stop signal and, with `--api-socket`,
-//! answers the control API ([`routes`], [`metrics`]).
+//! answers the control API ([`routes`], [`metrics`]) or hands the NICs over to a successor
+//! (`--handover-socket`: `vhost_user::upgrade`, and [`handover`] for what a NIC is to it).
 
 #![deny(missing_docs)]
 
 pub mod args;
+mod handover;
 mod metrics;
 mod nics;
 mod routes;
@@ -22,11 +24,13 @@ use iocore::{IoCore, Policy};
 use sandbox::{Filter, SandboxError, ThreadKind};
 use switch::{Switch, SwitchControl};
 use thiserror::Error;
-use unix_socket::Access;
+use unix_socket::{Access, ListenError};
+use vhost_user::upgrade::{self, HandoverSocket, TakeOverError};
 use vhost_user_blk::signals::{exit_after_stop_grace, stop_signals, wait_for_control, Woken};
 use virtqueue::WorkerHost;
 
 pub use args::{Nic, VhostUserNetArgs};
+use handover::TakenNics;
 pub use nics::NicError;
 use nics::Nics;
 
@@ -58,6 +62,12 @@ pub enum Error {
     /// The control API could not be started.
     #[error("control API: {0}")]
     Api(#[from] api_http::server::ServerError),
+    /// The hand-over socket could not be listened on.
+    #[error("--handover-socket: {0}")]
+    HandoverSocket(#[source] ListenError),
+    /// The NICs could not be taken over from the daemon on the hand-over socket.
+    #[error(transparent)]
+    TakeOver(#[from] TakeOverError),
 }
 
 impl Error {
@@ -71,7 +81,7 @@ impl Error {
     }
 }
 
-/// Run the daemon until SIGINT or SIGTERM.
+/// Run the daemon until SIGINT or SIGTERM (or until a successor took its NICs over).
 pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     // The command line's NICs are checked against each other before any socket is made.
     let mut earlier: Vec<(String, &Nic)> = Vec::new();
@@ -96,9 +106,29 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     // The switch polls every ring: it takes no kicks (a NIC's guest never notifies).
     let iocore: IoCore<Switch> = IoCore::spawn_confined(Policy::Polling, args.iocore_cpu, filter)?;
     iocore.attach(SWITCH_ID, switch, None);
-    for nic in args.nic {
-        nics.add(nic)?;
-    }
+    let mut successors = match &args.handover_socket {
+        Some(path) => {
+            nics = nics.with_handover();
+            Some(match upgrade::connect(path) {
+                Some(stream) => {
+                    // The predecessor's messages (states, descriptors, sessions) are bytes from
+                    // another process, read only under the control thread's filter.
+                    let filter = Filter::new(ThreadKind::DaemonControl, seccomp)?;
+                    let confine = move || filter.install().map_err(|e| e.to_string());
+                    let mut taken = TakenNics { nics: &mut nics, specs: &args.nic };
+                    upgrade::take_over(&stream, path, &mut taken, confine)?
+                }
+                None => {
+                    add_nics(&mut nics, &args.nic)?;
+                    HandoverSocket::bind(path).map_err(Error::HandoverSocket)?
+                }
+            })
+        }
+        None => {
+            add_nics(&mut nics, &args.nic)?;
+            None
+        }
+    };
     let api = match &args.api_socket {
         Some(path) => {
             let filter = Filter::new(ThreadKind::ApiServer, seccomp)?;
@@ -110,9 +140,19 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     // NICs: it keeps what that takes.
     let kind = if api.is_some() { ThreadKind::DaemonControl } else { ThreadKind::VhostUserConnection };
     sandbox::install(kind, seccomp)?;
+    let mut handed_over = false;
     loop {
-        match wait_for_control(&stop, &[api.as_ref().map(ControlApi::wake_fd)], None) {
+        let handover_fd = successors.as_ref().map(HandoverSocket::fd);
+        match wait_for_control(&stop, &[api.as_ref().map(ControlApi::wake_fd), handover_fd], None) {
             Woken::Stop => break,
+            Woken::Ready(1) => {
+                if let Some(socket) = successors.as_mut() {
+                    if socket.serve_successor(&nics) {
+                        handed_over = true;
+                        break;
+                    }
+                }
+            }
             Woken::Ready(_) => {
                 if let Some(api) = &api {
                     api.answer(|request| routes::handle(&mut nics, &iocore, request));
@@ -121,11 +161,22 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
             Woken::Timeout => {}
         }
     }
-    log::info!("stopping");
+    if !handed_over {
+        log::info!("stopping");
+    }
+    // After a hand-over the NICs' threads have ended already, leaving their sockets alone.
     nics.stop_all();
     if let Some(api) = api {
         api.join();
     }
     iocore.stop();
+    Ok(())
+}
+
+/// Serve the command line's NICs, each on its socket.
+fn add_nics(nics: &mut Nics, specs: &[Nic]) -> Result<(), Error> {
+    for spec in specs {
+        nics.add(spec.clone())?;
+    }
     Ok(())
 }

@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 use switch::{MacAddr, PortCounters, SharedPortCounters, SharedUplinkCounters, SwitchControl};
 use thiserror::Error;
 use unix_socket::Access;
+use vhost_user::handover::{port, Handle};
+use vhost_user::server::Listen;
 use vhost_user::VhostUserNet;
 
 use crate::args::Nic as NicSpec;
@@ -76,12 +78,19 @@ pub struct Nic {
     /// Written to stop its thread.
     stop: File,
     thread: Option<JoinHandle<()>>,
+    /// The control thread's end of its hand-over (with `--handover-socket`).
+    handover: Option<Handle>,
 }
 
 impl Nic {
     /// What it did so far.
     pub fn counters(&self) -> PortCounters {
         self.counters.read()
+    }
+
+    /// The control thread's end of its hand-over (with `--handover-socket`).
+    pub fn handover(&self) -> Option<&Handle> {
+        self.handover.as_ref()
     }
 
     /// Is a frontend connected?
@@ -125,12 +134,20 @@ pub struct Nics {
     pub uplink: Option<(String, Arc<SharedUplinkCounters>)>,
     /// NICs added so far, for default names.
     added: usize,
+    /// Give every NIC a hand-over port (`--handover-socket`).
+    handover: bool,
 }
 
 impl Nics {
     /// No NIC yet, on the switch `control` serves.
     pub fn new(control: Arc<SwitchControl>, access: Access, seccomp: SeccompMode) -> Nics {
-        Nics { list: Vec::new(), control, access, seccomp, uplink: None, added: 0 }
+        Nics { list: Vec::new(), control, access, seccomp, uplink: None, added: 0, handover: false }
+    }
+
+    /// Give every NIC a hand-over port (`--handover-socket`).
+    pub fn with_handover(mut self) -> Nics {
+        self.handover = true;
+        self
     }
 
     /// The NICs, in the order they were added.
@@ -167,12 +184,22 @@ impl Nics {
 
     /// Serve `spec` on its socket, from a thread of its own.
     pub fn add(&mut self, spec: NicSpec) -> Result<&Nic, NicError> {
+        self.add_on(spec, Listen::Bind)
+    }
+
+    /// Serve `spec` on a socket `listen` says (its own, or one a predecessor handed over), from a
+    /// thread of its own.
+    pub fn add_on(&mut self, spec: NicSpec, listen: Listen) -> Result<&Nic, NicError> {
         let name = name_of(&spec, self.added);
         Self::check(self.list.iter().map(|nic| (nic.name.as_str(), &nic.spec)), &name, &spec)?;
-        let server = vhost_user::Server::bind_with(&spec.socket, self.access.clone())
+        let (server, adopted) = vhost_user::Server::open(&spec.socket, self.access.clone(), listen)
             .map_err(|source| NicError::Socket { name: name.clone(), socket: spec.socket.clone(), source })?;
         let thread_error = |source| NicError::Thread { name: name.clone(), source };
         let (stop, stopped) = eventfd_pair().map_err(thread_error)?;
+        let (handover, port) = match self.handover {
+            true => port().map(|(handle, port)| (Some(handle), Some(port))).map_err(thread_error)?,
+            false => (None, None),
+        };
         let mut device = VhostUserNet::new(spec.mac, spec.policy, self.control.clone());
         let counters = device.counters();
         let connected = server.frontend_connected();
@@ -182,19 +209,23 @@ impl Nics {
         let thread = std::thread::Builder::new()
             .name(thread_name)
             .spawn(move || {
-                // This thread reads the NIC's frontends' messages from here on.
+                // This thread reads the NIC's frontends' messages (and a predecessor's) from here on.
                 if let Err(e) = sandbox::install(ThreadKind::VhostUserConnection, seccomp) {
                     log::error!("NIC {label}: {e}; not served");
+                    if let Some(adopted) = adopted {
+                        let _ = adopted.replayed.send(Err(e.to_string()));
+                    }
                     return;
                 }
-                if let Err(e) = server.serve(&mut device, Some(stopped.as_fd())) {
+                if let Err(e) = server.serve_with(&mut device, Some(stopped.as_fd()), port.as_ref(), adopted)
+                {
                     log::error!("NIC {label} ({}): {e}; no longer served", socket.display());
                 }
             })
             .map_err(thread_error)?;
         log::info!("NIC {name} ({}) on {}", spec.mac, spec.socket.display());
         self.added += 1;
-        self.list.push(Nic { name, spec, counters, connected, stop, thread: Some(thread) });
+        self.list.push(Nic { name, spec, counters, connected, stop, thread: Some(thread), handover });
         Ok(self.list.last().expect("just added"))
     }
 

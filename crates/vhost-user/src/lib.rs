@@ -20,7 +20,8 @@
 //!   the block device; [`net`]: a NIC, one port of a switch.
 //! - [`backend`]: the per-connection state machine.
 //! - [`handover`]: an upgrade without a hang-up: a daemon hands its sockets, connected
-//!   frontends and sessions to its successor, which rebuilds each session by replaying it.
+//!   frontends and sessions to its successor, which rebuilds each session by replaying it;
+//!   [`upgrade`]: each daemon's side of it (`--handover-socket`), whatever its devices are.
 //! - [`server`]: one disk's listening socket, one frontend at a time (others are refused), each
 //!   with a set-up time limit. A daemon serving many disks runs a server per disk on a thread of
 //!   its own; their rings share the IOCores (`WorkerHost`), which take at most
@@ -41,6 +42,7 @@ pub mod memory;
 pub mod net;
 pub mod server;
 mod shm;
+pub mod upgrade;
 
 pub use backend::Session;
 pub use block::VhostUserBlk;

@@ -59,6 +59,20 @@ pub enum Ending {
     },
 }
 
+/// How a device's server starts: on a socket of its own, or on one a predecessor handed over,
+/// with the session to take over (see [`crate::upgrade`]).
+pub enum Listen {
+    /// Bind the device's socket (a stale socket file there is replaced).
+    Bind,
+    /// Serve on `listener`, the predecessor's socket, taking over what `adopted` holds.
+    Adopt {
+        /// The predecessor's listening socket.
+        listener: OwnedFd,
+        /// Its frontend and session, for [`Server::serve_with`].
+        adopted: Adopted,
+    },
+}
+
 /// One disk's vhost-user socket, listening; the socket file is removed when it is dropped.
 pub struct Server {
     listener: UnixListener,
@@ -117,6 +131,17 @@ impl Server {
             remove_on_drop: AtomicBool::new(false),
             access,
         })
+    }
+
+    /// Listen on `path` as `listen` says ([`Server::bind_with`] or [`Server::adopt`]); with
+    /// what there is to take over, for [`Server::serve_with`].
+    pub fn open(path: &Path, access: Access, listen: Listen) -> Result<(Server, Option<Adopted>), Error> {
+        match listen {
+            Listen::Bind => Ok((Server::bind_with(path, access)?, None)),
+            Listen::Adopt { listener, adopted } => {
+                Ok((Server::adopt(listener, path, access)?, Some(adopted)))
+            }
+        }
     }
 
     /// The socket's path.
