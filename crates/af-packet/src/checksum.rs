@@ -4,14 +4,14 @@
 
 use vm_memory::{Bytes, VolatileSlice};
 
-/// The longest frame checksummed: a slot's worth.
+/// The longest frame [`finish`] checksums: a ring slot's worth (it is read onto the stack).
 const MAX_LEN: usize = 2048;
 
-/// Fill in `frame`'s checksum; `false` if the offsets do not lie in the frame.
+/// Fill in the checksum of `frame`, shared memory (a ring slot of at most 2 KiB); `false` if
+/// the offsets do not lie in the frame or it is longer.
 pub fn finish(frame: &VolatileSlice<'_>, start: usize, offset: usize) -> bool {
     let len = frame.len();
-    let at = start.saturating_add(offset);
-    if len > MAX_LEN || start >= len || at.saturating_add(2) > len {
+    if len > MAX_LEN || !fits(len, start, offset) {
         return false;
     }
     let mut bytes = [0u8; MAX_LEN];
@@ -19,10 +19,32 @@ pub fn finish(frame: &VolatileSlice<'_>, start: usize, offset: usize) -> bool {
     if frame.read_slice(bytes, start).is_err() {
         return false;
     }
-    let sum = !ones_complement_sum(bytes);
+    frame.write_slice(&checksum(bytes).to_be_bytes(), start + offset).is_ok()
+}
+
+/// [`finish`] for a frame in this process's own memory, of any length.
+pub fn finish_bytes(frame: &mut [u8], start: usize, offset: usize) -> bool {
+    if !fits(frame.len(), start, offset) {
+        return false;
+    }
+    let at = start + offset;
+    let sum = checksum(&frame[start..]);
+    frame[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    true
+}
+
+/// Do a checksum from `start` and its field at `start + offset` lie in `len` bytes?
+fn fits(len: usize, start: usize, offset: usize) -> bool {
+    start < len && start.saturating_add(offset).saturating_add(2) <= len
+}
+
+/// The checksum of `bytes`, the field's bytes holding the pseudo-header's sum.
+fn checksum(bytes: &[u8]) -> u16 {
     // A computed 0 goes out as 0xffff, its other form: 0 in a UDP header means "none".
-    let sum = if sum == 0 { 0xffff } else { sum };
-    frame.write_slice(&sum.to_be_bytes(), at).is_ok()
+    match !ones_complement_sum(bytes) {
+        0 => 0xffff,
+        sum => sum,
+    }
 }
 
 /// The ones'-complement sum of `bytes` as big-endian 16-bit words (an odd last byte padded
@@ -73,5 +95,12 @@ mod tests {
         assert_eq!(fold(u64::from(ones_complement_sum(&covered)) + u64::from(pseudo_header)), 0xffff);
         assert!(!finish(&slice, 64, 0));
         assert!(!finish(&slice, 34, 29));
+        // The same in a jumbo frame of the process's own memory, beyond a ring slot.
+        let mut jumbo = vec![0u8; 9014];
+        jumbo[..64].copy_from_slice(&frame);
+        jumbo[40..42].copy_from_slice(&pseudo_header.to_be_bytes());
+        assert!(finish_bytes(&mut jumbo, 34, 6));
+        assert_eq!(fold(u64::from(ones_complement_sum(&jumbo[34..])) + u64::from(pseudo_header)), 0xffff);
+        assert!(!finish_bytes(&mut jumbo, 34, 9014 - 34 - 1));
     }
 }

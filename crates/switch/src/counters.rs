@@ -80,7 +80,8 @@ counters! {
         rx_buffers,
         /// Frames for it that found no receive buffer posted: dropped.
         rx_no_buffer,
-        /// Frames for it longer than the receive chain they would land in: dropped.
+        /// Frames for it longer than its MTU takes, or than the receive chains they would land
+        /// in: dropped.
         rx_too_big,
         /// Receive chains with a bad descriptor, too short for a header, or whose memory could
         /// not be written: returned empty.
@@ -109,6 +110,9 @@ counters! {
         tx_frames,
         /// Frames for the host that found its transmit ring full: dropped.
         tx_ring_full,
+        /// Frames for the host longer than it takes (a jumbo frame from a NIC of a larger MTU;
+        /// the uplink carries frames of up to 1518 bytes): dropped.
+        tx_too_big,
         /// Times the kernel refused to send what was queued (it goes with the next pass's).
         tx_errors,
     }

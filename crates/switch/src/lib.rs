@@ -39,7 +39,10 @@ pub use counters::{PortCounters, SharedPortCounters, SharedUplinkCounters, Uplin
 pub use ethernet::MacAddr;
 pub use offload::{NetHeader, Offloads, NET_HDR_LEN};
 pub use port::{Port, PortParts, PortPolicy, QueuePair};
-pub use switch::{Switch, MAX_FRAME_LEN, MAX_PORTS, MAX_SUPER_FRAME_LEN, TX_BATCH};
+pub use switch::{
+    Switch, DEFAULT_MTU, MAX_FRAME_LEN, MAX_JUMBO_FRAME_LEN, MAX_MTU, MAX_PORTS, MAX_SUPER_FRAME_LEN,
+    TX_BATCH,
+};
 
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@ use crate::chain::Chain;
 use crate::counters::{PortCounters, SharedPortCounters};
 use crate::ethernet::MacAddr;
 use crate::offload::Offloads;
+use crate::switch::{DEFAULT_MTU, FRAME_OVERHEAD, MAX_FRAME_LEN, MAX_MTU};
 
 /// Receive chains one frame may span (MRG_RXBUF): a 64 KiB super-frame in the smallest
 /// buffers Linux posts (1,536 bytes) takes 43.
@@ -58,6 +59,22 @@ pub struct PortPolicy {
     /// What it may send: frames (`iops`) and bytes per second. A frame over the limit waits in
     /// its transmit ring, as a disk's request does.
     pub limits: Limits,
+    /// Its MTU, [`DEFAULT_MTU`] to [`MAX_MTU`]; `None`: [`DEFAULT_MTU`]. A frame longer than
+    /// it takes (but a super-frame) is malformed from it and too long for it.
+    pub mtu: Option<u16>,
+}
+
+impl PortPolicy {
+    /// Its MTU.
+    pub fn mtu(&self) -> u16 {
+        self.mtu.unwrap_or(DEFAULT_MTU).clamp(DEFAULT_MTU, MAX_MTU)
+    }
+
+    /// The longest frame it sends and receives, but a super-frame: its MTU of payload, an
+    /// Ethernet header and a VLAN tag.
+    pub fn max_frame_len(&self) -> usize {
+        usize::from(self.mtu()) + FRAME_OVERHEAD
+    }
 }
 
 /// One receive and one transmit ring of a NIC (a virtio-net queue pair), in its guest's memory,
@@ -173,6 +190,8 @@ pub struct Port {
     pub(crate) isolated_to: Option<MacAddr>,
     /// Its transmit limits, if it has any.
     pub(crate) limiter: Option<RateLimiter>,
+    /// The longest frame it sends or receives, but a super-frame (`PortPolicy::max_frame_len`).
+    pub(crate) max_frame_len: usize,
     /// What it did (since it was attached, or before too: see `with_shared_counters`).
     pub counters: PortCounters,
     /// Where `counters` are published for other threads, once per pass that did work.
@@ -190,6 +209,7 @@ impl Port {
             mac: None,
             isolated_to: None,
             limiter: None,
+            max_frame_len: MAX_FRAME_LEN,
             counters: PortCounters::default(),
             shared: Arc::default(),
         }
@@ -214,6 +234,7 @@ impl Port {
         self.mac = policy.mac;
         self.isolated_to = policy.isolated_to;
         self.limiter = policy.limits.any().then(|| RateLimiter::new(policy.limits));
+        self.max_frame_len = policy.max_frame_len();
         self
     }
 

@@ -4,12 +4,12 @@
 //! many receivers need it changed.
 
 use af_packet::checksum;
-use vm_memory::{GuestMemoryMmap, VolatileSlice};
+use vm_memory::GuestMemoryMmap;
 
 use crate::chain::Chain;
 use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::segment;
-use crate::switch::{MAX_FRAME_LEN, MAX_SUPER_FRAME_LEN};
+use crate::switch::{MAX_JUMBO_FRAME_LEN, MAX_SUPER_FRAME_LEN};
 
 /// The switch's buffers for frames it changes.
 pub(crate) struct Rework {
@@ -29,7 +29,7 @@ impl Rework {
             frame: vec![0; MAX_SUPER_FRAME_LEN].into_boxed_slice(),
             len: 0,
             loaded: None,
-            segment: vec![0; MAX_FRAME_LEN].into_boxed_slice(),
+            segment: vec![0; MAX_JUMBO_FRAME_LEN].into_boxed_slice(),
         }
     }
 
@@ -54,9 +54,7 @@ impl Rework {
             self.len = len.min(self.frame.len());
             let frame = &mut self.frame[..self.len];
             let checksummed = |frame: &mut [u8]| match (header.segmentation, header.checksum) {
-                (None, Some((start, offset))) => {
-                    checksum::finish(&VolatileSlice::from(frame), start.into(), offset.into())
-                }
+                (None, Some((start, offset))) => checksum::finish_bytes(frame, start.into(), offset.into()),
                 _ => true,
             };
             self.loaded =

@@ -25,9 +25,17 @@ use crate::rework::Rework;
 pub const MAX_PORTS: usize = 64;
 /// Frames taken from one transmit ring per pass, so every port gets its turn.
 pub const TX_BATCH: usize = 64;
-/// The longest frame switched but a super-frame: 1500 bytes of payload, an Ethernet header and
-/// a VLAN tag.
-pub const MAX_FRAME_LEN: usize = 1518;
+/// A frame's bytes besides its payload: an Ethernet header and a VLAN tag.
+pub const FRAME_OVERHEAD: usize = 18;
+/// A port's MTU unless its policy says otherwise, and the uplink's.
+pub const DEFAULT_MTU: u16 = 1500;
+/// The largest MTU a port may have (jumbo frames).
+pub const MAX_MTU: u16 = 9000;
+/// The longest frame switched on a port of the default MTU, and on the uplink, but a
+/// super-frame: 1500 bytes of payload, an Ethernet header and a VLAN tag.
+pub const MAX_FRAME_LEN: usize = DEFAULT_MTU as usize + FRAME_OVERHEAD;
+/// The longest frame switched on any port, but a super-frame.
+pub const MAX_JUMBO_FRAME_LEN: usize = MAX_MTU as usize + FRAME_OVERHEAD;
 /// The longest TCP super-frame (segmentation offload): 64 KiB of IP packet, an Ethernet header
 /// and a VLAN tag.
 pub const MAX_SUPER_FRAME_LEN: usize = (64 << 10) + 18;
@@ -171,7 +179,7 @@ impl Switch {
         };
         let longest = match parsed.and_then(|header| header.segmentation) {
             Some(_) => MAX_SUPER_FRAME_LEN,
-            None => MAX_FRAME_LEN,
+            None => port.max_frame_len,
         };
         let Some(header) = parsed.filter(|header| frame_len <= longest && header.fits(frame_len)) else {
             port.counters.tx_malformed += 1;
@@ -225,13 +233,24 @@ impl Switch {
             return false;
         }
         let (header, flow, mem) = (self.header, self.flow, sender.memory());
+        // Longer than its MTU (a jumbo frame for a port without them), as a Linux bridge drops.
+        if header.segmentation.is_none() && frame_len > receiver.max_frame_len {
+            receiver.counters.rx_too_big += 1;
+            return true;
+        }
         if receiver.offloads.take(&header) {
             let frame = At { chain: &self.frame, mem, offset: NET_HDR_LEN };
             deliver(receiver, Frame::Guest(frame), frame_len, header, flow);
             return true;
         }
         let plain = NetHeader::default();
-        let each = |frame: &[u8]| deliver(receiver, Frame::Bytes(frame), frame.len(), plain, flow);
+        let each = |frame: &[u8]| match frame.len() > receiver.max_frame_len {
+            true => {
+                receiver.counters.rx_too_big += 1;
+                false
+            }
+            false => deliver(receiver, Frame::Bytes(frame), frame.len(), plain, flow),
+        };
         let counter = match self.rework.frames(&self.frame, mem, header, frame_len, each) {
             false => &mut sender.counters.tx_bad_offload,
             true if header.segmentation.is_some() => &mut sender.counters.tx_segmented,
@@ -293,7 +312,7 @@ impl Drop for Switch {
         if let Some(Uplink { ring, counters: c, .. }) = &self.uplink {
             log::info!(
                 "uplink {}: {} frames from the host switched, {} sent to it; dropped: {} too long, \
-                 {} malformed, {} spoofed, {} with its transmit ring full; {} failed flushes",
+                 {} malformed, {} spoofed, {} with its transmit ring full, {} too long for it; {} failed flushes",
                 ring.interface(),
                 c.rx_frames,
                 c.tx_frames,
@@ -301,6 +320,7 @@ impl Drop for Switch {
                 c.rx_malformed,
                 c.rx_spoofed,
                 c.tx_ring_full,
+                c.tx_too_big,
                 c.tx_errors
             );
         }
@@ -358,6 +378,11 @@ fn from_host(
 /// Queue one frame on the uplink, written into its slot by `fill` (its length: the slot's
 /// first bytes), and count it; `fill` says whether it wrote it whole.
 fn queue_on_uplink(uplink: &mut Uplink, len: usize, fill: impl FnOnce(&VolatileSlice<'_>) -> bool) -> bool {
+    // A jumbo frame from a port with a larger MTU: the host's side takes standard frames.
+    if len > MAX_FRAME_LEN {
+        uplink.counters.tx_too_big += 1;
+        return false;
+    }
     let mut copied = false;
     let queued = uplink.ring.transmit(|slot| match slot.subslice(0, len) {
         Ok(into) if fill(&into) => {

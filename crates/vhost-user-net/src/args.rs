@@ -4,18 +4,19 @@ use std::path::PathBuf;
 
 use clap::Args;
 use rate_limiter::Limits;
-use switch::{MacAddr, PortPolicy};
+use switch::{MacAddr, PortPolicy, DEFAULT_MTU, MAX_MTU};
 
 /// `exitless vhost-user-net`'s options.
 #[derive(Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct VhostUserNetArgs {
     /// A NIC to serve (repeatable):
-    /// `socket=PATH,mac=MAC[,name=NAME][,isolated=on][,pps=N][,bw=BYTES]`: its vhost-user socket
-    /// (a stale socket file there is replaced; made 0600, and only the daemon's user and root
-    /// may connect), the MAC address its driver reads (aa:bb:cc:dd:ee:ff, unicast), its name in
-    /// the control API and the metrics (default nicN, N counting from 0), whether it may talk
-    /// to the uplink only, and the frames and bytes per second (K/M/G suffixes) it may send.
+    /// `socket=PATH,mac=MAC[,name=NAME][,mtu=N][,isolated=on][,pps=N][,bw=BYTES]`: its
+    /// vhost-user socket (a stale socket file there is replaced; made 0600, and only the daemon's
+    /// user and root may connect), the MAC address its driver reads (aa:bb:cc:dd:ee:ff,
+    /// unicast), its name in the control API and the metrics (default nicN, N counting from 0),
+    /// its MTU (1500 to 9000, default 1500: jumbo frames above), whether it may talk to the
+    /// uplink only, and the frames and bytes per second (K/M/G suffixes) it may send.
     #[arg(long, value_name = "SPEC", value_parser = parse_nic, required_unless_present = "api_socket")]
     pub nic: Vec<Nic>,
     /// Serve a control API on this Unix socket (HTTP, 0600, the daemon's user and root only):
@@ -50,15 +51,19 @@ copy and no system call. The switch learns each sender's address; a frame to a g
 (broadcast, multicast) or to an address not seen yet goes to every other NIC. Checksum and TCP
 segmentation offloads, merged receive buffers and up to 4 queue pairs are offered; for a
 driver that did not take an offload, the switch does its work (fills the checksum, cuts the
-super-frame). Frames are at most 1518 bytes, super-frames 64 KiB.
+super-frame). Frames are at most the NIC's MTU (mtu=, 1500 by default) and 18 bytes, super-frames
+64 KiB; a frame longer than a receiver's MTU is dropped and counted, as a Linux bridge does. A
+QEMU guest's MTU is QEMU's (virtio-net-pci,host_mtu=N), which the daemon refuses if it is above
+the NIC's.
 
 With --uplink, frames to addresses not on a NIC of the daemon (and every broadcast) go to the
 host interface too, and the host's frames come in through it: the interface's receive and
 transmit rings are shared with the kernel (PACKET_MMAP), polled by the IOCore with no system
 call per frame, one send() per pass that put frames on it. Frames the host's stack sends with
 their checksum left to offload get it filled in; turn segmentation offloads off on the far end
-(ethtool -K IF tso off gso off), as frames longer than 1518 bytes are dropped. A guest's
-super-frames to the host are cut into segments by the switch.
+(ethtool -K IF tso off gso off), as frames longer than 1518 bytes are dropped, both ways (the
+uplink takes no jumbo frames). A guest's super-frames to the host are cut into segments by the
+switch.
 
 isolated=on: the NIC talks to the uplink only, never to another NIC, and only from its own
 address (frames from another are dropped as spoofed). pps=N and bw=BYTES: token buckets on what
@@ -97,7 +102,7 @@ pub struct Nic {
 /// `--nic`'s value.
 pub fn parse_nic(spec: &str) -> Result<Nic, String> {
     let (mut socket, mut mac, mut isolated, mut limits) = (None, None, false, Limits::default());
-    let mut name = None;
+    let (mut name, mut mtu) = (None, None);
     for part in spec.split(',') {
         match part.split_once('=') {
             Some(("name", text)) if api_http::server::is_resource_name(text) => name = Some(text.to_owned()),
@@ -109,6 +114,10 @@ pub fn parse_nic(spec: &str) -> Result<Nic, String> {
             }
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
             Some(("mac", text)) => mac = Some(text.parse::<MacAddr>()?),
+            Some(("mtu", n)) => match n.parse::<u16>() {
+                Ok(n) if (DEFAULT_MTU..=MAX_MTU).contains(&n) => mtu = Some(n),
+                _ => return Err(format!("mtu={n}: give {DEFAULT_MTU} to {MAX_MTU} (jumbo frames above {DEFAULT_MTU})")),
+            },
             Some(("isolated", "on")) => isolated = true,
             Some(("isolated", "off")) => isolated = false,
             Some(("pps", n)) => match n.parse::<u64>() {
@@ -122,7 +131,7 @@ pub fn parse_nic(spec: &str) -> Result<Nic, String> {
             },
             _ => {
                 return Err(format!(
-                    "{part}: a NIC is socket=PATH,mac=MAC[,name=NAME][,isolated=on|off][,pps=N][,bw=BYTES]"
+                    "{part}: a NIC is socket=PATH,mac=MAC[,name=NAME][,mtu=N][,isolated=on|off][,pps=N][,bw=BYTES]"
                 ))
             }
         }
@@ -131,7 +140,7 @@ pub fn parse_nic(spec: &str) -> Result<Nic, String> {
     if mac.is_group() {
         return Err(format!("mac={mac}: a NIC's address must be unicast (the first byte even)"));
     }
-    let policy = PortPolicy { mac: Some(mac), isolated_to: isolated.then_some(mac), limits };
+    let policy = PortPolicy { mac: Some(mac), isolated_to: isolated.then_some(mac), limits, mtu };
     Ok(Nic { name, socket: socket.ok_or("a NIC needs socket=PATH")?, mac, policy })
 }
 
@@ -143,12 +152,16 @@ pub fn nic_from_json(name: &str, body: &serde_json::Value) -> Result<Nic, String
     for (key, value) in object {
         let text = match (key.as_str(), value) {
             ("socket" | "mac" | "bw", serde_json::Value::String(text)) if !text.contains(',') => text.clone(),
-            ("pps" | "bw", serde_json::Value::Number(n)) => n.to_string(),
+            ("pps" | "bw" | "mtu", serde_json::Value::Number(n)) => n.to_string(),
             ("isolated", serde_json::Value::Bool(on)) => if *on { "on" } else { "off" }.to_owned(),
-            ("socket" | "mac" | "bw" | "pps" | "isolated", _) => {
+            ("socket" | "mac" | "bw" | "pps" | "mtu" | "isolated", _) => {
                 return Err(format!("{key}: {value} is not a value it takes"))
             }
-            _ => return Err(format!("unknown key {key:?}: a NIC takes socket, mac, isolated, pps and bw")),
+            _ => {
+                return Err(format!(
+                    "unknown key {key:?}: a NIC takes socket, mac, mtu, isolated, pps and bw"
+                ))
+            }
         };
         spec.push(format!("{key}={text}"));
     }
@@ -183,14 +196,17 @@ mod tests {
         assert_eq!(nic.socket, PathBuf::from("/run/a.sock"));
         assert_eq!(nic.mac.to_string(), "52:54:00:00:00:01");
         assert_eq!(nic.policy, PortPolicy { mac: Some(nic.mac), ..PortPolicy::default() });
-        let nic = parse_nic("socket=/a,mac=52:54:00:00:00:01,isolated=on,pps=1000,bw=10M").unwrap();
+        let nic = parse_nic("socket=/a,mac=52:54:00:00:00:01,isolated=on,pps=1000,bw=10M,mtu=9000").unwrap();
         assert_eq!(nic.policy.isolated_to, Some(nic.mac));
+        assert_eq!(nic.policy.max_frame_len(), 9018);
         assert_eq!(nic.policy.limits, Limits { iops: Some(1000), bandwidth: Some(10 << 20) });
         for bad in [
             "socket=/a,mac=52:54:00:00:00:01,isolated=yes",
             "socket=/a,mac=52:54:00:00:00:01,pps=0",
             "socket=/a,mac=52:54:00:00:00:01,bw=1K",
             "socket=/a,mac=52:54:00:00:00:01,bw=lots",
+            "socket=/a,mac=52:54:00:00:00:01,mtu=1499",
+            "socket=/a,mac=52:54:00:00:00:01,mtu=9001",
             "socket=/run/a.sock",
             "mac=52:54:00:00:00:01",
             "socket=/a,mac=01:00:5e:00:00:01",

@@ -1,6 +1,6 @@
 //! `--handover-socket PATH`: upgrading the daemon without a hang-up (the exchange is
 //! `vhost_user::upgrade`'s). Here: what a NIC is to a hand-over. NICs are compared by socket,
-//! address and name, what a frontend and the control API know them by; their isolation and
+//! address, MTU and name, what a frontend, its guest and the control API know them by; their isolation and
 //! limits are the successor's to set. A NIC keeps no frame between passes, so its rings stop at
 //! once: the hand-over waits for no drain.
 
@@ -15,9 +15,10 @@ use vhost_user::upgrade::{Devices, Handing, Taking};
 use crate::args::Nic as NicSpec;
 use crate::nics::{name_of, Nics};
 
-/// A NIC as a hand-over compares it.
+/// A NIC as a hand-over compares it: what the control API and its guest know it by.
 fn identity(name: &str, spec: &NicSpec) -> Value {
-    json!({"name": name, "socket": spec.socket.display().to_string(), "mac": spec.mac.to_string()})
+    let (socket, mac, mtu) = (spec.socket.display().to_string(), spec.mac.to_string(), spec.policy.mtu());
+    json!({"name": name, "socket": socket, "mac": mac, "mtu": mtu})
 }
 
 impl Devices for Nics {

@@ -107,6 +107,7 @@ impl Nic {
             "name": self.name,
             "socket": self.spec.socket,
             "mac": self.spec.mac.to_string(),
+            "mtu": self.spec.policy.mtu(),
             "isolated": self.spec.policy.isolated_to.is_some(),
             "pps": limits.iops,
             "bw": limits.bandwidth,

@@ -19,6 +19,9 @@ pub mod protocol {
     /// on any request and gets a u64 back, 0 for success, unless the request has a reply of its
     /// own.
     pub const REPLY_ACK: u32 = 3;
+    /// VHOST_USER_PROTOCOL_F_NET_MTU: the frontend tells a net backend the MTU its guest was
+    /// given (NET_SET_MTU), which the backend may refuse.
+    pub const NET_MTU: u32 = 4;
     /// VHOST_USER_PROTOCOL_F_CONFIG: the frontend reads the device's configuration space with
     /// GET_CONFIG and writes it with SET_CONFIG (exitless's backend takes only virtio-blk's
     /// `writeback` byte, as QEMU sends it for VIRTIO_BLK_F_CONFIG_WCE).

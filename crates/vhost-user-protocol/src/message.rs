@@ -319,6 +319,9 @@ pub enum Request {
     GetFeatures,
     /// SET_FEATURES: the virtio features the frontend acked.
     SetFeatures(u64),
+    /// NET_SET_MTU: the MTU a net device's guest was given (with
+    /// VHOST_USER_PROTOCOL_F_NET_MTU).
+    NetSetMtu(u64),
     /// SET_OWNER: the frontend takes the backend for this connection.
     SetOwner,
     /// RESET_OWNER: deprecated; see [`code::RESET_OWNER`].
@@ -476,7 +479,7 @@ impl Message {
         // Requests with a fixed payload and no descriptors.
         let fixed = match header.request {
             GET_FEATURES | SET_OWNER | RESET_OWNER | GET_PROTOCOL_FEATURES | GET_QUEUE_NUM => Some(0),
-            SET_FEATURES | SET_PROTOCOL_FEATURES => Some(8),
+            SET_FEATURES | SET_PROTOCOL_FEATURES | NET_SET_MTU => Some(8),
             SET_VRING_NUM | SET_VRING_BASE | GET_VRING_BASE | SET_VRING_ENABLE => Some(8),
             SET_VRING_ADDR => Some(40),
             GET_INFLIGHT_FD => Some(INFLIGHT_INFO_LEN),
@@ -495,6 +498,7 @@ impl Message {
             GET_PROTOCOL_FEATURES => Request::GetProtocolFeatures,
             SET_PROTOCOL_FEATURES => Request::SetProtocolFeatures(u64_at(payload, 0)),
             GET_QUEUE_NUM => Request::GetQueueNum,
+            NET_SET_MTU => Request::NetSetMtu(u64_at(payload, 0)),
             SET_VRING_NUM => {
                 let (index, num) = state();
                 Request::SetVringNum { index, num }
@@ -596,7 +600,7 @@ impl Message {
                 Request::SetInflightFd(info, fd)
             }
             // Known requests for features this backend does not offer (IOTLB, RARP,
-            // MTU, backend requests, cross-endian, crypto, postcopy, GPU,
+            // backend requests, cross-endian, crypto, postcopy, GPU,
             // reset, in-band kicks, memory slots, status).
             _ => return Err(Error::Unsupported(name)),
         };

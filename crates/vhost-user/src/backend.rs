@@ -324,6 +324,13 @@ impl<'a> Session<'a> {
                 self.set_up = true;
                 Ok(None)
             }
+            Request::NetSetMtu(mtu) => {
+                if self.protocol_features & 1 << protocol::NET_MTU == 0 {
+                    return Err(Error::MtuNotNegotiated);
+                }
+                self.device.check_mtu(mtu)?;
+                Ok(None)
+            }
             Request::SetLogBase { mmap_size, mmap_offset, fd } => {
                 if self.protocol_features & 1 << protocol::LOG_SHMFD == 0 {
                     return Err(Error::LogNotNegotiated("SET_LOG_BASE"));

@@ -66,6 +66,13 @@ pub trait Device: Send {
         Err(Error::NoWritebackSwitch)
     }
 
+    /// The MTU a NIC's frontend gave its guest (NET_SET_MTU, on a device that offers
+    /// VHOST_USER_PROTOCOL_F_NET_MTU): refused when the device does not take frames that long.
+    fn check_mtu(&mut self, mtu: u64) -> Result<(), Error> {
+        let _ = mtu;
+        Err(Error::MtuNotNegotiated)
+    }
+
     /// Serve ring `index` until [`Device::stop_ring`].
     fn start_ring(&mut self, index: usize, ring: Ring) -> Result<(), Error>;
 

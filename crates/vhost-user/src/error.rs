@@ -116,6 +116,12 @@ pub enum Error {
     #[error("SET_CONFIG of writeback {0}: expected 0 (write through) or 1 (write back)")]
     BadWriteback(u8),
 
+    // A NIC's MTU (NET_SET_MTU).
+    #[error("NET_SET_MTU before VHOST_USER_PROTOCOL_F_NET_MTU was negotiated")]
+    MtuNotNegotiated,
+    #[error("NET_SET_MTU of {asked}: this NIC takes frames of an MTU of {mtu} at most (its mtu=); give the guest at most that")]
+    MtuTooLarge { asked: u64, mtu: u16 },
+
     // The server.
     #[error(transparent)]
     Socket(#[from] unix_socket::ListenError),

@@ -11,16 +11,21 @@ use switch::{MacAddr, Port, PortPolicy, QueuePair, SharedPortCounters, SwitchCon
 use virtio::net::VIRTIO_NET_F_MAC;
 use virtio::{DeviceStats, VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 
+use vhost_user_protocol::features::protocol;
+
 use crate::device::{Device, Ring};
 use crate::error::Error;
 
+/// Feature bit: the device says its MTU, the largest the driver may use (in the configuration
+/// space).
+const VIRTIO_NET_F_MTU: u32 = 3;
 /// Feature bit: several queue pairs (their number in the configuration space).
 const VIRTIO_NET_F_MQ: u32 = 22;
 /// Queue pairs a NIC offers (`max_virtqueue_pairs`): a driver uses one per CPU, up to this.
 pub const MAX_PAIRS: usize = 4;
-/// Configuration space: the MAC address, the status word (STATUS is not offered), and
-/// `max_virtqueue_pairs`.
-const CONFIG_LEN: usize = 10;
+/// Configuration space: the MAC address, the status word (STATUS is not offered),
+/// `max_virtqueue_pairs` and the MTU.
+const CONFIG_LEN: usize = 12;
 /// Its rings: queue pair `i`'s receive ring is ring `2i`, its transmit ring `2i + 1`.
 const RINGS: usize = 2 * MAX_PAIRS;
 
@@ -48,6 +53,7 @@ impl VhostUserNet {
         let mut config = [0u8; CONFIG_LEN];
         config[..6].copy_from_slice(&mac.0);
         config[8..10].copy_from_slice(&u16::try_from(MAX_PAIRS).unwrap_or(u16::MAX).to_le_bytes());
+        config[10..12].copy_from_slice(&policy.mtu().to_le_bytes());
         VhostUserNet {
             config,
             policy,
@@ -138,13 +144,15 @@ impl Device for VhostUserNet {
             | 1 << VIRTIO_F_INDIRECT_DESC
             | 1 << VIRTIO_NET_F_MAC
             | 1 << VIRTIO_NET_F_MQ
+            | 1 << VIRTIO_NET_F_MTU
             | OFFERED
     }
 
-    /// No configuration write (the address is read-only) and no in-flight tracking (a frame
-    /// lost in a restart is as a frame lost on a wire).
+    /// The frontend's MTU, to check (NET_MTU); no configuration write (the address is
+    /// read-only) and no in-flight tracking (a frame lost in a restart is as a frame lost on a
+    /// wire).
     fn protocol_features(&self) -> u64 {
-        crate::backend::BASE_PROTOCOL_FEATURES
+        crate::backend::BASE_PROTOCOL_FEATURES | 1 << protocol::NET_MTU
     }
 
     fn num_queues(&self) -> usize {
@@ -157,6 +165,15 @@ impl Device for VhostUserNet {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         virtio::device::read_config_bytes(&self.config, offset, data);
+    }
+
+    /// A guest may use any MTU up to the NIC's: the switch passes its frames on.
+    fn check_mtu(&mut self, mtu: u64) -> Result<(), Error> {
+        let most = self.policy.mtu();
+        match mtu <= u64::from(most) {
+            true => Ok(()),
+            false => Err(Error::MtuTooLarge { asked: mtu, mtu: most }),
+        }
     }
 
     /// The port is rebuilt with every queue pair that now runs.
@@ -174,5 +191,36 @@ impl Device for VhostUserNet {
         let ring = self.waiting[index].take().ok_or(Error::Detach(index))?;
         self.attach()?;
         Ok(ring.queue.next_avail())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nic(mtu: Option<u16>) -> VhostUserNet {
+        let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let policy = PortPolicy { mac: Some(mac), mtu, ..PortPolicy::default() };
+        VhostUserNet::new(mac, policy, Arc::default())
+    }
+
+    #[test]
+    fn the_configuration_space_says_the_mtu_and_a_larger_one_from_the_frontend_is_refused() {
+        let mut jumbo = nic(Some(9000));
+        let mut config = [0u8; CONFIG_LEN];
+        jumbo.read_config(0, &mut config);
+        assert_eq!(config[..6], [0x52, 0x54, 0, 0, 0, 1]);
+        assert_eq!(u16::from_le_bytes([config[10], config[11]]), 9000);
+        assert!(jumbo.features() & 1 << VIRTIO_NET_F_MTU != 0);
+        assert!(jumbo.check_mtu(9000).is_ok() && jumbo.check_mtu(1500).is_ok());
+        let refused = jumbo.check_mtu(9001).unwrap_err().to_string();
+        assert!(
+            refused.starts_with("NET_SET_MTU of 9001: this NIC takes frames of an MTU of 9000"),
+            "{refused}"
+        );
+        let mut standard = nic(None);
+        standard.read_config(10, &mut config[..2]);
+        assert_eq!(u16::from_le_bytes([config[0], config[1]]), 1500);
+        assert!(standard.check_mtu(1500).is_ok() && standard.check_mtu(9000).is_err());
     }
 }

@@ -234,6 +234,14 @@ const CASES: &[Case] = &[
         f.negotiate(FEATURES);
         f.send(code::IOTLB_MSG, &[0; 16], &[]);
     }),
+    ("a NIC's MTU to a disk (NET_MTU not negotiated)", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::NET_SET_MTU, &1500u64.to_le_bytes(), &[]);
+    }),
+    ("NET_SET_MTU of 4 bytes", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::NET_SET_MTU, &[0; 4], &[]);
+    }),
     ("virtio features not offered", true, |f| {
         f.negotiate(FEATURES);
         f.send(code::SET_FEATURES, &(1u64 << 63).to_le_bytes(), &[]);

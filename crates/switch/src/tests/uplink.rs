@@ -116,6 +116,25 @@ fn frames_go_between_nics_and_the_host_through_the_uplink() {
     assert_eq!((uplink.rx_frames, uplink.tx_frames), (1, 2));
 }
 
+/// A NIC of a jumbo MTU sends the host a frame longer than the uplink takes: dropped and
+/// counted (the uplink's slots hold standard frames); its standard frames go on.
+#[test]
+fn a_jumbo_frame_for_the_host_is_dropped_and_counted() {
+    let jumbo = PortPolicy { mtu: Some(MAX_MTU), ..PortPolicy::default() };
+    let (_veth, host, mut rig) = uplinked(&[jumbo]);
+    rig.guests[0].post_rx(0, &[2048]);
+    host.send([0; 10], &frame(MacAddr::BROADCAST, HOST, 60, 1));
+    assert_eq!(poll_until_received(&mut rig, 0).len(), 1);
+    let a = rig.guests[0].mac;
+    rig.guests[0].transmit(0, &frame(HOST, a, MAX_FRAME_LEN + 1, 2), &[]);
+    let fits = frame(HOST, a, MAX_FRAME_LEN, 3);
+    rig.guests[0].transmit(1, &fits, &[]);
+    rig.poll();
+    assert_eq!(host.receive(), Some(fits));
+    let uplink = rig.switch.uplink_counters().unwrap();
+    assert_eq!((uplink.tx_too_big, uplink.tx_frames), (1, 1));
+}
+
 /// A UDP/IPv4 frame from HOST to `to` with `payload`, its UDP checksum holding only the
 /// pseudo-header's sum (as a sender that leaves the checksum to offload sends it) or whole.
 fn udp_frame(to: MacAddr, payload: &[u8], whole: bool) -> Vec<u8> {
