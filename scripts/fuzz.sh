@@ -6,7 +6,8 @@
 #
 #   scripts/fuzz.sh [smoke] [TARGET...]  every target (or those named) for FUZZ_SMOKE_SECONDS
 #                                        (default 25) from its committed seeds in
-#                                        fuzz/corpus/TARGET; fails on any crash, hang (10 s) or
+#                                        fuzz/corpus/TARGET, FUZZ_SMOKE_JOBS (default: one per
+#                                        CPU) at a time; fails on any crash, hang (10 s) or
 #                                        RSS above 2 GiB. For CI.
 #   scripts/fuzz.sh long [TARGET...]     each target, one after the other, to FUZZ_LONG_RUNS
 #                                        (default 10000000; -1: no limit) executions or
@@ -51,21 +52,45 @@ flags_for() {
 status=0
 if [ "$mode" = smoke ]; then
     seconds=${FUZZ_SMOKE_SECONDS:-25}
-    for target in "${targets[@]}"; do
+    # One target per CPU at a time (FUZZ_SMOKE_JOBS, default every CPU): each has a CPU of its
+    # own for its seconds, and CI waits for the targets' sum over the CPUs rather than the sum.
+    jobs=${FUZZ_SMOKE_JOBS:-$(nproc)}
+    results=$(mktemp -d)
+    smoke_one() {
+        local target=$1 work
         mkdir -p "artifacts/$target"
         work=$(mktemp -d)
         # New inputs go to a scratch directory: the committed seeds stay as they are.
         # shellcheck disable=SC2046
         if "$bin_dir/$target" $(flags_for "$target") -max_total_time="$seconds" "$work" "corpus/$target" \
             >"$work.log" 2>&1; then
-            echo "fuzz smoke: $target: ok ($(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$work.log"))"
+            echo "fuzz smoke: $target: ok ($(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$work.log"))" \
+                >"$results/$target"
         else
-            echo "fuzz smoke: $target: FAILED; the end of its log:" >&2
-            tail -n 40 "$work.log" >&2
-            status=1
+            { echo "fuzz smoke: $target: FAILED; the end of its log:"; tail -n 40 "$work.log"; } \
+                >"$results/$target.failed"
         fi
         rm -rf "$work" "$work.log"
+    }
+    running=0
+    for target in "${targets[@]}"; do
+        if [ "$running" -ge "$jobs" ]; then
+            wait -n
+            running=$((running - 1))
+        fi
+        smoke_one "$target" &
+        running=$((running + 1))
     done
+    wait
+    for target in "${targets[@]}"; do
+        if [ -f "$results/$target.failed" ]; then
+            cat "$results/$target.failed" >&2
+            status=1
+        else
+            cat "$results/$target"
+        fi
+    done
+    rm -rf "$results"
     exit $status
 fi
 
