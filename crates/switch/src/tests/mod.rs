@@ -164,10 +164,10 @@ impl Guest {
         self.mem.read_obj(GuestAddress(used + 2)).unwrap()
     }
 
-    /// The frames delivered since the last call: each used entry's chain read back, header
-    /// checked and stripped.
-    fn received(&mut self, chain_parts: &[u32]) -> Vec<Vec<u8>> {
-        let mut frames = Vec::new();
+    /// The receive chains used since the last call, each laid out as `chain_parts` (as
+    /// `post_rx` posted them): (head, used length, the bytes written, header included).
+    fn used_chains(&mut self, chain_parts: &[u32]) -> Vec<(u32, usize, Vec<u8>)> {
+        let mut chains = Vec::new();
         while self.rx_used_seen != self.used_index(true) {
             let slot = RX.2 + 4 + 8 * (self.rx_used_seen % SIZE) as u64;
             let head: u32 = self.mem.read_obj(GuestAddress(slot)).unwrap();
@@ -183,14 +183,25 @@ impl Guest {
                 bytes.extend(piece);
                 left -= n;
             }
-            if len == 0 {
-                frames.push(Vec::new());
-                continue;
-            }
-            assert_eq!(&bytes[..NET_HDR_LEN], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0], "the header");
-            frames.push(bytes[NET_HDR_LEN..].to_vec());
+            chains.push((head, len as usize, bytes));
         }
-        frames
+        chains
+    }
+
+    /// The frames delivered since the last call, one per chain: each chain read back, its
+    /// header checked (no offload, one buffer) and stripped; an empty chain as an empty frame.
+    fn received(&mut self, chain_parts: &[u32]) -> Vec<Vec<u8>> {
+        let chains = self.used_chains(chain_parts);
+        chains
+            .into_iter()
+            .map(|(_, len, bytes)| match len {
+                0 => Vec::new(),
+                _ => {
+                    assert_eq!(&bytes[..NET_HDR_LEN], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0], "the header");
+                    bytes[NET_HDR_LEN..].to_vec()
+                }
+            })
+            .collect()
     }
 }
 

@@ -7,6 +7,8 @@ use af_packet::checksum::{fold, ones_complement_sum};
 use crate::offload::{Segmentation, OFFERED};
 use crate::segment::tests::{super_frame, tcp_checksum_verifies};
 
+/// A receive chain of one page, as Linux posts them with merged buffers.
+const PAGE: u32 = 4096;
 /// The headers' length in `super_frame` over IPv4: Ethernet, IPv4, TCP.
 const HEADERS: usize = 14 + 20 + 20;
 const TSO4: NetHeader =
@@ -17,24 +19,6 @@ fn rig_of_three() -> Rig {
     let all = Offloads::from_features(OFFERED);
     let ports = [all, all, Offloads::default()].map(|offloads| (PortPolicy::default(), offloads));
     rig_of(ports.into_iter(), None)
-}
-
-impl Guest {
-    /// The chains used since the last call: (head, length, the bytes written, header included),
-    /// each chain one buffer of `buffer` bytes.
-    fn used_chains(&mut self) -> Vec<(u32, usize, Vec<u8>)> {
-        let mut chains = Vec::new();
-        while self.rx_used_seen != self.used_index(true) {
-            let slot = RX.2 + 4 + 8 * (self.rx_used_seen % SIZE) as u64;
-            let head: u32 = self.mem.read_obj(GuestAddress(slot)).unwrap();
-            let len: u32 = self.mem.read_obj(GuestAddress(slot + 4)).unwrap();
-            self.rx_used_seen = self.rx_used_seen.wrapping_add(1);
-            let mut bytes = vec![0u8; len as usize];
-            self.mem.read_slice(&mut bytes, GuestAddress(RX_BUFFERS + head as u64 * 0x1000)).unwrap();
-            chains.push((head, len as usize, bytes));
-        }
-        chains
-    }
 }
 
 #[test]
@@ -51,7 +35,7 @@ fn a_super_frame_arrives_whole_over_merged_buffers_or_cut_into_segments_that_ver
     rig.poll();
 
     // Guest 1: the header as sent, with num_buffers, and the frame over two chains.
-    let chains = rig.guests[1].used_chains();
+    let chains = rig.guests[1].used_chains(&[PAGE]);
     assert_eq!(chains.iter().map(|c| c.1).collect::<Vec<_>>(), [4096, NET_HDR_LEN + frame.len() - 4096]);
     let header: [u8; NET_HDR_LEN] = chains[0].2[..NET_HDR_LEN].try_into().unwrap();
     assert_eq!(header, TSO4.to_bytes(2), "the header as sent, num_buffers 2");
@@ -87,7 +71,7 @@ fn a_checksum_left_is_passed_on_to_a_driver_that_takes_it_and_filled_in_for_one_
     rig.guests[2].post_rx(0, &[2048]);
     rig.guests[0].transmit_with(0, partial, &frame, &[]);
     rig.poll();
-    let chains = rig.guests[1].used_chains();
+    let chains = rig.guests[1].used_chains(&[PAGE]);
     assert_eq!(chains.len(), 1);
     assert_eq!(chains[0].2[..NET_HDR_LEN], partial.to_bytes(1));
     assert_eq!(chains[0].2[NET_HDR_LEN..], frame[..], "as sent, its checksum left");
@@ -108,20 +92,20 @@ fn a_merged_frame_that_runs_out_of_chains_is_dropped_and_its_chains_serve_the_ne
     rig.guests[1].post_rx(1, &[4096]);
     rig.guests[0].transmit_with(0, TSO4, &frame, &[]);
     rig.poll();
-    assert!(rig.guests[1].used_chains().is_empty());
+    assert!(rig.guests[1].used_chains(&[PAGE]).is_empty());
     assert_eq!(rig.counters(1).rx_no_buffer, 1);
     // A small frame takes the first staged chain; the second waits on.
     let small = frame_to(guest_mac(1), guest_mac(0), 200);
     rig.guests[0].transmit(1, &small, &[]);
     rig.poll();
-    let chains = rig.guests[1].used_chains();
+    let chains = rig.guests[1].used_chains(&[PAGE]);
     assert_eq!(chains.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(), [(0, NET_HDR_LEN + 200)]);
     // Then a third chain comes, and a frame of 6 KiB fills the second and the third.
     rig.guests[1].post_rx(2, &[4096]);
     let mid = super_frame(false, &vec![2u8; 6000]);
     rig.guests[0].transmit_with(2, TSO4, &mid, &[]);
     rig.poll();
-    let chains = rig.guests[1].used_chains();
+    let chains = rig.guests[1].used_chains(&[PAGE]);
     assert_eq!(chains.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 2]);
     assert_eq!(rig.counters(1).rx_frames, 2);
 }
@@ -160,7 +144,7 @@ fn headers_that_lie_are_dropped_and_counted_and_the_switch_goes_on() {
     let sender = rig.counters(0);
     assert_eq!(sender.tx_malformed, 3, "three headers");
     assert_eq!(sender.tx_bad_offload, 1, "the UDP super-frame, for guest 2");
-    assert_eq!(rig.guests[1].used_chains().len(), 1, "guest 1 took the UDP super-frame");
+    assert_eq!(rig.guests[1].used_chains(&[PAGE]).len(), 1, "guest 1 took the UDP super-frame");
     assert!(rig.guests[2].received(&[2048]).is_empty());
     // And a frame that tells the truth still goes through.
     rig.guests[0].transmit_with(4, TSO4, &tcp, &[]);
