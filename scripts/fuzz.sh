@@ -6,10 +6,9 @@
 #
 #   scripts/fuzz.sh [smoke] [TARGET...]  every target (or those named) for FUZZ_SMOKE_SECONDS
 #                                        (default 25) from its committed seeds in
-#                                        fuzz/corpus/TARGET, FUZZ_SMOKE_JOBS (default: one per
-#                                        CPU) at a time; fails on any crash, hang (10 s) or
+#                                        fuzz/corpus/TARGET; fails on any crash, hang (10 s) or
 #                                        RSS above 2 GiB. For CI.
-#   scripts/fuzz.sh long [TARGET...]     each target, one after the other, to FUZZ_LONG_RUNS
+#   scripts/fuzz.sh long [TARGET...]     each target to FUZZ_LONG_RUNS
 #                                        (default 10000000; -1: no limit) executions or
 #                                        FUZZ_LONG_SECONDS (default 3600: one hour; 0: no
 #                                        limit), whichever comes first, niced,
@@ -21,6 +20,7 @@
 #                                        FUZZ_WORK_DIR with the same binary (sha256) and the same
 #                                        limits is not run again; its row comes from its log.
 #
+# Both run FUZZ_JOBS targets at a time (default: one per CPU), each on a CPU of its own.
 # A crash leaves its input in fuzz/artifacts/TARGET/; reproduce it with
 #   fuzz/target/strict/x86_64-unknown-linux-gnu/release/TARGET fuzz/artifacts/TARGET/crash-...
 set -euo pipefail
@@ -49,13 +49,28 @@ flags_for() {
     echo "${flags[@]}"
 }
 
+# Run `$1 TARGET` for every target, FUZZ_JOBS at a time: each has a CPU of its own for its
+# time, and the whole takes the targets' time over the CPUs rather than their sum.
+jobs=${FUZZ_JOBS:-$(nproc)}
+each_target() {
+    local run=$1 running=0 target
+    for target in "${targets[@]}"; do
+        if [ "$running" -ge "$jobs" ]; then
+            wait -n
+            running=$((running - 1))
+        fi
+        "$run" "$target" &
+        running=$((running + 1))
+    done
+    wait
+}
+# Each target's outcome: results/TARGET (its line, or row) or results/TARGET.failed.
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+
 status=0
 if [ "$mode" = smoke ]; then
     seconds=${FUZZ_SMOKE_SECONDS:-25}
-    # One target per CPU at a time (FUZZ_SMOKE_JOBS, default every CPU): each has a CPU of its
-    # own for its seconds, and CI waits for the targets' sum over the CPUs rather than the sum.
-    jobs=${FUZZ_SMOKE_JOBS:-$(nproc)}
-    results=$(mktemp -d)
     smoke_one() {
         local target=$1 work
         mkdir -p "artifacts/$target"
@@ -72,16 +87,7 @@ if [ "$mode" = smoke ]; then
         fi
         rm -rf "$work" "$work.log"
     }
-    running=0
-    for target in "${targets[@]}"; do
-        if [ "$running" -ge "$jobs" ]; then
-            wait -n
-            running=$((running - 1))
-        fi
-        smoke_one "$target" &
-        running=$((running + 1))
-    done
-    wait
+    each_target smoke_one
     for target in "${targets[@]}"; do
         if [ -f "$results/$target.failed" ]; then
             cat "$results/$target.failed" >&2
@@ -90,7 +96,6 @@ if [ "$mode" = smoke ]; then
             cat "$results/$target"
         fi
     done
-    rm -rf "$results"
     exit $status
 fi
 
@@ -102,7 +107,6 @@ if ! [[ $runs =~ ^-?[0-9]+$ && $max_seconds =~ ^[0-9]+$ ]]; then
     exit 2
 fi
 resume=${FUZZ_RESUME:-0}
-rows=()
 # The table row of target $1 from its finished libFuzzer log $2:
 # "#10000000 DONE cov: 512 ft: 2048 corp: 300/20Kb ..." and "Done 10000000 runs in 600 second(s)".
 row_from_log() {
@@ -119,7 +123,8 @@ row_from_log() {
     echo "| $target | $executions | $seconds | $rate | $cov | $ft | $corpus | $slowest | $rss | $date |"
 }
 
-for target in "${targets[@]}"; do
+long_one() {
+    local target=$1 log key limit command
     mkdir -p "artifacts/$target" "$work/$target"
     log="$work/$target.log"
     # What a finished run is recorded under: the binary it ran and its limits.
@@ -133,19 +138,27 @@ for target in "${targets[@]}"; do
     echo "fuzz long: command (in fuzz/): ${command[*]}" >&2
     if [ "$resume" = 1 ] && [ "$(cat "$work/$target.finished" 2>/dev/null)" = "$key" ]; then
         echo "fuzz long: $target: finished earlier with this binary and these limits (log: $log)" >&2
-        rows+=("$(row_from_log "$target" "$log")")
-        continue
+        row_from_log "$target" "$log" >"$results/$target"
+        return
     fi
     rm -f "$work/$target.finished"
     echo "fuzz long: $target: $limit (log: $log)" >&2
     if ! "${command[@]}" >"$log" 2>&1; then
-        echo "fuzz long: $target: FAILED; the end of its log:" >&2
-        tail -n 40 "$log" >&2
-        status=1
-        continue
+        { echo "fuzz long: $target: FAILED; the end of its log:"; tail -n 40 "$log"; } >"$results/$target.failed"
+        return
     fi
     echo "$key" >"$work/$target.finished"
-    rows+=("$(row_from_log "$target" "$log")")
+    row_from_log "$target" "$log" >"$results/$target"
+}
+each_target long_one
+rows=()
+for target in "${targets[@]}"; do
+    if [ -f "$results/$target.failed" ]; then
+        cat "$results/$target.failed" >&2
+        status=1
+    else
+        rows+=("$(cat "$results/$target")")
+    fi
 done
 echo
 echo "| target | executions | seconds | exec/s | cov | ft | corpus (inputs/size) | slowest input (s) | peak RSS (MB) | date |"
