@@ -94,13 +94,12 @@ pub(crate) fn deliver(
         return false;
     }
     let index = receiver.rx_pair(flow);
-    let Port { pairs, log, offloads, counters, .. } = receiver;
+    let Port { pairs, log, counters, .. } = receiver;
     let pair = &mut pairs[index];
     let needed = NET_HDR_LEN + frame_len;
-    let most = if offloads.merged_buffers { MAX_MERGED } else { 1 };
     let mut room = pair.staged.room();
     while room < needed {
-        if pair.staged.count == most {
+        if pair.staged.count == pair.staged.most() {
             counters.rx_too_big += 1;
             return true;
         }

@@ -28,9 +28,17 @@ pub(crate) struct Staged {
 }
 
 impl Staged {
-    fn new() -> Staged {
-        let chains = (0..MAX_MERGED).map(|_| Chain::default()).collect();
+    /// Room for the chains one frame may span: [`MAX_MERGED`] with merged receive buffers, one
+    /// without.
+    fn new(offloads: Offloads) -> Staged {
+        let most = if offloads.merged_buffers { MAX_MERGED } else { 1 };
+        let chains = (0..most).map(|_| Chain::default()).collect();
         Staged { heads: [0; MAX_MERGED], chains, count: 0 }
+    }
+
+    /// The most chains one frame may span.
+    pub(crate) fn most(&self) -> usize {
+        self.chains.len()
     }
 
     /// The bytes the staged chains hold.
@@ -113,9 +121,9 @@ pub(crate) struct Pair {
 }
 
 impl Pair {
-    fn new(pair: QueuePair) -> Pair {
+    fn new(pair: QueuePair, offloads: Offloads) -> Pair {
         let QueuePair { rx, tx, rx_signals, tx_signals } = pair;
-        Pair { rx, tx, rx_signals, tx_signals, staged: Staged::new(), rx_used: 0, tx_used: 0 }
+        Pair { rx, tx, rx_signals, tx_signals, staged: Staged::new(offloads), rx_used: 0, tx_used: 0 }
     }
 
     /// A transmit chain was consumed.
@@ -202,7 +210,7 @@ impl Port {
     /// A port of queue pair `first`; more come with [`Port::with_pair`].
     pub fn new(first: QueuePair) -> Port {
         Port {
-            pairs: vec![Pair::new(first)],
+            pairs: vec![Pair::new(first, Offloads::default())],
             log: None,
             offloads: Offloads::default(),
             broken: false,
@@ -217,7 +225,7 @@ impl Port {
 
     /// Another queue pair, in the same guest's memory.
     pub fn with_pair(mut self, pair: QueuePair) -> Port {
-        self.pairs.push(Pair::new(pair));
+        self.pairs.push(Pair::new(pair, self.offloads));
         self
     }
 
@@ -242,6 +250,9 @@ impl Port {
     /// switch does the rest itself. Default: none (every frame whole, checksummed, in one chain).
     pub fn with_offloads(mut self, offloads: Offloads) -> Port {
         self.offloads = offloads;
+        for pair in &mut self.pairs {
+            pair.staged = Staged::new(offloads);
+        }
         self
     }
 
