@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 rounds="${1:-50}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-command=(cargo test --release -p exitless --test durability -- --test-threads 1 --nocapture)
+command=(cargo test --release -p exitless --test integration durability:: -- --test-threads 1 --nocapture)
 echo "EXITLESS_DURABILITY_ROUNDS=$rounds ${command[*]}" >&2
 start=$(date +%s)
 if ! EXITLESS_DURABILITY_ROUNDS="$rounds" "${command[@]}" >"$log" 2>&1; then

@@ -115,12 +115,12 @@ $resume && started="$started (resumed $(date -u '+%Y-%m-%d %H:%M UTC'))"
 tests=(cargo test --release -p exitless)
 test_flags=(-- --test-threads 1 --show-output)
 fuzz_command="${fuzz_env[*]} scripts/fuzz.sh long"
-durability_command="EXITLESS_DURABILITY_ROUNDS=$rounds ${tests[*]} --test durability ${test_flags[*]}"
-faults_command="${tests[*]} --test faults ${test_flags[*]}"
-flush_command="${tests[*]} --test flush ${test_flags[*]}"
-linux_command="EXITLESS_LINUX_MIXED_SECS=$mixed_secs ${tests[*]} --test linux_compat ${test_flags[*]}"
-osd_command="EXITLESS_OSD_KILLS=$osd_kills ${tests[*]} --test rbd an_osd_killed ${test_flags[*]}"
-inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test inflight ${test_flags[*]} && EXITLESS_FRONTEND_RESTARTS=$restarts ${tests[*]} --test vhost_user_frontend daemon_restarts ${test_flags[*]}"
+durability_command="EXITLESS_DURABILITY_ROUNDS=$rounds ${tests[*]} --test integration durability:: ${test_flags[*]}"
+faults_command="${tests[*]} --test integration faults:: ${test_flags[*]}"
+flush_command="${tests[*]} --test integration flush:: ${test_flags[*]}"
+linux_command="EXITLESS_LINUX_MIXED_SECS=$mixed_secs ${tests[*]} --test integration linux_compat:: ${test_flags[*]}"
+osd_command="EXITLESS_OSD_KILLS=$osd_kills ${tests[*]} --test integration rbd::an_osd_killed ${test_flags[*]}"
+inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test integration inflight:: ${test_flags[*]} && EXITLESS_FRONTEND_RESTARTS=$restarts ${tests[*]} --test integration vhost_user_frontend::daemon_restarts ${test_flags[*]}"
 
 echo "reliability $form: $tree" >&2
 echo "  machine: $machine (load $load_before)" >&2
@@ -135,8 +135,7 @@ echo "  logs:       $logs/" >&2
 
 scripts/setup.sh >&2
 cargo build --release >&2
-"${tests[@]}" --test durability --test faults --test flush --test linux_compat --test inflight \
-    --test vhost_user_frontend --test rbd --no-run >&2
+"${tests[@]}" --test integration --no-run >&2
 
 failed=()
 # Runs part $1 ($2: its command line, run by bash), its output in $logs/$1.log; records its wall

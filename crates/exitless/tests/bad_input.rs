@@ -6,6 +6,7 @@ use test_infra::{assert_one_line_error, elf, stderr};
 
 #[test]
 fn missing_kernel_file() {
+    let _shared = test_infra::alongside_others();
     assert_one_line_error(
         &["run", "--kernel", "/nonexistent/vmlinux"],
         125,
@@ -15,6 +16,7 @@ fn missing_kernel_file() {
 
 #[test]
 fn kernel_that_is_not_elf() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kernel.txt");
     std::fs::write(&path, "this is not a kernel\n").unwrap();
@@ -25,6 +27,7 @@ fn kernel_that_is_not_elf() {
 
 #[test]
 fn elf_without_a_pvh_note() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nopvh.elf");
     std::fs::write(&path, elf(&[(0x10_0000, 64, 64)], None)).unwrap();
@@ -33,6 +36,7 @@ fn elf_without_a_pvh_note() {
 
 #[test]
 fn truncated_elf() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("truncated.elf");
     let image = elf(&[(0x10_0000, 4096, 4096)], Some(0x10_0000));
@@ -42,6 +46,7 @@ fn truncated_elf() {
 
 #[test]
 fn memory_too_small_for_the_kernel() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.elf");
     // 64 MiB of memory image (mostly bss) into a 16 MiB VM.
@@ -55,21 +60,25 @@ fn memory_too_small_for_the_kernel() {
 
 #[test]
 fn memory_too_small_for_a_vm() {
+    let _shared = test_infra::alongside_others();
     assert_one_line_error(&["run", "--probe", "--mem", "1M"], 125, "too small");
 }
 
 #[test]
 fn unknown_option() {
+    let _shared = test_infra::alongside_others();
     assert_one_line_error(&["run", "--probe", "--frobnicate"], 2, "--frobnicate");
 }
 
 #[test]
 fn zero_vcpus() {
+    let _shared = test_infra::alongside_others();
     assert_one_line_error(&["run", "--probe", "--vcpus", "0"], 2, "--vcpus");
 }
 
 #[test]
 fn malformed_values() {
+    let _shared = test_infra::alongside_others();
     assert_one_line_error(&["run", "--probe", "--mem", "lots"], 2, "--mem");
     assert_one_line_error(&["run", "--probe", "--timeout", "-1"], 2, "--timeout");
     assert_one_line_error(&["run", "--probe", "--disable-exits", "mwait"], 2, "--disable-exits");
@@ -78,12 +87,14 @@ fn malformed_values() {
 
 #[test]
 fn kernel_and_probe_are_exclusive_and_one_is_required() {
+    let _shared = test_infra::alongside_others();
     assert_one_line_error(&["run"], 2, "required");
     assert_one_line_error(&["run", "--probe", "--kernel", "/x"], 2, "cannot be used with");
 }
 
 #[test]
 fn probe_export_to_an_unwritable_place() {
+    let _shared = test_infra::alongside_others();
     assert_one_line_error(&["probe", "export", "/nonexistent/dir/probe.elf"], 125, "cannot write");
 }
 
@@ -99,6 +110,7 @@ fn fifo(dir: &Path) -> String {
 /// Opening a FIFO for reading used to wait for a writer forever, with no output.
 #[test]
 fn kernel_that_is_a_fifo_a_directory_or_a_device_is_refused_at_once() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let (fifo, dir_path) = (&*fifo(dir.path()), dir.path().to_str().unwrap());
     for (kernel, kind) in [(fifo, "a FIFO"), (dir_path, "a directory"), ("/dev/zero", "a character device")] {
@@ -114,6 +126,7 @@ fn kernel_that_is_a_fifo_a_directory_or_a_device_is_refused_at_once() {
 /// /dev/zero was "smaller than one 512-byte sector".
 #[test]
 fn disk_that_is_not_a_file_or_block_device_is_refused_with_what_it_is() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let (fifo, dir_path) = (&*fifo(dir.path()), dir.path().to_str().unwrap());
     let file_disk = "not a regular file or block device";
@@ -139,6 +152,7 @@ fn disk_that_is_not_a_file_or_block_device_is_refused_with_what_it_is() {
 
 #[test]
 fn over_long_or_unprintable_cmdline_says_the_limit() {
+    let _shared = test_infra::alongside_others();
     let long = "a".repeat(5000);
     assert_one_line_error(
         &["run", "--probe", "--cmdline", &long],
@@ -157,6 +171,7 @@ fn over_long_or_unprintable_cmdline_says_the_limit() {
 
 #[test]
 fn a_log_level_that_is_not_one() {
+    let _shared = test_infra::alongside_others();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
         .args(["probe", "export", "/nonexistent/probe.elf"])
         .env("EXITLESS_LOG", "loud")
@@ -170,6 +185,7 @@ fn a_log_level_that_is_not_one() {
 
 #[test]
 fn nics_that_cannot_be_told_apart_or_have_no_address_and_uplinks_that_do_not_exist() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let socket = |name: &str| dir.path().join(name).display().to_string();
     let nic = |name: &str, mac: &str| format!("socket={},mac={mac}", socket(name));

@@ -166,6 +166,7 @@ fn refused(dir: &Path, wanted: &str) {
 
 #[test]
 fn a_bad_scratch_directory_is_refused_on_one_line() {
+    let _shared = test_infra::alongside_others();
     let base = tempfile::tempdir_in("/tmp").unwrap();
     refused(&base.path().join("missing"), "no such directory");
     let file = base.path().join("file");

@@ -11,6 +11,7 @@ const SETUPS: [&str; 4] = ["shared-iocore", "iocore-per-vm", "qemu-iothread", "q
 
 #[test]
 fn every_setup_reports_a_row_per_vm_count_and_the_mixed_run() {
+    let _shared = test_infra::alongside_others();
     let out = exitless_within(
         Duration::from_secs(120),
         &[
@@ -72,6 +73,7 @@ fn every_setup_reports_a_row_per_vm_count_and_the_mixed_run() {
 
 #[test]
 fn vm_counts_out_of_range_are_refused() {
+    let _shared = test_infra::alongside_others();
     for vms in ["0", "100", "x"] {
         assert_one_line_error(&["bench", "scale", "--vms", vms], 2, "--vms");
     }

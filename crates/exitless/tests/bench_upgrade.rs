@@ -95,6 +95,7 @@ fn every_row_measures_a_pause_with_no_guest_error() {
 
 #[test]
 fn rounds_out_of_range_are_refused() {
+    let _shared = test_infra::alongside_others();
     for rounds in ["0", "101", "x"] {
         assert_one_line_error(&["bench", "upgrade", "--rounds", rounds], 2, "--rounds");
     }

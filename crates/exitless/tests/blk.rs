@@ -545,6 +545,7 @@ fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
 
 #[test]
 fn bad_disk_options_are_one_line_errors() {
+    let _shared = test_infra::alongside_others();
     for (spec, code) in [
         ("ram=7", 2),
         ("size=1G", 2),

@@ -321,6 +321,7 @@ fn vhost_user_daemon_killed_at_random_keeps_every_write_a_linux_guest_flushed() 
 /// generation begun after it, and finds a lost write and a write that went back in time.
 #[test]
 fn the_check_accepts_what_may_be_there_and_finds_lost_writes() {
+    let _shared = test_infra::alongside_others();
     let said = Said {
         writing: vec![
             Generation { number: 1, first: 0, blocks: 4 },

@@ -443,6 +443,7 @@ fn every_write_acknowledged_before_a_flush_survives_a_power_loss_at_that_flush()
 /// before the write reached the device, loses the block; in order, nothing is lost.
 #[test]
 fn the_power_loss_replay_finds_a_flush_answered_too_early() {
+    let _shared = test_infra::alongside_others();
     let write = |issued| Event::Block { issued, dev: "7,0".into(), rwbs: "WS".into(), sector: 0, sectors: 8 };
     let flush = |issued| Event::Block { issued, dev: "7,0".into(), rwbs: "FF".into(), sector: 0, sectors: 0 };
     let fsync = || Event::Submit { tgid: 1, ring: "r".into(), req: "q".into(), opcode: "FSYNC".into() };

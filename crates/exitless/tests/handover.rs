@@ -317,6 +317,7 @@ fn connect_as_nobody(rig: &Rig) {
 /// sockets. (`linux_net.rs` hands NICs over under a TCP transfer between two Linux guests.)
 #[test]
 fn a_nic_daemon_hands_over_only_to_a_successor_with_the_same_nics() {
+    let _shared = test_infra::alongside_others();
     use test_infra::console::Console;
     let dir = tempfile::tempdir_in("/tmp").unwrap();
     let (socket, handover) = (dir.path().join("a.net"), dir.path().join("handover.sock"));

@@ -14,6 +14,7 @@ use test_infra::daemon::Daemon;
 
 #[test]
 fn a_successor_confines_itself_before_it_reads_its_predecessor() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let disk = test_infra::disk_file(dir.path(), "disk", 1 << 20);
     let socket = dir.path().join("disk.sock");

@@ -187,6 +187,7 @@ impl Vm {
 
 #[test]
 fn another_user_gets_nothing_from_any_socket_whatever_the_umask() {
+    let _shared = test_infra::alongside_others();
     assert_root();
     for umask in [0o022, 0o000] {
         let dir = tempfile::tempdir().unwrap();
@@ -240,6 +241,7 @@ fn another_user_gets_nothing_from_any_socket_whatever_the_umask() {
 
 #[test]
 fn another_user_gets_nothing_from_a_nic_socket_or_the_nic_api_whatever_the_umask() {
+    let _shared = test_infra::alongside_others();
     assert_root();
     for umask in [0o022, 0o000] {
         let dir = tempfile::tempdir().unwrap();
@@ -282,6 +284,7 @@ fn another_user_gets_nothing_from_a_nic_socket_or_the_nic_api_whatever_the_umask
 
 #[test]
 fn a_ram_disk_is_no_file_another_user_can_reach() {
+    let _shared = test_infra::alongside_others();
     assert_root();
     let dir = tempfile::tempdir().unwrap();
     let api = dir.path().join("api.sock");
@@ -321,6 +324,7 @@ fn a_ram_disk_is_no_file_another_user_can_reach() {
 
 #[test]
 fn the_operators_allowance_lets_exactly_that_user_or_group_in() {
+    let _shared = test_infra::alongside_others();
     assert_root();
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();

@@ -18,6 +18,8 @@ use test_infra::one_at_a_time;
 
 /// What the helper prints before its result.
 const RESULT: &str = "ATTACKER-RESULT ";
+/// The helper test, by its path in the integration test binary.
+const HELPER: &str = "local_attacker_vm::attacker";
 /// Bounds the helper's waits: far beyond what a refusal takes.
 const HELPER_WAIT: Duration = Duration::from_secs(60);
 
@@ -27,7 +29,7 @@ fn as_nobody(action: &str, path: &Path) -> String {
     let out = Command::new("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "attacker", "--nocapture", "--test-threads=1"])
+        .args(["--exact", HELPER, "--nocapture", "--test-threads=1"])
         .env("EXITLESS_ATTACKER", action)
         .env("EXITLESS_ATTACKER_PATH", path)
         .output()
@@ -57,6 +59,7 @@ fn which(program: &str) {
 /// The helper itself: does nothing unless run by `as_nobody`.
 #[test]
 fn attacker() {
+    let _shared = test_infra::alongside_others();
     let (Some(action), Some(path)) =
         (std::env::var_os("EXITLESS_ATTACKER"), std::env::var_os("EXITLESS_ATTACKER_PATH"))
     else {

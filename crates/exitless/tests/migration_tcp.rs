@@ -406,6 +406,7 @@ fn a_destination_that_dies_midway_leaves_the_source_running() {
 
 #[test]
 fn tcp_needs_a_tls_directory_or_tcp_plain_by_name() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     // No --migration-tls-dir: refused before anything listens, naming the flag and the scheme.
     let out = exitless(&["run", "--receive-migration", "tcp:127.0.0.1:7070", "--timeout", "5"]);

@@ -172,6 +172,7 @@ fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_workin
 
 #[test]
 fn bad_network_options_are_one_line_errors() {
+    let _shared = test_infra::alongside_others();
     for (spec, code) in [
         ("tap=", 2),
         ("netns=x", 2),
@@ -298,6 +299,7 @@ fn bench_net_measures_qemu_on_the_same_tap() {
 
 #[test]
 fn the_af_packet_client_refuses_what_it_cannot_send_on_one_line() {
+    let _shared = test_infra::alongside_others();
     // Without its addresses: a usage error.
     let out = exitless(&["udp-rr", "--to", "10.0.0.1:7", "--packet", "lo"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));

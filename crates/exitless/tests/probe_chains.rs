@@ -46,6 +46,7 @@ fn assert_served(what: &str, out: &Output, too_many: &[&str]) {
 
 #[test]
 fn qemus_virtio_blk_serves_linuxs_chain_shapes_on_a_queue_of_128() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let elf = test_infra::probe_elf(dir.path());
     let disk = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();

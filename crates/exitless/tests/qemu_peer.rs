@@ -15,6 +15,7 @@ fn qemu_probe(elf: &std::path::Path, cmdline: &str) -> std::process::Output {
 
 #[test]
 fn the_same_hello_line_in_exitless_and_qemu() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let elf = test_infra::probe_elf(dir.path());
 
@@ -42,6 +43,7 @@ fn the_same_hello_line_in_exitless_and_qemu() {
 
 #[test]
 fn exitcost_runs_in_qemu_and_skips_what_needs_our_test_device() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let elf = test_infra::probe_elf(dir.path());
     let qemu = qemu_probe(&elf, "probe.workload=exitcost probe.n=200 probe.tsc_khz=1000000");
@@ -76,6 +78,7 @@ fn qemu_blk_probe(elf: &std::path::Path, indirect_desc: &str, queue_depth: u32) 
 /// fits.
 #[test]
 fn the_probe_uses_indirect_tables_only_when_the_device_offers_them() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let elf = test_infra::probe_elf(dir.path());
     // QEMU exits with (V << 1) | 1 for a debug-exit write of V: 1 is OK, 3 is FAILED.

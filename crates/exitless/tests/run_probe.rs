@@ -5,6 +5,7 @@ use test_infra::{exitless, json_lines, line_with, stderr};
 
 #[test]
 fn hello_boots_and_reports_what_it_found() {
+    let _shared = test_infra::alongside_others();
     let out = exitless(&["run", "--probe", "--mem", "128M"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     let hello = line_with(&out, "probe", "hello");
@@ -24,6 +25,7 @@ fn hello_boots_and_reports_what_it_found() {
 /// to be in every VM.
 #[test]
 fn the_test_device_is_there_only_when_asked_for() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let elf = test_infra::probe_elf(dir.path());
     for (extra, has) in [(None, false), (Some("--testdev"), true)] {
@@ -39,6 +41,7 @@ fn the_test_device_is_there_only_when_asked_for() {
 
 #[test]
 fn user_cmdline_reaches_the_guest_and_exit_status_passes_through() {
+    let _shared = test_infra::alongside_others();
     let out = exitless(&["run", "--probe", "--cmdline", "probe.workload=nonsense"]);
     assert_eq!(out.status.code(), Some(probe_status::BAD_CMDLINE as i32));
     let error = line_with(&out, "probe", "error");
@@ -49,6 +52,7 @@ fn user_cmdline_reaches_the_guest_and_exit_status_passes_through() {
 /// marks (also MMIO writes). Serial output is port I/O and does not count here.
 #[test]
 fn mmio_exits_match_the_writes_the_guest_made() {
+    let _shared = test_infra::alongside_others();
     const SLACK: u64 = 8;
     let mut counted = Vec::new();
     for n in [2000u64, 5000] {
@@ -67,6 +71,7 @@ fn mmio_exits_match_the_writes_the_guest_made() {
 
 #[test]
 fn exitcost_measures_every_kind_of_exit() {
+    let _shared = test_infra::alongside_others();
     let out = exitless(&[
         "run",
         "--probe",
@@ -88,6 +93,7 @@ fn exitcost_measures_every_kind_of_exit() {
 
 #[test]
 fn stats_text_goes_to_stderr() {
+    let _shared = test_infra::alongside_others();
     let out = exitless(&["run", "--probe", "--stats"]);
     assert_eq!(out.status.code(), Some(0));
     let err = stderr(&out);
@@ -97,6 +103,7 @@ fn stats_text_goes_to_stderr() {
 
 #[test]
 fn a_triple_fault_ends_the_run_with_a_message() {
+    let _shared = test_infra::alongside_others();
     let out = exitless(&["run", "--probe", "--cmdline", "probe.workload=triplefault", "--timeout", "30"]);
     assert_eq!(out.status.code(), Some(123), "stderr: {}", stderr(&out));
     assert!(stderr(&out).contains("triple-faulted"), "{}", stderr(&out));
@@ -104,6 +111,7 @@ fn a_triple_fault_ends_the_run_with_a_message() {
 
 #[test]
 fn a_guest_that_never_exits_is_stopped_at_the_timeout() {
+    let _shared = test_infra::alongside_others();
     let out =
         exitless(&["run", "--probe", "--cmdline", "probe.workload=spin", "--vcpus", "2", "--timeout", "1"]);
     assert_eq!(out.status.code(), Some(124));
@@ -112,6 +120,7 @@ fn a_guest_that_never_exits_is_stopped_at_the_timeout() {
 
 #[test]
 fn an_exception_in_the_guest_is_reported_by_the_probe() {
+    let _shared = test_infra::alongside_others();
     let out = exitless(&["run", "--probe", "--cmdline", "probe.workload=exception"]);
     assert_eq!(out.status.code(), Some(probe_status::CRASH as i32));
     let report: Value = line_with(&out, "probe", "exception");
@@ -121,6 +130,7 @@ fn an_exception_in_the_guest_is_reported_by_the_probe() {
 
 #[test]
 fn pinned_vcpus_with_hlt_and_pause_exits_disabled() {
+    let _shared = test_infra::alongside_others();
     let out =
         exitless(&["run", "--probe", "--vcpus", "2", "--pin-vcpu", "0,1", "--disable-exits", "hlt,pause"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
@@ -131,6 +141,7 @@ fn pinned_vcpus_with_hlt_and_pause_exits_disabled() {
 /// says how to get them.
 #[test]
 fn hugepages_work_and_too_few_say_what_is_missing() {
+    let _shared = test_infra::alongside_others();
     // The probe's static buffers (256 request slots) need more than 32 MiB: 48 MiB is 24 pages.
     test_infra::huge_pages::require_free(24);
     let out = exitless(&["run", "--probe", "--mem", "48M", "--hugepages"]);

@@ -186,6 +186,7 @@ fn wait_until_confined(child: &mut Child, names: &[&str]) -> HashMap<String, Str
 
 #[test]
 fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
+    let _shared = test_infra::alongside_others();
     // The probe idles after its requests, so the threads are there to look at (for much longer
     // than looking takes).
     let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=2000 probe.idle_ms=10000";
@@ -221,6 +222,7 @@ fn run_confines_its_vcpu_and_iocore_threads_and_the_probe_still_does_its_io() {
 /// unconfined.
 #[test]
 fn a_migration_destination_reads_its_stream_on_a_confined_thread() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("destination.mig");
     let url = format!("unix:{}", socket.display());
@@ -246,6 +248,7 @@ fn a_migration_destination_reads_its_stream_on_a_confined_thread() {
 /// destination runs on a simulated host of its own (a network namespace).
 #[test]
 fn a_tls_migration_destination_shakes_hands_on_its_confined_reader() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let hosts = exitless_bench::hosts::HostPair::new().unwrap_or_else(|e| panic!("{e}"));
     let ip = exitless_bench::hosts::DESTINATION_IP;
@@ -338,6 +341,7 @@ fn stop(daemon: Daemon) -> (Option<i32>, String) {
 
 #[test]
 fn vhost_user_daemon_confines_its_connection_and_iocore_threads_and_still_serves() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let (mut daemon, socket) = daemon_with_seccomp(dir.path(), "kill");
     assert_ne!(get_features(&socket), 0, "a frontend's GET_FEATURES is answered");
@@ -352,6 +356,7 @@ fn vhost_user_daemon_confines_its_connection_and_iocore_threads_and_still_serves
 
 #[test]
 fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_filters() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let api = dir.path().join("api.sock");
     let mut daemon = Daemon::builder()
@@ -418,6 +423,7 @@ fn a_daemon_with_a_control_api_confines_every_thread_and_adds_disks_under_its_fi
 
 #[test]
 fn the_net_daemon_confines_every_thread_and_still_serves() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
     let api = dir.path().join("api.sock");
@@ -484,6 +490,7 @@ const LIBRBD_THREADS: &[&str] = &[
 
 #[test]
 fn a_daemon_serving_an_rbd_disk_runs_librbds_threads_under_their_own_filter() {
+    let _shared = test_infra::alongside_others();
     let cluster = TestCluster::get();
     cluster.image("confined", 4 << 20);
     let dir = tempfile::tempdir().unwrap();
@@ -532,6 +539,7 @@ fn http(api: &Path, request: &str) -> String {
 
 #[test]
 fn seccomp_off_confines_no_thread() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let (daemon, socket) = daemon_with_seccomp(dir.path(), "off");
     get_features(&socket);
@@ -575,6 +583,7 @@ fn with_self_test(kind: &str, mut command: Command) -> std::process::ExitStatus 
 
 #[test]
 fn one_forbidden_call_from_any_kind_of_thread_kills_the_process() {
+    let _shared = test_infra::alongside_others();
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vhost.sock");
@@ -688,6 +697,7 @@ fn wait_for_threads(child: &mut Child, state: char) {
 /// was in with restart_syscall, which the filters once lacked: the daemon died of SIGSYS.
 #[test]
 fn a_confined_daemon_survives_sigstop_and_sigcont() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let (mut daemon, socket) = daemon_with_seccomp(dir.path(), "kill");
     let child = daemon.child();

@@ -134,6 +134,7 @@ impl Rig {
 
 #[test]
 fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_removed() {
+    let _shared = test_infra::alongside_others();
     let mut rig = Rig::start();
     let (status, body) = http(&rig.api, "GET", "/disks", None);
     assert_eq!((status, json(&body)), (200, serde_json::json!([])), "no disk at start");
@@ -202,6 +203,7 @@ fn a_disk_added_through_the_api_serves_a_qemu_guest_is_relimited_live_and_remove
 /// QEMU guest's reads served from it (zeros, no file behind it).
 #[test]
 fn a_null_disk_added_through_the_api_serves_a_qemu_guest() {
+    let _shared = test_infra::alongside_others();
     let rig = Rig::start();
     let socket = rig.socket("null");
     let put = format!(r#"{{"socket": "{}", "null": "64M"}}"#, socket.display());
@@ -222,6 +224,7 @@ fn a_null_disk_added_through_the_api_serves_a_qemu_guest() {
 
 #[test]
 fn a_disk_with_a_frontend_is_not_removed_and_the_others_keep_serving() {
+    let _shared = test_infra::alongside_others();
     let rig = Rig::start();
     let busy = rig.socket("busy");
     for (name, socket) in [("busy", &busy), ("other", &rig.socket("other"))] {
@@ -255,6 +258,7 @@ fn a_disk_with_a_frontend_is_not_removed_and_the_others_keep_serving() {
 
 #[test]
 fn bad_requests_get_a_4xx_and_say_why() {
+    let _shared = test_infra::alongside_others();
     let rig = Rig::start();
     let taken = rig.socket("taken");
     let put = format!(r#"{{"socket": "{}", "ram": "1M"}}"#, taken.display());
@@ -350,6 +354,7 @@ fn bad_requests_get_a_4xx_and_say_why() {
 
 #[test]
 fn a_client_that_never_sends_holds_up_nobody() {
+    let _shared = test_infra::alongside_others();
     let rig = Rig::start();
     // Connected, silent, for longer than a client may take.
     let idle: Vec<UnixStream> = (0..4).map(|_| UnixStream::connect(&rig.api).unwrap()).collect();
@@ -370,6 +375,7 @@ fn a_client_that_never_sends_holds_up_nobody() {
 
 #[test]
 fn the_api_socket_and_no_disks_are_checked_at_start() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let out = test_infra::exitless(&["vhost-user-blk"]);
     assert_eq!(out.status.code(), Some(2), "no --disk and no --api-socket is a usage error");
@@ -449,6 +455,7 @@ fn put_held_disk(
 
 #[test]
 fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
     let (socket, put) = put_held_disk(dir.path(), &api, "slow", &held, &daemon);
@@ -465,6 +472,7 @@ fn a_put_whose_open_outlasts_ten_seconds_is_answered_when_it_ends() {
 
 #[test]
 fn a_put_whose_open_never_ends_fails_and_adds_nothing() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let (daemon, api, held) = held_open_rig(dir.path(), dir.path());
     let (socket, put) = put_held_disk(dir.path(), &api, "stuck", &held, &daemon);
@@ -507,6 +515,7 @@ fn assert_refused(rig: &Rig, name: &str, (status, answer): (u16, String), says: 
 
 #[test]
 fn without_api_disk_dir_the_api_adds_no_disk_that_opens_a_file() {
+    let _shared = test_infra::alongside_others();
     let rig = Rig::start_allowing(false);
     let image = rig.disks().join("a.img");
     std::fs::File::create(&image).unwrap().set_len(1 << 20).unwrap();
@@ -523,6 +532,7 @@ fn without_api_disk_dir_the_api_adds_no_disk_that_opens_a_file() {
 
 #[test]
 fn an_api_disk_opens_a_file_only_inside_api_disk_dir() {
+    let _shared = test_infra::alongside_others();
     let rig = Rig::start();
     let disks = rig.disks();
     let image = |path: &Path| std::fs::File::create(path).unwrap().set_len(1 << 20).unwrap();
@@ -565,6 +575,7 @@ fn an_api_disk_opens_a_file_only_inside_api_disk_dir() {
 
 #[test]
 fn a_path_outside_api_disk_dir_is_never_opened() {
+    let _shared = test_infra::alongside_others();
     // The FUSE disk holds every open of its file: a refused PUT that opened it would hang.
     let dir = tempfile::tempdir().unwrap();
     let allowed = dir.path().join("allowed");
@@ -591,6 +602,7 @@ fn a_path_outside_api_disk_dir_is_never_opened() {
 /// requests are refused with why.
 #[test]
 fn nics_added_through_the_api_carry_two_guests_and_their_metrics_count_it() {
+    let _shared = test_infra::alongside_others();
     use test_infra::background::Background;
     let dir = tempfile::tempdir().unwrap();
     let api = dir.path().join("api.sock");

@@ -340,6 +340,7 @@ fn has(console: &str, marker: &str) -> bool {
 
 #[test]
 fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts() {
+    let _shared = test_infra::alongside_others();
     let files = LinuxFiles::new(false);
     let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
     let (disk, disk_arg) = files.disk();
@@ -382,6 +383,7 @@ fn linux_virtio_blk_writes_reads_and_flushes_through_the_backend_across_restarts
 
 #[test]
 fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
+    let _shared = test_infra::alongside_others();
     let files = LinuxFiles::new(false);
     let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
     let (disk, disk_arg) = files.disk();
@@ -405,6 +407,7 @@ fn linux_keeps_its_disk_while_the_backend_restarts_under_it() {
 
 #[test]
 fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
+    let _shared = test_infra::alongside_others();
     let files = LinuxFiles::new(true);
     let (dir, socket, guest) = (&files.dir, &files.socket, files.guest());
     let backend = start_backend(
@@ -433,6 +436,7 @@ fn linux_polled_io_on_a_poll_queue_of_a_two_queue_device() {
 
 #[test]
 fn bad_command_lines_and_socket_paths_are_refused() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, b"keep me").unwrap();
@@ -465,6 +469,7 @@ fn bad_command_lines_and_socket_paths_are_refused() {
 /// what their guest wrote.
 #[test]
 fn linux_and_an_exitless_vm_share_one_daemon_at_once() {
+    let _shared = test_infra::alongside_others();
     let kernel = kernel();
     let dir = tempfile::tempdir().unwrap();
     let initramfs = initramfs(&kernel, dir.path(), false);

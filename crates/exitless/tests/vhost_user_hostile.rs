@@ -97,6 +97,7 @@ fn saturated_eventfd() -> EventFd {
 
 #[test]
 fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let mut daemon = Daemon::serving(dir.path(), RAM_DISK, "eventfd").start_in(dir.path());
     let (pipe_read, pipe_write) = pipe();
@@ -132,6 +133,7 @@ fn call_err_and_kick_descriptors_that_are_not_eventfds_are_refused() {
 
 #[test]
 fn call_and_err_eventfds_that_cannot_take_another_count_do_not_block_the_daemon() {
+    let _shared = test_infra::alongside_others();
     for kind in DISK_KINDS {
         let (_dir, _disk, mut daemon) = serve(kind, "eventfd");
         let mut frontend = Frontend::ready(daemon.socket(), FEATURES, 0);
@@ -160,6 +162,7 @@ fn call_and_err_eventfds_that_cannot_take_another_count_do_not_block_the_daemon(
 
 #[test]
 fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
+    let _shared = test_infra::alongside_others();
     for kind in DISK_KINDS {
         for io_mode in ["eventfd", "sidecore"] {
             let what = format!("{} {io_mode}", kind.name());
@@ -195,6 +198,7 @@ fn shrinking_the_shared_memory_under_the_daemon_does_not_kill_it() {
 /// showed it.
 #[test]
 fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at_once() {
+    let _shared = test_infra::alongside_others();
     for kind in DISK_KINDS {
         for io_mode in ["eventfd", "adaptive"] {
             let what = format!("{} {io_mode}", kind.name());
@@ -239,6 +243,7 @@ fn a_duplicate_head_is_reported_costs_no_core_and_the_next_frontend_is_served_at
 /// which no seccomp filter allowed, so the first thread to resume killed the daemon (SIGSYS).
 #[test]
 fn a_daemon_stopped_and_continued_keeps_serving() {
+    let _shared = test_infra::alongside_others();
     for kind in DISK_KINDS {
         let (_dir, _disk, mut daemon) = serve(kind, "adaptive");
         let pause = |daemon: &Daemon| {
@@ -262,6 +267,7 @@ fn a_daemon_stopped_and_continued_keeps_serving() {
 
 #[test]
 fn an_idle_frontend_does_not_hold_the_disk() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let mut daemon = Daemon::serving(dir.path(), RAM_DISK, "eventfd").start_in(dir.path());
     // A connects and says nothing.
@@ -280,6 +286,7 @@ fn an_idle_frontend_does_not_hold_the_disk() {
 
 #[test]
 fn sigterm_ends_the_daemon_whatever_the_frontend_does() {
+    let _shared = test_infra::alongside_others();
     type Attack = fn(&Daemon) -> Vec<Box<dyn std::any::Any>>;
     let attacks: [(&str, Attack); 4] = [
         ("a frontend stalled inside a message", |daemon| {
@@ -393,6 +400,7 @@ fn answered(frontend: &Frontend) -> bool {
 /// resubmitted write would wait behind the held one there.)
 #[test]
 fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing.img");
     std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
@@ -449,6 +457,7 @@ fn a_quarantined_request_is_not_resubmitted_until_the_disk_finishes_it() {
 /// resubmits the read and answers it.
 #[test]
 fn a_handover_is_refused_while_the_disk_holds_a_quarantined_request() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backing.img");
     std::fs::write(&file, pattern(9).repeat((DISK_BYTES / 4096) as usize)).unwrap();
@@ -555,6 +564,7 @@ fn frontend_with_a_held_read(daemon: &Daemon, held: &test_infra::held_disk::Held
 
 #[test]
 fn a_disk_that_never_answers_does_not_wedge_its_next_frontend() {
+    let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
     let file = test_infra::disk_file(dir.path(), "backing.img", DISK_BYTES);
     let held = test_infra::held_disk::HeldDisk::start(dir.path(), &file, HELD_SECTOR * 512);

@@ -505,6 +505,7 @@ fn a_rate_limited_disk_never_exceeds_its_budget_plus_burst() {
 
 #[test]
 fn command_lines_that_give_a_disk_no_socket_of_its_own_are_refused() {
+    let _shared = test_infra::alongside_others();
     let run = |args: &[&str]| Daemon::builder().args(args, &[]).command().output().unwrap();
     for bad in [
         &["--disk", "ram=1M"][..],

@@ -364,13 +364,20 @@ pub fn phase(out: &Output, from: u64, to: u64) -> Value {
         .unwrap_or_else(|| panic!("no phase {from}->{to} in {stats}"))
 }
 
-/// One VM (or daemon and its guests) at a time: polling modes need both of this machine's cores,
-/// and exit counts and idle CPU time are only clean then.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// The machine the tests of one binary share: polling modes need both of this machine's cores,
+/// and exit counts and idle CPU time are only clean when a test has it to itself.
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// Held for a whole test. A test that failed while holding it does not fail the next one.
-pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+/// Held for a whole test that needs the machine to itself: no other test runs beside it. A test
+/// that failed while holding it does not fail the next one.
+pub fn one_at_a_time() -> std::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Held for a whole test that may run beside others, but never beside one that holds
+/// [`one_at_a_time`].
+pub fn alongside_others() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The most IOPS `ops` requests can show under a limit of `iops` per second whose bucket starts
