@@ -12,7 +12,9 @@
 #       taken down (as by `down`) once process PID has ended: a test binary's cluster goes
 #       with it, however it ends.
 #   scripts/ceph.sh down DIR
-#       Stop the daemons by PID (SIGTERM, then SIGKILL after 10 s) and remove DIR.
+#       Stop the daemons by PID (SIGTERM, then SIGKILL after 10 s) and remove DIR. With
+#       CEPH_KEEP_LOGS=KEEP in the environment (of `up`, for a cluster taken down on exit), the
+#       daemons' logs are kept in KEEP/DIR's name first: what a stalled test's cluster did.
 #   scripts/ceph.sh stop-osd DIR | start-osd DIR
 #       Kill the OSD with SIGKILL / start it again on its data (fault tests).
 #
@@ -126,6 +128,12 @@ paxos propose interval = 0.1
 # watches every objecter tick (5 s by default), so the tick comes every second.
 osd client watch timeout = 5
 objecter tick interval = 1
+# A PG may serve reads only within its read lease (osd heartbeat grace x this ratio: 16 s by
+# default), renewed as it goes. An OSD stalled past its lease with reads in flight (a busy host
+# stalls one for seconds) finds its PGs laggy, and Ceph 16 never re-checks a laggy PG with one
+# OSD in it (tracker 80404): every read then waits for good. One OSD has no peer that could serve
+# a stale read, so a lease of an hour costs nothing.
+osd pool default read lease ratio = 180
 
 [mon]
 mon data = $dir/mon.\$id
@@ -196,6 +204,9 @@ down() {
     [[ -e $dir/ceph.conf ]] || die "$dir holds no cluster"
     stop_pid "$dir/run/osd.0.pid"
     stop_pid "$dir/run/mon.a.pid"
+    if [[ -n ${CEPH_KEEP_LOGS:-} ]]; then
+        mkdir -p "$CEPH_KEEP_LOGS" && cp -r "$dir/log" "$CEPH_KEEP_LOGS/$(basename "$dir")"
+    fi
     rm -rf "$dir"
 }
 

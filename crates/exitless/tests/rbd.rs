@@ -261,6 +261,32 @@ fn an_osd_killed_under_a_guests_writes_loses_no_acknowledged_write() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
+/// The OSD stalled for 20 s (SIGSTOP) under a guest's reads, past Ceph's default read lease
+/// (16 s), as a busy host once stalled the cluster the tests share: the guest's reads are answered
+/// once it runs again. With Ceph 16's default lease the OSD's placement groups turn laggy, none is
+/// ever checked again with one OSD, and every read waits for good; `scripts/ceph.sh` gives the
+/// lease an hour.
+#[test]
+fn an_osd_stalled_past_the_default_read_lease_answers_a_guests_reads_again() {
+    let _shared = test_infra::alongside_others();
+    let cluster = TestCluster::own("osd-stall");
+    cluster.image("stalled", 64 << 20);
+    // Written, so that every read goes to the OSD: librbd answers a read of an object that does
+    // not exist itself. 16 objects, in every placement group.
+    let fill = ["bench", "--io-type", "write", "--io-size", "4M", "--io-total", "64M", "--io-pattern", "seq"];
+    cluster.rbd(&[&fill[..], &["rbd/stalled"]].concat());
+    let disk = rbd_disk(&cluster, "stalled");
+    // Reads for longer than the second before the stall; the probe waits up to 100 s for each.
+    let cmdline = "probe.workload=blk probe.rw=randread probe.ops=100000 probe.qd=32 probe.timeout_ms=100000";
+    let guest = std::thread::spawn(move || run_probe("adaptive", &disk, cmdline));
+    std::thread::sleep(Duration::from_secs(1));
+    cluster.pause_osd(true);
+    std::thread::sleep(Duration::from_secs(20));
+    cluster.pause_osd(false);
+    let result = guest.join().unwrap();
+    assert_eq!((result["ops"].as_u64(), result["errors"].as_u64()), (Some(100_000), Some(0)), "{result}");
+}
+
 /// Each thread of process `pid`: its name and the CPUs it may run on.
 fn threads_and_cpus(pid: u32) -> Vec<(String, String)> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
