@@ -221,7 +221,9 @@ fn osd_kills() -> u32 {
 /// disk, a RAM disk, serves another guest while the OSD is down.
 #[test]
 fn an_osd_killed_under_a_guests_writes_loses_no_acknowledged_write() {
-    let _shared = test_infra::alongside_others();
+    // Alone: beside the stall below (another cluster on 127.0.0.1 whose OSD is stopped), both
+    // guests lost their requests for good, 2 runs of 2; why is not known.
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::own("osd-kill");
     cluster.image("survivor", 64 << 20);
     let dir = tempfile::tempdir().unwrap();
@@ -268,7 +270,8 @@ fn an_osd_killed_under_a_guests_writes_loses_no_acknowledged_write() {
 /// lease an hour.
 #[test]
 fn an_osd_stalled_past_the_default_read_lease_answers_a_guests_reads_again() {
-    let _shared = test_infra::alongside_others();
+    // Alone, as the OSD kill above.
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::own("osd-stall");
     cluster.image("stalled", 64 << 20);
     // Written, so that every read goes to the OSD: librbd answers a read of an object that does
