@@ -2,78 +2,44 @@
 
 use std::path::Path;
 
-use test_infra::{assert_one_line_error, elf, stderr};
+use test_infra::{args, assert_one_line_error, elf, stderr};
 
-#[test]
-fn missing_kernel_file() {
+/// `exitless LINE` ends with status `code` and one line on standard error that says `says`.
+fn refused(line: &str, code: i32, says: &str) {
     let _shared = test_infra::alongside_others();
-    assert_one_line_error(
-        &["run", "--kernel", "/nonexistent/vmlinux"],
-        125,
-        "cannot open the kernel /nonexistent/vmlinux",
-    );
+    assert_one_line_error(&args(line, &[]), code, says);
 }
 
-#[test]
-fn kernel_that_is_not_elf() {
+/// `exitless run --kernel FILE MORE`, FILE holding `image`, ends with status 125 and one line on
+/// standard error that says `says`.
+fn kernel_refused(image: &[u8], more: &[&str], says: &str) {
     let _shared = test_infra::alongside_others();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kernel.txt");
-    std::fs::write(&path, "this is not a kernel\n").unwrap();
-    assert_one_line_error(&["run", "--kernel", path.to_str().unwrap()], 125, "not an ELF file");
-    std::fs::write(&path, "").unwrap();
-    assert_one_line_error(&["run", "--kernel", path.to_str().unwrap()], 125, "not an ELF file");
+    let path = dir.path().join("kernel");
+    std::fs::write(&path, image).unwrap();
+    assert_one_line_error(&args("run --kernel", &[&[path.to_str().unwrap()], more].concat()), 125, says);
 }
 
-#[test]
-fn elf_without_a_pvh_note() {
-    let _shared = test_infra::alongside_others();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nopvh.elf");
-    std::fs::write(&path, elf(&[(0x10_0000, 64, 64)], None)).unwrap();
-    assert_one_line_error(&["run", "--kernel", path.to_str().unwrap()], 125, "no PVH entry point");
-}
-
-#[test]
-fn truncated_elf() {
-    let _shared = test_infra::alongside_others();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("truncated.elf");
-    let image = elf(&[(0x10_0000, 4096, 4096)], Some(0x10_0000));
-    std::fs::write(&path, &image[..100]).unwrap();
-    assert_one_line_error(&["run", "--kernel", path.to_str().unwrap()], 125, "malformed");
-}
-
-#[test]
-fn memory_too_small_for_the_kernel() {
-    let _shared = test_infra::alongside_others();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("big.elf");
-    // 64 MiB of memory image (mostly bss) into a 16 MiB VM.
-    std::fs::write(&path, elf(&[(0x10_0000, 64, 64 << 20)], Some(0x10_0000))).unwrap();
-    assert_one_line_error(
-        &["run", "--kernel", path.to_str().unwrap(), "--mem", "16M"],
-        125,
-        "--mem too small",
-    );
-}
-
-#[test]
-fn memory_too_small_for_a_vm() {
-    let _shared = test_infra::alongside_others();
-    assert_one_line_error(&["run", "--probe", "--mem", "1M"], 125, "too small");
-}
-
-#[test]
-fn unknown_option() {
-    let _shared = test_infra::alongside_others();
-    assert_one_line_error(&["run", "--probe", "--frobnicate"], 2, "--frobnicate");
-}
-
-#[test]
-fn zero_vcpus() {
-    let _shared = test_infra::alongside_others();
-    assert_one_line_error(&["run", "--probe", "--vcpus", "0"], 2, "--vcpus");
+test_infra::tests! {
+    missing_kernel_file =>
+        refused("run --kernel /nonexistent/vmlinux", 125, "cannot open the kernel /nonexistent/vmlinux");
+    kernel_that_is_not_elf => {
+        kernel_refused(b"this is not a kernel\n", &[], "not an ELF file");
+        kernel_refused(b"", &[], "not an ELF file")
+    };
+    elf_without_a_pvh_note => kernel_refused(&elf(&[(0x10_0000, 64, 64)], None), &[], "no PVH entry point");
+    truncated_elf =>
+        kernel_refused(&elf(&[(0x10_0000, 4096, 4096)], Some(0x10_0000))[..100], &[], "malformed");
+    /// 64 MiB of memory image (mostly bss) into a 16 MiB VM.
+    memory_too_small_for_the_kernel => {
+        let image = elf(&[(0x10_0000, 64, 64 << 20)], Some(0x10_0000));
+        kernel_refused(&image, &["--mem", "16M"], "--mem too small")
+    };
+    memory_too_small_for_a_vm => refused("run --probe --mem 1M", 125, "too small");
+    unknown_option => refused("run --probe --frobnicate", 2, "--frobnicate");
+    zero_vcpus => refused("run --probe --vcpus 0", 2, "--vcpus");
+    probe_export_to_an_unwritable_place =>
+        refused("probe export /nonexistent/dir/probe.elf", 125, "cannot write");
 }
 
 #[test]
@@ -90,12 +56,6 @@ fn kernel_and_probe_are_exclusive_and_one_is_required() {
     let _shared = test_infra::alongside_others();
     assert_one_line_error(&["run"], 2, "required");
     assert_one_line_error(&["run", "--probe", "--kernel", "/x"], 2, "cannot be used with");
-}
-
-#[test]
-fn probe_export_to_an_unwritable_place() {
-    let _shared = test_infra::alongside_others();
-    assert_one_line_error(&["probe", "export", "/nonexistent/dir/probe.elf"], 125, "cannot write");
 }
 
 /// A new FIFO at DIR/fifo: its path.

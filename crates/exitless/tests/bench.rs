@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use test_infra::{exitless, stderr, stdout};
+use test_infra::{args, exitless, stderr, stdout};
 
 #[test]
 fn default_block_bench_with_qemu_peers_reports_every_row() {
@@ -17,24 +17,10 @@ fn default_block_bench_with_qemu_peers_reports_every_row() {
     // /tmp is on the root file system (ext4) here, as a scratch directory must be.
     let scratch = tempfile::tempdir_in("/tmp").unwrap();
     let plots = scratch.path().join("plots");
-    let out = exitless(&[
-        "bench",
-        "--json",
-        "--duration-ms",
-        "100",
-        "--warmup",
-        "200",
-        "--disk",
-        "scratch=64M",
-        "--disk",
-        "ram=64M",
-        "--disk",
-        "null=64M",
-        "--scratch",
-        scratch.path().to_str().unwrap(),
-        "--plot",
-        plots.to_str().unwrap(),
-    ]);
+    let line = "bench --json --duration-ms 100 --warmup 200 --disk scratch=64M --disk ram=64M \
+                --disk null=64M";
+    let more = ["--scratch", scratch.path().to_str().unwrap(), "--plot", plots.to_str().unwrap()];
+    let out = exitless(&args(line, &more));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
     let results = report["results"].as_array().unwrap();
@@ -191,25 +177,9 @@ fn a_bad_scratch_directory_is_refused_on_one_line() {
 #[test]
 fn a_ram_disk_alone_needs_no_scratch_directory() {
     let _one = test_infra::one_at_a_time();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--disk",
-        "ram=16M",
-        "--scratch",
-        "/nonexistent/exitless",
-        "--modes",
-        "exitless",
-        "--qd",
-        "1",
-        "--peers",
-        "none",
-        "--no-baseline",
-        "--duration-ms",
-        "20",
-        "--warmup",
-        "10",
-    ]);
+    let line = "bench --json --disk ram=16M --scratch /nonexistent/exitless --modes exitless --qd 1 \
+                --peers none --no-baseline --duration-ms 20 --warmup 10";
+    let report = bench_report(&args(line, &[]));
     assert_eq!(report["results"][0]["disk"], "ram");
 }
 
@@ -218,22 +188,9 @@ fn a_ram_disk_alone_needs_no_scratch_directory() {
 #[test]
 fn rounds_report_every_guest_row_by_its_median_run() {
     let _one = test_infra::one_at_a_time();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--disk",
-        "null=16M",
-        "--modes",
-        "exitless,adaptive",
-        "--qd",
-        "1",
-        "--rounds",
-        "3",
-        "--duration-ms",
-        "20",
-        "--warmup",
-        "10",
-    ]);
+    let line = "bench --json --disk null=16M --modes exitless,adaptive --qd 1 --rounds 3 \
+                --duration-ms 20 --warmup 10";
+    let report = bench_report(&args(line, &[]));
     let results = report["results"].as_array().unwrap();
     let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
     // exitless's two modes and QEMU's four configurations, once each.
@@ -261,20 +218,8 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
     let file = test_infra::disk_file(dir.path(), "loop.img", 16 << 20);
     let device = test_infra::LoopDevice::attach(&file);
     let disk = format!("path={},direct", device.path.display());
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--disk",
-        &disk,
-        "--modes",
-        "exitless",
-        "--qd",
-        "1",
-        "--duration-ms",
-        "100",
-        "--warmup",
-        "10",
-    ]);
+    let line = "bench --json --modes exitless --qd 1 --duration-ms 100 --warmup 10";
+    let report = bench_report(&args(line, &["--disk", &disk]));
     let results = report["results"].as_array().unwrap();
     let mut modes: Vec<&str> = results.iter().map(|r| r["mode"].as_str().unwrap()).collect();
     modes.sort_unstable();
@@ -293,20 +238,8 @@ fn block_bench_measures_a_block_device_in_every_vmm() {
 #[test]
 fn block_bench_at_the_queue_size_runs_in_every_vmm() {
     let _one = test_infra::one_at_a_time();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--qd",
-        "256",
-        "--modes",
-        "exitless",
-        "--duration-ms",
-        "100",
-        "--warmup",
-        "200",
-        "--disk",
-        "ram=64M",
-    ]);
+    let line = "bench --json --qd 256 --modes exitless --duration-ms 100 --warmup 200 --disk ram=64M";
+    let report = bench_report(&args(line, &[]));
     let results = report["results"].as_array().unwrap();
     let guests: Vec<&Value> = results.iter().filter(|r| r["vmm"] != "host").collect();
     assert_eq!(guests.len(), 5, "exitless and QEMU's four set-ups: {results:?}");
@@ -323,24 +256,9 @@ fn block_bench_plots_one_svg_per_scenario() {
     let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let plots = dir.path().join("plots/new");
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--disk",
-        "ram=64M",
-        "--qd",
-        "1,4",
-        "--modes",
-        "exitless,trap",
-        "--duration-ms",
-        "100",
-        "--warmup",
-        "200",
-        "--peers",
-        "none",
-        "--plot",
-        plots.to_str().unwrap(),
-    ]);
+    let line = "bench --json --disk ram=64M --qd 1,4 --modes exitless,trap --duration-ms 100 \
+                --warmup 200 --peers none";
+    let report = bench_report(&args(line, &["--plot", plots.to_str().unwrap()]));
     let results = report["results"].as_array().unwrap();
     let mut files: Vec<String> =
         std::fs::read_dir(&plots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
@@ -419,22 +337,9 @@ fn x_qemu_pairs_the_same_backend(results: &[Value]) {
 #[test]
 fn x_qemu_pairs_rows_on_the_same_backend() {
     let _one = test_infra::one_at_a_time();
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--disk",
-        "ram=64M",
-        "--disk",
-        "null=64M",
-        "--modes",
-        "exitless",
-        "--qd",
-        "1",
-        "--duration-ms",
-        "100",
-        "--warmup",
-        "200",
-    ]);
+    let line = "bench --json --disk ram=64M --disk null=64M --modes exitless --qd 1 --duration-ms 100 \
+                --warmup 200";
+    let report = bench_report(&args(line, &[]));
     let results = report["results"].as_array().unwrap();
     x_qemu_pairs_the_same_backend(results);
     let row = |disk: &str, mode: &str| {
@@ -499,10 +404,8 @@ fn x_qemu_pairs_rows_on_the_same_backend() {
 #[test]
 fn the_backend_matrix_runs_every_kind_with_matching_caching() {
     let _one = test_infra::one_at_a_time();
-    let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let report = backend_matrix_report("all", "50", scratch.path());
+    let (report, _scratch) = backend_matrix_report("all", "50");
     let results = report["results"].as_array().unwrap();
-    x_qemu_pairs_the_same_backend(results);
     // (disk, exitless's backend, fio's and QEMU's own --direct / cache mode).
     let kinds = [
         ("direct", "file-direct", true),
@@ -564,33 +467,20 @@ fn the_backend_matrix_runs_every_kind_with_matching_caching() {
     }
 }
 
-/// `exitless ARGS` (a `bench ... --json`), which must succeed: its one JSON document.
 /// `exitless bench --backends BACKENDS` on 64 MiB disks in exitless mode: random reads and
 /// write+FLUSH at depth 1, each run `ms` milliseconds after as long a warm-up, its scratch files
-/// in `scratch`.
-fn backend_matrix_report(backends: &str, ms: &str, scratch: &Path) -> Value {
-    bench_report(&[
-        "bench",
-        "--json",
-        "--backends",
-        backends,
-        "--backend-size",
-        "64M",
-        "--modes",
-        "exitless",
-        "--rw",
-        "randread,writeflush",
-        "--qd",
-        "1",
-        "--duration-ms",
-        ms,
-        "--warmup",
-        ms,
-        "--scratch",
-        scratch.to_str().unwrap(),
-    ])
+/// in a new directory under /var/tmp. Every "x QEMU" pairs rows on one backend. Returns the
+/// report and that directory.
+fn backend_matrix_report(backends: &str, ms: &str) -> (Value, tempfile::TempDir) {
+    let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
+    let line = "bench --json --backend-size 64M --modes exitless --rw randread,writeflush --qd 1";
+    let more = ["--backends", backends, "--duration-ms", ms, "--warmup", ms, "--scratch"];
+    let report = bench_report(&args(line, &[&more[..], &[scratch.path().to_str().unwrap()]].concat()));
+    x_qemu_pairs_the_same_backend(report["results"].as_array().unwrap());
+    (report, scratch)
 }
 
+/// `exitless ARGS` (a `bench ... --json`), which must succeed: its one JSON document.
 fn bench_report(args: &[&str]) -> Value {
     let out = exitless(args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -609,10 +499,8 @@ fn alive(pid: u64) -> bool {
 #[test]
 fn the_rbd_backend_pairs_only_with_rbd_peers_on_a_cluster_the_bench_starts() {
     let _one = test_infra::one_at_a_time();
-    let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    let report = backend_matrix_report("rbd", "100", scratch.path());
+    let (report, scratch) = backend_matrix_report("rbd", "100");
     let results = report["results"].as_array().unwrap();
-    x_qemu_pairs_the_same_backend(results);
     let ceph = &report["ceph"];
     assert_eq!(ceph["started_by_bench"], true, "{ceph}");
     let daemons = ceph["daemons"].as_array().unwrap();
@@ -683,30 +571,9 @@ fn the_rbd_backend_runs_on_a_given_cluster_and_leaves_it_as_it_was() {
     let cluster = storage::testing::ceph::TestCluster::get();
     let conf = cluster.conf().to_str().unwrap();
     let images_before = cluster.rbd(&["ls", "rbd"]);
-    let report = bench_report(&[
-        "bench",
-        "--json",
-        "--backends",
-        "rbd",
-        "--ceph-conf",
-        conf,
-        "--backend-size",
-        "16M",
-        "--modes",
-        "exitless",
-        "--rw",
-        "randwrite",
-        "--qd",
-        "1",
-        "--peers",
-        "none",
-        "--duration-ms",
-        "50",
-        "--warmup",
-        "50",
-        "--scratch",
-        "/nonexistent/exitless",
-    ]);
+    let line = "bench --json --backends rbd --backend-size 16M --modes exitless --rw randwrite --qd 1 \
+                --peers none --duration-ms 50 --warmup 50 --scratch /nonexistent/exitless";
+    let report = bench_report(&args(line, &["--ceph-conf", conf]));
     assert_eq!(report["ceph"]["started_by_bench"], false, "{}", report["ceph"]);
     assert_eq!(report["ceph"]["daemons"], serde_json::json!([]));
     let image = report["ceph"]["image"].as_str().unwrap();

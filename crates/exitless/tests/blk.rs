@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use test_infra::disks::DISK_KINDS;
-use test_infra::{
-    assert_one_line_error, exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr,
-};
+use test_infra::{args, exitless, exitless_within, json_lines, line_with, one_at_a_time, per_queue, stderr};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 
@@ -22,22 +20,19 @@ fn temp_disk(dir: &str) -> tempfile::TempPath {
     file.into_temp_path()
 }
 
+/// A RAM disk loaded from a new file in /dev/shm: the file, and the disk's spec with `options`
+/// (each led by a comma) after its path.
+fn ram_disk(options: &str) -> (tempfile::TempPath, String) {
+    let file = temp_disk("/dev/shm");
+    let spec = format!("ram,path={}{options}", file.display());
+    (file, spec)
+}
+
 /// `exitless run --probe ... --stats --json`, the guest stopped after `guest_timeout` seconds and
 /// the run killed if it outlives RUN_LIMIT.
 fn run_probe(mode: &str, disk: &str, cmdline: &str, guest_timeout: &str) -> std::process::Output {
-    let args = [
-        "run",
-        "--probe",
-        "--disk",
-        disk,
-        "--io-mode",
-        mode,
-        "--cmdline",
-        cmdline,
-        "--timeout",
-        guest_timeout,
-    ];
-    exitless_within(RUN_LIMIT, &[&args[..], &["--stats", "--json"]].concat())
+    let more = ["--disk", disk, "--io-mode", mode, "--cmdline", cmdline, "--timeout", guest_timeout];
+    exitless_within(RUN_LIMIT, &args("run --probe --stats --json", &more))
 }
 
 fn run_blk(mode: &str, disk: &str, cmdline: &str) -> std::process::Output {
@@ -135,16 +130,12 @@ fn a_disk_switched_to_write_through_leaves_no_dirty_pages() {
 #[test]
 fn a_disks_serial_number_is_its_get_id_answer() {
     let _one = one_at_a_time();
-    let path = temp_disk("/dev/shm");
     let cmdline = "probe.workload=blk probe.rw=verify probe.ops=8 probe.qd=1";
-    let out = run_blk("exitless", &format!("ram,path={},serial=probe disk #7", path.display()), cmdline);
+    let (_file, disk) = ram_disk(",serial=probe disk #7");
+    let out = run_blk("exitless", &disk, cmdline);
     assert_eq!(line_with(&out, "probe", "blk")["id"], "probe disk #7");
-    let out = run_probe(
-        "exitless",
-        &format!("ram,path={},serial=123456789012345678901", path.display()),
-        cmdline,
-        "10",
-    );
+    let (_file, disk) = ram_disk(",serial=123456789012345678901");
+    let out = run_probe("exitless", &disk, cmdline, "10");
     assert_ne!(out.status.code(), Some(0), "a 21-byte serial was accepted");
     assert!(stderr(&out).contains("1 to 20 characters"), "{}", stderr(&out));
 }
@@ -177,8 +168,7 @@ fn verify_passes_on_a_loop_device_with_direct_io_in_the_polling_modes() {
 #[test]
 fn every_interrupt_a_device_raises_is_injected() {
     let _one = one_at_a_time();
-    let disk = temp_disk("/dev/shm");
-    let disk = format!("ram,path={}", disk.display());
+    let (_file, disk) = ram_disk("");
     for mode in ["trap", "eventfd", "sidecore"] {
         let out = run_blk(mode, &disk, "probe.workload=blk probe.rw=randread probe.qd=1 probe.ops=2000");
         let stats = json_lines(&out).into_iter().find(|l| l["exitless"] == "run").expect("stats line");
@@ -288,8 +278,7 @@ fn a_verify_waits_at_its_gate_until_the_host_opens_it() {
             "probe.workload=blk probe.rw=verify probe.ops=300 probe.qd=8 probe.seed={seed} probe.gate_block={gate} probe.timeout_ms=500"
         )
     };
-    let disk = temp_disk("/dev/shm");
-    let spec = format!("ram,path={}", disk.display());
+    let (disk, spec) = ram_disk("");
 
     let out = run_probe("eventfd", &spec, &verify(9, 300), "60");
     assert_eq!(out.status.code(), Some(1), "{}", test_infra::stdout(&out));
@@ -313,8 +302,7 @@ fn a_verify_waits_at_its_gate_until_the_host_opens_it() {
 #[test]
 fn adaptive_sleeps_when_the_guest_is_idle_and_polls_under_load() {
     let _one = one_at_a_time();
-    let disk = temp_disk("/dev/shm");
-    let disk = format!("ram,path={}", disk.display());
+    let (_file, disk) = ram_disk("");
     let cmdline = "probe.workload=blk probe.rw=randread probe.qd=4 probe.ops=20000 probe.idle_ms=1200";
     let out = run_blk("adaptive", &disk, cmdline);
     let result = line_with(&out, "probe", "blk");
@@ -446,8 +434,7 @@ fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_servin
 
 /// Runs the probe's blk workload on a RAM disk; returns its result line.
 fn run_blk_within(mode: &str, cmdline: &str) -> (std::process::Output, Value) {
-    let disk = temp_disk("/dev/shm");
-    let disk = format!("ram,path={}", disk.display());
+    let (_file, disk) = ram_disk("");
     let out = run_probe(mode, &disk, cmdline, "90");
     let result = json_lines(&out)
         .into_iter()
@@ -524,18 +511,12 @@ fn a_batch_of_100_flushes_all_complete() {
 #[test]
 fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
     let _one = one_at_a_time();
-    let path = temp_disk("/dev/shm");
-    let disk = format!("ram,path={},readonly", path.display());
-    let out = exitless(&[
-        "run",
-        "--probe",
-        "--disk",
-        &disk,
-        "--cmdline",
-        "probe.workload=blk probe.rw=randwrite probe.ops=10",
-        "--timeout",
-        "60",
-    ]);
+    let (path, disk) = ram_disk(",readonly");
+    let line = "run --probe --timeout 60";
+    let out = exitless(&args(
+        line,
+        &["--disk", &disk, "--cmdline", "probe.workload=blk probe.rw=randwrite probe.ops=10"],
+    ));
     assert_eq!(out.status.code(), Some(1), "the probe reports failed writes: {}", stderr(&out));
     let result = line_with(&out, "probe", "blk");
     assert_eq!(result["read_only"], true);
@@ -545,8 +526,7 @@ fn writes_to_a_read_only_disk_fail_and_leave_it_unchanged() {
 
 #[test]
 fn bad_disk_options_are_one_line_errors() {
-    let _shared = test_infra::alongside_others();
-    for (spec, code) in [
+    let cases = [
         ("ram=7", 2),
         ("size=1G", 2),
         ("ram=1M,queues=0", 2),
@@ -554,9 +534,8 @@ fn bad_disk_options_are_one_line_errors() {
         ("ram=1M,queues=two", 2),
         ("path=/nonexistent/disk.img", 125),
         ("ram,path=/nonexistent", 125),
-    ] {
-        assert_one_line_error(&["run", "--probe", "--disk", spec], code, "disk");
-    }
+    ];
+    test_infra::assert_each_refused("run --probe --disk", &cases, "disk");
 }
 
 /// Trap mode serves a notification on the vCPU thread and waits there at most a second for the

@@ -225,8 +225,12 @@ impl Outcome {
         );
     }
 
-    /// The host counted the errors the guest saw, on the disk under test only.
-    fn host_counted_the_errors(&self) {
+    /// The errors stayed on the disk under test: the control disk served every step, and the host
+    /// counted the errors the guest saw, on the disk under test only.
+    fn errors_stayed_on_the_faulty_disk(&self) {
+        for step in &self.steps {
+            step.control_served();
+        }
         if let Some(counted) = self.host_io_errors {
             assert_eq!(counted, self.guest_ioerrs(), "host-side I/O errors vs what the guest saw");
         }
@@ -237,6 +241,16 @@ impl Outcome {
 }
 
 impl Faulty {
+    /// Boot the guest on a sparse file of `bytes` in a new 16 MiB ext4 file system mounted with
+    /// `options`: the file system, the file and the guest.
+    fn on_ext4(frontend: Frontend, options: &str, bytes: u64) -> (Ext4, PathBuf, Faulty) {
+        let fs = Ext4::mount(16, options);
+        let disk = fs.path("disk.img");
+        std::fs::File::create(&disk).unwrap().set_len(bytes).unwrap();
+        let vm = Faulty::start(frontend, &disk);
+        (fs, disk, vm)
+    }
+
     /// Boot the guest on `disk` (a file) with a fresh control disk; it waits for step 1.
     fn start(frontend: Frontend, disk: &Path) -> Faulty {
         let control = Control::new();
@@ -358,10 +372,8 @@ fn assert_holds_pattern(path: &Path, (first, blocks): Range) {
 /// blocks not yet allocated fail (all but a few), blocks already written stay readable, and
 /// writes work again once the space is freed.
 fn out_of_space(frontend: Frontend) {
-    let fs = Ext4::mount(16, "errors=continue");
-    let disk = fs.path("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(64 << 20).unwrap();
-    let mut vm = Faulty::start(frontend, &disk);
+    let _one = test_infra::one_at_a_time();
+    let (fs, disk, mut vm) = Faulty::on_ext4(frontend, "errors=continue", 64 << 20);
     let (written, fresh) = ((0, 64), (4096, 64));
     vm.step(1, written, written);
     vm.step(2, NONE, NONE);
@@ -380,10 +392,7 @@ fn out_of_space(frontend: Frontend) {
     full.all("reads", "ok", 64);
     freed.all("writes", "ok", 64);
     freed.all("reads", "ok", 64);
-    for step in &outcome.steps {
-        step.control_served();
-    }
-    outcome.host_counted_the_errors();
+    outcome.errors_stayed_on_the_faulty_disk();
     assert_holds_pattern(&disk, written);
     assert_holds_pattern(&disk, fresh);
     outcome.print("out of space", frontend);
@@ -392,6 +401,7 @@ fn out_of_space(frontend: Frontend) {
 /// The file is cut to half its blocks: reads beyond the new end fail (a short read is no
 /// success), reads before it still work, and writing the lost half back makes it readable.
 fn truncated(frontend: Frontend) {
+    let _one = test_infra::one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let disk = test_infra::disk_file(dir.path(), "disk.img", 128 * BLOCK);
     let mut vm = Faulty::start(frontend, &disk);
@@ -409,10 +419,7 @@ fn truncated(frontend: Frontend) {
     assert_eq!(cut.count("reads", "mismatches") + cut.count("reads", "other"), 0, "{}", cut.0);
     outcome.step(4).all("writes", "ok", 64);
     outcome.step(4).all("reads", "ok", 128);
-    for step in &outcome.steps {
-        step.control_served();
-    }
-    outcome.host_counted_the_errors();
+    outcome.errors_stayed_on_the_faulty_disk();
     assert_holds_pattern(&disk, all);
     outcome.print("truncated file", frontend);
 }
@@ -423,10 +430,8 @@ fn truncated(frontend: Frontend) {
 /// `trigger_fs_error`). Writes fail from then on; reads keep working, and keep working after
 /// the writes failed.
 fn turned_read_only(frontend: Frontend) {
-    let fs = Ext4::mount(16, "errors=remount-ro");
-    let disk = fs.path("disk.img");
-    std::fs::File::create(&disk).unwrap().set_len(1 << 20).unwrap();
-    let mut vm = Faulty::start(frontend, &disk);
+    let _one = test_infra::one_at_a_time();
+    let (fs, disk, mut vm) = Faulty::on_ext4(frontend, "errors=remount-ro", 1 << 20);
     let written = (0, 64);
     vm.step(1, written, written);
     vm.step(2, NONE, NONE);
@@ -442,46 +447,20 @@ fn turned_read_only(frontend: Frontend) {
     outcome.step(3).all("writes", "ioerr", 64);
     outcome.step(3).all("reads", "ok", 64);
     outcome.step(4).all("reads", "ok", 64);
-    for step in &outcome.steps {
-        step.control_served();
-    }
-    outcome.host_counted_the_errors();
+    outcome.errors_stayed_on_the_faulty_disk();
     assert_holds_pattern(&disk, written);
     outcome.print("file system turned read-only", frontend);
 }
 
-#[test]
-fn out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = test_infra::one_at_a_time();
-    out_of_space(Frontend::Exitless);
-}
-
-#[test]
-fn a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = test_infra::one_at_a_time();
-    truncated(Frontend::Exitless);
-}
-
-#[test]
-fn a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = test_infra::one_at_a_time();
-    turned_read_only(Frontend::Exitless);
-}
-
-#[test]
-fn vhost_user_out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers() {
-    let _one = test_infra::one_at_a_time();
-    out_of_space(Frontend::VhostUser);
-}
-
-#[test]
-fn vhost_user_a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers() {
-    let _one = test_infra::one_at_a_time();
-    truncated(Frontend::VhostUser);
-}
-
-#[test]
-fn vhost_user_a_file_system_turned_read_only_fails_writes_and_keeps_reads() {
-    let _one = test_infra::one_at_a_time();
-    turned_read_only(Frontend::VhostUser);
+test_infra::tests! {
+    out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers =>
+        out_of_space(Frontend::Exitless);
+    a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers => truncated(Frontend::Exitless);
+    a_file_system_turned_read_only_fails_writes_and_keeps_reads => turned_read_only(Frontend::Exitless);
+    vhost_user_out_of_space_fails_the_writes_that_need_space_and_the_disk_recovers =>
+        out_of_space(Frontend::VhostUser);
+    vhost_user_a_truncated_file_fails_reads_past_its_end_and_the_disk_recovers =>
+        truncated(Frontend::VhostUser);
+    vhost_user_a_file_system_turned_read_only_fails_writes_and_keeps_reads =>
+        turned_read_only(Frontend::VhostUser);
 }

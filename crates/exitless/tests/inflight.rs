@@ -222,26 +222,39 @@ fn resubmitted(log: &str) -> u64 {
         .sum()
 }
 
-/// A 64 MiB disk file in `dir` served through the FUSE file system, holding nothing back but
-/// answering each write in turn after 1 ms (a slow disk), so that a daemon holds many of fio's
-/// 32 requests at any moment: the mount (kept while the test runs) and the path to serve.
-fn slow_disk(dir: &Path) -> (HeldDisk, PathBuf) {
-    let file = test_infra::disk_file(dir, "disk.img", 64 << 20);
-    let fuse = HeldDisk::start_slow(dir, &file, HELD_BLOCK * BLOCK as u64, 1000);
-    let disk = fuse.disk();
-    (fuse, disk)
+/// A 64 MiB disk file served through the FUSE file system, holding nothing back but answering
+/// each write in turn after 1 ms (a slow disk), so that a daemon holds many of fio's 32 requests
+/// at any moment; in a new directory that holds the daemons' socket and logs too.
+struct SlowDisk {
+    /// The mount, kept while the test runs.
+    fuse: HeldDisk,
+    /// The path to serve.
+    disk: PathBuf,
+    /// Where the daemons serve it.
+    socket: PathBuf,
+    /// Dropped last: it holds the mount point.
+    dir: tempfile::TempDir,
+}
+
+impl SlowDisk {
+    fn new() -> SlowDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let file = test_infra::disk_file(dir.path(), "disk.img", 64 << 20);
+        let fuse = HeldDisk::start_slow(dir.path(), &file, HELD_BLOCK * BLOCK as u64, 1000);
+        let (disk, socket) = (fuse.disk(), dir.path().join("vhost.sock"));
+        SlowDisk { fuse, disk, socket, dir }
+    }
 }
 
 #[test]
 fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
     let _one = test_infra::one_at_a_time();
     let restarts = restarts();
-    let dir = tempfile::tempdir().unwrap();
-    let (fuse, disk) = slow_disk(dir.path());
-    let socket = dir.path().join("vhost.sock");
-    let mut daemon = adaptive_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let slow = SlowDisk::new();
+    let (fuse, disk, socket, dir) = (&slow.fuse, &slow.disk, &slow.socket, slow.dir.path());
+    let mut daemon = adaptive_daemon(socket, disk, &dir.join("daemon0.err"));
     let runs = restarts + 1;
-    let mut guest = fio_guest(dir.path(), &socket, runs);
+    let mut guest = fio_guest(dir, socket, runs);
     let mut logs = String::new();
     for restart in 1..=restarts {
         guest.wait_for(WAIT, |l| l.contains(&format!("FIO-RUN-START {restart}")));
@@ -258,20 +271,18 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
         assert_eq!(status.signal(), Some(libc::SIGKILL), "restart {restart}: the daemon was killed");
         // The held request fails to the dead daemon, as a disk's answer to it would be lost.
         fuse.release(true);
-        logs.push_str(
-            &std::fs::read_to_string(dir.path().join(format!("daemon{}.err", restart - 1))).unwrap(),
-        );
-        daemon = adaptive_daemon(&socket, &disk, &dir.path().join(format!("daemon{restart}.err")));
+        logs.push_str(&std::fs::read_to_string(dir.join(format!("daemon{}.err", restart - 1))).unwrap());
+        daemon = adaptive_daemon(socket, disk, &dir.join(format!("daemon{restart}.err")));
     }
     guest.wait_for(WAIT, |l| l.contains("FIO-END"));
     let (_, lines) = guest.finish(WAIT);
     let (_, _) = daemon.kill(WAIT);
-    logs.push_str(&std::fs::read_to_string(dir.path().join(format!("daemon{restarts}.err"))).unwrap());
+    logs.push_str(&std::fs::read_to_string(dir.join(format!("daemon{restarts}.err"))).unwrap());
     let console = check_fio(&lines, runs);
     // Each kill came with the held request, at least, in flight: every daemon after one had
     // requests to resubmit.
     for restart in 1..=restarts {
-        let log = std::fs::read_to_string(dir.path().join(format!("daemon{restart}.err"))).unwrap();
+        let log = std::fs::read_to_string(dir.join(format!("daemon{restart}.err"))).unwrap();
         assert!(resubmitted(&log) > 0, "daemon {restart} resubmitted nothing after a kill: {log}");
     }
     let count = resubmitted(&logs);
@@ -287,13 +298,12 @@ fn fio_verify_at_depth_32_survives_the_daemon_killed_and_restarted_under_it() {
 #[test]
 fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     let _one = test_infra::one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
     // The daemon holds requests when SIGTERM comes.
-    let (_fuse, disk) = slow_disk(dir.path());
-    let socket = dir.path().join("vhost.sock");
-    let first = adaptive_daemon(&socket, &disk, &dir.path().join("daemon0.err"));
+    let slow = SlowDisk::new();
+    let (disk, socket, dir) = (&slow.disk, &slow.socket, slow.dir.path());
+    let first = adaptive_daemon(socket, disk, &dir.join("daemon0.err"));
     let runs = 2;
-    let mut guest = fio_guest(dir.path(), &socket, runs);
+    let mut guest = fio_guest(dir, socket, runs);
     guest.wait_for(WAIT, |l| l.contains("FIO-RUN-START 1"));
     std::thread::sleep(Duration::from_millis(1500));
 
@@ -302,10 +312,10 @@ fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     unsafe { libc::kill(first.pid(), libc::SIGTERM) };
     let (status, _) = first.finish(WAIT);
     let stopped = sent.elapsed();
-    let second = adaptive_daemon(&socket, &disk, &dir.path().join("daemon1.err"));
+    let second = adaptive_daemon(socket, disk, &dir.join("daemon1.err"));
     let taken_over = sent.elapsed();
     assert_eq!(status.code(), Some(0), "the first daemon exits 0 on SIGTERM");
-    let first_log = std::fs::read_to_string(dir.path().join("daemon0.err")).unwrap();
+    let first_log = std::fs::read_to_string(dir.join("daemon0.err")).unwrap();
     assert!(
         first_log.contains("marks 0 request(s) in flight as the connection ends"),
         "the first daemon finished every request it held: {first_log}"
@@ -314,7 +324,7 @@ fn sigterm_hands_the_disk_over_to_the_next_daemon_under_fio() {
     guest.wait_for(WAIT, |l| l.contains("FIO-END"));
     let (_, lines) = guest.finish(WAIT);
     let (_, _) = second.kill(WAIT);
-    let second_log = std::fs::read_to_string(dir.path().join("daemon1.err")).unwrap();
+    let second_log = std::fs::read_to_string(dir.join("daemon1.err")).unwrap();
     let console = check_fio(&lines, runs);
     assert_eq!(resubmitted(&second_log), 0, "nothing was left to resubmit: {second_log}");
     assert!(second_log.contains("frontend connected"), "QEMU reconnected to the next daemon: {second_log}");
@@ -350,19 +360,18 @@ fn start_handover_daemon(
 #[test]
 fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_holds() {
     let _one = test_infra::one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
     // The daemon holds many of fio's 32 requests when it hands over.
-    let (_fuse, disk) = slow_disk(dir.path());
-    let socket = dir.path().join("vhost.sock");
-    let handover = dir.path().join("handover.sock");
-    let log = |n: usize| dir.path().join(format!("daemon{n}.err"));
-    let mut daemon = start_handover_daemon(&socket, &disk, &handover, &log(0));
+    let slow = SlowDisk::new();
+    let (disk, socket, dir) = (&slow.disk, &slow.socket, slow.dir.path());
+    let handover = dir.join("handover.sock");
+    let log = |n: usize| dir.join(format!("daemon{n}.err"));
+    let mut daemon = start_handover_daemon(socket, disk, &handover, &log(0));
     let runs = 2;
-    let mut guest = fio_guest(dir.path(), &socket, runs);
+    let mut guest = fio_guest(dir, socket, runs);
     guest.wait_for(WAIT, |l| l.contains("FIO-RUN-START 1"));
     for round in 1..=2 {
         std::thread::sleep(Duration::from_millis(1000));
-        let next = start_handover_daemon(&socket, &disk, &handover, &log(round));
+        let next = start_handover_daemon(socket, disk, &handover, &log(round));
         let (status, _) = daemon.finish(WAIT);
         let old_log = std::fs::read_to_string(log(round - 1)).unwrap();
         assert_eq!(status.code(), Some(0), "the old daemon exits 0 after the hand-over: {old_log}");
@@ -384,7 +393,7 @@ fn handovers_under_fio_keep_the_linux_guests_connection_and_drain_what_the_disk_
         assert!(successor.contains("took over the frontend's connection"), "{successor}");
         assert_eq!(resubmitted(successor), 0, "{successor}");
     }
-    let qemu_err = std::fs::read_to_string(dir.path().join("qemu.err")).unwrap();
+    let qemu_err = std::fs::read_to_string(dir.join("qemu.err")).unwrap();
     assert!(!qemu_err.contains("msg fds") && !qemu_err.contains("ring restore failed"), "{qemu_err}");
 }
 

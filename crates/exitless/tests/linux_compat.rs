@@ -501,32 +501,11 @@ fn read(path: &Path) -> String {
     String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
 }
 
-#[test]
-fn reference_qemu_virtio_blk() {
-    run_workload(Device::Qemu);
-}
-
-#[test]
-fn exitless_sidecore() {
-    run_workload(Device::Exitless("sidecore"));
-}
-
-#[test]
-fn exitless_adaptive() {
-    run_workload(Device::Exitless("adaptive"));
-}
-
-#[test]
-fn exitless_eventfd() {
-    run_workload(Device::Exitless("eventfd"));
-}
-
-#[test]
-fn reference_qemu_virtio_blk_on_rbd() {
-    run_workload(Device::QemuRbd);
-}
-
-#[test]
-fn exitless_adaptive_on_rbd() {
-    run_workload(Device::ExitlessRbd("adaptive"));
+test_infra::tests! {
+    reference_qemu_virtio_blk => run_workload(Device::Qemu);
+    exitless_sidecore => run_workload(Device::Exitless("sidecore"));
+    exitless_adaptive => run_workload(Device::Exitless("adaptive"));
+    exitless_eventfd => run_workload(Device::Exitless("eventfd"));
+    reference_qemu_virtio_blk_on_rbd => run_workload(Device::QemuRbd);
+    exitless_adaptive_on_rbd => run_workload(Device::ExitlessRbd("adaptive"));
 }

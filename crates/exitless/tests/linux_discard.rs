@@ -210,12 +210,7 @@ fn line<'a>(output: &'a str, prefix: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {prefix}: {output}"))
 }
 
-#[test]
-fn reference_qemu_virtio_blk() {
-    run(Device::Qemu);
-}
-
-#[test]
-fn exitless_vhost_user_blk() {
-    run(Device::Exitless);
+test_infra::tests! {
+    reference_qemu_virtio_blk => run(Device::Qemu);
+    exitless_vhost_user_blk => run(Device::Exitless);
 }

@@ -135,12 +135,7 @@ fn run(device: Device) {
     }
 }
 
-#[test]
-fn reference_qemu_virtio_blk() {
-    run(Device::Qemu);
-}
-
-#[test]
-fn exitless_vhost_user_blk() {
-    run(Device::Exitless);
+test_infra::tests! {
+    reference_qemu_virtio_blk => run(Device::Qemu);
+    exitless_vhost_user_blk => run(Device::Exitless);
 }

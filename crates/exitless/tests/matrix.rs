@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use test_infra::daemon::Daemon;
-use test_infra::{exitless_within, json_lines, one_at_a_time, stderr, stdout, LoopDevice};
+use test_infra::{args, exitless_within, json_lines, one_at_a_time, stderr, stdout, LoopDevice};
 
 /// The disks' size: small, so that the files are quick to write.
 const DISK_BYTES: usize = 64 << 20;
@@ -168,25 +168,9 @@ fn vmm_cells(kind: Kind) -> Vec<String> {
         for &(rw, qd) in disk.workloads() {
             disk.prepare();
             let cmdline = probe_cmdline(rw, qd);
-            let out = exitless_within(
-                RUN_LIMIT,
-                &[
-                    "run",
-                    "--probe",
-                    "--mem",
-                    "128M",
-                    "--disk",
-                    &disk.spec,
-                    "--io-mode",
-                    mode,
-                    "--pin-vcpu",
-                    "0",
-                    "--iocore-cpu",
-                    "1",
-                    "--cmdline",
-                    &cmdline,
-                ],
-            );
+            let line = "run --probe --mem 128M --pin-vcpu 0 --iocore-cpu 1";
+            let more = ["--disk", &disk.spec, "--io-mode", mode, "--cmdline", &cmdline];
+            let out = exitless_within(RUN_LIMIT, &args(line, &more));
             failures.extend(check_cell(&format!("{kind:?} vmm {mode} {rw} qd{qd}"), qd, &out));
         }
     }
@@ -202,29 +186,15 @@ fn daemon_cells(kind: Kind) -> Vec<String> {
     let mut failures = Vec::new();
     for mode in DAEMON_MODES {
         let spec = format!("socket={},{}", socket.display(), disk.spec);
-        let args = ["--disk", &spec, "--io-mode", mode, "--iocore-cpu", "1"];
-        let mut daemon = Daemon::start(&args, &[&socket], &dir.path().join(format!("{mode}.log")));
+        let daemon_args = ["--disk", &spec, "--io-mode", mode, "--iocore-cpu", "1"];
+        let mut daemon = Daemon::start(&daemon_args, &[&socket], &dir.path().join(format!("{mode}.log")));
         for &(rw, qd) in disk.workloads() {
             disk.prepare();
             let cmdline = probe_cmdline(rw, qd);
             let vhost_user = format!("vhost-user={}", socket.display());
-            let out = exitless_within(
-                RUN_LIMIT,
-                &[
-                    "run",
-                    "--probe",
-                    "--mem",
-                    "128M",
-                    "--disk",
-                    &vhost_user,
-                    "--io-mode",
-                    "exitless",
-                    "--pin-vcpu",
-                    "0",
-                    "--cmdline",
-                    &cmdline,
-                ],
-            );
+            let line = "run --probe --mem 128M --io-mode exitless --pin-vcpu 0";
+            let out =
+                exitless_within(RUN_LIMIT, &args(line, &["--disk", &vhost_user, "--cmdline", &cmdline]));
             failures.extend(check_cell(&format!("{kind:?} daemon {mode} {rw} qd{qd}"), qd, &out));
             daemon.assert_alive();
         }
@@ -240,34 +210,13 @@ fn assert_cells(kind: Kind) {
     assert!(failures.is_empty(), "{} cell(s) failed:\n{}", failures.len(), failures.join("\n"));
 }
 
-#[test]
-fn file_with_o_direct_every_mode() {
-    assert_cells(Kind::FileDirect);
-}
-
-#[test]
-fn buffered_file_every_mode() {
-    assert_cells(Kind::FileBuffered);
-}
-
-#[test]
-fn buffered_file_with_a_cold_page_cache_every_mode() {
-    assert_cells(Kind::FileBufferedCold);
-}
-
-#[test]
-fn tmpfs_file_every_mode() {
-    assert_cells(Kind::Tmpfs);
-}
-
-#[test]
-fn loop_device_every_mode() {
-    assert_cells(Kind::Loop);
-}
-
-#[test]
-fn ram_disk_every_mode() {
-    assert_cells(Kind::Ram);
+test_infra::tests! {
+    file_with_o_direct_every_mode => assert_cells(Kind::FileDirect);
+    buffered_file_every_mode => assert_cells(Kind::FileBuffered);
+    buffered_file_with_a_cold_page_cache_every_mode => assert_cells(Kind::FileBufferedCold);
+    tmpfs_file_every_mode => assert_cells(Kind::Tmpfs);
+    loop_device_every_mode => assert_cells(Kind::Loop);
+    ram_disk_every_mode => assert_cells(Kind::Ram);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use test_infra::qemu::Qemu;
-use test_infra::{exitless, line_with, stderr};
+use test_infra::{args, exitless, line_with, stderr};
 
 /// The probe at `elf` in QEMU with `cmdline`: its output, once it has exited OK (QEMU exits with
 /// (V << 1) | 1 for a debug-exit write of V).
@@ -22,15 +22,8 @@ fn the_same_hello_line_in_exitless_and_qemu() {
     let qemu = qemu_probe(&elf, "probe.workload=hello");
     let in_qemu = line_with(&qemu, "probe", "hello");
 
-    let ours = exitless(&[
-        "run",
-        "--kernel",
-        elf.to_str().unwrap(),
-        "--cmdline",
-        "probe.workload=hello",
-        "--mem",
-        "128M",
-    ]);
+    let line = "run --cmdline probe.workload=hello --mem 128M";
+    let ours = exitless(&args(line, &["--kernel", elf.to_str().unwrap()]));
     assert_eq!(ours.status.code(), Some(0), "stderr: {}", stderr(&ours));
     let in_exitless = line_with(&ours, "probe", "hello");
 

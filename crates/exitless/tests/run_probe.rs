@@ -1,7 +1,7 @@
 //! `exitless run` boots the probe guest on real KVM: output, exit statuses, exit accounting.
 
 use serde_json::Value;
-use test_infra::{exitless, json_lines, line_with, stderr};
+use test_infra::{args, exitless, json_lines, line_with, stderr};
 
 #[test]
 fn hello_boots_and_reports_what_it_found() {
@@ -72,14 +72,9 @@ fn mmio_exits_match_the_writes_the_guest_made() {
 #[test]
 fn exitcost_measures_every_kind_of_exit() {
     let _shared = test_infra::alongside_others();
-    let out = exitless(&[
-        "run",
-        "--probe",
-        "--cmdline",
-        "probe.workload=exitcost probe.n=500 probe.pingpong_n=5000",
-        "--stats",
-        "--json",
-    ]);
+    let line = "run --probe --stats --json";
+    let out =
+        exitless(&args(line, &["--cmdline", "probe.workload=exitcost probe.n=500 probe.pingpong_n=5000"]));
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     let lines = json_lines(&out);
     for op in ["mmio", "ioeventfd", "cpuid", "pingpong", "irq"] {

@@ -42,6 +42,28 @@ pub fn exitless_bin() -> PathBuf {
     })
 }
 
+/// A command line as one reads it: the words of `line`, then `more` (the values known only at run
+/// time, or those with spaces).
+pub fn args<'a>(line: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    line.split_whitespace().chain(more.iter().copied()).collect()
+}
+
+/// One `#[test]` per `NAME => CASE;` line, for a topic whose tests differ only in what they pass
+/// to one function (a device, a mode, a disk kind): each case stays a test of its own, run,
+/// filtered and reported by its name. Attributes (doc comments) before a name go on its test.
+#[macro_export]
+macro_rules! tests {
+    ($($(#[$attribute:meta])* $name:ident => $case:expr;)+) => {
+        $(
+            $(#[$attribute])*
+            #[test]
+            fn $name() {
+                $case;
+            }
+        )+
+    };
+}
+
 /// Run `exitless ARGS` to the end: its status and output.
 pub fn exitless(args: &[&str]) -> Output {
     Command::new(exitless_bin()).args(args).output().expect("run exitless")
@@ -135,6 +157,16 @@ pub fn assert_one_line_error(args: &[&str], status: i32, needle: &str) -> String
     assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
     assert!(!err.contains("panicked"), "{err}");
     err
+}
+
+/// `exitless LINE VALUE` for each `(VALUE, status)` of `cases`: each ends with that status and
+/// one line on standard error that contains `needle`. Holds `alongside_others()`: the caller
+/// takes no lock of its own.
+pub fn assert_each_refused(line: &str, cases: &[(&str, i32)], needle: &str) {
+    let _shared = alongside_others();
+    for &(value, status) in cases {
+        assert_one_line_error(&args(line, &[value]), status, needle);
+    }
 }
 
 /// A finished process's standard output, as text.
