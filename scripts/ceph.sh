@@ -17,6 +17,9 @@
 #       daemons' logs are kept in KEEP/DIR's name first: what a stalled test's cluster did.
 #   scripts/ceph.sh stop-osd DIR | start-osd DIR
 #       Kill the OSD with SIGKILL / start it again on its data (fault tests).
+#   scripts/ceph.sh pause-osd DIR | resume-osd DIR
+#       Stop the OSD with SIGSTOP, as a host too busy to run it for a while does / let it go on
+#       with SIGCONT (fault tests).
 #
 # The settings that make it come up in seconds rather than tens of seconds are explained where
 # they are written below. Needs root-free access to DIR only; the packages are installed by
@@ -24,7 +27,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -225,6 +228,11 @@ stop-osd)
 start-osd)
     pid_alive "$dir/run/osd.0.pid" && die "the OSD in $dir runs already"
     start_osd
+    ;;
+pause-osd | resume-osd)
+    pid_alive "$dir/run/osd.0.pid" || die "no OSD runs in $dir"
+    if [[ $command == pause-osd ]]; then signal=STOP; else signal=CONT; fi
+    kill -"$signal" "$(cat "$dir/run/osd.0.pid")"
     ;;
 *) usage ;;
 esac

@@ -53,7 +53,7 @@ fn run_probe(mode: &str, disk: &str, cmdline: &str) -> Value {
 
 #[test]
 fn verify_passes_in_every_mode_on_a_two_queue_rbd_disk_and_the_image_holds_what_the_guest_wrote() {
-    let _shared = test_infra::alongside_others();
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::get();
     for (i, mode) in MODES.iter().enumerate() {
         let name = format!("verify-{mode}");
@@ -77,7 +77,7 @@ fn verify_passes_in_every_mode_on_a_two_queue_rbd_disk_and_the_image_holds_what_
 
 #[test]
 fn write_zeroes_and_discard_reach_the_image_in_every_mode() {
-    let _shared = test_infra::alongside_others();
+    let _one = test_infra::one_at_a_time();
     const BLOCKS: u64 = 300;
     let cluster = TestCluster::get();
     for (i, mode) in MODES.iter().enumerate() {
@@ -101,7 +101,7 @@ fn daemon(dir: &Path, disk: &str, mode: &str) -> (Daemon, PathBuf) {
 
 #[test]
 fn the_daemon_serves_an_rbd_disk_and_hands_the_image_on_when_it_stops() {
-    let _shared = test_infra::alongside_others();
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::get();
     cluster.image("daemon", IMAGE_BYTES);
     let dir = tempfile::tempdir().unwrap();
@@ -128,7 +128,7 @@ fn the_daemon_serves_an_rbd_disk_and_hands_the_image_on_when_it_stops() {
 
 #[test]
 fn put_disks_opens_an_rbd_image_only_with_a_configuration_inside_the_api_disk_dir() {
-    let _shared = test_infra::alongside_others();
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::get();
     cluster.image("api", IMAGE_BYTES);
     let dir = tempfile::tempdir().unwrap();
@@ -306,7 +306,7 @@ fn threads_and_cpus(pid: u32) -> Vec<(String, String)> {
 
 #[test]
 fn librbds_threads_run_on_the_pinned_iocores_cpu() {
-    let _shared = test_infra::alongside_others();
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::get();
     cluster.image("placed", IMAGE_BYTES);
     let dir = tempfile::tempdir().unwrap();
@@ -341,7 +341,7 @@ fn librbds_threads_run_on_the_pinned_iocores_cpu() {
 /// must still come back for the requests the limit held.
 #[test]
 fn the_daemons_rate_limit_holds_an_rbd_disk_to_its_rate() {
-    let _shared = test_infra::alongside_others();
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::get();
     cluster.image("limited", IMAGE_BYTES);
     let dir = tempfile::tempdir().unwrap();

@@ -490,7 +490,8 @@ const LIBRBD_THREADS: &[&str] = &[
 
 #[test]
 fn a_daemon_serving_an_rbd_disk_runs_librbds_threads_under_their_own_filter() {
-    let _shared = test_infra::alongside_others();
+    // A guest that polls and librbd's threads take both CPUs: alone, as every RBD test with a guest.
+    let _one = test_infra::one_at_a_time();
     let cluster = TestCluster::get();
     cluster.image("confined", 4 << 20);
     let dir = tempfile::tempdir().unwrap();

@@ -114,25 +114,19 @@ impl TestCluster {
 
     /// Kill the OSD (SIGKILL) or start it again.
     pub fn osd(&self, up: bool) {
-        let status = Command::new(script())
-            .arg(if up { "start-osd" } else { "stop-osd" })
-            .arg(&self.dir)
-            .status()
-            .expect("scripts/ceph.sh");
-        assert!(status.success(), "scripts/ceph.sh {} failed", if up { "start-osd" } else { "stop-osd" });
+        self.osd_command(if up { "start-osd" } else { "stop-osd" });
     }
 
     /// Stop the OSD (SIGSTOP), as a host too busy to run it for a while does, or let it go on
     /// (SIGCONT).
     pub fn pause_osd(&self, paused: bool) {
-        let pid_file = self.dir.join("run/osd.0.pid");
-        let pid =
-            std::fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
-        let pid: libc::pid_t = pid.trim().parse().unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
-        let signal = if paused { libc::SIGSTOP } else { libc::SIGCONT };
-        // SAFETY: kill touches no memory of this process.
-        let sent = unsafe { libc::kill(pid, signal) };
-        assert_eq!(sent, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+        self.osd_command(if paused { "pause-osd" } else { "resume-osd" });
+    }
+
+    /// `scripts/ceph.sh COMMAND DIR`, which must succeed.
+    fn osd_command(&self, command: &str) {
+        let status = Command::new(script()).arg(command).arg(&self.dir).status().expect("scripts/ceph.sh");
+        assert!(status.success(), "scripts/ceph.sh {command} failed");
     }
 }
 
