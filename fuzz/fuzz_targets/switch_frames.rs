@@ -38,8 +38,8 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn run(u: &mut Unstructured) -> Result<()> {
-    let control = Arc::new(SwitchControl::default());
-    let mut switch = Switch::new(control.clone());
+    let control = Arc::new(SwitchControl::new().expect("the switch's mailbox"));
+    let mut switch = Switch::new(control.clone()).expect("the switch's epoll instance");
     switch.set_polling(u.arbitrary()?);
     let mut guests = Vec::new();
     for i in 0..u.int_in_range(2..=3u8)? {
@@ -71,7 +71,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
             tso6: u.arbitrary()?,
             merged_buffers: u.arbitrary()?,
         };
-        let port = Port::new(QueuePair { rx, tx, rx_signals, tx_signals }).with_policy(policy).with_offloads(offloads);
+        let port = Port::new(QueuePair { rx, tx, rx_signals, tx_signals, tx_kick: None }).with_policy(policy).with_offloads(offloads);
         let port = control.attach(port).expect("a free port");
         guests.push(Guest {
             mem,

@@ -133,6 +133,13 @@ pub struct PacketRing {
 // the status words' protocol; nothing in it is tied to the thread that made it.
 unsafe impl Send for PacketRing {}
 
+/// The socket: readable (epoll) while a received frame waits in the receive ring.
+impl AsRawFd for PacketRing {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
 impl PacketRing {
     /// Open an AF_PACKET socket on `interface`, map its rings, and put the interface in
     /// promiscuous mode for as long as the socket lives.

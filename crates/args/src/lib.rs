@@ -1,5 +1,5 @@
 //! The command-line vocabulary the `exitless` binary and its benchmarks share: byte sizes,
-//! `--disk` and `--net` specs, I/O modes, `--seccomp`, and how `exitless` reports an error and exits.
+//! `--disk` and `--net` specs, I/O modes (the VMM's and the vhost-user daemons'), `--seccomp`, and how `exitless` reports an error and exits.
 
 #![deny(missing_docs)]
 
@@ -8,9 +8,11 @@ mod io_mode;
 pub mod net;
 mod seccomp;
 pub mod size;
+mod vhost_io;
 
 pub use io_mode::IoModeArg;
 pub use seccomp::{SeccompArg, SeccompArgs};
+pub use vhost_io::{VhostIoArgs, VhostIoMode};
 
 /// Exit statuses of `exitless` itself (a guest's debug-exit value passes through unchanged).
 pub mod status {

@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use test_infra::{assert_one_line_error, exitless, json_lines, line_with, stderr, stdout};
+use test_infra::{args, exitless, json_lines, line_with, stderr, stdout};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
 const TAP: &str = "exltest0";
@@ -50,24 +50,8 @@ impl Lab {
 
     fn run(&self, mode: &str, cmdline: &str) -> std::process::Output {
         let net = format!("tap={TAP},netns={}", self.netns);
-        exitless(&[
-            "run",
-            "--probe",
-            "--net",
-            &net,
-            "--io-mode",
-            mode,
-            "--pin-vcpu",
-            "0",
-            "--iocore-cpu",
-            "1",
-            "--cmdline",
-            cmdline,
-            "--timeout",
-            "120",
-            "--stats",
-            "--json",
-        ])
+        let line = "run --probe --pin-vcpu 0 --iocore-cpu 1 --timeout 120 --stats --json";
+        exitless(&args(line, &["--net", &net, "--io-mode", mode, "--cmdline", cmdline]))
     }
 }
 
@@ -172,15 +156,13 @@ fn hostile_driver_gets_the_expected_outcome_per_case_and_the_device_keeps_workin
 
 #[test]
 fn bad_network_options_are_one_line_errors() {
-    let _shared = test_infra::alongside_others();
-    for (spec, code) in [
+    let cases = [
         ("tap=", 2),
         ("netns=x", 2),
         ("tap=t,mac=01:02:03:04:05:06", 2),
         ("tap=t,netns=exitless-missing", 125),
-    ] {
-        assert_one_line_error(&["run", "--probe", "--net", spec], code, "net");
-    }
+    ];
+    test_infra::assert_each_refused("run --probe --net", &cases, "net");
 }
 
 /// `exitless bench net` on a short run: QEMU-KVM's rows are there, on the same tap and
@@ -195,19 +177,8 @@ fn bad_network_options_are_one_line_errors() {
 fn bench_net_measures_qemu_on_the_same_tap() {
     let _one = test_infra::one_at_a_time();
     // The VM-to-VM responder shares the IOCore's CPU: slow, but the path is what is checked.
-    let out = exitless(&[
-        "bench",
-        "net",
-        "--json",
-        "--modes",
-        "exitless",
-        "--duration-ms",
-        "20",
-        "--warmup",
-        "50",
-        "--vm-responder-cpu",
-        "1",
-    ]);
+    let line = "bench net --json --modes exitless --duration-ms 20 --warmup 50 --vm-responder-cpu 1";
+    let out = exitless(&args(line, &[]));
     assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
     let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("a JSON report");
     let rows = report["results"].as_array().expect("results");
@@ -328,15 +299,13 @@ fn the_af_packet_client_refuses_what_it_cannot_send_on_one_line() {
     }
 }
 
-/// exitless's own VM with its NIC on `exitless vhost-user-net` (`--net vhost-user=`): UDP
-/// request-response with the host's `exitless udp-echo` (a namespace on the far end of the
-/// daemon's uplink, a veth pair), checked payloads, and no exit per transaction on the I/O
-/// path: the VMM hands the rings to the daemon, whose switch polls them.
-#[test]
-fn an_exitless_vm_on_the_nic_daemon_reaches_the_host_with_no_exit_per_transaction() {
+/// exitless's own VM with its NIC on `exitless vhost-user-net --io-mode MODE`
+/// (`--net vhost-user=`): `ops` UDP request-responses with the host's `exitless udp-echo` (a
+/// namespace on the far end of the daemon's uplink, a veth pair), every payload checked. The
+/// VM's output, and the daemon's standard error once SIGTERM ended it.
+fn vm_on_the_nic_daemon(mode: &str, ops: u64) -> (std::process::Output, String) {
     use test_infra::background::Background;
     use test_infra::net::{Netns, Veth};
-    let _one = test_infra::one_at_a_time();
     let (netns, veth) = (Netns::create(), Veth::create());
     veth.peer_into(&netns, "10.94.0.1/24");
     let mut responder = netns
@@ -350,37 +319,25 @@ fn an_exitless_vm_on_the_nic_daemon_reaches_the_host_with_no_exit_per_transactio
     let socket = dir.path().join("nic.sock");
     let mac = "52:54:00:00:09:02";
     let nic = format!("socket={},mac={mac}", socket.display());
-    let daemon = Background::start(
-        dir.path(),
-        "net",
-        &["vhost-user-net", "--nic", &nic, "--uplink", &veth.ours, "--iocore-cpu", "1"],
-        &socket,
-    );
+    let daemon_args =
+        ["vhost-user-net", "--nic", &nic, "--uplink", &veth.ours, "--iocore-cpu", "1", "--io-mode", mode];
+    let daemon = Background::start(dir.path(), "net", &daemon_args, &socket);
     wait_for_echo(&netns.name);
     let net = format!("vhost-user={},mac={mac}", socket.display());
-    let cmdline =
-        "probe.workload=udp-rr probe.ip=10.94.0.2 probe.dst=10.94.0.1 probe.ops=10000 probe.size=200";
-    let out = exitless(&[
-        "run",
-        "--probe",
-        "--net",
-        &net,
-        "--io-mode",
-        "exitless",
-        "--pin-vcpu",
-        "0",
-        "--cmdline",
-        cmdline,
-        "--timeout",
-        "120",
-        "--stats",
-        "--json",
-    ]);
+    let cmdline = format!(
+        "probe.workload=udp-rr probe.ip=10.94.0.2 probe.dst=10.94.0.1 probe.ops={ops} probe.size=200"
+    );
+    let line = "run --probe --io-mode exitless --pin-vcpu 0 --timeout 120 --stats --json";
+    let out = exitless(&args(line, &["--net", &net, "--cmdline", &cmdline]));
     let _ = responder.kill();
     let _ = responder.wait();
-    assert_eq!(out.status.code(), Some(0), "{}\n{}\ndaemon: {}", stdout(&out), stderr(&out), daemon.stderr());
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
+    let (status, _, daemon_log) = daemon.wait();
+    assert_eq!(status, Some(0), "the daemon ends on SIGTERM: {daemon_log}");
+    assert_eq!(out.status.code(), Some(0), "{}\n{}\ndaemon: {daemon_log}", stdout(&out), stderr(&out));
     let result = line_with(&out, "probe", "udp-rr");
-    assert_eq!((result["ops"].as_u64(), result["mismatches"].as_u64()), (Some(10_000), Some(0)), "{result}");
+    assert_eq!((result["ops"].as_u64(), result["mismatches"].as_u64()), (Some(ops), Some(0)), "{result}");
     let report = line_with(&out, "exitless", "run");
     let device = &report["devices"][0];
     assert_eq!(
@@ -388,8 +345,45 @@ fn an_exitless_vm_on_the_nic_daemon_reaches_the_host_with_no_exit_per_transactio
         (Some("vhost-user-net"), Some(1)),
         "{report}"
     );
+    assert!(daemon_log.contains("on the switch as port 0"), "{daemon_log}");
+    (out, daemon_log)
+}
+
+/// How often the daemon's IOCore slept, from the line it logs when it stops.
+fn iocore_sleeps(daemon_log: &str) -> u64 {
+    let line =
+        daemon_log.lines().find(|l| l.contains("the switch's IOCore took")).expect("the IOCore's line");
+    let slept = line.split(" and slept ").nth(1).and_then(|rest| rest.split(' ').next());
+    slept.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no count in {line}"))
+}
+
+/// Polled (sidecore), the daemon asks the VM for no kick: no exit per transaction on the I/O
+/// path, and its IOCore never sleeps.
+#[test]
+fn an_exitless_vm_on_the_nic_daemon_reaches_the_host_with_no_exit_per_transaction() {
+    let _one = test_infra::one_at_a_time();
+    let (out, daemon_log) = vm_on_the_nic_daemon("sidecore", 10_000);
     let phase = test_infra::phase(&out, 0, 1);
     let caused_by_io = test_infra::io_path_exits(&phase["counters"]) / 10_000.0;
     assert!(caused_by_io < 0.01, "{caused_by_io} exits per transaction on the I/O path: {phase}");
-    assert!(daemon.stderr().contains("on the switch as port 0"), "{}", daemon.stderr());
+    assert_eq!(iocore_sleeps(&daemon_log), 0, "{daemon_log}");
+}
+
+/// eventfd: the daemon's IOCore sleeps whenever a pass found nothing, and only the VM's kicks
+/// (its transmit ring's) and the uplink's frames wake it: every transaction still completes.
+#[test]
+fn an_eventfd_nic_daemon_sleeps_between_frames_and_kicks_and_the_uplink_wake_it() {
+    let _one = test_infra::one_at_a_time();
+    let (_, daemon_log) = vm_on_the_nic_daemon("eventfd", 2_000);
+    let sleeps = iocore_sleeps(&daemon_log);
+    assert!(sleeps >= 2_000, "it slept {sleeps} times for 2000 transactions: {daemon_log}");
+}
+
+/// adaptive: the daemon's IOCore polls while frames come and sleeps once idle; every transaction
+/// completes either way.
+#[test]
+fn an_adaptive_nic_daemon_serves_a_vm_and_sleeps_when_idle() {
+    let _one = test_infra::one_at_a_time();
+    let (_, daemon_log) = vm_on_the_nic_daemon("adaptive", 2_000);
+    assert!(iocore_sleeps(&daemon_log) > 0, "{daemon_log}");
 }

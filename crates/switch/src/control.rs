@@ -1,12 +1,14 @@
 //! How ports get on and off a running switch: a mailbox of commands the switch reads between
 //! passes, so the data path never waits on a lock.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use thiserror::Error;
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::port::Port;
 use crate::switch::MAX_PORTS;
@@ -33,16 +35,36 @@ pub(crate) enum Command {
 
 /// How device models attach ports to a running switch and take them back: a mailbox the switch
 /// reads between passes. Shared by the switch and every NIC on it.
-#[derive(Default)]
 pub struct SwitchControl {
     /// Commands are waiting: the only thing a pass reads of this without news.
     pending: AtomicBool,
     commands: Mutex<Vec<Command>>,
     /// Which port slots are taken: bit N for port N.
     taken: Mutex<u64>,
+    /// Signalled with every command: wakes a switch whose IOCore sleeps.
+    news: EventFd,
 }
 
 impl SwitchControl {
+    /// A mailbox with nothing in it.
+    pub fn new() -> std::io::Result<SwitchControl> {
+        Ok(SwitchControl {
+            pending: AtomicBool::new(false),
+            commands: Mutex::default(),
+            taken: Mutex::default(),
+            news: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
+    }
+
+    /// The descriptor that is readable while news waits, and clearing it.
+    pub(crate) fn news_fd(&self) -> RawFd {
+        self.news.as_raw_fd()
+    }
+
+    pub(crate) fn clear_news_fd(&self) {
+        let _ = self.news.read();
+    }
+
     /// Are commands waiting? Clears the flag: the caller takes them now.
     pub(crate) fn take_news(&self) -> bool {
         self.pending.swap(false, Ordering::Acquire)
@@ -61,6 +83,7 @@ impl SwitchControl {
     fn send(&self, command: Command) {
         self.commands.lock().unwrap_or_else(|e| e.into_inner()).push(command);
         self.pending.store(true, Ordering::Release);
+        let _ = self.news.write(1);
     }
 
     /// Put `port` on the switch; its number, for [`SwitchControl::detach`].

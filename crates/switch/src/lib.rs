@@ -33,6 +33,7 @@ pub mod port;
 mod rework;
 mod segment;
 mod switch;
+mod wake;
 
 pub use control::{SwitchControl, SwitchError};
 pub use counters::{PortCounters, SharedPortCounters, SharedUplinkCounters, UplinkCounters};

@@ -9,6 +9,8 @@ use vm_memory::GuestMemoryMmap;
 
 use std::sync::Arc;
 
+use vmm_sys_util::eventfd::EventFd;
+
 use crate::chain::Chain;
 use crate::counters::{PortCounters, SharedPortCounters};
 use crate::ethernet::MacAddr;
@@ -96,6 +98,10 @@ pub struct QueuePair {
     pub rx_signals: DeviceSignals,
     /// The transmit ring's signals.
     pub tx_signals: DeviceSignals,
+    /// The eventfd the driver kicks when it offers frames on the transmit ring, which wakes a
+    /// switch that sleeps; `None`: the frontend gave none, so the switch polls while the port is
+    /// on it.
+    pub tx_kick: Option<Arc<EventFd>>,
 }
 
 /// What [`Port::into_parts`] hands back.
@@ -114,6 +120,7 @@ pub(crate) struct Pair {
     pub(crate) tx: Queue,
     rx_signals: DeviceSignals,
     tx_signals: DeviceSignals,
+    pub(crate) tx_kick: Option<Arc<EventFd>>,
     /// Receive chains taken and not filled yet.
     pub(crate) staged: Staged,
     rx_used: usize,
@@ -122,8 +129,17 @@ pub(crate) struct Pair {
 
 impl Pair {
     fn new(pair: QueuePair, offloads: Offloads) -> Pair {
-        let QueuePair { rx, tx, rx_signals, tx_signals } = pair;
-        Pair { rx, tx, rx_signals, tx_signals, staged: Staged::new(offloads), rx_used: 0, tx_used: 0 }
+        let QueuePair { rx, tx, rx_signals, tx_signals, tx_kick } = pair;
+        Pair {
+            rx,
+            tx,
+            rx_signals,
+            tx_signals,
+            tx_kick,
+            staged: Staged::new(offloads),
+            rx_used: 0,
+            tx_used: 0,
+        }
     }
 
     /// A transmit chain was consumed.
@@ -176,7 +192,13 @@ impl Pair {
             self.staged.count = 0;
             self.rx.publish_used();
         }
-        QueuePair { rx: self.rx, tx: self.tx, rx_signals: self.rx_signals, tx_signals: self.tx_signals }
+        QueuePair {
+            rx: self.rx,
+            tx: self.tx,
+            rx_signals: self.rx_signals,
+            tx_signals: self.tx_signals,
+            tx_kick: self.tx_kick,
+        }
     }
 }
 
@@ -286,12 +308,18 @@ impl Port {
         self.isolated_to.is_none() && other.isolated_to.is_none()
     }
 
-    /// Ask its driver for notifications on every ring (`true`), or not.
+    /// Ask its driver to kick when it offers frames to send (`true`), or not. It never needs to
+    /// kick for the buffers it offers to receive into: a frame that finds none is dropped at once.
     pub(crate) fn set_notifications(&mut self, enabled: bool) {
         for pair in &mut self.pairs {
             pair.tx.set_notifications(enabled);
-            pair.rx.set_notifications(enabled);
+            pair.rx.set_notifications(false);
         }
+    }
+
+    /// Must the switch look at it now and then, with no kick to wake it for some transmit ring?
+    pub(crate) fn needs_polling(&self) -> bool {
+        !self.broken && self.pairs.iter().any(|pair| pair.tx_kick.is_none())
     }
 
     /// Has a transmit ring frames waiting?

@@ -4,7 +4,10 @@
 //! group or unknown address, and the uplink's likewise. Nothing on this path allocates or locks;
 //! its one system call is the uplink's flush, once per pass that queued frames for the host.
 //! Ports come and go through [`SwitchControl`], which the pass looks at only when it has news.
+//! Polled, the switch asks no driver to notify; on an IOCore that sleeps, the ports' transmit
+//! kicks, the mailbox and the uplink wake it ([`Wakers`]).
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use af_packet::{checksum, Fill, PacketRing, Received};
@@ -20,6 +23,7 @@ use crate::mac_table::MacTable;
 use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::port::Port;
 use crate::rework::Rework;
+use crate::wake::Wakers;
 
 /// Ports one switch serves at most.
 pub const MAX_PORTS: usize = 64;
@@ -66,29 +70,41 @@ pub struct Switch {
     /// The frame changed for receivers that do not take its offloads.
     rework: Rework,
     polling: bool,
+    /// The last pass left frames in a ring for a rate limit: no kick announces when they may go.
+    throttled: bool,
+    /// What wakes the switch when its IOCore sleeps.
+    wakers: Wakers,
 }
 
 impl Switch {
-    /// A switch with no port yet, taking ports from `control`.
-    pub fn new(control: Arc<SwitchControl>) -> Switch {
-        Switch {
+    /// A switch with no port yet, taking ports from `control`. Fails only if the epoll instance
+    /// that wakes it cannot be made.
+    pub fn new(control: Arc<SwitchControl>) -> std::io::Result<Switch> {
+        Ok(Switch {
             ports: (0..MAX_PORTS).map(|_| None).collect(),
             uplink: None,
             table: MacTable::default(),
+            wakers: Wakers::new(&control)?,
             control,
             frame: Chain::default(),
             header: NetHeader::default(),
             flow: 0,
             rework: Rework::new(),
             polling: false,
-        }
+            throttled: false,
+        })
     }
 
     /// Frames to addresses not on a NIC go to the host through `ring`, and the host's frames
     /// come in through it; what it does is published in `shared`.
-    pub fn with_uplink(mut self, ring: PacketRing, shared: Arc<SharedUplinkCounters>) -> Switch {
+    pub fn with_uplink(
+        mut self,
+        ring: PacketRing,
+        shared: Arc<SharedUplinkCounters>,
+    ) -> std::io::Result<Switch> {
+        self.wakers.add_uplink(ring.as_raw_fd())?;
         self.uplink = Some(Uplink { ring, counters: shared.read(), shared });
-        self
+        Ok(self)
     }
 
     /// What port `id` did so far; `None` when no port is attached there.
@@ -106,6 +122,7 @@ impl Switch {
             match command {
                 Command::Attach(id, mut port) => {
                     port.set_notifications(!self.polling);
+                    self.wakers.add_port(id, &port);
                     if let Some(mac) = port.mac {
                         if !self.table.pin(mac, id) {
                             log::warn!("port {id}: its address {mac} could not be pinned (the table is full of pinned ones)");
@@ -115,7 +132,11 @@ impl Switch {
                 }
                 Command::Detach(id, reply) => {
                     self.table.forget_port(id);
-                    let _ = reply.send(self.ports[id].take());
+                    let port = self.ports[id].take();
+                    if let Some(port) = &port {
+                        self.wakers.remove_port(port);
+                    }
+                    let _ = reply.send(port);
                 }
             }
         }
@@ -136,6 +157,7 @@ impl Switch {
             if port.limiter.as_ref().is_some_and(|limiter| !limiter.allows()) {
                 // The frames wait in the ring for the bucket to refill.
                 port.counters.tx_rate_limited += 1;
+                self.throttled = true;
                 break;
             }
             let tx = &mut port.pairs[pair].tx;
@@ -433,6 +455,7 @@ impl QueueWorker for Switch {
         }
         // Read once per pass, and only if a port has a rate limit.
         let mut now = None;
+        self.throttled = false;
         let mut work = self.receive_from_uplink();
         for source in 0..MAX_PORTS {
             if let Some(port) = self.ports[source].as_deref() {
@@ -445,6 +468,10 @@ impl QueueWorker for Switch {
         if work > 0 {
             for port in self.ports.iter_mut().flatten() {
                 port.publish();
+                if !self.polling {
+                    // Notified: a kick for whatever the driver offers after what was taken.
+                    port.set_notifications(true);
+                }
             }
             if let Some(uplink) = self.uplink.as_mut() {
                 if uplink.ring.flush().is_err() {
@@ -471,5 +498,19 @@ impl QueueWorker for Switch {
         self.control.has_news()
             || self.uplink.as_ref().is_some_and(|uplink| uplink.ring.has_received())
             || self.ports.iter().flatten().any(|port| port.has_avail())
+    }
+
+    fn backend_fd(&self) -> Option<RawFd> {
+        Some(self.wakers.fd())
+    }
+
+    fn backend_fd_fired(&mut self) {
+        self.wakers.clear(&self.control, &self.ports);
+    }
+
+    /// Frames wait for a rate limit, or a port has no kick to announce its frames: a sleeping
+    /// IOCore looks again after a moment.
+    fn throttled(&self) -> bool {
+        self.throttled || self.ports.iter().flatten().any(|port| port.needs_polling())
     }
 }

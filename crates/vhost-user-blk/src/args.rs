@@ -3,7 +3,7 @@
 use std::num::ParseIntError;
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use thiserror::Error;
 
 use crate::spec::{self, VhostDisk};
@@ -62,11 +62,9 @@ pub struct VhostUserBlkArgs {
     /// each has its own backend.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=spec::MAX_QUEUES as i64))]
     pub queues: u16,
-    /// How the IOCores serve the queues: sidecore (polls the rings, the guest never notifies),
-    /// adaptive (polls under load, sleeps on the kick eventfds when idle), eventfd (sleeps on
-    /// the kick eventfds, like QEMU's own backends).
-    #[arg(long, value_name = "MODE", default_value = "adaptive")]
-    pub io_mode: VhostIoMode,
+    /// `--io-mode` and `--idle-budget-us`.
+    #[command(flatten)]
+    pub io: exitless_args::VhostIoArgs,
     /// IOCore threads serving the queues of all disks; each disk's queues go to the one with the
     /// fewest queues so far.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -79,9 +77,6 @@ pub struct VhostUserBlkArgs {
     /// IOCore says so; it then shares the CPU: give it a CPU of its own).
     #[arg(long, value_name = "CPU[,CPU...]", value_delimiter = ',')]
     pub iocore_cpu: Vec<usize>,
-    /// adaptive: microseconds an IOCore spins without a request before it sleeps.
-    #[arg(long, value_name = "US", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    pub idle_budget_us: u64,
     /// Print each disk's figures on standard output every SECS seconds and when stopping:
     /// requests, bytes, I/O errors, refused requests, IOPS, MB/s and service-time percentiles
     /// (p50, p99, max) over the interval, rate-limit waits.
@@ -284,17 +279,6 @@ fn parse_mode(text: &str) -> Result<u32, ModeError> {
         return Err(ModeError::OwnerLockedOut(text.into()));
     }
     Ok(mode)
-}
-
-/// `--io-mode`: how the IOCores serve the rings.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum VhostIoMode {
-    /// Poll the rings; the guest never notifies.
-    Sidecore,
-    /// Poll under load, sleep on the kick eventfds when idle.
-    Adaptive,
-    /// Sleep on the kick eventfds, as QEMU's own backends do.
-    Eventfd,
 }
 
 #[cfg(test)]

@@ -37,14 +37,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_http::server::ControlApi;
-use clap::ValueEnum;
-use iocore::{IoCore, Policy};
+use iocore::IoCore;
 use sandbox::{Filter, ThreadKind};
 use unix_socket::Access;
 
 use api_dirs::ApiDiskDirs;
+use args::SocketOwner;
 pub use args::VhostUserBlkArgs;
-use args::{SocketOwner, VhostIoMode};
 use disks::Disks;
 pub use error::{DaemonError, Error, UsageError};
 use handover::TakenDisks;
@@ -91,11 +90,7 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
     exit_after_stop_grace(&stop, watchdog).map_err(DaemonError::Watchdog)?;
     // Measured once, before any thread confines itself (rate limits, service times).
     clock::ticks_per_second();
-    let policy = match args.io_mode {
-        VhostIoMode::Sidecore => Policy::Polling,
-        VhostIoMode::Adaptive => Policy::Adaptive { idle: Duration::from_micros(args.idle_budget_us) },
-        VhostIoMode::Eventfd => Policy::Notified,
-    };
+    let policy = args.io.policy();
     let seccomp = args.seccomp.mode();
     // librbd's threads (an `rbd=` disk's) on the IOCores' CPUs, under their own filter.
     let rbd_threads = iocore::backend_thread_set_up(ThreadKind::RbdClient, seccomp, args.iocore_cpu.clone())?;
@@ -114,7 +109,7 @@ fn serve(args: VhostUserBlkArgs, sockets: Vec<PathBuf>) -> Result<(), DaemonErro
             Ok(Arc::new(IoCore::spawn_confined(policy, cpu, filter)?))
         })
         .collect::<Result<Vec<_>, DaemonError>>()?;
-    let mode = args.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+    let mode = args.io.mode_name();
     let owner = args.socket_owner.unwrap_or(SocketOwner { uid: None, gid: None });
     let access = Access::new(args.socket_mode, owner.uid, owner.gid);
     // Opened now, before this thread confines itself, and held: what the operator allowed is

@@ -39,15 +39,22 @@ pub struct VhostUserNetArgs {
     /// Pin the IOCore that runs the switch to this host CPU.
     #[arg(long, value_name = "CPU")]
     pub iocore_cpu: Option<usize>,
+    /// `--io-mode` and `--idle-budget-us`: the switch's IOCore polls every ring (sidecore), polls
+    /// under load and sleeps when idle (adaptive), or sleeps between frames (eventfd).
+    #[command(flatten)]
+    pub io: exitless_args::VhostIoArgs,
     /// `--seccomp`: how strictly each thread is confined.
     #[command(flatten)]
     pub seccomp: exitless_args::SeccompArgs,
 }
 
 const AFTER_HELP: &str = "\
-Every NIC is a port of one switch, run by one IOCore that polls every ring: a frame from one
-NIC to another goes from the sender's transmit ring into the receiver's receive ring, with one
-copy and no system call. The switch learns each sender's address; a frame to a group address
+Every NIC is a port of one switch, run by one IOCore: a frame from one NIC to another goes from
+the sender's transmit ring into the receiver's receive ring, with one copy and no system call.
+How the IOCore waits is --io-mode: adaptive (the default) polls every ring while frames come
+and, after --idle-budget-us without one, asks the guests to kick and sleeps until a kick, a
+frame from the uplink or a NIC added or removed wakes it; sidecore polls for ever (no guest
+ever kicks; a core stays busy); eventfd sleeps whenever a pass found nothing. The switch learns each sender's address; a frame to a group address
 (broadcast, multicast) or to an address not seen yet goes to every other NIC. Checksum and TCP
 segmentation offloads, merged receive buffers and up to 4 queue pairs are offered; for a
 driver that did not take an offload, the switch does its work (fills the checksum, cuts the

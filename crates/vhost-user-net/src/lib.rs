@@ -20,7 +20,7 @@ mod routes;
 use std::sync::Arc;
 
 use api_http::server::ControlApi;
-use iocore::{IoCore, Policy};
+use iocore::IoCore;
 use sandbox::{Filter, SandboxError, ThreadKind};
 use switch::{Switch, SwitchControl};
 use thiserror::Error;
@@ -56,6 +56,9 @@ pub enum Error {
     /// The IOCore could not be started.
     #[error(transparent)]
     IoCore(#[from] iocore::IoCoreError),
+    /// The switch's mailbox or the epoll instance that wakes it could not be made.
+    #[error("cannot set up the switch's wake-ups: {0}")]
+    Switch(#[source] std::io::Error),
     /// A NIC of the command line could not be served.
     #[error(transparent)]
     Nic(#[from] NicError),
@@ -93,18 +96,20 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     let stop = stop_signals().map_err(Error::Signals)?;
     let seccomp = args.seccomp.mode();
     exit_after_stop_grace(&stop, Filter::new(ThreadKind::StopWatchdog, seccomp)?).map_err(Error::Watchdog)?;
-    let control = Arc::new(SwitchControl::default());
-    let mut switch = Switch::new(control.clone());
+    let control = Arc::new(SwitchControl::new().map_err(Error::Switch)?);
+    let mut switch = Switch::new(control.clone()).map_err(Error::Switch)?;
     let mut nics = Nics::new(control, Access::owner_only(), seccomp);
     if let Some(interface) = &args.uplink {
         let counters = Arc::default();
-        switch = switch.with_uplink(af_packet::PacketRing::open(interface)?, Arc::clone(&counters));
+        switch = switch
+            .with_uplink(af_packet::PacketRing::open(interface)?, Arc::clone(&counters))
+            .map_err(Error::Switch)?;
         nics.uplink = Some((interface.clone(), counters));
         log::info!("uplink on {interface}");
     }
     let filter = Filter::new(ThreadKind::SwitchIoCore, seccomp)?;
-    // The switch polls every ring: it takes no kicks (a NIC's guest never notifies).
-    let iocore: IoCore<Switch> = IoCore::spawn_confined(Policy::Polling, args.iocore_cpu, filter)?;
+    let iocore: IoCore<Switch> = IoCore::spawn_confined(args.io.policy(), args.iocore_cpu, filter)?;
+    log::info!("the switch's IOCore serves in {} mode", args.io.mode_name());
     iocore.attach(SWITCH_ID, switch, None);
     let mut successors = match &args.handover_socket {
         Some(path) => {
@@ -169,7 +174,9 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     if let Some(api) = api {
         api.join();
     }
-    iocore.stop();
+    if let Some(stats) = iocore.stop() {
+        log::info!("the switch's IOCore took {} frames and slept {} times", stats.work, stats.sleeps);
+    }
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! each NIC was added (`_total`). Per NIC (label `nic`): every counter the switch keeps for its
 //! port (frames each way, drops by cause, interrupts; see `switch::PortCounters`) and whether a
 //! frontend is connected. For the uplink (label `interface`): its counters
-//! (`switch::UplinkCounters`). For the IOCore: busy and idle seconds.
+//! (`switch::UplinkCounters`). For the IOCore: busy and idle seconds, and the CPU time it used.
 
 use iocore::IoCore;
 use metrics::exposition::{family, sample};
@@ -57,9 +57,15 @@ pub fn render(nics: &Nics, iocore: &IoCore<Switch>) -> String {
         }
     }
     let times = iocore.times();
+    let cpu = iocore.cpu_time().unwrap_or_default();
     for (name, help, seconds) in [
         ("exitless_iocore_busy_seconds_total", "IOCore time in passes that switched frames.", times.busy),
         ("exitless_iocore_idle_seconds_total", "IOCore time in passes that found nothing to do.", times.idle),
+        (
+            "exitless_iocore_cpu_seconds_total",
+            "CPU time the IOCore used: all of its time when it polls, little when it sleeps.",
+            cpu,
+        ),
     ] {
         family(&mut out, name, "counter", help);
         out.push_str(&format!("{name}{{iocore=\"0\"}} {}\n", seconds.as_secs_f64()));

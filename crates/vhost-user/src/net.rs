@@ -84,8 +84,13 @@ impl VhostUserNet {
             };
             // The receive rings are the ones the switch writes guest memory through.
             log = log.or(rx.log);
-            let pair =
-                QueuePair { rx: rx.queue, tx: tx.queue, rx_signals: rx.signals, tx_signals: tx.signals };
+            let pair = QueuePair {
+                rx: rx.queue,
+                tx: tx.queue,
+                rx_signals: rx.signals,
+                tx_signals: tx.signals,
+                tx_kick: tx.kick,
+            };
             port = Some(match port {
                 None => Port::new(pair),
                 Some(port) => port.with_pair(pair),
@@ -121,10 +126,10 @@ impl VhostUserNet {
             c.tx_rate_limited
         );
         for (p, pair) in pairs.into_iter().zip(parts.pairs) {
-            let QueuePair { rx, tx, rx_signals, tx_signals } = pair;
+            let QueuePair { rx, tx, rx_signals, tx_signals, tx_kick } = pair;
             self.waiting[2 * p] =
                 Some(Ring { queue: rx, signals: rx_signals, log: parts.log.clone(), kick: None });
-            self.waiting[2 * p + 1] = Some(Ring { queue: tx, signals: tx_signals, log: None, kick: None });
+            self.waiting[2 * p + 1] = Some(Ring { queue: tx, signals: tx_signals, log: None, kick: tx_kick });
         }
         Ok(())
     }
@@ -201,7 +206,7 @@ mod tests {
     fn nic(mtu: Option<u16>) -> VhostUserNet {
         let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
         let policy = PortPolicy { mac: Some(mac), mtu, ..PortPolicy::default() };
-        VhostUserNet::new(mac, policy, Arc::default())
+        VhostUserNet::new(mac, policy, Arc::new(SwitchControl::new().unwrap()))
     }
 
     #[test]

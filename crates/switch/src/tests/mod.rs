@@ -18,6 +18,7 @@ mod offload;
 mod pairs;
 mod policy;
 mod uplink;
+mod wake;
 
 const MEM: usize = 1 << 20;
 const SIZE: u16 = 16;
@@ -37,6 +38,8 @@ struct Guest {
     rx_used_seen: u16,
     /// The rings' error eventfd (SET_VRING_ERR's).
     error: Arc<EventFd>,
+    /// The transmit ring's kick.
+    kick: Arc<EventFd>,
     port: usize,
 }
 
@@ -50,6 +53,17 @@ fn signals(error: &Arc<EventFd>) -> DeviceSignals {
 
 fn queue(mem: &GuestMemoryMmap, (desc, avail, used): (u64, u64, u64)) -> Queue {
     Queue::new(mem, QueueConfig { size: SIZE, desc, avail, used }, false).unwrap()
+}
+
+/// The rig's one queue pair in `mem`, its rings' errors to `error`, kicked by `tx_kick`.
+fn queue_pair(mem: &GuestMemoryMmap, error: &Arc<EventFd>, tx_kick: Option<Arc<EventFd>>) -> QueuePair {
+    QueuePair {
+        rx: queue(mem, RX),
+        tx: queue(mem, TX),
+        rx_signals: signals(error),
+        tx_signals: signals(error),
+        tx_kick,
+    }
 }
 
 struct Rig {
@@ -74,10 +88,10 @@ fn rig_with(policies: &[PortPolicy], uplink: Option<af_packet::PacketRing>) -> R
 
 /// A switch with a guest for each policy and the offloads its driver takes, and `uplink`.
 fn rig_of(ports: impl Iterator<Item = (PortPolicy, Offloads)>, uplink: Option<af_packet::PacketRing>) -> Rig {
-    let control = Arc::new(SwitchControl::default());
-    let mut switch = Switch::new(control.clone());
+    let control = Arc::new(SwitchControl::new().unwrap());
+    let mut switch = Switch::new(control.clone()).unwrap();
     if let Some(ring) = uplink {
-        switch = switch.with_uplink(ring, Arc::default());
+        switch = switch.with_uplink(ring, Arc::default()).unwrap();
     }
     switch.set_polling(true);
     let guests = ports
@@ -85,15 +99,10 @@ fn rig_of(ports: impl Iterator<Item = (PortPolicy, Offloads)>, uplink: Option<af
         .map(|(i, (policy, offloads))| {
             let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
             let error = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-            let pair = QueuePair {
-                rx: queue(&mem, RX),
-                tx: queue(&mem, TX),
-                rx_signals: signals(&error),
-                tx_signals: signals(&error),
-            };
-            let port = Port::new(pair);
+            let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+            let port = Port::new(queue_pair(&mem, &error, Some(kick.clone())));
             let port = control.attach(port.with_policy(policy).with_offloads(offloads)).unwrap();
-            Guest { mem, mac: guest_mac(i), rx_avail: 0, tx_avail: 0, rx_used_seen: 0, error, port }
+            Guest { mem, mac: guest_mac(i), rx_avail: 0, tx_avail: 0, rx_used_seen: 0, error, kick, port }
         })
         .collect();
     Rig { control, switch, guests }

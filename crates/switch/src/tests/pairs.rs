@@ -37,6 +37,7 @@ fn frames_leave_by_every_transmit_ring_and_each_flow_arrives_on_one_receive_ring
         tx: queue(mem, TX2),
         rx_signals: signals(&error),
         tx_signals: signals(&error),
+        tx_kick: None,
     };
     rig.guests[1].port = rig.control.attach(port.with_pair(second)).unwrap();
     rig.poll();
