@@ -149,6 +149,9 @@ impl Device for VhostUserBlk {
         if let Some(log) = log {
             worker = worker.with_dirty_log(log);
         }
+        if kick.is_none() {
+            worker = worker.without_kicks();
+        }
         self.host.attach(self.worker_id(index), worker, kick);
         Ok(())
     }

@@ -12,7 +12,7 @@ use test_infra::backend::{TestBackend, DISK_SIZE};
 use test_infra::frontend::*;
 use vhost_user::{Error, Server};
 use vhost_user_protocol::message::{
-    code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION,
+    code, Header, MemoryRegion, VringAddr, FLAG_NEED_REPLY, FLAG_REPLY, VERSION, VRING_NOFD,
 };
 use vmm_sys_util::eventfd::EventFd;
 
@@ -115,6 +115,22 @@ fn new_call_and_kick_descriptors_take_effect_on_a_running_ring() {
     assert!(readable(frontend.vrings[0].call.as_raw_fd(), TIMEOUT), "the new call eventfd was signalled");
     assert!(old_call.read().is_err(), "the old call eventfd was not");
     assert_eq!(frontend.stop_vring(0), 6);
+}
+
+/// SET_VRING_KICK with VRING_NOFD: no kick descriptor, so "polling should be used instead".
+/// Regression: an IOCore that sleeps (notified, or adaptive once idle) never looked at such a
+/// ring again, and its first request waited for ever.
+#[test]
+fn a_ring_without_a_kick_descriptor_is_served_by_an_iocore_that_sleeps() {
+    for policy in [Policy::Notified, Policy::Adaptive { idle: Duration::from_micros(50) }] {
+        let backend = TestBackend::start(policy, 1, false);
+        let mut frontend = Frontend::ready(&backend.socket, FEATURES, 0);
+        frontend.set(code::SET_VRING_KICK, &VRING_NOFD.to_le_bytes(), &[]);
+        // Long enough for an adaptive IOCore to have gone to sleep.
+        std::thread::sleep(Duration::from_millis(50));
+        write_read_flush(&mut frontend, 0, 0, &pattern(9));
+        assert_eq!(frontend.stop_vring(0), 3, "{policy:?}: three requests taken");
+    }
 }
 
 #[test]

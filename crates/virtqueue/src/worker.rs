@@ -41,8 +41,9 @@ pub trait QueueWorker: Send {
     fn waits_on_backend_threads(&self) -> bool {
         false
     }
-    /// Did the last `poll` leave requests in the ring because the device's rate limit was
-    /// reached? Its owner then waits a little before polling again rather than spinning.
+    /// May requests wait in the ring that no notification will announce: left by the last
+    /// `poll` for the device's rate limit, or made by a driver that never notifies? Its owner
+    /// then sleeps only a little before polling again, and does not spin for them either.
     fn throttled(&self) -> bool {
         false
     }

@@ -234,6 +234,8 @@ pub struct BlockWorker {
     limiter: Option<Arc<RateLimiter>>,
     /// The last pass left requests in the ring because a bucket was empty.
     throttled: bool,
+    /// Its driver gives no kick (vhost-user's VRING_NOFD): nothing announces its requests.
+    unannounced: bool,
     /// Requests were submitted since the backend was last kicked.
     unkicked: bool,
     /// The clock when the current pass began: requests taken in it started then.
@@ -284,6 +286,7 @@ impl BlockWorker {
             batch_limit: usize::MAX,
             limiter: None,
             throttled: false,
+            unannounced: false,
             unkicked: false,
             now: 0,
             abandoned: false,
@@ -352,6 +355,13 @@ impl BlockWorker {
         if let Some(dirty) = &self.dirty {
             dirty.mark_status(self.queue.memory(), status);
         }
+    }
+
+    /// Its driver will not kick (vhost-user's VRING_NOFD, "polling should be used instead"): an
+    /// owner that sleeps must look at the ring again after a moment, as for a rate limit.
+    pub fn without_kicks(mut self) -> BlockWorker {
+        self.unannounced = true;
+        self
     }
 
     /// Take requests only while `limiter`'s buckets hold tokens; the rest wait in the ring.
@@ -710,6 +720,6 @@ impl QueueWorker for BlockWorker {
     }
 
     fn throttled(&self) -> bool {
-        self.throttled && !self.broken
+        (self.throttled || self.unannounced) && !self.broken
     }
 }
