@@ -1,5 +1,6 @@
 //! The command-line vocabulary the `exitless` binary and its benchmarks share: byte sizes,
-//! `--disk` and `--net` specs, I/O modes (the VMM's and the vhost-user daemons'), `--seccomp`, and how `exitless` reports an error and exits.
+//! `--disk` and `--net` specs, I/O modes (the VMM's and the vhost-user daemons'), `--seccomp`,
+//! and how `exitless` reports an error and exits.
 
 #![deny(missing_docs)]
 

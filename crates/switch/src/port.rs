@@ -99,8 +99,8 @@ pub struct QueuePair {
     /// The transmit ring's signals.
     pub tx_signals: DeviceSignals,
     /// The eventfd the driver kicks when it offers frames on the transmit ring, which wakes a
-    /// switch that sleeps; `None`: the frontend gave none, so the switch polls while the port is
-    /// on it.
+    /// switch that sleeps; `None`: the frontend gave none, so a switch that sleeps wakes every
+    /// millisecond to look at the ring.
     pub tx_kick: Option<Arc<EventFd>>,
 }
 

@@ -54,14 +54,15 @@ the sender's transmit ring into the receiver's receive ring, with one copy and n
 How the IOCore waits is --io-mode: adaptive (the default) polls every ring while frames come
 and, after --idle-budget-us without one, asks the guests to kick and sleeps until a kick, a
 frame from the uplink or a NIC added or removed wakes it; sidecore polls for ever (no guest
-ever kicks; a core stays busy); eventfd sleeps whenever a pass found nothing. The switch learns each sender's address; a frame to a group address
-(broadcast, multicast) or to an address not seen yet goes to every other NIC. Checksum and TCP
-segmentation offloads, merged receive buffers and up to 4 queue pairs are offered; for a
-driver that did not take an offload, the switch does its work (fills the checksum, cuts the
-super-frame). Frames are at most the NIC's MTU (mtu=, 1500 by default) and 18 bytes, super-frames
-64 KiB; a frame longer than a receiver's MTU is dropped and counted, as a Linux bridge does. A
-QEMU guest's MTU is QEMU's (virtio-net-pci,host_mtu=N), which the daemon refuses if it is above
-the NIC's.
+ever kicks; a core stays busy); eventfd sleeps whenever a pass found nothing.
+
+The switch learns each sender's address; a frame to a group address (broadcast, multicast) or
+to an address not seen yet goes to every other NIC. Checksum and TCP segmentation offloads,
+merged receive buffers and up to 4 queue pairs are offered; for a driver that did not take an
+offload, the switch does its work (fills the checksum, cuts the super-frame). Frames are at
+most the NIC's MTU (mtu=, 1500 by default) and 18 bytes, super-frames 64 KiB; a frame longer
+than a receiver's MTU is dropped and counted, as a Linux bridge does. A QEMU guest's MTU is
+QEMU's (virtio-net-pci,host_mtu=N), which the daemon refuses if it is above the NIC's.
 
 With --uplink, frames to addresses not on a NIC of the daemon (and every broadcast) go to the
 host interface too, and the host's frames come in through it: the interface's receive and
