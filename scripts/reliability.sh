@@ -120,7 +120,7 @@ faults_command="${tests[*]} --test integration faults:: ${test_flags[*]}"
 flush_command="${tests[*]} --test integration flush:: ${test_flags[*]}"
 linux_command="EXITLESS_LINUX_MIXED_SECS=$mixed_secs ${tests[*]} --test integration linux_compat:: ${test_flags[*]}"
 osd_command="EXITLESS_OSD_KILLS=$osd_kills ${tests[*]} --test integration rbd::an_osd_killed ${test_flags[*]}"
-inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test integration inflight:: ${test_flags[*]} && EXITLESS_FRONTEND_RESTARTS=$restarts ${tests[*]} --test integration vhost_user_frontend::daemon_restarts ${test_flags[*]}"
+inflight_command="EXITLESS_INFLIGHT_RESTARTS=$restarts ${tests[*]} --test integration inflight:: ${test_flags[*]} && EXITLESS_FRONTEND_RESTARTS=$restarts ${tests[*]} --test integration vhost_user_frontend::a_vm_keeps_its_disk_across_daemon_restarts ${test_flags[*]}"
 
 echo "reliability $form: $tree" >&2
 echo "  machine: $machine (load $load_before)" >&2
@@ -153,6 +153,11 @@ part() {
     start=$(date +%s)
     local passed=true
     bash -c "$command" >"$logs/$name.log" 2>&1 || passed=false
+    # A test filter that matches nothing passes with no test run: that part did nothing.
+    if grep -q '^test result: ok\. 0 passed' "$logs/$name.log"; then
+        echo "reliability: $name: a command of it ran no test" >&2
+        passed=false
+    fi
     seconds=$(($(date +%s) - start))
     printf -v "seconds_$name" '%s' "$seconds"
     if $passed; then
