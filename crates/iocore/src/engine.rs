@@ -21,8 +21,9 @@ const WAKE_TOKEN: u64 = u64::MAX;
 const BACKEND_TOKEN: u64 = 1 << 32;
 const MAX_EVENTS: usize = 64;
 /// How long an idle IOCore sleeps when the only requests left wait for a rate limit's tokens
-/// (a bucket refills at its rate; the next pass takes what it earned).
-const THROTTLED_WAIT: Duration = Duration::from_millis(1);
+/// (a bucket refills at its rate; the next pass takes what it earned), or a ring has no
+/// notification to announce its requests.
+const LOOK_AGAIN: Duration = Duration::from_millis(1);
 
 struct Entry<W> {
     id: u64,
@@ -196,7 +197,8 @@ impl<W: QueueWorker> Queues for Engine<W> {
     }
 
     fn wait_limit(&self) -> Option<Duration> {
-        self.entries.iter().any(|e| e.worker.throttled()).then_some(THROTTLED_WAIT)
+        let look_soon = |e: &Entry<W>| e.worker.throttled() || e.worker.unannounced();
+        self.entries.iter().any(look_soon).then_some(LOOK_AGAIN)
     }
 
     fn set_polling(&mut self, polling: bool) {

@@ -72,6 +72,8 @@ pub struct Switch {
     polling: bool,
     /// The last pass left frames in a ring for a rate limit: no kick announces when they may go.
     throttled: bool,
+    /// A port has a transmit ring without a kick (as of the last attach or detach).
+    unannounced: bool,
     /// What wakes the switch when its IOCore sleeps.
     wakers: Wakers,
 }
@@ -92,6 +94,7 @@ impl Switch {
             rework: Rework::new(),
             polling: false,
             throttled: false,
+            unannounced: false,
         })
     }
 
@@ -140,6 +143,7 @@ impl Switch {
                 }
             }
         }
+        self.unannounced = self.ports.iter().flatten().any(|port| port.needs_polling());
     }
 
     /// Switch up to [`TX_BATCH`] frames from each transmit ring of port `source`, as its rate
@@ -508,9 +512,13 @@ impl QueueWorker for Switch {
         self.wakers.clear(&self.control, &self.ports);
     }
 
-    /// Frames wait for a rate limit, or a port has no kick to announce its frames: a sleeping
-    /// IOCore looks again after a moment.
+    /// Frames wait for a rate limit: a sleeping IOCore looks again after a moment.
     fn throttled(&self) -> bool {
-        self.throttled || self.ports.iter().flatten().any(|port| port.needs_polling())
+        self.throttled
+    }
+
+    /// A port has no kick to announce its frames: a sleeping IOCore looks again after a moment.
+    fn unannounced(&self) -> bool {
+        self.unannounced
     }
 }

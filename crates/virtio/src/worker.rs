@@ -106,6 +106,14 @@ impl QueueWorker for Worker {
         }
     }
 
+    fn unannounced(&self) -> bool {
+        match self {
+            Worker::Block(worker) => QueueWorker::unannounced(&**worker),
+            Worker::Net(worker) => QueueWorker::unannounced(&**worker),
+            Worker::Remote => false,
+        }
+    }
+
     fn set_dirty_log(&mut self, log: Option<DirtyLog>) -> bool {
         match self {
             Worker::Block(worker) => QueueWorker::set_dirty_log(&mut **worker, log),

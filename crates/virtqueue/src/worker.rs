@@ -41,10 +41,16 @@ pub trait QueueWorker: Send {
     fn waits_on_backend_threads(&self) -> bool {
         false
     }
-    /// May requests wait in the ring that no notification will announce: left by the last
-    /// `poll` for the device's rate limit, or made by a driver that never notifies? Its owner
-    /// then sleeps only a little before polling again, and does not spin for them either.
+    /// Did the last `poll` leave requests in the ring for the device's rate limit? No
+    /// notification announces when they may go: its owner then sleeps only a little before
+    /// polling again, and does not spin for them either.
     fn throttled(&self) -> bool {
+        false
+    }
+    /// Is a ring fed by a driver that never notifies (a vhost-user ring without a kick)? An
+    /// owner that sleeps must look at it again after a moment, as for a rate limit; unlike
+    /// throttled requests, requests waiting there are work for the next pass.
+    fn unannounced(&self) -> bool {
         false
     }
     /// Mark every guest page the worker writes in `log` from now on (`None`: stop); called only

@@ -64,8 +64,8 @@ fn a_port_without_a_kick_keeps_a_sleeping_switch_looking() {
     let mut rig = rig(1);
     rig.switch.set_polling(false);
     rig.poll();
-    assert!(!rig.switch.throttled());
+    assert!(!rig.switch.unannounced());
     rig.control.attach(kickless_port()).unwrap();
     rig.poll();
-    assert!(rig.switch.throttled(), "nothing would wake it for that port");
+    assert!(rig.switch.unannounced(), "nothing would wake it for that port");
 }

@@ -358,7 +358,7 @@ impl BlockWorker {
     }
 
     /// Its driver will not kick (vhost-user's VRING_NOFD, "polling should be used instead"): an
-    /// owner that sleeps must look at the ring again after a moment, as for a rate limit.
+    /// owner that sleeps must look at the ring again after a moment (`unannounced`).
     pub fn without_kicks(mut self) -> BlockWorker {
         self.unannounced = true;
         self
@@ -720,6 +720,10 @@ impl QueueWorker for BlockWorker {
     }
 
     fn throttled(&self) -> bool {
-        (self.throttled || self.unannounced) && !self.broken
+        self.throttled && !self.broken
+    }
+
+    fn unannounced(&self) -> bool {
+        self.unannounced && !self.broken
     }
 }
