@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
-use exitless_args::{IoModeArg, SeccompArgs};
+use exitless_args::{IoModeArg, SeccompArgs, VhostIoMode};
 
 /// `exitless bench`: a scenario, or without one the block ladder.
 #[derive(Args)]
@@ -701,6 +701,15 @@ pub struct NetBenchArgs {
     /// I/O modes to measure.
     #[arg(long, value_delimiter = ',', default_value = "trap,eventfd,pv-eoi,sidecore,exitless,adaptive")]
     pub modes: Vec<IoModeArg>,
+    /// `exitless vhost-user-net --io-mode`s to measure exitless's own VM through, one row each
+    /// (the QEMU guests' rows on the daemon run it in sidecore mode).
+    #[arg(long, value_name = "MODES", value_delimiter = ',', default_value = "sidecore,adaptive,eventfd")]
+    pub daemon_modes: Vec<VhostIoMode>,
+    /// VMs at once on one daemon's IOCore (sidecore) for the many-VM row: each does the same
+    /// request-response through the uplink, their vCPUs sharing the vCPU's CPU; per-VM rates
+    /// and Jain's fairness index. 0 leaves the row out.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(0..=32))]
+    pub fairness_vms: u16,
     /// UDP payload bytes per request (and answer).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1472))]
     pub size: u64,

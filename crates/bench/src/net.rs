@@ -3,6 +3,7 @@
 //! pair, and against QEMU-KVM's virtio-net on the same tap (see [`qemu`]). The echo responder
 //! is the same program (`exitless udp-echo`) in every case.
 
+mod fairness;
 mod qemu;
 mod switch;
 mod vm_to_vm;
@@ -157,6 +158,13 @@ struct Row {
     cpu_cores_used: Option<f64>,
     /// The peer's command line (QEMU's rows).
     command: Option<String>,
+    /// VMs at once (the many-VM row; `transactions_per_s` is then their sum).
+    vms: Option<usize>,
+    per_vm_transactions_per_s: Vec<f64>,
+    /// Jain's fairness index of the VMs' rates: (Σx)² / (n·Σx²), 1 when all are equal.
+    jain_fairness: Option<f64>,
+    /// The VMs' common measured time over their mean measured time.
+    window_overlap: Option<f64>,
     note: Option<String>,
 }
 
@@ -194,6 +202,10 @@ impl Row {
             ratio_to_qemu: None,
             cpu_cores_used: None,
             command: None,
+            vms: None,
+            per_vm_transactions_per_s: Vec::new(),
+            jain_fairness: None,
+            window_overlap: None,
             note: None,
         }
     }
@@ -271,10 +283,21 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
         progress(format_args!("exitless {mode}: UDP request-response through the tap, {} B", args.size));
         guests.push(lab.guest(mode, args, tsc_khz).map_err(|source| NetError::Guest { mode, source })?);
     }
-    progress(format_args!(
-        "exitless on exitless vhost-user-net: UDP request-response through the switch and uplink"
-    ));
-    guests.push(switch::exitless_row(&lab, args, tsc_khz));
+    for &mode in &args.daemon_modes {
+        progress(format_args!(
+            "{}: UDP request-response through the switch and uplink",
+            switch::exitless_row_name(mode)
+        ));
+        guests.push(switch::exitless_row(&lab, args, tsc_khz, mode));
+    }
+    if args.fairness_vms >= 2 {
+        let vms = usize::from(args.fairness_vms);
+        progress(format_args!(
+            "{}: UDP request-response through the switch and uplink",
+            fairness::row_name(vms)
+        ));
+        guests.push(fairness::row(&lab, args, tsc_khz, vms));
+    }
     let mut peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
     if let Some(qemu) = &qemu {
         peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz));
@@ -290,12 +313,13 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
     };
     let best: Vec<Option<f64>> = guests.iter().chain(&peers).map(|r| best_peer(r.path)).collect();
     for (row, best) in guests.iter_mut().chain(peers.iter_mut()).zip(best) {
-        if row.vmm != "qemu" {
+        // Not the many-VM row: its rate is a sum over VMs, the others' one VM's.
+        if row.vmm != "qemu" && row.vms.is_none() {
             row.ratio_to_qemu = row.transactions_per_s.zip(best).map(|(g, q)| g / q);
         }
     }
     for mut row in guests.into_iter().chain(peers) {
-        if let Some(host) = &bare_metal {
+        if let Some(host) = bare_metal.as_ref().filter(|_| row.vms.is_none()) {
             // Ratios are against the better of the two bare-metal clients (lower p50).
             row.bare_metal_transactions_per_s = host.transactions_per_s;
             row.ratio_to_bare_metal = row.transactions_per_s.zip(host.transactions_per_s).map(|(g, h)| g / h);

@@ -4,8 +4,8 @@
 //! IOPS per core and exits per I/O per set-up and VM count, and a mixed run (half the VMs at a
 //! low queue depth, half at a high one) that shows the fair share.
 
-mod cpu;
-mod launch;
+pub(crate) mod cpu;
+pub(crate) mod launch;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -131,8 +131,8 @@ impl Row {
 
     /// The figures of VMs `group` (indices) of `run`, which ran `vms` VMs in all.
     fn measured(setup: Setup, vms: u32, qd: u32, mixed: bool, run: &RunResult, group: &[usize]) -> Row {
-        let iops: Vec<f64> = group.iter().map(|&i| run.vms[i].iops).collect();
-        let total: f64 = run.vms.iter().map(|v| v.iops).sum();
+        let iops: Vec<f64> = group.iter().map(|&i| run.vms[i].rate).collect();
+        let total: f64 = run.vms.iter().map(|v| v.rate).sum();
         let ops: u64 = group.iter().map(|&i| run.vms[i].ops).sum();
         let mut counters: std::collections::BTreeMap<String, u64> = Default::default();
         for &i in group {

@@ -170,7 +170,7 @@ fn bad_network_options_are_one_line_errors() {
 /// vhost-net row is measured where the host has /dev/vhost-net and says why not where it has
 /// not; exitless's rows carry their ratio to the best QEMU row, and so does QEMU on exitless
 /// vhost-user-net, which reaches the responder through the daemon's uplink. And VM to VM, both
-/// guests' QEMUs on the daemon or on a bridge. Shorter than the probe's mark
+/// guests' QEMUs on the daemon or on a bridge, and eight exitless VMs on one daemon. Shorter than the probe's mark
 /// linger under QEMU (30 ms), so a run whose measured time the linger ate shows as no
 /// transactions. Nothing here is a speed claim.
 #[test]
@@ -235,11 +235,36 @@ fn bench_net_measures_qemu_on_the_same_tap() {
     assert_eq!(switched["path"], "vm-to-host", "{switched}");
     assert!(switched["transactions"].as_u64().is_some_and(|n| n > 0), "no transactions: {switched}");
     assert!(switched["command"].as_str().is_some_and(|c| c.contains("vhost-user,")), "{switched}");
-    // And exitless's own VM, its NIC on the daemon (`--net vhost-user=`), through the uplink.
-    let own = row("exitless on exitless vhost-user-net (uplink)");
-    assert_eq!((own["vmm"].as_str(), own["path"].as_str()), (Some("exitless"), Some("vm-to-host")), "{own}");
-    assert!(own["transactions"].as_u64().is_some_and(|n| n > 0), "no transactions: {own}");
-    for ours in [row("exitless"), switched, own] {
+    // And exitless's own VM, its NIC on the daemon (`--net vhost-user=`), through the uplink:
+    // a row per daemon I/O mode.
+    let own: Vec<_> = ["sidecore", "adaptive", "eventfd"]
+        .map(|mode| row(&format!("exitless on exitless vhost-user-net (uplink), daemon {mode}")))
+        .into();
+    for own in &own {
+        assert_eq!(
+            (own["vmm"].as_str(), own["path"].as_str()),
+            (Some("exitless"), Some("vm-to-host")),
+            "{own}"
+        );
+        assert!(own["transactions"].as_u64().is_some_and(|n| n > 0), "no transactions: {own}");
+        assert!(own["command"].as_str().is_some_and(|c| c.contains("--io-mode")), "{own}");
+    }
+    // Eight VMs at once on the daemon's one IOCore: each measured, their rates and fairness.
+    let many = row("8 exitless VMs on one exitless vhost-user-net IOCore (uplink), daemon sidecore");
+    assert_eq!((many["vms"].as_u64(), many["path"].as_str()), (Some(8), Some("vm-to-host")), "{many}");
+    let rates: Vec<f64> = many["per_vm_transactions_per_s"]
+        .as_array()
+        .expect("per-VM rates")
+        .iter()
+        .map(|r| r.as_f64().unwrap())
+        .collect();
+    assert!(rates.len() == 8 && rates.iter().all(|&r| r > 0.0), "a VM made no transaction: {many}");
+    let sum: f64 = rates.iter().sum();
+    assert!((many["transactions_per_s"].as_f64().unwrap() - sum).abs() < 1e-6 * sum, "{many}");
+    let jain = many["jain_fairness"].as_f64().expect("Jain's index");
+    let expected = sum * sum / (8.0 * rates.iter().map(|r| r * r).sum::<f64>());
+    assert!((jain - expected).abs() < 1e-9, "{jain} is not Jain's index of {rates:?}");
+    for ours in [row("exitless"), switched].into_iter().chain(own) {
         let tps = ours["transactions_per_s"].as_f64().expect("exitless measured");
         let ratio = ours["ratio_to_qemu"].as_f64().expect("exitless's x QEMU");
         assert!((ratio - tps / best).abs() < 1e-9 * ratio.max(1.0), "{ratio} is not {tps} / {best}: {ours}");
@@ -263,6 +288,10 @@ fn bench_net_measures_qemu_on_the_same_tap() {
         let ratio = switch["ratio_to_qemu"].as_f64().expect("the switch's x QEMU");
         assert!((ratio - ours / theirs).abs() < 1e-9 * ratio.max(1.0), "against the bridge: {switch}");
     }
+    assert!(
+        many["ratio_to_qemu"].is_null() && many["ratio_to_bare_metal"].is_null(),
+        "a sum of 8 VMs: {many}"
+    );
     for r in rows.iter().filter(|r| r["vmm"] != "exitless" && r["vmm"] != "qemu+exitless") {
         assert!(r["ratio_to_qemu"].is_null(), "x QEMU is for exitless's rows: {r}");
     }

@@ -13,6 +13,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use exitless_args::VhostIoMode;
 use thiserror::Error;
 
 use super::super::blk_qemu::{exits_between, find};
@@ -189,7 +190,13 @@ impl QemuNet {
     /// CPU: QEMU's arguments for a guest NIC on it, and the daemon.
     fn switch_nic(&self, args: &NetBenchArgs, lab: &Lab) -> Result<(Vec<String>, Daemon), QemuNetError> {
         let socket = self.probe.path().join("nic.sock");
-        let daemon = start_switch(args, self.probe.path(), &[(&socket, GUEST_MAC_TEXT)], Some(&lab.uplink))?;
+        let daemon = start_switch(
+            args,
+            VhostIoMode::Sidecore,
+            self.probe.path(),
+            &[(&socket, GUEST_MAC_TEXT)],
+            Some(&lab.uplink),
+        )?;
         Ok((vhost_user_nic(&socket, GUEST_MAC_TEXT), daemon))
     }
 }

@@ -5,6 +5,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
+use exitless_args::VhostIoMode;
 use thiserror::Error;
 use vmm::{ConsoleMode, IoMode, VhostUserNic, VmConfig};
 
@@ -35,21 +37,36 @@ pub enum SwitchError {
     Guest(#[from] super::GuestRunError),
 }
 
-/// The row of exitless's own VM, polling, with its NIC on the daemon: UDP request-response to
-/// the responder through the switch and its uplink. Its cores include the daemon's (over the
-/// whole run: its IOCore polls throughout).
-pub fn exitless_row(lab: &Lab, args: &NetBenchArgs, tsc_khz: u32) -> Row {
-    let mut row = Row::new("exitless", "exitless on exitless vhost-user-net (uplink)".into(), args.size);
-    if let Err(e) = measure(&mut row, lab, args, tsc_khz) {
+/// The row's name of exitless's own VM on the daemon in `mode`.
+pub fn exitless_row_name(mode: VhostIoMode) -> String {
+    format!("exitless on exitless vhost-user-net (uplink), daemon {}", mode_name(mode))
+}
+
+/// The row of exitless's own VM, polling, with its NIC on the daemon, whose IOCore runs in
+/// `mode`: UDP request-response to the responder through the switch and its uplink. Its cores
+/// include the daemon's, over the whole run (a polling IOCore spins throughout).
+pub fn exitless_row(lab: &Lab, args: &NetBenchArgs, tsc_khz: u32, mode: VhostIoMode) -> Row {
+    let mut row = Row::new("exitless", exitless_row_name(mode), args.size);
+    if let Err(e) = measure(&mut row, lab, args, tsc_khz, mode) {
         row.note = Some(format!("not measured: {e}"));
     }
     row
 }
 
-fn measure(row: &mut Row, lab: &Lab, args: &NetBenchArgs, tsc_khz: u32) -> Result<(), SwitchError> {
+fn measure(
+    row: &mut Row,
+    lab: &Lab,
+    args: &NetBenchArgs,
+    tsc_khz: u32,
+    daemon_mode: VhostIoMode,
+) -> Result<(), SwitchError> {
     let dir = ProbeDir::make("net-switch")?;
     let socket = dir.path().join("nic.sock");
-    let daemon = start_switch(args, dir.path(), &[(&socket, GUEST_MAC_TEXT)], Some(&lab.uplink))?;
+    let nics = [(socket.as_path(), GUEST_MAC_TEXT)];
+    let command = switch_command(args, daemon_mode, &nics, Some(&lab.uplink))?;
+    // The guest runs in this process; the daemon is the row's own set-up.
+    row.command = Some(shown(&command));
+    let daemon = start(command, dir.path(), &nics)?;
     let cmdline = format!(
         "probe.workload=udp-rr probe.ip={UPLINK_GUEST_IP} probe.dst={SERVER_UPLINK_IP} probe.port={PORT} \
          probe.size={} probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz}",
@@ -83,24 +100,53 @@ fn measure(row: &mut Row, lab: &Lab, args: &NetBenchArgs, tsc_khz: u32) -> Resul
 }
 
 /// Start `exitless vhost-user-net` serving `nics` (socket, MAC), with `uplink` if given, its
-/// IOCore on the IOCore CPU and its log in `dir`.
+/// IOCore in `mode` on the IOCore CPU and its log in `dir`.
 pub fn start_switch(
     args: &NetBenchArgs,
+    mode: VhostIoMode,
     dir: &Path,
     nics: &[(&Path, &str)],
     uplink: Option<&str>,
 ) -> Result<Daemon, SwitchError> {
+    start(switch_command(args, mode, nics, uplink)?, dir, nics)
+}
+
+/// The daemon's command line, as [`start_switch`] runs it.
+fn switch_command(
+    args: &NetBenchArgs,
+    mode: VhostIoMode,
+    nics: &[(&Path, &str)],
+    uplink: Option<&str>,
+) -> Result<Command, SwitchError> {
     let mut command = Command::new(std::env::current_exe().map_err(SwitchError::CurrentExe)?);
-    // Polled: the data plane at its fastest, as the rows say.
     let cpu = args.iocore_cpu.to_string();
-    command.args(["vhost-user-net", "--io-mode", "sidecore", "--iocore-cpu", &cpu]).args(args.seccomp.flag());
+    command
+        .args(["vhost-user-net", "--io-mode", &mode_name(mode), "--iocore-cpu", &cpu])
+        .args(args.seccomp.flag());
     for (socket, mac) in nics {
-        let _ = std::fs::remove_file(socket);
         command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
     }
     if let Some(uplink) = uplink {
         command.args(["--uplink", uplink]);
     }
+    Ok(command)
+}
+
+fn start(command: Command, dir: &Path, nics: &[(&Path, &str)]) -> Result<Daemon, SwitchError> {
     let sockets: Vec<_> = nics.iter().map(|(socket, _)| socket.to_path_buf()).collect();
+    for socket in &sockets {
+        let _ = std::fs::remove_file(socket);
+    }
     Ok(Daemon::start(command, &sockets, &dir.join("vhost-user-net.log"), "exitless vhost-user-net")?)
+}
+
+/// `command` as a shell would take it (its arguments hold no spaces).
+fn shown(command: &Command) -> String {
+    let words = std::iter::once(command.get_program()).chain(command.get_args());
+    words.map(|w| w.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+}
+
+/// `mode` as `--io-mode` spells it.
+fn mode_name(mode: VhostIoMode) -> String {
+    mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
 }

@@ -13,6 +13,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use exitless_args::VhostIoMode;
+
 use super::qemu::{
     in_netns, record, tap_nic, thread_names, vhost_user_nic, QemuNet, QemuNetError, MARK_LINGER_MS, MEM_MIB,
 };
@@ -87,7 +89,7 @@ fn measure(
     let (machine, nics, daemon, netns) = match carrier {
         Carrier::Switch => {
             let served = [(sockets[0].as_path(), RESPONDER_MAC), (sockets[1].as_path(), CLIENT_MAC)];
-            let daemon = start_switch(args, dir, &served, None)?;
+            let daemon = start_switch(args, VhostIoMode::Sidecore, dir, &served, None)?;
             let nics = [vhost_user_nic(&sockets[0], RESPONDER_MAC), vhost_user_nic(&sockets[1], CLIENT_MAC)];
             ("microvm,acpi=off,memory-backend=mem", nics, Some(daemon), None)
         }

@@ -136,7 +136,8 @@ impl VmDisk {
 
 /// What one VM measured.
 pub struct VmResult {
-    pub iops: f64,
+    /// Operations per second: IOPS, or UDP transactions per second.
+    pub rate: f64,
     pub ops: u64,
     /// vCPU exit counters over the measured phase (KVM's statistics, QEMU's through QMP).
     pub counters: Counters,
@@ -178,7 +179,8 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
                             Setup::SharedIocore => format!("vhost-user={}", socket.display()),
                             _ => disk.spec(),
                         };
-                        run_exitless(&disk, setup == Setup::IocorePerVm, qd, ctx, &watcher)
+                        let vm = ExitlessVm::disk(&disk, workload(qd, ctx));
+                        run_exitless(&vm, setup == Setup::IocorePerVm, ctx, &watcher)
                     }
                     Setup::QemuIothread | Setup::QemuStorageDaemon => {
                         let device = match setup {
@@ -204,21 +206,26 @@ pub fn run(setup: Setup, qds: &[u32], disks: &[VmDisk], ctx: &Context) -> Result
     if !errors.is_empty() {
         return Err(LaunchError::Vms(errors));
     }
-    let start = vms.iter().map(|v| v.window.0).max().ok_or(LaunchError::NoVm)?;
-    let end = vms.iter().map(|v| v.window.1).min().ok_or(LaunchError::NoVm)?;
+    let (from, to, overlap) = common_window(&vms).ok_or(LaunchError::NoVm)?;
+    let (cpu_cores_used, other_cores) = (samples.cores(from, to), samples.other_cores(from, to));
+    Ok(RunResult { vms, cpu_cores_used, other_cores, overlap })
+}
+
+/// The VMs' common measured window (the union of their windows if they hardly overlap), and
+/// its share of their mean measured time (1: they all measured at once); `None` without VMs.
+pub fn common_window(vms: &[VmResult]) -> Option<(Instant, Instant, f64)> {
+    let start = vms.iter().map(|v| v.window.0).max()?;
+    let end = vms.iter().map(|v| v.window.1).min()?;
     let mean = vms.iter().map(|v| v.window.1.duration_since(v.window.0).as_secs_f64()).sum::<f64>()
         / vms.len() as f64;
     let common = end.checked_duration_since(start).map_or(0.0, |d| d.as_secs_f64());
-    // CPU over the common window, or over the union of the windows if they hardly overlap.
-    let (from, to) = if common >= 0.1 * mean {
-        (start, end)
-    } else {
-        let first = vms.iter().map(|v| v.window.0).min().ok_or(LaunchError::NoVm)?;
-        let last = vms.iter().map(|v| v.window.1).max().ok_or(LaunchError::NoVm)?;
-        (first, last)
-    };
-    let (cpu_cores_used, other_cores) = (samples.cores(from, to), samples.other_cores(from, to));
-    Ok(RunResult { vms, cpu_cores_used, other_cores, overlap: if mean > 0.0 { common / mean } else { 0.0 } })
+    let overlap = if mean > 0.0 { common / mean } else { 0.0 };
+    if common >= 0.1 * mean {
+        return Some((start, end, overlap));
+    }
+    let first = vms.iter().map(|v| v.window.0).min()?;
+    let last = vms.iter().map(|v| v.window.1).max()?;
+    Some((first, last, overlap))
 }
 
 /// The probe's workload on the command line (QEMU's also gets the TSC rate and the guest half
@@ -238,12 +245,27 @@ fn timeout(ctx: &Context) -> Duration {
     Duration::from_millis(ctx.warmup_ms + ctx.duration_ms + 30_000)
 }
 
-/// `exitless run --probe` with `disk`, the guest polling; its own IOCore on the I/O CPU if
+/// One exitless VM of a run: its device (`exitless run` arguments), the probe's workload, and
+/// its result line (`"probe"`) with the key of its rate in it.
+pub struct ExitlessVm<'a> {
+    pub device: [&'a str; 2],
+    pub cmdline: String,
+    pub result: &'static str,
+    pub rate: &'static str,
+}
+
+impl<'a> ExitlessVm<'a> {
+    /// A VM reading its disk `spec` (`--disk`) with the probe's `blk` workload `cmdline`.
+    fn disk(spec: &'a str, cmdline: String) -> ExitlessVm<'a> {
+        ExitlessVm { device: ["--disk", spec], cmdline, result: "blk", rate: "iops" }
+    }
+}
+
+/// `exitless run --probe` running `vm`, the guest polling; its own IOCore on the I/O CPU if
 /// `own_iocore`.
-fn run_exitless(
-    disk: &str,
+pub fn run_exitless(
+    vm: &ExitlessVm,
     own_iocore: bool,
-    qd: u32,
     ctx: &Context,
     watcher: &Arc<Mutex<Vec<u32>>>,
 ) -> Result<VmResult, VmRunError> {
@@ -252,7 +274,8 @@ fn run_exitless(
         .args(["run", "--probe", "--mem", &format!("{MEM_MIB}M"), "--io-mode", "exitless"])
         .args(["--pin-vcpu", &ctx.vcpu_cpu.to_string(), "--stats", "--json"])
         .args(["--timeout", &timeout(ctx).as_secs().to_string()])
-        .args(["--disk", disk, "--cmdline", &workload(qd, ctx)])
+        .args(vm.device)
+        .args(["--cmdline", &vm.cmdline])
         .args(ctx.seccomp.flag());
     if own_iocore {
         command.args(["--iocore-cpu", &ctx.io_cpu.to_string()]);
@@ -277,7 +300,7 @@ fn run_exitless(
     let status = child.wait().map_err(VmRunError::Wait)?;
     let stderr = err.join().unwrap_or_default();
     let lines: Vec<Value> = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let result = lines.iter().find(|v| v["probe"] == "blk");
+    let result = lines.iter().find(|v| v["probe"] == vm.result);
     let (Some(result), true) = (result, status.success()) else {
         let why = stderr.lines().last().unwrap_or("").to_string();
         return Err(VmRunError::Ended {
@@ -313,7 +336,7 @@ fn run_exitless(
         .map(|s| clock::instant_of(Duration::from_secs_f64(s)))
         .ok_or(VmRunError::NoStart)?;
     Ok(VmResult {
-        iops: result["iops"].as_f64().unwrap_or(0.0),
+        rate: result[vm.rate].as_f64().unwrap_or(0.0),
         ops: result["ops"].as_u64().unwrap_or(0),
         counters,
         window: (from, from + wall),
@@ -381,7 +404,7 @@ fn run_qemu(
     let line = crate::qemu::blk_result(&run)?;
     let (start, end) = (super::super::blk_qemu::find(&marks, 0)?, super::super::blk_qemu::find(&marks, 1)?);
     Ok(VmResult {
-        iops: line["iops"].as_f64().unwrap_or(0.0),
+        rate: line["iops"].as_f64().unwrap_or(0.0),
         ops: line["ops"].as_u64().unwrap_or(0),
         counters: super::super::blk_qemu::exits_between(start, end),
         window: (start.at, end.at),
