@@ -2,7 +2,8 @@
 //! 1-3 descriptors, to each other's addresses, to broadcast, to nobody, to themselves, from
 //! addresses not theirs; headers of any bytes, or asking for a checksum or a TCP super-frame
 //! over frames that may or may not be TCP) into hostile drivers' receive rings, two or three
-//! guests on one switch, some isolated, each taking its own offloads. While a port's rings are
+//! guests on one switch or on two (a daemon's two IOCores, frames crossing between them), some
+//! isolated, each taking its own offloads. While a port's rings are
 //! not broken, each ring's used index counts exactly the chains the switch took from it; no port
 //! receives more frames than the others sent (unless the switch cut super-frames), and an
 //! isolated one (there is no uplink) none.
@@ -38,9 +39,13 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn run(u: &mut Unstructured) -> Result<()> {
-    let control = Arc::new(SwitchControl::new().expect("the switch's mailbox"));
-    let mut switch = Switch::new(control.clone()).expect("the switch's epoll instance");
-    switch.set_polling(u.arbitrary()?);
+    let control = Arc::new(SwitchControl::with_switches(u.int_in_range(1..=2)?).expect("the switches' mailboxes"));
+    let mut switches: Vec<Switch> = (0..control.switches())
+        .map(|index| Switch::new(control.clone(), index).expect("a switch's epoll instance"))
+        .collect();
+    for switch in &mut switches {
+        switch.set_polling(u.arbitrary()?);
+    }
     let mut guests = Vec::new();
     for i in 0..u.int_in_range(2..=3u8)? {
         // A memory of its own (the harness's `guest_memory` is one per thread): each guest's
@@ -83,6 +88,10 @@ fn run(u: &mut Unstructured) -> Result<()> {
             isolated,
         });
     }
+    // Each switch takes its ports on its first pass.
+    for switch in &mut switches {
+        switch.poll();
+    }
     let macs: Vec<MacAddr> = guests.iter().map(|g| g.mac).collect();
     for _ in 0..MAX_STEPS {
         if u.is_empty() {
@@ -95,10 +104,14 @@ fn run(u: &mut Unstructured) -> Result<()> {
             1 => guest.tx.driver_step(u, &guest.mem)?,
             2 | 3 => guest.rx.net_receive_chain(u, &guest.mem)?,
             4..=6 => post_transmit_chain(u, &guest.mem, &mut guest.tx, guest.mac, &macs)?,
-            7 => switch.set_polling(u.arbitrary()?),
+            7 => {
+                let which = u.choose_index(switches.len())?;
+                switches[which].set_polling(u.arbitrary()?);
+            }
             _ => {
-                switch.poll();
-                check(&switch, &guests);
+                let which = u.choose_index(switches.len())?;
+                switches[which].poll();
+                check(&control, &switches, &guests);
             }
         }
     }
@@ -192,8 +205,14 @@ fn tcp_headers(frame: &mut [u8], ipv6: bool) {
 
 /// While a port's rings are not broken (and laid out apart, so the used index is the switch's
 /// alone), each used index counts the chains taken; no port got more frames than were sent.
-fn check(switch: &Switch, guests: &[Guest]) {
-    let counters: Vec<_> = guests.iter().map(|g| switch.port_counters(g.port).expect("attached")).collect();
+fn check(control: &SwitchControl, switches: &[Switch], guests: &[Guest]) {
+    let counters: Vec<_> = guests
+        .iter()
+        .map(|g| {
+            let home = control.home_of(g.port).expect("attached");
+            switches[home].port_counters(g.port).expect("attached")
+        })
+        .collect();
     let sent: u64 = counters.iter().map(|c| c.tx_frames).sum();
     let cut = counters.iter().any(|c| c.tx_segmented > 0);
     for (guest, c) in guests.iter().zip(&counters) {

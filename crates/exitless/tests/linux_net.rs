@@ -202,17 +202,25 @@ guest_ufo=off,host_tso4=off,host_tso6=off,host_ecn=off,host_ufo=off,mrg_rxbuf=of
 /// merged receive buffers.
 #[test]
 fn two_linux_guests_ping_and_move_data_over_tcp_through_the_switch() {
-    guests_ping_and_move_data(false);
+    guests_ping_and_move_data(false, 1);
+}
+
+/// The same with `--iocores 2`: each guest's NIC on a switch of its own IOCore, the uplink on
+/// the first. Frames between the guests cross between the two switches, super-frames cut into
+/// segments on the way.
+#[test]
+fn two_linux_guests_on_two_iocores_ping_and_move_data_over_tcp() {
+    guests_ping_and_move_data(false, 2);
 }
 
 /// Guest 2's NIC has every offload off: the switch fills in guest 1's checksums and cuts its
 /// super-frames into segments for it.
 #[test]
 fn a_guest_without_offloads_gets_the_others_super_frames_cut_into_segments() {
-    guests_ping_and_move_data(true);
+    guests_ping_and_move_data(true, 1);
 }
 
-fn guests_ping_and_move_data(guest_2_without_offloads: bool) {
+fn guests_ping_and_move_data(guest_2_without_offloads: bool, iocores: u16) {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel_with(&["virtio_pci", "virtio_net"]);
     let dir = tempfile::tempdir_in("/tmp").unwrap();
@@ -221,7 +229,15 @@ fn guests_ping_and_move_data(guest_2_without_offloads: bool) {
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
     let (netns, veth) = host();
     let api = dir.path().join("api.sock");
-    let args = ["--uplink".as_ref(), veth.ours.as_ref(), "--api-socket".as_ref(), api.as_os_str()];
+    let iocores_arg = iocores.to_string();
+    let args = [
+        "--uplink".as_ref(),
+        veth.ours.as_ref(),
+        "--api-socket".as_ref(),
+        api.as_os_str(),
+        "--iocores".as_ref(),
+        iocores_arg.as_ref(),
+    ];
     // Jumbo frames: the NICs' MTU is 9000, and QEMU gives the guests that (the daemon checks).
     let mut daemon = start_daemon(&sockets, ",mtu=9000", &args, &dir.path().join("daemon.log"));
     let mut guests = start_guests(&kernel, &initramfs_path, 1, dir.path(), |qemu, i| {
@@ -288,9 +304,9 @@ fn guests_ping_and_move_data(guest_2_without_offloads: bool) {
     let [tx_frames, tx_segmented, _, _, _] = counters("one");
     let [_, _, _, rx_frames, rx_buffers] = counters("two");
     // The host's 1 MiB went out in segments either way; 4 MiB to guest 2 too when it takes no
-    // super-frame. Cut into segments of the 9000-byte MTU, 4 MiB is about 470 frames; of the
-    // 1500-byte one, about 2,900.
-    match guest_2_without_offloads {
+    // super-frame, or when it is on another IOCore. Cut into segments of the 9000-byte MTU,
+    // 4 MiB is about 470 frames; of the 1500-byte one, about 2,900.
+    match guest_2_without_offloads || iocores > 1 {
         true => assert!(
             tx_segmented > 2 && (460..2_800).contains(&rx_frames),
             "{tx_segmented} cut, {rx_frames} received"
@@ -306,10 +322,20 @@ fn guests_ping_and_move_data(guest_2_without_offloads: bool) {
          guest 2 received {rx_frames} in {rx_buffers} buffers",
         started.elapsed().as_secs_f64()
     );
+    let (status, metrics) = http(&api, "GET", "/metrics", None);
+    assert_eq!(status, 200, "{metrics}");
+    for k in 0..iocores {
+        let sample = format!("exitless_iocore_cpu_seconds_total{{iocore=\"{k}\"}}");
+        assert!(metrics.contains(&sample), "no {sample}: {metrics}");
+    }
     daemon.assert_running("the daemon");
     drop(guests);
     let log = daemon.stderr();
     assert!(log.contains("on the switch as port"), "no port on the switch: {log}");
+    assert!(log.contains(&format!("{iocores} switch IOCore(s) serve")), "{log}");
+    for k in 0..iocores {
+        assert!(log.contains(&format!("(IOCore {k})")), "no NIC on IOCore {k}: {log}");
+    }
 }
 
 /// sha256sum's digest of `data`.

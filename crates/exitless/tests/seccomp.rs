@@ -427,8 +427,10 @@ fn the_net_daemon_confines_every_thread_and_still_serves() {
     let dir = tempfile::tempdir().unwrap();
     let sockets = [dir.path().join("a.sock"), dir.path().join("b.sock")];
     let api = dir.path().join("api.sock");
-    let mut command =
-        exitless(&["vhost-user-net", "--seccomp", "kill", "--api-socket", api.to_str().unwrap()]);
+    // Two IOCores, each with a switch of its own.
+    let line =
+        ["vhost-user-net", "--seccomp", "kill", "--iocores", "2", "--api-socket", api.to_str().unwrap()];
+    let mut command = exitless(&line);
     for (i, socket) in sockets.iter().enumerate() {
         command.args(["--nic", &format!("socket={},mac=52:54:00:00:00:0{}", socket.display(), i + 1)]);
     }
@@ -459,6 +461,7 @@ fn the_net_daemon_confines_every_thread_and_still_serves() {
     });
     eprintln!("threads checked: {checked:?}");
     assert_eq!(checked.iter().filter(|t| t.contains(" nic-")).count(), 3, "a thread per NIC: {checked:?}");
+    assert_eq!(checked.iter().filter(|t| t.contains(" iocore:")).count(), 2, "an IOCore each: {checked:?}");
     // SAFETY: kill(2) on our own child, which has not been waited for yet.
     unsafe { libc::kill(libc::pid_t::try_from(child.id()).unwrap(), libc::SIGTERM) };
     let output = child.wait_with_output().unwrap();

@@ -74,6 +74,9 @@ counters! {
         /// Deliveries the switch could not make: the frame is not what its header's offload
         /// says (a super-frame that is not TCP) and the receiver does not take it as it is.
         tx_bad_offload,
+        /// Frames for a port (or the uplink) on another IOCore's switch dropped: the ring to
+        /// that switch was full.
+        tx_handoff_full,
         /// Frames delivered into its receive ring.
         rx_frames,
         /// Receive chains filled: one per frame, more when its driver merges them.

@@ -36,6 +36,29 @@ impl<'a> Frame<'a> {
         })
     }
 
+    /// Copy the whole frame into `into`, which is as long; `false` if it is not, or the frame
+    /// is in a guest's chain (read those with `Chain::read`).
+    pub(crate) fn copy_to(self, into: &mut [u8]) -> bool {
+        match self {
+            Frame::Guest(_) => false,
+            Frame::Bytes(bytes) => {
+                let fits = bytes.len() == into.len();
+                if fits {
+                    into.copy_from_slice(bytes);
+                }
+                fits
+            }
+            Frame::Host(pieces) => {
+                let mut at = 0;
+                for piece in pieces {
+                    let Some(part) = into.get_mut(at..at + piece.len()) else { return false };
+                    at += piece.copy_to(part);
+                }
+                at == into.len()
+            }
+        }
+    }
+
     /// Copy the frame's bytes `from..from + len` to byte `offset` of `chain`, in `mem`; `false`
     /// if either is shorter. Calls `mark` with each guest range written.
     fn copy_range(

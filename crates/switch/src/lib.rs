@@ -7,6 +7,9 @@
 //! other port's): one copy, no buffer in between, no system call. Device models attach and
 //! detach ports through [`SwitchControl`] while the switch runs.
 //!
+//! With several IOCores, each runs a switch of its own over some of the ports; frames between
+//! them cross through a ring per pair of switches (see [`Switch`]).
+//!
 //! An uplink ([`Switch::with_uplink`]) is one more port: an AF_PACKET socket's mapped rings on a
 //! host interface, for addresses not on a NIC. Each port holds to its [`PortPolicy`]: isolation
 //! to the uplink, and rate limits on what it sends.
@@ -27,6 +30,7 @@ mod control;
 mod counters;
 mod delivery;
 pub mod ethernet;
+mod handoff;
 pub mod mac_table;
 pub mod offload;
 pub mod port;
@@ -35,7 +39,7 @@ mod segment;
 mod switch;
 mod wake;
 
-pub use control::{SwitchControl, SwitchError};
+pub use control::{SwitchControl, SwitchError, MAX_SWITCHES};
 pub use counters::{PortCounters, SharedPortCounters, SharedUplinkCounters, UplinkCounters};
 pub use ethernet::MacAddr;
 pub use offload::{NetHeader, Offloads, NET_HDR_LEN};

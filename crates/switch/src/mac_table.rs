@@ -2,6 +2,13 @@
 //! nothing and a guest that sends from many addresses only evicts entries, never grows it. A
 //! NIC's own address is pinned to its port: no other port learns it (a frame from it elsewhere
 //! is spoofed), and learning never evicts it.
+//!
+//! The switches of one daemon (one per IOCore) share the table: each entry is one atomic word,
+//! read with a plain load and changed only by compare-and-swap, so no switch waits for another.
+//! Two switches learning at once may each miss the other's change; the table is a cache of
+//! where addresses were seen, and the next frame from an address puts it right.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ethernet::MacAddr;
 
@@ -9,26 +16,43 @@ use crate::ethernet::MacAddr;
 const SLOTS: usize = 4096;
 /// Slots an address may sit in, from its hash on: the longest probe of a lookup.
 const PROBE: usize = 8;
+/// A free slot: no entry packs to it, as a group address (all ones) is never learnt.
+const FREE: u64 = u64::MAX;
+const MAC_BITS: u32 = 48;
+const PINNED: u64 = 1 << 63;
 
-#[derive(Clone, Copy)]
+/// One entry: the address, its port (at most 255) and whether it is pinned, in one word.
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Entry {
-    /// The address as a number; `u64::MAX` (no MAC address is that wide) for a free slot.
     mac: u64,
     port: usize,
     /// A NIC's own address: only its port may send from it.
     pinned: bool,
 }
 
-const FREE: Entry = Entry { mac: u64::MAX, port: 0, pinned: false };
+impl Entry {
+    fn pack(self) -> u64 {
+        self.mac | (self.port as u64 & 0xff) << MAC_BITS | if self.pinned { PINNED } else { 0 }
+    }
 
-/// MAC address to port.
+    /// `None` for a free slot.
+    fn unpack(word: u64) -> Option<Entry> {
+        (word != FREE).then_some(Entry {
+            mac: word & ((1 << MAC_BITS) - 1),
+            port: (word >> MAC_BITS & 0xff) as usize,
+            pinned: word & PINNED != 0,
+        })
+    }
+}
+
+/// MAC address to port, shared by the switches of one daemon.
 pub struct MacTable {
-    entries: Box<[Entry]>,
+    entries: Box<[AtomicU64]>,
 }
 
 impl Default for MacTable {
     fn default() -> Self {
-        MacTable { entries: vec![FREE; SLOTS].into_boxed_slice() }
+        MacTable { entries: (0..SLOTS).map(|_| AtomicU64::new(FREE)).collect() }
     }
 }
 
@@ -43,11 +67,18 @@ impl MacTable {
         (0..PROBE).map(move |i| (home + i) & (SLOTS - 1))
     }
 
+    fn load(&self, slot: usize) -> u64 {
+        self.entries[slot].load(Ordering::Acquire)
+    }
+
     /// The port `mac` was last seen on.
     #[inline]
     pub fn lookup(&self, mac: MacAddr) -> Option<usize> {
         let mac = mac.to_u64();
-        Self::slots(mac).map(|slot| self.entries[slot]).find(|e| e.mac == mac).map(|e| e.port)
+        Self::slots(mac)
+            .filter_map(|slot| Entry::unpack(self.load(slot)))
+            .find(|e| e.mac == mac)
+            .map(|e| e.port)
     }
 
     /// `mac` sent from `port`: frames to it go there from now on. A group address is never
@@ -55,49 +86,64 @@ impl MacTable {
     /// pinned is evicted. `false`: the address is pinned to another port (the frame is
     /// spoofed), or every slot of its probe is pinned; nothing is learnt.
     #[inline]
-    pub fn learn(&mut self, mac: MacAddr, port: usize) -> bool {
+    pub fn learn(&self, mac: MacAddr, port: usize) -> bool {
         self.insert(mac, port, false)
     }
 
     /// Pin `mac` to `port` (a NIC's own address, as it attaches); `false` if every slot of its
     /// probe is pinned to other addresses.
-    pub fn pin(&mut self, mac: MacAddr, port: usize) -> bool {
+    pub fn pin(&self, mac: MacAddr, port: usize) -> bool {
         self.insert(mac, port, true)
     }
 
-    fn insert(&mut self, mac: MacAddr, port: usize, pinned: bool) -> bool {
+    fn insert(&self, mac: MacAddr, port: usize, pinned: bool) -> bool {
         if mac.is_group() {
             return true;
         }
         let mac = mac.to_u64();
-        let mut free = None;
-        for slot in Self::slots(mac) {
-            let entry = &mut self.entries[slot];
-            if entry.mac == mac {
-                if entry.pinned && entry.port != port && !pinned {
-                    return false;
+        // A pin must hold against a switch learning beside it: it tries again when it loses.
+        loop {
+            let mut free = None;
+            let mut evictable = None;
+            for slot in Self::slots(mac) {
+                let word = self.load(slot);
+                let Some(entry) = Entry::unpack(word) else {
+                    free = free.or(Some((slot, word)));
+                    continue;
+                };
+                if entry.mac == mac {
+                    if entry.pinned && entry.port != port && !pinned {
+                        return false;
+                    }
+                    let new = Entry { mac, port, pinned: pinned || entry.pinned }.pack();
+                    // Most frames come from where their sender was seen: nothing to write.
+                    if new == word || self.swap(slot, word, new) || !pinned {
+                        return true;
+                    }
+                    break;
                 }
-                *entry = Entry { mac, port, pinned: pinned || entry.pinned };
+                if !entry.pinned {
+                    evictable = evictable.or(Some((slot, word)));
+                }
+            }
+            let Some((slot, word)) = free.or(evictable) else { return false };
+            if self.swap(slot, word, Entry { mac, port, pinned }.pack()) || !pinned {
                 return true;
             }
-            if entry.mac == FREE.mac && free.is_none() {
-                free = Some(slot);
-            }
-        }
-        let evictable = Self::slots(mac).find(|&slot| !self.entries[slot].pinned);
-        match free.or(evictable) {
-            Some(slot) => {
-                self.entries[slot] = Entry { mac, port, pinned };
-                true
-            }
-            None => false,
         }
     }
 
+    fn swap(&self, slot: usize, old: u64, new: u64) -> bool {
+        self.entries[slot].compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
     /// Forget every address learnt on `port` (it is gone).
-    pub fn forget_port(&mut self, port: usize) {
-        for entry in self.entries.iter_mut().filter(|e| e.mac != FREE.mac && e.port == port) {
-            *entry = FREE;
+    pub fn forget_port(&self, port: usize) {
+        for (slot, entry) in self.entries.iter().enumerate() {
+            let word = entry.load(Ordering::Acquire);
+            if Entry::unpack(word).is_some_and(|e| e.port == port) {
+                let _ = self.swap(slot, word, FREE);
+            }
         }
     }
 }
@@ -113,7 +159,7 @@ mod tests {
 
     #[test]
     fn an_address_is_found_on_the_port_it_was_last_seen_on() {
-        let mut table = MacTable::default();
+        let table = MacTable::default();
         assert_eq!(table.lookup(mac(1)), None);
         table.learn(mac(1), 3);
         table.learn(mac(2), 4);
@@ -128,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_pinned_address_is_no_other_ports_and_never_evicted() {
-        let mut table = MacTable::default();
+        let table = MacTable::default();
         assert!(table.pin(mac(1), 3));
         assert!(!table.learn(mac(1), 4), "another port sent from a pinned address");
         assert_eq!(table.lookup(mac(1)), Some(3));
@@ -143,18 +189,22 @@ mod tests {
 
     #[test]
     fn group_addresses_are_not_learnt() {
-        let mut table = MacTable::default();
+        let table = MacTable::default();
         table.learn(MacAddr::BROADCAST, 1);
         assert_eq!(table.lookup(MacAddr::BROADCAST), None);
     }
 
     #[test]
     fn a_flood_of_source_addresses_evicts_entries_but_never_grows_the_table() {
-        let mut table = MacTable::default();
+        let table = MacTable::default();
         for n in 0..100_000 {
             table.learn(mac(n), (n % 7) as usize);
         }
         assert_eq!(table.entries.len(), SLOTS);
+        assert!(table
+            .entries
+            .iter()
+            .all(|e| Entry::unpack(e.load(Ordering::Relaxed)).is_none_or(|e| e.port < 7)));
         // The last address learnt is always found.
         assert_eq!(table.lookup(mac(99_999)), Some(99_999 % 7));
     }

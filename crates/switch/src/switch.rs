@@ -6,6 +6,13 @@
 //! Ports come and go through [`SwitchControl`], which the pass looks at only when it has news.
 //! Polled, the switch asks no driver to notify; on an IOCore that sleeps, the ports' transmit
 //! kicks, the mailbox and the uplink wake it ([`Wakers`]).
+//!
+//! A daemon with several IOCores runs a switch on each, every port on one of them: a frame for
+//! a port (or the uplink) another switch serves is handed to it through a ring ([`handoff`]),
+//! which that switch empties on its next pass. Frames cross in their plain form: the sender
+//! fills in a checksum left, and cuts a super-frame into segments, before they go.
+//!
+//! [`handoff`]: crate::handoff
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -15,10 +22,11 @@ use virtqueue::QueueWorker;
 use vm_memory::{Bytes, VolatileSlice};
 
 use crate::chain::{At, Chain};
-use crate::control::{Command, SwitchControl};
+use crate::control::{Command, Links, SwitchControl};
 use crate::counters::{PortCounters, SharedUplinkCounters, UplinkCounters};
 use crate::delivery::{deliver, Frame};
 use crate::ethernet::{flow_of, Addresses, MacAddr, FLOW_BYTES};
+use crate::handoff::{Record, FLOOD};
 use crate::mac_table::MacTable;
 use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::port::Port;
@@ -46,7 +54,7 @@ pub const MAX_SUPER_FRAME_LEN: usize = (64 << 10) + 18;
 /// The shortest frame switched: an Ethernet header.
 pub const MIN_FRAME_LEN: usize = 14;
 /// The mac table's port number for addresses seen on the uplink.
-const UPLINK: usize = MAX_PORTS;
+pub(crate) const UPLINK: usize = MAX_PORTS;
 
 /// The host's side of the switch: an AF_PACKET socket's rings on a host interface.
 struct Uplink {
@@ -58,10 +66,15 @@ struct Uplink {
 
 /// The switch's data path.
 pub struct Switch {
+    /// Its number among the switches that share `control` (one per IOCore).
+    index: usize,
     pub(crate) ports: Vec<Option<Box<Port>>>,
     uplink: Option<Uplink>,
-    table: MacTable,
     control: Arc<SwitchControl>,
+    /// The rings to and from the other switches.
+    links: Links,
+    /// The switches this pass handed frames to, by index: woken at its end.
+    handed_to: Vec<bool>,
     /// The frame being switched: a transmit chain's segments, and its header.
     frame: Chain,
     header: NetHeader,
@@ -79,14 +92,23 @@ pub struct Switch {
 }
 
 impl Switch {
-    /// A switch with no port yet, taking ports from `control`. Fails only if the epoll instance
-    /// that wakes it cannot be made.
-    pub fn new(control: Arc<SwitchControl>) -> std::io::Result<Switch> {
+    /// Switch `index` of those `control` serves (0 with one IOCore), with no port yet. Fails if
+    /// the epoll instance that wakes it cannot be made, or if there is no such switch or it was
+    /// made already.
+    pub fn new(control: Arc<SwitchControl>, index: usize) -> std::io::Result<Switch> {
+        let links = control.take_links(index).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("switch {index} exists already, or too many"),
+            )
+        })?;
         Ok(Switch {
+            index,
             ports: (0..MAX_PORTS).map(|_| None).collect(),
             uplink: None,
-            table: MacTable::default(),
-            wakers: Wakers::new(&control)?,
+            wakers: Wakers::new(&control, index)?,
+            handed_to: vec![false; control.switches()],
+            links,
             control,
             frame: Chain::default(),
             header: NetHeader::default(),
@@ -107,6 +129,7 @@ impl Switch {
     ) -> std::io::Result<Switch> {
         self.wakers.add_uplink(ring.as_raw_fd())?;
         self.uplink = Some(Uplink { ring, counters: shared.read(), shared });
+        self.control.set_uplink_home(self.index);
         Ok(self)
     }
 
@@ -121,20 +144,20 @@ impl Switch {
     }
 
     fn apply_commands(&mut self) {
-        for command in self.control.take_commands() {
+        for command in self.control.take_commands(self.index) {
             match command {
                 Command::Attach(id, mut port) => {
                     port.set_notifications(!self.polling);
                     self.wakers.add_port(id, &port);
                     if let Some(mac) = port.mac {
-                        if !self.table.pin(mac, id) {
+                        if !self.control.table.pin(mac, id) {
                             log::warn!("port {id}: its address {mac} could not be pinned (the table is full of pinned ones)");
                         }
                     }
                     self.ports[id] = Some(port);
                 }
                 Command::Detach(id, reply) => {
-                    self.table.forget_port(id);
+                    self.control.table.forget_port(id);
                     let port = self.ports[id].take();
                     if let Some(port) = &port {
                         self.wakers.remove_port(port);
@@ -217,7 +240,7 @@ impl Switch {
         // At least MIN_FRAME_LEN bytes were read.
         let Some(Addresses { destination, source: sender }) = Addresses::parse(start) else { return };
         // From an address not its own while isolated, or from another NIC's own address.
-        if port.isolated_to.is_some_and(|own| own != sender) || !self.table.learn(sender, source) {
+        if port.isolated_to.is_some_and(|own| own != sender) || !self.control.table.learn(sender, source) {
             port.counters.tx_spoofed += 1;
             return;
         }
@@ -225,13 +248,19 @@ impl Switch {
         if let Some(limiter) = &port.limiter {
             limiter.consume(frame_len as u64);
         }
-        match destination_of(&self.table, destination) {
+        match destination_of(&self.control.table, destination) {
             Some(to) if to == source => port.counters.tx_to_self += 1,
             Some(UPLINK) => {
-                self.send_to_uplink(source, frame_len);
+                match self.uplink.is_some() {
+                    true => self.send_to_uplink(source, frame_len),
+                    false => self.hand_off(source, UPLINK, frame_len, true),
+                };
             }
             Some(to) => {
-                self.send_to_port(source, to, frame_len, true);
+                match self.ports[to].is_some() {
+                    true => self.send_to_port(source, to, frame_len, true),
+                    false => self.hand_off(source, to, frame_len, true),
+                };
             }
             None => {
                 let mut heard = false;
@@ -239,6 +268,7 @@ impl Switch {
                     heard |= self.send_to_port(source, to, frame_len, false);
                 }
                 heard |= self.send_to_uplink(source, frame_len);
+                heard |= self.hand_off(source, FLOOD, frame_len, false);
                 if !heard {
                     if let Some(port) = self.ports[source].as_deref_mut() {
                         port.counters.tx_unheard += 1;
@@ -321,13 +351,89 @@ impl Switch {
         true
     }
 
+    /// Hand the gathered frame from port `from` to the switch that serves `to` (a port, the
+    /// uplink, or with [`FLOOD`] every other switch's ports), in its plain form; whether a
+    /// switch was there to take it (`unicast`: count the frame dropped when the two may not
+    /// talk).
+    fn hand_off(&mut self, from: usize, to: usize, frame_len: usize, unicast: bool) -> bool {
+        let Some(sender) = self.ports[from].as_deref_mut() else { return false };
+        let (control, links, handed_to) = (&*self.control, &mut self.links, &mut self.handed_to);
+        let isolated = sender.isolated_to.is_some();
+        let homes: u64 = match to {
+            FLOOD => (0..links.to.len())
+                .filter(|&home| home != self.index)
+                .filter(|&home| control.has_ports(home) || control.uplink_home() == Some(home))
+                .fold(0, |set, home| set | 1 << home),
+            UPLINK => control.uplink_home().map_or(0, |home| 1 << home),
+            port => {
+                if isolated || control.is_isolated(port) {
+                    if unicast {
+                        sender.counters.tx_isolated += 1;
+                    }
+                    return false;
+                }
+                control.home_of(port).map_or(0, |home| 1 << home)
+            }
+        };
+        if homes == 0 {
+            return false;
+        }
+        let record = Record { to, from, isolated, flow: self.flow };
+        let (frame, header, mem) = (&self.frame, self.header, sender.memory());
+        let mut full = 0;
+        let mut each = |bytes: Option<&[u8]>| {
+            for home in (0..links.to.len()).filter(|home| homes & 1 << home != 0) {
+                let Some(link) = links.to[home].as_mut() else { continue };
+                let len = bytes.map_or(frame_len, <[u8]>::len);
+                let pushed = link.push(record, len, |into| match bytes {
+                    Some(bytes) => {
+                        into.copy_from_slice(bytes);
+                        true
+                    }
+                    None => frame.read(mem, NET_HDR_LEN, into),
+                });
+                handed_to[home] |= pushed;
+                full += u64::from(!pushed);
+            }
+            true
+        };
+        if header.checksum.is_none() && header.segmentation.is_none() {
+            each(None);
+        } else {
+            let counter = match self.rework.frames(frame, mem, header, frame_len, |bytes| each(Some(bytes))) {
+                false => &mut sender.counters.tx_bad_offload,
+                true if header.segmentation.is_some() => &mut sender.counters.tx_segmented,
+                true => &mut sender.counters.tx_checksummed,
+            };
+            *counter += 1;
+        }
+        sender.counters.tx_handoff_full += full;
+        true
+    }
+
     /// Switch up to [`TX_BATCH`] frames the host sent on the uplink; how many.
     fn receive_from_uplink(&mut self) -> usize {
         let Some(Uplink { ring, counters, .. }) = self.uplink.as_mut() else { return 0 };
-        let (table, ports) = (&mut self.table, &mut self.ports);
+        let mut to = Destinations { index: self.index, control: &self.control, ports: &mut self.ports };
+        let (links, handed_to) = (&mut self.links, &mut self.handed_to);
         let mut taken = 0;
-        while taken < TX_BATCH && ring.receive(|got| from_host(got, counters, table, ports)) {
+        while taken < TX_BATCH && ring.receive(|got| from_host(got, counters, &mut to, links, handed_to)) {
             taken += 1;
+        }
+        taken
+    }
+
+    /// Deliver up to [`TX_BATCH`] frames from each other switch; how many.
+    fn receive_hand_offs(&mut self) -> usize {
+        let mut taken = 0;
+        for link in self.links.from.iter_mut().flatten() {
+            let mut n = 0;
+            while n < TX_BATCH
+                && link.pop(|record, frame| handed_in(record, frame, &mut self.ports, self.uplink.as_mut()))
+            {
+                n += 1;
+            }
+            taken += n;
         }
         taken
     }
@@ -353,12 +459,21 @@ impl Drop for Switch {
     }
 }
 
-/// Switch frame `got` from the host to the NICs it is for.
+/// Where a switch delivers: its own ports, and the switches that serve the others.
+struct Destinations<'a> {
+    index: usize,
+    control: &'a SwitchControl,
+    ports: &'a mut [Option<Box<Port>>],
+}
+
+/// Switch frame `got` from the host to the NICs it is for: this switch's straight away, the
+/// others' through their switches' rings.
 fn from_host(
     got: &Received<'_>,
     counters: &mut UplinkCounters,
-    table: &mut MacTable,
-    ports: &mut [Option<Box<Port>>],
+    to: &mut Destinations<'_>,
+    links: &mut Links,
+    handed_to: &mut [bool],
 ) {
     let frame_len = got.frame.len() + got.vlan_tag.map_or(0, |tag| tag.len());
     if got.truncated || got.offload.segmented || frame_len > MAX_FRAME_LEN {
@@ -377,7 +492,7 @@ fn from_host(
     let Some(Addresses { destination, source }) = Addresses::parse(start) else { return };
     // Without the VLAN tag the interface took off: the flow of every frame of a VLAN alike.
     let flow = flow_of(start);
-    if !table.learn(source, UPLINK) {
+    if !to.control.table.learn(source, UPLINK) {
         counters.rx_spoofed += 1;
         return;
     }
@@ -385,17 +500,78 @@ fn from_host(
     let mut tag = got.vlan_tag;
     let Some(frame) = Frame::from_host(got.frame, tag.as_mut()) else { return };
     let header = NetHeader::default();
-    match destination_of(table, destination) {
+    let record = |to| Record { to, from: UPLINK, isolated: false, flow };
+    let switches = handed_to.len();
+    let mut hand_off = |home: usize, record: Record| {
+        if let Some(link) = links.to.get_mut(home).and_then(Option::as_mut) {
+            handed_to[home] |= link.push(record, frame_len, |into| frame.copy_to(into));
+        }
+    };
+    match destination_of(&to.control.table, destination) {
         // A frame between two of the host's own addresses is not ours to deliver.
         Some(UPLINK) => {}
-        Some(to) => {
-            if let Some(port) = ports[to].as_deref_mut() {
+        Some(id) => match to.ports.get_mut(id).and_then(|port| port.as_deref_mut()) {
+            Some(port) => {
                 deliver(port, frame, frame_len, header, flow);
             }
-        }
+            None => {
+                if let Some(home) = to.control.home_of(id).filter(|&home| home != to.index) {
+                    hand_off(home, record(id));
+                }
+            }
+        },
         None => {
-            for port in ports.iter_mut().flatten() {
+            for port in to.ports.iter_mut().flatten() {
                 deliver(port, frame, frame_len, header, flow);
+            }
+            for home in (0..switches).filter(|&home| home != to.index && to.control.has_ports(home)) {
+                hand_off(home, record(FLOOD));
+            }
+        }
+    }
+}
+
+/// Deliver `frame`, handed off by another switch as `record` says, to this switch's ports or
+/// its uplink.
+fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], uplink: Option<&mut Uplink>) {
+    let deliver_to = |port: &mut Port| {
+        // Longer than its MTU (a jumbo frame for a port without them), as a Linux bridge drops.
+        match frame.len() > port.max_frame_len {
+            true => port.counters.rx_too_big += 1,
+            false => {
+                deliver(port, Frame::Bytes(frame), frame.len(), NetHeader::default(), record.flow);
+            }
+        }
+    };
+    match record.to {
+        UPLINK => {
+            if let Some(uplink) = uplink {
+                queue_on_uplink(uplink, frame.len(), |into| {
+                    into.copy_from(frame);
+                    true
+                });
+            }
+        }
+        FLOOD => {
+            // An isolated sender's frames reach only the uplink; an isolated port hears only it.
+            let from_uplink = record.from == UPLINK;
+            if !record.isolated {
+                for port in
+                    ports.iter_mut().flatten().filter(|port| from_uplink || port.isolated_to.is_none())
+                {
+                    deliver_to(port);
+                }
+            }
+            if let Some(uplink) = uplink.filter(|_| !from_uplink) {
+                queue_on_uplink(uplink, frame.len(), |into| {
+                    into.copy_from(frame);
+                    true
+                });
+            }
+        }
+        id => {
+            if let Some(port) = ports.get_mut(id).and_then(|port| port.as_deref_mut()) {
+                deliver_to(port);
             }
         }
     }
@@ -454,13 +630,13 @@ fn pair(ports: &mut [Option<Box<Port>>], from: usize, to: usize) -> Option<(&mut
 
 impl QueueWorker for Switch {
     fn poll(&mut self) -> usize {
-        if self.control.take_news() {
+        if self.control.take_news(self.index) {
             self.apply_commands();
         }
         // Read once per pass, and only if a port has a rate limit.
         let mut now = None;
         self.throttled = false;
-        let mut work = self.receive_from_uplink();
+        let mut work = self.receive_from_uplink() + self.receive_hand_offs();
         for source in 0..MAX_PORTS {
             if let Some(port) = self.ports[source].as_deref() {
                 if let Some(limiter) = &port.limiter {
@@ -483,12 +659,17 @@ impl QueueWorker for Switch {
                 }
                 uplink.shared.publish(&uplink.counters);
             }
+            for (home, handed) in self.handed_to.iter_mut().enumerate().filter(|(_, handed)| **handed) {
+                self.control.wake(home);
+                *handed = false;
+            }
         }
         work
     }
 
     fn set_polling(&mut self, polling: bool) {
         self.polling = polling;
+        self.control.set_asleep(self.index, !polling);
         for port in self.ports.iter_mut().flatten() {
             port.set_notifications(!polling);
         }
@@ -499,7 +680,8 @@ impl QueueWorker for Switch {
     }
 
     fn has_pending(&self) -> bool {
-        self.control.has_news()
+        self.control.has_news(self.index)
+            || self.links.from.iter().flatten().any(|link| link.has_frames())
             || self.uplink.as_ref().is_some_and(|uplink| uplink.ring.has_received())
             || self.ports.iter().flatten().any(|port| port.has_avail())
     }
@@ -509,7 +691,7 @@ impl QueueWorker for Switch {
     }
 
     fn backend_fd_fired(&mut self) {
-        self.wakers.clear(&self.control, &self.ports);
+        self.wakers.clear(&self.control, self.index, &self.ports);
     }
 
     /// Frames wait for a rate limit: a sleeping IOCore looks again after a moment.

@@ -1,5 +1,6 @@
 //! What wakes a switch whose IOCore sleeps (its adaptive and notified modes): one epoll instance
-//! over every port's transmit kicks, the control mailbox's news and the uplink's socket. The
+//! over every port's transmit kicks, the control mailbox's news (commands, and frames other
+//! switches handed to it) and the uplink's socket. The
 //! IOCore sleeps on its descriptor as on a backend's (`QueueWorker::backend_fd`); while the
 //! switch polls, nothing here is touched.
 
@@ -25,10 +26,10 @@ pub(crate) struct Wakers {
 }
 
 impl Wakers {
-    /// Woken by `control`'s news.
-    pub(crate) fn new(control: &SwitchControl) -> io::Result<Wakers> {
+    /// Woken by `control`'s news for switch `index`.
+    pub(crate) fn new(control: &SwitchControl, index: usize) -> io::Result<Wakers> {
         let wakers = Wakers { epoll: Epoll::new()?, events: [EpollEvent::default(); EVENTS] };
-        wakers.add(control.news_fd(), NEWS)?;
+        wakers.add(control.news_fd(index), NEWS)?;
         Ok(wakers)
     }
 
@@ -60,11 +61,11 @@ impl Wakers {
 
     /// Clear what woke the switch (kicks and news; the uplink's socket is cleared by taking its
     /// frames), so that its IOCore sleeps again once the pass that follows found nothing.
-    pub(crate) fn clear(&mut self, control: &SwitchControl, ports: &[Option<Box<Port>>]) {
+    pub(crate) fn clear(&mut self, control: &SwitchControl, index: usize, ports: &[Option<Box<Port>>]) {
         let Ok(ready) = self.epoll.wait(0, &mut self.events) else { return };
         for event in &self.events[..ready] {
             match event.data() {
-                NEWS => control.clear_news_fd(),
+                NEWS => control.clear_news_fd(index),
                 UPLINK => {}
                 token => {
                     let (id, pair) = ((token >> 8) as usize, (token & 0xff) as usize);

@@ -36,9 +36,16 @@ pub struct VhostUserNetArgs {
     /// successor's command line would not name the API's NICs).
     #[arg(long, value_name = "PATH", conflicts_with = "api_socket")]
     pub handover_socket: Option<PathBuf>,
-    /// Pin the IOCore that runs the switch to this host CPU.
-    #[arg(long, value_name = "CPU")]
-    pub iocore_cpu: Option<usize>,
+    /// IOCore threads, each running a switch over some of the NICs: each NIC goes to the one
+    /// with the fewest. Frames between NICs of one IOCore go ring to ring (one copy); between
+    /// two, through a ring of the daemon's (two copies), in their plain form (a checksum left
+    /// is filled in, a TCP super-frame cut into segments, on the way). The uplink is the first
+    /// IOCore's.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=switch::MAX_SWITCHES as i64))]
+    pub iocores: u16,
+    /// Pin the IOCores to these host CPUs (IOCore k to the k-th, round robin).
+    #[arg(long, value_name = "CPU[,CPU...]", value_delimiter = ',')]
+    pub iocore_cpu: Vec<usize>,
     /// `--io-mode` and `--idle-budget-us`: the switch's IOCore polls every ring (sidecore), polls
     /// under load and sleeps when idle (adaptive), or sleeps between frames (eventfd).
     #[command(flatten)]

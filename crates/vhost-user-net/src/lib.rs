@@ -1,8 +1,10 @@
 //! `exitless vhost-user-net`: NICs served over vhost-user (to QEMU's `-netdev vhost-user` and
-//! other frontends), every NIC a port of one switch that an IOCore runs. Frames between two
-//! NICs of the daemon go from one guest's transmit ring into the other's receive ring, with one
-//! copy and no system call (see the `switch` crate). With `--uplink`, an AF_PACKET socket on a
-//! host interface carries frames to and from the host, its rings polled by the same IOCore.
+//! other frontends), every NIC a port of the switch an IOCore runs (`--iocores N`: a switch on
+//! each, the NICs spread over them). Frames between two NICs of one IOCore go from one guest's
+//! transmit ring into the other's receive ring, with one copy and no system call (see the
+//! `switch` crate); between two IOCores, through a ring between their switches. With
+//! `--uplink`, an AF_PACKET socket on a host interface carries frames to and from the host, its
+//! rings polled by the first IOCore.
 //!
 //! [`run`] starts the IOCore and the NICs' connection threads ([`nics`]); its thread then
 //! becomes the control thread, which waits for the stop signal and, with `--api-socket`,
@@ -34,7 +36,7 @@ use handover::TakenNics;
 pub use nics::NicError;
 use nics::Nics;
 
-/// The switch's id on its IOCore (it is the only worker there).
+/// Each switch's id on its IOCore (it is the only worker there).
 const SWITCH_ID: u64 = 0x7377_0000_0000;
 
 /// Why the daemon could not run. Each variant's message says what went wrong.
@@ -96,21 +98,34 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     let stop = stop_signals().map_err(Error::Signals)?;
     let seccomp = args.seccomp.mode();
     exit_after_stop_grace(&stop, Filter::new(ThreadKind::StopWatchdog, seccomp)?).map_err(Error::Watchdog)?;
-    let control = Arc::new(SwitchControl::new().map_err(Error::Switch)?);
-    let mut switch = Switch::new(control.clone()).map_err(Error::Switch)?;
+    let control = Arc::new(SwitchControl::with_switches(args.iocores.into()).map_err(Error::Switch)?);
+    let mut switches = (0..control.switches())
+        .map(|index| Switch::new(control.clone(), index))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(Error::Switch)?;
     let mut nics = Nics::new(control, Access::owner_only(), seccomp);
     if let Some(interface) = &args.uplink {
         let counters = Arc::default();
-        switch = switch
+        let first = switches.remove(0);
+        let first = first
             .with_uplink(af_packet::PacketRing::open(interface)?, Arc::clone(&counters))
             .map_err(Error::Switch)?;
+        switches.insert(0, first);
         nics.uplink = Some((interface.clone(), counters));
         log::info!("uplink on {interface}");
     }
-    let filter = Filter::new(ThreadKind::SwitchIoCore, seccomp)?;
-    let iocore: IoCore<Switch> = IoCore::spawn_confined(args.io.policy(), args.iocore_cpu, filter)?;
-    log::info!("the switch's IOCore serves in {} mode", args.io.mode_name());
-    iocore.attach(SWITCH_ID, switch, None);
+    let iocores = switches
+        .into_iter()
+        .enumerate()
+        .map(|(k, switch)| {
+            let cpu = (!args.iocore_cpu.is_empty()).then(|| args.iocore_cpu[k % args.iocore_cpu.len()]);
+            let filter = Filter::new(ThreadKind::SwitchIoCore, seccomp)?;
+            let iocore: IoCore<Switch> = IoCore::spawn_confined(args.io.policy(), cpu, filter)?;
+            iocore.attach(SWITCH_ID, switch, None);
+            Ok(iocore)
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    log::info!("{} switch IOCore(s) serve in {} mode", iocores.len(), args.io.mode_name());
     let mut successors = match &args.handover_socket {
         Some(path) => {
             nics = nics.with_handover();
@@ -160,7 +175,7 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
             }
             Woken::Ready(_) => {
                 if let Some(api) = &api {
-                    api.answer(|request| routes::handle(&mut nics, &iocore, request));
+                    api.answer(|request| routes::handle(&mut nics, &iocores, request));
                 }
             }
             Woken::Timeout => {}
@@ -174,8 +189,10 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     if let Some(api) = api {
         api.join();
     }
-    if let Some(stats) = iocore.stop() {
-        log::info!("the switch's IOCore took {} frames and slept {} times", stats.work, stats.sleeps);
+    for (k, iocore) in iocores.into_iter().enumerate() {
+        if let Some(stats) = iocore.stop() {
+            log::info!("switch IOCore {k} took {} frames and slept {} times", stats.work, stats.sleeps);
+        }
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! each NIC was added (`_total`). Per NIC (label `nic`): every counter the switch keeps for its
 //! port (frames each way, drops by cause, interrupts; see `switch::PortCounters`) and whether a
 //! frontend is connected. For the uplink (label `interface`): its counters
-//! (`switch::UplinkCounters`). For the IOCore: busy and idle seconds, and the CPU time it used.
+//! (`switch::UplinkCounters`). For each IOCore (label `iocore`): busy and idle seconds, and the CPU time it used.
 
 use iocore::IoCore;
 use metrics::exposition::{family, sample};
@@ -12,8 +12,8 @@ use crate::nics::{Nic, Nics};
 
 pub use metrics::exposition::CONTENT_TYPE;
 
-/// Every metric of every NIC, the uplink and the IOCore.
-pub fn render(nics: &Nics, iocore: &IoCore<Switch>) -> String {
+/// Every metric of every NIC, the uplink and the IOCores.
+pub fn render(nics: &Nics, iocores: &[IoCore<Switch>]) -> String {
     let mut out = String::with_capacity(8 << 10);
     // Each NIC's counters in the order `named` gives them, the same for every NIC.
     let all: Vec<(&Nic, Vec<u64>)> =
@@ -56,19 +56,24 @@ pub fn render(nics: &Nics, iocore: &IoCore<Switch>) -> String {
             sample(&mut out, &name, &[("interface", interface)], value);
         }
     }
-    let times = iocore.times();
-    let cpu = iocore.cpu_time().unwrap_or_default();
-    for (name, help, seconds) in [
-        ("exitless_iocore_busy_seconds_total", "IOCore time in passes that switched frames.", times.busy),
-        ("exitless_iocore_idle_seconds_total", "IOCore time in passes that found nothing to do.", times.idle),
+    let figures: Vec<_> = iocores.iter().map(|io| (io.times(), io.cpu_time().unwrap_or_default())).collect();
+    type Figure = fn(&(iocore::IoCoreTimes, std::time::Duration)) -> std::time::Duration;
+    let families: [(&str, &str, Figure); 3] = [
+        ("exitless_iocore_busy_seconds_total", "IOCore time in passes that switched frames.", |f| f.0.busy),
+        ("exitless_iocore_idle_seconds_total", "IOCore time in passes that found nothing to do.", |f| {
+            f.0.idle
+        }),
         (
             "exitless_iocore_cpu_seconds_total",
             "CPU time the IOCore used: all of its time when it polls, little when it sleeps.",
-            cpu,
+            |f| f.1,
         ),
-    ] {
+    ];
+    for (name, help, figure) in families {
         family(&mut out, name, "counter", help);
-        out.push_str(&format!("{name}{{iocore=\"0\"}} {}\n", seconds.as_secs_f64()));
+        for (k, figures) in figures.iter().enumerate() {
+            out.push_str(&format!("{name}{{iocore=\"{k}\"}} {}\n", figure(figures).as_secs_f64()));
+        }
     }
     out
 }

@@ -16,13 +16,13 @@ use crate::metrics;
 use crate::nics::Nics;
 
 /// The answer to `request`.
-pub fn handle(nics: &mut Nics, iocore: &IoCore<Switch>, request: &Request) -> Response {
+pub fn handle(nics: &mut Nics, iocores: &[IoCore<Switch>], request: &Request) -> Response {
     let path = request.path.trim_end_matches('/');
     match (request.method, path) {
         (Method::Get, "/metrics") => Response {
             status: 200,
             content_type: metrics::CONTENT_TYPE,
-            body: metrics::render(nics, iocore).into_bytes(),
+            body: metrics::render(nics, iocores).into_bytes(),
         },
         (_, "/metrics") => error(405, "/metrics takes GET"),
         (Method::Get, "/nics") => {

@@ -103,7 +103,11 @@ impl VhostUserNet {
             .with_offloads(self.offloads)
             .with_shared_counters(self.counters.clone());
         let id = self.control.attach(port).map_err(Error::Switch)?;
-        log::info!("{}: on the switch as port {id}, queue pairs {pairs:?}", self.stats.name());
+        let iocore = self.control.home_of(id).unwrap_or(0);
+        log::info!(
+            "{}: on the switch as port {id} (IOCore {iocore}), queue pairs {pairs:?}",
+            self.stats.name()
+        );
         self.port = Some((id, pairs));
         Ok(())
     }

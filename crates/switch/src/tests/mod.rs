@@ -13,6 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 
+mod iocores;
 mod mtu;
 mod offload;
 mod pairs;
@@ -68,7 +69,10 @@ fn queue_pair(mem: &GuestMemoryMmap, error: &Arc<EventFd>, tx_kick: Option<Arc<E
 
 struct Rig {
     control: Arc<SwitchControl>,
+    /// Switch 0, which has the uplink if there is one.
     switch: Switch,
+    /// The other switches (one per IOCore of a daemon with several).
+    others: Vec<Switch>,
     guests: Vec<Guest>,
 }
 
@@ -88,12 +92,29 @@ fn rig_with(policies: &[PortPolicy], uplink: Option<af_packet::PacketRing>) -> R
 
 /// A switch with a guest for each policy and the offloads its driver takes, and `uplink`.
 fn rig_of(ports: impl Iterator<Item = (PortPolicy, Offloads)>, uplink: Option<af_packet::PacketRing>) -> Rig {
-    let control = Arc::new(SwitchControl::new().unwrap());
-    let mut switch = Switch::new(control.clone()).unwrap();
+    rig_on(1, ports, uplink)
+}
+
+/// [`rig_of`] on `switches` switches, as a daemon with as many IOCores runs them: guest `i` on
+/// switch `i % switches`, the uplink on switch 0.
+fn rig_on(
+    switches: usize,
+    ports: impl Iterator<Item = (PortPolicy, Offloads)>,
+    uplink: Option<af_packet::PacketRing>,
+) -> Rig {
+    let control = Arc::new(SwitchControl::with_switches(switches).unwrap());
+    let mut switch = Switch::new(control.clone(), 0).unwrap();
     if let Some(ring) = uplink {
         switch = switch.with_uplink(ring, Arc::default()).unwrap();
     }
     switch.set_polling(true);
+    let others: Vec<Switch> = (1..switches)
+        .map(|index| {
+            let mut other = Switch::new(control.clone(), index).unwrap();
+            other.set_polling(true);
+            other
+        })
+        .collect();
     let guests = ports
         .enumerate()
         .map(|(i, (policy, offloads))| {
@@ -105,7 +126,7 @@ fn rig_of(ports: impl Iterator<Item = (PortPolicy, Offloads)>, uplink: Option<af
             Guest { mem, mac: guest_mac(i), rx_avail: 0, tx_avail: 0, rx_used_seen: 0, error, kick, port }
         })
         .collect();
-    Rig { control, switch, guests }
+    Rig { control, switch, others, guests }
 }
 
 /// An Ethernet frame of `len` bytes from `from` to `to`, its payload counting up from `seed`.
@@ -215,12 +236,27 @@ impl Guest {
 }
 
 impl Rig {
+    /// A pass of every switch; with several, two, so a frame handed from one to another arrives.
     fn poll(&mut self) {
-        self.switch.poll();
+        let rounds = if self.others.is_empty() { 1 } else { 2 };
+        for _ in 0..rounds {
+            self.switch.poll();
+            for other in &mut self.others {
+                other.poll();
+            }
+        }
+    }
+
+    /// The switch that serves guest `guest`.
+    fn home(&self, guest: usize) -> &Switch {
+        match self.control.home_of(self.guests[guest].port) {
+            Some(0) | None => &self.switch,
+            Some(index) => &self.others[index - 1],
+        }
     }
 
     fn counters(&self, guest: usize) -> PortCounters {
-        self.switch.ports[self.guests[guest].port].as_ref().unwrap().counters
+        self.home(guest).ports[self.guests[guest].port].as_ref().unwrap().counters
     }
 }
 

@@ -116,6 +116,38 @@ fn frames_go_between_nics_and_the_host_through_the_uplink() {
     assert_eq!((uplink.rx_frames, uplink.tx_frames), (1, 2));
 }
 
+/// With two IOCores, the uplink is switch 0's: a NIC on switch 1 hears the host and reaches
+/// it through the ring between the two.
+#[test]
+fn a_nic_on_another_iocore_reaches_the_host_through_the_uplink() {
+    let veth = Veth::create();
+    let ring = PacketRing::open(&veth.ours).unwrap();
+    let ports = [PortPolicy::default(); 2].map(|policy| (policy, Offloads::default()));
+    let mut rig = rig_on(2, ports.into_iter(), Some(ring));
+    let host = Host::on(&veth.peer);
+    assert_eq!(rig.control.home_of(rig.guests[1].port), Some(1));
+    for g in &mut rig.guests {
+        g.post_rx(0, &[2048]);
+        g.post_rx(1, &[2048]);
+    }
+    let b = rig.guests[1].mac;
+    let hello = frame(MacAddr::BROADCAST, HOST, 60, 1);
+    host.send([0; 10], &hello);
+    assert_eq!(poll_until_received(&mut rig, 1), vec![hello.clone()]);
+    assert_eq!(rig.guests[0].received(&[2048]), vec![hello]);
+    let answer = frame(HOST, b, 1514, 2);
+    rig.guests[1].transmit(0, &answer, &[14, 100]);
+    rig.poll();
+    assert_eq!(host.receive(), Some(answer));
+    let unknown = frame(MacAddr([0x02, 0, 0, 0, 0, 0x42]), b, 60, 3);
+    rig.guests[1].transmit(1, &unknown, &[]);
+    rig.poll();
+    assert_eq!(host.receive(), Some(unknown.clone()));
+    assert_eq!(rig.guests[0].received(&[2048]), vec![unknown]);
+    let uplink = rig.switch.uplink_counters().unwrap();
+    assert_eq!((uplink.rx_frames, uplink.tx_frames), (1, 2));
+}
+
 /// A NIC of a jumbo MTU sends the host a frame longer than the uplink takes: dropped and
 /// counted (the uplink's slots hold standard frames); its standard frames go on.
 #[test]
