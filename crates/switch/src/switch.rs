@@ -360,9 +360,10 @@ impl Switch {
         let (control, links, handed_to) = (&*self.control, &mut self.links, &mut self.handed_to);
         let isolated = sender.isolated_to.is_some();
         let homes: u64 = match to {
+            // An isolated sender's flood is for the uplink only.
             FLOOD => (0..links.to.len())
                 .filter(|&home| home != self.index)
-                .filter(|&home| control.has_ports(home) || control.uplink_home() == Some(home))
+                .filter(|&home| (!isolated && control.has_ports(home)) || control.uplink_home() == Some(home))
                 .fold(0, |set, home| set | 1 << home),
             UPLINK => control.uplink_home().map_or(0, |home| 1 << home),
             port => {
@@ -543,13 +544,16 @@ fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], upli
             }
         }
     };
+    let to_uplink = |uplink: &mut Uplink| {
+        let _ = queue_on_uplink(uplink, frame.len(), |into| {
+            into.copy_from(frame);
+            true
+        });
+    };
     match record.to {
         UPLINK => {
             if let Some(uplink) = uplink {
-                queue_on_uplink(uplink, frame.len(), |into| {
-                    into.copy_from(frame);
-                    true
-                });
+                to_uplink(uplink);
             }
         }
         FLOOD => {
@@ -563,10 +567,7 @@ fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], upli
                 }
             }
             if let Some(uplink) = uplink.filter(|_| !from_uplink) {
-                queue_on_uplink(uplink, frame.len(), |into| {
-                    into.copy_from(frame);
-                    true
-                });
+                to_uplink(uplink);
             }
         }
         id => {

@@ -166,10 +166,14 @@ fn c_string(what: &str, text: &str) -> Result<CString, RbdError> {
 }
 
 /// Settings exitless gives librbd whatever the configuration file says.
-const FORCED_SETTINGS: [(&str, &str); 3] = [
+const FORCED_SETTINGS: [(&str, &str); 4] = [
     // The write-around cache acknowledges writes before the cluster has them: an acknowledged
-    // write must survive this process (as QEMU's cache.direct=on).
+    // write must survive this process (as QEMU's cache.direct=on). So a FLUSH has nothing to
+    // do (`RbdDisk::submit`).
     ("rbd_cache", "false"),
+    // Nor may a plugin cache writes (the persistent write log acknowledges writes in a local
+    // log, before the cluster has them).
+    ("rbd_plugins", ""),
     // Otherwise a discard of part of an object leaves its data: discarded blocks read as zeros,
     // as on every other exitless disk.
     ("rbd_skip_partial_discard", "false"),

@@ -59,6 +59,27 @@ fn every_request_kind_reaches_the_image_and_reads_back() {
     assert_eq!(run(&mut disk, Op::Read, 0, &mut []), Ok(0));
 }
 
+/// A FLUSH covers the writes completed before it, which librbd (its cache off) answered once
+/// the cluster had them: it is answered at once, not held behind the writes still in flight.
+#[test]
+fn a_flush_is_answered_at_once_and_not_held_behind_writes_in_flight() {
+    let cluster = TestCluster::get();
+    let spec = cluster.image("flush", 4 << 20);
+    let mut disk = open(&spec, 1).remove(0);
+    let mut block = vec![0x5au8; 4096];
+    // SAFETY: the block outlives the write, which is collected below.
+    let segment = unsafe { Segment::new(block.as_mut_ptr(), 4096) };
+    assert!(disk.submit(1, Op::Write, 0, &[segment]));
+    assert!(disk.submit(2, Op::Flush, 0, &[]));
+    let mut order = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while order.len() < 2 {
+        assert!(Instant::now() < deadline, "answered: {order:?}");
+        disk.poll(&mut |c| order.push((c.tag, c.result)));
+    }
+    assert_eq!(order, [(2, Ok(0)), (1, Ok(4096))], "the flush first, then the write");
+}
+
 #[test]
 fn the_queues_of_a_disk_share_one_image() {
     let cluster = TestCluster::get();
