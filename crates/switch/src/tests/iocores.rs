@@ -53,30 +53,10 @@ fn frames_cross_between_the_switches_of_two_iocores_both_ways() {
 }
 
 /// As `an_isolated_nic_reaches_no_other_nic_and_sends_only_from_its_own_address`, with the
-/// isolated NIC's peers on another IOCore.
+/// isolated NIC's peer on another IOCore.
 #[test]
 fn an_isolated_nic_reaches_no_nic_on_another_iocore() {
-    let isolated = PortPolicy { isolated_to: Some(guest_mac(0)), ..PortPolicy::default() };
-    let mut rig = two_iocores(&[isolated, PortPolicy::default(), PortPolicy::default()]);
-    for g in &mut rig.guests {
-        g.post_rx(0, &[2048]);
-        g.post_rx(1, &[2048]);
-    }
-    let (a, b) = (rig.guests[0].mac, rig.guests[1].mac);
-    rig.guests[1].transmit(0, &frame(MacAddr::BROADCAST, b, 60, 1), &[]);
-    rig.poll();
-    assert_eq!(rig.guests[0].received(&[2048]).len(), 0, "a broadcast reached an isolated NIC");
-    assert_eq!(rig.guests[2].received(&[2048]).len(), 1);
-    rig.guests[0].transmit(0, &frame(b, a, 60, 2), &[]);
-    rig.guests[0].transmit(1, &frame(MacAddr::BROADCAST, a, 60, 3), &[]);
-    rig.poll();
-    assert_eq!(rig.counters(0).tx_isolated, 1);
-    rig.guests[1].transmit(1, &frame(a, b, 60, 4), &[]);
-    rig.poll();
-    assert_eq!(rig.counters(1).tx_isolated, 1);
-    for g in 0..3 {
-        assert_eq!(rig.guests[g].received(&[2048]).len(), 0, "guest {g} got a frame");
-    }
+    super::policy::isolated_nic_and_two_others(two_iocores(&super::policy::isolation_policies()));
 }
 
 /// A switch that does not keep up: the frames its ring has no room for are dropped and

@@ -6,8 +6,17 @@ use super::*;
 
 #[test]
 fn an_isolated_nic_reaches_no_other_nic_and_sends_only_from_its_own_address() {
+    isolated_nic_and_two_others(rig_with(&isolation_policies(), None));
+}
+
+/// Guest 0 isolated, guests 1 and 2 not.
+pub(super) fn isolation_policies() -> [PortPolicy; 3] {
     let isolated = PortPolicy { isolated_to: Some(guest_mac(0)), ..PortPolicy::default() };
-    let mut rig = rig_with(&[isolated, PortPolicy::default(), PortPolicy::default()], None);
+    [isolated, PortPolicy::default(), PortPolicy::default()]
+}
+
+/// Guest 0 (isolated) hears no other NIC and reaches none, and sends only from its address.
+pub(super) fn isolated_nic_and_two_others(mut rig: Rig) {
     for g in &mut rig.guests {
         g.post_rx(0, &[2048]);
         g.post_rx(1, &[2048]);

@@ -90,30 +90,8 @@ fn uplinked(policies: &[PortPolicy]) -> (Veth, Host, Rig) {
 
 #[test]
 fn frames_go_between_nics_and_the_host_through_the_uplink() {
-    let (_veth, host, mut rig) = uplinked(&[PortPolicy::default(), PortPolicy::default()]);
-    for g in &mut rig.guests {
-        g.post_rx(0, &[2048]);
-        g.post_rx(1, &[2048]);
-    }
-    let a = rig.guests[0].mac;
-    let hello = frame(MacAddr::BROADCAST, HOST, 60, 1);
-    host.send([0; 10], &hello);
-    assert_eq!(poll_until_received(&mut rig, 0), vec![hello.clone()]);
-    assert_eq!(rig.guests[1].received(&[2048]), vec![hello]);
-    // Learnt: the host's address is on the uplink; a frame to it goes there only.
-    let answer = frame(HOST, a, 1514, 2);
-    rig.guests[0].transmit(0, &answer, &[14, 100]);
-    rig.poll();
-    assert_eq!(host.receive(), Some(answer));
-    assert_eq!(rig.guests[1].received(&[2048]).len(), 0);
-    // An address seen nowhere: every NIC and the host.
-    let unknown = frame(MacAddr([0x02, 0, 0, 0, 0, 0x42]), a, 60, 3);
-    rig.guests[0].transmit(1, &unknown, &[]);
-    rig.poll();
-    assert_eq!(host.receive(), Some(unknown.clone()));
-    assert_eq!(rig.guests[1].received(&[2048]), vec![unknown]);
-    let uplink = rig.switch.uplink_counters().unwrap();
-    assert_eq!((uplink.rx_frames, uplink.tx_frames), (1, 2));
+    let (_veth, host, rig) = uplinked(&[PortPolicy::default(), PortPolicy::default()]);
+    nics_and_the_host_exchange_frames(&host, rig, 0);
 }
 
 /// With two IOCores, the uplink is switch 0's: a NIC on switch 1 hears the host and reaches
@@ -121,29 +99,36 @@ fn frames_go_between_nics_and_the_host_through_the_uplink() {
 #[test]
 fn a_nic_on_another_iocore_reaches_the_host_through_the_uplink() {
     let veth = Veth::create();
-    let ring = PacketRing::open(&veth.ours).unwrap();
     let ports = [PortPolicy::default(); 2].map(|policy| (policy, Offloads::default()));
-    let mut rig = rig_on(2, ports.into_iter(), Some(ring));
-    let host = Host::on(&veth.peer);
+    let rig = rig_on(2, ports.into_iter(), Some(PacketRing::open(&veth.ours).unwrap()));
     assert_eq!(rig.control.home_of(rig.guests[1].port), Some(1));
+    nics_and_the_host_exchange_frames(&Host::on(&veth.peer), rig, 1);
+}
+
+/// The host's broadcast reaches both NICs; then guest `sender`'s frame to the host goes there
+/// only (its address was learnt on the uplink), and its frame to an address seen nowhere to
+/// the host and the other NIC.
+fn nics_and_the_host_exchange_frames(host: &Host, mut rig: Rig, sender: usize) {
+    let other = 1 - sender;
     for g in &mut rig.guests {
         g.post_rx(0, &[2048]);
         g.post_rx(1, &[2048]);
     }
-    let b = rig.guests[1].mac;
+    let a = rig.guests[sender].mac;
     let hello = frame(MacAddr::BROADCAST, HOST, 60, 1);
     host.send([0; 10], &hello);
-    assert_eq!(poll_until_received(&mut rig, 1), vec![hello.clone()]);
-    assert_eq!(rig.guests[0].received(&[2048]), vec![hello]);
-    let answer = frame(HOST, b, 1514, 2);
-    rig.guests[1].transmit(0, &answer, &[14, 100]);
+    assert_eq!(poll_until_received(&mut rig, sender), vec![hello.clone()]);
+    assert_eq!(rig.guests[other].received(&[2048]), vec![hello]);
+    let answer = frame(HOST, a, 1514, 2);
+    rig.guests[sender].transmit(0, &answer, &[14, 100]);
     rig.poll();
     assert_eq!(host.receive(), Some(answer));
-    let unknown = frame(MacAddr([0x02, 0, 0, 0, 0, 0x42]), b, 60, 3);
-    rig.guests[1].transmit(1, &unknown, &[]);
+    assert_eq!(rig.guests[other].received(&[2048]).len(), 0);
+    let unknown = frame(MacAddr([0x02, 0, 0, 0, 0, 0x42]), a, 60, 3);
+    rig.guests[sender].transmit(1, &unknown, &[]);
     rig.poll();
     assert_eq!(host.receive(), Some(unknown.clone()));
-    assert_eq!(rig.guests[0].received(&[2048]), vec![unknown]);
+    assert_eq!(rig.guests[other].received(&[2048]), vec![unknown]);
     let uplink = rig.switch.uplink_counters().unwrap();
     assert_eq!((uplink.rx_frames, uplink.tx_frames), (1, 2));
 }
