@@ -29,12 +29,12 @@ use vm_memory::{Bytes, VolatileSlice};
 
 use mapping::Mapping;
 
-/// Bytes of one ring slot: its `tpacket2_hdr`, the virtio-net header and a frame of up to 1518
-/// bytes, rounded up to a power of two.
-const SLOT_SIZE: usize = 2048;
+/// Bytes of one ring slot: its `tpacket2_hdr`, the virtio-net header and a jumbo frame (9000
+/// bytes of payload, an Ethernet header and a VLAN tag), rounded up to a power of two.
+const SLOT_SIZE: usize = 16 << 10;
 /// Bytes of one ring block; slots never straddle blocks.
 const BLOCK_SIZE: usize = 1 << 16;
-/// Slots in each ring.
+/// Slots in each ring (4 MiB each).
 pub const RING_SLOTS: usize = 256;
 /// Every protocol, as the kernel's `ETH_P_ALL`.
 const ETH_P_ALL: u16 = 0x0003;
@@ -124,6 +124,8 @@ pub struct PacketRing {
     rings: Mapping,
     socket: OwnedFd,
     interface: String,
+    /// The interface's MTU when the socket was opened.
+    mtu: u32,
     rx_next: usize,
     tx_next: usize,
     tx_queued: bool,
@@ -208,10 +210,12 @@ impl PacketRing {
         };
         set_option(&socket, libc::PACKET_ADD_MEMBERSHIP, &promiscuous)
             .map_err(fail("make the interface promiscuous for"))?;
+        let mtu = interface_mtu(&socket, &name).map_err(fail("read the MTU of the interface of"))?;
         Ok(PacketRing {
             rings,
             socket,
             interface: interface.into(),
+            mtu,
             rx_next: 0,
             tx_next: 0,
             tx_queued: false,
@@ -221,6 +225,12 @@ impl PacketRing {
     /// The interface's name.
     pub fn interface(&self) -> &str {
         &self.interface
+    }
+
+    /// The interface's MTU when the ring was opened: the kernel sends no frame longer than it
+    /// (and its Ethernet header, and a VLAN tag), and the host sends none.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     /// Slot `index` (below [`RING_SLOTS`]) of the receive ring (`false`) or the transmit ring
@@ -376,6 +386,26 @@ impl Slot<'_> {
         // status word says so.
         unsafe { self.start.add(offset).cast::<T>().write_volatile(value) }
     }
+}
+
+/// The MTU of interface `name` (SIOCGIFMTU, asked on `socket`).
+fn interface_mtu(socket: &OwnedFd, name: &CString) -> io::Result<u32> {
+    // SAFETY: an all-zero ifreq is a valid value of the plain C structure.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    let bytes = name.as_bytes_with_nul();
+    if bytes.len() > request.ifr_name.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (to, &from) in request.ifr_name.iter_mut().zip(bytes) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: SIOCGIFMTU reads the name and writes the MTU into `request`, which outlives the call.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFMTU, &mut request) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFMTU filled in the union's `ifru_mtu`.
+    let mtu = unsafe { request.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// setsockopt(SOL_PACKET, `option`, `value`).

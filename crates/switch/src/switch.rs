@@ -53,12 +53,17 @@ pub const MAX_JUMBO_FRAME_LEN: usize = MAX_MTU as usize + FRAME_OVERHEAD;
 pub const MAX_SUPER_FRAME_LEN: usize = (64 << 10) + 18;
 /// The shortest frame switched: an Ethernet header.
 pub const MIN_FRAME_LEN: usize = 14;
+/// An 802.1Q tag's bytes.
+const VLAN_TAG_LEN: usize = 4;
 /// The mac table's port number for addresses seen on the uplink.
 pub(crate) const UPLINK: usize = MAX_PORTS;
 
 /// The host's side of the switch: an AF_PACKET socket's rings on a host interface.
 struct Uplink {
     ring: PacketRing,
+    /// The longest untagged frame it sends: its interface's MTU and an Ethernet header, at most
+    /// a jumbo frame (a frame with a VLAN tag may be 4 bytes longer, as the kernel allows).
+    max_frame_len: usize,
     counters: UplinkCounters,
     /// Where `counters` are published for other threads, once per pass that did work.
     shared: Arc<SharedUplinkCounters>,
@@ -128,7 +133,9 @@ impl Switch {
         shared: Arc<SharedUplinkCounters>,
     ) -> std::io::Result<Switch> {
         self.wakers.add_uplink(ring.as_raw_fd())?;
-        self.uplink = Some(Uplink { ring, counters: shared.read(), shared });
+        let mtu = usize::try_from(ring.mtu()).unwrap_or(usize::MAX);
+        let max_frame_len = mtu.saturating_add(MIN_FRAME_LEN).min(MAX_JUMBO_FRAME_LEN - VLAN_TAG_LEN);
+        self.uplink = Some(Uplink { ring, max_frame_len, counters: shared.read(), shared });
         self.control.set_uplink_home(self.index);
         Ok(self)
     }
@@ -477,7 +484,7 @@ fn from_host(
     handed_to: &mut [bool],
 ) {
     let frame_len = got.frame.len() + got.vlan_tag.map_or(0, |tag| tag.len());
-    if got.truncated || got.offload.segmented || frame_len > MAX_FRAME_LEN {
+    if got.truncated || got.offload.segmented || frame_len > MAX_JUMBO_FRAME_LEN {
         counters.rx_too_big += 1;
         return;
     }
@@ -500,7 +507,6 @@ fn from_host(
     counters.rx_frames += 1;
     let mut tag = got.vlan_tag;
     let Some(frame) = Frame::from_host(got.frame, tag.as_mut()) else { return };
-    let header = NetHeader::default();
     let record = |to| Record { to, from: UPLINK, isolated: false, flow };
     let switches = handed_to.len();
     let mut hand_off = |home: usize, record: Record| {
@@ -513,7 +519,7 @@ fn from_host(
         Some(UPLINK) => {}
         Some(id) => match to.ports.get_mut(id).and_then(|port| port.as_deref_mut()) {
             Some(port) => {
-                deliver(port, frame, frame_len, header, flow);
+                deliver_plain(port, frame, frame_len, flow);
             }
             None => {
                 if let Some(home) = to.control.home_of(id).filter(|&home| home != to.index) {
@@ -523,7 +529,7 @@ fn from_host(
         },
         None => {
             for port in to.ports.iter_mut().flatten() {
-                deliver(port, frame, frame_len, header, flow);
+                deliver_plain(port, frame, frame_len, flow);
             }
             for home in (0..switches).filter(|&home| home != to.index && to.control.has_ports(home)) {
                 hand_off(home, record(FLOOD));
@@ -532,18 +538,22 @@ fn from_host(
     }
 }
 
+/// Deliver a frame with no offload (from the host, or another switch) to `port`, unless it is
+/// longer than the port's MTU takes (a jumbo frame for a port without them), as a Linux bridge
+/// drops it.
+fn deliver_plain(port: &mut Port, frame: Frame<'_>, frame_len: usize, flow: u32) {
+    match frame_len > port.max_frame_len {
+        true => port.counters.rx_too_big += 1,
+        false => {
+            deliver(port, frame, frame_len, NetHeader::default(), flow);
+        }
+    }
+}
+
 /// Deliver `frame`, handed off by another switch as `record` says, to this switch's ports or
 /// its uplink.
 fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], uplink: Option<&mut Uplink>) {
-    let deliver_to = |port: &mut Port| {
-        // Longer than its MTU (a jumbo frame for a port without them), as a Linux bridge drops.
-        match frame.len() > port.max_frame_len {
-            true => port.counters.rx_too_big += 1,
-            false => {
-                deliver(port, Frame::Bytes(frame), frame.len(), NetHeader::default(), record.flow);
-            }
-        }
-    };
+    let deliver_to = |port: &mut Port| deliver_plain(port, Frame::Bytes(frame), frame.len(), record.flow);
     let to_uplink = |uplink: &mut Uplink| {
         let _ = queue_on_uplink(uplink, frame.len(), |into| {
             into.copy_from(frame);
@@ -581,19 +591,29 @@ fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], upli
 /// Queue one frame on the uplink, written into its slot by `fill` (its length: the slot's
 /// first bytes), and count it; `fill` says whether it wrote it whole.
 fn queue_on_uplink(uplink: &mut Uplink, len: usize, fill: impl FnOnce(&VolatileSlice<'_>) -> bool) -> bool {
-    // A jumbo frame from a port with a larger MTU: the host's side takes standard frames.
-    if len > MAX_FRAME_LEN {
+    // Longer than the host's interface takes (a jumbo frame from a port of a larger MTU); a
+    // tagged frame may be a tag longer, which is known once it is in the slot.
+    let untagged_limit = uplink.max_frame_len;
+    if len > untagged_limit + VLAN_TAG_LEN {
         uplink.counters.tx_too_big += 1;
         return false;
     }
-    let mut copied = false;
+    let (mut copied, mut too_big) = (false, false);
     let queued = uplink.ring.transmit(|slot| match slot.subslice(0, len) {
         Ok(into) if fill(&into) => {
-            copied = true;
-            Fill::Frame(len)
+            too_big = len > untagged_limit && !is_tagged(&into);
+            copied = !too_big;
+            match too_big {
+                true => Fill::Nothing,
+                false => Fill::Frame(len),
+            }
         }
         _ => Fill::Nothing,
     });
+    if too_big {
+        uplink.counters.tx_too_big += 1;
+        return false;
+    }
     match (queued, copied) {
         (false, _) => uplink.counters.tx_ring_full += 1,
         (true, true) => uplink.counters.tx_frames += 1,
@@ -601,6 +621,12 @@ fn queue_on_uplink(uplink: &mut Uplink, len: usize, fill: impl FnOnce(&VolatileS
         (true, false) => {}
     }
     queued
+}
+
+/// Does `frame` carry an 802.1Q tag after its addresses?
+fn is_tagged(frame: &VolatileSlice<'_>) -> bool {
+    let mut ethertype = [0u8; 2];
+    frame.read_slice(&mut ethertype, 12).is_ok() && ethertype == [0x81, 0x00]
 }
 
 /// The one port a frame to `mac` goes to; `None`: everywhere (a group address, or one not seen).

@@ -76,17 +76,17 @@ host interface too, and the host's frames come in through it: the interface's re
 transmit rings are shared with the kernel (PACKET_MMAP), polled by the IOCore with no system
 call per frame, one send() per pass that put frames on it. Frames the host's stack sends with
 their checksum left to offload get it filled in; turn segmentation offloads off on the far end
-(ethtool -K IF tso off gso off), as frames longer than 1518 bytes are dropped, both ways (the
-uplink takes no jumbo frames). A guest's super-frames to the host are cut into segments by the
-switch.
+(ethtool -K IF tso off gso off), as the host's super-frames are dropped. Frames go both ways up
+to the interface's MTU (jumbo frames with MTU 9000); a guest's super-frames to the host are cut
+into segments by the switch.
 
 isolated=on: the NIC talks to the uplink only, never to another NIC, and only from its own
 address (frames from another are dropped as spoofed). pps=N and bw=BYTES: token buckets on what
 it sends, holding one second's budget; a frame over them waits in the NIC's ring.
 
 With --api-socket, NICs can be added and removed while the daemon runs, and GET /metrics
-gives each NIC's and the uplink's counters (frames each way, and every drop by cause) and the
-IOCore's busy and idle time.
+gives each NIC's and the uplink's counters (frames each way, and every drop by cause) and
+each IOCore's busy, idle and CPU time.
 
 Upgrades without a hang-up (--handover-socket PATH): start the new daemon with the same
 --nic options and --handover-socket while the old one runs. It takes every NIC over, with

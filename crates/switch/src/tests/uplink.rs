@@ -133,23 +133,47 @@ fn nics_and_the_host_exchange_frames(host: &Host, mut rig: Rig, sender: usize) {
     assert_eq!((uplink.rx_frames, uplink.tx_frames), (1, 2));
 }
 
-/// A NIC of a jumbo MTU sends the host a frame longer than the uplink takes: dropped and
-/// counted (the uplink's slots hold standard frames); its standard frames go on.
+/// The uplink takes frames as long as its interface's MTU (9000 here): a NIC of a jumbo MTU
+/// and the host send each other jumbo frames; a frame longer than the interface takes is
+/// dropped and counted on the uplink, and the host's jumbo frame for a NIC of the standard MTU
+/// on that NIC, as a Linux bridge drops it.
 #[test]
-fn a_jumbo_frame_for_the_host_is_dropped_and_counted() {
+fn jumbo_frames_go_to_and_from_the_host_as_far_as_the_interface_takes_them() {
+    const PAGES: [u32; 3] = [4096, 4096, 4096];
     let jumbo = PortPolicy { mtu: Some(MAX_MTU), ..PortPolicy::default() };
-    let (_veth, host, mut rig) = uplinked(&[jumbo]);
-    rig.guests[0].post_rx(0, &[2048]);
+    let (_veth, host, mut rig) = uplinked(&[jumbo, PortPolicy::default()]);
+    for g in &mut rig.guests {
+        g.post_rx(0, &PAGES);
+        g.post_rx(3, &PAGES);
+    }
     host.send([0; 10], &frame(MacAddr::BROADCAST, HOST, 60, 1));
     assert_eq!(poll_until_received(&mut rig, 0).len(), 1);
-    let a = rig.guests[0].mac;
-    rig.guests[0].transmit(0, &frame(HOST, a, MAX_FRAME_LEN + 1, 2), &[]);
-    let fits = frame(HOST, a, MAX_FRAME_LEN, 3);
-    rig.guests[0].transmit(1, &fits, &[]);
+    assert_eq!(rig.guests[1].received(&PAGES).len(), 1);
+    let (a, b) = (rig.guests[0].mac, rig.guests[1].mac);
+    // The longest untagged frame of a 9000-byte MTU, then one byte more.
+    let longest = frame(HOST, a, 9014, 2);
+    rig.guests[0].transmit(0, &longest, &[4000, 8000]);
+    rig.guests[0].transmit(3, &frame(HOST, a, 9015, 3), &[4000, 8000]);
     rig.poll();
-    assert_eq!(host.receive(), Some(fits));
+    assert_eq!(host.receive(), Some(longest));
     let uplink = rig.switch.uplink_counters().unwrap();
     assert_eq!((uplink.tx_too_big, uplink.tx_frames), (1, 1));
+    // The host's jumbo frames: to the jumbo NIC, and to the other, over its MTU.
+    let to_a = frame(a, HOST, 9014, 4);
+    host.send([0; 10], &to_a);
+    host.send([0; 10], &frame(b, HOST, 9014, 5));
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < give_up {
+        rig.poll();
+        got = rig.guests[0].received(&PAGES);
+    }
+    assert_eq!(got, vec![to_a]);
+    while rig.counters(1).rx_too_big == 0 && Instant::now() < give_up {
+        rig.poll();
+    }
+    assert_eq!(rig.counters(1).rx_too_big, 1);
+    assert_eq!(rig.guests[1].received(&PAGES).len(), 0);
 }
 
 /// A UDP/IPv4 frame from HOST to `to` with `payload`, its UDP checksum holding only the
@@ -204,12 +228,12 @@ fn the_hosts_checksum_offload_is_finished_its_vlan_tags_kept_and_its_long_frames
     tagged.splice(12..12, [0x81, 0x00, 0x00, 0x2a]);
     host.send([0; 10], &tagged);
     assert_eq!(poll_until_received(&mut rig, 0), vec![tagged]);
-    // Longer than the switch takes: dropped and counted; the next frame goes on.
+    // Longer than the NIC's MTU: dropped and counted on it; the next frame goes on.
     host.send([0; 10], &frame(a, HOST, 2000, 1));
     let next = frame(a, HOST, 60, 2);
     host.send([0; 10], &next);
     assert_eq!(poll_until_received(&mut rig, 0), vec![next]);
-    assert_eq!(rig.switch.uplink_counters().unwrap().rx_too_big, 1);
+    assert_eq!(rig.counters(0).rx_too_big, 1);
 }
 
 #[test]
