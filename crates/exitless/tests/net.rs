@@ -380,8 +380,7 @@ fn vm_on_the_nic_daemon(mode: &str, ops: u64) -> (std::process::Output, String) 
 
 /// How often the daemon's IOCore slept, from the line it logs when it stops.
 fn iocore_sleeps(daemon_log: &str) -> u64 {
-    let line =
-        daemon_log.lines().find(|l| l.contains("switch IOCore 0 took")).expect("the IOCore's line");
+    let line = daemon_log.lines().find(|l| l.contains("switch IOCore 0 took")).expect("the IOCore's line");
     let slept = line.split(" and slept ").nth(1).and_then(|rest| rest.split(' ').next());
     slept.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no count in {line}"))
 }
