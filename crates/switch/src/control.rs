@@ -79,7 +79,7 @@ pub struct SwitchControl {
 }
 
 impl SwitchControl {
-    /// A mailbox for one switch.
+    /// What one switch needs (a daemon with one IOCore).
     pub fn new() -> std::io::Result<SwitchControl> {
         Self::with_switches(1)
     }
@@ -162,8 +162,9 @@ impl SwitchControl {
         std::mem::take(&mut *self.members[index].commands.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Switch `index` polls (`false`: it asked for kicks, and its IOCore may sleep). Asking,
-    /// it then looks at its rings from the others once more (see [`SwitchControl::wake`]).
+    /// Switch `index` asked for kicks, so its IOCore may sleep (`asleep`), or polls. Before it
+    /// sleeps it looks at its rings from the others once more (`has_pending`), a load the fence
+    /// keeps after this store (see [`SwitchControl::wake`]).
     pub(crate) fn set_asleep(&self, index: usize, asleep: bool) {
         self.members[index].asleep.store(asleep, Ordering::SeqCst);
         fence(Ordering::SeqCst);
