@@ -99,21 +99,27 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     let seccomp = args.seccomp.mode();
     exit_after_stop_grace(&stop, Filter::new(ThreadKind::StopWatchdog, seccomp)?).map_err(Error::Watchdog)?;
     let control = Arc::new(SwitchControl::with_switches(args.iocores.into()).map_err(Error::Switch)?);
-    let mut switches = (0..control.switches())
-        .map(|index| Switch::new(control.clone(), index))
+    let mut nics = Nics::new(control.clone(), Access::owner_only(), seccomp);
+    // The uplink is the first switch's.
+    let mut uplink = match &args.uplink {
+        Some(interface) => {
+            let counters = Arc::default();
+            nics.uplink = Some((interface.clone(), Arc::clone(&counters)));
+            log::info!("uplink on {interface}");
+            Some((af_packet::PacketRing::open(interface)?, counters))
+        }
+        None => None,
+    };
+    let switches = (0..control.switches())
+        .map(|index| {
+            let switch = Switch::new(control.clone(), index)?;
+            match uplink.take() {
+                Some((ring, counters)) => switch.with_uplink(ring, counters),
+                None => Ok(switch),
+            }
+        })
         .collect::<std::io::Result<Vec<_>>>()
         .map_err(Error::Switch)?;
-    let mut nics = Nics::new(control, Access::owner_only(), seccomp);
-    if let Some(interface) = &args.uplink {
-        let counters = Arc::default();
-        let first = switches.remove(0);
-        let first = first
-            .with_uplink(af_packet::PacketRing::open(interface)?, Arc::clone(&counters))
-            .map_err(Error::Switch)?;
-        switches.insert(0, first);
-        nics.uplink = Some((interface.clone(), counters));
-        log::info!("uplink on {interface}");
-    }
     let iocores = switches
         .into_iter()
         .enumerate()

@@ -2,7 +2,8 @@
 //! each NIC was added (`_total`). Per NIC (label `nic`): every counter the switch keeps for its
 //! port (frames each way, drops by cause, interrupts; see `switch::PortCounters`) and whether a
 //! frontend is connected. For the uplink (label `interface`): its counters
-//! (`switch::UplinkCounters`). For each IOCore (label `iocore`): busy and idle seconds, and the CPU time it used.
+//! (`switch::UplinkCounters`). For each IOCore (label `iocore`): busy and idle seconds, and the
+//! CPU time it used.
 
 use iocore::IoCore;
 use metrics::exposition::{family, sample};
@@ -56,23 +57,23 @@ pub fn render(nics: &Nics, iocores: &[IoCore<Switch>]) -> String {
             sample(&mut out, &name, &[("interface", interface)], value);
         }
     }
-    let figures: Vec<_> = iocores.iter().map(|io| (io.times(), io.cpu_time().unwrap_or_default())).collect();
-    type Figure = fn(&(iocore::IoCoreTimes, std::time::Duration)) -> std::time::Duration;
-    let families: [(&str, &str, Figure); 3] = [
-        ("exitless_iocore_busy_seconds_total", "IOCore time in passes that switched frames.", |f| f.0.busy),
-        ("exitless_iocore_idle_seconds_total", "IOCore time in passes that found nothing to do.", |f| {
-            f.0.idle
-        }),
+    let times: Vec<_> = iocores.iter().map(IoCore::times).collect();
+    let busy = times.iter().map(|t| t.busy).collect();
+    let idle = times.iter().map(|t| t.idle).collect();
+    let cpu = iocores.iter().map(|io| io.cpu_time().unwrap_or_default()).collect();
+    let families: [(&str, &str, Vec<std::time::Duration>); 3] = [
+        ("exitless_iocore_busy_seconds_total", "IOCore time in passes that switched frames.", busy),
+        ("exitless_iocore_idle_seconds_total", "IOCore time in passes that found nothing to do.", idle),
         (
             "exitless_iocore_cpu_seconds_total",
             "CPU time the IOCore used: all of its time when it polls, little when it sleeps.",
-            |f| f.1,
+            cpu,
         ),
     ];
-    for (name, help, figure) in families {
+    for (name, help, seconds) in families {
         family(&mut out, name, "counter", help);
-        for (k, figures) in figures.iter().enumerate() {
-            out.push_str(&format!("{name}{{iocore=\"{k}\"}} {}\n", figure(figures).as_secs_f64()));
+        for (k, seconds) in seconds.iter().enumerate() {
+            out.push_str(&format!("{name}{{iocore=\"{k}\"}} {}\n", seconds.as_secs_f64()));
         }
     }
     out
