@@ -103,10 +103,11 @@ pub fn run(args: VhostUserNetArgs) -> Result<(), Error> {
     // The uplink is the first switch's.
     let mut uplink = match &args.uplink {
         Some(interface) => {
+            let ring = af_packet::PacketRing::open(interface)?;
             let counters = Arc::default();
             nics.uplink = Some((interface.clone(), Arc::clone(&counters)));
             log::info!("uplink on {interface}");
-            Some((af_packet::PacketRing::open(interface)?, counters))
+            Some((ring, counters))
         }
         None => None,
     };
