@@ -88,21 +88,17 @@ impl SwitchControl {
     /// goes to the one with the fewest ports.
     pub fn with_switches(switches: usize) -> std::io::Result<SwitchControl> {
         let switches = switches.clamp(1, MAX_SWITCHES);
-        let mut rings: Vec<Vec<Option<(Sender, handoff::Receiver)>>> = (0..switches)
-            .map(|from| (0..switches).map(|to| (from != to).then(handoff::ring)).collect())
-            .collect();
         let mut links: Vec<Links> = (0..switches)
             .map(|_| Links {
                 to: (0..switches).map(|_| None).collect(),
                 from: (0..switches).map(|_| None).collect(),
             })
             .collect();
-        for (from, row) in rings.iter_mut().enumerate() {
-            for (to, ring) in row.iter_mut().enumerate() {
-                if let Some((sender, receiver)) = ring.take() {
-                    links[from].to[to] = Some(sender);
-                    links[to].from[from] = Some(receiver);
-                }
+        for from in 0..switches {
+            for to in (0..switches).filter(|&to| to != from) {
+                let (sender, receiver) = handoff::ring();
+                links[from].to[to] = Some(sender);
+                links[to].from[from] = Some(receiver);
             }
         }
         let members = links
