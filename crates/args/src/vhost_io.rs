@@ -17,6 +17,13 @@ pub enum VhostIoMode {
     Eventfd,
 }
 
+impl VhostIoMode {
+    /// The mode's name, as the command line spells it.
+    pub fn name(self) -> String {
+        self.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+    }
+}
+
 /// A vhost-user daemon's `--io-mode` and `--idle-budget-us`.
 #[derive(Debug, Args)]
 pub struct VhostIoArgs {
@@ -42,6 +49,6 @@ impl VhostIoArgs {
 
     /// The mode's name, as the command line spells it.
     pub fn mode_name(&self) -> String {
-        self.io_mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+        self.io_mode.name()
     }
 }

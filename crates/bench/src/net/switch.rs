@@ -5,7 +5,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use clap::ValueEnum;
 use exitless_args::VhostIoMode;
 use thiserror::Error;
 use vmm::{ConsoleMode, IoMode, VhostUserNic, VmConfig};
@@ -39,7 +38,7 @@ pub enum SwitchError {
 
 /// The row's name of exitless's own VM on the daemon in `mode`.
 pub fn exitless_row_name(mode: VhostIoMode) -> String {
-    format!("exitless on exitless vhost-user-net (uplink), daemon {}", mode_name(mode))
+    format!("exitless on exitless vhost-user-net (uplink), daemon {}", mode.name())
 }
 
 /// The row of exitless's own VM, polling, with its NIC on the daemon, whose IOCore runs in
@@ -121,7 +120,7 @@ fn switch_command(
     let mut command = Command::new(std::env::current_exe().map_err(SwitchError::CurrentExe)?);
     let cpu = args.iocore_cpu.to_string();
     command
-        .args(["vhost-user-net", "--io-mode", &mode_name(mode), "--iocore-cpu", &cpu])
+        .args(["vhost-user-net", "--io-mode", &mode.name(), "--iocore-cpu", &cpu])
         .args(args.seccomp.flag());
     for (socket, mac) in nics {
         command.args(["--nic", &format!("socket={},mac={mac}", socket.display())]);
@@ -144,9 +143,4 @@ fn start(command: Command, dir: &Path, nics: &[(&Path, &str)]) -> Result<Daemon,
 fn shown(command: &Command) -> String {
     let words = std::iter::once(command.get_program()).chain(command.get_args());
     words.map(|w| w.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
-}
-
-/// `mode` as `--io-mode` spells it.
-fn mode_name(mode: VhostIoMode) -> String {
-    mode.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
 }
