@@ -109,16 +109,7 @@ pub fn parse(text: &str) -> Result<NetArg, NetArgError> {
 
 /// `52:54:00:12:34:56` as six bytes; a unicast address only.
 pub fn parse_mac(text: &str) -> Result<[u8; 6], NetArgError> {
-    let bad = || NetArgError::BadMac(text.into());
-    let mut mac = [0u8; 6];
-    let mut parts = text.split(':');
-    for byte in mac.iter_mut() {
-        let part = parts.next().filter(|p| p.len() == 2).ok_or_else(bad)?;
-        *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
-    }
-    if parts.next().is_some() {
-        return Err(bad());
-    }
+    let mac = vmm::parse_mac(text).ok_or_else(|| NetArgError::BadMac(text.into()))?;
     if mac[0] & 1 != 0 {
         return Err(NetArgError::MulticastMac(text.into()));
     }

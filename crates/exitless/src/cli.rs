@@ -78,16 +78,16 @@ pub struct RunArgs {
     /// Continue a VM from a snapshot (`source_url=file:///DIR`, as Cloud Hypervisor takes it) in
     /// this process: its memory, vCPUs, devices and configuration. Its disks are the ones named
     /// here with --disk, in the snapshot's order, each of the saved disk's kind, size, queues=
-    /// and readonly (a path in the snapshot is never opened); --testdev if it had the test
-    /// device. Its other options that build a VM (--mem, --cmdline, --io-mode...) are the
+    /// and readonly (a path in the snapshot is never opened); its NICs the taps named with --net,
+    /// each with the saved MAC address; --testdev if it had the test device. Its other options that build a VM (--mem, --cmdline, --io-mode...) are the
     /// snapshot's; --timeout, --seccomp, CPU placement and --snapshot-dir are this run's.
     #[arg(long, value_name = "source_url=file:///DIR", group = "kernel-source")]
     pub restore: Option<String>,
     /// Wait on this Unix socket (`unix:/PATH`, created with mode 0600) for a live migration from
     /// another exitless of the same user or root (its `PUT /api/v1/vm.send-migration`; other
     /// users' connections are closed unread), then run the VM it brings. As with --restore, its
-    /// disks are the ones named here with --disk (the same files: shared storage), and
-    /// --testdev if it has the test device; other options that build a VM are the source's;
+    /// disks are the ones named here with --disk (the same files: shared storage), its NICs the
+    /// taps named with --net, and --testdev if it has the test device; other options that build a VM are the source's;
     /// --timeout, --seccomp, CPU placement, --api-socket are this run's.
     #[arg(long, value_name = "unix:/PATH", group = "kernel-source")]
     pub receive_migration: Option<String>,
@@ -107,7 +107,8 @@ pub struct RunArgs {
     /// writes a snapshot there (state.json and memory, mode 0600, in a directory of mode 0700
     /// that exitless creates; an existing one must be this user's, 0700, not a link); the VM
     /// stays paused. SIGUSR2 pauses a
-    /// running VM or resumes a paused one. Local disks (path=, ram,path= or null=) only.
+    /// running VM or resumes a paused one. Local disks (path=, ram,path=, null= or rbd=) and NICs
+    /// on taps only.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
     /// Serve Cloud Hypervisor's control verbs on this Unix socket (HTTP/1.1, `curl
@@ -115,10 +116,11 @@ pub struct RunArgs {
     /// `PUT /api/v1/vm.snapshot` with `{"destination_url": "file:///DIR"}` (of a paused VM), and
     /// `PUT /api/v1/vm.send-migration` with `{"destination_url": "unix:/PATH"}` (or
     /// `tcp:IP:PORT`, mutual TLS with --migration-tls-dir, or `tcp+plain:IP:PORT`): a live
-    /// migration to an exitless started with `--receive-migration` on that URL (local disks
-    /// only; answers with the migration's times and page counts as JSON). The socket is made 0600
-    /// whatever the umask, and only this process's user and root are served (others are logged
-    /// and closed unread): the verbs write snapshots and send guest memory where asked.
+    /// migration to an exitless started with `--receive-migration` on that URL (local disks and
+    /// NICs on taps only; answers with the migration's times and page counts as JSON). The
+    /// socket is made 0600 whatever the umask, and only this process's user and root are served
+    /// (others are logged and closed unread): the verbs write snapshots and send guest memory
+    /// where asked.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
     /// Kernel command line (the probe's default: probe.workload=hello).
@@ -181,7 +183,9 @@ pub struct IoArgs {
     /// netns add NAME`) or in ours; or on a vhost-user daemon, `vhost-user=SOCKET[,mac=MAC]
     /// [,reconnect=SECS][,daemon-uid=UID]` (`exitless vhost-user-net --nic socket=SOCKET,mac=MAC`:
     /// give both the same address; reconnect and daemon-uid as for a vhost-user disk), after the
-    /// taps on the bus. Frames are at most 1518 bytes (no offloads).
+    /// taps on the bus. Frames are at most 1518 bytes (no offloads). With --restore or
+    /// --receive-migration: a tap for each of the VM's NICs, in its order, with the MAC address it
+    /// had (a restored NIC announces itself with a RARP, so that bridges learn its new port).
     #[arg(long = "net", value_name = "SPEC", value_parser = exitless_args::net::parse)]
     pub nets: Vec<exitless_args::net::NetArg>,
     /// How disk and network I/O is served (the values below). For vhost-user disks only the

@@ -354,4 +354,8 @@ pub trait VirtioDevice: Send {
     fn interrupt_status_while_active(&self) -> u32 {
         0
     }
+    /// The VM was just restored here from a snapshot or a migration, and the device has not
+    /// run yet: tell the network where it now is (a NIC sends a frame from its address, so that
+    /// switches learn its new port). Most devices have nothing to say.
+    fn announce(&mut self) {}
 }

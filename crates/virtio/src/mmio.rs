@@ -618,6 +618,7 @@ impl MmioTransport {
         self.queue_sel = saved.queue_sel;
         self.interrupt_status.store(saved.interrupt_status, Ordering::Release);
         self.needs_reset.store(saved.needs_reset, Ordering::Release);
+        self.device.announce();
         if self.status & status::DRIVER_OK != 0 && !saved.needs_reset {
             if self.status & status::FEATURES_OK == 0 {
                 return Err(StateError::Features { features: saved.driver_features, offered });

@@ -18,6 +18,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
 // The word layout above equals the specification's byte layout only on a little-endian host.
 const _: () =
     assert!(cfg!(target_endian = "little"), "the dirty log's word layout needs a little-endian host");
@@ -128,6 +130,17 @@ impl DirtyLog {
         let page = gpa / LOG_PAGE;
         self.word(page).is_some_and(|word| word.load(Ordering::Relaxed) & 1 << (page % 64) != 0)
     }
+}
+
+/// The guest-physical address of `host`, a byte of one of `mem`'s regions as mapped in this
+/// process; `None` for any other address. For marking what a worker wrote through host
+/// addresses: finding the region costs a few compares, paid only while a migration logs.
+pub fn guest_address(mem: &GuestMemoryMmap, host: *const u8) -> Option<u64> {
+    let host = host as usize;
+    mem.iter().find_map(|region| {
+        let offset = host.checked_sub(region.as_ptr() as usize)?;
+        (offset < region.size()).then(|| region.start_addr().0 + offset as u64)
+    })
 }
 
 /// A dirty log a VMM keeps for itself (its own live migration): a bitmap in this process's

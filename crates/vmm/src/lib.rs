@@ -22,6 +22,7 @@ pub use iocore::pin_current_thread;
 pub use sandbox::SeccompMode;
 pub use stats::Counters;
 pub use vcpu::{Mark, VcpuReport};
+pub use virtio::net::{mac_text, parse_mac};
 pub use vm::{
     tsc_khz, ControlError, DeviceReport, DisableExits, Ending, Kernel, RunOutcome, VhostUserReport, Vm,
     VmConfig, VmControl, VmError,

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use metrics::latency::LocalHistogram;
 use rate_limiter::RateLimiter;
 use storage::{Backend, Completion, IoError, Op, Segment, MAX_SEGMENTS};
-use virtqueue::dirty::DirtyLog;
+use virtqueue::dirty::{guest_address, DirtyLog};
 use virtqueue::queue::{Queue, QueueError, MAX_QUEUE_SIZE};
 use virtqueue::QueueWorker;
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice};
+use vm_memory::{GuestMemoryMmap, VolatileSlice};
 
 use super::request::{
     Parsed, Rejection, Request, RequestKind, StatusByte, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
@@ -190,16 +190,6 @@ impl DirtyState {
         }
         self.mark_status(mem, status);
     }
-}
-
-/// The guest-physical address of `host`, a byte of one of `mem`'s regions as mapped here. Only
-/// while logging: requests carry host addresses, and finding the region costs a few compares.
-fn guest_address(mem: &GuestMemoryMmap, host: *mut u8) -> Option<u64> {
-    let host = host as usize;
-    mem.iter().find_map(|region| {
-        let offset = host.checked_sub(region.as_ptr() as usize)?;
-        (offset < region.size()).then(|| region.start_addr().0 + offset as u64)
-    })
 }
 
 /// One virtio-blk queue's data path: the queue (which keeps guest memory mapped), the backend

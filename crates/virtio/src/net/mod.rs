@@ -30,5 +30,21 @@ pub const RX_QUEUE: usize = 0;
 /// Index of the transmit queue, transmitq1 (virtio 1.x §5.1.2).
 pub const TX_QUEUE: usize = 1;
 
+/// `52:54:00:12:34:56`.
+pub fn mac_text(mac: [u8; 6]) -> String {
+    mac.map(|b| format!("{b:02x}")).join(":")
+}
+
+/// The six bytes of a MAC address written as `mac_text` writes it; `None` for anything else.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        let part = parts.next().filter(|p| p.len() == 2)?;
+        *byte = u8::from_str_radix(part, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
 #[cfg(test)]
 mod tests;

@@ -250,3 +250,60 @@ fn a_chain_offered_twice_before_it_was_returned_needs_a_reset() {
     rig.worker.poll();
     assert!(rig.needs_reset.load(Ordering::Acquire));
 }
+
+#[test]
+fn while_a_migration_logs_the_pages_a_received_frame_lands_in_and_the_used_rings_are_marked() {
+    let mut rig = rig();
+    let bitmap = virtqueue::dirty::DirtyBitmap::new(MEM as u64);
+    assert!(rig.worker.set_dirty_log(Some(bitmap.log())));
+    // A chain of two buffers on separate pages: the header and the frame's start in the first,
+    // the rest of the frame in the second.
+    let (first, second) = (BUFFERS + 0x1000, BUFFERS + 0x3000);
+    rig.desc(RX.0, 1, first, 100, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 2);
+    rig.desc(RX.0, 2, second, 2000, VIRTQ_DESC_F_WRITE, 0);
+    rig.make_available(true, 1);
+    rig.transmit(4, &frame(80, 0x33));
+    rig.wire.send(&frame(500, 0x44)).unwrap();
+    rig.worker.poll();
+    assert_eq!(rig.used(RX), (1, 1, (NET_HDR_LEN + 500) as u32));
+    let log = bitmap.log();
+    for (what, gpa) in [
+        ("the header's page", first),
+        ("the frame's second part", second),
+        ("rx used", RX.2),
+        ("tx used", TX.2),
+    ] {
+        assert!(log.is_marked(gpa), "{what} is not marked");
+    }
+    for (what, gpa) in
+        [("a page between the parts", BUFFERS + 0x2000), ("the transmitted frame", BUFFERS + 0x84000)]
+    {
+        assert!(!log.is_marked(gpa), "{what} is marked, yet the device did not write it");
+    }
+
+    // Logging off: a frame received later marks nothing.
+    rig.worker.set_dirty_log(None);
+    rig.post_rx(9, 2048);
+    rig.wire.send(&frame(60, 0x55)).unwrap();
+    rig.worker.poll();
+    assert_eq!(rig.used(RX).1, 9);
+    assert!(!log.is_marked(BUFFERS + 9 * 0x1000));
+}
+
+#[test]
+fn a_restored_nic_announces_its_address_with_a_broadcast_rarp() {
+    use crate::VirtioDevice;
+    let (device_end, wire) = UnixDatagram::pair().unwrap();
+    let mac = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+    let mut net = Net::new(Box::new(device_end), mac);
+    net.announce();
+    let mut buffer = [0u8; 128];
+    let n = wire.recv(&mut buffer).unwrap();
+    let frame = &buffer[..n];
+    assert_eq!(n, 60);
+    assert_eq!(&frame[..6], &[0xff; 6], "broadcast");
+    assert_eq!(&frame[6..12], &mac, "from the NIC");
+    assert_eq!(&frame[12..14], &[0x80, 0x35], "RARP");
+    assert_eq!(&frame[14..22], &[0, 1, 0x08, 0x00, 6, 4, 0, 3], "Ethernet/IPv4, reverse request");
+    assert_eq!((&frame[22..28], &frame[32..38]), (&mac[..], &mac[..]), "about the NIC's address");
+}

@@ -4,6 +4,7 @@
 //! (loop, bad index, avail jump) needs a device reset. Nothing here allocates or locks once the
 //! worker exists; the backend's read and write are the only system calls.
 
+use virtqueue::dirty::{guest_address, DirtyLog};
 use virtqueue::queue::{Descriptor, Queue, QueueError};
 use virtqueue::QueueWorker;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
@@ -73,6 +74,9 @@ pub struct NetWorker {
     broken: bool,
     rx_used: usize,
     tx_used: usize,
+    /// A live migration's dirty log: receive buffers filled are marked in it (the queues mark
+    /// their used rings).
+    dirty: Option<DirtyLog>,
     /// What it did since it started (kept here only: nothing adds it to `DeviceStats`).
     pub counters: NetCounters,
 }
@@ -105,6 +109,7 @@ impl NetWorker {
             broken: false,
             rx_used: 0,
             tx_used: 0,
+            dirty: None,
             counters: NetCounters::default(),
         }
     }
@@ -215,6 +220,9 @@ impl NetWorker {
             }
             let chain = self.staged.take().expect("staged above");
             write_header(&chain);
+            if let Some(log) = &self.dirty {
+                mark_received(log, &self.mem, &chain, n);
+            }
             // A frame is at most SCRATCH_LEN bytes.
             self.rx.add_used(chain.head, u32::try_from(NET_HDR_LEN + n).unwrap_or(u32::MAX));
             self.rx_used += 1;
@@ -321,6 +329,27 @@ fn skip(parts: &mut [libc::iovec], mut bytes: usize) -> usize {
     parts.len()
 }
 
+/// Mark in `log` the pages a frame of `len` bytes, and its header, filled in `chain`.
+fn mark_received(log: &DirtyLog, mem: &GuestMemoryMmap, chain: &RxChain, len: usize) {
+    let mark = |host: *const u8, bytes: usize| {
+        if let Some(gpa) = guest_address(mem, host) {
+            log.mark(gpa, bytes as u64);
+        }
+    };
+    for &(addr, bytes) in &chain.header[..chain.header_pieces] {
+        mark(addr, bytes);
+    }
+    let mut left = len;
+    for part in &chain.parts[..chain.count] {
+        if left == 0 {
+            break;
+        }
+        let bytes = left.min(part.iov_len);
+        mark(part.iov_base.cast::<u8>(), bytes);
+        left -= bytes;
+    }
+}
+
 /// A zeroed `virtio_net_hdr` with `num_buffers` = 1, spread over the chain's header pieces.
 fn write_header(chain: &RxChain) {
     let mut header = [0u8; NET_HDR_LEN];
@@ -371,5 +400,19 @@ impl QueueWorker for NetWorker {
 
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.backend.as_raw_fd())
+    }
+
+    /// Only the receive path writes guest memory: the frames and headers it delivers, and both
+    /// queues' used rings.
+    fn set_dirty_log(&mut self, log: Option<DirtyLog>) -> bool {
+        for queue in [&mut self.rx, &mut self.tx] {
+            let used = log.as_ref().and_then(|log| {
+                let (_, _, used) = queue.host_addresses();
+                Some((log.clone(), guest_address(&self.mem, used as *const u8)?))
+            });
+            queue.set_used_log(used);
+        }
+        self.dirty = log;
+        true
     }
 }

@@ -296,6 +296,7 @@ mod tests {
             disable_hlt_exits: false,
             disable_pause_exits: false,
             disks: Vec::new(),
+            nets: Vec::new(),
             testdev: false,
         }
     }

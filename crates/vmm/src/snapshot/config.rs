@@ -1,14 +1,15 @@
 //! What a VM was built from, in a snapshot: enough to build the same machine again (memory,
-//! vCPUs, disks by path or, for a null disk, by size; I/O mode). The kernel is not needed: it is
-//! in guest memory.
+//! vCPUs, disks by path or, for a null disk, by size; NICs by MAC address; I/O mode). The
+//! kernel is not needed: it is in guest memory.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use virtio::net::{mac_text, parse_mac};
 
 use super::SnapshotError;
-use crate::devices::virtio::{DiskBackend, DiskOptions, IoMode, MAX_VIRTIO_DEVICES};
+use crate::devices::virtio::{DiskBackend, DiskOptions, IoMode, NetConfig, MAX_VIRTIO_DEVICES};
 use crate::vm::{DisableExits, VmConfig};
 
 /// A disk in a snapshot, reopened from its path on restore.
@@ -35,6 +36,16 @@ pub struct SavedDisk {
     pub queues: u16,
 }
 
+/// A NIC on a tap in a snapshot. Frames in flight when the VM paused are lost, as on a wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedNet {
+    /// The MAC address the guest knows the NIC by, which the NIC named on restore must have.
+    pub mac: String,
+    /// The tap it was on, for the record: a restore or a migration's destination opens the tap
+    /// its operator names (`--net`), never this one.
+    pub tap: String,
+}
+
 /// A VM's configuration in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedConfig {
@@ -57,23 +68,26 @@ pub struct SavedConfig {
     pub disable_pause_exits: bool,
     /// The disks, in the order the guest sees them.
     pub disks: Vec<SavedDisk>,
+    /// The NICs on taps, in the order the guest sees them (after the disks).
+    #[serde(default)]
+    pub nets: Vec<SavedNet>,
     /// Whether the VM has the test device (`--probe` or `--testdev`).
     #[serde(default)]
     pub testdev: bool,
 }
 
 impl SavedConfig {
-    /// The configuration of a VM that can be snapshotted: file, RAM-file, RBD and null disks only
-    /// (no new RAM disk, vhost-user disk or network device); `sizes`: each disk's size in bytes,
-    /// by index.
+    /// The configuration of a VM that can be snapshotted: file, RAM-file, RBD and null disks and
+    /// NICs on taps (no new RAM disk, vhost-user disk or vhost-user NIC); `sizes`: each disk's
+    /// size in bytes, by index.
     pub fn of(config: &VmConfig, sizes: &[u64]) -> Result<SavedConfig, SnapshotError> {
         let unsupported =
             |what: &str| Err(SnapshotError::Unsupported(format!("{what} are not supported yet")));
         if !config.vhost_user_disks.is_empty() {
             return unsupported("vhost-user disks");
         }
-        if !config.nets.is_empty() || !config.vhost_user_nets.is_empty() {
-            return unsupported("network devices");
+        if !config.vhost_user_nets.is_empty() {
+            return unsupported("vhost-user NICs");
         }
         let disks = config
             .disks
@@ -136,6 +150,7 @@ impl SavedConfig {
             disable_hlt_exits: config.disable_exits.hlt,
             disable_pause_exits: config.disable_exits.pause,
             disks,
+            nets: config.nets.iter().map(|n| SavedNet { mac: mac_text(n.mac), tap: n.tap.clone() }).collect(),
             testdev: config.testdev,
         })
     }
@@ -146,8 +161,11 @@ impl SavedConfig {
         if self.vcpus == 0 || self.vcpus > crate::vm::MAX_VCPUS {
             return bad(format!("{} vCPUs", self.vcpus));
         }
-        if self.disks.len() > MAX_VIRTIO_DEVICES {
-            return bad(format!("{} disks", self.disks.len()));
+        if self.disks.len() + self.nets.len() > MAX_VIRTIO_DEVICES {
+            return bad(format!("{} disks and {} NICs", self.disks.len(), self.nets.len()));
+        }
+        if let Some(n) = self.nets.iter().find(|n| parse_mac(&n.mac).is_none()) {
+            return bad(format!("a NIC whose MAC address is {:?}", n.mac));
         }
         if IoMode::from_name(&self.io_mode).is_none() {
             return bad(format!("I/O mode {:?}", self.io_mode));
@@ -173,8 +191,9 @@ impl SavedConfig {
         Ok(())
     }
 
-    /// A base for [`SavedConfig::to_vm_config`] that names each saved disk as it was saved (its
-    /// recorded path, kind, size and read-only setting) and asks for the test device, so that
+    /// A base for [`SavedConfig::to_vm_config`] that names each saved disk and NIC as it was saved
+    /// (its recorded path, kind, size and read-only setting; its tap and MAC address) and asks
+    /// for the test device, so that
     /// every check of the configuration runs without an operator: for checking a snapshot or a
     /// stream on its own (`migration::wire::parse_stream`, the fuzz targets). Nothing it names
     /// is to be opened: a restore's disks are its operator's.
@@ -190,7 +209,16 @@ impl SavedConfig {
             .collect();
         let disk_options =
             self.disks.iter().map(|d| DiskOptions { serial: d.serial.clone(), queues: d.queues }).collect();
-        VmConfig { disks, disk_options, testdev: self.testdev, ..VmConfig::default() }
+        let nets = self
+            .nets
+            .iter()
+            .map(|n| NetConfig {
+                tap: n.tap.clone(),
+                netns: None,
+                mac: parse_mac(&n.mac).unwrap_or_default(),
+            })
+            .collect();
+        VmConfig { disks, disk_options, nets, testdev: self.testdev, ..VmConfig::default() }
     }
 
     /// The VM configuration to build again; `base` gives what is the new process's own (console,
@@ -200,10 +228,30 @@ impl SavedConfig {
     /// `Vm::check_disk_sizes`); the test device is there only if the operator asked for it.
     pub fn to_vm_config(&self, base: VmConfig) -> Result<VmConfig, SnapshotError> {
         self.check()?;
-        if !base.vhost_user_disks.is_empty() || !base.nets.is_empty() || !base.vhost_user_nets.is_empty() {
+        if !base.vhost_user_disks.is_empty() || !base.vhost_user_nets.is_empty() {
             return Err(SnapshotError::Unsupported(
-                "a restored or migrated VM takes local disks only: no vhost-user disk, no --net".into(),
+                "a restored or migrated VM takes local disks and NICs on taps only: no vhost-user disk or NIC".into(),
             ));
+        }
+        if base.nets.len() != self.nets.len() {
+            return Err(SnapshotError::NicsNotNamed {
+                saved: self.nets.len(),
+                named: base.nets.len(),
+                list: self.nets.iter().map(|n| n.mac.as_str()).collect::<Vec<_>>().join(", "),
+            });
+        }
+        for (index, (saved, named)) in self.nets.iter().zip(&base.nets).enumerate() {
+            if parse_mac(&saved.mac) != Some(named.mac) {
+                return Err(SnapshotError::Nic {
+                    index,
+                    reason: format!(
+                        "the guest knows it as {}, --net gives it {}: name it with mac={}",
+                        saved.mac,
+                        mac_text(named.mac),
+                        saved.mac
+                    ),
+                });
+            }
         }
         if base.disks.len() != self.disks.len() {
             return Err(SnapshotError::DisksNotNamed {
@@ -249,8 +297,6 @@ impl SavedConfig {
                 .iter()
                 .map(|d| DiskOptions { serial: d.serial.clone(), queues: d.queues })
                 .collect(),
-            vhost_user_disks: Vec::new(),
-            nets: Vec::new(),
             io_mode: IoMode::from_name(&self.io_mode).unwrap_or(IoMode::Eventfd),
             idle_budget: Duration::from_micros(self.idle_budget_us),
             ..base
@@ -360,5 +406,33 @@ mod tests {
         let other = VmConfig { disks: vec![rbd("vm2")], ..VmConfig::default() };
         let error = again.to_vm_config(other).unwrap_err().to_string();
         assert!(error.contains("rbd=POOL/IMAGE (the same image)"), "{error}");
+    }
+
+    #[test]
+    fn a_nic_is_saved_by_its_mac_and_restored_on_the_tap_its_operator_names() {
+        let nic = |tap: &str, mac: [u8; 6]| NetConfig { tap: tap.into(), netns: None, mac };
+        let mac = [0x52, 0x54, 0x00, 0xab, 0xcd, 0xef];
+        let config = VmConfig { nets: vec![nic("tap0", mac)], ..VmConfig::default() };
+        let saved = SavedConfig::of(&config, &[]).unwrap();
+        assert_eq!(saved.nets, [SavedNet { mac: "52:54:00:ab:cd:ef".into(), tap: "tap0".into() }]);
+        let text = serde_json::to_string(&saved).unwrap();
+        let again: SavedConfig = serde_json::from_str(&text).unwrap();
+        again.check().unwrap();
+        let elsewhere = VmConfig { nets: vec![nic("tap9", mac)], ..VmConfig::default() };
+        assert_eq!(again.to_vm_config(elsewhere).unwrap().nets, [nic("tap9", mac)]);
+
+        let error = again.to_vm_config(VmConfig::default()).unwrap_err().to_string();
+        assert!(error.contains("the VM has 1 NIC(s) (52:54:00:ab:cd:ef) and 0 were named"), "{error}");
+        let other = VmConfig { nets: vec![nic("tap9", [0x52, 0, 0, 0, 0, 1])], ..VmConfig::default() };
+        let error = again.to_vm_config(other).unwrap_err().to_string();
+        assert!(error.contains("name it with mac=52:54:00:ab:cd:ef"), "{error}");
+        let mut bad = again.clone();
+        bad.nets[0].mac = "52:54:00:ab:cd".into();
+        assert!(bad.check().unwrap_err().to_string().contains("a NIC whose MAC address"));
+        // A snapshot from before NICs were saved has no `nets`: it loads, with none.
+        let old: SavedConfig =
+            serde_json::from_str(&text.replace(r#","nets":[{"mac":"52:54:00:ab:cd:ef","tap":"tap0"}]"#, ""))
+                .unwrap();
+        assert!(old.nets.is_empty());
     }
 }

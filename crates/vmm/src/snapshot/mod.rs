@@ -84,6 +84,13 @@ pub enum SnapshotError {
     #[error("disk {index}: {reason}")]
     Disk { index: usize, reason: String },
     #[error(
+        "the VM has {saved} NIC(s) ({list}) and {named} were named with --net: name each of its NICs, \
+         in order, with --net tap=NAME (and its mac= if it had one); the taps are this host's"
+    )]
+    NicsNotNamed { saved: usize, named: usize, list: String },
+    #[error("NIC {index}: {reason}")]
+    Nic { index: usize, reason: String },
+    #[error(
         "{path} cannot hold a snapshot: {reason}; a snapshot directory is this user's, mode 0700, \
          and not a symbolic link (exitless makes it so when it creates it: name a new one)"
     )]
@@ -131,7 +138,8 @@ pub struct Snapshot {
     pub vm: VmState,
     /// Each vCPU's state, in index order (one per `config.vcpus`).
     pub vcpus: Vec<VcpuState>,
-    /// Each virtio device's state, in bus order (one per disk of `config.disks`).
+    /// Each virtio device's state, in bus order (one per disk of `config.disks`, then one per NIC
+    /// of `config.nets`).
     pub devices: Vec<DeviceState>,
 }
 
@@ -269,11 +277,12 @@ impl Snapshot {
         if let Some((i, v)) = snapshot.vcpus.iter().enumerate().find(|(i, v)| v.index as usize != *i) {
             return Err(corrupt(format!("vCPU state {i} is for vCPU {}", v.index)));
         }
-        if snapshot.devices.len() != snapshot.config.disks.len() {
+        let devices = snapshot.config.disks.len() + snapshot.config.nets.len();
+        if snapshot.devices.len() != devices {
             return Err(SnapshotError::Count {
                 what: "device states",
                 found: snapshot.devices.len(),
-                expected: snapshot.config.disks.len(),
+                expected: devices,
             });
         }
         Ok(snapshot)

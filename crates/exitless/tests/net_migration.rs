@@ -1,0 +1,242 @@
+//! Snapshot, restore and live migration of an exitless VM with a NIC on a tap. Two taps on one
+//! Linux bridge stand for the ports of two hosts: the VM leaves one and comes back on the other.
+//! - Live migration in the middle of the probe's UDP request-response with the host: the
+//!   destination's guest carries on through the other tap, no payload is wrong, and at most the
+//!   request in flight at the switch is lost (UDP's due).
+//! - A VM answering UDP (the probe's `udp-echo`) snapshotted, killed and restored on the other
+//!   tap: the restored NIC's RARP moves its address on the bridge, so the host's requests reach
+//!   it at once, though the guest sent nothing itself.
+
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use test_infra::api::http;
+use test_infra::background::Background;
+use test_infra::migration::{assert_report, send_migration_to};
+use test_infra::net::{ip, Netns};
+use test_infra::{json_lines, one_at_a_time};
+
+/// The guest's MAC address (exitless's default for the first device).
+const GUEST_MAC: &str = "52:54:00:45:58:00";
+
+/// A namespace with a bridge (10.0.0.1/24) joining taps `exlA` and `exlB`, and `exitless
+/// udp-echo` answering on port 7 there.
+struct Lab {
+    netns: Netns,
+    responder: Child,
+}
+
+impl Lab {
+    fn new() -> Lab {
+        let netns = Netns::create();
+        let n = netns.name.as_str();
+        ip(&["-n", n, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", n, "addr", "add", "10.0.0.1/24", "dev", "br0"]);
+        ip(&["-n", n, "link", "set", "br0", "up"]);
+        for tap in ["exlA", "exlB"] {
+            ip(&["-n", n, "tuntap", "add", "dev", tap, "mode", "tap"]);
+            ip(&["-n", n, "link", "set", tap, "master", "br0"]);
+            ip(&["-n", n, "link", "set", tap, "up"]);
+        }
+        let responder = netns
+            .command(env!("CARGO_BIN_EXE_exitless"))
+            .args(["udp-echo", "--bind", "10.0.0.1:7"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let lab = Lab { netns, responder };
+        lab.wait_until(|| lab.udp_table().contains(":0007 "), "the echo responder to bind");
+        lab
+    }
+
+    /// `--net` for the tap called `tap`.
+    fn net(&self, tap: &str) -> String {
+        format!("tap={tap},netns={}", self.netns.name)
+    }
+
+    fn udp_table(&self) -> String {
+        let out = self.netns.command("cat").arg("/proc/net/udp").output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Datagrams the namespace's UDP stack has taken in (`Udp: InDatagrams`).
+    fn datagrams_in(&self) -> u64 {
+        let out = self.netns.command("cat").arg("/proc/net/snmp").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
+        let (names, values) = (udp.next().unwrap(), udp.next().unwrap());
+        let at = names.split_whitespace().position(|n| n == "InDatagrams").unwrap();
+        values.split_whitespace().nth(at).unwrap().parse().unwrap()
+    }
+
+    /// Frames the tap handed to its VM (the tap's transmit count).
+    fn frames_to_vm(&self, tap: &str) -> u64 {
+        let path = format!("/sys/class/net/{tap}/statistics/tx_packets");
+        let out = self.netns.command("cat").arg(path).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// `exitless udp-rr` from the namespace to the guest's `udp-echo`, for `ms`, giving up after
+    /// `max_timeouts` unanswered requests.
+    fn ask_guest(&self, ms: u32, max_timeouts: u32) -> Output {
+        self.netns
+            .command(env!("CARGO_BIN_EXE_exitless"))
+            .args(["udp-rr", "--to", "10.0.0.2:7", "--duration-ms", &ms.to_string()])
+            .args(["--timeout-ms", "500", "--max-timeouts", &max_timeouts.to_string()])
+            .output()
+            .unwrap()
+    }
+
+    fn wait_until(&self, done: impl Fn() -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "waited 30 s for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.responder.kill();
+        let _ = self.responder.wait();
+    }
+}
+
+/// The one line of `text` (a process's standard output) with `"probe": probe`.
+fn probe_result(text: &str, probe: &str) -> serde_json::Value {
+    let output = Output { status: Default::default(), stdout: text.as_bytes().to_vec(), stderr: Vec::new() };
+    json_lines(&output)
+        .into_iter()
+        .find(|l| l["probe"] == probe)
+        .unwrap_or_else(|| panic!("no {probe} line: {text}"))
+}
+
+#[test]
+fn a_vm_migrated_mid_request_response_carries_on_through_the_destinations_tap() {
+    let _one = one_at_a_time();
+    let lab = Lab::new();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("destination.mig");
+    let url = format!("unix:{}", socket.display());
+    let (net_a, net_b) = (lab.net("exlA"), lab.net("exlB"));
+    let dst_args = ["run", "--receive-migration", &url, "--testdev", "--net", &net_b, "--timeout", "170"];
+    let destination = Background::start(dir.path(), "destination", &dst_args, &socket);
+    let api = dir.path().join("source.api");
+    // Four seconds of guest time: the migration starts a few hundred transactions in and takes
+    // well under a second for 64 MiB.
+    let src_args = [
+        "run",
+        "--probe",
+        "--mem",
+        "64M",
+        "--net",
+        &net_a,
+        "--io-mode",
+        "exitless",
+        "--cmdline",
+        "probe.workload=udp-rr probe.duration_ms=4000 probe.timeout_ms=500 probe.max_timeouts=3",
+        "--api-socket",
+        api.to_str().unwrap(),
+        "--timeout",
+        "170",
+    ];
+    let source = Background::start(dir.path(), "source", &src_args, &api);
+    let before = lab.datagrams_in();
+    lab.wait_until(|| lab.datagrams_in() > before + 500, "the guest's requests");
+
+    let (status, body) = send_migration_to(&api, &url);
+    assert_eq!(status, 200, "the migration: {body}");
+    // The receive rings are filled through the host mapping: only the device's log sees them.
+    let report = assert_report("a VM with a NIC", &body);
+    let (code, _, source_err) = source.wait();
+    assert_eq!(code, Some(0), "the source, once migrated: {source_err}");
+
+    let (code, stdout, stderr) = destination.wait();
+    assert_eq!(code, Some(0), "the destination's guest: {stdout}\n{stderr}");
+    let result = probe_result(&stdout, "udp-rr");
+    assert_eq!(result["mismatches"], 0, "{result}");
+    let timeouts = result["timeouts"].as_u64().unwrap();
+    assert!(timeouts <= 1, "more requests lost than the one in flight at the switch: {result}");
+    assert!(result["ops"].as_u64().unwrap() > 1000, "{result}");
+    assert!(lab.frames_to_vm("exlB") > 100, "the destination's tap carried no echoes: {result}");
+    println!(
+        "migrated mid udp-rr: downtime {} ms, {} transactions, {timeouts} timed out",
+        report["downtime_ms"], result["ops"]
+    );
+}
+
+#[test]
+fn a_restored_nic_announces_itself_so_the_bridge_sends_its_frames_to_the_new_tap() {
+    let _one = one_at_a_time();
+    let lab = Lab::new();
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("vm.api");
+    let net_a = lab.net("exlA");
+    let args = [
+        "run",
+        "--probe",
+        "--mem",
+        "64M",
+        "--net",
+        &net_a,
+        "--io-mode",
+        "eventfd",
+        "--cmdline",
+        "probe.workload=udp-echo probe.duration_ms=120000",
+        "--api-socket",
+        api.to_str().unwrap(),
+        "--timeout",
+        "170",
+    ];
+    let vm = Background::start(dir.path(), "vm", &args, &api);
+    let asked = lab.ask_guest(200, 10);
+    assert!(
+        asked.status.success(),
+        "the guest before the snapshot: {}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    let snap = dir.path().join("snap");
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204, "pause");
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
+    let (status, answer) = http(&api, "PUT", "/api/v1/vm.snapshot", Some(&body));
+    assert_eq!(status, 204, "snapshot: {answer}");
+    vm.kill();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap.join("state.json")).unwrap()).unwrap();
+    assert_eq!(state["config"]["nets"][0]["mac"], GUEST_MAC, "{}", state["config"]);
+
+    let source = format!("source_url=file://{}", snap.display());
+    let refused = |net_args: &[&str], expect: &str| {
+        let out = test_infra::exitless(&[&["run", "--restore", &source, "--testdev"], net_args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "restored: {stderr}");
+        assert!(stderr.contains(expect) && stderr.trim_end().lines().count() == 1, "{stderr}");
+    };
+    refused(&[], "the VM has 1 NIC(s) (52:54:00:45:58:00) and 0 were named with --net");
+    let other_mac = format!("{},mac=52:54:00:00:00:01", lab.net("exlB"));
+    refused(&["--net", &other_mac], "NIC 0: the guest knows it as 52:54:00:45:58:00");
+
+    // The restored guest sends nothing until asked; the bridge learned its address on exlA.
+    let restored_api = dir.path().join("restored.api");
+    let net_b = lab.net("exlB");
+    let args = ["run", "--restore", &source, "--testdev", "--net", &net_b, "--api-socket"];
+    let restored = Background::start(
+        dir.path(),
+        "restored",
+        &[&args[..], &[restored_api.to_str().unwrap()]].concat(),
+        &restored_api,
+    );
+    // Without the announcement every request would go to exlA, where nobody reads, until the
+    // bridge forgot the address (300 s); a request lost before the bridge took it in is retried.
+    let asked = lab.ask_guest(200, 1);
+    assert!(
+        asked.status.success(),
+        "the restored guest did not answer: {}{}",
+        String::from_utf8_lossy(&asked.stdout),
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    assert!(lab.frames_to_vm("exlB") > 0);
+    restored.kill();
+}
