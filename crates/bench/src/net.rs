@@ -4,6 +4,7 @@
 //! is the same program (`exitless udp-echo`) in every case.
 
 mod fairness;
+mod frame_rate;
 mod qemu;
 mod switch;
 mod vm_to_vm;
@@ -165,6 +166,8 @@ struct Row {
     jain_fairness: Option<f64>,
     /// The VMs' common measured time over their mean measured time.
     window_overlap: Option<f64>,
+    /// Millions of frames a second (the frame-rate row; `size` is then the frame's bytes).
+    mpps: Option<f64>,
     note: Option<String>,
 }
 
@@ -206,6 +209,7 @@ impl Row {
             per_vm_transactions_per_s: Vec::new(),
             jain_fairness: None,
             window_overlap: None,
+            mpps: None,
             note: None,
         }
     }
@@ -298,6 +302,8 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
         ));
         guests.push(fairness::row(&lab, args, tsc_khz, vms));
     }
+    progress(format_args!("{}: 64 B frames, as many as one IOCore moves", frame_rate::ROW_NAME));
+    guests.push(frame_rate::row(args));
     let mut peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
     if let Some(qemu) = &qemu {
         peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz));
@@ -319,7 +325,8 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
         }
     }
     for mut row in guests.into_iter().chain(peers) {
-        if let Some(host) = bare_metal.as_ref().filter(|_| row.vms.is_none()) {
+        // Not the many-VM row (a sum over VMs) nor the frame-rate row (frames, not transactions).
+        if let Some(host) = bare_metal.as_ref().filter(|_| row.vms.is_none() && row.workload == "udp-rr") {
             // Ratios are against the better of the two bare-metal clients (lower p50).
             row.bare_metal_transactions_per_s = host.transactions_per_s;
             row.ratio_to_bare_metal = row.transactions_per_s.zip(host.transactions_per_s).map(|(g, h)| g / h);
@@ -338,7 +345,8 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
              {UPLINK_GUEST_IP} -> the daemon's switch -> uplink veth -> {SERVER_UPLINK_IP}:{PORT}; VM to VM: \
              client 10.96.0.2 -> the daemon's switch, or tap, bridge, tap -> guest `udp-echo` 10.96.0.1:{PORT}; bare metal \
              {CLIENT_VETH_IP} -> veth -> {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own \
-             network namespace"
+             network namespace; 64 B frames: one NIC's transmit ring -> the switch on one IOCore -> another \
+             NIC's receive ring, in this process"
         ),
         qemu: qemu.as_ref().map(|q| q.version().to_string()),
         bare_metal: BARE_METAL.into(),
@@ -355,6 +363,7 @@ fn plot(dir: &std::path::Path, rows: &[Row], size: u64) -> Result<std::path::Pat
         rows.iter().filter(|r| r.vmm == "qemu").filter_map(|r| r.transactions_per_s).reduce(f64::max);
     let bars: Vec<Bar> = rows
         .iter()
+        .filter(|r| r.workload == "udp-rr")
         .map(|r| Bar {
             label: match r.vmm {
                 // Their mode names say what they are.

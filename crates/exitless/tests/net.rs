@@ -292,6 +292,20 @@ fn bench_net_measures_qemu_on_the_same_tap() {
         many["ratio_to_qemu"].is_null() && many["ratio_to_bare_metal"].is_null(),
         "a sum of 8 VMs: {many}"
     );
+    // 64-byte frames from one NIC's ring to another's through one IOCore: frames counted, their
+    // rate in Mpps, no transaction rate and so no ratio.
+    let frames = row(
+        "64 B frames NIC to NIC through one exitless vhost-user-net IOCore (sidecore), guests' rings driven by \
+         a host thread",
+    );
+    assert_eq!(
+        (frames["path"].as_str(), frames["size"].as_u64()),
+        (Some("nic-to-nic"), Some(60)),
+        "{frames}"
+    );
+    let (count, mpps) = (frames["transactions"].as_u64().unwrap(), frames["mpps"].as_f64().unwrap());
+    assert!(count > 0 && mpps > 0.0, "no frame moved: {frames}");
+    assert!(frames["transactions_per_s"].is_null() && frames["ratio_to_qemu"].is_null(), "{frames}");
     for r in rows.iter().filter(|r| r["vmm"] != "exitless" && r["vmm"] != "qemu+exitless") {
         assert!(r["ratio_to_qemu"].is_null(), "x QEMU is for exitless's rows: {r}");
     }
