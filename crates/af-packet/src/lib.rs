@@ -29,13 +29,26 @@ use vm_memory::{Bytes, VolatileSlice};
 
 use mapping::Mapping;
 
-/// Bytes of one ring slot: its `tpacket2_hdr`, the virtio-net header and a jumbo frame (9000
+/// Bytes of one receive slot: its `tpacket2_hdr`, the virtio-net header and a segmentation-
+/// offload super-frame of up to 64 KiB with its Ethernet header and a VLAN tag.
+const RX_SLOT_SIZE: usize = 72 << 10;
+/// Bytes of one receive ring block, which holds 7 slots: the kernel allocates blocks in powers
+/// of two of pages, and slots never straddle blocks.
+const RX_BLOCK_SIZE: usize = 512 << 10;
+const RX_SLOTS_PER_BLOCK: usize = RX_BLOCK_SIZE / RX_SLOT_SIZE;
+/// Blocks in the receive ring (18.5 MiB).
+const RX_BLOCKS: usize = 37;
+/// Slots in the receive ring: at least as many as the transmit ring has, so that a burst one
+/// uplink sends another takes in whole.
+pub const RX_SLOTS: usize = RX_BLOCKS * RX_SLOTS_PER_BLOCK;
+const _: () = assert!(RX_SLOTS >= TX_SLOTS && RX_SLOT_SIZE.is_multiple_of(16));
+/// Bytes of one transmit slot: its `tpacket2_hdr`, the virtio-net header and a jumbo frame (9000
 /// bytes of payload, an Ethernet header and a VLAN tag), rounded up to a power of two.
-const SLOT_SIZE: usize = 16 << 10;
-/// Bytes of one ring block; slots never straddle blocks.
-const BLOCK_SIZE: usize = 1 << 16;
-/// Slots in each ring (4 MiB each).
-pub const RING_SLOTS: usize = 256;
+const TX_SLOT_SIZE: usize = 16 << 10;
+/// Bytes of one transmit ring block; slots never straddle blocks.
+const TX_BLOCK_SIZE: usize = 1 << 16;
+/// Slots in the transmit ring (4 MiB).
+pub const TX_SLOTS: usize = 256;
 /// Every protocol, as the kernel's `ETH_P_ALL`.
 const ETH_P_ALL: u16 = 0x0003;
 /// The virtio-net header before every frame (`struct virtio_net_hdr`, without `num_buffers`).
@@ -44,7 +57,7 @@ pub const VNET_HDR_LEN: usize = 10;
 /// `sockaddr_ll` it counts in).
 const TX_DATA: usize = libc::TPACKET2_HDRLEN - size_of::<libc::sockaddr_ll>();
 /// The longest frame one transmit slot holds.
-pub const MAX_TX_FRAME: usize = SLOT_SIZE - TX_DATA - VNET_HDR_LEN;
+pub const MAX_TX_FRAME: usize = TX_SLOT_SIZE - TX_DATA - VNET_HDR_LEN;
 /// `virtio_net_hdr.flags`: the checksum from `csum_start` on is not filled in.
 const VNET_NEEDS_CSUM: u8 = 1;
 
@@ -99,6 +112,9 @@ pub struct Received<'a> {
     pub truncated: bool,
     /// Its offloads.
     pub offload: Offload,
+    /// The virtio-net header as the kernel wrote it (`struct virtio_net_hdr`): for a
+    /// super-frame, how to cut it.
+    pub vnet_header: [u8; VNET_HDR_LEN],
 }
 
 impl Received<'_> {
@@ -172,16 +188,23 @@ impl PacketRing {
             .map_err(fail("set PACKET_IGNORE_OUTGOING on"))?;
         // Frames go straight to the driver, as a switch's would, not through the host's qdisc.
         set_option(&socket, libc::PACKET_QDISC_BYPASS, &1i32).map_err(fail("set PACKET_QDISC_BYPASS on"))?;
-        let ring = libc::tpacket_req {
-            tp_block_size: small(BLOCK_SIZE),
-            tp_block_nr: small(RING_SLOTS * SLOT_SIZE / BLOCK_SIZE),
-            tp_frame_size: small(SLOT_SIZE),
-            tp_frame_nr: small(RING_SLOTS),
+        let rx_ring = libc::tpacket_req {
+            tp_block_size: small(RX_BLOCK_SIZE),
+            tp_block_nr: small(RX_BLOCKS),
+            tp_frame_size: small(RX_SLOT_SIZE),
+            tp_frame_nr: small(RX_SLOTS),
+        };
+        let tx_ring = libc::tpacket_req {
+            tp_block_size: small(TX_BLOCK_SIZE),
+            tp_block_nr: small(TX_SLOTS * TX_SLOT_SIZE / TX_BLOCK_SIZE),
+            tp_frame_size: small(TX_SLOT_SIZE),
+            tp_frame_nr: small(TX_SLOTS),
         };
         let index = i32::try_from(index).map_err(|_| PacketError::NoInterface(interface.into()))?;
-        set_option(&socket, libc::PACKET_RX_RING, &ring).map_err(fail("make the receive ring of"))?;
-        set_option(&socket, libc::PACKET_TX_RING, &ring).map_err(fail("make the transmit ring of"))?;
-        let rings = Mapping::of(&socket, 2 * RING_SLOTS * SLOT_SIZE).map_err(fail("map the rings of"))?;
+        set_option(&socket, libc::PACKET_RX_RING, &rx_ring).map_err(fail("make the receive ring of"))?;
+        set_option(&socket, libc::PACKET_TX_RING, &tx_ring).map_err(fail("make the transmit ring of"))?;
+        let rings = Mapping::of(&socket, RX_BLOCKS * RX_BLOCK_SIZE + TX_SLOTS * TX_SLOT_SIZE)
+            .map_err(fail("map the rings of"))?;
         let address = libc::sockaddr_ll {
             sll_family: small(libc::AF_PACKET),
             sll_protocol: all_protocols,
@@ -233,12 +256,17 @@ impl PacketRing {
         self.mtu
     }
 
-    /// Slot `index` (below [`RING_SLOTS`]) of the receive ring (`false`) or the transmit ring
-    /// (`true`).
+    /// Slot `index` of the receive ring (`false`, below [`RX_SLOTS`]) or the transmit ring
+    /// (`true`, below [`TX_SLOTS`]), which follows it in the mapping.
     fn slot(&self, tx: bool, index: usize) -> Slot<'_> {
-        assert!(index < RING_SLOTS, "slot {index} of a {RING_SLOTS}-slot ring");
-        let ring = if tx { RING_SLOTS * SLOT_SIZE } else { 0 };
-        Slot { start: self.rings.at(ring + index * SLOT_SIZE), _ring: std::marker::PhantomData }
+        let (slots, size) = if tx { (TX_SLOTS, TX_SLOT_SIZE) } else { (RX_SLOTS, RX_SLOT_SIZE) };
+        assert!(index < slots, "slot {index} of a {slots}-slot ring");
+        let offset = match tx {
+            false => index / RX_SLOTS_PER_BLOCK * RX_BLOCK_SIZE + index % RX_SLOTS_PER_BLOCK * RX_SLOT_SIZE,
+            // Transmit blocks hold whole slots back to back.
+            true => RX_BLOCKS * RX_BLOCK_SIZE + index * TX_SLOT_SIZE,
+        };
+        Slot { start: self.rings.at(offset), size, _ring: std::marker::PhantomData }
     }
 
     /// Is a received frame waiting?
@@ -266,7 +294,7 @@ impl PacketRing {
         };
         // The kernel lays the frame out inside the slot, its virtio-net header just before it;
         // checked all the same, so a bad value cannot send us out of the ring.
-        if mac >= VNET_HDR_LEN + 32 && mac.saturating_add(captured) <= SLOT_SIZE {
+        if mac >= VNET_HDR_LEN + 32 && mac.saturating_add(captured) <= slot.size {
             let mut header = [0u8; VNET_HDR_LEN];
             for (i, byte) in header.iter_mut().enumerate() {
                 *byte = slot.read(mac - VNET_HDR_LEN + i);
@@ -287,10 +315,11 @@ impl PacketRing {
                     csum_start: u16::from_le_bytes([header[6], header[7]]),
                     csum_offset: u16::from_le_bytes([header[8], header[9]]),
                 },
+                vnet_header: header,
             });
         }
         slot.status().store(libc::TP_STATUS_KERNEL, Ordering::Release);
-        self.rx_next = (self.rx_next + 1) % RING_SLOTS;
+        self.rx_next = (self.rx_next + 1) % RX_SLOTS;
         true
     }
 
@@ -319,7 +348,7 @@ impl PacketRing {
         header.write_slice(&[0; VNET_HDR_LEN], 0).expect("the header fits its slot");
         slot.write::<u32>(4, small(VNET_HDR_LEN + len));
         slot.status().store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
-        self.tx_next = (self.tx_next + 1) % RING_SLOTS;
+        self.tx_next = (self.tx_next + 1) % TX_SLOTS;
         self.tx_queued = true;
         true
     }
@@ -352,9 +381,10 @@ fn small<T: TryFrom<U>, U: Copy + std::fmt::Debug>(value: U) -> T {
 
 /// One slot of a ring, borrowed from the [`PacketRing`] that maps it: its `tpacket2_hdr`
 /// first, then the frame. Made only by `PacketRing::slot`, so `start` is a slot's start in the
-/// live mapping: page-aligned rings, slots `SLOT_SIZE` bytes apart.
+/// live mapping (page-aligned rings, slots their ring's slot size apart) and `size` its length.
 struct Slot<'a> {
     start: *mut u8,
+    size: usize,
     _ring: std::marker::PhantomData<&'a PacketRing>,
 }
 
@@ -367,13 +397,13 @@ impl Slot<'_> {
     }
 
     /// Does the slot hold an aligned `T` at byte `offset`?
-    fn holds<T>(offset: usize) -> bool {
-        offset.is_multiple_of(std::mem::align_of::<T>()) && offset + size_of::<T>() <= SLOT_SIZE
+    fn holds<T>(&self, offset: usize) -> bool {
+        offset.is_multiple_of(std::mem::align_of::<T>()) && offset + size_of::<T>() <= self.size
     }
 
     /// The `T` at byte `offset` of the slot (a header field, or a byte of the frame).
     fn read<T: Copy>(&self, offset: usize) -> T {
-        assert!(Self::holds::<T>(offset), "a {}-byte read at {offset} of a slot", size_of::<T>());
+        assert!(self.holds::<T>(offset), "a {}-byte read at {offset} of a slot", size_of::<T>());
         // SAFETY: in the slot and aligned (checked above; the slot is in the live mapping, see
         // the type). The kernel wrote it before it published the status word we loaded.
         unsafe { self.start.add(offset).cast::<T>().read_volatile() }
@@ -381,7 +411,7 @@ impl Slot<'_> {
 
     /// Write `value` at byte `offset` of the slot, which is ours (a free transmit slot).
     fn write<T: Copy>(&self, offset: usize, value: T) {
-        assert!(Self::holds::<T>(offset), "a {}-byte write at {offset} of a slot", size_of::<T>());
+        assert!(self.holds::<T>(offset), "a {}-byte write at {offset} of a slot", size_of::<T>());
         // SAFETY: in the slot and aligned (checked above); the kernel reads it only after the
         // status word says so.
         unsafe { self.start.add(offset).cast::<T>().write_volatile(value) }

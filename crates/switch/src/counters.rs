@@ -101,11 +101,14 @@ counters! {
     SharedUplinkCounters {
         /// Frames from the host switched to NICs.
         rx_frames,
-        /// Frames from the host longer than the switch takes (a segmentation-offload
-        /// super-frame or a jumbo frame: turn those off on the interface): dropped.
+        /// Of those, TCP super-frames (the host's TSO or GSO): passed on whole to NICs that
+        /// take them, cut into segments for the others.
+        rx_super_frames,
+        /// Frames from the host longer than the switch takes (a frame longer than a jumbo
+        /// frame, a super-frame longer than 64 KiB): dropped.
         rx_too_big,
-        /// Frames from the host shorter than an Ethernet header, or with a checksum to fill in
-        /// outside them: dropped.
+        /// Frames from the host shorter than an Ethernet header, with a checksum to fill in
+        /// outside them, or super-frames the switch does not cut (not TCP, or ECN): dropped.
         rx_malformed,
         /// Frames from the host sent from a NIC's own address: dropped.
         rx_spoofed,

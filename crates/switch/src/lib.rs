@@ -31,6 +31,7 @@ mod counters;
 mod delivery;
 pub mod ethernet;
 mod handoff;
+mod host;
 pub mod mac_table;
 pub mod offload;
 pub mod port;

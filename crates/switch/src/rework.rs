@@ -3,13 +3,10 @@
 //! have. The frame is copied once into a buffer the switch allocated when it was made, however
 //! many receivers need it changed.
 
-use af_packet::checksum;
-use vm_memory::GuestMemoryMmap;
-
-use crate::chain::Chain;
-use crate::offload::{NetHeader, NET_HDR_LEN};
+use crate::offload::NetHeader;
 use crate::segment;
 use crate::switch::{MAX_JUMBO_FRAME_LEN, MAX_SUPER_FRAME_LEN};
+use af_packet::checksum;
 
 /// The switch's buffers for frames it changes.
 pub(crate) struct Rework {
@@ -38,14 +35,13 @@ impl Rework {
         self.loaded = None;
     }
 
-    /// Hand the frame being switched, `len` bytes after `header` in `chain` (in `mem`), to
-    /// `each` as frames that need no offload: the frame with its checksum filled in, or a
-    /// super-frame's segments (until `each` says it takes no more). `false`, with nothing
-    /// handed over, if the frame is not what its header says.
+    /// Hand the frame being switched, `len` bytes that `load` copies into the buffer it is
+    /// given (`false`: it could not), to `each` as frames that need no offload: the frame with
+    /// its checksum filled in, or a super-frame's segments (until `each` says it takes no
+    /// more). `false`, with nothing handed over, if the frame is not what `header` says.
     pub(crate) fn frames(
         &mut self,
-        chain: &Chain,
-        mem: &GuestMemoryMmap,
+        load: impl FnOnce(&mut [u8]) -> bool,
         header: NetHeader,
         len: usize,
         mut each: impl FnMut(&[u8]) -> bool,
@@ -57,8 +53,7 @@ impl Rework {
                 (None, Some((start, offset))) => checksum::finish_bytes(frame, start.into(), offset.into()),
                 _ => true,
             };
-            self.loaded =
-                Some(len == frame.len() && chain.read(mem, NET_HDR_LEN, frame) && checksummed(frame));
+            self.loaded = Some(len == frame.len() && load(frame) && checksummed(frame));
         }
         if self.loaded != Some(true) {
             return false;

@@ -17,7 +17,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use af_packet::{checksum, Fill, PacketRing, Received};
+use af_packet::{checksum, Fill, PacketRing};
 use virtqueue::QueueWorker;
 use vm_memory::{Bytes, VolatileSlice};
 
@@ -27,6 +27,7 @@ use crate::counters::{PortCounters, SharedUplinkCounters, UplinkCounters};
 use crate::delivery::{deliver, Frame};
 use crate::ethernet::{flow_of, Addresses, MacAddr, FLOW_BYTES};
 use crate::handoff::{Record, FLOOD};
+use crate::host::{from_host, Destinations};
 use crate::mac_table::MacTable;
 use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::port::Port;
@@ -314,7 +315,8 @@ impl Switch {
             }
             false => deliver(receiver, Frame::Bytes(frame), frame.len(), plain, flow),
         };
-        let counter = match self.rework.frames(&self.frame, mem, header, frame_len, each) {
+        let load = |into: &mut [u8]| self.frame.read(mem, NET_HDR_LEN, into);
+        let counter = match self.rework.frames(load, header, frame_len, each) {
             false => &mut sender.counters.tx_bad_offload,
             true if header.segmentation.is_some() => &mut sender.counters.tx_segmented,
             true => &mut sender.counters.tx_checksummed,
@@ -337,7 +339,8 @@ impl Switch {
                     true
                 })
             };
-            let counter = match self.rework.frames(frame, mem, header, frame_len, each) {
+            let load = |into: &mut [u8]| frame.read(mem, NET_HDR_LEN, into);
+            let counter = match self.rework.frames(load, header, frame_len, each) {
                 true => &mut sender.counters.tx_segmented,
                 false => &mut sender.counters.tx_bad_offload,
             };
@@ -408,7 +411,8 @@ impl Switch {
         if header.checksum.is_none() && header.segmentation.is_none() {
             each(None);
         } else {
-            let counter = match self.rework.frames(frame, mem, header, frame_len, |bytes| each(Some(bytes))) {
+            let load = |into: &mut [u8]| frame.read(mem, NET_HDR_LEN, into);
+            let counter = match self.rework.frames(load, header, frame_len, |bytes| each(Some(bytes))) {
                 false => &mut sender.counters.tx_bad_offload,
                 true if header.segmentation.is_some() => &mut sender.counters.tx_segmented,
                 true => &mut sender.counters.tx_checksummed,
@@ -422,10 +426,16 @@ impl Switch {
     /// Switch up to [`TX_BATCH`] frames the host sent on the uplink; how many.
     fn receive_from_uplink(&mut self) -> usize {
         let Some(Uplink { ring, counters, .. }) = self.uplink.as_mut() else { return 0 };
-        let mut to = Destinations { index: self.index, control: &self.control, ports: &mut self.ports };
-        let (links, handed_to) = (&mut self.links, &mut self.handed_to);
+        let mut to = Destinations {
+            index: self.index,
+            control: &self.control,
+            ports: &mut self.ports,
+            links: &mut self.links,
+            handed_to: &mut self.handed_to,
+            rework: &mut self.rework,
+        };
         let mut taken = 0;
-        while taken < TX_BATCH && ring.receive(|got| from_host(got, counters, &mut to, links, handed_to)) {
+        while taken < TX_BATCH && ring.receive(|got| from_host(got, counters, &mut to)) {
             taken += 1;
         }
         taken
@@ -451,10 +461,12 @@ impl Drop for Switch {
     fn drop(&mut self) {
         if let Some(Uplink { ring, counters: c, .. }) = &self.uplink {
             log::info!(
-                "uplink {}: {} frames from the host switched, {} sent to it; dropped: {} too long, \
-                 {} malformed, {} spoofed, {} with its transmit ring full, {} too long for it; {} failed flushes",
+                "uplink {}: {} frames from the host switched ({} super-frames), {} sent to it; dropped: {} \
+                 too long, {} malformed, {} spoofed, {} with its transmit ring full, {} too long for it; {} \
+                 failed flushes",
                 ring.interface(),
                 c.rx_frames,
+                c.rx_super_frames,
                 c.tx_frames,
                 c.rx_too_big,
                 c.rx_malformed,
@@ -467,81 +479,10 @@ impl Drop for Switch {
     }
 }
 
-/// Where a switch delivers: its own ports, and the switches that serve the others.
-struct Destinations<'a> {
-    index: usize,
-    control: &'a SwitchControl,
-    ports: &'a mut [Option<Box<Port>>],
-}
-
-/// Switch frame `got` from the host to the NICs it is for: this switch's straight away, the
-/// others' through their switches' rings.
-fn from_host(
-    got: &Received<'_>,
-    counters: &mut UplinkCounters,
-    to: &mut Destinations<'_>,
-    links: &mut Links,
-    handed_to: &mut [bool],
-) {
-    let frame_len = got.frame.len() + got.vlan_tag.map_or(0, |tag| tag.len());
-    if got.truncated || got.offload.segmented || frame_len > MAX_JUMBO_FRAME_LEN {
-        counters.rx_too_big += 1;
-        return;
-    }
-    let mut start = [0u8; FLOW_BYTES];
-    let start = &mut start[..got.frame.len().min(FLOW_BYTES)];
-    if got.frame.len() < MIN_FRAME_LEN
-        || got.frame.read_slice(start, 0).is_err()
-        || (got.offload.needs_checksum && !got.finish_checksum())
-    {
-        counters.rx_malformed += 1;
-        return;
-    }
-    let Some(Addresses { destination, source }) = Addresses::parse(start) else { return };
-    // Without the VLAN tag the interface took off: the flow of every frame of a VLAN alike.
-    let flow = flow_of(start);
-    if !to.control.table.learn(source, UPLINK) {
-        counters.rx_spoofed += 1;
-        return;
-    }
-    counters.rx_frames += 1;
-    let mut tag = got.vlan_tag;
-    let Some(frame) = Frame::from_host(got.frame, tag.as_mut()) else { return };
-    let record = |to| Record { to, from: UPLINK, isolated: false, flow };
-    let switches = handed_to.len();
-    let mut hand_off = |home: usize, record: Record| {
-        if let Some(link) = links.to.get_mut(home).and_then(Option::as_mut) {
-            handed_to[home] |= link.push(record, frame_len, |into| frame.copy_to(into));
-        }
-    };
-    match destination_of(&to.control.table, destination) {
-        // A frame between two of the host's own addresses is not ours to deliver.
-        Some(UPLINK) => {}
-        Some(id) => match to.ports.get_mut(id).and_then(|port| port.as_deref_mut()) {
-            Some(port) => {
-                deliver_plain(port, frame, frame_len, flow);
-            }
-            None => {
-                if let Some(home) = to.control.home_of(id).filter(|&home| home != to.index) {
-                    hand_off(home, record(id));
-                }
-            }
-        },
-        None => {
-            for port in to.ports.iter_mut().flatten() {
-                deliver_plain(port, frame, frame_len, flow);
-            }
-            for home in (0..switches).filter(|&home| home != to.index && to.control.has_ports(home)) {
-                hand_off(home, record(FLOOD));
-            }
-        }
-    }
-}
-
 /// Deliver a frame with no offload (from the host, or another switch) to `port`, unless it is
 /// longer than the port's MTU takes (a jumbo frame for a port without them), as a Linux bridge
 /// drops it.
-fn deliver_plain(port: &mut Port, frame: Frame<'_>, frame_len: usize, flow: u32) {
+pub(crate) fn deliver_plain(port: &mut Port, frame: Frame<'_>, frame_len: usize, flow: u32) {
     match frame_len > port.max_frame_len {
         true => port.counters.rx_too_big += 1,
         false => {
@@ -630,7 +571,7 @@ fn is_tagged(frame: &VolatileSlice<'_>) -> bool {
 }
 
 /// The one port a frame to `mac` goes to; `None`: everywhere (a group address, or one not seen).
-fn destination_of(table: &MacTable, mac: MacAddr) -> Option<usize> {
+pub(crate) fn destination_of(table: &MacTable, mac: MacAddr) -> Option<usize> {
     match mac.is_group() {
         true => None,
         false => table.lookup(mac),

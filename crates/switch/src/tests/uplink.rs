@@ -279,3 +279,79 @@ fn an_isolated_nic_talks_to_the_host_only() {
     host.send([0; 10], &answer);
     assert_eq!(poll_until_received(&mut rig, 0), vec![answer]);
 }
+
+/// The host's TCP super-frames (its stack's TSO or GSO, longer than any frame on the wire)
+/// reach a NIC whose driver takes super-frames whole, with their header, and one whose driver
+/// does not cut into segments that verify. One the switch cannot cut (ECN) is dropped and
+/// counted, and the next frame goes on.
+#[test]
+fn the_hosts_super_frames_arrive_whole_or_cut_into_segments() {
+    hosts_super_frames(1);
+}
+
+/// The same with two IOCores: the NIC that takes no super-frame is on the other one, and gets
+/// the segments through the ring between the two switches.
+#[test]
+fn the_hosts_super_frames_cross_to_another_iocore_as_segments() {
+    hosts_super_frames(2);
+}
+
+fn hosts_super_frames(switches: usize) {
+    use crate::offload::{Segmentation, OFFERED};
+    use crate::segment::tests::{super_frame, tcp_checksum_verifies};
+
+    let veth = Veth::create();
+    let ports = [Offloads::from_features(OFFERED), Offloads::default()].map(|o| (PortPolicy::default(), o));
+    let mut rig = rig_on(switches, ports.into_iter(), Some(PacketRing::open(&veth.ours).unwrap()));
+    assert_eq!(rig.control.home_of(rig.guests[1].port), Some(switches - 1));
+    let host = Host::on(&veth.peer);
+    for head in 0..SIZE {
+        rig.guests[0].post_rx(head, &[4096]);
+        rig.guests[1].post_rx(head, &[2048]);
+    }
+    // 14,000 bytes of TCP payload in segments of 1,400 (a 14,054-byte frame, beyond a jumbo
+    // frame), to everyone.
+    let payload: Vec<u8> = (0..14_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut frame = super_frame(false, &payload);
+    frame[..6].copy_from_slice(&MacAddr::BROADCAST.0);
+    frame[6..12].copy_from_slice(&HOST.0);
+    let tso = NetHeader { checksum: Some((34, 16)), segmentation: Some(Segmentation::Tcp4 { mss: 1400 }) };
+    let vnet = |gso_type: u8| {
+        let mut vnet = [0u8; af_packet::VNET_HDR_LEN];
+        vnet.copy_from_slice(&tso.to_bytes(0)[..af_packet::VNET_HDR_LEN]);
+        vnet[1] = gso_type;
+        vnet[2..4].copy_from_slice(&54u16.to_le_bytes()); // hdr_len
+        vnet
+    };
+    host.send(vnet(1), &frame);
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while rig.guests[1].used_index(true) < 10 && Instant::now() < give_up {
+        rig.poll();
+    }
+
+    let chains = rig.guests[0].used_chains(&[4096]);
+    assert_eq!(chains.len(), 4, "the super-frame over merged chains");
+    let header: [u8; NET_HDR_LEN] = chains[0].2[..NET_HDR_LEN].try_into().unwrap();
+    assert_eq!(header, tso.to_bytes(4), "its header as the host sent it, num_buffers 4");
+    let joined: Vec<u8> = chains.iter().flat_map(|c| c.2.iter().copied()).skip(NET_HDR_LEN).collect();
+    assert_eq!(joined, frame);
+
+    let segments = rig.guests[1].received(&[2048]);
+    assert_eq!(segments.len(), 10);
+    let headers = 14 + 20 + 20;
+    let mut rebuilt = Vec::new();
+    for segment in &segments {
+        assert!(segment.len() <= headers + 1400 && tcp_checksum_verifies(segment, false));
+        rebuilt.extend_from_slice(&segment[headers..]);
+    }
+    assert_eq!(rebuilt, payload);
+
+    // TCP with ECN (CWR) in a super-frame: not one the switch cuts.
+    host.send(vnet(0x81), &frame);
+    let next = super::frame(MacAddr::BROADCAST, HOST, 60, 3);
+    host.send([0; 10], &next);
+    assert_eq!(poll_until_received(&mut rig, 1), vec![next]);
+    let uplink = rig.switch.uplink_counters().unwrap();
+    let counted = (uplink.rx_frames, uplink.rx_super_frames, uplink.rx_malformed, uplink.rx_too_big);
+    assert_eq!(counted, (2, 1, 1, 0), "{uplink:?}");
+}
