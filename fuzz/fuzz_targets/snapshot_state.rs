@@ -7,7 +7,8 @@
 //! the saved avail index), then resumed and notified.
 //!
 //! An input that starts with `{` is a state file as it is (the seeds are real ones, from
-//! `exitless run` and the API's `vm.snapshot`). Any other input builds a state that restores
+//! `exitless run` and the API's `vm.snapshot`; one has a NIC on a tap, whose configuration is
+//! parsed and checked, its transport not restored here). Any other input builds a state that restores
 //! here (the seed's vCPU and irqchip state, a disk and a transport state fitting the harness's
 //! guest RAM and RAM disk) and bends it: fields set to values from the input, then bytes of the
 //! JSON text replaced, inserted or removed.
