@@ -134,13 +134,7 @@ impl Row {
         let iops: Vec<f64> = group.iter().map(|&i| run.vms[i].rate).collect();
         let total: f64 = run.vms.iter().map(|v| v.rate).sum();
         let ops: u64 = group.iter().map(|&i| run.vms[i].ops).sum();
-        let mut counters: std::collections::BTreeMap<String, u64> = Default::default();
-        for &i in group {
-            for (name, value) in &run.vms[i].counters.0 {
-                *counters.entry(name.clone()).or_default() += value;
-            }
-        }
-        let counters = vmm::Counters(counters.into_iter().collect());
+        let counters = vmm::Counters::sum(group.iter().map(|&i| &run.vms[i].counters));
         let mut row = Row::empty(setup, vms, group.len() as u32, qd, mixed);
         row.aggregate_iops = Some(iops.iter().sum());
         row.per_vm_min_iops = iops.iter().copied().reduce(f64::min);

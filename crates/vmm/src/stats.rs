@@ -152,6 +152,18 @@ impl Counters {
         self.0.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
     }
 
+    /// Several runs' counters added up, name by name (in the order the names first come).
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a Counters>) -> Counters {
+        let mut total: Vec<(String, u64)> = Vec::new();
+        for (name, value) in all.into_iter().flat_map(|counters| &counters.0) {
+            match total.iter_mut().find(|(n, _)| n == name) {
+                Some((_, sum)) => *sum += value,
+                None => total.push((name.clone(), *value)),
+            }
+        }
+        Counters(total)
+    }
+
     /// The counters worth showing: the main ones always, the rest when non-zero.
     pub fn notable(&self) -> Vec<(&str, u64)> {
         let mut shown: Vec<(&str, u64)> = MAIN_COUNTERS.iter().map(|&n| (n, self.get(n))).collect();
@@ -173,5 +185,20 @@ impl Serialize for Counters {
             map.serialize_entry(name, &value)?;
         }
         map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counters;
+
+    #[test]
+    fn counters_add_up_name_by_name() {
+        let counters =
+            |pairs: &[(&str, u64)]| Counters(pairs.iter().map(|&(n, v)| (n.to_string(), v)).collect());
+        let a = counters(&[("exits", 3), ("mmio_exits", 1)]);
+        let b = counters(&[("halt_exits", 2), ("exits", 4)]);
+        assert_eq!(Counters::sum([&a, &b]), counters(&[("exits", 7), ("mmio_exits", 1), ("halt_exits", 2)]));
+        assert_eq!(Counters::sum([]), Counters::default());
     }
 }

@@ -97,10 +97,7 @@ fn measure(
     let (from, to, overlap) = common_window(&measured).ok_or(FairnessError::Launch(LaunchError::NoVm))?;
     let rates: Vec<f64> = measured.iter().map(|vm| vm.rate).collect();
     let ops: u64 = measured.iter().map(|vm| vm.ops).sum();
-    let mut exits = Counters(Vec::new());
-    for vm in &measured {
-        exits = sum(&exits, &vm.counters);
-    }
+    let exits = Counters::sum(measured.iter().map(|vm| &vm.counters));
     row.transactions = ops;
     row.transactions_per_s = Some(rates.iter().sum());
     row.exits_per_transaction = Some(exits.get("exits") as f64 / ops.max(1) as f64);
@@ -122,18 +119,6 @@ fn measure(
     row.per_vm_transactions_per_s = rates;
     row.window_overlap = Some(overlap);
     Ok(())
-}
-
-/// Counters `a` and `b` added up, name by name.
-fn sum(a: &Counters, b: &Counters) -> Counters {
-    let mut total = a.0.clone();
-    for (name, value) in &b.0 {
-        match total.iter_mut().find(|(n, _)| n == name) {
-            Some((_, sum)) => *sum += value,
-            None => total.push((name.clone(), *value)),
-        }
-    }
-    Counters(total)
 }
 
 /// Why the row was not measured.
