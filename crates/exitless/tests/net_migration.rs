@@ -7,6 +7,7 @@
 //!   tap: the restored NIC's RARP moves its address on the bridge, so the host's requests reach
 //!   it at once, though the guest sent nothing itself.
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,23 @@ impl Lab {
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 
+    /// `exitless run --probe` with its NIC on `tap`, in I/O mode `mode`, and an API socket (its
+    /// path returned): the probe's workload as `cmdline` says.
+    fn start_vm(
+        &self,
+        dir: &Path,
+        name: &str,
+        tap: &str,
+        mode: &str,
+        cmdline: &str,
+    ) -> (Background, PathBuf) {
+        let api = dir.join(format!("{name}.api"));
+        let net = self.net(tap);
+        let args = ["run", "--probe", "--mem", "64M", "--net", &net, "--io-mode", mode, "--cmdline", cmdline];
+        let args = [&args[..], &["--api-socket", api.to_str().unwrap(), "--timeout", "170"]].concat();
+        (Background::start(dir, name, &args, &api), api)
+    }
+
     /// `exitless udp-rr` from the namespace to the guest's `udp-echo`, for `ms`, giving up after
     /// `max_timeouts` unanswered requests.
     fn ask_guest(&self, ms: u32, max_timeouts: u32) -> Output {
@@ -120,29 +138,13 @@ fn a_vm_migrated_mid_request_response_carries_on_through_the_destinations_tap() 
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("destination.mig");
     let url = format!("unix:{}", socket.display());
-    let (net_a, net_b) = (lab.net("exlA"), lab.net("exlB"));
+    let net_b = lab.net("exlB");
     let dst_args = ["run", "--receive-migration", &url, "--testdev", "--net", &net_b, "--timeout", "170"];
     let destination = Background::start(dir.path(), "destination", &dst_args, &socket);
-    let api = dir.path().join("source.api");
     // Four seconds of guest time: the migration starts a few hundred transactions in and takes
     // well under a second for 64 MiB.
-    let src_args = [
-        "run",
-        "--probe",
-        "--mem",
-        "64M",
-        "--net",
-        &net_a,
-        "--io-mode",
-        "exitless",
-        "--cmdline",
-        "probe.workload=udp-rr probe.duration_ms=4000 probe.timeout_ms=500 probe.max_timeouts=3",
-        "--api-socket",
-        api.to_str().unwrap(),
-        "--timeout",
-        "170",
-    ];
-    let source = Background::start(dir.path(), "source", &src_args, &api);
+    let cmdline = "probe.workload=udp-rr probe.duration_ms=4000 probe.timeout_ms=500 probe.max_timeouts=3";
+    let (source, api) = lab.start_vm(dir.path(), "source", "exlA", "exitless", cmdline);
     let before = lab.datagrams_in();
     lab.wait_until(|| lab.datagrams_in() > before + 500, "the guest's requests");
 
@@ -172,25 +174,8 @@ fn a_restored_nic_announces_itself_so_the_bridge_sends_its_frames_to_the_new_tap
     let _one = one_at_a_time();
     let lab = Lab::new();
     let dir = tempfile::tempdir().unwrap();
-    let api = dir.path().join("vm.api");
-    let net_a = lab.net("exlA");
-    let args = [
-        "run",
-        "--probe",
-        "--mem",
-        "64M",
-        "--net",
-        &net_a,
-        "--io-mode",
-        "eventfd",
-        "--cmdline",
-        "probe.workload=udp-echo probe.duration_ms=120000",
-        "--api-socket",
-        api.to_str().unwrap(),
-        "--timeout",
-        "170",
-    ];
-    let vm = Background::start(dir.path(), "vm", &args, &api);
+    let cmdline = "probe.workload=udp-echo probe.duration_ms=120000";
+    let (vm, api) = lab.start_vm(dir.path(), "vm", "exlA", "eventfd", cmdline);
     let asked = lab.ask_guest(200, 10);
     assert!(
         asked.status.success(),
