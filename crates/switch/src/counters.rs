@@ -108,7 +108,8 @@ counters! {
         /// frame, a super-frame longer than 64 KiB): dropped.
         rx_too_big,
         /// Frames from the host shorter than an Ethernet header, with a checksum to fill in
-        /// outside them, or super-frames the switch does not cut (not TCP, or ECN): dropped.
+        /// outside them, or super-frames the switch does not cut (not TCP, ECN, or VLAN-tagged):
+        /// dropped.
         rx_malformed,
         /// Frames from the host sent from a NIC's own address: dropped.
         rx_spoofed,

@@ -44,7 +44,10 @@ pub(crate) fn from_host(got: &Received<'_>, counters: &mut UplinkCounters, to: &
     let mut start = [0u8; FLOW_BYTES];
     let start = &mut start[..got.frame.len().min(FLOW_BYTES)];
     let header = match got.offload.segmented {
-        true => super_frame_header(got).filter(|header| header.fits(got.frame.len())),
+        // Not with a VLAN tag the interface took off: its offsets are the untagged frame's.
+        true => {
+            super_frame_header(got).filter(|header| header.fits(got.frame.len()) && got.vlan_tag.is_none())
+        }
         false => (!got.offload.needs_checksum || got.finish_checksum()).then_some(NetHeader::default()),
     };
     let (true, Some(header), Ok(())) =
