@@ -96,6 +96,8 @@ extern "C" fn probe_main(start_info_addr: u64) -> ! {
         "blk-durable" => workloads::blk_durable::run(&env),
         "udp-rr" => workloads::udp_rr::run(&env),
         "udp-echo" => workloads::udp_echo::run(&env),
+        "frames-send" => workloads::frames::send(&env),
+        "frames-count" => workloads::frames::count(&env),
         "net-hostile" => workloads::net_hostile::run(&env),
         "triplefault" => x86::triple_fault(),
         "exception" => workloads::faults::invalid_opcode(),

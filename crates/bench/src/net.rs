@@ -304,6 +304,8 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
     }
     progress(format_args!("{}: 64 B frames, as many as one IOCore moves", frame_rate::ROW_NAME));
     guests.push(frame_rate::row(args));
+    progress(format_args!("{}: 64 B frames, as many as one VM sends the other", frame_rate::VM_ROW_NAME));
+    guests.push(frame_rate::vm_row(args, tsc_khz, vm_to_vm::responder_cpu(args)));
     let mut peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
     if let Some(qemu) = &qemu {
         peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz));

@@ -8,6 +8,7 @@ pub mod blocks;
 pub mod device;
 pub mod exitcost;
 pub mod faults;
+pub mod frames;
 pub mod hello;
 pub mod hostile;
 pub mod latency;

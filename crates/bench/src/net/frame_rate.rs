@@ -1,17 +1,22 @@
-//! 64-byte frames through one IOCore's switch in `exitless bench net`: how many frames a second
-//! one IOCore core moves from one NIC to another, against DPDK's vhost-user PMD (6.9 Mpps per
-//! vhost core in DPDK 18.05's PVP report, its guest's testpmd forwarding on cores of its own).
+//! 64-byte frames through one IOCore's switch in `exitless bench net`, against DPDK's vhost-user
+//! PMD (6.9 Mpps per vhost core in DPDK 18.05's PVP report, its guest's testpmd forwarding on
+//! cores of its own). Two rows:
 //!
-//! The two NICs' rings lie in memory laid out as a guest's, and the switch is exitless's own,
-//! running its pass on the IOCore's CPU as the daemon does. What stands in for the two guests is
-//! one host thread on the vCPU's CPU doing what a poll-mode driver such as testpmd does and no
-//! more: it gives the sender's sent frames back to its transmit ring and the receiver's filled
-//! buffers back to its receive ring. No VM runs, so the guests cost no CPU time beyond that, and
-//! the IOCore is what limits the rate: on this two-CPU host two spinning probe vCPUs and the
-//! IOCore cannot each have a core, so the VM-to-VM frame rate is not measured here.
+//! - **NIC to NIC** (`row`): how many frames a second one IOCore core moves from one NIC's ring
+//!   to another's. The two NICs' rings lie in memory laid out as a guest's, and the switch is
+//!   exitless's own, running its pass on the IOCore's CPU as the daemon does. What stands in
+//!   for the two guests is one host thread on the vCPU's CPU doing what a poll-mode driver such
+//!   as testpmd does and no more: it gives the sender's sent frames back to its transmit ring
+//!   and the receiver's filled buffers back to its receive ring. No VM runs, so the guests cost
+//!   no CPU time beyond that, and the IOCore is what limits the rate.
+//! - **VM to VM** (`vm_row`): two exitless probe VMs on one `exitless vhost-user-net`, one
+//!   sending (`probe.workload=frames-send`), the other counting (`frames-count`). Two spinning
+//!   vCPUs and the IOCore need three CPUs; on a host with two the counter shares one
+//!   (`--vm-responder-cpu`) and takes what the scheduler lets it.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use switch::{MacAddr, Port, PortPolicy, QueuePair, Switch, SwitchControl, NET_HDR_LEN};
@@ -279,4 +284,110 @@ fn measure(args: &NetBenchArgs) -> Result<Measured, String> {
         let dropped = dropped.map_err(|e| format!("cannot pin the IOCore to CPU {iocore_cpu}: {e}"))?;
         Ok(Measured { frames, seconds, dropped })
     })
+}
+
+/// The VM-to-VM row's name.
+pub const VM_ROW_NAME: &str =
+    "64 B frames exitless VM to exitless VM through one exitless vhost-user-net IOCore (sidecore)";
+
+/// Two exitless probe VMs on one daemon (sidecore, no uplink): one sends 60-byte frames as
+/// fast as its transmit ring takes them, the other counts them. The sender's vCPU is on the
+/// vCPU's CPU, the counter's on `counter_cpu` (`None`: there is no CPU for it, and the row says
+/// so), the IOCore on its own.
+pub fn vm_row(args: &NetBenchArgs, tsc_khz: u32, counter_cpu: Option<usize>) -> Row {
+    let mut row = Row::new("exitless", VM_ROW_NAME.to_string(), FRAME_LEN as u64);
+    (row.path, row.workload) = ("vm-to-vm", "frames");
+    let Some(cpu) = counter_cpu else {
+        row.note = Some(
+            "not measured: two spinning vCPUs and the IOCore need three CPUs; --vm-responder-cpu names one \
+             for the counting VM to share"
+                .into(),
+        );
+        return row;
+    };
+    if let Err(e) = measure_vms(&mut row, args, tsc_khz, cpu) {
+        row.note = Some(format!("not measured: {}", super::super::one_line(&e)));
+    }
+    row
+}
+
+/// The counting VM's address and MAC, and the sending VM's.
+const COUNTER: (&str, &str) = ("10.98.0.1", "52:54:00:66:73:01");
+const SENDER_VM: (&str, &str) = ("10.98.0.2", "52:54:00:66:73:02");
+/// How much longer the counter runs than the sender, which starts after it.
+const COUNTER_EXTRA_MS: u64 = 3000;
+
+fn measure_vms(row: &mut Row, args: &NetBenchArgs, tsc_khz: u32, counter_cpu: usize) -> Result<(), String> {
+    use crate::probe_dir::ProbeDir;
+    use crate::scale::launch::{run_exitless, Context, ExitlessVm};
+    use exitless_args::VhostIoMode;
+
+    let dir = ProbeDir::make("net-frames").map_err(|e| e.to_string())?;
+    let sockets = [COUNTER, SENDER_VM].map(|(ip, _)| dir.path().join(format!("{ip}.sock")));
+    let nics = [(sockets[0].as_path(), COUNTER.1), (sockets[1].as_path(), SENDER_VM.1)];
+    let daemon = super::switch::start_switch(args, VhostIoMode::Sidecore, dir.path(), &nics, None)
+        .map_err(|e| e.to_string())?;
+    let context = |vcpu_cpu, duration_ms| Context {
+        exe: std::env::current_exe().unwrap_or_default(),
+        tsc_khz,
+        duration_ms,
+        warmup_ms: 0,
+        vcpu_cpu,
+        io_cpu: args.iocore_cpu,
+        seccomp: args.seccomp,
+        qemu: None,
+        storage_daemon: None,
+        dir: dir.path().to_owned(),
+        elf: dir.elf().to_owned(),
+    };
+    let device = |socket: &Path, mac: &str| format!("vhost-user={},mac={mac}", socket.display());
+    let cmdline = |workload: &str, ip: &str, peer: &str, ms: u64| {
+        format!("probe.workload={workload} probe.ip={ip} probe.dst={peer} probe.duration_ms={ms}")
+    };
+    let counter_ms = args.duration_ms + COUNTER_EXTRA_MS;
+    let (counter_device, sender_device) = (device(&sockets[0], COUNTER.1), device(&sockets[1], SENDER_VM.1));
+    let counter_vm = ExitlessVm {
+        device: ["--net", &counter_device],
+        cmdline: cmdline("frames-count", COUNTER.0, SENDER_VM.0, counter_ms),
+        result: "frames-count",
+        rate: "fps",
+    };
+    let sender_vm = ExitlessVm {
+        device: ["--net", &sender_device],
+        cmdline: cmdline("frames-send", SENDER_VM.0, COUNTER.0, args.duration_ms),
+        result: "frames-send",
+        rate: "fps",
+    };
+    let (counter_context, sender_context) =
+        (context(counter_cpu, counter_ms), context(args.vcpu_cpu, args.duration_ms));
+    let watcher: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let (counted, sent) = std::thread::scope(|scope| {
+        let counter = scope.spawn(|| run_exitless(&counter_vm, false, &counter_context, &watcher));
+        // The counter first: the sender asks for its address with ARP, once a second, ten times.
+        std::thread::sleep(Duration::from_millis(500));
+        let sent = run_exitless(&sender_vm, false, &sender_context, &watcher);
+        (counter.join(), sent)
+    });
+    let _ = daemon.terminate(Duration::from_secs(10));
+    let sent = sent.map_err(|e| format!("the sending VM: {e}"))?;
+    let counted = counted.map_err(|_| "the counting VM's runner panicked".to_string())?;
+    let counted = counted.map_err(|e| format!("the counting VM: {e}"))?;
+    let exits = vmm::Counters::sum([&sent.counters, &counted.counters]);
+    row.transactions = counted.ops;
+    row.mpps = Some(counted.rate / 1e6);
+    // Per frame sent: the counter takes fewer when it gets less of a CPU than the sender.
+    row.exits_per_transaction = Some(exits.get("exits") as f64 / sent.ops.max(1) as f64);
+    row.exits_by_cause = super::super::causes_per(&exits, sent.ops);
+    row.note = Some(format!(
+        "the sending VM offered {:.3} Mpps ({} frames), the counting VM took {:.3} Mpps ({} frames over its \
+         active time); vCPUs on CPUs {} and {counter_cpu}, the IOCore on CPU {}; exits are both VMs', per \
+         frame sent",
+        sent.rate / 1e6,
+        sent.ops,
+        counted.rate / 1e6,
+        counted.ops,
+        args.vcpu_cpu,
+        args.iocore_cpu,
+    ));
+    Ok(())
 }

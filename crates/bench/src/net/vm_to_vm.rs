@@ -45,7 +45,7 @@ const CLIENT_MAC: &str = "52:54:00:65:78:12";
 
 /// One row per configuration.
 pub fn rows(net: &QemuNet, args: &NetBenchArgs, lab: &Lab, tsc_khz: u32) -> Vec<Row> {
-    let responder_cpu = args.vm_responder_cpu.or_else(|| spare_cpu(args));
+    let responder_cpu = responder_cpu(args);
     CONFIGS
         .iter()
         .map(|&(name, carrier)| {
@@ -67,6 +67,11 @@ pub fn rows(net: &QemuNet, args: &NetBenchArgs, lab: &Lab, tsc_khz: u32) -> Vec<
             row
         })
         .collect()
+}
+
+/// The CPU for the second guest of a VM-to-VM row: `--vm-responder-cpu`, or a spare one.
+pub fn responder_cpu(args: &NetBenchArgs) -> Option<usize> {
+    args.vm_responder_cpu.or_else(|| spare_cpu(args))
 }
 
 /// The first CPU this process may run on that is neither the vCPU's nor the IOCore's.
