@@ -348,7 +348,7 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
              client 10.96.0.2 -> the daemon's switch, or tap, bridge, tap -> guest `udp-echo` 10.96.0.1:{PORT}; bare metal \
              {CLIENT_VETH_IP} -> veth -> {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own \
              network namespace; 64 B frames: one NIC's transmit ring -> the switch on one IOCore -> another \
-             NIC's receive ring, in this process"
+             NIC's receive ring, in this process, and VM 10.95.0.2 -> the daemon's switch -> VM 10.95.0.1"
         ),
         qemu: qemu.as_ref().map(|q| q.version().to_string()),
         bare_metal: BARE_METAL.into(),

@@ -312,8 +312,8 @@ pub fn vm_row(args: &NetBenchArgs, tsc_khz: u32, counter_cpu: Option<usize>) -> 
 }
 
 /// The counting VM's address and MAC, and the sending VM's.
-const COUNTER: (&str, &str) = ("10.98.0.1", "52:54:00:66:73:01");
-const SENDER_VM: (&str, &str) = ("10.98.0.2", "52:54:00:66:73:02");
+const COUNTER: (&str, &str) = ("10.95.0.1", "52:54:00:66:73:01");
+const SENDER_VM: (&str, &str) = ("10.95.0.2", "52:54:00:66:73:02");
 /// How much longer the counter runs than the sender, which starts after it.
 const COUNTER_EXTRA_MS: u64 = 3000;
 
