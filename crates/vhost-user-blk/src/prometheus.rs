@@ -8,8 +8,7 @@
 
 use std::fmt::Write;
 
-use iocore::IoCoreTimes;
-use metrics::exposition::{escape, family, sample};
+use metrics::exposition::{escape, family, per_iocore_seconds, sample};
 use metrics::latency::{bucket_limit, BUCKETS};
 use virtio::DeviceStatsSnapshot;
 
@@ -130,31 +129,23 @@ pub fn render(disks: &Disks) -> String {
         sample(&mut out, "exitless_disk_request_duration_seconds_count", &[("disk", name)], cumulative);
     }
     let times: Vec<_> = disks.iocores().iter().map(|io| io.times()).collect();
-    let per_iocore: [(&str, &str, PerIoCore); 2] = [
-        (
-            "exitless_iocore_busy_seconds_total",
-            "IOCore time in passes that started or finished a request.",
-            |t| t.busy.as_secs_f64(),
-        ),
-        (
-            "exitless_iocore_idle_seconds_total",
-            "IOCore time in passes that found nothing to do, spinning or asleep.",
-            |t| t.idle.as_secs_f64(),
-        ),
-    ];
-    for (name, help, value) in per_iocore {
-        family(&mut out, name, "counter", help);
-        for (k, t) in times.iter().enumerate() {
-            let _ = writeln!(out, "{name}{{iocore=\"{k}\"}} {}", value(t));
-        }
-    }
+    per_iocore_seconds(
+        &mut out,
+        "exitless_iocore_busy_seconds_total",
+        "IOCore time in passes that started or finished a request.",
+        times.iter().map(|t| t.busy),
+    );
+    per_iocore_seconds(
+        &mut out,
+        "exitless_iocore_idle_seconds_total",
+        "IOCore time in passes that found nothing to do, spinning or asleep.",
+        times.iter().map(|t| t.idle),
+    );
     out
 }
 
 /// A per-disk value; `None`: no sample for that disk.
 type PerDisk = fn(&Disk, &DeviceStatsSnapshot) -> Option<u64>;
-/// A per-IOCore value, in seconds.
-type PerIoCore = fn(&IoCoreTimes) -> f64;
 
 /// `ticks` of the `clock` crate in seconds, as an exposition float.
 fn seconds(ticks: u64) -> String {

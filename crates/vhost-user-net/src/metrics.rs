@@ -6,7 +6,7 @@
 //! CPU time it used.
 
 use iocore::IoCore;
-use metrics::exposition::{family, sample};
+use metrics::exposition::{family, per_iocore_seconds, sample};
 use switch::{PortCounters, Switch};
 
 use crate::nics::{Nic, Nics};
@@ -58,23 +58,23 @@ pub fn render(nics: &Nics, iocores: &[IoCore<Switch>]) -> String {
         }
     }
     let times: Vec<_> = iocores.iter().map(IoCore::times).collect();
-    let busy = times.iter().map(|t| t.busy).collect();
-    let idle = times.iter().map(|t| t.idle).collect();
-    let cpu = iocores.iter().map(|io| io.cpu_time().unwrap_or_default()).collect();
-    let families: [(&str, &str, Vec<std::time::Duration>); 3] = [
-        ("exitless_iocore_busy_seconds_total", "IOCore time in passes that switched frames.", busy),
-        ("exitless_iocore_idle_seconds_total", "IOCore time in passes that found nothing to do.", idle),
-        (
-            "exitless_iocore_cpu_seconds_total",
-            "CPU time the IOCore used: all of its time when it polls, little when it sleeps.",
-            cpu,
-        ),
-    ];
-    for (name, help, seconds) in families {
-        family(&mut out, name, "counter", help);
-        for (k, seconds) in seconds.iter().enumerate() {
-            out.push_str(&format!("{name}{{iocore=\"{k}\"}} {}\n", seconds.as_secs_f64()));
-        }
-    }
+    per_iocore_seconds(
+        &mut out,
+        "exitless_iocore_busy_seconds_total",
+        "IOCore time in passes that switched frames.",
+        times.iter().map(|t| t.busy),
+    );
+    per_iocore_seconds(
+        &mut out,
+        "exitless_iocore_idle_seconds_total",
+        "IOCore time in passes that found nothing to do.",
+        times.iter().map(|t| t.idle),
+    );
+    per_iocore_seconds(
+        &mut out,
+        "exitless_iocore_cpu_seconds_total",
+        "CPU time the IOCore used: all of its time when it polls, little when it sleeps.",
+        iocores.iter().map(|io| io.cpu_time().unwrap_or_default()),
+    );
     out
 }
