@@ -8,11 +8,11 @@
 use exitless_args::VhostIoMode;
 use vmm::Counters;
 
-use super::switch::{start_switch, SwitchError};
+use super::switch::{exitless_vm_context, start_switch, SwitchError};
 use super::{Lab, Row, PORT, SERVER_UPLINK_IP};
 use crate::args::NetBenchArgs;
 use crate::probe_dir::ProbeDir;
-use crate::scale::launch::{common_window, run_exitless, Context, ExitlessVm, LaunchError, VmResult};
+use crate::scale::launch::{common_window, run_exitless, ExitlessVm, LaunchError, VmResult};
 use crate::scale::{cpu::Sampler, jain};
 
 /// The row's name for `vms` VMs.
@@ -48,19 +48,7 @@ fn measure(
     let sampler = Sampler::start();
     let daemon = start_switch(args, VhostIoMode::Sidecore, dir.path(), &nics, Some(&lab.uplink))?;
     sampler.watch(daemon.id());
-    let ctx = Context {
-        exe: std::env::current_exe().map_err(SwitchError::CurrentExe)?,
-        tsc_khz,
-        duration_ms: args.duration_ms,
-        warmup_ms: 0,
-        vcpu_cpu: args.vcpu_cpu,
-        io_cpu: args.iocore_cpu,
-        seccomp: args.seccomp,
-        qemu: None,
-        storage_daemon: None,
-        dir: dir.path().to_owned(),
-        elf: dir.elf().to_owned(),
-    };
+    let ctx = exitless_vm_context(args, tsc_khz, &dir, args.vcpu_cpu, args.duration_ms)?;
     let results: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..vms)
             .map(|i| {

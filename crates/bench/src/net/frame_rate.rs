@@ -319,7 +319,7 @@ const COUNTER_EXTRA_MS: u64 = 3000;
 
 fn measure_vms(row: &mut Row, args: &NetBenchArgs, tsc_khz: u32, counter_cpu: usize) -> Result<(), String> {
     use crate::probe_dir::ProbeDir;
-    use crate::scale::launch::{run_exitless, Context, ExitlessVm};
+    use crate::scale::launch::{run_exitless, ExitlessVm};
     use exitless_args::VhostIoMode;
 
     let dir = ProbeDir::make("net-frames").map_err(|e| e.to_string())?;
@@ -327,19 +327,6 @@ fn measure_vms(row: &mut Row, args: &NetBenchArgs, tsc_khz: u32, counter_cpu: us
     let nics = [(sockets[0].as_path(), COUNTER.1), (sockets[1].as_path(), SENDER_VM.1)];
     let daemon = super::switch::start_switch(args, VhostIoMode::Sidecore, dir.path(), &nics, None)
         .map_err(|e| e.to_string())?;
-    let context = |vcpu_cpu, duration_ms| Context {
-        exe: std::env::current_exe().unwrap_or_default(),
-        tsc_khz,
-        duration_ms,
-        warmup_ms: 0,
-        vcpu_cpu,
-        io_cpu: args.iocore_cpu,
-        seccomp: args.seccomp,
-        qemu: None,
-        storage_daemon: None,
-        dir: dir.path().to_owned(),
-        elf: dir.elf().to_owned(),
-    };
     let device = |socket: &Path, mac: &str| format!("vhost-user={},mac={mac}", socket.display());
     let cmdline = |workload: &str, ip: &str, peer: &str, ms: u64| {
         format!("probe.workload={workload} probe.ip={ip} probe.dst={peer} probe.duration_ms={ms}")
@@ -358,8 +345,10 @@ fn measure_vms(row: &mut Row, args: &NetBenchArgs, tsc_khz: u32, counter_cpu: us
         result: "frames-send",
         rate: "fps",
     };
+    let context =
+        |cpu, ms| super::switch::exitless_vm_context(args, tsc_khz, &dir, cpu, ms).map_err(|e| e.to_string());
     let (counter_context, sender_context) =
-        (context(counter_cpu, counter_ms), context(args.vcpu_cpu, args.duration_ms));
+        (context(counter_cpu, counter_ms)?, context(args.vcpu_cpu, args.duration_ms)?);
     let watcher: Arc<Mutex<Vec<u32>>> = Arc::default();
     let (counted, sent) = std::thread::scope(|scope| {
         let counter = scope.spawn(|| run_exitless(&counter_vm, false, &counter_context, &watcher));

@@ -13,6 +13,7 @@ use super::{Lab, Row, PORT, RUN_SLACK, SERVER_UPLINK_IP, UPLINK_GUEST_IP};
 use crate::args::NetBenchArgs;
 use crate::daemon::{Backend as Daemon, DaemonError};
 use crate::probe_dir::{ProbeDir, ProbeDirError};
+use crate::scale::launch::Context;
 
 /// The guest NIC's address on the daemon, in every row that has one guest there.
 pub const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x65, 0x78, 0x02];
@@ -108,6 +109,30 @@ pub fn start_switch(
     uplink: Option<&str>,
 ) -> Result<Daemon, SwitchError> {
     start(switch_command(args, mode, nics, uplink)?, dir, nics)
+}
+
+/// How the bench's launcher runs exitless VMs (`scale::launch::run_exitless`) whose NICs are on
+/// a daemon of `dir`: the vCPU on `vcpu_cpu`, the probe measuring for `duration_ms`.
+pub fn exitless_vm_context(
+    args: &NetBenchArgs,
+    tsc_khz: u32,
+    dir: &ProbeDir,
+    vcpu_cpu: usize,
+    duration_ms: u64,
+) -> Result<Context, SwitchError> {
+    Ok(Context {
+        exe: std::env::current_exe().map_err(SwitchError::CurrentExe)?,
+        tsc_khz,
+        duration_ms,
+        warmup_ms: 0,
+        vcpu_cpu,
+        io_cpu: args.iocore_cpu,
+        seccomp: args.seccomp,
+        qemu: None,
+        storage_daemon: None,
+        dir: dir.path().to_owned(),
+        elf: dir.elf().to_owned(),
+    })
 }
 
 /// The daemon's command line, as [`start_switch`] runs it.
