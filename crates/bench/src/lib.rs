@@ -63,10 +63,16 @@ pub fn verify_cmdline(blocks: u64, qd: u32, seed: u64) -> String {
     format!("probe.workload=blk probe.rw=verify probe.ops={blocks} probe.qd={qd} probe.seed={seed}")
 }
 
+/// The probe's result line for workload `probe` (its `"probe"` field) among the JSON lines of a
+/// run's standard output or console, if it printed one.
+pub fn probe_result(text: &str, probe: &str) -> Option<Value> {
+    text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == probe)
+}
+
 /// The probe's `blk` result line among the JSON lines of a run's standard output, if it printed
 /// one.
 pub fn blk_result(stdout: &str) -> Option<Value> {
-    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l["probe"] == "blk")
+    probe_result(stdout, "blk")
 }
 
 /// Counters that say what caused the exits, shown per operation.
@@ -186,9 +192,7 @@ pub(crate) struct GuestRun {
 pub(crate) fn run_guest(config: &VmConfig, probe: &'static str) -> Result<GuestRun, GuestRunError> {
     let outcome = Vm::new(config, Kernel::Image(probe_image::PROBE_ELF)).and_then(Vm::run)?;
     let console = String::from_utf8_lossy(&outcome.console);
-    let Some(line) =
-        console.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|v| v["probe"] == probe)
-    else {
+    let Some(line) = probe_result(&console, probe) else {
         return Err(GuestRunError::NoResult { ending: outcome.ending, probe, console: console.into_owned() });
     };
     if outcome.ending != Ending::GuestExit(probe_abi::status::OK) {

@@ -15,7 +15,7 @@ use test_infra::api::http;
 use test_infra::background::Background;
 use test_infra::migration::{assert_report, send_migration_to};
 use test_infra::net::{ip, Netns};
-use test_infra::{json_lines, one_at_a_time};
+use test_infra::{one_at_a_time, probe_result};
 
 /// The guest's MAC address (exitless's default for the first device).
 const GUEST_MAC: &str = "52:54:00:45:58:00";
@@ -122,15 +122,6 @@ impl Drop for Lab {
     }
 }
 
-/// The one line of `text` (a process's standard output) with `"probe": probe`.
-fn probe_result(text: &str, probe: &str) -> serde_json::Value {
-    let output = Output { status: Default::default(), stdout: text.as_bytes().to_vec(), stderr: Vec::new() };
-    json_lines(&output)
-        .into_iter()
-        .find(|l| l["probe"] == probe)
-        .unwrap_or_else(|| panic!("no {probe} line: {text}"))
-}
-
 #[test]
 fn a_vm_migrated_mid_request_response_carries_on_through_the_destinations_tap() {
     let _one = one_at_a_time();
@@ -157,7 +148,7 @@ fn a_vm_migrated_mid_request_response_carries_on_through_the_destinations_tap() 
 
     let (code, stdout, stderr) = destination.wait();
     assert_eq!(code, Some(0), "the destination's guest: {stdout}\n{stderr}");
-    let result = probe_result(&stdout, "udp-rr");
+    let result = probe_result(&stdout, "udp-rr").unwrap_or_else(|| panic!("no udp-rr result: {stdout}"));
     assert_eq!(result["mismatches"], 0, "{result}");
     let timeouts = result["timeouts"].as_u64().unwrap();
     assert!(timeouts <= 1, "more requests lost than the one in flight at the switch: {result}");

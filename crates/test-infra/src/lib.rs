@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub use exitless_bench::{blk_result, process_cpu_time, verify_cmdline};
+pub use exitless_bench::{blk_result, probe_result, process_cpu_time, verify_cmdline};
 use serde_json::Value;
 pub use storage::testing::command_in;
 

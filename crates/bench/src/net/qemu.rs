@@ -205,12 +205,7 @@ impl QemuNet {
 /// and cores between the probe's marks.
 pub(super) fn record(row: &mut Row, run: &QemuRun, marks: &[PeerMark]) -> Result<(), QemuNetError> {
     row.command = Some(run.command_line.clone());
-    let line = run
-        .stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["probe"] == "udp-rr")
-        .ok_or(ProbeError::NoResult(run.guest_status))?;
+    let line = crate::probe_result(&run.stdout, "udp-rr").ok_or(ProbeError::NoResult(run.guest_status))?;
     if run.guest_status != probe_abi::status::OK {
         return Err(ProbeError::Status { status: run.guest_status, line }.into());
     }
