@@ -11,7 +11,8 @@ use crate::segment::tests::{super_frame, tcp_checksum_verifies};
 const PAGE: u32 = 4096;
 /// The headers' length in `super_frame` over IPv4: Ethernet, IPv4, TCP.
 const HEADERS: usize = 14 + 20 + 20;
-const TSO4: NetHeader =
+/// `super_frame`'s header over IPv4: its checksum left, segments of 1,400 payload bytes.
+pub(super) const TSO4: NetHeader =
     NetHeader { checksum: Some((34, 16)), segmentation: Some(Segmentation::Tcp4 { mss: 1400 }) };
 
 /// Guest 0 sends; guest 1's driver takes every offload; guest 2's none.
@@ -37,26 +38,37 @@ fn a_super_frame_arrives_whole_over_merged_buffers_or_cut_into_segments_that_ver
     // Guest 1: the header as sent, with num_buffers, and the frame over two chains.
     let chains = rig.guests[1].used_chains(&[PAGE]);
     assert_eq!(chains.iter().map(|c| c.1).collect::<Vec<_>>(), [4096, NET_HDR_LEN + frame.len() - 4096]);
-    let header: [u8; NET_HDR_LEN] = chains[0].2[..NET_HDR_LEN].try_into().unwrap();
-    assert_eq!(header, TSO4.to_bytes(2), "the header as sent, num_buffers 2");
-    let joined: Vec<u8> = chains.iter().flat_map(|c| c.2.iter().copied()).skip(NET_HDR_LEN).collect();
-    assert_eq!(joined, frame);
+    assert_whole(&chains, TSO4, &frame);
 
-    // Guest 2: five segments of at most 1400 bytes of payload, each in a chain of its own,
-    // checksummed, in order.
+    // Guest 2: five segments, each in a chain of its own.
     let segments = rig.guests[2].received(&[2048]);
     assert_eq!(segments.len(), 5);
+    assert_cut(&segments, &payload);
+    let sender = rig.counters(0);
+    assert_eq!((sender.tx_frames, sender.tx_segmented, sender.tx_malformed), (1, 1, 0));
+    assert_eq!((rig.counters(1).rx_buffers, rig.counters(2).rx_buffers), (2, 5));
+    assert_eq!((rig.counters(1).rx_frames, rig.counters(2).rx_frames), (1, 5));
+}
+
+/// The super-frame `frame` arrived whole over merged `chains`: `header` as sent, with the
+/// chains' count as `num_buffers`, then the frame.
+pub(super) fn assert_whole(chains: &[(u32, usize, Vec<u8>)], header: NetHeader, frame: &[u8]) {
+    let got: [u8; NET_HDR_LEN] = chains[0].2[..NET_HDR_LEN].try_into().unwrap();
+    assert_eq!(got, header.to_bytes(u16::try_from(chains.len()).unwrap()), "the header as sent");
+    let joined: Vec<u8> = chains.iter().flat_map(|c| c.2.iter().copied()).skip(NET_HDR_LEN).collect();
+    assert_eq!(joined, frame);
+}
+
+/// `segments` are `super_frame(false, payload)` cut for a receiver that takes no super-frame:
+/// at most 1,400 bytes of payload each, checksummed, in order.
+pub(super) fn assert_cut(segments: &[Vec<u8>], payload: &[u8]) {
     let mut rebuilt = Vec::new();
-    for segment in &segments {
+    for segment in segments {
         assert!(segment.len() <= HEADERS + 1400);
         assert!(tcp_checksum_verifies(segment, false));
         rebuilt.extend_from_slice(&segment[HEADERS..]);
     }
     assert_eq!(rebuilt, payload);
-    let sender = rig.counters(0);
-    assert_eq!((sender.tx_frames, sender.tx_segmented, sender.tx_malformed), (1, 1, 0));
-    assert_eq!((rig.counters(1).rx_buffers, rig.counters(2).rx_buffers), (2, 5));
-    assert_eq!((rig.counters(1).rx_frames, rig.counters(2).rx_frames), (1, 5));
 }
 
 #[test]

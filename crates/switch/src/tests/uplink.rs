@@ -297,8 +297,9 @@ fn the_hosts_super_frames_cross_to_another_iocore_as_segments() {
 }
 
 fn hosts_super_frames(switches: usize) {
-    use crate::offload::{Segmentation, OFFERED};
-    use crate::segment::tests::{super_frame, tcp_checksum_verifies};
+    use super::offload::{assert_cut, assert_whole, TSO4};
+    use crate::offload::OFFERED;
+    use crate::segment::tests::super_frame;
 
     let veth = Veth::create();
     let ports = [Offloads::from_features(OFFERED), Offloads::default()].map(|o| (PortPolicy::default(), o));
@@ -315,10 +316,9 @@ fn hosts_super_frames(switches: usize) {
     let mut frame = super_frame(false, &payload);
     frame[..6].copy_from_slice(&MacAddr::BROADCAST.0);
     frame[6..12].copy_from_slice(&HOST.0);
-    let tso = NetHeader { checksum: Some((34, 16)), segmentation: Some(Segmentation::Tcp4 { mss: 1400 }) };
     let vnet = |gso_type: u8| {
         let mut vnet = [0u8; af_packet::VNET_HDR_LEN];
-        vnet.copy_from_slice(&tso.to_bytes(0)[..af_packet::VNET_HDR_LEN]);
+        vnet.copy_from_slice(&TSO4.to_bytes(0)[..af_packet::VNET_HDR_LEN]);
         vnet[1] = gso_type;
         vnet[2..4].copy_from_slice(&54u16.to_le_bytes()); // hdr_len
         vnet
@@ -331,20 +331,10 @@ fn hosts_super_frames(switches: usize) {
 
     let chains = rig.guests[0].used_chains(&[4096]);
     assert_eq!(chains.len(), 4, "the super-frame over merged chains");
-    let header: [u8; NET_HDR_LEN] = chains[0].2[..NET_HDR_LEN].try_into().unwrap();
-    assert_eq!(header, tso.to_bytes(4), "its header as the host sent it, num_buffers 4");
-    let joined: Vec<u8> = chains.iter().flat_map(|c| c.2.iter().copied()).skip(NET_HDR_LEN).collect();
-    assert_eq!(joined, frame);
-
+    assert_whole(&chains, TSO4, &frame);
     let segments = rig.guests[1].received(&[2048]);
     assert_eq!(segments.len(), 10);
-    let headers = 14 + 20 + 20;
-    let mut rebuilt = Vec::new();
-    for segment in &segments {
-        assert!(segment.len() <= headers + 1400 && tcp_checksum_verifies(segment, false));
-        rebuilt.extend_from_slice(&segment[headers..]);
-    }
-    assert_eq!(rebuilt, payload);
+    assert_cut(&segments, &payload);
 
     // TCP with ECN (CWR) in a super-frame: not one the switch cuts.
     host.send(vnet(0x81), &frame);
