@@ -7,10 +7,10 @@
 //!   ([`PacketRing::flush`]) tells the kernel to put them on the wire.
 //!
 //! Every frame carries a virtio-net header (PACKET_VNET_HDR): a frame the host's stack sent with
-//! its checksum left to offload says so ([`Offload`]), and [`Received::finish_checksum`] fills
-//! it in; a segmentation-offload super-frame is told from an MTU-sized one. The interface is
-//! put in promiscuous mode, so frames to every guest's address arrive, and frames we transmit
-//! are not read back (PACKET_IGNORE_OUTGOING).
+//! its checksum left to offload says so ([`Received::offload`]), and
+//! [`Received::finish_checksum`] fills it in; a segmentation-offload super-frame is told from an
+//! MTU-sized one. The interface is put in promiscuous mode, so frames to every guest's address
+//! arrive, and frames we transmit are not read back (PACKET_IGNORE_OUTGOING).
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation, clippy::cast_sign_loss))]
@@ -110,18 +110,28 @@ pub struct Received<'a> {
     pub vlan_tag: Option<[u8; 4]>,
     /// The frame was longer than its slot; `frame` holds only its start.
     pub truncated: bool,
-    /// Its offloads.
-    pub offload: Offload,
-    /// The virtio-net header as the kernel wrote it (`struct virtio_net_hdr`): for a
-    /// super-frame, how to cut it.
+    /// The virtio-net header as the kernel wrote it (`struct virtio_net_hdr`): its offloads
+    /// ([`Received::offload`]) and, for a super-frame, how to cut it.
     pub vnet_header: [u8; VNET_HDR_LEN],
 }
 
 impl Received<'_> {
+    /// What its virtio-net header says of its offloads.
+    pub fn offload(&self) -> Offload {
+        let header = &self.vnet_header;
+        Offload {
+            needs_checksum: header[0] & VNET_NEEDS_CSUM != 0,
+            segmented: header[1] != 0,
+            csum_start: u16::from_le_bytes([header[6], header[7]]),
+            csum_offset: u16::from_le_bytes([header[8], header[9]]),
+        }
+    }
+
     /// Fill in the checksum the sender left to offload, in the ring; `false` if the header's
     /// offsets do not lie in the frame.
     pub fn finish_checksum(&self) -> bool {
-        checksum::finish(&self.frame, self.offload.csum_start.into(), self.offload.csum_offset.into())
+        let offload = self.offload();
+        checksum::finish(&self.frame, offload.csum_start.into(), offload.csum_offset.into())
     }
 }
 
@@ -309,12 +319,6 @@ impl PacketRing {
                 frame,
                 vlan_tag: (status & libc::TP_STATUS_VLAN_VALID != 0).then_some([t0, t1, c0, c1]),
                 truncated: captured < len,
-                offload: Offload {
-                    needs_checksum: header[0] & VNET_NEEDS_CSUM != 0,
-                    segmented: header[1] != 0,
-                    csum_start: u16::from_le_bytes([header[6], header[7]]),
-                    csum_offset: u16::from_le_bytes([header[8], header[9]]),
-                },
                 vnet_header: header,
             });
         }

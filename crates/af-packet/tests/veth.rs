@@ -41,7 +41,7 @@ fn frames_sent_on_one_end_arrive_whole_on_the_other() {
         }
         a.flush().unwrap();
         while b.receive(|got| {
-            assert!(!got.truncated && !got.offload.segmented && got.vlan_tag.is_none());
+            assert!(!got.truncated && !got.offload().segmented && got.vlan_tag.is_none());
             let mut bytes = vec![0; got.frame.len()];
             got.frame.read_slice(&mut bytes, 0).unwrap();
             received.push(bytes);

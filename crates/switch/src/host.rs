@@ -36,19 +36,20 @@ pub(crate) struct Destinations<'a> {
 /// Switch frame `got` from the host to the NICs it is for.
 pub(crate) fn from_host(got: &Received<'_>, counters: &mut UplinkCounters, to: &mut Destinations<'_>) {
     let frame_len = got.frame.len() + got.vlan_tag.map_or(0, |tag| tag.len());
-    let longest = if got.offload.segmented { MAX_SUPER_FRAME_LEN } else { MAX_JUMBO_FRAME_LEN };
+    let offload = got.offload();
+    let longest = if offload.segmented { MAX_SUPER_FRAME_LEN } else { MAX_JUMBO_FRAME_LEN };
     if got.truncated || frame_len > longest {
         counters.rx_too_big += 1;
         return;
     }
     let mut start = [0u8; FLOW_BYTES];
     let start = &mut start[..got.frame.len().min(FLOW_BYTES)];
-    let header = match got.offload.segmented {
+    let header = match offload.segmented {
         // Not with a VLAN tag the interface took off: its offsets are the untagged frame's.
         true => {
             super_frame_header(got).filter(|header| header.fits(got.frame.len()) && got.vlan_tag.is_none())
         }
-        false => (!got.offload.needs_checksum || got.finish_checksum()).then_some(NetHeader::default()),
+        false => (!offload.needs_checksum || got.finish_checksum()).then_some(NetHeader::default()),
     };
     let (true, Some(header), Ok(())) =
         (got.frame.len() >= MIN_FRAME_LEN, header, got.frame.read_slice(start, 0))
