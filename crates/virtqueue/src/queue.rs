@@ -12,7 +12,7 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 use thiserror::Error;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::dirty::DirtyLog;
+use crate::dirty::{guest_address, DirtyLog};
 use crate::inflight::{InflightArea, InflightError, InflightTracker, Recovery};
 
 /// The largest queue a device offers.
@@ -211,9 +211,10 @@ impl Queue {
     }
 
     /// Start (`Some`) or stop (`None`) marking the used ring's pages in a dirty log, on a running
-    /// queue (a VMM's own live migration); the ring lies at guest-physical `used_gpa`.
-    pub fn set_used_log(&mut self, log: Option<(DirtyLog, u64)>) {
-        self.used_log = log;
+    /// queue (a VMM's own live migration), at the guest-physical address the ring has in the
+    /// queue's memory.
+    pub fn set_used_log(&mut self, log: Option<DirtyLog>) {
+        self.used_log = log.and_then(|log| Some((log, guest_address(&self.mem, self.used)?)));
     }
 
     /// Mark `len` bytes at `offset` in the used ring dirty, if the ring is logged.

@@ -321,7 +321,7 @@ impl BlockWorker {
 
     /// Mark every guest page this worker writes (read data, GET_ID answers, status bytes) in
     /// `log`: a live migration is copying guest memory. The used ring is the queue's to mark
-    /// (`Queue::with_used_log`).
+    /// (`Queue::with_used_log`, `Queue::set_used_log`).
     pub fn with_dirty_log(mut self, log: DirtyLog) -> BlockWorker {
         self.dirty = Some(Box::new(DirtyState::new(log, self.queue.size())));
         self
@@ -331,12 +331,7 @@ impl BlockWorker {
     /// included, on a worker that holds no request (drained: a read in flight when logging
     /// starts would not be marked when it lands).
     pub fn set_dirty_log(&mut self, log: Option<DirtyLog>) {
-        let used = log.as_ref().and_then(|log| {
-            let (_, _, used) = self.queue.host_addresses();
-            let gpa = guest_address(self.queue.memory(), used as *mut u8)?;
-            Some((log.clone(), gpa))
-        });
-        self.queue.set_used_log(used);
+        self.queue.set_used_log(log.clone());
         self.dirty = log.map(|log| Box::new(DirtyState::new(log, self.queue.size())));
     }
 

@@ -405,13 +405,8 @@ impl QueueWorker for NetWorker {
     /// Only the receive path writes guest memory: the frames and headers it delivers, and both
     /// queues' used rings.
     fn set_dirty_log(&mut self, log: Option<DirtyLog>) -> bool {
-        for queue in [&mut self.rx, &mut self.tx] {
-            let used = log.as_ref().and_then(|log| {
-                let (_, _, used) = queue.host_addresses();
-                Some((log.clone(), guest_address(&self.mem, used as *const u8)?))
-            });
-            queue.set_used_log(used);
-        }
+        self.rx.set_used_log(log.clone());
+        self.tx.set_used_log(log.clone());
         self.dirty = log;
         true
     }
