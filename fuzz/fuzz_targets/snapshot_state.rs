@@ -174,7 +174,7 @@ fn check(text: &[u8], must_restore: Option<()>) {
         }
     };
     // A state that parses makes a VM configuration, and writes back as itself.
-    let config = snapshot.config.to_vm_config(snapshot.config.base_naming_saved_disks());
+    let config = snapshot.config.to_vm_config(snapshot.config.base_naming_saved_devices());
     assert!(config.is_ok(), "a parsed state's configuration is refused: {:?}", config.err());
     let written = serde_json::to_vec(&snapshot).expect("a parsed state writes");
     let again = Snapshot::parse(&written, Path::new("state.json")).expect("a written state parses");

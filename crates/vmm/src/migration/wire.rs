@@ -220,7 +220,7 @@ pub(crate) fn inside_one_region(regions: impl IntoIterator<Item = (u64, u64)>, g
 /// the same checks on a live connection. For fuzzing the receiver's parsing.
 pub fn parse_stream(r: &mut impl Read) -> Result<ParsedStream, MigrationError> {
     let hello = read_hello(r)?;
-    let config = hello.config.to_vm_config(hello.config.base_naming_saved_disks())?;
+    let config = hello.config.to_vm_config(hello.config.base_naming_saved_devices())?;
     let ranges = crate::memory::ram_ranges(config.mem_bytes);
     let total: u64 = ranges.iter().map(|&(_, len)| len).sum();
     if total != hello.memory_bytes {

@@ -197,7 +197,7 @@ impl SavedConfig {
     /// every check of the configuration runs without an operator: for checking a snapshot or a
     /// stream on its own (`migration::wire::parse_stream`, the fuzz targets). Nothing it names
     /// is to be opened: a restore's disks are its operator's.
-    pub fn base_naming_saved_disks(&self) -> VmConfig {
+    pub fn base_naming_saved_devices(&self) -> VmConfig {
         let disks = self
             .disks
             .iter()
