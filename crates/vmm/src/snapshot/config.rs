@@ -225,7 +225,9 @@ impl SavedConfig {
     /// timeout, seccomp, CPU placement) and the disks its operator named (`--disk`), which take
     /// the saved disks' places in order: a saved path is never opened. Each named disk must be of
     /// the saved one's kind, read-only or not as it was, and of its size (checked once open,
-    /// `Vm::check_disk_sizes`); the test device is there only if the operator asked for it.
+    /// `Vm::check_disk_sizes`). Its NICs are the taps the operator named (`--net`), in order,
+    /// each with the saved MAC address. The test device is there only if the operator asked for
+    /// it.
     pub fn to_vm_config(&self, base: VmConfig) -> Result<VmConfig, SnapshotError> {
         self.check()?;
         if !base.vhost_user_disks.is_empty() || !base.vhost_user_nets.is_empty() {
