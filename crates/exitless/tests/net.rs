@@ -2,8 +2,8 @@
 //! IOCore, a real tap in a network namespace of the test's own, and `exitless udp-echo` there.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
+use test_infra::net::{ip, wait_for_echo};
 use test_infra::{args, exitless, json_lines, line_with, stderr, stdout};
 
 const MODES: [&str; 6] = ["trap", "eventfd", "pv-eoi", "sidecore", "exitless", "adaptive"];
@@ -12,11 +12,6 @@ const TAP: &str = "exltest0";
 struct Lab {
     netns: String,
     responder: Child,
-}
-
-fn ip(args: &[&str]) {
-    let status = Command::new("ip").args(args).status().expect("ip (iproute2)");
-    assert!(status.success(), "ip {args:?}");
 }
 
 impl Lab {
@@ -52,19 +47,6 @@ impl Lab {
         let net = format!("tap={TAP},netns={}", self.netns);
         let line = "run --probe --pin-vcpu 0 --iocore-cpu 1 --timeout 120 --stats --json";
         exitless(&args(line, &["--net", &net, "--io-mode", mode, "--cmdline", cmdline]))
-    }
-}
-
-/// Wait until the echo responder in network namespace `netns` has bound UDP port 7.
-fn wait_for_echo(netns: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let udp = Command::new("ip").args(["netns", "exec", netns, "cat", "/proc/net/udp"]).output().unwrap();
-        if String::from_utf8_lossy(&udp.stdout).contains(":0007 ") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the echo responder did not start");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

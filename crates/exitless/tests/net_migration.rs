@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use test_infra::api::http;
 use test_infra::background::Background;
 use test_infra::migration::{assert_report, send_migration_to};
-use test_infra::net::{ip, Netns};
+use test_infra::net::{ip, wait_for_echo, Netns};
 use test_infra::{one_at_a_time, probe_result};
 
 /// The guest's MAC address (exitless's default for the first device).
@@ -47,18 +47,13 @@ impl Lab {
             .spawn()
             .unwrap();
         let lab = Lab { netns, responder };
-        lab.wait_until(|| lab.udp_table().contains(":0007 "), "the echo responder to bind");
+        wait_for_echo(&lab.netns.name);
         lab
     }
 
     /// `--net` for the tap called `tap`.
     fn net(&self, tap: &str) -> String {
         format!("tap={tap},netns={}", self.netns.name)
-    }
-
-    fn udp_table(&self) -> String {
-        let out = self.netns.command("cat").arg("/proc/net/udp").output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Datagrams the namespace's UDP stack has taken in (`Udp: InDatagrams`).

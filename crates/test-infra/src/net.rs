@@ -3,6 +3,7 @@
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Run `ip ARGS` (iproute2, installed by setup); panic if it fails.
 pub fn ip(args: &[&str]) {
@@ -80,5 +81,18 @@ impl Drop for Veth {
     fn drop(&mut self) {
         // Deleting one end deletes both, wherever the peer is.
         let _ = Command::new("ip").args(["link", "del", &self.ours]).status();
+    }
+}
+
+/// Wait until the echo responder in network namespace `netns` has bound UDP port 7.
+pub fn wait_for_echo(netns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let udp = Command::new("ip").args(["netns", "exec", netns, "cat", "/proc/net/udp"]).output().unwrap();
+        if String::from_utf8_lossy(&udp.stdout).contains(":0007 ") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the echo responder did not start");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
