@@ -5,6 +5,7 @@
 
 mod fairness;
 mod frame_rate;
+mod host_frames;
 mod qemu;
 mod switch;
 mod vm_to_vm;
@@ -48,6 +49,8 @@ const UPLINK_GUEST_IP: &str = "10.97.0.2";
 /// The taps of the VM-to-VM peer, on a bridge in a namespace of their own.
 const BRIDGE_TAPS: [&str; 2] = ["exlb0", "exlb1"];
 const PORT: u16 = 7;
+/// Bytes of each frame in the frame-rate rows, as a 64-byte frame is counted: without its FCS.
+const FRAME_LEN: usize = 60;
 
 /// Why the network bench stopped.
 #[derive(Debug, Error)]
@@ -150,11 +153,13 @@ struct Row {
     exits_per_transaction: Option<f64>,
     exits_by_cause: Map<String, Value>,
     bare_metal_transactions_per_s: Option<f64>,
-    /// Guest transactions per second over bare metal's (1.0: equal).
+    /// Guest transactions per second over bare metal's (1.0: equal); in a frame-rate row,
+    /// frames a second over bare metal's frame rate.
     ratio_to_bare_metal: Option<f64>,
     /// Guest p50 latency over bare metal's (1.0: equal; the papers' latency comparison).
     p50_ratio_to_bare_metal: Option<f64>,
-    /// For exitless's rows: transactions per second over the best QEMU row's (1.0: equal).
+    /// For exitless's rows: transactions (or frames) per second over the best QEMU row's on the
+    /// same path and workload (1.0: equal).
     ratio_to_qemu: Option<f64>,
     cpu_cores_used: Option<f64>,
     /// The peer's command line (QEMU's rows).
@@ -182,6 +187,15 @@ impl Row {
         self.exits_per_transaction = Some(run.counters.get("exits") as f64 / ops.max(1) as f64);
         self.exits_by_cause = causes_per(&run.counters, ops);
         self.cpu_cores_used = run.cores_used;
+    }
+
+    /// What the row's ratios compare: frames a second (in millions) for a frame-rate row,
+    /// transactions a second otherwise.
+    fn rate(&self) -> Option<f64> {
+        match self.workload {
+            "frames" => self.mpps,
+            _ => self.transactions_per_s,
+        }
     }
 
     /// A row of `vmm` in `mode`, nothing measured yet.
@@ -276,6 +290,16 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
         }
         best
     };
+    // Frames over the same veth pair: what the frame-rate rows are against.
+    let bare_metal_frames = match args.no_baseline {
+        true => None,
+        false => {
+            progress(format_args!("{}: as many as one namespace sends the other", host_frames::ROW_NAME));
+            let row = host_frames::row(&lab, args);
+            results.push(row.clone());
+            Some(row)
+        }
+    };
     // QEMU first looked for, so that a missing QEMU stops the bench before it measures.
     let qemu = match args.peers.contains(&Peer::Qemu) {
         true => Some(qemu::QemuNet::new(crate::qemu::Qemu::find().ok_or(NetError::NoQemu)?)?),
@@ -308,28 +332,35 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
     guests.push(frame_rate::vm_row(args, tsc_khz, vm_to_vm::responder_cpu(args)));
     let mut peers = qemu.as_ref().map(|q| q.rows(args, &lab, tsc_khz)).unwrap_or_default();
     if let Some(qemu) = &qemu {
-        peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz));
+        peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz, vm_to_vm::Workload::UdpRr));
+        peers.extend(vm_to_vm::rows(qemu, args, &lab, tsc_khz, vm_to_vm::Workload::Frames));
     }
-    // "x QEMU": against the QEMU configuration with the most transactions per second on the
-    // same path (QEMU's own backends, not QEMU on exitless's daemon).
-    let best_peer = |path: &str| {
+    // "x QEMU": against the QEMU configuration with the highest rate on the same path and
+    // workload (QEMU's own backends, not QEMU on exitless's daemon).
+    let best_peer = |row: &Row| {
         peers
             .iter()
-            .filter(|r| r.vmm == "qemu" && r.path == path)
-            .filter_map(|r| r.transactions_per_s)
+            .filter(|r| r.vmm == "qemu" && r.path == row.path && r.workload == row.workload)
+            .filter_map(Row::rate)
             .reduce(f64::max)
     };
-    let best: Vec<Option<f64>> = guests.iter().chain(&peers).map(|r| best_peer(r.path)).collect();
+    let best: Vec<Option<f64>> = guests.iter().chain(&peers).map(best_peer).collect();
     for (row, best) in guests.iter_mut().chain(peers.iter_mut()).zip(best) {
         // Not the many-VM row: its rate is a sum over VMs, the others' one VM's.
         if row.vmm != "qemu" && row.vms.is_none() {
-            row.ratio_to_qemu = row.transactions_per_s.zip(best).map(|(g, q)| g / q);
+            row.ratio_to_qemu = row.rate().zip(best).map(|(g, q)| g / q);
         }
     }
     for mut row in guests.into_iter().chain(peers) {
-        // Not the many-VM row (a sum over VMs) nor the frame-rate row (frames, not transactions).
-        if let Some(host) = bare_metal.as_ref().filter(|_| row.vms.is_none() && row.workload == "udp-rr") {
-            // Ratios are against the better of the two bare-metal clients (lower p50).
+        if row.workload == "frames" {
+            // VM to VM only: the NIC-to-NIC row runs no guest and no stack, so a ratio to
+            // sockets over veth would say little.
+            if let Some(host) = bare_metal_frames.as_ref().filter(|_| row.path == "vm-to-vm") {
+                row.ratio_to_bare_metal = row.mpps.zip(host.mpps).map(|(g, h)| g / h);
+            }
+        } else if let Some(host) = bare_metal.as_ref().filter(|_| row.vms.is_none()) {
+            // Not the many-VM row (a sum over VMs). Ratios are against the better of the two
+            // bare-metal clients (lower p50).
             row.bare_metal_transactions_per_s = host.transactions_per_s;
             row.ratio_to_bare_metal = row.transactions_per_s.zip(host.transactions_per_s).map(|(g, h)| g / h);
             row.p50_ratio_to_bare_metal = row.p50_us.zip(host.p50_us).map(|(g, h)| g / h);
@@ -348,7 +379,10 @@ fn run(args: &NetBenchArgs) -> Result<Report, NetError> {
              client 10.96.0.2 -> the daemon's switch, or tap, bridge, tap -> guest `udp-echo` 10.96.0.1:{PORT}; bare metal \
              {CLIENT_VETH_IP} -> veth -> {SERVER_VETH_IP}:{PORT}; responder `exitless udp-echo` in its own \
              network namespace; 64 B frames: one NIC's transmit ring -> the switch on one IOCore -> another \
-             NIC's receive ring, in this process, and VM 10.95.0.2 -> the daemon's switch -> VM 10.95.0.1"
+             NIC's receive ring, in this process; VM 10.95.0.2 -> the daemon's switch -> VM 10.95.0.1; QEMU \
+             guest 10.96.0.2 -> the daemon's switch, or tap, bridge, tap -> guest 10.96.0.1:{PORT}; bare \
+             metal `exitless udp-flood` {CLIENT_VETH_IP} -> veth -> `exitless udp-count` {SERVER_VETH_IP}:{}",
+            host_frames::COUNT_PORT
         ),
         qemu: qemu.as_ref().map(|q| q.version().to_string()),
         bare_metal: BARE_METAL.into(),
@@ -477,19 +511,28 @@ impl Lab {
         Ok(lab)
     }
 
-    /// Wait until the responder's socket is bound (it shows in the namespace's /proc/net/udp).
+    /// Wait until the responder's socket is bound.
     fn wait_for_responder(&self) -> Result<(), NetError> {
-        let port = format!(":{PORT:04X} ");
+        match self.server_port_bound(PORT) {
+            true => Ok(()),
+            false => Err(NetError::ResponderNotStarted),
+        }
+    }
+
+    /// Whether a socket in the server's namespace is bound to UDP `port` within 10 s (it shows
+    /// in the namespace's /proc/net/udp).
+    fn server_port_bound(&self, port: u16) -> bool {
+        let port = format!(":{port:04X} ");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
             let output =
                 Command::new("ip").args(["netns", "exec", &self.server, "cat", "/proc/net/udp"]).output();
             if output.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.contains(&port))) {
-                return Ok(());
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(NetError::ResponderNotStarted)
+        false
     }
 
     fn baseline(&self, args: &NetBenchArgs, client: Client) -> Result<Row, NetError> {
@@ -612,7 +655,43 @@ impl Drop for Lab {
 }
 
 impl Report {
+    /// The request-response table, then the frame-rate table.
     fn table(&self, markdown: bool) -> String {
+        let (frames, transactions): (Vec<&Row>, Vec<&Row>) =
+            self.results.iter().partition(|r| r.workload == "frames");
+        let mut out = self.transactions_table(&transactions, markdown);
+        if !frames.is_empty() {
+            out += &self.frames_table(&frames, markdown);
+        }
+        out
+    }
+
+    /// The context lines of either table: only the machine on a terminal.
+    fn context(&self, markdown: bool) -> Vec<(String, String)> {
+        let mut context = self.about.context();
+        context.push(("network".to_string(), self.network.clone()));
+        if let Some(qemu) = &self.qemu {
+            context.push(("QEMU".to_string(), qemu.clone()));
+        }
+        if !markdown {
+            context.retain(|(k, _)| k == "machine");
+        }
+        context
+    }
+
+    /// Each row's note; and in Markdown each peer's command line, to go last.
+    fn notes(rows: &[&Row], markdown: bool) -> (Vec<String>, Vec<String>) {
+        let notes = rows.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
+        let commands = match markdown {
+            true => {
+                rows.iter().filter_map(|r| r.command.as_ref().map(|c| format!("{}: `{c}`", r.mode))).collect()
+            }
+            false => Vec::new(),
+        };
+        (notes, commands)
+    }
+
+    fn transactions_table(&self, rows: &[&Row], markdown: bool) -> String {
         let header = vec![
             "mode",
             "transactions/s",
@@ -625,9 +704,7 @@ impl Report {
             "x QEMU",
             "cores",
         ];
-        let number = |v: Option<f64>, digits: usize| v.map_or("n/a".into(), |v| format!("{v:.digits$}"));
-        let rows = self
-            .results
+        let cells = rows
             .iter()
             .map(|r| {
                 vec![
@@ -644,20 +721,11 @@ impl Report {
                 ]
             })
             .collect();
-        let mut context = self.about.context();
-        context.push(("network".to_string(), self.network.clone()));
-        if let Some(qemu) = &self.qemu {
-            context.push(("QEMU".to_string(), qemu.clone()));
-        }
-        if !markdown {
-            context.retain(|(k, _)| k == "machine");
-        }
-        let mut notes: Vec<String> =
-            self.results.iter().filter_map(|r| r.note.as_ref().map(|n| format!("{}: {n}", r.mode))).collect();
-        if self.results.iter().any(|r| r.vmm == "host") {
+        let (mut notes, commands) = Self::notes(rows, markdown);
+        if rows.iter().any(|r| r.vmm == "host") {
             notes.push(format!("{}.", self.bare_metal));
         }
-        if self.results.iter().any(|r| r.vmm == "qemu") {
+        if rows.iter().any(|r| r.vmm == "qemu") {
             notes.push(
                 "x QEMU: an exitless row's transactions/s over the best QEMU row's (same guest, tap and \
                  responder; QEMU's own backends only). The row of QEMU on exitless vhost-user-net reaches \
@@ -666,16 +734,56 @@ impl Report {
                     .into(),
             );
         }
-        if markdown {
-            notes.extend(
-                self.results.iter().filter_map(|r| r.command.as_ref().map(|c| format!("{}: `{c}`", r.mode))),
-            );
-        }
-        let size = self.results.first().map_or(0, |r| r.size);
+        notes.extend(commands);
+        let size = rows.first().map_or(0, |r| r.size);
         let peers = if self.qemu.is_some() { " and QEMU-KVM" } else { "" };
         let title = format!(
             "net: UDP request-response, {size} B, exitless's I/O modes against bare metal (veth){peers}"
         );
-        Table { title, context, header, rows, notes }.render(markdown)
+        Table { title, context: self.context(markdown), header, rows: cells, notes }.render(markdown)
     }
+
+    fn frames_table(&self, rows: &[&Row], markdown: bool) -> String {
+        let header = vec![
+            "mode",
+            "path",
+            "Mpps",
+            "exits/frame",
+            "exit causes per frame",
+            "x bare metal",
+            "x QEMU",
+            "cores",
+        ];
+        let cells = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.mode.clone(),
+                    r.path.to_string(),
+                    number(r.mpps, 3),
+                    number(r.exits_per_transaction, 3),
+                    format_causes(&r.exits_by_cause),
+                    number(r.ratio_to_bare_metal, 2),
+                    number(r.ratio_to_qemu, 2),
+                    number(r.cpu_cores_used, 2),
+                ]
+            })
+            .collect();
+        let (mut notes, commands) = Self::notes(rows, markdown);
+        notes.push(
+            "x bare metal (VM-to-VM rows): frames a second over the bare-metal row's (UDP sockets over the veth \
+             pair, on the vCPU's and the IOCore's CPUs). x QEMU: over the best QEMU row's on the same path (two \
+             QEMUs on taps and a bridge)."
+                .into(),
+        );
+        notes.extend(commands);
+        let title =
+            "net: 64 B frames (60 bytes without the FCS), one side sending as fast as it can, the other counting".to_string();
+        Table { title, context: self.context(markdown), header, rows: cells, notes }.render(markdown)
+    }
+}
+
+/// `v` with `digits` decimals, or n/a.
+fn number(v: Option<f64>, digits: usize) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.digits$}"))
 }

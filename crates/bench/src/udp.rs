@@ -3,9 +3,13 @@
 //! request-response client sends one datagram, waits for its echo, and repeats, like netperf's
 //! UDP_RR. The same responder serves the guest (through a tap) and the baseline's client
 //! (through a veth pair). With `--packet`, the client goes without the socket layer and the
-//! kernel's UDP/IP stack (see [`packet`]).
+//! kernel's UDP/IP stack (see [`packet`]). `exitless udp-flood` and `exitless udp-count` are
+//! the bare-metal frame rate (see [`frames`]).
 
+mod frames;
 mod packet;
+
+pub use frames::{count as frames_count, flood as frames_flood, UdpCountArgs, UdpFloodArgs};
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};

@@ -35,6 +35,12 @@ pub enum Command {
     /// A UDP request-response client (like netperf UDP_RR): one datagram out, wait for its
     /// echo, repeat; prints one JSON line with transactions per second and latency.
     UdpRr(exitless_bench::udp::UdpRrArgs),
+    /// A UDP flood: 18-byte datagrams (64-byte frames), as fast as the kernel takes them, for
+    /// `exitless udp-count` to count; prints one JSON line with frames sent per second.
+    UdpFlood(exitless_bench::udp::UdpFloodArgs),
+    /// Counts `exitless udp-flood`'s (or the probe's `frames-send`) datagrams and those lost;
+    /// prints one JSON line with frames received per second.
+    UdpCount(exitless_bench::udp::UdpCountArgs),
     /// Serve a virtio-blk disk over vhost-user (to QEMU's vhost-user-blk and other frontends).
     VhostUserBlk(vhost_user_blk::VhostUserBlkArgs),
     /// Serve NICs over vhost-user (to QEMU's -netdev vhost-user and other frontends), joined by

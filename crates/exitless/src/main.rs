@@ -37,6 +37,8 @@ fn main() {
         cli::Command::Bench(args) => exitless_bench::main(*args),
         cli::Command::UdpEcho(args) => exitless_bench::udp::echo(args),
         cli::Command::UdpRr(args) => exitless_bench::udp::rr(args),
+        cli::Command::UdpFlood(args) => exitless_bench::udp::frames_flood(args),
+        cli::Command::UdpCount(args) => exitless_bench::udp::frames_count(args),
         cli::Command::VhostUserBlk(args) => match vhost_user_blk::run(args) {
             Ok(()) => 0,
             Err(vhost_user_blk::Error::Usage(e)) => {

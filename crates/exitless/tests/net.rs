@@ -152,9 +152,10 @@ fn bad_network_options_are_one_line_errors() {
 /// vhost-net row is measured where the host has /dev/vhost-net and says why not where it has
 /// not; exitless's rows carry their ratio to the best QEMU row, and so does QEMU on exitless
 /// vhost-user-net, which reaches the responder through the daemon's uplink. And VM to VM, both
-/// guests' QEMUs on the daemon or on a bridge, and eight exitless VMs on one daemon. Shorter than the probe's mark
-/// linger under QEMU (30 ms), so a run whose measured time the linger ate shows as no
-/// transactions. Nothing here is a speed claim.
+/// guests' QEMUs on the daemon or on a bridge, eight exitless VMs on one daemon, and the frame
+/// rates with their peers (bare metal over veth, two QEMUs on a bridge). Shorter than the
+/// probe's mark linger under QEMU (30 ms), so a run whose measured time the linger ate shows
+/// as no transactions. Nothing here is a speed claim.
 #[test]
 fn bench_net_measures_qemu_on_the_same_tap() {
     let _one = test_infra::one_at_a_time();
@@ -296,9 +297,89 @@ fn bench_net_measures_qemu_on_the_same_tap() {
     let counted = vm_frames["transactions"].as_u64().unwrap();
     assert!(counted > 0 && vm_frames["mpps"].as_f64().is_some_and(|m| m > 0.0), "none counted: {vm_frames}");
     assert!(vm_frames["note"].as_str().is_some_and(|n| n.contains("the sending VM offered")), "{vm_frames}");
+    assert!(frames["ratio_to_bare_metal"].is_null(), "no guest, no stack: {frames}");
+    // The frame rate's peers: sockets over the veth pair between two namespaces, and two QEMU
+    // guests (`frames-send`, `frames-count`) on taps and a bridge; and the same two QEMU guests
+    // on the daemon. Each counted frames; the VM-to-VM rows carry their ratios to both peers.
+    let host_frames = row("64 B frames bare metal (veth, UDP sockets: sendmmsg, busy-poll recvmmsg)");
+    assert_eq!(
+        (host_frames["vmm"].as_str(), host_frames["workload"].as_str()),
+        (Some("host"), Some("frames"))
+    );
+    let host_mpps = host_frames["mpps"].as_f64().filter(|&m| m > 0.0).expect("bare-metal frames counted");
+    let qemu_frames = |mode: &str, carried_by: &str| {
+        let r = row(mode);
+        assert_eq!((r["path"].as_str(), r["workload"].as_str()), (Some("vm-to-vm"), Some("frames")), "{r}");
+        assert!(r["transactions"].as_u64().is_some_and(|n| n > 0), "none counted: {r}");
+        assert!(r["note"].as_str().is_some_and(|n| n.contains("the sending VM offered")), "{r}");
+        let command = r["command"].as_str().unwrap_or_default();
+        assert!(command.contains("frames-send") && command.contains(carried_by), "{r}");
+        r.clone()
+    };
+    let bridge_frames =
+        qemu_frames("64 B frames two qemu on taps and a linux bridge, sender and counter poll", "tap,");
+    let switch_frames = qemu_frames(
+        "64 B frames two qemu on exitless vhost-user-net (sidecore), sender and counter poll",
+        "vhost-user,",
+    );
+    let bridge_mpps = bridge_frames["mpps"].as_f64().expect("the bridge's frame rate");
+    for ours in [&switch_frames, vm_frames] {
+        let mpps = ours["mpps"].as_f64().expect("a frame rate");
+        let against = |key: &str, peer: f64| {
+            let ratio = ours[key].as_f64().unwrap_or_else(|| panic!("no {key}: {ours}"));
+            assert!((ratio - mpps / peer).abs() < 1e-9 * ratio.max(1.0), "{key}: {ours}");
+        };
+        against("ratio_to_qemu", bridge_mpps);
+        against("ratio_to_bare_metal", host_mpps);
+    }
     for r in rows.iter().filter(|r| r["vmm"] != "exitless" && r["vmm"] != "qemu+exitless") {
         assert!(r["ratio_to_qemu"].is_null(), "x QEMU is for exitless's rows: {r}");
     }
+}
+
+/// `exitless udp-flood` and `exitless udp-count` over a namespace's loopback: what the counter
+/// counted and what it knows lost add up to no more than was sent, and both say how many.
+#[test]
+fn udp_count_counts_what_udp_flood_sends() {
+    let _shared = test_infra::alongside_others();
+    let netns = test_infra::net::Netns::create();
+    let counter = netns
+        .command(env!("CARGO_BIN_EXE_exitless"))
+        .args(["udp-count", "--bind", "127.0.0.1:9", "--idle-ms", "500"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("udp-count starts");
+    test_infra::net::wait_for_udp(&netns.name, 9, "udp-count");
+    let flood = netns
+        .command(env!("CARGO_BIN_EXE_exitless"))
+        .args(["udp-flood", "--to", "127.0.0.1:9", "--duration-ms", "200"])
+        .output()
+        .expect("udp-flood runs");
+    assert_eq!(flood.status.code(), Some(0), "{}", stderr(&flood));
+    let counted = counter.wait_with_output().expect("udp-count ends");
+    assert_eq!(counted.status.code(), Some(0), "{}", stderr(&counted));
+    let (sent, got) = (line_with(&flood, "probe", "udp-flood"), line_with(&counted, "probe", "udp-count"));
+    let sent_frames = sent["ops"].as_u64().expect("frames sent");
+    assert!(sent_frames > 0 && sent["size"] == 60, "{sent}");
+    // Loopback drops what finds the counter's socket buffer full: the counter tells them by
+    // the sequence numbers missing.
+    let (ops, lost) = (got["ops"].as_u64().unwrap(), got["lost"].as_u64().unwrap());
+    assert!(ops > 0 && ops + lost <= sent_frames, "sent {sent}, counted {got}");
+    assert!(got["fps"].as_f64().is_some_and(|f| f > 0.0), "{got}");
+}
+
+/// `exitless udp-count` with nobody sending: it gives up after `--wait-ms`, saying so.
+#[test]
+fn udp_count_without_a_sender_says_none_came() {
+    let _shared = test_infra::alongside_others();
+    let netns = test_infra::net::Netns::create();
+    let out = netns
+        .command(env!("CARGO_BIN_EXE_exitless"))
+        .args(["udp-count", "--bind", "127.0.0.1:9", "--wait-ms", "100"])
+        .output()
+        .expect("udp-count runs");
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no datagram came in 100 ms"), "{}", stderr(&out));
 }
 
 #[test]

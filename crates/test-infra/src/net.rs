@@ -86,13 +86,19 @@ impl Drop for Veth {
 
 /// Wait until the echo responder in network namespace `netns` has bound UDP port 7.
 pub fn wait_for_echo(netns: &str) {
+    wait_for_udp(netns, 7, "the echo responder");
+}
+
+/// Wait until `who`, in network namespace `netns`, has bound UDP `port`.
+pub fn wait_for_udp(netns: &str, port: u16, who: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
+    let bound = format!(":{port:04X} ");
     loop {
         let udp = Command::new("ip").args(["netns", "exec", netns, "cat", "/proc/net/udp"]).output().unwrap();
-        if String::from_utf8_lossy(&udp.stdout).contains(":0007 ") {
+        if String::from_utf8_lossy(&udp.stdout).contains(&bound) {
             return;
         }
-        assert!(Instant::now() < deadline, "the echo responder did not start");
+        assert!(Instant::now() < deadline, "{who} did not bind UDP port {port}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }

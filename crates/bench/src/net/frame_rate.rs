@@ -26,11 +26,9 @@ use virtqueue::queue::{Queue, QueueConfig, VIRTQ_DESC_F_WRITE};
 use virtqueue::QueueWorker;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use super::Row;
+use super::{Row, FRAME_LEN};
 use crate::args::NetBenchArgs;
 
-/// Bytes of each frame, as DPDK counts a 64-byte frame: without the 4-byte FCS.
-const FRAME_LEN: usize = 60;
 /// Descriptors in each ring.
 const RING: u16 = 256;
 /// Each guest's memory.
@@ -315,7 +313,7 @@ pub fn vm_row(args: &NetBenchArgs, tsc_khz: u32, counter_cpu: Option<usize>) -> 
 const COUNTER: (&str, &str) = ("10.95.0.1", "52:54:00:66:73:01");
 const SENDER_VM: (&str, &str) = ("10.95.0.2", "52:54:00:66:73:02");
 /// How much longer the counter runs than the sender, which starts after it.
-const COUNTER_EXTRA_MS: u64 = 3000;
+pub(super) const COUNTER_EXTRA_MS: u64 = 3000;
 
 fn measure_vms(row: &mut Row, args: &NetBenchArgs, tsc_khz: u32, counter_cpu: usize) -> Result<(), String> {
     use crate::probe_dir::ProbeDir;

@@ -85,6 +85,12 @@ pub enum QemuNetError {
     /// The VM-to-VM responder's QEMU did not come up.
     #[error("the responder's QEMU did not come up: {0}")]
     ResponderNotUp(String),
+    /// The VM-to-VM frame counter's QEMU did not end in time.
+    #[error("the counting guest's QEMU did not end within {0:?}")]
+    ResponderNotDone(Duration),
+    /// The VM-to-VM frame counter gave no result (what its console said).
+    #[error("the counting guest gave no result: {0}")]
+    ResponderSaid(String),
     /// The probe's run under QEMU gave no usable result.
     #[error(transparent)]
     Probe(#[from] ProbeError),
@@ -214,6 +220,12 @@ pub(super) fn record(row: &mut Row, run: &QemuRun, marks: &[PeerMark]) -> Result
     row.transactions_per_s = line["tps"].as_f64();
     row.p50_us = line["p50_ns"].as_f64().map(|ns| ns / 1000.0);
     row.p99_us = line["p99_ns"].as_f64().map(|ns| ns / 1000.0);
+    record_marks(row, marks, ops)
+}
+
+/// Fill `row`'s exits (of every QEMU sampled), per one of `ops`, and cores between the probe's
+/// marks 0 and 1.
+pub(super) fn record_marks(row: &mut Row, marks: &[PeerMark], ops: u64) -> Result<(), QemuNetError> {
     let (start, end) = (find(marks, 0)?, find(marks, 1)?);
     let counters = exits_between(start, end);
     row.exits_per_transaction = Some(counters.get("exits") as f64 / ops.max(1) as f64);

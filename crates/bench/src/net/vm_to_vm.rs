@@ -1,27 +1,31 @@
-//! VM to VM in `exitless bench net`: two probe guests in QEMU-KVM, one the `udp-rr` client and
-//! the other the `udp-echo` responder, through `exitless vhost-user-net`'s switch, and through
-//! two taps on a Linux bridge (QEMU's user-space tap backend; this host has no vhost-net).
+//! VM to VM in `exitless bench net`: two probe guests in QEMU-KVM through `exitless
+//! vhost-user-net`'s switch, and through two taps on a Linux bridge (QEMU's user-space tap
+//! backend; this host has no vhost-net). Two workloads ([`Workload`]): UDP request-response
+//! (one guest the `udp-rr` client, the other the `udp-echo` responder), and 64-byte frames (one
+//! guest `frames-send`, the other `frames-count`).
 //!
 //! Each guest's vCPU has a CPU of its own (the probe waits in ring 3, spinning, even for an
-//! interrupt): the client's on the vCPU CPU, polling; the responder's on `--vm-responder-cpu`
-//! (by default a third CPU), taking interrupts; what carries the frames (the daemon's IOCore, or
-//! QEMU's main loops serving the taps) on the IOCore CPU. A host without a third CPU measures
-//! none of these rows unless told which CPU the responder shares. Exits are both VMs', sampled
-//! at the client's marks; cores are every process's.
+//! interrupt): the client's (or sender's) on the vCPU CPU, polling; the responder's (or
+//! counter's) on `--vm-responder-cpu` (by default a third CPU); what carries the frames (the
+//! daemon's IOCore, or QEMU's main loops serving the taps) on the IOCore CPU. A host without a
+//! third CPU measures none of these rows unless told which CPU the second guest shares. Exits
+//! are both VMs', sampled at the client's marks; cores are every process's.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use exitless_args::VhostIoMode;
 
+use super::frame_rate::COUNTER_EXTRA_MS;
 use super::qemu::{
-    in_netns, record, tap_nic, thread_names, vhost_user_nic, QemuNet, QemuNetError, MARK_LINGER_MS, MEM_MIB,
+    in_netns, record, record_marks, tap_nic, thread_names, vhost_user_nic, QemuNet, QemuNetError,
+    MARK_LINGER_MS, MEM_MIB,
 };
 use super::switch::{start_switch, SwitchError};
-use super::{Lab, Row, BRIDGE_TAPS, PORT, RUN_SLACK};
+use super::{Lab, Row, BRIDGE_TAPS, FRAME_LEN, PORT, RUN_SLACK};
 use crate::args::NetBenchArgs;
-use crate::qemu::{pin_threads, Qemu};
+use crate::qemu::{pin_threads, PeerMark, ProbeError, Qemu, QemuRun};
 
 /// What carries the frames between the two guests.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,10 +36,23 @@ pub enum Carrier {
     Bridge,
 }
 
+/// What the two guests do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// UDP request-response: the client polls, the responder takes interrupts.
+    UdpRr,
+    /// 64-byte frames, as many as the sender's transmit ring takes; both guests poll.
+    Frames,
+}
+
 /// The configurations, in report order: (mode name, carrier).
-pub const CONFIGS: [(&str, Carrier); 2] = [
+const UDP_RR_CONFIGS: [(&str, Carrier); 2] = [
     ("two qemu on exitless vhost-user-net, client poll, responder interrupt", Carrier::Switch),
     ("two qemu on taps and a linux bridge, client poll, responder interrupt", Carrier::Bridge),
+];
+const FRAMES_CONFIGS: [(&str, Carrier); 2] = [
+    ("64 B frames two qemu on exitless vhost-user-net (sidecore), sender and counter poll", Carrier::Switch),
+    ("64 B frames two qemu on taps and a linux bridge, sender and counter poll", Carrier::Bridge),
 ];
 
 const RESPONDER_IP: &str = "10.96.0.1";
@@ -43,25 +60,39 @@ const CLIENT_IP: &str = "10.96.0.2";
 const RESPONDER_MAC: &str = "52:54:00:65:78:11";
 const CLIENT_MAC: &str = "52:54:00:65:78:12";
 
-/// One row per configuration.
-pub fn rows(net: &QemuNet, args: &NetBenchArgs, lab: &Lab, tsc_khz: u32) -> Vec<Row> {
+/// One row per configuration of `workload`.
+pub fn rows(net: &QemuNet, args: &NetBenchArgs, lab: &Lab, tsc_khz: u32, workload: Workload) -> Vec<Row> {
     let responder_cpu = responder_cpu(args);
-    CONFIGS
+    let configs = match workload {
+        Workload::UdpRr => UDP_RR_CONFIGS,
+        Workload::Frames => FRAMES_CONFIGS,
+    };
+    configs
         .iter()
         .map(|&(name, carrier)| {
             let vmm = if carrier == Carrier::Switch { "qemu+exitless" } else { "qemu" };
-            let mut row = Row::new(vmm, name.to_string(), args.size);
+            let size = if workload == Workload::Frames { FRAME_LEN as u64 } else { args.size };
+            let mut row = Row::new(vmm, name.to_string(), size);
             row.path = "vm-to-vm";
+            if workload == Workload::Frames {
+                row.workload = "frames";
+            }
             let Some(cpu) = responder_cpu else {
                 row.note = Some(
-                    "not measured: VM to VM needs a third CPU, for the responder's vCPU (it spins), besides the \
-                     client's vCPU and the IOCore; --vm-responder-cpu names one to share"
+                    "not measured: VM to VM needs a third CPU, for the second guest's vCPU (it spins), besides \
+                     the first's and the IOCore; --vm-responder-cpu names one to share"
                         .into(),
                 );
                 return row;
             };
-            super::super::progress(format_args!("{name}: UDP request-response VM to VM, {} B", args.size));
-            if let Err(e) = measure(net, &mut row, args, lab, tsc_khz, carrier, cpu) {
+            match workload {
+                Workload::UdpRr => super::super::progress(format_args!(
+                    "{name}: UDP request-response VM to VM, {} B",
+                    args.size
+                )),
+                Workload::Frames => super::super::progress(format_args!("{name}: as many as one VM sends the other")),
+            }
+            if let Err(e) = measure(net, &mut row, args, lab, tsc_khz, (carrier, workload), cpu) {
                 row.note = Some(format!("not measured: {e}"));
             }
             row
@@ -86,7 +117,7 @@ fn measure(
     args: &NetBenchArgs,
     lab: &Lab,
     tsc_khz: u32,
-    carrier: Carrier,
+    (carrier, workload): (Carrier, Workload),
     responder_cpu: usize,
 ) -> Result<(), QemuNetError> {
     let dir = net.probe.path();
@@ -108,12 +139,38 @@ fn measure(
     };
     let [responder_nic, client_nic] = nics;
     let timeout = Duration::from_millis(args.duration_ms) + RUN_SLACK;
-    // It outlives the client's run, and is stopped when that ends.
-    let lifetime_ms = timeout.as_millis();
-    let responder_cmdline = format!(
-        "probe.workload=udp-echo probe.ip={RESPONDER_IP} probe.dst={CLIENT_IP} probe.port={PORT} \
-         probe.duration_ms={lifetime_ms} probe.tsc_khz={tsc_khz} probe.completion=interrupt"
-    );
+    let addresses = format!("probe.port={PORT} probe.tsc_khz={tsc_khz}");
+    let (responder_cmdline, cmdline, counter_ms) = match workload {
+        Workload::UdpRr => {
+            // It outlives the client's run, and is stopped when that ends.
+            let lifetime_ms = timeout.as_millis();
+            let responder = format!(
+                "probe.workload=udp-echo probe.ip={RESPONDER_IP} probe.dst={CLIENT_IP} {addresses} \
+                 probe.duration_ms={lifetime_ms} probe.completion=interrupt"
+            );
+            let client = format!(
+                "probe.workload=udp-rr probe.ip={CLIENT_IP} probe.dst={RESPONDER_IP} {addresses} probe.size={} \
+                 probe.duration_ms={} probe.warmup={} probe.completion=poll probe.pv_eoi=off \
+                 probe.mark_linger_ms={MARK_LINGER_MS}",
+                args.size, args.duration_ms, args.warmup
+            );
+            (responder, client, None)
+        }
+        Workload::Frames => {
+            // It counts from before the sender boots to after it stops, and its result is read.
+            let counter_ms = args.duration_ms + COUNTER_EXTRA_MS;
+            let counter = format!(
+                "probe.workload=frames-count probe.ip={RESPONDER_IP} probe.dst={CLIENT_IP} {addresses} \
+                 probe.duration_ms={counter_ms} probe.completion=poll probe.pv_eoi=off"
+            );
+            let sender = format!(
+                "probe.workload=frames-send probe.ip={CLIENT_IP} probe.dst={RESPONDER_IP} {addresses} \
+                 probe.duration_ms={} probe.completion=poll probe.pv_eoi=off probe.mark_linger_ms={MARK_LINGER_MS}",
+                args.duration_ms
+            );
+            (counter, sender, Some(counter_ms))
+        }
+    };
     let responder_qmp = dir.join("responder.qmp");
     let responder = Responder::start(
         net,
@@ -124,12 +181,6 @@ fn measure(
         netns,
         (responder_cpu, args.iocore_cpu),
     )?;
-    let cmdline = format!(
-        "probe.workload=udp-rr probe.ip={CLIENT_IP} probe.dst={RESPONDER_IP} probe.port={PORT} probe.size={} \
-         probe.duration_ms={} probe.warmup={} probe.tsc_khz={tsc_khz} probe.completion=poll \
-         probe.pv_eoi=off probe.mark_linger_ms={MARK_LINGER_MS}",
-        args.size, args.duration_ms, args.warmup
-    );
     let mut client_args = in_netns(netns, &net.qemu);
     client_args.extend(Qemu::probe_args(machine, net.probe.elf(), &cmdline, MEM_MIB));
     client_args.extend(thread_names());
@@ -147,16 +198,60 @@ fn measure(
         timeout,
         |pid| pin_threads(pid, vcpu_cpu, io_cpu),
     )?;
-    record(row, &run, &marks)?;
-    drop(responder);
+    match counter_ms {
+        None => record(row, &run, &marks)?,
+        Some(counter_ms) => {
+            let counted = responder.finish(Duration::from_millis(counter_ms) + RUN_SLACK)?;
+            record_frames(row, &run, &marks, &counted)?;
+            if let Some(note) = &mut row.note {
+                note.push_str(&format!(
+                    "; vCPUs on CPUs {vcpu_cpu} and {responder_cpu}, the frames carried on CPU {io_cpu}"
+                ));
+            }
+        }
+    }
     if let Some(daemon) = daemon {
         daemon.terminate(Duration::from_secs(10)).map_err(SwitchError::Daemon)?;
     }
     Ok(())
 }
 
-/// The responder's QEMU, killed when dropped.
-struct Responder(Child);
+/// Fill `row` from a frame-rate run: the counter's result in `counted` (its console), the
+/// sender's and the exits and cores between its marks.
+fn record_frames(
+    row: &mut Row,
+    run: &QemuRun,
+    marks: &[PeerMark],
+    counted: &str,
+) -> Result<(), QemuNetError> {
+    row.command = Some(run.command_line.clone());
+    let sent =
+        crate::probe_result(&run.stdout, "frames-send").ok_or(ProbeError::NoResult(run.guest_status))?;
+    if run.guest_status != probe_abi::status::OK {
+        return Err(ProbeError::Status { status: run.guest_status, line: sent }.into());
+    }
+    let Some(counted) = crate::probe_result(counted, "frames-count") else {
+        return Err(QemuNetError::ResponderSaid(counted.trim().to_string()));
+    };
+    let frames_sent = sent["ops"].as_u64().unwrap_or(0);
+    row.transactions = counted["ops"].as_u64().unwrap_or(0);
+    let fps = counted["fps"].as_f64().unwrap_or(0.0);
+    row.mpps = Some(fps / 1e6);
+    // Per frame sent: the counter takes fewer when it gets less of a CPU than the sender.
+    record_marks(row, marks, frames_sent)?;
+    row.note = Some(format!(
+        "the sending VM offered {:.3} Mpps ({frames_sent} frames), the counting VM took {:.3} Mpps ({} frames, {} \
+         lost); exits are both VMs', per frame sent",
+        sent["fps"].as_f64().unwrap_or(0.0) / 1e6,
+        fps / 1e6,
+        row.transactions,
+        counted["lost"].as_u64().unwrap_or(0),
+    ));
+    Ok(())
+}
+
+/// The responder's QEMU and its console's log, killed when dropped.
+struct Responder(Child, PathBuf);
 
 impl Responder {
     /// Boot the responder with `cmdline` and `nic`, its vCPU on `cpu` and its other threads on the
@@ -187,7 +282,7 @@ impl Responder {
             .stderr(err)
             .spawn()
             .map_err(QemuNetError::ResponderStart)?;
-        let mut responder = Responder(child);
+        let mut responder = Responder(child, log.clone());
         pin_threads(responder.pid(), cpu, io_cpu);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !qmp.exists() {
@@ -202,6 +297,18 @@ impl Responder {
 
     fn pid(&self) -> u32 {
         self.0.id()
+    }
+
+    /// Wait (at most `timeout`) for the guest to end; what its console said.
+    fn finish(mut self, timeout: Duration) -> Result<String, QemuNetError> {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.0.try_wait().ok().flatten().is_none() {
+            if std::time::Instant::now() > deadline {
+                return Err(QemuNetError::ResponderNotDone(timeout));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::read_to_string(&self.1).map_err(QemuNetError::ResponderLog)
     }
 }
 
