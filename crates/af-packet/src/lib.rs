@@ -29,26 +29,22 @@ use vm_memory::{Bytes, VolatileSlice};
 
 use mapping::Mapping;
 
-/// Bytes of one receive slot: its `tpacket2_hdr`, the virtio-net header and a segmentation-
-/// offload super-frame of up to 64 KiB with its Ethernet header and a VLAN tag.
-const RX_SLOT_SIZE: usize = 72 << 10;
-/// Bytes of one receive ring block, which holds 7 slots: the kernel allocates blocks in powers
-/// of two of pages, and slots never straddle blocks.
-const RX_BLOCK_SIZE: usize = 512 << 10;
-const RX_SLOTS_PER_BLOCK: usize = RX_BLOCK_SIZE / RX_SLOT_SIZE;
-/// Blocks in the receive ring (18.5 MiB).
-const RX_BLOCKS: usize = 37;
-/// Slots in the receive ring: at least as many as the transmit ring has, so that a burst one
-/// uplink sends another takes in whole.
-pub const RX_SLOTS: usize = RX_BLOCKS * RX_SLOTS_PER_BLOCK;
-const _: () = assert!(RX_SLOTS >= TX_SLOTS && RX_SLOT_SIZE.is_multiple_of(16));
-/// Bytes of one transmit slot: its `tpacket2_hdr`, the virtio-net header and a jumbo frame (9000
-/// bytes of payload, an Ethernet header and a VLAN tag), rounded up to a power of two.
-const TX_SLOT_SIZE: usize = 16 << 10;
-/// Bytes of one transmit ring block; slots never straddle blocks.
-const TX_BLOCK_SIZE: usize = 1 << 16;
-/// Slots in the transmit ring (4 MiB).
-pub const TX_SLOTS: usize = 256;
+/// Bytes of one slot of either ring: its `tpacket2_hdr`, the virtio-net header and a
+/// segmentation-offload super-frame of up to 64 KiB with its Ethernet header and a VLAN tag.
+const SLOT_SIZE: usize = 72 << 10;
+/// Bytes of one ring block, which holds 7 slots: the kernel allocates blocks in powers of two
+/// of pages, and slots never straddle blocks.
+const BLOCK_SIZE: usize = 512 << 10;
+const SLOTS_PER_BLOCK: usize = BLOCK_SIZE / SLOT_SIZE;
+/// Blocks in each ring (18.5 MiB).
+const BLOCKS: usize = 37;
+const SLOTS: usize = BLOCKS * SLOTS_PER_BLOCK;
+const _: () = assert!(SLOT_SIZE.is_multiple_of(16));
+/// Slots in the receive ring: as many as the transmit ring has, so that a burst one uplink
+/// sends another takes in whole.
+pub const RX_SLOTS: usize = SLOTS;
+/// Slots in the transmit ring.
+pub const TX_SLOTS: usize = SLOTS;
 /// Every protocol, as the kernel's `ETH_P_ALL`.
 const ETH_P_ALL: u16 = 0x0003;
 /// The virtio-net header before every frame (`struct virtio_net_hdr`, without `num_buffers`).
@@ -56,8 +52,8 @@ pub const VNET_HDR_LEN: usize = 10;
 /// Where a transmitted frame's bytes start in its slot (the kernel's `TPACKET2_HDRLEN` less the
 /// `sockaddr_ll` it counts in).
 const TX_DATA: usize = libc::TPACKET2_HDRLEN - size_of::<libc::sockaddr_ll>();
-/// The longest frame one transmit slot holds.
-pub const MAX_TX_FRAME: usize = TX_SLOT_SIZE - TX_DATA - VNET_HDR_LEN;
+/// The longest frame one transmit slot holds: a super-frame of up to 64 KiB fits.
+pub const MAX_TX_FRAME: usize = SLOT_SIZE - TX_DATA - VNET_HDR_LEN;
 /// `virtio_net_hdr.flags`: the checksum from `csum_start` on is not filled in.
 const VNET_NEEDS_CSUM: u8 = 1;
 
@@ -139,6 +135,15 @@ impl Received<'_> {
 pub enum Fill {
     /// The frame is the slot's first bytes, this many: send it.
     Frame(usize),
+    /// The same, with offloads left to the host (`struct virtio_net_hdr`): a checksum to fill
+    /// in, a TCP super-frame for it (or its NIC) to cut into segments. A header the kernel
+    /// refuses loses the frame, not the ring.
+    Offloaded {
+        /// The frame's bytes.
+        len: usize,
+        /// What is left to the host.
+        vnet_header: [u8; VNET_HDR_LEN],
+    },
     /// Nothing to send: the slot stays free.
     Nothing,
 }
@@ -196,25 +201,24 @@ impl PacketRing {
         set_option(&socket, libc::PACKET_VNET_HDR, &1i32).map_err(fail("set PACKET_VNET_HDR on"))?;
         set_option(&socket, libc::PACKET_IGNORE_OUTGOING, &1i32)
             .map_err(fail("set PACKET_IGNORE_OUTGOING on"))?;
-        // Frames go straight to the driver, as a switch's would, not through the host's qdisc.
-        set_option(&socket, libc::PACKET_QDISC_BYPASS, &1i32).map_err(fail("set PACKET_QDISC_BYPASS on"))?;
-        let rx_ring = libc::tpacket_req {
-            tp_block_size: small(RX_BLOCK_SIZE),
-            tp_block_nr: small(RX_BLOCKS),
-            tp_frame_size: small(RX_SLOT_SIZE),
-            tp_frame_nr: small(RX_SLOTS),
-        };
-        let tx_ring = libc::tpacket_req {
-            tp_block_size: small(TX_BLOCK_SIZE),
-            tp_block_nr: small(TX_SLOTS * TX_SLOT_SIZE / TX_BLOCK_SIZE),
-            tp_frame_size: small(TX_SLOT_SIZE),
-            tp_frame_nr: small(TX_SLOTS),
+        // Frames go through the interface's queueing discipline, as the host's own do: not
+        // past it (PACKET_QDISC_BYPASS), where the kernel drops a super-frame the interface
+        // cannot take whole instead of cutting it into segments.
+        //
+        // A frame the kernel refuses as it takes it from the ring (a virtio-net header it finds
+        // wrong) is skipped, not sent. Without this the kernel stops at it, and every frame
+        // queued after it waits (see `flush` for those it drops later).
+        set_option(&socket, libc::PACKET_LOSS, &1i32).map_err(fail("set PACKET_LOSS on"))?;
+        let ring = libc::tpacket_req {
+            tp_block_size: small(BLOCK_SIZE),
+            tp_block_nr: small(BLOCKS),
+            tp_frame_size: small(SLOT_SIZE),
+            tp_frame_nr: small(SLOTS),
         };
         let index = i32::try_from(index).map_err(|_| PacketError::NoInterface(interface.into()))?;
-        set_option(&socket, libc::PACKET_RX_RING, &rx_ring).map_err(fail("make the receive ring of"))?;
-        set_option(&socket, libc::PACKET_TX_RING, &tx_ring).map_err(fail("make the transmit ring of"))?;
-        let rings = Mapping::of(&socket, RX_BLOCKS * RX_BLOCK_SIZE + TX_SLOTS * TX_SLOT_SIZE)
-            .map_err(fail("map the rings of"))?;
+        set_option(&socket, libc::PACKET_RX_RING, &ring).map_err(fail("make the receive ring of"))?;
+        set_option(&socket, libc::PACKET_TX_RING, &ring).map_err(fail("make the transmit ring of"))?;
+        let rings = Mapping::of(&socket, 2 * BLOCKS * BLOCK_SIZE).map_err(fail("map the rings of"))?;
         let address = libc::sockaddr_ll {
             sll_family: small(libc::AF_PACKET),
             sll_protocol: all_protocols,
@@ -269,14 +273,10 @@ impl PacketRing {
     /// Slot `index` of the receive ring (`false`, below [`RX_SLOTS`]) or the transmit ring
     /// (`true`, below [`TX_SLOTS`]), which follows it in the mapping.
     fn slot(&self, tx: bool, index: usize) -> Slot<'_> {
-        let (slots, size) = if tx { (TX_SLOTS, TX_SLOT_SIZE) } else { (RX_SLOTS, RX_SLOT_SIZE) };
-        assert!(index < slots, "slot {index} of a {slots}-slot ring");
-        let offset = match tx {
-            false => index / RX_SLOTS_PER_BLOCK * RX_BLOCK_SIZE + index % RX_SLOTS_PER_BLOCK * RX_SLOT_SIZE,
-            // Transmit blocks hold whole slots back to back.
-            true => RX_BLOCKS * RX_BLOCK_SIZE + index * TX_SLOT_SIZE,
-        };
-        Slot { start: self.rings.at(offset), size, _ring: std::marker::PhantomData }
+        assert!(index < SLOTS, "slot {index} of a {SLOTS}-slot ring");
+        let ring = if tx { BLOCKS * BLOCK_SIZE } else { 0 };
+        let offset = ring + index / SLOTS_PER_BLOCK * BLOCK_SIZE + index % SLOTS_PER_BLOCK * SLOT_SIZE;
+        Slot { start: self.rings.at(offset), size: SLOT_SIZE, _ring: std::marker::PhantomData }
     }
 
     /// Is a received frame waiting?
@@ -346,10 +346,14 @@ impl PacketRing {
                 VolatileSlice::new(slot.start.add(TX_DATA + VNET_HDR_LEN), MAX_TX_FRAME),
             )
         };
-        let Fill::Frame(len) = fill(&frame) else { return true };
+        let (len, vnet_header) = match fill(&frame) {
+            Fill::Nothing => return true,
+            // No offload: a zero virtio-net header.
+            Fill::Frame(len) => (len, [0; VNET_HDR_LEN]),
+            Fill::Offloaded { len, vnet_header } => (len, vnet_header),
+        };
         let len = len.min(MAX_TX_FRAME);
-        // No offload: a zero virtio-net header.
-        header.write_slice(&[0; VNET_HDR_LEN], 0).expect("the header fits its slot");
+        header.write_slice(&vnet_header, 0).expect("the header fits its slot");
         slot.write::<u32>(4, small(VNET_HDR_LEN + len));
         slot.status().store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
         self.tx_next = (self.tx_next + 1) % TX_SLOTS;
@@ -357,23 +361,41 @@ impl PacketRing {
         true
     }
 
-    /// Tell the kernel to send the frames queued since the last flush, without waiting. A
-    /// failure leaves them queued, for the next flush.
+    /// Tell the kernel to send the frames queued since the last flush, without waiting.
+    ///
+    /// A frame the kernel drops on its way to the interface (a super-frame that fails its
+    /// checks as it is cut into segments) fails the flush with its error, and would stay at
+    /// the head of the ring, tried again at every flush, with every frame behind it waiting.
+    /// It is lost instead: the frames after it go at the next flush.
     pub fn flush(&mut self) -> io::Result<()> {
         if !self.tx_queued {
             return Ok(());
         }
         // SAFETY: a zero-length send on our socket: it reads no buffer.
         let sent = unsafe { libc::send(self.socket.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
-        if sent < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() != io::ErrorKind::WouldBlock {
-                return Err(error);
-            }
-        } else {
+        if sent >= 0 {
             self.tx_queued = false;
+            return Ok(());
         }
-        Ok(())
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::WouldBlock {
+            return Ok(());
+        }
+        self.drop_refused();
+        Err(error)
+    }
+
+    /// Make the frame the kernel stopped at one it refuses as it takes it from the ring (a
+    /// zero length), so that it skips it (PACKET_LOSS). The kernel sends queued slots in ring
+    /// order, and runs only inside `flush`'s `send`: the oldest slot still waiting to be sent,
+    /// found from the next one to fill on, is the one it stopped at.
+    fn drop_refused(&mut self) {
+        let waiting = (0..TX_SLOTS)
+            .map(|i| self.slot(true, (self.tx_next + i) % TX_SLOTS))
+            .find(|slot| slot.status().load(Ordering::Acquire) == libc::TP_STATUS_SEND_REQUEST);
+        if let Some(slot) = waiting {
+            slot.write::<u32>(4, 0);
+        }
     }
 }
 
@@ -413,7 +435,8 @@ impl Slot<'_> {
         unsafe { self.start.add(offset).cast::<T>().read_volatile() }
     }
 
-    /// Write `value` at byte `offset` of the slot, which is ours (a free transmit slot).
+    /// Write `value` at byte `offset` of the slot, which is ours (a free transmit slot, or one
+    /// waiting to be sent, between two `send`s: the kernel reads it only inside one).
     fn write<T: Copy>(&self, offset: usize, value: T) {
         assert!(self.holds::<T>(offset), "a {}-byte write at {offset} of a slot", size_of::<T>());
         // SAFETY: in the slot and aligned (checked above); the kernel reads it only after the

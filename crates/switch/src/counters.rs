@@ -115,10 +115,14 @@ counters! {
         rx_spoofed,
         /// Frames from NICs queued for the host.
         tx_frames,
+        /// Of those, TCP super-frames (a NIC's TSO): passed to the host whole, for its stack
+        /// or its NIC to cut into segments.
+        tx_super_frames,
         /// Frames for the host that found its transmit ring full: dropped.
         tx_ring_full,
-        /// Frames for the host longer than it takes (a jumbo frame from a NIC of a larger MTU;
-        /// the uplink carries frames of up to 1518 bytes): dropped.
+        /// Frames for the host longer than it takes (a jumbo frame from a NIC of a larger MTU, a
+        /// super-frame whose segments would be; the uplink carries frames of up to 1518 bytes):
+        /// dropped.
         tx_too_big,
         /// Times the kernel refused to send what was queued (it goes with the next pass's).
         tx_errors,

@@ -5,7 +5,9 @@
 
 use af_packet::checksum::{fold, ones_complement_sum};
 
-use crate::offload::Segmentation;
+use af_packet::VNET_HDR_LEN;
+
+use crate::offload::{NetHeader, Segmentation};
 
 const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
@@ -14,6 +16,8 @@ const IPPROTO_TCP: u8 = 6;
 const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
+/// Where the checksum is in a TCP header.
+const TCP_CHECKSUM_OFFSET: u16 = 16;
 
 /// Where a super-frame's headers are.
 struct Layout {
@@ -120,6 +124,55 @@ pub(crate) fn cut(
         }
     }
     true
+}
+
+/// The most bytes a TCP super-frame's headers take: an Ethernet header with a VLAN tag, an IPv4
+/// header with options (longer than IPv6's without extensions) and a TCP header with options.
+pub(crate) const MAX_HEADERS_LEN: usize = 18 + 60 + 60;
+
+/// Why a super-frame is not passed to the host whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotForHost {
+    /// It is not the TCP super-frame its header says, or its checksum is not TCP's.
+    Malformed,
+    /// Its segments would be longer than the host's interface takes.
+    TooBig,
+    /// It carries a VLAN tag, which the kernel does not look past when it cuts a super-frame
+    /// it was given: the switch cuts it.
+    Tagged,
+}
+
+/// The virtio-net header that passes a TCP super-frame, whose first bytes (all its headers,
+/// up to [`MAX_HEADERS_LEN`]) are `start`, to the host's kernel whole, for its stack or its
+/// NIC to cut into segments of at most `max_segment_len` bytes. It is checked as the kernel
+/// checks what it takes from an untrusted sender: TCP over the IP version the header says,
+/// the checksum left at TCP's.
+pub(crate) fn host_header(
+    start: &[u8],
+    header: NetHeader,
+    max_segment_len: usize,
+) -> Result<[u8; VNET_HDR_LEN], NotForHost> {
+    let Some(segmentation) = header.segmentation else { return Err(NotForHost::Malformed) };
+    let Layout { ip, tcp, payload, .. } = layout(start, segmentation).ok_or(NotForHost::Malformed)?;
+    if header.checksum != Some((small(tcp), TCP_CHECKSUM_OFFSET)) {
+        return Err(NotForHost::Malformed);
+    }
+    let (Segmentation::Tcp4 { mss } | Segmentation::Tcp6 { mss }) = segmentation;
+    if ip != 14 {
+        return Err(NotForHost::Tagged);
+    }
+    if payload + usize::from(mss) > max_segment_len {
+        return Err(NotForHost::TooBig);
+    }
+    let mut bytes = [0u8; VNET_HDR_LEN];
+    bytes.copy_from_slice(&header.to_bytes(0)[..VNET_HDR_LEN]);
+    bytes[2..4].copy_from_slice(&small(payload).to_le_bytes());
+    Ok(bytes)
+}
+
+/// A header offset: below [`MAX_HEADERS_LEN`].
+fn small(offset: usize) -> u16 {
+    u16::try_from(offset).unwrap_or(u16::MAX)
 }
 
 fn put(bytes: &mut [u8], at: usize, value: [u8; 2]) {
@@ -244,5 +297,43 @@ pub(crate) mod tests {
         };
         assert!(cut(&frame, Segmentation::Tcp4 { mss: 1400 }, &mut out, two));
         assert_eq!(taken, 2, "a receiver out of buffers stops the cutting");
+    }
+
+    #[test]
+    fn the_host_is_passed_only_a_super_frame_its_kernel_can_cut() {
+        let tso = |ipv6: bool, checksum: (u16, u16), mss: u16| NetHeader {
+            checksum: Some(checksum),
+            segmentation: Some(match ipv6 {
+                true => Segmentation::Tcp6 { mss },
+                false => Segmentation::Tcp4 { mss },
+            }),
+        };
+        let (v4, v6) = (super_frame(false, &[7; 3000]), super_frame(true, &[7; 3000]));
+        let start = |frame: &[u8]| frame[..MAX_HEADERS_LEN].to_vec();
+        // flags, gso_type, hdr_len, gso_size, csum_start, csum_offset.
+        let header = host_header(&start(&v4), tso(false, (34, 16), 1400), 1514).unwrap();
+        assert_eq!(header, [1, 1, 54, 0, 0x78, 0x05, 34, 0, 16, 0]);
+        let header = host_header(&start(&v6), tso(true, (54, 16), 1400), 1514).unwrap();
+        assert_eq!(header, [1, 4, 74, 0, 0x78, 0x05, 54, 0, 16, 0]);
+        let refused = [
+            // The checksum not at TCP's, or not where the TCP header starts.
+            (start(&v4), tso(false, (34, 6), 1400), 1514, NotForHost::Malformed),
+            (start(&v4), tso(false, (30, 20), 1400), 1514, NotForHost::Malformed),
+            // IPv6 said of an IPv4 frame.
+            (start(&v4), tso(true, (34, 16), 1400), 1514, NotForHost::Malformed),
+            // Headers cut short.
+            (v4[..50].to_vec(), tso(false, (34, 16), 1400), 1514, NotForHost::Malformed),
+            // Segments longer than the interface takes.
+            (start(&v4), tso(false, (34, 16), 1461), 1514, NotForHost::TooBig),
+        ];
+        for (i, (start, header, max, why)) in refused.into_iter().enumerate() {
+            assert_eq!(host_header(&start, header, max), Err(why), "case {i}");
+        }
+        let mut tagged = v4[..12].to_vec();
+        tagged.extend_from_slice(&[0x81, 0, 0, 7]);
+        tagged.extend_from_slice(&v4[12..]);
+        assert_eq!(host_header(&start(&tagged), tso(false, (38, 16), 1400), 1514), Err(NotForHost::Tagged));
+        let plain = NetHeader { checksum: Some((34, 16)), segmentation: None };
+        assert_eq!(host_header(&start(&v4), plain, 1514), Err(NotForHost::Malformed));
     }
 }

@@ -17,7 +17,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use af_packet::{checksum, Fill, PacketRing};
+use af_packet::{checksum, Fill, PacketRing, VNET_HDR_LEN};
 use virtqueue::QueueWorker;
 use vm_memory::{Bytes, VolatileSlice};
 
@@ -32,6 +32,7 @@ use crate::mac_table::MacTable;
 use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::port::Port;
 use crate::rework::Rework;
+use crate::segment::{self, NotForHost, MAX_HEADERS_LEN};
 use crate::wake::Wakers;
 
 /// Ports one switch serves at most.
@@ -325,30 +326,49 @@ impl Switch {
         true
     }
 
-    /// Queue the gathered frame from port `from` on the uplink, its checksum filled in (or cut
-    /// into segments, a super-frame); whether there is an uplink.
+    /// Queue the gathered frame from port `from` on the uplink: its checksum filled in, or a
+    /// super-frame whole, for the host to cut; whether there is an uplink.
     fn send_to_uplink(&mut self, from: usize, frame_len: usize) -> bool {
         let (Some(uplink), Some(sender)) = (self.uplink.as_mut(), self.ports[from].as_deref_mut()) else {
             return false;
         };
         let (frame, header, mem) = (&self.frame, self.header, sender.memory());
         if header.segmentation.is_some() {
-            let each = |segment: &[u8]| {
-                queue_on_uplink(uplink, segment.len(), |into| {
-                    into.copy_from(segment);
-                    true
-                })
+            let mut start = [0u8; MAX_HEADERS_LEN];
+            let start = &mut start[..frame_len.min(MAX_HEADERS_LEN)];
+            let checked = match frame.read(mem, NET_HDR_LEN, start) {
+                true => segment::host_header(start, header, uplink.max_frame_len),
+                false => Err(NotForHost::Malformed),
             };
-            let load = |into: &mut [u8]| frame.read(mem, NET_HDR_LEN, into);
-            let counter = match self.rework.frames(load, header, frame_len, each) {
-                true => &mut sender.counters.tx_segmented,
-                false => &mut sender.counters.tx_bad_offload,
+            let counter = match checked {
+                Ok(vnet_header) => {
+                    let whole = |into: &VolatileSlice<'_>| frame.read_volatile(mem, NET_HDR_LEN, into);
+                    if queue_on_uplink(uplink, frame_len, Some(vnet_header), whole) {
+                        uplink.counters.tx_super_frames += 1;
+                    }
+                    return true;
+                }
+                Err(NotForHost::TooBig) => &mut uplink.counters.tx_too_big,
+                Err(NotForHost::Malformed) => &mut sender.counters.tx_bad_offload,
+                Err(NotForHost::Tagged) => {
+                    let each = |segment: &[u8]| {
+                        queue_on_uplink(uplink, segment.len(), None, |into| {
+                            into.copy_from(segment);
+                            true
+                        })
+                    };
+                    let load = |into: &mut [u8]| frame.read(mem, NET_HDR_LEN, into);
+                    match self.rework.frames(load, header, frame_len, each) {
+                        true => &mut sender.counters.tx_segmented,
+                        false => &mut sender.counters.tx_bad_offload,
+                    }
+                }
             };
             *counter += 1;
             return true;
         }
         // Copied straight from the chain; a checksum left is filled in in the ring's slot.
-        let _ = queue_on_uplink(uplink, frame_len, |into| {
+        let _ = queue_on_uplink(uplink, frame_len, None, |into| {
             let copied = frame.read_volatile(mem, NET_HDR_LEN, into);
             match header.checksum {
                 Some((start, offset)) => copied && checksum::finish(into, start.into(), offset.into()),
@@ -461,13 +481,15 @@ impl Drop for Switch {
     fn drop(&mut self) {
         if let Some(Uplink { ring, counters: c, .. }) = &self.uplink {
             log::info!(
-                "uplink {}: {} frames from the host switched ({} super-frames), {} sent to it; dropped: {} \
+                "uplink {}: {} frames from the host switched ({} super-frames), {} sent to it ({} super-frames); \
+                 dropped: {} \
                  too long, {} malformed, {} spoofed, {} with its transmit ring full, {} too long for it; {} \
                  failed flushes",
                 ring.interface(),
                 c.rx_frames,
                 c.rx_super_frames,
                 c.tx_frames,
+                c.tx_super_frames,
                 c.rx_too_big,
                 c.rx_malformed,
                 c.rx_spoofed,
@@ -496,7 +518,7 @@ pub(crate) fn deliver_plain(port: &mut Port, frame: Frame<'_>, frame_len: usize,
 fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], uplink: Option<&mut Uplink>) {
     let deliver_to = |port: &mut Port| deliver_plain(port, Frame::Bytes(frame), frame.len(), record.flow);
     let to_uplink = |uplink: &mut Uplink| {
-        let _ = queue_on_uplink(uplink, frame.len(), |into| {
+        let _ = queue_on_uplink(uplink, frame.len(), None, |into| {
             into.copy_from(frame);
             true
         });
@@ -530,11 +552,21 @@ fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], upli
 }
 
 /// Queue one frame on the uplink, written into its slot by `fill` (its length: the slot's
-/// first bytes), and count it; `fill` says whether it wrote it whole.
-fn queue_on_uplink(uplink: &mut Uplink, len: usize, fill: impl FnOnce(&VolatileSlice<'_>) -> bool) -> bool {
+/// first bytes), and count it; `fill` says whether it wrote it whole. A super-frame comes with
+/// the `vnet_header` that tells the host how to cut it, checked against the host's interface
+/// already. Whether it was queued.
+fn queue_on_uplink(
+    uplink: &mut Uplink,
+    len: usize,
+    vnet_header: Option<[u8; VNET_HDR_LEN]>,
+    fill: impl FnOnce(&VolatileSlice<'_>) -> bool,
+) -> bool {
     // Longer than the host's interface takes (a jumbo frame from a port of a larger MTU); a
     // tagged frame may be a tag longer, which is known once it is in the slot.
-    let untagged_limit = uplink.max_frame_len;
+    let untagged_limit = match vnet_header {
+        Some(_) => MAX_SUPER_FRAME_LEN,
+        None => uplink.max_frame_len,
+    };
     if len > untagged_limit + VLAN_TAG_LEN {
         uplink.counters.tx_too_big += 1;
         return false;
@@ -544,9 +576,10 @@ fn queue_on_uplink(uplink: &mut Uplink, len: usize, fill: impl FnOnce(&VolatileS
         Ok(into) if fill(&into) => {
             too_big = len > untagged_limit && !is_tagged(&into);
             copied = !too_big;
-            match too_big {
-                true => Fill::Nothing,
-                false => Fill::Frame(len),
+            match (too_big, vnet_header) {
+                (true, _) => Fill::Nothing,
+                (false, None) => Fill::Frame(len),
+                (false, Some(vnet_header)) => Fill::Offloaded { len, vnet_header },
             }
         }
         _ => Fill::Nothing,
@@ -561,7 +594,7 @@ fn queue_on_uplink(uplink: &mut Uplink, len: usize, fill: impl FnOnce(&VolatileS
         // The chain was checked when gathered: guest memory cannot shrink under it.
         (true, false) => {}
     }
-    queued
+    queued && copied
 }
 
 /// Does `frame` carry an 802.1Q tag after its addresses?

@@ -51,16 +51,22 @@ impl Host {
 
     /// The next frame within 5 s (a limit that only ends a test that would hang).
     fn receive(&self) -> Option<Vec<u8>> {
+        self.receive_with_header().map(|(_, frame)| frame)
+    }
+
+    /// The same, with its virtio-net header.
+    fn receive_with_header(&self) -> Option<([u8; af_packet::VNET_HDR_LEN], Vec<u8>)> {
         let mut pollfd = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one pollfd; a buffer of the length given.
         unsafe {
             if libc::poll(&mut pollfd, 1, 5000) != 1 {
                 return None;
             }
-            let mut buffer = vec![0u8; 65536];
+            let mut buffer = vec![0u8; 70_000];
             let n = libc::recv(self.0.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len(), 0);
             buffer.truncate(usize::try_from(n).ok()?);
-            Some(buffer.split_off(af_packet::VNET_HDR_LEN))
+            let frame = buffer.split_off(af_packet::VNET_HDR_LEN);
+            Some((buffer.try_into().ok()?, frame))
         }
     }
 }
@@ -344,4 +350,70 @@ fn hosts_super_frames(switches: usize) {
     let uplink = rig.switch.uplink_counters().unwrap();
     let counted = (uplink.rx_frames, uplink.rx_super_frames, uplink.rx_malformed, uplink.rx_too_big);
     assert_eq!(counted, (2, 1, 1, 0), "{uplink:?}");
+}
+
+/// A NIC's TCP super-frames go to the host whole, with the virtio-net header that tells its
+/// kernel how to cut them (no copy into segments, no checksum computed). One whose segments
+/// the host's interface would not take is dropped as too long; one that is not TCP, or whose
+/// checksum is not TCP's, as a bad offload; a VLAN-tagged one is cut by the switch. The
+/// uplink goes on.
+#[test]
+fn a_nics_super_frames_reach_the_host_whole() {
+    use super::offload::TSO4;
+    use crate::offload::Segmentation;
+    use crate::segment::tests::super_frame;
+
+    let (_veth, host, mut rig) = uplinked(&[PortPolicy::default()]);
+    let payload: Vec<u8> = (0..30_000u32).map(|i| (i * 11 % 251) as u8).collect();
+    let addressed = |mut frame: Vec<u8>| {
+        frame[..6].copy_from_slice(&HOST.0);
+        frame[6..12].copy_from_slice(&guest_mac(0).0);
+        frame
+    };
+    let frame = addressed(super_frame(false, &payload));
+    rig.guests[0].transmit_with(0, TSO4, &frame, &[NET_HDR_LEN, 3000]);
+    rig.poll();
+    let (header, got) = host.receive_with_header().expect("the super-frame reached the host");
+    assert!(got == frame, "the super-frame changed on the way ({} bytes of {})", got.len(), frame.len());
+    // TCP/IPv4 segments of 1,400 bytes, the checksum at TCP's.
+    assert_eq!((header[1], u16::from_le_bytes([header[4], header[5]])), (1, 1400), "{header:?}");
+    assert_eq!(
+        (u16::from_le_bytes([header[6], header[7]]), u16::from_le_bytes([header[8], header[9]])),
+        (34, 16)
+    );
+
+    // Segments of 9,000 bytes: longer than the interface's MTU (9,000) takes.
+    let jumbo_segments = NetHeader { segmentation: Some(Segmentation::Tcp4 { mss: 9000 }), ..TSO4 };
+    rig.guests[0].transmit_with(1, jumbo_segments, &frame, &[]);
+    // Its checksum left at UDP's place in the TCP header.
+    rig.guests[0].transmit_with(2, NetHeader { checksum: Some((34, 6)), ..TSO4 }, &frame, &[]);
+    // Not TCP.
+    let mut udp = frame.clone();
+    udp[23] = 17;
+    rig.guests[0].transmit_with(3, TSO4, &udp, &[]);
+    // VLAN-tagged: cut by the switch into 22 segments of up to 1,400 bytes.
+    let mut tagged = frame[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x07]);
+    tagged.extend_from_slice(&frame[12..]);
+    let tagged_header = NetHeader { checksum: Some((38, 16)), ..TSO4 };
+    rig.guests[0].transmit_with(4, tagged_header, &tagged, &[]);
+    let after = super::frame(HOST, guest_mac(0), 100, 9);
+    rig.guests[0].transmit(5, &after, &[]);
+    rig.poll();
+    // The host's interface takes the tag off as it receives them.
+    let mut lengths = Vec::new();
+    loop {
+        let frame = host.receive().expect("the segments and the frame after them reached the host");
+        if frame == after {
+            break;
+        }
+        lengths.push(frame.len());
+    }
+    let mut expected = vec![54 + 1400; 21];
+    expected.push(54 + 600);
+    assert_eq!(lengths, expected, "the tagged super-frame's segments, and nothing else");
+    let uplink = rig.switch.uplink_counters().unwrap();
+    assert_eq!((uplink.tx_frames, uplink.tx_super_frames, uplink.tx_too_big), (24, 1, 1), "{uplink:?}");
+    let sender = rig.counters(0);
+    assert_eq!((sender.tx_frames, sender.tx_bad_offload, sender.tx_segmented), (6, 2, 1), "{sender:?}");
 }
