@@ -157,6 +157,23 @@ fn nics_that_cannot_be_told_apart_or_have_no_address_and_uplinks_that_do_not_exi
     );
     let c = nic("a", "52:54:00:00:00:02");
     assert_one_line_error(&["vhost-user-net", "--nic", &a, "--nic", &c], 2, "is NIC nic0's already");
+    // Sharing an address (a live migration on this host) is said, of a NIC before it with it.
+    let twin = |name: &str, mac: &str, of: &str| format!("{},shares-mac-with={of}", nic(name, mac));
+    let cases = [
+        (twin("b", "52:54:00:00:00:01", "nic2"), "shares-mac-with=nic2, but no NIC before it is named nic2"),
+        (twin("b", "52:54:00:00:00:02", "nic0"), "shares-mac-with=nic0, whose address is 52:54:00:00:00:01"),
+        (twin("b", "52:54:00:00:00:01", "nic1"), "shares-mac-with=nic1, but no NIC before it"),
+    ];
+    for (b, says) in cases {
+        assert_one_line_error(&["vhost-user-net", "--nic", &a, "--nic", &b], 2, says);
+    }
+    // A third NIC with the address, sharing it with the second: the first still has it.
+    let (b, c) = (twin("b", "52:54:00:00:00:01", "nic0"), twin("c", "52:54:00:00:00:01", "nic1"));
+    assert_one_line_error(
+        &["vhost-user-net", "--nic", &a, "--nic", &b, "--nic", &c],
+        2,
+        "is NIC nic0's already",
+    );
     let group = nic("a", "01:00:5e:00:00:01");
     assert_one_line_error(&["vhost-user-net", "--nic", &group], 2, "must be unicast");
     assert_one_line_error(

@@ -31,6 +31,7 @@ mod matrix;
 mod migration;
 mod migration_tcp;
 mod net;
+mod net_live_migration;
 mod net_migration;
 mod probe_chains;
 mod qemu_peer;

@@ -22,18 +22,18 @@
 //! the first; the guest, running fio verify round after round, migrates back and forth five
 //! times over QEMU's own TCP migration, and the image's exclusive lock follows it.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use exitless_bench::hosts::{HostPair, DESTINATION_IP, SOURCE_IP};
-use serde_json::{json, Value};
+use serde_json::json;
 use storage::testing::ceph::TestCluster;
 
 use test_infra::daemon::Daemon;
 use test_infra::linux::{initramfs_in, kernel, DD, FIO, INIT_PRELUDE};
 use test_infra::qemu::Qemu;
+use test_infra::qmp::Qmp;
 use test_infra::KillOnDrop;
 
 /// Booting takes 10 to 20 s under TCG here, the migration of 256 MiB a few more.
@@ -73,84 +73,6 @@ if dmesg | grep -iE 'i/o error|blk_update_request|critical|buffer i/o'; then fai
 echo "MG-DONE $round"
 poweroff -f
 "#;
-
-/// Just enough of QMP: commands in, their `return` values out, events kept as they came.
-struct Qmp {
-    lines: BufReader<UnixStream>,
-    stream: UnixStream,
-    events: String,
-}
-
-impl Qmp {
-    /// Connect to `-qmp unix:PATH,server=on,wait=off`, retrying while QEMU starts.
-    fn connect(path: &Path) -> Qmp {
-        let started = Instant::now();
-        let stream = loop {
-            match UnixStream::connect(path) {
-                Ok(stream) => break stream,
-                Err(e) if started.elapsed() > Duration::from_secs(30) => {
-                    panic!("QMP {}: {e}", path.display())
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
-        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut qmp =
-            Qmp { lines: BufReader::new(stream.try_clone().unwrap()), stream, events: String::new() };
-        let mut greeting = String::new();
-        qmp.lines.read_line(&mut greeting).unwrap();
-        qmp.run(json!({ "execute": "qmp_capabilities" }));
-        qmp
-    }
-
-    /// `migrate` to `uri`, then `query-migrate` until it completed: its answer. Fails the test
-    /// if it failed or did not complete by `deadline`, with what `context` says (and checks).
-    fn migrate(&mut self, uri: &str, deadline: Instant, context: &mut dyn FnMut() -> String) -> Value {
-        self.run(json!({ "execute": "migrate", "arguments": { "uri": uri } }));
-        loop {
-            let info = self.run(json!({ "execute": "query-migrate" }));
-            match info["status"].as_str() {
-                Some("completed") => return info,
-                Some("failed") | Some("cancelled") => panic!("the migration failed: {info}\n{}", context()),
-                _ => {}
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the migration did not complete in time: {info}\n{}",
-                context()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// `quit`; if QEMU had already closed QMP (it ended by itself), the events it sent last.
-    fn quit(&mut self) -> Result<(), String> {
-        let sent = writeln!(self.stream, "{}", json!({ "execute": "quit" }));
-        let mut line = String::new();
-        while self.lines.read_line(&mut line).unwrap_or(0) > 0 {
-            if line.contains("\"return\"") && sent.is_ok() {
-                return Ok(());
-            }
-            self.events.push_str(&line);
-            line.clear();
-        }
-        Err(format!("QEMU closed QMP before it answered quit ({sent:?}); its events: {}", self.events))
-    }
-
-    fn run(&mut self, command: Value) -> Value {
-        writeln!(self.stream, "{command}").unwrap();
-        loop {
-            let mut line = String::new();
-            assert_ne!(self.lines.read_line(&mut line).unwrap(), 0, "QEMU closed QMP");
-            let mut answer: Value = serde_json::from_str(&line).unwrap();
-            assert!(answer.get("error").is_none(), "{command}: {answer}");
-            if let Some(value) = answer.get_mut("return") {
-                return value.take();
-            }
-            self.events.push_str(&line);
-        }
-    }
-}
 
 /// `child`'s exit status once it ended, if it did within `limit` (killed otherwise).
 fn exit_status_within(child: &mut KillOnDrop, limit: Duration) -> Option<std::process::ExitStatus> {

@@ -18,6 +18,7 @@ pub mod linux;
 pub mod migration;
 pub mod net;
 pub mod qemu;
+pub mod qmp;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -11,12 +11,13 @@ use switch::{MacAddr, PortPolicy, DEFAULT_MTU, MAX_MTU};
 #[command(after_help = AFTER_HELP)]
 pub struct VhostUserNetArgs {
     /// A NIC to serve (repeatable):
-    /// `socket=PATH,mac=MAC[,name=NAME][,mtu=N][,isolated=on][,pps=N][,bw=BYTES]`: its
-    /// vhost-user socket (a stale socket file there is replaced; made 0600, and only the daemon's
-    /// user and root may connect), the MAC address its driver reads (aa:bb:cc:dd:ee:ff,
-    /// unicast), its name in the control API and the metrics (default nicN, N counting from 0),
-    /// its MTU (1500 to 9000, default 1500: jumbo frames above), whether it may talk to the
-    /// uplink only, and the frames and bytes per second (K/M/G suffixes) it may send.
+    /// `socket=PATH,mac=MAC[,name=NAME][,mtu=N][,isolated=on][,pps=N][,bw=BYTES]
+    /// [,shares-mac-with=NAME]`: its vhost-user socket (a stale socket file there is replaced;
+    /// made 0600, and only the daemon's user and root may connect), the MAC address its driver
+    /// reads (aa:bb:cc:dd:ee:ff, unicast), its name in the control API and the metrics (default
+    /// nicN, N counting from 0), its MTU (1500 to 9000, default 1500: jumbo frames above),
+    /// whether it may talk to the uplink only, the frames and bytes per second (K/M/G suffixes)
+    /// it may send, and the earlier NIC whose address it shares (a live migration on this host).
     #[arg(long, value_name = "SPEC", value_parser = parse_nic, required_unless_present = "api_socket")]
     pub nic: Vec<Nic>,
     /// Serve a control API on this Unix socket (HTTP, 0600, the daemon's user and root only):
@@ -74,11 +75,16 @@ QEMU's (virtio-net-pci,host_mtu=N), which the daemon refuses if it is above the 
 With --uplink, frames to addresses not on a NIC of the daemon (and every broadcast) go to the
 host interface too, and the host's frames come in through it: the interface's receive and
 transmit rings are shared with the kernel (PACKET_MMAP), polled by the IOCore with no system
-call per frame, one send() per pass that put frames on it. Frames the host's stack sends with
-their checksum left to offload get it filled in; turn segmentation offloads off on the far end
-(ethtool -K IF tso off gso off), as the host's super-frames are dropped. Frames go both ways up
-to the interface's MTU (jumbo frames with MTU 9000); a guest's super-frames to the host are cut
-into segments by the switch.
+call per frame, one send() per pass that put frames on it. Offloads cross it both ways: the
+host's TCP super-frames go whole to guests that take them and are cut for the others; a guest's
+go to the host whole, for its kernel (or its NIC) to cut; checksums left are filled in. Frames
+go both ways up to the interface's MTU (jumbo frames with MTU 9000).
+
+A live migration of a QEMU guest between two QEMUs on this host: give the destination's NIC
+the source's address and shares-mac-with=SOURCE-NIC. One of the two runs at a time; the one
+running holds the address (a frame from it on the other is dropped as spoofed). Linux guests
+announce their address on the new NIC after a migration (VIRTIO_NET_F_GUEST_ANNOUNCE); for
+others QEMU asks the daemon, which sends a RARP from it (VHOST_USER_SEND_RARP).
 
 isolated=on: the NIC talks to the uplink only, never to another NIC, and only from its own
 address (frames from another are dropped as spoofed). pps=N and bw=BYTES: token buckets on what
@@ -112,12 +118,15 @@ pub struct Nic {
     pub mac: MacAddr,
     /// What it may do on the switch.
     pub policy: PortPolicy,
+    /// The earlier NIC whose address it shares: the other end of a live migration on this
+    /// host, one of the two running at a time.
+    pub shares_mac_with: Option<String>,
 }
 
 /// `--nic`'s value.
 pub fn parse_nic(spec: &str) -> Result<Nic, String> {
     let (mut socket, mut mac, mut isolated, mut limits) = (None, None, false, Limits::default());
-    let (mut name, mut mtu) = (None, None);
+    let (mut name, mut mtu, mut shares_mac_with) = (None, None, None);
     for part in spec.split(',') {
         match part.split_once('=') {
             Some(("name", text)) if api_http::server::is_resource_name(text) => name = Some(text.to_owned()),
@@ -128,6 +137,9 @@ pub fn parse_nic(spec: &str) -> Result<Nic, String> {
                 ))
             }
             Some(("socket", path)) if !path.is_empty() => socket = Some(PathBuf::from(path)),
+            Some(("shares-mac-with", text)) if api_http::server::is_resource_name(text) => {
+                shares_mac_with = Some(text.to_owned())
+            }
             Some(("mac", text)) => mac = Some(text.parse::<MacAddr>()?),
             Some(("mtu", n)) => match n.parse::<u16>() {
                 Ok(n) if (DEFAULT_MTU..=MAX_MTU).contains(&n) => mtu = Some(n),
@@ -146,7 +158,8 @@ pub fn parse_nic(spec: &str) -> Result<Nic, String> {
             },
             _ => {
                 return Err(format!(
-                    "{part}: a NIC is socket=PATH,mac=MAC[,name=NAME][,mtu=N][,isolated=on|off][,pps=N][,bw=BYTES]"
+                    "{part}: a NIC is socket=PATH,mac=MAC[,name=NAME][,mtu=N][,isolated=on|off][,pps=N][,bw=BYTES]\
+                     [,shares-mac-with=NAME]"
                 ))
             }
         }
@@ -156,7 +169,7 @@ pub fn parse_nic(spec: &str) -> Result<Nic, String> {
         return Err(format!("mac={mac}: a NIC's address must be unicast (the first byte even)"));
     }
     let policy = PortPolicy { mac: Some(mac), isolated_to: isolated.then_some(mac), limits, mtu };
-    Ok(Nic { name, socket: socket.ok_or("a NIC needs socket=PATH")?, mac, policy })
+    Ok(Nic { name, socket: socket.ok_or("a NIC needs socket=PATH")?, mac, policy, shares_mac_with })
 }
 
 /// The NIC a control API's `PUT /nics/NAME` body describes: a JSON object of `--nic`'s keys
@@ -166,15 +179,19 @@ pub fn nic_from_json(name: &str, body: &serde_json::Value) -> Result<Nic, String
     let mut spec = vec![format!("name={name}")];
     for (key, value) in object {
         let text = match (key.as_str(), value) {
-            ("socket" | "mac" | "bw", serde_json::Value::String(text)) if !text.contains(',') => text.clone(),
+            ("socket" | "mac" | "bw" | "shares-mac-with", serde_json::Value::String(text))
+                if !text.contains(',') =>
+            {
+                text.clone()
+            }
             ("pps" | "bw" | "mtu", serde_json::Value::Number(n)) => n.to_string(),
             ("isolated", serde_json::Value::Bool(on)) => if *on { "on" } else { "off" }.to_owned(),
-            ("socket" | "mac" | "bw" | "pps" | "mtu" | "isolated", _) => {
+            ("socket" | "mac" | "bw" | "pps" | "mtu" | "isolated" | "shares-mac-with", _) => {
                 return Err(format!("{key}: {value} is not a value it takes"))
             }
             _ => {
                 return Err(format!(
-                    "unknown key {key:?}: a NIC takes socket, mac, mtu, isolated, pps and bw"
+                    "unknown key {key:?}: a NIC takes socket, mac, mtu, isolated, pps, bw and shares-mac-with"
                 ))
             }
         };

@@ -80,8 +80,13 @@ impl Error {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            Error::Nic(NicError::NameTaken(_) | NicError::MacTaken { .. } | NicError::SocketTaken { .. })
-                | Error::Uplink(af_packet::PacketError::NoInterface(_))
+            Error::Nic(
+                NicError::NameTaken(_)
+                    | NicError::MacTaken { .. }
+                    | NicError::SocketTaken { .. }
+                    | NicError::NoTwin { .. }
+                    | NicError::TwinMac { .. }
+            ) | Error::Uplink(af_packet::PacketError::NoInterface(_))
         )
     }
 }

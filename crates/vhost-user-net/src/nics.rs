@@ -31,6 +31,10 @@ pub enum NicError {
     /// The switch could not tell the two apart.
     #[error("NIC {name}: address {mac} is NIC {other}'s already: give each its own")]
     MacTaken { name: String, mac: MacAddr, other: String },
+    #[error("NIC {name}: shares-mac-with={twin}, but no NIC before it is named {twin}")]
+    NoTwin { name: String, twin: String },
+    #[error("NIC {name}: shares-mac-with={twin}, whose address is {twin_mac}, not {mac}")]
+    TwinMac { name: String, twin: String, twin_mac: MacAddr, mac: MacAddr },
     #[error("NIC {name}: socket {} is NIC {other}'s already", .socket.display())]
     SocketTaken { name: String, socket: PathBuf, other: String },
     #[error("no NIC is named {0}")]
@@ -61,7 +65,7 @@ impl NicError {
             | NicError::SocketTaken { .. }
             | NicError::Connected(_) => 409,
             NicError::NoSuchNic(_) => 404,
-            NicError::Socket { .. } => 400,
+            NicError::Socket { .. } | NicError::NoTwin { .. } | NicError::TwinMac { .. } => 400,
             NicError::Thread { .. } => 500,
         }
     }
@@ -109,6 +113,7 @@ impl Nic {
             "mac": self.spec.mac.to_string(),
             "mtu": self.spec.policy.mtu(),
             "isolated": self.spec.policy.isolated_to.is_some(),
+            "shares-mac-with": self.spec.shares_mac_with,
             "pps": limits.iops,
             "bw": limits.bandwidth,
             "frontend_connected": self.frontend_connected(),
@@ -161,19 +166,32 @@ impl Nics {
         self.list.iter().find(|nic| nic.name == name)
     }
 
-    /// Refuse `spec` (to be called `name`) if an earlier one of `nics` has its name, address or
-    /// socket.
+    /// Refuse `spec` (to be called `name`) if an earlier one of `nics` has its name, address
+    /// (but the one it shares its address with) or socket, or if the one it names to share
+    /// with is not among them with its address.
     pub fn check<'a>(
         nics: impl IntoIterator<Item = (&'a str, &'a NicSpec)>,
         name: &str,
         spec: &NicSpec,
     ) -> Result<(), NicError> {
+        let nics: Vec<(&str, &NicSpec)> = nics.into_iter().collect();
+        let twin = spec.shares_mac_with.as_deref();
+        if let Some(twin) = twin {
+            let (name, twin) = (name.to_owned(), twin.to_owned());
+            match nics.iter().find(|(other, _)| **other == twin) {
+                None => return Err(NicError::NoTwin { name, twin }),
+                Some((_, earlier)) if earlier.mac != spec.mac => {
+                    return Err(NicError::TwinMac { name, twin, twin_mac: earlier.mac, mac: spec.mac })
+                }
+                Some(_) => {}
+            }
+        }
         for (other, earlier) in nics {
             let (name, other) = (name.to_owned(), other.to_owned());
             if other == name {
                 return Err(NicError::NameTaken(name));
             }
-            if earlier.mac == spec.mac {
+            if earlier.mac == spec.mac && twin != Some(other.as_str()) {
                 return Err(NicError::MacTaken { name, mac: spec.mac, other });
             }
             if earlier.socket == spec.socket {

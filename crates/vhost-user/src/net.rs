@@ -19,6 +19,8 @@ use crate::error::Error;
 /// Feature bit: the device says its MTU, the largest the driver may use (in the configuration
 /// space).
 const VIRTIO_NET_F_MTU: u32 = 3;
+/// Feature bit: the driver announces its address when asked (after a live migration).
+const VIRTIO_NET_F_GUEST_ANNOUNCE: u32 = 21;
 /// Feature bit: several queue pairs (their number in the configuration space).
 const VIRTIO_NET_F_MQ: u32 = 22;
 /// Queue pairs a NIC offers (`max_virtqueue_pairs`): a driver uses one per CPU, up to this.
@@ -146,12 +148,16 @@ impl Device for VhostUserNet {
 
     /// Besides the ring features and the address, the offloads Linux uses: checksums and TCP
     /// super-frames both ways, and merged receive buffers (the switch does for each receiver
-    /// what it does not take); and several queue pairs.
+    /// what it does not take); several queue pairs; and the guest's announcement of its
+    /// address after a live migration, which QEMU asks for and acknowledges on the control
+    /// queue it keeps (the announcement itself is frames like any other, which the switch
+    /// learns the address from).
     fn features(&self) -> u64 {
         1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_F_EVENT_IDX
             | 1 << VIRTIO_F_INDIRECT_DESC
             | 1 << VIRTIO_NET_F_MAC
+            | 1 << VIRTIO_NET_F_GUEST_ANNOUNCE
             | 1 << VIRTIO_NET_F_MQ
             | 1 << VIRTIO_NET_F_MTU
             | OFFERED
