@@ -8,10 +8,13 @@
 //! The bytes the host received must hash as the guest's did: the TCP connection survives the
 //! move, its frames both ways going through the destination's NIC afterwards. That needs the
 //! receive buffers the daemon filled and the used rings it wrote during the migration to reach
-//! the destination, which they do only if it logged them (VHOST_F_LOG_ALL). The guest took the
-//! address announcement (VIRTIO_NET_F_GUEST_ANNOUNCE), with which Linux tells the network where
-//! it is now. Needs what scripts/setup.sh installs (qemu-system-x86, linux-image-cloud-amd64,
-//! busybox-static, iproute2).
+//! the destination, which they do only if it logged them (VHOST_F_LOG_ALL).
+//!
+//! After the move the network must learn where the guest is. Linux announces itself when its
+//! NIC offers VIRTIO_NET_F_GUEST_ANNOUNCE (it does, and Linux takes it); a guest that does not
+//! (QEMU's `guest_announce=off` stands in for one) has QEMU ask the daemon (SEND_RARP), whose
+//! RARP from the guest's address the host sees. Needs what scripts/setup.sh installs
+//! (qemu-system-x86, linux-image-cloud-amd64, busybox-static, iproute2, python3).
 
 use std::path::Path;
 use std::process::Command;
@@ -72,6 +75,28 @@ with open("{}", "wb") as out:
     netns.command("python3").args(["-c", &receive]).spawn().unwrap()
 }
 
+/// Capture, on the host, the first RARP frame from `MAC` within 120 s into `file` (its bytes in
+/// hex), in the background.
+fn capture_rarp(netns: &Netns, interface: &str, file: &Path) -> std::process::Child {
+    let capture = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x8035))
+s.bind(("{interface}", 0))
+s.settimeout(120)
+mac = bytes.fromhex("{}")
+while True:
+    frame = s.recv(2048)
+    if frame[6:12] == mac:
+        open("{}", "w").write(frame.hex())
+        break
+"#,
+        MAC.replace(':', ""),
+        file.display()
+    );
+    netns.command("python3").args(["-c", &capture]).spawn().unwrap()
+}
+
 fn sha256(data: &[u8]) -> String {
     let mut child = Command::new("sha256sum")
         .stdin(std::process::Stdio::piped())
@@ -89,6 +114,16 @@ fn read(path: &Path) -> String {
 
 #[test]
 fn a_guest_migrates_between_two_qemus_on_one_nic_daemon_mid_tcp_transfer() {
+    migrate_mid_transfer(true);
+}
+
+/// The same for a guest that does not announce itself: the daemon does, for it.
+#[test]
+fn a_guest_that_does_not_announce_itself_is_announced_by_the_daemon_after_its_move() {
+    migrate_mid_transfer(false);
+}
+
+fn migrate_mid_transfer(guest_announce: bool) {
     let _serial = test_infra::one_at_a_time();
     let kernel = kernel_with(&["virtio_pci", "virtio_net"]);
     let dir = tempfile::tempdir_in("/tmp").unwrap();
@@ -118,7 +153,10 @@ fn a_guest_migrates_between_two_qemus_on_one_nic_daemon_mid_tcp_transfer() {
     let migration = dir.path().join("migration.sock");
     let machine = |socket: &Path, qmp: &Path| {
         let qmp = format!("unix:{},server=on,wait=off", qmp.display());
-        Qemu::linux(&kernel, &initramfs_path, "256M", 1, "").vhost_user_net(socket, MAC).args(&["-qmp", &qmp])
+        let device = if guest_announce { "" } else { ",guest_announce=off" };
+        Qemu::linux(&kernel, &initramfs_path, "256M", 1, "")
+            .vhost_user_net_with(socket, MAC, "", device)
+            .args(&["-qmp", &qmp])
     };
     let consoles = [dir.path().join("console-a.log"), dir.path().join("console-b.log")];
     let logs = [dir.path().join("qemu-a.log"), dir.path().join("qemu-b.log")];
@@ -147,6 +185,8 @@ fn a_guest_migrates_between_two_qemus_on_one_nic_daemon_mid_tcp_transfer() {
         assert!(started.elapsed() < LIMIT, "the host got less than 1 MiB: {}", read(&consoles[0]));
         std::thread::sleep(Duration::from_millis(50));
     }
+    let rarp = dir.path().join("rarp");
+    let mut capture = capture_rarp(&netns, &veth.peer, &rarp);
     let mut qmp_source = Qmp::connect(&qmp_paths[0]);
     let _qmp_destination = Qmp::connect(&qmp_paths[1]);
     let info = qmp_source.migrate(&incoming, started + LIMIT, &mut || {
@@ -170,10 +210,23 @@ fn a_guest_migrates_between_two_qemus_on_one_nic_daemon_mid_tcp_transfer() {
         "the guest sent {sum}; the host got {} bytes of other data\n{after}",
         got.len()
     );
-    // Linux took the announcement feature (bit 21), so it announces its address on a move.
+    // Linux took the announcement feature (bit 21) where offered, and announces its address
+    // on a move; otherwise the daemon sent a RARP from it, which the host saw.
     let features = sent_from.lines().find(|l| l.contains("NM-FEATURES")).unwrap_or_default();
     let bits = features.split_whitespace().last().unwrap_or_default();
-    assert_eq!(bits.chars().nth(21), Some('1'), "GUEST_ANNOUNCE not taken: {features}");
+    let announce = if guest_announce { '1' } else { '0' };
+    assert_eq!(bits.chars().nth(21), Some(announce), "GUEST_ANNOUNCE: {features}");
+    // Linux reads the request to announce in the status word (STATUS, bit 16: QEMU's).
+    assert_eq!(bits.chars().nth(16), Some('1'), "STATUS: {features}");
+    if guest_announce {
+        let _ = capture.kill();
+    } else {
+        assert!(capture.wait().unwrap().success(), "no RARP from {MAC} reached the host");
+        let rarp = read(&rarp);
+        assert_eq!(rarp[24..28].to_string(), "8035", "a RARP frame: {rarp}");
+        assert!(daemon.stderr().contains(&format!("announced {MAC} with a RARP")), "{}", daemon.stderr());
+    }
+    let _ = capture.wait();
     // The host reaches the guest on the destination's NIC, which carried frames both ways.
     let ping = netns.command("busybox").args(["ping", "-c", "3", "-W", "2", "10.0.0.1"]).output().unwrap();
     assert!(

@@ -12,6 +12,7 @@ use std::time::Duration;
 use thiserror::Error;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::ethernet::MacAddr;
 use crate::handoff::{self, Sender};
 use crate::mac_table::MacTable;
 use crate::port::Port;
@@ -39,6 +40,7 @@ pub enum SwitchError {
 pub(crate) enum Command {
     Attach(usize, Box<Port>),
     Detach(usize, SyncSender<Option<Box<Port>>>),
+    Announce(usize, MacAddr),
 }
 
 /// The rings a switch sends frames to the others on, and reads theirs from, by switch.
@@ -224,6 +226,14 @@ impl SwitchControl {
         };
         self.send(home, Command::Attach(id, Box::new(port)));
         Ok(id)
+    }
+
+    /// Have port `id` announce address `mac` (a broadcast RARP from it, as if the port sent it),
+    /// on its switch's next pass.
+    pub fn announce(&self, id: usize, mac: MacAddr) {
+        if let Some(home) = self.home_of(id) {
+            self.send(home, Command::Announce(id, mac));
+        }
     }
 
     /// Take port `id` off its switch, once the switch has finished the pass it is in.

@@ -152,7 +152,9 @@ impl Switch {
         self.uplink.as_ref().map(|uplink| uplink.counters)
     }
 
-    fn apply_commands(&mut self) {
+    /// Carry out the commands sent since the last pass; how many frames that sent.
+    fn apply_commands(&mut self) -> usize {
+        let mut sent = 0;
         for command in self.control.take_commands(self.index) {
             match command {
                 Command::Attach(id, mut port) => {
@@ -165,6 +167,7 @@ impl Switch {
                     }
                     self.ports[id] = Some(port);
                 }
+                Command::Announce(id, mac) => sent += usize::from(self.announce(id, mac)),
                 Command::Detach(id, reply) => {
                     self.control.table.forget_port(id);
                     let port = self.ports[id].take();
@@ -176,6 +179,39 @@ impl Switch {
             }
         }
         self.unannounced = self.ports.iter().flatten().any(|port| port.needs_polling());
+        sent
+    }
+
+    /// A broadcast RARP from `mac` as if port `id` sent it (its frontend asked, for a guest
+    /// that moved here in a live migration and does not announce itself): learnt on the port,
+    /// if it may send from `mac`, and flooded as the port's frames are, so that the other
+    /// switches, the uplink's host and the network beyond learn where the guest is now.
+    /// Whether it went.
+    fn announce(&mut self, id: usize, mac: MacAddr) -> bool {
+        let Some(port) = self.ports[id].as_deref_mut() else { return false };
+        let own = port.isolated_to.is_none_or(|own| own == mac);
+        if mac.is_group() || !own || !self.control.table.learn(mac, id) {
+            port.counters.tx_spoofed += 1;
+            return false;
+        }
+        let isolated = port.isolated_to.is_some();
+        let frame = virtio::net::rarp_announcement(mac.0);
+        let record = Record { to: FLOOD, from: id, isolated, flow: flow_of(&frame) };
+        // This switch's other ports and its uplink hear it as a frame handed in.
+        let sender = self.ports[id].take();
+        handed_in(record, &frame, &mut self.ports, self.uplink.as_mut());
+        self.ports[id] = sender;
+        let homes = flood_homes(&self.control, self.links.to.len(), self.index, isolated);
+        for home in (0..self.links.to.len()).filter(|home| homes & 1 << home != 0) {
+            if let Some(link) = self.links.to[home].as_mut() {
+                self.handed_to[home] |= link.push(record, frame.len(), |into| {
+                    into.copy_from_slice(&frame);
+                    true
+                });
+            }
+        }
+        log::info!("port {id}: announced {mac} with a RARP, for its frontend");
+        true
     }
 
     /// Switch up to [`TX_BATCH`] frames from each transmit ring of port `source`, as its rate
@@ -391,10 +427,7 @@ impl Switch {
         let isolated = sender.isolated_to.is_some();
         let homes: u64 = match to {
             // An isolated sender's flood is for the uplink only.
-            FLOOD => (0..links.to.len())
-                .filter(|&home| home != self.index)
-                .filter(|&home| (!isolated && control.has_ports(home)) || control.uplink_home() == Some(home))
-                .fold(0, |set, home| set | 1 << home),
+            FLOOD => flood_homes(control, links.to.len(), self.index, isolated),
             UPLINK => control.uplink_home().map_or(0, |home| 1 << home),
             port => {
                 if isolated || control.is_isolated(port) {
@@ -511,6 +544,15 @@ pub(crate) fn deliver_plain(port: &mut Port, frame: Frame<'_>, frame_len: usize,
             deliver(port, frame, frame_len, NetHeader::default(), flow);
         }
     }
+}
+
+/// The switches (a bit each) other than `index`, of `switches`, that a flood from a port of
+/// `index` goes to: those with ports, unless the sender is isolated, and the uplink's.
+fn flood_homes(control: &SwitchControl, switches: usize, index: usize, isolated: bool) -> u64 {
+    (0..switches)
+        .filter(|&home| home != index)
+        .filter(|&home| (!isolated && control.has_ports(home)) || control.uplink_home() == Some(home))
+        .fold(0, |set, home| set | 1 << home)
 }
 
 /// Deliver `frame`, handed off by another switch as `record` says, to this switch's ports or
@@ -631,13 +673,14 @@ fn pair(ports: &mut [Option<Box<Port>>], from: usize, to: usize) -> Option<(&mut
 
 impl QueueWorker for Switch {
     fn poll(&mut self) -> usize {
-        if self.control.take_news(self.index) {
-            self.apply_commands();
-        }
+        let announced = match self.control.take_news(self.index) {
+            true => self.apply_commands(),
+            false => 0,
+        };
         // Read once per pass, and only if a port has a rate limit.
         let mut now = None;
         self.throttled = false;
-        let mut work = self.receive_from_uplink() + self.receive_hand_offs();
+        let mut work = announced + self.receive_from_uplink() + self.receive_hand_offs();
         for source in 0..MAX_PORTS {
             if let Some(port) = self.ports[source].as_deref() {
                 if let Some(limiter) = &port.limiter {

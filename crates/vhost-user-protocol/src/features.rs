@@ -15,6 +15,9 @@ pub mod protocol {
     /// VHOST_USER_PROTOCOL_F_LOG_SHMFD: SET_LOG_BASE carries the dirty log as a shared memory
     /// descriptor, and the backend replies once it has mapped it.
     pub const LOG_SHMFD: u32 = 1;
+    /// VHOST_USER_PROTOCOL_F_RARP: after a live migration, the frontend asks a net backend to
+    /// announce the guest's address for it (SEND_RARP), when the guest does not itself.
+    pub const RARP: u32 = 2;
     /// VHOST_USER_PROTOCOL_F_REPLY_ACK: the frontend may set [`crate::message::FLAG_NEED_REPLY`]
     /// on any request and gets a u64 back, 0 for success, unless the request has a reply of its
     /// own.

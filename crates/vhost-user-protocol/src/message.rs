@@ -322,6 +322,9 @@ pub enum Request {
     /// NET_SET_MTU: the MTU a net device's guest was given (with
     /// VHOST_USER_PROTOCOL_F_NET_MTU).
     NetSetMtu(u64),
+    /// SEND_RARP: announce the guest's address, the payload's first 6 bytes, after a live
+    /// migration (with VHOST_USER_PROTOCOL_F_RARP).
+    SendRarp([u8; 6]),
     /// SET_OWNER: the frontend takes the backend for this connection.
     SetOwner,
     /// RESET_OWNER: deprecated; see [`code::RESET_OWNER`].
@@ -479,7 +482,7 @@ impl Message {
         // Requests with a fixed payload and no descriptors.
         let fixed = match header.request {
             GET_FEATURES | SET_OWNER | RESET_OWNER | GET_PROTOCOL_FEATURES | GET_QUEUE_NUM => Some(0),
-            SET_FEATURES | SET_PROTOCOL_FEATURES | NET_SET_MTU => Some(8),
+            SET_FEATURES | SET_PROTOCOL_FEATURES | NET_SET_MTU | SEND_RARP => Some(8),
             SET_VRING_NUM | SET_VRING_BASE | GET_VRING_BASE | SET_VRING_ENABLE => Some(8),
             SET_VRING_ADDR => Some(40),
             GET_INFLIGHT_FD => Some(INFLIGHT_INFO_LEN),
@@ -499,6 +502,11 @@ impl Message {
             SET_PROTOCOL_FEATURES => Request::SetProtocolFeatures(u64_at(payload, 0)),
             GET_QUEUE_NUM => Request::GetQueueNum,
             NET_SET_MTU => Request::NetSetMtu(u64_at(payload, 0)),
+            SEND_RARP => {
+                let mut mac = [0u8; 6];
+                mac.copy_from_slice(&payload[..6]);
+                Request::SendRarp(mac)
+            }
             SET_VRING_NUM => {
                 let (index, num) = state();
                 Request::SetVringNum { index, num }
@@ -599,7 +607,7 @@ impl Message {
                 let fd = fds.pop().ok_or(Error::BadFdCount { request: name, got: 0, expected: 1 })?;
                 Request::SetInflightFd(info, fd)
             }
-            // Known requests for features this backend does not offer (IOTLB, RARP,
+            // Known requests for features this backend does not offer (IOTLB,
             // backend requests, cross-endian, crypto, postcopy, GPU,
             // reset, in-band kicks, memory slots, status).
             _ => return Err(Error::Unsupported(name)),

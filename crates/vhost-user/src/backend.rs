@@ -331,6 +331,13 @@ impl<'a> Session<'a> {
                 self.device.check_mtu(mtu)?;
                 Ok(None)
             }
+            Request::SendRarp(mac) => {
+                if self.protocol_features & 1 << protocol::RARP == 0 {
+                    return Err(Error::RarpNotNegotiated);
+                }
+                self.device.announce(mac)?;
+                Ok(None)
+            }
             Request::SetLogBase { mmap_size, mmap_offset, fd } => {
                 if self.protocol_features & 1 << protocol::LOG_SHMFD == 0 {
                     return Err(Error::LogNotNegotiated("SET_LOG_BASE"));

@@ -73,6 +73,14 @@ pub trait Device: Send {
         Err(Error::MtuNotNegotiated)
     }
 
+    /// Announce address `mac` on the network for a NIC's guest that moved here in a live
+    /// migration and does not announce itself (SEND_RARP, on a device that offers
+    /// VHOST_USER_PROTOCOL_F_RARP).
+    fn announce(&mut self, mac: [u8; 6]) -> Result<(), Error> {
+        let _ = mac;
+        Err(Error::RarpNotNegotiated)
+    }
+
     /// Serve ring `index` until [`Device::stop_ring`].
     fn start_ring(&mut self, index: usize, ring: Ring) -> Result<(), Error>;
 

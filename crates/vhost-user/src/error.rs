@@ -121,6 +121,8 @@ pub enum Error {
     MtuNotNegotiated,
     #[error("NET_SET_MTU of {asked}: this NIC takes frames of an MTU of {mtu} at most (its mtu=); give the guest at most that")]
     MtuTooLarge { asked: u64, mtu: u16 },
+    #[error("SEND_RARP before VHOST_USER_PROTOCOL_F_RARP was negotiated")]
+    RarpNotNegotiated,
 
     // The server.
     #[error(transparent)]

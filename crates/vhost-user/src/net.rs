@@ -163,11 +163,27 @@ impl Device for VhostUserNet {
             | OFFERED
     }
 
-    /// The frontend's MTU, to check (NET_MTU); no configuration write (the address is
+    /// The frontend's MTU, to check (NET_MTU), and its request to announce the guest's
+    /// address after a live migration (RARP); no configuration write (the address is
     /// read-only) and no in-flight tracking (a frame lost in a restart is as a frame lost on a
     /// wire).
     fn protocol_features(&self) -> u64 {
-        crate::backend::BASE_PROTOCOL_FEATURES | 1 << protocol::NET_MTU
+        crate::backend::BASE_PROTOCOL_FEATURES | 1 << protocol::NET_MTU | 1 << protocol::RARP
+    }
+
+    /// A RARP from `mac`, as if the guest sent it, once the NIC is on the switch: the
+    /// switches and the network beyond the uplink learn where it is. Before that there is
+    /// nothing to announce from (QEMU asks once the guest runs).
+    fn announce(&mut self, mac: [u8; 6]) -> Result<(), Error> {
+        match self.port {
+            Some((id, _)) => self.control.announce(id, MacAddr(mac)),
+            None => log::warn!(
+                "{}: asked to announce {} before it runs: not announced",
+                self.stats.name(),
+                MacAddr(mac)
+            ),
+        }
+        Ok(())
     }
 
     fn num_queues(&self) -> usize {

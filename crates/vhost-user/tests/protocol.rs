@@ -258,6 +258,14 @@ const CASES: &[Case] = &[
         f.negotiate(FEATURES);
         f.send(code::NET_SET_MTU, &[0; 4], &[]);
     }),
+    ("an address to announce to a disk (RARP not negotiated)", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SEND_RARP, &[0x52, 0x54, 0, 0, 0, 1, 0, 0], &[]);
+    }),
+    ("SEND_RARP of 6 bytes", true, |f| {
+        f.negotiate(FEATURES);
+        f.send(code::SEND_RARP, &[0x52, 0x54, 0, 0, 0, 1], &[]);
+    }),
     ("virtio features not offered", true, |f| {
         f.negotiate(FEATURES);
         f.send(code::SET_FEATURES, &(1u64 << 63).to_le_bytes(), &[]);

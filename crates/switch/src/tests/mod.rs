@@ -13,6 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 
+mod announce;
 mod iocores;
 mod mtu;
 mod offload;

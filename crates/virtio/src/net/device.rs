@@ -85,7 +85,7 @@ impl VirtioDevice for Net {
 
 /// The frame QEMU's self-announce sends (`qemu_announce_self`): a broadcast RARP "reverse
 /// request" (RFC 903) from and about `mac`, padded to the 60-byte minimum.
-pub(crate) fn rarp_announcement(mac: [u8; 6]) -> [u8; 60] {
+pub fn rarp_announcement(mac: [u8; 6]) -> [u8; 60] {
     const ETH_P_RARP: u16 = 0x8035;
     const ARPHRD_ETHER: u16 = 1;
     const ETH_P_IP: u16 = 0x0800;

@@ -12,7 +12,7 @@ pub mod device;
 pub mod worker;
 
 pub use backend::NetBackend;
-pub use device::Net;
+pub use device::{rarp_announcement, Net};
 pub use worker::{NetCounters, NetWorker};
 
 /// The virtio device ID of a network card (virtio 1.x §5).
