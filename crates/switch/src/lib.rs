@@ -38,6 +38,7 @@ pub mod port;
 mod rework;
 mod segment;
 mod switch;
+mod uplink;
 mod wake;
 
 pub use control::{SwitchControl, SwitchError, MAX_SWITCHES};

@@ -17,9 +17,9 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use af_packet::{checksum, Fill, PacketRing, VNET_HDR_LEN};
+use af_packet::{checksum, PacketRing};
 use virtqueue::QueueWorker;
-use vm_memory::{Bytes, VolatileSlice};
+use vm_memory::VolatileSlice;
 
 use crate::chain::{At, Chain};
 use crate::control::{Command, Links, SwitchControl};
@@ -33,6 +33,7 @@ use crate::offload::{NetHeader, NET_HDR_LEN};
 use crate::port::Port;
 use crate::rework::Rework;
 use crate::segment::{self, NotForHost, MAX_HEADERS_LEN};
+use crate::uplink::Uplink;
 use crate::wake::Wakers;
 
 /// Ports one switch serves at most.
@@ -55,21 +56,8 @@ pub const MAX_JUMBO_FRAME_LEN: usize = MAX_MTU as usize + FRAME_OVERHEAD;
 pub const MAX_SUPER_FRAME_LEN: usize = (64 << 10) + 18;
 /// The shortest frame switched: an Ethernet header.
 pub const MIN_FRAME_LEN: usize = 14;
-/// An 802.1Q tag's bytes.
-const VLAN_TAG_LEN: usize = 4;
 /// The mac table's port number for addresses seen on the uplink.
 pub(crate) const UPLINK: usize = MAX_PORTS;
-
-/// The host's side of the switch: an AF_PACKET socket's rings on a host interface.
-struct Uplink {
-    ring: PacketRing,
-    /// The longest untagged frame it sends: its interface's MTU and an Ethernet header, at most
-    /// a jumbo frame (a frame with a VLAN tag may be 4 bytes longer, as the kernel allows).
-    max_frame_len: usize,
-    counters: UplinkCounters,
-    /// Where `counters` are published for other threads, once per pass that did work.
-    shared: Arc<SharedUplinkCounters>,
-}
 
 /// The switch's data path.
 pub struct Switch {
@@ -135,9 +123,7 @@ impl Switch {
         shared: Arc<SharedUplinkCounters>,
     ) -> std::io::Result<Switch> {
         self.wakers.add_uplink(ring.as_raw_fd())?;
-        let mtu = usize::try_from(ring.mtu()).unwrap_or(usize::MAX);
-        let max_frame_len = mtu.saturating_add(MIN_FRAME_LEN).min(MAX_JUMBO_FRAME_LEN - VLAN_TAG_LEN);
-        self.uplink = Some(Uplink { ring, max_frame_len, counters: shared.read(), shared });
+        self.uplink = Some(Uplink::new(ring, shared));
         self.control.set_uplink_home(self.index);
         Ok(self)
     }
@@ -379,7 +365,7 @@ impl Switch {
             let counter = match checked {
                 Ok(vnet_header) => {
                     let whole = |into: &VolatileSlice<'_>| frame.read_volatile(mem, NET_HDR_LEN, into);
-                    if queue_on_uplink(uplink, frame_len, Some(vnet_header), whole) {
+                    if uplink.queue(frame_len, Some(vnet_header), whole) {
                         uplink.counters.tx_super_frames += 1;
                     }
                     return true;
@@ -388,7 +374,7 @@ impl Switch {
                 Err(NotForHost::Malformed) => &mut sender.counters.tx_bad_offload,
                 Err(NotForHost::Tagged) => {
                     let each = |segment: &[u8]| {
-                        queue_on_uplink(uplink, segment.len(), None, |into| {
+                        uplink.queue(segment.len(), None, |into| {
                             into.copy_from(segment);
                             true
                         })
@@ -404,7 +390,7 @@ impl Switch {
             return true;
         }
         // Copied straight from the chain; a checksum left is filled in in the ring's slot.
-        let _ = queue_on_uplink(uplink, frame_len, None, |into| {
+        let _ = uplink.queue(frame_len, None, |into| {
             let copied = frame.read_volatile(mem, NET_HDR_LEN, into);
             match header.checksum {
                 Some((start, offset)) => copied && checksum::finish(into, start.into(), offset.into()),
@@ -512,24 +498,8 @@ impl Switch {
 
 impl Drop for Switch {
     fn drop(&mut self) {
-        if let Some(Uplink { ring, counters: c, .. }) = &self.uplink {
-            log::info!(
-                "uplink {}: {} frames from the host switched ({} super-frames), {} sent to it ({} super-frames); \
-                 dropped: {} \
-                 too long, {} malformed, {} spoofed, {} with its transmit ring full, {} too long for it; {} \
-                 failed flushes",
-                ring.interface(),
-                c.rx_frames,
-                c.rx_super_frames,
-                c.tx_frames,
-                c.tx_super_frames,
-                c.rx_too_big,
-                c.rx_malformed,
-                c.rx_spoofed,
-                c.tx_ring_full,
-                c.tx_too_big,
-                c.tx_errors
-            );
+        if let Some(uplink) = &self.uplink {
+            uplink.log_counters();
         }
     }
 }
@@ -560,7 +530,7 @@ fn flood_homes(control: &SwitchControl, switches: usize, index: usize, isolated:
 fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], uplink: Option<&mut Uplink>) {
     let deliver_to = |port: &mut Port| deliver_plain(port, Frame::Bytes(frame), frame.len(), record.flow);
     let to_uplink = |uplink: &mut Uplink| {
-        let _ = queue_on_uplink(uplink, frame.len(), None, |into| {
+        let _ = uplink.queue(frame.len(), None, |into| {
             into.copy_from(frame);
             true
         });
@@ -591,58 +561,6 @@ fn handed_in(record: Record, frame: &[u8], ports: &mut [Option<Box<Port>>], upli
             }
         }
     }
-}
-
-/// Queue one frame on the uplink, written into its slot by `fill` (its length: the slot's
-/// first bytes), and count it; `fill` says whether it wrote it whole. A super-frame comes with
-/// the `vnet_header` that tells the host how to cut it, checked against the host's interface
-/// already. Whether it was queued.
-fn queue_on_uplink(
-    uplink: &mut Uplink,
-    len: usize,
-    vnet_header: Option<[u8; VNET_HDR_LEN]>,
-    fill: impl FnOnce(&VolatileSlice<'_>) -> bool,
-) -> bool {
-    // Longer than the host's interface takes (a jumbo frame from a port of a larger MTU); a
-    // tagged frame may be a tag longer, which is known once it is in the slot.
-    let untagged_limit = match vnet_header {
-        Some(_) => MAX_SUPER_FRAME_LEN,
-        None => uplink.max_frame_len,
-    };
-    if len > untagged_limit + VLAN_TAG_LEN {
-        uplink.counters.tx_too_big += 1;
-        return false;
-    }
-    let (mut copied, mut too_big) = (false, false);
-    let queued = uplink.ring.transmit(|slot| match slot.subslice(0, len) {
-        Ok(into) if fill(&into) => {
-            too_big = len > untagged_limit && !is_tagged(&into);
-            copied = !too_big;
-            match (too_big, vnet_header) {
-                (true, _) => Fill::Nothing,
-                (false, None) => Fill::Frame(len),
-                (false, Some(vnet_header)) => Fill::Offloaded { len, vnet_header },
-            }
-        }
-        _ => Fill::Nothing,
-    });
-    if too_big {
-        uplink.counters.tx_too_big += 1;
-        return false;
-    }
-    match (queued, copied) {
-        (false, _) => uplink.counters.tx_ring_full += 1,
-        (true, true) => uplink.counters.tx_frames += 1,
-        // The chain was checked when gathered: guest memory cannot shrink under it.
-        (true, false) => {}
-    }
-    queued && copied
-}
-
-/// Does `frame` carry an 802.1Q tag after its addresses?
-fn is_tagged(frame: &VolatileSlice<'_>) -> bool {
-    let mut ethertype = [0u8; 2];
-    frame.read_slice(&mut ethertype, 12).is_ok() && ethertype == [0x81, 0x00]
 }
 
 /// The one port a frame to `mac` goes to; `None`: everywhere (a group address, or one not seen).
