@@ -20,8 +20,9 @@
 //! Offloads ([`offload`]): a NIC may leave a frame's checksum to the switch and send TCP
 //! super-frames of up to [`MAX_SUPER_FRAME_LEN`] bytes; a receiver whose driver takes them gets
 //! them as they are, over several receive chains if its driver merges them, and any other (the
-//! uplink too) gets the checksum filled in or the segments cut by the switch. Every other frame
-//! is at most [`MAX_FRAME_LEN`] bytes.
+//! switches of other IOCores too) gets the checksum filled in or the segments cut by the switch
+//! ([`segment`]); the uplink gets a super-frame whole, for the host's kernel to cut. Every other
+//! frame is at most [`MAX_FRAME_LEN`] bytes.
 
 #![deny(missing_docs)]
 
@@ -36,7 +37,7 @@ pub mod mac_table;
 pub mod offload;
 pub mod port;
 mod rework;
-mod segment;
+pub mod segment;
 mod switch;
 mod uplink;
 mod wake;

@@ -56,7 +56,7 @@ fn layout(frame: &[u8], segmentation: Segmentation) -> Option<Layout> {
 /// Cut `frame` into segments, each built in `out` and handed to `each`, which says whether to go
 /// on (a receiver out of buffers takes no more). `false`, with nothing handed over, when `frame`
 /// is not the super-frame `segmentation` says or a segment would not fit `out`.
-pub(crate) fn cut(
+pub fn cut(
     frame: &[u8],
     segmentation: Segmentation,
     out: &mut [u8],
@@ -128,11 +128,11 @@ pub(crate) fn cut(
 
 /// The most bytes a TCP super-frame's headers take: an Ethernet header with a VLAN tag, an IPv4
 /// header with options (longer than IPv6's without extensions) and a TCP header with options.
-pub(crate) const MAX_HEADERS_LEN: usize = 18 + 60 + 60;
+pub const MAX_HEADERS_LEN: usize = 18 + 60 + 60;
 
 /// Why a super-frame is not passed to the host whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NotForHost {
+pub enum NotForHost {
     /// It is not the TCP super-frame its header says, or its checksum is not TCP's.
     Malformed,
     /// Its segments would be longer than the host's interface takes.
@@ -147,7 +147,7 @@ pub(crate) enum NotForHost {
 /// NIC to cut into segments of at most `max_segment_len` bytes. It is checked as the kernel
 /// checks what it takes from an untrusted sender: TCP over the IP version the header says,
 /// the checksum left at TCP's.
-pub(crate) fn host_header(
+pub fn host_header(
     start: &[u8],
     header: NetHeader,
     max_segment_len: usize,
