@@ -17,7 +17,8 @@ use exitless_fuzz::{address, queue_config, signals, DriverRing, MAX_STEPS, REGIO
 use libfuzzer_sys::fuzz_target;
 use switch::offload::{Segmentation, MIN_MSS};
 use switch::{
-    MacAddr, NetHeader, Offloads, Port, PortPolicy, QueuePair, Switch, SwitchControl, MAX_FRAME_LEN, NET_HDR_LEN,
+    MacAddr, NetHeader, Offloads, Port, PortPolicy, QueuePair, Switch, SwitchControl, MAX_FRAME_LEN,
+    NET_HDR_LEN,
 };
 use virtqueue::queue::{Queue, VIRTQ_DESC_F_WRITE};
 use virtqueue::QueueWorker;
@@ -39,7 +40,8 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn run(u: &mut Unstructured) -> Result<()> {
-    let control = Arc::new(SwitchControl::with_switches(u.int_in_range(1..=2)?).expect("the switches' mailboxes"));
+    let control =
+        Arc::new(SwitchControl::with_switches(u.int_in_range(1..=2)?).expect("the switches' mailboxes"));
     let mut switches: Vec<Switch> = (0..control.switches())
         .map(|index| Switch::new(control.clone(), index).expect("a switch's epoll instance"))
         .collect();
@@ -58,7 +60,8 @@ fn run(u: &mut Unstructured) -> Result<()> {
         let event_idx = u.arbitrary()?;
         let (rx_config, rx_laid_out) = queue_config(u, 0)?;
         let (tx_config, tx_laid_out) = queue_config(u, 1)?;
-        let (Ok(rx), Ok(tx)) = (Queue::new(&mem, rx_config, event_idx), Queue::new(&mem, tx_config, event_idx))
+        let (Ok(rx), Ok(tx)) =
+            (Queue::new(&mem, rx_config, event_idx), Queue::new(&mem, tx_config, event_idx))
         else {
             return Ok(());
         };
@@ -76,7 +79,9 @@ fn run(u: &mut Unstructured) -> Result<()> {
             tso6: u.arbitrary()?,
             merged_buffers: u.arbitrary()?,
         };
-        let port = Port::new(QueuePair { rx, tx, rx_signals, tx_signals, tx_kick: None }).with_policy(policy).with_offloads(offloads);
+        let port = Port::new(QueuePair { rx, tx, rx_signals, tx_signals, tx_kick: None })
+            .with_policy(policy)
+            .with_offloads(offloads);
         let port = control.attach(port).expect("a free port");
         guests.push(Guest {
             mem,
@@ -216,7 +221,10 @@ fn check(control: &SwitchControl, switches: &[Switch], guests: &[Guest]) {
     let sent: u64 = counters.iter().map(|c| c.tx_frames).sum();
     let cut = counters.iter().any(|c| c.tx_segmented > 0);
     for (guest, c) in guests.iter().zip(&counters) {
-        assert!(cut || c.rx_frames <= sent - c.tx_frames.min(sent), "more frames received than the others sent: {c:?}");
+        assert!(
+            cut || c.rx_frames <= sent - c.tx_frames.min(sent),
+            "more frames received than the others sent: {c:?}"
+        );
         assert!(c.rx_buffers >= c.rx_frames, "a frame in no chain: {c:?}");
         assert!(!guest.isolated || c.rx_frames == 0, "an isolated port got another's frame: {c:?}");
         let broken = guest.broken.iter().any(|b| b.load(Ordering::Acquire));

@@ -20,10 +20,10 @@ use virtio::block::request::{
     VIRTIO_BLK_T_WRITE_ZEROES,
 };
 use virtio::interrupt::InterruptLine;
+use virtio::DeviceSignals;
 use virtqueue::queue::{
     QueueConfig, MAX_QUEUE_SIZE, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
 };
-use virtio::DeviceSignals;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 /// Guest RAM: two 64 KiB regions with a 64 KiB hole between them, so chains can point into
