@@ -71,9 +71,9 @@ pub fn rr(args: UdpRrArgs) -> i32 {
     }
 }
 
-/// Why `exitless udp-rr` stopped.
+/// Why `exitless udp-rr`, `udp-flood` or `udp-count` stopped.
 #[derive(Debug, Error)]
-enum RrError {
+enum UdpError {
     /// `--cpu`: the thread could not be pinned.
     #[error("cannot pin to CPU {cpu}: {source}")]
     Pin {
@@ -91,9 +91,13 @@ enum RrError {
     #[error(transparent)]
     Packet(#[from] packet::PacketError),
     /// The UDP socket could not be made.
-    #[error("cannot make a UDP socket: {0}")]
-    Bind(#[source] io::Error),
-    /// The UDP socket could not be connected to the responder.
+    #[error("cannot bind {at}: {source}")]
+    Bind {
+        at: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    /// The UDP socket could not be connected to its peer.
     #[error("cannot reach {to}: {source}")]
     Connect {
         to: SocketAddr,
@@ -103,15 +107,34 @@ enum RrError {
     /// The UDP socket's blocking mode or timeout could not be set.
     #[error("cannot set up the UDP socket: {0}")]
     Socket(#[source] io::Error),
-    /// A request could not be sent.
+    /// A datagram could not be sent.
     #[error("send: {0}")]
     Send(#[source] io::Error),
-    /// An answer could not be received.
+    /// A datagram could not be received.
     #[error("recv: {0}")]
     Recv(#[source] io::Error),
     /// Too many requests went unanswered.
     #[error("{timeouts} requests to {to} went unanswered")]
     Unanswered { timeouts: u64, to: SocketAddr },
+    /// `udp-count`: nobody sent anything.
+    #[error("no datagram came in {0} ms")]
+    NoneCame(u64),
+}
+
+/// Pin this thread to `cpu`, if one is given.
+fn pin(cpu: Option<usize>) -> Result<(), UdpError> {
+    match cpu {
+        Some(cpu) => vmm::pin_current_thread(cpu).map_err(|source| UdpError::Pin { cpu, source }),
+        None => Ok(()),
+    }
+}
+
+/// A UDP socket on any local address of `to`'s family, connected to `to`.
+fn connected(to: SocketAddr) -> Result<UdpSocket, UdpError> {
+    let local: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let socket = UdpSocket::bind(local).map_err(|source| UdpError::Bind { at: local, source })?;
+    socket.connect(to).map_err(|source| UdpError::Connect { to, source })?;
+    Ok(socket)
 }
 
 /// How the client sends a request and takes its answer.
@@ -133,14 +156,12 @@ impl Transport for UdpSocket {
     }
 }
 
-fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, RrError> {
-    if let Some(cpu) = args.cpu {
-        vmm::pin_current_thread(cpu).map_err(|source| RrError::Pin { cpu, source })?;
-    }
+fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, UdpError> {
+    pin(args.cpu)?;
     if let Some(interface) = &args.packet {
-        let SocketAddr::V4(to) = args.to else { return Err(RrError::PacketIpv4) };
+        let SocketAddr::V4(to) = args.to else { return Err(UdpError::PacketIpv4) };
         let (Some(from), Some(from_mac), Some(to_mac)) = (args.from, args.from_mac, args.to_mac) else {
-            return Err(RrError::PacketAddresses);
+            return Err(UdpError::PacketAddresses);
         };
         let addresses = packet::Addresses { interface: interface.clone(), from, from_mac, to, to_mac };
         let mut client = packet::PacketClient::open(&addresses, args.size as usize)?;
@@ -149,13 +170,11 @@ fn run_rr(args: &UdpRrArgs) -> Result<serde_json::Value, RrError> {
         line["ignored"] = client.ignored.into();
         return Ok(line);
     }
-    let local: SocketAddr = if args.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
-    let socket = UdpSocket::bind(local).map_err(RrError::Bind)?;
-    socket.connect(args.to).map_err(|source| RrError::Connect { to: args.to, source })?;
+    let socket = connected(args.to)?;
     if args.busy_poll {
-        socket.set_nonblocking(true).map_err(RrError::Socket)?;
+        socket.set_nonblocking(true).map_err(UdpError::Socket)?;
     } else {
-        socket.set_read_timeout(Some(Duration::from_millis(args.timeout_ms))).map_err(RrError::Socket)?;
+        socket.set_read_timeout(Some(Duration::from_millis(args.timeout_ms))).map_err(UdpError::Socket)?;
     }
     let mut socket = socket;
     let mut line = measure(args, &mut socket, args.busy_poll)?;
@@ -168,19 +187,19 @@ fn measure(
     args: &UdpRrArgs,
     client: &mut impl Transport,
     busy_poll: bool,
-) -> Result<serde_json::Value, RrError> {
+) -> Result<serde_json::Value, UdpError> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let mut request = vec![0u8; args.size as usize];
     let mut answer = vec![0u8; MAX_DATAGRAM];
     let mut latencies = Vec::with_capacity(1 << 20);
     let (mut timeouts, mut mismatches, mut sequence) = (0u64, 0u64, 0u64);
-    let mut transaction = |latencies: Option<&mut Vec<u64>>| -> Result<(), RrError> {
+    let mut transaction = |latencies: Option<&mut Vec<u64>>| -> Result<(), UdpError> {
         sequence += 1;
         for (i, byte) in request.iter_mut().enumerate() {
             *byte = (sequence as usize + i) as u8;
         }
         let started = Instant::now();
-        client.send(&request).map_err(RrError::Send)?;
+        client.send(&request).map_err(UdpError::Send)?;
         loop {
             match client.recv(&mut answer) {
                 Ok(n) if n == request.len() && answer[..n] == request[..] => break,
@@ -198,11 +217,11 @@ fn measure(
                 {
                     timeouts += 1;
                     if timeouts > args.max_timeouts {
-                        return Err(RrError::Unanswered { timeouts, to: args.to });
+                        return Err(UdpError::Unanswered { timeouts, to: args.to });
                     }
                     return Ok(());
                 }
-                Err(e) => return Err(RrError::Recv(e)),
+                Err(e) => return Err(UdpError::Recv(e)),
             }
         }
         if let Some(latencies) = latencies {

@@ -20,6 +20,7 @@ use test_infra::console::Console;
 use test_infra::linux::{initramfs, kernel_with, Kernel, INIT_MOUNTS};
 use test_infra::net::{Netns, Veth};
 use test_infra::qemu::Qemu;
+use test_infra::sha256;
 
 /// Both guests boot and ping within about 30 s under TCG here; one not done after this is stuck.
 const LIMIT: Duration = Duration::from_secs(300);
@@ -171,25 +172,10 @@ while s.recv(4096):
 }
 
 /// Receive one TCP connection's bytes on the host's port 5002 into `dir/to-host`, in the
-/// background: python3 in the host's namespace, for as long as the returned child runs.
+/// background.
 fn receive_on_host(netns: &Netns, dir: &Path) -> (std::process::Child, std::path::PathBuf) {
     let file = dir.join("to-host");
-    let receive = format!(
-        r#"
-import socket
-server = socket.create_server(("{HOST}", 5002))
-connection, _ = server.accept()
-with open("{}", "wb") as out:
-    while True:
-        data = connection.recv(65536)
-        if not data:
-            break
-        out.write(data)
-"#,
-        file.display()
-    );
-    let child = netns.command("python3").args(["-c", &receive]).spawn().unwrap();
-    (child, file)
+    (test_infra::net::receive_tcp(netns, (HOST, 5002), &file), file)
 }
 
 /// The offload feature bits (virtio 1.x §5.1.3) a driver took: CSUM, GUEST_CSUM, GUEST_TSO4,
@@ -358,19 +344,6 @@ fn guests_ping_and_move_data(guest_2_without_offloads: bool, iocores: u16) {
     for k in 0..iocores {
         assert!(log.contains(&format!("(IOCore {k})")), "no NIC on IOCore {k}: {log}");
     }
-}
-
-/// sha256sum's digest of `data`.
-fn sha256(data: &[u8]) -> String {
-    let mut child = Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(data).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).split(' ').next().unwrap_or_default().to_owned()
 }
 
 /// After `NET_UP`: 16 MiB from guest 1 to guest 2 over TCP, checksummed; guest 1 says when it

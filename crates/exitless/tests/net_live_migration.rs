@@ -26,6 +26,7 @@ use test_infra::linux::{initramfs, kernel_with, INIT_MOUNTS};
 use test_infra::net::{Netns, Veth};
 use test_infra::qemu::Qemu;
 use test_infra::qmp::Qmp;
+use test_infra::sha256;
 use test_infra::KillOnDrop;
 
 /// Booting takes 10 to 20 s under TCG here, the migration of 256 MiB a few more.
@@ -55,26 +56,6 @@ echo NM-SENT
 sleep 3600
 "#;
 
-/// Receive one TCP connection's bytes on the host's port 5002 into `file`, in the background.
-fn receive_on_host(netns: &Netns, file: &Path) -> std::process::Child {
-    let receive = format!(
-        r#"
-import socket
-server = socket.create_server(("{HOST}", 5002))
-connection, _ = server.accept()
-with open("{}", "wb") as out:
-    while True:
-        data = connection.recv(65536)
-        if not data:
-            break
-        out.write(data)
-        out.flush()
-"#,
-        file.display()
-    );
-    netns.command("python3").args(["-c", &receive]).spawn().unwrap()
-}
-
 /// Capture, on the host, the first RARP frame from `MAC` within 120 s into `file` (its bytes in
 /// hex), in the background.
 fn capture_rarp(netns: &Netns, interface: &str, file: &Path) -> std::process::Child {
@@ -95,17 +76,6 @@ while True:
         file.display()
     );
     netns.command("python3").args(["-c", &capture]).spawn().unwrap()
-}
-
-fn sha256(data: &[u8]) -> String {
-    let mut child = Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), data).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_owned()
 }
 
 fn read(path: &Path) -> String {
@@ -148,7 +118,7 @@ fn migrate_mid_transfer(guest_announce: bool) {
     }
 
     let received = dir.path().join("received");
-    let mut receiver = receive_on_host(&netns, &received);
+    let mut receiver = test_infra::net::receive_tcp(&netns, (HOST, 5002), &received);
     let qmp_paths = [dir.path().join("qmp-a"), dir.path().join("qmp-b")];
     let migration = dir.path().join("migration.sock");
     let machine = |socket: &Path, qmp: &Path| {

@@ -418,3 +418,16 @@ pub fn alongside_others() -> std::sync::RwLockReadGuard<'static, ()> {
 pub fn limited_iops(iops: f64, ops: f64) -> f64 {
     iops * ops / (ops - iops)
 }
+
+/// sha256sum's digest of `data`, as a guest's `sha256sum` prints it.
+pub fn sha256(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sha256sum (coreutils) runs");
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split(' ').next().unwrap_or_default().to_owned()
+}

@@ -102,3 +102,26 @@ pub fn wait_for_udp(netns: &str, port: u16, who: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Receive one TCP connection's bytes on `address` (IP:PORT) in `netns` into `file`, in the
+/// background: python3 there, for as long as the returned child runs (it ends when the sender
+/// closes). Each chunk is written as it comes, so `file`'s size says how much arrived.
+pub fn receive_tcp(netns: &Netns, address: (&str, u16), file: &std::path::Path) -> std::process::Child {
+    let (ip, port) = address;
+    let receive = format!(
+        r#"
+import socket
+server = socket.create_server(("{ip}", {port}))
+connection, _ = server.accept()
+with open("{}", "wb") as out:
+    while True:
+        data = connection.recv(65536)
+        if not data:
+            break
+        out.write(data)
+        out.flush()
+"#,
+        file.display()
+    );
+    netns.command("python3").args(["-c", &receive]).spawn().expect("python3 runs")
+}

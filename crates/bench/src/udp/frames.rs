@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use exitless_args::fail;
 use serde_json::json;
-use thiserror::Error;
+
+use super::{connected, pin, UdpError};
 
 /// UDP payload bytes: with Ethernet, IPv4 and UDP headers, a 60-byte frame.
 pub const PAYLOAD: usize = 18;
@@ -21,37 +22,6 @@ pub const PAYLOAD: usize = 18;
 const FRAME: usize = 60;
 /// Datagrams per system call.
 const BATCH: usize = 64;
-
-/// Why `exitless udp-flood` or `exitless udp-count` stopped.
-#[derive(Debug, Error)]
-enum FramesError {
-    #[error("cannot pin to CPU {cpu}: {source}")]
-    Pin {
-        cpu: usize,
-        #[source]
-        source: io::Error,
-    },
-    #[error("cannot bind {at}: {source}")]
-    Bind {
-        at: SocketAddr,
-        #[source]
-        source: io::Error,
-    },
-    #[error("cannot reach {to}: {source}")]
-    Connect {
-        to: SocketAddr,
-        #[source]
-        source: io::Error,
-    },
-    #[error("cannot set up the UDP socket: {0}")]
-    Socket(#[source] io::Error),
-    #[error("sendmmsg: {0}")]
-    Send(#[source] io::Error),
-    #[error("recvmmsg: {0}")]
-    Recv(#[source] io::Error),
-    #[error("no datagram came in {0} ms")]
-    NoneCame(u64),
-}
 
 /// The command line of `exitless udp-flood`.
 #[derive(Args)]
@@ -106,13 +76,6 @@ pub fn count(args: UdpCountArgs) -> i32 {
     }
 }
 
-fn pin(cpu: Option<usize>) -> Result<(), FramesError> {
-    match cpu {
-        Some(cpu) => vmm::pin_current_thread(cpu).map_err(|source| FramesError::Pin { cpu, source }),
-        None => Ok(()),
-    }
-}
-
 /// `BATCH` datagrams' buffers and the headers `sendmmsg` and `recvmmsg` take, pointing into
 /// them. Boxed, so that the pointers stay good when it moves.
 struct Batch {
@@ -138,11 +101,9 @@ impl Batch {
     }
 }
 
-fn run_flood(args: &UdpFloodArgs) -> Result<serde_json::Value, FramesError> {
+fn run_flood(args: &UdpFloodArgs) -> Result<serde_json::Value, UdpError> {
     pin(args.cpu)?;
-    let local: SocketAddr = if args.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
-    let socket = UdpSocket::bind(local).map_err(|source| FramesError::Bind { at: local, source })?;
-    socket.connect(args.to).map_err(|source| FramesError::Connect { to: args.to, source })?;
+    let socket = connected(args.to)?;
     let mut batch = Batch::new();
     let (mut sent, mut refused) = (0u64, 0u64);
     let started = Instant::now();
@@ -163,7 +124,7 @@ fn run_flood(args: &UdpFloodArgs) -> Result<serde_json::Value, FramesError> {
                 let e = io::Error::last_os_error();
                 // The kernel dropped the datagram for want of room: send again.
                 if e.raw_os_error() != Some(libc::ENOBUFS) {
-                    return Err(FramesError::Send(e));
+                    return Err(UdpError::Send(e));
                 }
                 refused += 1;
             }
@@ -180,10 +141,10 @@ fn run_flood(args: &UdpFloodArgs) -> Result<serde_json::Value, FramesError> {
     }))
 }
 
-fn run_count(args: &UdpCountArgs) -> Result<serde_json::Value, FramesError> {
-    let socket = UdpSocket::bind(args.bind).map_err(|source| FramesError::Bind { at: args.bind, source })?;
+fn run_count(args: &UdpCountArgs) -> Result<serde_json::Value, UdpError> {
+    let socket = UdpSocket::bind(args.bind).map_err(|source| UdpError::Bind { at: args.bind, source })?;
     pin(args.cpu)?;
-    socket.set_nonblocking(true).map_err(FramesError::Socket)?;
+    socket.set_nonblocking(true).map_err(UdpError::Socket)?;
     let mut batch = Batch::new();
     let (mut counted, mut highest) = (0u64, None::<u64>);
     let (mut first, mut last) = (None::<Instant>, Instant::now());
@@ -203,12 +164,12 @@ fn run_count(args: &UdpCountArgs) -> Result<serde_json::Value, FramesError> {
         let Ok(n) = usize::try_from(n) else {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::WouldBlock {
-                return Err(FramesError::Recv(e));
+                return Err(UdpError::Recv(e));
             }
             match first {
                 Some(_) if last.elapsed() > Duration::from_millis(args.idle_ms) => break,
                 None if waiting.elapsed() > Duration::from_millis(args.wait_ms) => {
-                    return Err(FramesError::NoneCame(args.wait_ms))
+                    return Err(UdpError::NoneCame(args.wait_ms))
                 }
                 _ => std::hint::spin_loop(),
             }
