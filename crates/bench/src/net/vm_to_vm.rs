@@ -202,12 +202,7 @@ fn measure(
         None => record(row, &run, &marks)?,
         Some(counter_ms) => {
             let counted = responder.finish(Duration::from_millis(counter_ms) + RUN_SLACK)?;
-            record_frames(row, &run, &marks, &counted)?;
-            if let Some(note) = &mut row.note {
-                note.push_str(&format!(
-                    "; vCPUs on CPUs {vcpu_cpu} and {responder_cpu}, the frames carried on CPU {io_cpu}"
-                ));
-            }
+            record_frames(row, (&run, &marks), &counted, (vcpu_cpu, responder_cpu, io_cpu))?;
         }
     }
     if let Some(daemon) = daemon {
@@ -217,12 +212,13 @@ fn measure(
 }
 
 /// Fill `row` from a frame-rate run: the counter's result in `counted` (its console), the
-/// sender's and the exits and cores between its marks.
+/// sender's `run` and the exits and cores between its `marks`; the note says on which CPUs the
+/// sender's vCPU, the counter's and what carried the frames ran.
 fn record_frames(
     row: &mut Row,
-    run: &QemuRun,
-    marks: &[PeerMark],
+    (run, marks): (&QemuRun, &[PeerMark]),
     counted: &str,
+    (sender_cpu, counter_cpu, io_cpu): (usize, usize, usize),
 ) -> Result<(), QemuNetError> {
     row.command = Some(run.command_line.clone());
     let sent =
@@ -241,7 +237,8 @@ fn record_frames(
     record_marks(row, marks, frames_sent)?;
     row.note = Some(format!(
         "the sending VM offered {:.3} Mpps ({frames_sent} frames), the counting VM took {:.3} Mpps ({} frames, {} \
-         lost); exits are both VMs', per frame sent",
+         lost); vCPUs on CPUs {sender_cpu} and {counter_cpu}, the frames carried on CPU {io_cpu}; exits are \
+         both VMs', per frame sent",
         sent["fps"].as_f64().unwrap_or(0.0) / 1e6,
         fps / 1e6,
         row.transactions,
