@@ -16,8 +16,9 @@
 //! RARP from the guest's address the host sees. Needs what scripts/setup.sh installs
 //! (qemu-system-x86, linux-image-cloud-amd64, busybox-static, iproute2, python3).
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use test_infra::api::http;
@@ -57,7 +58,7 @@ sleep 3600
 "#;
 
 /// Capture, on the host, the first RARP frame from `MAC` within 120 s into `file` (its bytes in
-/// hex), in the background.
+/// hex), in the background, once it listens.
 fn capture_rarp(netns: &Netns, interface: &str, file: &Path) -> std::process::Child {
     let capture = format!(
         r#"
@@ -65,6 +66,7 @@ import socket
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x8035))
 s.bind(("{interface}", 0))
 s.settimeout(120)
+print("ready", flush=True)
 mac = bytes.fromhex("{}")
 while True:
     frame = s.recv(2048)
@@ -75,7 +77,12 @@ while True:
         MAC.replace(':', ""),
         file.display()
     );
-    netns.command("python3").args(["-c", &capture]).spawn().unwrap()
+    let mut child = netns.command("python3").args(["-c", &capture]).stdout(Stdio::piped()).spawn().unwrap();
+    // Listening before anything is announced.
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready", "the capture on the host");
+    child
 }
 
 fn read(path: &Path) -> String {

@@ -6,6 +6,8 @@
 //! - A VM answering UDP (the probe's `udp-echo`) snapshotted, killed and restored on the other
 //!   tap: the restored NIC's RARP moves its address on the bridge, so the host's requests reach
 //!   it at once, though the guest sent nothing itself.
+//! - The same with its NIC on `exitless vhost-user-net`: the daemon stops the rings for the
+//!   pause, and announces the restored NIC's address for it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
@@ -210,4 +212,127 @@ fn a_restored_nic_announces_itself_so_the_bridge_sends_its_frames_to_the_new_tap
     );
     assert!(lab.frames_to_vm("exlB") > 0);
     restored.kill();
+}
+
+/// A VM answering UDP with its NIC on `exitless vhost-user-net` (`--net vhost-user=`), its host
+/// a namespace beyond the daemon's uplink: paused (the daemon stops its rings, so guest memory
+/// holds still), snapshotted, killed, and restored in a new process on the same daemon NIC. The
+/// restored NIC asks the daemon to announce its address (SEND_RARP), which the host sees as a
+/// RARP from it; the host's requests reach the guest again. A restore that names no vhost-user
+/// NIC, or one with another address, is refused on one line; so is a live migration.
+#[test]
+fn a_vm_with_a_nic_on_the_daemon_is_snapshotted_and_restored_there() {
+    use test_infra::net::Veth;
+    let _one = one_at_a_time();
+    let (netns, veth) = (Netns::create(), Veth::create());
+    veth.peer_into(&netns, "10.0.0.1/24");
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nic.sock");
+    let nic = format!("socket={},mac={GUEST_MAC}", socket.display());
+    let daemon_args = ["vhost-user-net", "--nic", &nic, "--uplink", &veth.ours, "--io-mode", "eventfd"];
+    let daemon = Background::start(dir.path(), "net", &daemon_args, &socket);
+    let ask_guest = |ms: u32, max_timeouts: u32| {
+        netns
+            .command(env!("CARGO_BIN_EXE_exitless"))
+            .args(["udp-rr", "--to", "10.0.0.2:7", "--duration-ms", &ms.to_string()])
+            .args(["--timeout-ms", "500", "--max-timeouts", &max_timeouts.to_string()])
+            .output()
+            .unwrap()
+    };
+    let net = format!("vhost-user={},mac={GUEST_MAC}", socket.display());
+    let api = dir.path().join("vm.api");
+    let cmdline = "probe.workload=udp-echo probe.ip=10.0.0.2 probe.dst=10.0.0.1 probe.duration_ms=120000";
+    let args =
+        ["run", "--probe", "--mem", "64M", "--net", &net, "--io-mode", "eventfd", "--cmdline", cmdline];
+    let args = [&args[..], &["--api-socket", api.to_str().unwrap(), "--timeout", "170"]].concat();
+    let vm = Background::start(dir.path(), "vm", &args, &api);
+    let asked = ask_guest(200, 10);
+    assert!(
+        asked.status.success(),
+        "the guest before the snapshot: {}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+
+    let snap = dir.path().join("snap");
+    assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204, "pause");
+    // Paused, the daemon holds none of the guest's rings: nothing reaches the guest.
+    let while_paused = ask_guest(300, 0);
+    assert!(!while_paused.status.success(), "the paused guest answered");
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
+    let (status, answer) = http(&api, "PUT", "/api/v1/vm.snapshot", Some(&body));
+    assert_eq!(status, 204, "snapshot: {answer}");
+    vm.kill();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap.join("state.json")).unwrap()).unwrap();
+    assert_eq!(state["config"]["vhost_user_nets"][0]["mac"], GUEST_MAC, "{}", state["config"]);
+
+    let source = format!("source_url=file://{}", snap.display());
+    let refused = |net_args: &[&str], expect: &str| {
+        let out = test_infra::exitless(&[&["run", "--restore", &source, "--testdev"], net_args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "restored: {stderr}");
+        assert!(stderr.contains(expect) && stderr.trim_end().lines().count() == 1, "{stderr}");
+    };
+    refused(&[], "the VM has 1 NIC(s) on vhost-user daemons (52:54:00:45:58:00) and 0 were named");
+    let other_mac = format!("vhost-user={},mac=52:54:00:00:00:01", socket.display());
+    refused(&["--net", &other_mac], "NIC 0: the guest knows it as 52:54:00:45:58:00");
+
+    let mut capture = netns
+        .command("python3")
+        .args(["-c", &rarp_capture(&veth.peer)])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Listening before the restore announces the guest.
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(capture.stdout.take().unwrap()), &mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "ready", "the capture on the host");
+    let restored_api = dir.path().join("restored.api");
+    let args = ["run", "--restore", &source, "--testdev", "--net", &net, "--api-socket"];
+    let restored = Background::start(
+        dir.path(),
+        "restored",
+        &[&args[..], &[restored_api.to_str().unwrap()]].concat(),
+        &restored_api,
+    );
+    let asked = ask_guest(200, 1);
+    assert!(
+        asked.status.success(),
+        "the restored guest did not answer: {}{}",
+        String::from_utf8_lossy(&asked.stdout),
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    // Live migration is refused, saying why: the daemon would have to log what it writes.
+    let nowhere = format!("unix:{}", dir.path().join("nowhere.mig").display());
+    let (status, body) = send_migration_to(&restored_api, &nowhere);
+    assert!(
+        status >= 400 && body.contains("NIC on a vhost-user daemon is not supported yet"),
+        "{status} {body}"
+    );
+    let (_, restored_log) = restored.kill();
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
+    let (_, _, daemon_log) = daemon.wait();
+    let announced = format!("announced {GUEST_MAC} with a RARP");
+    assert!(daemon_log.contains(&announced), "daemon: {daemon_log}\nrestored VM: {restored_log}");
+    assert!(capture.wait().unwrap().success(), "no RARP from the guest reached the host");
+}
+
+/// Python for the host: say "ready" once listening, then wait (up to 60 s) for one RARP frame
+/// from the guest's address on `interface`, and exit 0 once it came.
+fn rarp_capture(interface: &str) -> String {
+    format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x8035))
+s.bind(("{interface}", 0))
+s.settimeout(60)
+print("ready", flush=True)
+mac = bytes.fromhex("{}")
+while s.recv(2048)[6:12] != mac:
+    pass
+"#,
+        GUEST_MAC.replace(':', "")
+    )
 }

@@ -358,4 +358,10 @@ pub trait VirtioDevice: Send {
     /// run yet: tell the network where it now is (a NIC sends a frame from its address, so that
     /// switches learn its new port). Most devices have nothing to say.
     fn announce(&mut self) {}
+    /// The VM pauses, its device running: a device whose data path is not the transport's
+    /// workers (a vhost-user daemon's) stops it, so that guest memory holds still (for a
+    /// snapshot). The transport's own workers are drained by the transport.
+    fn pause(&mut self) {}
+    /// The VM resumes after [`VirtioDevice::pause`]: the data path starts again where it stopped.
+    fn resume(&mut self) {}
 }

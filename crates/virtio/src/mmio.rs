@@ -460,6 +460,9 @@ impl MmioTransport {
             }
         }
         self.paused = true;
+        if self.active() {
+            self.device.pause();
+        }
         let held = match self.runner {
             Runner::OnNotify => &mut self.local_workers,
             Runner::Host { .. } => &mut self.paused_workers,
@@ -483,6 +486,9 @@ impl MmioTransport {
     /// first pass over that worker.
     pub fn resume(&mut self) {
         self.paused = false;
+        if self.active() {
+            self.device.resume();
+        }
         let held = std::mem::take(&mut self.paused_workers);
         if let Runner::Host { host, workers: hosted } = &self.runner {
             for (worker, slot) in held.into_iter().zip(hosted) {

@@ -297,6 +297,7 @@ mod tests {
             disable_pause_exits: false,
             disks: Vec::new(),
             nets: Vec::new(),
+            vhost_user_nets: Vec::new(),
             testdev: false,
         }
     }

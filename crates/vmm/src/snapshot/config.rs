@@ -46,6 +46,18 @@ pub struct SavedNet {
     pub tap: String,
 }
 
+/// A NIC on a vhost-user daemon in a snapshot. The daemon holds nothing of it the guest needs:
+/// it stopped the rings before guest memory was saved, and a frame it had not delivered is as
+/// a frame lost on a wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedVhostUserNet {
+    /// The MAC address the guest knows the NIC by, which the NIC named on restore must have.
+    pub mac: String,
+    /// The daemon's socket, for the record: a restore connects to the socket its operator names
+    /// (`--net vhost-user=SOCKET`), never this one.
+    pub socket: PathBuf,
+}
+
 /// A VM's configuration in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedConfig {
@@ -71,23 +83,21 @@ pub struct SavedConfig {
     /// The NICs on taps, in the order the guest sees them (after the disks).
     #[serde(default)]
     pub nets: Vec<SavedNet>,
+    /// The NICs on vhost-user daemons, in the order the guest sees them (after the taps').
+    #[serde(default)]
+    pub vhost_user_nets: Vec<SavedVhostUserNet>,
     /// Whether the VM has the test device (`--probe` or `--testdev`).
     #[serde(default)]
     pub testdev: bool,
 }
 
 impl SavedConfig {
-    /// The configuration of a VM that can be snapshotted: file, RAM-file, RBD and null disks and
-    /// NICs on taps (no new RAM disk, vhost-user disk or vhost-user NIC); `sizes`: each disk's
-    /// size in bytes, by index.
+    /// The configuration of a VM that can be snapshotted: file, RAM-file, RBD and null disks,
+    /// NICs on taps and on vhost-user daemons (no new RAM disk or vhost-user disk); `sizes`:
+    /// each disk's size in bytes, by index.
     pub fn of(config: &VmConfig, sizes: &[u64]) -> Result<SavedConfig, SnapshotError> {
-        let unsupported =
-            |what: &str| Err(SnapshotError::Unsupported(format!("{what} are not supported yet")));
         if !config.vhost_user_disks.is_empty() {
-            return unsupported("vhost-user disks");
-        }
-        if !config.vhost_user_nets.is_empty() {
-            return unsupported("vhost-user NICs");
+            return Err(SnapshotError::Unsupported("vhost-user disks are not supported yet".into()));
         }
         let disks = config
             .disks
@@ -151,6 +161,11 @@ impl SavedConfig {
             disable_pause_exits: config.disable_exits.pause,
             disks,
             nets: config.nets.iter().map(|n| SavedNet { mac: mac_text(n.mac), tap: n.tap.clone() }).collect(),
+            vhost_user_nets: config
+                .vhost_user_nets
+                .iter()
+                .map(|n| SavedVhostUserNet { mac: mac_text(n.mac), socket: n.socket.clone() })
+                .collect(),
             testdev: config.testdev,
         })
     }
@@ -161,11 +176,13 @@ impl SavedConfig {
         if self.vcpus == 0 || self.vcpus > crate::vm::MAX_VCPUS {
             return bad(format!("{} vCPUs", self.vcpus));
         }
-        if self.disks.len() + self.nets.len() > MAX_VIRTIO_DEVICES {
-            return bad(format!("{} disks and {} NICs", self.disks.len(), self.nets.len()));
+        let nics = self.nets.len() + self.vhost_user_nets.len();
+        if self.disks.len() + nics > MAX_VIRTIO_DEVICES {
+            return bad(format!("{} disks and {nics} NICs", self.disks.len()));
         }
-        if let Some(n) = self.nets.iter().find(|n| parse_mac(&n.mac).is_none()) {
-            return bad(format!("a NIC whose MAC address is {:?}", n.mac));
+        let mut macs = self.nets.iter().map(|n| &n.mac).chain(self.vhost_user_nets.iter().map(|n| &n.mac));
+        if let Some(mac) = macs.find(|mac| parse_mac(mac).is_none()) {
+            return bad(format!("a NIC whose MAC address is {mac:?}"));
         }
         if IoMode::from_name(&self.io_mode).is_none() {
             return bad(format!("I/O mode {:?}", self.io_mode));
@@ -218,7 +235,17 @@ impl SavedConfig {
                 mac: parse_mac(&n.mac).unwrap_or_default(),
             })
             .collect();
-        VmConfig { disks, disk_options, nets, testdev: self.testdev, ..VmConfig::default() }
+        let vhost_user_nets = self
+            .vhost_user_nets
+            .iter()
+            .map(|n| crate::VhostUserNic {
+                socket: n.socket.clone(),
+                mac: parse_mac(&n.mac).unwrap_or_default(),
+                reconnect: Duration::ZERO,
+                daemon_uid: None,
+            })
+            .collect();
+        VmConfig { disks, disk_options, nets, vhost_user_nets, testdev: self.testdev, ..VmConfig::default() }
     }
 
     /// The VM configuration to build again; `base` gives what is the new process's own (console,
@@ -230,10 +257,30 @@ impl SavedConfig {
     /// it.
     pub fn to_vm_config(&self, base: VmConfig) -> Result<VmConfig, SnapshotError> {
         self.check()?;
-        if !base.vhost_user_disks.is_empty() || !base.vhost_user_nets.is_empty() {
+        if !base.vhost_user_disks.is_empty() {
             return Err(SnapshotError::Unsupported(
-                "a restored or migrated VM takes local disks and NICs on taps only: no vhost-user disk or NIC".into(),
+                "a restored or migrated VM takes local disks only: no vhost-user disk".into(),
             ));
+        }
+        if base.vhost_user_nets.len() != self.vhost_user_nets.len() {
+            return Err(SnapshotError::VhostUserNicsNotNamed {
+                saved: self.vhost_user_nets.len(),
+                named: base.vhost_user_nets.len(),
+                list: self.vhost_user_nets.iter().map(|n| n.mac.as_str()).collect::<Vec<_>>().join(", "),
+            });
+        }
+        for (index, (saved, named)) in self.vhost_user_nets.iter().zip(&base.vhost_user_nets).enumerate() {
+            if parse_mac(&saved.mac) != Some(named.mac) {
+                return Err(SnapshotError::Nic {
+                    index: self.nets.len() + index,
+                    reason: format!(
+                        "the guest knows it as {}, --net vhost-user= gives it {}: name it with mac={}",
+                        saved.mac,
+                        mac_text(named.mac),
+                        saved.mac
+                    ),
+                });
+            }
         }
         if base.nets.len() != self.nets.len() {
             return Err(SnapshotError::NicsNotNamed {

@@ -88,6 +88,12 @@ pub enum SnapshotError {
          in order, with --net tap=NAME (and its mac= if it had one); the taps are this host's"
     )]
     NicsNotNamed { saved: usize, named: usize, list: String },
+    #[error(
+        "the VM has {saved} NIC(s) on vhost-user daemons ({list}) and {named} were named with --net \
+         vhost-user=SOCKET: name each, in order after its taps, with its daemon's socket (and its mac= if it \
+         had one)"
+    )]
+    VhostUserNicsNotNamed { saved: usize, named: usize, list: String },
     #[error("NIC {index}: {reason}")]
     Nic { index: usize, reason: String },
     #[error(
@@ -277,7 +283,8 @@ impl Snapshot {
         if let Some((i, v)) = snapshot.vcpus.iter().enumerate().find(|(i, v)| v.index as usize != *i) {
             return Err(corrupt(format!("vCPU state {i} is for vCPU {}", v.index)));
         }
-        let devices = snapshot.config.disks.len() + snapshot.config.nets.len();
+        let config = &snapshot.config;
+        let devices = config.disks.len() + config.nets.len() + config.vhost_user_nets.len();
         if snapshot.devices.len() != devices {
             return Err(SnapshotError::Count {
                 what: "device states",

@@ -37,7 +37,13 @@ const CONFIG_SIZE: u32 = 60;
 /// What a disk's link asks of its daemon: its configuration space, whose first 8 bytes (the
 /// capacity) a restarted daemon must report unchanged, and its in-flight region.
 fn profile() -> Profile {
-    Profile { what: "disk", config_size: Some(CONFIG_SIZE), fixed_config: 0..8, inflight: true }
+    Profile {
+        what: "disk",
+        config_size: Some(CONFIG_SIZE),
+        fixed_config: 0..8,
+        inflight: true,
+        announces: false,
+    }
 }
 
 /// A disk served by the vhost-user daemon listening at `socket` (`--disk vhost-user=SOCKET`).

@@ -39,6 +39,8 @@ pub struct Profile {
     pub fixed_config: std::ops::Range<usize>,
     /// Whether the daemon's in-flight region is asked for (INFLIGHT_SHMFD, one ring).
     pub inflight: bool,
+    /// Whether the daemon is asked to announce an address (RARP: a NIC's, after a restore).
+    pub announces: bool,
 }
 
 /// What a daemon offers, learnt when connecting.
@@ -75,6 +77,9 @@ struct State {
     protocol: u64,
     /// The running rings, between activation and reset.
     rings: Option<Rings>,
+    /// The rings are stopped in the daemon for a pause (kept for when the VM resumes), at
+    /// these avail indices.
+    paused_at: Option<Vec<u16>>,
 }
 
 /// What the running rings were set up with.
@@ -99,7 +104,7 @@ impl Link {
     ) -> Result<(Link, Offer), FrontendError> {
         let users = DaemonUsers::of_this_process_and(daemon_uid);
         let (frontend, protocol, offer) = handshake(path, &profile, users)?;
-        let state = Mutex::new(State { frontend, protocol, rings: None });
+        let state = Mutex::new(State { frontend, protocol, rings: None, paused_at: None });
         Ok((Link { path: path.to_path_buf(), profile, users, fds, state }, offer))
     }
 
@@ -117,20 +122,80 @@ impl Link {
     /// ring of `RingFds`.
     pub fn start(&self, queues: Vec<Queue>, features: u64) -> Result<(), VhostUserError> {
         let mut state = self.state();
-        let State { frontend, protocol, rings } = &mut *state;
-        *rings = None;
+        let State { frontend, protocol, rings, paused_at } = &mut *state;
+        (*rings, *paused_at) = (None, None);
         let inflight = match (*protocol & 1 << protocol::INFLIGHT_SHMFD != 0, queues.first()) {
             (true, Some(queue)) => Some(frontend.get_inflight_fd(queue.size())?),
             _ => None,
         };
+        // Where the driver left each ring: 0 for a new one, the snapshot's for a restored one.
+        let bases: Vec<u16> = queues.iter().map(Queue::next_avail).collect();
         let started = rings.insert(Rings { queues, features, inflight });
-        start_rings(frontend, started, &self.fds, |_| 0)
+        start_rings(frontend, started, &self.fds, |index| bases[index])
+    }
+
+    /// Stop the rings in the daemon for a pause (GET_VRING_BASE: it finishes what it took and
+    /// lets go of guest memory), keeping them for [`Link::resume`].
+    pub fn pause(&self) {
+        let mut state = self.state();
+        let State { frontend, rings: Some(rings), paused_at, .. } = &mut *state else { return };
+        if paused_at.is_some() {
+            return;
+        }
+        let mut bases = Vec::with_capacity(rings.queues.len());
+        for (index, queue) in rings.queues.iter().enumerate() {
+            let base = match frontend.get_vring_base(index as u32) {
+                Ok(base) => u16::try_from(base).unwrap_or_else(|_| queue.used_index()),
+                Err(e) => {
+                    if !frontend.broken() {
+                        log::warn!(
+                            "vhost-user {}: cannot stop ring {index} for a pause: {e}",
+                            self.profile.what
+                        );
+                    }
+                    // A daemon gone holds nothing: what the guest was answered is where it stands.
+                    queue.used_index()
+                }
+            };
+            bases.push(base);
+        }
+        *paused_at = Some(bases);
+    }
+
+    /// Start the rings again after [`Link::pause`], each where the daemon stopped it. A daemon
+    /// gone meanwhile gets them from the watcher, as a new one connects.
+    pub fn resume(&self) -> Result<(), VhostUserError> {
+        let mut state = self.state();
+        let State { frontend, rings, paused_at, .. } = &mut *state;
+        let (Some(rings), Some(bases)) = (rings.as_ref(), paused_at.take()) else { return Ok(()) };
+        if frontend.broken() {
+            return Ok(());
+        }
+        start_rings(frontend, rings, &self.fds, |index| bases[index])
+    }
+
+    /// Ask the daemon to announce `mac` on its network (SEND_RARP), where it offers to; the
+    /// guest's NIC was restored here and has not sent anything yet.
+    pub fn announce(&self, mac: [u8; 6]) {
+        let mut state = self.state();
+        if state.protocol & 1 << protocol::RARP == 0 {
+            return;
+        }
+        let mut word = [0u8; 8];
+        word[..6].copy_from_slice(&mac);
+        if let Err(e) = state.frontend.set_u64(code::SEND_RARP, u64::from_le_bytes(word)) {
+            log::warn!("vhost-user {}: the daemon did not announce the address: {e}", self.profile.what);
+        }
     }
 
     /// Stop the rings in the daemon (the driver reset the device) and forget them.
     pub fn stop(&self) {
         let mut state = self.state();
         let Some(rings) = state.rings.take() else { return };
+        // Stopped for a pause already.
+        if state.paused_at.take().is_some() {
+            return;
+        }
         for index in 0..rings.queues.len() {
             if state.frontend.broken() {
                 return;
@@ -157,7 +222,10 @@ impl Link {
             return Err(VhostUserError::Changed("the device's configuration (a disk's capacity)"));
         }
         let mut state = self.state();
+        let paused = state.paused_at.is_some();
         let resumed = match &mut state.rings {
+            // Paused: the rings start when the VM resumes.
+            Some(_) if paused => None,
             Some(rings) => {
                 if offer.features & rings.features != rings.features {
                     return Err(VhostUserError::Changed("the features the driver took"));
@@ -209,6 +277,9 @@ fn handshake(
     }
     if profile.inflight {
         wanted |= 1 << protocol::INFLIGHT_SHMFD;
+    }
+    if profile.announces {
+        wanted |= 1 << protocol::RARP;
     }
     let protocol = offered & wanted;
     frontend.set_u64(code::SET_PROTOCOL_FEATURES, protocol)?;

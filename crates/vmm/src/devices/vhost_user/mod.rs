@@ -86,6 +86,8 @@ pub struct Connected {
     link: Arc<Link>,
     shared: Arc<Shared>,
     info: Arc<VhostUserInfo>,
+    /// An address for the daemon to announce once the rings run (a NIC's, restored here).
+    announce: Option<[u8; 6]>,
     // Dropped last: stops the watcher, which holds `shared`.
     _watcher: Watcher,
 }
@@ -126,7 +128,7 @@ impl Connected {
         });
         let watcher =
             Watcher::spawn(stream.into(), err, shared.clone(), filter).map_err(VhostUserError::Thread)?;
-        Ok(Connected { link, shared, info, _watcher: watcher })
+        Ok(Connected { link, shared, info, announce: None, _watcher: watcher })
     }
 
     /// What the first daemon offered.
@@ -164,11 +166,36 @@ impl Connected {
             signals.backend_failed(&format!("cannot start the {}: {e}", self.link.what()));
             return Err(ActivateError::NoBackend);
         }
+        if let Some(mac) = self.announce.take() {
+            self.link.announce(mac);
+        }
         self.info.features.store(features, Ordering::Relaxed);
         self.info.activations.fetch_add(1, Ordering::Relaxed);
         *self.shared.signals.lock().unwrap_or_else(|p| p.into_inner()) = Some(signals);
         // The daemon does the work: the transport has nothing to poll.
         Ok(vec![Some(Worker::Remote)])
+    }
+
+    /// Have the daemon announce `mac` once the rings run (SEND_RARP, where it offers it): the
+    /// VM was restored here, and the network must learn where the guest now is.
+    pub fn announce_when_started(&mut self, mac: [u8; 6]) {
+        self.announce = Some(mac);
+    }
+
+    /// The VM pauses: the daemon stops the rings and lets go of guest memory.
+    pub fn pause(&mut self) {
+        self.link.pause();
+    }
+
+    /// The VM resumes: the daemon starts the rings again where it stopped them. A daemon gone
+    /// meanwhile gets them from the watcher when a new one comes.
+    pub fn resume(&mut self) {
+        if let Err(e) = self.link.resume() {
+            log::warn!("vhost-user {}: the rings did not start again after the pause: {e}", self.link.what());
+            if let Some(signals) = &*self.shared.signals.lock().unwrap_or_else(|p| p.into_inner()) {
+                signals.backend_failed(&format!("cannot start the {} again: {e}", self.link.what()));
+            }
+        }
     }
 
     /// The driver reset the device: stop the rings in the daemon.
@@ -232,5 +259,22 @@ impl VirtioDevice for VhostUserDevice {
     fn interrupt_status_while_active(&self) -> u32 {
         // The daemon interrupts through the irqfd: any interrupt may be a used buffer.
         INT_USED_BUFFER
+    }
+
+    /// A NIC's daemon announces its address (a disk has nothing to say).
+    fn announce(&mut self) {
+        if self.device_id == virtio::net::VIRTIO_ID_NET {
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(&self.config[..6]);
+            self.connected.announce_when_started(mac);
+        }
+    }
+
+    fn pause(&mut self) {
+        self.connected.pause();
+    }
+
+    fn resume(&mut self) {
+        self.connected.resume();
     }
 }

@@ -46,7 +46,8 @@ pub fn connect(
 ) -> Result<VhostUserDevice, VhostUserError> {
     // No configuration space from the daemon, no in-flight region (a frame lost in a restart
     // is as a frame lost on a wire).
-    let profile = Profile { what: "NIC", config_size: None, fixed_config: 0..0, inflight: false };
+    let profile =
+        Profile { what: "NIC", config_size: None, fixed_config: 0..0, inflight: false, announces: true };
     let connected = Connected::connect(
         &nic.socket,
         profile,
