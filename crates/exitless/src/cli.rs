@@ -84,8 +84,9 @@ pub struct RunArgs {
     /// Continue a VM from a snapshot (`source_url=file:///DIR`, as Cloud Hypervisor takes it) in
     /// this process: its memory, vCPUs, devices and configuration. Its disks are the ones named
     /// here with --disk, in the snapshot's order, each of the saved disk's kind, size, queues=
-    /// and readonly (a path in the snapshot is never opened); its NICs the taps named with --net,
-    /// each with the saved MAC address; --testdev if it had the test device. Its other options that build a VM (--mem, --cmdline, --io-mode...) are the
+    /// and readonly (a path in the snapshot is never opened); its NICs the taps and vhost-user
+    /// daemons named with --net, each with the saved MAC address; --testdev if it had the test
+    /// device. Its other options that build a VM (--mem, --cmdline, --io-mode...) are the
     /// snapshot's; --timeout, --seccomp, CPU placement and --snapshot-dir are this run's.
     #[arg(long, value_name = "source_url=file:///DIR", group = "kernel-source")]
     pub restore: Option<String>,
@@ -190,8 +191,9 @@ pub struct IoArgs {
     /// [,reconnect=SECS][,daemon-uid=UID]` (`exitless vhost-user-net --nic socket=SOCKET,mac=MAC`:
     /// give both the same address; reconnect and daemon-uid as for a vhost-user disk), after the
     /// taps on the bus. Frames are at most 1518 bytes (no offloads). With --restore or
-    /// --receive-migration: a tap for each of the VM's NICs, in its order, with the MAC address it
-    /// had (a restored NIC announces itself with a RARP, so that bridges learn its new port).
+    /// --receive-migration: a tap (or, restoring, a vhost-user daemon) for each of the VM's NICs,
+    /// in its order, with the MAC address it had (a restored NIC announces itself with a RARP, or
+    /// has its daemon do it, so that bridges learn its new port).
     #[arg(long = "net", value_name = "SPEC", value_parser = exitless_args::net::parse)]
     pub nets: Vec<exitless_args::net::NetArg>,
     /// How disk and network I/O is served (the values below). For vhost-user disks only the
