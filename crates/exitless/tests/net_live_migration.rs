@@ -16,15 +16,14 @@
 //! RARP from the guest's address the host sees. Needs what scripts/setup.sh installs
 //! (qemu-system-x86, linux-image-cloud-amd64, busybox-static, iproute2, python3).
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use test_infra::api::http;
 use test_infra::console::Console;
 use test_infra::linux::{initramfs, kernel_with, INIT_MOUNTS};
-use test_infra::net::{Netns, Veth};
+use test_infra::net::{Netns, RarpCapture, Veth};
 use test_infra::qemu::Qemu;
 use test_infra::qmp::Qmp;
 use test_infra::sha256;
@@ -56,34 +55,6 @@ echo NM-SENDING
 echo NM-SENT
 sleep 3600
 "#;
-
-/// Capture, on the host, the first RARP frame from `MAC` within 120 s into `file` (its bytes in
-/// hex), in the background, once it listens.
-fn capture_rarp(netns: &Netns, interface: &str, file: &Path) -> std::process::Child {
-    let capture = format!(
-        r#"
-import socket
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x8035))
-s.bind(("{interface}", 0))
-s.settimeout(120)
-print("ready", flush=True)
-mac = bytes.fromhex("{}")
-while True:
-    frame = s.recv(2048)
-    if frame[6:12] == mac:
-        open("{}", "w").write(frame.hex())
-        break
-"#,
-        MAC.replace(':', ""),
-        file.display()
-    );
-    let mut child = netns.command("python3").args(["-c", &capture]).stdout(Stdio::piped()).spawn().unwrap();
-    // Listening before anything is announced.
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut ready).unwrap();
-    assert_eq!(ready.trim(), "ready", "the capture on the host");
-    child
-}
 
 fn read(path: &Path) -> String {
     String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
@@ -163,7 +134,7 @@ fn migrate_mid_transfer(guest_announce: bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let rarp = dir.path().join("rarp");
-    let mut capture = capture_rarp(&netns, &veth.peer, &rarp);
+    let capture = RarpCapture::start(&netns, &veth.peer, MAC, 120, &rarp);
     let mut qmp_source = Qmp::connect(&qmp_paths[0]);
     let _qmp_destination = Qmp::connect(&qmp_paths[1]);
     let info = qmp_source.migrate(&incoming, started + LIMIT, &mut || {
@@ -196,14 +167,12 @@ fn migrate_mid_transfer(guest_announce: bool) {
     // Linux reads the request to announce in the status word (STATUS, bit 16: QEMU's).
     assert_eq!(bits.chars().nth(16), Some('1'), "STATUS: {features}");
     if guest_announce {
-        let _ = capture.kill();
+        capture.stop();
     } else {
-        assert!(capture.wait().unwrap().success(), "no RARP from {MAC} reached the host");
-        let rarp = read(&rarp);
-        assert_eq!(rarp[24..28].to_string(), "8035", "a RARP frame: {rarp}");
+        let frame = capture.frame().unwrap_or_else(|| panic!("no RARP from {MAC} reached the host"));
+        assert_eq!(frame[12..14], [0x80, 0x35], "a RARP frame: {frame:02x?}");
         assert!(daemon.stderr().contains(&format!("announced {MAC} with a RARP")), "{}", daemon.stderr());
     }
-    let _ = capture.wait();
     // The host reaches the guest on the destination's NIC, which carried frames both ways.
     let ping = netns.command("busybox").args(["ping", "-c", "3", "-W", "2", "10.0.0.1"]).output().unwrap();
     assert!(

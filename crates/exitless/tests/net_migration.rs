@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use test_infra::api::http;
 use test_infra::background::Background;
 use test_infra::migration::{assert_report, send_migration_to};
-use test_infra::net::{ip, wait_for_echo, Netns};
+use test_infra::net::{ip, wait_for_echo, Netns, RarpCapture};
 use test_infra::{one_at_a_time, probe_result};
 
 /// The guest's MAC address (exitless's default for the first device).
@@ -172,21 +172,12 @@ fn a_restored_nic_announces_itself_so_the_bridge_sends_its_frames_to_the_new_tap
     );
     let snap = dir.path().join("snap");
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204, "pause");
-    let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
-    let (status, answer) = http(&api, "PUT", "/api/v1/vm.snapshot", Some(&body));
-    assert_eq!(status, 204, "snapshot: {answer}");
+    let config = snapshot(&api, &snap);
     vm.kill();
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(snap.join("state.json")).unwrap()).unwrap();
-    assert_eq!(state["config"]["nets"][0]["mac"], GUEST_MAC, "{}", state["config"]);
+    assert_eq!(config["nets"][0]["mac"], GUEST_MAC, "{config}");
 
     let source = format!("source_url=file://{}", snap.display());
-    let refused = |net_args: &[&str], expect: &str| {
-        let out = test_infra::exitless(&[&["run", "--restore", &source, "--testdev"], net_args].concat());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "restored: {stderr}");
-        assert!(stderr.contains(expect) && stderr.trim_end().lines().count() == 1, "{stderr}");
-    };
+    let refused = |net_args: &[&str], expect: &str| restore_refused(&source, net_args, expect);
     refused(&[], "the VM has 1 NIC(s) (52:54:00:45:58:00) and 0 were named with --net");
     let other_mac = format!("{},mac=52:54:00:00:00:01", lab.net("exlB"));
     refused(&["--net", &other_mac], "NIC 0: the guest knows it as 52:54:00:45:58:00");
@@ -216,7 +207,7 @@ fn a_restored_nic_announces_itself_so_the_bridge_sends_its_frames_to_the_new_tap
 
 /// A VM answering UDP with its NIC on `exitless vhost-user-net` (`--net vhost-user=`), its host
 /// a namespace beyond the daemon's uplink: paused (the daemon stops its rings, so guest memory
-/// holds still), snapshotted, killed, and restored in a new process on the same daemon NIC. The
+/// holds still: the host's requests land in no receive buffer), snapshotted, killed, and restored in a new process on the same daemon NIC. The
 /// restored NIC asks the daemon to announce its address (SEND_RARP), which the host sees as a
 /// RARP from it; the host's requests reach the guest again. A restore that names no vhost-user
 /// NIC, or one with another address, is refused on one line; so is a live migration.
@@ -229,8 +220,17 @@ fn a_vm_with_a_nic_on_the_daemon_is_snapshotted_and_restored_there() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("nic.sock");
     let nic = format!("socket={},mac={GUEST_MAC}", socket.display());
+    let daemon_api = dir.path().join("net.api");
     let daemon_args = ["vhost-user-net", "--nic", &nic, "--uplink", &veth.ours, "--io-mode", "eventfd"];
+    let daemon_args = [&daemon_args[..], &["--api-socket", daemon_api.to_str().unwrap()]].concat();
     let daemon = Background::start(dir.path(), "net", &daemon_args, &socket);
+    // Frames the daemon put into the guest's receive ring so far.
+    let delivered = || {
+        let (status, body) = http(&daemon_api, "GET", "/nics/nic0", None);
+        assert_eq!(status, 200, "{body}");
+        let nic: serde_json::Value = serde_json::from_str(&body).unwrap();
+        nic["counters"]["rx_frames"].as_u64().unwrap()
+    };
     let ask_guest = |ms: u32, max_timeouts: u32| {
         netns
             .command(env!("CARGO_BIN_EXE_exitless"))
@@ -255,39 +255,24 @@ fn a_vm_with_a_nic_on_the_daemon_is_snapshotted_and_restored_there() {
 
     let snap = dir.path().join("snap");
     assert_eq!(http(&api, "PUT", "/api/v1/vm.pause", None).0, 204, "pause");
-    // Paused, the daemon holds none of the guest's rings: nothing reaches the guest.
+    // Paused, the daemon holds none of the guest's rings: it writes nothing into guest memory,
+    // which the snapshot is about to save.
+    let before = delivered();
     let while_paused = ask_guest(300, 0);
     assert!(!while_paused.status.success(), "the paused guest answered");
-    let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
-    let (status, answer) = http(&api, "PUT", "/api/v1/vm.snapshot", Some(&body));
-    assert_eq!(status, 204, "snapshot: {answer}");
+    assert_eq!(delivered(), before, "the daemon delivered frames into the paused guest");
+    let config = snapshot(&api, &snap);
     vm.kill();
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(snap.join("state.json")).unwrap()).unwrap();
-    assert_eq!(state["config"]["vhost_user_nets"][0]["mac"], GUEST_MAC, "{}", state["config"]);
+    assert_eq!(config["vhost_user_nets"][0]["mac"], GUEST_MAC, "{config}");
 
     let source = format!("source_url=file://{}", snap.display());
-    let refused = |net_args: &[&str], expect: &str| {
-        let out = test_infra::exitless(&[&["run", "--restore", &source, "--testdev"], net_args].concat());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "restored: {stderr}");
-        assert!(stderr.contains(expect) && stderr.trim_end().lines().count() == 1, "{stderr}");
-    };
+    let refused = |net_args: &[&str], expect: &str| restore_refused(&source, net_args, expect);
     refused(&[], "the VM has 1 NIC(s) on vhost-user daemons (52:54:00:45:58:00) and 0 were named");
     let other_mac = format!("vhost-user={},mac=52:54:00:00:00:01", socket.display());
     refused(&["--net", &other_mac], "NIC 0: the guest knows it as 52:54:00:45:58:00");
 
-    let mut capture = netns
-        .command("python3")
-        .args(["-c", &rarp_capture(&veth.peer)])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
     // Listening before the restore announces the guest.
-    let mut ready = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(capture.stdout.take().unwrap()), &mut ready)
-        .unwrap();
-    assert_eq!(ready.trim(), "ready", "the capture on the host");
+    let capture = RarpCapture::start(&netns, &veth.peer, GUEST_MAC, 60, &dir.path().join("rarp"));
     let restored_api = dir.path().join("restored.api");
     let args = ["run", "--restore", &source, "--testdev", "--net", &net, "--api-socket"];
     let restored = Background::start(
@@ -316,23 +301,24 @@ fn a_vm_with_a_nic_on_the_daemon_is_snapshotted_and_restored_there() {
     let (_, _, daemon_log) = daemon.wait();
     let announced = format!("announced {GUEST_MAC} with a RARP");
     assert!(daemon_log.contains(&announced), "daemon: {daemon_log}\nrestored VM: {restored_log}");
-    assert!(capture.wait().unwrap().success(), "no RARP from the guest reached the host");
+    let frame = capture.frame().expect("no RARP from the guest reached the host");
+    assert_eq!(frame[12..14], [0x80, 0x35], "a RARP frame: {frame:02x?}");
 }
 
-/// Python for the host: say "ready" once listening, then wait (up to 60 s) for one RARP frame
-/// from the guest's address on `interface`, and exit 0 once it came.
-fn rarp_capture(interface: &str) -> String {
-    format!(
-        r#"
-import socket
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x8035))
-s.bind(("{interface}", 0))
-s.settimeout(60)
-print("ready", flush=True)
-mac = bytes.fromhex("{}")
-while s.recv(2048)[6:12] != mac:
-    pass
-"#,
-        GUEST_MAC.replace(':', "")
-    )
+/// Snapshot the paused VM whose API is `api` into `snap`: the configuration it saved.
+fn snapshot(api: &Path, snap: &Path) -> serde_json::Value {
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, snap.display());
+    let (status, answer) = http(api, "PUT", "/api/v1/vm.snapshot", Some(&body));
+    assert_eq!(status, 204, "snapshot: {answer}");
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap.join("state.json")).unwrap()).unwrap();
+    state["config"].clone()
+}
+
+/// `exitless run --restore SOURCE --testdev NET_ARGS...` fails, saying `expect` on one line.
+fn restore_refused(source: &str, net_args: &[&str], expect: &str) {
+    let out = test_infra::exitless(&[&["run", "--restore", source, "--testdev"], net_args].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "restored: {stderr}");
+    assert!(stderr.contains(expect) && stderr.trim_end().lines().count() == 1, "{stderr}");
 }

@@ -125,3 +125,64 @@ with open("{}", "wb") as out:
     );
     netns.command("python3").args(["-c", &receive]).spawn().expect("python3 runs")
 }
+
+/// A capture, in a namespace, of the first RARP frame (EtherType 0x8035) from one address on one
+/// interface: python3 there, listening before [`RarpCapture::start`] returns.
+pub struct RarpCapture {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+impl RarpCapture {
+    /// Listen on `interface` in `netns` for a RARP from `mac` (aa:bb:cc:dd:ee:ff), for at most
+    /// `seconds`; the frame goes to `file`.
+    pub fn start(
+        netns: &Netns,
+        interface: &str,
+        mac: &str,
+        seconds: u32,
+        file: &std::path::Path,
+    ) -> RarpCapture {
+        use std::io::BufRead;
+        let capture = format!(
+            r#"
+import socket
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x8035))
+s.bind(("{interface}", 0))
+s.settimeout({seconds})
+print("ready", flush=True)
+mac = bytes.fromhex("{}")
+while True:
+    frame = s.recv(2048)
+    if frame[6:12] == mac:
+        open("{}", "w").write(frame.hex())
+        break
+"#,
+            mac.replace(':', ""),
+            file.display()
+        );
+        let mut child = netns
+            .command("python3")
+            .args(["-c", &capture])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut ready = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+        assert_eq!(ready.trim(), "ready", "the RARP capture did not start");
+        RarpCapture { child, file: file.to_path_buf() }
+    }
+
+    /// The frame, once the capture ended; `None` if none came in time.
+    pub fn frame(mut self) -> Option<Vec<u8>> {
+        let ended = self.child.wait().ok()?;
+        let hex = std::fs::read_to_string(&self.file).ok().filter(|_| ended.success())?;
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect()
+    }
+
+    /// Stop listening.
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

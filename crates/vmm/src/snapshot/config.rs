@@ -269,19 +269,8 @@ impl SavedConfig {
                 list: self.vhost_user_nets.iter().map(|n| n.mac.as_str()).collect::<Vec<_>>().join(", "),
             });
         }
-        for (index, (saved, named)) in self.vhost_user_nets.iter().zip(&base.vhost_user_nets).enumerate() {
-            if parse_mac(&saved.mac) != Some(named.mac) {
-                return Err(SnapshotError::Nic {
-                    index: self.nets.len() + index,
-                    reason: format!(
-                        "the guest knows it as {}, --net vhost-user= gives it {}: name it with mac={}",
-                        saved.mac,
-                        mac_text(named.mac),
-                        saved.mac
-                    ),
-                });
-            }
-        }
+        let saved = self.vhost_user_nets.iter().map(|n| n.mac.as_str());
+        check_macs(saved, base.vhost_user_nets.iter().map(|n| n.mac), self.nets.len(), "--net vhost-user=")?;
         if base.nets.len() != self.nets.len() {
             return Err(SnapshotError::NicsNotNamed {
                 saved: self.nets.len(),
@@ -289,19 +278,7 @@ impl SavedConfig {
                 list: self.nets.iter().map(|n| n.mac.as_str()).collect::<Vec<_>>().join(", "),
             });
         }
-        for (index, (saved, named)) in self.nets.iter().zip(&base.nets).enumerate() {
-            if parse_mac(&saved.mac) != Some(named.mac) {
-                return Err(SnapshotError::Nic {
-                    index,
-                    reason: format!(
-                        "the guest knows it as {}, --net gives it {}: name it with mac={}",
-                        saved.mac,
-                        mac_text(named.mac),
-                        saved.mac
-                    ),
-                });
-            }
-        }
+        check_macs(self.nets.iter().map(|n| n.mac.as_str()), base.nets.iter().map(|n| n.mac), 0, "--net")?;
         if base.disks.len() != self.disks.len() {
             return Err(SnapshotError::DisksNotNamed {
                 saved: self.disks.len(),
@@ -351,6 +328,28 @@ impl SavedConfig {
             ..base
         })
     }
+}
+
+/// Each NIC named for a saved one (in order, `named`) has the address the guest knows the saved
+/// one by (`saved`); `first`: the first's index among the VM's NICs, `option`: what named them.
+fn check_macs<'a>(
+    saved: impl Iterator<Item = &'a str>,
+    named: impl Iterator<Item = [u8; 6]>,
+    first: usize,
+    option: &str,
+) -> Result<(), SnapshotError> {
+    for (index, (saved, named)) in saved.zip(named).enumerate() {
+        if parse_mac(saved) != Some(named) {
+            return Err(SnapshotError::Nic {
+                index: first + index,
+                reason: format!(
+                    "the guest knows it as {saved}, {option} gives it {}: name it with mac={saved}",
+                    mac_text(named)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl SavedDisk {

@@ -138,28 +138,10 @@ impl Link {
     /// lets go of guest memory), keeping them for [`Link::resume`].
     pub fn pause(&self) {
         let mut state = self.state();
-        let State { frontend, rings: Some(rings), paused_at, .. } = &mut *state else { return };
-        if paused_at.is_some() {
+        let State { frontend, rings: Some(rings), paused_at: paused_at @ None, .. } = &mut *state else {
             return;
-        }
-        let mut bases = Vec::with_capacity(rings.queues.len());
-        for (index, queue) in rings.queues.iter().enumerate() {
-            let base = match frontend.get_vring_base(index as u32) {
-                Ok(base) => u16::try_from(base).unwrap_or_else(|_| queue.used_index()),
-                Err(e) => {
-                    if !frontend.broken() {
-                        log::warn!(
-                            "vhost-user {}: cannot stop ring {index} for a pause: {e}",
-                            self.profile.what
-                        );
-                    }
-                    // A daemon gone holds nothing: what the guest was answered is where it stands.
-                    queue.used_index()
-                }
-            };
-            bases.push(base);
-        }
-        *paused_at = Some(bases);
+        };
+        *paused_at = Some(self.stop_rings(frontend, rings));
     }
 
     /// Start the rings again after [`Link::pause`], each where the daemon stopped it. A daemon
@@ -193,22 +175,31 @@ impl Link {
         let mut state = self.state();
         let Some(rings) = state.rings.take() else { return };
         // Stopped for a pause already.
-        if state.paused_at.take().is_some() {
-            return;
+        if state.paused_at.take().is_none() {
+            self.stop_rings(&mut state.frontend, &rings);
         }
-        for index in 0..rings.queues.len() {
-            if state.frontend.broken() {
-                return;
+    }
+
+    /// Stop each of `rings` in the daemon (GET_VRING_BASE): where each stopped in its avail
+    /// ring. A daemon that cannot say (gone) holds nothing: the used index, what the guest was
+    /// answered, is where the ring stands.
+    fn stop_rings(&self, frontend: &mut Frontend, rings: &Rings) -> Vec<u16> {
+        let stop = |(index, queue): (usize, &Queue)| {
+            if frontend.broken() {
+                return queue.used_index();
             }
-            match state.frontend.get_vring_base(index as u32) {
-                Ok(_) | Err(FrontendError::Closed(_)) => {}
-                Err(e) => log::warn!(
-                    "vhost-user {} {}: cannot stop ring {index}: {e}",
-                    self.profile.what,
-                    self.path.display()
-                ),
+            match frontend.get_vring_base(index as u32) {
+                Ok(base) => u16::try_from(base).unwrap_or_else(|_| queue.used_index()),
+                Err(e) => {
+                    if !matches!(e, FrontendError::Closed(_)) {
+                        let (what, path) = (self.profile.what, self.path.display());
+                        log::warn!("vhost-user {what} {path}: cannot stop ring {index}: {e}");
+                    }
+                    queue.used_index()
+                }
             }
-        }
+        };
+        rings.queues.iter().enumerate().map(stop).collect()
     }
 
     /// One attempt to connect to a (new) daemon and set it up as the old one was: its offer
